@@ -1,0 +1,24 @@
+"""thunderfn: JAX-style function transformations for PyTorch programs.
+
+    import thunderfn as tf
+    fast = tf.jit(fn)            # trace, lower onto executors, cache
+    tf.last_traces(fast)[-1]     # the Python that runs
+"""
+from thunderfn import clang, errors, prims  # noqa: F401  (the languages)
+from thunderfn import torch  # noqa: F401  (the torch language: tf.torch.mul, ...)
+from thunderfn import executors  # noqa: F401
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import register_pytree_node
+from thunderfn.core.symbol import BoundSymbol, Symbol
+from thunderfn.core.trace import Trace, trace
+from thunderfn.errors import ConcretizationError, ThunderFnError, UnsupportedOpError
+from thunderfn.jit import cache_info, jit, last_traces
+from thunderfn.transforms import executor_lower
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "jit", "trace", "last_traces", "cache_info", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
+    "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "prims", "clang", "torch",
+    "executors", "errors",
+]

@@ -1,0 +1,305 @@
+"""clang, the core language: prims plus broadcasting and torch's type promotion.
+
+Clang functions are plain Python over prims (not symbols of their own), so a torch
+symbol's recorded decomposition is its prims, one level deep. Python numbers stay
+numbers: after promotion a number never raises a tensor's dtype category, so a prim
+can take it as is.
+"""
+from __future__ import annotations
+
+import enum
+import numbers
+import sys
+from typing import Sequence
+
+import torch
+
+from thunderfn import prims
+from thunderfn.core import dtypes
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.prims import canonical_dim, canonical_dims, check
+
+_this_module = sys.modules[__name__]
+
+
+class Promotion(enum.Enum):
+    """How an elementwise op derives its result dtype from the promoted input dtype."""
+    DEFAULT = "default"  # result_type of the inputs
+    INT_TO_FLOAT = "int_to_float"  # bool/int results become the default float dtype (exp, sqrt, true div)
+    ALWAYS_BOOL = "always_bool"  # comparisons: inputs promoted together, result bool
+    COMPLEX_TO_FLOAT = "complex_to_float"  # abs: complex results become their real dtype
+    BOOL_TO_LONG = "bool_to_long"  # bool results become int64 (sum of bools)
+
+
+def is_tensor(x) -> bool:
+    return isinstance(x, TensorProxy)
+
+
+def promoted_dtypes(*args, kind: Promotion = Promotion.DEFAULT):
+    """(dtype the inputs are converted to, dtype of the result)."""
+    common = dtypes.result_type(*args)
+    if kind is Promotion.INT_TO_FLOAT and not dtypes.is_inexact(common):
+        common = torch.get_default_dtype()
+    if kind is Promotion.ALWAYS_BOOL:
+        return common, torch.bool
+    if kind is Promotion.COMPLEX_TO_FLOAT and common.is_complex:
+        return common, dtypes.to_real(common)
+    if kind is Promotion.BOOL_TO_LONG and common is torch.bool:
+        return torch.int64, torch.int64
+    return common, common
+
+
+def maybe_convert_to_dtype(a, dtype: torch.dtype):
+    if is_tensor(a):
+        return a if a.dtype == dtype else prims.convert_element_type(a, dtype)
+    if isinstance(a, numbers.Number):
+        if dtype is torch.bool:
+            return bool(a)
+        if dtypes.is_integer(dtype) and not isinstance(a, bool) and isinstance(a, numbers.Integral):
+            return int(a)
+        if dtype.is_floating_point and isinstance(a, numbers.Real) and not isinstance(a, numbers.Integral):
+            return float(a)
+    return a
+
+
+# -- broadcasting ----------------------------------------------------------------------
+def broadcast_shapes(*shapes) -> tuple:
+    """torch.broadcast_shapes, with torch's message naming the mismatched sizes."""
+    shapes = [tuple(s) for s in shapes if s is not None]
+    ndim = max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
+    for s in shapes:
+        for i, size in enumerate(s):
+            j = ndim - len(s) + i
+            if out[j] == 1:
+                out[j] = size
+            elif size != 1 and size != out[j]:
+                raise RuntimeError(f"The size of tensor a ({out[j]}) must match the size of tensor b ({size}) "
+                                   f"at non-singleton dimension {j}")
+    return tuple(out)
+
+
+def expand_to(a: TensorProxy, shape: Sequence[int]) -> TensorProxy:
+    """Broadcast a to shape (torch's expand semantics for leading dims)."""
+    shape = tuple(shape)
+    if tuple(a.shape) == shape:
+        return a
+    check(len(shape) >= a.ndim,
+          lambda: f"expand(torch.FloatTensor{{{list(a.shape)}}}, size=[{len(shape)}]): the number of sizes provided "
+                  f"({len(shape)}) must be greater or equal to the number of dimensions in the tensor ({a.ndim})")
+    offset = len(shape) - a.ndim
+    return prims.broadcast_in_dim(a, shape, tuple(range(offset, len(shape))))
+
+
+def broadcast(*args):
+    """Broadcast the tensor args to a common shape; 0-dim tensors and numbers stay as
+    they are (prims take them with any shape, as torch does CPU scalars)."""
+    shape = broadcast_shapes(*(a.shape for a in args if is_tensor(a)))
+    return tuple(expand_to(a, shape) if is_tensor(a) and a.ndim > 0 else a for a in args)
+
+
+# -- elementwise -----------------------------------------------------------------------
+def _elementwise(prim, *args, kind: Promotion = Promotion.DEFAULT, **kwargs):
+    compute, result = promoted_dtypes(*args, kind=kind)
+    args = broadcast(*(maybe_convert_to_dtype(a, compute) for a in args))
+    if not any(is_tensor(a) for a in args):
+        raise TypeError(f"{prim.name}: expected at least one tensor argument")
+    out = prim(*args, **kwargs)
+    if kind is not Promotion.ALWAYS_BOOL:
+        out = maybe_convert_to_dtype(out, result)
+    return out
+
+
+def _unary_fn(prim, kind):
+    def fn(a):
+        return _elementwise(prim, a, kind=kind)
+
+    fn.__name__ = prim.name
+    return fn
+
+
+def _binary_fn(prim, kind):
+    def fn(a, b):
+        return _elementwise(prim, a, b, kind=kind)
+
+    fn.__name__ = prim.name
+    return fn
+
+
+_INT_TO_FLOAT_UNARY = ("exp exp2 expm1 log log1p log2 log10 sqrt rsqrt reciprocal sin cos tan asin acos atan sinh "
+                       "cosh tanh asinh acosh atanh erf erfc erfinv lgamma digamma").split()
+for _name in _INT_TO_FLOAT_UNARY:
+    setattr(_this_module, _name, _unary_fn(getattr(prims, _name), Promotion.INT_TO_FLOAT))
+for _name in "neg floor ceil round trunc sign bitwise_not".split():
+    setattr(_this_module, _name, _unary_fn(getattr(prims, _name), Promotion.DEFAULT))
+for _name in "signbit isfinite isnan".split():
+    setattr(_this_module, _name, _unary_fn(getattr(prims, _name), Promotion.ALWAYS_BOOL))
+abs = _unary_fn(prims.abs, Promotion.COMPLEX_TO_FLOAT)
+real = _unary_fn(prims.real, Promotion.COMPLEX_TO_FLOAT)
+imag = _unary_fn(prims.imag, Promotion.COMPLEX_TO_FLOAT)
+
+for _name in "add sub mul maximum minimum fmod remainder pow bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift".split():
+    setattr(_this_module, _name, _binary_fn(getattr(prims, _name), Promotion.DEFAULT))
+for _name in "eq ne lt le gt ge".split():
+    setattr(_this_module, _name, _binary_fn(getattr(prims, _name), Promotion.ALWAYS_BOOL))
+for _name in "atan2 copysign nextafter".split():
+    setattr(_this_module, _name, _binary_fn(getattr(prims, _name), Promotion.INT_TO_FLOAT))
+
+
+def true_divide(a, b):
+    return _elementwise(prims.div, a, b, kind=Promotion.INT_TO_FLOAT)
+
+
+def div(a, b, rounding_mode=None):
+    if rounding_mode is None:
+        return true_divide(a, b)
+    return _elementwise(prims.div, a, b, kind=Promotion.DEFAULT, rounding_mode=rounding_mode)
+
+
+def where(pred, a, b):
+    check(is_tensor(pred), lambda: "where(): argument 'condition' must be Tensor", TypeError)
+    compute, _ = promoted_dtypes(a, b)
+    a, b = maybe_convert_to_dtype(a, compute), maybe_convert_to_dtype(b, compute)
+    pred = maybe_convert_to_dtype(pred, torch.bool)
+    if not is_tensor(a) and not is_tensor(b):
+        a = full((), a, device=pred.device, dtype=compute)
+    pred, a, b = broadcast(pred, a, b)
+    if pred.ndim == 0 and any(is_tensor(x) and x.ndim > 0 for x in (a, b)):
+        pred = expand_to(pred, next(x.shape for x in (a, b) if is_tensor(x) and x.ndim > 0))
+    return prims.where(pred, a, b)
+
+
+# -- shapes ----------------------------------------------------------------------------
+def reshape(a, shape):
+    shape = infer_shape(shape, a.numel())
+    return a if tuple(a.shape) == shape else prims.reshape(a, shape)
+
+
+def infer_shape(shape, numel: int) -> tuple:
+    """Resolve one -1 in shape, with torch's messages."""
+    shape = tuple(shape)
+    unknown = [i for i, s in enumerate(shape) if s == -1]
+    check(len(unknown) <= 1, lambda: "only one dimension can be inferred")
+    for s in shape:
+        check(s >= -1, lambda: f"invalid shape dimension {s}")
+    if unknown:
+        known = 1
+        for s in shape:
+            if s != -1:
+                known *= s
+        check(known != 0 and numel % known == 0 or (known == 0 and False),
+              lambda: f"shape '{list(shape)}' is invalid for input of size {numel}")
+        shape = tuple(numel // known if s == -1 else s for s in shape)
+    check(torch.Size(shape).numel() == numel, lambda: f"shape '{list(shape)}' is invalid for input of size {numel}")
+    return shape
+
+
+def transpose(a, dim0: int, dim1: int):
+    if a.ndim < 2:
+        canonical_dim(dim0, a.ndim), canonical_dim(dim1, a.ndim)
+        return a
+    d0, d1 = canonical_dim(dim0, a.ndim), canonical_dim(dim1, a.ndim)
+    if d0 == d1:
+        return a
+    perm = list(range(a.ndim))
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return prims.transpose(a, tuple(perm))
+
+
+def permute(a, dims):
+    dims = tuple(dims)
+    check(len(dims) == a.ndim,
+          lambda: f"permute(sparse_coo): number of dimensions in the tensor input does not match the length of the "
+                  f"desired ordering of dimensions i.e. input.dim() = {a.ndim} is not equal to len(dims) = {len(dims)}")
+    perm = tuple(canonical_dim(d, a.ndim) for d in dims)
+    check(len(set(perm)) == len(perm), lambda: "permute(): duplicate dims are not allowed.")
+    return a if perm == tuple(range(a.ndim)) else prims.transpose(a, perm)
+
+
+def unsqueeze(a, dim: int):
+    d = canonical_dim(dim, a.ndim + 1)
+    shape = list(a.shape)
+    shape.insert(d, 1)
+    return prims.broadcast_in_dim(a, tuple(shape), tuple(i for i in range(a.ndim + 1) if i != d))
+
+
+def squeeze(a, dims=None):
+    if dims is None:
+        dims = tuple(i for i, s in enumerate(a.shape) if s == 1)
+    else:
+        dims = tuple(d for d in canonical_dims(dims, a.ndim) if a.ndim and a.shape[d] == 1)
+    return prims.squeeze(a, dims) if dims else a
+
+
+def slice_in_dim(a, start: int, stop: int, step: int = 1, dim: int = 0):
+    d = canonical_dim(dim, a.ndim)
+    starts, stops, steps = [0] * a.ndim, list(a.shape), [1] * a.ndim
+    starts[d], stops[d], steps[d] = start, stop, step
+    if start == 0 and stop == a.shape[d] and step == 1:
+        return a
+    return prims.slice(a, tuple(starts), tuple(stops), tuple(steps))
+
+
+def flatten(a, start_dim: int = 0, end_dim: int = -1):
+    if a.ndim == 0:
+        return reshape(a, (1,))
+    s, e = canonical_dim(start_dim, a.ndim), canonical_dim(end_dim, a.ndim)
+    check(s <= e, lambda: "flatten() has invalid args: start_dim cannot come after end_dim")
+    shape = tuple(a.shape[:s]) + (torch.Size(a.shape[s:e + 1]).numel(),) + tuple(a.shape[e + 1:])
+    return reshape(a, shape)
+
+
+def cat(tensors, dim: int = 0):
+    # torch.cat skips legacy empty 1-D tensors when other inputs have more dims
+    tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or list(tensors[:1])
+    dtype = dtypes.result_type(*tensors)
+    tensors = [maybe_convert_to_dtype(t, dtype) for t in tensors]
+    return tensors[0] if len(tensors) == 1 else prims.cat(tensors, dim)
+
+
+# -- reductions ------------------------------------------------------------------------
+def reduction_dims(a, dim) -> tuple:
+    if dim is None:
+        return tuple(range(a.ndim))
+    if isinstance(dim, int):
+        dim = (dim,)
+    if len(dim) == 0:
+        return tuple(range(a.ndim))
+    return canonical_dims(dim, a.ndim)
+
+
+def keepdim_reshape(out, a, dims):
+    shape = tuple(1 if i in dims else s for i, s in enumerate(a.shape))
+    return reshape(out, shape)
+
+
+def sum(a, dims):
+    return prims.sum(a, dims)
+
+
+def amax(a, dims):
+    return prims.amax(a, dims)
+
+
+# -- factories and conversions ---------------------------------------------------------
+def full(shape, fill_value, *, device, dtype):
+    return prims.full(tuple(shape), fill_value, device=torch.device(device), dtype=dtype)
+
+
+def full_like(a, fill_value, *, device=None, dtype=None):
+    return full(a.shape, fill_value, device=device or a.device, dtype=dtype or a.dtype)
+
+
+def arange(start, end, step, *, device, dtype):
+    check(step != 0, lambda: "step must be nonzero")
+    check((end - start) / step >= 0 or start == end,
+          lambda: "upper bound and larger bound inconsistent with step sign")
+    import math
+
+    length = max(0, math.ceil((end - start) / step))
+    return prims.iota(length, start=start, step=step, device=torch.device(device), dtype=dtype)
+
+
+def matmul(a, b):
+    check(a.dtype == b.dtype, lambda: f"expected m1 and m2 to have the same dtype, but got: {a.dtype} != {b.dtype}")
+    return prims.matmul(a, b)

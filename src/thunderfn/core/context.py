@@ -1,0 +1,69 @@
+"""Which trace is being built right now.
+
+Traces nest: a transform called while an outer trace is being built traces its own
+function into an inner trace and then emits the transformed result into the outer
+one. Nested traces share one name pool, so a proxy's name is unique across all of
+them and an inner trace's proxies can be emitted into the outer trace unchanged.
+"""
+from __future__ import annotations
+
+import keyword
+import threading
+
+_local = threading.local()
+
+# Names generated code must never bind to a proxy: the modules the printed code
+# refers to, and Python's keywords and builtins that generated code uses.
+RESERVED_NAMES = frozenset(
+    {"torch", "prims", "clang", "ltorch", "thunderfn", "operator", "builtins",
+     "float", "int", "bool", "complex", "slice", "Ellipsis", "None", "True", "False",
+     "tree_unflatten", "computation", "print", "len", "tuple", "list", "dict", "range"}
+) | frozenset(keyword.kwlist)
+
+
+def trace_stack() -> list:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def current_trace():
+    """The innermost trace being built, or None when running eagerly."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else None
+
+
+class NamePool:
+    """Unique identifiers for proxies across a tracing session."""
+
+    def __init__(self):
+        self.used: set[str] = set()
+        self.counters: dict[str, int] = {}
+
+    def take(self, preferred: str | None = None, prefix: str = "t") -> str:
+        if preferred is not None and is_safe_name(preferred) and preferred not in self.used:
+            self.used.add(preferred)
+            return preferred
+        if preferred is not None and is_safe_name(preferred):
+            prefix = preferred + "_"
+        n = self.counters.get(prefix, 0)
+        while f"{prefix}{n}" in self.used:
+            n += 1
+        self.counters[prefix] = n + 1
+        name = f"{prefix}{n}"
+        self.used.add(name)
+        return name
+
+
+def is_safe_name(name) -> bool:
+    """A name may reach generated code only if it is a plain identifier we do not reserve."""
+    return (isinstance(name, str) and name.isidentifier() and name.isascii()
+            and name not in RESERVED_NAMES and not name.startswith("__"))
+
+
+def new_name(preferred: str | None = None, prefix: str = "t") -> str:
+    trc = current_trace()
+    if trc is None:
+        raise RuntimeError("proxies can only be created while a trace is being built")
+    return trc.names.take(preferred, prefix)

@@ -1,0 +1,144 @@
+"""How torch calls made by user code reach thunderfn while a trace is being built.
+
+Two doors lead to `dispatch`: `TensorProxy.__torch_function__` (any torch call with a
+proxy among its arguments) and `TracingMode`, a TorchFunctionMode active during
+tracing, which also sees calls with no proxy at all (`torch.ones(3)`,
+`torch.arange(T)`, methods on captured weights). `handlers` maps each torch
+callable (function, method, operator) to the thunderfn callable that traces it.
+"""
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from thunderfn.core import context
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.errors import UnsupportedOpError
+
+# torch callable -> callable taking the same arguments with proxies in place of tensors
+handlers: dict = {}
+
+
+def register_handler(torch_fn, handler) -> None:
+    handlers[torch_fn] = handler
+
+
+_PUBLIC_HOMES = (("torch", torch), ("torch.nn.functional", torch.nn.functional), ("torch.Tensor", torch.Tensor),
+                 ("torch.special", torch.special), ("torch.linalg", torch.linalg), ("torch.fft", torch.fft))
+
+
+def torch_name(func) -> str:
+    """`torch.nn.functional.gelu`, `torch.Tensor.view`: how a user would spell func."""
+    self_ = getattr(func, "__self__", None)
+    if getattr(func, "__name__", "") == "__get__" and self_ is not None:
+        return f"torch.Tensor.{getattr(self_, '__name__', self_)}"
+    name = getattr(func, "__name__", None)
+    if name:
+        for home_name, home in _PUBLIC_HOMES:
+            if getattr(home, name, None) is func:
+                return f"{home_name}.{name}"
+    qualname = getattr(func, "__qualname__", name or repr(func))
+    module = getattr(func, "__module__", None) or "torch"
+    return f"{module}.{qualname}"
+
+
+# Metadata questions about real tensors are answered eagerly while tracing: they do
+# not depend on values that change between calls.
+_metadata_getters = {
+    getattr(torch.Tensor, name).__get__
+    for name in ("shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_cpu", "is_meta",
+                 "layout", "is_leaf", "grad_fn", "names", "is_sparse", "is_quantized", "is_nested", "grad",
+                 "data", "_version", "is_mkldnn", "output_nr", "_base")
+    if isinstance(getattr(torch.Tensor, name, None), type(torch.Tensor.shape))
+}
+_metadata_methods = {
+    getattr(torch.Tensor, name)
+    for name in ("size", "dim", "ndimension", "numel", "nelement", "is_floating_point", "is_complex",
+                 "element_size", "stride", "is_contiguous", "data_ptr", "__len__", "__repr__",
+                 "__format__", "__hash__", "get_device", "storage_offset", "untyped_storage", "__reduce_ex__",
+                 "__deepcopy__", "is_signed", "has_names", "__dlpack_device__", "dim_order")
+    if hasattr(torch.Tensor, name)
+}
+
+# A torch function with no handler and no tensor argument runs eagerly at trace time
+# and its result becomes a constant: right for torch.tensor([...]) or torch.eye(3),
+# wrong for anything random, which would freeze one draw into every call.
+_RANDOM_WORDS = ("rand", "normal", "bernoulli", "multinomial", "poisson", "dropout", "uniform",
+                 "exponential", "cauchy", "geometric", "log_normal", "seed", "shuffle")
+
+
+def _contains_tensor(tree) -> bool:
+    if isinstance(tree, (torch.Tensor, TensorProxy)):
+        return True
+    if isinstance(tree, (list, tuple)):
+        return any(_contains_tensor(x) for x in tree)
+    if isinstance(tree, dict):
+        return any(_contains_tensor(x) for x in tree.values())
+    return False
+
+
+def lift_constants(tree):
+    """Real tensors met while tracing become constant proxies, read by reference."""
+    if isinstance(tree, torch.Tensor):
+        return context.current_trace().constant(tree)
+    if type(tree) in (list, tuple):
+        return type(tree)(lift_constants(x) for x in tree)
+    if type(tree) is dict:
+        return {k: lift_constants(v) for k, v in tree.items()}
+    return tree
+
+
+def dispatch(func, args, kwargs):
+    """Trace one torch call. Called only while a trace is being built."""
+    handler = handlers.get(func)
+    trc = context.current_trace()
+    if trc is None:
+        raise RuntimeError(f"{torch_name(func)} was called on a thunderfn proxy outside of tracing")
+    if handler is not None:
+        return handler(*lift_constants(args), **lift_constants(kwargs))
+    if func in _metadata_getters or func in _metadata_methods:
+        if not any(isinstance(a, TensorProxy) for a in args):
+            return func(*args, **kwargs)
+    name = torch_name(func)
+    has_tensor = _contains_tensor(args) or _contains_tensor(kwargs)
+    if not has_tensor and not any(w in name.rsplit(".", 1)[-1] for w in _RANDOM_WORDS):
+        with torch._C.DisableTorchFunction():
+            return func(*args, **kwargs)
+    if name.rsplit(".", 1)[-1].endswith("_") or name.endswith(("__iadd__", "__isub__", "__imul__", "__itruediv__", "__setitem__")):
+        raise UnsupportedOpError(
+            f"{name} mutates a tensor in place, which thunderfn does not trace yet. "
+            f"Write the out-of-place form instead (x = x + y rather than x += y; torch.where for masked writes)."
+        )
+    raise UnsupportedOpError(
+        f"thunderfn has no symbol for {name}, called while tracing '{trc.fn_name}'. "
+        f"Call it outside the jitted function, or add a decomposition with "
+        f"@thunderfn.torch.torchsymbol({name})."
+    )
+
+
+def method(proxy: TensorProxy, name: str):
+    """`proxy.name` for a Tensor method: a callable that traces the method."""
+    torch_fn = getattr(torch.Tensor, name, None)
+    if torch_fn is None:
+        raise AttributeError(f"'Tensor' object has no attribute '{name}'")
+    if isinstance(torch_fn, property) or type(torch_fn) is type(torch.Tensor.shape):
+        return dispatch(torch_fn.__get__, (proxy,), {})
+
+    def bound(*args, **kwargs):
+        return dispatch(torch_fn, (proxy, *args), kwargs)
+
+    bound.__name__ = name
+    return bound
+
+
+class TracingMode(TorchFunctionMode):
+    """Active while a trace is built, so torch calls without a proxy argument (factory
+    functions, methods on captured tensors) are traced too. Inside a symbol's own
+    body the mode stands aside: thunderfn's languages call torch only for metadata."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        trc = context.current_trace()
+        if trc is None or trc.symbol_depth:
+            return func(*args, **kwargs)
+        return dispatch(func, args, kwargs)

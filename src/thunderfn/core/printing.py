@@ -1,0 +1,182 @@
+"""Traces as Python source, and that source compiled into the function we run.
+
+Every statement is annotated with its output's metadata; a composite's
+decomposition follows it as nested comments. Values that have no literal form
+(captured tensors, executor callables, enum members) are bound by name in the
+namespace the source is executed in, so no value's repr ever becomes code.
+"""
+from __future__ import annotations
+
+import builtins
+import itertools
+import linecache
+import math
+
+import optree
+import torch
+
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import NAMESPACE
+
+_MODULE_IMPORTS = {
+    "torch": "import torch",
+    "prims": "from thunderfn import prims",
+    "clang": "from thunderfn import clang",
+    "ltorch": "import thunderfn.torch as ltorch",
+}
+_generated = itertools.count()
+
+
+class Namespace(dict):
+    """Names the printed code refers to, besides its own locals."""
+
+    def bind_object(self, obj, prefix: str = "_obj") -> str:
+        for name, value in self.items():
+            if value is obj and name.startswith(prefix):
+                return name
+        name = f"{prefix}{sum(1 for k in self if k.startswith(prefix))}"
+        self[name] = obj
+        return name
+
+
+def format_value(x, ns: Namespace) -> str:
+    if isinstance(x, TensorProxy):
+        if x.constant is not None:
+            ns[x.name] = x.constant
+        return x.name
+    if x is None or isinstance(x, (bool, int, str)) and type(x) in (bool, int, str):
+        return repr(x)
+    if type(x) is float:
+        if math.isnan(x):
+            return "float('nan')"
+        if math.isinf(x):
+            return "float('inf')" if x > 0 else "-float('inf')"
+        return repr(x)
+    if type(x) is complex:
+        return f"complex({format_value(x.real, ns)}, {format_value(x.imag, ns)})"
+    if isinstance(x, torch.dtype):
+        return str(x)
+    if isinstance(x, torch.device):
+        return f"torch.device({str(x)!r})"
+    if isinstance(x, (torch.memory_format, torch.layout)):
+        return str(x)
+    if type(x) in (tuple, torch.Size):
+        inner = ", ".join(format_value(v, ns) for v in x)
+        return f"({inner},)" if len(x) == 1 else f"({inner})"
+    if type(x) is list:
+        return "[" + ", ".join(format_value(v, ns) for v in x) + "]"
+    if type(x) is dict and all(type(k) in (str, int, bool) for k in x):
+        return "{" + ", ".join(f"{k!r}: {format_value(v, ns)}" for k, v in x.items()) + "}"
+    if type(x) is slice:
+        return f"slice({format_value(x.start, ns)}, {format_value(x.stop, ns)}, {format_value(x.step, ns)})"
+    if x is Ellipsis:
+        return "..."
+    return ns.bind_object(x)
+
+
+def format_call(bsym, ns: Namespace) -> str:
+    parts = [format_value(a, ns) for a in bsym.args]
+    parts += [f"{k}={format_value(v, ns)}" for k, v in bsym.kwargs.items()]
+    ns.update(bsym.sym.namespace)
+    return f"{bsym.sym.print_name}({', '.join(parts)})"
+
+
+def format_target(out) -> str | None:
+    """The assignment target for a bound symbol's output; `_` marks unused slots."""
+    if out is None:
+        return None
+    if isinstance(out, TensorProxy):
+        return out.name
+    if type(out) in (tuple, list):
+        inner = [format_target(o) or "_" for o in out]
+        return f"({inner[0]},)" if len(inner) == 1 else f"({', '.join(inner)})"
+    return "_"
+
+
+def _annotation(out) -> str:
+    proxies = [o for o in optree.tree_leaves(out, none_is_leaf=True, namespace=NAMESPACE) if isinstance(o, TensorProxy)]
+    return ", ".join(f"{p.name}: {p.type_string()}" for p in proxies)
+
+
+def format_bsym(bsym, indent: int = 0, ns: Namespace | None = None, comment: bool = False) -> list[str]:
+    ns = Namespace() if ns is None else ns
+    pad = "  " * indent
+    if bsym.sym.printer is not None:
+        line = bsym.sym.printer(bsym, ns)
+    else:
+        target = format_target(bsym.output)
+        call = format_call(bsym, ns)
+        line = f"{target} = {call}" if target is not None else call
+    note = _annotation(bsym.output)
+    if note:
+        line = f"{line}  # {note}"
+    lines = [f"{pad}# {line}" if comment else f"{pad}{line}"]
+    for sub in bsym.subsymbols:
+        lines += format_bsym(sub, indent + 1, Namespace(), comment=True)
+    return lines
+
+
+def format_output(out, ns: Namespace) -> str:
+    """A Python expression that rebuilds the traced function's output structure."""
+    def literal(x) -> bool:
+        if type(x) in (tuple, list):
+            return all(literal(v) for v in x)
+        if type(x) is dict:
+            return all(type(k) in (str, int, bool) for k in x) and all(literal(v) for v in x.values())
+        leaves, _ = optree.tree_flatten(x, none_is_leaf=True, namespace=NAMESPACE)
+        return len(leaves) == 1 and leaves[0] is x
+
+    if literal(out):
+        return format_value(out, ns)
+    leaves, spec = optree.tree_flatten(out, none_is_leaf=False, namespace=NAMESPACE)
+    ns["tree_unflatten"] = optree.tree_unflatten
+    return f"tree_unflatten({ns.bind_object(spec, '_out_spec')}, {format_value(list(leaves), ns)})"
+
+
+def render(trc) -> tuple[str, Namespace]:
+    ns = Namespace()
+    body = [f"  # {a.name}: {a.type_string()}" for a in trc.args]
+    for bsym in trc.bound_symbols:
+        body += format_bsym(bsym, 1, ns)
+    body.append(f"  return {format_output(trc.output, ns)}")
+    header = [f"# {trc.provenance}"] if trc.provenance else []
+    header += [line for name, line in _MODULE_IMPORTS.items() if _uses(body, name)]
+    header += [f"# {name}: {_describe(value)} (captured by the traced function)"
+               for name, value in ns.items() if isinstance(value, torch.Tensor)]
+    params = ", ".join(a.name for a in trc.args)
+    source = "\n".join(header + ["", f"def {trc.def_name}({params}):", *body]) + "\n"
+    return source, ns
+
+
+def _describe(t: torch.Tensor) -> str:
+    return TensorProxy.type_string(t)  # same "device dtype[shape]" form as proxies
+
+
+def _uses(lines, module: str) -> bool:
+    needle = module + "."
+    return any(needle in line for line in lines if not line.lstrip().startswith("#"))
+
+
+def format_trace(trc) -> str:
+    return render(trc)[0]
+
+
+def compile_trace(trc):
+    source, ns = render(trc)
+    filename = f"<thunderfn generated {next(_generated)}>"
+    # Registering the source lets tracebacks and debuggers show generated lines.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    globals_ = {"__builtins__": builtins, "__name__": "thunderfn_generated", **ns}
+    exec(compile(source, filename, "exec"), globals_)
+    fn = globals_[trc.def_name]
+    fn.__thunderfn_source__ = source
+    return fn
+
+
+def printer_del(bsym, ns) -> str:
+    return "del " + ", ".join(p.name for p in bsym.args)
+
+
+def printer_alias(bsym, ns) -> str:
+    return f"{bsym.output.name} = {format_value(bsym.args[0], ns)}"
+

@@ -1,0 +1,214 @@
+"""TensorProxy: what traced code holds in place of a tensor.
+
+A proxy is not a torch.Tensor subclass. It carries metadata only (shapes are
+concrete, as in JAX) and routes every torch call made on it, as a function
+(`torch.add(p, q)`), a method (`p.view(2, 3)`) or an operator (`p @ q`), to the
+symbol registered for that torch callable. Asking for a value (`bool(p)`,
+`p.item()`) raises ConcretizationError, which says what to do instead.
+"""
+from __future__ import annotations
+
+import torch
+
+from thunderfn.core import context, dtypes
+from thunderfn.errors import ConcretizationError
+
+
+def _device_str(device: torch.device) -> str:
+    return device.type if device.index is None else f"{device.type}:{device.index}"
+
+
+class Proxy:
+    __slots__ = ("name",)
+
+
+class TensorProxy(Proxy):
+    """Stand-in for a tensor while tracing: name, shape, dtype, device, requires_grad.
+
+    ``constant`` holds the real tensor when the proxy stands for a tensor the traced
+    function closed over (a captured weight): generated code reads it by reference,
+    so in-place updates to it (optimizer steps) are seen on every call.
+    """
+
+    __slots__ = ("shape", "dtype", "device", "requires_grad", "constant", "origin")
+
+    def __init__(self, name=None, *, shape, dtype, device, requires_grad=False, constant=None, origin=None):
+        self.name = name if name is not None else context.new_name()
+        self.shape = torch.Size(shape)
+        self.dtype = dtype
+        self.device = device if isinstance(device, torch.device) else torch.device(device)
+        self.requires_grad = bool(requires_grad)
+        self.constant = constant
+        # A human description of where the value came from ("argument 'x'"),
+        # used by ConcretizationError to point at the cause.
+        self.origin = origin
+
+    @classmethod
+    def like(cls, t, *, name=None, **overrides) -> "TensorProxy":
+        meta = dict(shape=t.shape, dtype=t.dtype, device=t.device, requires_grad=t.requires_grad)
+        meta.update(overrides)
+        return cls(name, **meta)
+
+    # -- metadata, answered without tracing anything ------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    ndimension = dim
+
+    def size(self, dim=None):
+        if dim is None:
+            return self.shape
+        return self.shape[_wrap_dim(dim, self.ndim)]
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    nelement = numel
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+    def is_complex(self) -> bool:
+        return self.dtype.is_complex
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device.type == "cpu"
+
+    @property
+    def is_meta(self) -> bool:
+        return self.device.type == "meta"
+
+    @property
+    def layout(self):
+        return torch.strided
+
+    @property
+    def is_leaf(self) -> bool:
+        return True
+
+    @property
+    def grad(self):
+        return None
+
+    def type_string(self) -> str:
+        dims = ", ".join(str(s) for s in self.shape)
+        return f'"{_device_str(self.device)} {dtypes.short_names.get(self.dtype, str(self.dtype))}[{dims}]"'
+
+    def __repr__(self) -> str:
+        return f"<TensorProxy name={self.name} {self.type_string()}>"
+
+    __hash__ = object.__hash__
+
+    # -- values are not known while tracing -------------------------------------------
+    def _concretize(self, what: str, instead: str):
+        trc = context.current_trace()
+        fn = f" while tracing '{trc.fn_name}'" if trc is not None else ""
+        origin = f" (a value computed from {self.origin})" if self.origin else ""
+        raise ConcretizationError(
+            f"{what} needs the value of tensor {self.name}{origin}{fn}, but thunderfn traces "
+            f"with shapes only: tensor values are unknown until the compiled function runs. "
+            f"{instead}"
+        )
+
+    def __bool__(self):
+        self._concretize(
+            "bool(tensor) (an `if`, `while`, `and`/`or` or `assert` on a tensor)",
+            "Use torch.where(cond, a, b) to select values, or compute the condition "
+            "outside the jitted function and pass it as a static argument (static_argnums).",
+        )
+
+    def item(self):
+        self._concretize("tensor.item()", "Keep the value as a 0-dim tensor, or return it and call .item() outside.")
+
+    def tolist(self):
+        self._concretize("tensor.tolist()", "Return the tensor and convert it outside the jitted function.")
+
+    def numpy(self, *args, **kwargs):
+        self._concretize("tensor.numpy()", "Return the tensor and convert it outside the jitted function.")
+
+    def __int__(self):
+        self._concretize("int(tensor)", "Use tensor ops (.to(torch.int64)) or pass the number as a static argument.")
+
+    def __float__(self):
+        self._concretize("float(tensor)", "Use tensor ops or pass the number as a static argument.")
+
+    def __complex__(self):
+        self._concretize("complex(tensor)", "Use tensor ops or pass the number as a static argument.")
+
+    def __index__(self):
+        self._concretize("using a tensor as a Python index", "Index with a tensor (x[idx]) or pass the index as a static argument.")
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(self.unbind(0))
+
+    def __array__(self, *args, **kwargs):
+        self._concretize("converting a tensor to a NumPy array", "Return the tensor and convert it outside the jitted function.")
+
+    # -- everything else is a torch call --------------------------------------------
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        from thunderfn.core.interception import dispatch
+
+        return dispatch(func, args, kwargs or {})
+
+    def __getattr__(self, name):
+        from thunderfn.core.interception import method
+
+        return method(self, name)
+
+
+def _wrap_dim(dim: int, ndim: int) -> int:
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
+def _operator(name):
+    torch_fn = getattr(torch.Tensor, name)
+
+    def op(self, *args, **kwargs):
+        from thunderfn.core.interception import dispatch
+
+        return dispatch(torch_fn, (self, *args), kwargs)
+
+    op.__name__ = name
+    return op
+
+
+# Python looks operators up on the type, so they must be defined on the class.
+for _name in (
+    "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__ "
+    "__rfloordiv__ __mod__ __rmod__ __pow__ __rpow__ __matmul__ __rmatmul__ __neg__ __pos__ __abs__ "
+    "__invert__ __and__ __rand__ __or__ __ror__ __xor__ __rxor__ __lshift__ __rlshift__ __rshift__ "
+    "__rrshift__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __getitem__ __setitem__ "
+    "__iadd__ __isub__ __imul__ __itruediv__"
+).split():
+    if hasattr(torch.Tensor, _name):
+        setattr(TensorProxy, _name, _operator(_name))
+
+# Comparisons return tensors, so keep identity hashing (proxies are dict keys).
+TensorProxy.__hash__ = object.__hash__
+
+
+def is_proxy(x) -> bool:
+    return isinstance(x, Proxy)

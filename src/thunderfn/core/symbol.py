@@ -1,0 +1,97 @@
+"""Symbols (operations) and bound symbols (their recorded calls).
+
+Calling a Symbol while a trace is being built records a BoundSymbol in that trace.
+A prim's meta function validates the inputs and makes the output proxies; a
+composite symbol runs its Python body, and the prims (or other symbols) the body
+calls become the bound symbol's `subsymbols`, its recorded decomposition.
+Called with real tensors outside tracing, a symbol simply computes: prims through
+their eager implementation, composites through their body.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import optree
+
+from thunderfn.core import context
+from thunderfn.core.proxies import TensorProxy
+
+
+@dataclasses.dataclass(eq=False)
+class Symbol:
+    """An operation. ``print_name`` is how generated code calls it (``prims.add``,
+    ``torch.add``); ``namespace`` binds the names that expression needs."""
+
+    name: str
+    id: Any
+    meta: Callable | None = None  # prims: validates inputs, returns output proxies
+    fn: Callable | None = None  # composites: the body, written in thunderfn's languages
+    is_prim: bool = False
+    print_name: str | None = None
+    namespace: dict = dataclasses.field(default_factory=dict)
+    eager: Callable | None = None  # how a prim computes on real tensors outside tracing
+    tags: frozenset = frozenset()
+    executor: Any = None  # set on executor operators
+    torch_fn: Callable | None = None  # torch-language symbols: the torch callable they mirror
+    printer: Callable | None = None  # custom statement printer (del, alias)
+
+    def __post_init__(self):
+        if self.print_name is None:
+            self.print_name = self.name
+
+    def __repr__(self):
+        return f"[Symbol name={self.print_name}]"
+
+    def __call__(self, *args, **kwargs):
+        trc = context.current_trace()
+        if trc is None:
+            if self.is_prim:
+                if self.eager is None:
+                    raise RuntimeError(f"{self.print_name} has no eager implementation")
+                return self.eager(*args, **kwargs)
+            return self.fn(*args, **kwargs)
+        return trc.record(self, args, kwargs)
+
+    def bind(self, *args, output, subsymbols=(), **kwargs) -> "BoundSymbol":
+        return BoundSymbol(self, args, kwargs, output, tuple(subsymbols))
+
+
+@dataclasses.dataclass(eq=False)
+class BoundSymbol:
+    sym: Symbol
+    args: tuple
+    kwargs: dict
+    output: Any
+    subsymbols: tuple = ()
+
+    def flat_args(self) -> list:
+        return optree.tree_leaves((self.args, self.kwargs), none_is_leaf=True, namespace="thunderfn")
+
+    def flat_outs(self) -> list:
+        return optree.tree_leaves(self.output, none_is_leaf=True, namespace="thunderfn")
+
+    def proxy_args(self) -> list:
+        return [a for a in self.flat_args() if isinstance(a, TensorProxy)]
+
+    def proxy_outs(self) -> list:
+        return [o for o in self.flat_outs() if isinstance(o, TensorProxy)]
+
+    def swap(self, mapping: dict) -> "BoundSymbol":
+        """The same call with proxies replaced by name (args, outputs and subsymbols)."""
+        if not mapping:
+            return self
+
+        def sub(tree):
+            return optree.tree_map(
+                lambda x: mapping.get(x.name, x) if isinstance(x, TensorProxy) else x,
+                tree, none_is_leaf=True, namespace="thunderfn",
+            )
+
+        return BoundSymbol(self.sym, sub(self.args), sub(self.kwargs), sub(self.output),
+                           tuple(s.swap(mapping) for s in self.subsymbols))
+
+    def __str__(self):
+        from thunderfn.core.printing import format_bsym
+
+        return "\n".join(format_bsym(self, indent=0))

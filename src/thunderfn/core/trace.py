@@ -1,0 +1,186 @@
+"""Trace: inputs, bound symbols, output. `str(trace)` is Python that runs.
+
+`trace(fn, *args, **kwargs)` builds the computation trace of a function: tensors in
+the argument pytrees become proxies named after the parameters they came from,
+everything else is baked in as a constant, and every torch call is recorded.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import time
+
+import optree
+import torch
+
+from thunderfn.core import context
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import tree_flatten_with_path, tree_unflatten
+
+
+class Trace:
+    def __init__(self, fn_name: str = "computation", *, names: context.NamePool | None = None):
+        self.fn_name = fn_name  # the traced function, named in error messages
+        self.def_name = "computation"  # the function str(trace) defines
+        self.args: list[TensorProxy] = []  # flat tensor inputs, in call order
+        self.bound_symbols: list = []
+        self.output = None
+        self.provenance: str | None = None
+        parent = context.current_trace()
+        self.names = names if names is not None else (parent.names if parent is not None else context.NamePool())
+        self._scopes: list[list] = [self.bound_symbols]
+        self.symbol_depth = 0
+        self._constants: dict[int, TensorProxy] = {}
+
+    # -- building -------------------------------------------------------------------
+    def record(self, sym, args, kwargs):
+        """Record a call of sym; returns its output proxies."""
+        self.symbol_depth += 1
+        try:
+            if sym.is_prim:
+                out, subsymbols = sym.meta(*args, **kwargs), ()
+            else:
+                self._scopes.append([])
+                try:
+                    out = sym.fn(*args, **kwargs)
+                finally:
+                    subsymbols = tuple(self._scopes.pop())
+        finally:
+            self.symbol_depth -= 1
+        self._scopes[-1].append(sym.bind(*args, output=out, subsymbols=subsymbols, **kwargs))
+        return out
+
+    def emit(self, bsym) -> None:
+        self._scopes[-1].append(bsym)
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Collect the bound symbols recorded inside the block instead of keeping them."""
+        collected: list = []
+        self._scopes.append(collected)
+        try:
+            yield collected
+        finally:
+            self._scopes.pop()
+
+    def constant(self, tensor: torch.Tensor) -> TensorProxy:
+        proxy = self._constants.get(id(tensor))
+        if proxy is None or proxy.constant is not tensor:
+            proxy = TensorProxy(self.names.take(prefix="c"), shape=tensor.shape, dtype=tensor.dtype,
+                                device=tensor.device, requires_grad=tensor.requires_grad, constant=tensor,
+                                origin="a tensor captured by the traced function")
+            self._constants[id(tensor)] = proxy
+        return proxy
+
+    def derive(self, provenance: str, bound_symbols=None) -> "Trace":
+        """A trace with the same inputs and outputs, built by a pass."""
+        new = Trace(self.fn_name, names=self.names)
+        new.def_name = self.def_name
+        new.args, new.output = self.args, self.output
+        new.bound_symbols = list(self.bound_symbols if bound_symbols is None else bound_symbols)
+        new._scopes = [new.bound_symbols]
+        new.provenance = provenance
+        return new
+
+    # -- reading --------------------------------------------------------------------
+    def __str__(self) -> str:
+        from thunderfn.core.printing import format_trace
+
+        return format_trace(self)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def python_callable(self):
+        """Compile str(self) once and return the function it defines."""
+        from thunderfn.core.printing import compile_trace
+
+        return compile_trace(self)
+
+
+@contextlib.contextmanager
+def tracing(trc: Trace):
+    """Make trc the trace being built; the outermost one also intercepts torch."""
+    from thunderfn.core.interception import TracingMode
+
+    stack = context.trace_stack()
+    stack.append(trc)
+    try:
+        if len(stack) == 1:
+            with TracingMode():
+                yield trc
+        else:
+            yield trc
+    finally:
+        stack.pop()
+
+
+def _path_name(path) -> str | None:
+    parts = []
+    for p in path:
+        s = str(p)
+        parts.append(s if s.isidentifier() else None)
+    if parts and all(parts):
+        return "_".join(parts)
+    return None
+
+
+def arg_paths(fn, args, kwargs) -> tuple:
+    """Names for positional arguments taken from fn's signature, for readable traces."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for i in range(len(args)):
+        if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD):
+            names.append(params[i].name)
+        elif params and params[-1].kind is params[-1].VAR_POSITIONAL or (i < len(params) and params[i].kind is params[i].VAR_POSITIONAL):
+            names.append(f"args{i}")
+        else:
+            names.append(f"arg{i}")
+    return names
+
+
+def proxify_inputs(trc: Trace, fn, args, kwargs):
+    """Replace every tensor leaf of (args, kwargs) by a named input proxy of trc."""
+    names = arg_paths(fn, args, kwargs)
+    paths, leaves, spec = tree_flatten_with_path((tuple(args), dict(kwargs)))
+    new_leaves = []
+    for path, leaf in zip(paths, leaves):
+        if isinstance(leaf, torch.Tensor):
+            top = names[path[1]] if path[0] == 0 else str(path[1])
+            preferred = _path_name((top, *path[2:]))
+            proxy = TensorProxy(trc.names.take(preferred, prefix="a"), shape=leaf.shape, dtype=leaf.dtype,
+                                device=leaf.device, requires_grad=leaf.requires_grad,
+                                origin=f"argument '{preferred or top}'")
+            trc.args.append(proxy)
+            new_leaves.append(proxy)
+        else:
+            new_leaves.append(leaf)
+    p_args, p_kwargs = tree_unflatten(spec, new_leaves)
+    return p_args, p_kwargs
+
+
+def trace(fn, *args, **kwargs) -> Trace:
+    """The computation trace of fn applied to these arguments (like jax.make_jaxpr).
+
+    Tensors anywhere in the argument pytrees become inputs; other values are baked in.
+    """
+    from thunderfn.core.interception import lift_constants
+
+    start = time.perf_counter_ns()
+    trc = Trace(getattr(fn, "__name__", "computation"))
+    with tracing(trc):
+        p_args, p_kwargs = proxify_inputs(trc, fn, args, kwargs)
+        out = fn(*p_args, **p_kwargs)
+        trc.output = optree.tree_map(lambda x: lift_constants(x), out, none_is_leaf=True, namespace="thunderfn")
+    trc.provenance = f"Constructed by Tracing (took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
+    return trc
+
+
+def timed_pass(name: str, fn, trc: Trace, *args, **kwargs) -> Trace:
+    start = time.perf_counter_ns()
+    new = fn(trc, *args, **kwargs)
+    new.provenance = f"Constructed by {name} (took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
+    return new

@@ -1,0 +1,66 @@
+"""Executor registry: which executors exist, which are the defaults, which can run here."""
+from __future__ import annotations
+
+from thunderfn.executors.base import Executor, FusionExecutor, Lowering, OperatorExecutor
+from thunderfn.executors.torchex import torch_ex
+
+__all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Lowering", "register_executor", "get_executor",
+           "get_default_executors", "set_default_executors", "available", "resolve", "torch_ex"]
+
+_registry: dict[str, Executor] = {}
+_defaults: list[Executor] = []
+
+
+def register_executor(ex: Executor, *, replace: bool = False) -> Executor:
+    if ex.name in _registry and _registry[ex.name] is not ex and not replace:
+        raise ValueError(f"an executor named '{ex.name}' is already registered (pass replace=True to replace it)")
+    _registry[ex.name] = ex
+    return ex
+
+
+def get_executor(name: str) -> Executor:
+    try:
+        return _registry[name]
+    except KeyError:
+        raise ValueError(f"no executor named '{name}'; registered: {sorted(_registry)}") from None
+
+
+def get_default_executors() -> list[Executor]:
+    return list(_defaults)
+
+
+def set_default_executors(executors) -> None:
+    _defaults[:] = [resolve_one(e) for e in executors]
+
+
+def resolve_one(ex) -> Executor:
+    if isinstance(ex, Executor):
+        return ex
+    if isinstance(ex, str):
+        return get_executor(ex)
+    raise TypeError(f"an executor is an Executor or a registered name, got {type(ex).__name__}")
+
+
+def resolve(executors, *, fallback: bool = True) -> tuple[Executor, ...]:
+    """The priority list a jitted function lowers onto: the given executors (None means
+    the defaults), then the torch executor unless fallback is False."""
+    chosen = get_default_executors() if executors is None else [resolve_one(e) for e in executors]
+    for ex in chosen:
+        ok, why = ex.availability()
+        if not ok:
+            raise RuntimeError(f"executor '{ex.name}' cannot run here: {why}")
+    if fallback and torch_ex not in chosen:
+        chosen.append(torch_ex)
+    return tuple(chosen)
+
+
+def available() -> dict[str, str]:
+    """Every registered executor: 'available', or why it cannot run here."""
+    out = {}
+    for name, ex in sorted(_registry.items()):
+        ok, why = ex.availability()
+        out[name] = "available" if ok else f"unavailable: {why}"
+    return out
+
+
+register_executor(torch_ex)

@@ -1,0 +1,200 @@
+"""The torch executor: always available, always last, runs everything.
+
+It claims torch-language symbols whole, calling the torch function each one mirrors
+(one torch call per torch op, the fastest way to run on eager torch), and it
+lowers every prim to torch, so anything transforms or decompositions produce runs.
+`prim_impls` is its lowering table for prims; it is also how prims compute eagerly.
+"""
+from __future__ import annotations
+
+import builtins
+import numbers
+import operator
+
+import torch
+
+from thunderfn import prims
+from thunderfn.core.interception import torch_name
+from thunderfn.core.symbol import BoundSymbol, Symbol
+from thunderfn.executors.base import Executor, Lowering
+from thunderfn.prims import PrimIDs
+
+Tensor = torch.Tensor
+
+
+# -- implementations of prims that are not one torch call ----------------------------------
+def broadcast_in_dim(a, shape, broadcast_dimensions):
+    view = [1] * len(shape)
+    for i, d in enumerate(broadcast_dimensions):
+        view[d] = a.shape[i]
+    return a.reshape(view).expand(shape)
+
+
+def slice_prim(a, start_indices, end_indices, strides=None):
+    strides = strides or (1,) * len(start_indices)
+    return a[tuple(builtins.slice(s, e, st) for s, e, st in zip(start_indices, end_indices, strides))]
+
+
+def reduce_sum(a, dims):
+    return torch.sum(a, dims, dtype=a.dtype) if dims else a
+
+
+def reduce_prod(a, dims):
+    for d in sorted(dims, reverse=True):
+        a = torch.prod(a, d, dtype=a.dtype)
+    return a
+
+
+def reduce_amax(a, dims):
+    return torch.amax(a, dims) if dims else a
+
+
+def reduce_amin(a, dims):
+    return torch.amin(a, dims) if dims else a
+
+
+def reduce_var(a, dims, *, correction):
+    return torch.var(a, dims, correction=correction) if dims else torch.var(a.unsqueeze(-1), -1, correction=correction)
+
+
+def reduce_var_mean(a, dims, *, correction):
+    if not dims:
+        return torch.var_mean(a.unsqueeze(-1), -1, correction=correction)
+    return torch.var_mean(a, dims, correction=correction)
+
+
+def iota(length, *, start, step, device, dtype):
+    if dtype.is_floating_point or dtype.is_complex:
+        return (torch.arange(length, device=device, dtype=torch.float64) * step + start).to(dtype)
+    return torch.arange(start, start + length * step, step, device=device, dtype=dtype)
+
+
+def convert_element_type(a, dtype):
+    return a.to(dtype)
+
+
+def device_put(a, device):
+    return a.to(device)
+
+
+def take(a, index, dim):
+    return torch.index_select(a, dim, index.reshape(-1) if index.ndim == 0 else index)
+
+
+def take_along_axis(a, index, dim):
+    return torch.gather(a, dim, index)
+
+
+def where(pred, a, b):
+    return torch.where(pred, a, b)
+
+
+def _with_tensor_operands(torch_fn):
+    """Binary prims may take a Python number on either side; torch functions want a
+    tensor first (and some want two), so the number becomes a 0-dim tensor of the
+    other operand's dtype, which is how clang already promoted it."""
+
+    def impl(a, b, **kwargs):
+        like = a if isinstance(a, Tensor) else b
+        if not isinstance(a, Tensor):
+            a = torch.scalar_tensor(a, dtype=like.dtype, device=like.device)
+        if not isinstance(b, Tensor):
+            b = torch.scalar_tensor(b, dtype=like.dtype, device=like.device)
+        return torch_fn(a, b, **kwargs)
+
+    impl.__name__ = f"{torch_fn.__name__}_with_number"
+    return impl
+
+
+_UNARY = ("abs neg exp exp2 expm1 log log1p log2 log10 sqrt rsqrt reciprocal sin cos tan asin acos atan sinh cosh tanh "
+          "asinh acosh atanh erf erfc erfinv lgamma digamma floor ceil round trunc sign signbit bitwise_not isfinite "
+          "isnan real imag").split()
+_BINARY = ("add sub mul div fmod remainder pow atan2 maximum minimum eq ne lt le gt ge bitwise_and bitwise_or "
+           "bitwise_xor bitwise_left_shift bitwise_right_shift copysign nextafter").split()
+# torch functions that take a Python number as their second argument as is
+_SCALAR_SECOND = set("add sub mul div fmod remainder pow eq ne lt le gt ge bitwise_and bitwise_or bitwise_xor".split())
+
+prim_impls = {PrimIDs[n.upper()]: getattr(torch, n) for n in _UNARY + _BINARY}
+prim_impls.update({
+    PrimIDs.WHERE: torch.where, PrimIDs.SUM: reduce_sum, PrimIDs.PROD: reduce_prod, PrimIDs.AMAX: reduce_amax,
+    PrimIDs.AMIN: reduce_amin, PrimIDs.VAR: reduce_var, PrimIDs.VAR_MEAN: reduce_var_mean,
+    PrimIDs.ARGMAX: torch.argmax, PrimIDs.ARGMIN: torch.argmin, PrimIDs.BROADCAST_IN_DIM: broadcast_in_dim,
+    PrimIDs.RESHAPE: torch.reshape, PrimIDs.TRANSPOSE: torch.permute, PrimIDs.SLICE: slice_prim,
+    PrimIDs.SQUEEZE: torch.squeeze, PrimIDs.CAT: torch.cat, PrimIDs.FLIP: torch.flip, PrimIDs.TAKE: take,
+    PrimIDs.TAKE_ALONG_AXIS: take_along_axis, PrimIDs.CONVERT_ELEMENT_TYPE: convert_element_type,
+    PrimIDs.DEVICE_PUT: device_put, PrimIDs.MATMUL: torch.matmul, PrimIDs.FULL: torch.full, PrimIDs.IOTA: iota,
+})
+_number_impls = {PrimIDs[n.upper()]: _with_tensor_operands(getattr(torch, n)) for n in _BINARY}
+
+
+def _operator_for(fn, name: str | None = None) -> Symbol:
+    """The executor operator that calls fn. A torch function prints under its torch
+    name when that name resolves to it; anything else is bound under its own name."""
+    printed = torch_name(fn) if name is None else name
+    namespace = {"torch": torch}
+    try:
+        resolved = eval(printed, {"torch": torch}) if printed.startswith("torch.") else None  # noqa: S307 (our own names)
+    except Exception:
+        resolved = None
+    if resolved is not fn:
+        printed = name or getattr(fn, "__name__", "torch_op")
+        if not printed.isidentifier() or printed in ("torch",):
+            printed = "torch_op"
+        namespace = {printed: fn}
+    return Symbol(printed, f"torch_ex.{printed}", is_prim=True, print_name=printed, namespace=namespace, eager=fn)
+
+
+class TorchExecutor(Executor):
+    def __init__(self, name: str = "torch", *, claim_torch_symbols: bool = True):
+        super().__init__(name, torch.__version__)
+        self.claim_torch_symbols = claim_torch_symbols
+        self._ops: dict = {}  # callable -> operator symbol, made once
+
+    def op(self, fn, name: str | None = None) -> Symbol:
+        sym = self._ops.get(fn)
+        if sym is None:
+            sym = self._ops[fn] = _operator_for(fn, name)
+            sym.executor = self
+        return sym
+
+    def lowering_for(self, bsym) -> Lowering | None:
+        sym = bsym.sym
+        if sym.is_prim and sym.id in prim_impls:
+            return _direct
+        if self.claim_torch_symbols and sym.torch_fn is not None:
+            return _direct
+        if sym.executor is self:
+            return _already_lowered
+        return None
+
+    def lower_direct(self, bsym) -> BoundSymbol:
+        sym = bsym.sym
+        if sym.is_prim and sym.id in prim_impls:
+            fn = prim_impls[sym.id]
+            if sym.id in _number_impls:
+                a, b = bsym.args[:2]
+                if not isinstance(a, prims.TensorProxy) or not (isinstance(b, prims.TensorProxy) or sym.name in _SCALAR_SECOND):
+                    fn = _number_impls[sym.id]
+            name = _helper_names.get(fn)
+        else:
+            fn, name = sym.torch_fn, None
+        return BoundSymbol(self.op(fn, name), bsym.args, bsym.kwargs, bsym.output, (bsym,))
+
+
+_helper_names = {impl: f"{impl.__name__}" for impl in set(prim_impls.values()) | set(_number_impls.values())
+                 if getattr(impl, "__module__", None) == __name__ or impl in _number_impls.values()}
+_helper_names[slice_prim] = "slice_prim"
+_direct = Lowering(checker=None, lower="direct")
+_already_lowered = Lowering(checker=None, lower="identity")
+
+torch_ex = TorchExecutor()
+
+# Prims compute eagerly through the same table, so prims work on real tensors too.
+for _pid, _impl in prim_impls.items():
+    _sym = getattr(prims, _pid.name.lower(), None)
+    if isinstance(_sym, Symbol):
+        _sym.eager = _impl if _pid not in _number_impls else (
+            lambda a, b, _f=_impl, _g=_number_impls[_pid], **kw: _f(a, b, **kw)
+            if isinstance(a, Tensor) and isinstance(b, Tensor) else _g(a, b, **kw))
+
+del numbers, operator

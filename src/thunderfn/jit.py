@@ -1,0 +1,182 @@
+"""jit: trace, pass, lower, generate Python once, cache by input signature.
+
+The signature of a call is its pytree structure, each tensor's shape, dtype,
+device and requires_grad, the value of every non-tensor argument, torch's grad
+mode and default dtype. Any change retraces; nothing else does.
+
+The cache-hit path is the hot path. A call with only positional tensors skips
+pytree flattening entirely (optree alone costs more than our whole budget on a
+tiny function), and the generated function returns the user's output structure
+itself, so a hit is: build a tuple key, one dict lookup, one call.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from thunderfn import executors as _executors
+from thunderfn.core.passes import dce, del_last_used
+from thunderfn.core.pytree import tree_flatten
+from thunderfn.core.trace import Trace, timed_pass, trace
+from thunderfn.executors.base import FusionExecutor
+from thunderfn.transforms.executor_lower import lower_trace
+
+Tensor = torch.Tensor
+_is_grad_enabled = torch.is_grad_enabled
+_get_default_dtype = torch.get_default_dtype
+
+
+class CacheEntry:
+    __slots__ = ("fn", "traces", "tensor_positions")
+
+    def __init__(self, fn, traces, tensor_positions):
+        self.fn = fn
+        self.traces = traces
+        self.tensor_positions = tensor_positions
+
+
+class JitState:
+    """What a jitted function keeps: its caches and its most recent compile's traces."""
+
+    def __init__(self, fn, executors, *, fallback, static_argnums, static_argnames, disable_torch_autograd):
+        self.fn = fn
+        self.executors = executors
+        self.fallback = fallback
+        self.static_argnums = tuple(static_argnums)
+        self.static_argnames = tuple(static_argnames)
+        self.disable_torch_autograd = disable_torch_autograd
+        self.fast_cache: dict = {}
+        self.cache: dict = {}
+        self.last_traces: list[Trace] = []
+        self.cache_hits = 0  # counted on the slow path only: the fast path stays lean
+        self.cache_misses = 0
+
+    def key(self, leaves, spec) -> tuple:
+        parts = [spec, _is_grad_enabled(), _get_default_dtype()]
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, Tensor):
+                parts.append((leaf.shape, leaf.dtype, leaf.device, leaf.requires_grad))
+            else:
+                try:
+                    hash(leaf)
+                except TypeError:
+                    raise TypeError(
+                        f"{type(leaf).__name__} argument to the jitted function '{_fn_name(self.fn)}' is not hashable. "
+                        f"thunderfn bakes non-tensor arguments into the compiled function and keys its cache on their "
+                        f"values: pass tensors, pytrees of tensors, or hashable values.") from None
+                parts.append((type(leaf), leaf))
+        return tuple(parts)
+
+    def validate_static(self, args, kwargs):
+        for i in self.static_argnums:
+            if i < len(args) and any(isinstance(x, Tensor) for x in tree_flatten(args[i])[0]):
+                raise TypeError(f"static argument {i} of '{_fn_name(self.fn)}' holds a tensor; static arguments are "
+                                f"baked into the compiled function, so they must not contain tensors")
+        for name in self.static_argnames:
+            if name in kwargs and any(isinstance(x, Tensor) for x in tree_flatten(kwargs[name])[0]):
+                raise TypeError(f"static argument '{name}' of '{_fn_name(self.fn)}' holds a tensor")
+
+    def compile(self, args, kwargs, leaves) -> CacheEntry:
+        executors = _executors.resolve(self.executors, fallback=self.fallback)
+        traces = [trace(self.fn, *args, **kwargs)]
+        traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
+        traces.append(timed_pass("Transform for execution", lower_trace, traces[-1], executors))
+        for ex in executors:
+            if isinstance(ex, FusionExecutor):
+                traces.append(timed_pass(f"Fusion ({ex.name})", ex.fuse, traces[-1]))
+        traces.append(timed_pass("Delete Last Used", del_last_used, traces[-1]))
+        fn = traces[-1].python_callable()
+        if self.disable_torch_autograd:
+            fn = torch.no_grad()(fn)
+        self.last_traces = traces
+        positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
+        return CacheEntry(fn, traces, positions)
+
+    def call_slow(self, args, kwargs):
+        self.validate_static(args, kwargs)
+        leaves, spec = tree_flatten((args, kwargs))
+        key = self.key(leaves, spec)
+        entry = self.cache.get(key)
+        if entry is None:
+            self.cache_misses += 1
+            entry = self.cache[key] = self.compile(args, kwargs, leaves)
+        else:
+            self.cache_hits += 1
+        if not kwargs and not self.static_argnums and len(entry.tensor_positions) == len(args) and all(
+                type(a) is Tensor or isinstance(a, Tensor) for a in args):
+            self.fast_cache[_fast_key(args)] = entry
+        return entry.fn(*[leaves[i] for i in entry.tensor_positions])
+
+
+def _fast_key(args) -> tuple:
+    return (_is_grad_enabled(), _get_default_dtype(), *[(a.shape, a.dtype, a.device, a.requires_grad) for a in args])
+
+
+def _fn_name(fn) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = True, static_argnums=(),
+        static_argnames=(), disable_torch_autograd: bool = False):
+    """Compile fn: trace it per input signature, lower it onto `executors` (priority
+    order; None means the defaults; the torch executor is appended unless
+    `fallback=False`), generate Python once and cache it.
+
+    Non-tensor arguments are baked in and keyed by value (like JAX static arguments);
+    `static_argnums`/`static_argnames` additionally promise those arguments hold no
+    tensors and keep them whole instead of flattening them.
+    """
+    if isinstance(fn, torch.nn.Module):
+        from thunderfn.module import jit_module
+
+        return jit_module(fn, executors=executors, fallback=fallback, disable_torch_autograd=disable_torch_autograd)
+    if not callable(fn):
+        raise TypeError(f"jit expects a callable or an nn.Module, got {type(fn).__name__}")
+    if isinstance(static_argnums, int):
+        static_argnums = (static_argnums,)
+    if isinstance(static_argnames, str):
+        static_argnames = (static_argnames,)
+    state = JitState(fn, executors, fallback=fallback, static_argnums=static_argnums, static_argnames=static_argnames,
+                     disable_torch_autograd=disable_torch_autograd)
+    fast_cache, call_slow = state.fast_cache, state.call_slow
+    use_fast_path = not static_argnums and not static_argnames
+
+    if use_fast_path:
+        def jitted(*args, **kwargs):
+            if not kwargs:
+                try:
+                    key = (_is_grad_enabled(), _get_default_dtype(),
+                           *[(a.shape, a.dtype, a.device, a.requires_grad) for a in args])
+                    entry = fast_cache.get(key)
+                except (AttributeError, TypeError):  # a non-tensor argument
+                    entry = None
+                if entry is not None and entry.fn is not None:
+                    return entry.fn(*args)
+            return call_slow(args, kwargs)
+    else:
+        def jitted(*args, **kwargs):
+            return call_slow(args, kwargs)
+
+    functools.update_wrapper(jitted, fn)
+    jitted._thunderfn_state = state
+    return jitted
+
+
+def last_traces(fn) -> list[Trace]:
+    """Every stage of fn's most recent compile, the execution trace last."""
+    state = getattr(fn, "_thunderfn_state", None)
+    if state is None:
+        raise TypeError(f"last_traces expects a function returned by thunderfn.jit (or another thunderfn transform), "
+                        f"got {_fn_name(fn)}")
+    if not state.last_traces:
+        raise RuntimeError(f"'{_fn_name(fn)}' has not been called yet, so it has no traces")
+    return list(state.last_traces)
+
+
+def cache_info(fn) -> dict:
+    """Entries and slow-path hits/misses of a jitted function's cache."""
+    state = fn._thunderfn_state
+    return {"entries": len(state.cache), "hits": state.cache_hits, "misses": state.cache_misses}

@@ -1,0 +1,472 @@
+"""prims: the smallest set of operations everything else decomposes into.
+
+A prim is a Symbol with a meta function: given proxies (and Python numbers) it
+checks its inputs, raising torch's exception type with torch-like wording, and
+returns output proxies. Prims do no broadcasting and no type promotion; clang does
+that before calling them. How a prim runs is an executor's business (the torch
+executor's lowering table gives every prim an eager implementation).
+"""
+from __future__ import annotations
+
+import enum
+import numbers
+import sys
+from typing import Callable, Sequence
+
+import torch
+
+from thunderfn.core import dtypes
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.symbol import Symbol
+
+_this_module = sys.modules[__name__]
+
+
+class PrimIDs(enum.Enum):
+    # elementwise unary
+    ABS = enum.auto(); NEG = enum.auto(); EXP = enum.auto(); EXP2 = enum.auto(); EXPM1 = enum.auto()
+    LOG = enum.auto(); LOG1P = enum.auto(); LOG2 = enum.auto(); LOG10 = enum.auto()
+    SQRT = enum.auto(); RSQRT = enum.auto(); RECIPROCAL = enum.auto()
+    SIN = enum.auto(); COS = enum.auto(); TAN = enum.auto(); ASIN = enum.auto(); ACOS = enum.auto(); ATAN = enum.auto()
+    SINH = enum.auto(); COSH = enum.auto(); TANH = enum.auto(); ASINH = enum.auto(); ACOSH = enum.auto(); ATANH = enum.auto()
+    ERF = enum.auto(); ERFC = enum.auto(); ERFINV = enum.auto(); LGAMMA = enum.auto(); DIGAMMA = enum.auto()
+    FLOOR = enum.auto(); CEIL = enum.auto(); ROUND = enum.auto(); TRUNC = enum.auto(); SIGN = enum.auto()
+    SIGNBIT = enum.auto(); BITWISE_NOT = enum.auto(); ISFINITE = enum.auto(); ISNAN = enum.auto()
+    REAL = enum.auto(); IMAG = enum.auto()
+    # elementwise binary
+    ADD = enum.auto(); SUB = enum.auto(); MUL = enum.auto(); DIV = enum.auto(); FMOD = enum.auto()
+    REMAINDER = enum.auto(); POW = enum.auto(); ATAN2 = enum.auto(); MAXIMUM = enum.auto(); MINIMUM = enum.auto()
+    EQ = enum.auto(); NE = enum.auto(); LT = enum.auto(); LE = enum.auto(); GT = enum.auto(); GE = enum.auto()
+    BITWISE_AND = enum.auto(); BITWISE_OR = enum.auto(); BITWISE_XOR = enum.auto()
+    BITWISE_LEFT_SHIFT = enum.auto(); BITWISE_RIGHT_SHIFT = enum.auto(); COPYSIGN = enum.auto(); NEXTAFTER = enum.auto()
+    # elementwise ternary
+    WHERE = enum.auto()
+    # reductions
+    SUM = enum.auto(); PROD = enum.auto(); AMAX = enum.auto(); AMIN = enum.auto(); VAR = enum.auto()
+    VAR_MEAN = enum.auto(); ARGMAX = enum.auto(); ARGMIN = enum.auto()
+    # shape
+    BROADCAST_IN_DIM = enum.auto(); RESHAPE = enum.auto(); TRANSPOSE = enum.auto(); SLICE = enum.auto()
+    SQUEEZE = enum.auto(); CAT = enum.auto(); FLIP = enum.auto()
+    # indexing
+    TAKE = enum.auto(); TAKE_ALONG_AXIS = enum.auto()
+    # conversions and memory
+    CONVERT_ELEMENT_TYPE = enum.auto(); DEVICE_PUT = enum.auto()
+    # linear algebra
+    MATMUL = enum.auto()
+    # factories
+    FULL = enum.auto(); IOTA = enum.auto()
+
+
+def make_prim(id, name: str, *, meta: Callable, tags: Sequence = ()) -> Symbol:
+    """Define a prim: `id` (a PrimIDs member or any hashable), `name` (an identifier,
+    printed as prims.<name>), `meta` (proxies in, output proxies out)."""
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise ValueError(f"a prim's name must be a Python identifier, got {name!r}")
+    sym = Symbol(name, id, meta=meta, is_prim=True, print_name=f"prims.{name}",
+                 namespace={"prims": _this_module}, tags=frozenset(tags))
+    setattr(_this_module, name, sym)
+    return sym
+
+
+# -- checks shared by the meta functions -----------------------------------------------
+def check(cond: bool, msg: Callable[[], str], exc: type = RuntimeError) -> None:
+    if not cond:
+        raise exc(msg())
+
+
+def check_tensor(a, opname: str, argname: str = "input") -> None:
+    check(isinstance(a, TensorProxy),
+          lambda: f"{opname}(): argument '{argname}' must be Tensor, not {type(a).__name__}", TypeError)
+
+
+def canonical_dim(dim: int, ndim: int) -> int:
+    n = max(ndim, 1)
+    check(-n <= dim < n, lambda: f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})", IndexError)
+    return dim % n
+
+
+def canonical_dims(dims, ndim: int) -> tuple:
+    out = tuple(sorted({canonical_dim(d, ndim) for d in dims}))
+    check(len(out) == len(tuple(dims)), lambda: f"dim {tuple(dims)} appears multiple times in the list of dims")
+    return out
+
+
+def _out(like: TensorProxy, *, shape=None, dtype=None, device=None) -> TensorProxy:
+    return TensorProxy(shape=like.shape if shape is None else shape, dtype=like.dtype if dtype is None else dtype,
+                       device=like.device if device is None else device)
+
+
+# -- elementwise -----------------------------------------------------------------------
+_FLOAT, _INT, _BOOL, _COMPLEX = "float", "int", "bool", "complex"
+_ANY = (_FLOAT, _INT, _BOOL, _COMPLEX)
+
+
+def _kind(dtype) -> str:
+    return (_BOOL, _INT, _FLOAT, _COMPLEX)[dtypes.category(dtype)]
+
+
+def _unary(id, name, supported=(_FLOAT, _COMPLEX), out_dtype=None):
+    def meta(a):
+        check_tensor(a, f"prims.{name}")
+        check(_kind(a.dtype) in supported,
+              lambda: f"prims.{name}: \"{name}\" not implemented for '{a.dtype}' "
+                      f"(expects {' or '.join(supported)} tensors; ltorch converts types before calling prims)")
+        return _out(a, dtype=out_dtype(a.dtype) if out_dtype else a.dtype)
+
+    return make_prim(id, name, meta=meta, tags=("elementwise",))
+
+
+def _to_bool(dtype):
+    return torch.bool
+
+
+_unary(PrimIDs.ABS, "abs", (_FLOAT, _INT, _COMPLEX, _BOOL), dtypes.to_real)
+_unary(PrimIDs.NEG, "neg", (_FLOAT, _INT, _COMPLEX))
+for _name in ("exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt", "reciprocal", "sin", "cos",
+              "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh"):
+    _unary(PrimIDs[_name.upper()], _name)
+for _name in ("erf", "erfc", "erfinv", "lgamma", "digamma"):
+    _unary(PrimIDs[_name.upper()], _name, (_FLOAT,))
+for _name in ("floor", "ceil", "round", "trunc"):
+    _unary(PrimIDs[_name.upper()], _name, (_FLOAT, _INT))
+_unary(PrimIDs.SIGN, "sign", (_FLOAT, _INT, _BOOL))
+_unary(PrimIDs.SIGNBIT, "signbit", (_FLOAT, _INT, _BOOL), _to_bool)
+_unary(PrimIDs.BITWISE_NOT, "bitwise_not", (_INT, _BOOL))
+_unary(PrimIDs.ISFINITE, "isfinite", _ANY, _to_bool)
+_unary(PrimIDs.ISNAN, "isnan", _ANY, _to_bool)
+_unary(PrimIDs.REAL, "real", (_COMPLEX,), dtypes.to_real)
+_unary(PrimIDs.IMAG, "imag", (_COMPLEX,), dtypes.to_real)
+
+
+def _binary_meta(name, supported=_ANY, out_dtype=None):
+    def meta(a, b):
+        tensors = [x for x in (a, b) if isinstance(x, TensorProxy)]
+        check(bool(tensors), lambda: f"prims.{name}: expected at least one tensor input", TypeError)
+        for x in (a, b):
+            check(isinstance(x, (TensorProxy, numbers.Number)),
+                  lambda: f"prims.{name}: expected a tensor or a number, got {type(x).__name__}", TypeError)
+        if len(tensors) == 2:
+            check(a.dtype == b.dtype,
+                  lambda: f"prims.{name}: expected both inputs to have the same dtype, got {a.dtype} and {b.dtype} "
+                          f"(clang.{name} promotes types)")
+            check(a.shape == b.shape or a.ndim == 0 or b.ndim == 0,
+                  lambda: f"prims.{name}: expected inputs of the same shape, got {tuple(a.shape)} and {tuple(b.shape)} "
+                          f"(clang.{name} broadcasts)")
+            check(a.device == b.device or (a.ndim == 0 and a.device.type == "cpu") or (b.ndim == 0 and b.device.type == "cpu"),
+                  lambda: f"Expected all tensors to be on the same device, but found at least two devices, {a.device} and {b.device}!")
+        big = max(tensors, key=lambda t: t.ndim)
+        dtype = tensors[0].dtype
+        check(_kind(dtype) in supported, lambda: f"prims.{name}: \"{name}\" not implemented for '{dtype}'")
+        return _out(big, dtype=out_dtype(dtype) if out_dtype else dtype)
+
+    return meta
+
+
+def _binary(id, name, supported=_ANY, out_dtype=None):
+    return make_prim(id, name, meta=_binary_meta(name, supported, out_dtype), tags=("elementwise",))
+
+
+for _name in ("add", "sub", "mul", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"):
+    _binary(PrimIDs[_name.upper()], _name, _ANY, _to_bool if _name in ("eq", "ne", "lt", "le", "gt", "ge") else None)
+for _name in ("fmod", "remainder"):
+    _binary(PrimIDs[_name.upper()], _name, (_FLOAT, _INT))
+for _name in ("atan2", "copysign", "nextafter"):
+    _binary(PrimIDs[_name.upper()], _name, (_FLOAT,))
+for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+    _binary(PrimIDs[_name.upper()], _name, (_INT, _BOOL))
+for _name in ("bitwise_left_shift", "bitwise_right_shift"):
+    _binary(PrimIDs[_name.upper()], _name, (_INT,))
+
+
+def _div_meta(a, b, *, rounding_mode=None):
+    check(rounding_mode in (None, "trunc", "floor"),
+          lambda: f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'")
+    out = _binary_div_shape(a, b)
+    check(rounding_mode is not None or dtypes.is_inexact(out.dtype),
+          lambda: "prims.div: true division needs floating inputs (clang.div converts integers)")
+    return out
+
+
+_binary_div_shape = _binary_meta("div", (_FLOAT, _INT, _COMPLEX))
+make_prim(PrimIDs.DIV, "div", meta=_div_meta, tags=("elementwise",))
+
+
+def _where_meta(pred, a, b):
+    check_tensor(pred, "prims.where", "condition")
+    check(pred.dtype is torch.bool, lambda: f"where expected condition to be a boolean tensor, but got a tensor with dtype {pred.dtype}")
+    tensors = [x for x in (pred, a, b) if isinstance(x, TensorProxy)]
+    values = [x for x in (a, b) if isinstance(x, TensorProxy)]
+    check(all(t.shape == pred.shape or t.ndim == 0 for t in tensors),
+          lambda: f"prims.where: expected inputs of the same shape, got {[tuple(t.shape) for t in tensors]} (clang.where broadcasts)")
+    check(len({t.dtype for t in values}) <= 1, lambda: f"expected scalar type {values[0].dtype} but found {values[-1].dtype}")
+    dtype = values[0].dtype if values else dtypes.result_type(a, b)
+    return _out(pred, dtype=dtype)
+
+
+make_prim(PrimIDs.WHERE, "where", meta=_where_meta, tags=("elementwise",))
+
+
+# -- reductions ------------------------------------------------------------------------
+def _reduced_shape(a, dims) -> tuple:
+    return tuple(s for i, s in enumerate(a.shape) if i not in dims)
+
+
+def _reduction(id, name, out_dtype=None):
+    def meta(a, dims):
+        check_tensor(a, f"prims.{name}")
+        dims = canonical_dims(dims, a.ndim)
+        if name in ("amax", "amin", "prod"):
+            for d in dims:
+                check(a.shape[d] != 0 or name == "prod",
+                      lambda: f"{name}(): Expected reduction dim {d} to have non-zero size.", IndexError)
+        return _out(a, shape=_reduced_shape(a, dims), dtype=out_dtype(a.dtype) if out_dtype else a.dtype)
+
+    return make_prim(id, name, meta=meta, tags=("reduction",))
+
+
+_reduction(PrimIDs.SUM, "sum")
+_reduction(PrimIDs.PROD, "prod")
+_reduction(PrimIDs.AMAX, "amax")
+_reduction(PrimIDs.AMIN, "amin")
+
+
+def _var_meta(a, dims, *, correction):
+    check_tensor(a, "prims.var")
+    check(dtypes.is_inexact(a.dtype), lambda: f"std and var only support floating point and complex dtypes, got {a.dtype}")
+    dims = canonical_dims(dims, a.ndim)
+    return _out(a, shape=_reduced_shape(a, dims), dtype=dtypes.to_real(a.dtype))
+
+
+make_prim(PrimIDs.VAR, "var", meta=_var_meta, tags=("reduction",))
+
+
+def _var_mean_meta(a, dims, *, correction):
+    var = _var_meta(a, dims, correction=correction)
+    return var, _out(var, dtype=a.dtype)
+
+
+make_prim(PrimIDs.VAR_MEAN, "var_mean", meta=_var_mean_meta, tags=("reduction",))
+
+
+def _arg_reduction(id, name):
+    def meta(a, dim):
+        check_tensor(a, f"prims.{name}")
+        if dim is None:
+            check(a.numel() > 0, lambda: f"{name}(): Expected reduction dim to be specified for input.numel() == 0.", IndexError)
+            return _out(a, shape=(), dtype=torch.int64)
+        d = canonical_dim(dim, a.ndim)
+        check(a.ndim == 0 or a.shape[d] != 0, lambda: f"{name}(): Expected reduction dim {d} to have non-zero size.", IndexError)
+        return _out(a, shape=_reduced_shape(a, (d,)), dtype=torch.int64)
+
+    return make_prim(id, name, meta=meta, tags=("reduction",))
+
+
+_arg_reduction(PrimIDs.ARGMAX, "argmax")
+_arg_reduction(PrimIDs.ARGMIN, "argmin")
+
+
+# -- shapes ----------------------------------------------------------------------------
+def _broadcast_in_dim_meta(a, shape, broadcast_dimensions):
+    check_tensor(a, "prims.broadcast_in_dim")
+    shape, bdims = tuple(shape), tuple(broadcast_dimensions)
+    check(len(bdims) == a.ndim, lambda: f"prims.broadcast_in_dim: need one broadcast dimension per input dimension, "
+                                        f"got {bdims} for a {a.ndim}-d tensor")
+    check(all(0 <= d < len(shape) for d in bdims) and list(bdims) == sorted(set(bdims)),
+          lambda: f"prims.broadcast_in_dim: broadcast_dimensions {bdims} must be increasing and within the {len(shape)}-d output")
+    for i, d in enumerate(bdims):
+        check(a.shape[i] in (1, shape[d]),
+              lambda: f"The expanded size of the tensor ({shape[d]}) must match the existing size ({a.shape[i]}) "
+                      f"at non-singleton dimension {d}.  Target sizes: {list(shape)}.  Tensor sizes: {list(a.shape)}")
+    return _out(a, shape=shape)
+
+
+make_prim(PrimIDs.BROADCAST_IN_DIM, "broadcast_in_dim", meta=_broadcast_in_dim_meta, tags=("shape",))
+
+
+def _reshape_meta(a, shape):
+    check_tensor(a, "prims.reshape")
+    shape = tuple(shape)
+    check(all(isinstance(s, int) and s >= 0 for s in shape), lambda: f"prims.reshape: invalid shape {shape}")
+    check(torch.Size(shape).numel() == a.numel(), lambda: f"shape '{list(shape)}' is invalid for input of size {a.numel()}")
+    return _out(a, shape=shape)
+
+
+make_prim(PrimIDs.RESHAPE, "reshape", meta=_reshape_meta, tags=("shape",))
+
+
+def _transpose_meta(a, permutation):
+    check_tensor(a, "prims.transpose")
+    perm = tuple(permutation)
+    check(sorted(perm) == list(range(a.ndim)),
+          lambda: f"permute(sparse_coo): number of dimensions in the tensor input does not match the length of the desired ordering of dimensions i.e. input.dim() = {a.ndim} is not equal to len(dims) = {len(perm)}"
+          if len(perm) != a.ndim else f"permute(): duplicate dims are not allowed.")
+    return _out(a, shape=tuple(a.shape[p] for p in perm))
+
+
+make_prim(PrimIDs.TRANSPOSE, "transpose", meta=_transpose_meta, tags=("shape",))
+
+
+def _slice_meta(a, start_indices, end_indices, strides=None):
+    check_tensor(a, "prims.slice")
+    strides = tuple(strides) if strides is not None else (1,) * a.ndim
+    check(len(start_indices) == len(end_indices) == len(strides) == a.ndim,
+          lambda: f"prims.slice: expected {a.ndim} start, end and stride values")
+    shape = []
+    for s, e, st, n in zip(start_indices, end_indices, strides, a.shape):
+        check(0 <= s <= e <= n and st >= 1, lambda: f"prims.slice: invalid slice [{s}:{e}:{st}] of a dimension of length {n}")
+        shape.append((e - s + st - 1) // st)
+    return _out(a, shape=tuple(shape))
+
+
+make_prim(PrimIDs.SLICE, "slice", meta=_slice_meta, tags=("shape",))
+
+
+def _squeeze_meta(a, dims):
+    check_tensor(a, "prims.squeeze")
+    dims = canonical_dims(dims, a.ndim)
+    check(all(a.shape[d] == 1 for d in dims), lambda: f"prims.squeeze: dims {dims} of shape {tuple(a.shape)} are not all 1")
+    return _out(a, shape=_reduced_shape(a, dims))
+
+
+make_prim(PrimIDs.SQUEEZE, "squeeze", meta=_squeeze_meta, tags=("shape",))
+
+
+def _cat_meta(tensors, dim):
+    check(isinstance(tensors, (list, tuple)) and len(tensors) > 0, lambda: "torch.cat(): expected a non-empty list of Tensors", ValueError if not tensors else TypeError)
+    for t in tensors:
+        check_tensor(t, "prims.cat", "tensors")
+    first = tensors[0]
+    d = canonical_dim(dim, first.ndim)
+    for i, t in enumerate(tensors):
+        check(t.ndim == first.ndim, lambda: f"Tensors must have same number of dimensions: got {first.ndim} and {t.ndim}")
+        check(t.dtype == first.dtype, lambda: f"prims.cat: expected tensors of one dtype, got {first.dtype} and {t.dtype} (ltorch.cat promotes)")
+        check(t.device == first.device, lambda: f"Expected all tensors to be on the same device, but found at least two devices, {first.device} and {t.device}!")
+        for j in range(first.ndim):
+            check(j == d or t.shape[j] == first.shape[j],
+                  lambda: f"Sizes of tensors must match except in dimension {d}. Expected size {first.shape[j]} but got size {t.shape[j]} for tensor number {i} in the list.")
+    shape = list(first.shape)
+    shape[d] = sum(t.shape[d] for t in tensors)
+    return _out(first, shape=tuple(shape))
+
+
+make_prim(PrimIDs.CAT, "cat", meta=_cat_meta, tags=("shape",))
+
+
+def _flip_meta(a, dims):
+    check_tensor(a, "prims.flip")
+    canonical_dims(dims, a.ndim)
+    return _out(a)
+
+
+make_prim(PrimIDs.FLIP, "flip", meta=_flip_meta, tags=("shape",))
+
+
+# -- indexing --------------------------------------------------------------------------
+def _check_index(index, opname):
+    check_tensor(index, opname, "index")
+    check(index.dtype in (torch.int64, torch.int32),
+          lambda: f"{opname}(): Expected dtype int32/int64 for index but got: {index.dtype}", RuntimeError)
+
+
+def _take_meta(a, index, dim):
+    check_tensor(a, "prims.take")
+    _check_index(index, "index_select")
+    check(index.ndim <= 1, lambda: "index_select(): Index is supposed to be a vector", IndexError)
+    d = canonical_dim(dim, a.ndim)
+    shape = list(a.shape)
+    if a.ndim:
+        shape[d] = index.numel()
+    return _out(a, shape=tuple(shape))
+
+
+make_prim(PrimIDs.TAKE, "take", meta=_take_meta)
+
+
+def _take_along_axis_meta(a, index, dim):
+    check_tensor(a, "prims.take_along_axis")
+    _check_index(index, "gather")
+    d = canonical_dim(dim, a.ndim)
+    check(index.ndim == a.ndim, lambda: "Index tensor must have the same number of dimensions as input tensor")
+    for i in range(a.ndim):
+        check(i == d or index.shape[i] <= a.shape[i],
+              lambda: f"Size does not match at dimension {i} expected index {list(index.shape)} to be smaller than self {list(a.shape)} apart from dimension {d}")
+    return _out(a, shape=index.shape)
+
+
+make_prim(PrimIDs.TAKE_ALONG_AXIS, "take_along_axis", meta=_take_along_axis_meta)
+
+
+# -- conversions -----------------------------------------------------------------------
+def _convert_element_type_meta(a, dtype):
+    check(isinstance(dtype, torch.dtype), lambda: f"prims.convert_element_type: expected a torch.dtype, got {dtype!r}", TypeError)
+    if isinstance(a, numbers.Number):
+        raise TypeError("prims.convert_element_type converts tensors; convert numbers in Python")
+    check_tensor(a, "prims.convert_element_type")
+    return _out(a, dtype=dtype)
+
+
+make_prim(PrimIDs.CONVERT_ELEMENT_TYPE, "convert_element_type", meta=_convert_element_type_meta)
+
+
+def _device_put_meta(a, device):
+    check_tensor(a, "prims.device_put")
+    return _out(a, device=torch.device(device))
+
+
+make_prim(PrimIDs.DEVICE_PUT, "device_put", meta=_device_put_meta)
+
+
+# -- linear algebra --------------------------------------------------------------------
+def matmul_shape(a_shape, b_shape) -> tuple:
+    """torch.matmul's output shape, with torch's error messages."""
+    an, bn = len(a_shape), len(b_shape)
+    check(an > 0 and bn > 0, lambda: f"both arguments to matmul need to be at least 1D, but they are {an}D and {bn}D")
+    if an == 1 and bn == 1:
+        check(a_shape[0] == b_shape[0],
+              lambda: f"inconsistent tensor size, expected tensor [{a_shape[0]}] and src [{b_shape[0]}] to have the same number of elements, but got {a_shape[0]} and {b_shape[0]} elements respectively")
+        return ()
+    a2 = (1, a_shape[0]) if an == 1 else tuple(a_shape)
+    b2 = (b_shape[0], 1) if bn == 1 else tuple(b_shape)
+    check(a2[-1] == b2[-2],
+          lambda: f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, (torch.Size(a2[:-1]).numel(), a2[-1]) if an > 2 and bn == 2 else a2[-2:]))} and {b2[-2]}x{b2[-1]})")
+    batch_a, batch_b = a2[:-2], b2[:-2]
+    batch = list(torch.broadcast_shapes(torch.Size(batch_a), torch.Size(batch_b))) if (batch_a or batch_b) else []
+    out = batch + ([] if an == 1 else [a2[-2]]) + ([] if bn == 1 else [b2[-1]])
+    return tuple(out)
+
+
+def _matmul_meta(a, b):
+    check_tensor(a, "prims.matmul")
+    check_tensor(b, "prims.matmul", "other")
+    check(a.dtype == b.dtype, lambda: f"expected m1 and m2 to have the same dtype, but got: {a.dtype} != {b.dtype}")
+    check(a.device == b.device, lambda: f"Expected all tensors to be on the same device, but found at least two devices, {a.device} and {b.device}!")
+    try:
+        shape = matmul_shape(a.shape, b.shape)
+    except RuntimeError as e:
+        if "broadcast" in str(e) or "must match" in str(e):
+            raise RuntimeError(f"The size of tensor a must match the size of tensor b at a non-singleton dimension "
+                               f"(matmul batch shapes {tuple(a.shape[:-2])} and {tuple(b.shape[:-2])})") from None
+        raise
+    return _out(a, shape=shape)
+
+
+make_prim(PrimIDs.MATMUL, "matmul", meta=_matmul_meta)
+
+
+# -- factories -------------------------------------------------------------------------
+def _full_meta(shape, fill_value, *, device, dtype):
+    check(all(isinstance(s, int) for s in shape), lambda: f"full(): shape must be a sequence of ints, got {shape}", TypeError)
+    check(all(s >= 0 for s in shape), lambda: f"Trying to create tensor with negative dimension {min(shape)}: {list(shape)}")
+    check(isinstance(fill_value, numbers.Number), lambda: f"full(): fill_value must be a number, got {type(fill_value).__name__}", TypeError)
+    return TensorProxy(shape=tuple(shape), dtype=dtype, device=torch.device(device))
+
+
+make_prim(PrimIDs.FULL, "full", meta=_full_meta)
+
+
+def _iota_meta(length, *, start, step, device, dtype):
+    check(isinstance(length, int) and length >= 0, lambda: f"prims.iota: length must be a non-negative int, got {length}")
+    return TensorProxy(shape=(length,), dtype=dtype, device=torch.device(device))
+
+
+make_prim(PrimIDs.IOTA, "iota", meta=_iota_meta)

@@ -1,0 +1,237 @@
+"""Reductions: sum, mean, prod, amax/amin, max/min, var/std, argmax/argmin, all/any,
+softmax, log_softmax and logsumexp. Half-precision inputs accumulate in float32,
+as torch's kernels do."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from thunderfn import clang, prims
+from thunderfn.clang import is_tensor, keepdim_reshape, maybe_convert_to_dtype, reduction_dims
+from thunderfn.core import dtypes
+from thunderfn.prims import canonical_dim, check
+from thunderfn.torch import torchsymbol
+
+T = torch.Tensor
+__all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "var", "std", "var_mean", "std_mean", "argmax",
+           "argmin", "all", "any", "softmax", "log_softmax", "logsumexp", "count_nonzero"]
+
+
+def _finish(out, a, dims, keepdim, dtype):
+    out = maybe_convert_to_dtype(out, dtype)
+    return keepdim_reshape(out, a, dims) if keepdim else out
+
+
+def _accumulate(a, dtype, prim, dims):
+    """Reduce in the computation dtype (f32 for half types)."""
+    return prim(maybe_convert_to_dtype(a, dtypes.computation_dtype(dtype)), dims)
+
+
+def _sum_dtype(a, dtype):
+    if dtype is not None:
+        return dtype
+    return torch.int64 if not dtypes.is_inexact(a.dtype) else a.dtype
+
+
+@torchsymbol(torch.sum, T.sum)
+def sum(a, dim=None, keepdim=False, *, dtype=None):
+    dims = reduction_dims(a, dim)
+    out_dtype = _sum_dtype(a, dtype)
+    return _finish(_accumulate(maybe_convert_to_dtype(a, out_dtype), out_dtype, prims.sum, dims), a, dims, keepdim, out_dtype)
+
+
+@torchsymbol(torch.prod, T.prod)
+def prod(a, dim=None, keepdim=False, *, dtype=None):
+    dims = reduction_dims(a, dim)
+    out_dtype = _sum_dtype(a, dtype)
+    return _finish(_accumulate(maybe_convert_to_dtype(a, out_dtype), out_dtype, prims.prod, dims), a, dims, keepdim, out_dtype)
+
+
+@torchsymbol(torch.mean, T.mean)
+def mean(a, dim=None, keepdim=False, *, dtype=None):
+    out_dtype = dtype or a.dtype
+    check(dtypes.is_inexact(out_dtype),
+          lambda: f"mean(): could not infer output dtype. Input dtype must be either a floating point or complex dtype. "
+                  f"Got: {str(a.dtype).replace('torch.', '').capitalize() if a.dtype is not torch.int64 else 'Long'}")
+    dims = reduction_dims(a, dim)
+    n = 1
+    for d in dims:
+        n *= a.shape[d]
+    total = _accumulate(maybe_convert_to_dtype(a, out_dtype), out_dtype, prims.sum, dims)
+    return _finish(clang.true_divide(total, n), a, dims, keepdim, out_dtype)
+
+
+@torchsymbol(torch.amax, T.amax)
+def amax(a, dim=(), keepdim=False):
+    dims = reduction_dims(a, dim)
+    return _finish(prims.amax(a, dims), a, dims, keepdim, a.dtype)
+
+
+@torchsymbol(torch.amin, T.amin)
+def amin(a, dim=(), keepdim=False):
+    dims = reduction_dims(a, dim)
+    return _finish(prims.amin(a, dims), a, dims, keepdim, a.dtype)
+
+
+def _max_or_min(a, dim, keepdim, name, reduce_prim, arg_prim, binary):
+    if is_tensor(dim):  # torch.max(a, b): elementwise
+        return binary(a, dim)
+    if dim is None:
+        check(a.numel() > 0, lambda: f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                                      f"Specify the reduction dim with the 'dim' argument.", IndexError)
+        return reduce_prim(a, tuple(range(a.ndim)))
+    d = canonical_dim(dim, a.ndim)
+    dims = (d,) if a.ndim else ()
+    values = _finish(reduce_prim(a, dims), a, dims, keepdim, a.dtype)
+    indices = arg_prim(a, d if a.ndim else None)
+    indices = keepdim_reshape(indices, a, dims) if keepdim else indices
+    return values, indices
+
+
+@torchsymbol(torch.max, T.max)
+def max(a, dim=None, keepdim=False):
+    return _max_or_min(a, dim, keepdim, "max", prims.amax, prims.argmax, clang.maximum)
+
+
+@torchsymbol(torch.min, T.min)
+def min(a, dim=None, keepdim=False):
+    return _max_or_min(a, dim, keepdim, "min", prims.amin, prims.argmin, clang.minimum)
+
+
+def _arg(a, dim, keepdim, prim):
+    if dim is None:
+        out = prim(clang.reshape(a, (-1,)) if a.ndim != 1 else a, 0 if a.numel() else None)
+        return clang.reshape(out, (1,) * a.ndim) if keepdim else out
+    d = canonical_dim(dim, a.ndim)
+    out = prim(a, d if a.ndim else None)
+    return keepdim_reshape(out, a, (d,)) if keepdim and a.ndim else out
+
+
+@torchsymbol(torch.argmax, T.argmax)
+def argmax(a, dim=None, keepdim=False):
+    return _arg(a, dim, keepdim, prims.argmax)
+
+
+@torchsymbol(torch.argmin, T.argmin)
+def argmin(a, dim=None, keepdim=False):
+    return _arg(a, dim, keepdim, prims.argmin)
+
+
+def _correction(unbiased, correction) -> float:
+    if correction is not None:
+        check(unbiased is None, lambda: "var(): cannot pass both unbiased and correction")
+        return correction
+    return 1 if unbiased is None or unbiased else 0
+
+
+def _var_args(dim, unbiased):
+    if isinstance(dim, bool):  # torch.var(x, False): the legacy unbiased positional
+        return None, dim
+    return dim, unbiased
+
+
+@torchsymbol(torch.var, T.var)
+def var(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    dim, unbiased = _var_args(dim, unbiased)
+    dims = reduction_dims(a, dim)
+    x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
+    out = prims.var(x, dims, correction=_correction(unbiased, correction))
+    return _finish(out, a, dims, keepdim, dtypes.to_real(a.dtype))
+
+
+@torchsymbol(torch.std, T.std)
+def std(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    dim, unbiased = _var_args(dim, unbiased)
+    dims = reduction_dims(a, dim)
+    x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
+    out = clang.sqrt(prims.var(x, dims, correction=_correction(unbiased, correction)))
+    return _finish(out, a, dims, keepdim, dtypes.to_real(a.dtype))
+
+
+@torchsymbol(torch.var_mean)
+def var_mean(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    dim, unbiased = _var_args(dim, unbiased)
+    dims = reduction_dims(a, dim)
+    x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
+    v, m = prims.var_mean(x, dims, correction=_correction(unbiased, correction))
+    return _finish(v, a, dims, keepdim, dtypes.to_real(a.dtype)), _finish(m, a, dims, keepdim, a.dtype)
+
+
+@torchsymbol(torch.std_mean)
+def std_mean(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    dim, unbiased = _var_args(dim, unbiased)
+    dims = reduction_dims(a, dim)
+    x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
+    v, m = prims.var_mean(x, dims, correction=_correction(unbiased, correction))
+    return _finish(clang.sqrt(v), a, dims, keepdim, dtypes.to_real(a.dtype)), _finish(m, a, dims, keepdim, a.dtype)
+
+
+@torchsymbol(torch.all, T.all)
+def all(a, dim=None, keepdim=False):
+    dims = reduction_dims(a, dim)
+    out = prims.amin(maybe_convert_to_dtype(clang.ne(a, 0), torch.uint8), dims) if a.numel() else None
+    if out is None:
+        return _finish(clang.full(tuple(s for i, s in enumerate(a.shape) if i not in dims), True, device=a.device, dtype=torch.bool), a, dims, keepdim, torch.bool)
+    return _finish(clang.ne(out, 0), a, dims, keepdim, torch.bool)
+
+
+@torchsymbol(torch.any, T.any)
+def any(a, dim=None, keepdim=False):
+    dims = reduction_dims(a, dim)
+    out = prims.sum(maybe_convert_to_dtype(clang.ne(a, 0), torch.int64), dims)
+    return _finish(clang.ne(out, 0), a, dims, keepdim, torch.bool)
+
+
+@torchsymbol(torch.count_nonzero, T.count_nonzero)
+def count_nonzero(a, dim=None):
+    dims = reduction_dims(a, dim)
+    return prims.sum(maybe_convert_to_dtype(clang.ne(a, 0), torch.int64), dims)
+
+
+# -- softmax family ----------------------------------------------------------------------
+def _softmax_input(a, dim, dtype):
+    check(dim is not None, lambda: "softmax(): dim must be given (implicit dim choice is deprecated in torch)")
+    d = canonical_dim(dim, a.ndim)
+    out_dtype = dtype or a.dtype
+    check(dtypes.is_inexact(out_dtype), lambda: f"\"softmax_lastdim_kernel_impl\" not implemented for '{str(out_dtype)[6:].capitalize()}'")
+    x = maybe_convert_to_dtype(maybe_convert_to_dtype(a, out_dtype), dtypes.computation_dtype(out_dtype))
+    return x, (d,) if a.ndim else (), out_dtype
+
+
+def _shifted(x, dims):
+    """x - max(x) along dims, the numerically safe input to exp; -inf rows stay NaN-free."""
+    if not dims:
+        return clang.sub(x, x)
+    m = keepdim_reshape(prims.amax(x, dims), x, dims)
+    m = clang.where(clang.isfinite(m), m, 0.0)
+    return clang.sub(x, m)
+
+
+@torchsymbol(F.softmax, torch.softmax, T.softmax, torch.special.softmax)
+def softmax(input, dim=None, _stacklevel=3, dtype=None):
+    x, dims, out_dtype = _softmax_input(input, dim, dtype)
+    e = clang.exp(_shifted(x, dims))
+    s = keepdim_reshape(prims.sum(e, dims), x, dims) if dims else e
+    return maybe_convert_to_dtype(clang.true_divide(e, s), out_dtype)
+
+
+@torchsymbol(F.log_softmax, torch.log_softmax, T.log_softmax, torch.special.log_softmax)
+def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    x, dims, out_dtype = _softmax_input(input, dim, dtype)
+    shifted = _shifted(x, dims)
+    lse = keepdim_reshape(clang.log(prims.sum(clang.exp(shifted), dims)), x, dims) if dims else clang.log(clang.exp(shifted))
+    return maybe_convert_to_dtype(clang.sub(shifted, lse), out_dtype)
+
+
+@torchsymbol(torch.logsumexp, T.logsumexp, torch.special.logsumexp)
+def logsumexp(a, dim, keepdim=False):
+    dims = reduction_dims(a, dim)
+    x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype) if dtypes.is_inexact(a.dtype) else torch.get_default_dtype())
+    if not dims or x.numel() == 0:
+        out = clang.log(prims.sum(clang.exp(x), dims))
+    else:
+        m = prims.amax(x, dims)
+        m = clang.where(clang.isfinite(m), m, 0.0)
+        out = clang.add(clang.log(prims.sum(clang.exp(clang.sub(x, keepdim_reshape(m, x, dims))), dims)), m)
+    return _finish(out, a, dims, keepdim, a.dtype if dtypes.is_inexact(a.dtype) else torch.get_default_dtype())
+

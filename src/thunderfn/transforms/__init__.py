@@ -1,0 +1,5 @@
+"""Transforms: functions from functions to functions. Each is an interpreter over a
+trace plus a rule table keyed by symbol."""
+from thunderfn.transforms.executor_lower import executor_lower
+
+__all__ = ["executor_lower"]
