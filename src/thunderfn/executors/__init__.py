@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from thunderfn.executors.base import Executor, FusionExecutor, Lowering, OperatorExecutor
-from thunderfn.executors.torchex import torch_ex
+from thunderfn.executors.torchex import torch_ex, torch_prims_ex
 
 __all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Lowering", "register_executor", "get_executor",
-           "get_default_executors", "set_default_executors", "available", "resolve", "torch_ex"]
+           "get_default_executors", "set_default_executors", "available", "resolve", "torch_ex", "torch_prims_ex"]
 
 _registry: dict[str, Executor] = {}
 _defaults: list[Executor] = []
@@ -64,3 +64,4 @@ def available() -> dict[str, str]:
 
 
 register_executor(torch_ex)
+register_executor(torch_prims_ex)

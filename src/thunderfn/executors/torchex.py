@@ -188,6 +188,9 @@ _direct = Lowering(checker=None, lower="direct")
 _already_lowered = Lowering(checker=None, lower="identity")
 
 torch_ex = TorchExecutor()
+# Runs only prims: every torch symbol executes its decomposition. Tests use it to check
+# decompositions against torch; transforms and fusion see the same prims.
+torch_prims_ex = TorchExecutor("torch_prims", claim_torch_symbols=False)
 
 # Prims compute eagerly through the same table, so prims work on real tensors too.
 for _pid, _impl in prim_impls.items():

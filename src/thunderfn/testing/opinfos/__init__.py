@@ -1,0 +1,4 @@
+"""The OpInfo database: one module per torch-language module, each exporting `opinfos`."""
+from thunderfn.testing.opinfos import elementwise, factories, indexing, nn, reductions, shape
+
+op_db = [*elementwise.opinfos, *reductions.opinfos, *shape.opinfos, *indexing.opinfos, *factories.opinfos, *nn.opinfos]

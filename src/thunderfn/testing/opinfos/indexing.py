@@ -1,0 +1,4 @@
+"""OpInfos for thunderfn.torch.indexing."""
+from thunderfn.testing.opinfo import ErrorInput, OpInfo, SampleInput, make_tensor  # noqa: F401
+
+opinfos: list[OpInfo] = []
