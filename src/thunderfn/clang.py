@@ -8,6 +8,7 @@ can take it as is.
 from __future__ import annotations
 
 import enum
+import math
 import numbers
 import sys
 from typing import Sequence
@@ -65,18 +66,47 @@ def maybe_convert_to_dtype(a, dtype: torch.dtype):
 # -- broadcasting ----------------------------------------------------------------------
 def broadcast_shapes(*shapes) -> tuple:
     """torch.broadcast_shapes, with torch's message naming the mismatched sizes."""
-    shapes = [tuple(s) for s in shapes if s is not None]
-    ndim = max((len(s) for s in shapes), default=0)
-    out = [1] * ndim
-    for s in shapes:
-        for i, size in enumerate(s):
-            j = ndim - len(s) + i
-            if out[j] == 1:
-                out[j] = size
-            elif size != 1 and size != out[j]:
-                raise RuntimeError(f"The size of tensor a ({out[j]}) must match the size of tensor b ({size}) "
+    # torch folds the shapes pairwise and compares each pair from the last dimension, so
+    # its message names the trailing mismatch; we do the same to say the same thing
+    out: tuple = ()
+    for s in (tuple(s) for s in shapes if s is not None):
+        ndim = max(len(out), len(s))
+        a, b = (1,) * (ndim - len(out)) + out, (1,) * (ndim - len(s)) + s
+        for j in reversed(range(ndim)):
+            if a[j] != b[j] and a[j] != 1 and b[j] != 1:
+                raise RuntimeError(f"The size of tensor a ({a[j]}) must match the size of tensor b ({b[j]}) "
                                    f"at non-singleton dimension {j}")
-    return tuple(out)
+        out = tuple(y if x == 1 else x for x, y in zip(a, b))
+    return out
+
+
+LEGACY_TYPE_NAMES = {
+    torch.float32: "FloatTensor", torch.float64: "DoubleTensor", torch.float16: "HalfTensor",
+    torch.bfloat16: "BFloat16Tensor", torch.int64: "LongTensor", torch.int32: "IntTensor", torch.int16: "ShortTensor",
+    torch.int8: "CharTensor", torch.uint8: "ByteTensor", torch.bool: "BoolTensor",
+    torch.complex64: "ComplexFloatTensor", torch.complex128: "ComplexDoubleTensor",
+}
+
+
+# how torch's C++ kernels name dtypes in their messages ("expected m1 and m2 to have the same dtype, but got: float != int")
+CPP_TYPE_NAMES = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16",
+    torch.int64: "long int", torch.int32: "int", torch.int16: "short int", torch.int8: "signed char",
+    torch.uint8: "unsigned char", torch.bool: "bool", torch.complex64: "c10::complex<float>",
+    torch.complex128: "c10::complex<double>",
+}
+
+
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """Float, Long, BFloat16: torch's ScalarType name, as in "expected scalar type Float but found Half"."""
+    return LEGACY_TYPE_NAMES.get(dtype, str(dtype))[:-len("Tensor")] if dtype in LEGACY_TYPE_NAMES else str(dtype)
+
+
+def legacy_type_name(a: TensorProxy, dtype: torch.dtype | None = None) -> str:
+    """What `a.type()` says (torch.FloatTensor, torch.cuda.LongTensor), as torch's messages name tensors."""
+    dtype = a.dtype if dtype is None else dtype
+    home = "torch" if a.device.type == "cpu" else f"torch.{a.device.type}"
+    return f"{home}.{LEGACY_TYPE_NAMES.get(dtype, str(dtype))}"
 
 
 def expand_to(a: TensorProxy, shape: Sequence[int]) -> TensorProxy:
@@ -85,7 +115,7 @@ def expand_to(a: TensorProxy, shape: Sequence[int]) -> TensorProxy:
     if tuple(a.shape) == shape:
         return a
     check(len(shape) >= a.ndim,
-          lambda: f"expand(torch.FloatTensor{{{list(a.shape)}}}, size=[{len(shape)}]): the number of sizes provided "
+          lambda: f"expand({legacy_type_name(a)}{{{list(a.shape)}}}, size={list(shape)}): the number of sizes provided "
                   f"({len(shape)}) must be greater or equal to the number of dimensions in the tensor ({a.ndim})")
     offset = len(shape) - a.ndim
     return prims.broadcast_in_dim(a, shape, tuple(range(offset, len(shape))))
@@ -180,15 +210,17 @@ def infer_shape(shape, numel: int) -> tuple:
     shape = tuple(shape)
     unknown = [i for i, s in enumerate(shape) if s == -1]
     check(len(unknown) <= 1, lambda: "only one dimension can be inferred")
-    for s in shape:
-        check(s >= -1, lambda: f"invalid shape dimension {s}")
+    for i, s in enumerate(shape):
+        check(s >= -1, lambda: f"invalid shape dimension {s} at index {i} of shape {list(shape)}")
     if unknown:
         known = 1
         for s in shape:
             if s != -1:
                 known *= s
-        check(known != 0 and numel % known == 0 or (known == 0 and False),
-              lambda: f"shape '{list(shape)}' is invalid for input of size {numel}")
+        check(known != 0 or numel != 0,
+              lambda: f"cannot reshape tensor of 0 elements into shape {list(shape)} because the unspecified "
+                      f"dimension size -1 can be any value and is ambiguous")
+        check(known != 0 and numel % known == 0, lambda: f"shape '{list(shape)}' is invalid for input of size {numel}")
         shape = tuple(numel // known if s == -1 else s for s in shape)
     check(torch.Size(shape).numel() == numel, lambda: f"shape '{list(shape)}' is invalid for input of size {numel}")
     return shape
@@ -241,9 +273,9 @@ def slice_in_dim(a, start: int, stop: int, step: int = 1, dim: int = 0):
 
 
 def flatten(a, start_dim: int = 0, end_dim: int = -1):
+    s, e = canonical_dim(start_dim, a.ndim), canonical_dim(end_dim, a.ndim)
     if a.ndim == 0:
         return reshape(a, (1,))
-    s, e = canonical_dim(start_dim, a.ndim), canonical_dim(end_dim, a.ndim)
     check(s <= e, lambda: "flatten() has invalid args: start_dim cannot come after end_dim")
     shape = tuple(a.shape[:s]) + (torch.Size(a.shape[s:e + 1]).numel(),) + tuple(a.shape[e + 1:])
     return reshape(a, shape)
@@ -259,13 +291,16 @@ def cat(tensors, dim: int = 0):
 
 # -- reductions ------------------------------------------------------------------------
 def reduction_dims(a, dim) -> tuple:
+    """The sorted dims a reduction over `dim` (None, an int or a sequence; () means all)
+    reduces. A 0-dim tensor takes dim 0 or -1, but has no dims to reduce."""
     if dim is None:
         return tuple(range(a.ndim))
     if isinstance(dim, int):
         dim = (dim,)
     if len(dim) == 0:
         return tuple(range(a.ndim))
-    return canonical_dims(dim, a.ndim)
+    dims = canonical_dims(dim, a.ndim)
+    return dims if a.ndim else ()
 
 
 def keepdim_reshape(out, a, dims):
@@ -293,9 +328,7 @@ def full_like(a, fill_value, *, device=None, dtype=None):
 def arange(start, end, step, *, device, dtype):
     check(step != 0, lambda: "step must be nonzero")
     check((end - start) / step >= 0 or start == end,
-          lambda: "upper bound and larger bound inconsistent with step sign")
-    import math
-
+          lambda: "upper bound and lower bound inconsistent with step sign")
     length = max(0, math.ceil((end - start) / step))
     return prims.iota(length, start=start, step=step, device=torch.device(device), dtype=dtype)
 

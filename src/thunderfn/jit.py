@@ -12,12 +12,13 @@ itself, so a hit is: build a tuple key, one dict lookup, one call.
 from __future__ import annotations
 
 import functools
-import time
+import inspect
 from typing import Callable, Sequence
 
 import torch
 
 from thunderfn import executors as _executors
+from thunderfn.core import context
 from thunderfn.core.passes import dce, del_last_used
 from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.trace import Trace, timed_pass, trace
@@ -59,6 +60,12 @@ class JitState:
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, Tensor):
                 parts.append((leaf.shape, leaf.dtype, leaf.device, leaf.requires_grad))
+            elif type(leaf) is slice:  # slices are unhashable before Python 3.12; key on their bounds
+                parts.append((slice, leaf.start, leaf.stop, leaf.step))
+            elif type(leaf) is float:  # 0.0 == -0.0 but they compute differently; nan != nan would never hit
+                parts.append((float, leaf.hex()))
+            elif type(leaf) is complex:
+                parts.append((complex, leaf.real.hex(), leaf.imag.hex()))
             else:
                 try:
                     hash(leaf)
@@ -96,6 +103,10 @@ class JitState:
         return CacheEntry(fn, traces, positions)
 
     def call_slow(self, args, kwargs):
+        if context.current_trace() is not None:
+            # Called while an outer function is being traced: jit inside jit is the
+            # function itself, traced into the outer trace (as jax.jit nests).
+            return self.fn(*args, **kwargs)
         self.validate_static(args, kwargs)
         leaves, spec = tree_flatten((args, kwargs))
         key = self.key(leaves, spec)
@@ -106,13 +117,61 @@ class JitState:
         else:
             self.cache_hits += 1
         if not kwargs and not self.static_argnums and len(entry.tensor_positions) == len(args) and all(
-                type(a) is Tensor or isinstance(a, Tensor) for a in args):
-            self.fast_cache[_fast_key(args)] = entry
+                isinstance(a, Tensor) for a in args):
+            self.fast_cache[_fast_key(args)] = entry.fn
         return entry.fn(*[leaves[i] for i in entry.tensor_positions])
 
 
 def _fast_key(args) -> tuple:
-    return (_is_grad_enabled(), _get_default_dtype(), *[(a.shape, a.dtype, a.device, a.requires_grad) for a in args])
+    key = [_is_grad_enabled(), _get_default_dtype()]
+    for a in args:
+        key += (a.shape, a.dtype, a.device, a.requires_grad)
+    return tuple(key)
+
+
+def _positional_arities(fn) -> tuple:
+    """The numbers of positional arguments fn can be called with, when few and known."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return ()
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(1 for p in positional if p.default is p.empty)
+    return tuple(range(required, len(positional) + 1))[-4:]
+
+
+def _fast_dispatcher(arities, fast_cache, call_slow):
+    """The jitted function. For each arity fn accepts, a branch builds the cache key
+    inline as one flat tuple (no per-argument tuples, no comprehension): on a tiny
+    function this is most of the overhead we have left. Other calls take a generic
+    branch; anything that is not all-positional-tensors takes the slow path."""
+    lines = ["def jitted(*args, **kwargs):", "    if not kwargs:", "        n = len(args)"]
+    for n in arities:
+        names = [f"a{i}" for i in range(n)]
+        key = ", ".join(f"{a}.shape, {a}.dtype, {a}.device, {a}.requires_grad" for a in names)
+        lines += [f"        if n == {n}:",
+                  f"            {', '.join(names) + ',' if names else '_'} = args" if names else "            pass",
+                  "            try:",
+                  f"                compiled = fast_cache.get((is_grad_enabled(), get_default_dtype(), {key}))",
+                  "            except AttributeError:",
+                  "                compiled = None",
+                  "            if compiled is not None and not tracing.stack:",
+                  f"                return compiled({', '.join(names)})",
+                  "            return call_slow(args, kwargs)"]
+    lines += ["        try:",
+              "            compiled = fast_cache.get(fast_key(args))",
+              "        except AttributeError:",
+              "            compiled = None",
+              "        if compiled is not None and not tracing.stack:",
+              "            return compiled(*args)",
+              "    return call_slow(args, kwargs)"]
+    namespace = {"fast_cache": fast_cache, "call_slow": call_slow, "is_grad_enabled": _is_grad_enabled,
+                 "get_default_dtype": _get_default_dtype, "fast_key": _fast_key,
+                 "tracing": context._local}
+    exec(compile("\n".join(lines) + "\n", "<thunderfn jit dispatcher>", "exec"), namespace)
+    return namespace["jitted"]
 
 
 def _fn_name(fn) -> str:
@@ -145,17 +204,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     use_fast_path = not static_argnums and not static_argnames
 
     if use_fast_path:
-        def jitted(*args, **kwargs):
-            if not kwargs:
-                try:
-                    key = (_is_grad_enabled(), _get_default_dtype(),
-                           *[(a.shape, a.dtype, a.device, a.requires_grad) for a in args])
-                    entry = fast_cache.get(key)
-                except (AttributeError, TypeError):  # a non-tensor argument
-                    entry = None
-                if entry is not None and entry.fn is not None:
-                    return entry.fn(*args)
-            return call_slow(args, kwargs)
+        jitted = _fast_dispatcher(_positional_arities(fn), fast_cache, call_slow)
     else:
         def jitted(*args, **kwargs):
             return call_slow(args, kwargs)
@@ -177,6 +226,9 @@ def last_traces(fn) -> list[Trace]:
 
 
 def cache_info(fn) -> dict:
-    """Entries and slow-path hits/misses of a jitted function's cache."""
-    state = fn._thunderfn_state
-    return {"entries": len(state.cache), "hits": state.cache_hits, "misses": state.cache_misses}
+    """Entries and slow-path hits/misses of a jitted function's cache (for a jitted
+    module, summed over its train and eval functions)."""
+    jitted = getattr(fn, "_thunderfn_jitted", None)
+    states = [j._thunderfn_state for j in jitted.values()] if jitted is not None else [fn._thunderfn_state]
+    return {"entries": sum(len(s.cache) for s in states), "hits": sum(s.cache_hits for s in states),
+            "misses": sum(s.cache_misses for s in states)}

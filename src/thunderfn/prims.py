@@ -8,6 +8,7 @@ executor's lowering table gives every prim an eager implementation).
 """
 from __future__ import annotations
 
+import builtins
 import enum
 import numbers
 import sys
@@ -86,9 +87,10 @@ def canonical_dim(dim: int, ndim: int) -> int:
 
 
 def canonical_dims(dims, ndim: int) -> tuple:
-    out = tuple(sorted({canonical_dim(d, ndim) for d in dims}))
-    check(len(out) == len(tuple(dims)), lambda: f"dim {tuple(dims)} appears multiple times in the list of dims")
-    return out
+    canonical = [canonical_dim(d, ndim) for d in dims]
+    for i, d in enumerate(canonical):
+        check(d not in canonical[:i], lambda: f"dim {d} appears multiple times in the list of dims")
+    return tuple(sorted(canonical))
 
 
 def _out(like: TensorProxy, *, shape=None, dtype=None, device=None) -> TensorProxy:
@@ -105,12 +107,28 @@ def _kind(dtype) -> str:
     return (_BOOL, _INT, _FLOAT, _COMPLEX)[dtypes.category(dtype)]
 
 
+_SCALAR_TYPE_NAMES = {
+    torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+    torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+    torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble", torch.complex32: "ComplexHalf",
+}
+
+
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """How torch's messages name a dtype ('Float', 'Long', 'Bool')."""
+    return _SCALAR_TYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def check_dtype_supported(ok: bool, opname: str, dtype: torch.dtype, hint: str = "") -> None:
+    """torch's dispatch failure for an unsupported dtype: NotImplementedError, "... not implemented for 'Bool'"."""
+    check(ok, lambda: f"\"{opname}\" not implemented for '{scalar_type_name(dtype)}'{hint}", NotImplementedError)
+
+
 def _unary(id, name, supported=(_FLOAT, _COMPLEX), out_dtype=None):
     def meta(a):
         check_tensor(a, f"prims.{name}")
-        check(_kind(a.dtype) in supported,
-              lambda: f"prims.{name}: \"{name}\" not implemented for '{a.dtype}' "
-                      f"(expects {' or '.join(supported)} tensors; ltorch converts types before calling prims)")
+        check_dtype_supported(_kind(a.dtype) in supported, name, a.dtype,
+                              f" (prims.{name} takes {' or '.join(supported)} tensors)")
         return _out(a, dtype=out_dtype(a.dtype) if out_dtype else a.dtype)
 
     return make_prim(id, name, meta=meta, tags=("elementwise",))
@@ -156,7 +174,7 @@ def _binary_meta(name, supported=_ANY, out_dtype=None):
                   lambda: f"Expected all tensors to be on the same device, but found at least two devices, {a.device} and {b.device}!")
         big = max(tensors, key=lambda t: t.ndim)
         dtype = tensors[0].dtype
-        check(_kind(dtype) in supported, lambda: f"prims.{name}: \"{name}\" not implemented for '{dtype}'")
+        check_dtype_supported(_kind(dtype) in supported, name, dtype, f" (prims.{name} takes {' or '.join(supported)} tensors)")
         return _out(big, dtype=out_dtype(dtype) if out_dtype else dtype)
 
     return meta
@@ -214,11 +232,10 @@ def _reduced_shape(a, dims) -> tuple:
 def _reduction(id, name, out_dtype=None):
     def meta(a, dims):
         check_tensor(a, f"prims.{name}")
-        dims = canonical_dims(dims, a.ndim)
-        if name in ("amax", "amin", "prod"):
+        dims = canonical_dims(dims, a.ndim) if a.ndim else ()  # a 0-dim tensor takes dim 0, reducing nothing
+        if name in ("amax", "amin"):  # no identity element to return for an empty reduction
             for d in dims:
-                check(a.shape[d] != 0 or name == "prod",
-                      lambda: f"{name}(): Expected reduction dim {d} to have non-zero size.", IndexError)
+                check(a.shape[d] != 0, lambda: f"{name}(): Expected reduction dim {d} to have non-zero size.", IndexError)
         return _out(a, shape=_reduced_shape(a, dims), dtype=out_dtype(a.dtype) if out_dtype else a.dtype)
 
     return make_prim(id, name, meta=meta, tags=("reduction",))
@@ -345,7 +362,7 @@ def _cat_meta(tensors, dim):
             check(j == d or t.shape[j] == first.shape[j],
                   lambda: f"Sizes of tensors must match except in dimension {d}. Expected size {first.shape[j]} but got size {t.shape[j]} for tensor number {i} in the list.")
     shape = list(first.shape)
-    shape[d] = sum(t.shape[d] for t in tensors)
+    shape[d] = builtins.sum(t.shape[d] for t in tensors)  # `sum` is the prim here
     return _out(first, shape=tuple(shape))
 
 
@@ -365,7 +382,8 @@ make_prim(PrimIDs.FLIP, "flip", meta=_flip_meta, tags=("shape",))
 def _check_index(index, opname):
     check_tensor(index, opname, "index")
     check(index.dtype in (torch.int64, torch.int32),
-          lambda: f"{opname}(): Expected dtype int32/int64 for index but got: {index.dtype}", RuntimeError)
+          lambda: f"{opname}(): Expected dtype int32 or int64 for index" if opname == "index_select" else
+                  f"{opname}(): Expected dtype int32/int64 for index", RuntimeError)
 
 
 def _take_meta(a, index, dim):
@@ -386,10 +404,11 @@ def _take_along_axis_meta(a, index, dim):
     check_tensor(a, "prims.take_along_axis")
     _check_index(index, "gather")
     d = canonical_dim(dim, a.ndim)
-    check(index.ndim == a.ndim, lambda: "Index tensor must have the same number of dimensions as input tensor")
-    for i in range(a.ndim):
+    # torch reads a 0-dim tensor as 1-dim here
+    check(max(index.ndim, 1) == max(a.ndim, 1), lambda: "Index tensor must have the same number of dimensions as input tensor")
+    for i in range(min(a.ndim, index.ndim)):
         check(i == d or index.shape[i] <= a.shape[i],
-              lambda: f"Size does not match at dimension {i} expected index {list(index.shape)} to be smaller than self {list(a.shape)} apart from dimension {d}")
+              lambda: f"Size does not match at dimension {i} expected index {list(index.shape)} to be no larger than self {list(a.shape)} apart from dimension {d}")
     return _out(a, shape=index.shape)
 
 
@@ -417,8 +436,17 @@ make_prim(PrimIDs.DEVICE_PUT, "device_put", meta=_device_put_meta)
 
 
 # -- linear algebra --------------------------------------------------------------------
+def _broadcast_batch(a_batch, b_batch) -> list:
+    ndim = max(len(a_batch), len(b_batch))
+    a_batch, b_batch = (1,) * (ndim - len(a_batch)) + tuple(a_batch), (1,) * (ndim - len(b_batch)) + tuple(b_batch)
+    for j, (x, y) in enumerate(zip(a_batch, b_batch)):
+        check(x == y or x == 1 or y == 1,
+              lambda: f"The size of tensor a ({x}) must match the size of tensor b ({y}) at non-singleton dimension {j}")
+    return [y if x == 1 else x for x, y in zip(a_batch, b_batch)]
+
+
 def matmul_shape(a_shape, b_shape) -> tuple:
-    """torch.matmul's output shape, with torch's error messages."""
+    """torch.matmul's output shape, with the message of the kernel torch picks for each rank pair."""
     an, bn = len(a_shape), len(b_shape)
     check(an > 0 and bn > 0, lambda: f"both arguments to matmul need to be at least 1D, but they are {an}D and {bn}D")
     if an == 1 and bn == 1:
@@ -427,12 +455,16 @@ def matmul_shape(a_shape, b_shape) -> tuple:
         return ()
     a2 = (1, a_shape[0]) if an == 1 else tuple(a_shape)
     b2 = (b_shape[0], 1) if bn == 1 else tuple(b_shape)
-    check(a2[-1] == b2[-2],
-          lambda: f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, (torch.Size(a2[:-1]).numel(), a2[-1]) if an > 2 and bn == 2 else a2[-2:]))} and {b2[-2]}x{b2[-1]})")
-    batch_a, batch_b = a2[:-2], b2[:-2]
-    batch = list(torch.broadcast_shapes(torch.Size(batch_a), torch.Size(batch_b))) if (batch_a or batch_b) else []
-    out = batch + ([] if an == 1 else [a2[-2]]) + ([] if bn == 1 else [b2[-1]])
-    return tuple(out)
+    rows = torch.Size(a2[:-1]).numel()
+    if bn == 1:  # torch folds a's batch into rows: a matrix-vector product
+        check(a2[-1] == b2[-2], lambda: f"size mismatch, got input ({rows}), mat ({rows}x{a2[-1]}), vec ({b_shape[0]})")
+    elif bn == 2:  # a's batch folds into rows: one matrix product
+        check(a2[-1] == b2[-2], lambda: f"mat1 and mat2 shapes cannot be multiplied ({rows if an > 2 else a2[-2]}x{a2[-1]} and {b2[-2]}x{b2[-1]})")
+    batch = _broadcast_batch(a2[:-2], b2[:-2])
+    if bn > 2:  # a batched matrix product over the broadcast batch
+        b = torch.Size(batch).numel()
+        check(a2[-1] == b2[-2], lambda: f"Expected size for first two dimensions of batch2 tensor to be: [{b}, {a2[-1]}] but got: [{b}, {b2[-2]}].")
+    return tuple(batch + ([] if an == 1 else [a2[-2]]) + ([] if bn == 1 else [b2[-1]]))
 
 
 def _matmul_meta(a, b):
@@ -440,14 +472,7 @@ def _matmul_meta(a, b):
     check_tensor(b, "prims.matmul", "other")
     check(a.dtype == b.dtype, lambda: f"expected m1 and m2 to have the same dtype, but got: {a.dtype} != {b.dtype}")
     check(a.device == b.device, lambda: f"Expected all tensors to be on the same device, but found at least two devices, {a.device} and {b.device}!")
-    try:
-        shape = matmul_shape(a.shape, b.shape)
-    except RuntimeError as e:
-        if "broadcast" in str(e) or "must match" in str(e):
-            raise RuntimeError(f"The size of tensor a must match the size of tensor b at a non-singleton dimension "
-                               f"(matmul batch shapes {tuple(a.shape[:-2])} and {tuple(b.shape[:-2])})") from None
-        raise
-    return _out(a, shape=shape)
+    return _out(a, shape=matmul_shape(a.shape, b.shape))
 
 
 make_prim(PrimIDs.MATMUL, "matmul", meta=_matmul_meta)

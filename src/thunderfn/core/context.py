@@ -10,7 +10,12 @@ from __future__ import annotations
 import keyword
 import threading
 
-_local = threading.local()
+class _TracingState(threading.local):
+    def __init__(self):
+        self.stack: list = []  # traces being built, innermost last
+
+
+_local = _TracingState()
 
 # Names generated code must never bind to a proxy: the modules the printed code
 # refers to, and Python's keywords and builtins that generated code uses.
@@ -22,15 +27,12 @@ RESERVED_NAMES = frozenset(
 
 
 def trace_stack() -> list:
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    return stack
+    return _local.stack
 
 
 def current_trace():
     """The innermost trace being built, or None when running eagerly."""
-    stack = getattr(_local, "stack", None)
+    stack = _local.stack
     return stack[-1] if stack else None
 
 

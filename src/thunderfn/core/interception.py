@@ -8,10 +8,13 @@ callable (function, method, operator) to the thunderfn callable that traces it.
 """
 from __future__ import annotations
 
+import functools
+import warnings
+
 import torch
 from torch.overrides import TorchFunctionMode
 
-from thunderfn.core import context
+from thunderfn.core import context, dtypes
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.errors import UnsupportedOpError
 
@@ -23,8 +26,37 @@ def register_handler(torch_fn, handler) -> None:
     handlers[torch_fn] = handler
 
 
+# Metadata functions called on a proxy: answered from its metadata at trace time.
+handlers.update({
+    torch.numel: lambda a: a.numel(),
+    torch.is_floating_point: lambda a: a.is_floating_point(),
+    torch.is_complex: lambda a: a.is_complex(),
+    torch.Tensor.is_same_size: lambda a, b: a.shape == b.shape,
+    torch.result_type: lambda a, b: dtypes.result_type(a, b),
+})
+
+
 _PUBLIC_HOMES = (("torch", torch), ("torch.nn.functional", torch.nn.functional), ("torch.Tensor", torch.Tensor),
                  ("torch.special", torch.special), ("torch.linalg", torch.linalg), ("torch.fft", torch.fft))
+
+
+@functools.lru_cache(maxsize=None)
+def _public_names() -> dict:
+    """Every callable in torch's public homes -> its public spelling (first home wins)."""
+    names = {}
+    with warnings.catch_warnings():  # some public names are deprecated aliases that warn when read
+        warnings.simplefilter("ignore")
+        for home_name, home in _PUBLIC_HOMES:
+            for attr in dir(home):
+                if attr.startswith("_"):
+                    continue
+                try:
+                    obj = getattr(home, attr)
+                    if callable(obj) and obj not in names:
+                        names[obj] = f"{home_name}.{attr}"
+                except Exception:  # attributes that raise when read, unhashable objects
+                    continue
+    return names
 
 
 def torch_name(func) -> str:
@@ -37,6 +69,12 @@ def torch_name(func) -> str:
         for home_name, home in _PUBLIC_HOMES:
             if getattr(home, name, None) is func:
                 return f"{home_name}.{name}"
+    try:  # torch.linalg.svd is torch._C._linalg.linalg_svd: its __name__ is not its public name
+        public = _public_names().get(func)
+    except TypeError:  # unhashable
+        public = None
+    if public is not None:
+        return public
     qualname = getattr(func, "__qualname__", name or repr(func))
     module = getattr(func, "__module__", None) or "torch"
     return f"{module}.{qualname}"
@@ -103,11 +141,20 @@ def dispatch(func, args, kwargs):
     has_tensor = _contains_tensor(args) or _contains_tensor(kwargs)
     if not has_tensor and not any(w in name.rsplit(".", 1)[-1] for w in _RANDOM_WORDS):
         with torch._C.DisableTorchFunction():
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+        if isinstance(result, torch.Tensor):  # a fresh tensor on every eager call: see trace()
+            trc.created[id(result)] = result
+        return result
     if name.rsplit(".", 1)[-1].endswith("_") or name.endswith(("__iadd__", "__isub__", "__imul__", "__itruediv__", "__setitem__")):
         raise UnsupportedOpError(
             f"{name} mutates a tensor in place, which thunderfn does not trace yet. "
             f"Write the out-of-place form instead (x = x + y rather than x += y; torch.where for masked writes)."
+        )
+    if any(w in name.rsplit(".", 1)[-1] for w in _RANDOM_WORDS):
+        raise UnsupportedOpError(
+            f"{name} draws random numbers (or reseeds), called while tracing '{trc.fn_name}'; thunderfn does not "
+            f"trace randomness yet, and running it once at trace time would repeat one draw on every call. "
+            f"Draw the numbers outside the jitted function and pass them in as an argument."
         )
     raise UnsupportedOpError(
         f"thunderfn has no symbol for {name}, called while tracing '{trc.fn_name}'. "

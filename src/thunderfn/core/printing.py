@@ -11,6 +11,7 @@ import builtins
 import itertools
 import linecache
 import math
+import re
 
 import optree
 import torch
@@ -60,7 +61,9 @@ def format_value(x, ns: Namespace) -> str:
         return f"torch.device({str(x)!r})"
     if isinstance(x, (torch.memory_format, torch.layout)):
         return str(x)
-    if type(x) in (tuple, torch.Size):
+    if type(x) is torch.Size:
+        return f"torch.Size([{', '.join(format_value(v, ns) for v in x)}])"
+    if type(x) is tuple:
         inner = ", ".join(format_value(v, ns) for v in x)
         return f"({inner},)" if len(x) == 1 else f"({inner})"
     if type(x) is list:
@@ -76,6 +79,9 @@ def format_value(x, ns: Namespace) -> str:
 
 def format_call(bsym, ns: Namespace) -> str:
     parts = [format_value(a, ns) for a in bsym.args]
+    for k in bsym.kwargs:
+        if not (isinstance(k, str) and k.isidentifier()):
+            raise ValueError(f"keyword argument name {k!r} of {bsym.sym.print_name} is not an identifier")
     parts += [f"{k}={format_value(v, ns)}" for k, v in bsym.kwargs.items()]
     ns.update(bsym.sym.namespace)
     return f"{bsym.sym.print_name}({', '.join(parts)})"
@@ -87,10 +93,22 @@ def format_target(out) -> str | None:
         return None
     if isinstance(out, TensorProxy):
         return out.name
-    if type(out) in (tuple, list):
+    if isinstance(out, (tuple, list)):  # namedtuples and torch.return_types unpack like tuples
         inner = [format_target(o) or "_" for o in out]
         return f"({inner[0]},)" if len(inner) == 1 else f"({', '.join(inner)})"
     return "_"
+
+
+def _unpackable(out) -> bool:
+    """Can an assignment target bind every proxy in out (dicts cannot be unpacked)?"""
+    if isinstance(out, (tuple, list)):
+        return all(_unpackable(o) for o in out)
+    return isinstance(out, TensorProxy) or not any(
+        isinstance(o, TensorProxy) for o in optree.tree_leaves(out, none_is_leaf=True, namespace=NAMESPACE))
+
+
+def _tree_leaves(tree) -> list:
+    return optree.tree_leaves(tree, none_is_leaf=True, namespace=NAMESPACE)
 
 
 def _annotation(out) -> str:
@@ -106,6 +124,9 @@ def format_bsym(bsym, indent: int = 0, ns: Namespace | None = None, comment: boo
     else:
         target = format_target(bsym.output)
         call = format_call(bsym, ns)
+        if not _unpackable(bsym.output):  # e.g. a dict of tensors: bind its leaves
+            ns["tree_leaves"] = _tree_leaves
+            target, call = format_target(_tree_leaves(bsym.output)), f"tree_leaves({call})"
         line = f"{target} = {call}" if target is not None else call
     note = _annotation(bsym.output)
     if note:
@@ -139,6 +160,9 @@ def render(trc) -> tuple[str, Namespace]:
     for bsym in trc.bound_symbols:
         body += format_bsym(bsym, 1, ns)
     body.append(f"  return {format_output(trc.output, ns)}")
+    clash = _local_names(trc) & ns.keys()
+    if clash:  # a parameter named `_out_spec0` or like an executor operator would shadow that global
+        return render(_renamed(trc, clash))
     header = [f"# {trc.provenance}"] if trc.provenance else []
     header += [line for name, line in _MODULE_IMPORTS.items() if _uses(body, name)]
     header += [f"# {name}: {_describe(value)} (captured by the traced function)"
@@ -148,13 +172,31 @@ def render(trc) -> tuple[str, Namespace]:
     return source, ns
 
 
+def _local_names(trc) -> set:
+    return {a.name for a in trc.args} | {o.name for b in trc.bound_symbols for o in b.proxy_outs() if o.constant is None}
+
+
+def _renamed(trc, names: set):
+    """trc with the proxies called `names` renamed, so they stop shadowing globals."""
+    mapping = {}
+    for p in [*trc.args, *(o for b in trc.bound_symbols for o in b.proxy_outs())]:
+        if p.name in names and p.name not in mapping:
+            mapping[p.name] = TensorProxy(trc.names.take(prefix=f"{p.name}_"), shape=p.shape, dtype=p.dtype,
+                                          device=p.device, requires_grad=p.requires_grad, origin=p.origin)
+    swap = lambda x: mapping.get(x.name, x) if isinstance(x, TensorProxy) else x  # noqa: E731
+    new = trc.derive(trc.provenance, [b.swap(mapping) for b in trc.bound_symbols])
+    new.args = [swap(a) for a in trc.args]
+    new.output = optree.tree_map(swap, trc.output, none_is_leaf=True, namespace=NAMESPACE)
+    return new
+
+
 def _describe(t: torch.Tensor) -> str:
     return TensorProxy.type_string(t)  # same "device dtype[shape]" form as proxies
 
 
 def _uses(lines, module: str) -> bool:
-    needle = module + "."
-    return any(needle in line for line in lines if not line.lstrip().startswith("#"))
+    pattern = re.compile(rf"(?<![\w.]){module}\.")
+    return any(pattern.search(line) for line in lines if not line.lstrip().startswith("#"))
 
 
 def format_trace(trc) -> str:

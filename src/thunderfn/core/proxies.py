@@ -39,9 +39,9 @@ class TensorProxy(Proxy):
         self.device = device if isinstance(device, torch.device) else torch.device(device)
         self.requires_grad = bool(requires_grad)
         self.constant = constant
-        # A human description of where the value came from ("argument 'x'"),
-        # used by ConcretizationError to point at the cause.
-        self.origin = origin
+        # Human descriptions of where the value came from (("argument 'x'",)),
+        # inherited by every value computed from it; ConcretizationError names them.
+        self.origin = (origin,) if isinstance(origin, str) else tuple(origin or ())
 
     @classmethod
     def like(cls, t, *, name=None, **overrides) -> "TensorProxy":
@@ -107,6 +107,13 @@ class TensorProxy(Proxy):
     def grad(self):
         return None
 
+    @property
+    def grad_fn(self):
+        return None  # nothing is recorded by torch.autograd while tracing
+
+    def get_device(self) -> int:
+        return -1 if self.device.type == "cpu" else (self.device.index or 0)
+
     def type_string(self) -> str:
         dims = ", ".join(str(s) for s in self.shape)
         return f'"{_device_str(self.device)} {dtypes.short_names.get(self.dtype, str(self.dtype))}[{dims}]"'
@@ -120,7 +127,7 @@ class TensorProxy(Proxy):
     def _concretize(self, what: str, instead: str):
         trc = context.current_trace()
         fn = f" while tracing '{trc.fn_name}'" if trc is not None else ""
-        origin = f" (a value computed from {self.origin})" if self.origin else ""
+        origin = f" (a value computed from {_describe_origin(self.origin)})" if self.origin else ""
         raise ConcretizationError(
             f"{what} needs the value of tensor {self.name}{origin}{fn}, but thunderfn traces "
             f"with shapes only: tensor values are unknown until the compiled function runs. "
@@ -157,7 +164,13 @@ class TensorProxy(Proxy):
 
     def __iter__(self):
         if not self.shape:
-            raise TypeError("iteration over a 0-d tensor")
+            trc = context.current_trace()
+            fn = f" while tracing '{trc.fn_name}'" if trc is not None else ""
+            origin = f" (a value computed from {_describe_origin(self.origin)})" if self.origin else ""
+            raise ConcretizationError(
+                f"iteration over a 0-d tensor: tensor {self.name}{origin}{fn} has no dimension to iterate over. "
+                f"Iterate over a tensor with at least one dimension (x.reshape(1)), or unpack outside the jitted function."
+            )
         return iter(self.unbind(0))
 
     def __array__(self, *args, **kwargs):
@@ -173,7 +186,16 @@ class TensorProxy(Proxy):
     def __getattr__(self, name):
         from thunderfn.core.interception import method
 
+        if name.startswith("__") and name.endswith("__"):
+            # protocol lookups (copy's __deepcopy__/__setstate__, __dlpack__, ...) are not torch calls
+            raise AttributeError(f"'TensorProxy' object has no attribute '{name}'")
         return method(self, name)
+
+
+def _describe_origin(origin: tuple) -> str:
+    if len(origin) > 3:
+        return f"{', '.join(origin[:3])} and {len(origin) - 3} more"
+    return " and ".join(origin)
 
 
 def _wrap_dim(dim: int, ndim: int) -> int:

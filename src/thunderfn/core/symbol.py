@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Callable
 
 import optree
+import torch
 
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
@@ -50,11 +51,41 @@ class Symbol:
                 if self.eager is None:
                     raise RuntimeError(f"{self.print_name} has no eager implementation")
                 return self.eager(*args, **kwargs)
-            return self.fn(*args, **kwargs)
+            return _run_decomposition(self, args, kwargs)
         return trc.record(self, args, kwargs)
 
     def bind(self, *args, output, subsymbols=(), **kwargs) -> "BoundSymbol":
         return BoundSymbol(self, args, kwargs, output, tuple(subsymbols))
+
+
+def _run_decomposition(sym: Symbol, args, kwargs):
+    """A composite called on real tensors: its body is written for proxies (clang checks
+    for them), so trace it on proxies of the arguments and run the recorded prims eagerly."""
+    from thunderfn.core.trace import trace
+
+    tensors = [x for x in optree.tree_leaves((tuple(args), dict(kwargs)), namespace="thunderfn")
+               if isinstance(x, torch.Tensor)]
+    trc = trace(sym, *args, **kwargs)
+    env = {p.name: t for p, t in zip(trc.args, tensors)}
+
+    def value(x):
+        if isinstance(x, TensorProxy):
+            return x.constant if x.constant is not None else env[x.name]
+        return x
+
+    def run(bsyms):
+        for bsym in bsyms:
+            if bsym.sym.is_prim:
+                args_, kwargs_ = optree.tree_map(value, (bsym.args, bsym.kwargs), none_is_leaf=True, namespace="thunderfn")
+                result = bsym.sym(*args_, **kwargs_)
+                outs = optree.tree_leaves(bsym.output, none_is_leaf=True, namespace="thunderfn")
+                results = optree.tree_leaves(result, none_is_leaf=True, namespace="thunderfn")
+                env.update((o.name, r) for o, r in zip(outs, results) if isinstance(o, TensorProxy))
+            else:
+                run(bsym.subsymbols)
+
+    run(trc.bound_symbols)
+    return optree.tree_map(value, trc.output, none_is_leaf=True, namespace="thunderfn")
 
 
 @dataclasses.dataclass(eq=False)

@@ -31,6 +31,7 @@ class Trace:
         self._scopes: list[list] = [self.bound_symbols]
         self.symbol_depth = 0
         self._constants: dict[int, TensorProxy] = {}
+        self.created: dict[int, torch.Tensor] = {}  # tensors made at trace time (torch.tensor([...]))
 
     # -- building -------------------------------------------------------------------
     def record(self, sym, args, kwargs):
@@ -47,7 +48,13 @@ class Trace:
                     subsymbols = tuple(self._scopes.pop())
         finally:
             self.symbol_depth -= 1
-        self._scopes[-1].append(sym.bind(*args, output=out, subsymbols=subsymbols, **kwargs))
+        if not sym.is_prim and not subsymbols and _only_passes_through(out, args, kwargs):
+            # x.contiguous(), x.to(x.dtype), reshape to the same shape: no computation,
+            # so nothing to record (in a functional IR they are the value itself).
+            return out
+        bsym = sym.bind(*args, output=out, subsymbols=subsymbols, **kwargs)
+        _inherit_origin(bsym)
+        self._scopes[-1].append(bsym)
         return out
 
     def emit(self, bsym) -> None:
@@ -98,6 +105,18 @@ class Trace:
         return compile_trace(self)
 
 
+def _inherit_origin(bsym) -> None:
+    """Outputs come from where their inputs came from, so a ConcretizationError on
+    `x.sum() > 0` can name argument 'x'."""
+    origin = []
+    for p in bsym.proxy_args():
+        origin += [o for o in p.origin if o not in origin]
+    if origin:
+        for p in bsym.proxy_outs():
+            if not p.origin:
+                p.origin = tuple(origin)
+
+
 @contextlib.contextmanager
 def tracing(trc: Trace):
     """Make trc the trace being built; the outermost one also intercepts torch."""
@@ -117,12 +136,12 @@ def tracing(trc: Trace):
 
 def _path_name(path) -> str | None:
     parts = []
-    for p in path:
-        s = str(p)
-        parts.append(s if s.isidentifier() else None)
-    if parts and all(parts):
-        return "_".join(parts)
-    return None
+    for i, p in enumerate(path):
+        s = str(p).replace(".", "_") if type(p) is str else str(p)  # "fc1.weight" -> params_fc1_weight
+        # `pair_0` for the first element of argument `pair`; keys that are not identifiers give no name
+        parts.append(s if i > 0 or s.isidentifier() else None)
+    name = "_".join(parts) if parts and all(parts) else None
+    return name if name is not None and name.isidentifier() else None
 
 
 def arg_paths(fn, args, kwargs) -> tuple:
@@ -131,12 +150,14 @@ def arg_paths(fn, args, kwargs) -> tuple:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         params = []
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    star = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
     names = []
     for i in range(len(args)):
-        if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD):
-            names.append(params[i].name)
-        elif params and params[-1].kind is params[-1].VAR_POSITIONAL or (i < len(params) and params[i].kind is params[i].VAR_POSITIONAL):
-            names.append(f"args{i}")
+        if i < len(positional):
+            names.append(positional[i].name)
+        elif star is not None:  # f(a, *rest): rest_0, rest_1, ...
+            names.append(f"{star}_{i - len(positional)}")
         else:
             names.append(f"arg{i}")
     return names
@@ -162,19 +183,44 @@ def proxify_inputs(trc: Trace, fn, args, kwargs):
     return p_args, p_kwargs
 
 
+def _lift_output(trc: Trace, x):
+    from thunderfn.core.interception import lift_constants
+
+    if isinstance(x, torch.Tensor) and trc.created.get(id(x)) is x:
+        # made once at trace time but a new tensor on every eager call: returning the one
+        # object would let a caller's in-place update leak into later calls
+        return x.clone()
+    return lift_constants(x)
+
+
+def _rng_fingerprint() -> tuple:
+    return torch.initial_seed(), torch.random.get_rng_state()
+
+
+def _same_rng(a: tuple, b: tuple) -> bool:
+    return a[0] == b[0] and torch.equal(a[1], b[1])
+
+
 def trace(fn, *args, **kwargs) -> Trace:
     """The computation trace of fn applied to these arguments (like jax.make_jaxpr).
 
     Tensors anywhere in the argument pytrees become inputs; other values are baked in.
     """
-    from thunderfn.core.interception import lift_constants
-
     start = time.perf_counter_ns()
     trc = Trace(getattr(fn, "__name__", "computation"))
+    rng_before = _rng_fingerprint()
     with tracing(trc):
         p_args, p_kwargs = proxify_inputs(trc, fn, args, kwargs)
         out = fn(*p_args, **p_kwargs)
-        trc.output = optree.tree_map(lambda x: lift_constants(x), out, none_is_leaf=True, namespace="thunderfn")
+        trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
+    if not _same_rng(rng_before, _rng_fingerprint()):
+        from thunderfn.errors import UnsupportedOpError
+
+        # torch.manual_seed and friends are plain Python: no torch-function hook sees them.
+        raise UnsupportedOpError(
+            f"'{trc.fn_name}' changed torch's random number generator while being traced (torch.manual_seed, "
+            f"torch.seed, torch.set_rng_state, ...). Tracing runs the Python once, so the compiled function would "
+            f"not do it again on later calls. Seed outside the jitted function.")
     trc.provenance = f"Constructed by Tracing (took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
     return trc
 
@@ -184,3 +230,10 @@ def timed_pass(name: str, fn, trc: Trace, *args, **kwargs) -> Trace:
     new = fn(trc, *args, **kwargs)
     new.provenance = f"Constructed by {name} (took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
     return new
+
+
+def _only_passes_through(out, args, kwargs) -> bool:
+    inputs = {id(x) for x in optree.tree_leaves((args, kwargs), none_is_leaf=True, namespace="thunderfn")
+              if isinstance(x, TensorProxy)}
+    return all(id(x) in inputs for x in optree.tree_leaves(out, none_is_leaf=True, namespace="thunderfn")
+               if isinstance(x, TensorProxy))

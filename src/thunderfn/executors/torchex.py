@@ -78,7 +78,14 @@ def device_put(a, device):
 
 
 def take(a, index, dim):
-    return torch.index_select(a, dim, index.reshape(-1) if index.ndim == 0 else index)
+    try:
+        return torch.index_select(a, dim, index.reshape(-1) if index.ndim == 0 else index)
+    except RuntimeError as e:
+        # index_select reports an index out of range as IndexError on some dims and RuntimeError on
+        # others; take always raises IndexError, as torch's indexing does
+        if "out of DATA bounds" in str(e):
+            raise IndexError(f"index out of range in self ({e})") from None
+        raise
 
 
 def take_along_axis(a, index, dim):

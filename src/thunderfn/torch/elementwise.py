@@ -3,6 +3,7 @@ activations and the Tensor operators (including reflected ones, which mirror how
 torch itself defines them so results match bit for bit)."""
 from __future__ import annotations
 
+import builtins
 import math
 import numbers
 import sys
@@ -13,7 +14,8 @@ import torch.nn.functional as F
 from thunderfn import clang, prims
 from thunderfn.clang import Promotion, is_tensor, maybe_convert_to_dtype
 from thunderfn.core import dtypes
-from thunderfn.prims import check
+from thunderfn.errors import UnsupportedOpError
+from thunderfn.prims import check, check_dtype_supported
 from thunderfn.torch import register_alias, torchsymbol
 
 _this_module = sys.modules[__name__]
@@ -33,15 +35,21 @@ def _torch_callables(name: str, *extra):
 
 
 # -- unary math: one line each, straight onto clang -------------------------------------
-for _name in clang._INT_TO_FLOAT_UNARY + "neg floor ceil round trunc sign signbit isfinite isnan bitwise_not".split():
+for _name in clang._INT_TO_FLOAT_UNARY + "floor ceil trunc sign signbit isfinite isnan bitwise_not".split():
     _clang_fn = getattr(clang, _name)
     _export(torchsymbol(*_torch_callables(_name), name=_name)(lambda a, _f=_clang_fn: _f(a)))
 
 
+@torchsymbol(torch.neg, T.neg)
+def neg(a):
+    check(a.dtype is not torch.bool, lambda: "Negation, the `-` operator, on a bool tensor is not supported. "
+                                             "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+    return clang.neg(a)
+
+
 @torchsymbol(torch.abs, T.abs, T.__abs__, torch.absolute)
 def abs(a):
-    if a.dtype is torch.bool:
-        return a
+    check_dtype_supported(a.dtype is not torch.bool, "abs", a.dtype)
     return clang.abs(a)
 
 
@@ -49,8 +57,14 @@ def abs(a):
 def round(a, *, decimals=0):
     if decimals == 0:
         return clang.round(a)
-    scale = 10.0 ** decimals
-    return clang.true_divide(clang.round(clang.mul(a, scale)), scale)
+    check_dtype_supported(dtypes.is_inexact(a.dtype), "round", a.dtype)
+    # torch scales, rounds and unscales in float32 for half types, rounding once at the end
+    x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
+    if decimals > 0:  # torch's order of operations, so results match to the last bit
+        out = clang.true_divide(clang.round(clang.mul(x, 10.0 ** decimals)), 10.0 ** decimals)
+    else:
+        out = clang.mul(clang.round(clang.true_divide(x, 10.0 ** -decimals)), 10.0 ** -decimals)
+    return maybe_convert_to_dtype(out, a.dtype)
 
 
 @torchsymbol(torch.real, T.real.__get__ if hasattr(T.real, "__get__") else T.real)
@@ -98,48 +112,51 @@ def _as_bool(a):
     return a if not is_tensor(a) or a.dtype is torch.bool else clang.ne(a, 0)
 
 
-@torchsymbol(torch.logical_and, T.logical_and)
-def logical_and(a, b):
-    return clang.bitwise_and(_as_bool(a), _as_bool(b))
-
-
-@torchsymbol(torch.logical_or, T.logical_or)
-def logical_or(a, b):
-    return clang.bitwise_or(_as_bool(a), _as_bool(b))
-
-
-@torchsymbol(torch.logical_xor, T.logical_xor)
-def logical_xor(a, b):
-    return clang.bitwise_xor(_as_bool(a), _as_bool(b))
-
-
 # -- binary math -----------------------------------------------------------------------
-def _check_binary(a, b, opname):
-    check(is_tensor(a) or is_tensor(b) or isinstance(a, numbers.Number),
-          lambda: f"{opname}(): argument 'input' must be Tensor, not {type(a).__name__}", TypeError)
-    for x in (a, b):
-        check(is_tensor(x) or isinstance(x, numbers.Number),
-              lambda: f"{opname}(): argument 'other' must be Tensor or Number, not {type(x).__name__}", TypeError)
+def _check_operands(opname, a, b, *, number_input=True, number_other=True):
+    """torch's argument parsing: which operands may be Python numbers; anything else is a TypeError."""
+    for position, argname, x, number_ok in ((1, "input", a, number_input), (2, "other", b, number_other)):
+        check(is_tensor(x) or (number_ok and isinstance(x, numbers.Number)),
+              lambda: f"{opname}(): argument '{argname}' (position {position}) must be Tensor, not {type(x).__name__}",
+              TypeError)
+    check(is_tensor(a) or is_tensor(b),
+          lambda: f"{opname}(): argument 'input' (position 1) must be Tensor, not {type(a).__name__}", TypeError)
+
+
+def _scaled_combine(combine, a, b, alpha):
+    """a combine alpha * b, with torch's checks on alpha and its single rounding: torch's
+    kernels scale and combine in the computation dtype (f32 for half types)."""
+    dtype = dtypes.result_type(a, b)
+    check(not isinstance(alpha, bool) or dtype is torch.bool, lambda: "Boolean alpha only supported for Boolean results.")
+    check(dtypes.is_inexact(dtype) or isinstance(alpha, numbers.Integral),
+          lambda: "For integral input tensors, argument alpha must not be a floating point number.")
+    if alpha == 1:
+        return combine(a, b)
+    compute = dtypes.computation_dtype(dtype)
+    a, b = maybe_convert_to_dtype(a, compute), maybe_convert_to_dtype(b, compute)
+    scaled = clang.mul(b, alpha) if is_tensor(b) else b * alpha
+    return maybe_convert_to_dtype(combine(a, scaled), dtype)
 
 
 @torchsymbol(torch.add, T.add, T.__add__)
 def add(a, b, *, alpha=1):
-    _check_binary(a, b, "add")
-    if alpha != 1:
-        check(not isinstance(alpha, bool) or dtypes.result_type(a, b) is torch.bool,
-              lambda: "Boolean alpha only supported for Boolean results.")
-        b = clang.mul(b, alpha)
-    return clang.add(a, b)
+    _check_operands("add", a, b)
+    return _scaled_combine(clang.add, a, b, alpha)
+
+
+def _is_bool(x) -> bool:
+    return x.dtype is torch.bool if is_tensor(x) else isinstance(x, bool)
 
 
 @torchsymbol(torch.sub, T.sub, T.__sub__, torch.subtract, T.subtract)
 def sub(a, b, *, alpha=1):
-    _check_binary(a, b, "sub")
-    check(not (is_tensor(a) and a.dtype is torch.bool) or not (is_tensor(b) and b.dtype is torch.bool),
+    _check_operands("sub", a, b)
+    check(not (_is_bool(a) and _is_bool(b)),
           lambda: "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.")
-    if alpha != 1:
-        b = clang.mul(b, alpha)
-    return clang.sub(a, b)
+    check(not (_is_bool(a) or _is_bool(b)),
+          lambda: "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a mask, "
+                  "use the `~` or `logical_not()` operator instead.")
+    return _scaled_combine(clang.sub, a, b, alpha)
 
 
 @torchsymbol(torch.rsub)
@@ -147,75 +164,127 @@ def rsub(a, b, *, alpha=1):
     return sub(b, a, alpha=alpha)
 
 
+def _reading_scalar_tensor_in_float32(fn, a, b, **kwargs):
+    """fn(a, b) as torch's CPU mul and div kernels compute it: with a half-precision result,
+    a 0-dim tensor of another dtype as `b` is read at float32 precision instead of being
+    rounded to half first (as `a` it is rounded, and add, sub, remainder, ... round it too)."""
+    dtype = dtypes.result_type(a, b)
+    if dtype in dtypes.low_precision and is_tensor(b) and b.ndim == 0 and b.dtype != dtype:
+        a, b = maybe_convert_to_dtype(a, torch.float32), maybe_convert_to_dtype(b, torch.float32)
+        return maybe_convert_to_dtype(fn(a, b, **kwargs), dtype)
+    return fn(a, b, **kwargs)
+
+
 @torchsymbol(torch.mul, T.mul, T.__mul__, torch.multiply, T.multiply)
 def mul(a, b):
-    _check_binary(a, b, "mul")
-    return clang.mul(a, b)
+    _check_operands("mul", a, b)
+    return _reading_scalar_tensor_in_float32(clang.mul, a, b)
 
 
 @torchsymbol(torch.div, T.div, T.__truediv__, T.__div__ if hasattr(T, "__div__") else torch.div, torch.divide, T.divide,
              torch.true_divide, T.true_divide)
 def div(a, b, *, rounding_mode=None):
-    _check_binary(a, b, "div")
+    _check_operands("div", a, b)
     check(rounding_mode in (None, "trunc", "floor"),
           lambda: f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'")
-    return clang.div(a, b, rounding_mode)
+    return _reading_scalar_tensor_in_float32(clang.div, a, b, rounding_mode=rounding_mode)
 
 
 @torchsymbol(torch.floor_divide, T.floor_divide, T.__floordiv__)
 def floor_divide(a, b):
-    return clang.div(a, b, "floor")
+    _check_operands("floor_divide", a, b)
+    return _reading_scalar_tensor_in_float32(clang.div, a, b, rounding_mode="floor")
 
 
 @torchsymbol(torch.remainder, T.remainder, T.__mod__)
 def remainder(a, b):
+    _check_operands("remainder", a, b)
     return clang.remainder(a, b)
 
 
 @torchsymbol(torch.fmod, T.fmod)
 def fmod(a, b):
+    _check_operands("fmod", a, b, number_input=False)
     return clang.fmod(a, b)
 
 
 @torchsymbol(torch.pow, T.pow, T.__pow__)
 def pow(a, b):
-    _check_binary(a, b, "pow")
-    if isinstance(b, numbers.Number) and is_tensor(a) and dtypes.is_inexact(a.dtype):
-        if b == 2:
-            return clang.mul(a, a)
-        if b == 0.5:
-            return clang.sqrt(a)
-        if b == 1:
-            return a
+    _check_operands("pow", a, b)
+    # x**2 is x*x bit for bit in torch; no other exponent is special-cased, because torch's
+    # own shortcuts differ by dtype (x**0.5 is sqrt for float32 but std::pow for float16)
+    if isinstance(b, numbers.Number) and not isinstance(b, bool) and b == 2 and is_tensor(a) and dtypes.is_inexact(a.dtype):
+        return clang.mul(a, a)
     return clang.pow(a, b)
 
 
-for _name in ("maximum", "minimum", "atan2", "copysign", "nextafter", "bitwise_and", "bitwise_or", "bitwise_xor",
-              "bitwise_left_shift", "bitwise_right_shift"):
-    _clang_fn = getattr(clang, _name)
-    _extra = {"bitwise_and": (T.__and__,), "bitwise_or": (T.__or__,), "bitwise_xor": (T.__xor__,),
-              "bitwise_left_shift": (T.__lshift__,), "bitwise_right_shift": (T.__rshift__,)}.get(_name, ())
-    _export(torchsymbol(*_torch_callables(_name, *_extra), name=_name)(lambda a, b, _f=_clang_fn: _f(a, b)))
+@torchsymbol(torch.nextafter, T.nextafter)
+def nextafter(a, b):
+    _check_operands("nextafter", a, b, number_input=False, number_other=False)
+    dtype = dtypes.result_type(a, b)
+    check_dtype_supported(dtype.is_floating_point, "nextafter", dtype)
+    return clang.nextafter(a, b)
+
+
+# (name, extra torch callables, may `input` be a number, may `other` be a number), as torch's signatures say
+for _name, _extra, _number_input, _number_other in (
+        ("maximum", (), False, False), ("minimum", (), False, False), ("atan2", (T.arctan2, torch.arctan2), False, False),
+        ("copysign", (), False, True), ("bitwise_and", (T.__and__,), True, True), ("bitwise_or", (T.__or__,), True, True),
+        ("bitwise_xor", (T.__xor__,), True, True), ("bitwise_left_shift", (T.__lshift__,), True, True),
+        ("bitwise_right_shift", (T.__rshift__,), True, True)):
+    _export(torchsymbol(*_torch_callables(_name, *_extra), name=_name)(
+        lambda a, b, _f=getattr(clang, _name), _n=_name, _ni=_number_input, _no=_number_other:
+            _check_operands(_n, a, b, number_input=_ni, number_other=_no) or _f(a, b)))
 
 for _name, _dunder, _aliases in (("eq", "__eq__", ()), ("ne", "__ne__", ("not_equal",)), ("lt", "__lt__", ("less",)),
                                  ("le", "__le__", ("less_equal",)), ("gt", "__gt__", ("greater",)),
                                  ("ge", "__ge__", ("greater_equal",))):
-    _clang_fn = getattr(clang, _name)
     _fns = _torch_callables(_name, getattr(T, _dunder), *(f for al in _aliases for f in _torch_callables(al)))
-    _export(torchsymbol(*_fns, name=_name)(lambda a, b, _f=_clang_fn: _f(a, b)))
+    _export(torchsymbol(*_fns, name=_name)(
+        lambda a, b, _f=getattr(clang, _name), _n=_name: _check_operands(_n, a, b, number_input=False) or _f(a, b)))
 
 
-@torchsymbol(torch.where, T.where)
+@torchsymbol(torch.logical_and, T.logical_and)
+def logical_and(a, b):
+    _check_operands("logical_and", a, b, number_input=False, number_other=False)
+    return clang.bitwise_and(_as_bool(a), _as_bool(b))
+
+
+@torchsymbol(torch.logical_or, T.logical_or)
+def logical_or(a, b):
+    _check_operands("logical_or", a, b, number_input=False, number_other=False)
+    return clang.bitwise_or(_as_bool(a), _as_bool(b))
+
+
+@torchsymbol(torch.logical_xor, T.logical_xor)
+def logical_xor(a, b):
+    _check_operands("logical_xor", a, b, number_input=False, number_other=False)
+    return clang.bitwise_xor(_as_bool(a), _as_bool(b))
+
+
+# -- where, clamp, lerp --------------------------------------------------------------------
+@torchsymbol(torch.where)
 def where(condition, input=None, other=None):
     check(input is not None and other is not None,
-          lambda: "torch.where(condition) returns data-dependent shapes; thunderfn supports torch.where(condition, input, other)")
+          lambda: "torch.where(condition) returns data-dependent shapes; thunderfn supports torch.where(condition, input, other)",
+          UnsupportedOpError)
+    check(is_tensor(condition), lambda: f"where(): argument 'condition' (position 1) must be Tensor, not {type(condition).__name__}",
+          TypeError)
+    # torch still takes uint8 conditions (with a deprecation warning); anything else is an error
+    check(condition.dtype in (torch.bool, torch.uint8),
+          lambda: f"where expected condition to be a boolean tensor, but got a tensor with dtype {prims.scalar_type_name(condition.dtype)}")
     return clang.where(condition, input, other)
+
+
+register_alias(T.where, lambda self, condition, other: where(condition, self, other))
 
 
 @torchsymbol(torch.clamp, T.clamp, torch.clip, T.clip)
 def clamp(a, min=None, max=None):
     check(min is not None or max is not None, lambda: "torch.clamp: At least one of 'min' or 'max' must not be None")
-    # torch propagates NaN from the input; maximum/minimum do too, so no special case
+    dtype = dtypes.result_type(a, *(b for b in (min, max) if b is not None))
+    check_dtype_supported(dtype is not torch.bool, "clamp", dtype)
+    # torch propagates NaN from the input and from tensor bounds; maximum/minimum do too
     if min is not None:
         a = clang.maximum(a, min) if is_tensor(min) else _clamp_scalar(a, min, clang.lt)
     if max is not None:
@@ -242,15 +311,33 @@ def clamp_max(a, max):
 
 @torchsymbol(torch.lerp, T.lerp)
 def lerp(start, end, weight):
-    return clang.add(start, clang.mul(weight, clang.sub(end, start)))
+    check(is_tensor(end) and (is_tensor(weight) or isinstance(weight, numbers.Number)),
+          lambda: f"lerp() received an invalid combination of arguments - got ({type(start).__name__}, "
+                  f"{type(end).__name__}, {type(weight).__name__})", TypeError)
+    dtype = dtypes.result_type(start, end)
+    check_dtype_supported(dtypes.is_inexact(dtype), "lerp_kernel", dtype)
+    check(start.dtype == end.dtype and (not is_tensor(weight) or weight.dtype == start.dtype),
+          lambda: f"expected dtype {str(start.dtype)[6:]} for `{'end' if end.dtype != start.dtype else 'weight'}` but got "
+                  f"dtype {str(end.dtype if end.dtype != start.dtype else weight.dtype)[6:]}")
+    # torch's formula, in float32 for half types: the endpoint nearer the weight anchors the
+    # result, so lerp(a, b, 1) == b exactly
+    compute = dtypes.computation_dtype(dtype)
+    start, end, w = (maybe_convert_to_dtype(x, compute) for x in (start, end, weight))
+    diff = clang.sub(end, start)
+    if not is_tensor(w):
+        out = clang.add(start, clang.mul(w, diff)) if builtins.abs(w) < 0.5 else clang.sub(end, clang.mul(diff, 1 - w))
+    else:
+        out = clang.where(clang.lt(clang.abs(w), 0.5), clang.add(start, clang.mul(w, diff)),
+                          clang.sub(end, clang.mul(diff, clang.sub(1, w))))
+    return maybe_convert_to_dtype(out, dtype)
 
 
 # -- activations -------------------------------------------------------------------------
 def _in_computation_dtype(fn):
-    """Run fn on a upcast to its computation dtype (f32 for f16/bf16), cast back once."""
+    """Run fn on a upcast to its computation dtype (f32 for f16/bf16), cast back once;
+    like torch's kernels, refuse integer and bool inputs."""
     def wrapped(a, *args, **kwargs):
-        check(dtypes.is_inexact(a.dtype) or fn.__name__ in ("relu",),
-              lambda: f"\"{fn.__name__}\" not implemented for '{a.dtype}'")
+        check_dtype_supported(dtypes.is_inexact(a.dtype), fn.__name__, a.dtype)
         x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
         return maybe_convert_to_dtype(fn(x, *args, **kwargs), a.dtype)
 
@@ -258,17 +345,23 @@ def _in_computation_dtype(fn):
     return wrapped
 
 
-@torchsymbol(torch.relu, T.relu, F.relu)
+def _no_inplace(name, inplace):
+    check(not inplace, lambda: f"{name}(inplace=True) mutates its input, which thunderfn does not trace yet; use inplace=False",
+          UnsupportedOpError)
+
+
+# F.relu first: the torch executor calls it with the recorded arguments, and only it takes `inplace`
+@torchsymbol(F.relu, torch.relu, T.relu)
 def relu(a, inplace=False):
-    check(not inplace, lambda: "relu(inplace=True) mutates its input, which thunderfn does not trace yet; use inplace=False")
-    check(a.dtype is not torch.bool, lambda: "\"clamp_min_scalar_cpu\" not implemented for 'Bool'")
+    _no_inplace("relu", inplace)
+    check(a.dtype is not torch.bool, lambda: "Boolean inputs not supported for relu")
     return clang.where(clang.le(a, 0), 0, a)
 
 
 @torchsymbol(F.gelu)
 @_in_computation_dtype
 def gelu(a, approximate="none"):
-    check(approximate in ("none", "tanh"), lambda: f"approximate argument must be either none or tanh.")
+    check(approximate in ("none", "tanh"), lambda: "approximate argument must be either none or tanh.")
     if approximate == "none":
         return clang.mul(clang.mul(a, 0.5), clang.add(clang.erf(clang.mul(a, 1 / math.sqrt(2))), 1.0))
     inner = clang.mul(clang.add(a, clang.mul(clang.mul(clang.mul(a, a), a), 0.044715)), math.sqrt(2 / math.pi))
@@ -278,20 +371,21 @@ def gelu(a, approximate="none"):
 @torchsymbol(F.silu)
 @_in_computation_dtype
 def silu(a, inplace=False):
-    check(not inplace, lambda: "silu(inplace=True) mutates its input, which thunderfn does not trace yet")
+    _no_inplace("silu", inplace)
     return clang.true_divide(a, clang.add(clang.exp(clang.neg(a)), 1.0))
 
 
 @torchsymbol(F.leaky_relu)
+@_in_computation_dtype
 def leaky_relu(a, negative_slope=0.01, inplace=False):
-    check(not inplace, lambda: "leaky_relu(inplace=True) mutates its input, which thunderfn does not trace yet")
+    _no_inplace("leaky_relu", inplace)
     return clang.where(clang.gt(a, 0), a, clang.mul(a, negative_slope))
 
 
 @torchsymbol(F.elu)
 @_in_computation_dtype
 def elu(a, alpha=1.0, inplace=False):
-    check(not inplace, lambda: "elu(inplace=True) mutates its input, which thunderfn does not trace yet")
+    _no_inplace("elu", inplace)
     return clang.where(clang.gt(a, 0), a, clang.mul(clang.expm1(a), alpha))
 
 
@@ -305,7 +399,12 @@ def softplus(a, beta=1.0, threshold=20.0):
 
 @torchsymbol(F.hardtanh)
 def hardtanh(a, min_val=-1.0, max_val=1.0, inplace=False):
-    check(not inplace, lambda: "hardtanh(inplace=True) mutates its input, which thunderfn does not trace yet")
+    _no_inplace("hardtanh", inplace)
+    check(a.dtype is not torch.bool, lambda: "Bool inputs not supported for hardtanh")
+    check(a.dtype is not torch.uint8 or (min_val >= 0 and max_val >= 0),
+          lambda: "cannot do hardtanh on an unsigned type with negative limits")
+    if not dtypes.is_inexact(a.dtype):  # torch casts the limits to the input's integer type
+        min_val, max_val = int(min_val), int(max_val)
     return clamp(a, min_val, max_val)
 
 
@@ -317,20 +416,23 @@ def relu6(a, inplace=False):
 @torchsymbol(F.mish)
 @_in_computation_dtype
 def mish(a, inplace=False):
+    _no_inplace("mish", inplace)
     return clang.mul(a, clang.tanh(softplus(a)))
 
 
-# -- reflected operators, defined as torch defines them ------------------------------------
+# -- reflected operators, defined as torch defines them (torch/_tensor.py) -------------------
 register_alias(T.__radd__, lambda self, other: add(self, other))
 register_alias(T.__rmul__, lambda self, other: mul(self, other))
 register_alias(T.__rsub__, lambda self, other: rsub(self, other))
 register_alias(T.__rtruediv__, lambda self, other: mul(reciprocal(self), other))
 register_alias(T.__rpow__, lambda self, other: pow(other, self))
-register_alias(T.__rfloordiv__, lambda self, other: floor_divide(_as_tensor_like(other, self), self))
-register_alias(T.__rmod__, lambda self, other: remainder(_as_tensor_like(other, self), self))
+register_alias(T.__rfloordiv__, lambda self, other: floor_divide(other, self))
+register_alias(T.__rmod__, lambda self, other: remainder(other, self))
 register_alias(T.__rand__, lambda self, other: bitwise_and(self, other))
 register_alias(T.__ror__, lambda self, other: bitwise_or(self, other))
 register_alias(T.__rxor__, lambda self, other: bitwise_xor(self, other))
+register_alias(T.__rlshift__, lambda self, other: bitwise_left_shift(other, self))
+register_alias(T.__rrshift__, lambda self, other: bitwise_right_shift(other, self))
 register_alias(F.sigmoid, lambda a: sigmoid(a))
 register_alias(F.tanh, lambda a: tanh(a))
 register_alias(T.__neg__, lambda self: neg(self))
@@ -340,14 +442,7 @@ register_alias(torch.negative, lambda self: neg(self))
 register_alias(T.__invert__, lambda self: bitwise_not(self) if self.dtype is not torch.bool else logical_not(self))
 
 
-def _as_tensor_like(value, like):
-    """A Python number as a 0-dim tensor, as torch wraps it for reflected operators."""
-    from thunderfn.torch.factories import scalar_tensor
-
-    return scalar_tensor(value, dtype=dtypes.scalar_dtype(value), device=like.device)
-
-
-__all__ += ["abs", "round", "real", "isinf", "isneginf", "isposinf", "square", "sigmoid", "logical_not", "logical_and",
-            "logical_or", "logical_xor", "add", "sub", "rsub", "mul", "div", "floor_divide", "remainder", "fmod", "pow",
-            "where", "clamp", "clamp_min", "clamp_max", "lerp", "relu", "gelu", "silu", "leaky_relu", "elu", "softplus",
-            "hardtanh", "relu6", "mish"]
+__all__ += ["neg", "abs", "round", "real", "isinf", "isneginf", "isposinf", "square", "sigmoid", "logical_not",
+            "logical_and", "logical_or", "logical_xor", "add", "sub", "rsub", "mul", "div", "floor_divide", "remainder",
+            "fmod", "pow", "nextafter", "where", "clamp", "clamp_min", "clamp_max", "lerp", "relu", "gelu", "silu",
+            "leaky_relu", "elu", "softplus", "hardtanh", "relu6", "mish"]

@@ -12,22 +12,26 @@ from thunderfn import clang, prims
 from thunderfn.clang import is_tensor, keepdim_reshape, maybe_convert_to_dtype
 from thunderfn.core import dtypes
 from thunderfn.errors import UnsupportedOpError
-from thunderfn.prims import check
+from thunderfn.prims import canonical_dim, check
 from thunderfn.torch import register_alias, torchsymbol
-from thunderfn.torch.reductions import log_softmax, softmax
+from thunderfn.torch.reductions import log_softmax
 
 T = torch.Tensor
 __all__ = ["matmul", "mm", "bmm", "linear", "layer_norm", "embedding", "cross_entropy", "nll_loss",
            "scaled_dot_product_attention", "dropout", "mse_loss"]
 
 
-def _check_same_dtype(a, b, name):
-    check(a.dtype == b.dtype, lambda: f"expected m1 and m2 to have the same dtype, but got: {a.dtype} != {b.dtype}")
+def _check_same_dtype(a, b):
+    check(a.dtype == b.dtype, lambda: f"expected m1 and m2 to have the same dtype, but got: "
+                                      f"{clang.CPP_TYPE_NAMES.get(a.dtype, a.dtype)} != {clang.CPP_TYPE_NAMES.get(b.dtype, b.dtype)}")
 
 
 @torchsymbol(torch.matmul, T.matmul, T.__matmul__)
 def matmul(a, b):
-    _check_same_dtype(a, b, "matmul")
+    if a.ndim == 1 and b.ndim == 1:
+        check(a.dtype == b.dtype, lambda: f"dot : expected both vectors to have same dtype, but found "
+                                          f"{clang.scalar_type_name(a.dtype)} and {clang.scalar_type_name(b.dtype)}")
+    _check_same_dtype(a, b)
     return prims.matmul(a, b)
 
 
@@ -39,45 +43,62 @@ def mm(a, b):
     check(a.ndim == 2, lambda: "self must be a matrix")
     check(b.ndim == 2, lambda: "mat2 must be a matrix")
     check(a.shape[1] == b.shape[0], lambda: f"mat1 and mat2 shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and {b.shape[0]}x{b.shape[1]})")
-    _check_same_dtype(a, b, "mm")
+    _check_same_dtype(a, b)
     return prims.matmul(a, b)
 
 
 @torchsymbol(torch.bmm, T.bmm)
 def bmm(a, b):
-    check(a.ndim == 3, lambda: f"batch1 must be a 3D tensor")
-    check(b.ndim == 3, lambda: f"batch2 must be a 3D tensor")
-    check(a.shape[0] == b.shape[0], lambda: f"batch1 and batch2 must have same number of batches, got {a.shape[0]} and {b.shape[0]}")
-    check(a.shape[2] == b.shape[1],
+    check(a.ndim == 3, lambda: "batch1 must be a 3D tensor")
+    check(b.ndim == 3, lambda: "batch2 must be a 3D tensor")
+    check(a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1],
           lambda: f"Expected size for first two dimensions of batch2 tensor to be: [{a.shape[0]}, {a.shape[2]}] but got: [{b.shape[0]}, {b.shape[1]}].")
-    _check_same_dtype(a, b, "bmm")
+    check(a.dtype == b.dtype, lambda: f"expected scalar type {clang.scalar_type_name(a.dtype)} but found {clang.scalar_type_name(b.dtype)}")
     return prims.matmul(a, b)
 
 
 @torchsymbol(F.linear, torch._C._nn.linear)
 def linear(input, weight, bias=None):
+    check(input.ndim >= 1, lambda: f"both arguments to linear need to be at least 1D, but they are {input.ndim}D and {weight.ndim}D")
     check(weight.ndim in (1, 2), lambda: f"t() expects a tensor with <= 2 dimensions, but self is {weight.ndim}D")
-    check(input.shape[-1] == weight.shape[-1] if input.ndim else False,
-          lambda: f"mat1 and mat2 shapes cannot be multiplied ({torch.Size(input.shape[:-1]).numel()}x{input.shape[-1] if input.ndim else 1} and {weight.shape[-1]}x{weight.shape[0]})")
-    _check_same_dtype(input, weight, "linear")
-    out = prims.matmul(input, clang.transpose(weight, 0, 1) if weight.ndim == 2 else weight)
-    if bias is not None:
-        check(bias.dtype == input.dtype, lambda: f"expected m1 and m2 to have the same dtype, but got: {input.dtype} != {bias.dtype}")
-        out = clang.add(out, bias)
-    return out
+    check(bias is None or weight.ndim == 2, lambda: f"mat2 must be a matrix, got {weight.ndim}-D tensor")
+    _check_same_dtype(input, weight)
+    if bias is None:
+        return prims.matmul(input, clang.transpose(weight, 0, 1) if weight.ndim == 2 else weight)
+    check(bias.dtype == input.dtype, lambda: f"self and mat2 must have the same dtype, but got "
+                                             f"{clang.scalar_type_name(bias.dtype)} and {clang.scalar_type_name(weight.dtype)}")
+    if bias.ndim <= 1:  # torch adds it to the output with input's batch dims folded into rows
+        rows, n_out, n = torch.Size(input.shape[:-1]).numel(), weight.shape[0], bias.shape[0] if bias.ndim else 1
+        check(n in (1, n_out), lambda: f"The expanded size of the tensor ({n_out}) must match the existing size ({n}) at "
+                                       f"non-singleton dimension 1.  Target sizes: [{rows}, {n_out}].  Tensor sizes: [{n}]")
+    # torch's fused kernel adds the bias before rounding a half-precision result once; so do we
+    compute = dtypes.computation_dtype(input.dtype)
+    x, w, b = (maybe_convert_to_dtype(t, compute) for t in (input, weight, bias))
+    out = clang.add(prims.matmul(x, clang.transpose(w, 0, 1)), b)
+    return maybe_convert_to_dtype(out, input.dtype)
 
 
 @torchsymbol(F.layer_norm)
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
-    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    check(isinstance(normalized_shape, (tuple, list, torch.Size)),
+          lambda: f"layer_norm(): argument 'normalized_shape' (position 2) must be tuple of ints, not {type(normalized_shape).__name__}",
+          TypeError)
+    normalized_shape = tuple(normalized_shape)
     n = len(normalized_shape)
-    check(n > 0 and tuple(input.shape[input.ndim - n:]) == normalized_shape,
-          lambda: f"Given normalized_shape={list(normalized_shape)}, expected input with shape [*, {', '.join(map(str, normalized_shape))}], "
-                  f"but got input of size{list(input.shape)}")
+    check(n > 0, lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, "
+                         f"but got normalized_shape = {list(normalized_shape)}")
     for name, p in (("weight", weight), ("bias", bias)):
         check(p is None or tuple(p.shape) == normalized_shape,
               lambda: f"Expected {name} to be of same shape as normalized_shape, but got {name} of shape {list(p.shape)} and normalized_shape = {list(normalized_shape)}")
-    check(dtypes.is_float(input.dtype), lambda: f"\"LayerNormKernelImpl\" not implemented for '{str(input.dtype)[6:].capitalize()}'")
+    check(tuple(input.shape[input.ndim - n:]) == normalized_shape and input.ndim >= n,
+          lambda: f"Given normalized_shape={list(normalized_shape)}, expected input with shape [*, {', '.join(map(str, normalized_shape))}], "
+                  f"but got input of size{list(input.shape)}")
+    check(dtypes.is_float(input.dtype), lambda: f"\"LayerNormKernelImpl\" not implemented for '{clang.scalar_type_name(input.dtype)}'",
+          NotImplementedError)
+    for p in (weight, bias):
+        # float32 parameters may go with a half-precision input; otherwise parameters match the input
+        check(p is None or p.dtype == input.dtype or p.dtype is torch.float32 and input.dtype in dtypes.low_precision,
+              lambda: f"mixed dtype (CPU): expect parameter to have scalar type of {clang.scalar_type_name(input.dtype)}")
     dims = tuple(range(input.ndim - n, input.ndim))
     x = maybe_convert_to_dtype(input, dtypes.computation_dtype(input.dtype))
     var, mean = prims.var_mean(x, dims, correction=0)
@@ -95,20 +116,17 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     check(max_norm is None, lambda: "embedding(max_norm=...) renormalizes the weight in place; thunderfn does not trace that",
           UnsupportedOpError)
     check(weight.ndim == 2, lambda: "'weight' must be 2-D")
+    if padding_idx is not None:  # padding_idx only shapes the gradient; the forward ignores it
+        check(-weight.shape[0] <= padding_idx < weight.shape[0], lambda: "Padding_idx must be within num_embeddings", AssertionError)
     check(input.dtype in (torch.int64, torch.int32),
-          lambda: f"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but got {input.type_string()} instead (while checking arguments for embedding)")
+          lambda: f"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but got "
+                  f"{clang.legacy_type_name(input)} instead (while checking arguments for embedding)")
     flat = prims.take(weight, clang.reshape(input, (input.numel(),)), 0)
     return clang.reshape(flat, tuple(input.shape) + (weight.shape[1],))
 
 
-def _reduce_loss(loss, reduction, denominator=None):
+def _check_reduction(reduction):
     check(reduction in ("none", "mean", "sum"), lambda: f"{reduction} is not a valid value for reduction", ValueError)
-    if reduction == "none":
-        return loss
-    total = prims.sum(loss, tuple(range(loss.ndim)))
-    if reduction == "sum":
-        return total
-    return clang.true_divide(total, denominator if denominator is not None else max(loss.numel(), 0) or float("nan"))
 
 
 def _legacy_reduction(size_average, reduce, reduction):
@@ -129,88 +147,148 @@ def _class_dim_last(t):
     return clang.reshape(moved, (-1, t.shape[1]))
 
 
-@torchsymbol(F.nll_loss)
-def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
-    reduction = _legacy_reduction(size_average, reduce, reduction)
+def _check_class_targets(input, target, weight):
+    """torch's checks on nll_loss's (and cross_entropy's class-index) arguments, in torch's order."""
     check(input.ndim >= 1, lambda: f"Expected 1 or more dimensions (got {input.ndim})", ValueError)
-    check(target.dtype in (torch.int64, torch.uint8, torch.int32) or not dtypes.is_inexact(target.dtype),
-          lambda: f"expected scalar type Long but found {target.dtype}")
-    batch_shape = (input.shape[0],) + tuple(input.shape[2:]) if input.ndim > 1 else ()
-    check(tuple(target.shape) == batch_shape,
-          lambda: f"Expected input batch_size ({input.shape[0] if input.ndim > 1 else 1}) to match target batch_size ({target.shape[0] if target.ndim else 1})."
-          if input.ndim == 2 else f"size mismatch (got input: {list(input.shape)}, target: {list(target.shape)})", ValueError)
-    logp = _class_dim_last(input)
-    tgt = clang.reshape(target, (-1,))
+    if input.ndim == 1 and target.ndim == 1:
+        check(target.shape[0] == 1, lambda: f"For 1D input, 1D target must have size 1, but got target size: {target.shape[0]}", ValueError)
+    check(input.ndim == 1 or target.ndim >= 1 and input.shape[0] == target.shape[0],
+          lambda: f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({target.shape[0] if target.ndim else 1}).",
+          ValueError)
+    if input.ndim >= 3:
+        check(tuple(target.shape[1:]) == tuple(input.shape[2:]),
+              lambda: f"Expected target size {[input.shape[0], *input.shape[2:]]}, got {list(target.shape)}")
+    else:
+        check(target.ndim <= 1, lambda: "0D or 1D target tensor expected, multi-target not supported")
+    n_classes = input.shape[1] if input.ndim > 1 else input.shape[0]
+    check(weight is None or weight.ndim == 1 and weight.shape[0] == n_classes,
+          lambda: f"weight tensor should be defined either for all {n_classes} classes or no classes but got weight tensor of shape: {list(weight.shape)}")
+    check(target.dtype in (torch.int64, torch.uint8),
+          lambda: f"expected target dtype to be Long or Byte, but got {clang.scalar_type_name(target.dtype)}")
+    check(weight is None or weight.dtype == input.dtype,
+          lambda: f"expected scalar type {clang.scalar_type_name(input.dtype)} but found {clang.scalar_type_name(weight.dtype)}")
+
+
+def _nll(logp, target, weight, ignore_index, reduction):
+    """-logp[target] per element (weighted, ignore_index masked), reduced; an out-of-range target makes the
+    gather raise when the function runs."""
+    batch_shape = tuple(target.shape) if logp.ndim > 1 else ()
+    tgt = maybe_convert_to_dtype(clang.reshape(target, (-1,)), torch.int64)
     valid = clang.ne(tgt, ignore_index)
     safe = clang.where(valid, tgt, 0)
-    picked = clang.reshape(prims.take_along_axis(logp, clang.unsqueeze(maybe_convert_to_dtype(safe, torch.int64), 1), 1), (-1,))
-    w = clang.where(valid, prims.take(weight, maybe_convert_to_dtype(safe, torch.int64), 0) if weight is not None else 1.0, 0.0)
-    w = maybe_convert_to_dtype(w, input.dtype) if is_tensor(w) else w
+    picked = clang.reshape(prims.take_along_axis(_class_dim_last(logp), clang.unsqueeze(safe, 1), 1), (-1,))
+    w = clang.where(valid, prims.take(weight, safe, 0) if weight is not None else 1.0, 0.0)
+    w = maybe_convert_to_dtype(w, logp.dtype)
     loss = clang.neg(clang.mul(picked, w))
     if reduction == "none":
         return clang.reshape(loss, batch_shape)
     total = prims.sum(loss, (0,))
-    if reduction == "sum":
-        return total
-    return clang.true_divide(total, prims.sum(maybe_convert_to_dtype(w, input.dtype) if is_tensor(w) else clang.full(loss.shape, w, device=input.device, dtype=input.dtype), (0,)))
+    return total if reduction == "sum" else clang.true_divide(total, prims.sum(w, (0,)))
+
+
+@torchsymbol(F.nll_loss)
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    _check_class_targets(input, target, weight)
+    kernel = "nll_loss_out_frame" if input.ndim <= 2 else "nll_loss2d_forward_out_frame"
+    check(dtypes.is_float(input.dtype), lambda: f"\"{kernel}\" not implemented for '{clang.scalar_type_name(input.dtype)}'",
+          NotImplementedError)
+    return _nll(input, target, weight, ignore_index, reduction)
 
 
 @torchsymbol(F.cross_entropy)
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                   label_smoothing=0.0):
     reduction = _legacy_reduction(size_average, reduce, reduction)
-    check(reduction in ("none", "mean", "sum"), lambda: f"{reduction} is not a valid value for reduction", ValueError)
-    check(0.0 <= label_smoothing <= 1.0, lambda: f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
-    check(dtypes.is_float(input.dtype), lambda: f"\"log_softmax\" not implemented for '{input.dtype}'")
-    class_dim = 1 if input.ndim > 1 else 0
+    _check_reduction(reduction)
+    check(label_smoothing <= 1.0, lambda: f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    class_dim = 0 if input.ndim == 1 else 1
+    probabilities = tuple(target.shape) == tuple(input.shape)  # torch's rule: same shape means class probabilities
+    if probabilities:
+        check(dtypes.is_float(target.dtype),
+              lambda: f"Expected floating point type for target with class probabilities, got {clang.scalar_type_name(target.dtype)}")
+        check(ignore_index < 0, lambda: "ignore_index is not supported for floating point target")
+        n_classes = input.shape[canonical_dim(class_dim, input.ndim)]
+        check(weight is None or weight.ndim == 1 and weight.shape[0] == n_classes,
+              lambda: f"cross_entropy: weight tensor should be defined either for all {n_classes} classes or no classes but got weight tensor of shape: {list(weight.shape)}")
+    kernel = "log_softmax_lastdim_kernel_impl" if class_dim == input.ndim - 1 else "log_softmax_kernel_impl"
+    check(dtypes.is_float(input.dtype), lambda: f"\"{kernel}\" not implemented for '{clang.scalar_type_name(input.dtype)}'",
+          NotImplementedError)
+    if probabilities:
+        return _cross_entropy_with_probabilities(input, target, weight, class_dim, reduction, label_smoothing)
+    _check_class_targets(input, target, weight)
     logp = log_softmax(input, class_dim)
-    if dtypes.is_float(target.dtype):  # class probabilities
-        check(tuple(target.shape) == tuple(input.shape),
-              lambda: f"Expected target size {list(input.shape)}, got {list(target.shape)}", ValueError)
-        n_classes = input.shape[class_dim]
-        if label_smoothing > 0:
-            target = clang.add(clang.mul(target, 1 - label_smoothing), label_smoothing / n_classes)
-        terms = clang.mul(logp, target)
-        if weight is not None:
-            shape = [1] * input.ndim
-            shape[class_dim] = n_classes
-            terms = clang.mul(terms, clang.reshape(weight, tuple(shape)))
-        loss = clang.neg(prims.sum(terms, (class_dim,)))
-        if reduction == "mean":
-            return clang.true_divide(prims.sum(loss, tuple(range(loss.ndim))), input.shape[0] if input.ndim > 1 else 1)
-        return _reduce_loss(loss, reduction)
-    nll = nll_loss(logp, target, weight, None, ignore_index, None, reduction)
-    if label_smoothing == 0:
+    nll = _nll(logp, target, weight, ignore_index, reduction)
+    if label_smoothing <= 0:
         return nll
     # smoothing term: mean over classes of -logp (weighted), masked like nll
     n_classes = input.shape[class_dim]
     flat = _class_dim_last(logp)
-    tgt = clang.reshape(target, (-1,))
+    tgt = maybe_convert_to_dtype(clang.reshape(target, (-1,)), torch.int64)
     valid = clang.ne(tgt, ignore_index)
     per_class = flat if weight is None else clang.mul(flat, weight)
     smooth = clang.where(valid, clang.neg(prims.sum(per_class, (1,))), 0.0)
     if reduction == "none":
-        smooth = clang.reshape(smooth, tuple(target.shape))
+        smooth = clang.reshape(smooth, tuple(target.shape) if input.ndim > 1 else ())
     elif reduction == "sum":
         smooth = prims.sum(smooth, (0,))
     else:
         if weight is None:
             denom = prims.sum(maybe_convert_to_dtype(valid, input.dtype), (0,))
         else:
-            safe = maybe_convert_to_dtype(clang.where(valid, tgt, 0), torch.int64)
-            denom = prims.sum(clang.where(valid, prims.take(weight, safe, 0), 0.0), (0,))
+            denom = prims.sum(clang.where(valid, prims.take(weight, clang.where(valid, tgt, 0), 0), 0.0), (0,))
         smooth = clang.true_divide(prims.sum(smooth, (0,)), denom)
     return clang.add(clang.mul(nll, 1 - label_smoothing), clang.mul(smooth, label_smoothing / n_classes))
+
+
+def _cross_entropy_with_probabilities(input, target, weight, class_dim, reduction, label_smoothing):
+    logp = log_softmax(input, class_dim)
+    n_classes = input.shape[class_dim]
+    if label_smoothing > 0:
+        target = clang.add(clang.mul(target, 1 - label_smoothing), label_smoothing / n_classes)
+    terms = clang.mul(logp, target)
+    if weight is not None:
+        shape = [1] * input.ndim
+        shape[class_dim] = n_classes
+        terms = clang.mul(terms, clang.reshape(weight, tuple(shape)))
+    loss = clang.neg(prims.sum(terms, (class_dim,)))
+    if reduction == "none":
+        return loss
+    total = prims.sum(loss, tuple(range(loss.ndim)))
+    if reduction == "sum":
+        return total
+    # torch divides by the number of samples (numel / classes); 0/0 gives nan for an empty batch, as in torch
+    return clang.true_divide(total, input.numel() / n_classes if n_classes else 0.0)
 
 
 @torchsymbol(F.mse_loss)
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     reduction = _legacy_reduction(size_average, reduce, reduction)
+    if weight is not None:  # torch's Python path for weights: its own messages, mean divides by the weights' sum
+        check(tuple(weight.shape) == tuple(input.shape), lambda: "Weights and input must have the same size.", ValueError)
+        check(reduction in ("none", "mean", "sum"),
+              lambda: f"Invalid reduction mode: {reduction}. Expected one of 'none', 'mean', 'sum'.", ValueError)
+    else:
+        _check_reduction(reduction)
     diff = clang.sub(input, target)
+    check(dtypes.is_inexact(diff.dtype), lambda: f"\"mse_cpu\" not implemented for '{clang.scalar_type_name(diff.dtype)}'",
+          NotImplementedError)
     loss = clang.mul(diff, diff)
     if weight is not None:
         loss = clang.mul(loss, weight)
-    return _reduce_loss(loss, reduction)
+    if reduction == "none":
+        return loss
+    total = prims.sum(loss, tuple(range(loss.ndim)))
+    if reduction == "sum":
+        return total
+    if weight is not None:
+        return clang.true_divide(total, prims.sum(weight, tuple(range(weight.ndim))))
+    return clang.true_divide(total, loss.numel() if loss.numel() else float("nan"))
+
+
+def _cpp_name(dtype):
+    return clang.CPP_TYPE_NAMES.get(dtype, str(dtype))
 
 
 @torchsymbol(F.scaled_dot_product_attention)
@@ -218,34 +296,61 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  enable_gqa=False):
     check(dropout_p == 0.0, lambda: "scaled_dot_product_attention(dropout_p > 0) draws random numbers, which thunderfn "
                                     "does not trace yet; use dropout_p=0.0 (eval) for now", UnsupportedOpError)
-    check(query.ndim >= 2 and key.ndim >= 2 and value.ndim >= 2, lambda: "scaled_dot_product_attention expects query, key and value of at least 2 dimensions")
+    check(query.ndim >= 2 and key.ndim >= 2 and value.ndim >= 2,
+          lambda: f"Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: {query.ndim} "
+                  f"key.dim: {key.ndim} and value.dim: {value.ndim} instead.")
     check(query.dtype == key.dtype == value.dtype,
-          lambda: f"Expected query, key, and value to have the same dtype, but got query.dtype: {query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
-    check(not (is_causal and attn_mask is not None), lambda: "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
+          lambda: f"Expected query, key, and value to have the same dtype, but got query.dtype: {_cpp_name(query.dtype)} "
+                  f"key.dtype: {_cpp_name(key.dtype)} and value.dtype: {_cpp_name(value.dtype)} instead.")
+    check(dtypes.is_float(query.dtype), lambda: f"expected scalar type Float but found {clang.scalar_type_name(query.dtype)}")
+    check(attn_mask is None or attn_mask.dtype in (torch.bool, torch.float32, query.dtype),
+          lambda: f"Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: "
+                  f"{_cpp_name(attn_mask.dtype)} and  query.dtype: {_cpp_name(query.dtype)} instead.")
     L, S, E = query.shape[-2], key.shape[-2], query.shape[-1]
-    if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
-        reps = query.shape[-3] // key.shape[-3]
-        key = _repeat_heads(key, reps)
-        value = _repeat_heads(value, reps)
+    if enable_gqa and query.ndim >= 3:
+        heads = query.shape[-3]
+        check(heads % key.shape[-3] == 0 and heads % value.shape[-3] == 0,
+              lambda: "Number of heads in key and value must divide the number of heads in ")
+        key, value = _repeat_heads(key, heads // key.shape[-3]), _repeat_heads(value, heads // value.shape[-3])
     scale_factor = 1 / math.sqrt(E) if scale is None else scale
-    q = maybe_convert_to_dtype(query, dtypes.computation_dtype(query.dtype))
-    k = maybe_convert_to_dtype(key, q.dtype)
+    compute = dtypes.computation_dtype(query.dtype)
+    q, k = maybe_convert_to_dtype(query, compute), maybe_convert_to_dtype(key, compute)
     scores = clang.mul(prims.matmul(q, clang.transpose(k, -2, -1)), scale_factor)
-    if is_causal:
+    if is_causal:  # combined with an explicit mask when both are given, as torch does
         rows = clang.unsqueeze(clang.arange(0, L, 1, device=query.device, dtype=torch.int64), 1)
         cols = clang.unsqueeze(clang.arange(0, S, 1, device=query.device, dtype=torch.int64), 0)
-        attn_mask = clang.ge(rows, cols)
+        causal = clang.ge(rows, cols)
+        if attn_mask is None or attn_mask.dtype is torch.bool:
+            attn_mask = causal if attn_mask is None else clang.bitwise_and(attn_mask, causal)
+        else:
+            attn_mask = clang.where(causal, attn_mask, -float("inf"))
     if attn_mask is not None:
         if attn_mask.dtype is torch.bool:
             scores = clang.where(attn_mask, scores, -float("inf"))
         else:
             scores = clang.add(scores, maybe_convert_to_dtype(attn_mask, scores.dtype))
-    probs = softmax(scores, -1)
-    out = prims.matmul(probs, maybe_convert_to_dtype(value, probs.dtype))
-    return maybe_convert_to_dtype(out, query.dtype)
+    probs = _safe_softmax(scores)
+    # half-precision inputs: computed in float32 and rounded once (torch's kernels accumulate in float32 too,
+    # blockwise, so results agree to rounding)
+    return maybe_convert_to_dtype(prims.matmul(probs, maybe_convert_to_dtype(value, compute)), query.dtype)
+
+
+def _safe_softmax(scores):
+    """softmax over the last dim, giving zeros (not nan) on rows where every position is masked out, as torch's
+    attention does."""
+    if scores.shape[-1] == 0:
+        return scores
+    last = (scores.ndim - 1,)
+    m = keepdim_reshape(prims.amax(scores, last), scores, last)
+    m = clang.where(clang.eq(m, -float("inf")), 0.0, m)
+    e = clang.exp(clang.sub(scores, m))
+    s = keepdim_reshape(prims.sum(e, last), scores, last)
+    return clang.where(clang.eq(s, 0.0), 0.0, clang.true_divide(e, s))
 
 
 def _repeat_heads(t, reps):
+    if reps == 1:
+        return t
     shape = tuple(t.shape)
     x = clang.unsqueeze(t, -3)  # (..., Hk, 1, S, E)
     x = clang.expand_to(x, shape[:-3] + (shape[-3], reps) + shape[-2:])
@@ -255,7 +360,8 @@ def _repeat_heads(t, reps):
 @torchsymbol(F.dropout)
 def dropout(input, p=0.5, training=True, inplace=False):
     check(0.0 <= p <= 1.0, lambda: f"dropout probability has to be between 0 and 1, but got {p}", ValueError)
-    check(not inplace, lambda: "dropout(inplace=True) mutates its input, which thunderfn does not trace yet")
+    check(not inplace, lambda: "dropout(inplace=True) mutates its input, which thunderfn does not trace yet; "
+                               "use inplace=False", UnsupportedOpError)
     if not training or p == 0.0:
         return input
     raise UnsupportedOpError("dropout in training mode draws random numbers, which thunderfn does not trace yet; "

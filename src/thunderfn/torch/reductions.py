@@ -3,14 +3,16 @@ softmax, log_softmax and logsumexp. Half-precision inputs accumulate in float32,
 as torch's kernels do."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
 from thunderfn import clang, prims
 from thunderfn.clang import is_tensor, keepdim_reshape, maybe_convert_to_dtype, reduction_dims
 from thunderfn.core import dtypes
-from thunderfn.prims import canonical_dim, check
-from thunderfn.torch import torchsymbol
+from thunderfn.prims import canonical_dim, check, check_dtype_supported, scalar_type_name
+from thunderfn.torch import register_alias, torchsymbol
 
 T = torch.Tensor
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "var", "std", "var_mean", "std_mean", "argmax",
@@ -51,8 +53,8 @@ def prod(a, dim=None, keepdim=False, *, dtype=None):
 def mean(a, dim=None, keepdim=False, *, dtype=None):
     out_dtype = dtype or a.dtype
     check(dtypes.is_inexact(out_dtype),
-          lambda: f"mean(): could not infer output dtype. Input dtype must be either a floating point or complex dtype. "
-                  f"Got: {str(a.dtype).replace('torch.', '').capitalize() if a.dtype is not torch.int64 else 'Long'}")
+          lambda: f"mean(): could not infer output dtype. {'Input' if dtype is None else 'Optional'} dtype must be either "
+                  f"a floating point or complex dtype. Got: {scalar_type_name(out_dtype)}")
     dims = reduction_dims(a, dim)
     n = 1
     for d in dims:
@@ -61,44 +63,54 @@ def mean(a, dim=None, keepdim=False, *, dtype=None):
     return _finish(clang.true_divide(total, n), a, dims, keepdim, out_dtype)
 
 
+def _check_reduction_dim_given(a, dim, name):
+    check(a.numel() > 0 or (dim is not None and (isinstance(dim, int) or len(dim) > 0)),
+          lambda: f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                  f"Specify the reduction dim with the 'dim' argument.")
+
+
 @torchsymbol(torch.amax, T.amax)
 def amax(a, dim=(), keepdim=False):
+    _check_reduction_dim_given(a, dim, "amax")
     dims = reduction_dims(a, dim)
     return _finish(prims.amax(a, dims), a, dims, keepdim, a.dtype)
 
 
 @torchsymbol(torch.amin, T.amin)
 def amin(a, dim=(), keepdim=False):
+    _check_reduction_dim_given(a, dim, "amin")
     dims = reduction_dims(a, dim)
     return _finish(prims.amin(a, dims), a, dims, keepdim, a.dtype)
 
 
-def _max_or_min(a, dim, keepdim, name, reduce_prim, arg_prim, binary):
+def _max_or_min(a, dim, keepdim, name, reduce_prim, arg_prim, binary, result_type):
     if is_tensor(dim):  # torch.max(a, b): elementwise
         return binary(a, dim)
     if dim is None:
-        check(a.numel() > 0, lambda: f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
-                                      f"Specify the reduction dim with the 'dim' argument.", IndexError)
+        _check_reduction_dim_given(a, dim, name)
         return reduce_prim(a, tuple(range(a.ndim)))
     d = canonical_dim(dim, a.ndim)
     dims = (d,) if a.ndim else ()
     values = _finish(reduce_prim(a, dims), a, dims, keepdim, a.dtype)
-    indices = arg_prim(a, d if a.ndim else None)
+    # argmax/argmin refuse bool, which torch.max(dim=) takes: the same order holds in uint8
+    indices = arg_prim(maybe_convert_to_dtype(a, torch.uint8) if a.dtype is torch.bool else a, d if a.ndim else None)
     indices = keepdim_reshape(indices, a, dims) if keepdim else indices
-    return values, indices
+    # torch's named tuple, so `.values` and `.indices` work on the result
+    return result_type((values, indices))
 
 
 @torchsymbol(torch.max, T.max)
 def max(a, dim=None, keepdim=False):
-    return _max_or_min(a, dim, keepdim, "max", prims.amax, prims.argmax, clang.maximum)
+    return _max_or_min(a, dim, keepdim, "max", prims.amax, prims.argmax, clang.maximum, torch.return_types.max)
 
 
 @torchsymbol(torch.min, T.min)
 def min(a, dim=None, keepdim=False):
-    return _max_or_min(a, dim, keepdim, "min", prims.amin, prims.argmin, clang.minimum)
+    return _max_or_min(a, dim, keepdim, "min", prims.amin, prims.argmin, clang.minimum, torch.return_types.min)
 
 
 def _arg(a, dim, keepdim, prim):
+    check(a.dtype is not torch.bool, lambda: f"{prim.name}(): does not support bool input")
     if dim is None:
         out = prim(clang.reshape(a, (-1,)) if a.ndim != 1 else a, 0 if a.numel() else None)
         return clang.reshape(out, (1,) * a.ndim) if keepdim else out
@@ -117,9 +129,10 @@ def argmin(a, dim=None, keepdim=False):
     return _arg(a, dim, keepdim, prims.argmin)
 
 
-def _correction(unbiased, correction) -> float:
+def _correction(unbiased, correction, name) -> float:
     if correction is not None:
-        check(unbiased is None, lambda: "var(): cannot pass both unbiased and correction")
+        check(unbiased is None, lambda: f"{name}() received an invalid combination of arguments: pass unbiased or "
+                                        f"correction, not both", TypeError)
         return correction
     return 1 if unbiased is None or unbiased else 0
 
@@ -135,7 +148,7 @@ def var(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
     dim, unbiased = _var_args(dim, unbiased)
     dims = reduction_dims(a, dim)
     x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
-    out = prims.var(x, dims, correction=_correction(unbiased, correction))
+    out = prims.var(x, dims, correction=_correction(unbiased, correction, "var"))
     return _finish(out, a, dims, keepdim, dtypes.to_real(a.dtype))
 
 
@@ -144,83 +157,105 @@ def std(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
     dim, unbiased = _var_args(dim, unbiased)
     dims = reduction_dims(a, dim)
     x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
-    out = clang.sqrt(prims.var(x, dims, correction=_correction(unbiased, correction)))
+    out = clang.sqrt(prims.var(x, dims, correction=_correction(unbiased, correction, "std")))
     return _finish(out, a, dims, keepdim, dtypes.to_real(a.dtype))
+
+
+def _check_var_dtype(a, name):
+    check(dtypes.is_inexact(a.dtype), lambda: f"{name} only support floating point and complex dtypes")
 
 
 @torchsymbol(torch.var_mean)
 def var_mean(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    _check_var_dtype(a, "var_mean")
     dim, unbiased = _var_args(dim, unbiased)
     dims = reduction_dims(a, dim)
     x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
-    v, m = prims.var_mean(x, dims, correction=_correction(unbiased, correction))
+    v, m = prims.var_mean(x, dims, correction=_correction(unbiased, correction, "var_mean"))
     return _finish(v, a, dims, keepdim, dtypes.to_real(a.dtype)), _finish(m, a, dims, keepdim, a.dtype)
 
 
 @torchsymbol(torch.std_mean)
 def std_mean(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    _check_var_dtype(a, "std_mean")
     dim, unbiased = _var_args(dim, unbiased)
     dims = reduction_dims(a, dim)
     x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
-    v, m = prims.var_mean(x, dims, correction=_correction(unbiased, correction))
+    v, m = prims.var_mean(x, dims, correction=_correction(unbiased, correction, "std_mean"))
     return _finish(clang.sqrt(v), a, dims, keepdim, dtypes.to_real(a.dtype)), _finish(m, a, dims, keepdim, a.dtype)
+
+
+def _count(a, dims, predicate):
+    """How many elements along dims satisfy predicate; 0 for an empty reduction."""
+    return prims.sum(maybe_convert_to_dtype(predicate(a, 0), torch.int64), dims)
+
+
+def _logical_reduction(a, dim, keepdim, predicate, finish):
+    # unlike sum, all/any read dim=() as "reduce nothing"; and a uint8 input keeps its dtype
+    dims = () if isinstance(dim, (tuple, list)) and len(dim) == 0 else reduction_dims(a, dim)
+    out_dtype = torch.uint8 if a.dtype is torch.uint8 else torch.bool
+    return _finish(finish(_count(a, dims, predicate), 0), a, dims, keepdim, out_dtype)
 
 
 @torchsymbol(torch.all, T.all)
 def all(a, dim=None, keepdim=False):
-    dims = reduction_dims(a, dim)
-    out = prims.amin(maybe_convert_to_dtype(clang.ne(a, 0), torch.uint8), dims) if a.numel() else None
-    if out is None:
-        return _finish(clang.full(tuple(s for i, s in enumerate(a.shape) if i not in dims), True, device=a.device, dtype=torch.bool), a, dims, keepdim, torch.bool)
-    return _finish(clang.ne(out, 0), a, dims, keepdim, torch.bool)
+    return _logical_reduction(a, dim, keepdim, clang.eq, clang.eq)  # no element is zero
 
 
 @torchsymbol(torch.any, T.any)
 def any(a, dim=None, keepdim=False):
-    dims = reduction_dims(a, dim)
-    out = prims.sum(maybe_convert_to_dtype(clang.ne(a, 0), torch.int64), dims)
-    return _finish(clang.ne(out, 0), a, dims, keepdim, torch.bool)
+    return _logical_reduction(a, dim, keepdim, clang.ne, clang.ne)  # some element is nonzero
 
 
 @torchsymbol(torch.count_nonzero, T.count_nonzero)
 def count_nonzero(a, dim=None):
-    dims = reduction_dims(a, dim)
-    return prims.sum(maybe_convert_to_dtype(clang.ne(a, 0), torch.int64), dims)
+    return _count(a, reduction_dims(a, dim), clang.ne)
 
 
 # -- softmax family ----------------------------------------------------------------------
-def _softmax_input(a, dim, dtype):
-    check(dim is not None, lambda: "softmax(): dim must be given (implicit dim choice is deprecated in torch)")
+def _softmax_input(a, dim, dtype, name):
+    if dim is None:  # F.softmax's deprecated implicit dim, chosen (and warned about) as torch does
+        warnings.warn(f"Implicit dimension choice for {name} has been deprecated. "
+                      f"Change the call to include dim=X as an argument.", stacklevel=4)
+        dim = 0 if a.ndim in (0, 1, 3) else 1
     d = canonical_dim(dim, a.ndim)
     out_dtype = dtype or a.dtype
-    check(dtypes.is_inexact(out_dtype), lambda: f"\"softmax_lastdim_kernel_impl\" not implemented for '{str(out_dtype)[6:].capitalize()}'")
+    check_dtype_supported(dtypes.is_inexact(out_dtype), f"{name}_lastdim_kernel_impl", out_dtype)
     x = maybe_convert_to_dtype(maybe_convert_to_dtype(a, out_dtype), dtypes.computation_dtype(out_dtype))
     return x, (d,) if a.ndim else (), out_dtype
 
 
 def _shifted(x, dims):
-    """x - max(x) along dims, the numerically safe input to exp; -inf rows stay NaN-free."""
+    """x - max(x) along dims, the numerically safe input to exp. As in torch, a row holding
+    +inf, or only -inf, becomes NaN (inf - inf); logsumexp, unlike softmax, guards against that."""
     if not dims:
         return clang.sub(x, x)
-    m = keepdim_reshape(prims.amax(x, dims), x, dims)
-    m = clang.where(clang.isfinite(m), m, 0.0)
-    return clang.sub(x, m)
+    if x.numel() == 0:  # nothing to shift, and amax refuses an empty reduction
+        return x
+    return clang.sub(x, keepdim_reshape(prims.amax(x, dims), x, dims))
 
 
-@torchsymbol(F.softmax, torch.softmax, T.softmax, torch.special.softmax)
+# F.softmax's signature (the torch executor calls it with the recorded arguments); the
+# spellings whose third positional argument is dtype rather than _stacklevel pass it by name
+@torchsymbol(F.softmax, torch.special.softmax)
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
-    x, dims, out_dtype = _softmax_input(input, dim, dtype)
+    x, dims, out_dtype = _softmax_input(input, dim, dtype, "softmax")
     e = clang.exp(_shifted(x, dims))
     s = keepdim_reshape(prims.sum(e, dims), x, dims) if dims else e
     return maybe_convert_to_dtype(clang.true_divide(e, s), out_dtype)
 
 
-@torchsymbol(F.log_softmax, torch.log_softmax, T.log_softmax, torch.special.log_softmax)
+@torchsymbol(F.log_softmax, torch.special.log_softmax)
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
-    x, dims, out_dtype = _softmax_input(input, dim, dtype)
+    x, dims, out_dtype = _softmax_input(input, dim, dtype, "log_softmax")
     shifted = _shifted(x, dims)
     lse = keepdim_reshape(clang.log(prims.sum(clang.exp(shifted), dims)), x, dims) if dims else clang.log(clang.exp(shifted))
     return maybe_convert_to_dtype(clang.sub(shifted, lse), out_dtype)
+
+
+for _torch_fn, _symbol in ((torch.softmax, softmax), (T.softmax, softmax), (torch.log_softmax, log_softmax),
+                           (T.log_softmax, log_softmax)):
+    register_alias(_torch_fn, lambda input, dim, dtype=None, _symbol=_symbol: _symbol(input, dim, dtype=dtype))
 
 
 @torchsymbol(torch.logsumexp, T.logsumexp, torch.special.logsumexp)

@@ -12,6 +12,7 @@ from thunderfn import clang, prims
 from thunderfn.clang import maybe_convert_to_dtype
 from thunderfn.core import dtypes
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check
 from thunderfn.torch import register_alias, torchsymbol
 
@@ -40,22 +41,30 @@ def reshape(a, *shape):
 @torchsymbol(T.view)
 def view(a, *shape):
     if len(shape) == 1 and isinstance(shape[0], torch.dtype):
-        raise NotImplementedError("view(dtype) reinterprets bits; thunderfn does not trace it yet")
+        raise UnsupportedOpError("view(dtype) reinterprets bits, which thunderfn does not trace yet; "
+                                 "use .to(dtype) if a value conversion is what you need")
     return clang.reshape(a, _shape_args(shape))
 
 
 @torchsymbol(T.view_as)
 def view_as(a, other):
-    return clang.reshape(a, other.shape)
+    return clang.reshape(a, tuple(other.shape))
+
+
+# Traces do not track strides, and x.contiguous() is the value x itself, so at run time a view's
+# input may be laid out so that torch cannot view it (x.mT.contiguous().view(-1)). The torch
+# executor therefore runs views as reshapes: a view wherever torch can make one, a copy elsewhere.
+view.torch_fn, view_as.torch_fn = T.reshape, T.reshape_as
 
 
 @torchsymbol(T.reshape_as)
 def reshape_as(a, other):
-    return clang.reshape(a, other.shape)
+    return clang.reshape(a, tuple(other.shape))
 
 
 @torchsymbol(T.permute, torch.permute)
 def permute(a, *dims):
+    check(len(dims) > 0, lambda: 'permute() missing 1 required positional arguments: "dims"', TypeError)
     return clang.permute(a, _shape_args(dims))
 
 
@@ -71,14 +80,27 @@ def t(a):
 
 
 register_alias(T.T.__get__, lambda a: clang.permute(a, tuple(reversed(range(a.ndim)))))
-register_alias(T.mT.__get__, lambda a: _mT(a))
-register_alias(T.mH.__get__, lambda a: _mT(a))
-register_alias(T.H.__get__, lambda a: t(a))
+register_alias(T.mT.__get__, lambda a: _mT(a, "mT"))
+register_alias(T.mH.__get__, lambda a: _mT(a, "mH"))  # conjugation is the identity on the real dtypes thunderfn traces
+register_alias(T.H.__get__, lambda a: _H(a))
 
 
-def _mT(a):
-    check(a.ndim >= 2, lambda: f"tensor.mT is only supported on matrices or batches of matrices. Got {a.ndim}-D tensor.")
-    return clang.transpose(a, -2, -1)
+def _mT(a, attr):
+    check(a.ndim != 1, lambda: f"tensor.{attr} is only supported on matrices or batches of matrices. Got {a.ndim}-D tensor.")
+    _check_real(a, attr)
+    return clang.transpose(a, -2, -1) if a.ndim else a  # the identity on 0-D tensors (deprecated in torch)
+
+
+def _H(a):
+    check(a.ndim == 2 or a.ndim == 0, lambda: f"tensor.H is only supported on matrices (2-D tensors). Got {a.ndim}-D tensor."
+          + (" For batches of matrices, consider using tensor.mH" if a.ndim > 2 else ""))
+    _check_real(a, "H")
+    return clang.transpose(a, 0, 1) if a.ndim == 2 else a
+
+
+def _check_real(a, attr):
+    check(not a.dtype.is_complex, lambda: f"tensor.{attr} conjugates complex tensors, which thunderfn does not trace yet",
+          UnsupportedOpError)
 
 
 @torchsymbol(torch.movedim, T.movedim, torch.moveaxis, T.moveaxis)
@@ -88,6 +110,10 @@ def movedim(a, source, destination):
     check(len(src) == len(dst), lambda: f"movedim: Invalid source or destination dims: source ({list(src)} dims) should contain the same number of dims as destination ({list(dst)} dims)")
     src = tuple(canonical_dim(d, a.ndim) for d in src)
     dst = tuple(canonical_dim(d, a.ndim) for d in dst)
+    check(len(set(src)) == len(src), lambda: f"movedim: repeated dim in `source` ({list(source)})")
+    check(len(set(dst)) == len(dst), lambda: f"movedim: repeated dim in `destination` ({list(destination)})")
+    if a.ndim == 0:
+        return a
     order = [None] * a.ndim
     for s, d in zip(src, dst):
         order[d] = s
@@ -111,7 +137,7 @@ def unsqueeze(a, dim):
 def expand(a, *shape):
     shape = _shape_args(shape)
     check(len(shape) >= a.ndim,
-          lambda: f"expand(torch.FloatTensor{{[{', '.join(map(str, a.shape))}]}}, size=[{', '.join(map(str, shape))}]): the number of sizes "
+          lambda: f"expand({clang.legacy_type_name(a)}{{[{', '.join(map(str, a.shape))}]}}, size=[{', '.join(map(str, shape))}]): the number of sizes "
                   f"provided ({len(shape)}) must be greater or equal to the number of dimensions in the tensor ({a.ndim})")
     offset = len(shape) - a.ndim
     resolved = tuple(a.shape[i - offset] if s == -1 and i >= offset else s for i, s in enumerate(shape))
@@ -121,7 +147,7 @@ def expand(a, *shape):
 
 @torchsymbol(T.expand_as)
 def expand_as(a, other):
-    return clang.expand_to(a, other.shape)
+    return expand(a, tuple(other.shape))
 
 
 @torchsymbol(torch.broadcast_to, T.broadcast_to)
@@ -130,10 +156,13 @@ def broadcast_to(a, size):
 
 
 def _check_tensor_list(tensors, name):
-    check(isinstance(tensors, (list, tuple)), lambda: f"{name}(): argument 'tensors' must be tuple of Tensors, not {type(tensors).__name__}", TypeError)
-    check(len(tensors) > 0, lambda: f"{name} expects a non-empty TensorList", ValueError if name == "stack" else RuntimeError)
-    for t in tensors:
-        check(isinstance(t, TensorProxy), lambda: f"expected Tensor as element in argument 0, but got {type(t).__name__}", TypeError)
+    check(isinstance(tensors, (list, tuple)), lambda: f"{name.split('.')[-1]}(): argument 'tensors' (position 1) must be tuple of Tensors, "
+                                                      f"not {'Tensor' if isinstance(tensors, TensorProxy) else type(tensors).__name__}", TypeError)
+    if name == "torch.cat":
+        check(len(tensors) > 0, lambda: "torch.cat(): expected a non-empty list of Tensors", ValueError)
+    check(len(tensors) > 0, lambda: f"{name} expects a non-empty TensorList")
+    for i, t in enumerate(tensors):
+        check(isinstance(t, TensorProxy), lambda: f"expected Tensor as element {i} in argument 0, but got {type(t).__name__}", TypeError)
 
 
 @torchsymbol(torch.cat, torch.concat, torch.concatenate)
@@ -172,15 +201,21 @@ def vstack(tensors):
 
 @torchsymbol(torch.split, T.split)
 def split(a, split_size_or_sections, dim=0):
+    check(a.ndim > 0, lambda: "split expects at least a 1-dimensional tensor")
     d = canonical_dim(dim, a.ndim)
     n = a.shape[d]
     if isinstance(split_size_or_sections, int):
         size = split_size_or_sections
         check(size >= 0, lambda: f"split expects split_size be non-negative, but got split_size={size}")
         check(size > 0 or n == 0, lambda: f"split_size can only be 0 if dimension size is 0, but got dimension size of {n}")
-        sizes = [size] * (n // size) + ([n % size] if n % size else []) if size else [0]
+        # an empty dimension still splits into one (empty) piece
+        sizes = [size] * (n // size) + ([n % size] if n % size else []) if size and n else [0]
     else:
         sizes = list(split_size_or_sections)
+        for s in sizes:
+            check(isinstance(s, int) and not isinstance(s, bool),
+                  lambda: f"split_with_sizes(): argument 'split_sizes' (position 2) must be tuple of ints, not {type(s).__name__}", TypeError)
+        check(all(s >= 0 for s in sizes), lambda: f"split_with_sizes expects split_sizes have only non-negative entries, but got split_sizes={sizes}")
         check(sum(sizes) == n, lambda: f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at dimension {d}), but got split_sizes={sizes}")
     outs, start = [], 0
     for s in sizes:
@@ -191,6 +226,7 @@ def split(a, split_size_or_sections, dim=0):
 
 @torchsymbol(torch.chunk, T.chunk)
 def chunk(a, chunks, dim=0):
+    check(a.ndim > 0, lambda: "chunk expects at least a 1-dimensional tensor")
     check(chunks > 0, lambda: f"chunk expects `chunks` to be greater than 0, got: {chunks}")
     d = canonical_dim(dim, a.ndim)
     size = -(-a.shape[d] // chunks) if a.shape[d] else 0
@@ -206,8 +242,12 @@ def unbind(a, dim=0):
 
 @torchsymbol(torch.narrow, T.narrow)
 def narrow(a, dim, start, length):
+    check(a.ndim > 0, lambda: "narrow() cannot be applied to a 0-dim tensor.")
+    check(length >= 0, lambda: "narrow(): length must be non-negative.")
     d = canonical_dim(dim, a.ndim)
-    start = start + a.shape[d] if start < 0 else start
+    n = a.shape[d]
+    check(-n <= start <= n, lambda: f"start out of range (expected to be in range of [{-n}, {n}], but got {start})", IndexError)
+    start = start + n if start < 0 else start
     check(0 <= start and start + length <= a.shape[d], lambda: f"start ({start}) + length ({length}) exceeds dimension size ({a.shape[d]}).")
     return clang.slice_in_dim(a, start, start + length, 1, d)
 
@@ -219,15 +259,25 @@ def flatten(a, start_dim=0, end_dim=-1):
 
 @torchsymbol(torch.unflatten, T.unflatten)
 def unflatten(a, dim, sizes):
+    check(a.ndim > 0, lambda: "unflatten got an unexpected error:\nDimension specified as 0 but tensor has no dimensions")
     d = canonical_dim(dim, a.ndim)
+    sizes = tuple(sizes)
+    check(len(sizes) > 0, lambda: "unflatten: sizes must be non-empty")
+    check(sizes.count(-1) <= 1, lambda: "unflatten got an unexpected error:\nonly one dimension can be inferred")
+    known = torch.Size(s for s in sizes if s != -1).numel()
+    check(known * (a.shape[d] // known if known and -1 in sizes else 1) == a.shape[d],
+          lambda: f"unflatten: Provided sizes {list(sizes)} don't multiply up to the size of dim {dim} ({a.shape[d]}) in the input tensor")
     sizes = clang.infer_shape(sizes, a.shape[d])
     return clang.reshape(a, tuple(a.shape[:d]) + sizes + tuple(a.shape[d + 1:]))
 
 
-@torchsymbol(torch.flip, T.flip)
-def flip(a, dims):
-    dims = (dims,) if isinstance(dims, int) else tuple(dims)
-    return prims.flip(a, prims.canonical_dims(dims, a.ndim)) if dims and a.ndim else a
+# Tensor.flip first: it takes every spelling torch.flip takes and also x.flip(0, 1) and x.flip(0)
+@torchsymbol(T.flip, torch.flip)
+def flip(a, *dims_args, dims=None):
+    if dims is None:
+        dims = dims_args[0] if len(dims_args) == 1 and not isinstance(dims_args[0], int) else dims_args
+    dims = prims.canonical_dims((dims,) if isinstance(dims, int) else tuple(dims), a.ndim)
+    return prims.flip(a, dims) if dims and a.ndim else a
 
 
 @torchsymbol(T.contiguous)
@@ -247,7 +297,7 @@ def _to_args(a, args, kwargs):
     device = kwargs.pop("device", None)
     dtype = kwargs.pop("dtype", None)
     kwargs.pop("non_blocking", None), kwargs.pop("copy", None), kwargs.pop("memory_format", None)
-    check(not kwargs, lambda: f"to() got an unexpected keyword argument '{next(iter(kwargs))}'", TypeError)
+    check(not kwargs, lambda: f"to() received an invalid combination of arguments - got ({', '.join(f'{k}={type(v).__name__}' for k, v in kwargs.items())}, )", TypeError)
     for arg in args:
         if isinstance(arg, torch.dtype):
             dtype = arg
@@ -296,11 +346,18 @@ def _device_alias(device):
 
 register_alias(T.cpu, lambda a, memory_format=None: to(a, "cpu"))
 register_alias(T.cuda, lambda a, device=None, non_blocking=False, memory_format=None: to(a, torch.device("cuda", device) if isinstance(device, int) else (device or "cuda")))
-register_alias(T.type, lambda a, dtype=None, non_blocking=False: to(a, dtype) if dtype is not None else _type_string(a))
+register_alias(T.type, lambda a, dtype=None, non_blocking=False, **kwargs: _type(a, dtype))
 
 
-def _type_string(a):
-    raise NotImplementedError("tensor.type() with no dtype returns a string; use tensor.dtype")
+def _type(a, dtype):
+    """x.type() names the legacy tensor type (metadata, known while tracing); x.type(t) converts."""
+    if dtype is None:
+        return clang.legacy_type_name(a)
+    if isinstance(dtype, str):
+        legacy = {clang.legacy_type_name(a, d): d for d in clang.LEGACY_TYPE_NAMES}
+        check(dtype in legacy, lambda: f"invalid type: '{dtype}'", ValueError)
+        dtype = legacy[dtype]
+    return to(a, dtype)
 
 
 del dtypes

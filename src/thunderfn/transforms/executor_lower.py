@@ -78,6 +78,8 @@ def lower_bsyms(bsyms, executors) -> list:
         if bsym.subsymbols:
             out.extend(lower_bsyms(bsym.subsymbols, executors))
             continue
+        if not bsym.sym.is_prim and {o.name for o in bsym.proxy_outs()} <= {a.name for a in bsym.proxy_args()}:
+            continue  # an empty decomposition (x.contiguous(), x.squeeze() of no size-1 dim): its outputs are its inputs
         tried = ", ".join(ex.name for ex in executors) or "none"
         raise RuntimeError(f"Could not find executor for bound symbol:\n  {bsym}\nExecutors tried (in priority order): "
                            f"{tried}. Add an executor that implements {bsym.sym.print_name}, or keep the torch "

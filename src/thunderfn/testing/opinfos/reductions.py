@@ -1,4 +1,304 @@
-"""OpInfos for thunderfn.torch.reductions."""
-from thunderfn.testing.opinfo import ErrorInput, OpInfo, SampleInput, make_tensor  # noqa: F401
+"""OpInfos for thunderfn.torch.reductions: sum/prod/mean, amax/amin, max/min, argmax/argmin,
+var/std (and their _mean forms), all/any, count_nonzero and the softmax family."""
+from __future__ import annotations
 
-opinfos: list[OpInfo] = []
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from thunderfn.testing.opinfo import ALL, FLOATS, INTS, ErrorInput, OpInfo, SampleInput, make_tensor
+
+NUMBERS = FLOATS + INTS
+NAN, INF = float("nan"), float("inf")
+
+
+def _method(name):
+    """`self.name(*args)` as a user writes it; Tensor's C methods refuse a proxy as an explicit self."""
+    def method(self, *args, **kwargs):
+        return getattr(self, name)(*args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _maker(device, dtype, **kwargs):
+    return functools.partial(make_tensor, device=device, dtype=dtype, **kwargs)
+
+
+def _errors(*cases):
+    """error_inputs from (make_args(device), kwargs, exc_type, regex) tuples."""
+    def error_inputs(device):
+        for make_args, kwargs, exc, match in cases:
+            yield ErrorInput(SampleInput(make_args(device), kwargs), exc, match)
+
+    return error_inputs
+
+
+def _x(*shape, dtype=torch.float32, **rest):
+    """The args of an error input: one tensor, then the given positional args."""
+    return lambda device: (make_tensor(shape, device=device, dtype=dtype), *rest.get("args", ()))
+
+
+_DIM_OUT_OF_RANGE = (_x(2, 3, args=(2,)), {}, IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
+_NEGATIVE_DIM_OUT_OF_RANGE = (_x(2, 3, args=(-3,)), {}, IndexError, r"Dimension out of range")
+
+
+# -- sample patterns -----------------------------------------------------------------------
+def reduction_samples(*, dim_kinds=("none", "int", "tuple"), empty_dims=True, keepdim=True, extra=(), extremals=True):
+    """Samples for op(a, dim=..., keepdim=...): every dim spelling the op takes (`none`: no dim
+    argument; `int`: positive and negative ints; `tuple`: tuples, negative entries included),
+    keepdim both ways, 0-dim and empty inputs (reducing an empty dim when `empty_dims`),
+    non-contiguous and transposed inputs, and NaN/inf for floats. `extra` kwargs dicts run
+    once each on a 3-d input."""
+    def sample_inputs(device, dtype):
+        make = _maker(device, dtype)
+        x = make((2, 3, 4))
+        if "none" in dim_kinds:
+            yield SampleInput((x,), name="all dims")
+            yield SampleInput((make(()),), name="0-dim")
+            yield SampleInput((make((3, 4), noncontiguous=True),), name="noncontiguous")
+            if empty_dims:
+                yield SampleInput((make((0,)),), name="empty")
+        if "int" in dim_kinds:
+            yield SampleInput((x, 1))
+            yield SampleInput((x, -1), {"keepdim": True} if keepdim else {})
+            yield SampleInput((make(()), 0), name="0-dim")
+            yield SampleInput((make(()), -1), {"keepdim": True} if keepdim else {}, "0-dim")
+            yield SampleInput((make((4, 3)).T, 1), name="transposed")
+            yield SampleInput((make((3, 4), noncontiguous=True), 0), name="noncontiguous")
+            yield SampleInput((make((2, 0)), 0), name="empty, nonempty reduced dim")
+            if empty_dims:
+                yield SampleInput((make((2, 0)), 1), {"keepdim": True} if keepdim else {}, "empty reduced dim")
+        if "tuple" in dim_kinds:
+            yield SampleInput((x, (0, 2)))
+            yield SampleInput((x, (-1, 0)), {"keepdim": True} if keepdim else {})
+            yield SampleInput((make((4, 3)).T, (0, 1)), name="transposed")
+            if empty_dims:
+                yield SampleInput((make((2, 0, 3)), (1, 2)), name="empty reduced dims")
+        if keepdim and "int" in dim_kinds:
+            yield SampleInput((x, 2), {"keepdim": False})
+        for kwargs in extra:
+            yield SampleInput((x,), kwargs)
+        if dtype.is_floating_point and extremals:
+            special = torch.tensor([[1.0, NAN, 2.0], [INF, -1.0, 3.0], [-INF, INF, 0.0]], device=device, dtype=dtype)
+            yield SampleInput((special, 1 if "int" in dim_kinds else (1,)), name="NaN and inf")
+
+    return sample_inputs
+
+
+def _chain(*fns):
+    def sample_inputs(device, dtype):
+        for fn in fns:
+            yield from fn(device, dtype)
+
+    return sample_inputs
+
+
+def _dtype_kwarg_samples(out_dtypes, *, dim=1):
+    """op(a, dim, dtype=...): the accumulation and output dtype chosen by the caller."""
+    def sample_inputs(device, dtype):
+        x = make_tensor((2, 3, 4), device=device, dtype=dtype)
+        for out in out_dtypes:
+            yield SampleInput((x, dim), {"dtype": out}, f"dtype={out}")
+        yield SampleInput((x,), {"dtype": out_dtypes[0]}, "all dims, dtype")
+
+    return sample_inputs
+
+
+def _var_samples(device, dtype):
+    make = _maker(device, dtype)
+    x = make((2, 3, 4))
+    yield SampleInput((x,))
+    yield SampleInput((x, 1))
+    yield SampleInput((x, (0, -1)), {"keepdim": True})
+    yield SampleInput((x, 1), {"unbiased": False})
+    yield SampleInput((x, 1, True, True), name="positional unbiased, keepdim")
+    yield SampleInput((x, False), name="legacy positional unbiased")
+    yield SampleInput((x,), {"dim": 2, "correction": 0})
+    yield SampleInput((x, (0, 1)), {"correction": 2})
+    yield SampleInput((x,), {"dim": None, "correction": 1, "keepdim": True})
+    yield SampleInput((make(()),), name="0-dim (one element: NaN)")
+    yield SampleInput((make((3, 4), noncontiguous=True), 0), name="noncontiguous")
+    yield SampleInput((make((4, 3)).T, 1), name="transposed")
+    yield SampleInput((make((2, 0)), 0), name="empty, nonempty reduced dim")
+    yield SampleInput((make((2, 0)), 1), {"correction": 0}, "empty reduced dim: NaN")
+    special = torch.tensor([[1.0, NAN, 2.0], [INF, -1.0, 3.0], [1.0, 2.0, 3.0]], device=device, dtype=dtype)
+    yield SampleInput((special, 1), name="NaN and inf")
+
+
+def _max_samples(device, dtype):
+    """torch.max's three forms: full reduction, (values, indices) along a dim, and elementwise."""
+    make = _maker(device, dtype)
+    x = make((2, 3, 4))
+    yield SampleInput((x,), name="all dims")
+    yield SampleInput((make(()),), name="0-dim")
+    yield SampleInput((make((3, 4), noncontiguous=True),), name="noncontiguous")
+    yield SampleInput((x, 1), name="values and indices")
+    yield SampleInput((x, -1, True), name="values and indices, keepdim")
+    yield SampleInput((x,), {"dim": 0, "keepdim": False})
+    yield SampleInput((make(()), 0), name="0-dim, dim")
+    yield SampleInput((make((4, 3)).T, 1), name="transposed")
+    yield SampleInput((make((2, 0)), 0), name="empty, nonempty reduced dim")
+    yield SampleInput((x, make((3, 1))), name="elementwise, broadcast")
+    yield SampleInput((x, make((2, 3, 4), dtype=torch.float64)), name="elementwise, promotion")
+    if dtype.is_floating_point:
+        special = torch.tensor([[1.0, NAN, 2.0], [INF, -1.0, 3.0], [-INF, INF, 0.0]], device=device, dtype=dtype)
+        yield SampleInput((special,), name="NaN and inf")
+        yield SampleInput((special, 1), name="NaN and inf, dim")
+
+
+def _arg_samples(device, dtype):
+    make = _maker(device, dtype)
+    x = make((2, 3, 4))
+    yield SampleInput((x,), name="flattened")
+    yield SampleInput((x,), {"keepdim": True}, "flattened, keepdim")
+    yield SampleInput((x, 1))
+    yield SampleInput((x, -1, True))
+    yield SampleInput((make(()),), name="0-dim")
+    yield SampleInput((make(()), 0), name="0-dim, dim")
+    yield SampleInput((make(()), 0, True), name="0-dim, dim, keepdim")
+    yield SampleInput((make((4, 3)).T, 1), name="transposed")
+    yield SampleInput((make((3, 4), noncontiguous=True), 0), name="noncontiguous")
+    yield SampleInput((make((2, 0)), 0), name="empty, nonempty reduced dim")
+    # ties: torch returns the first extreme index
+    yield SampleInput((torch.tensor([[1, 3, 3, 0], [2, 2, 0, 0]], device=device, dtype=dtype), 1), name="ties")
+    if dtype.is_floating_point:
+        special = torch.tensor([[1.0, NAN, 2.0], [INF, -1.0, 3.0], [-INF, INF, 0.0]], device=device, dtype=dtype)
+        yield SampleInput((special, 1), name="NaN and inf")
+
+
+def _softmax_samples(device, dtype):
+    make = _maker(device, dtype)
+    x = make((2, 3, 4))
+    yield SampleInput((x, 1))
+    yield SampleInput((x, -1))
+    yield SampleInput((x,), {"dim": 0})
+    yield SampleInput((make(()), 0), name="0-dim")
+    yield SampleInput((make((0, 3)), 1), name="empty")
+    yield SampleInput((make((3, 0)), 1), name="empty softmax dim")
+    yield SampleInput((make((4, 3)).T, 1), name="transposed")
+    yield SampleInput((make((3, 4), noncontiguous=True), 0), name="noncontiguous")
+    yield SampleInput((make((3, 4), low=-1000, high=1000), 1), name="large logits")
+    if dtype is not torch.float64:
+        yield SampleInput((x, 1), {"dtype": torch.float64}, "dtype")
+    special = torch.tensor([[1.0, NAN, 2.0], [INF, -1.0, 3.0], [-INF, -INF, -INF], [-INF, 0.0, 1.0]],
+                           device=device, dtype=dtype)
+    yield SampleInput((special, 1), name="NaN, inf and all -inf rows")
+
+
+def _positional_dtype_samples(device, dtype):
+    """torch.softmax(x, dim, dtype) and x.softmax(dim, dtype) take dtype third, where F.softmax takes _stacklevel."""
+    yield SampleInput((make_tensor((2, 3), device=device, dtype=dtype), 1, torch.float64), name="positional dtype")
+
+
+def _implicit_dim_samples(device, dtype):
+    """F.softmax(x) picks dim 0 for 0-, 1- and 3-d inputs and dim 1 otherwise (deprecated, with a warning)."""
+    for shape in ((), (4,), (2, 3), (2, 3, 4)):
+        yield SampleInput((make_tensor(shape, device=device, dtype=dtype),), name="implicit dim")
+
+
+def _int_softmax_samples(device, dtype):
+    """Integer inputs are softmaxed only with an explicit floating dtype."""
+    yield SampleInput((make_tensor((2, 3), device=device, dtype=dtype), 1), {"dtype": torch.float32}, "int input, dtype")
+
+
+def _logsumexp_samples(device, dtype):
+    make = _maker(device, dtype)
+    x = make((2, 3, 4))
+    yield SampleInput((x, 1))
+    yield SampleInput((x, -1, True))
+    yield SampleInput((x, (0, 2)))
+    yield SampleInput((x,), {"dim": (-1, 0), "keepdim": True})
+    yield SampleInput((make(()), 0), name="0-dim")
+    yield SampleInput((make((2, 0)), 1), name="empty reduced dim: -inf")
+    yield SampleInput((make((2, 0)), 0), name="empty, nonempty reduced dim")
+    yield SampleInput((make((4, 3)).T, 1), name="transposed")
+    yield SampleInput((make((3, 4), noncontiguous=True), 0), name="noncontiguous")
+    if dtype.is_floating_point:
+        yield SampleInput((make((3, 4), low=-1000, high=1000), 1), name="large values")
+        special = torch.tensor([[1.0, NAN, 2.0], [INF, -1.0, 3.0], [-INF, -INF, -INF], [-INF, 0.0, 1.0]],
+                               device=device, dtype=dtype)
+        yield SampleInput((special, 1), name="NaN, inf and all -inf rows")
+
+
+# -- error inputs ------------------------------------------------------------------------------
+_EMPTY_DIM = lambda name: (_x(2, 0, args=(1,)), {}, IndexError, rf"{name}\(\): Expected reduction dim 1 to have non-zero size")  # noqa: E731
+_EMPTY_NO_DIM = lambda name, exc=RuntimeError: (  # noqa: E731
+    _x(0), {}, exc, rf"{name}\(\): Expected reduction dim to be specified for input.numel\(\) == 0")
+_DUPLICATE_DIMS = (_x(2, 3, args=((0, -2),)), {}, RuntimeError, "dim 0 appears multiple times in the list of dims")
+
+# The decompositions of softmax and logsumexp compute half types in float32 and round once;
+# torch's kernels use a faster exp and may land one half-precision ulp away.
+_HALF_TOLERANCES = {torch.float16: (1e-3, 1e-3), torch.bfloat16: (8e-3, 1.6e-2)}
+
+opinfos: list[OpInfo] = [
+    OpInfo("sum", torch.sum, _chain(reduction_samples(), _dtype_kwarg_samples((torch.float64, torch.int32))), dtypes=ALL,
+           error_inputs=_errors(_DIM_OUT_OF_RANGE, _NEGATIVE_DIM_OUT_OF_RANGE, _DUPLICATE_DIMS)),
+    OpInfo("Tensor.sum", _method("sum"), reduction_samples(dim_kinds=("none", "tuple")), dtypes=(torch.float32, torch.bool)),
+    OpInfo("prod", torch.prod, _chain(reduction_samples(dim_kinds=("none", "int")), _dtype_kwarg_samples((torch.float64, torch.int64))),
+           dtypes=ALL, error_inputs=_errors(_DIM_OUT_OF_RANGE)),
+    OpInfo("mean", torch.mean, _chain(reduction_samples(), _dtype_kwarg_samples((torch.float64,))), dtypes=FLOATS,
+           error_inputs=_errors(
+               _DIM_OUT_OF_RANGE, _DUPLICATE_DIMS,
+               (_x(2, 3, dtype=torch.int64), {}, RuntimeError, r"mean\(\): could not infer output dtype. Input dtype must be "
+                                                              r"either a floating point or complex dtype. Got: Long"),
+               (_x(2, 3, dtype=torch.int32), {}, RuntimeError, "could not infer output dtype.* Got: Int"),
+               (_x(2, 3, dtype=torch.bool), {}, RuntimeError, "could not infer output dtype.* Got: Bool"),
+               (_x(2, 3), {"dtype": torch.int64}, RuntimeError,
+                r"mean\(\): could not infer output dtype. Optional dtype must be either a floating point or complex dtype. Got: Long"))),
+    OpInfo("mean_int_input_with_dtype", torch.mean, _dtype_kwarg_samples((torch.float32, torch.float64)), dtypes=INTS),
+    OpInfo("amax", torch.amax, reduction_samples(empty_dims=False), dtypes=ALL,
+           error_inputs=_errors(_DIM_OUT_OF_RANGE, _DUPLICATE_DIMS, _EMPTY_DIM("amax"), _EMPTY_NO_DIM("amax"))),
+    OpInfo("amin", torch.amin, reduction_samples(empty_dims=False), dtypes=ALL,
+           error_inputs=_errors(_DIM_OUT_OF_RANGE, _EMPTY_DIM("amin"), _EMPTY_NO_DIM("amin"))),
+    OpInfo("max", torch.max, _max_samples, dtypes=ALL, error_inputs=_errors(
+        _DIM_OUT_OF_RANGE, _EMPTY_DIM("max"), _EMPTY_NO_DIM("max"),
+        (lambda d: (make_tensor((2, 3), device=d), make_tensor((3, 2), device=d)), {}, RuntimeError, "The size of tensor a"))),
+    OpInfo("min", torch.min, _max_samples, dtypes=ALL, error_inputs=_errors(
+        _DIM_OUT_OF_RANGE, _EMPTY_DIM("min"), _EMPTY_NO_DIM("min"))),
+    OpInfo("Tensor.max", _method("max"), _max_samples, dtypes=(torch.float32, torch.int64)),
+    OpInfo("argmax", torch.argmax, _arg_samples, dtypes=NUMBERS, error_inputs=_errors(
+        _DIM_OUT_OF_RANGE, _EMPTY_DIM("argmax"), _EMPTY_NO_DIM("argmax", IndexError),
+        (_x(3, dtype=torch.bool), {}, RuntimeError, r"argmax\(\): does not support bool input"))),
+    OpInfo("argmin", torch.argmin, _arg_samples, dtypes=NUMBERS, error_inputs=_errors(
+        _DIM_OUT_OF_RANGE, _EMPTY_DIM("argmin"), _EMPTY_NO_DIM("argmin", IndexError),
+        (_x(3, dtype=torch.bool), {}, RuntimeError, r"argmin\(\): does not support bool input"))),
+    OpInfo("var", torch.var, _var_samples, dtypes=FLOATS, error_inputs=_errors(
+        _DIM_OUT_OF_RANGE,
+        (_x(2, 3), {"unbiased": True, "correction": 1}, TypeError, r"var\(\) received an invalid combination of arguments"),
+        (_x(2, 3, dtype=torch.int64), {}, RuntimeError, "std and var only support floating point and complex dtypes"))),
+    OpInfo("std", torch.std, _var_samples, dtypes=FLOATS, error_inputs=_errors(
+        _DIM_OUT_OF_RANGE,
+        (_x(2, 3, dtype=torch.int64), {}, RuntimeError, "std and var only support floating point and complex dtypes"))),
+    OpInfo("var_mean", torch.var_mean, _var_samples, dtypes=FLOATS, error_inputs=_errors(
+        _DIM_OUT_OF_RANGE, (_x(2, 3, dtype=torch.int64), {}, RuntimeError, "var_mean only support floating point and complex dtypes"))),
+    OpInfo("std_mean", torch.std_mean, _var_samples, dtypes=FLOATS, error_inputs=_errors(
+        _DIM_OUT_OF_RANGE, (_x(2, 3, dtype=torch.int64), {}, RuntimeError, "std_mean only support floating point and complex dtypes"))),
+    OpInfo("Tensor.var", _method("var"), _var_samples, dtypes=(torch.float32,)),
+    OpInfo("all", torch.all, _chain(reduction_samples(), lambda device, dtype: [
+        SampleInput((make_tensor((2, 3), device=device, dtype=dtype), ()), name="no dims: nothing reduced")]),
+        dtypes=ALL, error_inputs=_errors(_DIM_OUT_OF_RANGE, _DUPLICATE_DIMS)),
+    OpInfo("any", torch.any, _chain(reduction_samples(), lambda device, dtype: [
+        SampleInput((make_tensor((2, 3), device=device, dtype=dtype), ()), name="no dims: nothing reduced")]),
+        dtypes=ALL, error_inputs=_errors(_DIM_OUT_OF_RANGE, _DUPLICATE_DIMS)),
+    OpInfo("count_nonzero", torch.count_nonzero, reduction_samples(keepdim=False), dtypes=ALL,
+           error_inputs=_errors(_DIM_OUT_OF_RANGE, _DUPLICATE_DIMS)),
+    OpInfo("softmax", torch.softmax, _chain(_softmax_samples, _positional_dtype_samples), dtypes=FLOATS,
+           dtype_tolerances=_HALF_TOLERANCES, error_inputs=_errors(
+        _DIM_OUT_OF_RANGE,
+        (_x(2, 3, dtype=torch.int64, args=(1,)), {}, NotImplementedError, "not implemented for 'Long'"))),
+    OpInfo("softmax_int_input_with_dtype", torch.softmax, _int_softmax_samples, dtypes=INTS + (torch.bool,)),
+    OpInfo("Tensor.softmax", _method("softmax"), _positional_dtype_samples, dtypes=(torch.float32,)),
+    OpInfo("nn.functional.softmax", F.softmax, _chain(_softmax_samples, _implicit_dim_samples),
+           dtypes=(torch.float32, torch.bfloat16), dtype_tolerances=_HALF_TOLERANCES),
+    OpInfo("log_softmax", torch.log_softmax, _chain(_softmax_samples, _positional_dtype_samples), dtypes=FLOATS,
+           dtype_tolerances=_HALF_TOLERANCES, error_inputs=_errors(
+        _DIM_OUT_OF_RANGE,
+        (_x(2, 3, dtype=torch.int64, args=(1,)), {}, NotImplementedError, "not implemented for 'Long'"))),
+    OpInfo("Tensor.log_softmax", _method("log_softmax"), _positional_dtype_samples, dtypes=(torch.float32,)),
+    OpInfo("nn.functional.log_softmax", F.log_softmax, _chain(_softmax_samples, _implicit_dim_samples),
+           dtypes=(torch.float32, torch.float16), dtype_tolerances=_HALF_TOLERANCES),
+    OpInfo("logsumexp", torch.logsumexp, _logsumexp_samples, dtypes=ALL, dtype_tolerances=_HALF_TOLERANCES,
+           error_inputs=_errors(_DIM_OUT_OF_RANGE, _DUPLICATE_DIMS, (_x(2, 3), {}, TypeError, r"logsumexp\(\)"))),
+]

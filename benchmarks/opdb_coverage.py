@@ -1,0 +1,126 @@
+"""How much of PyTorch runs under thunderfn: torch's own OpInfo database as the yardstick.
+
+For every entry of `torch.testing._internal.common_methods_invocations.op_db`, the
+first N sample inputs (CPU, float32) run eagerly and through `tf.jit`. An entry
+passes when every sample matches (assert_close, NaNs equal). Entries whose eager run
+raises or is nondeterministic (two eager runs disagree: random ops) are left out.
+A jitted run that raises counts as an error (a refusal, if it is a thunderfn error
+naming the op); one that returns a different value counts as WRONG, the one outcome
+that must never happen.
+
+    python benchmarks/opdb_coverage.py            # summary
+    python benchmarks/opdb_coverage.py -v         # one line per entry
+    python benchmarks/opdb_coverage.py -k sin     # entries whose name contains 'sin'
+
+Needs `pip install expecttest` (torch's test helpers import it).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+import warnings
+
+import torch
+
+import thunderfn as tf
+
+
+def _clone(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_clone(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _clone(v) for k, v in x.items()}
+    return x
+
+
+def _same(a, b) -> bool:
+    try:
+        torch.testing.assert_close(a, b, equal_nan=True, check_device=True)
+        return True
+    except (AssertionError, TypeError, ValueError, RuntimeError):
+        return False
+
+
+# Factories of uninitialized memory: any contents are correct, so values cannot be compared.
+UNSPECIFIED_CONTENTS = {"empty", "empty_like", "new_empty", "empty_strided", "empty_permuted", "new_empty_strided"}
+
+
+def run_entry(opinfo, samples: int):
+    """('pass'|'wrong'|'error'|'skip', detail)."""
+    if opinfo.name in UNSPECIFIED_CONTENTS:
+        return "skip", "contents unspecified (uninitialized memory)"
+    try:
+        sample_list = []
+        for s in opinfo.sample_inputs("cpu", torch.float32, requires_grad=False):
+            sample_list.append(s)
+            if len(sample_list) == samples:
+                break
+    except Exception as e:
+        return "skip", f"sample_inputs raised {type(e).__name__}"
+    if not sample_list:
+        return "skip", "no float32 samples"
+    op = opinfo.op
+    for s in sample_list:
+        args = (s.input, *s.args)
+        try:
+            torch.manual_seed(0)
+            expected = op(*_clone(args), **_clone(s.kwargs))
+            torch.manual_seed(0)
+            again = op(*_clone(args), **_clone(s.kwargs))
+        except Exception as e:
+            return "skip", f"eager raised {type(e).__name__}"
+        if not _same(expected, again):
+            return "skip", "eager is nondeterministic"
+        try:
+            jitted = tf.jit(lambda *a, **k: op(*a, **k))
+            torch.manual_seed(0)
+            got = jitted(*_clone(args), **_clone(s.kwargs))
+        except tf.ThunderFnError as e:
+            return "error", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        except Exception as e:
+            return "error", f"CRASH {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        if not _same(got, expected):
+            return "wrong", f"sample {s}"[:200]
+    return "pass", ""
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-k", default="", help="only entries whose name contains this")
+    parser.add_argument("--samples", type=int, default=3)
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    results = collections.Counter()
+    failures = []
+    start = time.perf_counter()
+    for opinfo in op_db:
+        name = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
+        if args.k not in name:
+            continue
+        outcome, detail = run_entry(opinfo, args.samples)
+        results[outcome] += 1
+        if outcome in ("wrong", "error"):
+            failures.append((outcome, name, detail))
+        if args.verbose:
+            print(f"{outcome:6} {name:45} {detail}")
+    counted = results["pass"] + results["wrong"] + results["error"]
+    print(f"\nop_db entries: {sum(results.values())}; left out (eager raises, nondeterministic, unspecified contents or no samples): "
+          f"{results['skip']}; counted: {counted}")
+    if counted:
+        print(f"pass {results['pass']} ({100 * results['pass'] / counted:.1f}%), "
+              f"error {results['error']}, WRONG {results['wrong']}   [{time.perf_counter() - start:.0f} s]")
+    if not args.verbose:
+        for outcome, name, detail in sorted(failures):
+            print(f"  {outcome:6} {name:40} {detail}")
+    return 1 if results["wrong"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

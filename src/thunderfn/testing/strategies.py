@@ -1,0 +1,113 @@
+"""Hypothesis strategies shared by every property test (the one place they live).
+
+Tensors are drawn as (shape, dtype, seed) and built with a local torch.Generator,
+so examples shrink well and never touch the global RNG. Programs are drawn as a
+list of small steps over a working set of tensors and replayed by `run_program`,
+so the same drawn program runs eagerly, under jit and under any transform.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from hypothesis import strategies as st
+
+FLOAT_DTYPES = (torch.float32, torch.float64)
+INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
+ALL_DTYPES = FLOAT_DTYPES + (torch.float16, torch.bfloat16) + INT_DTYPES + (torch.bool,)
+
+
+def shapes(min_dims: int = 0, max_dims: int = 3, min_side: int = 1, max_side: int = 4):
+    return st.lists(st.integers(min_side, max_side), min_size=min_dims, max_size=max_dims).map(tuple)
+
+
+def broadcastable_to(shape):
+    """Shapes that broadcast to `shape`: a suffix of it with some sides set to 1."""
+    def shrink(data):
+        n, ones = data
+        suffix = shape[len(shape) - n:] if n else ()
+        return tuple(1 if i in ones else s for i, s in enumerate(suffix))
+
+    return st.tuples(st.integers(0, len(shape)), st.sets(st.integers(0, max(len(shape) - 1, 0)))).map(shrink)
+
+
+def make(shape, dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    if dtype is torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    low = 0 if dtype is torch.uint8 else -8
+    return torch.randint(low, 9, shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+@st.composite
+def tensors(draw, shape=None, dtypes=FLOAT_DTYPES):
+    shape = draw(shapes()) if shape is None else shape
+    return make(shape, draw(st.sampled_from(dtypes)), draw(st.integers(0, 2**16)))
+
+
+def python_scalars():
+    return st.one_of(st.booleans(), st.integers(-5, 5), st.floats(-4, 4, allow_nan=False, width=32))
+
+
+# -- random programs ---------------------------------------------------------------------
+UNARY = {
+    "sin": torch.sin, "exp": lambda x: torch.exp(x.clamp(max=4)), "tanh": torch.tanh, "neg": torch.neg, "abs": torch.abs,
+    "sigmoid": torch.sigmoid, "relu": torch.relu, "gelu": torch.nn.functional.gelu, "square": torch.square,
+    "log1p_abs": lambda x: torch.log1p(x.abs()), "softmax": lambda x: torch.softmax(x, -1) if x.ndim else x,
+}
+BINARY = {
+    "add": torch.add, "mul": torch.mul, "sub": lambda a, b: a - b, "maximum": torch.maximum,
+    "where_gt": lambda a, b: torch.where(a > b, a, b), "div_safe": lambda a, b: a / (b.abs() + 1),
+}
+REDUCE = {
+    "sum_last": lambda x: x.sum(-1, keepdim=True) if x.ndim else x, "mean_all": lambda x: x.mean(),
+    "amax_first": lambda x: x.amax(0) if x.ndim else x,
+}
+RESHAPE = {
+    "transpose": lambda x: x.transpose(0, -1) if x.ndim >= 2 else x, "flatten": lambda x: x.reshape(-1),
+    "unsqueeze": lambda x: x.unsqueeze(0), "scale": lambda x: x * 0.5 + 1,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """Steps over a working list that starts as the inputs; each step appends a value."""
+    steps: tuple  # (kind, name, operand indices)
+    n_inputs: int
+
+    def __call__(self, *inputs):
+        values = list(inputs)
+        for kind, name, operands in self.steps:
+            table = {"unary": UNARY, "binary": BINARY, "reduce": REDUCE, "reshape": RESHAPE}[kind]
+            values.append(table[name](*(values[i] for i in operands)))
+        return values[-1]
+
+    def __repr__(self):
+        return "Program(" + "; ".join(f"v{self.n_inputs + i} = {n}({', '.join(f'v{o}' for o in ops)})"
+                                      for i, (_, n, ops) in enumerate(self.steps)) + ")"
+
+
+@st.composite
+def programs(draw, n_inputs: int = 2, max_steps: int = 6):
+    """Random float programs of unary, binary (broadcasting), reduction and shape steps.
+    Binary steps only combine values whose shapes broadcast, so every program is valid."""
+    steps, count = [], n_inputs
+    for _ in range(draw(st.integers(1, max_steps))):
+        kind = draw(st.sampled_from(["unary", "binary", "reduce", "reshape"]))
+        if kind == "binary":
+            steps.append((kind, draw(st.sampled_from(sorted(BINARY))), (count - 1, draw(st.integers(0, count - 1)))))
+        else:
+            table = {"unary": UNARY, "reduce": REDUCE, "reshape": RESHAPE}[kind]
+            steps.append((kind, draw(st.sampled_from(sorted(table))), (draw(st.integers(0, count - 1)),)))
+        count += 1
+    return Program(tuple(steps), n_inputs)
+
+
+@st.composite
+def program_inputs(draw, n_inputs: int = 2, dtypes=FLOAT_DTYPES):
+    """Inputs of one shared shape (binary steps may still mix ranks after reductions)."""
+    shape = draw(shapes(min_dims=1, max_dims=3))
+    dtype = draw(st.sampled_from(dtypes))
+    return tuple(make(shape, dtype, draw(st.integers(0, 2**16))) for _ in range(n_inputs))

@@ -1,0 +1,249 @@
+"""Errors (errors.py, core/proxies.py, core/interception.py): each failure kind has one
+error class, a subclass of the builtin a torch user would catch, and a message that
+names the operation, the function, where the value came from and what to do."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunderfn as tf
+from thunderfn.errors import ConcretizationError, UnsupportedOpError
+
+
+@pytest.fixture
+def x():
+    return torch.randn(2, 3)
+
+
+def test_error_classes_subclass_the_builtin_a_torch_user_catches():
+    assert issubclass(ConcretizationError, TypeError) and issubclass(ConcretizationError, tf.ThunderFnError)
+    assert issubclass(UnsupportedOpError, NotImplementedError) and issubclass(UnsupportedOpError, tf.ThunderFnError)
+    assert tf.errors.ConcretizationError is tf.ConcretizationError
+
+
+# -- value-dependent control flow --------------------------------------------------------------
+def branch_on_sum(x):
+    if x.sum() > 0:
+        return x
+    return -x
+
+
+def call_bool(x):
+    return x * 2 if bool(x.max()) else x
+
+
+def call_item(x):
+    return x * x.sum().item()
+
+
+def call_int(x):
+    return x.reshape(int(x[0, 0]), -1)
+
+
+def call_float(x):
+    return x * float(x.mean())
+
+
+def call_tolist(x):
+    return x * len(x.tolist())
+
+
+def iterate_0dim(x):
+    return [v for v in x.sum()]
+
+
+def while_on_tensor(x):
+    while (x > 10).any():
+        x = x / 2
+    return x
+
+
+CONCRETIZATIONS = {
+    branch_on_sum: "bool(tensor)",
+    call_bool: "bool(tensor)",
+    call_item: "tensor.item()",
+    call_int: "int(tensor)",
+    call_float: "float(tensor)",
+    call_tolist: "tensor.tolist()",
+    iterate_0dim: "iteration over a 0-d tensor",
+    while_on_tensor: "bool(tensor)",
+}
+
+
+@pytest.mark.parametrize("fn, operation", CONCRETIZATIONS.items(), ids=[f.__name__ for f in CONCRETIZATIONS])
+def test_value_dependent_python_raises_concretization_error_naming_op_function_and_argument(fn, operation, x):
+    with pytest.raises(ConcretizationError) as info:
+        tf.jit(fn)(x)
+    message = str(info.value)
+    assert operation in message
+    assert f"'{fn.__name__}'" in message
+    assert "argument 'x'" in message
+
+
+@pytest.mark.parametrize("fn", [branch_on_sum, call_bool, while_on_tensor], ids=lambda f: f.__name__)
+def test_concretization_error_for_a_branch_says_what_to_do_instead(fn, x):
+    with pytest.raises(ConcretizationError, match="torch.where") as info:
+        tf.jit(fn)(x)
+    assert "static_argnums" in str(info.value)
+
+
+def test_concretization_error_is_caught_by_except_type_error(x):
+    with pytest.raises(TypeError):
+        tf.jit(call_item)(x)
+
+
+def test_concretization_error_names_the_argument_the_value_came_from():
+    def fn(data, threshold):
+        return data * 2 if threshold.max() > 0 else data
+
+    with pytest.raises(ConcretizationError, match="argument 'threshold'") as info:
+        tf.jit(fn)(torch.randn(3), torch.randn(1))
+    assert "argument 'data'" not in str(info.value)
+
+
+def test_concretization_error_names_every_argument_a_value_mixes():
+    with pytest.raises(ConcretizationError, match="argument 'a' and argument 'b'"):
+        tf.jit(lambda a, b: bool((a + b).sum()))(torch.randn(2), torch.randn(2))
+
+
+def test_concretization_error_on_a_captured_tensor_says_it_was_captured(x):
+    w = torch.randn(3)
+    with pytest.raises(ConcretizationError, match="captured"):
+        tf.jit(lambda a: a * w.sum().item())(x)
+
+
+def test_concretization_error_in_pytree_argument_names_its_path():
+    with pytest.raises(ConcretizationError, match="argument 'params_scale'"):
+        tf.jit(lambda params: params["w"] * params["scale"].item())({"w": torch.ones(2), "scale": torch.ones(())})
+
+
+def test_shape_dependent_control_flow_is_fine(x):
+    def fn(a):
+        if a.shape[0] > 1 and a.ndim == 2 and a.dtype is torch.float32:
+            return a.sum(0)
+        return a
+
+    torch.testing.assert_close(tf.jit(fn)(x), x.sum(0))
+
+
+# -- unsupported torch functions -----------------------------------------------------------------
+@pytest.mark.parametrize("fn, name", [
+    (lambda a: torch.nonzero(a), "torch.nonzero"),
+    (lambda a: torch.linalg.svd(a), "torch.linalg.svd"),
+    (lambda a: torch.linalg.qr(a), "torch.linalg.qr"),
+], ids=["nonzero", "linalg.svd", "linalg.qr"])
+def test_op_without_symbol_raises_unsupported_op_error_naming_the_torch_function(fn, name, x):
+    with pytest.raises(UnsupportedOpError) as info:
+        tf.jit(fn)(x)
+    assert name in str(info.value)
+    assert isinstance(info.value, NotImplementedError)
+
+
+RANDOM_OPS = {
+    "randn": lambda a: a + torch.randn(2, 3),
+    "rand": lambda a: a + torch.rand(3),
+    "randn_like": lambda a: torch.randn_like(a),
+    "randint": lambda a: a + torch.randint(0, 5, (3,)),
+    "normal": lambda a: a + torch.normal(0.0, 1.0, (2, 3)),
+    "randperm": lambda a: a[:, torch.randperm(3)],
+    "manual_seed": lambda a: (torch.manual_seed(0), a)[1],
+    "bernoulli": lambda a: torch.bernoulli(torch.sigmoid(a)),
+}
+
+
+@pytest.mark.parametrize("fn", RANDOM_OPS.values(), ids=RANDOM_OPS.keys())
+def test_random_ops_raise_instead_of_freezing_one_draw(fn, x):
+    name = [k for k, v in RANDOM_OPS.items() if v is fn][0]
+    with pytest.raises(UnsupportedOpError, match=f"torch.{name}"):
+        tf.jit(fn)(x)
+
+
+def test_dropout_in_training_mode_raises_rather_than_repeating_one_mask(x):
+    with pytest.raises(UnsupportedOpError, match="dropout"):
+        tf.jit(lambda a: F.dropout(a, 0.5, training=True))(x)
+
+
+def _setitem(a):
+    a[0] = 1
+    return a
+
+
+def _iadd(a):
+    a += 1
+    return a
+
+
+@pytest.mark.parametrize("fn, name", [
+    (lambda a: a.add_(1), "add_"),
+    (_iadd, "__iadd__"),
+    (_setitem, "__setitem__"),
+    (lambda a: a.mul_(2).sum(), "mul_"),
+], ids=["add_", "+=", "setitem", "mul_"])
+def test_in_place_ops_raise_unsupported_op_error_with_advice(fn, name, x):
+    before = x.clone()
+    with pytest.raises(UnsupportedOpError, match=name) as info:
+        tf.jit(fn)(x)
+    assert "out-of-place" in str(info.value)
+    torch.testing.assert_close(x, before)
+
+
+def test_in_place_op_on_a_captured_tensor_raises_and_leaves_it_unchanged(x):
+    w = torch.ones(3)
+    with pytest.raises(UnsupportedOpError):
+        tf.jit(lambda a: a + w.add_(1))(x)
+    torch.testing.assert_close(w, torch.ones(3))
+
+
+# -- meta errors mirror torch ------------------------------------------------------------------
+META_ERRORS = {
+    "reshape-size": lambda a: a.reshape(4, 2),
+    "view-size": lambda a: a.view(5),
+    "matmul-shapes": lambda a: a @ a,
+    "dim-out-of-range": lambda a: a.sum(5),
+    "broadcast": lambda a: a + torch.ones(4),
+    "cat-sizes": lambda a: torch.cat([a, torch.ones(2, 4)]),
+    "transpose-dim": lambda a: a.transpose(0, 3),
+    "linear-shapes": lambda a: F.linear(a, torch.ones(4, 5)),
+    "index-out-of-range": lambda a: a[5],
+}
+
+
+@pytest.mark.parametrize("fn", META_ERRORS.values(), ids=META_ERRORS.keys())
+def test_meta_error_has_torchs_exception_type_and_wording(fn, x):
+    with pytest.raises(Exception) as eager:
+        fn(x)
+    with pytest.raises(Exception) as traced:
+        tf.jit(fn)(x)
+    assert type(traced.value) is type(eager.value)
+    assert str(traced.value) == str(eager.value)
+
+
+def test_error_while_tracing_leaves_no_trace_active(x):
+    with pytest.raises(RuntimeError):
+        tf.jit(lambda a: a.reshape(7))(x)
+    assert tf.core.context.current_trace() is None
+    torch.testing.assert_close(torch.add(x, 1), x + 1)  # torch is not intercepted any more
+
+
+def test_function_that_failed_to_trace_can_be_called_again(x):
+    calls = []
+
+    def fn(a, ok):
+        calls.append(1)
+        if not ok:
+            raise ValueError("user error")
+        return a * 2
+
+    jf = tf.jit(fn)
+    with pytest.raises(ValueError, match="user error"):
+        jf(x, False)
+    torch.testing.assert_close(jf(x, True), x * 2)
+
+
+def test_last_traces_of_a_plain_function_is_a_type_error():
+    with pytest.raises(TypeError, match="thunderfn.jit"):
+        tf.last_traces(lambda a: a)
+
+
+def test_last_traces_before_the_first_call_says_so():
+    with pytest.raises(RuntimeError, match="not been called"):
+        tf.last_traces(tf.jit(lambda a: a))

@@ -1,0 +1,447 @@
+"""jit (jit.py, module.py): the cache and its signature, static arguments, outputs,
+modules, nesting, and generated code that user-chosen names cannot break."""
+import ast
+import collections
+
+import pytest
+import torch
+
+import thunderfn as tf
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+class Counted:
+    """A jitted function plus how many times its Python body ran (once per trace)."""
+
+    def __init__(self, fn, **jit_options):
+        self.traces = 0
+
+        def body(*args, **kwargs):
+            self.traces += 1
+            return fn(*args, **kwargs)
+
+        body.__name__ = getattr(fn, "__name__", "body")
+        self.jitted = tf.jit(body, **jit_options)
+
+    def __call__(self, *args, **kwargs):
+        return self.jitted(*args, **kwargs)
+
+
+@pytest.fixture
+def x():
+    return torch.randn(2, 3)
+
+
+def _source(jf) -> str:
+    return str(tf.last_traces(jf)[-1])
+
+
+# -- the cache ------------------------------------------------------------------------------
+def test_same_signature_does_not_retrace(x):
+    f = Counted(lambda a, b: a * b)
+    for _ in range(3):
+        f(x, x)
+    f(torch.randn(2, 3), torch.randn(2, 3))
+    assert f.traces == 1
+    assert tf.cache_info(f.jitted)["entries"] == 1
+
+
+def test_same_signature_with_non_tensor_arguments_does_not_retrace(x):
+    f = Counted(lambda a, n, pair: a * n + pair[0])
+    for _ in range(3):
+        f(x, 2, (x, "s"))
+    assert f.traces == 1
+    assert tf.cache_info(f.jitted) == {"entries": 1, "hits": 2, "misses": 1}
+
+
+def _meta_ok():
+    try:
+        torch.ones(2, device="meta") * 2
+        return True
+    except Exception:
+        return False
+
+
+SIGNATURE_CHANGES = {
+    "shape": lambda t: t.reshape(3, 2),
+    "dtype": lambda t: t.double(),
+    "requires_grad": lambda t: t.detach().requires_grad_(True),
+    "device": pytest.param(lambda t: t.to("meta"), marks=pytest.mark.skipif(not _meta_ok(), reason="no meta device")),
+}
+
+
+@pytest.mark.parametrize("change", SIGNATURE_CHANGES.values(), ids=SIGNATURE_CHANGES.keys())
+def test_changing_a_tensor_property_retraces(change, x):
+    f = Counted(lambda a: a * 2)
+    f(x)
+    out = f(change(x))
+    assert f.traces == 2
+    assert out.shape == change(x).shape and out.dtype == change(x).dtype and out.device == change(x).device
+    f(x)
+    f(change(x))
+    assert f.traces == 2, "both signatures stay cached"
+
+
+def test_returning_to_a_requires_grad_input_gives_a_differentiable_result(x):
+    f = Counted(lambda a: (a * 2).sum())
+    f(x)
+    xr = x.clone().requires_grad_()
+    f(xr).backward()
+    torch.testing.assert_close(xr.grad, torch.full_like(x, 2.0))
+
+
+@pytest.mark.parametrize("first, second", [((1, 2), [1, 2]), ({"a": 1}, {"b": 1}), ((1,), (1, None)),
+                                           ({"a": 1, "b": 2}, {"a": 1})], ids=["tuple-list", "dict-keys",
+                                                                               "tuple-len", "dict-size"])
+def test_changing_pytree_structure_retraces(first, second, x):
+    f = Counted(lambda a, tree: a)
+    f(x, first)
+    f(x, second)
+    assert f.traces == 2
+
+
+def test_changing_tensor_container_type_retraces_and_returns_matching_structure(x):
+    f = Counted(lambda t: type(t)(v * 2 for v in t))
+    assert type(f((x, x))) is tuple
+    assert type(f([x, x])) is list
+    assert f.traces == 2
+
+
+@pytest.mark.parametrize("values", [(1, 1.0, True), (0.0, -0.0), (2, 3), ("a", "b")],
+                         ids=["int-float-bool", "zero-signs", "ints", "strings"])
+def test_non_tensor_arguments_are_keyed_by_value_and_type(values, x):
+    f = Counted(lambda a, v: (a * 0 + (1.0 if isinstance(v, str) else v), type(v).__name__))
+    for v in values:
+        out, tname = f(x, v)
+        assert tname == type(v).__name__
+        if not isinstance(v, str):
+            torch.testing.assert_close(out, x * 0 + v)
+    assert f.traces == len(values)
+
+
+def test_negative_zero_is_not_served_the_positive_zero_compilation():
+    f = tf.jit(lambda a, s: a * s)
+    assert torch.signbit(f(torch.ones(1), 0.0)).item() is False
+    assert torch.signbit(f(torch.ones(1), -0.0)).item() is True
+
+
+def test_nan_argument_does_not_retrace_every_call(x):
+    f = Counted(lambda a, s: a + s)
+    f(x, float("nan"))
+    f(x, float("nan"))
+    assert f.traces == 1
+
+
+def test_grad_mode_is_part_of_the_signature(x):
+    f = Counted(lambda a: a * 2)
+    f(x)
+    with torch.no_grad():
+        f(x)
+    assert f.traces == 2
+    f(x)
+    assert f.traces == 2
+
+
+def test_default_dtype_is_part_of_the_signature(x):
+    f = Counted(lambda a: a + torch.ones(3))
+    assert f(x).dtype is torch.float32
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert f(x).dtype is torch.float64
+    finally:
+        torch.set_default_dtype(old)
+    assert f.traces == 2
+
+
+def test_kwargs_are_part_of_the_signature(x):
+    f = Counted(lambda a, *, scale=1, b=None: a * scale if b is None else a * scale + b)
+    torch.testing.assert_close(f(x, scale=2), x * 2)
+    torch.testing.assert_close(f(x, scale=2), x * 2)
+    assert f.traces == 1
+    torch.testing.assert_close(f(x, scale=3), x * 3)
+    torch.testing.assert_close(f(x, scale=3, b=x), x * 4)
+    torch.testing.assert_close(f(a=x, scale=3, b=x), x * 4)
+    assert f.traces == 4
+
+
+def test_positional_then_keyword_tensor_gives_the_same_result(x):
+    f = tf.jit(lambda a, b: a - b)
+    y = torch.randn(2, 3)
+    torch.testing.assert_close(f(x, y), x - y)
+    torch.testing.assert_close(f(x, b=y), x - y)
+    torch.testing.assert_close(f(b=y, a=x), x - y)
+
+
+# -- static arguments ---------------------------------------------------------------------
+def test_static_argnums_are_keyed_by_value(x):
+    f = Counted(lambda a, n: a * n, static_argnums=1)
+    torch.testing.assert_close(f(x, 2), x * 2)
+    torch.testing.assert_close(f(x, 2), x * 2)
+    torch.testing.assert_close(f(x, 3), x * 3)
+    assert f.traces == 2
+
+
+def test_static_argnames_are_keyed_by_value(x):
+    f = Counted(lambda a, *, mode="sum": a.sum() if mode == "sum" else a.amax(), static_argnames="mode")
+    torch.testing.assert_close(f(x, mode="sum"), x.sum())
+    torch.testing.assert_close(f(x, mode="max"), x.amax())
+    f(x, mode="max")
+    assert f.traces == 2
+
+
+def test_static_argument_allows_python_control_flow_on_its_value(x):
+    f = tf.jit(lambda a, flag: a.sin() if flag else a.cos(), static_argnums=(1,))
+    torch.testing.assert_close(f(x, True), x.sin())
+    torch.testing.assert_close(f(x, False), x.cos())
+
+
+@pytest.mark.parametrize("options, call", [
+    (dict(static_argnums=1), lambda f, x: f(x, x)),
+    (dict(static_argnums=(1,)), lambda f, x: f(x, [1, x])),
+    (dict(static_argnames="n"), lambda f, x: f(x, n=x)),
+], ids=["argnum", "argnum-nested", "argname"])
+def test_tensor_passed_as_static_argument_is_a_type_error(options, call, x):
+    f = tf.jit(lambda a, n=1: a, **options)
+    with pytest.raises(TypeError, match="static argument"):
+        call(f, x)
+
+
+# -- non-tensor arguments --------------------------------------------------------------------
+class Unhashable:
+    __hash__ = None
+
+
+@pytest.mark.parametrize("value", [Unhashable(), {1, 2}, bytearray(b"ab")], ids=["object", "set", "bytearray"])
+def test_unhashable_non_tensor_argument_is_a_clear_type_error(value, x):
+    f = tf.jit(lambda a, v: a)
+    with pytest.raises(TypeError, match="not hashable") as info:
+        f(x, value)
+    assert "<lambda>" in str(info.value) and type(value).__name__ in str(info.value)
+
+
+def test_lists_and_dicts_of_numbers_are_pytrees_not_unhashable_leaves(x):
+    f = tf.jit(lambda a, sizes, opts: a.reshape(sizes) * opts["k"])
+    torch.testing.assert_close(f(x, [3, 2], {"k": 2.0}), x.reshape(3, 2) * 2.0)
+
+
+# -- outputs --------------------------------------------------------------------------------
+OUTPUTS = {
+    "tensor": lambda a, w: a * 2,
+    "tuple": lambda a, w: (a * 2, a + 1),
+    "list": lambda a, w: [a * 2, a + 1],
+    "dict": lambda a, w: {"y": a * 2, "z": a + 1},
+    "nested": lambda a, w: {"y": [a * 2, (a + 1, {"deep": a.exp()})], "n": None},
+    "namedtuple": lambda a, w: Pair(a * 2, a + 1),
+    "none": lambda a, w: None,
+    "numbers": lambda a, w: (3, 2.5, True, a.shape[0], "s"),
+    "shape": lambda a, w: a.shape,
+    "input": lambda a, w: a,
+    "input-in-tuple": lambda a, w: (a, a * 2, a),
+    "captured": lambda a, w: w,
+    "captured-and-computed": lambda a, w: (w, a @ w),
+    "dtype-device": lambda a, w: (a.dtype, a.device),
+}
+
+
+@pytest.mark.parametrize("fn", OUTPUTS.values(), ids=OUTPUTS.keys())
+def test_output_structure_and_values_match_eager(fn, x):
+    w = torch.randn(3, 4)
+    f = tf.jit(lambda a: fn(a, w))
+    for _ in range(2):  # the traced call and the cached call
+        got, want = f(x), fn(x, w)
+        got_leaves, got_spec = _flatten(got)
+        want_leaves, want_spec = _flatten(want)
+        assert got_spec == want_spec
+        for g, e in zip(got_leaves, want_leaves):
+            assert type(g) is type(e)
+            if isinstance(e, torch.Tensor):
+                torch.testing.assert_close(g, e)
+            else:
+                assert g == e
+
+
+def _flatten(tree):
+    import optree
+
+    return optree.tree_flatten(tree, none_is_leaf=True)
+
+
+def test_returning_an_input_returns_the_same_tensor_object(x):
+    f = tf.jit(lambda a, b: (a, b * 2))
+    for _ in range(2):
+        assert f(x, x)[0] is x
+
+
+def test_returning_a_captured_tensor_returns_it_by_reference(x):
+    w = torch.randn(3)
+    f = tf.jit(lambda a: w)
+    assert f(x) is w
+    assert f(x) is w
+
+
+def test_output_dict_keeps_insertion_order(x):
+    f = tf.jit(lambda a: {"b": a, "a": a + 1, "c": None})
+    assert list(f(x)) == ["b", "a", "c"]
+    assert list(f(x)) == ["b", "a", "c"]
+
+
+# -- nn.Module --------------------------------------------------------------------------------
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.5), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+
+
+def test_jit_of_module_returns_a_module_with_the_originals_parameters(model):
+    jm = tf.jit(model)
+    assert isinstance(jm, torch.nn.Module)
+    assert [n for n, _ in jm.named_parameters()] == [n for n, _ in model.named_parameters()]
+    assert all(p is q for p, q in zip(jm.parameters(), model.parameters()))
+    assert list(jm.state_dict()) == list(model.state_dict()) == ["0.weight", "0.bias", "3.weight", "3.bias"]
+
+
+def test_jit_of_module_in_eval_mode_matches_eager(model, x):
+    jm = tf.jit(model).eval()
+    assert not model.training
+    torch.testing.assert_close(jm(x), model(x))
+
+
+def test_train_and_eval_retrace_the_module(model, x):
+    model[1].p = 0.0  # dropout with p=0 traces in training mode
+    jm = tf.jit(model)
+    jm(x)
+    jm.eval()
+    jm(x)
+    assert tf.cache_info(jm)["entries"] == 2
+    jm.train()
+    jm(x)
+    assert tf.cache_info(jm)["entries"] == 2
+    assert model.training and jm.training
+
+
+def test_optimizer_step_on_jitted_module_is_seen_without_retracing(model, x):
+    model.eval()
+    jm = tf.jit(model)
+    opt = torch.optim.SGD(jm.parameters(), lr=0.5)
+    before = jm(x)
+    before.sum().backward()
+    opt.step()
+    after = jm(x)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, model(x))
+    assert tf.cache_info(jm)["entries"] == 1
+
+
+def test_jitted_module_gradients_match_eager(model, x):
+    model.eval()
+    jm = tf.jit(model)
+    jm(x).square().sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).square().sum().backward()
+    for g, p in zip(got, model.parameters()):
+        torch.testing.assert_close(g, p.grad)
+
+
+@pytest.mark.parametrize("convert", [lambda m: m.double(), lambda m: m.to(torch.float64)], ids=["double", "to"])
+def test_dtype_conversion_of_jitted_module_converts_the_originals_own_parameters(convert):
+    linear = torch.nn.Linear(3, 4)  # parameters directly on the module, no children
+    jm = tf.jit(linear)
+    jm(torch.randn(2, 3))
+    assert convert(jm) is jm
+    assert linear.weight.dtype is torch.float64
+    x64 = torch.randn(2, 3, dtype=torch.float64)
+    torch.testing.assert_close(jm(x64), linear(x64))
+
+
+def test_jitted_module_repr_shows_the_original():
+    assert "Linear(in_features=3" in repr(tf.jit(torch.nn.Linear(3, 4)))
+
+
+def test_last_traces_of_a_jitted_module(model, x):
+    jm = tf.jit(model.eval())
+    jm(x)
+    source = _source(jm)
+    compile(source, "<trace>", "exec")
+    # parameters and buffers are inputs of the computation, named after the parameters
+    signature = next(line for line in source.splitlines() if line.startswith("def computation("))
+    assert "params_0_weight" in signature and "params_0_bias" in signature
+
+
+# -- nesting ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("warm_inner", [False, True], ids=["cold-inner", "warm-inner"])
+def test_jit_inside_jit_traces_the_inner_function_into_the_outer_one(warm_inner, x):
+    inner = tf.jit(lambda a: a * 2)
+    if warm_inner:
+        inner(x)  # the inner fast cache now holds an entry for this signature
+    outer = tf.jit(lambda a: inner(a).sin() + 1)
+    torch.testing.assert_close(outer(x), (x * 2).sin() + 1)
+    torch.testing.assert_close(outer(x), (x * 2).sin() + 1)
+    names = [b.sym.name for b in tf.last_traces(outer)[0].bound_symbols]
+    assert names == ["mul", "sin", "add"]
+
+
+def test_trace_of_a_jitted_function_is_its_computation(x):
+    jf = tf.jit(lambda a: a.exp())
+    assert [b.sym.name for b in tf.trace(jf, x).bound_symbols] == ["exp"]
+
+
+# -- generated code cannot be broken by user names ------------------------------------------
+def _generated_names_are_safe(jf):
+    source = _source(jf)
+    tree = ast.parse(source)
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert all(n.col_offset == 0 and n.lineno <= 6 for n in imports), "imports only in the header"
+    (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    return source, fn
+
+
+def test_kwarg_key_that_looks_like_code_is_not_injected(x):
+    jf = tf.jit(lambda **kw: kw["x; import os"] + kw["y"])
+    torch.testing.assert_close(jf(**{"x; import os": x, "y": x}), x + x)
+    source, fn = _generated_names_are_safe(jf)
+    code = [ln for ln in source.splitlines() if not ln.lstrip().startswith("#")]
+    assert not any("import os" in ln for ln in code)
+    assert all(a.arg.isidentifier() for a in fn.args.args)
+
+
+def test_dict_keys_that_look_like_code_are_data(x):
+    evil = "'); import os; print('pwned"
+    jf = tf.jit(lambda d: {evil: d[evil] * 2})
+    out = jf({evil: x})
+    torch.testing.assert_close(out[evil], x * 2)
+    source, _ = _generated_names_are_safe(jf)
+    assert "import os" not in "\n".join(ln for ln in source.splitlines() if not ln.lstrip().startswith("#")
+                                        and evil not in ln.replace("\\'", "'"))
+
+
+def test_string_argument_that_looks_like_code_is_a_literal(x):
+    jf = tf.jit(lambda a, s: (a * len(s), s))
+    out, s = jf(x, "'); import os #\n")
+    assert s == "'); import os #\n"
+    _generated_names_are_safe(jf)
+
+
+@pytest.mark.parametrize("name", ["torch", "prims", "ltorch", "computation", "tree_unflatten", "_out_spec0",
+                                  "print", "len", "__builtins__", "t0"])
+def test_parameter_named_like_a_generated_code_global_still_works(name, x):
+    ns = {}
+    exec(f"def fn({name}, other):\n    return Pair({name} * 2, other + 1)", {"Pair": Pair}, ns)
+    jf = tf.jit(ns["fn"])
+    for _ in range(2):
+        out = jf(x, x)
+        assert type(out) is Pair
+        torch.testing.assert_close(out.a, x * 2)
+        torch.testing.assert_close(out.b, x + 1)
+    source, fn = _generated_names_are_safe(jf)
+    assert "torch" not in [a.arg for a in fn.args.args]
+
+
+def test_tensor_made_at_trace_time_is_a_fresh_tensor_on_every_call(x):
+    f = tf.jit(lambda a: (a + 1, torch.tensor([1.0, 2.0])))
+    first = f(x)[1]
+    first.add_(10)  # the caller owns what it gets back, as in eager
+    torch.testing.assert_close(f(x)[1], torch.tensor([1.0, 2.0]))
+    assert f(x)[1] is not f(x)[1]

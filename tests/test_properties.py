@@ -1,0 +1,83 @@
+"""Laws the core must satisfy on randomly drawn inputs and programs."""
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import thunderfn as tf
+from thunderfn.clang import broadcast_shapes
+from thunderfn.core import dtypes
+from thunderfn.testing import strategies as tst
+
+
+def _eager_or_none(fn, *args):
+    try:
+        return fn(*args)
+    except RuntimeError:  # a program invalid for these shapes (e.g. broadcasting after a reduction)
+        return None
+
+
+@given(tst.programs(), tst.program_inputs())
+def test_jit_of_program_equals_program(program, inputs):
+    """jit(f)(x) == f(x) for random programs."""
+    expected = _eager_or_none(program, *inputs)
+    assume(expected is not None)
+    torch.testing.assert_close(tf.jit(program)(*inputs), expected, equal_nan=True)
+
+
+@given(tst.programs(), tst.program_inputs())
+def test_decomposition_of_program_equals_program(program, inputs):
+    """Running every torch symbol as its prims gives torch's values."""
+    expected = _eager_or_none(program, *inputs)
+    assume(expected is not None)
+    decomposed = tf.jit(program, executors=["torch_prims"], fallback=False)
+    torch.testing.assert_close(decomposed(*inputs), expected, equal_nan=True, atol=1e-5, rtol=1e-4)
+
+
+@given(tst.programs(), tst.program_inputs())
+def test_execution_trace_source_reruns_to_same_values(program, inputs):
+    """The printed execution trace is the program: compiling str(trace) again reproduces the output."""
+    expected = _eager_or_none(program, *inputs)
+    assume(expected is not None)
+    jf = tf.jit(program)
+    jf(*inputs)
+    rerun = tf.last_traces(jf)[-1].python_callable()
+    torch.testing.assert_close(rerun(*inputs), expected, equal_nan=True)
+
+
+def _operand(kind, dtype, seed):
+    if kind == "scalar":
+        return {torch.bool: True, torch.float64: 2.5, torch.float32: -1.5}.get(dtype, 3)
+    return tst.make((2,) if kind == "dims" else (), dtype, seed)
+
+
+@given(st.sampled_from(["dims", "zerodim", "scalar"]), st.sampled_from(tst.ALL_DTYPES),
+       st.sampled_from(["dims", "zerodim", "scalar"]), st.sampled_from(tst.ALL_DTYPES))
+def test_result_type_matches_torch(kind_a, dtype_a, kind_b, dtype_b):
+    """dtypes.result_type(a, b) == torch.result_type(a, b) over tensors with dims, 0-dim tensors and scalars."""
+    a, b = _operand(kind_a, dtype_a, 0), _operand(kind_b, dtype_b, 1)
+    assume(isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor))
+    assert dtypes.result_type(a, b) == torch.result_type(a, b)
+
+
+@given(tst.shapes(max_dims=4).flatmap(lambda s: st.tuples(st.just(s), tst.broadcastable_to(s))))
+def test_broadcast_shapes_matches_torch(shapes):
+    assert broadcast_shapes(*shapes) == tuple(torch.broadcast_shapes(*shapes))
+
+
+@given(tst.tensors(shape=(3, 4)), tst.python_scalars())
+def test_jit_with_python_scalar_matches_eager(x, s):
+    """Scalars promote exactly as in torch: jit(lambda x: x * s + s)(x) == eager, dtype included."""
+    fn = lambda x: x * s + s  # noqa: E731
+    torch.testing.assert_close(tf.jit(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@given(data=st.data())
+def test_half_precision_composites_round_once_like_torch(dtype, data):
+    """Composite ops on f16/bf16 compute in f32 and round once, so the decomposition matches torch."""
+    x = data.draw(tst.tensors(shape=(4, 5), dtypes=(dtype,)))
+    for fn in (torch.nn.functional.gelu, lambda t: torch.softmax(t, -1), torch.sigmoid,
+               lambda t: torch.nn.functional.layer_norm(t, (5,))):
+        decomposed = tf.jit(fn, executors=["torch_prims"], fallback=False)
+        torch.testing.assert_close(decomposed(x), fn(x))

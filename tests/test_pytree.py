@@ -1,0 +1,133 @@
+"""Pytrees (core/pytree.py): any nesting of tuples, lists, dicts, namedtuples, None and
+registered classes goes into and comes out of traced functions unchanged."""
+import collections
+
+import optree
+import pytest
+import torch
+
+import thunderfn as tf
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+class Point:
+    """A user class made traversable with tf.register_pytree_node; `tag` is static."""
+
+    def __init__(self, x, y, tag="p"):
+        self.x, self.y, self.tag = x, y, tag
+
+
+tf.register_pytree_node(Point, lambda p: ((p.x, p.y), p.tag), lambda tag, children: Point(*children, tag=tag))
+
+
+def _t(*shape):
+    return torch.randn(*shape)
+
+
+# One list of trees parametrizes every test (as optree's and equinox's tests do).
+TREES = {
+    "tensor": lambda: _t(2),
+    "tuple": lambda: (_t(2), _t(3)),
+    "list": lambda: [_t(2), _t(2), _t(1)],
+    "dict": lambda: {"w": _t(2, 2), "b": _t(2)},
+    "namedtuple": lambda: Pair(_t(2), _t(2)),
+    "none-leaf": lambda: (_t(2), None),
+    "empty-containers": lambda: ((), [], {}, _t(1)),
+    "nested": lambda: {"layers": [Pair(_t(2), None), Pair(_t(3), (_t(1),))], "scale": (_t(1), {"z": [_t(2)]})},
+    "registered": lambda: Point(_t(2), _t(2), tag="start"),
+    "registered-nested": lambda: [Point(Pair(_t(1), _t(1)), {"k": _t(2)}), None],
+    "ordered-dict": lambda: collections.OrderedDict(b=_t(1), a=_t(2)),
+    "with-numbers": lambda: {"t": _t(2), "n": 3, "f": 0.5, "s": "name"},
+}
+
+
+def _double(tree):
+    """What the traced functions compute: every tensor doubled, the structure kept."""
+    return optree.tree_map(lambda v: v * 2 if isinstance(v, torch.Tensor) else v, tree, namespace="thunderfn")
+
+
+def _assert_trees_equal(got, want):
+    got_leaves, got_spec = optree.tree_flatten(got, none_is_leaf=True, namespace="thunderfn")
+    want_leaves, want_spec = optree.tree_flatten(want, none_is_leaf=True, namespace="thunderfn")
+    assert got_spec == want_spec
+    for g, w in zip(got_leaves, want_leaves):
+        assert type(g) is type(w)
+        if isinstance(w, torch.Tensor):
+            torch.testing.assert_close(g, w)
+        else:
+            assert g == w
+    if isinstance(want, Point):
+        assert got.tag == want.tag
+
+
+def _tree_map_tensors(fn, tree):
+    # while tracing, leaves are TensorProxy objects, which are not torch.Tensor instances
+    return optree.tree_map(lambda v: fn(v) if isinstance(v, (torch.Tensor, tf.TensorProxy)) else v, tree,
+                           namespace="thunderfn")
+
+
+@pytest.fixture(params=TREES.values(), ids=TREES.keys())
+def tree(request):
+    torch.manual_seed(0)
+    return request.param()
+
+
+def test_jit_takes_and_returns_any_pytree(tree):
+    f = tf.jit(lambda t: _tree_map_tensors(lambda v: v * 2, t))
+    for _ in range(2):
+        _assert_trees_equal(f(tree), _double(tree))
+
+
+def test_trace_inputs_are_the_tensor_leaves_of_the_pytree(tree):
+    trc = tf.trace(lambda t: _tree_map_tensors(lambda v: v * 2, t), tree)
+    tensors = [v for v in optree.tree_leaves(tree, namespace="thunderfn") if isinstance(v, torch.Tensor)]
+    assert [tuple(a.shape) for a in trc.args] == [tuple(t.shape) for t in tensors]
+    compile(str(trc), "<trace>", "exec")
+
+
+def test_pytree_output_of_computation_trace_round_trips(tree):
+    fn = lambda t: _tree_map_tensors(lambda v: v + 1, t)  # noqa: E731
+    trc = tf.trace(fn, tree)
+    tensors = [v for v in optree.tree_leaves(tree, namespace="thunderfn") if isinstance(v, torch.Tensor)]
+    _assert_trees_equal(trc.python_callable()(*tensors), fn(tree))
+
+
+def test_pytree_can_be_passed_as_keyword_argument(tree):
+    f = tf.jit(lambda *, t: _tree_map_tensors(lambda v: v * 2, t))
+    _assert_trees_equal(f(t=tree), _double(tree))
+
+
+def test_registered_class_static_data_is_part_of_the_signature():
+    count = []
+
+    def fn(p):
+        count.append(1)
+        return Point(p.x + p.y, p.y, tag=p.tag + "!")
+
+    f = tf.jit(fn)
+    a = torch.ones(2)
+    assert f(Point(a, a, "u")).tag == "u!"
+    assert f(Point(a, a, "u")).tag == "u!"
+    assert f(Point(a, a, "v")).tag == "v!"
+    assert len(count) == 2
+
+
+def test_registered_class_comes_out_as_an_instance_of_the_class():
+    f = tf.jit(lambda a: Point(a, a * 3, tag="made"))
+    out = f(torch.ones(2))
+    assert type(out) is Point and out.tag == "made"
+    torch.testing.assert_close(out.y, torch.full((2,), 3.0))
+
+
+def test_none_in_arguments_is_structure_not_a_value():
+    f = tf.jit(lambda a, maybe: a if maybe is None else a + maybe)
+    x = torch.ones(2)
+    torch.testing.assert_close(f(x, None), x)
+    torch.testing.assert_close(f(x, x), x + x)
+
+
+def test_namedtuple_field_access_works_while_tracing():
+    f = tf.jit(lambda p: p.a * p.b)
+    x = torch.randn(3)
+    torch.testing.assert_close(f(Pair(x, x)), x * x)
