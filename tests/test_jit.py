@@ -445,3 +445,27 @@ def test_tensor_made_at_trace_time_is_a_fresh_tensor_on_every_call(x):
     first.add_(10)  # the caller owns what it gets back, as in eager
     torch.testing.assert_close(f(x)[1], torch.tensor([1.0, 2.0]))
     assert f(x)[1] is not f(x)[1]
+
+
+# -- torch state changed by the traced code ---------------------------------------------------
+def test_no_grad_block_inside_jit_gives_eager_gradients():
+    """`with torch.no_grad()` in the traced function is recorded, so gradients stop where eager's do."""
+    def f(x, w):
+        h = x * w
+        with torch.no_grad():
+            scale = h.sum()
+        return h * scale
+
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    jf = tf.jit(f)
+    (grad_jit,) = torch.autograd.grad(jf(x, w).sum(), w)
+    (grad_eager,) = torch.autograd.grad(f(x, w).sum(), w)
+    torch.testing.assert_close(grad_jit, grad_eager)
+    assert torch.is_grad_enabled()  # the compiled function restores the caller's mode
+    assert "torch._C._set_grad_enabled(False)" in str(tf.last_traces(jf)[-1])
+
+
+def test_tracing_under_autocast_is_refused():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(tf.UnsupportedOpError, match="autocast"):
+            tf.jit(lambda x: x @ x)(torch.randn(2, 2))

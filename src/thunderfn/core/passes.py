@@ -1,13 +1,9 @@
 """Trace-to-trace passes: dead-code elimination and delete-last-used."""
 from __future__ import annotations
 
-from thunderfn.core.printing import printer_del
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
-from thunderfn.core.symbol import Symbol
-
-# `del a, b`: frees intermediates as soon as their last reader has run.
-python_del = Symbol("del", "python.del", is_prim=True, printer=printer_del, tags=frozenset({"no_dce"}))
+from thunderfn.core.statements import python_del
 
 
 def _output_names(trc) -> set:

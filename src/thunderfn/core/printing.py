@@ -213,12 +213,3 @@ def compile_trace(trc):
     fn = globals_[trc.def_name]
     fn.__thunderfn_source__ = source
     return fn
-
-
-def printer_del(bsym, ns) -> str:
-    return "del " + ", ".join(p.name for p in bsym.args)
-
-
-def printer_alias(bsym, ns) -> str:
-    return f"{bsym.output.name} = {format_value(bsym.args[0], ns)}"
-

@@ -15,6 +15,7 @@ import torch
 
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.statements import set_grad_enabled
 from thunderfn.core.pytree import tree_flatten_with_path, tree_unflatten
 
 
@@ -32,10 +33,13 @@ class Trace:
         self.symbol_depth = 0
         self._constants: dict[int, TensorProxy] = {}
         self.created: dict[int, torch.Tensor] = {}  # tensors made at trace time (torch.tensor([...]))
+        self.grad_enabled = torch.is_grad_enabled()  # grad mode the recorded statements run under
 
     # -- building -------------------------------------------------------------------
     def record(self, sym, args, kwargs):
         """Record a call of sym; returns its output proxies."""
+        if not self.symbol_depth and len(self._scopes) == 1:
+            self.sync_grad_mode()
         self.symbol_depth += 1
         try:
             if sym.is_prim:
@@ -56,6 +60,14 @@ class Trace:
         _inherit_origin(bsym)
         self._scopes[-1].append(bsym)
         return out
+
+    def sync_grad_mode(self) -> None:
+        """Record a switch of torch's grad mode made by the traced code (torch.no_grad()
+        blocks), so the compiled function switches at the same point on every call."""
+        enabled = torch.is_grad_enabled()
+        if enabled != self.grad_enabled:
+            self.bound_symbols.append(set_grad_enabled.bind(enabled, output=None))
+            self.grad_enabled = enabled
 
     def emit(self, bsym) -> None:
         self._scopes[-1].append(bsym)
@@ -208,11 +220,13 @@ def trace(fn, *args, **kwargs) -> Trace:
     """
     start = time.perf_counter_ns()
     trc = Trace(getattr(fn, "__name__", "computation"))
+    _refuse_autocast(trc.fn_name)
     rng_before = _rng_fingerprint()
     with tracing(trc):
         p_args, p_kwargs = proxify_inputs(trc, fn, args, kwargs)
         out = fn(*p_args, **p_kwargs)
         trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
+        trc.sync_grad_mode()  # back to the caller's mode if the function switched it
     if not _same_rng(rng_before, _rng_fingerprint()):
         from thunderfn.errors import UnsupportedOpError
 
@@ -237,3 +251,19 @@ def _only_passes_through(out, args, kwargs) -> bool:
               if isinstance(x, TensorProxy)}
     return all(id(x) in inputs for x in optree.tree_leaves(out, none_is_leaf=True, namespace="thunderfn")
                if isinstance(x, TensorProxy))
+
+
+def _refuse_autocast(fn_name: str) -> None:
+    """Autocast changes dtypes op by op at run time; a trace that did not model it would
+    carry the wrong dtypes into every decomposition after the first autocast op."""
+    for device_type in ("cpu", "cuda"):
+        try:
+            enabled = torch.is_autocast_enabled(device_type)
+        except (TypeError, RuntimeError):
+            continue
+        if enabled:
+            from thunderfn.errors import UnsupportedOpError
+
+            raise UnsupportedOpError(
+                f"'{fn_name}' is being traced under torch.autocast('{device_type}'), which thunderfn does not model "
+                f"yet. Cast explicitly inside the function (x.to(torch.bfloat16)) or call it outside autocast.")

@@ -10,11 +10,9 @@ from __future__ import annotations
 from thunderfn.core import context
 from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.statements import python_alias
 from thunderfn.core.symbol import BoundSymbol, Symbol
-from thunderfn.core.printing import printer_alias
 
-# `t1 = t0`: when a lowering returns one of its inputs as an output
-python_alias = Symbol("alias", "python.alias", is_prim=True, printer=printer_alias)
 
 
 def _claim(bsym, executors):
@@ -78,8 +76,6 @@ def lower_bsyms(bsyms, executors) -> list:
         if bsym.subsymbols:
             out.extend(lower_bsyms(bsym.subsymbols, executors))
             continue
-        if not bsym.sym.is_prim and {o.name for o in bsym.proxy_outs()} <= {a.name for a in bsym.proxy_args()}:
-            continue  # an empty decomposition (x.contiguous(), x.squeeze() of no size-1 dim): its outputs are its inputs
         tried = ", ".join(ex.name for ex in executors) or "none"
         raise RuntimeError(f"Could not find executor for bound symbol:\n  {bsym}\nExecutors tried (in priority order): "
                            f"{tried}. Add an executor that implements {bsym.sym.print_name}, or keep the torch "
