@@ -155,14 +155,14 @@ def _fast_dispatcher(arities, fast_cache, call_slow):
                   f"            {', '.join(names) + ',' if names else '_'} = args" if names else "            pass",
                   "            try:",
                   f"                compiled = fast_cache.get((is_grad_enabled(), get_default_dtype(), {key}))",
-                  "            except AttributeError:",
+                  "            except (AttributeError, TypeError):",
                   "                compiled = None",
                   "            if compiled is not None and not tracing.stack:",
                   f"                return compiled({', '.join(names)})",
                   "            return call_slow(args, kwargs)"]
     lines += ["        try:",
               "            compiled = fast_cache.get(fast_key(args))",
-              "        except AttributeError:",
+              "        except (AttributeError, TypeError):",
               "            compiled = None",
               "        if compiled is not None and not tracing.stack:",
               "            return compiled(*args)",
@@ -184,9 +184,10 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     order; None means the defaults; the torch executor is appended unless
     `fallback=False`), generate Python once and cache it.
 
-    Non-tensor arguments are baked in and keyed by value (like JAX static arguments);
-    `static_argnums`/`static_argnames` additionally promise those arguments hold no
-    tensors and keep them whole instead of flattening them.
+    Non-tensor arguments are baked in and keyed by value, so every non-tensor argument
+    already behaves like a JAX static argument. `static_argnums`/`static_argnames`
+    check that those arguments hold no tensors (a tensor there would be baked in by
+    value, which is never what the caller wants) and keep calls on the general path.
     """
     if isinstance(fn, torch.nn.Module):
         from thunderfn.module import jit_module

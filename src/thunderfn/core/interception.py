@@ -145,7 +145,9 @@ def dispatch(func, args, kwargs):
         if isinstance(result, torch.Tensor):  # a fresh tensor on every eager call: see trace()
             trc.created[id(result)] = result
         return result
-    if name.rsplit(".", 1)[-1].endswith("_") or name.endswith(("__iadd__", "__isub__", "__imul__", "__itruediv__", "__setitem__")):
+    short = name.rsplit(".", 1)[-1]
+    # `add_` is in place; a dunder like `__rlshift__` ends in `_` too but is not
+    if (short.endswith("_") and not short.startswith("__")) or name.endswith(("__iadd__", "__isub__", "__imul__", "__itruediv__", "__setitem__")):
         raise UnsupportedOpError(
             f"{name} mutates a tensor in place, which thunderfn does not trace yet. "
             f"Write the out-of-place form instead (x = x + y rather than x += y; torch.where for masked writes)."

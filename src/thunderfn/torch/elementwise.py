@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from thunderfn import clang, prims
-from thunderfn.clang import Promotion, is_tensor, maybe_convert_to_dtype
+from thunderfn.clang import is_tensor, maybe_convert_to_dtype
 from thunderfn.core import dtypes
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import check, check_dtype_supported
@@ -42,8 +42,9 @@ for _name in clang._INT_TO_FLOAT_UNARY + "floor ceil trunc sign signbit isfinite
 
 @torchsymbol(torch.neg, T.neg)
 def neg(a):
-    check(a.dtype is not torch.bool, lambda: "Negation, the `-` operator, on a bool tensor is not supported. "
-                                             "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+    check(a.dtype is not torch.bool,
+          lambda: "Negation, the `-` operator, on a bool tensor is not supported. "
+                  "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
     return clang.neg(a)
 
 
@@ -152,7 +153,8 @@ def _is_bool(x) -> bool:
 def sub(a, b, *, alpha=1):
     _check_operands("sub", a, b)
     check(not (_is_bool(a) and _is_bool(b)),
-          lambda: "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.")
+          lambda: "Subtraction, the `-` operator, with two bool tensors is not supported. "
+                  "Use the `^` or `logical_xor()` operator instead.")
     check(not (_is_bool(a) or _is_bool(b)),
           lambda: "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a mask, "
                   "use the `~` or `logical_not()` operator instead.")
@@ -226,6 +228,15 @@ def nextafter(a, b):
     return clang.nextafter(a, b)
 
 
+def _binary_body(name, clang_fn, *, number_input=True, number_other=True):
+    """The body of a binary symbol that is its clang function behind torch's argument checks."""
+    def body(a, b):
+        _check_operands(name, a, b, number_input=number_input, number_other=number_other)
+        return clang_fn(a, b)
+
+    return body
+
+
 # (name, extra torch callables, may `input` be a number, may `other` be a number), as torch's signatures say
 for _name, _extra, _number_input, _number_other in (
         ("maximum", (), False, False), ("minimum", (), False, False), ("atan2", (T.arctan2, torch.arctan2), False, False),
@@ -233,15 +244,13 @@ for _name, _extra, _number_input, _number_other in (
         ("bitwise_xor", (T.__xor__,), True, True), ("bitwise_left_shift", (T.__lshift__,), True, True),
         ("bitwise_right_shift", (T.__rshift__,), True, True)):
     _export(torchsymbol(*_torch_callables(_name, *_extra), name=_name)(
-        lambda a, b, _f=getattr(clang, _name), _n=_name, _ni=_number_input, _no=_number_other:
-            _check_operands(_n, a, b, number_input=_ni, number_other=_no) or _f(a, b)))
+        _binary_body(_name, getattr(clang, _name), number_input=_number_input, number_other=_number_other)))
 
 for _name, _dunder, _aliases in (("eq", "__eq__", ()), ("ne", "__ne__", ("not_equal",)), ("lt", "__lt__", ("less",)),
                                  ("le", "__le__", ("less_equal",)), ("gt", "__gt__", ("greater",)),
                                  ("ge", "__ge__", ("greater_equal",))):
     _fns = _torch_callables(_name, getattr(T, _dunder), *(f for al in _aliases for f in _torch_callables(al)))
-    _export(torchsymbol(*_fns, name=_name)(
-        lambda a, b, _f=getattr(clang, _name), _n=_name: _check_operands(_n, a, b, number_input=False) or _f(a, b)))
+    _export(torchsymbol(*_fns, name=_name)(_binary_body(_name, getattr(clang, _name), number_input=False)))
 
 
 @torchsymbol(torch.logical_and, T.logical_and)
@@ -268,11 +277,12 @@ def where(condition, input=None, other=None):
     check(input is not None and other is not None,
           lambda: "torch.where(condition) returns data-dependent shapes; thunderfn supports torch.where(condition, input, other)",
           UnsupportedOpError)
-    check(is_tensor(condition), lambda: f"where(): argument 'condition' (position 1) must be Tensor, not {type(condition).__name__}",
-          TypeError)
+    check(is_tensor(condition),
+          lambda: f"where(): argument 'condition' (position 1) must be Tensor, not {type(condition).__name__}", TypeError)
     # torch still takes uint8 conditions (with a deprecation warning); anything else is an error
     check(condition.dtype in (torch.bool, torch.uint8),
-          lambda: f"where expected condition to be a boolean tensor, but got a tensor with dtype {prims.scalar_type_name(condition.dtype)}")
+          lambda: f"where expected condition to be a boolean tensor, but got a tensor with dtype "
+                  f"{prims.scalar_type_name(condition.dtype)}")
     return clang.where(condition, input, other)
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from thunderfn import clang, prims
-from thunderfn.clang import is_tensor, keepdim_reshape, maybe_convert_to_dtype
+from thunderfn.clang import keepdim_reshape, maybe_convert_to_dtype
 from thunderfn.core import dtypes
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check

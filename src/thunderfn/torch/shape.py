@@ -264,9 +264,9 @@ def unflatten(a, dim, sizes):
     sizes = tuple(sizes)
     check(len(sizes) > 0, lambda: "unflatten: sizes must be non-empty")
     check(sizes.count(-1) <= 1, lambda: "unflatten got an unexpected error:\nonly one dimension can be inferred")
-    known = torch.Size(s for s in sizes if s != -1).numel()
-    check(known * (a.shape[d] // known if known and -1 in sizes else 1) == a.shape[d],
-          lambda: f"unflatten: Provided sizes {list(sizes)} don't multiply up to the size of dim {dim} ({a.shape[d]}) in the input tensor")
+    n, known = a.shape[d], torch.Size(s for s in sizes if s != -1).numel()
+    check(n % known == 0 if -1 in sizes and known else known == n,
+          lambda: f"unflatten: Provided sizes {list(sizes)} don't multiply up to the size of dim {dim} ({n}) in the input tensor")
     sizes = clang.infer_shape(sizes, a.shape[d])
     return clang.reshape(a, tuple(a.shape[:d]) + sizes + tuple(a.shape[d + 1:]))
 
@@ -338,10 +338,6 @@ for _method, _dtype in (("float", torch.float32), ("double", torch.float64), ("h
                         ("cdouble", torch.complex128)):
     if hasattr(T, _method):
         register_alias(getattr(T, _method), lambda a, memory_format=None, _d=_dtype: to(a, _d))
-
-
-def _device_alias(device):
-    return lambda a, *args, **kwargs: to(a, device)
 
 
 register_alias(T.cpu, lambda a, memory_format=None: to(a, "cpu"))

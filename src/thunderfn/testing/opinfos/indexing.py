@@ -10,7 +10,7 @@ import operator
 import torch
 
 from thunderfn.errors import UnsupportedOpError
-from thunderfn.testing.opinfo import ALL, ErrorInput, OpInfo, SampleInput, make_tensor
+from thunderfn.testing.opinfo import ALL, OpInfo, SampleInput, make_tensor
 from thunderfn.testing.opinfos.shape import SOME, err, maker, method, x234
 
 ALL_SLICE = slice(None)

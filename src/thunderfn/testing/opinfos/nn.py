@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.testing.opinfo import ALL, FLOATS, OpInfo, SampleInput, make_tensor
-from thunderfn.testing.opinfos.shape import SOME, err, maker, method
+from thunderfn.testing.opinfos.shape import SOME, err, method
 
 MATMUL_DTYPES = FLOATS + (torch.int64, torch.int32)
 HALF = (torch.bfloat16, torch.float16)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from thunderfn.errors import ConcretizationError, UnsupportedOpError
-from thunderfn.testing.opinfo import ALL, FLOATS, ErrorInput, OpInfo, SampleInput, make_tensor
+from thunderfn.testing.opinfo import ALL, ErrorInput, OpInfo, SampleInput, make_tensor
 
 CPU = torch.device("cpu")
 SOME = (torch.float32, torch.int64, torch.bool)  # for extra spellings of an op already covered on ALL
