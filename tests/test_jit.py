@@ -367,7 +367,7 @@ def test_last_traces_of_a_jitted_module(model, x):
     compile(source, "<trace>", "exec")
     # parameters and buffers are inputs of the computation, named after the parameters
     signature = next(line for line in source.splitlines() if line.startswith("def computation("))
-    assert "params_0_weight" in signature and "params_0_bias" in signature
+    assert "p_0_weight" in signature and "p_0_bias" in signature  # model[0].weight, model[0].bias
 
 
 # -- nesting ---------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """jit of an nn.Module: a module whose forward runs the original one's through jit.
 
-Parameters and buffers are inputs on every call (a dict of each, as in
-torch.func.functional_call), so optimizer steps, `load_state_dict` and dtype or
-device changes are all seen, the last by retracing. train()/eval() picks one of two
+Parameters and buffers are inputs on every call (passed positionally, one input
+each, named after them in traces), so optimizer steps, `load_state_dict`, a new
+Parameter assigned to an attribute and dtype or device changes are all seen, the
+last two by retracing. train()/eval() picks one of two
 jitted functions, since the mode changes what forward traces. Everything else
 (parameters(), state_dict(), attribute access) is the original module's, unprefixed.
 """
@@ -41,18 +42,45 @@ def _substituted(module: torch.nn.Module, params: dict, buffers: dict):
             table[attr] = tensor
 
 
-def _signature_with_state(module: torch.nn.Module) -> inspect.Signature:
-    """(params, buffers, <forward's own parameters>)."""
-    state = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in ("params", "buffers")]
+def _state_slots(module: torch.nn.Module, named) -> list:
+    """(table, key) for each of the module's parameters or buffers, in named order, so a
+    call reads the current tensors with one dict lookup each (a Parameter replaced by
+    assignment is seen; adding parameters or submodules after jit needs a new jit)."""
+    slots = []
+    for name, _ in named():
+        owner_name, _, attr = name.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        slots.append((owner._parameters if attr in owner._parameters else owner._buffers, attr))
+    return slots
+
+
+def _identifier(name: str, taken: set) -> str:
+    base = "".join(c if c.isalnum() else "_" for c in name)
+    base = base if base.isidentifier() and not base.startswith("__") else f"p_{base}"
+    unique, n = base, 0
+    while unique in taken:
+        n += 1
+        unique = f"{base}_{n}"
+    taken.add(unique)
+    return unique
+
+
+def _forward_signature(module: torch.nn.Module, state_names: list) -> inspect.Signature:
+    """(<one positional parameter per parameter/buffer>, <forward's own parameters>), so
+    traces name inputs `wte_weight`, `idx` and calls of all tensors take jit's fast path."""
     try:
-        own = [p for p in inspect.signature(module.forward).parameters.values() if p.name not in ("params", "buffers")]
+        own = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):
         own = [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
                inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
+    taken = {p.name for p in own}
+    state = [inspect.Parameter(_identifier(n, taken), inspect.Parameter.POSITIONAL_ONLY) for n in state_names]
+    own = [p.replace(kind=inspect.Parameter.POSITIONAL_ONLY) if p.kind is p.POSITIONAL_OR_KEYWORD else p for p in own]
     try:
         return inspect.Signature(state + own)
-    except ValueError:  # forward's own parameters cannot follow positional-only ones (never for plain forwards)
-        return inspect.Signature(state + [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)])
+    except ValueError:  # e.g. keyword-only parameters before defaults: fall back to the generic form
+        return inspect.Signature(state + [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+                                          inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
 
 
 class ThunderModule(torch.nn.Module):
@@ -63,6 +91,7 @@ class ThunderModule(torch.nn.Module):
         self._thunderfn_options = jit_options
         self._thunderfn_jitted = {}  # training flag -> jitted forward
         self._thunderfn_state = None  # the most recently used jitted forward's state (for last_traces)
+        self._thunderfn_slots = None
 
     @property
     def module(self) -> torch.nn.Module:
@@ -74,21 +103,29 @@ class ThunderModule(torch.nn.Module):
             from thunderfn.jit import jit
 
             module = self.module
+            param_names = [n for n, _ in module.named_parameters()]
+            buffer_names = [n for n, _ in module.named_buffers()]
+            n_params, n_state = len(param_names), len(param_names) + len(buffer_names)
 
-            def forward(params, buffers, *args, **kwargs):
+            def forward(*state_and_args, **kwargs):
+                params = dict(zip(param_names, state_and_args[:n_params]))
+                buffers = dict(zip(buffer_names, state_and_args[n_params:n_state]))
                 with _substituted(module, params, buffers):
-                    return module(*args, **kwargs)
+                    return module(*state_and_args[n_state:], **kwargs)
 
             forward.__name__ = forward.__qualname__ = f"{type(module).__name__}.forward"  # named in error messages
-            forward.__signature__ = _signature_with_state(module)  # so traces name inputs as forward does
+            forward.__signature__ = _forward_signature(module, param_names + buffer_names)
             jitted = self._thunderfn_jitted[training] = jit(forward, **self._thunderfn_options)
         return jitted
 
     def forward(self, *args, **kwargs):
         module = self.module
+        if self._thunderfn_slots is None:
+            self._thunderfn_slots = (_state_slots(module, module.named_parameters) +
+                                     _state_slots(module, module.named_buffers))
         jitted = self._jitted(module.training)
         self._thunderfn_state = jitted._thunderfn_state
-        return jitted(dict(module.named_parameters()), dict(module.named_buffers()), *args, **kwargs)
+        return jitted(*[table[key] for table, key in self._thunderfn_slots], *args, **kwargs)
 
     def named_parameters(self, *args, **kwargs):
         return self.module.named_parameters(*args, **kwargs)
