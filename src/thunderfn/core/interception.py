@@ -145,24 +145,15 @@ def dispatch(func, args, kwargs):
         if isinstance(result, torch.Tensor):  # a fresh tensor on every eager call: see trace()
             trc.created[id(result)] = result
         return result
-    short = name.rsplit(".", 1)[-1]
-    # `add_` is in place; a dunder like `__rlshift__` ends in `_` too but is not
-    if (short.endswith("_") and not short.startswith("__")) or name.endswith(("__iadd__", "__isub__", "__imul__", "__itruediv__", "__setitem__")):
+    from thunderfn.torch.opaque import is_in_place, run_opaque
+
+    if is_in_place(func):
         raise UnsupportedOpError(
             f"{name} mutates a tensor in place, which thunderfn does not trace yet. "
             f"Write the out-of-place form instead (x = x + y rather than x += y; torch.where for masked writes)."
         )
-    if any(w in name.rsplit(".", 1)[-1] for w in _RANDOM_WORDS):
-        raise UnsupportedOpError(
-            f"{name} draws random numbers (or reseeds), called while tracing '{trc.fn_name}'; thunderfn does not "
-            f"trace randomness yet, and running it once at trace time would repeat one draw on every call. "
-            f"Draw the numbers outside the jitted function and pass them in as an argument."
-        )
-    raise UnsupportedOpError(
-        f"thunderfn has no symbol for {name}, called while tracing '{trc.fn_name}'. "
-        f"Call it outside the jitted function, or add a decomposition with "
-        f"@thunderfn.torch.torchsymbol({name})."
-    )
+    # The fallback ladder's second rung: torch runs it at run time; meta tensors give its shapes.
+    return run_opaque(func, lift_constants(args), lift_constants(kwargs))
 
 
 def method(proxy: TensorProxy, name: str):

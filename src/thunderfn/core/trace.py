@@ -206,11 +206,29 @@ def _lift_output(trc: Trace, x):
 
 
 def _rng_fingerprint() -> tuple:
-    return torch.initial_seed(), torch.random.get_rng_state()
+    get_state = torch.random.get_rng_state
+    get_state = getattr(get_state, "__thunderfn_original__", get_state)  # not the recording wrapper
+    return torch.initial_seed(), get_state()
 
 
 def _same_rng(a: tuple, b: tuple) -> bool:
     return a[0] == b[0] and torch.equal(a[1], b[1])
+
+
+def check_rng_untouched(op_name: str) -> None:
+    """Called when a random op is recorded. Nothing draws real numbers while tracing,
+    so torch's generator must still be where tracing found it; if the traced code
+    reseeded it (even inside freeze_rng_state, which restores it afterwards), the
+    compiled function would draw different numbers than eager: refuse."""
+    root = context.trace_stack()[0]
+    start = getattr(root, "rng_at_start", None)
+    if start is not None and not _same_rng(start, _rng_fingerprint()):
+        from thunderfn.errors import UnsupportedOpError
+
+        raise UnsupportedOpError(
+            f"{op_name} draws random numbers after '{root.fn_name}' reseeded torch's generator while being traced "
+            f"(torch.manual_seed, torch.set_rng_state, ...). Tracing runs the Python once, so the compiled "
+            f"function would not reseed on later calls. Seed outside the jitted function.")
 
 
 def trace(fn, *args, **kwargs) -> Trace:
@@ -221,7 +239,7 @@ def trace(fn, *args, **kwargs) -> Trace:
     start = time.perf_counter_ns()
     trc = Trace(getattr(fn, "__name__", "computation"))
     _refuse_autocast(trc.fn_name)
-    rng_before = _rng_fingerprint()
+    rng_before = trc.rng_at_start = _rng_fingerprint()
     with tracing(trc):
         p_args, p_kwargs = proxify_inputs(trc, fn, args, kwargs)
         out = fn(*p_args, **p_kwargs)

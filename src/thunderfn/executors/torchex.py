@@ -168,8 +168,8 @@ class TorchExecutor(Executor):
         sym = bsym.sym
         if sym.is_prim and sym.id in prim_impls:
             return _direct
-        if self.claim_torch_symbols and sym.torch_fn is not None:
-            return _direct
+        if sym.torch_fn is not None and (self.claim_torch_symbols or "opaque" in sym.tags):
+            return _direct  # opaque ops have no decomposition: torch runs them either way
         if sym.executor is self:
             return _already_lowered
         return None
@@ -185,7 +185,8 @@ class TorchExecutor(Executor):
             name = _helper_names.get(fn)
         else:
             fn, name = sym.torch_fn, None
-        return BoundSymbol(self.op(fn, name), bsym.args, bsym.kwargs, bsym.output, (bsym,))
+        shown = () if "opaque" in sym.tags else (bsym,)  # an opaque op's decomposition is itself
+        return BoundSymbol(self.op(fn, name), bsym.args, bsym.kwargs, bsym.output, shown)
 
 
 _helper_names = {impl: f"{impl.__name__}" for impl in set(prim_impls.values()) | set(_number_impls.values())

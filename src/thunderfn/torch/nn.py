@@ -14,6 +14,7 @@ from thunderfn.core import dtypes
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check
 from thunderfn.torch import register_alias, torchsymbol
+from thunderfn.torch.opaque import opaque_symbol
 from thunderfn.torch.reductions import log_softmax
 
 T = torch.Tensor
@@ -294,8 +295,7 @@ def _cpp_name(dtype):
 @torchsymbol(F.scaled_dot_product_attention)
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
-    check(dropout_p == 0.0, lambda: "scaled_dot_product_attention(dropout_p > 0) draws random numbers, which thunderfn "
-                                    "does not trace yet; use dropout_p=0.0 (eval) for now", UnsupportedOpError)
+    check(0.0 <= dropout_p <= 1.0, lambda: f"dropout probability has to be between 0 and 1, but got {dropout_p}", ValueError)
     check(query.ndim >= 2 and key.ndim >= 2 and value.ndim >= 2,
           lambda: f"Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: {query.ndim} "
                   f"key.dim: {key.ndim} and value.dim: {value.ndim} instead.")
@@ -330,6 +330,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         else:
             scores = clang.add(scores, maybe_convert_to_dtype(attn_mask, scores.dtype))
     probs = _safe_softmax(scores)
+    if dropout_p > 0.0:
+        # the torch executor runs F.scaled_dot_product_attention itself (eager's draws); this decomposition
+        # drops attention weights with dropout's own mask, reproducible under a seed but not eager's draws
+        probs = dropout(probs, dropout_p)
     # half-precision inputs: computed in float32 and rounded once (torch's kernels accumulate in float32 too,
     # blockwise, so results agree to rounding)
     return maybe_convert_to_dtype(prims.matmul(probs, maybe_convert_to_dtype(value, compute)), query.dtype)
@@ -364,5 +368,13 @@ def dropout(input, p=0.5, training=True, inplace=False):
                                "use inplace=False", UnsupportedOpError)
     if not training or p == 0.0:
         return input
-    raise UnsupportedOpError("dropout in training mode draws random numbers, which thunderfn does not trace yet; "
-                             "call model.eval() or use p=0 until randomness support lands")
+    if p == 1.0:
+        return clang.mul(input, False if input.dtype is torch.bool else 0)  # torch multiplies by zeros: NaN stays NaN
+    check(dtypes.is_float(input.dtype), lambda: f"result type Float can't be cast to the desired output type {input.dtype}")
+    return clang.mul(input, opaque_symbol(dropout_noise)(input, 1.0 - p))
+
+
+def dropout_noise(like: torch.Tensor, keep: float) -> torch.Tensor:
+    """Dropout's scaled keep-mask, drawn exactly as torch's CPU kernel draws it (so the
+    decomposition reproduces eager's masks under the same seed)."""
+    return torch.empty_like(like).bernoulli_(keep).div_(keep)

@@ -19,6 +19,7 @@ from thunderfn.core.interception import torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_unflatten
 from thunderfn.core.symbol import Symbol
+from thunderfn.core.trace import check_rng_untouched
 from thunderfn.errors import UnsupportedOpError
 
 _symbols: dict = {}  # torch callable -> its opaque symbol, made once
@@ -72,16 +73,19 @@ def _device_of(leaves, kwargs) -> torch.device:
 
 def _meta(fn, args, kwargs):
     name = torch_name(fn)
+    if "random" in opaque_symbol(fn).tags:
+        check_rng_untouched(name)
     leaves, spec = tree_flatten((args, kwargs))
     meta_args, meta_kwargs = tree_unflatten(spec, [_to_meta(x) for x in leaves])
-    if kwargs.get("device") is not None:
+    if kwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves):
+        # a factory: it must build on meta too, or shape inference would draw real random numbers
         meta_kwargs = dict(meta_kwargs, device="meta")
     try:
         with torch._C.DisableTorchFunction():
             out = fn(*meta_args, **meta_kwargs)
     except Exception as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        data_dependent = any(w in reason for w in ("data-dependent", "data dependent", "item()", "no data",
+        data_dependent = any(w in reason for w in ("data-dependent", "data dependent", "data-independent", "item()", "no data",
                                                    "without output_size", "Meta tensors"))
         why = ("its output shape or value depends on tensor values, which tracing does not know"
                if data_dependent else f"running it on shapes alone failed ({type(e).__name__}: {reason[:200]})")
@@ -99,9 +103,7 @@ def _meta(fn, args, kwargs):
             kind = type(leaf).__name__ if not isinstance(leaf, numbers.Number) else "a Python number"
             raise UnsupportedOpError(f"{name} returns {kind}, a value tracing cannot know; call it outside the "
                                      f"jitted function or keep the result as a tensor")
-    # torch.return_types.* (values, indices) become plain tuples: same unpacking, printable
-    result = tree_unflatten(out_spec, proxies)
-    return tuple(result) if isinstance(result, tuple) else result
+    return tree_unflatten(out_spec, proxies)  # keeps torch.return_types.* (values, indices)
 
 
 def is_in_place(fn) -> bool:

@@ -342,7 +342,6 @@ def sdpa_errors(device):
     yield err((r((2, 6, 4, 8)), r((2, 4, 4, 8)), r((2, 4, 4, 8))), RuntimeError, "Number of heads in key and value must divide the number of heads in", {"enable_gqa": True})
     yield err((r((2, 6, 4, 8)), r((2, 4, 4, 8)), r((2, 4, 4, 8))), RuntimeError, r"The size of tensor a \(6\) must match the size of tensor b \(4\) at non-singleton dimension 1")
     yield err((q, r((2, 4, 7)), q), RuntimeError, r"Expected size for first two dimensions of batch2 tensor to be: \[2, 8\] but got: \[2, 7\].")
-    yield err((q, q, q), UnsupportedOpError, r"scaled_dot_product_attention\(dropout_p > 0\) draws random numbers", {"dropout_p": 0.1}, torch_raises=False)
 
 
 # -- dropout ---------------------------------------------------------------------------------
@@ -351,6 +350,7 @@ def dropout_samples(device, dtype):
     yield SampleInput((mk(2, 3),), {"training": False})
     yield SampleInput((mk(2, 3), 1.0, False))
     yield SampleInput((mk(2, 3), 0.0))  # p=0 in training mode keeps everything
+    yield SampleInput((mk(2, 3), 1.0, True))  # p=1 in training mode drops everything: deterministic
     yield SampleInput((mk(),), {"p": 0.2, "training": False})
     yield SampleInput((mk(0, 3, noncontiguous=True),), {"training": False})
 
@@ -359,7 +359,6 @@ def dropout_errors(device):
     x = make_tensor((2, 3))
     yield err((x, 1.5), ValueError, "dropout probability has to be between 0 and 1, but got 1.5")
     yield err((x, -0.1, False), ValueError, "dropout probability has to be between 0 and 1, but got -0.1")
-    yield err((x, 0.5), UnsupportedOpError, "dropout in training mode draws random numbers", torch_raises=False)
     yield err((x, 0.5, False, True), UnsupportedOpError, r"dropout\(inplace=True\) mutates its input", torch_raises=False)
 
 
