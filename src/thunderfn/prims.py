@@ -56,6 +56,10 @@ class PrimIDs(enum.Enum):
     MATMUL = enum.auto()
     # factories
     FULL = enum.auto(); IOTA = enum.auto()
+    # scattering and padding
+    SCATTER = enum.auto(); SCATTER_ADD = enum.auto(); PAD = enum.auto()
+    # scans and sorting
+    CUMSUM = enum.auto(); CUMPROD = enum.auto(); SORT = enum.auto(); TOPK = enum.auto()
 
 
 def make_prim(id, name: str, *, meta: Callable, tags: Sequence = ()) -> Symbol:
@@ -495,3 +499,97 @@ def _iota_meta(length, *, start, step, device, dtype):
 
 
 make_prim(PrimIDs.IOTA, "iota", meta=_iota_meta)
+
+
+# -- scans and sorting -----------------------------------------------------------------
+# Scans are prims: a decomposition (a triangular-matrix matmul, or log2(n) shifted adds)
+# does O(n^2) or O(n log n) work where the scan does O(n), and rounds differently from
+# torch's sequential accumulation. Sorting and top-k have no decomposition into the
+# other prims at all.
+def _scan(id, name):
+    def meta(a, dim):
+        check_tensor(a, f"prims.{name}")
+        canonical_dim(dim, a.ndim)
+        check_dtype_supported(a.dtype is not torch.bool, name, a.dtype, f" (ltorch.{name} converts bool to int64)")
+        return _out(a)
+
+    return make_prim(id, name, meta=meta, tags=("scan",))
+
+
+_scan(PrimIDs.CUMSUM, "cumsum")
+_scan(PrimIDs.CUMPROD, "cumprod")
+
+
+def _sort_meta(a, dim, descending, stable):
+    check_tensor(a, "prims.sort")
+    canonical_dim(dim, a.ndim)
+    return _out(a), _out(a, dtype=torch.int64)
+
+
+make_prim(PrimIDs.SORT, "sort", meta=_sort_meta)
+
+
+def _topk_meta(a, k, dim, largest, sorted):
+    check_tensor(a, "prims.topk")
+    d = canonical_dim(dim, a.ndim)
+    check(a.dtype is not torch.bool, lambda: "topk does not support bool dtypes on CPU")
+    n = a.shape[d] if a.ndim else 1
+    check(isinstance(k, int) and 0 <= k <= n, lambda: "selected index k out of range")
+    shape = list(a.shape)
+    if a.ndim:
+        shape[d] = k
+    return _out(a, shape=tuple(shape)), _out(a, shape=tuple(shape), dtype=torch.int64)
+
+
+make_prim(PrimIDs.TOPK, "topk", meta=_topk_meta)
+
+
+# -- scattering and padding ------------------------------------------------------------
+# scatter_add is gather's transpose (autodiff of take/take_along_axis needs it) and the one
+# pass behind index_add, index_put(accumulate=True) and put; scatter is its overwriting
+# twin, behind index_copy, index_put and x[i] = v: a mask-and-where emulation would need
+# two scatter_adds and still sum duplicates. Both take `value` of index's shape (torch
+# reads only that corner of a larger src; ltorch slices it). pad is jax.lax.pad, slice's
+# transpose (a strided slice transposes to interior padding, which no other prim makes),
+# and one fusible op where cat-with-full would be several.
+def _scatter(id, name):
+    def meta(a, index, value, dim):
+        check_tensor(a, f"prims.{name}")
+        check_tensor(index, f"prims.{name}", "index")
+        check_tensor(value, f"prims.{name}", "src")
+        check(index.dtype in (torch.int64, torch.int32), lambda: f"{name}(): Expected dtype int32/int64 for index")
+        d = canonical_dim(dim, a.ndim)
+        check(value.dtype == a.dtype, lambda: f"{name}(): Expected self.dtype to be equal to src.dtype")
+        check(max(index.ndim, 1) == max(a.ndim, 1), lambda: "Index tensor must have the same number of dimensions as self tensor")
+        check(tuple(value.shape) == tuple(index.shape),
+              lambda: f"prims.{name}: value must have index's shape {list(index.shape)}, got {list(value.shape)}")
+        for i in range(min(a.ndim, index.ndim)):
+            check(i == d or index.shape[i] <= a.shape[i],
+                  lambda: f"Expected index {list(index.shape)} to be no larger than self {list(a.shape)} apart from dimension {d}")
+        return _out(a)
+
+    return make_prim(id, name, meta=meta)
+
+
+_scatter(PrimIDs.SCATTER, "scatter")
+_scatter(PrimIDs.SCATTER_ADD, "scatter_add")
+
+
+def _pad_meta(a, padding_value, padding_config):
+    check_tensor(a, "prims.pad")
+    check(isinstance(padding_value, numbers.Number),
+          lambda: f"prims.pad: padding_value must be a number, got {type(padding_value).__name__}", TypeError)
+    config = tuple(tuple(c) for c in padding_config)
+    check(len(config) == a.ndim and all(len(c) == 3 for c in config),
+          lambda: f"prims.pad: expected one (low, high, interior) per dimension of a {a.ndim}-d tensor, got {config}")
+    shape = []
+    for n, (lo, hi, interior) in zip(a.shape, config):
+        dilated = n + max(n - 1, 0) * interior
+        size = dilated + lo + hi
+        check(interior >= 0 and lo >= -dilated and hi >= -dilated and size >= 0,
+              lambda: f"prims.pad: padding {(lo, hi, interior)} does not fit a dimension of length {n}")
+        shape.append(size)
+    return _out(a, shape=tuple(shape))
+
+
+make_prim(PrimIDs.PAD, "pad", meta=_pad_meta)

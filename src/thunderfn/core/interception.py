@@ -132,28 +132,36 @@ def dispatch(func, args, kwargs):
     trc = context.current_trace()
     if trc is None:
         raise RuntimeError(f"{torch_name(func)} was called on a thunderfn proxy outside of tracing")
-    if handler is not None:
-        return handler(*lift_constants(args), **lift_constants(kwargs))
-    if func in _metadata_getters or func in _metadata_methods:
-        if not any(isinstance(a, TensorProxy) for a in args):
-            return func(*args, **kwargs)
-    name = torch_name(func)
-    has_tensor = _contains_tensor(args) or _contains_tensor(kwargs)
-    if not has_tensor and not any(w in name.rsplit(".", 1)[-1] for w in _RANDOM_WORDS):
-        with torch._C.DisableTorchFunction():
-            result = func(*args, **kwargs)
-        if isinstance(result, torch.Tensor):  # a fresh tensor on every eager call: see trace()
-            trc.created[id(result)] = result
-        return result
-    from thunderfn.torch.opaque import is_in_place, run_opaque
+    if handler is None:
+        if func in _metadata_getters or func in _metadata_methods:
+            if not any(isinstance(a, TensorProxy) for a in args):
+                return func(*args, **kwargs)
+        name = torch_name(func)
+        has_tensor = _contains_tensor(args) or _contains_tensor(kwargs)
+        if not has_tensor and not any(w in name.rsplit(".", 1)[-1] for w in _RANDOM_WORDS):
+            with torch._C.DisableTorchFunction():
+                result = func(*args, **kwargs)
+            if isinstance(result, torch.Tensor):  # a fresh tensor on every eager call: see trace()
+                trc.created[id(result)] = result
+            return result
+    from thunderfn.torch import inplace
+    from thunderfn.torch.opaque import run_opaque
 
-    if is_in_place(func):
-        raise UnsupportedOpError(
-            f"{name} mutates a tensor in place, which thunderfn does not trace yet. "
-            f"Write the out-of-place form instead (x = x + y rather than x += y; torch.where for masked writes)."
-        )
-    # The fallback ladder's second rung: torch runs it at run time; meta tensors give its shapes.
-    return run_opaque(func, lift_constants(args), lift_constants(kwargs))
+    args, kwargs = lift_constants(args), lift_constants(kwargs)
+    if trc.mutated or trc.rebinds:
+        inplace.check_fresh(args, kwargs)
+    # Writes into an argument: functionalized (torch/inplace.py).
+    if inplace.is_in_place(func):
+        return inplace.run_in_place(func, args, kwargs)
+    if isinstance(kwargs.get("out"), TensorProxy):
+        return inplace.run_with_output_argument(handler, func, args, kwargs, kwargs["out"])
+    if handler is not None and kwargs.get("inplace") is True and args and isinstance(args[0], TensorProxy):
+        return inplace.run_with_inplace_flag(handler, func, args, kwargs)
+    # A symbol, or the fallback ladder's second rung: torch runs it, meta tensors give its shapes.
+    result = handler(*args, **kwargs) if handler is not None else run_opaque(func, args, kwargs)
+    if inplace.is_view_op(func):
+        inplace.track_views(func, args, result)
+    return result
 
 
 def method(proxy: TensorProxy, name: str):

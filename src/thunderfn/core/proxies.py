@@ -30,7 +30,7 @@ class TensorProxy(Proxy):
     so in-place updates to it (optimizer steps) are seen on every call.
     """
 
-    __slots__ = ("shape", "dtype", "device", "requires_grad", "constant", "origin")
+    __slots__ = ("shape", "dtype", "device", "requires_grad", "constant", "origin", "alias")
 
     def __init__(self, name=None, *, shape, dtype, device, requires_grad=False, constant=None, origin=None):
         self.name = name if name is not None else context.new_name()
@@ -42,6 +42,7 @@ class TensorProxy(Proxy):
         # Human descriptions of where the value came from (("argument 'x'",)),
         # inherited by every value computed from it; ConcretizationError names them.
         self.origin = (origin,) if isinstance(origin, str) else tuple(origin or ())
+        self.alias = None  # storage sharing with other proxies (views), see torch/inplace.py
 
     @classmethod
     def like(cls, t, *, name=None, **overrides) -> "TensorProxy":

@@ -34,3 +34,36 @@ python_alias = Symbol("alias", "python.alias", is_prim=True, printer=_print_alia
 set_grad_enabled = Symbol("set_grad_enabled", "python.set_grad_enabled", is_prim=True,
                           printer=_print_set_grad_enabled, eager=torch._C._set_grad_enabled,
                           tags=frozenset({"no_dce"}))
+
+
+def _print_write_back(bsym, ns) -> str:
+    from thunderfn.core.printing import format_value
+
+    return f"{format_value(bsym.args[0], ns)}.copy_({format_value(bsym.args[1], ns)})"
+
+
+def inputs_do_not_alias(*tensors) -> None:
+    """Run first by a compiled function that writes into its inputs: the trace computed
+    each input's new value on its own, which is only right if no two share memory."""
+    seen = {}
+    for i, t in enumerate(tensors):
+        if t.numel() == 0:
+            continue
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            raise RuntimeError(
+                f"inputs {seen[ptr]} and {i} of a jitted function that modifies its inputs in place share memory; "
+                f"thunderfn traced them as independent tensors. Pass separate tensors (clone one of them).")
+        seen[ptr] = i
+
+
+def _print_check_aliasing(bsym, ns) -> str:
+    ns["inputs_do_not_alias"] = inputs_do_not_alias
+    return f"inputs_do_not_alias({', '.join(p.name for p in bsym.args)})"
+
+
+# `x.copy_(t5)`: an input or captured tensor the function modified in place, written back.
+write_back = Symbol("write_back", "python.write_back", is_prim=True, printer=_print_write_back,
+                    tags=frozenset({"no_dce"}))
+check_inputs_do_not_alias = Symbol("inputs_do_not_alias", "python.inputs_do_not_alias", is_prim=True,
+                                   printer=_print_check_aliasing, eager=inputs_do_not_alias, tags=frozenset({"no_dce"}))

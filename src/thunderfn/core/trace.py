@@ -15,7 +15,7 @@ import torch
 
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.statements import set_grad_enabled
+from thunderfn.core.statements import check_inputs_do_not_alias, set_grad_enabled, write_back
 from thunderfn.core.pytree import tree_flatten_with_path, tree_unflatten
 
 
@@ -34,6 +34,8 @@ class Trace:
         self._constants: dict[int, TensorProxy] = {}
         self.created: dict[int, torch.Tensor] = {}  # tensors made at trace time (torch.tensor([...]))
         self.grad_enabled = torch.is_grad_enabled()  # grad mode the recorded statements run under
+        self.mutated: dict = {}  # id(live proxy) -> (frozen original, live proxy): inputs/captures written in place
+        self.rebinds = 0  # in-place operations traced so far
 
     # -- building -------------------------------------------------------------------
     def record(self, sym, args, kwargs):
@@ -83,13 +85,48 @@ class Trace:
             self._scopes.pop()
 
     def constant(self, tensor: torch.Tensor) -> TensorProxy:
-        proxy = self._constants.get(id(tensor))
-        if proxy is None or proxy.constant is not tensor:
+        """The proxy for a captured tensor: one per tensor, and after an in-place op on
+        it, the proxy now holding its current value."""
+        entry = self._constants.get(id(tensor))
+        if entry is None or entry[0] is not tensor:
             proxy = TensorProxy(self.names.take(prefix="c"), shape=tensor.shape, dtype=tensor.dtype,
                                 device=tensor.device, requires_grad=tensor.requires_grad, constant=tensor,
                                 origin="a tensor captured by the traced function")
-            self._constants[id(tensor)] = proxy
-        return proxy
+            entry = self._constants[id(tensor)] = (tensor, proxy)
+        return entry[1]
+
+    def rebind(self, proxy: TensorProxy, value: TensorProxy, *, because: str, keep=None) -> None:
+        """Make the proxy object user code holds denote `value` from now on: the
+        functional form of an in-place operation (torch/inplace.py). What was recorded
+        before keeps the old value; an input or captured tensor rebound this way is
+        written back when the function ends."""
+        from thunderfn.torch.inplace import mark_stale_views
+
+        frozen = TensorProxy(proxy.name, shape=proxy.shape, dtype=proxy.dtype, device=proxy.device,
+                             requires_grad=proxy.requires_grad, constant=proxy.constant, origin=proxy.origin)
+        for scope in self._scopes:
+            _replace_proxy(scope, proxy, frozen)
+        if any(a is proxy for a in self.args) or proxy.constant is not None:
+            self.mutated[id(proxy)] = (frozen, proxy)
+        self.args = [frozen if a is proxy else a for a in self.args]
+        mark_stale_views(proxy, because, keep)
+        self.rebinds += 1
+        proxy.name, proxy.requires_grad, proxy.constant, proxy.origin = (
+            value.name, value.requires_grad, None, value.origin)
+
+    def finish_mutations(self) -> None:
+        """Write mutated inputs and captured tensors back (as eager would have mutated
+        them), and return the caller's tensor wherever the function returned one."""
+        if not self.mutated:
+            return
+        if any(any(f is a for a in self.args) for f, _ in self.mutated.values()):
+            self.bound_symbols.insert(0, check_inputs_do_not_alias.bind(*self.args, output=None))
+        live_to_frozen = {}
+        for frozen, live in self.mutated.values():
+            self.bound_symbols.append(write_back.bind(frozen, live, output=None))
+            live_to_frozen[id(live)] = frozen
+        self.output = optree.tree_map(lambda x: live_to_frozen.get(id(x), x), self.output, none_is_leaf=True,
+                                      namespace="thunderfn")
 
     def derive(self, provenance: str, bound_symbols=None) -> "Trace":
         """A trace with the same inputs and outputs, built by a pass."""
@@ -245,6 +282,7 @@ def trace(fn, *args, **kwargs) -> Trace:
         out = fn(*p_args, **p_kwargs)
         trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
         trc.sync_grad_mode()  # back to the caller's mode if the function switched it
+        trc.finish_mutations()
     if not _same_rng(rng_before, _rng_fingerprint()):
         from thunderfn.errors import UnsupportedOpError
 
@@ -285,3 +323,18 @@ def _refuse_autocast(fn_name: str) -> None:
             raise UnsupportedOpError(
                 f"'{fn_name}' is being traced under torch.autocast('{device_type}'), which thunderfn does not model "
                 f"yet. Cast explicitly inside the function (x.to(torch.bfloat16)) or call it outside autocast.")
+
+
+def _replace_proxy(bsyms: list, old: TensorProxy, new: TensorProxy) -> None:
+    """Replace the object `old` by `new` in recorded bound symbols, in place."""
+    def swap(tree):
+        return optree.tree_map(lambda x: new if x is old else x, tree, none_is_leaf=True, namespace="thunderfn")
+
+    for bsym in bsyms:
+        leaves = optree.tree_leaves((bsym.args, bsym.kwargs, bsym.output), none_is_leaf=True, namespace="thunderfn")
+        if any(x is old for x in leaves):
+            bsym.args, bsym.kwargs, bsym.output = swap(bsym.args), swap(bsym.kwargs), swap(bsym.output)
+        if bsym.subsymbols:
+            subs = list(bsym.subsymbols)
+            _replace_proxy(subs, old, new)
+            bsym.subsymbols = tuple(subs)

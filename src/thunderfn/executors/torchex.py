@@ -131,6 +131,53 @@ prim_impls.update({
     PrimIDs.TAKE_ALONG_AXIS: take_along_axis, PrimIDs.CONVERT_ELEMENT_TYPE: convert_element_type,
     PrimIDs.DEVICE_PUT: device_put, PrimIDs.MATMUL: torch.matmul, PrimIDs.FULL: torch.full, PrimIDs.IOTA: iota,
 })
+
+
+# -- scans and sorting ---------------------------------------------------------------------
+def cumsum(a, dim):
+    return torch.cumsum(a, dim, dtype=a.dtype)  # torch would promote integers to int64; the prim keeps a's dtype
+
+
+def cumprod(a, dim):
+    return torch.cumprod(a, dim, dtype=a.dtype)
+
+
+def sort_prim(a, dim, descending, stable):
+    return tuple(torch.sort(a, dim=dim, descending=descending, stable=stable))
+
+
+def topk_prim(a, k, dim, largest, sorted):
+    return tuple(torch.topk(a, k, dim=dim, largest=largest, sorted=sorted))
+
+
+prim_impls.update({
+    PrimIDs.CUMSUM: cumsum, PrimIDs.CUMPROD: cumprod, PrimIDs.SORT: sort_prim, PrimIDs.TOPK: topk_prim,
+})
+
+# -- scattering and padding ----------------------------------------------------------------
+def scatter_prim(a, index, value, dim):
+    return torch.scatter(a, dim, index, value)
+
+
+def scatter_add_prim(a, index, value, dim):
+    return torch.scatter_add(a, dim, index, value)
+
+
+def pad_prim(a, padding_value, padding_config):
+    """jax.lax.pad: interior padding by writing a into a strided view of a filled tensor,
+    then negative low/high crop and positive ones pad."""
+    if any(interior for _, _, interior in padding_config):
+        dilated = torch.full([n + max(n - 1, 0) * i for n, (_, _, i) in zip(a.shape, padding_config)], padding_value,
+                             dtype=a.dtype, device=a.device)
+        dilated[tuple(builtins.slice(None, None, i + 1) for _, _, i in padding_config)] = a
+        a = dilated
+    a = a[tuple(builtins.slice(max(-lo, 0), n - max(-hi, 0)) for n, (lo, hi, _) in zip(a.shape, padding_config))]
+    pads = [p for lo, hi, _ in reversed(padding_config) for p in (max(lo, 0), max(hi, 0))]
+    return torch.constant_pad_nd(a, pads, padding_value) if any(pads) else a.clone()
+
+
+prim_impls.update({PrimIDs.SCATTER: scatter_prim, PrimIDs.SCATTER_ADD: scatter_add_prim, PrimIDs.PAD: pad_prim})
+
 _number_impls = {PrimIDs[n.upper()]: _with_tensor_operands(getattr(torch, n)) for n in _BINARY}
 
 

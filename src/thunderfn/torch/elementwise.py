@@ -430,6 +430,172 @@ def mish(a, inplace=False):
     return clang.mul(a, clang.tanh(softplus(a)))
 
 
+
+def _float_kernel(kernel):
+    """Like _in_computation_dtype, refusing non-float inputs with the name of torch's kernel ("hardswish_cpu")."""
+    def decorator(fn):
+        def wrapped(a, *args, **kwargs):
+            check_dtype_supported(dtypes.is_inexact(a.dtype), kernel, a.dtype)
+            x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
+            return maybe_convert_to_dtype(fn(x, *args, **kwargs), a.dtype)
+
+        wrapped.__name__ = fn.__name__
+        return wrapped
+
+    return decorator
+
+
+def _clip(x, lo, hi):
+    """min(max(x, lo), hi) with NaN passing through, as torch's kernels compute it."""
+    x = clang.where(clang.lt(x, lo), lo, x)
+    return clang.where(clang.gt(x, hi), hi, x)
+
+
+@torchsymbol(F.hardswish)
+@_float_kernel("hardswish_cpu")
+def hardswish(a, inplace=False):
+    _no_inplace("hardswish", inplace)
+    return clang.true_divide(clang.mul(a, _clip(clang.add(a, 3.0), 0.0, 6.0)), 6.0)
+
+
+@torchsymbol(F.hardsigmoid)
+@_float_kernel("hardsigmoid_cpu")
+def hardsigmoid(a, inplace=False):
+    _no_inplace("hardsigmoid", inplace)
+    return clang.true_divide(_clip(clang.add(a, 3.0), 0.0, 6.0), 6.0)
+
+
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+
+
+@torchsymbol(F.selu, torch.selu)
+@_float_kernel("elu_cpu")
+def selu(a, inplace=False):
+    _no_inplace("selu", inplace)
+    return clang.where(clang.gt(a, 0), clang.mul(a, _SELU_SCALE), clang.mul(clang.expm1(a), _SELU_ALPHA * _SELU_SCALE))
+
+
+@torchsymbol(F.celu, torch.celu)
+@_float_kernel("elu_cpu")
+def celu(a, alpha=1.0, inplace=False):
+    _no_inplace("celu", inplace)
+    check(alpha != 0, lambda: "ZeroDivisionError: alpha cannot be 0 for CELU")
+    # torch's elu kernel scales the input by 1/alpha (rather than dividing by alpha)
+    return clang.where(clang.gt(a, 0), a, clang.mul(clang.expm1(clang.mul(a, 1.0 / alpha)), alpha))
+
+
+@torchsymbol(F.logsigmoid)
+@_float_kernel("log_sigmoid_cpu")
+def logsigmoid(a):
+    # min(x, 0) - log1p(exp(-|x|)): never overflows, as torch's kernel
+    return clang.sub(clang.where(clang.lt(a, 0), a, 0.0), clang.log1p(clang.exp(clang.neg(clang.abs(a)))))
+
+
+@torchsymbol(F.softsign)
+def softsign(a):
+    # torch's own Python composite: input / (input.abs() + 1), each op rounding in the input's dtype
+    check_dtype_supported(a.dtype is not torch.bool, "abs_cpu", a.dtype)
+    return clang.true_divide(a, clang.add(clang.abs(a), 1))
+
+
+@torchsymbol(F.tanhshrink)
+def tanhshrink(a):
+    return sub(a, tanh(a))  # torch's composite: input - input.tanh()
+
+
+@torchsymbol(F.threshold, torch.threshold)
+def threshold(a, threshold, value, inplace=False):
+    _no_inplace("threshold", inplace)
+    check_dtype_supported(a.dtype is not torch.bool, "threshold_cpu", a.dtype)
+    if not dtypes.is_inexact(a.dtype):  # torch casts threshold and value to the input's integer type
+        threshold, value = int(threshold), int(value)
+    return clang.where(clang.le(a, threshold), value, a)
+
+
+@torchsymbol(F.hardshrink, torch.hardshrink, T.hardshrink)
+@_float_kernel("hardshrink_cpu")
+def hardshrink(a, lambd=0.5):
+    return clang.where(clang.bitwise_and(clang.ge(a, -lambd), clang.le(a, lambd)), 0.0, a)
+
+
+_FINFO_MAX_TEXT = {torch.float32: "3.40282e+38", torch.float64: "1.79769e+308", torch.float16: "65504",
+                   torch.bfloat16: "3.38953e+38"}
+
+
+@torchsymbol(F.softshrink)
+def softshrink(a, lambd=0.5):
+    check_dtype_supported(dtypes.is_float(a.dtype), "softshrink_check", a.dtype)
+    check(lambd >= 0, lambda: f"lambda must be in range [0, {_FINFO_MAX_TEXT.get(a.dtype, torch.finfo(a.dtype).max)}] for "
+                              f"input dtype {prims.scalar_type_name(a.dtype)}, but found {lambd:g}")
+    x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
+    # x * 0 (not 0) in the middle band, so NaN stays NaN
+    out = clang.where(clang.gt(x, lambd), clang.sub(x, lambd),
+                      clang.where(clang.lt(x, -lambd), clang.add(x, lambd), clang.mul(x, 0.0)))
+    return maybe_convert_to_dtype(out, a.dtype)
+
+
+@torchsymbol(F.glu)
+def glu(a, dim=-1):
+    check(a.ndim > 0, lambda: "glu does not support scalars because halving size must be even")
+    d = prims.canonical_dim(dim, a.ndim)
+    n = a.shape[d]
+    check(n % 2 == 0, lambda: f"Halving dimension must be even, but dimension {d} is size {n}")
+    check_dtype_supported(dtypes.is_inexact(a.dtype), "glu_cpu", a.dtype)
+    x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
+    first, second = clang.slice_in_dim(x, 0, n // 2, dim=d), clang.slice_in_dim(x, n // 2, n, dim=d)
+    gate = clang.reciprocal(clang.add(clang.exp(clang.neg(second)), 1.0))
+    return maybe_convert_to_dtype(clang.mul(first, gate), a.dtype)
+
+
+@torchsymbol(F.prelu, torch.prelu, T.prelu)
+def prelu(a, weight):
+    check(weight.ndim <= 1, lambda: f"prelu: Expected `weight` to be a scalar or 1D tensor, but got: ndim = {weight.ndim}")
+    channels = a.shape[1] if a.ndim >= 2 else 1
+    check(weight.numel() == 1 or weight.numel() == channels,
+          lambda: f"Mismatch of parameter numbers and input channel size. Found parameter numbers = {weight.numel()} and "
+                  f"channel size = {channels}.")
+    check(a.dtype == weight.dtype, lambda: f"prelu: Type promoting not supported. Got {prims.scalar_type_name(a.dtype)} and "
+                                           f"{prims.scalar_type_name(weight.dtype)}")
+    check_dtype_supported(dtypes.is_inexact(a.dtype), "prelu_cpu", a.dtype)
+    compute = dtypes.computation_dtype(a.dtype)
+    x, w = maybe_convert_to_dtype(a, compute), maybe_convert_to_dtype(weight, compute)
+    if weight.numel() == 1:
+        w = clang.reshape(w, ())
+    elif a.ndim >= 2:  # one slope per channel (dim 1)
+        w = clang.reshape(w, (channels,) + (1,) * (a.ndim - 2))
+    return maybe_convert_to_dtype(clang.where(clang.gt(x, 0), x, clang.mul(w, x)), a.dtype)
+
+
+def _vector_norm_keepdim(x, p, dims):
+    """torch.linalg.vector_norm(x, p, dims, keepdim=True) of a float tensor in its computation dtype."""
+    if p == 2:
+        out = clang.sqrt(prims.sum(clang.mul(x, x), dims))
+    elif p == float("inf"):
+        out = prims.amax(clang.abs(x), dims)
+    elif p == -float("inf"):
+        out = prims.amin(clang.abs(x), dims)
+    elif p == 0:
+        out = prims.sum(maybe_convert_to_dtype(clang.ne(x, 0), x.dtype), dims)
+    elif p == 1:
+        out = prims.sum(clang.abs(x), dims)
+    else:
+        out = clang.pow(prims.sum(clang.pow(clang.abs(x), p), dims), 1.0 / p)
+    return clang.keepdim_reshape(out, x, dims)
+
+
+@torchsymbol(F.normalize)
+def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    check(out is None, lambda: "normalize(out=...) writes into a given tensor, which thunderfn does not trace; "
+                               "use the returned tensor", UnsupportedOpError)
+    check(dtypes.is_inexact(input.dtype), lambda: f"linalg.vector_norm: Expected a floating point or complex tensor as "
+                                                  f"input. Got {prims.scalar_type_name(input.dtype)}")
+    dims = clang.reduction_dims(input, (dim,))  # checks dim; a 0-dim input has nothing to reduce
+    # torch rounds the norm to the input's dtype, clamps it there and divides elementwise
+    norm = maybe_convert_to_dtype(_vector_norm_keepdim(maybe_convert_to_dtype(input, dtypes.computation_dtype(input.dtype)),
+                                                       p, dims), input.dtype)
+    norm = clang.where(clang.lt(norm, eps), eps, norm)
+    return clang.true_divide(input, norm)
+
 # -- reflected operators, defined as torch defines them (torch/_tensor.py) -------------------
 register_alias(T.__radd__, lambda self, other: add(self, other))
 register_alias(T.__rmul__, lambda self, other: mul(self, other))
@@ -455,4 +621,5 @@ register_alias(T.__invert__, lambda self: bitwise_not(self) if self.dtype is not
 __all__ += ["neg", "abs", "round", "real", "isinf", "isneginf", "isposinf", "square", "sigmoid", "logical_not",
             "logical_and", "logical_or", "logical_xor", "add", "sub", "rsub", "mul", "div", "floor_divide", "remainder",
             "fmod", "pow", "nextafter", "where", "clamp", "clamp_min", "clamp_max", "lerp", "relu", "gelu", "silu",
-            "leaky_relu", "elu", "softplus", "hardtanh", "relu6", "mish"]
+            "leaky_relu", "elu", "softplus", "hardtanh", "relu6", "mish", "hardswish", "hardsigmoid", "selu", "celu",
+            "logsigmoid", "softsign", "tanhshrink", "threshold", "hardshrink", "softshrink", "glu", "prelu", "normalize"]

@@ -18,7 +18,8 @@ from thunderfn.prims import check
 from thunderfn.torch import torchsymbol
 
 T = torch.Tensor
-__all__ = ["getitem", "index_select", "gather", "take_along_dim"]
+__all__ = ["getitem", "index_select", "gather", "take_along_dim", "scatter", "scatter_add", "index_add", "index_copy",
+           "index_fill", "masked_fill", "index_put", "take", "put"]
 
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
@@ -187,3 +188,300 @@ def take_along_dim(a, indices, dim=None):
     a_shape, i_shape = list(others), list(others)
     a_shape[d], i_shape[d] = a.shape[d], indices.shape[d]
     return prims.take_along_axis(clang.expand_to(a, a_shape), clang.expand_to(indices, i_shape), d)
+
+
+# -- functional writes: scatter, index_*, masked_fill, index_put, take, put -----------------
+def _fill_value(value, a, opname):
+    """A fill value for a: a number converted as torch converts it (truncating into integer
+    dtypes), or a 0-dim tensor converted to a's dtype."""
+    if isinstance(value, TensorProxy):
+        check(value.ndim == 0, lambda: f"{opname} only supports a 0-dimensional value tensor, but got tensor with {value.ndim} dimension(s).")
+        return maybe_convert_to_dtype(value, a.dtype)
+    if a.dtype is torch.bool:
+        return bool(value)
+    if not (a.dtype.is_floating_point or a.dtype.is_complex):
+        return int(value)
+    return float(value) if not isinstance(value, complex) else value
+
+
+def _filled(a, mask, value):
+    """where(mask, value, a) keeping a's dtype; mask broadcasts to a."""
+    if not isinstance(value, TensorProxy):
+        value = clang.full((), value, device=a.device, dtype=a.dtype)
+    return clang.where(clang.expand_to(mask, a.shape) if mask.ndim else mask, value, a)
+
+
+def _count_from_end(index, size):
+    index = maybe_convert_to_dtype(index, torch.int64)
+    return clang.where(clang.lt(index, 0), clang.add(index, size), index)
+
+
+def _check_scatter(a, dim, index, src, name):
+    check(index.dtype in _INDEX_DTYPES, lambda: f"{name}(): Expected dtype int32/int64 for index")
+    check(src is None or src.dtype == a.dtype, lambda: f"{name}(): Expected self.dtype to be equal to src.dtype")
+    d = prims.canonical_dim(dim, a.ndim)
+    if index.numel() == 0:
+        return d
+    check(max(index.ndim, 1) == max(a.ndim, 1), lambda: "Index tensor must have the same number of dimensions as self tensor")
+    check(src is None or max(index.ndim, 1) == max(src.ndim, 1), lambda: "Index tensor must have the same number of dimensions as src tensor")
+    too_big = any(i != d and index.shape[i] > a.shape[i] for i in range(min(index.ndim, a.ndim)))
+    if src is not None:
+        too_big = too_big or any(index.shape[i] > src.shape[i] for i in range(min(index.ndim, src.ndim)))
+        check(not too_big, lambda: f"Expected index {list(index.shape)} to be no larger than self {list(a.shape)} apart from "
+                                   f"dimension {d} and to be no larger size than src {list(src.shape)}")
+    check(not too_big, lambda: f"Expected index {list(index.shape)} to be no larger than self {list(a.shape)} apart from dimension {d}")
+    return d
+
+
+def _corner(src, shape):
+    """The leading `shape` corner of src: the part of src torch's scatter kernels read."""
+    shape = tuple(shape)
+    if tuple(src.shape) == shape:
+        return src
+    if src.ndim != len(shape):  # 0-dim and 1-element 1-dim tensors are interchangeable here
+        src = clang.reshape(src, (1,) * len(shape))
+    return prims.slice(src, (0,) * len(shape), shape)
+
+
+def _scatter(a, dim, index, src, prim):
+    if index.numel() == 0:
+        return clang.add(a, False) if a.dtype is torch.bool else clang.add(a, 0)  # a new value, as torch returns a copy
+    if a.ndim == 0:  # torch reads 0-dim tensors as 1-dim here
+        out = _scatter(clang.reshape(a, (1,)), dim, clang.reshape(index, (1,)), clang.reshape(src, (-1,)), prim)
+        return clang.reshape(out, ())
+    if index.ndim == 0:
+        index = clang.reshape(index, (1,))
+    return prim(a, index, _corner(src, index.shape), dim)
+
+
+@torchsymbol(torch.scatter, T.scatter)
+def scatter(a, dim, index, src=None, value=None, *, reduce=None):
+    if src is None:
+        src = value
+    check(reduce in (None, "add", "multiply"), lambda: "reduce argument must be either add or multiply.")
+    if reduce == "multiply":
+        raise UnsupportedOpError("scatter(reduce='multiply') has no thunderfn decomposition (it is deprecated in torch); "
+                                 "use torch.scatter_reduce(..., reduce='prod'), which runs as an opaque torch op")
+    tensor_src = isinstance(src, TensorProxy)
+    d = _check_scatter(a, dim, index, src if tensor_src else None, "scatter")
+    if not tensor_src:
+        src = clang.full(index.shape, _fill_value(src, a, "scatter"), device=a.device, dtype=a.dtype)
+    return _scatter(a, d, index, src, prims.scatter_add if reduce == "add" else prims.scatter)
+
+
+@torchsymbol(torch.scatter_add, T.scatter_add)
+def scatter_add(a, dim, index, src):
+    d = _check_scatter(a, dim, index, src, "scatter_add")
+    return _scatter(a, d, index, src, prims.scatter_add)
+
+
+def _check_index_vector(index, name):
+    check(index.ndim <= 1, lambda: f"{name}(): Index is supposed to be a vector, but got dim: {index.ndim} with type: "
+                                   f"{clang.scalar_type_name(index.dtype)} and size: {list(index.shape)}", IndexError)
+
+
+def _index_scatter(a, dim, index, source, prim):
+    """Write source's slices along dim into a at index's positions (index_add, index_copy)."""
+    if a.ndim == 0:
+        out = _index_scatter(clang.reshape(a, (1,)), 0, index, clang.reshape(source, (1,)), prim)
+        return clang.reshape(out, ())
+    index = clang.reshape(index, (index.numel(),))
+    if source.ndim == 0:
+        source = clang.reshape(source, (1,))
+    expanded = prims.broadcast_in_dim(index, tuple(source.shape), (dim,))
+    return prim(a, expanded, source, dim)
+
+
+def _check_index_source(a, d, index, source, name):
+    check(index.numel() == (source.shape[d] if source.ndim else 1),
+          lambda: f"{name}(): Number of indices ({index.numel()}) should be equal to source.size(dim): "
+                  f"({source.shape[d] if source.ndim else 1}), for dim: {d}" if name == "index_add_" else
+                  f"{name}(): Number of indices ({index.numel()}) should be equal to source.size(dim) ({source.shape[d] if source.ndim else 1})",
+          IndexError if name == "index_copy_" else RuntimeError)
+
+
+@torchsymbol(torch.index_add, T.index_add)
+def index_add(a, dim, index, source, *, alpha=1):
+    d = prims.canonical_dim(dim, a.ndim)
+    _check_index_vector(index, "index_add_")
+    check(index.dtype in _INDEX_DTYPES,
+          lambda: f"index_add_(): Expected dtype int32/int64 for index but got: {clang.scalar_type_name(index.dtype)}")
+    check(a.dtype == source.dtype, lambda: f"index_add_(): self ({clang.scalar_type_name(a.dtype)}) and source "
+                                           f"({clang.scalar_type_name(source.dtype)}) must have the same scalar type")
+    _check_index_source(a, d, index, source, "index_add_")
+    check(max(a.ndim, 1) == max(source.ndim, 1) and all(i == d or a.shape[i] == source.shape[i] for i in range(a.ndim)),
+          lambda: f"source tensor shape must match self tensor shape, excluding the specified dimension. "
+                  f"Got self.shape = {list(a.shape)} source.shape = {list(source.shape)}")
+    alpha = _fill_value(alpha, a, "index_add")
+    if alpha is not True and alpha != 1:
+        source = clang.mul(source, alpha)
+    return _index_scatter(a, d, index, source, prims.scatter_add)
+
+
+@torchsymbol(torch.index_copy, T.index_copy)
+def index_copy(a, dim, index, source):
+    d = prims.canonical_dim(dim, a.ndim)
+    check(index.dtype is torch.int64, lambda: f"index_copy_(): Expected a long tensor for index, but got {clang.scalar_type_name(index.dtype)}")
+    check(index.ndim <= 1, lambda: f"index_copy_(): Index should have dimension 1 or 0 (got {index.ndim})", IndexError)
+    check(a.dtype == source.dtype, lambda: f"index_copy_(): self and source expected to have the same dtype, but got (self) "
+                                           f"{clang.scalar_type_name(a.dtype)} and (source) {clang.scalar_type_name(source.dtype)}")
+    for i in range(max(a.ndim, source.ndim)):
+        if i == d:
+            continue
+        check(i < a.ndim and i < source.ndim and a.shape[i] == source.shape[i],
+              lambda: f"index_copy_(): Source/destination tensor must have same slice shapes. Destination slice shape: "
+                      f"{a.shape[i] if i < a.ndim else 1} at dimension {i} and source slice shape: "
+                      f"{source.shape[i] if i < source.ndim else 1} at dimension {i}.")
+    _check_index_source(a, d, index, source, "index_copy_")
+    return _index_scatter(a, d, index, source, prims.scatter)
+
+
+@torchsymbol(torch.index_fill, T.index_fill)
+def index_fill(a, dim, index, value):
+    check(index.dtype is torch.int64, lambda: "index_fill_(): Expected dtype int64 for index.", IndexError)
+    check(index.ndim <= 1, lambda: "Index has to be a vector/scalar")
+    d = prims.canonical_dim(dim, a.ndim)
+    value = _fill_value(value, a, "index_fill_")
+    n = a.shape[d] if a.ndim else 1
+    index = _count_from_end(clang.reshape(index, (index.numel(),)), n)
+    hit = prims.scatter(clang.full((n,), False, device=a.device, dtype=torch.bool), index,
+                        clang.full((index.numel(),), True, device=a.device, dtype=torch.bool), 0)
+    if a.ndim == 0:
+        return _filled(a, clang.reshape(hit, ()), value)
+    mask = prims.broadcast_in_dim(hit, tuple(a.shape), (d,))
+    return _filled(a, mask, value)
+
+
+@torchsymbol(torch.masked_fill, T.masked_fill)
+def masked_fill(a, mask, value):
+    check(mask.dtype is torch.bool, lambda: f"masked_fill_ only supports boolean masks, but got mask with dtype "
+                                            f"{clang.CPP_TYPE_NAMES.get(mask.dtype, mask.dtype)}")
+    value = _fill_value(value, a, "masked_fill_")
+    shape = clang.broadcast_shapes(mask.shape, a.shape)
+    return _filled(clang.expand_to(a, shape), mask, value)
+
+
+def index_put_entries(a, indices, values, accumulate=False):
+    """index_put with None entries meaning `:` (as aten.index_put takes them): writes values
+    (broadcast to the shape a[indices] has) at the indexed positions, summing if accumulate.
+
+    One scatter on a's indexed dims merged into one (moved first when the index tensors are
+    not adjacent, torch's placement rule). A single boolean mask with one value is a where."""
+    indices = list(indices)
+    check(len(indices) <= a.ndim or (a.ndim == 0 and len(indices) <= 1 and not any(
+          isinstance(i, TensorProxy) and i.dtype in _INDEX_DTYPES for i in indices)),
+          lambda: f"too many indices for tensor of dimension {a.ndim} (got {len(indices)})", IndexError)
+    for i in indices:
+        check(i is None or i.dtype in _INDEX_DTYPES + (torch.bool, torch.uint8),
+              lambda: "tensors used as indices must be long, int, byte or bool tensors", IndexError)
+    check(values.dtype == a.dtype, lambda: f"Index put requires the source and destination dtypes match, got "
+                                           f"{clang.scalar_type_name(a.dtype)} for the destination and "
+                                           f"{clang.scalar_type_name(values.dtype)} for the source.")
+    masks = [k for k, i in enumerate(indices) if i is not None and i.dtype in (torch.bool, torch.uint8)]
+    if masks:
+        return _mask_put(a, indices, masks, values, accumulate)
+    indices = indices + [None] * (a.ndim - len(indices))
+    dims = [k for k, i in enumerate(indices) if i is not None]
+    if not dims:
+        return clang.add(a, values) if accumulate else clang.add(clang.expand_to(values, a.shape), False if a.dtype is torch.bool else 0)
+    tensors = [indices[k] for k in dims]
+    try:
+        index_shape = clang.broadcast_shapes(*(i.shape for i in tensors))
+    except RuntimeError:
+        raise IndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
+                         + ", ".join(str(list(i.shape)) for i in tensors)) from None
+    adjacent = dims == list(range(dims[0], dims[0] + len(dims)))
+    perm = list(range(a.ndim)) if adjacent else dims + [k for k in range(a.ndim) if k not in dims]
+    moved = clang.permute(a, tuple(perm))
+    first = dims[0] if adjacent else 0
+    sizes = [a.shape[k] for k in dims]
+    merged = torch.Size(sizes).numel()
+    linear = in_range = None
+    for idx, size, pos in zip(tensors, sizes, range(len(sizes))):
+        idx = _count_from_end(idx, size)
+        if len(tensors) > 1:  # out of range in one dim could land in range of the merged dim
+            ok = clang.bitwise_and(clang.ge(idx, 0), clang.lt(idx, size))
+            in_range = ok if in_range is None else clang.bitwise_and(in_range, ok)
+        stride = torch.Size(sizes[pos + 1:]).numel()
+        term = clang.mul(idx, stride) if stride != 1 else idx
+        linear = term if linear is None else clang.add(linear, term)
+    if in_range is not None:
+        linear = clang.where(in_range, linear, merged)  # past the end: the scatter raises
+    linear = clang.reshape(clang.expand_to(linear, index_shape), (-1,))
+    shape = tuple(moved.shape)
+    pre, post = shape[:first], shape[first + len(dims):]
+    result_shape = pre + tuple(index_shape) + post
+    try:
+        values = clang.expand_to(values, clang.broadcast_shapes(values.shape, result_shape))
+        check(tuple(values.shape) == result_shape, lambda: "")
+    except RuntimeError:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing "
+                           f"result of shape {list(result_shape)}") from None
+    k = linear.numel()
+    flat = clang.reshape(moved, pre + (merged,) + post)
+    values = clang.reshape(values, pre + (k,) + post)
+    index = prims.broadcast_in_dim(linear, pre + (k,) + post, (first,))
+    if k:
+        flat = (prims.scatter_add if accumulate else prims.scatter)(flat, index, values, first)
+    out = clang.reshape(flat, shape)
+    inverse = [perm.index(k) for k in range(a.ndim)]
+    return clang.permute(out, tuple(inverse))
+
+
+def _mask_put(a, indices, masks, values, accumulate):
+    others = [i for k, i in enumerate(indices) if i is not None and k not in masks]
+    if len(masks) != 1 or others or values.numel() != 1:
+        raise UnsupportedOpError("index_put with a boolean mask writes as many values as the mask has True entries, which "
+                                 "thunderfn cannot trace unless one mask is the only index and one value is written; "
+                                 "use torch.where(mask, values, x) instead")
+    pos = masks[0]
+    mask = indices[pos]
+    for j, s in enumerate(mask.shape):
+        check(pos + j < a.ndim and a.shape[pos + j] == s,
+              lambda: f"The shape of the mask {list(mask.shape)} at index {j} does not match the shape of the indexed "
+                      f"tensor {list(a.shape)} at index {pos + j}", IndexError)
+    mask = maybe_convert_to_dtype(mask, torch.bool)
+    mask = prims.broadcast_in_dim(mask, tuple(a.shape), tuple(range(pos, pos + mask.ndim)))
+    value = clang.reshape(values, ())
+    if accumulate:
+        return clang.where(mask, clang.add(a, value), a)
+    return clang.where(mask, value, a)
+
+
+@torchsymbol(torch.index_put, T.index_put)
+def index_put(a, indices, values, accumulate=False):
+    check(isinstance(indices, (tuple, list)), lambda: f"index_put(): argument 'indices' (position 2) must be tuple of Tensors, "
+                                                      f"not {type(indices).__name__}", TypeError)
+    for k, i in enumerate(indices):
+        check(isinstance(i, TensorProxy), lambda: f"expected Tensor as element {k} in argument 1, but got {type(i).__name__}", TypeError)
+    check(len(indices) > 0, lambda: "index_put with no indices writes every element; thunderfn refuses it as torch does "
+                                    "(use torch.where or expand)")
+    return index_put_entries(a, indices, values, accumulate)
+
+
+@torchsymbol(torch.take, T.take)
+def take(a, index):
+    check(index.dtype is torch.int64, lambda: f"take(): Expected a long tensor for index, but got {clang.scalar_type_name(index.dtype)}")
+    check(a.numel() > 0 or index.numel() == 0, lambda: "take(): tried to take from an empty tensor", IndexError)
+    if index.numel() == 0:
+        return clang.full(index.shape, 0, device=a.device, dtype=a.dtype)
+    flat = clang.reshape(a, (a.numel(),))
+    picked = prims.take(flat, clang.reshape(_count_from_end(index, a.numel()), (index.numel(),)), 0)
+    return clang.reshape(picked, tuple(index.shape))
+
+
+@torchsymbol(torch.put, T.put)
+def put(a, index, source, accumulate=False):
+    check(index.dtype is torch.int64, lambda: f"put_(): Expected a long tensor for index, but got {clang.scalar_type_name(index.dtype)}")
+    check(a.dtype == source.dtype, lambda: f"put_(): self and source expected to have the same dtype, but got self.dtype = "
+                                           f"{clang.scalar_type_name(a.dtype)} and source.dtype = {clang.scalar_type_name(source.dtype)}")
+    check(index.numel() == source.numel(), lambda: f"put_(): Expected source and index to have the same number of elements, "
+                                                   f"but got source.numel() = {source.numel()}, index.numel() = {index.numel()}", IndexError)
+    check(a.numel() > 0 or index.numel() == 0, lambda: "put_(): Tried to put elements into an empty tensor", IndexError)
+    if index.numel() == 0:
+        return clang.add(a, False) if a.dtype is torch.bool else clang.add(a, 0)
+    n = index.numel()
+    flat = clang.reshape(a, (a.numel(),))
+    out = (prims.scatter_add if accumulate else prims.scatter)(
+        flat, clang.reshape(_count_from_end(index, a.numel()), (n,)), clang.reshape(source, (n,)), 0)
+    return clang.reshape(out, tuple(a.shape))

@@ -12,14 +12,19 @@ from thunderfn import clang, prims
 from thunderfn.clang import keepdim_reshape, maybe_convert_to_dtype
 from thunderfn.core import dtypes
 from thunderfn.errors import UnsupportedOpError
-from thunderfn.prims import canonical_dim, check
+from thunderfn.prims import canonical_dim, check, check_dtype_supported
 from thunderfn.torch import register_alias, torchsymbol
 from thunderfn.torch.opaque import opaque_symbol
-from thunderfn.torch.reductions import log_softmax
+from thunderfn.torch.elementwise import logsigmoid, mul, neg, rsub, sub
+from thunderfn.torch.reductions import log_softmax, softmax
+from thunderfn.torch.reductions import mean as reduction_mean
+from thunderfn.torch.reductions import sum as reduction_sum
 
 T = torch.Tensor
 __all__ = ["matmul", "mm", "bmm", "linear", "layer_norm", "embedding", "cross_entropy", "nll_loss",
-           "scaled_dot_product_attention", "dropout", "mse_loss"]
+           "scaled_dot_product_attention", "dropout", "mse_loss", "rms_norm", "batch_norm", "instance_norm", "group_norm",
+           "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
+           "soft_margin_loss", "softmin"]
 
 
 def _check_same_dtype(a, b):
@@ -111,6 +116,175 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         out = clang.add(out, maybe_convert_to_dtype(bias, out.dtype))
     return maybe_convert_to_dtype(out, input.dtype)
 
+
+
+def _check_normalized_shape(fn_name, input, normalized_shape, weight, *, shape_text):
+    check(isinstance(normalized_shape, (tuple, list, torch.Size)),
+          lambda: f"{fn_name}(): argument 'normalized_shape' (position 2) must be tuple of ints, not {type(normalized_shape).__name__}",
+          TypeError)
+    normalized_shape = tuple(normalized_shape)
+    n = len(normalized_shape)
+    check(n > 0, lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, "
+                         f"but got normalized_shape = {list(normalized_shape)}")
+    check(weight is None or tuple(weight.shape) == normalized_shape,
+          lambda: f"Expected weight to be of same shape as normalized_shape, but got weight of shape {list(weight.shape)} and normalized_shape = {list(normalized_shape)}")
+    check(tuple(input.shape[input.ndim - n:]) == normalized_shape and input.ndim >= n,
+          lambda: f"Given normalized_shape={list(normalized_shape)}, expected input with shape {shape_text(normalized_shape)}, "
+                  f"but got input of size{list(input.shape)}")
+    return tuple(range(input.ndim - n, input.ndim))
+
+
+@torchsymbol(F.rms_norm, torch.rms_norm)
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    check(input.ndim >= 1, lambda: f"Input tensor must have at least 1 dimensions, but got {input.ndim}", ValueError)
+    dims = _check_normalized_shape("rms_norm", input, normalized_shape, weight,
+                                   shape_text=lambda shape: f"[*{', '.join(map(str, shape))}]")
+    check_dtype_supported(dtypes.is_inexact(input.dtype), "rms_norm", input.dtype)
+    compute = dtypes.computation_dtype(input.dtype)
+    if eps is None:  # torch's default: the epsilon of the dtype it computes in (float32 for half types)
+        eps = torch.finfo(compute).eps
+    x = maybe_convert_to_dtype(input, compute)
+    mean_square = clang.true_divide(prims.sum(clang.mul(x, x), dims), torch.Size([input.shape[d] for d in dims]).numel())
+    out = clang.mul(x, clang.rsqrt(clang.add(keepdim_reshape(mean_square, x, dims), eps)))
+    if weight is not None:  # torch's fused kernel scales in the computation dtype and rounds once, to input's dtype
+        out = clang.mul(out, maybe_convert_to_dtype(weight, compute))
+    return maybe_convert_to_dtype(out, input.dtype)
+
+
+def _check_norm_params(input, *params):
+    """torch's CPU rule for normalization parameters: the input's dtype, or all float32 with a half-precision input."""
+    given = [p for p in params if p is not None]
+    mixed = input.dtype in dtypes.low_precision and all(p.dtype is torch.float32 for p in given)
+    check(mixed or all(p.dtype == input.dtype for p in given),
+          lambda: "mixed dtype (CPU): expect parameter to have scalar type of Float")
+
+
+def _per_channel(t, ndim, compute):
+    """A (C,) tensor shaped to broadcast along dim 1 of an ndim-dim (N, C, ...) tensor, in the computation dtype."""
+    return clang.reshape(maybe_convert_to_dtype(t, compute), (t.shape[0],) + (1,) * (ndim - 2))
+
+
+def _scale_shift(x, mean, invstd, weight, bias):
+    """x * alpha + beta with alpha = invstd * weight and beta = bias - mean * alpha: torch's CPU kernels'
+    arithmetic for batch and group norm (all operands broadcastable to x)."""
+    alpha = invstd if weight is None else clang.mul(invstd, weight)
+    shift = clang.mul(mean, alpha)
+    beta = clang.neg(shift) if bias is None else clang.sub(bias, shift)
+    return clang.add(clang.mul(x, alpha), beta)
+
+
+def _normalize_channels(input, x, mean, var, weight, bias, eps, *, batch_stats):
+    """Batch/instance norm's output from per-channel (broadcastable) mean and var in the computation dtype.
+    torch keeps batch statistics in the parameters' dtype: a half-precision input with half-precision (or no)
+    parameters rounds mean and 1/std to half before normalizing, in float32, with them."""
+    compute = x.dtype
+    invstd = clang.reciprocal(clang.sqrt(clang.add(var, eps)))
+    w = None if weight is None else _per_channel(weight, input.ndim, compute)
+    b = None if bias is None else _per_channel(bias, input.ndim, compute)
+    params = [p for p in (weight, bias) if p is not None]
+    if batch_stats and input.dtype in dtypes.low_precision and not (params and params[0].dtype is torch.float32):
+        mean, invstd = (maybe_convert_to_dtype(maybe_convert_to_dtype(t, input.dtype), compute) for t in (mean, invstd))
+        out = clang.mul(clang.sub(x, mean), invstd)
+        out = out if w is None else clang.mul(out, w)
+        out = out if b is None else clang.add(out, b)
+    else:
+        out = _scale_shift(x, mean, invstd, w, b)
+    return maybe_convert_to_dtype(out, input.dtype)
+
+
+def _check_more_than_one_value(input, count_dims, what, shape_text):
+    count = torch.Size([input.shape[d] for d in count_dims]).numel()
+    check(count != 1, lambda: f"Expected more than 1 {what} when training, got input size {shape_text}", ValueError)
+
+
+@torchsymbol(F.batch_norm)  # not torch.batch_norm: its arguments come in another order
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    if training:  # F.batch_norm's own check, before torch's
+        _check_more_than_one_value(input, (0, *range(2, input.ndim)), "value per channel", f"torch.Size({list(input.shape)})")
+    check(not training or running_mean is None and running_var is None,
+          lambda: "batch_norm(training=True) with running_mean/running_var updates running_mean/running_var in place, "
+                  "which thunderfn does not trace yet; pass running_mean=None and running_var=None to normalize with "
+                  "batch statistics only", UnsupportedOpError)
+    if not training:
+        check(running_mean is not None, lambda: "running_mean must be defined in evaluation mode")
+        check(running_var is not None, lambda: "running_var must be defined in evaluation mode")
+    channels = input.shape[1] if input.ndim >= 2 else 0
+    for name, p in (("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)):
+        check(p is None or p.numel() == channels, lambda: f"{name} should contain {channels} elements not {p.numel()}")
+    canonical_dim(1, input.ndim)
+    check_dtype_supported(dtypes.is_float(input.dtype), "batch_norm", input.dtype)
+    _check_norm_params(input, running_mean, running_var, weight, bias)
+    compute = dtypes.computation_dtype(input.dtype)
+    x = maybe_convert_to_dtype(input, compute)
+    use_batch_stats = training
+    if training:
+        dims = (0, *range(2, input.ndim))
+        var, mean = prims.var_mean(x, dims, correction=0)
+        mean, var = keepdim_reshape(mean, x, dims), keepdim_reshape(var, x, dims)
+    else:
+        mean, var = _per_channel(running_mean, input.ndim, compute), _per_channel(running_var, input.ndim, compute)
+    return _normalize_channels(input, x, mean, var, weight, bias, eps, batch_stats=use_batch_stats)
+
+
+@torchsymbol(F.instance_norm)  # not torch.instance_norm: its arguments come in another order
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                  momentum=0.1, eps=1e-5):
+    if use_input_stats:  # F.instance_norm's own check, before torch's
+        _check_more_than_one_value(input, tuple(range(2, input.ndim)), "spatial element", f"torch.Size({list(input.shape)})")
+    check(not use_input_stats or running_mean is None and running_var is None,
+          lambda: "instance_norm(use_input_stats=True) with running_mean/running_var updates running_mean/running_var "
+                  "in place, which thunderfn does not trace yet; pass running_mean=None and running_var=None",
+          UnsupportedOpError)
+    check(use_input_stats or running_mean is not None and running_var is not None,
+          lambda: "Expected running_mean and running_var to be defined when use_input_stats is false")
+    # torch runs batch norm on the input viewed as (1, N*C, ...), with per-channel parameters repeated N times
+    n, c = input.shape[0], input.shape[1] if input.ndim >= 2 else 0
+    for name, p in (("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)):
+        check(p is None or p.numel() == c, lambda: f"{name} should contain {n * c} elements not {n * p.numel()}")
+    check_dtype_supported(dtypes.is_float(input.dtype), "batch_norm", input.dtype)
+    _check_norm_params(input, running_mean, running_var, weight, bias)
+    compute = dtypes.computation_dtype(input.dtype)
+    x = maybe_convert_to_dtype(input, compute)
+    use_batch_stats = use_input_stats
+    if use_input_stats:
+        dims = tuple(range(2, input.ndim))
+        var, mean = prims.var_mean(x, dims, correction=0)
+        mean, var = keepdim_reshape(mean, x, dims), keepdim_reshape(var, x, dims)
+    else:
+        mean, var = _per_channel(running_mean, input.ndim, compute), _per_channel(running_var, input.ndim, compute)
+    return _normalize_channels(input, x, mean, var, weight, bias, eps, batch_stats=use_batch_stats)
+
+
+@torchsymbol(F.group_norm)  # not torch.group_norm: it takes cudnn_enabled too
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    check(input.ndim >= 2, lambda: f"Expected at least 2 dimensions for input tensor but received {input.ndim}")
+    check(num_groups != 0, lambda: "integer division or modulo by zero", ZeroDivisionError)
+    n, c = input.shape[0], input.shape[1]
+    # F.group_norm's own check, on the input viewed as (N*C/G, G, ...)
+    grouped = [n * c // num_groups, num_groups, *input.shape[2:]]
+    check(torch.Size([grouped[0], *grouped[2:]]).numel() != 1,
+          lambda: f"Expected more than 1 value per channel when training, got input size {grouped}", ValueError)
+    check(c % num_groups == 0, lambda: f"Expected number of channels in input to be divisible by num_groups, but got input "
+                                       f"of shape {list(input.shape)} and num_groups={num_groups}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        check(p is None or p.ndim == 1 and p.numel() == c,
+              lambda: f"Expected {name} to be a vector of size equal to the number of channels in input, but got {name} "
+                      f"of shape {list(p.shape)} and input of shape {list(input.shape)}")
+    check_dtype_supported(dtypes.is_float(input.dtype), "GroupNormKernelImpl", input.dtype)
+    _check_norm_params(input, weight, bias)
+    compute = dtypes.computation_dtype(input.dtype)
+    x = maybe_convert_to_dtype(input, compute)
+    grouped_x = clang.reshape(x, (n, num_groups, c // num_groups * torch.Size(input.shape[2:]).numel()))
+    var, mean = prims.var_mean(grouped_x, (2,), correction=0)
+    rstd = clang.rsqrt(clang.add(var, eps))
+
+    def per_channel(t):  # (N, G) -> (N, C, 1, ...), each group's value for each of its channels
+        t = clang.expand_to(clang.unsqueeze(t, 2), (n, num_groups, c // num_groups))
+        return clang.reshape(t, (n, c) + (1,) * (input.ndim - 2))
+
+    w = None if weight is None else _per_channel(weight, input.ndim, compute)
+    b = None if bias is None else _per_channel(bias, input.ndim, compute)
+    return maybe_convert_to_dtype(_scale_shift(x, per_channel(mean), per_channel(rstd), w, b), input.dtype)
 
 @torchsymbol(F.embedding)
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
@@ -287,6 +461,175 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", we
         return clang.true_divide(total, prims.sum(weight, tuple(range(weight.ndim))))
     return clang.true_divide(total, loss.numel() if loss.numel() else float("nan"))
 
+
+
+def _apply_reduction(loss, reduction):
+    """torch's apply_loss_reduction: loss.mean(), loss.sum() or loss itself."""
+    if reduction == "none":
+        return loss
+    return reduction_mean(loss) if reduction == "mean" else reduction_sum(loss)
+
+
+def _broadcast_pair(input, target):
+    """torch.broadcast_tensors(input, target), as the Python losses do (torch warns about differing sizes)."""
+    return clang.broadcast(input, target) if input.ndim and target.ndim else (input, target)
+
+
+@torchsymbol(F.l1_loss)
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    input, target = _broadcast_pair(input, target)
+    if weight is not None:  # torch's Python path for weights, as mse_loss's
+        check(tuple(weight.shape) == tuple(input.shape), lambda: "Weights and input must have the same size.", ValueError)
+        check(reduction in ("none", "mean", "sum"),
+              lambda: f"Invalid reduction mode: {reduction}. Expected one of 'none', 'mean', 'sum'.", ValueError)
+        loss = clang.mul(clang.abs(sub(input, target)), weight)
+        if reduction == "none":
+            return loss
+        total = reduction_sum(loss)
+        return total if reduction == "sum" else clang.true_divide(total, reduction_sum(weight))
+    _check_reduction(reduction)
+    return _apply_reduction(clang.abs(sub(input, target)), reduction)
+
+
+def _float_loss(name, kernel, input, target):
+    """(input, target) in the computation dtype of their promoted dtype, and that dtype; torch's kernel refuses
+    integer results."""
+    dtype = dtypes.result_type(input, target)
+    check_dtype_supported(dtypes.is_inexact(dtype), kernel, dtype)
+    compute = dtypes.computation_dtype(dtype)
+    return maybe_convert_to_dtype(input, compute), maybe_convert_to_dtype(target, compute), dtype
+
+
+@torchsymbol(F.smooth_l1_loss)
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    input, target = _broadcast_pair(input, target)
+    if beta == 0.0:  # torch's own shortcut
+        _check_reduction(reduction)
+        return _apply_reduction(clang.abs(sub(input, target)), reduction)
+    _check_reduction(reduction)
+    check(beta >= 0, lambda: "smooth_l1_loss does not support negative values for beta.")
+    x, y, dtype = _float_loss("smooth_l1_loss", "smooth_l1_cpu", input, target)
+    z = clang.abs(clang.sub(x, y))
+    loss = clang.where(clang.lt(z, beta), clang.true_divide(clang.mul(clang.mul(z, z), 0.5), beta), clang.sub(z, 0.5 * beta))
+    return _apply_reduction(maybe_convert_to_dtype(loss, dtype), reduction)
+
+
+@torchsymbol(F.huber_loss)
+def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
+    input, target = _broadcast_pair(input, target)
+    if weight is not None:
+        check(tuple(weight.shape) == tuple(input.shape), lambda: "Weights and input must have the same size.", ValueError)
+    else:
+        _check_reduction(reduction)
+    check(delta > 0, lambda: "huber_loss does not support non-positive values for delta.")
+    x, y, dtype = _float_loss("huber_loss", "huber_cpu", input, target)
+    z = clang.abs(clang.sub(x, y))
+    loss = clang.where(clang.lt(z, delta), clang.mul(clang.mul(z, z), 0.5), clang.mul(clang.sub(z, 0.5 * delta), delta))
+    loss = maybe_convert_to_dtype(loss, input.dtype)  # torch writes the loss in the input's dtype
+    if weight is None:
+        return _apply_reduction(loss, reduction)
+    check(reduction in ("none", "mean", "sum"),
+          lambda: f"Invalid reduction mode: {reduction}. Expected one of 'none', 'mean', 'sum'.", ValueError)
+    return _apply_reduction(mul(loss, weight), reduction)  # weighted 'mean' is a plain mean, as in torch
+
+
+def _torch_size(t):
+    return f"torch.Size({list(t.shape)})"
+
+
+@torchsymbol(F.binary_cross_entropy)
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    check(tuple(target.shape) == tuple(input.shape),
+          lambda: f"Using a target size ({_torch_size(target)}) that is different to the input size ({_torch_size(input)}) "
+                  "is deprecated. Please ensure they have the same size.", ValueError)
+    if weight is not None:  # F.binary_cross_entropy expands weight to the target's shape
+        for i in range(1, min(weight.ndim, target.ndim) + 1):
+            check(weight.shape[-i] in (1, target.shape[-i]),
+                  lambda: f"Attempting to broadcast a dimension of length {weight.shape[-i]} at {-i}! Mismatching argument "
+                          f"at index 1 had {_torch_size(weight)}; but expected shape should be broadcastable to "
+                          f"{list(target.shape)}")
+        weight = clang.expand_to(weight, target.shape)
+    check_dtype_supported(dtypes.is_float(input.dtype), "binary_cross_entropy", input.dtype)
+    check(target.dtype == input.dtype, lambda: f"Found dtype {prims.scalar_type_name(target.dtype)} but expected "
+                                               f"{prims.scalar_type_name(input.dtype)}")
+    # torch checks 0 <= input <= 1 while running; a traced function cannot look at values, so it is not checked
+    compute = dtypes.computation_dtype(input.dtype)
+    x, y = maybe_convert_to_dtype(input, compute), maybe_convert_to_dtype(target, compute)
+    # torch clamps each log at -100, so a 0 or 1 input gives a finite loss
+    log_x = clang.maximum(clang.log(x), clang.full((), -100.0, device=x.device, dtype=compute))
+    log_1mx = clang.maximum(clang.log1p(clang.neg(x)), clang.full((), -100.0, device=x.device, dtype=compute))
+    loss = clang.sub(clang.mul(clang.sub(y, 1.0), log_1mx), clang.mul(y, log_x))
+    if weight is not None:
+        loss = clang.mul(loss, maybe_convert_to_dtype(weight, compute))
+    return _apply_reduction(maybe_convert_to_dtype(loss, input.dtype), reduction)
+
+
+@torchsymbol(F.binary_cross_entropy_with_logits)  # torch.binary_cross_entropy_with_logits takes an enum reduction
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
+                                     pos_weight=None):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    check(tuple(target.shape) == tuple(input.shape),
+          lambda: f"Target size ({_torch_size(target)}) must be the same as input size ({_torch_size(input)})", ValueError)
+    # torch's own sequence of ops, each rounding in its dtype:
+    # (1 - target) * input - log_weight * logsigmoid(input), log_weight = (pos_weight - 1) * target + 1
+    log_sigmoid = logsigmoid(input)
+    if pos_weight is not None:
+        log_weight = clang.add(clang.mul(clang.sub(pos_weight, 1), target), 1)
+        log_sigmoid = clang.mul(log_sigmoid, log_weight)
+    loss = clang.sub(clang.mul(rsub(target, 1), input), log_sigmoid)
+    if weight is not None:
+        loss = clang.mul(loss, weight)
+    # torch accumulates in place into a tensor of the target's dtype
+    check(dtypes.category(loss.dtype) <= dtypes.category(target.dtype),
+          lambda: f"result type {prims.scalar_type_name(loss.dtype)} can't be cast to the desired output type "
+                  f"{prims.scalar_type_name(target.dtype)}")
+    return _apply_reduction(maybe_convert_to_dtype(loss, target.dtype), reduction)
+
+
+def _xlogy_self(t):
+    """torch.xlogy(t, t): 0 where t is 0, NaN where t is NaN; as torch's kernel, log(t) rounds to t's dtype
+    before the product does."""
+    out = clang.where(clang.eq(t, 0), 0.0, clang.mul(t, clang.log(t)))
+    return clang.where(clang.isnan(t), float("nan"), out)
+
+
+@torchsymbol(F.kl_div)  # torch.kl_div takes an enum reduction
+def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    legacy = size_average is not None or reduce is not None
+    kernel_reduction = _legacy_reduction(size_average, reduce, reduction) if legacy else \
+        ("sum" if reduction == "batchmean" else reduction)
+    _check_reduction(kernel_reduction)
+    check(dtypes.is_inexact(input.dtype) and dtypes.is_inexact(target.dtype), lambda: "kl_div: Integral inputs not supported.")
+    # torch's formulas, op by op
+    if log_target:
+        loss = clang.mul(clang.exp(target), clang.sub(target, input))
+    else:
+        loss = clang.sub(_xlogy_self(target), clang.mul(target, input))
+    out = _apply_reduction(loss, kernel_reduction)
+    if reduction == "batchmean" and input.ndim != 0:  # F.kl_div divides by the batch size (even with legacy args)
+        out = clang.true_divide(out, input.shape[0])
+    return out
+
+
+@torchsymbol(F.soft_margin_loss)
+def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    # torch's ops in place on a tensor of the input's dtype: log1p(exp(-input * target))
+    check(dtypes.is_inexact(input.dtype),
+          lambda: f"result type Float can't be cast to the desired output type {prims.scalar_type_name(input.dtype)}")
+    loss = maybe_convert_to_dtype(clang.mul(clang.neg(input), target), input.dtype)
+    return _apply_reduction(clang.log1p(clang.exp(loss)), reduction)
+
+
+@torchsymbol(F.softmin)
+def softmin(input, dim=None, _stacklevel=3, dtype=None):
+    return softmax(neg(input), dim, dtype=dtype)  # F.softmin's own definition: (-input).softmax(dim, dtype=dtype)
 
 def _cpp_name(dtype):
     return clang.CPP_TYPE_NAMES.get(dtype, str(dtype))

@@ -87,6 +87,11 @@ def _meta(fn, args, kwargs):
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         data_dependent = any(w in reason for w in ("data-dependent", "data dependent", "data-independent", "item()", "no data",
                                                    "without output_size", "Meta tensors"))
+        # Proxies carry no strides (meta tensors here are contiguous): a complaint about layout is ours, not the input's.
+        meta_specific = data_dependent or isinstance(e, NotImplementedError) or any(
+            w in reason.lower() for w in ("meta", "stride", "contiguous", "major", "layout"))
+        if not meta_specific and isinstance(e, (IndexError, ValueError, TypeError, RuntimeError)):
+            raise  # the op rejects these inputs: the same error eager would raise, torch's own words
         why = ("its output shape or value depends on tensor values, which tracing does not know"
                if data_dependent else f"running it on shapes alone failed ({type(e).__name__}: {reason[:200]})")
         raise UnsupportedOpError(f"{name} has no thunderfn symbol and cannot run as an opaque torch op: {why}. "
@@ -104,13 +109,6 @@ def _meta(fn, args, kwargs):
             raise UnsupportedOpError(f"{name} returns {kind}, a value tracing cannot know; call it outside the "
                                      f"jitted function or keep the result as a tensor")
     return tree_unflatten(out_spec, proxies)  # keeps torch.return_types.* (values, indices)
-
-
-def is_in_place(fn) -> bool:
-    short = torch_name(fn).rsplit(".", 1)[-1]
-    return (short.endswith("_") and not short.startswith("__")) or short in (
-        "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__", "__iand__",
-        "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__", "__setitem__")
 
 
 def run_opaque(fn, args, kwargs):

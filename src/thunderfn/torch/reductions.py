@@ -1,6 +1,7 @@
 """Reductions: sum, mean, prod, amax/amin, max/min, var/std, argmax/argmin, all/any,
-softmax, log_softmax and logsumexp. Half-precision inputs accumulate in float32,
-as torch's kernels do."""
+softmax, log_softmax and logsumexp; the scans (cumsum, cumprod, logcumsumexp); sort,
+argsort and topk; vector norms; aminmax, nansum and nanmean. Half-precision inputs
+accumulate in float32, as torch's kernels do."""
 from __future__ import annotations
 
 import warnings
@@ -11,12 +12,15 @@ import torch.nn.functional as F
 from thunderfn import clang, prims
 from thunderfn.clang import is_tensor, keepdim_reshape, maybe_convert_to_dtype, reduction_dims
 from thunderfn.core import dtypes
+from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported, scalar_type_name
 from thunderfn.torch import register_alias, torchsymbol
+from thunderfn.torch.opaque import opaque_symbol
 
 T = torch.Tensor
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "var", "std", "var_mean", "std_mean", "argmax",
-           "argmin", "all", "any", "softmax", "log_softmax", "logsumexp", "count_nonzero"]
+           "argmin", "all", "any", "softmax", "log_softmax", "logsumexp", "count_nonzero", "cumsum", "cumprod",
+           "logcumsumexp", "sort", "argsort", "msort", "topk", "vector_norm", "norm", "aminmax", "nansum", "nanmean"]
 
 
 def _finish(out, a, dims, keepdim, dtype):
@@ -270,3 +274,155 @@ def logsumexp(a, dim, keepdim=False):
         out = clang.add(clang.log(prims.sum(clang.exp(clang.sub(x, keepdim_reshape(m, x, dims))), dims)), m)
     return _finish(out, a, dims, keepdim, a.dtype if dtypes.is_inexact(a.dtype) else torch.get_default_dtype())
 
+
+
+# -- scans ---------------------------------------------------------------------------------
+def _scan(a, dim, dtype, prim):
+    # like sum, a scan of bool or integers accumulates (and returns) int64 unless told otherwise
+    out_dtype = _sum_dtype(a, dtype)
+    d = canonical_dim(dim, a.ndim)
+    x = maybe_convert_to_dtype(maybe_convert_to_dtype(a, out_dtype), dtypes.computation_dtype(out_dtype))
+    return maybe_convert_to_dtype(prim(x, d), out_dtype)
+
+
+@torchsymbol(torch.cumsum, T.cumsum)
+def cumsum(a, dim, *, dtype=None):
+    return _scan(a, dim, dtype, prims.cumsum)
+
+
+@torchsymbol(torch.cumprod, T.cumprod)
+def cumprod(a, dim, *, dtype=None):
+    return _scan(a, dim, dtype, prims.cumprod)
+
+
+def _logaddexp(a, b):
+    """log(exp(a) + exp(b)) without overflow; an infinite larger operand is the answer itself."""
+    m = clang.maximum(a, b)
+    finite = clang.add(m, clang.log1p(clang.exp(clang.neg(clang.abs(clang.sub(a, b))))))
+    return clang.where(clang.eq(clang.abs(m), float("inf")), m, finite)
+
+
+@torchsymbol(torch.logcumsumexp, T.logcumsumexp)
+def logcumsumexp(a, dim):
+    check_dtype_supported(dtypes.is_float(a.dtype), "logcumsumexp_out_cpu", a.dtype)
+    d = canonical_dim(dim, a.ndim)
+    x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
+    n = a.shape[d] if a.ndim else 1
+    # A Hillis-Steele scan: log2(n) rounds of logaddexp with the row shifted by 1, 2, 4, ...
+    # Every step is elementwise (fusible) and each pair is combined stably, which
+    # log(cumsum(exp(x - max))) is not: a prefix far below the row's maximum underflows to -inf.
+    shift = 1
+    while shift < n:
+        pad_shape = tuple(shift if i == d else s for i, s in enumerate(x.shape))
+        pad = clang.full(pad_shape, float("-inf"), device=x.device, dtype=x.dtype)
+        x = _logaddexp(x, clang.cat([pad, clang.slice_in_dim(x, 0, n - shift, dim=d)], d))
+        shift *= 2
+    return maybe_convert_to_dtype(x, a.dtype)
+
+
+# -- sorting -------------------------------------------------------------------------------
+@torchsymbol(torch.sort, T.sort)
+def sort(a, dim=-1, descending=False, *, stable=None):
+    values, indices = prims.sort(a, canonical_dim(dim, a.ndim), bool(descending), bool(stable))
+    return torch.return_types.sort((values, indices))
+
+
+@torchsymbol(torch.argsort, T.argsort)
+def argsort(a, dim=-1, descending=False, stable=False):
+    return prims.sort(a, canonical_dim(dim, a.ndim), bool(descending), bool(stable))[1]
+
+
+@torchsymbol(torch.msort, T.msort)
+def msort(a):
+    return prims.sort(a, 0, False, False)[0]
+
+
+@torchsymbol(torch.topk, T.topk)
+def topk(a, k, dim=-1, largest=True, sorted=True):
+    values, indices = prims.topk(a, k, canonical_dim(dim, a.ndim), bool(largest), bool(sorted))
+    return torch.return_types.topk((values, indices))
+
+
+# -- norms and NaN-skipping reductions -----------------------------------------------------
+def _ord_name(ord) -> str:
+    return str(int(ord)) if float(ord).is_integer() else str(ord)
+
+
+@torchsymbol(torch.linalg.vector_norm)
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    check(isinstance(ord, (int, float)) and not isinstance(ord, bool),
+          lambda: f"linalg_vector_norm(): argument 'ord' (position 2) must be Number, not {type(ord).__name__}", TypeError)
+    check(dtypes.is_inexact(x.dtype),
+          lambda: f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {scalar_type_name(x.dtype)}")
+    if dtype is not None:
+        check(dtypes.is_inexact(dtype),
+              lambda: f"linalg.vector_norm: dtype should be floating point or complex, but got {scalar_type_name(dtype)}")
+        check(torch.promote_types(x.dtype, dtype) == dtype,
+              lambda: f"linalg.vector_norm: the dtype of the input ({scalar_type_name(x.dtype)}) should be convertible "
+                      f"without narrowing to the specified dtype ({scalar_type_name(dtype)})")
+    dims = reduction_dims(x, dim)
+    if ord < 0 or ord == float("inf"):  # min, max and negative powers have no identity for an empty reduction
+        if dim is None or (not isinstance(dim, int) and len(dim) == 0):
+            check(x.numel() > 0, lambda: f"linalg.vector_norm cannot compute the {_ord_name(ord)} norm on an empty tensor "
+                                         f"because the operation does not have an identity")
+        for d in dims:
+            check(x.shape[d] > 0, lambda: f"linalg.vector_norm cannot compute the {_ord_name(ord)} norm on the dimension "
+                                          f"{d}because this dimension is empty and the operation does not have an identity")
+    in_dtype = dtype or x.dtype
+    out_dtype = dtypes.to_real(in_dtype)
+    a = clang.abs(maybe_convert_to_dtype(maybe_convert_to_dtype(x, in_dtype), dtypes.computation_dtype(in_dtype)))
+    if ord == float("inf"):
+        out = prims.amax(a, dims)
+    elif ord == float("-inf"):
+        out = prims.amin(a, dims)
+    elif ord == 0:
+        out = prims.sum(maybe_convert_to_dtype(clang.ne(a, 0), a.dtype), dims)
+    elif ord == 1:
+        out = prims.sum(a, dims)
+    elif ord == 2:
+        out = clang.sqrt(prims.sum(clang.mul(a, a), dims))
+    else:
+        out = clang.pow(prims.sum(clang.pow(a, ord), dims), 1.0 / ord)
+    return _finish(out, x, dims, keepdim, out_dtype)
+
+
+@torchsymbol(torch.norm, T.norm)
+def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+    check(out is None, lambda: "torch.norm(out=...) writes into an argument, which thunderfn does not trace; "
+                               "use the result instead", UnsupportedOpError)
+    dims = [dim] if isinstance(dim, int) else dim
+    if isinstance(p, str):  # as torch.norm does: Frobenius over at most two dims is the vector 2-norm
+        if p == "fro" and (dim is None or isinstance(dim, int) or len(dim) <= 2):
+            return vector_norm(input, 2, dims, keepdim, dtype=dtype)
+        # the nuclear norm (an SVD) and other matrix norms: torch computes them
+        return opaque_symbol(torch.linalg.matrix_norm)(input, p, list(range(input.ndim)) if dims is None else dims,
+                                                       keepdim, dtype=dtype)
+    return vector_norm(input, 2.0 if p is None else p, dims, keepdim, dtype=dtype)
+
+
+@torchsymbol(torch.aminmax, T.aminmax)
+def aminmax(a, *, dim=None, keepdim=False):
+    if dim is None:
+        check(a.numel() > 0, lambda: "aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity.")
+    dims = reduction_dims(a, dim)
+    for d in dims:
+        check(a.shape[d] > 0, lambda: f"aminmax: Expected reduction dim {d} to have non-zero size.", IndexError)
+    lo, hi = (_finish(prim(a, dims), a, dims, keepdim, a.dtype) for prim in (prims.amin, prims.amax))
+    return torch.return_types.aminmax((lo, hi))
+
+
+def _zero_nans(a):
+    return clang.where(clang.isnan(a), 0, a) if dtypes.is_float(a.dtype) else a
+
+
+@torchsymbol(torch.nansum, T.nansum)
+def nansum(a, dim=None, keepdim=False, *, dtype=None):
+    return sum(_zero_nans(a), dim, keepdim, dtype=dtype)
+
+
+@torchsymbol(torch.nanmean, T.nanmean)
+def nanmean(a, dim=None, keepdim=False, *, dtype=None):
+    check(dtypes.is_inexact(a.dtype), lambda: f"nanmean(): expected input to have floating point or complex dtype but got "
+                                              f"{scalar_type_name(a.dtype)}")
+    count = sum(clang.bitwise_not(clang.isnan(a)), dim, keepdim)
+    return clang.true_divide(nansum(a, dim, keepdim, dtype=dtype), count)

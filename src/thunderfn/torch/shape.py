@@ -19,7 +19,8 @@ from thunderfn.torch import register_alias, torchsymbol
 T = torch.Tensor
 __all__ = ["reshape", "view", "permute", "transpose", "t", "squeeze", "unsqueeze", "expand", "expand_as", "cat", "stack",
            "split", "chunk", "flatten", "unflatten", "contiguous", "unbind", "movedim", "to", "type_as", "clone",
-           "broadcast_to", "view_as", "reshape_as", "narrow", "flip", "hstack", "vstack"]
+           "broadcast_to", "view_as", "reshape_as", "narrow", "flip", "hstack", "vstack", "tril", "triu", "diagonal",
+           "diag_embed", "diag", "rot90", "roll", "repeat", "tile", "repeat_interleave", "pad"]
 
 
 def _shape_args(shape):
@@ -354,6 +355,229 @@ def _type(a, dtype):
         check(dtype in legacy, lambda: f"invalid type: '{dtype}'", ValueError)
         dtype = legacy[dtype]
     return to(a, dtype)
+
+
+# -- triangles, diagonals, padding, rolling and repeating --------------------------------------
+def _zero(dtype):
+    return False if dtype is torch.bool else 0 if not (dtype.is_floating_point or dtype.is_complex) else 0.0
+
+
+def _triangle(a, diagonal, name, lower):
+    check(a.ndim >= 2, lambda: f"{name}: input tensor must have at least 2 dimensions")
+    n, m = a.shape[-2], a.shape[-1]
+    rows = prims.broadcast_in_dim(prims.iota(n, start=0, step=1, device=a.device, dtype=torch.int64), (n, m), (0,))
+    cols = prims.broadcast_in_dim(prims.iota(m, start=0, step=1, device=a.device, dtype=torch.int64), (n, m), (1,))
+    offset = clang.sub(cols, rows)
+    keep = clang.le(offset, diagonal) if lower else clang.ge(offset, diagonal)
+    zero = clang.full((), _zero(a.dtype), device=a.device, dtype=a.dtype)
+    return clang.where(clang.expand_to(keep, a.shape), a, zero)
+
+
+@torchsymbol(torch.tril, T.tril)
+def tril(a, diagonal=0):
+    return _triangle(a, diagonal, "tril", lower=True)
+
+
+@torchsymbol(torch.triu, T.triu)
+def triu(a, diagonal=0):
+    return _triangle(a, diagonal, "triu", lower=False)
+
+
+@torchsymbol(torch.diagonal, T.diagonal)
+def diagonal(a, offset=0, dim1=0, dim2=1):
+    d1, d2 = canonical_dim(dim1, a.ndim), canonical_dim(dim2, a.ndim)
+    check(d1 != d2, lambda: f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    moved = movedim(a, (d1, d2), (-2, -1))
+    n, m = moved.shape[-2], moved.shape[-1]
+    batch = tuple(moved.shape[:-2])
+    length = max(min(n, m - offset) if offset >= 0 else min(n + offset, m), 0)
+    if length == 0:
+        return clang.full(batch + (0,), _zero(a.dtype), device=a.device, dtype=a.dtype)
+    row, col = (0, offset) if offset >= 0 else (-offset, 0)
+    square = prims.slice(moved, (0,) * len(batch) + (row, col), batch + (row + length, col + length))
+    flat = clang.reshape(square, batch + (length * length,))
+    # the diagonal of a square is every (length + 1)-th element of it, flattened
+    return prims.slice(flat, (0,) * (len(batch) + 1), tuple(flat.shape), (1,) * len(batch) + (length + 1,))
+
+
+_diagonal = diagonal  # diag's argument `diagonal` shadows the symbol
+
+
+@torchsymbol(torch.diag_embed, T.diag_embed)
+def diag_embed(a, offset=0, dim1=-2, dim2=-1):
+    d1, d2 = canonical_dim(dim1, a.ndim + 1), canonical_dim(dim2, a.ndim + 1)
+    check(d1 != d2, lambda: f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    if a.ndim == 0:
+        a = clang.reshape(a, (1,))
+    batch, length = tuple(a.shape[:-1]), a.shape[-1]
+    keep = ((0, 0, 0),) * len(batch)
+    # interior padding of `length` puts the entries `length + 1` apart: a flattened diagonal matrix
+    spread = prims.pad(a, _zero(a.dtype), keep + ((0, 0, length),))
+    square = clang.reshape(spread, batch + (length, length))
+    if offset:
+        k = abs(offset)
+        rows, cols = ((0, k, 0), (k, 0, 0)) if offset > 0 else ((k, 0, 0), (0, k, 0))
+        square = prims.pad(square, _zero(a.dtype), keep + (rows, cols))
+    return movedim(square, (-2, -1), (d1, d2))
+
+
+@torchsymbol(torch.diag, T.diag)
+def diag(a, diagonal=0):
+    check(a.ndim in (1, 2), lambda: f"diag(): Supports 1D or 2D tensors. Got {a.ndim}D")
+    return diag_embed(a, diagonal) if a.ndim == 1 else _diagonal(a, diagonal)
+
+
+@torchsymbol(torch.rot90, T.rot90)
+def rot90(a, k=1, dims=(0, 1)):
+    dims = tuple(dims)
+    check(len(dims) == 2, lambda: f"expected total rotation dims == 2, but got dims = {len(dims)}")
+    check(a.ndim >= 2, lambda: f"expected total dims >= 2, but got total dims = {a.ndim}")
+    d0, d1 = canonical_dim(dims[0], a.ndim), canonical_dim(dims[1], a.ndim)
+    check(d0 != d1, lambda: f"expected rotation dims to be different, but got dim0 = {dims[0]} and dim1 = {dims[1]}")
+    k %= 4
+    if k == 1:
+        return clang.transpose(prims.flip(a, (d1,)), d0, d1)
+    if k == 2:
+        return prims.flip(a, tuple(sorted((d0, d1))))
+    if k == 3:
+        return clang.transpose(prims.flip(a, (d0,)), d0, d1)
+    return clone(a)
+
+
+@torchsymbol(torch.roll, T.roll)
+def roll(a, shifts, dims=()):
+    shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    dims = () if dims is None else (dims,) if isinstance(dims, int) else tuple(dims)
+    check(len(shifts) > 0, lambda: "`shifts` required")
+    if not dims:
+        check(len(shifts) == 1, lambda: f"shifts and dimensions must align. shifts: {len(shifts)}, dims:0")
+        return clang.reshape(roll(clang.reshape(a, (a.numel(),)), shifts, 0), tuple(a.shape))
+    check(len(shifts) == len(dims), lambda: f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
+    out = a
+    for shift, dim in zip(shifts, dims):
+        d = canonical_dim(dim, a.ndim)
+        n = a.shape[d] if a.ndim else 1
+        s = shift % n if n else 0
+        if s and a.ndim:
+            out = clang.cat([clang.slice_in_dim(out, n - s, n, 1, d), clang.slice_in_dim(out, 0, n - s, 1, d)], d)
+    return out if out is not a else clone(a)
+
+
+def _repeat(a, repeats):
+    check(len(repeats) >= a.ndim,
+          lambda: "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
+    shape = (1,) * (len(repeats) - a.ndim) + tuple(a.shape)
+    out_shape = [r * s for r, s in zip(repeats, shape)]
+    check(all(r >= 0 for r in repeats), lambda: f"Trying to create tensor with negative dimension {min(out_shape)}: {out_shape}")
+    # each dim of size s becomes (r, s), broadcast from (1, s), then merged: whole copies, in order
+    spread = tuple(x for r, s in zip(repeats, shape) for x in (r, s))
+    expanded = prims.broadcast_in_dim(clang.reshape(a, shape), spread, tuple(range(1, 2 * len(shape), 2)))
+    return clang.reshape(expanded, tuple(out_shape))
+
+
+@torchsymbol(T.repeat)
+def repeat(a, *repeats):
+    check(len(repeats) > 0, lambda: 'repeat() missing 1 required positional arguments: "repeats"', TypeError)
+    return _repeat(a, _shape_args(repeats))
+
+
+@torchsymbol(torch.tile, T.tile)
+def tile(a, dims):
+    dims = tuple(dims)
+    return _repeat(a, (1,) * (a.ndim - len(dims)) + dims)
+
+
+@torchsymbol(torch.repeat_interleave, T.repeat_interleave)
+def repeat_interleave(a, repeats=None, dim=None, *, output_size=None):
+    if isinstance(repeats, TensorProxy) or repeats is None:
+        raise UnsupportedOpError("repeat_interleave with tensor repeats gives a shape that depends on the repeats' values, "
+                                 "which thunderfn cannot trace; pass repeats as a Python int")
+    check(repeats >= 0, lambda: "Repeats must be non-negative")
+    if dim is None:
+        a, d = clang.reshape(a, (a.numel(),)), 0
+    else:
+        # torch reads a 0-dim input as 1-dim here and then rejects every dim, saying 1
+        check(a.ndim > 0, lambda: "Dimension out of range (expected to be in range of [-1, 0], but got 1)", IndexError)
+        d = canonical_dim(dim, a.ndim)
+    n = a.shape[d]
+    check(output_size is None or output_size == n * repeats,
+          lambda: f"repeat_interleave: Invalid output_size, expected {n * repeats} but got {output_size}")
+    shape = tuple(a.shape)
+    spread = shape[:d + 1] + (repeats,) + shape[d + 1:]
+    expanded = prims.broadcast_in_dim(a, spread, tuple(i for i in range(len(spread)) if i != d + 1))
+    return clang.reshape(expanded, shape[:d] + (n * repeats,) + shape[d + 1:])
+
+
+_PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+@torchsymbol(torch.nn.functional.pad)
+def pad(a, pad, mode="constant", value=None):
+    pad = tuple(pad)
+    check(len(pad) % 2 == 0, lambda: "Padding length must be divisible by 2")
+    check(len(pad) // 2 <= a.ndim, lambda: f"Padding length should be less than or equal to two times the input dimension "
+                                           f"but got padding length {len(pad)} and input of dimension {a.ndim}")
+    check(mode in _PAD_MODES, lambda: f"Unrecognised padding mode {mode}", NotImplementedError)
+    # pad lists (low, high) pairs from the last dim backwards
+    pairs = {a.ndim - 1 - i: (pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)}
+    if mode == "constant":
+        for d, (lo, hi) in pairs.items():
+            check(a.shape[d] - max(-lo, 0) - max(-hi, 0) >= 0, lambda: "narrow(): length must be non-negative.")
+        fill = _zero(a.dtype) if value is None else _fill_number(value, a.dtype)
+        config = tuple((*pairs.get(d, (0, 0)), 0) for d in range(a.ndim))
+        return prims.pad(a, fill, config) if any(lo or hi for lo, hi, _ in config) else clone(a)
+    check(value is None, lambda: f"Padding mode \"{mode}\" doesn't take in value argument")
+    k = len(pad) // 2
+    check(k <= 3 and a.ndim in (k + 1, k + 2),
+          lambda: f"Padding size {len(pad)} is not supported for {a.ndim}D input tensor.\n"
+                  "Supported combinations for non-constant padding:\n"
+                  "  - 2D or 3D input: padding size = 2 (pads last dimension)\n"
+                  "  - 3D or 4D input: padding size = 4 (pads last 2 dimensions)\n"
+                  "  - 4D or 5D input: padding size = 6 (pads last 3 dimensions)", NotImplementedError)
+    if mode in ("reflect", "replicate"):
+        kernel = f"{'reflection' if mode == 'reflect' else 'replication'}_pad{k}d"
+        prims.check_dtype_supported(a.dtype is not torch.bool, kernel, a.dtype)
+        checked = range(a.ndim - k - 1 if a.ndim == k + 2 else 0, a.ndim) if mode == "reflect" else pairs
+        check(all(a.shape[d] != 0 for d in checked),
+              lambda: f"Expected {k + 1}D or {k + 2}D (batch mode) tensor with possibly 0 batch size and other non-zero "
+                      f"dimensions for input, but got: {list(a.shape)}")
+    out = a
+    for d, (lo, hi) in sorted(pairs.items()):
+        n = a.shape[d]
+        if mode == "reflect":
+            check(lo < n and hi < n, lambda: f"Argument #{2 * k + 2}: Padding size should be less than the corresponding "
+                                             f"input dimension, but got: padding ({lo}, {hi}) at dimension {d} of input {list(a.shape)}")
+        out = _pad_dim(out, d, lo, hi, mode)
+    return out
+
+
+def _fill_number(value, dtype):
+    if dtype is torch.bool:
+        return bool(value)
+    return int(value) if not (dtype.is_floating_point or dtype.is_complex) else float(value)
+
+
+def _pad_dim(a, d, lo, hi, mode):
+    """Crop the negative side(s) of dim d, then pad the positive ones from what is left (torch's order)."""
+    n = a.shape[d]
+    start, stop = max(-lo, 0), n - max(-hi, 0)
+    check(stop >= start, lambda: f"input (W: {n}) is too small. Calculated output W: {n + lo + hi}")
+    a = clang.slice_in_dim(a, start, stop, 1, d)
+    n, lo, hi = stop - start, max(lo, 0), max(hi, 0)
+    if mode == "circular":
+        check(lo <= n and hi <= n, lambda: "Padding value causes wrapping around more than once.")
+        left, right = clang.slice_in_dim(a, n - lo, n, 1, d), clang.slice_in_dim(a, 0, hi, 1, d)
+    elif mode == "reflect":
+        check(lo < n and hi < n, lambda: f"input (W: {n}) is too small for reflection padding ({lo}, {hi})")
+        left = prims.flip(clang.slice_in_dim(a, 1, lo + 1, 1, d), (d,))
+        right = prims.flip(clang.slice_in_dim(a, n - 1 - hi, n - 1, 1, d), (d,))
+    else:
+        edge = lambda i, count: prims.broadcast_in_dim(  # noqa: E731
+            clang.slice_in_dim(a, i, i + 1, 1, d), tuple(count if j == d else s for j, s in enumerate(a.shape)),
+            tuple(range(a.ndim)))
+        left, right = edge(0, lo), edge(n - 1, hi)
+    parts = [p for p, size in ((left, lo), (a, n), (right, hi)) if size or p is a]
+    return clang.cat(parts, d) if len(parts) > 1 else a
 
 
 del dtypes

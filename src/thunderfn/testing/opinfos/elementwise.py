@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+import re
 
 import torch
 import torch.nn.functional as F
@@ -58,11 +59,6 @@ def _errors(*cases):
             yield ErrorInput(SampleInput(make_args(device), kwargs), exc, match, *torch_raises)
 
     return error_inputs
-
-
-def _inplace_refused():
-    """thunderfn does not trace in-place activations; torch runs them."""
-    return (_t(2, 3), {"inplace": True}, UnsupportedOpError, r"inplace=True\) mutates its input", False)
 
 
 def _number_refused(name, position):
@@ -508,7 +504,7 @@ opinfos += [
     OpInfo("relu", torch.relu, unary_samples(), dtypes=NUMBERS, error_inputs=_errors(
         (_t(2, dtype=torch.bool), {}, RuntimeError, "Boolean inputs not supported for relu"))),
     OpInfo("nn.functional.relu", F.relu, unary_samples(), dtypes=(torch.float32, torch.int64),
-           error_inputs=_errors(_inplace_refused())),
+           error_inputs=None),
     # no +inf: torch's vectorized float32/bfloat16 GELU kernel returns NaN there, float64's returns inf
     OpInfo("nn.functional.gelu", F.gelu, unary_samples(variants=({}, {"approximate": "tanh"}),
                                                        extremals=tuple(v for v in EXTREMALS if v != INF)), dtypes=FLOATS,
@@ -516,23 +512,138 @@ opinfos += [
                                 (_t(2), {"approximate": "bad"}, RuntimeError,
                                  "approximate argument must be either none or tanh"))),
     OpInfo("nn.functional.silu", F.silu, unary_samples(), dtypes=FLOATS,
-           error_inputs=_errors(_int_input_error(), _inplace_refused())),
+           error_inputs=_errors(_int_input_error())),
     OpInfo("nn.functional.leaky_relu", F.leaky_relu, unary_samples(variants=({}, {"negative_slope": 0.2})), dtypes=FLOATS,
-           error_inputs=_errors(_int_input_error(), _inplace_refused())),
+           error_inputs=_errors(_int_input_error())),
     OpInfo("nn.functional.elu", F.elu, unary_samples(variants=({}, {"alpha": 0.5})), dtypes=FLOATS,
-           error_inputs=_errors(_int_input_error(), _inplace_refused())),
+           error_inputs=_errors(_int_input_error())),
     OpInfo("nn.functional.softplus", F.softplus,
            unary_samples(-30, 30, variants=({}, {"beta": 2.0}, {"beta": 0.5, "threshold": 5.0})), dtypes=FLOATS,
            error_inputs=_errors(_int_input_error())),
     OpInfo("nn.functional.hardtanh", F.hardtanh, unary_samples(variants=({}, {"min_val": -2.0, "max_val": 3.0})),
            dtypes=FLOATS + (torch.int64, torch.int32, torch.int8), error_inputs=_errors(
                (_t(2, dtype=torch.bool), {}, RuntimeError, "Bool inputs not supported for hardtanh"),
-               (_t(2, dtype=torch.uint8), {}, RuntimeError, "cannot do hardtanh on an unsigned type with negative limits"),
-               _inplace_refused())),
+               (_t(2, dtype=torch.uint8), {}, RuntimeError, "cannot do hardtanh on an unsigned type with negative limits"))),
     OpInfo("nn.functional.relu6", F.relu6, unary_samples(), dtypes=NUMBERS, error_inputs=_errors(
         (_t(2, dtype=torch.bool), {}, RuntimeError, "Bool inputs not supported for hardtanh"))),
     OpInfo("nn.functional.mish", F.mish, unary_samples(), dtypes=FLOATS,
-           error_inputs=_errors(_int_input_error(), _inplace_refused())),
+           error_inputs=_errors(_int_input_error())),
     OpInfo("nn.functional.sigmoid", F.sigmoid, unary_samples(), dtypes=(torch.float32, torch.bfloat16)),
     OpInfo("nn.functional.tanh", F.tanh, unary_samples(), dtypes=(torch.float32, torch.bfloat16)),
+]
+
+
+def _glu_samples(device, dtype):
+    make = _maker(device, dtype)
+    yield SampleInput((make((2, 4)),))
+    yield SampleInput((make((4, 3)), 0), name="dim 0")
+    yield SampleInput((make((2, 3, 6)),), {"dim": -1})
+    yield SampleInput((make((0, 4)),), name="empty")
+    yield SampleInput((make((2, 0)),), {"dim": 0}, "empty halves")
+    yield SampleInput((make((3, 4), noncontiguous=True),), name="noncontiguous")
+    yield SampleInput((make((4, 2)).T,), name="transposed")
+    if dtype.is_floating_point:
+        yield SampleInput((torch.tensor(EXTREMALS + (2.0,), device=device, dtype=dtype).reshape(2, 4), 0),
+                          name="extremal values")
+
+
+def _prelu_samples(device, dtype):
+    make = _maker(device, dtype)
+    yield SampleInput((make((2, 3, 4)), make((3,))), name="per channel")
+    yield SampleInput((make((2, 3)), make((3,))), name="per channel, 2-D")
+    yield SampleInput((make((2, 3, 2, 2)), make((1,))), name="one slope")
+    yield SampleInput((make((5,)), make(())), name="0-dim slope")
+    yield SampleInput((make(()), make((1,))), name="0-dim")
+    yield SampleInput((make((0, 3)), make((3,))), name="empty")
+    yield SampleInput((make((4, 3, 2), noncontiguous=True), make((3,), noncontiguous=True)), name="noncontiguous")
+    if dtype.is_floating_point:
+        yield SampleInput((torch.tensor(EXTREMALS, device=device, dtype=dtype), make((1,))), name="extremal values")
+
+
+def _normalize_samples(device, dtype):
+    make = _maker(device, dtype)
+    yield SampleInput((make((2, 3, 4)),))
+    for p in (1, 3, 0.5, 0, INF, -INF):
+        yield SampleInput((make((2, 3, 4)),), {"p": p}, f"p={p}")
+    yield SampleInput((make((3, 4)),), {"dim": 0})
+    yield SampleInput((make((3, 4)), 2.0, -1, 0.5), name="large eps")
+    yield SampleInput((make((4,)),), {"dim": 0}, "1-D")
+    yield SampleInput((make(()),), {"dim": 0}, "0-dim")
+    yield SampleInput((make((0, 3)),), name="empty")
+    yield SampleInput((make((3, 0)),), name="empty norm")
+    yield SampleInput((torch.zeros((2, 3), device=device, dtype=dtype),), name="zero rows: divided by eps")
+    yield SampleInput((make((3, 4), noncontiguous=True),), name="noncontiguous")
+    yield SampleInput((make((4, 3)).T,), name="transposed")
+
+
+def _softshrink_lambda_error(dtype, text):
+    return (_t(2, dtype=dtype), {"lambd": -0.5}, RuntimeError,
+            rf"lambda must be in range \[0, {re.escape(text)}\] for input dtype {_SCALAR_NAME[dtype]}, but found -0.5")
+
+
+_SCALAR_NAME = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16"}
+
+opinfos += [
+    OpInfo("nn.functional.hardswish", F.hardswish, unary_samples(-6, 6), dtypes=FLOATS,
+           error_inputs=_errors(_int_input_error())),
+    OpInfo("nn.functional.hardsigmoid", F.hardsigmoid, unary_samples(-6, 6), dtypes=FLOATS,
+           error_inputs=_errors(_int_input_error())),
+    OpInfo("nn.functional.selu", F.selu, unary_samples(), dtypes=FLOATS,
+           error_inputs=_errors(_int_input_error())),
+    OpInfo("selu", torch.selu, unary_samples(), dtypes=(torch.float32,)),
+    OpInfo("nn.functional.celu", F.celu, unary_samples(variants=({}, {"alpha": 0.5}, {"alpha": 2.0})), dtypes=FLOATS,
+           error_inputs=_errors(_int_input_error(),
+                                (_t(2), {"alpha": 0.0}, RuntimeError, "ZeroDivisionError: alpha cannot be 0 for CELU"))),
+    OpInfo("celu", torch.celu, unary_samples(variants=({}, {"alpha": 0.5})), dtypes=(torch.float32,)),
+    OpInfo("nn.functional.logsigmoid", F.logsigmoid, unary_samples(-30, 30), dtypes=FLOATS,
+           error_inputs=_errors(_not_implemented_for(torch.int64), _not_implemented_for(torch.bool))),
+    OpInfo("nn.functional.softsign", F.softsign, unary_samples(), dtypes=FLOATS + (torch.int64, torch.int32),
+           error_inputs=_errors(_not_implemented_for(torch.bool))),
+    OpInfo("nn.functional.tanhshrink", F.tanhshrink, unary_samples(), dtypes=FLOATS + (torch.int64,),
+           error_inputs=_errors((_t(2, dtype=torch.bool), {}, RuntimeError,
+                                 "Subtraction, the `-` operator, with a bool tensor is not supported"))),
+    OpInfo("nn.functional.threshold", F.threshold,
+           unary_samples(variants=({"threshold": 0.5, "value": 2.0}, {"threshold": -1.0, "value": -3.0})),
+           dtypes=FLOATS + (torch.int64, torch.int32),
+           error_inputs=_errors(
+               (lambda d: (make_tensor((2,), device=d, dtype=torch.bool), 0, 1), {}, NotImplementedError,
+                "\"threshold_cpu\" not implemented for 'Bool'"))),
+    OpInfo("threshold", torch.threshold, unary_samples(variants=({"threshold": 0.5, "value": 2.0},)), dtypes=(torch.float32,)),
+    OpInfo("nn.functional.hardshrink", F.hardshrink, unary_samples(variants=({}, {"lambd": 1.0}, {"lambd": 0.0})),
+           dtypes=FLOATS, error_inputs=_errors(_not_implemented_for(torch.int64))),
+    OpInfo("hardshrink", torch.hardshrink, unary_samples(variants=({}, {"lambd": 1.5})), dtypes=(torch.float32,)),
+    OpInfo("Tensor.hardshrink", _method("hardshrink"), unary_samples(), dtypes=(torch.float32,)),
+    OpInfo("nn.functional.softshrink", F.softshrink, unary_samples(variants=({}, {"lambd": 1.0}, {"lambd": 0.0})),
+           dtypes=FLOATS, error_inputs=_errors(
+               (_t(2, dtype=torch.int64), {}, NotImplementedError, "\"softshrink_check\" not implemented for 'Long'"),
+               *(_softshrink_lambda_error(dt, text) for dt, text in (
+                   (torch.float32, "3.40282e+38"), (torch.float64, "1.79769e+308"), (torch.float16, "65504"),
+                   (torch.bfloat16, "3.38953e+38"))))),
+    OpInfo("nn.functional.glu", F.glu, _glu_samples, dtypes=FLOATS, error_inputs=_errors(
+        (_t(), {}, RuntimeError, "glu does not support scalars because halving size must be even"),
+        (_t(2, 3), {}, RuntimeError, "Halving dimension must be even, but dimension 1 is size 3"),
+        (_t(3, 2), {"dim": 0}, RuntimeError, "Halving dimension must be even, but dimension 0 is size 3"),
+        (_t(3, 2), {"dim": 2}, IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"),
+        (_t(2, 4, dtype=torch.int64), {}, NotImplementedError, "\"glu_cpu\" not implemented for 'Long'"))),
+    OpInfo("nn.functional.prelu", F.prelu, _prelu_samples, dtypes=FLOATS, error_inputs=_errors(
+        (lambda d: (make_tensor((2, 4), device=d), make_tensor((2, 2), device=d)), {}, RuntimeError,
+         "prelu: Expected `weight` to be a scalar or 1D tensor, but got: ndim = 2"),
+        (lambda d: (make_tensor((2, 4), device=d), make_tensor((3,), device=d)), {}, RuntimeError,
+         r"Mismatch of parameter numbers and input channel size. Found parameter numbers = 3 and channel size = 4."),
+        (lambda d: (make_tensor((4,), device=d), make_tensor((4,), device=d)), {}, RuntimeError,
+         r"Found parameter numbers = 4 and channel size = 1."),
+        (lambda d: (make_tensor((2, 4), device=d), make_tensor((4,), device=d, dtype=torch.float64)), {}, RuntimeError,
+         "prelu: Type promoting not supported. Got Float and Double"),
+        (lambda d: (make_tensor((2, 4), device=d, dtype=torch.float16), make_tensor((4,), device=d)), {}, RuntimeError,
+         "prelu: Type promoting not supported. Got Half and Float"),
+        (lambda d: (make_tensor((2, 4), device=d, dtype=torch.int64), make_tensor((4,), device=d, dtype=torch.int64)), {},
+         NotImplementedError,
+         "\"prelu_cpu\" not implemented for 'Long'"))),
+    OpInfo("prelu", torch.prelu, _prelu_samples, dtypes=(torch.float32,)),
+    OpInfo("Tensor.prelu", _method("prelu"), _prelu_samples, dtypes=(torch.float32,)),
+    OpInfo("nn.functional.normalize", F.normalize, _normalize_samples, dtypes=FLOATS, error_inputs=_errors(
+        (_t(2, 3, dtype=torch.int64), {}, RuntimeError,
+         "linalg.vector_norm: Expected a floating point or complex tensor as input. Got Long"),
+        (_t(2, 3), {"dim": 2}, IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"),
+        (_t(3), {}, IndexError, r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)"))),
 ]

@@ -32,8 +32,6 @@ def constant_factory_errors(name):
         yield err((-1,), RuntimeError, negative + ("" if name == "zeros" else r" -1: \[-1\]"))
         yield err(((2, -3),), RuntimeError, negative + ("" if name == "zeros" else r" -3: \[2, -3\]"))
         yield err((2, 3.0), TypeError, "must be tuple of ints")
-        yield err((2, 3), UnsupportedOpError, "thunderfn does not trace out= arguments", {"out": torch.empty(2, 3)},
-                  torch_raises=False)
         if name != "ones":  # (torch has no sparse ones either)
             yield err((2, 3), UnsupportedOpError, "thunderfn supports strided tensors only", {"layout": torch.sparse_coo},
                       torch_raises=False)
@@ -53,7 +51,6 @@ def full_samples(device, dtype):
 def full_errors(device):
     yield err(((-1, 2), 1.0), RuntimeError, r"Trying to create tensor with negative dimension -1: \[-1, 2\]")
     yield err(((2,), make_tensor((2,))), TypeError, r"full\(\): argument 'fill_value' \(position 2\) must be Number, not Tensor")
-    yield err(((2,), 1.0), UnsupportedOpError, "thunderfn does not trace out= arguments", {"out": torch.empty(2)}, torch_raises=False)
     # the fill value is checked where it is written, when the function runs
     yield err(((2,), 300), RuntimeError, "value cannot be converted to type uint8_t without overflow", {"dtype": torch.uint8})
 
@@ -147,8 +144,6 @@ def arange_errors(device):
     yield err((torch.tensor(5),), UnsupportedOpError, "arange\\(\\) with tensor bounds has a length that depends on their values",
               torch_raises=False)
     yield err((0, 5, 1.5), UnsupportedOpError, "fractional start, end or step", {"dtype": torch.int32}, torch_raises=False)
-    yield err((2,), UnsupportedOpError, "thunderfn does not trace out= arguments", {"out": torch.empty(2, dtype=torch.int64)},
-              torch_raises=False)
 
 
 # -- factories next to tensor inputs -------------------------------------------------------

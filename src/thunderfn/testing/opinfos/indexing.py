@@ -174,3 +174,282 @@ opinfos: list[OpInfo] = [
     OpInfo("take_along_dim", torch.take_along_dim, take_along_dim_samples, ALL, take_along_dim_errors),
     OpInfo("take_along_dim.method", method("take_along_dim"), take_along_dim_samples, SOME, take_along_dim_errors),
 ]
+
+
+# -- functional writes ---------------------------------------------------------------------
+# Overwriting writes (scatter, index_copy, index_put, put) sample unique positions only: with
+# duplicates torch leaves which value wins unspecified. Out-of-range index *values* raise when
+# the function runs: torch's scatter and the decomposition's scatter raise alike, so those are
+# error inputs; index_put/index_copy/put raise IndexError eagerly and RuntimeError through the
+# scatter prim, so their value checks are not sampled.
+def unique_index(shape, dim, size, dtype=torch.int64):
+    """An index of `shape` whose entries along dim are distinct positions in [0, size)."""
+    shape = list(shape)
+    full = list(shape)
+    full[dim] = size
+    return torch.rand(full).argsort(dim).narrow(dim, 0, shape[dim]).to(dtype)
+
+
+def scatter_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4, 5), 0, unique_index((2, 4, 5), 0, 3), mk(2, 4, 5)))
+    yield SampleInput((mk(3, 4, 5), 1, unique_index((3, 2, 5), 1, 4), mk(3, 3, 6)))  # src larger than index
+    yield SampleInput((mk(3, 4, 5), -1, unique_index((2, 3, 4), 2, 5, torch.int32), mk(2, 3, 4)))  # index smaller than self
+    yield SampleInput((mk(3, 4, 5, noncontiguous=True), 2, unique_index((3, 4, 5), 2, 5), mk(3, 4, 5, noncontiguous=True)))
+    yield SampleInput((mk(3, 4), 0, torch.zeros(0, 4, dtype=torch.int64), mk(2, 4)))
+    yield SampleInput((mk(0, 4), 1, torch.zeros(0, 2, dtype=torch.int64), mk(0, 2)))
+    yield SampleInput((mk(), 0, torch.tensor(0), mk()))
+    yield SampleInput((mk(), 0, idx(0), mk(1)))
+    yield SampleInput((mk(4), 0, torch.tensor(2), mk()))
+
+
+def scatter_value_samples(device, dtype):
+    mk = maker(device, dtype)
+    fill = True if dtype is torch.bool else 3 if not dtype.is_floating_point else 2.5
+    yield SampleInput((mk(3, 4), 0, unique_index((2, 4), 0, 3), fill))
+    yield SampleInput((mk(3, 4), -1, unique_index((3, 2), 1, 4)), {"value": fill})
+    yield SampleInput((mk(3, 4, noncontiguous=True), 1, unique_index((2, 3), 1, 4), True))
+    if dtype is not torch.bool:
+        yield SampleInput((mk(3, 4), 0, unique_index((3, 1), 0, 3), 7.9))  # truncated into integer dtypes
+    yield SampleInput((mk(), 0, torch.tensor(0), fill))
+
+
+def scatter_reduce_add_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4), 0, randidx((5, 4), 3, low=0), mk(5, 4)), {"reduce": "add"})  # duplicates sum
+    yield SampleInput((mk(3, 4), 1, randidx((3, 6), 4, low=0), 2), {"reduce": "add"})
+
+
+def scatter_errors(device):
+    x = make_tensor((3, 4))
+    i = idx(0, 1, 2, 0).reshape(1, 4)
+    yield err((x, 0, i.float(), make_tensor((1, 4))), RuntimeError, r"scatter\(\): Expected dtype int32/int64 for index")
+    yield err((x, 0, i, make_tensor((1, 4), dtype=torch.float64)), RuntimeError, r"scatter\(\): Expected self.dtype to be equal to src.dtype")
+    yield err((x, 2, i, 1.0), IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
+    yield err((x, 0, torch.zeros(1, 1, 1, dtype=torch.int64), 1.0), RuntimeError, "Index tensor must have the same number of dimensions as self tensor")
+    yield err((x, 0, torch.zeros(4, 5, dtype=torch.int64), 1.0), RuntimeError,
+              r"Expected index \[4, 5\] to be no larger than self \[3, 4\] apart from dimension 0")
+    yield err((x, 0, torch.zeros(1, 5, dtype=torch.int64), make_tensor((1, 4))), RuntimeError,
+              r"Expected index \[1, 5\] to be no larger than self \[3, 4\] apart from dimension 0 and to be no larger size than src \[1, 4\]")
+    yield err((x, 0, i, make_tensor(())), RuntimeError, "Index tensor must have the same number of dimensions as src tensor")
+    yield err((x, 0, i, make_tensor((1, 4))), RuntimeError, "reduce argument must be either add or multiply.", {"reduce": "max"})
+    yield err((x, 0, idx(3).reshape(1, 1), 1.0), RuntimeError, "index 3 is out of bounds for dimension 0 with size 3")
+    yield err((x, 0, i, make_tensor((1, 4))), UnsupportedOpError, r"scatter\(reduce='multiply'\) has no thunderfn decomposition",
+              {"reduce": "multiply"}, torch_raises=False)
+
+
+def scatter_add_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4, 5), 0, randidx((6, 4, 5), 3, low=0), mk(6, 4, 5)))  # duplicates sum
+    yield SampleInput((mk(3, 4, 5), 1, randidx((3, 2, 5), 4, low=0), mk(3, 3, 6)))
+    yield SampleInput((mk(3, 4, 5), -1, randidx((2, 3, 7), 5, low=0, dtype=torch.int32), mk(2, 3, 7)))
+    yield SampleInput((mk(3, 4, noncontiguous=True), 1, randidx((3, 4), 4, low=0), mk(3, 4, noncontiguous=True)))
+    yield SampleInput((mk(3, 4), 0, torch.zeros(0, 4, dtype=torch.int64), mk(0, 4)))
+    yield SampleInput((mk(), 0, torch.tensor(0), mk()))
+
+
+def scatter_add_errors(device):
+    x = make_tensor((3, 4))
+    yield err((x, 0, idx(0, 1, 2, 0).reshape(1, 4), make_tensor((1, 4), dtype=torch.float64)), RuntimeError,
+              r"scatter_add\(\): Expected self.dtype to be equal to src.dtype")
+    yield err((x, 0, idx(0, 1, 2, 0).reshape(1, 4), make_tensor((1, 3))), RuntimeError,
+              r"Expected index \[1, 4\] to be no larger than self \[3, 4\] apart from dimension 0 and to be no larger size than src \[1, 3\]")
+    yield err((x, 0, idx(0, 5).reshape(1, 2), make_tensor((1, 2))), RuntimeError, "index 5 is out of bounds for dimension 0 with size 3")
+
+
+def index_add_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4), 0, idx(0, 2, 0, 1), mk(4, 4)))  # duplicates sum
+    yield SampleInput((mk(3, 4), 1, idx(3, 0, dtype=torch.int32), mk(3, 2)), {"alpha": True if dtype is torch.bool else 2})
+    yield SampleInput((mk(3, 4, 5), -1, randidx((6,), 5, low=0), mk(3, 4, 6, noncontiguous=True)))
+    yield SampleInput((mk(3, 4), 0, torch.zeros(0, dtype=torch.int64), mk(0, 4)))
+    yield SampleInput((mk(), 0, idx(0), mk()))
+    yield SampleInput((mk(), 0, torch.tensor(0), mk()))
+    if dtype.is_floating_point:
+        yield SampleInput((mk(3, 4), 0, idx(2, 1), mk(2, 4)), {"alpha": 0.5})
+
+
+def index_add_errors(device):
+    x = make_tensor((3, 4))
+    i = idx(0, 2)
+    yield err((x, 0, i, make_tensor((2, 4), dtype=torch.float64)), RuntimeError,
+              r"index_add_\(\): self \(Float\) and source \(Double\) must have the same scalar type")
+    yield err((x, 0, i, make_tensor((3, 4))), RuntimeError,
+              r"index_add_\(\): Number of indices \(2\) should be equal to source.size\(dim\): \(3\), for dim: 0")
+    yield err((x, 0, i.reshape(1, 2), make_tensor((2, 4))), IndexError,
+              r"index_add_\(\): Index is supposed to be a vector, but got dim: 2 with type: Long and size: \[1, 2\]")
+    yield err((x, 0, i.float(), make_tensor((2, 4))), RuntimeError, r"index_add_\(\): Expected dtype int32/int64 for index but got: Float")
+    yield err((x, 0, i, make_tensor((2, 5))), RuntimeError,
+              r"source tensor shape must match self tensor shape, excluding the specified dimension. Got self.shape = \[3, 4\] source.shape = \[2, 5\]")
+    yield err((x, 2, i, make_tensor((2, 4))), IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
+
+
+def index_copy_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4), 0, idx(2, 0), mk(2, 4)))
+    yield SampleInput((mk(3, 4, 5), -1, torch.randperm(5)[:3], mk(3, 4, 3, noncontiguous=True)))
+    yield SampleInput((mk(3, 4), 1, torch.zeros(0, dtype=torch.int64), mk(3, 0)))
+    yield SampleInput((mk(), 0, idx(0), mk()))
+    yield SampleInput((mk(3), 0, torch.tensor(1), mk(1)))
+
+
+def index_copy_errors(device):
+    x = make_tensor((3, 4))
+    i = idx(0, 2)
+    yield err((x, 0, i, make_tensor((2, 4), dtype=torch.float64)), RuntimeError,
+              r"index_copy_\(\): self and source expected to have the same dtype, but got \(self\) Float and \(source\) Double")
+    yield err((x, 0, i, make_tensor((3, 4))), IndexError, r"index_copy_\(\): Number of indices \(2\) should be equal to source.size\(dim\) \(3\)")
+    yield err((x, 0, i.int(), make_tensor((2, 4))), RuntimeError, r"index_copy_\(\): Expected a long tensor for index, but got Int")
+    yield err((x, 1, i, make_tensor((2, 4))), RuntimeError,
+              r"index_copy_\(\): Source/destination tensor must have same slice shapes. Destination slice shape: 3 at dimension 0 and source slice shape: 2 at dimension 0.")
+    yield err((x, 0, i.reshape(1, 2), make_tensor((2, 4))), IndexError, r"index_copy_\(\): Index should have dimension 1 or 0 \(got 2\)")
+
+
+def index_fill_samples(device, dtype):
+    mk = maker(device, dtype)
+    fill = True if dtype is torch.bool else 3 if not dtype.is_floating_point else 2.5
+    yield SampleInput((mk(3, 4), 0, idx(0, 2, 0), fill))  # repeated positions fill once
+    yield SampleInput((mk(3, 4), 1, idx(-1, 1), torch.tensor(fill, dtype=dtype)))
+    yield SampleInput((mk(3, 4, 5, noncontiguous=True), -1, torch.tensor(4), torch.tensor(1, dtype=torch.float64)))  # converted
+    yield SampleInput((mk(3, 4), 0, torch.zeros(0, dtype=torch.int64), fill))
+    yield SampleInput((mk(), 0, idx(0), fill))
+    yield SampleInput((mk(0, 3), 1, idx(2), fill))
+    if dtype is not torch.bool:
+        yield SampleInput((mk(3, 4), 0, idx(1), 7.9))
+
+
+def index_fill_errors(device):
+    x = make_tensor((3, 4))
+    yield err((x, 0, idx(0, 2), make_tensor((1,))), RuntimeError,
+              r"index_fill_ only supports a 0-dimensional value tensor, but got tensor with 1 dimension\(s\).")
+    yield err((x, 0, idx(0, 2).reshape(1, 2), 1.0), RuntimeError, "Index has to be a vector/scalar")
+    yield err((x, 0, idx(0, 2, dtype=torch.int32), 1.0), IndexError, r"index_fill_\(\): Expected dtype int64 for index.")
+    yield err((x, 2, idx(0), 1.0), IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
+
+
+def masked_fill_samples(device, dtype):
+    mk = maker(device, dtype)
+    fill = True if dtype is torch.bool else 3 if not dtype.is_floating_point else 2.5
+    mask = lambda *shape: make_tensor(shape, dtype=torch.bool)  # noqa: E731
+    yield SampleInput((mk(3, 4), mask(3, 4), fill))
+    yield SampleInput((mk(3, 4), mask(4), torch.tensor(fill, dtype=dtype)))  # the mask broadcasts
+    yield SampleInput((mk(4), mask(3, 4), fill))  # so does the input, out of place
+    yield SampleInput((mk(3, 4, noncontiguous=True), mask(3, 1), torch.tensor(1, dtype=torch.float64)))
+    yield SampleInput((mk(), mask(), fill))
+    yield SampleInput((mk(0, 4), mask(4), fill))
+    if dtype is not torch.bool:
+        yield SampleInput((mk(3, 4), mask(3, 4), 7.9))
+        yield SampleInput((mk(3, 4), mask(3, 4), True))
+
+
+def masked_fill_errors(device):
+    x = make_tensor((3, 4))
+    yield err((x, make_tensor((3, 4)), 1.0), RuntimeError, "masked_fill_ only supports boolean masks, but got mask with dtype float")
+    yield err((x, make_tensor((3, 4), dtype=torch.uint8), 1.0), RuntimeError,
+              "masked_fill_ only supports boolean masks, but got mask with dtype unsigned char")
+    yield err((x, make_tensor((2, 4), dtype=torch.bool), 1.0), RuntimeError,
+              r"The size of tensor a \(2\) must match the size of tensor b \(3\) at non-singleton dimension 0")
+    yield err((x, make_tensor((3, 4), dtype=torch.bool), make_tensor((1,))), RuntimeError,
+              r"masked_fill_ only supports a 0-dimensional value tensor, but got tensor with 1 dimension\(s\).")
+
+
+def index_put_samples(device, dtype):
+    mk = maker(device, dtype)
+    for accumulate in (False, True):
+        kw = {"accumulate": accumulate} if accumulate else {}
+        rows = randidx((5,), 3) if accumulate else torch.randperm(3)[:2] - 1  # negative entries count from the end
+        yield SampleInput((mk(3, 4), (rows,), mk(rows.numel(), 4)), kw)
+        yield SampleInput((mk(3, 4), (rows,), mk(4)), kw)  # values broadcast
+        yield SampleInput((mk(3, 4), [idx(0, 2), idx(3, -4)], mk()), kw)  # a list of indices, one value
+        yield SampleInput((mk(3, 4, 5), (idx(0, 1).reshape(2, 1), idx(1, 3, 2)), mk(2, 3, 5)), kw)  # broadcast indices
+        yield SampleInput((mk(3, 4, 5, noncontiguous=True), (idx(2, 0), idx(1, 0), idx(4, 4)), mk(2)), kw)
+        yield SampleInput((mk(3, 4), (torch.zeros(0, dtype=torch.int64),), mk(0, 4)), kw)
+        yield SampleInput((mk(3, 4), (make_tensor((3, 4), dtype=torch.bool),), mk()), kw)  # one mask, one value: a where
+        yield SampleInput((mk(3, 4), (idx(True, False, True, dtype=torch.bool),), mk(1)), kw)
+    yield SampleInput((mk(3, 4), (idx(2, 1, dtype=torch.int32),), mk(2, 1)))
+
+
+def index_put_errors(device):
+    x = make_tensor((3, 4))
+    yield err((x, (idx(0, 2),), make_tensor((2, 4), dtype=torch.float64)), RuntimeError,
+              "Index put requires the source and destination dtypes match, got Float for the destination and Double for the source.")
+    yield err((x, (idx(0, 2),), make_tensor((3, 4))), RuntimeError,
+              r"shape mismatch: value tensor of shape \[3, 4\] cannot be broadcast to indexing result of shape \[2, 4\]")
+    yield err((x, (None, idx(0, 2)), make_tensor((3, 2))), TypeError, "expected Tensor as element 0 in argument 1, but got NoneType")
+    yield err((x, (idx(0, 2), idx(0, 2), idx(0)), make_tensor((2,))), IndexError, r"too many indices for tensor of dimension 2 \(got 3\)")
+    yield err((x, (idx(0.0, 2.0, dtype=torch.float32),), make_tensor((2, 4))), IndexError,
+              "tensors used as indices must be long, int, byte or bool tensors")
+    yield err((x, (idx(0, 2), idx(0, 1, 2)), make_tensor((2,))), IndexError,
+              r"shape mismatch: indexing tensors could not be broadcast together with shapes \[2\], \[3\]")
+    yield err((x, (idx(True, False, dtype=torch.bool),), make_tensor(())), IndexError,
+              r"The shape of the mask \[2\] at index 0 does not match the shape of the indexed tensor \[3, 4\] at index 0")
+    yield err((make_tensor(()), (torch.tensor(0),), make_tensor(())), IndexError, r"too many indices for tensor of dimension 0 \(got 1\)")
+    # as many values as the mask has True entries: a shape only the mask's values decide
+    yield err((x, (idx(True, False, True, dtype=torch.bool),), make_tensor((2, 4))), UnsupportedOpError,
+              "index_put with a boolean mask writes as many values as the mask has True entries", torch_raises=False)
+
+
+def take_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4), randidx((5,), 12)))  # negative entries count from the end
+    yield SampleInput((mk(3, 4, noncontiguous=True), randidx((2, 3), 12)))
+    yield SampleInput((mk(3, 4), torch.tensor(-12)))
+    yield SampleInput((mk(), idx(0, -1)))
+    yield SampleInput((mk(0, 3), torch.zeros(0, 2, dtype=torch.int64)))
+
+
+def take_errors(device):
+    x = make_tensor((3, 4))
+    yield err((x, idx(1, dtype=torch.int32)), RuntimeError, r"take\(\): Expected a long tensor for index, but got Int")
+    yield err((x, idx(1.0, dtype=torch.float32)), RuntimeError, r"take\(\): Expected a long tensor for index, but got Float")
+    yield err((make_tensor((0,)), idx(0)), IndexError, r"take\(\): tried to take from an empty tensor")
+    # value checks, when the function runs: torch's take and the decomposition's index_select word them differently
+    yield err((x, idx(12)), IndexError, "out of range")
+    yield err((x, idx(-13)), IndexError, "out of range")
+
+
+def put_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4), torch.randperm(12)[:5] - 6, mk(5)))  # negative entries count from the end
+    yield SampleInput((mk(3, 4), randidx((2, 3), 12), mk(3, 2)), {"accumulate": True})  # duplicates sum; shapes may differ
+    yield SampleInput((mk(3, 4, noncontiguous=True), torch.randperm(12)[:4].reshape(2, 2), mk(4, noncontiguous=True)))
+    yield SampleInput((mk(), idx(0), mk()))
+    yield SampleInput((mk(3, 4), torch.zeros(0, dtype=torch.int64), mk(0)))
+
+
+def put_errors(device):
+    x = make_tensor((3, 4))
+    yield err((x, idx(0, -1), make_tensor((3,))), IndexError,
+              r"put_\(\): Expected source and index to have the same number of elements, but got source.numel\(\) = 3, index.numel\(\) = 2")
+    yield err((x, idx(0, -1), make_tensor((2,), dtype=torch.int64)), RuntimeError,
+              r"put_\(\): self and source expected to have the same dtype, but got self.dtype = Float and source.dtype = Long")
+    yield err((x, idx(0, 1, dtype=torch.int32), make_tensor((2,))), RuntimeError, r"put_\(\): Expected a long tensor for index, but got Int")
+    yield err((make_tensor((0,)), idx(0), make_tensor((1,))), IndexError, r"put_\(\): Tried to put elements into an empty tensor")
+
+
+# torch's index_put(accumulate=True) rounds after every add in half types; scatter_add accumulates
+# duplicates in float32 and rounds once: a few ulps apart where duplicates sum, the sum nearer exact
+HALF_ACCUMULATION = {torch.bfloat16: (6e-2, 1.6e-2), torch.float16: (8e-3, 2e-3)}
+
+opinfos += [
+    OpInfo("scatter", torch.scatter, scatter_samples, ALL, scatter_errors),
+    OpInfo("scatter.value", torch.scatter, scatter_value_samples, ALL),
+    OpInfo("scatter.reduce_add", torch.scatter, scatter_reduce_add_samples, (torch.float32, torch.float64, torch.int64)),
+    OpInfo("scatter.method", method("scatter"), scatter_samples, SOME, scatter_errors),
+    OpInfo("scatter_add", torch.scatter_add, scatter_add_samples, ALL, scatter_add_errors),
+    OpInfo("scatter_add.method", method("scatter_add"), scatter_add_samples, SOME, scatter_add_errors),
+    OpInfo("index_add", torch.index_add, index_add_samples, ALL, index_add_errors),
+    OpInfo("index_add.method", method("index_add"), index_add_samples, SOME, index_add_errors),
+    OpInfo("index_copy", torch.index_copy, index_copy_samples, ALL, index_copy_errors),
+    OpInfo("index_copy.method", method("index_copy"), index_copy_samples, SOME, index_copy_errors),
+    OpInfo("index_fill", torch.index_fill, index_fill_samples, ALL, index_fill_errors),
+    OpInfo("index_fill.method", method("index_fill"), index_fill_samples, SOME, index_fill_errors),
+    OpInfo("masked_fill", torch.masked_fill, masked_fill_samples, ALL, masked_fill_errors),
+    OpInfo("masked_fill.method", method("masked_fill"), masked_fill_samples, SOME, masked_fill_errors),
+    OpInfo("index_put", torch.index_put, index_put_samples, ALL, index_put_errors, dtype_tolerances=HALF_ACCUMULATION),
+    OpInfo("index_put.method", method("index_put"), index_put_samples, SOME, index_put_errors),
+    OpInfo("take", torch.take, take_samples, ALL, take_errors),
+    OpInfo("take.method", method("take"), take_samples, SOME, take_errors),
+    OpInfo("put", torch.put, put_samples, ALL, put_errors),
+    OpInfo("put.method", method("put"), put_samples, SOME, put_errors),
+]

@@ -359,8 +359,304 @@ def dropout_errors(device):
     x = make_tensor((2, 3))
     yield err((x, 1.5), ValueError, "dropout probability has to be between 0 and 1, but got 1.5")
     yield err((x, -0.1, False), ValueError, "dropout probability has to be between 0 and 1, but got -0.1")
-    yield err((x, 0.5, False, True), UnsupportedOpError, r"dropout\(inplace=True\) mutates its input", torch_raises=False)
 
+
+
+# -- more normalizations ---------------------------------------------------------------------
+# torch's batch statistics of half-precision inputs are rounded to half (see batch_norm's decomposition); the
+# float32 mean can still land on the other side of a half-precision rounding boundary than torch's
+HALF_NORM_TOLERANCES = {torch.bfloat16: (1e-2, 2e-2), torch.float16: (2e-3, 5e-3)}
+
+
+def rms_norm_samples(device, dtype):
+    mk = mk_fn(device, dtype)
+    yield SampleInput((mk(2, 3, 4), (4,)))
+    yield SampleInput((mk(2, 3, 4), [3, 4], mk(3, 4)))
+    yield SampleInput((mk(2, 3, 4), (4,), mk(4), 0.1))
+    yield SampleInput((mk(2, 3), torch.Size([2, 3])), {"eps": 1e-3})
+    yield SampleInput((mk(5), (5,), mk(5)))
+    yield SampleInput((mk(0, 4), (4,), mk(4)))
+    yield SampleInput((mk(4, 3, noncontiguous=True).T, (4,)))
+    yield SampleInput((torch.zeros(2, 3, device=device, dtype=dtype), (3,)), name="zeros: divided by sqrt(eps)")
+    if dtype in HALF:  # float32 weight with a half-precision input
+        yield SampleInput((mk(2, 4), (4,), mk(4, dtype=torch.float32)))
+
+
+def rms_norm_errors(device):
+    r = make_tensor
+    x = r((2, 3, 4))
+    yield err((x, 4), TypeError, r"rms_norm\(\): argument 'normalized_shape' \(position 2\) must be tuple of ints, not int")
+    yield err((x, ()), RuntimeError, r"Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, but got normalized_shape = \[\]")
+    yield err((x, (3,)), RuntimeError, r"Given normalized_shape=\[3\], expected input with shape \[\*3\], but got input of size\[2, 3, 4\]")
+    yield err((x, (2, 4)), RuntimeError, r"Given normalized_shape=\[2, 4\], expected input with shape \[\*2, 4\], but got input of size\[2, 3, 4\]")
+    yield err((x, (4,), r((3,))), RuntimeError, r"Expected weight to be of same shape as normalized_shape, but got weight of shape \[3\] and normalized_shape = \[4\]")
+    yield err((r((2, 4), dtype=torch.int64), (4,)), NotImplementedError, "\"rms_norm\" not implemented for 'Long'")
+    yield err((r(()), (1,)), ValueError, "Input tensor must have at least 1 dimensions, but got 0")
+
+
+def _stats(c, dtype):
+    return make_tensor((c,), dtype=dtype), make_tensor((c,), dtype=dtype, low=0.5, high=2)
+
+
+def batch_norm_samples(device, dtype):
+    mk = mk_fn(device, dtype)
+    mean, var = _stats(3, dtype)
+    w, b = mk(3), mk(3)
+    yield SampleInput((mk(2, 3, 4), mean, var), name="eval")
+    yield SampleInput((mk(2, 3, 4), mean, var, w, b), name="eval, affine")
+    yield SampleInput((mk(5, 3), mean, var, w, None, False, 0.1, 0.1), name="eval, 2-D")
+    yield SampleInput((mk(2, 3, 2, 2), mean, var, None, b), name="eval, 4-D")
+    yield SampleInput((mk(0, 3), mean, var, w, b), name="eval, empty batch")
+    yield SampleInput((mk(2, 3, 4, noncontiguous=True), mean, var, w, b), name="eval, noncontiguous")
+    yield SampleInput((mk(4, 3, 5), None, None), {"training": True}, "batch statistics")
+    yield SampleInput((mk(6, 3), None, None, w, b, True), name="batch statistics, 2-D, affine")
+    yield SampleInput((mk(2, 3, 2, 2), None, None, w, None, True, 0.1, 0.01), name="batch statistics, 4-D")
+    yield SampleInput((mk(0, 3, 2), None, None), {"training": True}, "batch statistics, empty batch")
+    yield SampleInput((mk(4, 2, 3).transpose(1, 2), None, None, w, b, True), name="batch statistics, transposed")
+    if dtype in HALF:  # float32 statistics and parameters with a half-precision input
+        f32_mean, f32_var = _stats(3, torch.float32)
+        yield SampleInput((mk(2, 3, 4), f32_mean, f32_var, mk(3, dtype=torch.float32), mk(3, dtype=torch.float32)))
+        yield SampleInput((mk(4, 3, 5), None, None, mk(3, dtype=torch.float32), mk(3, dtype=torch.float32), True))
+
+
+def batch_norm_errors(device):
+    r = make_tensor
+    x = r((2, 3, 4))
+    mean, var = _stats(3, torch.float32)
+    yield err((x, None, None), RuntimeError, "running_mean must be defined in evaluation mode")
+    yield err((x, mean, None), RuntimeError, "running_var must be defined in evaluation mode")
+    yield err((r((1, 3)), None, None), ValueError, r"Expected more than 1 value per channel when training, got input size torch.Size\(\[1, 3\]\)", {"training": True})
+    yield err((r((1, 3, 1)), None, None), ValueError, r"Expected more than 1 value per channel when training, got input size torch.Size\(\[1, 3, 1\]\)", {"training": True})
+    yield err((x, r((4,)), var), RuntimeError, "running_mean should contain 3 elements not 4")
+    yield err((x, mean, var, r((4,))), RuntimeError, "weight should contain 3 elements not 4")
+    yield err((x, mean, var, None, r((4,))), RuntimeError, "bias should contain 3 elements not 4")
+    yield err((x, None, None, r((4,))), RuntimeError, "weight should contain 3 elements not 4", {"training": True})
+    yield err((r((3,)), mean, var), RuntimeError, "running_mean should contain 0 elements not 3")
+    yield err((r((2, 3, 4), dtype=torch.int64), mean, var), NotImplementedError, "\"batch_norm\" not implemented for 'Long'")
+    yield err((x, mean.double(), var.double()), RuntimeError, r"mixed dtype \(CPU\): expect parameter to have scalar type of Float")
+    yield err((x, None, None, r((3,), dtype=torch.float64)), RuntimeError, r"mixed dtype \(CPU\): expect parameter to have scalar type of Float", {"training": True})
+    # the running statistics would be updated in place: not traced yet
+    yield err((x, mean.clone(), var.clone()), UnsupportedOpError, "updates running_mean/running_var in place",
+              {"training": True}, torch_raises=False)
+
+
+def instance_norm_samples(device, dtype):
+    mk = mk_fn(device, dtype)
+    mean, var = _stats(3, dtype)
+    yield SampleInput((mk(2, 3, 4),))
+    yield SampleInput((mk(2, 3, 2, 2), None, None, mk(3), mk(3)), name="affine")
+    yield SampleInput((mk(1, 3, 5),), {"eps": 0.1})
+    yield SampleInput((mk(2, 3, 4), mean, var), {"use_input_stats": False}, "running statistics")
+    yield SampleInput((mk(0, 3, 4),), name="empty batch")
+    yield SampleInput((mk(2, 4, 3).transpose(1, 2),), name="transposed")
+
+
+def instance_norm_errors(device):
+    r = make_tensor
+    x = r((2, 3, 4))
+    mean, var = _stats(3, torch.float32)
+    yield err((r((2, 3)),), ValueError, r"Expected more than 1 spatial element when training, got input size torch.Size\(\[2, 3\]\)")
+    yield err((r((2, 3, 1)),), ValueError, r"Expected more than 1 spatial element when training, got input size torch.Size\(\[2, 3, 1\]\)")
+    yield err((x,), RuntimeError, "Expected running_mean and running_var to be defined when use_input_stats is false", {"use_input_stats": False})
+    yield err((x,), RuntimeError, "weight should contain 6 elements not 8", {"weight": r((4,))})
+    yield err((r((2, 3, 4), dtype=torch.int64),), NotImplementedError, "\"batch_norm\" not implemented for 'Long'")
+    yield err((x, mean.clone(), var.clone()), UnsupportedOpError, "updates running_mean/running_var in place", torch_raises=False)
+
+
+def group_norm_samples(device, dtype):
+    mk = mk_fn(device, dtype)
+    yield SampleInput((mk(2, 6, 3), 3))
+    yield SampleInput((mk(2, 6, 3, 2), 2, mk(6), mk(6)))
+    yield SampleInput((mk(2, 6, 3), 1, mk(6)), {"eps": 0.1})
+    yield SampleInput((mk(3, 4), 2, None, mk(4)), name="2-D")
+    yield SampleInput((mk(2, 6, 3), 6), name="a group per channel")
+    yield SampleInput((mk(0, 6, 3), 3), name="empty batch")
+    yield SampleInput((mk(2, 6, 0), 3), name="empty spatial")
+    yield SampleInput((mk(2, 3, 6).transpose(1, 2), 2, mk(6), mk(6)), name="transposed")
+    if dtype in HALF:
+        yield SampleInput((mk(2, 4, 3), 2, mk(4, dtype=torch.float32), mk(4, dtype=torch.float32)))
+
+
+def group_norm_errors(device):
+    r = make_tensor
+    x = r((2, 6, 3))
+    yield err((x, 4), RuntimeError, r"Expected number of channels in input to be divisible by num_groups, but got input of shape \[2, 6, 3\] and num_groups=4")
+    yield err((r((6,)), 3), RuntimeError, "Expected at least 2 dimensions for input tensor but received 1")
+    yield err((x, 0), ZeroDivisionError, "integer division or modulo by zero")
+    yield err((r((1, 2)), 2), ValueError, r"Expected more than 1 value per channel when training, got input size \[1, 2\]")
+    yield err((x, 3, r((5,))), RuntimeError, r"Expected weight to be a vector of size equal to the number of channels in input, but got weight of shape \[5\] and input of shape \[2, 6, 3\]")
+    yield err((x, 3, None, r((5,))), RuntimeError, "Expected bias to be a vector of size equal to the number of channels in input")
+    yield err((r((2, 6, 3), dtype=torch.int64), 3), NotImplementedError, "\"GroupNormKernelImpl\" not implemented for 'Long'")
+    yield err((x, 3, r((6,), dtype=torch.float64)), RuntimeError, r"mixed dtype \(CPU\): expect parameter to have scalar type of Float")
+
+
+# -- more losses -----------------------------------------------------------------------------
+def _pair_loss_samples(extra=({},), *, legacy=True):
+    """input/target pairs for an elementwise loss, every reduction, with each extra kwargs variant."""
+    def sample_inputs(device, dtype):
+        mk = mk_fn(device, dtype)
+        for kwargs in extra:
+            for reduction in ("mean", "sum", "none"):
+                yield SampleInput((mk(2, 3), mk(2, 3)), {**kwargs, "reduction": reduction})
+        yield SampleInput((mk(), mk()), name="0-dim")
+        yield SampleInput((mk(0, 3), mk(0, 3)), name="empty: mean is nan")
+        yield SampleInput((mk(0, 3), mk(0, 3)), {"reduction": "sum"}, "empty")
+        yield SampleInput((mk(3, 4, noncontiguous=True), mk(4, 3).T), {"reduction": "none"}, "noncontiguous")
+        yield SampleInput((mk(2, 3), mk(3)), name="broadcast target")
+        if legacy:
+            yield SampleInput((mk(2, 3), mk(2, 3), False), name="size_average=False")
+            yield SampleInput((mk(2, 3), mk(2, 3)), {"reduce": False}, "reduce=False")
+        if dtype.is_floating_point:
+            x = torch.tensor((*EXTREMAL_VALUES, 2.0), device=device, dtype=dtype)
+            yield SampleInput((x, x.flip(0)), {"reduction": "none"}, "extremal values")
+    return sample_inputs
+
+
+EXTREMAL_VALUES = (float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1.0, -1.0)
+
+
+def _reduction_errors(*extra):
+    def error_inputs(device):
+        x = make_tensor((2, 3))
+        yield err((x, x), ValueError, "avg is not a valid value for reduction", {"reduction": "avg"})
+        yield err((x, make_tensor((4,))), RuntimeError, r"The size of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 1")
+        for e in extra:
+            yield e(device)
+    return error_inputs
+
+
+def _int_loss_error(kernel):
+    i = torch.ones(2, 3, dtype=torch.int64)
+    return lambda device: err((i, i), NotImplementedError, f"\"{kernel}\" not implemented for 'Long'")
+
+
+def huber_weighted_samples(device, dtype):
+    mk = mk_fn(device, dtype)
+    w = make_tensor((2, 3), device=device, dtype=dtype, low=0, high=2)
+    for reduction in ("mean", "sum", "none"):
+        yield SampleInput((mk(2, 3), mk(2, 3)), {"reduction": reduction, "weight": w})
+    yield SampleInput((mk(2, 3), mk(2, 3), "mean", 0.5, w), name="positional weight")
+
+
+def bce_samples(device, dtype):
+    p = lambda *shape, **kw: make_tensor(shape, device=device, dtype=dtype, low=0.01, high=0.99, **kw)
+    for reduction in ("mean", "sum", "none"):
+        yield SampleInput((p(2, 3), p(2, 3)), {"reduction": reduction})
+        yield SampleInput((p(2, 3), p(2, 3), p(3)), {"reduction": reduction}, "broadcast weight")
+    yield SampleInput((p(2, 3), p(2, 3), p(2, 3)), name="weight")
+    yield SampleInput((p(), p()), name="0-dim")
+    yield SampleInput((p(0, 3), p(0, 3)), name="empty")
+    yield SampleInput((p(3, 4, noncontiguous=True), p(4, 3).T), {"reduction": "none"}, "noncontiguous")
+    yield SampleInput((p(2, 3), p(2, 3)), {"size_average": False})
+    # log clamped at -100: a certain wrong prediction costs 100, not inf
+    edges = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.5], device=device, dtype=dtype)
+    yield SampleInput((edges, torch.tensor([0.0, 1.0, 1.0, 0.0, 0.3], device=device, dtype=dtype)), {"reduction": "none"}, "0 and 1")
+
+
+def bce_errors(device):
+    r = make_tensor
+    x = r((2, 3), low=0, high=1)
+    yield err((x, x), ValueError, "avg is not a valid value for reduction", {"reduction": "avg"})
+    yield err((x, r((3,), low=0, high=1)), ValueError, r"Using a target size \(torch.Size\(\[3\]\)\) that is different to the input size \(torch.Size\(\[2, 3\]\)\) is deprecated. Please ensure they have the same size.")
+    yield err((x, x, r((4,))), RuntimeError, r"Attempting to broadcast a dimension of length 4 at -1! Mismatching argument at index 1 had torch.Size\(\[4\]\); but expected shape should be broadcastable to \[2, 3\]")
+    yield err((r((2, 3), dtype=torch.int64),) * 2, NotImplementedError, "\"binary_cross_entropy\" not implemented for 'Long'")
+    yield err((x, x.double()), RuntimeError, "Found dtype Double but expected Float")
+
+
+def bce_logits_samples(device, dtype):
+    mk = mk_fn(device, dtype)
+    p = lambda *shape: make_tensor(shape, device=device, dtype=dtype, low=0, high=1)
+    pw = lambda *shape: make_tensor(shape, device=device, dtype=dtype, low=0.1, high=3)
+    for reduction in ("mean", "sum", "none"):
+        yield SampleInput((mk(2, 3), p(2, 3)), {"reduction": reduction})
+        yield SampleInput((mk(2, 3), p(2, 3), pw(3)), {"reduction": reduction, "pos_weight": pw(3)}, "weight and pos_weight")
+    yield SampleInput((mk(2, 3), p(2, 3), pw(2, 3)), name="weight")
+    yield SampleInput((mk(2, 3), p(2, 3)), {"pos_weight": pw(2, 3)}, "pos_weight")
+    yield SampleInput((mk(2, 3), p(2, 3)), {"pos_weight": pw(1)}, "one pos_weight")
+    yield SampleInput((mk(), p()), name="0-dim")
+    yield SampleInput((mk(0, 3), p(0, 3)), name="empty")
+    yield SampleInput((mk(3, 4, noncontiguous=True), p(4, 3).T), {"reduction": "none"}, "noncontiguous")
+    yield SampleInput((mk(2, 3), p(2, 3)), {"reduce": False})
+    big = torch.tensor([-100.0, 100.0, 0.0, 30.0, -30.0], device=device, dtype=dtype)
+    yield SampleInput((big, torch.tensor([0.0, 1.0, 0.3, 0.0, 1.0], device=device, dtype=dtype)), {"reduction": "none"},
+                      "large logits: no overflow")
+
+
+def bce_logits_errors(device):
+    r = make_tensor
+    x = r((2, 3))
+    yield err((x, x), ValueError, "avg is not a valid value for reduction", {"reduction": "avg"})
+    yield err((x, r((3,))), ValueError, r"Target size \(torch.Size\(\[3\]\)\) must be the same as input size \(torch.Size\(\[2, 3\]\)\)")
+    yield err((x, x), RuntimeError, r"The size of tensor a \(4\) must match the size of tensor b \(3\) at non-singleton dimension 1", {"pos_weight": r((4,))})
+    yield err((x, x, r((4,))), RuntimeError, r"The size of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 1")
+    yield err((r((2, 3), dtype=torch.int64), x), NotImplementedError, "\"log_sigmoid_cpu\" not implemented for 'Long'")
+    yield err((x, r((2, 3), dtype=torch.int64)), RuntimeError, "result type Float can't be cast to the desired output type Long")
+
+
+def kl_div_samples(device, dtype):
+    mk = mk_fn(device, dtype)
+    p = lambda *shape: make_tensor(shape, device=device, dtype=dtype, low=0, high=1)
+    for reduction in ("mean", "sum", "none", "batchmean"):
+        yield SampleInput((mk(3, 4), p(3, 4)), {"reduction": reduction})
+        yield SampleInput((mk(3, 4), mk(3, 4)), {"reduction": reduction, "log_target": True}, "log target")
+    yield SampleInput((mk(), p()), {"reduction": "batchmean"}, "0-dim")
+    yield SampleInput((mk(0, 4), p(0, 4)), {"reduction": "sum"}, "empty")
+    yield SampleInput((mk(0, 4), p(0, 4)), {"reduction": "batchmean"}, "empty batch")
+    yield SampleInput((mk(3, 4), p(4)), {"reduction": "none"}, "broadcast target")
+    yield SampleInput((mk(4, 3, noncontiguous=True).T, p(3, 4)), {"reduction": "batchmean"}, "noncontiguous")
+    yield SampleInput((mk(3, 4), p(3, 4), False), name="size_average=False")
+    yield SampleInput((mk(3, 4), p(3, 4), None, True, "batchmean"), name="legacy reduce with batchmean")
+    zeros = torch.tensor([0.0, 0.5, float("nan"), 1.0, 0.0], device=device, dtype=dtype)
+    yield SampleInput((mk(5), zeros), {"reduction": "none"}, "zero and NaN targets")
+
+
+def kl_div_errors(device):
+    r = make_tensor
+    x = r((2, 3))
+    yield err((x, x), ValueError, "avg is not a valid value for reduction", {"reduction": "avg"})
+    yield err((x, r((4,))), RuntimeError, r"The size of tensor a \(4\) must match the size of tensor b \(3\) at non-singleton dimension 1|The size of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 1")
+    yield err((x, r((2, 3), dtype=torch.int64)), RuntimeError, "kl_div: Integral inputs not supported.")
+    yield err((r((2, 3), dtype=torch.int64), x), RuntimeError, "kl_div: Integral inputs not supported.")
+
+
+def soft_margin_samples(device, dtype):
+    mk = mk_fn(device, dtype)
+    sign = lambda *shape: (make_tensor(shape, dtype=torch.int64, low=0, high=2) * 2 - 1).to(device=device, dtype=dtype)
+    for reduction in ("mean", "sum", "none"):
+        yield SampleInput((mk(2, 3), sign(2, 3)), {"reduction": reduction})
+    yield SampleInput((mk(), sign()), name="0-dim")
+    yield SampleInput((mk(0, 3), sign(0, 3)), name="empty")
+    yield SampleInput((mk(2, 3), sign(3)), {"reduction": "none"}, "broadcast target")
+    yield SampleInput((mk(3, 4, noncontiguous=True), sign(4, 3).T), name="noncontiguous")
+    yield SampleInput((mk(2, 3), sign(2, 3)), {"reduce": False})
+
+
+def soft_margin_errors(device):
+    r = make_tensor
+    x = r((2, 3))
+    yield err((x, x), ValueError, "avg is not a valid value for reduction", {"reduction": "avg"})
+    yield err((x, r((4,))), RuntimeError, r"The size of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 1")
+    yield err((r((2, 3), dtype=torch.int64), x), RuntimeError, "result type Float can't be cast to the desired output type Long")
+
+
+def softmin_samples(device, dtype):
+    mk = mk_fn(device, dtype)
+    yield SampleInput((mk(3, 4), 1))
+    yield SampleInput((mk(3, 4), 0))
+    yield SampleInput((mk(2, 3, 4),), {"dim": -1})
+    yield SampleInput((mk(3, 4),), name="implicit dim")
+    yield SampleInput((mk(), 0), name="0-dim")
+    yield SampleInput((mk(0, 4), 1), name="empty")
+    yield SampleInput((mk(3, 4, noncontiguous=True), 1), name="noncontiguous")
+    yield SampleInput((mk(3, 4), 1), {"dtype": torch.float64}, "dtype")
+    if dtype.is_floating_point:
+        yield SampleInput((torch.tensor([EXTREMAL_VALUES[3:], EXTREMAL_VALUES[:4]], device=device, dtype=dtype), 1),
+                          name="extremal values")
+
+
+def softmin_errors(device):
+    yield err((make_tensor((3, 4)), 2), IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
+    yield err((make_tensor((3, 4), dtype=torch.bool), 1), RuntimeError, "Negation, the `-` operator, on a bool tensor is not supported")
 
 opinfos: list[OpInfo] = [
     OpInfo("matmul", torch.matmul, matmul_samples, MATMUL_DTYPES, matmul_errors),
@@ -382,4 +678,29 @@ opinfos: list[OpInfo] = [
     OpInfo("scaled_dot_product_attention", F.scaled_dot_product_attention, sdpa_samples, FLOATS, sdpa_errors,
            dtype_tolerances={torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-2, 2e-2)}),
     OpInfo("dropout", F.dropout, dropout_samples, ALL, dropout_errors),
+    OpInfo("rms_norm", F.rms_norm, rms_norm_samples, FLOATS, rms_norm_errors),
+    OpInfo("batch_norm", F.batch_norm, batch_norm_samples, FLOATS, batch_norm_errors, dtype_tolerances=HALF_NORM_TOLERANCES),
+    OpInfo("instance_norm", F.instance_norm, instance_norm_samples, FLOATS, instance_norm_errors,
+           dtype_tolerances=HALF_NORM_TOLERANCES),
+    OpInfo("group_norm", F.group_norm, group_norm_samples, FLOATS, group_norm_errors, dtype_tolerances=HALF_NORM_TOLERANCES),
+    OpInfo("l1_loss", F.l1_loss, _pair_loss_samples(), FLOATS, _reduction_errors()),
+    # torch's half-precision smooth_l1/huber kernels differ between float16 and bfloat16 in what they round
+    # (|x - y|, beta) before computing in float32; the decompositions compute in float32 and round once
+    OpInfo("smooth_l1_loss", F.smooth_l1_loss, _pair_loss_samples(({}, {"beta": 0.5}, {"beta": 0.0})), FLOATS,
+           _reduction_errors(_int_loss_error("smooth_l1_cpu"),
+                             lambda d: err((make_tensor((2,)),) * 2, RuntimeError, "smooth_l1_loss does not support negative values for beta.", {"beta": -1.0})),
+           dtype_tolerances=HALF_LOSS_TOLERANCES),
+    OpInfo("huber_loss", F.huber_loss, _pair_loss_samples(({}, {"delta": 0.5}, {"delta": 2.0}), legacy=False), FLOATS,
+           _reduction_errors(_int_loss_error("huber_cpu"),
+                             lambda d: err((make_tensor((2,)),) * 2, RuntimeError, "huber_loss does not support non-positive values for delta.", {"delta": 0.0}),
+                             lambda d: err((make_tensor((2, 3)),) * 2, ValueError, "Weights and input must have the same size.", {"weight": make_tensor((3,))})),
+           dtype_tolerances=HALF_LOSS_TOLERANCES),
+    OpInfo("huber_loss.weighted", F.huber_loss, huber_weighted_samples, FLOATS, dtype_tolerances=HALF_LOSS_TOLERANCES),
+    OpInfo("binary_cross_entropy", F.binary_cross_entropy, bce_samples, FLOATS, bce_errors, dtype_tolerances=HALF_LOSS_TOLERANCES),
+    OpInfo("binary_cross_entropy_with_logits", F.binary_cross_entropy_with_logits, bce_logits_samples, FLOATS,
+           bce_logits_errors, dtype_tolerances=HALF_LOSS_TOLERANCES),
+    OpInfo("kl_div", F.kl_div, kl_div_samples, FLOATS, kl_div_errors, dtype_tolerances=HALF_LOSS_TOLERANCES),
+    OpInfo("soft_margin_loss", F.soft_margin_loss, soft_margin_samples, FLOATS, soft_margin_errors,
+           dtype_tolerances=HALF_LOSS_TOLERANCES),
+    OpInfo("softmin", F.softmin, softmin_samples, FLOATS, softmin_errors),
 ]

@@ -317,3 +317,257 @@ opinfos: list[OpInfo] = [
     OpInfo("logsumexp", torch.logsumexp, _logsumexp_samples, dtypes=ALL, dtype_tolerances=_HALF_TOLERANCES,
            error_inputs=_errors(_DIM_OUT_OF_RANGE, _DUPLICATE_DIMS, (_x(2, 3), {}, TypeError, r"logsumexp\(\)"))),
 ]
+
+
+# -- scans, sorting, norms and NaN-skipping reductions ---------------------------------------
+def _scan_samples(*, float_range=(None, None)):
+    def sample_inputs(device, dtype):
+        low, high = float_range if dtype.is_floating_point else (None, None)
+        make = _maker(device, dtype, low=low, high=high)
+        x = make((2, 3, 4))
+        yield SampleInput((x, 1))
+        yield SampleInput((x, -1))
+        yield SampleInput((x,), {"dim": 0})
+        yield SampleInput((make(()), 0), name="0-dim")
+        yield SampleInput((make(()), -1), name="0-dim")
+        yield SampleInput((make((2, 0)), 1), name="empty scanned dim")
+        yield SampleInput((make((2, 0)), 0), name="empty")
+        yield SampleInput((make((4, 3)).T, 1), name="transposed")
+        yield SampleInput((make((3, 4), noncontiguous=True), 0), name="noncontiguous")
+        if dtype.is_floating_point:
+            special = torch.tensor([[1.0, NAN, 2.0], [INF, -1.0, 3.0], [-INF, INF, 0.0]], device=device, dtype=dtype)
+            yield SampleInput((special, 1), name="NaN and inf")
+
+    return sample_inputs
+
+
+def _scan_dtype_samples(device, dtype):
+    x = make_tensor((2, 3, 4), device=device, dtype=dtype, low=-1.5 if dtype.is_floating_point else None,
+                    high=1.5 if dtype.is_floating_point else None)
+    yield SampleInput((x, 1), {"dtype": torch.float64}, "dtype=float64")
+    yield SampleInput((x, -1), {"dtype": torch.int32}, "dtype=int32")
+
+
+def _logcumsumexp_samples(device, dtype):
+    yield from _scan_samples()(device, dtype)
+    make = _maker(device, dtype)
+    yield SampleInput((make((3, 17), low=-1000, high=1000), 1), name="large values, wide range")
+    yield SampleInput((torch.tensor([-1000.0, 0.0, -INF, 5.0, -INF], device=device, dtype=dtype), 0),
+                      name="a prefix far below the maximum, -inf")
+    yield SampleInput((torch.full((2, 5), -INF, device=device, dtype=dtype), 1), name="all -inf")
+
+
+def _unique_values(shape, device, dtype, noncontiguous=False):
+    """Distinct values in random order, so unstable sorts have one right answer for indices too."""
+    n = torch.Size(shape).numel()
+    values = (torch.randperm(n, device=device) - (n // 2 if dtype not in (torch.uint8,) else 0)).reshape(shape)
+    if dtype.is_floating_point:
+        values = values * 0.5
+    values = values.to(dtype)
+    if noncontiguous:
+        values = torch.repeat_interleave(values, 2, dim=-1)[..., ::2]
+    return values
+
+
+def _ties(device, dtype):
+    return torch.tensor([[1, 3, 3, 0, 1, 1], [2, 2, 0, 0, 2, 1]], device=device, dtype=dtype)
+
+
+def _sort_samples(device, dtype):
+    if dtype is torch.bool:  # two values: indices are only determined by a stable sort
+        x = make_tensor((3, 5), device=device, dtype=dtype)
+        yield SampleInput((x,), {"stable": True})
+        yield SampleInput((x,), {"dim": 0, "descending": True, "stable": True})
+        yield SampleInput((make_tensor((), device=device, dtype=dtype),), {"stable": True}, "0-dim")
+        return
+    x = _unique_values((2, 3, 4), device, dtype)
+    yield SampleInput((x,))
+    yield SampleInput((x, 1))
+    yield SampleInput((x, -1, True), name="descending")
+    yield SampleInput((x,), {"dim": 0, "descending": True})
+    yield SampleInput((x,), {"stable": False, "dim": -2})
+    yield SampleInput((_unique_values((), device, dtype),), name="0-dim")
+    yield SampleInput((_unique_values((), device, dtype), 0, True), name="0-dim")
+    yield SampleInput((_unique_values((2, 0), device, dtype), 1), name="empty")
+    yield SampleInput((_unique_values((2, 0), device, dtype), 0), name="empty")
+    yield SampleInput((_unique_values((4, 3), device, dtype).T, 1), name="transposed")
+    yield SampleInput((_unique_values((3, 4), device, dtype, noncontiguous=True), 1), name="noncontiguous")
+    yield SampleInput((_ties(device, dtype),), {"stable": True}, "ties")
+    yield SampleInput((_ties(device, dtype),), {"dim": 1, "descending": True, "stable": True}, "ties, descending")
+    yield SampleInput((_ties(device, dtype),), {"dim": 0, "stable": True}, "ties")
+    if dtype.is_floating_point:
+        special = torch.tensor([[1.0, NAN, 2.0, -INF], [INF, -1.0, 3.0, -0.5]], device=device, dtype=dtype)
+        yield SampleInput((special, 1), name="NaN and inf")
+        yield SampleInput((special, 1, True), name="NaN and inf, descending")
+
+
+def _argsort_samples(device, dtype):
+    for sample in _sort_samples(device, dtype):
+        yield sample
+
+
+def _msort_samples(device, dtype):
+    yield SampleInput((_unique_values((5, 3), device, dtype),))
+    yield SampleInput((_unique_values((5,), device, dtype),))
+    yield SampleInput((_unique_values((), device, dtype),), name="0-dim")
+    yield SampleInput((_unique_values((0, 3), device, dtype),), name="empty")
+    yield SampleInput((_unique_values((3, 5), device, dtype).T,), name="transposed")
+
+
+def _topk_samples(device, dtype):
+    x = _unique_values((2, 3, 5), device, dtype)
+    yield SampleInput((x, 2))
+    yield SampleInput((x, 3, 1))
+    yield SampleInput((x, 1, -1, False), name="smallest")
+    yield SampleInput((x,), {"k": 2, "dim": 0, "largest": True, "sorted": True})
+    yield SampleInput((x, 5), name="k = size")
+    yield SampleInput((x, 0), name="k = 0")
+    yield SampleInput((x, 3), {"sorted": False}, "unsorted")
+    yield SampleInput((_unique_values((), device, dtype), 1), name="0-dim")
+    yield SampleInput((_unique_values((), device, dtype), 0, 0), name="0-dim, k = 0")
+    yield SampleInput((_unique_values((2, 0), device, dtype), 0), name="empty")
+    yield SampleInput((_unique_values((0, 3), device, dtype), 2), name="empty")
+    yield SampleInput((_unique_values((5, 4), device, dtype).T, 2), name="transposed")
+    yield SampleInput((_unique_values((3, 5), device, dtype, noncontiguous=True), 2), name="noncontiguous")
+    if dtype.is_floating_point:
+        special = torch.tensor([[1.0, NAN, 2.0, -INF], [INF, -1.0, 3.0, -0.5]], device=device, dtype=dtype)
+        yield SampleInput((special, 2), name="NaN and inf")
+        yield SampleInput((special, 2, 1, False), name="NaN and inf, smallest")
+
+
+def _vector_norm_samples(device, dtype):
+    make = _maker(device, dtype)
+    x = make((2, 3, 4))
+    for ord in (2, 1, INF, -INF, 0, 3, -1, 0.5, 2.5):
+        yield SampleInput((x, ord), name=f"ord={ord}")
+    yield SampleInput((x, 2, 1))
+    yield SampleInput((x,), {"ord": 1, "dim": (0, -1), "keepdim": True})
+    yield SampleInput((x, INF, [1, 2]), name="list of dims")
+    yield SampleInput((x, 2, ()), {"keepdim": True}, "dim=(): all dims")
+    yield SampleInput((x,), {"keepdim": True})
+    yield SampleInput((make(()),), name="0-dim")
+    yield SampleInput((make(()), INF, 0), name="0-dim")
+    yield SampleInput((make((0,)),), name="empty")
+    yield SampleInput((make((2, 0)), 1, 1), name="empty reduced dim")
+    yield SampleInput((make((2, 0)), INF, 0), name="empty, nonempty reduced dim")
+    yield SampleInput((make((4, 3)).T, 2, 1), name="transposed")
+    yield SampleInput((make((3, 4), noncontiguous=True), 3, 0), name="noncontiguous")
+    yield SampleInput((x, 2, 1), {"dtype": torch.float64}, "dtype")
+    special = torch.tensor([[1.0, NAN, 2.0], [INF, -1.0, 3.0], [0.0, 0.0, -2.0]], device=device, dtype=dtype)
+    for ord in (2, INF, 0, -INF):
+        yield SampleInput((special, ord, 1), name="NaN and inf")
+
+
+def _norm_samples(device, dtype):
+    make = _maker(device, dtype)
+    x = make((2, 3, 4))
+    yield SampleInput((x,))
+    yield SampleInput((x, "fro"))
+    yield SampleInput((x, "fro", (0, 1)))
+    yield SampleInput((x, 2, 1, True))
+    yield SampleInput((x,), {"p": 1, "dim": -1})
+    yield SampleInput((x, INF))
+    yield SampleInput((x, 3), {"dim": (0, 2), "dtype": torch.float64})
+    yield SampleInput((x, None, 2), name="p=None")
+    yield SampleInput((make(()),), name="0-dim")
+    yield SampleInput((make((0, 3)), 2, 1), name="empty")
+    yield SampleInput((make((4, 3)).T, "fro"), name="transposed")
+    if dtype in (torch.float32, torch.float64):
+        yield SampleInput((make((3, 4)), "nuc"), name="nuclear norm (torch computes it)")
+
+
+def _method_norm_samples(device, dtype):
+    x = make_tensor((2, 3), device=device, dtype=dtype)
+    yield SampleInput((x,))
+    yield SampleInput((x, 1, 1, True))
+
+
+def _aminmax_samples(device, dtype):
+    make = _maker(device, dtype)
+    x = make((2, 3, 4))
+    yield SampleInput((x,))
+    yield SampleInput((x,), {"dim": 1})
+    yield SampleInput((x,), {"dim": -1, "keepdim": True})
+    yield SampleInput((x,), {"keepdim": True})
+    yield SampleInput((make(()),), name="0-dim")
+    yield SampleInput((make(()),), {"dim": 0, "keepdim": True}, "0-dim")
+    yield SampleInput((make((2, 0)),), {"dim": 0}, "empty, nonempty reduced dim")
+    yield SampleInput((make((4, 3)).T,), {"dim": 1}, "transposed")
+    yield SampleInput((make((3, 4), noncontiguous=True),), {"dim": 0}, "noncontiguous")
+    if dtype.is_floating_point:
+        special = torch.tensor([[1.0, NAN, 2.0], [INF, -1.0, 3.0], [-INF, INF, 0.0]], device=device, dtype=dtype)
+        yield SampleInput((special,), {"dim": 1}, "NaN and inf")
+
+
+def _nan_samples(device, dtype):
+    """NaNs scattered through a tensor (a whole row of them too), for the nan-skipping reductions."""
+    if not dtype.is_floating_point:
+        return
+    x = make_tensor((3, 4), device=device, dtype=dtype)
+    x[0, 1] = x[2, 3] = NAN
+    x[1] = NAN
+    yield SampleInput((x,), name="NaNs")
+    yield SampleInput((x, 1), name="NaNs, a row of them")
+    yield SampleInput((x, 0, True), name="NaNs, keepdim")
+
+
+# torch's nansum of a half type over several dims rounds partial sums to the half type (a few
+# bf16 ulps off); the decomposition accumulates in float32 and rounds once, as sum does
+_NANSUM_TOLERANCES = {torch.float16: (1e-3, 1e-2), torch.bfloat16: (1e-2, 5e-2)}
+_NORM_TOLERANCES = {torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 1.6e-2)}
+
+opinfos += [
+    OpInfo("cumsum", torch.cumsum, _chain(_scan_samples(), _scan_dtype_samples), dtypes=ALL,
+           dtype_tolerances=_HALF_TOLERANCES, error_inputs=_errors(
+        _DIM_OUT_OF_RANGE, (_x(2, 3), {}, TypeError, r"cumsum\(\)"))),
+    OpInfo("Tensor.cumsum", _method("cumsum"), _scan_samples(), dtypes=(torch.float32, torch.bool)),
+    # values of magnitude <= 1.5 keep products of 4 inside every dtype's range
+    OpInfo("cumprod", torch.cumprod, _chain(_scan_samples(float_range=(-1.5, 1.5)), _scan_dtype_samples), dtypes=ALL,
+           dtype_tolerances=_HALF_TOLERANCES, error_inputs=_errors(_DIM_OUT_OF_RANGE)),
+    OpInfo("logcumsumexp", torch.logcumsumexp, _logcumsumexp_samples, dtypes=FLOATS, dtype_tolerances=_HALF_TOLERANCES,
+           error_inputs=_errors(_DIM_OUT_OF_RANGE, (_x(2, 3, dtype=torch.int64, args=(1,)), {}, NotImplementedError,
+                                                    "\"logcumsumexp_out_cpu\" not implemented for 'Long'"))),
+    OpInfo("sort", torch.sort, _sort_samples, dtypes=ALL, error_inputs=_errors(
+        _DIM_OUT_OF_RANGE, (_x(2, 3, args=(0, False, True)), {}, TypeError, r"sort\(\)"))),
+    OpInfo("Tensor.sort", _method("sort"), _sort_samples, dtypes=(torch.float32,)),
+    OpInfo("argsort", torch.argsort, _argsort_samples, dtypes=ALL, error_inputs=_errors(_DIM_OUT_OF_RANGE)),
+    OpInfo("msort", torch.msort, _msort_samples, dtypes=NUMBERS),
+    OpInfo("topk", torch.topk, _topk_samples, dtypes=NUMBERS, error_inputs=_errors(
+        (_x(2, 3, args=(4,)), {}, RuntimeError, "selected index k out of range"),
+        (_x(2, 3, args=(-1,)), {}, RuntimeError, "selected index k out of range"),
+        (_x(2, 3, args=(1, 2)), {}, IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"),
+        (_x(3, dtype=torch.bool, args=(1,)), {}, RuntimeError, "topk does not support bool dtypes on CPU"))),
+    OpInfo("Tensor.topk", _method("topk"), _topk_samples, dtypes=(torch.float32,)),
+    OpInfo("linalg.vector_norm", torch.linalg.vector_norm, _vector_norm_samples, dtypes=FLOATS,
+           dtype_tolerances=_NORM_TOLERANCES, error_inputs=_errors(
+        (_x(3, dtype=torch.int64), {}, RuntimeError,
+         "linalg.vector_norm: Expected a floating point or complex tensor as input. Got Long"),
+        (_x(0, args=(INF,)), {}, RuntimeError, "linalg.vector_norm cannot compute the inf norm on an empty tensor because "
+                                               "the operation does not have an identity"),
+        (_x(0, args=(-1,)), {}, RuntimeError, "linalg.vector_norm cannot compute the -1 norm on an empty tensor"),
+        (_x(0, 3, args=(INF, 0)), {}, RuntimeError, "linalg.vector_norm cannot compute the inf norm on the dimension 0because "
+                                                    "this dimension is empty and the operation does not have an identity"),
+        (_x(3, args=("fro",)), {}, TypeError, r"linalg_vector_norm\(\): argument 'ord' \(position 2\) must be Number, not str"),
+        (_x(3), {"dtype": torch.int64}, RuntimeError, "linalg.vector_norm: dtype should be floating point or complex, but got Long"),
+        (_x(3, dtype=torch.float64), {"dtype": torch.float32}, RuntimeError,
+         r"linalg.vector_norm: the dtype of the input \(Double\) should be convertible without narrowing to the specified "
+         r"dtype \(Float\)"),
+        (_x(2, 3, args=(2, 2)), {}, IndexError, r"Dimension out of range"))),
+    OpInfo("norm", torch.norm, _norm_samples, dtypes=FLOATS, dtype_tolerances=_NORM_TOLERANCES, error_inputs=_errors(
+        (_x(3, dtype=torch.int64), {}, RuntimeError,
+         "linalg.vector_norm: Expected a floating point or complex tensor as input. Got Long"))),
+    OpInfo("Tensor.norm", _method("norm"), _method_norm_samples, dtypes=(torch.float32,)),
+    OpInfo("aminmax", torch.aminmax, _aminmax_samples, dtypes=ALL, error_inputs=_errors(
+        (_x(0), {}, RuntimeError, r"aminmax\(\): cannot compute aminmax over an empty dimension as the operation has no "
+                                  r"identity."),
+        (_x(2, 0), {"dim": 1}, IndexError, "aminmax: Expected reduction dim 1 to have non-zero size."),
+        (_x(2, 3), {"dim": 2}, IndexError, r"Dimension out of range"))),
+    OpInfo("nansum", torch.nansum, _chain(reduction_samples(), _dtype_kwarg_samples((torch.float64, torch.int32)),
+                                          _nan_samples), dtypes=ALL, dtype_tolerances=_NANSUM_TOLERANCES,
+           error_inputs=_errors(_DIM_OUT_OF_RANGE, _DUPLICATE_DIMS)),
+    OpInfo("nanmean", torch.nanmean, _chain(reduction_samples(), _dtype_kwarg_samples((torch.float64,)), _nan_samples),
+           dtypes=FLOATS, dtype_tolerances=_HALF_TOLERANCES, error_inputs=_errors(
+        _DIM_OUT_OF_RANGE,
+        (_x(2, 3, dtype=torch.int64), {}, RuntimeError,
+         "nanmean\\(\\): expected input to have floating point or complex dtype but got Long"))),
+]

@@ -638,3 +638,237 @@ opinfos: list[OpInfo] = [
     OpInfo("Tensor.cpu", method("cpu"), conversion_samples, SOME),
     *(OpInfo(f"Tensor.{name}", method(name), conversion_samples, ALL) for name in CONVERSIONS),
 ]
+
+
+# -- triangles, diagonals, padding, rolling and repeating ----------------------------------
+def triangle_samples(device, dtype):
+    mk = maker(device, dtype)
+    for shape, diagonal in [((4, 5), 0), ((4, 5), 2), ((4, 5), -1), ((2, 3, 4), 1), ((5, 3), -10), ((5, 3), 10),
+                            ((0, 3), 0), ((2, 0, 3), 1)]:
+        yield SampleInput((mk(*shape), diagonal))
+    yield SampleInput((mk(4, 5, noncontiguous=True),))
+    yield SampleInput((mk(3, 4).T,), {"diagonal": -1})
+
+
+def triangle_errors(name):
+    def errors(device):
+        yield err((make_tensor((3,)),), RuntimeError, f"{name}: input tensor must have at least 2 dimensions")
+        yield err((make_tensor(()),), RuntimeError, f"{name}: input tensor must have at least 2 dimensions")
+    return errors
+
+
+def diagonal_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(4, 5),))
+    yield SampleInput((mk(4, 5), 2))
+    yield SampleInput((mk(4, 5), -3))
+    yield SampleInput((mk(4, 5), 7))  # past the corner: empty
+    yield SampleInput((mk(2, 3, 4), 1, 2, 0))
+    yield SampleInput((mk(2, 3, 4), -1, -1, 1))
+    yield SampleInput((mk(2, 3, 4, noncontiguous=True),), {"offset": 0, "dim1": 1, "dim2": 2})
+    yield SampleInput((mk(0, 3),))
+    yield SampleInput((mk(3, 1, 3), 0, 0, 2))
+
+
+def diagonal_errors(device):
+    yield err((x234(), 0, 0, 0), RuntimeError, "diagonal dimensions cannot be identical 0, 0")
+    yield err((x234(), 0, 0, 3), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
+    yield err((make_tensor((3,)),), IndexError, r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)")
+
+
+def diag_embed_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3),))
+    yield SampleInput((mk(2, 3), 1))
+    yield SampleInput((mk(2, 3), -2, 0, 2))
+    yield SampleInput((mk(2, 3, noncontiguous=True), 0, 2, 0))
+    yield SampleInput((mk(2, 0), 1))
+
+
+def diag_embed_errors(device):
+    yield err((make_tensor((2, 3)), 0, 0, 0), RuntimeError, "diagonal dimensions cannot be identical 0, 0")
+    yield err((make_tensor((2, 3)), 0, 0, 3), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
+    yield err((make_tensor(()),), IndexError, r"Dimension out of range \(expected to be in range of \[-1, 0\], but got -2\)")
+
+
+def diag_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3),))
+    yield SampleInput((mk(3), 2))
+    yield SampleInput((mk(3), -1))
+    yield SampleInput((mk(4, 5),))
+    yield SampleInput((mk(4, 5), 1))
+    yield SampleInput((mk(4, 5, noncontiguous=True), -2))
+    yield SampleInput((mk(0),))
+    yield SampleInput((mk(3, 4), 9))
+
+
+def diag_errors(device):
+    yield err((x234(),), RuntimeError, r"diag\(\): Supports 1D or 2D tensors. Got 3D")
+    yield err((make_tensor(()),), RuntimeError, r"diag\(\): Supports 1D or 2D tensors. Got 0D")
+
+
+def rot90_samples(device, dtype):
+    mk = maker(device, dtype)
+    for k in (0, 1, 2, 3, 4, -1, 5, -6):
+        yield SampleInput((mk(3, 4), k))
+    yield SampleInput((mk(2, 3, 4), 1, (0, 2)))
+    yield SampleInput((mk(2, 3, 4), 3, [-1, 1]))
+    yield SampleInput((mk(2, 3, 4, noncontiguous=True),), {"k": 2, "dims": (2, 0)})
+    yield SampleInput((mk(0, 3),))
+
+
+def rot90_errors(device):
+    x = make_tensor((3, 4))
+    yield err((x, 1, (0,)), RuntimeError, "expected total rotation dims == 2, but got dims = 1")
+    yield err((make_tensor((3,)), 1, (0, 1)), RuntimeError, "expected total dims >= 2, but got total dims = 1")
+    yield err((x, 1, (0, 0)), RuntimeError, "expected rotation dims to be different, but got dim0 = 0 and dim1 = 0")
+    yield err((x, 1, (0, 2)), IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
+
+
+def roll_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4), 1))
+    yield SampleInput((mk(3, 4), -5))
+    yield SampleInput((mk(3, 4), 2, 1))
+    yield SampleInput((mk(3, 4), (1, -7), (0, 1)))
+    yield SampleInput((mk(3, 4), (1, 2), (-1, -1)))  # the same dim twice rolls twice
+    yield SampleInput((mk(3, 4, noncontiguous=True), 3, -1))
+    yield SampleInput((mk(3, 4), 4, 1))
+    yield SampleInput((mk(), 1))
+    yield SampleInput((mk(0, 3), 1, 0))
+    yield SampleInput((mk(2, 3),), {"shifts": [1], "dims": [0]})
+
+
+def roll_errors(device):
+    x = make_tensor((3, 4))
+    yield err((x, 1, (0, 1)), RuntimeError, "shifts and dimensions must align. shifts: 1, dims:2")
+    yield err((x, (1, 2), (0,)), RuntimeError, "shifts and dimensions must align. shifts: 2, dims:1")
+    yield err((x, ()), RuntimeError, "`shifts` required")
+    yield err((x, 1, 2), IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
+
+
+def repeat_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4), 2, 1))
+    yield SampleInput((mk(3, 4), (2, 1, 3)))
+    yield SampleInput((mk(3, 4), [1, 0]))
+    yield SampleInput((mk(3, 4, noncontiguous=True), 2, 3))
+    yield SampleInput((mk(), 2, 3))
+    yield SampleInput((mk(), ()))
+    yield SampleInput((mk(0, 3), 2, 2))
+
+
+def repeat_errors(device):
+    x = make_tensor((3, 4))
+    yield err((x, 2), RuntimeError, "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
+    yield err((x, 2, -1, 1), RuntimeError, r"Trying to create tensor with negative dimension -3: \[2, -3, 4\]")
+    yield err((x,), TypeError, r'repeat\(\) missing 1 required positional arguments: "repeats"')
+
+
+def tile_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4), (2,)))
+    yield SampleInput((mk(3, 4), (2, 1, 3)))
+    yield SampleInput((mk(3, 4), [1, 0]))
+    yield SampleInput((mk(3, 4, noncontiguous=True), (2, 3)))
+    yield SampleInput((mk(3, 4), ()))
+    yield SampleInput((mk(), (2,)))
+    yield SampleInput((mk(0, 3), (2, 2)))
+
+
+def tile_errors(device):
+    yield err((make_tensor((3, 4)), (-1,)), RuntimeError, r"Trying to create tensor with negative dimension -4: \[3, -4\]")
+
+
+def repeat_interleave_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4), 2))
+    yield SampleInput((mk(3, 4), 3, 1))
+    yield SampleInput((mk(3, 4), 2, -2), {"output_size": 6})
+    yield SampleInput((mk(3, 4, noncontiguous=True), 0, 0))
+    yield SampleInput((mk(), 3))
+    yield SampleInput((mk(0, 3), 2, 1))
+
+
+def repeat_interleave_errors(device):
+    x = make_tensor((3, 4))
+    yield err((x, -1), RuntimeError, "Repeats must be non-negative")
+    yield err((x, 2), RuntimeError, "repeat_interleave: Invalid output_size, expected 24 but got 3", {"output_size": 3})
+    yield err((x, 2, 2), IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
+    yield err((make_tensor(()), 2, 0), IndexError, r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)")
+    yield err((x, torch.tensor([1, 2, 1])), UnsupportedOpError, "repeat_interleave with tensor repeats gives a shape that depends",
+              {"dim": 0}, torch_raises=False)
+
+
+def pad_samples(device, dtype):
+    mk = maker(device, dtype)
+    fill = True if dtype is torch.bool else 3 if not dtype.is_floating_point else 2.5
+    yield SampleInput((mk(3, 4), (1, 2)))
+    yield SampleInput((mk(3, 4), (1, 2, 0, 3)), {"value": fill})
+    yield SampleInput((mk(2, 3, 4), [0, 1, 2, 0, 1, 1], "constant", fill))
+    yield SampleInput((mk(3, 4), (-1, 2, 1, -3)))  # negative pads crop
+    yield SampleInput((mk(3, 4), (-4, 1)))  # everything cropped, then padded
+    yield SampleInput((mk(3, 4, noncontiguous=True), (0, 0)))
+    yield SampleInput((mk(), ()))
+    yield SampleInput((mk(0, 3), (1, 1, 2, 0)))
+    if dtype is not torch.bool:
+        yield SampleInput((mk(3, 4), (1, 1)), {"value": 7.9})  # truncated into integer dtypes
+    for mode in ("reflect", "replicate", "circular"):
+        if mode != "circular" and dtype is torch.bool:
+            continue
+        yield SampleInput((mk(2, 5), (2, 3), mode))
+        yield SampleInput((mk(2, 3, 5), (1, -2), mode))  # crop, then pad from what is left
+        yield SampleInput((mk(2, 3, 5, noncontiguous=True), (2, 1, 0, 2), mode))
+        yield SampleInput((mk(1, 2, 3, 4, 5), (1, 2, 2, 0, 0, 1), mode))
+        yield SampleInput((mk(3, 4, 5), [-1, 2, 2, -1]), {"mode": mode})
+    if dtype is not torch.bool:
+        yield SampleInput((mk(0, 3, 5), (2, 2), "replicate"))  # an empty batch
+    yield SampleInput((mk(3, 0, 5), (2, 2), "circular"))
+
+
+def pad_errors(device):
+    x = make_tensor((3, 4))
+    x3 = make_tensor((1, 3, 4))
+    yield err((x, (1, 2, 3)), RuntimeError, "Padding length must be divisible by 2")
+    yield err((x, (1, 2, 3, 4, 5, 6)), RuntimeError,
+              "Padding length should be less than or equal to two times the input dimension but got padding length 6 and input of dimension 2")
+    yield err((x, (-3, -2)), RuntimeError, r"narrow\(\): length must be non-negative.")
+    yield err((x3, (1, 2), "foo"), NotImplementedError, "Unrecognised padding mode foo")
+    yield err((x3, (1, 2), "reflect", 1.0), RuntimeError, "Padding mode \"reflect\" doesn't take in value argument")
+    yield err((make_tensor((4,)), (1, 2), "reflect"), NotImplementedError, "Padding size 2 is not supported for 1D input tensor.")
+    yield err((x3, (1, 2, 1, 1, 1, 1), "circular"), NotImplementedError, "Padding size 6 is not supported for 3D input tensor.")
+    yield err((x3, (1, 4), "reflect"), RuntimeError,
+              r"Argument #4: Padding size should be less than the corresponding input dimension, but got: padding \(1, 4\) at dimension 2 of input \[1, 3, 4\]")
+    yield err((x3, (1, 5), "circular"), RuntimeError, "Padding value causes wrapping around more than once.")
+    yield err((make_tensor((0, 4)), (1, 2), "reflect"), RuntimeError,
+              r"Expected 2D or 3D \(batch mode\) tensor with possibly 0 batch size and other non-zero dimensions for input, but got: \[0, 4\]")
+    yield err((make_tensor((1, 2, 0)), (1, 1), "replicate"), RuntimeError,
+              r"Expected 2D or 3D \(batch mode\) tensor with possibly 0 batch size and other non-zero dimensions for input, but got: \[1, 2, 0\]")
+    yield err((make_tensor((1, 3, 4), dtype=torch.bool), (1, 2), "reflect"), NotImplementedError,
+              "\"reflection_pad1d\" not implemented for 'Bool'")
+    yield err((make_tensor((1, 3, 4), dtype=torch.bool), (1, 2, 1, 1), "replicate"), NotImplementedError,
+              "\"replication_pad2d\" not implemented for 'Bool'")
+
+
+opinfos += [
+    OpInfo("tril", torch.tril, triangle_samples, ALL, triangle_errors("tril")),
+    OpInfo("tril.method", method("tril"), triangle_samples, SOME, triangle_errors("tril")),
+    OpInfo("triu", torch.triu, triangle_samples, ALL, triangle_errors("triu")),
+    OpInfo("triu.method", method("triu"), triangle_samples, SOME, triangle_errors("triu")),
+    OpInfo("diagonal", torch.diagonal, diagonal_samples, ALL, diagonal_errors),
+    OpInfo("diagonal.method", method("diagonal"), diagonal_samples, SOME, diagonal_errors),
+    OpInfo("diag_embed", torch.diag_embed, diag_embed_samples, ALL, diag_embed_errors),
+    OpInfo("diag", torch.diag, diag_samples, ALL, diag_errors),
+    OpInfo("diag.method", method("diag"), diag_samples, SOME, diag_errors),
+    OpInfo("rot90", torch.rot90, rot90_samples, ALL, rot90_errors),
+    OpInfo("rot90.method", method("rot90"), rot90_samples, SOME, rot90_errors),
+    OpInfo("roll", torch.roll, roll_samples, ALL, roll_errors),
+    OpInfo("roll.method", method("roll"), roll_samples, SOME, roll_errors),
+    OpInfo("repeat", method("repeat"), repeat_samples, ALL, repeat_errors),
+    OpInfo("tile", torch.tile, tile_samples, ALL, tile_errors),
+    OpInfo("tile.method", method("tile"), tile_samples, SOME, tile_errors),
+    OpInfo("repeat_interleave", torch.repeat_interleave, repeat_interleave_samples, ALL, repeat_interleave_errors),
+    OpInfo("repeat_interleave.method", method("repeat_interleave"), repeat_interleave_samples, SOME, repeat_interleave_errors),
+    OpInfo("nn.functional.pad", torch.nn.functional.pad, pad_samples, ALL, pad_errors),
+]
