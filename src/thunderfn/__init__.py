@@ -12,13 +12,14 @@ from thunderfn.core.pytree import register_pytree_node
 from thunderfn.core.symbol import BoundSymbol, Symbol
 from thunderfn.core.trace import Trace, trace
 from thunderfn.errors import ConcretizationError, ThunderFnError, UnsupportedOpError
+from thunderfn.examine import Examination, examine
 from thunderfn.jit import cache_info, jit, last_traces
 from thunderfn.transforms import executor_lower
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "jit", "trace", "last_traces", "cache_info", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
+    "jit", "trace", "last_traces", "cache_info", "examine", "Examination", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
     "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "prims", "clang", "torch",
     "executors", "errors",
 ]

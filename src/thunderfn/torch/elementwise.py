@@ -589,7 +589,8 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
                                "use the returned tensor", UnsupportedOpError)
     check(dtypes.is_inexact(input.dtype), lambda: f"linalg.vector_norm: Expected a floating point or complex tensor as "
                                                   f"input. Got {prims.scalar_type_name(input.dtype)}")
-    dims = clang.reduction_dims(input, (dim,))  # checks dim; a 0-dim input has nothing to reduce
+    # checks dim (torch's norm also takes a tuple of dims); a 0-dim input has nothing to reduce
+    dims = clang.reduction_dims(input, tuple(dim) if isinstance(dim, (tuple, list)) else (dim,))
     # torch rounds the norm to the input's dtype, clamps it there and divides elementwise
     norm = maybe_convert_to_dtype(_vector_norm_keepdim(maybe_convert_to_dtype(input, dtypes.computation_dtype(input.dtype)),
                                                        p, dims), input.dtype)

@@ -71,22 +71,16 @@ def _device_of(leaves, kwargs) -> torch.device:
     return torch.get_default_device() if hasattr(torch, "get_default_device") else torch.device("cpu")
 
 
-def _meta(fn, args, kwargs):
-    name = torch_name(fn)
-    if "random" in opaque_symbol(fn).tags:
-        check_rng_untouched(name)
-    leaves, spec = tree_flatten((args, kwargs))
-    meta_args, meta_kwargs = tree_unflatten(spec, [_to_meta(x) for x in leaves])
-    if kwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves):
-        # a factory: it must build on meta too, or shape inference would draw real random numbers
-        meta_kwargs = dict(meta_kwargs, device="meta")
+def _run_on_meta(fn, name: str, meta_args, meta_kwargs):
+    """fn's outputs on meta tensors, or UnsupportedOpError saying why it cannot run on shapes;
+    an error that is the inputs' fault is re-raised as torch raised it."""
     try:
         with torch._C.DisableTorchFunction():
-            out = fn(*meta_args, **meta_kwargs)
+            return fn(*meta_args, **meta_kwargs)
     except Exception as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        data_dependent = any(w in reason for w in ("data-dependent", "data dependent", "data-independent", "item()", "no data",
-                                                   "without output_size", "Meta tensors"))
+        data_dependent = any(w in reason for w in ("data-dependent", "data dependent", "data-independent", "item()",
+                                                   "no data", "without output_size", "Meta tensors"))
         # Proxies carry no strides (meta tensors here are contiguous): a complaint about layout is ours, not the input's.
         meta_specific = data_dependent or isinstance(e, NotImplementedError) or any(
             w in reason.lower() for w in ("meta", "stride", "contiguous", "major", "layout"))
@@ -96,19 +90,54 @@ def _meta(fn, args, kwargs):
                if data_dependent else f"running it on shapes alone failed ({type(e).__name__}: {reason[:200]})")
         raise UnsupportedOpError(f"{name} has no thunderfn symbol and cannot run as an opaque torch op: {why}. "
                                  f"Call it outside the jitted function.") from None
-    device = _device_of(leaves, kwargs)
-    out_leaves, out_spec = tree_flatten(out)
-    proxies = []
-    for leaf in out_leaves:
-        if isinstance(leaf, torch.Tensor):
-            proxies.append(TensorProxy(shape=leaf.shape, dtype=leaf.dtype, device=device))
-        elif leaf is None:
-            proxies.append(leaf)
-        else:
+
+
+def _check_outputs(name: str, out) -> None:
+    for leaf in tree_flatten(out)[0]:
+        if not isinstance(leaf, torch.Tensor) and leaf is not None:
             kind = type(leaf).__name__ if not isinstance(leaf, numbers.Number) else "a Python number"
             raise UnsupportedOpError(f"{name} returns {kind}, a value tracing cannot know; call it outside the "
                                      f"jitted function or keep the result as a tensor")
+
+
+def _meta(fn, args, kwargs):
+    name = torch_name(fn)
+    if "random" in opaque_symbol(fn).tags:
+        check_rng_untouched(name)
+    leaves, spec = tree_flatten((args, kwargs))
+    meta_args, meta_kwargs = tree_unflatten(spec, [_to_meta(x) for x in leaves])
+    if kwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves):
+        # a factory: it must build on meta too, or shape inference would draw real random numbers
+        meta_kwargs = dict(meta_kwargs, device="meta")
+    out = _run_on_meta(fn, name, meta_args, meta_kwargs)
+    _check_outputs(name, out)
+    device = _device_of(leaves, kwargs)
+    out_leaves, out_spec = tree_flatten(out)
+    proxies = [TensorProxy(shape=x.shape, dtype=x.dtype, device=device) if isinstance(x, torch.Tensor) else x
+               for x in out_leaves]
     return tree_unflatten(out_spec, proxies)  # keeps torch.return_types.* (values, indices)
+
+
+def _to_meta_tensor_tree(args, kwargs):
+    """(args, kwargs) with real tensors replaced by meta tensors of the same shape and dtype."""
+    leaves, spec = tree_flatten((args, kwargs))
+    meta = [torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x for x in leaves]
+    meta_args, meta_kwargs = tree_unflatten(spec, meta)
+    if not any(isinstance(x, torch.Tensor) for x in leaves):
+        meta_kwargs = dict(meta_kwargs, device="meta")
+    return meta_args, meta_kwargs
+
+
+def probe_opaque(fn, meta_args, meta_kwargs) -> str | None:
+    """Why fn cannot run as an opaque op on these (meta) arguments, or None if it can."""
+    name = torch_name(fn)
+    try:
+        _check_outputs(name, _run_on_meta(fn, name, meta_args, meta_kwargs))
+    except UnsupportedOpError as e:
+        return str(e).split(": ", 1)[-1]
+    except Exception as e:
+        return f"torch rejects these inputs ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+    return None
 
 
 def run_opaque(fn, args, kwargs):

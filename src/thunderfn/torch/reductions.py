@@ -1,7 +1,7 @@
 """Reductions: sum, mean, prod, amax/amin, max/min, var/std, argmax/argmin, all/any,
-softmax, log_softmax and logsumexp; the scans (cumsum, cumprod, logcumsumexp); sort,
-argsort and topk; vector norms; aminmax, nansum and nanmean. Half-precision inputs
-accumulate in float32, as torch's kernels do."""
+softmax, log_softmax and logsumexp; the scans (cumsum, cumprod, logcumsumexp, cummax,
+cummin); sort, argsort and topk; vector norms; aminmax, nansum and nanmean.
+Half-precision inputs accumulate in float32, as torch's kernels do."""
 from __future__ import annotations
 
 import warnings
@@ -20,7 +20,7 @@ from thunderfn.torch.opaque import opaque_symbol
 T = torch.Tensor
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "var", "std", "var_mean", "std_mean", "argmax",
            "argmin", "all", "any", "softmax", "log_softmax", "logsumexp", "count_nonzero", "cumsum", "cumprod",
-           "logcumsumexp", "sort", "argsort", "msort", "topk", "vector_norm", "norm", "aminmax", "nansum", "nanmean"]
+           "logcumsumexp", "cummax", "cummin", "sort", "argsort", "msort", "topk", "vector_norm", "norm", "aminmax", "nansum", "nanmean"]
 
 
 def _finish(out, a, dims, keepdim, dtype):
@@ -318,6 +318,48 @@ def logcumsumexp(a, dim):
         x = _logaddexp(x, clang.cat([pad, clang.slice_in_dim(x, 0, n - shift, dim=d)], d))
         shift *= 2
     return maybe_convert_to_dtype(x, a.dtype)
+
+
+def _extreme_scan(a, dim, name, takes_later, identity):
+    """cummax/cummin as a Hillis-Steele scan over (value, index) pairs, combined as torch's
+    loop does: a later NaN always wins, then a later value that is >= (or <=) the current one,
+    so ties take the last index."""
+    d = canonical_dim(dim, a.ndim)
+    n = a.shape[d] if a.ndim else 1
+    values = a
+    indices = clang.arange(0, n, 1, device=a.device, dtype=torch.int64)
+    indices = prims.broadcast_in_dim(indices, a.shape, (d,)) if a.ndim else clang.reshape(indices, ())
+    shift = 1
+    while shift < n:
+        pad_shape = tuple(shift if i == d else s for i, s in enumerate(a.shape))
+        earlier_v = clang.cat([clang.full(pad_shape, identity(a.dtype), device=a.device, dtype=a.dtype),
+                               clang.slice_in_dim(values, 0, n - shift, dim=d)], d)
+        earlier_i = clang.cat([clang.full(pad_shape, 0, device=a.device, dtype=torch.int64),
+                               clang.slice_in_dim(indices, 0, n - shift, dim=d)], d)
+        later = takes_later(values, earlier_v)
+        if dtypes.is_float(a.dtype):
+            later = clang.bitwise_or(clang.isnan(values), clang.bitwise_and(clang.bitwise_not(clang.isnan(earlier_v)), later))
+        values, indices = clang.where(later, values, earlier_v), clang.where(later, indices, earlier_i)
+        shift *= 2
+    return getattr(torch.return_types, name)((values, indices))
+
+
+def _lowest(dtype):
+    return False if dtype is torch.bool else float("-inf") if dtypes.is_float(dtype) else torch.iinfo(dtype).min
+
+
+def _highest(dtype):
+    return True if dtype is torch.bool else float("inf") if dtypes.is_float(dtype) else torch.iinfo(dtype).max
+
+
+@torchsymbol(torch.cummax, T.cummax)
+def cummax(a, dim):
+    return _extreme_scan(a, dim, "cummax", clang.ge, _lowest)
+
+
+@torchsymbol(torch.cummin, T.cummin)
+def cummin(a, dim):
+    return _extreme_scan(a, dim, "cummin", clang.le, _highest)
 
 
 # -- sorting -------------------------------------------------------------------------------

@@ -357,6 +357,20 @@ def _logcumsumexp_samples(device, dtype):
     yield SampleInput((torch.full((2, 5), -INF, device=device, dtype=dtype), 1), name="all -inf")
 
 
+def _cummax_samples(device, dtype):
+    """Ties take the last index (torch compares with >= and <=) and a NaN wins from where it appears."""
+    yield from _scan_samples()(device, dtype)
+    yield SampleInput((_ties(device, dtype), 1), name="ties")
+    yield SampleInput((_ties(device, dtype), 0), name="ties")
+    if dtype.is_floating_point:
+        yield SampleInput((torch.tensor([1.0, NAN, 0.0, NAN, -1.0, INF], device=device, dtype=dtype), 0), name="NaNs")
+        yield SampleInput((torch.tensor([-INF, -INF, 2.0, INF, INF], device=device, dtype=dtype), 0), name="infs")
+    if dtype in (torch.int64, torch.int32, torch.int8, torch.uint8):
+        info = torch.iinfo(dtype)
+        yield SampleInput((torch.tensor([info.max, info.min, info.min, info.max], device=device, dtype=dtype), 0),
+                          name="the dtype's extremes")
+
+
 def _unique_values(shape, device, dtype, noncontiguous=False):
     """Distinct values in random order, so unstable sorts have one right answer for indices too."""
     n = torch.Size(shape).numel()
@@ -527,6 +541,9 @@ opinfos += [
     OpInfo("logcumsumexp", torch.logcumsumexp, _logcumsumexp_samples, dtypes=FLOATS, dtype_tolerances=_HALF_TOLERANCES,
            error_inputs=_errors(_DIM_OUT_OF_RANGE, (_x(2, 3, dtype=torch.int64, args=(1,)), {}, NotImplementedError,
                                                     "\"logcumsumexp_out_cpu\" not implemented for 'Long'"))),
+    OpInfo("cummax", torch.cummax, _cummax_samples, dtypes=ALL, error_inputs=_errors(_DIM_OUT_OF_RANGE)),
+    OpInfo("cummin", torch.cummin, _cummax_samples, dtypes=ALL, error_inputs=_errors(_DIM_OUT_OF_RANGE)),
+    OpInfo("Tensor.cummax", _method("cummax"), _cummax_samples, dtypes=(torch.float32,)),
     OpInfo("sort", torch.sort, _sort_samples, dtypes=ALL, error_inputs=_errors(
         _DIM_OUT_OF_RANGE, (_x(2, 3, args=(0, False, True)), {}, TypeError, r"sort\(\)"))),
     OpInfo("Tensor.sort", _method("sort"), _sort_samples, dtypes=(torch.float32,)),

@@ -1,0 +1,109 @@
+"""tf.examine: which torch calls in a function thunderfn decomposes, runs opaquely, or refuses.
+
+The function runs once, eagerly, on the real arguments, with every torch call it
+makes seen by a TorchFunctionMode; so a call thunderfn would refuse does not stop
+the report, and calls after it are examined too. Each distinct torch callable is
+classified the way tracing would treat it:
+
+- symbol: a thunderfn symbol with a hand-written decomposition (fusible, transformable);
+- opaque: no symbol; runs as an opaque torch op (torch executes it, shapes from meta);
+- in-place: functionalized (see torch/inplace.py);
+- unsupported: refused, with the reason (data-dependent output shape, no meta kernel);
+- needs a value: reads a tensor's value (`.item()`, `bool(t)`), a ConcretizationError under jit.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from thunderfn.core.interception import _metadata_getters, _metadata_methods, handlers, torch_name
+from thunderfn.core.symbol import Symbol
+
+_VALUE_READS = {torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.tolist, torch.Tensor.__int__,
+                torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.__complex__}
+
+
+@dataclasses.dataclass
+class Call:
+    name: str  # how a user writes the torch callable
+    status: str  # symbol | opaque | in-place | unsupported | needs a value
+    detail: str  # the symbol, or the reason
+    count: int = 0
+
+
+@dataclasses.dataclass
+class Examination:
+    """What tf.examine found; str() is the report it prints."""
+    fn_name: str
+    calls: list
+
+    def by_status(self, status: str) -> list:
+        return [c for c in self.calls if c.status == status]
+
+    @property
+    def jit_ready(self) -> bool:
+        return not self.by_status("unsupported") and not self.by_status("needs a value")
+
+    def __str__(self) -> str:
+        width = max([len(c.name) for c in self.calls] + [14])
+        lines = [f"thunderfn.examine({self.fn_name}): {len(self.calls)} distinct torch calls"]
+        order = ("symbol", "opaque", "in-place", "unsupported", "needs a value")
+        for status in order:
+            for c in sorted(self.by_status(status), key=lambda c: c.name):
+                lines.append(f"  {c.name:<{width}}  x{c.count:<4} {c.status:<13} {c.detail}")
+        counts = collections.Counter(c.status for c in self.calls)
+        lines.append("  " + ", ".join(f"{counts[s]} {s}" for s in order if counts[s]))
+        lines.append("  ready for tf.jit" if self.jit_ready else
+                     "  not ready for tf.jit: see the unsupported / needs a value rows")
+        return "\n".join(lines)
+
+
+def _classify(func, args, kwargs) -> tuple[str, str]:
+    from thunderfn.torch.inplace import is_in_place
+    from thunderfn.torch.opaque import _to_meta_tensor_tree, probe_opaque
+
+    if func in _VALUE_READS:
+        return "needs a value", "reads a tensor's value: keep it a tensor (torch.where), or pass it as a static argument"
+    if is_in_place(func):
+        return "in-place", "functionalized (written back if it mutates an input or captured tensor)"
+    handler = handlers.get(func)
+    if isinstance(handler, Symbol):
+        return "symbol", handler.print_name
+    if handler is not None:
+        return "symbol", f"via {getattr(handler, '__qualname__', 'an alias')}"
+    meta_args, meta_kwargs = _to_meta_tensor_tree(args, kwargs)
+    problem = probe_opaque(func, meta_args, meta_kwargs)
+    return ("unsupported", problem) if problem else ("opaque", "runs as an opaque torch op")
+
+
+class _Recorder(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.calls: dict = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in _metadata_getters and func not in _metadata_methods:
+            name = torch_name(func)
+            call = self.calls.get(name)
+            if call is None:
+                status, detail = _classify(func, args, kwargs)
+                call = self.calls[name] = Call(name, status, detail)
+            call.count += 1
+        return func(*args, **kwargs)
+
+
+def examine(fn, *args, **kwargs) -> Examination:
+    """Run fn once eagerly and report how thunderfn would treat each torch call it makes.
+
+    Prints the report and returns it (an Examination: `.calls`, `.by_status(s)`,
+    `.jit_ready`). Arguments are used as given: clone tensors that fn modifies."""
+    recorder = _Recorder()
+    with torch.no_grad(), recorder:
+        fn(*args, **kwargs)
+    report = Examination(getattr(fn, "__name__", type(fn).__name__), list(recorder.calls.values()))
+    print(report)
+    return report
