@@ -81,3 +81,19 @@ def test_half_precision_composites_round_once_like_torch(dtype, data):
                lambda t: torch.nn.functional.layer_norm(t, (5,))):
         decomposed = tf.jit(fn, executors=["torch_prims"], fallback=False)
         torch.testing.assert_close(decomposed(x), fn(x))
+
+
+@given(tst.programs(in_place=True), tst.program_inputs())
+def test_jit_of_in_place_program_equals_program_and_mutates_inputs_alike(program, inputs):
+    """With in-place steps, jit(f)(x) == f(x) and x is left exactly as eager leaves it (or jit refuses)."""
+    eager_inputs = tuple(x.clone() for x in inputs)
+    expected = _eager_or_none(program, *eager_inputs)
+    assume(expected is not None)
+    jit_inputs = tuple(x.clone() for x in inputs)
+    try:
+        got = tf.jit(program)(*jit_inputs)
+    except tf.UnsupportedOpError:
+        return  # refused (a view made another way, or a stale view): allowed, never a different answer
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    for mutated, reference in zip(jit_inputs, eager_inputs):
+        torch.testing.assert_close(mutated, reference, equal_nan=True)

@@ -65,6 +65,12 @@ REDUCE = {
     "sum_last": lambda x: x.sum(-1, keepdim=True) if x.ndim else x, "mean_all": lambda x: x.mean(),
     "amax_first": lambda x: x.amax(0) if x.ndim else x,
 }
+# In-place steps write into their first operand (possibly an input) and return it.
+INPLACE = {
+    "add_": lambda a, b: a.add_(b), "mul_scalar_": lambda a: a.mul_(1.5), "clamp_": lambda a: a.clamp_(min=-0.5),
+    "setitem_row": lambda a, b: (a.__setitem__(0, b[0] if b.ndim else b), a)[1] if a.ndim else a.add_(b.sum()),
+    "view_iadd": lambda a: (a[..., :1].add_(1), a)[1] if a.ndim else a.add_(1),
+}
 RESHAPE = {
     "transpose": lambda x: x.transpose(0, -1) if x.ndim >= 2 else x, "flatten": lambda x: x.reshape(-1),
     "unsqueeze": lambda x: x.unsqueeze(0), "scale": lambda x: x * 0.5 + 1,
@@ -80,7 +86,7 @@ class Program:
     def __call__(self, *inputs):
         values = list(inputs)
         for kind, name, operands in self.steps:
-            table = {"unary": UNARY, "binary": BINARY, "reduce": REDUCE, "reshape": RESHAPE}[kind]
+            table = {"unary": UNARY, "binary": BINARY, "reduce": REDUCE, "reshape": RESHAPE, "inplace": INPLACE}[kind]
             values.append(table[name](*(values[i] for i in operands)))
         return values[-1]
 
@@ -89,15 +95,24 @@ class Program:
                                       for i, (_, n, ops) in enumerate(self.steps)) + ")"
 
 
+_INPLACE_ARITY = {"add_": 2, "setitem_row": 2}
+
+
 @st.composite
-def programs(draw, n_inputs: int = 2, max_steps: int = 6):
-    """Random float programs of unary, binary (broadcasting), reduction and shape steps.
-    Binary steps only combine values whose shapes broadcast, so every program is valid."""
+def programs(draw, n_inputs: int = 2, max_steps: int = 6, in_place: bool = False):
+    """Random float programs of unary, binary (broadcasting), reduction and shape steps,
+    and with `in_place`, steps that write into an earlier value (an input, possibly).
+    Steps that do not fit the shapes they meet raise in eager too; tests skip those."""
     steps, count = [], n_inputs
+    kinds = ["unary", "binary", "reduce", "reshape"] + (["inplace", "inplace"] if in_place else [])
     for _ in range(draw(st.integers(1, max_steps))):
-        kind = draw(st.sampled_from(["unary", "binary", "reduce", "reshape"]))
+        kind = draw(st.sampled_from(kinds))
         if kind == "binary":
             steps.append((kind, draw(st.sampled_from(sorted(BINARY))), (count - 1, draw(st.integers(0, count - 1)))))
+        elif kind == "inplace":
+            name = draw(st.sampled_from(sorted(INPLACE)))
+            operands = tuple(draw(st.integers(0, count - 1)) for _ in range(_INPLACE_ARITY.get(name, 1)))
+            steps.append((kind, name, operands))
         else:
             table = {"unary": UNARY, "reduce": REDUCE, "reshape": RESHAPE}[kind]
             steps.append((kind, draw(st.sampled_from(sorted(table))), (draw(st.integers(0, count - 1)),)))
