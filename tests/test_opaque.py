@@ -67,3 +67,25 @@ def test_opaque_op_with_out_argument_writes_into_it_as_eager_does():
     torch.histc(x, bins=3, out=y_eager)
     torch.testing.assert_close(y_jit, y_eager)
     assert returned is y_jit
+
+
+def test_symbol_without_a_decomposition_for_a_variant_falls_back_to_the_opaque_op():
+    """A symbol raising DecompositionUnavailable is recorded as its torch function, run by torch."""
+    import thunderfn.torch as ltorch
+    from thunderfn.core.interception import handlers
+    from thunderfn.core.symbol import DecompositionUnavailable
+
+    @ltorch.torchsymbol(torch.trace, name="trace_for_test")
+    def trace_for_test(a):
+        if a.shape[0] != a.shape[1]:
+            raise DecompositionUnavailable("only square matrices are decomposed here")
+        return (a * torch.eye(a.shape[0])).sum()
+
+    try:
+        rectangular = torch.randn(2, 3)
+        jf = tf.jit(lambda a: torch.trace(a) * 2)
+        torch.testing.assert_close(jf(rectangular), torch.trace(rectangular) * 2)
+        assert "t0 = torch.trace(a)" in str(tf.last_traces(jf)[0])
+    finally:
+        handlers.pop(torch.trace, None)
+        ltorch.symbols.pop("trace_for_test", None)

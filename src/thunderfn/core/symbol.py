@@ -19,6 +19,12 @@ from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
 
 
+class DecompositionUnavailable(Exception):
+    """Raised by a torch symbol's body for a variant it has no decomposition for (a
+    rare mode, say): tracing then records the torch function as an opaque op instead,
+    the fallback ladder's next rung, rather than refusing a call torch can run."""
+
+
 @dataclasses.dataclass(eq=False)
 class Symbol:
     """An operation. ``print_name`` is how generated code calls it (``prims.add``,

@@ -16,6 +16,7 @@ import torch
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import check_inputs_do_not_alias, set_grad_enabled, write_back
+from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.core.pytree import tree_flatten_with_path, tree_unflatten
 
 
@@ -43,6 +44,7 @@ class Trace:
         if not self.symbol_depth and len(self._scopes) == 1:
             self.sync_grad_mode()
         self.symbol_depth += 1
+        no_decomposition = False
         try:
             if sym.is_prim:
                 out, subsymbols = sym.meta(*args, **kwargs), ()
@@ -50,10 +52,18 @@ class Trace:
                 self._scopes.append([])
                 try:
                     out = sym.fn(*args, **kwargs)
+                except DecompositionUnavailable:
+                    if sym.torch_fn is None:
+                        raise
+                    no_decomposition = True
                 finally:
                     subsymbols = tuple(self._scopes.pop())
         finally:
             self.symbol_depth -= 1
+        if no_decomposition:  # the next rung of the ladder: torch runs it as an opaque op
+            from thunderfn.torch.opaque import opaque_symbol
+
+            return opaque_symbol(sym.torch_fn)(*args, **kwargs)
         if not sym.is_prim and not subsymbols and _only_passes_through(out, args, kwargs):
             # x.contiguous(), x.to(x.dtype), reshape to the same shape: no computation,
             # so nothing to record (in a functional IR they are the value itself).

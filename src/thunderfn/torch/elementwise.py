@@ -343,16 +343,24 @@ def lerp(start, end, weight):
 
 
 # -- activations -------------------------------------------------------------------------
-def _in_computation_dtype(fn):
-    """Run fn on a upcast to its computation dtype (f32 for f16/bf16), cast back once;
-    like torch's kernels, refuse integer and bool inputs."""
-    def wrapped(a, *args, **kwargs):
-        check_dtype_supported(dtypes.is_inexact(a.dtype), fn.__name__, a.dtype)
-        x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
-        return maybe_convert_to_dtype(fn(x, *args, **kwargs), a.dtype)
+def _float_kernel(kernel):
+    """Decorator: run fn on a upcast to its computation dtype (f32 for f16/bf16), cast back once;
+    like torch's kernel named `kernel` ("hardswish_cpu"), refuse integer and bool inputs."""
+    def decorator(fn):
+        def wrapped(a, *args, **kwargs):
+            check_dtype_supported(dtypes.is_inexact(a.dtype), kernel, a.dtype)
+            x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
+            return maybe_convert_to_dtype(fn(x, *args, **kwargs), a.dtype)
 
-    wrapped.__name__ = fn.__name__
-    return wrapped
+        wrapped.__name__ = fn.__name__
+        return wrapped
+
+    return decorator
+
+
+def _in_computation_dtype(fn):
+    """_float_kernel, naming the op itself in the refusal."""
+    return _float_kernel(fn.__name__)(fn)
 
 
 def _no_inplace(name, inplace):
@@ -428,21 +436,6 @@ def relu6(a, inplace=False):
 def mish(a, inplace=False):
     _no_inplace("mish", inplace)
     return clang.mul(a, clang.tanh(softplus(a)))
-
-
-
-def _float_kernel(kernel):
-    """Like _in_computation_dtype, refusing non-float inputs with the name of torch's kernel ("hardswish_cpu")."""
-    def decorator(fn):
-        def wrapped(a, *args, **kwargs):
-            check_dtype_supported(dtypes.is_inexact(a.dtype), kernel, a.dtype)
-            x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
-            return maybe_convert_to_dtype(fn(x, *args, **kwargs), a.dtype)
-
-        wrapped.__name__ = fn.__name__
-        return wrapped
-
-    return decorator
 
 
 def _clip(x, lo, hi):

@@ -485,3 +485,36 @@ def put(a, index, source, accumulate=False):
     out = (prims.scatter_add if accumulate else prims.scatter)(
         flat, clang.reshape(_count_from_end(index, a.numel()), (n,)), clang.reshape(source, (n,)), 0)
     return clang.reshape(out, tuple(a.shape))
+
+
+def index_put_key(a, key, value, accumulate=False):
+    """Functional `a[key] = value` (or `+=` when accumulate) for any key `a[key]` reads: ints,
+    slices, None, Ellipsis, integer tensors, lists. The positions of a's elements, indexed by
+    the same key, say where each element of a[key] lives, so every rule getitem follows
+    (placement of advanced indices, negative and out-of-range indices) holds for the write
+    too; one flat scatter then writes value, converted and broadcast as torch's setitem does
+    (leading size-1 dims of value dropped). A boolean mask as the whole key with one value
+    is a where; other masks write as many values as they have True entries and are refused."""
+    if not isinstance(value, TensorProxy):
+        value = clang.full((), value, device=a.device, dtype=a.dtype)
+    value = maybe_convert_to_dtype(value, a.dtype)
+    parts = key if isinstance(key, tuple) else (key,)
+    if any(isinstance(k, TensorProxy) and k.dtype in (torch.bool, torch.uint8) for k in parts):
+        return index_put_entries(a, parts, value, accumulate)
+    n = a.numel()
+    positions = clang.reshape(prims.iota(n, start=0, step=1, device=a.device, dtype=torch.int64), tuple(a.shape))
+    target = getitem(positions, key)
+    while value.ndim > target.ndim and value.shape[0] == 1:
+        value = clang.reshape(value, tuple(value.shape[1:]))
+    try:
+        value = clang.expand_to(value, clang.broadcast_shapes(value.shape, target.shape))
+        check(tuple(value.shape) == tuple(target.shape), lambda: "")
+    except RuntimeError:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} cannot be broadcast to indexing "
+                           f"result of shape {list(target.shape)}") from None
+    k = target.numel()
+    if k == 0:
+        return clang.add(a, False) if a.dtype is torch.bool else clang.add(a, 0)
+    flat = clang.reshape(a, (n,))
+    out = (prims.scatter_add if accumulate else prims.scatter)(flat, clang.reshape(target, (k,)), clang.reshape(value, (k,)), 0)
+    return clang.reshape(out, tuple(a.shape))

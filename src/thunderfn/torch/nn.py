@@ -117,7 +117,6 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     return maybe_convert_to_dtype(out, input.dtype)
 
 
-
 def _check_normalized_shape(fn_name, input, normalized_shape, weight, *, shape_text):
     check(isinstance(normalized_shape, (tuple, list, torch.Size)),
           lambda: f"{fn_name}(): argument 'normalized_shape' (position 2) must be tuple of ints, not {type(normalized_shape).__name__}",
@@ -173,11 +172,19 @@ def _scale_shift(x, mean, invstd, weight, bias):
     return clang.add(clang.mul(x, alpha), beta)
 
 
-def _normalize_channels(input, x, mean, var, weight, bias, eps, *, batch_stats):
-    """Batch/instance norm's output from per-channel (broadcastable) mean and var in the computation dtype.
-    torch keeps batch statistics in the parameters' dtype: a half-precision input with half-precision (or no)
-    parameters rounds mean and 1/std to half before normalizing, in float32, with them."""
-    compute = x.dtype
+def _normalize_channels(input, stats_dims, running_mean, running_var, weight, bias, eps):
+    """Batch and instance norm: input normalized per channel (dim 1) with the statistics over stats_dims, or with
+    the running statistics when stats_dims is None. torch keeps batch statistics in the parameters' dtype: a
+    half-precision input with half-precision (or no) parameters rounds mean and 1/std to half before normalizing,
+    in float32, with them."""
+    compute = dtypes.computation_dtype(input.dtype)
+    x = maybe_convert_to_dtype(input, compute)
+    batch_stats = stats_dims is not None
+    if batch_stats:
+        var, mean = prims.var_mean(x, stats_dims, correction=0)
+        mean, var = keepdim_reshape(mean, x, stats_dims), keepdim_reshape(var, x, stats_dims)
+    else:
+        mean, var = _per_channel(running_mean, input.ndim, compute), _per_channel(running_var, input.ndim, compute)
     invstd = clang.reciprocal(clang.sqrt(clang.add(var, eps)))
     w = None if weight is None else _per_channel(weight, input.ndim, compute)
     b = None if bias is None else _per_channel(bias, input.ndim, compute)
@@ -214,16 +221,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     canonical_dim(1, input.ndim)
     check_dtype_supported(dtypes.is_float(input.dtype), "batch_norm", input.dtype)
     _check_norm_params(input, running_mean, running_var, weight, bias)
-    compute = dtypes.computation_dtype(input.dtype)
-    x = maybe_convert_to_dtype(input, compute)
-    use_batch_stats = training
-    if training:
-        dims = (0, *range(2, input.ndim))
-        var, mean = prims.var_mean(x, dims, correction=0)
-        mean, var = keepdim_reshape(mean, x, dims), keepdim_reshape(var, x, dims)
-    else:
-        mean, var = _per_channel(running_mean, input.ndim, compute), _per_channel(running_var, input.ndim, compute)
-    return _normalize_channels(input, x, mean, var, weight, bias, eps, batch_stats=use_batch_stats)
+    stats_dims = (0, *range(2, input.ndim)) if training else None
+    return _normalize_channels(input, stats_dims, running_mean, running_var, weight, bias, eps)
 
 
 @torchsymbol(F.instance_norm)  # not torch.instance_norm: its arguments come in another order
@@ -243,16 +242,8 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
         check(p is None or p.numel() == c, lambda: f"{name} should contain {n * c} elements not {n * p.numel()}")
     check_dtype_supported(dtypes.is_float(input.dtype), "batch_norm", input.dtype)
     _check_norm_params(input, running_mean, running_var, weight, bias)
-    compute = dtypes.computation_dtype(input.dtype)
-    x = maybe_convert_to_dtype(input, compute)
-    use_batch_stats = use_input_stats
-    if use_input_stats:
-        dims = tuple(range(2, input.ndim))
-        var, mean = prims.var_mean(x, dims, correction=0)
-        mean, var = keepdim_reshape(mean, x, dims), keepdim_reshape(var, x, dims)
-    else:
-        mean, var = _per_channel(running_mean, input.ndim, compute), _per_channel(running_var, input.ndim, compute)
-    return _normalize_channels(input, x, mean, var, weight, bias, eps, batch_stats=use_batch_stats)
+    stats_dims = tuple(range(2, input.ndim)) if use_input_stats else None
+    return _normalize_channels(input, stats_dims, running_mean, running_var, weight, bias, eps)
 
 
 @torchsymbol(F.group_norm)  # not torch.group_norm: it takes cudnn_enabled too
@@ -285,6 +276,7 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     w = None if weight is None else _per_channel(weight, input.ndim, compute)
     b = None if bias is None else _per_channel(bias, input.ndim, compute)
     return maybe_convert_to_dtype(_scale_shift(x, per_channel(mean), per_channel(rstd), w, b), input.dtype)
+
 
 @torchsymbol(F.embedding)
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
