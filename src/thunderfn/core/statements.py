@@ -67,3 +67,34 @@ write_back = Symbol("write_back", "python.write_back", is_prim=True, printer=_pr
                     tags=frozenset({"no_dce"}))
 check_inputs_do_not_alias = Symbol("inputs_do_not_alias", "python.inputs_do_not_alias", is_prim=True,
                                    printer=_print_check_aliasing, eager=inputs_do_not_alias, tags=frozenset({"no_dce"}))
+
+
+_CHECK_ERRORS = {"RuntimeError": RuntimeError, "ValueError": ValueError, "IndexError": IndexError}
+
+
+def check_value(condition, error: str, message: str) -> None:
+    """Raise error(message) unless the 0-dim bool tensor `condition` holds: a check on
+    values, which tracing cannot do, made when the compiled function runs."""
+    if not bool(condition):
+        raise _CHECK_ERRORS[error](message)
+
+
+def _print_check_value(bsym, ns) -> str:
+    from thunderfn.core.printing import format_value
+
+    ns["check_value"] = check_value
+    return f"check_value({', '.join(format_value(a, ns) for a in bsym.args)})"
+
+
+# `check_value(t3, 'RuntimeError', 'cov(): aweights cannot be negative')`: eager's value check, at run time.
+runtime_check = Symbol("check_value", "python.check_value", is_prim=True, printer=_print_check_value,
+                       eager=check_value, tags=frozenset({"no_dce"}))
+
+
+def emit_runtime_check(condition, error: str, message: str) -> None:
+    """Record a value check (condition: a 0-dim bool proxy) in the trace being built."""
+    from thunderfn.core import context
+
+    if error not in _CHECK_ERRORS:
+        raise ValueError(f"runtime checks raise one of {sorted(_CHECK_ERRORS)}, not {error}")
+    context.current_trace().emit(runtime_check.bind(condition, error, message, output=None))

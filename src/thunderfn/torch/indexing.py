@@ -4,6 +4,10 @@ Basic indexing becomes one slice, one squeeze and one reshape; integer-tensor
 indices (advanced indexing, with torch's placement rules) become one index_select
 on the indexed dims merged into one. Boolean masks have data-dependent shapes and
 are refused with a pointer to torch.where.
+
+The functional writes (scatter, index_add/copy/fill, masked_fill, index_put, put)
+are one prims.scatter or prims.scatter_add each, or a where when the positions
+are a mask; `index_put_key` is `a[key] = value` for any key getitem reads.
 """
 from __future__ import annotations
 
@@ -495,10 +499,15 @@ def index_put_key(a, key, value, accumulate=False):
     too; one flat scatter then writes value, converted and broadcast as torch's setitem does
     (leading size-1 dims of value dropped). A boolean mask as the whole key with one value
     is a where; other masks write as many values as they have True entries and are refused."""
-    if not isinstance(value, TensorProxy):
-        value = clang.full((), value, device=a.device, dtype=a.dtype)
-    value = maybe_convert_to_dtype(value, a.dtype)
     parts = key if isinstance(key, tuple) else (key,)
+    if not isinstance(value, TensorProxy):
+        value = clang.full((), _fill_value(value, a, "index_put"), device=a.device, dtype=a.dtype)
+    advanced = any(isinstance(k, (TensorProxy, list)) for k in parts)
+    # torch converts values written through basic indices, and requires a's dtype through advanced ones
+    check(not advanced or value.dtype == a.dtype,
+          lambda: f"Index put requires the source and destination dtypes match, got {clang.scalar_type_name(a.dtype)} "
+                  f"for the destination and {clang.scalar_type_name(value.dtype)} for the source.")
+    value = maybe_convert_to_dtype(value, a.dtype)
     if any(isinstance(k, TensorProxy) and k.dtype in (torch.bool, torch.uint8) for k in parts):
         return index_put_entries(a, parts, value, accumulate)
     n = a.numel()

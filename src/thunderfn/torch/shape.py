@@ -3,6 +3,9 @@
 Views are values here: the IR is functional, so `view`, `reshape` and `contiguous`
 all produce new values and strides never matter. (In-place writes through views are
 refused until in-place support lands; see interception.dispatch.)
+
+Triangles, diagonals, rolls and repeats are slices, iotas, broadcasts and cats;
+F.pad's constant mode is one prims.pad, its other modes slices, flips and a cat.
 """
 from __future__ import annotations
 

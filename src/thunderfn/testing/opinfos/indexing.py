@@ -10,6 +10,7 @@ import operator
 import torch
 
 from thunderfn.errors import UnsupportedOpError
+from thunderfn.torch.indexing import index_put_key
 from thunderfn.testing.opinfo import ALL, OpInfo, SampleInput, make_tensor
 from thunderfn.testing.opinfos.shape import SOME, err, maker, method, x234
 
@@ -427,6 +428,43 @@ def put_errors(device):
     yield err((make_tensor((0,)), idx(0), make_tensor((1,))), IndexError, r"put_\(\): Tried to put elements into an empty tensor")
 
 
+def functional_setitem(a, key, value):
+    """`a[key] = value` on a copy: torch's setitem on tensors, index_put_key on proxies."""
+    if isinstance(a, torch.Tensor):
+        a = a.clone()
+        a[key] = value
+        return a
+    return index_put_key(a, key, value)
+
+
+def index_put_key_samples(device, dtype):
+    """`a[key] = value` keys: basic, advanced and mixed (unique positions), values broadcast."""
+    mk = maker(device, dtype)
+    x = lambda: mk(3, 4, 5)  # noqa: E731
+    fill = True if dtype is torch.bool else 3 if not dtype.is_floating_point else 2.5
+    yield SampleInput((x(), 1, mk(4, 5)))
+    yield SampleInput((x(), (ALL_SLICE, 2), fill))
+    yield SampleInput((x(), (0, slice(1, 4, 2)), mk(2, 5)))
+    yield SampleInput((x(), (idx(0, 2), ALL_SLICE, idx(1, -1)), mk(2, 4)))  # separated: the index shape moves first
+    yield SampleInput((x(), (ALL_SLICE, idx(0, 2), idx(1, -1)), mk(1, 3, 2)))  # leading 1s of value are dropped
+    yield SampleInput((x(), (Ellipsis, None, 2), mk(3, 4, 1)))
+    yield SampleInput((x(), (idx(0, 2).reshape(2, 1), idx(1, 3)), mk(5)))
+    yield SampleInput((x(), [0, 2], fill))
+    yield SampleInput((x(), (1, 2), torch.tensor(1.5)))  # basic indices convert the value
+    yield SampleInput((x(), make_tensor((3, 4, 5), dtype=torch.bool), fill))  # a mask and one value: a where
+    yield SampleInput((mk(3, 4, noncontiguous=True), (slice(1, None), idx(3, 0)), mk(2, 2)))
+    yield SampleInput((mk(), Ellipsis, mk()))
+    yield SampleInput((mk(0, 3), (ALL_SLICE, 1), fill))
+
+
+def index_put_key_errors(device):
+    x = make_tensor((3, 4))
+    yield err((x, idx(0, 2), make_tensor((4,), dtype=torch.float64)), RuntimeError,
+              "Index put requires the source and destination dtypes match, got Float for the destination and Double for the source.")
+    yield err((x, 0, make_tensor((3,))), RuntimeError, r"shape mismatch: value tensor of shape \[3\] cannot be broadcast to indexing result of shape \[4\]")
+    yield err((x, 3, 1.0), IndexError, "index 3 is out of bounds for dimension 0 with size 3")
+
+
 # torch's index_put(accumulate=True) rounds after every add in half types; scatter_add accumulates
 # duplicates in float32 and rounds once: a few ulps apart where duplicates sum, the sum nearer exact
 HALF_ACCUMULATION = {torch.bfloat16: (6e-2, 1.6e-2), torch.float16: (8e-3, 2e-3)}
@@ -448,6 +486,8 @@ opinfos += [
     OpInfo("masked_fill.method", method("masked_fill"), masked_fill_samples, SOME, masked_fill_errors),
     OpInfo("index_put", torch.index_put, index_put_samples, ALL, index_put_errors, dtype_tolerances=HALF_ACCUMULATION),
     OpInfo("index_put.method", method("index_put"), index_put_samples, SOME, index_put_errors),
+    # a[key] = value, functionally: the write in-place indexing assignment is built on
+    OpInfo("index_put_key", functional_setitem, index_put_key_samples, ALL, index_put_key_errors),
     OpInfo("take", torch.take, take_samples, ALL, take_errors),
     OpInfo("take.method", method("take"), take_samples, SOME, take_errors),
     OpInfo("put", torch.put, put_samples, ALL, put_errors),
