@@ -125,12 +125,16 @@ class TensorProxy(Proxy):
     __hash__ = object.__hash__
 
     # -- values are not known while tracing -------------------------------------------
-    def _concretize(self, what: str, instead: str):
+    def _described(self) -> str:
+        """`tensor t3 (a value computed from argument 'x') while tracing 'f'`, for error messages."""
         trc = context.current_trace()
         fn = f" while tracing '{trc.fn_name}'" if trc is not None else ""
         origin = f" (a value computed from {_describe_origin(self.origin)})" if self.origin else ""
+        return f"tensor {self.name}{origin}{fn}"
+
+    def _concretize(self, what: str, instead: str):
         raise ConcretizationError(
-            f"{what} needs the value of tensor {self.name}{origin}{fn}, but thunderfn traces "
+            f"{what} needs the value of {self._described()}, but thunderfn traces "
             f"with shapes only: tensor values are unknown until the compiled function runs. "
             f"{instead}"
         )
@@ -165,11 +169,8 @@ class TensorProxy(Proxy):
 
     def __iter__(self):
         if not self.shape:
-            trc = context.current_trace()
-            fn = f" while tracing '{trc.fn_name}'" if trc is not None else ""
-            origin = f" (a value computed from {_describe_origin(self.origin)})" if self.origin else ""
             raise ConcretizationError(
-                f"iteration over a 0-d tensor: tensor {self.name}{origin}{fn} has no dimension to iterate over. "
+                f"iteration over a 0-d tensor: {self._described()} has no dimension to iterate over. "
                 f"Iterate over a tensor with at least one dimension (x.reshape(1)), or unpack outside the jitted function."
             )
         return iter(self.unbind(0))

@@ -11,10 +11,10 @@ import torch
 from thunderfn import clang, prims
 from thunderfn.clang import maybe_convert_to_dtype
 from thunderfn.core import dtypes
+from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported, scalar_type_name
 from thunderfn.torch import torchsymbol
-from thunderfn.torch.opaque import opaque_symbol
 
 T = torch.Tensor
 __all__ = ["addmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "outer", "einsum", "tensordot", "kron"]
@@ -142,8 +142,8 @@ def dot(input, other):
 @torchsymbol(torch.vdot, T.vdot)
 def vdot(input, other):
     _check_vectors(input, other, "vdot")
-    if dtypes.is_complex(input.dtype):  # conjugation has no prim; torch computes the complex case
-        return opaque_symbol(torch.vdot)(input, other)
+    if dtypes.is_complex(input.dtype):  # conjugation has no prim: torch computes the complex case, as an opaque op
+        raise DecompositionUnavailable
     return _round_to(_computed_matmul(input, other), input)
 
 
