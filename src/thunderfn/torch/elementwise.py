@@ -444,14 +444,14 @@ def _clip(x, lo, hi):
     return clang.where(clang.gt(x, hi), hi, x)
 
 
-@torchsymbol(F.hardswish)
+@torchsymbol(F.hardswish, torch._C._nn.hardswish)
 @_float_kernel("hardswish_cpu")
 def hardswish(a, inplace=False):
     _no_inplace("hardswish", inplace)
     return clang.true_divide(clang.mul(a, _clip(clang.add(a, 3.0), 0.0, 6.0)), 6.0)
 
 
-@torchsymbol(F.hardsigmoid)
+@torchsymbol(F.hardsigmoid, torch._C._nn.hardsigmoid)
 @_float_kernel("hardsigmoid_cpu")
 def hardsigmoid(a, inplace=False):
     _no_inplace("hardsigmoid", inplace)
@@ -527,7 +527,7 @@ def softshrink(a, lambd=0.5):
     return maybe_convert_to_dtype(out, a.dtype)
 
 
-@torchsymbol(F.glu)
+@torchsymbol(F.glu, torch._C._nn.glu)
 def glu(a, dim=-1):
     check(a.ndim > 0, lambda: "glu does not support scalars because halving size must be even")
     d = prims.canonical_dim(dim, a.ndim)

@@ -17,13 +17,16 @@ from thunderfn import clang, prims
 from thunderfn.clang import maybe_convert_to_dtype
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import check
 from thunderfn.torch import torchsymbol
+from thunderfn.torch.shape import _zero, diagonal
 
 T = torch.Tensor
 __all__ = ["getitem", "index_select", "gather", "take_along_dim", "scatter", "scatter_add", "index_add", "index_copy",
-           "index_fill", "masked_fill", "index_put", "take", "put"]
+           "index_fill", "masked_fill", "index_put", "take", "put", "slice_scatter", "select_scatter", "diagonal_scatter",
+           "scatter_reduce"]
 
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
@@ -263,9 +266,8 @@ def scatter(a, dim, index, src=None, value=None, *, reduce=None):
     if src is None:
         src = value
     check(reduce in (None, "add", "multiply"), lambda: "reduce argument must be either add or multiply.")
-    if reduce == "multiply":
-        raise UnsupportedOpError("scatter(reduce='multiply') has no thunderfn decomposition (it is deprecated in torch); "
-                                 "use torch.scatter_reduce(..., reduce='prod'), which runs as an opaque torch op")
+    if reduce == "multiply":  # deprecated in torch, and no scatter_mul prim: torch runs it
+        raise DecompositionUnavailable
     tensor_src = isinstance(src, TensorProxy)
     d = _check_scatter(a, dim, index, src if tensor_src else None, "scatter")
     if not tensor_src:
@@ -383,11 +385,13 @@ def index_put_entries(a, indices, values, accumulate=False):
                                            f"{clang.scalar_type_name(values.dtype)} for the source.")
     masks = [k for k, i in enumerate(indices) if i is not None and i.dtype in (torch.bool, torch.uint8)]
     if masks:
-        return _mask_put(a, indices, masks, values, accumulate)
+        check(_is_where(indices, values), lambda: _MASK_PUT_MESSAGE, UnsupportedOpError)
+        return _mask_put(a, indices, masks[0], values, accumulate)
     indices = indices + [None] * (a.ndim - len(indices))
     dims = [k for k, i in enumerate(indices) if i is not None]
-    if not dims:
-        return clang.add(a, values) if accumulate else clang.add(clang.expand_to(values, a.shape), False if a.dtype is torch.bool else 0)
+    if not dims:  # every entry `:`: values, broadcast to a
+        values = clang.expand_to(values, a.shape)
+        return clang.add(a, values) if accumulate else clang.add(values, False if a.dtype is torch.bool else 0)
     tensors = [indices[k] for k in dims]
     try:
         index_shape = clang.broadcast_shapes(*(i.shape for i in tensors))
@@ -432,13 +436,17 @@ def index_put_entries(a, indices, values, accumulate=False):
     return clang.permute(out, tuple(inverse))
 
 
-def _mask_put(a, indices, masks, values, accumulate):
-    others = [i for k, i in enumerate(indices) if i is not None and k not in masks]
-    if len(masks) != 1 or others or values.numel() != 1:
-        raise UnsupportedOpError("index_put with a boolean mask writes as many values as the mask has True entries, which "
-                                 "thunderfn cannot trace unless one mask is the only index and one value is written; "
-                                 "use torch.where(mask, values, x) instead")
-    pos = masks[0]
+_MASK_PUT_MESSAGE = ("index_put with a boolean mask writes as many values as the mask has True entries, which thunderfn "
+                     "cannot trace unless one mask is the only index and one value is written; use torch.where(mask, values, x)")
+
+
+def _is_where(indices, values) -> bool:
+    """A boolean mask as the only index, writing one value: a where."""
+    tensors = [i for i in indices if i is not None]
+    return len(tensors) == 1 and tensors[0].dtype in (torch.bool, torch.uint8) and values.numel() == 1
+
+
+def _mask_put(a, indices, pos, values, accumulate):
     mask = indices[pos]
     for j, s in enumerate(mask.shape):
         check(pos + j < a.ndim and a.shape[pos + j] == s,
@@ -460,6 +468,8 @@ def index_put(a, indices, values, accumulate=False):
         check(isinstance(i, TensorProxy), lambda: f"expected Tensor as element {k} in argument 1, but got {type(i).__name__}", TypeError)
     check(len(indices) > 0, lambda: "index_put with no indices writes every element; thunderfn refuses it as torch does "
                                     "(use torch.where or expand)")
+    if any(i.dtype in (torch.bool, torch.uint8) for i in indices) and not _is_where(indices, values):
+        raise DecompositionUnavailable  # as many values as True entries: torch runs it, its shape is a's
     return index_put_entries(a, indices, values, accumulate)
 
 
@@ -515,6 +525,8 @@ def index_put_key(a, key, value, accumulate=False):
     target = getitem(positions, key)
     while value.ndim > target.ndim and value.shape[0] == 1:
         value = clang.reshape(value, tuple(value.shape[1:]))
+    if not advanced and value.ndim <= target.ndim:
+        value = clang.expand_to(value, target.shape)  # torch's copy_ wording: "The expanded size of the tensor ..."
     try:
         value = clang.expand_to(value, clang.broadcast_shapes(value.shape, target.shape))
         check(tuple(value.shape) == tuple(target.shape), lambda: "")
@@ -527,3 +539,68 @@ def index_put_key(a, key, value, accumulate=False):
     flat = clang.reshape(a, (n,))
     out = (prims.scatter_add if accumulate else prims.scatter)(flat, clang.reshape(target, (k,)), clang.reshape(value, (k,)), 0)
     return clang.reshape(out, tuple(a.shape))
+
+
+# -- view scatters: the functional writes through a slice, a select or a diagonal --------------
+def _scatter_into_view(a, view, src):
+    """a with src written over the elements view(a) picks: view picks from a's positions,
+    and one flat scatter writes there (src converted to a's dtype, as torch does)."""
+    n = a.numel()
+    target = view(clang.reshape(prims.iota(n, start=0, step=1, device=a.device, dtype=torch.int64), tuple(a.shape)))
+    check(tuple(src.shape) == tuple(target.shape), lambda: f"expected src to have a size equal to the slice of self. "
+                                                           f"src size = {list(src.shape)}, slice size = {list(target.shape)}")
+    src = maybe_convert_to_dtype(src, a.dtype)
+    k = target.numel()
+    if k == 0:
+        return clang.add(a, False) if a.dtype is torch.bool else clang.add(a, 0)
+    out = prims.scatter(clang.reshape(a, (n,)), clang.reshape(target, (k,)), clang.reshape(src, (k,)), 0)
+    return clang.reshape(out, tuple(a.shape))
+
+
+@torchsymbol(torch.slice_scatter, T.slice_scatter)
+def slice_scatter(a, src, dim=0, start=None, end=None, step=1):
+    check(step > 0, lambda: "slice step must be positive")
+    d = prims.canonical_dim(dim, a.ndim)
+    first, stop, _ = slice(start, end, step).indices(a.shape[d])
+    return _scatter_into_view(a, lambda p: clang.slice_in_dim(p, first, max(first, stop), step, d), src)
+
+
+@torchsymbol(torch.select_scatter, T.select_scatter)
+def select_scatter(a, src, dim, index):
+    d = prims.canonical_dim(dim, a.ndim)
+    n = a.shape[d]
+    check(-n <= index < n, lambda: f"select(): index {index} out of range for tensor of size {list(a.shape)} at dimension {d}",
+          IndexError)
+    i = index % n
+    return _scatter_into_view(a, lambda p: clang.squeeze(clang.slice_in_dim(p, i, i + 1, 1, d), (d,)), src)
+
+
+@torchsymbol(torch.diagonal_scatter, T.diagonal_scatter)
+def diagonal_scatter(a, src, offset=0, dim1=0, dim2=1):
+    return _scatter_into_view(a, lambda p: diagonal(p, offset, dim1, dim2), src)
+
+
+_SCATTER_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+
+
+@torchsymbol(torch.scatter_reduce, T.scatter_reduce)
+def scatter_reduce(a, dim, index, src, reduce, *, include_self=True):
+    check(reduce in _SCATTER_REDUCTIONS, lambda: f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    d = _check_scatter(a, dim, index, src, "scatter")
+    if reduce not in ("sum", "mean"):
+        raise DecompositionUnavailable  # no scatter_mul/max/min prims: torch runs it
+    prims.check_dtype_supported(reduce == "sum" or a.dtype is not torch.bool, "scatter_gather_tensor_cpu_reduce_mean", a.dtype)
+    if index.numel() == 0:
+        return _scatter(a, d, index, src, prims.scatter_add)
+    base = a
+    if not include_self:  # the written positions start from zero instead of a
+        base = _scatter(a, d, index, clang.full(index.shape, _zero(a.dtype), device=a.device, dtype=a.dtype), prims.scatter)
+    total = _scatter(base, d, index, src, prims.scatter_add)
+    if reduce == "sum":
+        return total
+    counts = _scatter(clang.full(a.shape, int(include_self), device=a.device, dtype=a.dtype), d, index,
+                      clang.full(index.shape, 1, device=a.device, dtype=a.dtype), prims.scatter_add)
+    counts = clang.where(clang.eq(counts, 0), clang.full((), 1, device=a.device, dtype=a.dtype), counts)
+    if a.dtype.is_floating_point or a.dtype.is_complex:
+        return clang.div(total, counts)
+    return clang.div(total, counts, rounding_mode="floor")

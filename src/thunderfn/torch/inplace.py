@@ -135,8 +135,10 @@ def setitem_copy(a: torch.Tensor, key, value) -> torch.Tensor:
 
 @torchsymbol(setitem_copy, name="setitem")
 def setitem(a, key, value):
-    """Functional `a[key] = value`."""
-    return opaque_symbol(setitem_copy)(a, key, value)
+    """Functional `a[key] = value` (the torch executor runs setitem_copy; this is its decomposition)."""
+    from thunderfn.torch.indexing import index_put_key
+
+    return index_put_key(a, key, value)
 
 
 # In-place ops that change the tensor's shape, storage or autograd identity rather than its values.

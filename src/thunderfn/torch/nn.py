@@ -11,12 +11,14 @@ import torch.nn.functional as F
 from thunderfn import clang, prims
 from thunderfn.clang import keepdim_reshape, maybe_convert_to_dtype
 from thunderfn.core import dtypes
+from thunderfn.core.statements import emit_runtime_check
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
 from thunderfn.torch import register_alias, torchsymbol
 from thunderfn.torch.opaque import opaque_symbol
 from thunderfn.torch.elementwise import logsigmoid, mul, neg, rsub, sub
 from thunderfn.torch.reductions import log_softmax, softmax
+from thunderfn.torch.reductions import all as reduction_all
 from thunderfn.torch.reductions import mean as reduction_mean
 from thunderfn.torch.reductions import sum as reduction_sum
 
@@ -164,8 +166,8 @@ def _per_channel(t, ndim, compute):
 
 
 def _scale_shift(x, mean, invstd, weight, bias):
-    """x * alpha + beta with alpha = invstd * weight and beta = bias - mean * alpha: torch's CPU kernels'
-    arithmetic for batch and group norm (all operands broadcastable to x)."""
+    """x * alpha + beta with alpha = invstd * weight and beta = bias - mean * alpha: torch's CPU batch norm
+    kernel's arithmetic (all operands broadcastable to x)."""
     alpha = invstd if weight is None else clang.mul(invstd, weight)
     shift = clang.mul(mean, alpha)
     beta = clang.neg(shift) if bias is None else clang.sub(bias, shift)
@@ -275,7 +277,10 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
 
     w = None if weight is None else _per_channel(weight, input.ndim, compute)
     b = None if bias is None else _per_channel(bias, input.ndim, compute)
-    return maybe_convert_to_dtype(_scale_shift(x, per_channel(mean), per_channel(rstd), w, b), input.dtype)
+    # (x - mean) * (rstd * weight) + bias: closer to torch's kernels than x * alpha + beta for small groups
+    scale = per_channel(rstd) if w is None else clang.mul(per_channel(rstd), w)
+    out = clang.mul(clang.sub(x, per_channel(mean)), scale)
+    return maybe_convert_to_dtype(out if b is None else clang.add(out, b), input.dtype)
 
 
 @torchsymbol(F.embedding)
@@ -548,9 +553,11 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     check_dtype_supported(dtypes.is_float(input.dtype), "binary_cross_entropy", input.dtype)
     check(target.dtype == input.dtype, lambda: f"Found dtype {prims.scalar_type_name(target.dtype)} but expected "
                                                f"{prims.scalar_type_name(input.dtype)}")
-    # torch checks 0 <= input <= 1 while running; a traced function cannot look at values, so it is not checked
     compute = dtypes.computation_dtype(input.dtype)
     x, y = maybe_convert_to_dtype(input, compute), maybe_convert_to_dtype(target, compute)
+    # eager's check on values (NaN fails it too), made when the compiled function runs
+    emit_runtime_check(reduction_all(clang.bitwise_and(clang.ge(x, 0), clang.le(x, 1))), "RuntimeError",
+                       "all elements of input should be between 0 and 1")
     # torch clamps each log at -100, so a 0 or 1 input gives a finite loss
     log_x = clang.maximum(clang.log(x), clang.full((), -100.0, device=x.device, dtype=compute))
     log_1mx = clang.maximum(clang.log1p(clang.neg(x)), clang.full((), -100.0, device=x.device, dtype=compute))

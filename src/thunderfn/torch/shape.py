@@ -249,6 +249,15 @@ def narrow(a, dim, start, length):
     check(a.ndim > 0, lambda: "narrow() cannot be applied to a 0-dim tensor.")
     check(length >= 0, lambda: "narrow(): length must be non-negative.")
     d = canonical_dim(dim, a.ndim)
+    if isinstance(start, TensorProxy):
+        # where the window starts is a value, its length is not: gather the window's positions
+        check(start.ndim == 0 and not start.dtype.is_floating_point,
+              lambda: "start must be an 0-dim integral Tensor.", RuntimeError)
+        n = a.shape[d]
+        first = clang.where(clang.lt(start, 0), clang.add(start, n), start)
+        positions = clang.add(clang.arange(0, length, 1, device=a.device, dtype=torch.int64),
+                              maybe_convert_to_dtype(first, torch.int64))
+        return prims.take(a, positions, d)
     n = a.shape[d]
     check(-n <= start <= n, lambda: f"start out of range (expected to be in range of [{-n}, {n}], but got {start})", IndexError)
     start = start + n if start < 0 else start
@@ -493,8 +502,8 @@ def tile(a, dims):
 @torchsymbol(torch.repeat_interleave, T.repeat_interleave)
 def repeat_interleave(a, repeats=None, dim=None, *, output_size=None):
     if isinstance(repeats, TensorProxy) or repeats is None:
-        raise UnsupportedOpError("repeat_interleave with tensor repeats gives a shape that depends on the repeats' values, "
-                                 "which thunderfn cannot trace; pass repeats as a Python int")
+        # the output's length is the repeats' sum: torch runs it, given output_size (refused without)
+        raise DecompositionUnavailable
     check(repeats >= 0, lambda: "Repeats must be non-negative")
     if dim is None:
         a, d = clang.reshape(a, (a.numel(),)), 0

@@ -215,10 +215,12 @@ def scatter_value_samples(device, dtype):
     yield SampleInput((mk(), 0, torch.tensor(0), fill))
 
 
-def scatter_reduce_add_samples(device, dtype):
+def scatter_reduce_samples(device, dtype):
     mk = maker(device, dtype)
     yield SampleInput((mk(3, 4), 0, randidx((5, 4), 3, low=0), mk(5, 4)), {"reduce": "add"})  # duplicates sum
     yield SampleInput((mk(3, 4), 1, randidx((3, 6), 4, low=0), 2), {"reduce": "add"})
+    # no decomposition (deprecated in torch, no scatter_mul prim): runs as an opaque torch op
+    yield SampleInput((mk(3, 4), 0, randidx((5, 4), 3, low=0), mk(5, 4)), {"reduce": "multiply"})
 
 
 def scatter_errors(device):
@@ -235,8 +237,6 @@ def scatter_errors(device):
     yield err((x, 0, i, make_tensor(())), RuntimeError, "Index tensor must have the same number of dimensions as src tensor")
     yield err((x, 0, i, make_tensor((1, 4))), RuntimeError, "reduce argument must be either add or multiply.", {"reduce": "max"})
     yield err((x, 0, idx(3).reshape(1, 1), 1.0), RuntimeError, "index 3 is out of bounds for dimension 0 with size 3")
-    yield err((x, 0, i, make_tensor((1, 4))), UnsupportedOpError, r"scatter\(reduce='multiply'\) has no thunderfn decomposition",
-              {"reduce": "multiply"}, torch_raises=False)
 
 
 def scatter_add_samples(device, dtype):
@@ -368,6 +368,8 @@ def index_put_samples(device, dtype):
         yield SampleInput((mk(3, 4), (make_tensor((3, 4), dtype=torch.bool),), mk()), kw)  # one mask, one value: a where
         yield SampleInput((mk(3, 4), (idx(True, False, True, dtype=torch.bool),), mk(1)), kw)
     yield SampleInput((mk(3, 4), (idx(2, 1, dtype=torch.int32),), mk(2, 1)))
+    # as many values as the mask has True entries: no decomposition, torch runs it (the shape is a's)
+    yield SampleInput((mk(3, 4), (idx(True, False, True, dtype=torch.bool),), mk(2, 4)))
 
 
 def index_put_errors(device):
@@ -385,9 +387,6 @@ def index_put_errors(device):
     yield err((x, (idx(True, False, dtype=torch.bool),), make_tensor(())), IndexError,
               r"The shape of the mask \[2\] at index 0 does not match the shape of the indexed tensor \[3, 4\] at index 0")
     yield err((make_tensor(()), (torch.tensor(0),), make_tensor(())), IndexError, r"too many indices for tensor of dimension 0 \(got 1\)")
-    # as many values as the mask has True entries: a shape only the mask's values decide
-    yield err((x, (idx(True, False, True, dtype=torch.bool),), make_tensor((2, 4))), UnsupportedOpError,
-              "index_put with a boolean mask writes as many values as the mask has True entries", torch_raises=False)
 
 
 def take_samples(device, dtype):
@@ -461,7 +460,8 @@ def index_put_key_errors(device):
     x = make_tensor((3, 4))
     yield err((x, idx(0, 2), make_tensor((4,), dtype=torch.float64)), RuntimeError,
               "Index put requires the source and destination dtypes match, got Float for the destination and Double for the source.")
-    yield err((x, 0, make_tensor((3,))), RuntimeError, r"shape mismatch: value tensor of shape \[3\] cannot be broadcast to indexing result of shape \[4\]")
+    # a basic key: torch copies into the view, so its copy_ wording
+    yield err((x, 0, make_tensor((3,))), RuntimeError, r"The expanded size of the tensor \(4\) must match the existing size \(3\)")
     yield err((x, 3, 1.0), IndexError, "index 3 is out of bounds for dimension 0 with size 3")
 
 
@@ -472,7 +472,7 @@ HALF_ACCUMULATION = {torch.bfloat16: (6e-2, 1.6e-2), torch.float16: (8e-3, 2e-3)
 opinfos += [
     OpInfo("scatter", torch.scatter, scatter_samples, ALL, scatter_errors),
     OpInfo("scatter.value", torch.scatter, scatter_value_samples, ALL),
-    OpInfo("scatter.reduce_add", torch.scatter, scatter_reduce_add_samples, (torch.float32, torch.float64, torch.int64)),
+    OpInfo("scatter.reduce", torch.scatter, scatter_reduce_samples, (torch.float32, torch.float64, torch.int64)),
     OpInfo("scatter.method", method("scatter"), scatter_samples, SOME, scatter_errors),
     OpInfo("scatter_add", torch.scatter_add, scatter_add_samples, ALL, scatter_add_errors),
     OpInfo("scatter_add.method", method("scatter_add"), scatter_add_samples, SOME, scatter_add_errors),
@@ -492,4 +492,93 @@ opinfos += [
     OpInfo("take.method", method("take"), take_samples, SOME, take_errors),
     OpInfo("put", torch.put, put_samples, ALL, put_errors),
     OpInfo("put.method", method("put"), put_samples, SOME, put_errors),
+]
+
+
+# -- view scatters -------------------------------------------------------------------------
+def slice_scatter_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4), mk(3, 2), 1, 1, 3))
+    yield SampleInput((mk(3, 4), mk(3, 2), 1, 1, 4, 2))
+    yield SampleInput((mk(3, 4), mk(3, 2), -1, -3, -1))
+    yield SampleInput((mk(3, 4), mk(3, 4)), {"dim": 1})
+    yield SampleInput((mk(3, 4), mk(2, 4)), {"start": 1})
+    yield SampleInput((mk(3, 4), mk(3, 0), 1, 5, 9))
+    yield SampleInput((mk(3, 4, 5, noncontiguous=True), mk(3, 2, 5, noncontiguous=True), 1, None, None, 2))
+    yield SampleInput((mk(3, 4), make_tensor((3, 2), dtype=torch.float64), 1, 1, 3))  # src is converted
+
+
+def slice_scatter_errors(device):
+    x = make_tensor((3, 4))
+    yield err((x, make_tensor((3, 3)), 1, 1, 3), RuntimeError,
+              r"expected src to have a size equal to the slice of self. src size = \[3, 3\], slice size = \[3, 2\]")
+    yield err((x, make_tensor((3, 4)), 2), IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
+    yield err((x, make_tensor((3, 2)), 1, 1, 3, 0), RuntimeError, "slice step must be positive")
+
+
+def select_scatter_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4), mk(4), 0, 1))
+    yield SampleInput((mk(3, 4), mk(3), 1, -1))
+    yield SampleInput((mk(3, 4, 5, noncontiguous=True), mk(3, 4), -1, 2))
+    yield SampleInput((mk(3), mk(), 0, 2))
+    yield SampleInput((mk(3, 0), mk(0), 0, 1))
+    yield SampleInput((mk(3, 4), make_tensor((4,), dtype=torch.int64), 0, 1))
+
+
+def select_scatter_errors(device):
+    x = make_tensor((3, 4))
+    yield err((x, make_tensor((4,)), 0, 3), IndexError, r"select\(\): index 3 out of range for tensor of size \[3, 4\] at dimension 0")
+    yield err((x, make_tensor((3,)), 0, 1), RuntimeError,
+              r"expected src to have a size equal to the slice of self. src size = \[3\], slice size = \[4\]")
+
+
+def diagonal_scatter_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4), mk(3)))
+    yield SampleInput((mk(3, 4), mk(3), 1))
+    yield SampleInput((mk(3, 4), mk(2), -1))
+    yield SampleInput((mk(2, 3, 4, noncontiguous=True), mk(3, 2), 0, 0, 2))
+    yield SampleInput((mk(3, 4), mk(0), 5))
+    yield SampleInput((mk(3, 4), make_tensor((3,), dtype=torch.float64)))
+
+
+def diagonal_scatter_errors(device):
+    x = make_tensor((3, 4))
+    yield err((x, make_tensor((2,)), 1), RuntimeError,
+              r"expected src to have a size equal to the slice of self. src size = \[2\], slice size = \[3\]")
+    yield err((x, make_tensor((3,)), 0, 0, 0), RuntimeError, "diagonal dimensions cannot be identical 0, 0")
+
+
+opinfos += [
+    OpInfo("slice_scatter", torch.slice_scatter, slice_scatter_samples, ALL, slice_scatter_errors),
+    OpInfo("slice_scatter.method", method("slice_scatter"), slice_scatter_samples, SOME, slice_scatter_errors),
+    OpInfo("select_scatter", torch.select_scatter, select_scatter_samples, ALL, select_scatter_errors),
+    OpInfo("diagonal_scatter", torch.diagonal_scatter, diagonal_scatter_samples, ALL, diagonal_scatter_errors),
+]
+
+
+def scatter_reduce_samples(device, dtype):
+    mk = maker(device, dtype)
+    reductions = ("sum", "amax") if dtype is torch.bool else ("sum", "mean", "prod", "amax", "amin")
+    for reduce in reductions:  # prod, amax and amin run as opaque torch ops (no prims for them)
+        for include_self in (True, False):
+            yield SampleInput((mk(3, 4), 0, randidx((5, 4), 3, low=0), mk(5, 4), reduce), {"include_self": include_self})
+    yield SampleInput((mk(3, 4, 5, noncontiguous=True), -1, randidx((3, 2, 6), 5, low=0), mk(3, 4, 7), "sum"))
+    yield SampleInput((mk(3, 4), 1, torch.zeros(3, 0, dtype=torch.int64), mk(3, 0), "sum"))
+    yield SampleInput((mk(), 0, torch.tensor(0), mk(), "sum"))
+
+
+def scatter_reduce_errors(device):
+    x = make_tensor((3, 4))
+    i = idx(0, 1, 2, 0).reshape(1, 4)
+    yield err((x, 0, i, make_tensor((1, 4)), "foo"), RuntimeError, "reduce argument must be either sum, prod, mean, amax or amin, got foo")
+    yield err((x, 0, i, make_tensor((1, 4), dtype=torch.float64), "sum"), RuntimeError, r"scatter\(\): Expected self.dtype to be equal to src.dtype")
+    yield err((make_tensor((3, 4), dtype=torch.bool), 0, i, make_tensor((1, 4), dtype=torch.bool), "mean"), NotImplementedError,
+              "\"scatter_gather_tensor_cpu_reduce_mean\" not implemented for 'Bool'")
+
+
+opinfos += [
+    OpInfo("scatter_reduce", torch.scatter_reduce, scatter_reduce_samples, ALL, scatter_reduce_errors),
+    OpInfo("scatter_reduce.method", method("scatter_reduce"), scatter_reduce_samples, SOME, scatter_reduce_errors),
 ]
