@@ -221,3 +221,35 @@ def test_isinstance_tensor_is_false_for_proxies_so_user_tree_maps_must_check_for
     seen = []
     tf.trace(lambda p: seen.append((isinstance(p, torch.Tensor), isinstance(p, tf.TensorProxy))) or p, X)
     assert seen == [(False, True)]
+
+
+def _functions_dropping_arguments_in_torch_function():
+    """Python functions in torch.nn.functional whose handle_torch_function call leaves out
+    parameters they accept: a traced call would silently lose those arguments."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(inspect.getmodule(F.dropout)))
+    dropping = []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        params = [a.arg for a in node.args.args + node.args.kwonlyargs]
+        for call in ast.walk(node):
+            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "handle_torch_function":
+                passed = {a.id for a in call.args[2:] if isinstance(a, ast.Name)} | {k.arg for k in call.keywords}
+                if any(p not in passed for p in params):
+                    dropping.append(node.name)
+                break
+    return dropping
+
+
+def test_every_functional_that_drops_arguments_in_dispatch_is_routed_around():
+    for name in _functions_dropping_arguments_in_torch_function():
+        assert hasattr(getattr(F, name), "__thunderfn_original__"), (
+            f"F.{name} drops arguments when dispatching __torch_function__; route it (see torch/nn.py)")
+
+
+def test_l1_loss_weight_reaches_the_traced_symbol():
+    x, y, w = torch.randn(4), torch.randn(4), torch.rand(4)
+    torch.testing.assert_close(tf.jit(lambda a, b, c: F.l1_loss(a, b, weight=c))(x, y, w), F.l1_loss(x, y, weight=w))

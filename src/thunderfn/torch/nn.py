@@ -489,6 +489,30 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
     return _apply_reduction(clang.abs(sub(input, target)), reduction)
 
 
+def _route_every_argument(original, symbol):
+    """torch 2.13's F.l1_loss leaves `weight` out of its __torch_function__ call, so a traced
+    call would silently lose it. Standing in front of it: while tracing, call the symbol with
+    every argument; otherwise, torch's own function, untouched."""
+    import functools
+
+    from thunderfn.core import context
+    from thunderfn.core.interception import lift_constants
+
+    @functools.wraps(original)
+    def routed(*args, **kwargs):
+        trc = context.current_trace()
+        if trc is None or trc.symbol_depth:
+            return original(*args, **kwargs)
+        return symbol(*lift_constants(args), **lift_constants(kwargs))
+
+    routed.__thunderfn_original__ = original
+    return routed
+
+
+if not hasattr(F.l1_loss, "__thunderfn_original__"):
+    F.l1_loss = _route_every_argument(F.l1_loss, l1_loss)
+
+
 def _float_loss(name, kernel, input, target):
     """(input, target) in the computation dtype of their promoted dtype, and that dtype; torch's kernel refuses
     integer results."""

@@ -15,6 +15,7 @@ from thunderfn import clang, prims
 from thunderfn.clang import maybe_convert_to_dtype
 from thunderfn.core import dtypes
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check
 from thunderfn.torch import register_alias, torchsymbol

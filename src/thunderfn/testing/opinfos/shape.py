@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from thunderfn.errors import ConcretizationError, UnsupportedOpError
+from thunderfn.errors import UnsupportedOpError
 from thunderfn.testing.opinfo import ALL, ErrorInput, OpInfo, SampleInput, make_tensor
 
 CPU = torch.device("cpu")
@@ -443,8 +443,8 @@ def narrow_errors(device):
     yield err((x, 1, 0, -1), RuntimeError, r"narrow\(\): length must be non-negative.")
     yield err((make_tensor(()), 0, 0, 1), RuntimeError, r"narrow\(\) cannot be applied to a 0-dim tensor.")
     yield err((x, 3, 0, 1), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
-    # torch takes a 0-dim tensor start; its value decides the output, which thunderfn cannot trace
-    yield err((x, 0, torch.tensor(1), 1), ConcretizationError, "needs the value of tensor", torch_raises=False)
+    # a tensor start must be 0-dim and integral, as torch requires
+    yield err((x, 0, torch.tensor(1.5), 1), RuntimeError, "start must be an 0-dim integral Tensor")
 
 
 def flatten_samples(device, dtype):
