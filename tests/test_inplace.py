@@ -160,3 +160,18 @@ def test_module_buffer_updated_in_forward_is_written_to_the_module():
     out = jm(torch.ones(2))
     torch.testing.assert_close(out, torch.full((2,), 2.0))
     assert module.calls.item() == 2
+
+
+@pytest.mark.parametrize("shape", [(8, 3), (4, 3, 5), (2, 3, 4, 4)], ids=["1d", "1d-length", "2d"])
+def test_batch_norm_training_updates_running_statistics_as_eager_does(shape):
+    """Training-mode BatchNorm: outputs, running_mean/var and num_batches_tracked match eager step by step."""
+    import copy
+
+    eager = torch.nn.BatchNorm1d(3) if len(shape) < 4 else torch.nn.BatchNorm2d(3)
+    traced = copy.deepcopy(eager)
+    jitted = tf.jit(traced)
+    for _ in range(3):
+        x = torch.randn(*shape)
+        torch.testing.assert_close(jitted(x), eager(x))
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(traced, name), getattr(eager, name))

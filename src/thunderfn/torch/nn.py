@@ -227,6 +227,52 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return _normalize_channels(input, stats_dims, running_mean, running_var, weight, bias, eps)
 
 
+def batch_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps):
+    """Training-mode batch norm as a function: (output, new running_mean, new running_var).
+    The torch executor runs this; its decomposition below is the symbol's body."""
+    new_mean, new_var = running_mean.clone(), running_var.clone()
+    return F.batch_norm(input, new_mean, new_var, weight, bias, True, momentum, eps), new_mean, new_var
+
+
+@torchsymbol(batch_norm_running_update, name="batch_norm_running_update")
+def _batch_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps):
+    check(running_mean is not None and running_var is not None,
+          lambda: "batch_norm with one running statistic: pass both running_mean and running_var, or neither")
+    out = batch_norm(input, None, None, weight, bias, True, momentum, eps)
+    dims = (0, *range(2, input.ndim))
+    n = torch.Size([input.shape[d] for d in dims]).numel()
+    # torch's CPU kernel updates the statistics in double: momentum * batch + (1 - momentum) * running
+    var, mean = prims.var_mean(maybe_convert_to_dtype(input, torch.float64), dims, correction=0)
+    unbiased = clang.mul(var, n / (n - 1)) if n > 1 else var
+
+    def updated(running, batch):
+        value = clang.add(clang.mul(batch, momentum), clang.mul(maybe_convert_to_dtype(running, torch.float64), 1 - momentum))
+        return maybe_convert_to_dtype(value, running.dtype)
+
+    return out, updated(running_mean, mean), updated(running_var, unbiased)
+
+
+def _batch_norm_entry(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """F.batch_norm while tracing. In training mode with running statistics torch updates them
+    in place: computed functionally here, and the statistics rebound (written back to the
+    module's buffers when the function ends, as eager leaves them)."""
+    from thunderfn.core import context
+
+    if not (training and (running_mean is not None or running_var is not None)):
+        return batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+    _check_more_than_one_value(input, (0, *range(2, input.ndim)), "value per channel", f"torch.Size({list(input.shape)})")
+    check(momentum is not None, lambda: "batch_norm(momentum=None) needs the number of batches seen as a Python value; "
+                                        "pass a float momentum", UnsupportedOpError)
+    out, new_mean, new_var = _batch_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps)
+    trc = context.current_trace()
+    trc.rebind(running_mean, new_mean, because="batch_norm(training=True)")
+    trc.rebind(running_var, new_var, because="batch_norm(training=True)")
+    return out
+
+
+register_alias(F.batch_norm, _batch_norm_entry)
+
+
 @torchsymbol(F.instance_norm)  # not torch.instance_norm: its arguments come in another order
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
                   momentum=0.1, eps=1e-5):

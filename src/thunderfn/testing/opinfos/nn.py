@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.testing.opinfo import ALL, FLOATS, OpInfo, SampleInput, make_tensor
 from thunderfn.testing.opinfos.shape import SOME, err, method
+from thunderfn.torch.nn import batch_norm_running_update
 
 MATMUL_DTYPES = FLOATS + (torch.int64, torch.int32)
 HALF = (torch.bfloat16, torch.float16)
@@ -406,6 +407,15 @@ def _stats(c, dtype):
     return make_tensor((c,), dtype=dtype), make_tensor((c,), dtype=dtype, low=0.5, high=2)
 
 
+def batch_norm_running_update_samples(device, dtype):
+    """Training-mode batch norm with running statistics: the output and both updated statistics."""
+    mk = norm_mk_fn(device, dtype)
+    mean, var = _stats(3, dtype)
+    yield SampleInput((mk(4, 3), mean.clone(), var.clone(), None, None, 0.1, 1e-5))
+    yield SampleInput((mk(2, 3, 5), mean.clone(), var.clone(), mk(3), mk(3), 0.3, 1e-3))
+    yield SampleInput((mk(2, 3, 2, 2, noncontiguous=True), mean.clone(), var.clone(), mk(3), None, 1.0, 1e-5))
+
+
 def batch_norm_samples(device, dtype):
     mk = norm_mk_fn(device, dtype)
     mean, var = _stats(3, dtype)
@@ -443,9 +453,6 @@ def batch_norm_errors(device):
     yield err((r((2, 3, 4), dtype=torch.int64), mean, var), NotImplementedError, "\"batch_norm\" not implemented for 'Long'")
     yield err((x, mean.double(), var.double()), RuntimeError, r"mixed dtype \(CPU\): expect parameter to have scalar type of Float")
     yield err((x, None, None, r((3,), dtype=torch.float64)), RuntimeError, r"mixed dtype \(CPU\): expect parameter to have scalar type of Float", {"training": True})
-    # the running statistics would be updated in place: not traced yet
-    yield err((x, mean.clone(), var.clone()), UnsupportedOpError, "updates running_mean/running_var in place",
-              {"training": True}, torch_raises=False)
 
 
 def instance_norm_samples(device, dtype):
@@ -691,6 +698,8 @@ opinfos: list[OpInfo] = [
     OpInfo("dropout", F.dropout, dropout_samples, ALL, dropout_errors),
     OpInfo("rms_norm", F.rms_norm, rms_norm_samples, FLOATS, rms_norm_errors),
     OpInfo("batch_norm", F.batch_norm, batch_norm_samples, FLOATS, batch_norm_errors, dtype_tolerances=HALF_NORM_TOLERANCES),
+    OpInfo("batch_norm_running_update", batch_norm_running_update, batch_norm_running_update_samples, FLOATS,
+           dtype_tolerances=HALF_NORM_TOLERANCES),
     OpInfo("instance_norm", F.instance_norm, instance_norm_samples, FLOATS, instance_norm_errors,
            dtype_tolerances=HALF_NORM_TOLERANCES),
     OpInfo("group_norm", F.group_norm, group_norm_samples, FLOATS, group_norm_errors, dtype_tolerances=HALF_NORM_TOLERANCES),
