@@ -26,7 +26,7 @@ from thunderfn.torch.shape import _zero, diagonal
 T = torch.Tensor
 __all__ = ["getitem", "index_select", "gather", "take_along_dim", "scatter", "scatter_add", "index_add", "index_copy",
            "index_fill", "masked_fill", "index_put", "take", "put", "slice_scatter", "select_scatter", "diagonal_scatter",
-           "scatter_reduce"]
+           "scatter_reduce", "combinations"]
 
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
@@ -604,3 +604,23 @@ def scatter_reduce(a, dim, index, src, reduce, *, include_self=True):
     if a.dtype.is_floating_point or a.dtype.is_complex:
         return clang.div(total, counts)
     return clang.div(total, counts, rounding_mode="floor")
+
+
+@torchsymbol(torch.combinations)
+def combinations(input, r=2, with_replacement=False):
+    """A gather: which elements make up each combination depends only on the length, so the
+    index tensor is computed at trace time and read by the compiled code."""
+    import itertools
+
+    from thunderfn.core import context
+
+    check(input.ndim == 1, lambda: f"Expect a 1D vector, but got shape {list(input.shape)}")
+    check(r >= 0, lambda: f"Expect a non-negative number, but got {r}")
+    if r == 0:
+        return clang.full((0,), 0, device=input.device, dtype=input.dtype)
+    choose = itertools.combinations_with_replacement if with_replacement else itertools.combinations
+    picks = [i for combo in choose(range(input.shape[0]), r) for i in combo]
+    if not picks:
+        return clang.full((0, r), 0, device=input.device, dtype=input.dtype)
+    index = context.current_trace().constant(torch.tensor(picks, dtype=torch.int64, device=input.device))
+    return clang.reshape(prims.take(input, index, 0), (len(picks) // r, r))

@@ -9,7 +9,7 @@ import numbers
 import torch
 
 from thunderfn import clang, prims
-from thunderfn.clang import maybe_convert_to_dtype
+from thunderfn.clang import keepdim_reshape, maybe_convert_to_dtype
 from thunderfn.core import dtypes
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
@@ -329,8 +329,15 @@ def tensordot(a, b, dims=2, out=None):
         dims_a, dims_b = ([d] if isinstance(d, numbers.Integral) else list(d) for d in dims)
         check(len(dims_a) == len(dims_b), lambda: "both dimension lists should have same length")
     for x, y in zip(dims_a, dims_b):
-        check(a.shape[x] == b.shape[y], lambda: f"contracted dimensions need to match, but first has size {a.shape[x]} in "
-                                                f"dim {x} and second has size {b.shape[y]} in dim {y}")
+        check(a.shape[x] == b.shape[y] or a.shape[x] == 1 or b.shape[y] == 1,
+              lambda: f"contracted dimensions need to match, but first has size {a.shape[x]} in "
+                      f"dim {x} and second has size {b.shape[y]} in dim {y}")
+        # torch broadcasts a size-1 contracted dim: the other side is summed over it first
+        if a.shape[x] != b.shape[y]:
+            if a.shape[x] == 1:
+                b = keepdim_reshape(prims.sum(b, (canonical_dim(y, b.ndim),)), b, (canonical_dim(y, b.ndim),))
+            else:
+                a = keepdim_reshape(prims.sum(a, (canonical_dim(x, a.ndim),)), a, (canonical_dim(x, a.ndim),))
     ca, cb = [canonical_dim(d, a.ndim) for d in dims_a], [canonical_dim(d, b.ndim) for d in dims_b]
     free_a, free_b = [i for i in range(a.ndim) if i not in ca], [i for i in range(b.ndim) if i not in cb]
     k = math.prod(a.shape[i] for i in ca)

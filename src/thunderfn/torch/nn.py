@@ -294,6 +294,50 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     return _normalize_channels(input, stats_dims, running_mean, running_var, weight, bias, eps)
 
 
+def instance_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps):
+    """Instance norm using input statistics, as a function: (output, new running_mean, new running_var)."""
+    new_mean, new_var = running_mean.clone(), running_var.clone()
+    return F.instance_norm(input, new_mean, new_var, weight, bias, True, momentum, eps), new_mean, new_var
+
+
+@torchsymbol(instance_norm_running_update, name="instance_norm_running_update")
+def _instance_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps):
+    check(running_mean is not None and running_var is not None,
+          lambda: "instance_norm with one running statistic: pass both running_mean and running_var, or neither")
+    out = instance_norm(input, None, None, weight, bias, True, momentum, eps)
+    dims = tuple(range(2, input.ndim))
+    n = torch.Size([input.shape[d] for d in dims]).numel()
+    # torch runs batch norm on (1, N*C, ...) and averages the N per-instance statistics of each channel
+    var, mean = prims.var_mean(maybe_convert_to_dtype(input, torch.float64), dims, correction=0)
+    unbiased = clang.mul(var, n / (n - 1)) if n > 1 else var
+
+    def updated(running, per_instance):
+        batch = clang.true_divide(prims.sum(per_instance, (0,)), input.shape[0])
+        value = clang.add(clang.mul(batch, momentum), clang.mul(maybe_convert_to_dtype(running, torch.float64), 1 - momentum))
+        return maybe_convert_to_dtype(value, running.dtype)
+
+    return out, updated(running_mean, mean), updated(running_var, unbiased)
+
+
+def _instance_norm_entry(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                         momentum=0.1, eps=1e-5):
+    """F.instance_norm while tracing: with input statistics and running statistics torch updates the
+    latter in place; computed functionally and rebound, as for batch norm."""
+    from thunderfn.core import context
+
+    if not (use_input_stats and (running_mean is not None or running_var is not None)):
+        return instance_norm(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
+    _check_more_than_one_value(input, tuple(range(2, input.ndim)), "spatial element", f"torch.Size({list(input.shape)})")
+    out, new_mean, new_var = _instance_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps)
+    trc = context.current_trace()
+    trc.rebind(running_mean, new_mean, because="instance_norm(use_input_stats=True)")
+    trc.rebind(running_var, new_var, because="instance_norm(use_input_stats=True)")
+    return out
+
+
+register_alias(F.instance_norm, _instance_norm_entry)
+
+
 @torchsymbol(F.group_norm)  # not torch.group_norm: it takes cudnn_enabled too
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     check(input.ndim >= 2, lambda: f"Expected at least 2 dimensions for input tensor but received {input.ndim}")
@@ -533,6 +577,34 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
         return total if reduction == "sum" else clang.true_divide(total, reduction_sum(weight))
     _check_reduction(reduction)
     return _apply_reduction(clang.abs(sub(input, target)), reduction)
+
+
+@torchsymbol(F.gaussian_nll_loss)
+def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
+    """torch's formula op for op; its check that var has no negative entry reads values, so it
+    is a runtime check (a ValueError when the compiled function runs, as in eager)."""
+    import numbers
+
+    if isinstance(var, numbers.Number):
+        check(var >= 0, lambda: "var has negative entry/entries", ValueError)
+        var = clang.full(input.shape, float(var), device=input.device, dtype=input.dtype)
+    else:
+        emit_runtime_check(reduction_all(clang.ge(var, 0)), "ValueError", "var has negative entry/entries")
+        if tuple(var.shape) != tuple(input.shape):
+            if tuple(input.shape[:-1]) == tuple(var.shape):
+                var = clang.unsqueeze(var, -1)  # homoscedastic: one variance per row
+            else:
+                check(input.ndim == var.ndim and sum(y for x, y in zip(input.shape, var.shape) if x != y) == 1,
+                      lambda: "var is of incorrect size", ValueError)
+    check(reduction in ("none", "mean", "sum"), lambda: f"{reduction} is not valid", ValueError)
+    var = clang.where(clang.lt(var, eps), eps, var)  # torch's clamp_(min=eps); NaN stays NaN
+    diff = sub(input, target)
+    loss = mul(0.5, clang.add(clang.log(var), clang.true_divide(mul(diff, diff), var)))
+    if full:
+        loss = clang.add(loss, 0.5 * math.log(2 * math.pi))
+    if reduction == "mean":
+        return reduction_mean(loss)
+    return reduction_sum(loss) if reduction == "sum" else loss
 
 
 def _route_every_argument(original, symbol):

@@ -571,8 +571,13 @@ def _fill_number(value, dtype):
 
 
 def _pad_dim(a, d, lo, hi, mode):
-    """Crop the negative side(s) of dim d, then pad the positive ones from what is left (torch's order)."""
+    """Crop the negative side(s) of dim d, then pad the positive ones from what is left (torch's order);
+    replicate reads each output position from the nearest input position, cropping included."""
     n = a.shape[d]
+    if mode == "replicate":
+        check(n + lo + hi >= 0, lambda: f"input (W: {n}) is too small. Calculated output W: {n + lo + hi}")
+        positions = prims.iota(n + lo + hi, start=-lo, step=1, device=a.device, dtype=torch.int64)
+        return prims.take(a, clang.minimum(clang.maximum(positions, 0), n - 1), d)
     start, stop = max(-lo, 0), n - max(-hi, 0)
     check(stop >= start, lambda: f"input (W: {n}) is too small. Calculated output W: {n + lo + hi}")
     a = clang.slice_in_dim(a, start, stop, 1, d)
@@ -580,15 +585,10 @@ def _pad_dim(a, d, lo, hi, mode):
     if mode == "circular":
         check(lo <= n and hi <= n, lambda: "Padding value causes wrapping around more than once.")
         left, right = clang.slice_in_dim(a, n - lo, n, 1, d), clang.slice_in_dim(a, 0, hi, 1, d)
-    elif mode == "reflect":
+    else:
         check(lo < n and hi < n, lambda: f"input (W: {n}) is too small for reflection padding ({lo}, {hi})")
         left = prims.flip(clang.slice_in_dim(a, 1, lo + 1, 1, d), (d,))
         right = prims.flip(clang.slice_in_dim(a, n - 1 - hi, n - 1, 1, d), (d,))
-    else:
-        edge = lambda i, count: prims.broadcast_in_dim(  # noqa: E731
-            clang.slice_in_dim(a, i, i + 1, 1, d), tuple(count if j == d else s for j, s in enumerate(a.shape)),
-            tuple(range(a.ndim)))
-        left, right = edge(0, lo), edge(n - 1, hi)
     parts = [p for p, size in ((left, lo), (a, n), (right, hi)) if size or p is a]
     return clang.cat(parts, d) if len(parts) > 1 else a
 

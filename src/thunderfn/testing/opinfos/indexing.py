@@ -582,3 +582,22 @@ opinfos += [
     OpInfo("scatter_reduce", torch.scatter_reduce, scatter_reduce_samples, ALL, scatter_reduce_errors),
     OpInfo("scatter_reduce.method", method("scatter_reduce"), scatter_reduce_samples, SOME, scatter_reduce_errors),
 ]
+
+
+# -- combinations ------------------------------------------------------------------------------
+def combinations_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(4),))
+    yield SampleInput((mk(4),), {"r": 3, "with_replacement": True})
+    yield SampleInput((mk(5, noncontiguous=True),), {"r": 1})
+    yield SampleInput((mk(1),), {"r": 2}, name="fewer elements than r: empty")
+    yield SampleInput((mk(0),))
+    yield SampleInput((mk(4),), {"r": 0})
+
+
+def combinations_errors(device):
+    yield err((make_tensor((2, 2)),), RuntimeError, r"Expect a 1D vector, but got shape \[2, 2\]")
+    yield err((make_tensor((3,)), -1), RuntimeError, "Expect a non-negative number, but got -1")
+
+
+opinfos.append(OpInfo("combinations", torch.combinations, combinations_samples, ALL, combinations_errors))

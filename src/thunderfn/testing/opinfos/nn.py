@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.testing.opinfo import ALL, FLOATS, OpInfo, SampleInput, make_tensor
 from thunderfn.testing.opinfos.shape import SOME, err, method
-from thunderfn.torch.nn import batch_norm_running_update
+from thunderfn.torch.nn import batch_norm_running_update, instance_norm_running_update
 
 MATMUL_DTYPES = FLOATS + (torch.int64, torch.int32)
 HALF = (torch.bfloat16, torch.float16)
@@ -407,6 +407,25 @@ def _stats(c, dtype):
     return make_tensor((c,), dtype=dtype), make_tensor((c,), dtype=dtype, low=0.5, high=2)
 
 
+def gaussian_nll_loss_samples(device, dtype):
+    def mk(*shape, **kw):
+        return make_tensor(shape, device=device, dtype=dtype, **kw)
+
+    yield SampleInput((mk(4, 3), mk(4, 3), mk(4, 3, low=0.1, high=2)))
+    yield SampleInput((mk(4, 3), mk(4, 3), mk(4, low=0.1, high=2)), {"full": True}, name="one variance per row")
+    yield SampleInput((mk(2, 3, 4), mk(2, 3, 4), mk(2, 1, 4, low=0.1, high=2)), {"reduction": "sum"})
+    yield SampleInput((mk(4, 3, noncontiguous=True), mk(4, 3), 0.5), {"reduction": "none"}, name="float variance")
+    yield SampleInput((mk(3), mk(3), mk(3, low=0, high=1e-8)), {"eps": 1e-3}, name="variances clamped to eps")
+
+
+def gaussian_nll_loss_errors(device):
+    x = make_tensor((4, 3), device=device)
+    yield err((x, x, -torch.ones(4, 3, device=device)), ValueError, "var has negative entry/entries")
+    yield err((x, x, -1.0), ValueError, "var has negative entry/entries")
+    yield err((x, x, make_tensor((2, 2), device=device, low=0.1, high=1)), ValueError, "var is of incorrect size")
+    yield err((x, x, make_tensor((4, 3), device=device, low=0.1, high=1)), ValueError, "max is not valid", {"reduction": "max"})
+
+
 def batch_norm_running_update_samples(device, dtype):
     """Training-mode batch norm with running statistics: the output and both updated statistics."""
     mk = norm_mk_fn(device, dtype)
@@ -414,6 +433,14 @@ def batch_norm_running_update_samples(device, dtype):
     yield SampleInput((mk(4, 3), mean.clone(), var.clone(), None, None, 0.1, 1e-5))
     yield SampleInput((mk(2, 3, 5), mean.clone(), var.clone(), mk(3), mk(3), 0.3, 1e-3))
     yield SampleInput((mk(2, 3, 2, 2, noncontiguous=True), mean.clone(), var.clone(), mk(3), None, 1.0, 1e-5))
+
+
+def instance_norm_running_update_samples(device, dtype):
+    """Instance norm with input statistics and running statistics: the output and both updated statistics."""
+    mk = norm_mk_fn(device, dtype)
+    mean, var = _stats(3, dtype)
+    yield SampleInput((mk(4, 3, 5), mean.clone(), var.clone(), None, None, 0.1, 1e-5))
+    yield SampleInput((mk(2, 3, 2, 3, noncontiguous=True), mean.clone(), var.clone(), mk(3), mk(3), 0.5, 1e-3))
 
 
 def batch_norm_samples(device, dtype):
@@ -475,7 +502,6 @@ def instance_norm_errors(device):
     yield err((x,), RuntimeError, "Expected running_mean and running_var to be defined when use_input_stats is false", {"use_input_stats": False})
     yield err((x,), RuntimeError, "weight should contain 6 elements not 8", {"weight": r((4,))})
     yield err((r((2, 3, 4), dtype=torch.int64),), NotImplementedError, "\"batch_norm\" not implemented for 'Long'")
-    yield err((x, mean.clone(), var.clone()), UnsupportedOpError, "updates running_mean/running_var in place", torch_raises=False)
 
 
 def group_norm_samples(device, dtype):
@@ -698,7 +724,11 @@ opinfos: list[OpInfo] = [
     OpInfo("dropout", F.dropout, dropout_samples, ALL, dropout_errors),
     OpInfo("rms_norm", F.rms_norm, rms_norm_samples, FLOATS, rms_norm_errors),
     OpInfo("batch_norm", F.batch_norm, batch_norm_samples, FLOATS, batch_norm_errors, dtype_tolerances=HALF_NORM_TOLERANCES),
+    OpInfo("gaussian_nll_loss", F.gaussian_nll_loss, gaussian_nll_loss_samples, FLOATS, gaussian_nll_loss_errors,
+           dtype_tolerances=HALF_NORM_TOLERANCES),
     OpInfo("batch_norm_running_update", batch_norm_running_update, batch_norm_running_update_samples, FLOATS,
+           dtype_tolerances=HALF_NORM_TOLERANCES),
+    OpInfo("instance_norm_running_update", instance_norm_running_update, instance_norm_running_update_samples, FLOATS,
            dtype_tolerances=HALF_NORM_TOLERANCES),
     OpInfo("instance_norm", F.instance_norm, instance_norm_samples, FLOATS, instance_norm_errors,
            dtype_tolerances=HALF_NORM_TOLERANCES),
