@@ -162,16 +162,25 @@ def test_module_buffer_updated_in_forward_is_written_to_the_module():
     assert module.calls.item() == 2
 
 
-@pytest.mark.parametrize("shape", [(8, 3), (4, 3, 5), (2, 3, 4, 4)], ids=["1d", "1d-length", "2d"])
-def test_batch_norm_training_updates_running_statistics_as_eager_does(shape):
-    """Training-mode BatchNorm: outputs, running_mean/var and num_batches_tracked match eager step by step."""
+NORMS_WITH_RUNNING_STATS = {
+    "batch_norm_1d": (lambda: torch.nn.BatchNorm1d(3), (8, 3)),
+    "batch_norm_1d_length": (lambda: torch.nn.BatchNorm1d(3), (4, 3, 5)),
+    "batch_norm_2d": (lambda: torch.nn.BatchNorm2d(3), (2, 3, 4, 4)),
+    "instance_norm_1d": (lambda: torch.nn.InstanceNorm1d(3, track_running_stats=True), (4, 3, 5)),
+    "instance_norm_2d_affine": (lambda: torch.nn.InstanceNorm2d(3, affine=True, track_running_stats=True), (2, 3, 4, 4)),
+}
+
+
+@pytest.mark.parametrize("make, shape", NORMS_WITH_RUNNING_STATS.values(), ids=NORMS_WITH_RUNNING_STATS.keys())
+def test_norm_training_updates_running_statistics_as_eager_does(make, shape):
+    """Training mode: outputs, running_mean/var and num_batches_tracked match eager step by step."""
     import copy
 
-    eager = torch.nn.BatchNorm1d(3) if len(shape) < 4 else torch.nn.BatchNorm2d(3)
+    eager = make()
     traced = copy.deepcopy(eager)
     jitted = tf.jit(traced)
     for _ in range(3):
         x = torch.randn(*shape)
         torch.testing.assert_close(jitted(x), eager(x))
-    for name in ("running_mean", "running_var", "num_batches_tracked"):
+    for name, _ in eager.named_buffers():
         torch.testing.assert_close(getattr(traced, name), getattr(eager, name))

@@ -236,37 +236,50 @@ def batch_norm_running_update(input, running_mean, running_var, weight, bias, mo
 
 @torchsymbol(batch_norm_running_update, name="batch_norm_running_update")
 def _batch_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps):
-    check(running_mean is not None and running_var is not None,
-          lambda: "batch_norm with one running statistic: pass both running_mean and running_var, or neither")
     out = batch_norm(input, None, None, weight, bias, True, momentum, eps)
-    dims = (0, *range(2, input.ndim))
-    n = torch.Size([input.shape[d] for d in dims]).numel()
-    # torch's CPU kernel updates the statistics in double: momentum * batch + (1 - momentum) * running
-    var, mean = prims.var_mean(maybe_convert_to_dtype(input, torch.float64), dims, correction=0)
+    return (out, *_updated_running_stats(input, running_mean, running_var, (0, *range(2, input.ndim)), momentum,
+                                         per_instance=False))
+
+
+def _updated_running_stats(input, running_mean, running_var, stats_dims, momentum, *, per_instance: bool):
+    """torch's update of running statistics, in double as its CPU kernel computes it:
+    momentum * batch + (1 - momentum) * running, with the unbiased batch variance. Instance
+    norm (torch's batch norm on (1, N*C, ...)) first averages the N per-instance statistics."""
+    check(running_mean is not None and running_var is not None,
+          lambda: "running statistics: pass both running_mean and running_var, or neither")
+    n = torch.Size([input.shape[d] for d in stats_dims]).numel()
+    var, mean = prims.var_mean(maybe_convert_to_dtype(input, torch.float64), stats_dims, correction=0)
     unbiased = clang.mul(var, n / (n - 1)) if n > 1 else var
 
     def updated(running, batch):
+        if per_instance:
+            batch = clang.true_divide(prims.sum(batch, (0,)), input.shape[0])
         value = clang.add(clang.mul(batch, momentum), clang.mul(maybe_convert_to_dtype(running, torch.float64), 1 - momentum))
         return maybe_convert_to_dtype(value, running.dtype)
 
-    return out, updated(running_mean, mean), updated(running_var, unbiased)
+    return updated(running_mean, mean), updated(running_var, unbiased)
+
+
+def _rebind_running_stats(running_mean, running_var, new_mean, new_var, because: str) -> None:
+    """The in-place update eager makes, functionalized: the statistics' proxies now hold the new
+    values (written back to the module's buffers when the function ends)."""
+    from thunderfn.core import context
+
+    trc = context.current_trace()
+    trc.rebind(running_mean, new_mean, because=because)
+    trc.rebind(running_var, new_var, because=because)
 
 
 def _batch_norm_entry(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
-    """F.batch_norm while tracing. In training mode with running statistics torch updates them
-    in place: computed functionally here, and the statistics rebound (written back to the
-    module's buffers when the function ends, as eager leaves them)."""
-    from thunderfn.core import context
-
+    """F.batch_norm while tracing: in training mode with running statistics, torch's in-place
+    update of them, functionalized."""
     if not (training and (running_mean is not None or running_var is not None)):
         return batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
     _check_more_than_one_value(input, (0, *range(2, input.ndim)), "value per channel", f"torch.Size({list(input.shape)})")
     check(momentum is not None, lambda: "batch_norm(momentum=None) needs the number of batches seen as a Python value; "
                                         "pass a float momentum", UnsupportedOpError)
     out, new_mean, new_var = _batch_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps)
-    trc = context.current_trace()
-    trc.rebind(running_mean, new_mean, because="batch_norm(training=True)")
-    trc.rebind(running_var, new_var, because="batch_norm(training=True)")
+    _rebind_running_stats(running_mean, running_var, new_mean, new_var, "batch_norm(training=True)")
     return out
 
 
@@ -302,36 +315,20 @@ def instance_norm_running_update(input, running_mean, running_var, weight, bias,
 
 @torchsymbol(instance_norm_running_update, name="instance_norm_running_update")
 def _instance_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps):
-    check(running_mean is not None and running_var is not None,
-          lambda: "instance_norm with one running statistic: pass both running_mean and running_var, or neither")
     out = instance_norm(input, None, None, weight, bias, True, momentum, eps)
-    dims = tuple(range(2, input.ndim))
-    n = torch.Size([input.shape[d] for d in dims]).numel()
-    # torch runs batch norm on (1, N*C, ...) and averages the N per-instance statistics of each channel
-    var, mean = prims.var_mean(maybe_convert_to_dtype(input, torch.float64), dims, correction=0)
-    unbiased = clang.mul(var, n / (n - 1)) if n > 1 else var
-
-    def updated(running, per_instance):
-        batch = clang.true_divide(prims.sum(per_instance, (0,)), input.shape[0])
-        value = clang.add(clang.mul(batch, momentum), clang.mul(maybe_convert_to_dtype(running, torch.float64), 1 - momentum))
-        return maybe_convert_to_dtype(value, running.dtype)
-
-    return out, updated(running_mean, mean), updated(running_var, unbiased)
+    return (out, *_updated_running_stats(input, running_mean, running_var, tuple(range(2, input.ndim)), momentum,
+                                         per_instance=True))
 
 
 def _instance_norm_entry(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
                          momentum=0.1, eps=1e-5):
-    """F.instance_norm while tracing: with input statistics and running statistics torch updates the
-    latter in place; computed functionally and rebound, as for batch norm."""
-    from thunderfn.core import context
-
+    """F.instance_norm while tracing: with input and running statistics, torch's in-place update
+    of the latter, functionalized (as for batch norm)."""
     if not (use_input_stats and (running_mean is not None or running_var is not None)):
         return instance_norm(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
     _check_more_than_one_value(input, tuple(range(2, input.ndim)), "spatial element", f"torch.Size({list(input.shape)})")
     out, new_mean, new_var = _instance_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps)
-    trc = context.current_trace()
-    trc.rebind(running_mean, new_mean, because="instance_norm(use_input_stats=True)")
-    trc.rebind(running_var, new_var, because="instance_norm(use_input_stats=True)")
+    _rebind_running_stats(running_mean, running_var, new_mean, new_var, "instance_norm(use_input_stats=True)")
     return out
 
 
