@@ -41,7 +41,7 @@ class Trace:
     # -- building -------------------------------------------------------------------
     def record(self, sym, args, kwargs):
         """Record a call of sym; returns its output proxies."""
-        if not self.symbol_depth and len(self._scopes) == 1:
+        if not self.symbol_depth:
             self.sync_grad_mode()
         self.symbol_depth += 1
         no_decomposition = False
@@ -78,7 +78,7 @@ class Trace:
         blocks), so the compiled function switches at the same point on every call."""
         enabled = torch.is_grad_enabled()
         if enabled != self.grad_enabled:
-            self.bound_symbols.append(set_grad_enabled.bind(enabled, output=None))
+            self._scopes[-1].append(set_grad_enabled.bind(enabled, output=None))
             self.grad_enabled = enabled
 
     def emit(self, bsym) -> None:

@@ -1,0 +1,306 @@
+"""Reverse mode: vjp, grad and value_and_grad.
+
+The driver is small. The function is traced straight into the trace being built
+(so the forward is ordinary recorded ops), then its recorded region is walked
+backwards: a bound symbol with a rule in `vjp_rules` (transforms/vjp_rules.py) maps
+its output cotangent to input cotangents; a symbol without one is differentiated
+through its subsymbols (its decomposition); an opaque torch op is differentiated
+when the compiled function runs, by torch.func.vjp. The rules are written in
+traceable ops, so the backward is recorded too and can itself be differentiated:
+grad(grad(f)) is grad applied to a function that happens to contain a backward.
+
+Called with real tensors, a transformed function jits its traced form (one trace
+per input signature, cached); called while an outer trace is being built, it
+emits into that trace, which is why transforms compose: jit(grad(f)), grad(jit(f)),
+grad(grad(f)).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import torch
+
+from thunderfn import clang
+from thunderfn.core import context, dtypes
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
+from thunderfn.core.statements import set_grad_enabled
+from thunderfn.core.symbol import Symbol
+from thunderfn.errors import UnsupportedOpError
+
+
+def _differentiable(x) -> bool:
+    return isinstance(x, TensorProxy) and dtypes.is_inexact(x.dtype)
+
+
+# -- the driver -------------------------------------------------------------------------------
+def _accumulate(cts: dict, proxy: TensorProxy, ct) -> None:
+    if ct is None or not _differentiable(proxy):
+        return
+    ct = clang.maybe_convert_to_dtype(ct, proxy.dtype)
+    if tuple(ct.shape) != tuple(proxy.shape):
+        raise RuntimeError(f"internal: cotangent of {proxy.name} has shape {tuple(ct.shape)}, expected {tuple(proxy.shape)}")
+    previous = cts.get(proxy.name)
+    cts[proxy.name] = ct if previous is None else clang.add(previous, ct)
+
+
+def _grad_modes(region: list, enabled: bool) -> list:
+    """Whether each recorded symbol ran with grad enabled (`with torch.no_grad()` blocks
+    were recorded as set_grad_enabled statements): gradients do not flow through the rest."""
+    modes = []
+    for bsym in region:
+        if bsym.sym is set_grad_enabled:
+            enabled = bool(bsym.args[0])
+        modes.append(enabled)
+    return modes
+
+
+def _backprop(bsym, cts: dict) -> None:
+    from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, Residuals, vjp_rules
+
+    outs = bsym.flat_outs()
+    out_cts = [cts.get(o.name) if isinstance(o, TensorProxy) else None for o in outs]
+    if all(c is None for c in out_cts) or bsym.sym.printer is not None or bsym.sym.id in NON_DIFFERENTIABLE:
+        return
+    rule = vjp_rules.get(bsym.sym.id)
+    if rule is not None:
+        g = out_cts[0] if isinstance(bsym.output, TensorProxy) else tuple(out_cts)
+        in_cts = rule(Residuals(bsym.args, bsym.kwargs, bsym.output), g)
+        for arg, ct in zip(bsym.args, in_cts):
+            if isinstance(arg, TensorProxy):
+                _accumulate(cts, arg, ct)
+            elif isinstance(arg, (list, tuple)) and isinstance(ct, (list, tuple)):  # cat's list of tensors
+                for a, c in zip(arg, ct):
+                    if isinstance(a, TensorProxy):
+                        _accumulate(cts, a, c)
+        return
+    if bsym.subsymbols:
+        for sub in reversed(bsym.subsymbols):
+            _backprop(sub, cts)
+        return
+    if "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
+        _backprop_opaque(bsym, out_cts, cts)
+        return
+    from thunderfn.transforms.vjp_rules import NOT_DIFFERENTIATED
+
+    why = NOT_DIFFERENTIATED.get(bsym.sym.id, "it has no VJP rule and no decomposition")
+    raise UnsupportedOpError(
+        f"thunderfn cannot differentiate {bsym.sym.print_name}: {why}. Give it a rule with "
+        f"thunderfn.transforms.vjp_rules.defvjp, or compute this part outside the differentiated function.")
+
+
+def _with_residuals(bsyms: list) -> list:
+    """The forward as it must run for the backward to find its residuals: a composite without
+    a VJP rule is replaced by its decomposition (whose intermediates the rules read), unless
+    no gradient can flow through it (no floating input or output)."""
+    from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, vjp_rules
+
+    flat = []
+    for bsym in bsyms:
+        keep = (bsym.sym.id in vjp_rules or bsym.sym.id in NON_DIFFERENTIABLE or bsym.sym.printer is not None
+                or not bsym.subsymbols or not any(_differentiable(a) for a in bsym.flat_args())
+                or not any(_differentiable(o) for o in bsym.flat_outs()))
+        flat.extend([bsym] if keep else _with_residuals(list(bsym.subsymbols)))
+    return flat
+
+
+def trace_vjp(fn: Callable, primals: Sequence):
+    """While a trace is being built: trace fn(*primals) into it and return (out, backward), where
+    backward(cotangents for out's leaves, as a pytree like out) -> one cotangent per primal leaf."""
+    trc = context.current_trace()
+    start_mode = torch.is_grad_enabled()
+    with trc.scope() as recorded:
+        out = fn(*primals)
+    region = _with_residuals(recorded)
+    for bsym in region:
+        trc.emit(bsym)
+    modes = _grad_modes(region, start_mode)
+
+    def backward(cotangents):
+        out_leaves, _ = tree_flatten(out)
+        ct_leaves, _ = tree_flatten(cotangents)
+        cts: dict = {}
+        for o, c in zip(out_leaves, ct_leaves):
+            if isinstance(o, TensorProxy) and c is not None:
+                _accumulate(cts, o, c)
+        for bsym, enabled in zip(reversed(region), reversed(modes)):
+            if enabled:
+                _backprop(bsym, cts)
+        return [cts.get(p.name) if isinstance(p, TensorProxy) else None for p in tree_leaves(primals)]
+
+    return out, backward
+
+
+# -- opaque torch ops: differentiated by torch when the compiled function runs ------------------
+def torch_vjp(fn, args, kwargs, cotangents):
+    """Input cotangents of fn(*args, **kwargs) for its floating tensor arguments, by torch.func."""
+    leaves, spec = tree_flatten((args, kwargs))
+    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and dtypes.is_inexact(x.dtype)]
+
+    def call(*diff):
+        current = list(leaves)
+        for i, t in zip(positions, diff):
+            current[i] = t
+        a, k = tree_unflatten(spec, current)
+        return fn(*a, **k)
+
+    _, pullback = torch.func.vjp(call, *[leaves[i] for i in positions])
+    return pullback(cotangents)
+
+
+def _torch_vjp_meta(fn, args, kwargs, cotangents):
+    return tuple(TensorProxy.like(x, requires_grad=False) for x in tree_leaves((args, kwargs)) if _differentiable(x))
+
+
+torch_vjp_op = Symbol("torch_vjp", "autodiff.torch_vjp", meta=_torch_vjp_meta, is_prim=True, print_name="torch_vjp",
+                      namespace={"torch_vjp": torch_vjp}, eager=torch_vjp, torch_fn=torch_vjp,
+                      tags=frozenset({"opaque"}))
+
+
+def _backprop_opaque(bsym, out_cts, cts) -> None:
+    outs = bsym.flat_outs()
+    filled = [c if c is not None else clang.full(o.shape, 0, device=o.device, dtype=o.dtype)
+              for o, c in zip(outs, out_cts) if isinstance(o, TensorProxy)]
+    _, out_spec = tree_flatten(bsym.output)
+    cotangents = tree_unflatten(out_spec, filled) if len(filled) == len(outs) else tuple(filled)
+    in_cts = torch_vjp_op(bsym.sym.torch_fn, bsym.args, bsym.kwargs, cotangents)
+    for proxy, ct in zip([x for x in tree_leaves((bsym.args, bsym.kwargs)) if _differentiable(x)], in_cts):
+        _accumulate(cts, proxy, ct)
+
+
+# -- function transforms --------------------------------------------------------------------------
+def _compiled(transformed):
+    """Run `transformed` (which needs a trace) through jit when called with real tensors."""
+    from thunderfn.jit import jit
+
+    jitted = None
+
+    @functools.wraps(transformed)
+    def wrapper(*args, **kwargs):
+        nonlocal jitted
+        if context.current_trace() is not None:
+            return transformed(*args, **kwargs)
+        if jitted is None:
+            jitted = jit(transformed)
+            wrapper._thunderfn_state = jitted._thunderfn_state
+        return jitted(*args, **kwargs)
+
+    return wrapper
+
+
+def _check_inexact(leaves, what: str, fn) -> None:
+    for leaf in leaves:
+        if isinstance(leaf, TensorProxy) and not dtypes.is_inexact(leaf.dtype):
+            raise TypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point (or complex) inputs to "
+                            f"differentiate, but got a {leaf.dtype} tensor. Pass it as an argument you do not "
+                            f"differentiate with respect to (argnums), or convert it with .float().")
+
+
+def _zeros_for_none(cts, primal_leaves):
+    return [c if c is not None else (clang.full(p.shape, 0, device=p.device, dtype=p.dtype)
+                                     if isinstance(p, TensorProxy) else None)
+            for c, p in zip(cts, primal_leaves)]
+
+
+def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
+    """(value, gradient) of a scalar-output fn with respect to the positional args in argnums
+    (an int, or a tuple giving a tuple of gradients); each arg may be a pytree of tensors.
+    With has_aux, fn returns (value, aux) and this returns ((value, aux), gradient)."""
+    single = isinstance(argnums, int)
+    nums = (argnums,) if single else tuple(argnums)
+
+    def transformed(*args, **kwargs):
+        for i in nums:
+            if i >= len(args):
+                raise TypeError(f"differentiating with respect to argument {i} of '{getattr(fn, '__name__', fn)}', "
+                                f"but it was called with {len(args)} positional arguments")
+        diff = [args[i] for i in nums]
+        _check_inexact(tree_leaves(diff), "grad", fn)
+
+        def with_diff(*d):
+            full = list(args)
+            for i, v in zip(nums, d):
+                full[i] = v
+            return fn(*full, **kwargs)
+
+        out, backward = trace_vjp(with_diff, diff)
+        value, aux = out if has_aux else (out, None)
+        if not (isinstance(value, TensorProxy) and value.numel() == 1):
+            shape = tuple(value.shape) if isinstance(value, TensorProxy) else type(value).__name__
+            raise RuntimeError(f"grad of '{getattr(fn, '__name__', fn)}' requires a scalar output, but it returned "
+                               f"{shape}. Reduce it first (out.sum()), or use tf.vjp / tf.jacrev for non-scalar outputs.")
+        flat_cts = backward(clang.full(value.shape, 1, device=value.device, dtype=value.dtype))
+        flat_cts = _zeros_for_none(flat_cts, tree_leaves(diff))
+        grads, offset = [], 0
+        for d in diff:
+            leaves, spec = tree_flatten(d)
+            grads.append(tree_unflatten(spec, flat_cts[offset:offset + len(leaves)]))
+            offset += len(leaves)
+        g = grads[0] if single else tuple(grads)
+        return ((value, aux) if has_aux else value), g
+
+    transformed.__name__ = f"value_and_grad_{getattr(fn, '__name__', 'fn')}"
+    return _compiled(transformed)
+
+
+def grad(fn: Callable, argnums=0, has_aux: bool = False):
+    """The gradient of a scalar-output fn (see value_and_grad); with has_aux, (gradient, aux)."""
+    both = value_and_grad(fn, argnums, has_aux)
+
+    def transformed(*args, **kwargs):
+        (value_or_pair, g) = both(*args, **kwargs)
+        return (g, value_or_pair[1]) if has_aux else g
+
+    transformed.__name__ = f"grad_{getattr(fn, '__name__', 'fn')}"
+    return _compiled(transformed)
+
+
+def vjp(fn: Callable, *primals, has_aux: bool = False):
+    """(out, vjp_fn) or (out, vjp_fn, aux): vjp_fn(cotangent pytree like out) returns a tuple
+    with one cotangent per primal (pytrees like the primals)."""
+    def split(primals):
+        """trace fn: (value, aux, backward); only value is differentiated."""
+        box = []
+
+        def value_only(*p):
+            result = fn(*p)
+            if has_aux:
+                box.append(result[1])
+                return result[0]
+            return result
+
+        value, backward = trace_vjp(value_only, primals)
+        return value, (box[0] if box else None), backward
+
+    def cotangents_for(backward, cotangents, primals):
+        flat_cts = _zeros_for_none(backward(cotangents), tree_leaves(primals))
+        grads, offset = [], 0
+        for p in primals:
+            p_leaves, spec = tree_flatten(p)
+            grads.append(tree_unflatten(spec, flat_cts[offset:offset + len(p_leaves)]))
+            offset += len(p_leaves)
+        return tuple(grads)
+
+    if context.current_trace() is not None:
+        value, aux, backward = split(primals)
+
+        def vjp_fn(cotangents):
+            return cotangents_for(backward, cotangents, primals)
+    else:
+        from thunderfn.jit import jit
+
+        value, aux = jit(lambda p: split(p)[:2])(primals)
+
+        def joint(primals, cotangents):
+            _, _, backward = split(primals)
+            return cotangents_for(backward, cotangents, primals)
+
+        compiled_joint = jit(joint)
+
+        def vjp_fn(cotangents):
+            # the compiled backward recomputes the forward values it needs (one function per signature)
+            return compiled_joint(primals, cotangents)
+
+        vjp_fn._thunderfn_state = compiled_joint._thunderfn_state
+    return (value, vjp_fn, aux) if has_aux else (value, vjp_fn)
