@@ -236,7 +236,8 @@ def test_every_prim_is_differentiated_or_declared_otherwise():
 
 def test_every_rule_has_a_case():
     tested = {p.values[0] for p in CASES}
-    assert set(vjp_rules) <= tested, f"rules without a test case: {set(vjp_rules) - tested}"
+    prim_rules = {k for k in vjp_rules if isinstance(k, PrimIDs)}  # custom_vjp functions add their own entries
+    assert prim_rules <= tested, f"rules without a test case: {prim_rules - tested}"
 
 
 def test_complex_arguments_are_refused_with_the_prim_named():

@@ -91,6 +91,7 @@ class JitState:
         traces = [trace(self.fn, *args, **kwargs)]
         traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
         traces.append(timed_pass("Transform for execution", lower_trace, traces[-1], executors))
+        traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))  # what lowering made unused
         for ex in executors:
             if isinstance(ex, FusionExecutor):
                 traces.append(timed_pass(f"Fusion ({ex.name})", ex.fuse, traces[-1]))

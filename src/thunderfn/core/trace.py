@@ -64,7 +64,7 @@ class Trace:
             from thunderfn.torch.opaque import opaque_symbol
 
             return opaque_symbol(sym.torch_fn)(*args, **kwargs)
-        if not sym.is_prim and not subsymbols and _only_passes_through(out, args, kwargs):
+        if not sym.is_prim and not subsymbols and "always_record" not in sym.tags and _only_passes_through(out, args, kwargs):
             # x.contiguous(), x.to(x.dtype), reshape to the same shape: no computation,
             # so nothing to record (in a functional IR they are the value itself).
             return out

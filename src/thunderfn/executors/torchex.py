@@ -204,11 +204,16 @@ class TorchExecutor(Executor):
         self.claim_torch_symbols = claim_torch_symbols
         self._ops: dict = {}  # callable -> operator symbol, made once
 
-    def op(self, fn, name: str | None = None) -> Symbol:
-        sym = self._ops.get(fn)
+    def op(self, fn, name: str | None = None, tags: frozenset = frozenset()) -> Symbol:
+        """The operator that calls fn; `no_dce` carries over from what it lowers (random draws
+        must run even when unused, so the generator advances as in eager)."""
+        keep = "no_dce" in tags
+        sym = self._ops.get((fn, keep))
         if sym is None:
-            sym = self._ops[fn] = _operator_for(fn, name)
+            sym = self._ops[(fn, keep)] = _operator_for(fn, name)
             sym.executor = self
+            if keep:
+                sym.tags = frozenset({"no_dce"})
         return sym
 
     def lowering_for(self, bsym) -> Lowering | None:
@@ -233,7 +238,7 @@ class TorchExecutor(Executor):
         else:
             fn, name = sym.torch_fn, None
         shown = () if "opaque" in sym.tags else (bsym,)  # an opaque op's decomposition is itself
-        return BoundSymbol(self.op(fn, name), bsym.args, bsym.kwargs, bsym.output, shown)
+        return BoundSymbol(self.op(fn, name, sym.tags), bsym.args, bsym.kwargs, bsym.output, shown)
 
 
 _helper_names = {impl: f"{impl.__name__}" for impl in set(prim_impls.values()) | set(_number_impls.values())

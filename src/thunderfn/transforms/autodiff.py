@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Callable, Sequence
 
+import optree
 import torch
 
 from thunderfn import clang
@@ -68,12 +69,14 @@ def _backprop(bsym, cts: dict) -> None:
         g = out_cts[0] if isinstance(bsym.output, TensorProxy) else tuple(out_cts)
         in_cts = rule(Residuals(bsym.args, bsym.kwargs, bsym.output), g)
         for arg, ct in zip(bsym.args, in_cts):
-            if isinstance(arg, TensorProxy):
-                _accumulate(cts, arg, ct)
-            elif isinstance(arg, (list, tuple)) and isinstance(ct, (list, tuple)):  # cat's list of tensors
-                for a, c in zip(arg, ct):
-                    if isinstance(a, TensorProxy):
-                        _accumulate(cts, a, c)
+            if ct is None:
+                continue
+            # a tensor, or a pytree of them (cat's list, a custom_vjp's dict), None entries meaning zero
+            arg_leaves = tree_leaves(arg) if not isinstance(arg, TensorProxy) else [arg]
+            ct_leaves = optree.tree_leaves(ct, none_is_leaf=True, namespace="thunderfn") if not isinstance(ct, TensorProxy) else [ct]
+            for a, c in zip(arg_leaves, ct_leaves):
+                if isinstance(a, TensorProxy):
+                    _accumulate(cts, a, c)
         return
     if bsym.subsymbols:
         for sub in reversed(bsym.subsymbols):

@@ -210,7 +210,8 @@ defvjp(PrimIDs.ADD)(lambda res, g: (_ct(g, res.args[0]), _ct(g, res.args[1])))
 defvjp(PrimIDs.SUB)(lambda res, g: (_ct(g, res.args[0]), _ct(prims.neg(g), res.args[1])))
 defvjp(PrimIDs.MUL)(lambda res, g: (_ct(prims.mul(g, res.args[1]), res.args[0]), _ct(prims.mul(g, res.args[0]), res.args[1])))
 # nextafter(a, b) is a, one ulp towards b: torch passes g to a
-defvjp(PrimIDs.NEXTAFTER)(lambda res, g: (_ct(g, res.args[0]), None))
+# torch passes g to a, except where a == b, where it gives 0
+defvjp(PrimIDs.NEXTAFTER)(lambda res, g: (_ct(_where0(prims.ne(res.args[0], res.args[1]), g), res.args[0]), None))
 # fmod and remainder are a - b * trunc(a / b) and a - b * floor(a / b)
 defvjp(PrimIDs.FMOD)(lambda res, g: _mod_vjp(res, g, "trunc"))
 defvjp(PrimIDs.REMAINDER)(lambda res, g: _mod_vjp(res, g, "floor"))

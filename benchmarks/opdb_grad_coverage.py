@@ -1,0 +1,227 @@
+"""How much of PyTorch `tf.grad` differentiates: torch's OpInfo database as the yardstick.
+
+For every entry of `torch.testing._internal.common_methods_invocations.op_db` that
+supports autograd and has float64, the first N sample inputs (CPU, float64,
+requires_grad=True) are differentiated. The function under test takes the sample's
+floating tensor leaves that require grad (the input and any such tensors in
+args/kwargs, found with torch's pytree) positionally, rebuilds the call, and returns
+the sum of all floating outputs (each floating output tensor summed, then added).
+The reference is `torch.autograd.grad` of that sum w.r.t. the leaves (unused leaves
+get a zero gradient); thunderfn's is `tf.grad(fn, argnums=tuple(range(n)))(*leaves)`
+on detached plain tensors.
+
+An entry passes when every sample's gradients match (assert_close, NaNs equal,
+float64 defaults unless --rtol/--atol are given). Entries are left out when the
+eager forward or gradient raises, is nondeterministic (two runs under
+torch.manual_seed(0) disagree), or the samples have no floating leaf or no floating
+output. A thunderfn run that raises counts as an error (a refusal if it raises a
+ThunderFnError, otherwise a CRASH); a gradient that differs counts as WRONG, the
+one outcome that must never happen.
+
+    python benchmarks/opdb_grad_coverage.py            # summary
+    python benchmarks/opdb_grad_coverage.py -v         # one line per entry
+    python benchmarks/opdb_grad_coverage.py -k sin     # entries whose name contains 'sin'
+
+Needs `pip install expecttest` (torch's test helpers import it).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import signal
+import sys
+import time
+import warnings
+
+import torch
+from torch.utils import _pytree as pytree
+
+import thunderfn as tf
+
+
+class _Timeout(BaseException):  # not Exception: no `except Exception` may swallow it
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _Timeout()
+
+
+def _is_float_tensor(x) -> bool:
+    # Under tf.grad the outputs are thunderfn proxies, not torch.Tensors: go by dtype.
+    dtype = getattr(x, "dtype", None)
+    return isinstance(dtype, torch.dtype) and dtype.is_floating_point and not isinstance(x, (int, float))
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e)
+    return s.splitlines()[0][:160] if s else ""
+
+
+def _make_fn(op, sample):
+    """(fn, leaves): fn(*leaves) = sum of op's floating outputs, the other arguments fixed."""
+    flat, spec = pytree.tree_flatten((sample.input, tuple(sample.args), dict(sample.kwargs)))
+    positions = [i for i, x in enumerate(flat) if _is_float_tensor(x) and x.requires_grad]
+    # Non-leaf constants are detached copies, so nothing outside the leaves carries grad.
+    base = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in flat]
+    leaves = [flat[i].detach().clone() for i in positions]
+
+    def fn(*xs):
+        vals = list(base)
+        for i, x in zip(positions, xs):
+            vals[i] = x
+        inp, args, kwargs = pytree.tree_unflatten(vals, spec)
+        out = op(inp, *args, **kwargs)
+        total = None
+        for o in pytree.tree_leaves(out):
+            if isinstance(o, torch.dtype):
+                continue
+            if _is_float_tensor(o):
+                s = o.sum()
+                total = s if total is None else total + s
+        return total
+
+    return fn, leaves
+
+
+def _eager_grad(fn, leaves):
+    """(value, gradients) by torch.autograd; None gradients become zeros."""
+    xs = [x.detach().clone().requires_grad_(True) for x in leaves]
+    torch.manual_seed(0)
+    value = fn(*xs)
+    if value is None:
+        raise LookupError("no floating output")
+    if not value.requires_grad:
+        raise LookupError("output does not depend on the leaves")
+    grads = torch.autograd.grad(value, xs, allow_unused=True)
+    grads = tuple(torch.zeros_like(x) if g is None else g for x, g in zip(xs, grads))
+    return value.detach(), grads
+
+
+def _same(a, b, rtol, atol) -> str | None:
+    """None when a matches b, else the first line of the mismatch."""
+    try:
+        torch.testing.assert_close(a, b, equal_nan=True, rtol=rtol, atol=atol)
+        return None
+    except (AssertionError, TypeError, ValueError, RuntimeError) as e:
+        return " ".join(str(e).split())[:200]
+
+
+def run_entry(opinfo, samples: int, rtol, atol):
+    """('pass'|'wrong'|'error'|'skip', detail)."""
+    if torch.float64 not in opinfo.dtypes:
+        return "skip", "no float64"
+    try:
+        sample_list = []
+        for s in opinfo.sample_inputs("cpu", torch.float64, requires_grad=True):
+            sample_list.append(s)
+            if len(sample_list) == samples:
+                break
+    except Exception as e:
+        return "skip", f"sample_inputs raised {type(e).__name__}"
+    op = opinfo.op
+    cases = []
+    for s in sample_list:
+        fn, leaves = _make_fn(op, s)
+        if not leaves:
+            continue
+        try:
+            value, expected = _eager_grad(fn, leaves)
+            again_value, again = _eager_grad(fn, leaves)
+        except LookupError:
+            continue
+        except Exception as e:
+            return "skip", f"eager raised {type(e).__name__}"
+        if _same((value, expected), (again_value, again), 0, 0) is not None:
+            return "skip", "eager is nondeterministic"
+        cases.append((s, fn, leaves, expected))
+    if not cases:
+        return "skip", "no floating leaves or no floating output"
+    for k, (s, fn, leaves, expected) in enumerate(cases):
+        try:
+            g = tf.grad(fn, argnums=tuple(range(len(leaves))))
+            torch.manual_seed(0)
+            got = g(*[x.detach().clone() for x in leaves])
+        except _Timeout:
+            raise
+        except tf.ThunderFnError as e:
+            return "error", f"{type(e).__name__}: {_first_line(e)}"
+        except Exception as e:
+            return "error", f"CRASH {type(e).__name__}: {_first_line(e)}"
+        got = tuple(got)
+        if len(got) != len(expected):
+            return "wrong", f"sample {k}: {len(got)} gradients for {len(expected)} leaves"
+        for j, (g, e) in enumerate(zip(got, expected)):
+            mismatch = _same(g, e, rtol, atol)
+            if mismatch is not None:
+                try:
+                    diff = f"max abs diff {(g - e).abs().nan_to_num(0.0).max().item():.3g}; "
+                except Exception:
+                    diff = ""
+                return "wrong", f"sample {k}, gradient {j} of {len(leaves)} {tuple(e.shape)}: {diff}{mismatch}"[:300]
+    return "pass", ""
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-k", default="", help="only entries whose name contains this")
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--rtol", type=float, default=None, help="default: assert_close's for float64")
+    parser.add_argument("--atol", type=float, default=None, help="default: assert_close's for float64")
+    parser.add_argument("--timeout", type=int, default=60, help="seconds per entry (counts as an error)")
+    args = parser.parse_args(argv)
+    if (args.rtol is None) != (args.atol is None):
+        parser.error("give both --rtol and --atol, or neither")
+    warnings.filterwarnings("ignore")
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    use_alarm = hasattr(signal, "SIGALRM") and args.timeout > 0
+    if use_alarm:
+        signal.signal(signal.SIGALRM, _on_alarm)
+    results = collections.Counter()
+    failures = []
+    slow = []
+    start = time.perf_counter()
+    for opinfo in op_db:
+        if not opinfo.supports_autograd:
+            continue
+        name = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
+        if args.k not in name:
+            continue
+        t0 = time.perf_counter()
+        if use_alarm:
+            signal.alarm(args.timeout)
+        try:
+            outcome, detail = run_entry(opinfo, args.samples, args.rtol, args.atol)
+        except _Timeout:
+            outcome, detail = "error", f"TIMEOUT after {args.timeout} s"
+        finally:
+            if use_alarm:
+                signal.alarm(0)
+        elapsed = time.perf_counter() - t0
+        if elapsed > 5:
+            slow.append((elapsed, name))
+        results[outcome] += 1
+        if outcome in ("wrong", "error"):
+            failures.append((outcome, name, detail))
+        if args.verbose:
+            print(f"{outcome:6} {name:45} {elapsed:5.1f}s {detail}", flush=True)
+    counted = results["pass"] + results["wrong"] + results["error"]
+    print(f"\nautograd-capable op_db entries: {sum(results.values())}; left out (no float64, eager raises, "
+          f"nondeterministic, no floating leaves or outputs): {results['skip']}; counted: {counted}")
+    if counted:
+        crashes = sum(1 for o, _, d in failures if o == "error" and d.startswith(("CRASH", "TIMEOUT")))
+        print(f"pass {results['pass']} ({100 * results['pass'] / counted:.1f}%), "
+              f"error {results['error']} (of which crashes {crashes}), WRONG {results['wrong']}"
+              f"   [{time.perf_counter() - start:.0f} s]")
+    if slow:
+        print("slow entries (> 5 s): " + ", ".join(f"{n} {t:.0f}s" for t, n in sorted(slow, reverse=True)))
+    if not args.verbose:
+        for outcome, name, detail in sorted(failures):
+            print(f"  {outcome:6} {name:40} {detail}")
+    return 1 if results["wrong"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

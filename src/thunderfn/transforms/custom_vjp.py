@@ -1,0 +1,112 @@
+"""custom_vjp: a user-supplied gradient, the same mechanism the VJP rule table uses.
+
+    @tf.custom_vjp
+    def f(x, y): ...
+    f.defvjp(fwd, bwd)   # fwd(*args) -> (out, residuals); bwd(*nondiff_args, residuals, g) -> one entry per arg
+
+Traced, a call records one symbol of its own whose body is `fwd` and whose outputs are
+(out, residuals); its entry in vjp_rules calls `bwd`, after checking that bwd returned
+one cotangent (or None) per differentiable argument with the argument's structure and
+shapes. Called with real tensors outside any transform, it is simply `fn`.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+
+from thunderfn.core import context
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
+from thunderfn.core.symbol import Symbol
+
+_ids = itertools.count()
+
+
+class custom_vjp:
+    """Give fn a hand-written vector-Jacobian product (see module docstring)."""
+
+    def __init__(self, fn, nondiff_argnums=()):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.nondiff_argnums = tuple(sorted(nondiff_argnums))
+        self.fwd = self.bwd = None
+        self._symbol = None
+
+    def defvjp(self, fwd, bwd):
+        self.fwd, self.bwd = fwd, bwd
+        from thunderfn.transforms.vjp_rules import vjp_rules
+
+        name = "".join(c if c.isalnum() else "_" for c in getattr(self.fn, "__name__", "fn"))
+        self._symbol = Symbol(f"custom_vjp_{name}", ("custom_vjp", next(_ids)), fn=self._forward,
+                              print_name=f"custom_vjp_{name}", tags=frozenset({"always_record"}))
+        vjp_rules[self._symbol.id] = self._backward
+        return self
+
+    @property
+    def _name(self) -> str:
+        return getattr(self.fn, "__name__", repr(self.fn))
+
+    # -- forward: fwd, recorded as this function's symbol ------------------------------------------
+    def _forward(self, *args, **kwargs):
+        result = self.fwd(*args, **kwargs)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise TypeError(f"custom_vjp '{self._name}': fwd must return a pair (output, residuals), got "
+                            f"{type(result).__name__}")
+        return result
+
+    def __call__(self, *args, **kwargs):
+        if context.current_trace() is None:
+            return self.fn(*args, **kwargs)
+        if self._symbol is None:
+            raise TypeError(f"custom_vjp '{self._name}' has no rule yet: call {self._name}.defvjp(fwd, bwd) first")
+        for i in self.nondiff_argnums:
+            if i < len(args) and any(isinstance(x, TensorProxy) for x in tree_leaves(args[i])):
+                raise TypeError(f"custom_vjp '{self._name}': argument {i} is in nondiff_argnums but holds a traced "
+                                f"tensor. nondiff_argnums are for values gradients never flow to (Python numbers, "
+                                f"functions); pass tensors as ordinary arguments (bwd may return None for them).")
+        out, _residuals = self._symbol(*args, **kwargs)
+        return out
+
+    # -- backward: bwd, called by the reverse-mode driver ------------------------------------------
+    def _backward(self, res, g):
+        args = res.args
+        out, residuals = res.out
+        n_out = len(tree_leaves(out))
+        flat_g = list(g)[:n_out] if isinstance(g, tuple) else [g]
+        _, out_spec = tree_flatten(out)
+        leaves = tree_leaves(out)
+        filled = [c if c is not None else _zeros_like(o) for c, o in zip(flat_g, leaves)]
+        g_out = tree_unflatten(out_spec, filled)
+        nondiff = [args[i] for i in self.nondiff_argnums]
+        diff_positions = [i for i in range(len(args)) if i not in self.nondiff_argnums]
+        cts = self.bwd(*nondiff, residuals, g_out)
+        if not isinstance(cts, tuple):
+            raise TypeError(f"custom_vjp '{self._name}': bwd must return a tuple with one entry per differentiable "
+                            f"argument ({len(diff_positions)}), got {type(cts).__name__}")
+        if len(cts) != len(diff_positions):
+            raise TypeError(f"custom_vjp '{self._name}': bwd returned {len(cts)} cotangents, but the function has "
+                            f"{len(diff_positions)} differentiable arguments (positions {diff_positions})")
+        result = [None] * len(args)
+        for position, ct in zip(diff_positions, cts):
+            result[position] = self._checked(position, args[position], ct)
+        return tuple(result)
+
+    def _checked(self, position, arg, ct):
+        if ct is None:
+            return None
+        arg_leaves, arg_spec = tree_flatten(arg)
+        ct_leaves, ct_spec = tree_flatten(ct)
+        if ct_spec != arg_spec:
+            raise TypeError(f"custom_vjp '{self._name}': the cotangent bwd returned for argument {position} has "
+                            f"structure {ct_spec}, but the argument has {arg_spec}")
+        for a, c in zip(arg_leaves, ct_leaves):
+            if isinstance(a, TensorProxy) and isinstance(c, TensorProxy) and tuple(a.shape) != tuple(c.shape):
+                raise ValueError(f"custom_vjp '{self._name}': the cotangent bwd returned for argument {position} has "
+                                 f"shape {tuple(c.shape)}, but the argument has shape {tuple(a.shape)}")
+        return ct
+
+
+def _zeros_like(p):
+    from thunderfn import clang
+
+    return clang.full(p.shape, 0, device=p.device, dtype=p.dtype) if isinstance(p, TensorProxy) else p

@@ -1,0 +1,312 @@
+"""Forward-mode rules for prims: `jvp_rules[prim id](res, tangents)` is the tangent of the
+prim's output, given one tangent per positional argument. The forward twin of vjp_rules.
+
+Rules are written in prims only, so they trace like any other function and can be
+differentiated again (jvp of jvp, grad of jvp). On real tensors they compute eagerly, which
+is how tests/test_jvp_rules.py checks each one against torch.func.jvp.
+
+Conventions (the driver relies on them):
+- `tangents` has one entry per positional argument: a tangent of that argument's shape and
+  dtype, or None (zero, not a tensor, or not floating point); prims.cat's first entry is a
+  tuple, one tangent (or None) per tensor;
+- a rule is called only when some tangent is not None, and returns the output's tangent
+  (res.out's shape and dtype), or None when it is zero;
+- a multi-output prim (var_mean, sort, topk) returns a tuple, None for integer outputs;
+- a 0-dim tensor operand that a binary prim broadcast has a 0-dim tangent, broadcast here.
+Rules are for real floating dtypes; a complex argument raises NotImplementedError, as in
+vjp_rules. Where torch picks a convention (ties of maximum and amax, pow at zero) we match
+torch.func.jvp.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from thunderfn import prims
+from thunderfn.prims import PrimIDs, canonical_dim
+from thunderfn.transforms import vjp_rules as _vjp
+from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, Residuals  # noqa: F401  (re-exported for the driver)
+from thunderfn.transforms.vjp_rules import _differentiable, _expand, _reduced, _scalar, _sq, _tensors_in, _to, _zeros
+
+jvp_rules: dict = {}
+
+# differentiable in principle, but without a forward rule here (the same prims as vjp_rules)
+NOT_DIFFERENTIATED = dict(_vjp.NOT_DIFFERENTIATED)
+
+
+def defjvp(*prim_ids):
+    """Register the decorated `fwd(res, tangents)` as the forward rule of each prim id."""
+    def register(fwd):
+        def rule(res: Residuals, tangents):
+            for a in _tensors_in(res.args):
+                if a.dtype.is_complex:
+                    raise NotImplementedError(
+                        f"jvp of prims.{prim_ids[0].name.lower()}: complex tensors are not supported "
+                        f"(got an argument of dtype {a.dtype}); differentiate real and imaginary parts separately")
+            return fwd(res, tuple(tangents))
+
+        rule.__name__ = rule.__qualname__ = fwd.__name__
+        rule.__doc__ = fwd.__doc__
+        for pid in prim_ids:
+            jvp_rules[pid] = rule
+        return fwd
+
+    return register
+
+
+# -- helpers (prims only) ----------------------------------------------------------------
+def _like(t, out):
+    """A tangent t of an elementwise operand as a tangent of out: a 0-dim t (from a 0-dim
+    operand the prim broadcast) is broadcast to out's shape, moved to out's device, cast."""
+    if t is None:
+        return None
+    if t.ndim == 0 and out.ndim > 0:
+        t = prims.broadcast_in_dim(t, tuple(out.shape), ())
+    if t.device != out.device:  # a CPU scalar tensor beside a CUDA tensor
+        t = prims.device_put(t, out.device)
+    return _to(t, out.dtype)
+
+
+def _add(x, y):
+    """Sum of tangents, None standing for zero."""
+    return y if x is None else x if y is None else prims.add(x, y)
+
+
+def _mul_or_none(t, x):
+    return None if t is None else prims.mul(t, x)
+
+
+def _or_zeros(t, like):
+    return _zeros(like) if t is None else t
+
+
+def _float_out(fwd):
+    """Wrap fwd so that a non-floating output (integer arithmetic) gets no tangent."""
+    def rule(res, tangents):
+        return fwd(res, tangents) if _differentiable(res.out) else None
+
+    rule.__name__, rule.__doc__ = fwd.__name__, fwd.__doc__
+    return rule
+
+
+# -- elementwise unary: t times d(out)/d(x); x = res.args[0], y = res.out ------------------
+def _unary(prim_id, deriv):
+    def rule(res, t):
+        return prims.mul(t[0], deriv(res.args[0], res.out))
+
+    rule.__name__ = f"_{prim_id.name.lower()}_jvp"
+    defjvp(prim_id)(rule)
+
+
+_LN2, _LN10, _2_OVER_SQRT_PI = math.log(2.0), math.log(10.0), 2.0 / math.sqrt(math.pi)
+_unary(PrimIDs.ABS, lambda x, y: prims.sign(x))
+_unary(PrimIDs.EXP, lambda x, y: y)
+_unary(PrimIDs.EXP2, lambda x, y: prims.mul(y, _LN2))
+_unary(PrimIDs.EXPM1, lambda x, y: prims.add(y, 1.0))
+_unary(PrimIDs.LOG, lambda x, y: prims.reciprocal(x))
+_unary(PrimIDs.LOG1P, lambda x, y: prims.reciprocal(prims.add(x, 1.0)))
+_unary(PrimIDs.LOG2, lambda x, y: prims.reciprocal(prims.mul(x, _LN2)))
+_unary(PrimIDs.LOG10, lambda x, y: prims.reciprocal(prims.mul(x, _LN10)))
+_unary(PrimIDs.SQRT, lambda x, y: prims.div(0.5, y))
+_unary(PrimIDs.RSQRT, lambda x, y: prims.mul(prims.mul(y, _sq(y)), -0.5))
+_unary(PrimIDs.RECIPROCAL, lambda x, y: prims.neg(_sq(y)))
+_unary(PrimIDs.SIN, lambda x, y: prims.cos(x))
+_unary(PrimIDs.COS, lambda x, y: prims.neg(prims.sin(x)))
+_unary(PrimIDs.TAN, lambda x, y: prims.add(_sq(y), 1.0))
+_unary(PrimIDs.ASIN, lambda x, y: prims.rsqrt(prims.sub(1.0, _sq(x))))
+_unary(PrimIDs.ACOS, lambda x, y: prims.neg(prims.rsqrt(prims.sub(1.0, _sq(x)))))
+_unary(PrimIDs.ATAN, lambda x, y: prims.reciprocal(prims.add(_sq(x), 1.0)))
+_unary(PrimIDs.SINH, lambda x, y: prims.cosh(x))
+_unary(PrimIDs.COSH, lambda x, y: prims.sinh(x))
+_unary(PrimIDs.TANH, lambda x, y: prims.sub(1.0, _sq(y)))
+_unary(PrimIDs.ASINH, lambda x, y: prims.rsqrt(prims.add(_sq(x), 1.0)))
+_unary(PrimIDs.ACOSH, lambda x, y: prims.rsqrt(prims.sub(_sq(x), 1.0)))
+_unary(PrimIDs.ATANH, lambda x, y: prims.reciprocal(prims.sub(1.0, _sq(x))))
+_unary(PrimIDs.ERF, lambda x, y: prims.mul(prims.exp(prims.neg(_sq(x))), _2_OVER_SQRT_PI))
+_unary(PrimIDs.ERFC, lambda x, y: prims.mul(prims.exp(prims.neg(_sq(x))), -_2_OVER_SQRT_PI))
+_unary(PrimIDs.ERFINV, lambda x, y: prims.mul(prims.exp(_sq(y)), math.sqrt(math.pi) / 2))
+_unary(PrimIDs.LGAMMA, lambda x, y: prims.digamma(x))
+defjvp(PrimIDs.NEG)(lambda res, t: prims.neg(t[0]))
+# piecewise constant: zero tangent, as torch gives
+defjvp(PrimIDs.FLOOR, PrimIDs.CEIL, PrimIDs.ROUND, PrimIDs.TRUNC, PrimIDs.SIGN)(lambda res, t: None)
+
+
+# -- elementwise binary: a, b = res.args; either may be a number or a 0-dim tensor ---------
+def _binary(prim_id, fwd):
+    """fwd(a, b, ta, tb, out) on a and b as tensors (numbers made 0-dim tensors of out's dtype)
+    and ta, tb as out-shaped tangents or None."""
+    def rule(res, t):
+        (a, b), out = res.args, res.out
+        return fwd(_scalar(a, out), _scalar(b, out), _like(t[0], out), _like(t[1], out), out)
+
+    rule.__name__ = f"_{prim_id.name.lower()}_jvp"
+    defjvp(prim_id)(_float_out(rule))
+
+
+_binary(PrimIDs.ADD, lambda a, b, ta, tb, out: _add(ta, tb))
+_binary(PrimIDs.SUB, lambda a, b, ta, tb, out: _add(ta, None if tb is None else prims.neg(tb)))
+_binary(PrimIDs.MUL, lambda a, b, ta, tb, out: _add(_mul_or_none(ta, b), _mul_or_none(tb, a)))
+_binary(PrimIDs.ATAN2, lambda a, b, ta, tb, out: prims.div(
+    _add(_mul_or_none(ta, b), None if tb is None else prims.neg(prims.mul(tb, a))), prims.add(_sq(a), _sq(b))))
+# nextafter(a, b) is a, one ulp towards b; torch gives a's tangent, 0 where a == b (the output is b)
+_binary(PrimIDs.NEXTAFTER, lambda a, b, ta, tb, out: None if ta is None else prims.where(_expand(prims.ne(a, b), out), ta, 0.0))
+# fmod and remainder are a - b * trunc(a / b) and a - b * floor(a / b)
+_binary(PrimIDs.FMOD, lambda a, b, ta, tb, out: _add(ta, _mul_or_none(tb, prims.neg(prims.div(a, b, rounding_mode="trunc")))))
+_binary(PrimIDs.REMAINDER, lambda a, b, ta, tb, out: _add(ta, _mul_or_none(tb, prims.neg(prims.div(a, b, rounding_mode="floor")))))
+# copysign: ta * sign(a) * sign(b) in torch's form, out / a, 0 where a == 0; b gets no tangent
+_binary(PrimIDs.COPYSIGN, lambda a, b, ta, tb, out: None if ta is None else
+        prims.mul(ta, prims.where(_expand(prims.eq(a, 0.0), out), 0.0, prims.div(out, a))))
+
+
+@defjvp(PrimIDs.DIV)
+@_float_out
+def _div_jvp(res, t):
+    """(ta - out * tb) / b; piecewise constant with a rounding mode."""
+    (a, b), out = res.args, res.out
+    if res.kwargs.get("rounding_mode") is not None:
+        return None
+    ta, tb = _like(t[0], out), _like(t[1], out)
+    return prims.div(_add(ta, None if tb is None else prims.neg(prims.mul(out, tb))), _scalar(b, out))
+
+
+def _pow_fwd(a, b, ta, tb, out):
+    # torch's conventions: d/da is 0 where b == 0 (even at a == 0), d/db is 0 where a == 0 and b >= 0.
+    # The masked-out branch computes on a base of 1, so that its own derivative stays finite.
+    da = db = None
+    if ta is not None:
+        masked = _expand(prims.eq(b, 0.0), out)
+        base = prims.where(masked, 1.0, a)
+        da = prims.where(masked, 0.0, prims.mul(ta, prims.mul(b, prims.pow(base, prims.sub(b, 1.0)))))
+    if tb is not None:
+        masked = _expand(prims.bitwise_and(prims.eq(a, 0.0), prims.ge(b, 0.0)), out)
+        base = prims.where(masked, 1.0, a)
+        db = prims.where(masked, 0.0, prims.mul(tb, prims.mul(out, prims.log(base))))
+    return _add(da, db)
+
+
+_binary(PrimIDs.POW, _pow_fwd)
+
+
+def _extremum_fwd(a_wins):
+    """torch's tie convention: tied operands each get half their tangent."""
+    def fwd(a, b, ta, tb, out):
+        winner = prims.where(_expand(a_wins(a, b), out), 0.0 if ta is None else ta, 0.0 if tb is None else tb)
+        return prims.where(_expand(prims.eq(a, b), out), prims.mul(_add(ta, tb), 0.5), winner)
+
+    return fwd
+
+
+_binary(PrimIDs.MAXIMUM, _extremum_fwd(prims.gt))
+_binary(PrimIDs.MINIMUM, _extremum_fwd(prims.lt))
+
+
+@defjvp(PrimIDs.WHERE)
+def _where_jvp(res, t):
+    pred, a, b = res.args
+    ta, tb = t[1], t[2]
+    if not _differentiable(res.out) or (ta is None and tb is None):
+        return None
+    return prims.where(pred, 0.0 if ta is None else _to(ta, res.out.dtype), 0.0 if tb is None else _to(tb, res.out.dtype))
+
+
+# -- reductions --------------------------------------------------------------------------
+def _contract(t, weights, dims):
+    """sum over dims of t * weights: the tangent of a reduction whose derivative is weights."""
+    tw = prims.mul(t, weights)
+    return prims.sum(tw, dims) if dims else tw
+
+
+def _ones(like):
+    return prims.full(tuple(like.shape), 1.0, device=like.device, dtype=like.dtype)
+
+
+defjvp(PrimIDs.SUM)(lambda res, t: prims.sum(t[0], res.args[1]))
+# the derivative of prod (product of the other elements, exact at zeros) and of amax/amin (ties
+# share equally, as in torch) is the vjp rule's cotangent for an output cotangent of ones
+defjvp(PrimIDs.PROD)(lambda res, t: _contract(t[0], _vjp._prod_vjp(res, _ones(res.out))[0], _reduced(*res.args)))
+defjvp(PrimIDs.AMAX, PrimIDs.AMIN)(lambda res, t: _contract(
+    t[0], _vjp._extremum_reduction_vjp(res, _ones(res.out))[0], _reduced(*res.args)))
+
+
+def _var_jvp(res, var, t):
+    """var' = sum(2 (a - mean) t) / (n - correction)."""
+    a, dims = res.args
+    weights = _vjp._var_mean_vjp(a, dims, res.kwargs["correction"], _ones(var), None)
+    return _contract(t, weights, _reduced(a, dims))
+
+
+def _mean_jvp(a, dims, t):
+    dims = _reduced(a, dims)
+    return prims.div(prims.sum(t, dims), math.prod(a.shape[d] for d in dims)) if dims else t
+
+
+defjvp(PrimIDs.VAR)(lambda res, t: _var_jvp(res, res.out, t[0]))
+defjvp(PrimIDs.VAR_MEAN)(lambda res, t: (_var_jvp(res, res.out[0], t[0]), _mean_jvp(*res.args, t[0])))
+
+
+# -- linear in their first argument: the prim applied to the tangent -----------------------
+def _linear(*prim_ids):
+    for pid in prim_ids:
+        def rule(res, t, prim=getattr(prims, pid.name.lower())):
+            return prim(t[0], *res.args[1:], **res.kwargs)
+
+        rule.__name__ = f"_{pid.name.lower()}_jvp"
+        defjvp(pid)(rule)
+
+
+_linear(PrimIDs.BROADCAST_IN_DIM, PrimIDs.RESHAPE, PrimIDs.TRANSPOSE, PrimIDs.SLICE, PrimIDs.SQUEEZE, PrimIDs.FLIP,
+        PrimIDs.TAKE, PrimIDs.TAKE_ALONG_AXIS, PrimIDs.DEVICE_PUT, PrimIDs.CUMSUM)
+# the padding value is a number: its tangent is zero
+defjvp(PrimIDs.PAD)(lambda res, t: prims.pad(t[0], 0.0, res.args[2]))
+defjvp(PrimIDs.CONVERT_ELEMENT_TYPE)(
+    lambda res, t: prims.convert_element_type(t[0], res.args[1]) if _differentiable(res.out) else None)
+
+
+@defjvp(PrimIDs.CAT)
+def _cat_jvp(res, t):
+    tensors, dim = res.args
+    if all(x is None for x in t[0]):
+        return None
+    return prims.cat([_or_zeros(x, a) for x, a in zip(t[0], tensors)], dim)
+
+
+defjvp(PrimIDs.SCATTER_ADD)(lambda res, t: prims.scatter_add(
+    _or_zeros(t[0], res.args[0]), res.args[1], _or_zeros(t[2], res.args[2]), res.args[3]))
+defjvp(PrimIDs.SCATTER)(lambda res, t: prims.scatter(
+    _or_zeros(t[0], res.args[0]), res.args[1], _or_zeros(t[2], res.args[2]), res.args[3]))
+
+
+# -- linear algebra ----------------------------------------------------------------------
+@defjvp(PrimIDs.MATMUL)
+def _matmul_jvp(res, t):
+    (a, b), (ta, tb) = res.args, t
+    return _add(None if ta is None else prims.matmul(ta, b), None if tb is None else prims.matmul(a, tb))
+
+
+# -- scans and sorting ---------------------------------------------------------------------
+@defjvp(PrimIDs.CUMPROD)
+def _cumprod_jvp(res, t):
+    """out_i = prod_{k<=i} a_k, so out'_i = sum_{j<=i} cumprod(a with a_j replaced by t_j)_i:
+    exact at zeros (no division), at O(n^2) memory along dim. A new axis j is put before dim."""
+    a, dim = res.args
+    if a.ndim == 0:
+        return t[0]
+    d = canonical_dim(dim, a.ndim)
+    n = a.shape[d]
+    shape = tuple(a.shape[:d]) + (n,) + tuple(a.shape[d:])
+    keep = tuple(range(d)) + tuple(range(d + 1, a.ndim + 1))
+    iota = prims.iota(n, start=0, step=1, device=a.device, dtype=torch.int64)
+    j, k = prims.broadcast_in_dim(iota, shape, (d,)), prims.broadcast_in_dim(iota, shape, (d + 1,))
+    replaced = prims.where(prims.eq(j, k), prims.broadcast_in_dim(t[0], shape, keep), prims.broadcast_in_dim(a, shape, keep))
+    return prims.sum(prims.where(prims.le(j, k), prims.cumprod(replaced, d + 1), 0.0), (d,))
+
+
+def _selected_jvp(res, t):
+    """sort and topk pick elements of a: the values' tangent is the tangent at the picked places."""
+    a, dim = res.args[0], res.args[2 if len(res.args) == 5 else 1]
+    values = t[0] if a.ndim == 0 else prims.take_along_axis(t[0], res.out[1], canonical_dim(dim, a.ndim))
+    return values, None
+
+
+defjvp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_jvp)

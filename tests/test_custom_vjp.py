@@ -1,0 +1,105 @@
+"""custom_vjp: a user's gradient replaces autodiff of the body, composes with jit and grad,
+and mistakes in fwd/bwd are reported naming the function and the position."""
+import pytest
+import torch
+from hypothesis import given
+
+import thunderfn as tf
+from thunderfn.testing import strategies as tst
+
+
+def _sin_times(x):
+    return torch.sin(x) * x
+
+
+sin_times = tf.custom_vjp(_sin_times)
+sin_times.defvjp(lambda x: (_sin_times(x), x), lambda x, g: (g * (torch.cos(x) * x + torch.sin(x)),))
+
+
+@given(tst.tensors(dtypes=(torch.float64,)))
+def test_custom_vjp_with_the_true_derivative_equals_autodiff_of_its_body(x):
+    expected = tf.grad(lambda t: _sin_times(t).sum())(x)
+    torch.testing.assert_close(tf.grad(lambda t: sin_times(t).sum())(x), expected)
+
+
+@tf.custom_vjp
+def clipped(x, lo, hi):
+    return x * 1
+
+
+clipped.defvjp(lambda x, lo, hi: (x * 1, (lo, hi)), lambda res, g: (g.clamp(*res), None, None))
+
+
+def test_the_custom_rule_replaces_autodiff():
+    x = torch.randn(4, dtype=torch.float64)
+    g = tf.grad(lambda t: (clipped(t, -0.1, 0.1) * 5).sum())(x)
+    torch.testing.assert_close(g, torch.full((4,), 0.1, dtype=torch.float64))
+
+
+def test_outside_transforms_the_function_itself_runs():
+    x = torch.randn(3)
+    torch.testing.assert_close(clipped(x, -1, 1), x)
+    torch.testing.assert_close(tf.jit(lambda t: clipped(t, -1, 1))(x), x)
+
+
+def test_custom_vjp_composes_with_jit_and_grad_of_grad():
+    x = torch.randn(3, dtype=torch.float64)
+    first = lambda t: tf.grad(lambda u: sin_times(u).sum())(t)  # noqa: E731
+    torch.testing.assert_close(tf.jit(first)(x), torch.cos(x) * x + torch.sin(x))
+    second = tf.grad(lambda t: first(t).sum())(x)  # bwd is traced, so it is differentiated too
+    torch.testing.assert_close(second, 2 * torch.cos(x) - torch.sin(x) * x)
+
+
+def test_nondiff_argnums_are_passed_to_bwd_first():
+    @tf.custom_vjp
+    def apply(activation, x):
+        return activation(x)
+
+    apply.nondiff_argnums = (0,)
+    apply.defvjp(lambda act, x: (act(x), x), lambda act, x, g: (g * 2,))
+    g = tf.grad(lambda t: apply(torch.tanh, t).sum())(torch.randn(3))
+    torch.testing.assert_close(g, torch.full((3,), 2.0))
+
+
+def test_pytree_arguments_get_pytree_cotangents():
+    @tf.custom_vjp
+    def product(d):
+        return d["a"] * d["b"]
+
+    product.defvjp(lambda d: (d["a"] * d["b"], d), lambda d, g: ({"a": g * d["b"], "b": g * d["a"]},))
+    d = {"a": torch.tensor(3.0), "b": torch.tensor(4.0)}
+    g = tf.grad(product)(d)
+    torch.testing.assert_close(g["a"], torch.tensor(4.0))
+    torch.testing.assert_close(g["b"], torch.tensor(3.0))
+
+
+def _broken(bwd):
+    f = tf.custom_vjp(lambda x, y: x * y)
+    f.__name__ = "broken"
+    f.defvjp(lambda x, y: (x * y, (x, y)), bwd)
+    return f
+
+
+@pytest.mark.parametrize("bwd, error, match", [
+    (lambda res, g: (g,), TypeError, r"'<lambda>': bwd returned 1 cotangents, but the function has 2 differentiable"),
+    (lambda res, g: g, TypeError, "bwd must return a tuple"),
+    (lambda res, g: (g.sum(), None), ValueError, r"argument 0 has shape \(\), but the argument has shape \(3,\)"),
+    (lambda res, g: ((g,), None), TypeError, "argument 0 has structure"),
+], ids=["count", "not-a-tuple", "shape", "structure"])
+def test_bwd_mistakes_name_the_function_and_position(bwd, error, match):
+    f = _broken(bwd)
+    with pytest.raises(error, match=match):
+        tf.grad(lambda x, y: f(x, y).sum())(torch.randn(3), torch.randn(3))
+
+
+def test_a_traced_tensor_in_nondiff_argnums_is_refused():
+    f = tf.custom_vjp(lambda x, y: x * y, nondiff_argnums=(1,))
+    f.defvjp(lambda x, y: (x * y, y), lambda y, res, g: (g * res,))
+    with pytest.raises(TypeError, match="argument 1 is in nondiff_argnums but holds a traced tensor"):
+        tf.grad(lambda x, y: f(x, y).sum())(torch.randn(3), torch.randn(3))
+
+
+def test_calling_before_defvjp_is_refused_while_tracing():
+    f = tf.custom_vjp(lambda x: x * 2)
+    with pytest.raises(TypeError, match="defvjp"):
+        tf.jit(f)(torch.randn(2))
