@@ -155,3 +155,27 @@ def test_grad_of_random_programs_matches_torch_autograd(program, inputs):
                         tf.grad(tf.jit(scalar), argnums=(0, 1))):
         for got, e in zip(transformed(*inputs), expected):
             torch.testing.assert_close(got, e, equal_nan=True)
+
+
+def test_gradient_of_a_random_opaque_op_uses_the_forwards_draws():
+    """dropout2d has no thunderfn symbol: torch re-runs it in the backward, from the generator state
+    the forward ran with, so the gradient's mask is the output's mask."""
+    x = torch.randn(4, 8, 5, 5, dtype=torch.float64)
+    out, vjp_fn = tf.vjp(lambda t: F.dropout2d(t, p=0.5, training=True), x)
+    (g,) = vjp_fn(torch.ones_like(out))
+    assert torch.equal(g != 0, out != 0)
+
+
+def test_opaque_ops_with_integer_outputs_and_named_tuples_are_differentiated():
+    x = torch.randn(3, 3, dtype=torch.float64)
+    median = lambda t: torch.median(t, 1).values.sum()  # noqa: E731  (values and integer indices)
+    qr = lambda t: torch.linalg.qr(t).Q.sum()  # noqa: E731  (a torch.return_types named tuple)
+    for f in (median, qr):
+        torch.testing.assert_close(tf.grad(f)(x), _torch_grad(f, x)[0])
+
+
+def test_opaque_op_is_only_differentiated_with_respect_to_what_depends_on_the_inputs():
+    x = torch.randn(3, 3, dtype=torch.float64)
+    rtol = torch.tensor(0.1, dtype=torch.float64)
+    f = lambda t: torch.linalg.pinv(t, rtol=rtol).sum()  # noqa: E731  (rtol is a constant: not differentiated)
+    torch.testing.assert_close(tf.grad(f)(x), _torch_grad(f, x)[0])

@@ -17,11 +17,12 @@ from thunderfn.jit import cache_info, jit, last_traces
 from thunderfn.transforms import executor_lower
 from thunderfn.transforms.autodiff import grad, value_and_grad, vjp
 from thunderfn.transforms.custom_vjp import custom_vjp
+from thunderfn.transforms.forward_mode import jvp
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "jit", "grad", "value_and_grad", "vjp", "custom_vjp", "trace", "last_traces", "cache_info", "examine", "Examination", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
+    "jit", "grad", "value_and_grad", "vjp", "jvp", "custom_vjp", "trace", "last_traces", "cache_info", "examine", "Examination", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
     "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "prims", "clang", "torch",
     "executors", "errors",
 ]

@@ -57,7 +57,7 @@ def _grad_modes(region: list, enabled: bool) -> list:
     return modes
 
 
-def _backprop(bsym, cts: dict) -> None:
+def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
     from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, Residuals, vjp_rules
 
     outs = bsym.flat_outs()
@@ -80,10 +80,10 @@ def _backprop(bsym, cts: dict) -> None:
         return
     if bsym.subsymbols:
         for sub in reversed(bsym.subsymbols):
-            _backprop(sub, cts)
+            _backprop(sub, cts, tape)
         return
     if "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
-        _backprop_opaque(bsym, out_cts, cts)
+        _backprop_opaque(bsym, out_cts, cts, tape)
         return
     from thunderfn.transforms.vjp_rules import NOT_DIFFERENTIATED
 
@@ -108,6 +108,35 @@ def _with_residuals(bsyms: list) -> list:
     return flat
 
 
+class _Tape:
+    """What the backward needs besides the recorded ops: which values depend on the
+    differentiated inputs (only those get cotangents), and for each opaque op the
+    generator state just before it ran (its backward re-runs it, and must draw the same)."""
+
+    def __init__(self):
+        self.active: set = set()
+        self.rng_state: dict = {}  # id(bound symbol) -> proxy of torch.get_rng_state() before it
+
+
+def _record_forward(region: list, primals, tape: _Tape) -> list:
+    """The forward as emitted: for each opaque op that depends on the inputs, the generator
+    state is read just before it."""
+    from thunderfn.torch.random import get_rng_state_op
+
+    trc = context.current_trace()
+    tape.active = {p.name for p in tree_leaves(primals) if isinstance(p, TensorProxy)}
+    emitted = []
+    for bsym in region:
+        if any(isinstance(a, TensorProxy) and a.name in tape.active for a in bsym.flat_args()):
+            tape.active.update(o.name for o in bsym.proxy_outs())
+            if "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
+                with trc.scope() as state_read:
+                    tape.rng_state[id(bsym)] = get_rng_state_op()
+                emitted.extend(state_read)
+        emitted.append(bsym)
+    return emitted
+
+
 def trace_vjp(fn: Callable, primals: Sequence):
     """While a trace is being built: trace fn(*primals) into it and return (out, backward), where
     backward(cotangents for out's leaves, as a pytree like out) -> one cotangent per primal leaf."""
@@ -115,7 +144,8 @@ def trace_vjp(fn: Callable, primals: Sequence):
     start_mode = torch.is_grad_enabled()
     with trc.scope() as recorded:
         out = fn(*primals)
-    region = _with_residuals(recorded)
+    tape = _Tape()
+    region = _record_forward(_with_residuals(recorded), primals, tape)
     for bsym in region:
         trc.emit(bsym)
     modes = _grad_modes(region, start_mode)
@@ -129,31 +159,37 @@ def trace_vjp(fn: Callable, primals: Sequence):
                 _accumulate(cts, o, c)
         for bsym, enabled in zip(reversed(region), reversed(modes)):
             if enabled:
-                _backprop(bsym, cts)
+                _backprop(bsym, cts, tape)
         return [cts.get(p.name) if isinstance(p, TensorProxy) else None for p in tree_leaves(primals)]
 
     return out, backward
 
 
 # -- opaque torch ops: differentiated by torch when the compiled function runs ------------------
-def torch_vjp(fn, args, kwargs, cotangents):
-    """Input cotangents of fn(*args, **kwargs) for its floating tensor arguments, by torch.func."""
+def torch_vjp(fn, args, kwargs, cotangents, wrt, rng_state):
+    """Cotangents of the flat argument leaves at positions `wrt` of fn(*args, **kwargs), given
+    cotangents of its floating outputs (in order), by torch.func. fn is run again from the
+    generator state it first ran with, so random ops draw what the forward drew."""
     leaves, spec = tree_flatten((args, kwargs))
-    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and dtypes.is_inexact(x.dtype)]
 
     def call(*diff):
         current = list(leaves)
-        for i, t in zip(positions, diff):
+        for i, t in zip(wrt, diff):
             current[i] = t
         a, k = tree_unflatten(spec, current)
-        return fn(*a, **k)
+        outs = tree_flatten(fn(*a, **k))[0]
+        return tuple(o for o in outs if isinstance(o, torch.Tensor) and dtypes.is_inexact(o.dtype))
 
-    _, pullback = torch.func.vjp(call, *[leaves[i] for i in positions])
-    return pullback(cotangents)
+    with torch.random.fork_rng(devices=[]):
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
+        _, pullback = torch.func.vjp(call, *[leaves[i] for i in wrt])
+    return pullback(tuple(cotangents))
 
 
-def _torch_vjp_meta(fn, args, kwargs, cotangents):
-    return tuple(TensorProxy.like(x, requires_grad=False) for x in tree_leaves((args, kwargs)) if _differentiable(x))
+def _torch_vjp_meta(fn, args, kwargs, cotangents, wrt, rng_state):
+    leaves = tree_leaves((args, kwargs))
+    return tuple(TensorProxy.like(leaves[i], requires_grad=False) for i in wrt)
 
 
 torch_vjp_op = Symbol("torch_vjp", "autodiff.torch_vjp", meta=_torch_vjp_meta, is_prim=True, print_name="torch_vjp",
@@ -161,15 +197,17 @@ torch_vjp_op = Symbol("torch_vjp", "autodiff.torch_vjp", meta=_torch_vjp_meta, i
                       tags=frozenset({"opaque"}))
 
 
-def _backprop_opaque(bsym, out_cts, cts) -> None:
-    outs = bsym.flat_outs()
-    filled = [c if c is not None else clang.full(o.shape, 0, device=o.device, dtype=o.dtype)
-              for o, c in zip(outs, out_cts) if isinstance(o, TensorProxy)]
-    _, out_spec = tree_flatten(bsym.output)
-    cotangents = tree_unflatten(out_spec, filled) if len(filled) == len(outs) else tuple(filled)
-    in_cts = torch_vjp_op(bsym.sym.torch_fn, bsym.args, bsym.kwargs, cotangents)
-    for proxy, ct in zip([x for x in tree_leaves((bsym.args, bsym.kwargs)) if _differentiable(x)], in_cts):
-        _accumulate(cts, proxy, ct)
+def _backprop_opaque(bsym, out_cts, cts, tape: _Tape) -> None:
+    floating = [(o, c) for o, c in zip(bsym.flat_outs(), out_cts) if _differentiable(o)]
+    cotangents = tuple(c if c is not None else clang.full(o.shape, 0, device=o.device, dtype=o.dtype)
+                       for o, c in floating)
+    leaves = tree_leaves((bsym.args, bsym.kwargs))
+    wrt = tuple(i for i, x in enumerate(leaves) if _differentiable(x) and x.name in tape.active)
+    if not wrt:
+        return
+    in_cts = torch_vjp_op(bsym.sym.torch_fn, bsym.args, bsym.kwargs, cotangents, wrt, tape.rng_state.get(id(bsym)))
+    for i, ct in zip(wrt, in_cts):
+        _accumulate(cts, leaves[i], ct)
 
 
 # -- function transforms --------------------------------------------------------------------------
@@ -293,6 +331,9 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
     else:
         from thunderfn.jit import jit
 
+        cuda_devices = sorted({t.device.index or 0 for t in tree_leaves(primals)
+                               if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
+        rng_states = (torch.random.get_rng_state(), [torch.cuda.get_rng_state(d) for d in cuda_devices])
         value, aux = jit(lambda p: split(p)[:2])(primals)
 
         def joint(primals, cotangents):
@@ -302,8 +343,13 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
         compiled_joint = jit(joint)
 
         def vjp_fn(cotangents):
-            # the compiled backward recomputes the forward values it needs (one function per signature)
-            return compiled_joint(primals, cotangents)
+            # The compiled backward recomputes the forward values it needs, from the generator
+            # state the forward started with: random ops draw what they drew for `value`.
+            with torch.random.fork_rng(devices=cuda_devices):
+                torch.random.set_rng_state(rng_states[0])
+                for d, state in zip(cuda_devices, rng_states[1]):
+                    torch.cuda.set_rng_state(state, d)
+                return compiled_joint(primals, cotangents)
 
         vjp_fn._thunderfn_state = compiled_joint._thunderfn_state
     return (value, vjp_fn, aux) if has_aux else (value, vjp_fn)

@@ -504,7 +504,7 @@ def _cumprod_vjp(res, g):
     from thunderfn.executors.torchex import prim_impls
     from thunderfn.transforms.autodiff import torch_vjp_op
 
-    (ct,) = torch_vjp_op(prim_impls[PrimIDs.CUMPROD], (a, dim), {}, g)
+    (ct,) = torch_vjp_op(prim_impls[PrimIDs.CUMPROD], (a, dim), {}, (g,), (0,), None)
     return ct, None
 
 

@@ -1,0 +1,164 @@
+"""Forward mode: jvp.
+
+The function is traced into the trace being built, composites without a rule in
+`jvp_rules` (transforms/jvp_rules.py) are replaced by their decomposition, and the
+recorded region is walked forward: each bound symbol maps its inputs' tangents to
+its output's. Opaque torch ops get their tangent from torch.func.jvp when the
+compiled function runs. Inside `with torch.no_grad():` no tangent flows, the same
+stop that reverse mode makes, so <vjp(ct), t> == <ct, jvp(t)> holds everywhere.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import optree
+import torch
+
+from thunderfn import clang
+from thunderfn.core import context, dtypes
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
+from thunderfn.core.symbol import Symbol
+from thunderfn.errors import UnsupportedOpError
+from thunderfn.transforms.autodiff import _compiled, _differentiable, _grad_modes
+
+
+def _keep_whole(bsym) -> bool:
+    from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, jvp_rules
+
+    return (bsym.sym.id in jvp_rules or bsym.sym.id in NON_DIFFERENTIABLE or bsym.sym.printer is not None
+            or not bsym.subsymbols or not any(_differentiable(a) for a in bsym.flat_args())
+            or not any(_differentiable(o) for o in bsym.flat_outs()))
+
+
+def _flattened(bsyms: list) -> list:
+    out = []
+    for bsym in bsyms:
+        out.extend([bsym] if _keep_whole(bsym) else _flattened(list(bsym.subsymbols)))
+    return out
+
+
+def _tangent_of(x, tangents: dict):
+    if isinstance(x, TensorProxy):
+        return tangents.get(x.name)
+    if isinstance(x, (list, tuple)) and any(isinstance(v, TensorProxy) for v in x):
+        ts = tuple(tangents.get(v.name) if isinstance(v, TensorProxy) else None for v in x)
+        return ts if any(t is not None for t in ts) else None
+    return None
+
+
+def _push_forward(bsym, tangents: dict) -> None:
+    from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, jvp_rules
+
+    arg_tangents = tuple(_tangent_of(a, tangents) for a in bsym.args)
+    kwarg_tangents = [tangents.get(v.name) for v in tree_leaves(bsym.kwargs) if isinstance(v, TensorProxy)]
+    if all(t is None for t in arg_tangents) and all(t is None for t in kwarg_tangents):
+        return
+    if (bsym.sym.printer is not None or bsym.sym.id in NON_DIFFERENTIABLE
+            or not any(_differentiable(o) for o in bsym.flat_outs())):  # comparisons, argmax: nothing to push
+        return
+    rule = jvp_rules.get(bsym.sym.id)
+    if rule is not None:
+        out_tangent = rule(Residuals(bsym.args, bsym.kwargs, bsym.output), arg_tangents)
+    elif "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
+        out_tangent = _opaque_tangent(bsym, tangents)
+    else:
+        why = NOT_DIFFERENTIATED.get(bsym.sym.id, "it has no JVP rule and no decomposition")
+        raise UnsupportedOpError(f"thunderfn cannot differentiate {bsym.sym.print_name} in forward mode: {why}.")
+    outs = bsym.flat_outs()
+    out_tangents = [out_tangent] if isinstance(bsym.output, TensorProxy) else list(
+        optree.tree_leaves(out_tangent, none_is_leaf=True, namespace="thunderfn")
+        if out_tangent is not None else [None] * len(outs))
+    for o, t in zip(outs, out_tangents):
+        if isinstance(o, TensorProxy) and t is not None and _differentiable(o):
+            tangents[o.name] = clang.maybe_convert_to_dtype(t, o.dtype)
+
+
+# -- opaque torch ops: torch computes their tangent when the compiled function runs -------------
+def torch_jvp(fn, args, kwargs, tangents):
+    """The output tangent(s) of fn(*args, **kwargs) for tangents of its floating tensor arguments."""
+    leaves, spec = tree_flatten((args, kwargs))
+    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and dtypes.is_inexact(x.dtype)]
+
+    def call(*diff):
+        current = list(leaves)
+        for i, t in zip(positions, diff):
+            current[i] = t
+        a, k = tree_unflatten(spec, current)
+        return fn(*a, **k)
+
+    _, out_tangent = torch.func.jvp(call, tuple(leaves[i] for i in positions), tuple(tangents))
+    return out_tangent
+
+
+def _torch_jvp_meta(fn, args, kwargs, tangents):
+    from thunderfn.torch.opaque import _meta
+
+    out = _meta(fn, args, kwargs)
+    return tree_unflatten(tree_flatten(out)[1], [TensorProxy.like(o) for o in tree_leaves(out)])
+
+
+torch_jvp_op = Symbol("torch_jvp", "forward_mode.torch_jvp", meta=_torch_jvp_meta, is_prim=True, print_name="torch_jvp",
+                      namespace={"torch_jvp": torch_jvp}, eager=torch_jvp, torch_fn=torch_jvp,
+                      tags=frozenset({"opaque"}))
+
+
+def _opaque_tangent(bsym, tangents):
+    diff = [x for x in tree_leaves((bsym.args, bsym.kwargs)) if _differentiable(x)]
+    filled = tuple(tangents.get(x.name) if tangents.get(x.name) is not None
+                   else clang.full(x.shape, 0, device=x.device, dtype=x.dtype) for x in diff)
+    return torch_jvp_op(bsym.sym.torch_fn, bsym.args, bsym.kwargs, filled)
+
+
+# -- the driver and the function transform ------------------------------------------------------
+def trace_jvp(fn: Callable, primals, tangents):
+    """While a trace is being built: fn(*primals) traced into it, and the tangent of its output
+    for these tangents of the primals' leaves (a pytree like the output)."""
+    trc = context.current_trace()
+    start_mode = torch.is_grad_enabled()
+    with trc.scope() as recorded:
+        out = fn(*primals)
+    region = _flattened(recorded)
+    for bsym in region:
+        trc.emit(bsym)
+    env: dict = {}
+    for p, t in zip(tree_leaves(primals), tree_leaves(tangents)):
+        if _differentiable(p) and t is not None:
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"jvp: a tangent has shape {tuple(t.shape)} where its primal has {tuple(p.shape)}")
+            env[p.name] = clang.maybe_convert_to_dtype(t, p.dtype)
+    for bsym, enabled in zip(region, _grad_modes(region, start_mode)):
+        if enabled:
+            _push_forward(bsym, env)
+    out_leaves, out_spec = tree_flatten(out)
+    tangent_leaves = [env.get(o.name) if isinstance(o, TensorProxy) else None for o in out_leaves]
+    tangent_leaves = [t if t is not None or not isinstance(o, TensorProxy)
+                      else clang.full(o.shape, 0, device=o.device, dtype=o.dtype)
+                      for o, t in zip(out_leaves, tangent_leaves)]
+    return out, tree_unflatten(out_spec, tangent_leaves)
+
+
+def jvp(fn: Callable, primals, tangents, has_aux: bool = False):
+    """(out, tangent_out), or (out, tangent_out, aux): the Jacobian-vector product of fn at
+    primals (a tuple) with tangents (a tuple of the same structure)."""
+    if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
+        raise TypeError(f"jvp expects primals and tangents as tuples, got {type(primals).__name__} and "
+                        f"{type(tangents).__name__}")
+    if tree_flatten(primals)[1] != tree_flatten(tangents)[1]:
+        raise ValueError("jvp: primals and tangents must have the same structure, got "
+                         f"{tree_flatten(primals)[1]} and {tree_flatten(tangents)[1]}")
+
+    def transformed(primals, tangents):
+        box = []
+
+        def value_only(*p):
+            result = fn(*p)
+            if has_aux:
+                box.append(result[1])
+                return result[0]
+            return result
+
+        out, tangent_out = trace_jvp(value_only, primals, tangents)
+        return (out, tangent_out, box[0]) if has_aux else (out, tangent_out)
+
+    return _compiled(transformed)(primals, tangents)

@@ -1,0 +1,77 @@
+"""Forward mode: jvp agrees with torch.func.jvp, is the transpose of vjp, is linear in the
+tangent, and composes with grad (Hessian-vector products) and jit."""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import thunderfn as tf
+from thunderfn.testing import strategies as tst
+
+FUNCTIONS = {
+    "elementwise": lambda a: torch.sin(a) * a.exp() - a ** 3,
+    "softmax": lambda a: F.softmax(a, -1).sum(0),
+    "layer_norm": lambda a: F.layer_norm(a, (a.shape[-1],)),
+    "matmul": lambda a: a @ a.T,
+    "opaque_max_pool": lambda a: F.max_pool1d(a[None], 2),  # no symbol: torch.func.jvp at run time
+    "indexing": lambda a: a[1:, ::2].cumsum(0),
+}
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS.values(), ids=FUNCTIONS.keys())
+def test_jvp_matches_torch_func_jvp(fn):
+    x, t = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    out, tangent = tf.jvp(fn, (x,), (t,))
+    expected_out, expected_tangent = torch.func.jvp(fn, (x,), (t,))
+    torch.testing.assert_close(out, expected_out)
+    torch.testing.assert_close(tangent, expected_tangent)
+
+
+def _inner(a, b):
+    return sum((x * y).sum() for x, y in zip(a, b))
+
+
+@given(tst.programs(), tst.program_inputs(dtypes=(torch.float64,)), st.integers(0, 2**16))
+def test_vjp_is_the_transpose_of_jvp(program, inputs, seed):
+    """<vjp(ct), t> == <ct, jvp(t)> on random programs."""
+    try:
+        out = program(*inputs)
+    except RuntimeError:
+        assume(False)
+    tangents = tuple(tst.make(x.shape, torch.float64, seed + i) for i, x in enumerate(inputs))
+    ct = tst.make(out.shape, torch.float64, seed + 7)
+    _, jvp_out = tf.jvp(program, inputs, tangents)
+    _, vjp_fn = tf.vjp(program, *inputs)
+    torch.testing.assert_close(_inner(vjp_fn(ct), tangents), (ct * jvp_out).sum(), equal_nan=True)
+
+
+@given(tst.tensors(shape=(3, 2), dtypes=(torch.float64,)), st.floats(-3, 3), st.integers(0, 2**16))
+def test_jvp_is_linear_in_the_tangent(x, scale, seed):
+    f = lambda a: torch.tanh(a) @ a.T  # noqa: E731
+    t1, t2 = tst.make(x.shape, torch.float64, seed), tst.make(x.shape, torch.float64, seed + 1)
+    combined = tf.jvp(f, (x,), (t1 * scale + t2,))[1]
+    torch.testing.assert_close(combined, tf.jvp(f, (x,), (t1,))[1] * scale + tf.jvp(f, (x,), (t2,))[1])
+
+
+def test_jvp_of_grad_is_a_hessian_vector_product():
+    f = lambda a: (torch.tanh(a) * a.exp()).sum()  # noqa: E731
+    x, v = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    _, hvp = tf.jvp(tf.grad(f), (x,), (v,))
+    torch.testing.assert_close(hvp, torch.func.hessian(f)(x) @ v)
+
+
+def test_jvp_inside_jit_and_with_aux():
+    x, t = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    jitted = tf.jit(lambda a, b: tf.jvp(torch.sin, (a,), (b,))[1])
+    torch.testing.assert_close(jitted(x, t), torch.cos(x) * t)
+    out, tangent, aux = tf.jvp(lambda a: (a * 2, "aux"), (x,), (t,), has_aux=True)
+    assert aux == "aux"
+    torch.testing.assert_close(tangent, 2 * t)
+
+
+def test_jvp_argument_errors():
+    with pytest.raises(TypeError, match="tuples"):
+        tf.jvp(torch.sin, torch.randn(2), torch.randn(2))
+    with pytest.raises(ValueError, match="same structure"):
+        tf.jvp(lambda a, b: a + b, (torch.randn(2), torch.randn(2)), (torch.randn(2),))
