@@ -166,3 +166,22 @@ class ThunderModule(torch.nn.Module):
 
 def jit_module(module: torch.nn.Module, **jit_options) -> ThunderModule:
     return ThunderModule(module, **jit_options)
+
+
+def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=(), kwargs=None):
+    """`module(*args, **kwargs)` with the given tensors in place of its parameters and buffers
+    (by name; the rest are the module's own), as torch.func.functional_call, which refuses
+    thunderfn's proxies: use this one inside functions you trace, grad or vmap."""
+    from thunderfn.core import context
+
+    args = args if isinstance(args, tuple) else (args,)
+    kwargs = kwargs or {}
+    if context.current_trace() is None:
+        return torch.func.functional_call(module, parameters_and_buffers, args, kwargs)
+    params = {n: parameters_and_buffers.get(n, p) for n, p in module.named_parameters()}
+    buffers = {n: parameters_and_buffers.get(n, b) for n, b in module.named_buffers()}
+    unknown = set(parameters_and_buffers) - set(params) - set(buffers)
+    if unknown:
+        raise ValueError(f"functional_call: {type(module).__name__} has no parameters or buffers named {sorted(unknown)}")
+    with _substituted(module, params, buffers):
+        return module(*args, **kwargs)
