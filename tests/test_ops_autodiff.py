@@ -124,7 +124,7 @@ def test_vjp_matches_torch_autograd(op):
         try:
             value = fn(*leaves)
             expected = torch.autograd.grad(value, leaves, allow_unused=True)
-        except RuntimeError as e:
+        except Exception as e:  # noqa: BLE001 (any refusal of eager autograd skips the sample)
             return f"{case.sample}: not differentiable in eager torch autograd ({type(e).__name__}: {e})"
         expected = tuple(torch.zeros_like(leaf) if g is None else g for leaf, g in zip(leaves, expected))
 
