@@ -179,3 +179,12 @@ def test_opaque_op_is_only_differentiated_with_respect_to_what_depends_on_the_in
     rtol = torch.tensor(0.1, dtype=torch.float64)
     f = lambda t: torch.linalg.pinv(t, rtol=rtol).sum()  # noqa: E731  (rtol is a constant: not differentiated)
     torch.testing.assert_close(tf.grad(f)(x), _torch_grad(f, x)[0])
+
+
+@pytest.mark.parametrize("options", [{"padding_idx": 1}, {"scale_grad_by_freq": True}], ids=["padding_idx", "scale_grad_by_freq"])
+def test_embedding_gradient_options_match_torch(options):
+    """These options only change embedding's gradient, which differentiating its gather would not give."""
+    w = torch.randn(4, 3, dtype=torch.float64)
+    idx = torch.tensor([0, 1, 1, 3])
+    f = lambda weight: F.embedding(idx, weight, **options).pow(2).sum()  # noqa: E731
+    torch.testing.assert_close(tf.grad(f)(w), _torch_grad(f, w)[0])

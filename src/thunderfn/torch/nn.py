@@ -12,6 +12,7 @@ from thunderfn import clang, prims
 from thunderfn.clang import keepdim_reshape, maybe_convert_to_dtype
 from thunderfn.core import dtypes
 from thunderfn.core.statements import emit_runtime_check
+from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
 from thunderfn.torch import register_alias, torchsymbol
@@ -380,8 +381,16 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     check(input.dtype in (torch.int64, torch.int32),
           lambda: f"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but got "
                   f"{clang.legacy_type_name(input)} instead (while checking arguments for embedding)")
+    if (padding_idx is not None or scale_grad_by_freq) and _differentiable_proxy(weight):
+        # both only change the gradient (a zero row for padding_idx, counts for scale_grad_by_freq), which
+        # differentiating a gather does not give: torch runs it, and differentiates it (an opaque op)
+        raise DecompositionUnavailable("embedding's padding_idx / scale_grad_by_freq gradient")
     flat = prims.take(weight, clang.reshape(input, (input.numel(),)), 0)
     return clang.reshape(flat, tuple(input.shape) + (weight.shape[1],))
+
+
+def _differentiable_proxy(x) -> bool:
+    return dtypes.is_inexact(x.dtype)
 
 
 def _check_reduction(reduction):
