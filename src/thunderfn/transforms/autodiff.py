@@ -297,22 +297,28 @@ def grad(fn: Callable, argnums=0, has_aux: bool = False):
     return _compiled(transformed)
 
 
+def value_without_aux(fn: Callable, has_aux: bool):
+    """(a function returning only fn's value, a list that receives its aux when called)."""
+    aux_box: list = []
+
+    def value_only(*args):
+        result = fn(*args)
+        if has_aux:
+            aux_box.append(result[1])
+            return result[0]
+        return result
+
+    return value_only, aux_box
+
+
 def vjp(fn: Callable, *primals, has_aux: bool = False):
     """(out, vjp_fn) or (out, vjp_fn, aux): vjp_fn(cotangent pytree like out) returns a tuple
     with one cotangent per primal (pytrees like the primals)."""
     def split(primals):
         """trace fn: (value, aux, backward); only value is differentiated."""
-        box = []
-
-        def value_only(*p):
-            result = fn(*p)
-            if has_aux:
-                box.append(result[1])
-                return result[0]
-            return result
-
+        value_only, aux_box = value_without_aux(fn, has_aux)
         value, backward = trace_vjp(value_only, primals)
-        return value, (box[0] if box else None), backward
+        return value, (aux_box[0] if aux_box else None), backward
 
     def cotangents_for(backward, cotangents, primals):
         flat_cts = _zeros_for_none(backward(cotangents), tree_leaves(primals))

@@ -20,7 +20,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import UnsupportedOpError
-from thunderfn.transforms.autodiff import _compiled, _differentiable, _grad_modes
+from thunderfn.transforms.autodiff import _compiled, _differentiable, _grad_modes, value_without_aux
 
 
 def _keep_whole(bsym) -> bool:
@@ -149,16 +149,8 @@ def jvp(fn: Callable, primals, tangents, has_aux: bool = False):
                          f"{tree_flatten(primals)[1]} and {tree_flatten(tangents)[1]}")
 
     def transformed(primals, tangents):
-        box = []
-
-        def value_only(*p):
-            result = fn(*p)
-            if has_aux:
-                box.append(result[1])
-                return result[0]
-            return result
-
+        value_only, aux_box = value_without_aux(fn, has_aux)
         out, tangent_out = trace_jvp(value_only, primals, tangents)
-        return (out, tangent_out, box[0]) if has_aux else (out, tangent_out)
+        return (out, tangent_out, aux_box[0]) if has_aux else (out, tangent_out)
 
     return _compiled(transformed)(primals, tangents)
