@@ -188,3 +188,30 @@ def test_embedding_gradient_options_match_torch(options):
     idx = torch.tensor([0, 1, 1, 3])
     f = lambda weight: F.embedding(idx, weight, **options).pow(2).sum()  # noqa: E731
     torch.testing.assert_close(tf.grad(f)(w), _torch_grad(f, w)[0])
+
+
+TORCH_CONVENTIONS = {  # points where torch's backward formula picks a value a decomposition would not
+    "hardswish_at_bounds": (F.hardswish, [-3.5, -3.0, -1.0, 3.0, 3.5]),
+    "hardsigmoid_at_bounds": (F.hardsigmoid, [-3.5, -3.0, -1.0, 3.0, 3.5]),
+    "hardtanh_at_bounds": (F.hardtanh, [-2.0, -1.0, 0.0, 1.0, 2.0]),
+    "hardtanh_keyword_bounds": (lambda t: F.hardtanh(t, min_val=-0.5, max_val=2.0), [-1.0, -0.5, 0.0, 2.0, 3.0]),
+    "relu6_at_bounds": (F.relu6, [-1.0, 0.0, 3.0, 6.0, 7.0]),
+    "sigmoid_where_exp_overflows": (torch.sigmoid, [-float("inf"), -1000.0, 0.0, 1000.0]),
+    "softplus_past_threshold": (F.softplus, [1000.0, 25.0, 20.0, 0.0, -1000.0]),
+    "softplus_beta_threshold": (lambda t: F.softplus(t, beta=2.0, threshold=5.0), [1.0, 2.5, 3.0, -1.0]),
+}
+
+
+@pytest.mark.parametrize("fn, points", TORCH_CONVENTIONS.values(), ids=TORCH_CONVENTIONS.keys())
+def test_gradient_follows_torchs_convention_at_kinks_and_overflow(fn, points):
+    x = torch.tensor(points, dtype=torch.float64)
+    f = lambda t: fn(t).sum()  # noqa: E731
+    torch.testing.assert_close(tf.grad(f)(x), _torch_grad(f, x)[0])
+
+
+def test_second_derivative_through_a_torch_level_rule():
+    x = torch.randn(5, dtype=torch.float64)
+    f = lambda t: torch.sigmoid(t).sum()  # noqa: E731
+    second = tf.grad(lambda t: tf.grad(f)(t).sum())(x)
+    y = torch.sigmoid(x)
+    torch.testing.assert_close(second, y * (1 - y) * (1 - 2 * y))

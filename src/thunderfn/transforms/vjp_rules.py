@@ -521,3 +521,7 @@ def _selected_vjp(res, g):
 
 
 defvjp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_vjp)
+
+
+# Torch-language symbols whose derivative torch defines by its own formula register here too.
+from thunderfn.transforms import vjp_rules_torch  # noqa: E402,F401
