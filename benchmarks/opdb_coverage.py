@@ -49,16 +49,22 @@ def _same(a, b) -> bool:
 UNSPECIFIED_CONTENTS = {"empty", "empty_like", "new_empty", "empty_strided", "empty_permuted", "new_empty_strided"}
 
 
+def first_samples(opinfo, dtype, count: int, *, requires_grad: bool) -> list:
+    """The first `count` CPU sample inputs of an op_db entry (shared with opdb_grad_coverage.py)."""
+    chosen = []
+    for sample in opinfo.sample_inputs("cpu", dtype, requires_grad=requires_grad):
+        chosen.append(sample)
+        if len(chosen) == count:
+            break
+    return chosen
+
+
 def run_entry(opinfo, samples: int):
     """('pass'|'wrong'|'error'|'skip', detail)."""
     if opinfo.name in UNSPECIFIED_CONTENTS:
         return "skip", "contents unspecified (uninitialized memory)"
     try:
-        sample_list = []
-        for s in opinfo.sample_inputs("cpu", torch.float32, requires_grad=False):
-            sample_list.append(s)
-            if len(sample_list) == samples:
-                break
+        sample_list = first_samples(opinfo, torch.float32, samples, requires_grad=False)
     except Exception as e:
         return "skip", f"sample_inputs raised {type(e).__name__}"
     if not sample_list:

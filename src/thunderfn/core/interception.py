@@ -98,12 +98,6 @@ _metadata_methods = {
     if hasattr(torch.Tensor, name)
 }
 
-# A torch function with no handler and no tensor argument runs eagerly at trace time
-# and its result becomes a constant: right for torch.tensor([...]) or torch.eye(3),
-# wrong for anything random, which would freeze one draw into every call.
-_RANDOM_WORDS = ("rand", "normal", "bernoulli", "multinomial", "poisson", "dropout", "uniform",
-                 "exponential", "cauchy", "geometric", "log_normal", "seed", "shuffle")
-
 
 def _contains_tensor(tree) -> bool:
     if isinstance(tree, (torch.Tensor, TensorProxy)):
@@ -136,9 +130,13 @@ def dispatch(func, args, kwargs):
         if func in _metadata_getters or func in _metadata_methods:
             if not any(isinstance(a, TensorProxy) for a in args):
                 return func(*args, **kwargs)
-        name = torch_name(func)
+        from thunderfn.torch.opaque import is_random
+
         has_tensor = _contains_tensor(args) or _contains_tensor(kwargs)
-        if not has_tensor and not any(w in name.rsplit(".", 1)[-1] for w in _RANDOM_WORDS):
+
+        # No handler and no tensor argument: run it now and bake the result in (right for
+        # torch.tensor([...]) or torch.eye(3)), unless it is random, which would freeze one draw.
+        if not has_tensor and not is_random(func):
             with torch._C.DisableTorchFunction():
                 result = func(*args, **kwargs)
             if isinstance(result, torch.Tensor):  # a fresh tensor on every eager call: see trace()

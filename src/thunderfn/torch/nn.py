@@ -89,26 +89,14 @@ def linear(input, weight, bias=None):
 
 @torchsymbol(F.layer_norm)
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
-    check(isinstance(normalized_shape, (tuple, list, torch.Size)),
-          lambda: f"layer_norm(): argument 'normalized_shape' (position 2) must be tuple of ints, not {type(normalized_shape).__name__}",
-          TypeError)
-    normalized_shape = tuple(normalized_shape)
-    n = len(normalized_shape)
-    check(n > 0, lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, "
-                         f"but got normalized_shape = {list(normalized_shape)}")
-    for name, p in (("weight", weight), ("bias", bias)):
-        check(p is None or tuple(p.shape) == normalized_shape,
-              lambda: f"Expected {name} to be of same shape as normalized_shape, but got {name} of shape {list(p.shape)} and normalized_shape = {list(normalized_shape)}")
-    check(tuple(input.shape[input.ndim - n:]) == normalized_shape and input.ndim >= n,
-          lambda: f"Given normalized_shape={list(normalized_shape)}, expected input with shape [*, {', '.join(map(str, normalized_shape))}], "
-                  f"but got input of size{list(input.shape)}")
+    dims = _check_normalized_shape("layer_norm", input, normalized_shape, (("weight", weight), ("bias", bias)),
+                                   shape_text=lambda shape: f"[*, {', '.join(map(str, shape))}]")
     check(dtypes.is_float(input.dtype), lambda: f"\"LayerNormKernelImpl\" not implemented for '{clang.scalar_type_name(input.dtype)}'",
           NotImplementedError)
     for p in (weight, bias):
         # float32 parameters may go with a half-precision input; otherwise parameters match the input
         check(p is None or p.dtype == input.dtype or p.dtype is torch.float32 and input.dtype in dtypes.low_precision,
               lambda: f"mixed dtype (CPU): expect parameter to have scalar type of {clang.scalar_type_name(input.dtype)}")
-    dims = tuple(range(input.ndim - n, input.ndim))
     x = maybe_convert_to_dtype(input, dtypes.computation_dtype(input.dtype))
     var, mean = prims.var_mean(x, dims, correction=0)
     rstd = clang.rsqrt(clang.add(keepdim_reshape(var, x, dims), eps))
@@ -120,7 +108,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     return maybe_convert_to_dtype(out, input.dtype)
 
 
-def _check_normalized_shape(fn_name, input, normalized_shape, weight, *, shape_text):
+def _check_normalized_shape(fn_name, input, normalized_shape, params, *, shape_text):
+    """torch's checks of normalized_shape against the input and the (name, tensor) params; the normalized dims."""
     check(isinstance(normalized_shape, (tuple, list, torch.Size)),
           lambda: f"{fn_name}(): argument 'normalized_shape' (position 2) must be tuple of ints, not {type(normalized_shape).__name__}",
           TypeError)
@@ -128,8 +117,9 @@ def _check_normalized_shape(fn_name, input, normalized_shape, weight, *, shape_t
     n = len(normalized_shape)
     check(n > 0, lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, "
                          f"but got normalized_shape = {list(normalized_shape)}")
-    check(weight is None or tuple(weight.shape) == normalized_shape,
-          lambda: f"Expected weight to be of same shape as normalized_shape, but got weight of shape {list(weight.shape)} and normalized_shape = {list(normalized_shape)}")
+    for name, p in params:
+        check(p is None or tuple(p.shape) == normalized_shape,
+              lambda: f"Expected {name} to be of same shape as normalized_shape, but got {name} of shape {list(p.shape)} and normalized_shape = {list(normalized_shape)}")
     check(tuple(input.shape[input.ndim - n:]) == normalized_shape and input.ndim >= n,
           lambda: f"Given normalized_shape={list(normalized_shape)}, expected input with shape {shape_text(normalized_shape)}, "
                   f"but got input of size{list(input.shape)}")
@@ -139,7 +129,7 @@ def _check_normalized_shape(fn_name, input, normalized_shape, weight, *, shape_t
 @torchsymbol(F.rms_norm, torch.rms_norm)
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     check(input.ndim >= 1, lambda: f"Input tensor must have at least 1 dimensions, but got {input.ndim}", ValueError)
-    dims = _check_normalized_shape("rms_norm", input, normalized_shape, weight,
+    dims = _check_normalized_shape("rms_norm", input, normalized_shape, (("weight", weight),),
                                    shape_text=lambda shape: f"[*{', '.join(map(str, shape))}]")
     check_dtype_supported(dtypes.is_inexact(input.dtype), "rms_norm", input.dtype)
     compute = dtypes.computation_dtype(input.dtype)

@@ -27,7 +27,13 @@ _symbols: dict = {}  # torch callable -> its opaque symbol, made once
 # Draws from torch's generator: kept even when unused, so a jitted function consumes
 # random numbers exactly as eager does and a seed reproduces the same draws.
 _RANDOM_WORDS = ("rand", "normal", "bernoulli", "multinomial", "poisson", "dropout", "uniform", "exponential",
-                 "cauchy", "geometric", "log_normal", "rrelu")
+                 "cauchy", "geometric", "log_normal", "rrelu", "seed", "shuffle")
+
+
+def is_random(fn) -> bool:
+    """Whether fn's name says it draws from (or reseeds) torch's generator."""
+    short = torch_name(fn).rsplit(".", 1)[-1]
+    return any(w in short for w in _RANDOM_WORDS)
 
 
 def _printed(fn) -> str:
@@ -44,7 +50,7 @@ def opaque_symbol(fn) -> Symbol:
     if sym is None:
         name = torch_name(fn)
         short = name.rsplit(".", 1)[-1]
-        tags = {"opaque"} | ({"no_dce", "random"} if any(w in short for w in _RANDOM_WORDS) else set())
+        tags = {"opaque"} | ({"no_dce", "random"} if is_random(fn) else set())
         printed = _printed(fn)
         if printed is None:
             printed = "opaque_" + "".join(c if c.isalnum() else "_" for c in short).strip("_")

@@ -27,7 +27,7 @@ from thunderfn import prims
 from thunderfn.prims import PrimIDs, canonical_dim
 from thunderfn.transforms import vjp_rules as _vjp
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, Residuals  # noqa: F401  (re-exported for the driver)
-from thunderfn.transforms.vjp_rules import _differentiable, _expand, _reduced, _scalar, _sq, _tensors_in, _to, _zeros
+from thunderfn.transforms.vjp_rules import _differentiable, _expand, _reduced, _scalar, _sq, _to, _zeros, refuse_complex
 
 jvp_rules: dict = {}
 
@@ -39,11 +39,7 @@ def defjvp(*prim_ids):
     """Register the decorated `fwd(res, tangents)` as the forward rule of each prim id."""
     def register(fwd):
         def rule(res: Residuals, tangents):
-            for a in _tensors_in(res.args):
-                if a.dtype.is_complex:
-                    raise NotImplementedError(
-                        f"jvp of prims.{prim_ids[0].name.lower()}: complex tensors are not supported "
-                        f"(got an argument of dtype {a.dtype}); differentiate real and imaginary parts separately")
+            refuse_complex("jvp", prim_ids[0], res.args)
             return fwd(res, tuple(tangents))
 
         rule.__name__ = rule.__qualname__ = fwd.__name__

@@ -61,15 +61,20 @@ def _differentiable(x) -> bool:
     return _is_tensor(x) and x.dtype.is_floating_point
 
 
+def refuse_complex(mode: str, prim_id, args) -> None:
+    """Complex autodiff needs a conjugate prim we do not have: refused, naming the prim."""
+    for a in _tensors_in(args):
+        if a.dtype.is_complex:
+            raise NotImplementedError(
+                f"{mode} of prims.{prim_id.name.lower()}: complex tensors are not supported "
+                f"(got an argument of dtype {a.dtype}); differentiate real and imaginary parts separately")
+
+
 def defvjp(*prim_ids):
     """Register the decorated `bwd(res, g)` as the rule of each prim id."""
     def register(bwd):
         def rule(res: Residuals, g):
-            for a in _tensors_in(res.args):
-                if a.dtype.is_complex:
-                    raise NotImplementedError(
-                        f"vjp of prims.{prim_ids[0].name.lower()}: complex tensors are not supported "
-                        f"(got an argument of dtype {a.dtype}); differentiate real and imaginary parts separately")
+            refuse_complex("vjp", prim_ids[0], res.args)
             if g is None or (isinstance(g, tuple) and all(x is None for x in g)):
                 return (None,) * len(res.args)  # nothing flows back (an integer output, say)
             return bwd(res, g)
