@@ -215,3 +215,12 @@ def test_second_derivative_through_a_torch_level_rule():
     second = tf.grad(lambda t: tf.grad(f)(t).sum())(x)
     y = torch.sigmoid(x)
     torch.testing.assert_close(second, y * (1 - y) * (1 - 2 * y))
+
+
+@pytest.mark.parametrize("dim", [None, 0, 1])
+def test_gradient_of_a_product_over_an_empty_dimension_is_empty_like_torchs(dim):
+    x = torch.randn(0, 3, dtype=torch.float64)
+    f = (lambda t: t.prod()) if dim is None else (lambda t: t.prod(dim).sum())
+    leaf = x.clone().requires_grad_()
+    (expected,) = torch.autograd.grad(f(leaf), leaf)
+    torch.testing.assert_close(tf.grad(f)(x), expected)

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from thunderfn.testing.registries import RegistrySnapshot
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC_FILES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "benchmarks" / "README.md"])
 REQUIRED_DOCS = ("README.md", "docs/index.md", "docs/traces.md", "docs/jit.md", "docs/errors.md")
@@ -94,6 +96,7 @@ def test_examples_run_and_print_what_is_shown(path: Path):
     namespace = {"__name__": f"docs_{path.stem}"}
     stale: list[tuple[CodeBlock, str]] = []
     default_dtype, grad_enabled = torch.get_default_dtype(), torch.is_grad_enabled()
+    registries = RegistrySnapshot()  # executors, prims and torch symbols a page adds (docs/extending.md)
     try:
         for block in code_blocks(path):
             if block.language != "python" or block.skip_reason is not None:
@@ -107,6 +110,7 @@ def test_examples_run_and_print_what_is_shown(path: Path):
     finally:  # an example that changes global torch state must not leak it into other tests
         torch.set_default_dtype(default_dtype)
         torch.set_grad_enabled(grad_enabled)
+        registries.restore()
     if stale and ACCEPT:
         _rewrite_shown_outputs(path, stale)
     elif stale:

@@ -13,7 +13,7 @@ from thunderfn.core.symbol import BoundSymbol, Symbol
 from thunderfn.core.trace import Trace, trace
 from thunderfn.errors import ConcretizationError, ThunderFnError, UnsupportedOpError
 from thunderfn.examine import Examination, examine
-from thunderfn.jit import cache_info, jit, last_traces
+from thunderfn.jit import cache_info, jit, last_backward_traces, last_traces
 from thunderfn.module import functional_call
 from thunderfn.transforms import executor_lower
 from thunderfn.transforms.autodiff import grad, value_and_grad, vjp
@@ -23,7 +23,7 @@ from thunderfn.transforms.forward_mode import jvp
 __version__ = "0.1.0"
 
 __all__ = [
-    "jit", "grad", "value_and_grad", "vjp", "jvp", "custom_vjp", "trace", "last_traces", "cache_info", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
+    "jit", "grad", "value_and_grad", "vjp", "jvp", "custom_vjp", "trace", "last_traces", "last_backward_traces", "cache_info", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
     "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "prims", "clang", "torch",
     "executors", "errors",
 ]

@@ -24,6 +24,7 @@ from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.executors.base import FusionExecutor
 from thunderfn.transforms.executor_lower import lower_trace
+from thunderfn.transforms.forward_backward import CompiledSplit, try_split
 
 Tensor = torch.Tensor
 _is_grad_enabled = torch.is_grad_enabled
@@ -52,6 +53,8 @@ class JitState:
         self.fast_cache: dict = {}
         self.cache: dict = {}
         self.last_traces: list[Trace] = []
+        self.last_backward_traces: list[Trace] = []
+        self.why_no_backward = "it has not been called with an input that requires grad under grad mode"
         self.cache_hits = 0  # counted on the slow path only: the fast path stays lean
         self.cache_misses = 0
 
@@ -88,17 +91,24 @@ class JitState:
 
     def compile(self, args, kwargs, leaves) -> CacheEntry:
         executors = _executors.resolve(self.executors, fallback=self.fallback)
-        traces = [trace(self.fn, *args, **kwargs)]
-        traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
-        traces.append(timed_pass("Transform for execution", lower_trace, traces[-1], executors))
-        traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))  # what lowering made unused
-        for ex in executors:
-            if isinstance(ex, FusionExecutor):
-                traces.append(timed_pass(f"Fusion ({ex.name})", ex.fuse, traces[-1]))
-        traces.append(timed_pass("Delete Last Used", del_last_used, traces[-1]))
-        fn = traces[-1].python_callable()
-        if self.disable_torch_autograd:
-            fn = torch.no_grad()(fn)
+        with context.active_executors(executors):  # reverse mode uses the VJPs these executors register
+            traces = [trace(self.fn, *args, **kwargs)]
+            traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
+            split = None
+            if not self.disable_torch_autograd and _is_grad_enabled() and any(a.requires_grad for a in traces[-1].args):
+                split, self.why_no_backward = try_split(traces[-1])
+        if split is None:
+            traces += _execution_passes(traces[-1], executors)
+            fn = traces[-1].python_callable()
+            if self.disable_torch_autograd:
+                fn = torch.no_grad()(fn)
+            self.last_backward_traces = []
+        else:
+            # torch.autograd drives the two halves: see transforms/forward_backward.py
+            traces += [split.forward, *_execution_passes(split.forward, executors)]
+            backward = [split.backward, *_execution_passes(split.backward, executors)]
+            fn = CompiledSplit(split, traces[-1].python_callable(), backward[-1].python_callable())
+            self.last_backward_traces = backward
         self.last_traces = traces
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
         return CacheEntry(fn, traces, positions)
@@ -121,6 +131,18 @@ class JitState:
                 isinstance(a, Tensor) for a in args):
             self.fast_cache[_fast_key(args)] = entry.fn
         return entry.fn(*[leaves[i] for i in entry.tensor_positions])
+
+
+def _execution_passes(trc: Trace, executors) -> list[Trace]:
+    """The passes from a transformed trace to the one that runs: lower onto the
+    executors, drop what lowering made unused, fuse, insert `del`s."""
+    traces = [timed_pass("Transform for execution", lower_trace, trc, executors)]
+    traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
+    for ex in executors:
+        if isinstance(ex, FusionExecutor):
+            traces.append(timed_pass(f"Fusion ({ex.name})", ex.fuse, traces[-1]))
+    traces.append(timed_pass("Delete Last Used", del_last_used, traces[-1]))
+    return traces
 
 
 def _fast_key(args) -> tuple:
@@ -216,15 +238,29 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     return jitted
 
 
-def last_traces(fn) -> list[Trace]:
-    """Every stage of fn's most recent compile, the execution trace last."""
+def _compiled_state(fn, what: str) -> JitState:
     state = getattr(fn, "_thunderfn_state", None)
     if state is None:
-        raise TypeError(f"last_traces expects a function returned by thunderfn.jit (or another thunderfn transform), "
+        raise TypeError(f"{what} expects a function returned by thunderfn.jit (or another thunderfn transform), "
                         f"got {_fn_name(fn)}")
     if not state.last_traces:
         raise RuntimeError(f"'{_fn_name(fn)}' has not been called yet, so it has no traces")
-    return list(state.last_traces)
+    return state
+
+
+def last_traces(fn) -> list[Trace]:
+    """Every stage of fn's most recent compile, the execution trace last."""
+    return list(_compiled_state(fn, "last_traces").last_traces)
+
+
+def last_backward_traces(fn) -> list[Trace]:
+    """The backward traces of fn's most recent compile, the one torch.autograd runs last.
+    A jitted function has a backward when it was called with an input that requires
+    grad under grad mode (see docs/autodiff.md)."""
+    state = _compiled_state(fn, "last_backward_traces")
+    if not state.last_backward_traces:
+        raise RuntimeError(f"'{_fn_name(fn)}' has no backward trace: {state.why_no_backward}")
+    return list(state.last_backward_traces)
 
 
 def cache_info(fn) -> dict:

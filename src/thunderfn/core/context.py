@@ -7,12 +7,14 @@ them and an inner trace's proxies can be emitted into the outer trace unchanged.
 """
 from __future__ import annotations
 
+import contextlib
 import keyword
 import threading
 
 class _TracingState(threading.local):
     def __init__(self):
         self.stack: list = []  # traces being built, innermost last
+        self.executors: tuple = ()  # the priority list the function being traced will be lowered onto
 
 
 _local = _TracingState()
@@ -28,6 +30,22 @@ RESERVED_NAMES = frozenset(
 
 def trace_stack() -> list:
     return _local.stack
+
+
+@contextlib.contextmanager
+def active_executors(executors):
+    """Tell transforms which executors the trace being built will run on: reverse mode
+    uses the VJP an executor registered for a symbol it claims (executors/base.py)."""
+    previous, _local.executors = _local.executors, tuple(executors)
+    try:
+        yield
+    finally:
+        _local.executors = previous
+
+
+def current_executors() -> tuple:
+    """The executors set by `active_executors`; () outside it."""
+    return _local.executors
 
 
 def current_trace():

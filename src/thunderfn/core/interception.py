@@ -9,6 +9,8 @@ callable (function, method, operator) to the thunderfn callable that traces it.
 from __future__ import annotations
 
 import functools
+import inspect
+import itertools
 import warnings
 
 import torch
@@ -16,6 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from thunderfn.core import context, dtypes
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.symbol import Symbol
 from thunderfn.errors import UnsupportedOpError
 
 # torch callable -> callable taking the same arguments with proxies in place of tensors
@@ -120,6 +123,39 @@ def lift_constants(tree):
     return tree
 
 
+_TORCH_KEYWORDS = {"input": 0, "self": 0, "other": 1}  # torch's names for the first two operands
+
+
+@functools.lru_cache(maxsize=None)
+def _positional_parameters(fn) -> tuple:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(itertools.takewhile(lambda p: p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD), params))
+
+
+def tensors_by_position(symbol, args, kwargs):
+    """(args, kwargs) for symbol with every tensor passed by keyword moved to its position
+    (the parameters it skips take their defaults), and torch's `input=`/`other=` names
+    mapped onto the symbol's. VJP rules return one cotangent per positional argument, and
+    torch code passes tensors by keyword (F.layer_norm its weight and bias)."""
+    params = _positional_parameters(symbol.fn)
+    names = [p.name for p in params]
+    for torch_name_, position in _TORCH_KEYWORDS.items():
+        if torch_name_ in kwargs and torch_name_ not in names and position < len(names) and names[position] not in kwargs:
+            kwargs = dict(kwargs)
+            kwargs[names[position]] = kwargs.pop(torch_name_)
+    named = [i for i, p in enumerate(params) if i >= len(args) and _contains_tensor(kwargs.get(p.name))]
+    if not named:
+        return args, kwargs
+    moved = params[len(args):named[-1] + 1]
+    if any(p.name not in kwargs and p.default is p.empty for p in moved):
+        return args, kwargs  # a required argument is missing: let the call raise as it would
+    kwargs = dict(kwargs)
+    return tuple(args) + tuple(kwargs.pop(p.name, p.default) for p in moved), kwargs
+
+
 def dispatch(func, args, kwargs):
     """Trace one torch call. Called only while a trace is being built."""
     handler = handlers.get(func)
@@ -155,6 +191,8 @@ def dispatch(func, args, kwargs):
         return inplace.run_with_output_argument(handler, func, args, kwargs, kwargs["out"])
     if handler is not None and kwargs.get("inplace") is True and args and isinstance(args[0], TensorProxy):
         return inplace.run_with_inplace_flag(handler, func, args, kwargs)
+    if kwargs and isinstance(handler, Symbol) and handler.fn is not None:
+        args, kwargs = tensors_by_position(handler, args, kwargs)
     # A symbol, or the fallback ladder's second rung: torch runs it, meta tensors give its shapes.
     result = handler(*args, **kwargs) if handler is not None else run_opaque(func, args, kwargs)
     if inplace.is_view_op(func):

@@ -83,7 +83,10 @@ def format_call(bsym, ns: Namespace) -> str:
         if not (isinstance(k, str) and k.isidentifier()):
             raise ValueError(f"keyword argument name {k!r} of {bsym.sym.print_name} is not an identifier")
     parts += [f"{k}={format_value(v, ns)}" for k, v in bsym.kwargs.items()]
-    ns.update(bsym.sym.namespace)
+    for name, value in bsym.sym.namespace.items():  # an executor's operator named like a helper must not replace it
+        if ns.setdefault(name, value) is not value:
+            raise ValueError(f"generated code would bind '{name}' to two different objects ({bsym.sym.print_name} and "
+                             f"an earlier name); rename the operator (register_operator's name)")
     return f"{bsym.sym.print_name}({', '.join(parts)})"
 
 

@@ -38,7 +38,10 @@ class CausalSelfAttention(nn.Module):
         if config.n_embd % config.n_head:
             raise ValueError(f"n_embd ({config.n_embd}) must be divisible by n_head ({config.n_head})")
         self.n_head = config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # query, key and value in one matmul
+        # query, key and value in one matmul, without a bias: a key bias adds the same amount to every
+        # score of a row, which softmax ignores, so its true gradient is 0 and it never learns
+        # (and under AdamW its rounding-noise gradient would move it by lr per step)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

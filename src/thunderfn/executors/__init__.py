@@ -1,11 +1,13 @@
 """Executor registry: which executors exist, which are the defaults, which can run here."""
 from __future__ import annotations
 
+from thunderfn.core.symbol import Symbol
 from thunderfn.executors.base import Executor, FusionExecutor, Lowering, OperatorExecutor
 from thunderfn.executors.torchex import torch_ex, torch_prims_ex
 
 __all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Lowering", "register_executor", "get_executor",
-           "get_default_executors", "set_default_executors", "available", "resolve", "torch_ex", "torch_prims_ex"]
+           "get_default_executors", "set_default_executors", "add_operator_executor", "available", "resolve",
+           "torch_ex", "torch_prims_ex"]
 
 _registry: dict[str, Executor] = {}
 _defaults: list[Executor] = []
@@ -31,6 +33,34 @@ def get_default_executors() -> list[Executor]:
 
 def set_default_executors(executors) -> None:
     _defaults[:] = [resolve_one(e) for e in executors]
+
+
+def add_operator_executor(name: str, op_map: dict, *, add_to_default_executors: bool = True) -> OperatorExecutor:
+    """An executor from a table `{symbol_id: (operator_name, checker, impl)}` (the seed
+    tutorials' form): each symbol is claimed where its checker says yes and runs as an
+    operator calling `impl` on real tensors, with the symbol's own metadata and gradient.
+    The executor is registered and, by default, put first among the default executors."""
+    ex = OperatorExecutor(name)
+    for symbol_id, (op_name, checker, impl) in op_map.items():
+        sym = _symbol_with_id(symbol_id)
+        ex.register_lowering(sym, checker=checker, lower=ex.register_operator(op_name, like=sym, fn=impl))
+    register_executor(ex)
+    if add_to_default_executors:
+        set_default_executors([ex, *get_default_executors()])
+    return ex
+
+
+def _symbol_with_id(symbol_id) -> Symbol:
+    """The prim or torch-language symbol with this id (or the symbol itself)."""
+    from thunderfn import prims
+    from thunderfn import torch as ltorch
+
+    if isinstance(symbol_id, Symbol):
+        return symbol_id
+    for sym in (*vars(prims).values(), *ltorch.symbols.values()):
+        if isinstance(sym, Symbol) and sym.id == symbol_id:
+            return sym
+    raise ValueError(f"no prim or torch-language symbol has the id {symbol_id!r}")
 
 
 def resolve_one(ex) -> Executor:
@@ -65,3 +95,13 @@ def available() -> dict[str, str]:
 
 register_executor(torch_ex)
 register_executor(torch_prims_ex)
+
+# Kernel executors: each module imports its library (triton, apex) only when first used.
+from thunderfn.executors.sdpa import sdpa_ex  # noqa: E402
+from thunderfn.executors.triton_crossentropy import triton_crossentropy_ex  # noqa: E402
+from thunderfn.executors.apex_crossentropy import apex_crossentropy_ex  # noqa: E402
+
+for _kernel_ex in (sdpa_ex, triton_crossentropy_ex, apex_crossentropy_ex):
+    register_executor(_kernel_ex)
+# The defaults ahead of the torch fallback: fused attention wherever it can run.
+set_default_executors([ex for ex in (sdpa_ex,) if ex.availability()[0]])

@@ -8,6 +8,7 @@ Executors are tried in priority order; see transforms/executor_lower.py.
 from __future__ import annotations
 
 import dataclasses
+import keyword
 from typing import Any, Callable
 
 from thunderfn.core import context
@@ -18,7 +19,7 @@ from thunderfn.core.symbol import Symbol
 class Lowering:
     checker: Callable | None
     lower: Callable | None  # traced replacement; None means "run the symbol as this executor's operator"
-    vjp: Any = None
+    vjp: Any = None  # a tf.custom_vjp function: how reverse mode differentiates what this rule claims
 
 
 def check_identifier(kind: str, name) -> str:
@@ -31,8 +32,8 @@ class Executor:
     """Base class. `name` identifies the executor in `jit(executors=[...])`."""
 
     def __init__(self, name: str, version=None):
-        if not (isinstance(name, str) and name.isidentifier()):
-            raise ValueError(f"an executor's name must be a Python identifier, got {name!r}")
+        if not (isinstance(name, str) and name.isidentifier() and name.isascii() and not keyword.iskeyword(name)):
+            raise ValueError(f"an executor's name must be an ASCII Python identifier (not a keyword), got {name!r}")
         self.name = name
         self.version = version
 
@@ -57,9 +58,11 @@ class OperatorExecutor(Executor):
 
     def register_operator(self, name: str, *, like: Callable | None = None, meta: Callable | None = None,
                           fn: Callable, replace: bool = False) -> Symbol:
-        """A symbol that runs `fn` on real tensors. Exactly one of `like` (a function in
-        thunderfn's languages or torch, traced to get output metadata) or `meta`
-        (proxies in, output proxies out) says what it returns."""
+        """A symbol that runs `fn` on real tensors. Exactly one of `like` or `meta` says what
+        it returns: `like` is a function in torch or thunderfn's languages computing the same
+        thing, traced for output metadata and differentiated in the operator's place; `meta`
+        (proxies in, output proxies out) makes a new primitive, differentiable once a vjp is
+        registered for it (`register_lowering(operator, vjp=(fwd, bwd))`)."""
         check_identifier("an operator's", name)
         if (like is None) == (meta is None):
             raise TypeError(f"register_operator('{name}'): give exactly one of like= or meta=")
@@ -74,21 +77,38 @@ class OperatorExecutor(Executor):
         return sym
 
     def register_lowering(self, symbol_or_id, *, checker: Callable | None = None, lower: Callable | None = None,
-                          vjp=None) -> None:
+                          vjp=None, replace: bool = False) -> None:
+        """Claim `symbol_or_id` (a Symbol or its id) wherever `checker(*args, **kwargs)` says yes.
+
+        `lower` is traced in place of the bound symbol; None means the symbol is one of this
+        executor's operators and runs as itself. `vjp`, a `(fwd, bwd)` pair with custom_vjp's
+        conventions or a `tf.custom_vjp` function, is how reverse mode differentiates the
+        symbol wherever this executor claims it."""
         key = symbol_or_id.id if isinstance(symbol_or_id, Symbol) else symbol_or_id
-        self.lowerings[key] = Lowering(checker, lower, vjp)
+        if key in self.lowerings and not replace:
+            raise ValueError(f"executor '{self.name}' already has a lowering for {_symbol_name(symbol_or_id)} "
+                             f"(pass replace=True to replace it)")
+        if checker is not None and not callable(checker):
+            raise TypeError(f"executor '{self.name}': the checker for {_symbol_name(symbol_or_id)} must be callable")
+        if lower is None and key not in {op.id for op in self.operators.values()}:
+            raise TypeError(f"executor '{self.name}': give lower= for {_symbol_name(symbol_or_id)} (a function traced "
+                            f"in its place, or one of this executor's operators); only the executor's own operators "
+                            f"run as themselves")
+        self.lowerings[key] = Lowering(checker, lower, _as_custom_vjp(self, symbol_or_id, vjp))
 
     def register_implementation(self, symbol_or_id, op: Symbol | None = None, *, checker: Callable | None = None,
-                                execution_transform: Callable | None = None, grad_transform: Callable | None = None) -> None:
+                                execution_transform: Callable | None = None, grad_transform=None,
+                                replace: bool = False) -> None:
         """The seed tutorials' spelling of register_lowering: `op` alone means the symbol
-        runs as that operator with the same arguments."""
+        runs as that operator with the same arguments; `grad_transform` is the vjp."""
         lower = execution_transform if execution_transform is not None else op
-        self.register_lowering(symbol_or_id, checker=checker, lower=lower, vjp=grad_transform)
+        self.register_lowering(symbol_or_id, checker=checker, lower=lower, vjp=grad_transform, replace=replace)
 
     def lowering_for(self, bsym) -> Lowering | None:
-        if bsym.sym.executor is self:  # one of our operators, called directly in traced code
-            return _identity
-        return self.lowerings.get(bsym.sym.id)
+        rule = self.lowerings.get(bsym.sym.id)
+        if bsym.sym.executor is self:  # one of our operators, called directly in traced code: it runs as itself
+            return _identity if rule is None else Lowering(rule.checker, "identity", rule.vjp)
+        return rule
 
 
 class FusionExecutor(Executor):
@@ -101,6 +121,32 @@ class FusionExecutor(Executor):
 
 
 _identity = Lowering(checker=None, lower="identity")
+
+
+def _symbol_name(symbol_or_id) -> str:
+    return symbol_or_id.print_name if isinstance(symbol_or_id, Symbol) else repr(symbol_or_id)
+
+
+def _as_custom_vjp(ex: Executor, symbol_or_id, vjp):
+    """vjp= as a custom_vjp function: the same mechanism users differentiate with, so the
+    forward runs `fwd` (recording its residuals) and the backward runs `bwd`."""
+    from thunderfn.transforms.custom_vjp import custom_vjp
+
+    if vjp is None or isinstance(vjp, custom_vjp):
+        if vjp is not None and vjp.fwd is None:
+            raise TypeError(f"executor '{ex.name}': the custom_vjp function given as vjp for "
+                            f"{_symbol_name(symbol_or_id)} has no rule yet; call its defvjp(fwd, bwd) first")
+        return vjp
+    if not (isinstance(vjp, tuple) and len(vjp) == 2 and all(callable(f) for f in vjp)):
+        raise TypeError(f"executor '{ex.name}': vjp for {_symbol_name(symbol_or_id)} must be a (fwd, bwd) pair of "
+                        f"functions or a tf.custom_vjp function, got {type(vjp).__name__}")
+    name = symbol_or_id.name if isinstance(symbol_or_id, Symbol) else str(symbol_or_id)
+
+    def primal(*args, **kwargs):  # only ever called while tracing, where custom_vjp records fwd instead
+        raise RuntimeError(f"the vjp executor '{ex.name}' registered for {name} is used only while differentiating")
+
+    primal.__name__ = f"{ex.name}_{name}"
+    return custom_vjp(primal).defvjp(*vjp)
 
 
 def _meta_from_like(like: Callable) -> Callable:

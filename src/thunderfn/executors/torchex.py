@@ -16,7 +16,7 @@ import torch
 from thunderfn import prims
 from thunderfn.core.interception import torch_name
 from thunderfn.core.symbol import BoundSymbol, Symbol
-from thunderfn.executors.base import Executor, Lowering
+from thunderfn.executors.base import Executor, Lowering, OperatorExecutor
 from thunderfn.prims import PrimIDs
 
 Tensor = torch.Tensor
@@ -89,7 +89,8 @@ def take(a, index, dim):
 
 
 def take_along_axis(a, index, dim):
-    return torch.gather(a, dim, index)
+    # torch 2.13's gather reads a broadcast (stride-0) int32 index wrongly; int64 is read right
+    return torch.gather(a, dim, index if index.dtype is torch.int64 else index.long())
 
 
 def where(pred, a, b):
@@ -216,14 +217,19 @@ class TorchExecutor(Executor):
                 sym.tags = frozenset({"no_dce"})
         return sym
 
+    def register_prim(self, prim: Symbol, fn) -> None:
+        """Run `prim` (one made with prims.make_prim) as `fn` on real tensors, here and eagerly.
+        The prim table is shared: every torch executor (torch, torch_prims) runs it."""
+        prim_impls[prim.id] = prim.eager = fn
+
     def lowering_for(self, bsym) -> Lowering | None:
         sym = bsym.sym
         if sym.is_prim and sym.id in prim_impls:
             return _direct
         if sym.torch_fn is not None and (self.claim_torch_symbols or "opaque" in sym.tags):
             return _direct  # opaque ops have no decomposition: torch runs them either way
-        if sym.executor is self:
-            return _already_lowered
+        if sym.executor is self or isinstance(sym.executor, OperatorExecutor):
+            return _already_lowered  # another executor's operator carries its callable: torch can run it as is
         return None
 
     def lower_direct(self, bsym) -> BoundSymbol:

@@ -24,6 +24,7 @@ import torch
 
 from thunderfn import clang
 from thunderfn.core import context, dtypes
+from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled
@@ -67,8 +68,11 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
     rule = vjp_rules.get(bsym.sym.id)
     if rule is not None:
         g = out_cts[0] if isinstance(bsym.output, TensorProxy) else tuple(out_cts)
-        in_cts = rule(Residuals(bsym.args, bsym.kwargs, bsym.output), g)
-        for arg, ct in zip(bsym.args, in_cts):
+        args, kwargs = bsym.args, bsym.kwargs
+        if kwargs and bsym.sym.fn is not None:  # rules give cotangents by position: no tensor by keyword
+            args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
+        in_cts = rule(Residuals(args, kwargs, bsym.output), g)
+        for arg, ct in zip(args, in_cts):
             if ct is None:
                 continue
             # a tensor, or a pytree of them (cat's list, a custom_vjp's dict), None entries meaning zero
@@ -78,6 +82,27 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
                 if isinstance(a, TensorProxy):
                     _accumulate(cts, a, c)
         return
+    from thunderfn.transforms.executor_lower import claiming_rule, claims_whole
+
+    # An executor's operator defined like= a function, or a composite an executor claims whole
+    # (_with_residuals kept it so): the backward recomputes that function and differentiates it.
+    recompute = getattr(bsym.sym, "like", None)
+    if recompute is None and bsym.subsymbols and bsym.sym.fn is not None and claims_whole(claiming_rule(bsym)):
+        recompute = bsym.sym.fn
+    if recompute is not None:
+        wanted = [i for i, c in enumerate(out_cts) if c is not None]
+
+        def recomputed_outputs(args, kwargs):
+            leaves = optree.tree_leaves(recompute(*args, **kwargs), none_is_leaf=True, namespace="thunderfn")
+            return tuple(leaves[i] for i in wanted)
+
+        _, backward = trace_vjp(recomputed_outputs, (bsym.args, bsym.kwargs))
+        in_cts = backward(tuple(out_cts[i] for i in wanted))  # a tensor passed twice gets its total twice
+        totals = {leaf.name: (leaf, ct) for leaf, ct in zip(tree_leaves((bsym.args, bsym.kwargs)), in_cts)
+                  if isinstance(leaf, TensorProxy)}
+        for leaf, ct in totals.values():
+            _accumulate(cts, leaf, ct)
+        return
     if bsym.subsymbols:
         for sub in reversed(bsym.subsymbols):
             _backprop(sub, cts, tape)
@@ -85,8 +110,15 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
     if "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
         _backprop_opaque(bsym, out_cts, cts, tape)
         return
+    from thunderfn.executors.base import OperatorExecutor
     from thunderfn.transforms.vjp_rules import NOT_DIFFERENTIATED
 
+    ex = bsym.sym.executor
+    if isinstance(ex, OperatorExecutor):
+        raise UnsupportedOpError(
+            f"thunderfn cannot differentiate {bsym.sym.print_name}, an operator of executor '{ex.name}' defined with "
+            f"meta=: register a vjp for it, {ex.name}.register_lowering({bsym.sym.print_name}, vjp=(fwd, bwd)), or "
+            f"define it with like= to differentiate it through that function.")
     why = NOT_DIFFERENTIATED.get(bsym.sym.id, "it has no VJP rule and no decomposition")
     raise UnsupportedOpError(
         f"thunderfn cannot differentiate {bsym.sym.print_name}: {why}. Give it a rule with "
@@ -96,14 +128,23 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
 def _with_residuals(bsyms: list) -> list:
     """The forward as it must run for the backward to find its residuals: a composite without
     a VJP rule is replaced by its decomposition (whose intermediates the rules read), unless
-    no gradient can flow through it (no floating input or output)."""
+    no gradient can flow through it (no floating input or output). A symbol an executor other
+    than torch claims (executors/base.py) is kept whole, so the executor runs it, and its
+    backward recomputes what it needs; where that executor gives a vjp, the vjp's forward
+    replaces it."""
+    from thunderfn.transforms.executor_lower import claiming_rule, claims_whole, trace_in_place_of
     from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, vjp_rules
 
     flat = []
     for bsym in bsyms:
-        keep = (bsym.sym.id in vjp_rules or bsym.sym.id in NON_DIFFERENTIABLE or bsym.sym.printer is not None
-                or not bsym.subsymbols or not any(_differentiable(a) for a in bsym.flat_args())
-                or not any(_differentiable(o) for o in bsym.flat_outs()))
+        inert = (bsym.sym.id in NON_DIFFERENTIABLE or bsym.sym.printer is not None
+                 or not any(_differentiable(a) for a in bsym.flat_args())
+                 or not any(_differentiable(o) for o in bsym.flat_outs()))
+        rule = None if inert else claiming_rule(bsym)
+        if rule is not None and rule.vjp is not None:
+            flat.extend(trace_in_place_of(bsym, rule.vjp, "the executor's vjp"))
+            continue
+        keep = inert or bsym.sym.id in vjp_rules or not bsym.subsymbols or claims_whole(rule)
         flat.extend([bsym] if keep else _with_residuals(list(bsym.subsymbols)))
     return flat
 

@@ -7,12 +7,16 @@ error that prints the bound symbol and the executors tried.
 """
 from __future__ import annotations
 
+import contextlib
+
+import torch
+
 from thunderfn.core import context
 from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import python_alias
 from thunderfn.core.symbol import BoundSymbol, Symbol
-
+from thunderfn.executors.base import OperatorExecutor
 
 
 def _claim(bsym, executors):
@@ -32,32 +36,67 @@ def _claim(bsym, executors):
     return None, None
 
 
-def _traced_lowering(bsym, lower, ex):
-    """Trace `lower` on the bound symbol's arguments; rename its outputs to the
-    original outputs so the rest of the trace is untouched."""
+def claiming_rule(bsym):
+    """The rule that will claim bsym when it is lowered, as reverse mode needs to know it:
+    the first active executor's that accepts it (core/context.active_executors) or, for an
+    executor's operator, its own executor's, which is where its vjp can be registered."""
+    own = bsym.sym.executor
+    executors = (own,) if isinstance(own, OperatorExecutor) else context.current_executors()
+    return _claim(bsym, executors)[1]
+
+
+def claims_whole(rule) -> bool:
+    """Whether a rule (of claiming_rule) runs a composite symbol as one call rather than as the
+    torch executor runs it: reverse mode then keeps the symbol whole in the forward, so the
+    executor's kernel runs, and recomputes its decomposition in the backward."""
+    return rule is not None and rule.lower != "direct"
+
+
+def trace_in_place_of(bsym, fn, who: str) -> list:
+    """Trace fn(*bsym.args, **bsym.kwargs) and rename its outputs to bsym's, so the rest of
+    the trace is untouched: the bound symbols that replace bsym."""
     trc = context.current_trace()
     with trc.scope() as emitted:
-        result = lower(*bsym.args, **bsym.kwargs)
+        result = fn(*bsym.args, **bsym.kwargs)
     new_leaves, _ = tree_flatten(result)
     old_leaves, _ = tree_flatten(bsym.output)
     if len(new_leaves) != len(old_leaves):
-        raise RuntimeError(f"executor '{ex.name}': the lowering for {bsym.sym.print_name} returned {len(new_leaves)} "
-                           f"values where the symbol has {len(old_leaves)}")
+        raise RuntimeError(f"{who} for {bsym.sym.print_name} returned {len(new_leaves)} values where the symbol has "
+                           f"{len(old_leaves)}")
     inputs = {p.name for p in bsym.proxy_args()}
     mapping, aliases = {}, []
     for new, old in zip(new_leaves, old_leaves):
         if isinstance(new, TensorProxy) and isinstance(old, TensorProxy) and new.name != old.name:
-            if new.name in inputs or new.constant is not None:
+            if new.name in inputs or new.constant is not None or new.name in mapping:
                 aliases.append(python_alias.bind(new, output=old))
             else:
                 mapping[new.name] = old
     return [b.swap(mapping) for b in emitted] + aliases
 
 
+# Traces carry no strides, so while user code is traced x.contiguous() is x itself. In a
+# lowering it is a copy, run as torch runs it: an executor's kernel sees real memory layouts.
+contiguous = Symbol("contiguous", "executor_lower.contiguous", meta=lambda a, memory_format=None: TensorProxy.like(a),
+                    is_prim=True, print_name="torch.Tensor.contiguous", namespace={"torch": torch},
+                    eager=torch.Tensor.contiguous)
+
+
+@contextlib.contextmanager
+def _contiguous_copies():
+    from thunderfn.core.interception import handlers
+
+    previous = handlers.get(torch.Tensor.contiguous)
+    handlers[torch.Tensor.contiguous] = contiguous
+    try:
+        yield
+    finally:
+        handlers[torch.Tensor.contiguous] = previous
+
+
 def lower_bsyms(bsyms, executors) -> list:
     out = []
     for bsym in bsyms:
-        if bsym.sym.printer is not None:  # del / alias statements
+        if bsym.sym.printer is not None or bsym.sym is contiguous:  # del / alias statements, a lowering's copies
             out.append(bsym)
             continue
         ex, rule = _claim(bsym, executors)
@@ -71,7 +110,9 @@ def lower_bsyms(bsyms, executors) -> list:
             elif isinstance(rule.lower, Symbol) and rule.lower.executor is ex:
                 out.append(BoundSymbol(rule.lower, bsym.args, bsym.kwargs, bsym.output, (bsym,)))
             else:
-                out.extend(lower_bsyms(_traced_lowering(bsym, rule.lower, ex), executors))
+                with _contiguous_copies():
+                    lowered = trace_in_place_of(bsym, rule.lower, f"executor '{ex.name}': the lowering")
+                out.extend(lower_bsyms(lowered, executors))
             continue
         if bsym.subsymbols:
             out.extend(lower_bsyms(bsym.subsymbols, executors))

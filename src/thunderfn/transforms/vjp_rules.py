@@ -61,12 +61,17 @@ def _differentiable(x) -> bool:
     return _is_tensor(x) and x.dtype.is_floating_point
 
 
+def _rule_name(symbol_id) -> str:
+    """How an error names a rule's symbol: a prim by its PrimIDs member, a torch symbol by its id."""
+    return f"prims.{symbol_id.name.lower()}" if isinstance(symbol_id, PrimIDs) else str(symbol_id)
+
+
 def refuse_complex(mode: str, prim_id, args) -> None:
     """Complex autodiff needs a conjugate prim we do not have: refused, naming the prim."""
     for a in _tensors_in(args):
         if a.dtype.is_complex:
             raise NotImplementedError(
-                f"{mode} of prims.{prim_id.name.lower()}: complex tensors are not supported "
+                f"{mode} of {_rule_name(prim_id)}: complex tensors are not supported "
                 f"(got an argument of dtype {a.dtype}); differentiate real and imaginary parts separately")
 
 
@@ -265,8 +270,10 @@ def _pow_vjp(res, g):
 def _atan2_vjp(res, g):
     a, b = res.args
     ta, tb = _scalar(a, res.out), _scalar(b, res.out)
-    scale = prims.div(g, prims.add(_sq(ta), _sq(tb)))
-    return _ct(prims.mul(scale, tb), a), _ct(prims.neg(prims.mul(scale, ta)), b)
+    # torch zeroes 1 / (a² + b²) where it is infinite, so atan2(0, 0) gets gradient 0
+    recip = prims.div(1.0, prims.add(_sq(ta), _sq(tb)))
+    recip = prims.where(prims.eq(recip, float("inf")), 0.0, recip)
+    return _ct(prims.mul(g, prims.mul(tb, recip)), a), _ct(prims.mul(g, prims.mul(prims.neg(ta), recip)), b)
 
 
 def _extremum_vjp(res, g, a_loses, b_loses):
@@ -316,6 +323,8 @@ def _prod_vjp(res, g):
     dims = _reduced(a, dims)
     if not dims:
         return g, None
+    if a.numel() == 0:  # nothing to differentiate: the empty gradient
+        return prims.full(tuple(a.shape), 0.0, device=a.device, dtype=a.dtype), None
     kept = [i for i in range(a.ndim) if i not in dims]
     perm = tuple(kept + list(dims))
     moved = prims.transpose(a, perm)
@@ -330,14 +339,15 @@ def _prod_vjp(res, g):
 
 
 def _extremum_reduction_vjp(res, g):
-    """torch distributes g equally among the elements tied for the extremum."""
+    """torch (amax, amin) distributes g equally among the elements tied for the extremum;
+    where the extremum is NaN no element equals it, and the gradient is NaN, as torch's."""
     a, dims = res.args
     if not _differentiable(a):
         return None, None
     dims = _reduced(a, dims)
-    hit = prims.eq(a, _unreduce(res.out, a, dims))
-    count = prims.sum(prims.convert_element_type(hit, a.dtype), dims) if dims else prims.convert_element_type(hit, a.dtype)
-    return _where0(hit, _unreduce(prims.div(g, count), a, dims)), None
+    hit = prims.convert_element_type(prims.eq(a, _unreduce(res.out, a, dims)), a.dtype)
+    count = prims.sum(hit, dims) if dims else hit
+    return prims.mul(hit, _unreduce(prims.div(g, count), a, dims)), None
 
 
 defvjp(PrimIDs.AMAX, PrimIDs.AMIN)(_extremum_reduction_vjp)

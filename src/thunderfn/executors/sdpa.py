@@ -1,0 +1,237 @@
+"""The sdpa executor: scaled_dot_product_attention on torch's fused attention kernels.
+
+It claims `scaled_dot_product_attention` only where a fused kernel takes the call as
+is; anything else falls to the next executor (torch runs it, or its decomposition).
+- CPU: aten's flash kernel (`_scaled_dot_product_flash_attention_for_cpu`), which
+  returns the output and the row logsumexp; its backward
+  (`..._for_cpu_backward`) needs only those two besides the inputs, so
+  differentiating saves out + logsumexp instead of the L x S attention matrix.
+- CUDA: `F.scaled_dot_product_attention`, which picks flash, memory-efficient or
+  cuDNN itself; when thunderfn differentiates, the memory-efficient pair
+  (`_scaled_dot_product_efficient_attention` and its backward), again saving out +
+  logsumexp. The CUDA path is written against torch's documented schemas and has
+  not been run on a GPU yet.
+The gates mirror torch's own (aten/src/ATen/native/transformers/sdp_utils_cpp.h):
+4-d inputs, equal batch sizes (the CPU kernel reads out of bounds when key/value
+broadcast over the batch), equal head dims, non-empty sequences, no dropout, a 2-d
+or 4-d mask that does not require grad, grouped-query heads only with enable_gqa.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+
+from thunderfn import clang, prims
+from thunderfn.core import dtypes
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.executors.base import OperatorExecutor
+from thunderfn.torch import nn as tnn
+
+aten = torch.ops.aten
+_CPU_OPS = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward")
+_CUDA_OPS = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward")
+_CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_CUDA_ALIGNMENT = 16  # the memory-efficient kernel wants the bias's rows 16-element aligned
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()  # every fused kernel needs stride 1 in the head dim
+
+
+# -- CPU: the flash kernel ------------------------------------------------------------------
+def sdpa_flash_cpu_fwd(query, key, value, attn_mask, is_causal, scale):
+    q, k, v = map(_last_dim_contiguous, (query, key, value))
+    return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
+
+
+def sdpa_flash_cpu(query, key, value, attn_mask, is_causal, scale):
+    # torch autograd differentiates the aten op with its fused backward, so a jitted
+    # function's loss.backward() also saves only out + logsumexp
+    return sdpa_flash_cpu_fwd(query, key, value, attn_mask, is_causal, scale)[0]
+
+
+def sdpa_flash_cpu_bwd(grad_out, query, key, value, out, logsumexp, attn_mask, is_causal, scale):
+    return tuple(aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out.contiguous(), *map(_last_dim_contiguous, (query, key, value)), out, logsumexp, 0.0, is_causal,
+        attn_mask=attn_mask, scale=scale))
+
+
+# -- CUDA: torch's dispatcher forward; the memory-efficient pair for thunderfn's vjp ------------
+def sdpa_fused_cuda(query, key, value, attn_mask, is_causal, scale):
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                                            is_causal=is_causal, scale=scale)
+
+
+def _cuda_bias(attn_mask, query, key):
+    """The mask as the memory-efficient kernel takes it: expanded to (B, H, L, S), rows
+    padded to the kernel's alignment and sliced back (what torch's sdpa does before
+    calling it)."""
+    if attn_mask is None:
+        return None
+    b, h, L = query.shape[:3]
+    bias = attn_mask.to(query.dtype).expand(b, h, L, key.shape[-2])
+    pad = (-bias.shape[-1]) % _CUDA_ALIGNMENT
+    return bias if pad == 0 else torch.nn.functional.pad(bias, (0, pad))[..., :bias.shape[-1]]
+
+
+def sdpa_efficient_cuda_fwd(query, key, value, attn_mask, is_causal, scale):
+    out, lse, _seed, _offset = aten._scaled_dot_product_efficient_attention(
+        query, key, value, _cuda_bias(attn_mask, query, key), True, 0.0, is_causal, scale=scale)
+    return out, lse
+
+
+def sdpa_efficient_cuda_bwd(grad_out, query, key, value, out, logsumexp, attn_mask, is_causal, scale):
+    bias = _cuda_bias(attn_mask, query, key)
+    no_rng = torch.zeros((), dtype=torch.int64, device=query.device)  # dropout is refused: seed/offset unused
+    dq, dk, dv, _dbias = aten._scaled_dot_product_efficient_attention_backward(
+        grad_out.contiguous(), query, key, value, bias, out, logsumexp, no_rng, no_rng, 0.0,
+        [True, True, True, False], is_causal, scale=scale)
+    return dq, dk, dv
+
+
+# -- metadata for the operators ------------------------------------------------------------------
+def _out_meta(query, key, value, attn_mask, is_causal, scale):
+    return TensorProxy.like(query, shape=(*query.shape[:-1], value.shape[-1]), requires_grad=False)
+
+
+def _lse_shape(query) -> tuple:
+    b, h, L = query.shape[:3]
+    if query.device.type == "cuda":  # the memory-efficient kernel pads its logsumexp rows to 32
+        return (b, h, math.ceil(L / 32) * 32)
+    return (b, h, L)
+
+
+def _fwd_meta(query, key, value, attn_mask, is_causal, scale):
+    out = _out_meta(query, key, value, attn_mask, is_causal, scale)
+    lse_dtype = torch.float64 if query.dtype is torch.float64 else torch.float32  # the kernels' accumulation type
+    return out, TensorProxy.like(query, shape=_lse_shape(query), dtype=lse_dtype, requires_grad=False)
+
+
+def _bwd_meta(grad_out, query, key, value, out, logsumexp, attn_mask, is_causal, scale):
+    return tuple(TensorProxy.like(t, requires_grad=False) for t in (query, key, value))
+
+
+# -- the checker: exactly what the fused kernels accept --------------------------------------------
+def _mask_ok(attn_mask, query, key) -> bool:
+    if attn_mask is None:
+        return True
+    if attn_mask.requires_grad or attn_mask.ndim not in (2, 4):  # neither kernel gives a mask gradient
+        return False
+    if not (attn_mask.dtype is torch.bool or attn_mask.dtype in (query.dtype, torch.float32)):
+        return False
+    b, h, L, S = query.shape[0], query.shape[1], query.shape[2], key.shape[2]
+    wanted = (b, h, L, S) if attn_mask.ndim == 4 else (L, S)
+    return all(m in (1, w) for m, w in zip(attn_mask.shape, wanted))
+
+
+def sdpa_checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    qkv = (query, key, value)
+    if not all(isinstance(t, TensorProxy) for t in qkv) or dropout_p != 0.0:
+        return False  # dropout draws random numbers: the torch executor keeps eager's draws
+    device = query.device.type
+    if device not in ("cpu", "cuda") or any(t.device != query.device for t in qkv):
+        return False
+    if device == "cuda" and not all(hasattr(aten, n) for n in _CUDA_OPS):
+        return False
+    if any(t.ndim != 4 for t in qkv) or not (query.dtype == key.dtype == value.dtype):
+        return False
+    if query.dtype not in (_CPU_DTYPES if device == "cpu" else _CUDA_DTYPES):
+        return False
+    (B, H, L, E), (Bk, Hk, S, Ek), (Bv, Hv, Sv, Ev) = query.shape, key.shape, value.shape
+    if not (B == Bk == Bv) or S != Sv or E != Ek or 0 in (B, H, L, E, Hk, S, Ev):
+        return False  # empty inputs: the fused kernels refuse zero-length sequences (and Hk=0 has no groups)
+    if attn_mask is not None and is_causal:
+        return False  # torch refuses the pair; the decomposition defines it, so it runs there
+    if Hk != Hv or not (H == Hk or enable_gqa and device == "cpu" and H % Hk == 0):
+        return False  # grouped-query heads: the CPU kernel handles them, the efficient CUDA one does not
+    if device == "cpu" and E != Ev:
+        return False  # the CPU kernel requires one head size for q, k and v
+    if device == "cuda" and (E % 8 or Ev % 8):
+        return False  # the efficient kernel's alignment (torch pads otherwise; we let torch do that)
+    return _mask_ok(attn_mask, query, key)
+
+
+# -- the mask's gradient, which no fused kernel returns ----------------------------------------------
+def _sum_to_shape(x, shape):
+    lead = x.ndim - len(shape)
+    dims = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and x.shape[lead + i] != 1)
+    return clang.reshape(prims.sum(x, dims), tuple(shape)) if dims else x
+
+
+def _mask_grad(g, query, key, value, out, lse, mask, scale):
+    """d loss / d mask for an additive mask: dS = P * (g v^T - rowsum(g * out)), summed to the
+    mask's shape, with P recomputed from the logsumexp. It is L x S, but only computed when
+    something reads it: differentiating with respect to the mask is rare, and otherwise dead
+    code elimination drops these ops and the backward stays free of L x S tensors."""
+    compute = dtypes.computation_dtype(query.dtype)
+    q, k, v, g, out = (clang.maybe_convert_to_dtype(t, compute) for t in (query, key, value, g, out))
+    if k.shape[-3] != q.shape[-3]:  # grouped-query heads, as the decomposition repeats them
+        k, v = (tnn._repeat_heads(t, q.shape[-3] // t.shape[-3]) for t in (k, v))
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = clang.add(clang.mul(prims.matmul(q, clang.transpose(k, -2, -1)), scale),
+                       clang.maybe_convert_to_dtype(mask, compute))
+    lse = clang.unsqueeze(clang.maybe_convert_to_dtype(lse, compute), -1)
+    probs = clang.where(clang.eq(scores, -float("inf")), 0.0, clang.exp(clang.sub(scores, lse)))
+    row_dot = clang.unsqueeze(prims.sum(clang.mul(g, out), (g.ndim - 1,)), -1)
+    d_scores = clang.mul(probs, clang.sub(prims.matmul(g, clang.transpose(v, -2, -1)), row_dot))
+    return clang.maybe_convert_to_dtype(_sum_to_shape(d_scores, mask.shape), mask.dtype)
+
+
+# -- the lowering -----------------------------------------------------------------------------------
+def _float_mask(attn_mask, query):
+    """Bool masks become additive ones in the query's dtype, as torch's sdpa converts them."""
+    if attn_mask is None or attn_mask.dtype is not torch.bool:
+        return attn_mask
+    return clang.where(attn_mask, 0.0, clang.full(attn_mask.shape, -float("inf"), device=query.device,
+                                                   dtype=query.dtype))
+
+
+class SDPAExecutor(OperatorExecutor):
+    """See the module docstring."""
+
+    def __init__(self):
+        super().__init__("sdpa", torch.__version__)
+        self.cpu = self.register_operator("sdpa_flash_cpu", meta=_out_meta, fn=sdpa_flash_cpu)
+        self.cpu_fwd = self.register_operator("sdpa_flash_cpu_fwd", meta=_fwd_meta, fn=sdpa_flash_cpu_fwd)
+        self.cpu_bwd = self.register_operator("sdpa_flash_cpu_bwd", meta=_bwd_meta, fn=sdpa_flash_cpu_bwd)
+        self.cuda = self.register_operator("sdpa_fused_cuda", meta=_out_meta, fn=sdpa_fused_cuda)
+        self.cuda_fwd = self.register_operator("sdpa_efficient_cuda_fwd", meta=_fwd_meta, fn=sdpa_efficient_cuda_fwd)
+        self.cuda_bwd = self.register_operator("sdpa_efficient_cuda_bwd", meta=_bwd_meta, fn=sdpa_efficient_cuda_bwd)
+        self.register_lowering(tnn.scaled_dot_product_attention, checker=sdpa_checker, lower=self.lower,
+                               vjp=(self.vjp_fwd, self.vjp_bwd))
+
+    def availability(self) -> tuple[bool, str]:
+        missing = [n for n in _CPU_OPS if not hasattr(aten, n)]
+        if missing:
+            return False, f"torch {torch.__version__} has no aten.{missing[0]} (needs torch >= 2.3)"
+        return True, ""
+
+    def _ops(self, query):
+        return (self.cpu, self.cpu_fwd, self.cpu_bwd) if query.device.type == "cpu" else (
+            self.cuda, self.cuda_fwd, self.cuda_bwd)
+
+    def lower(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        return self._ops(query)[0](query, key, value, _float_mask(attn_mask, query), is_causal, scale)
+
+    # custom_vjp's conventions: fwd(*args, **kwargs) -> (out, residuals); bwd(residuals, g) -> one
+    # cotangent per positional argument the symbol was called with (so fwd records how many)
+    def vjp_fwd(self, *args, **kwargs):
+        a = inspect.signature(sdpa_checker).bind(*args, **kwargs).arguments
+        query, key, value = a["query"], a["key"], a["value"]
+        mask = _float_mask(a.get("attn_mask"), query)
+        is_causal, scale = a.get("is_causal", False), a.get("scale")
+        out, lse = self._ops(query)[1](query, key, value, mask, is_causal, scale)
+        float_mask = mask is not None and mask is a.get("attn_mask")  # a bool mask has no gradient
+        return out, (query, key, value, mask, float_mask, is_causal, scale, out, lse, len(args))
+
+    def vjp_bwd(self, residuals, g):
+        query, key, value, mask, float_mask, is_causal, scale, out, lse, n_positional = residuals
+        dq, dk, dv = self._ops(query)[2](g, query, key, value, out, lse, mask, is_causal, scale)
+        d_mask = _mask_grad(g, query, key, value, out, lse, mask, scale) if float_mask else None
+        return ((dq, dk, dv, d_mask) + (None,) * n_positional)[:n_positional]
+
+
+sdpa_ex = SDPAExecutor()

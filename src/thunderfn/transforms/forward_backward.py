@@ -1,0 +1,198 @@
+"""The forward/backward split: how a jitted function joins torch.autograd.
+
+When an input requires grad and grad mode is on, jit differentiates the computation
+trace with the VJP transform (transforms/autodiff.py) and cuts the result in two:
+
+- a *forward* trace that computes the outputs and returns, besides them, the
+  residuals: the values the backward reads (inputs, intermediates, the generator
+  state an opaque random op started from);
+- a *backward* trace whose inputs are those residuals and one cotangent per
+  differentiable output, and whose outputs are the gradients of the inputs that
+  require grad.
+
+Both are lowered and compiled like any trace, and a torch.autograd.Function runs
+them: torch keeps only the residuals alive between the two, and calls the
+backward trace from `loss.backward()`.
+
+Some functions keep the older wiring (autograd through the torch ops the compiled
+function runs, which is correct but saves what torch's ops save): those that write
+into their inputs, those that capture a tensor requiring grad (it is not an input
+of the trace, so the split could not return its gradient), and those with an op
+thunderfn cannot differentiate but torch can. `Split.why_not` says which.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from thunderfn.core import dtypes
+from thunderfn.core.passes import dce
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import tree_flatten, tree_unflatten
+from thunderfn.core.statements import set_grad_enabled, write_back
+from thunderfn.core.trace import Trace, tracing
+from thunderfn.errors import UnsupportedOpError
+
+
+@dataclasses.dataclass
+class Split:
+    forward: Trace  # (inputs) -> ((outputs...), (residuals...))
+    backward: Trace  # (residuals..., cotangents...) -> [gradient or None per input]
+    outputs: list  # the forward's tensor outputs, each computed by the trace and returned once
+    differentiable: list  # per output: does a gradient flow back through it
+    leaf_plan: list  # per leaf of the user's output: ("out", i) | ("input", i) | ("value", v)
+    out_spec: object
+
+
+def _provenance(trc: Trace, name: str, start: int) -> Trace:
+    trc.provenance = f"Constructed by {name} (took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
+    return trc
+
+
+def why_not_split(computation: Trace) -> str | None:
+    """Why this computation keeps autograd through torch's ops, or None if it can be split."""
+    if any(b.sym is write_back for b in computation.bound_symbols):
+        return "it writes into its inputs or captured tensors"
+    captured = [p for b in computation.bound_symbols for p in b.proxy_args() if p.constant is not None and p.requires_grad]
+    if captured:
+        return (f"it captures a tensor that requires grad ({captured[0].name}); pass it as an argument to get "
+                f"thunderfn's backward")
+    return None
+
+
+def _depends_on_inputs(bsyms: list, names: set, grad_enabled: bool) -> set:
+    """The names of values a gradient can reach from the inputs `names`: not through
+    ops recorded under torch.no_grad(), nor into integer or boolean values."""
+    reached = set(names)
+    for bsym in bsyms:
+        if bsym.sym is set_grad_enabled:
+            grad_enabled = bool(bsym.args[0])
+        elif grad_enabled and any(p.name in reached for p in bsym.proxy_args()):
+            reached.update(o.name for o in bsym.proxy_outs() if dtypes.is_inexact(o.dtype))
+    return reached
+
+
+def split_forward_backward(computation: Trace) -> Split:
+    """Differentiate `computation` with respect to its inputs that require grad and cut
+    the joint trace into a forward and a backward trace (see the module docstring).
+    Raises UnsupportedOpError where thunderfn cannot differentiate an op."""
+    from thunderfn.transforms.autodiff import trace_vjp
+
+    start = time.perf_counter_ns()
+    inputs = list(computation.args)
+    input_names = {p.name: i for i, p in enumerate(inputs)}
+    wrt = [p for p in inputs if p.requires_grad and dtypes.is_inexact(p.dtype)]
+
+    out_leaves, out_spec = tree_flatten(computation.output)
+    outputs, leaf_plan, position = [], [], {}
+    for leaf in out_leaves:
+        if not isinstance(leaf, TensorProxy):
+            leaf_plan.append(("value", leaf))
+        elif leaf.name in input_names:  # eager returns the caller's tensor itself
+            leaf_plan.append(("input", input_names[leaf.name]))
+        elif leaf.constant is not None:
+            leaf_plan.append(("value", leaf.constant))
+        else:
+            if leaf.name not in position:
+                position[leaf.name] = len(outputs)
+                outputs.append(leaf)
+            leaf_plan.append(("out", position[leaf.name]))
+    # jit splits only under grad mode (part of its cache key), so the function starts with grad enabled
+    reached = _depends_on_inputs(computation.bound_symbols, {p.name for p in wrt}, True)
+    differentiable = [o.name in reached for o in outputs]
+
+    joint = Trace(computation.fn_name, names=computation.names)
+    with tracing(joint):
+        def replay(*_):
+            for bsym in computation.bound_symbols:
+                joint.emit(bsym)
+            return outputs
+
+        _, backward = trace_vjp(replay, wrt)
+        n_forward = len(joint.bound_symbols)
+        cotangents = [TensorProxy(joint.names.take(prefix="g"), shape=o.shape, dtype=o.dtype, device=o.device)
+                      for o, d in zip(outputs, differentiable) if d]
+        it = iter(cotangents)
+        grads = backward([next(it) if d else None for d in differentiable])
+    grad_of = {p.name: g for p, g in zip(wrt, grads)}
+
+    bwd = Trace(computation.fn_name, names=computation.names)
+    bwd.def_name = "backward"
+    bwd.bound_symbols = joint.bound_symbols[n_forward:]
+    bwd.output = [grad_of.get(p.name) for p in inputs]
+    bwd = dce(bwd)
+    defined = {o.name for b in bwd.bound_symbols for o in b.proxy_outs()} | {c.name for c in cotangents}
+    residuals, seen = [], set()
+    used = [p for b in bwd.bound_symbols for p in b.proxy_args()] + [g for g in bwd.output if g is not None]
+    for p in used:
+        if p.name not in defined and p.name not in seen and p.constant is None:
+            seen.add(p.name)
+            residuals.append(p)
+    bwd.args = residuals + cotangents
+
+    fwd = computation.derive("", [b for b in joint.bound_symbols[:n_forward] if b.sym is not set_grad_enabled])
+    fwd.output = (tuple(outputs), tuple(residuals))
+    fwd = dce(fwd)
+    _provenance(fwd, "Forward and backward split", start)
+    _provenance(bwd, "Forward and backward split", start)
+    return Split(fwd, bwd, outputs, differentiable, leaf_plan, out_spec)
+
+
+class ThunderFunction(torch.autograd.Function):
+    """Runs a compiled forward, saves its residuals, and runs the compiled backward
+    from torch's backward pass. torch does not record the backward's own ops, so
+    create_graph=True (torch differentiating the backward) is refused rather than
+    answered with a gradient that stops at the residuals: higher derivatives go
+    through thunderfn (tf.grad of tf.grad)."""
+
+    @staticmethod
+    def forward(ctx, compiled, *inputs):
+        outputs, residuals = compiled.forward(*inputs)
+        ctx.compiled = compiled
+        ctx.save_for_backward(*residuals)
+        ctx.mark_non_differentiable(*(o for o, d in zip(outputs, compiled.differentiable) if not d))
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *cotangents):
+        compiled = ctx.compiled
+        if torch.is_grad_enabled():
+            raise UnsupportedOpError(
+                f"torch.autograd was asked to differentiate the backward of the jitted '{compiled.fn_name}' "
+                f"(create_graph=True), which runs as thunderfn's backward trace and is not recorded by torch. "
+                f"For higher derivatives use thunderfn's transforms: tf.grad(tf.grad(f)), tf.jvp(tf.grad(f), ...).")
+        residuals = ctx.saved_tensors
+        grads = compiled.backward(*residuals, *(c for c, d in zip(cotangents, compiled.differentiable) if d))
+        return (None, *grads)
+
+
+class CompiledSplit:
+    """A split, compiled: call it with the input tensors to get the user's output structure."""
+
+    def __init__(self, split: Split, forward, backward):
+        self.forward, self.backward = forward, backward
+        self.fn_name = split.forward.fn_name
+        self.differentiable = split.differentiable
+        self.leaf_plan, self.out_spec = split.leaf_plan, split.out_spec
+
+    def __call__(self, *inputs):
+        outs = ThunderFunction.apply(self, *inputs)
+        leaves = [outs[i] if kind == "out" else inputs[i] if kind == "input" else i for kind, i in self.leaf_plan]
+        return tree_unflatten(self.out_spec, leaves)
+
+
+def try_split(computation: Trace):
+    """(split, None), or (None, why the computation keeps torch's autograd wiring)."""
+    why = why_not_split(computation)
+    if why is not None:
+        return None, why
+    try:
+        split = split_forward_backward(computation)
+    except (UnsupportedOpError, NotImplementedError) as e:  # torch may still differentiate it: keep its wiring
+        return None, f"thunderfn cannot differentiate it ({e})"
+    if not any(split.differentiable):
+        return None, "no output depends on an input that requires grad"
+    return split, None
+

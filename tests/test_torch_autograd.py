@@ -1,0 +1,206 @@
+"""jit and torch.autograd: when an input requires grad, a jitted function returns tensors
+whose backward is thunderfn's backward trace (transforms/forward_backward.py), and
+loss.backward() fills .grad exactly as eager does."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import assume, given
+
+import thunderfn as tf
+from thunderfn.testing import strategies as tst
+
+
+def _eager_and_jit_grads(fn, *args, out_to_loss=lambda out: out.sum()):
+    """The gradients of out_to_loss(fn(*args)) w.r.t. the args that require grad, eager and jitted."""
+    wrt = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    expected = torch.autograd.grad(out_to_loss(fn(*args)), wrt)
+    jf = tf.jit(fn)
+    got = torch.autograd.grad(out_to_loss(jf(*args)), wrt)
+    return jf, expected, got
+
+
+def _arg_names(trc) -> list:
+    return [a.name for a in trc.args]
+
+
+FUNCTIONS = {
+    "mlp": lambda x, w, b: torch.tanh(F.linear(x, w, b)).pow(2).mean(dim=0),
+    "softmax_layer_norm": lambda x, w, b: F.layer_norm(torch.softmax(x @ w.t(), -1) + b, (4,)),
+    "broadcast_and_reduce": lambda x, w, b: (x.unsqueeze(1) * w).sum(-1) / (1 + b.exp()),
+    "gelu_and_where": lambda x, w, b: torch.where(x @ w.t() > 0, F.gelu(x @ w.t()), b),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_backward_through_a_jitted_function_matches_eager(name):
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    jf, expected, got = _eager_and_jit_grads(FUNCTIONS[name], x, w, b)
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e)
+    assert tf.last_backward_traces(jf)[-1].def_name == "backward"
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_jitted_function_passes_torch_gradcheck(name):
+    torch.manual_seed(0)
+    args = (torch.randn(3, 5, dtype=torch.float64, requires_grad=True),
+            torch.randn(4, 5, dtype=torch.float64, requires_grad=True),
+            torch.randn(4, dtype=torch.float64, requires_grad=True))
+    assert torch.autograd.gradcheck(tf.jit(FUNCTIONS[name]), args)
+
+
+def test_backward_trace_reads_only_the_residuals_it_needs():
+    """sin's backward needs x (for cos(x)); the forward saves x and nothing else."""
+    x = torch.randn(4, requires_grad=True)
+    jf = tf.jit(lambda x: torch.sin(x) * 2)
+    jf(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.cos(x.detach()) * 2)
+    backward = tf.last_backward_traces(jf)[0]
+    assert _arg_names(backward) == ["x", "g0"]
+    forward = tf.last_traces(jf)[-1]
+    assert forward.output[1] == tuple(backward.args[:1])  # the forward returns the residuals
+    assert "del " in str(tf.last_backward_traces(jf)[-1])  # delete-last-used ran on the backward too
+
+
+def test_only_inputs_that_require_grad_get_a_gradient_computation():
+    x, w = torch.randn(3, 4), torch.randn(4, requires_grad=True)
+    jf = tf.jit(lambda x, w: (x * w).sum())
+    jf(x, w).backward()
+    torch.testing.assert_close(w.grad, x.sum(0))
+    assert tf.last_backward_traces(jf)[-1].output[0] is None
+
+
+def test_outputs_that_do_not_depend_on_grad_inputs_do_not_require_grad():
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    jf = tf.jit(lambda x, w: (x * w, x + 1, (x * w).argmax(), x))
+    prod, shifted, index, same = jf(x, w)
+    assert prod.requires_grad and not shifted.requires_grad and not index.requires_grad
+    assert same is x  # an input returned as is is the caller's tensor, as in eager
+
+
+def test_no_grad_around_a_call_builds_no_graph_and_no_backward():
+    x = torch.randn(3, requires_grad=True)
+    jf = tf.jit(lambda x: x * 2)
+    with torch.no_grad():
+        out = jf(x)
+    assert not out.requires_grad
+    with pytest.raises(RuntimeError, match="no backward trace.*grad mode"):
+        tf.last_backward_traces(jf)
+
+
+def test_pytree_outputs_and_a_value_returned_twice():
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+
+    def f(x):
+        y = x.exp()
+        return {"a": y, "b": [y, x.sin()], "n": 3}
+
+    out = tf.jit(f)(x)
+    assert out["n"] == 3
+    (out["a"] * 2 + out["b"][0] + out["b"][1]).sum().backward()
+    torch.testing.assert_close(x.grad, 3 * x.detach().exp() + x.detach().cos())
+
+
+def test_gradient_flows_into_a_non_leaf_input_and_backward_twice_with_retain_graph():
+    a = torch.randn(3, requires_grad=True)
+    x = a * 3
+    loss = tf.jit(lambda x: (x ** 2).sum())(x)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    torch.testing.assert_close(a.grad, 2 * (6 * 3 * a.detach()))
+
+
+def test_torch_double_backward_is_refused_and_thunderfn_grad_of_grad_is_the_way():
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(tf.UnsupportedOpError, match=r"create_graph=True.*tf.grad\(tf.grad\(f\)\)"):
+        torch.autograd.grad(tf.jit(lambda x: x.sin().sum())(x), x, create_graph=True)
+    second = tf.grad(lambda x: tf.grad(lambda x: x.sin().sum())(x).sum())(x.detach())
+    torch.testing.assert_close(second, -x.detach().sin())
+
+
+def test_dropout_backward_uses_the_forwards_mask():
+    x = torch.randn(64, requires_grad=True)
+    jf = tf.jit(lambda x: F.dropout(x, 0.5, training=True) * 3)
+    out = jf(x)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, torch.where(out.detach() != 0, 6.0, 0.0))
+
+
+def test_opaque_op_in_a_jitted_function_is_differentiated_by_torch():
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 6, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 2, 3, 3, dtype=torch.float64, requires_grad=True)
+    jf, expected, got = _eager_and_jit_grads(lambda x, w: F.conv2d(x, w).relu(), x, w)
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e)
+    assert "torch_vjp" in str(tf.last_backward_traces(jf)[-1])
+
+
+def test_a_captured_tensor_that_requires_grad_keeps_torchs_autograd_wiring():
+    w = torch.randn(3, requires_grad=True)
+    x = torch.randn(3, requires_grad=True)
+    jf = tf.jit(lambda x: (x * w).sum())
+    jf(x).backward()
+    torch.testing.assert_close(w.grad, x.detach())
+    torch.testing.assert_close(x.grad, w.detach())
+    with pytest.raises(RuntimeError, match="captures a tensor that requires grad"):
+        tf.last_backward_traces(jf)
+
+
+def test_a_function_writing_into_an_input_keeps_torchs_autograd_wiring():
+    def f(x, buf):
+        buf.add_(1)
+        return (x * buf).sum()
+
+    x, buf = torch.randn(3, requires_grad=True), torch.zeros(3)
+    jf = tf.jit(f)
+    jf(x, buf).backward()
+    torch.testing.assert_close(x.grad, torch.ones(3))
+    torch.testing.assert_close(buf, torch.ones(3))
+    with pytest.raises(RuntimeError, match="writes into its inputs"):
+        tf.last_backward_traces(jf)
+
+
+def test_disable_torch_autograd_returns_tensors_without_a_graph():
+    x = torch.randn(3, requires_grad=True)
+    out = tf.jit(lambda x: x * 2, disable_torch_autograd=True)(x)
+    assert not out.requires_grad
+
+
+def test_optimizer_steps_on_a_jitted_module_match_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+    reference = copy.deepcopy(model)
+    jm = tf.jit(model)
+    x = torch.randn(5, 4)
+    for module in (reference, jm):
+        opt = torch.optim.SGD(module.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            module(x).pow(2).mean().backward()
+            opt.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q)
+    assert tf.last_backward_traces(jm)[-1].def_name == "backward"
+
+
+@given(tst.programs(), tst.program_inputs(dtypes=(torch.float64,)))
+def test_backward_of_jitted_random_programs_equals_eager_backward(program, inputs):
+    """jit(f)(x).backward() fills x.grad as f(x).backward() does, on randomly composed programs."""
+    eager_inputs = [x.detach().requires_grad_() for x in inputs]
+    jit_inputs = [x.detach().requires_grad_() for x in inputs]
+    try:
+        program(*eager_inputs).sum().backward()
+    except RuntimeError:
+        assume(False)
+    tf.jit(program)(*jit_inputs).sum().backward()
+    for e, g in zip(eager_inputs, jit_inputs):
+        if e.grad is None:
+            assert g.grad is None or not g.grad.any()
+        else:
+            torch.testing.assert_close(g.grad, e.grad, equal_nan=True)

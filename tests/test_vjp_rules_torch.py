@@ -1,0 +1,327 @@
+"""Torch-level VJP rules (transforms/vjp_rules_torch.py) for the ops of a transformer training step:
+the forward keeps each op whole (its torch function runs in the execution trace, where without the
+rule its decomposition runs), and the gradient and the second derivative (a Hessian-vector product)
+match torch.autograd in float64, at the edge cases too: ignored targets, label smoothing, fully
+masked attention rows, broadcast biases and masks, 1-D inputs."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunderfn as tf
+import thunderfn.torch as ltorch
+from thunderfn.transforms.vjp_rules import vjp_rules
+
+F64 = torch.float64
+_gen = torch.Generator().manual_seed(0)
+
+
+def randn(*shape, dtype=F64):
+    return torch.randn(shape, generator=_gen, dtype=dtype)
+
+
+_cotangents: dict = {}
+
+
+def weighted(out):
+    """A scalar from out whose cotangent is not all ones (a fixed random tensor per shape, made when the
+    case is defined: torch.randn while tracing would be traced)."""
+    shape = tuple(out.shape)
+    if shape not in _cotangents:
+        _cotangents[shape] = torch.randn(shape, generator=torch.Generator().manual_seed(len(_cotangents)), dtype=F64)
+    return (out * _cotangents[shape]).sum()
+
+
+# -- cases: id -> (scalar function, differentiated args); constants are captured ---------------------
+CASES: dict = {}
+
+
+def case(id, fn, *args):
+    fn(*args)  # eagerly once: makes its cotangents
+    CASES[id] = (fn, args)
+
+
+# linear
+x3, w2, b1 = randn(2, 3, 5), randn(4, 5), randn(4)
+case("linear-batched-bias", lambda x, w, b: weighted(F.linear(x, w, b)), x3, w2, b1)
+case("linear-bias-by-keyword", lambda x, w, b: weighted(F.linear(x, w, bias=b)), x3, w2, b1)
+case("linear-4d-input-no-bias", lambda x, w: weighted(F.linear(x, w)), randn(2, 2, 3, 5), w2)
+case("linear-1d-input", lambda x, w, b: weighted(F.linear(x, w, b)), randn(5), w2, b1)
+case("linear-1d-weight", lambda x, w: weighted(F.linear(x, w)), x3, randn(5))
+case("linear-1d-input-1d-weight", lambda x, w: F.linear(x, w) * 1.7, randn(5), randn(5))
+case("linear-broadcast-0d-bias", lambda x, w, b: weighted(F.linear(x, w, b)), x3, w2, randn())
+case("linear-broadcast-size1-bias", lambda x, w, b: weighted(F.linear(x, w, b)), x3, w2, randn(1))
+_linear = torch.nn.Linear(5, 4).double()
+case("linear-module", lambda x: weighted(_linear(x)), x3)
+
+# gelu
+_wide = torch.cat([randn(3, 4) * 3, torch.tensor([[0.0, -8.0, 8.0, 1e-3]], dtype=F64)])
+case("gelu-none", lambda x: weighted(F.gelu(x)), _wide)
+case("gelu-tanh", lambda x: weighted(F.gelu(x, approximate="tanh")), _wide)
+
+# layer_norm
+case("layer_norm-weight-bias", lambda x, w, b: weighted(F.layer_norm(x, (5,), w, b)), x3, randn(5), randn(5))
+case("layer_norm-two-normalized-dims", lambda x, w, b: weighted(F.layer_norm(x, (3, 5), w, b)), x3, randn(3, 5), randn(3, 5))
+case("layer_norm-no-weight-no-bias", lambda x: weighted(F.layer_norm(x, (5,))), x3)
+case("layer_norm-weight-only-eps", lambda x, w: weighted(F.layer_norm(x, (5,), w, eps=0.1)), x3, randn(5))
+case("layer_norm-no-batch-dims", lambda x, w, b: weighted(F.layer_norm(x, (5,), w, b)), randn(5), randn(5), randn(5))
+_layer_norm = torch.nn.LayerNorm(5).double()
+case("layer_norm-module", lambda x: weighted(_layer_norm(x)), x3)
+
+# softmax, log_softmax
+_masked = randn(3, 4).masked_fill(torch.tensor([[0, 1, 0, 1], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool), -float("inf"))
+for name, f in (("softmax", F.softmax), ("log_softmax", F.log_softmax)):
+    case(f"{name}-last-dim", lambda x, f=f: weighted(f(x, -1)), x3)
+    case(f"{name}-dim-0", lambda x, f=f: weighted(f(x, 0)), x3)
+    case(f"{name}-tensor-method", lambda x, name=name: weighted(getattr(x, name)(1)), x3)
+    case(f"{name}-1d", lambda x, f=f: weighted(f(x, 0)), randn(6))
+    case(f"{name}-0d", lambda x, f=f: f(x, 0) * 2.0, randn())
+    case(f"{name}-dtype", lambda x, f=f: weighted(f(x * 1.0, -1, dtype=F64)), x3)
+case("softmax-masked-entries", lambda x: weighted(F.softmax(x, -1)), _masked)
+
+# cross_entropy
+logits, targets = randn(6, 5), torch.tensor([0, 4, -100, 2, 2, 1])
+class_weight = torch.rand(5, generator=_gen, dtype=F64) + 0.5
+for reduction in ("mean", "sum", "none"):
+    for smoothing in (0.0, 0.15):
+        for wname, w in (("", None), ("-weight", class_weight)):
+            case(f"cross_entropy-{reduction}-ls{smoothing}{wname}",
+                 lambda x, r=reduction, s=smoothing, w=w: weighted(F.cross_entropy(x, targets, w, reduction=r, label_smoothing=s)),
+                 logits)
+case("cross_entropy-ignore_index-a-class", lambda x: F.cross_entropy(x, targets.clamp(min=0), ignore_index=2), logits)
+case("cross_entropy-spatial", lambda x: F.cross_entropy(x, torch.tensor([[[0, 1], [-100, 2]], [[2, 2], [1, 0]]]),
+                                                        label_smoothing=0.1), randn(2, 3, 2, 2))
+case("cross_entropy-spatial-none-weight", lambda x: weighted(F.cross_entropy(
+    x, torch.tensor([[[0, 1], [-100, 2]], [[2, 2], [1, 0]]]), class_weight[:3], reduction="none")), randn(2, 3, 2, 2))
+case("cross_entropy-1d-input", lambda x: F.cross_entropy(x, torch.tensor(3), label_smoothing=0.2), randn(5))
+case("cross_entropy-1d-input-none", lambda x: F.cross_entropy(x, torch.tensor(3), reduction="none") * 1.3, randn(5))
+case("cross_entropy-byte-targets", lambda x: F.cross_entropy(x, torch.tensor([1, 0, 4, 2, 3, 3], dtype=torch.uint8)), logits)
+case("cross_entropy-legacy-reduce", lambda x: weighted(F.cross_entropy(x, targets, reduce=False)), logits)
+case("cross_entropy-probabilities", lambda x, p: F.cross_entropy(x, p), logits, torch.softmax(randn(6, 5), -1))
+case("cross_entropy-probabilities-weight-ls-sum", lambda x, p, w: F.cross_entropy(x, p, w, reduction="sum", label_smoothing=0.1),
+     logits, torch.softmax(randn(6, 5), -1), class_weight)
+case("cross_entropy-probabilities-none-spatial", lambda x, p: weighted(F.cross_entropy(x, p, reduction="none")),
+     randn(2, 3, 4), torch.softmax(randn(2, 3, 4), 1))
+# torch gives the weight no gradient with class indices (nll_loss refuses it): checked against the loss written out
+case("cross_entropy-weight-gradient-by-formula", lambda x, w: F.cross_entropy(x, targets, w, label_smoothing=0.15), logits, class_weight)
+
+# scaled_dot_product_attention
+q, k, v = randn(2, 3, 4, 8), randn(2, 3, 6, 8), randn(2, 3, 6, 5)
+_rows_masked = torch.rand(4, 6, generator=_gen) > 0.4
+_rows_masked[1] = False  # query 1 sees nothing: its output and gradients are zeros
+_rows_masked[0, 0] = True
+_float_mask = randn(2, 1, 4, 6).masked_fill(~_rows_masked, -float("inf"))
+sdpa = F.scaled_dot_product_attention
+case("sdpa-plain", lambda q, k, v: weighted(sdpa(q, k, v)), q, k, v)
+case("sdpa-causal", lambda q, k, v: weighted(sdpa(q, k, v, is_causal=True)), q, k, v)
+case("sdpa-causal-query-longer", lambda q, k, v: weighted(sdpa(q, k, v, is_causal=True)), randn(2, 3, 7, 8), k, v)
+case("sdpa-scale", lambda q, k, v: weighted(sdpa(q, k, v, scale=0.2)), q, k, v)
+case("sdpa-bool-mask-fully-masked-row", lambda q, k, v: weighted(sdpa(q, k, v, _rows_masked)), q, k, v)
+case("sdpa-float-mask-gradient", lambda q, k, v, m: weighted(sdpa(q, k, v, attn_mask=m)), q, k, v, randn(4, 6))
+case("sdpa-float-mask-fully-masked-row", lambda q, k, v, m: weighted(sdpa(q, k, v, attn_mask=m)), q, k, v, _float_mask)
+case("sdpa-float32-mask", lambda q, k, v, m: weighted(sdpa(q, k, v, attn_mask=m)), q, k, v, randn(4, 6, dtype=torch.float32))
+case("sdpa-3d-inputs", lambda q, k, v: weighted(sdpa(q, k, v)), randn(3, 4, 8), randn(3, 6, 8), randn(3, 6, 5))
+case("sdpa-2d-inputs", lambda q, k, v: weighted(sdpa(q, k, v)), randn(4, 8), randn(6, 8), randn(6, 8))
+case("sdpa-broadcast-batch", lambda q, k, v: weighted(sdpa(q, k, v)), q, randn(1, 3, 6, 8), randn(2, 1, 6, 5))
+case("sdpa-grouped-query", lambda q, k, v: weighted(sdpa(q, k, v, enable_gqa=True, is_causal=True)),
+     randn(2, 6, 4, 8), randn(2, 2, 4, 8), randn(2, 3, 4, 8))
+case("sdpa-no-keys", lambda q, k, v: weighted(sdpa(q, k, v) + q[..., :5]), randn(2, 4, 8), randn(2, 0, 8), randn(2, 0, 5))
+
+# embedding
+table, ids = randn(10, 3), torch.tensor([[1, 2, 1], [9, 0, 1]])
+case("embedding", lambda w: weighted(F.embedding(ids, w)), table)
+case("embedding-int32-indices-squared", lambda w: F.embedding(ids.int(), w).pow(2).sum(), table)
+_embedding = torch.nn.Embedding(10, 3)
+case("embedding-module", lambda w: weighted(tf.functional_call(_embedding, {"weight": w}, (ids,))), table)
+
+FIRST_ORDER_ONLY = {"embedding", "embedding-module"}  # linear in the weight; embedding-int32-indices-squared is not
+
+
+def _torch_grads(fn, args, create_graph=False):
+    leaves = [a.detach().clone().requires_grad_(True) for a in args]
+    return leaves, torch.autograd.grad(fn(*leaves), leaves, create_graph=create_graph)
+
+
+def _reference(fn):
+    """What torch.autograd differentiates: fn itself, or, where torch refuses (cross_entropy's class weight
+    with class indices), the loss written out in differentiable torch ops."""
+    if fn is CASES["cross_entropy-weight-gradient-by-formula"][0]:
+        def written_out(x, w):
+            logp, valid = torch.log_softmax(x, 1), targets != -100
+            safe = targets.clamp(min=0)
+            picked = torch.where(valid, w[safe], 0.0)
+            nll = -(picked * logp.gather(1, safe[:, None])[:, 0]).sum()
+            smooth = -torch.where(valid, (logp * w).sum(1), 0.0).sum()
+            return (0.85 * nll + 0.15 / 5 * smooth) / picked.sum()
+        return written_out
+    return fn
+
+
+def _argnums(args):
+    return tuple(range(len(args)))
+
+
+@pytest.mark.parametrize("fn, args", CASES.values(), ids=CASES.keys())
+def test_gradient_matches_torch_autograd(fn, args):
+    got = tf.grad(fn, argnums=_argnums(args))(*args)
+    _, expected = _torch_grads(_reference(fn), args)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, equal_nan=True)
+
+
+@pytest.mark.parametrize("fn, args", [v for k, v in CASES.items() if k not in FIRST_ORDER_ONLY],
+                         ids=[k for k in CASES if k not in FIRST_ORDER_ONLY])
+def test_second_derivative_matches_torch_autograd(fn, args):
+    """A Hessian-vector product: the gradient of <grad f, v> for a fixed v, through the rule's backward."""
+    vs = [torch.randn(a.shape, generator=torch.Generator().manual_seed(7), dtype=a.dtype) for a in args]
+    first = tf.grad(fn, argnums=_argnums(args))
+
+    def directional(*a):
+        return sum((g * v).sum() for g, v in zip(first(*a), vs))
+
+    got = tf.grad(directional, argnums=_argnums(args))(*args)
+    leaves, grads = _torch_grads(_reference(fn), args, create_graph=True)
+    directional_torch = sum((g * v).sum() for g, v in zip(grads, vs))
+    expected = (torch.autograd.grad(directional_torch, leaves, allow_unused=True) if directional_torch.requires_grad
+                else [None] * len(leaves))  # the gradient does not depend on the inputs
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, torch.zeros_like(g) if e is None else e, equal_nan=True)
+
+
+# -- edge cases where torch's gradient is not the decomposition's --------------------------------------
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_cross_entropy_all_targets_ignored_gives_torchs_zero_gradient(reduction, smoothing):
+    """torch's mean is 0/0 = nan, but the gradient it gives is 0 (no element reaches it)."""
+    fn = lambda x: F.cross_entropy(x, torch.full((4,), -100), reduction=reduction, label_smoothing=smoothing).sum()  # noqa: E731
+    x = randn(4, 5)
+    got = tf.grad(fn)(x)
+    torch.testing.assert_close(got, _torch_grads(fn, (x,))[1][0])
+    torch.testing.assert_close(got, torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_cross_entropy_zero_total_weight_gives_torchs_nan_rows(smoothing):
+    """Valid targets of weight 0: torch's mean divides by 0, so their rows are nan; ignored rows stay 0."""
+    fn = lambda x: F.cross_entropy(x, torch.tensor([1, 2, -100]), torch.zeros(5, dtype=F64), label_smoothing=smoothing)  # noqa: E731
+    x = randn(3, 5)
+    got = tf.grad(fn)(x)
+    torch.testing.assert_close(got, _torch_grads(fn, (x,))[1][0], equal_nan=True)
+    assert got[:2].isnan().all() and (got[2] == 0).all()
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sdpa_fully_masked_rows_get_zero_gradients_as_in_torch(is_causal):
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[2] = False
+    fn = lambda q, k, v: weighted(sdpa(q, k, v, mask, is_causal=is_causal))  # noqa: E731
+    args = randn(1, 2, 4, 8), randn(1, 2, 4, 8), randn(1, 2, 4, 8)
+    fn(*args)  # makes its cotangent
+    got = tf.grad(fn, argnums=(0, 1, 2))(*args)
+    for g, e in zip(got, _torch_grads(fn, args)[1]):
+        torch.testing.assert_close(g, e)
+    assert (got[0][:, :, 2] == 0).all()
+
+
+def test_sdpa_with_dropout_matches_torch_under_the_same_seed():
+    """F.scaled_dot_product_attention with dropout is traced as its decomposition (the rule's forward, torch's
+    whole call, would hide the mask): differentiated through the mask it drew, which is eager's."""
+    fn = lambda q, k, v: weighted(sdpa(q, k, v, dropout_p=0.4))  # noqa: E731
+    args = randn(2, 2, 4, 8), randn(2, 2, 6, 8), randn(2, 2, 6, 8)
+    fn(*args)  # makes its cotangent
+    grad = tf.grad(fn, argnums=(0, 1, 2))
+    torch.manual_seed(3)
+    got = grad(*args)
+    torch.manual_seed(3)
+    for g, e in zip(got, _torch_grads(fn, args)[1]):
+        torch.testing.assert_close(g, e)
+    assert "scaled_dot_product_attention" not in str(tf.last_traces(grad)[-1])
+
+
+def test_sdpa_symbol_called_directly_with_dropout_refuses_to_differentiate():
+    fn = lambda q: ltorch.scaled_dot_product_attention(q, q, q, None, 0.3).sum()  # noqa: E731
+    with pytest.raises(tf.UnsupportedOpError, match="dropout_p > 0"):
+        tf.grad(fn)(randn(2, 4, 8))
+
+
+@pytest.mark.parametrize("call", ["symbol", "F.linear", "F.layer_norm", "torch.sigmoid"])
+def test_tensors_passed_by_keyword_get_their_gradient(call):
+    """A rule returns cotangents by position; the driver moves tensors given by keyword to their positions."""
+    fn = {"symbol": lambda x, w: ltorch.linear(x, weight=w).sum(),
+          "F.linear": lambda x, w: F.linear(input=x, weight=w).sum(),
+          "F.layer_norm": lambda x, w: F.layer_norm(x, (5,), weight=w[0], bias=w[1]).sum() * x.sum(),
+          "torch.sigmoid": lambda x, w: (torch.sigmoid(input=x) * w[0]).sum()}[call]
+    args = (randn(4, 5), randn(4, 5))
+    got = tf.grad(fn, argnums=(0, 1))(*args)
+    for g, e in zip(got, _torch_grads(fn, args)[1]):
+        torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("options", [{"padding_idx": 1}, {"scale_grad_by_freq": True}], ids=["padding_idx", "scale_grad_by_freq"])
+def test_embedding_gradient_options_still_match_torch(options):
+    fn = lambda w: weighted(F.embedding(ids, w, **options))  # noqa: E731
+    fn(table)  # makes its cotangent
+    torch.testing.assert_close(tf.grad(fn)(table), _torch_grads(fn, (table,))[1][0])
+
+
+# -- the forward keeps each op whole ------------------------------------------------------------------
+WHOLE = {  # symbol -> (case, the torch call its execution-trace line makes)
+    ltorch.linear: ("linear-batched-bias", "torch.nn.functional.linear("),
+    ltorch.gelu: ("gelu-tanh", "torch.nn.functional.gelu("),
+    ltorch.layer_norm: ("layer_norm-weight-bias", "torch.nn.functional.layer_norm("),
+    ltorch.softmax: ("softmax-last-dim", "torch.nn.functional.softmax("),
+    ltorch.log_softmax: ("log_softmax-last-dim", "torch.nn.functional.log_softmax("),
+    ltorch.cross_entropy: ("cross_entropy-mean-ls0.15-weight", "torch.nn.functional.cross_entropy("),
+    ltorch.scaled_dot_product_attention: ("sdpa-float-mask-gradient", "torch.nn.functional.scaled_dot_product_attention("),
+    ltorch.embedding: ("embedding", "torch.nn.functional.embedding("),
+}
+
+
+def _statements(fn, args) -> list[str]:
+    grad = tf.value_and_grad(fn, argnums=_argnums(args))  # the value: the forward is not dead code
+    grad(*args)
+    return [line.strip() for line in str(tf.last_traces(grad)[-1]).splitlines()
+            if line.strip() and not line.strip().startswith(("#", "del ", "def ", "import ", "return "))]
+
+
+@pytest.mark.parametrize("symbol", WHOLE, ids=[s.name for s in WHOLE])
+def test_forward_runs_the_op_whole_where_without_the_rule_it_runs_decomposed(symbol, monkeypatch):
+    name, call = WHOLE[symbol]
+    fn, args = CASES[name]
+    with_rule = _statements(fn, args)
+    assert sum(call in s for s in with_rule) == 1, "\n".join(with_rule)
+    monkeypatch.delitem(vjp_rules, symbol.id)
+    decomposed = _statements(fn, args)
+    assert not any(call in s for s in decomposed)
+    assert len(with_rule) < len(decomposed)
+
+
+@pytest.mark.parametrize("symbol", WHOLE, ids=[s.name for s in WHOLE])
+def test_forward_over_reverse_matches_torch_func(symbol):
+    """jvp(grad(f)): the rules' backward goes through forward mode too."""
+    fn, args = CASES[WHOLE[symbol][0]]
+    tangents = tuple(torch.randn(a.shape, generator=torch.Generator().manual_seed(3), dtype=a.dtype) for a in args)
+    grad_all = lambda *a: tf.grad(fn, argnums=_argnums(a))(*a)  # noqa: E731
+    _, got = tf.jvp(grad_all, args, tangents)
+    _, expected = torch.func.jvp(torch.func.grad(_reference(fn), argnums=_argnums(args)), args, tangents)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
+LOW_PRECISION = ["linear-batched-bias", "gelu-none", "gelu-tanh", "layer_norm-weight-bias", "softmax-last-dim",
+                 "log_softmax-last-dim", "cross_entropy-mean-ls0.15", "sdpa-causal", "embedding"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", LOW_PRECISION)
+def test_low_precision_gradient_is_as_accurate_as_torchs(name, dtype):
+    """Against float64, thunderfn's gradient in float32 / bfloat16 errs no more than torch's own (and has the
+    arguments' dtypes)."""
+    fn, args = CASES[name]
+    low = tuple(a.to(dtype) for a in args)
+    got = tf.grad(fn, argnums=_argnums(low))(*low)
+    _, torchs = _torch_grads(fn, low)
+    _, exact = _torch_grads(fn, args)
+    for g, t, e, a in zip(got, torchs, exact, low):
+        assert g.dtype == a.dtype
+        scale = e.abs().max()
+        assert (g.double() - e).abs().max() <= 2 * (t.double() - e).abs().max() + 1e-6 * scale
