@@ -59,3 +59,4 @@ from thunderfn.torch.linalg import *  # noqa: E402,F401,F403
 from thunderfn.torch import random as _random_effects  # noqa: E402,F401  (records manual_seed & co.)
 from thunderfn.torch.inplace import *  # noqa: E402,F401,F403
 from thunderfn.torch.statistics import *  # noqa: E402,F401,F403
+from thunderfn.torch.backward import *  # noqa: E402,F401,F403

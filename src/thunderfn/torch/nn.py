@@ -17,6 +17,7 @@ from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
 from thunderfn.torch import register_alias, torchsymbol
+from thunderfn.torch.backward import native_layer_norm, nll_loss_forward
 from thunderfn.torch.opaque import opaque_symbol
 from thunderfn.torch.elementwise import logsigmoid, mul, neg, rsub, sub
 from thunderfn.torch.reductions import log_softmax, softmax
@@ -98,15 +99,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         # float32 parameters may go with a half-precision input; otherwise parameters match the input
         check(p is None or p.dtype == input.dtype or p.dtype is torch.float32 and input.dtype in dtypes.low_precision,
               lambda: f"mixed dtype (CPU): expect parameter to have scalar type of {clang.scalar_type_name(input.dtype)}")
-    x = maybe_convert_to_dtype(input, dtypes.computation_dtype(input.dtype))
-    var, mean = prims.var_mean(x, dims, correction=0)
-    rstd = clang.rsqrt(clang.add(keepdim_reshape(var, x, dims), eps))
-    out = clang.mul(clang.sub(x, keepdim_reshape(mean, x, dims)), rstd)
-    if weight is not None:
-        out = clang.mul(out, maybe_convert_to_dtype(weight, out.dtype))
-    if bias is not None:
-        out = clang.add(out, maybe_convert_to_dtype(bias, out.dtype))
-    return maybe_convert_to_dtype(out, input.dtype)
+    # aten's native_layer_norm also returns the mean and rstd its backward reads: reverse mode saves them
+    return native_layer_norm(input, list(normalized_shape), weight, bias, eps)[0]
 
 
 def _check_normalized_shape(fn_name, input, normalized_shape, params, *, shape_text):
@@ -431,6 +425,8 @@ def _check_class_targets(input, target, weight):
 def _nll(logp, target, weight, ignore_index, reduction):
     """-logp[target] per element (weighted, ignore_index masked), reduced; an out-of-range target makes the
     gather raise when the function runs."""
+    if logp.ndim == 2 and target.dtype is torch.int64:  # aten's kernel (whose backward reverse mode then runs)
+        return nll_loss_forward(logp, target, weight, {"none": 0, "mean": 1, "sum": 2}[reduction], ignore_index)[0]
     batch_shape = tuple(target.shape) if logp.ndim > 1 else ()
     tgt = maybe_convert_to_dtype(clang.reshape(target, (-1,)), torch.int64)
     valid = clang.ne(tgt, ignore_index)

@@ -59,13 +59,13 @@ def _grad_modes(region: list, enabled: bool) -> list:
 
 
 def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
-    from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, Residuals, vjp_rules
+    from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, Residuals, rule_for
 
     outs = bsym.flat_outs()
     out_cts = [cts.get(o.name) if isinstance(o, TensorProxy) else None for o in outs]
     if all(c is None for c in out_cts) or bsym.sym.printer is not None or bsym.sym.id in NON_DIFFERENTIABLE:
         return
-    rule = vjp_rules.get(bsym.sym.id)
+    rule = rule_for(bsym)
     if rule is not None:
         g = out_cts[0] if isinstance(bsym.output, TensorProxy) else tuple(out_cts)
         args, kwargs = bsym.args, bsym.kwargs
@@ -133,7 +133,7 @@ def _with_residuals(bsyms: list) -> list:
     backward recomputes what it needs; where that executor gives a vjp, the vjp's forward
     replaces it."""
     from thunderfn.transforms.executor_lower import claiming_rule, claims_whole, trace_in_place_of
-    from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, vjp_rules
+    from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, rule_for
 
     flat = []
     for bsym in bsyms:
@@ -144,7 +144,7 @@ def _with_residuals(bsyms: list) -> list:
         if rule is not None and rule.vjp is not None:
             flat.extend(trace_in_place_of(bsym, rule.vjp, "the executor's vjp"))
             continue
-        keep = inert or bsym.sym.id in vjp_rules or not bsym.subsymbols or claims_whole(rule)
+        keep = inert or rule_for(bsym) is not None or not bsym.subsymbols or claims_whole(rule)
         flat.extend([bsym] if keep else _with_residuals(list(bsym.subsymbols)))
     return flat
 

@@ -75,8 +75,10 @@ def refuse_complex(mode: str, prim_id, args) -> None:
                 f"(got an argument of dtype {a.dtype}); differentiate real and imaginary parts separately")
 
 
-def defvjp(*prim_ids):
-    """Register the decorated `bwd(res, g)` as the rule of each prim id."""
+def defvjp(*prim_ids, applies=None):
+    """Register the decorated `bwd(res, g)` as the rule of each prim id. `applies(*args,
+    **kwargs) -> bool`, when given, restricts the rule to some calls of a composite symbol:
+    the others are differentiated through the symbol's decomposition."""
     def register(bwd):
         def rule(res: Residuals, g):
             refuse_complex("vjp", prim_ids[0], res.args)
@@ -86,11 +88,21 @@ def defvjp(*prim_ids):
 
         rule.__name__ = rule.__qualname__ = bwd.__name__
         rule.__doc__ = bwd.__doc__
+        rule.applies = applies
         for pid in prim_ids:
             vjp_rules[pid] = rule
         return bwd
 
     return register
+
+
+def rule_for(bsym):
+    """The VJP rule that differentiates this bound symbol, or None (then its decomposition does)."""
+    rule = vjp_rules.get(bsym.sym.id)
+    applies = getattr(rule, "applies", None)
+    if applies is not None and not applies(*bsym.args, **bsym.kwargs):
+        return None
+    return rule
 
 
 def _tensors_in(args):

@@ -1,9 +1,11 @@
 """VJP rules for torch-language symbols: for torch's conventions, and for speed.
 
 Differentiating a decomposition gives the derivative of that decomposition, which agrees
-with torch everywhere except where torch picks a convention: at a kink (hardtanh's bounds),
-or where the decomposition's intermediates overflow (sigmoid at -inf, softplus far past
-its threshold). These rules copy torch's backward formulas (aten's *_backward), so those
+with torch everywhere except where torch picks a convention: at a kink (hardtanh's bounds,
+logsigmoid at 0), where the decomposition's intermediates overflow (sigmoid at -inf, softplus
+far past its threshold, elu's unselected exp), where torch masks a 0/0 (the norm of a zero
+vector, the std of a constant tensor), or where it picks among equal candidates (torch.max
+with dim at a tie). These rules copy torch's backward formulas (aten's *_backward), so those
 points get torch's gradient, and the forward keeps each op whole (one torch call).
 
 A symbol without a rule also runs, forward and backward, as its decomposition: many prim
@@ -23,7 +25,9 @@ from thunderfn.core import dtypes
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim
+from thunderfn.torch.elementwise import _SELU_ALPHA, _SELU_SCALE
 from thunderfn.torch.nn import _legacy_reduction, _repeat_heads
+from thunderfn.torch.reductions import _correction, _var_args
 from thunderfn.transforms.vjp_rules import defvjp
 
 
@@ -43,10 +47,10 @@ def _inside(x, low, high, g):
     return clang.where(clang.bitwise_and(clang.gt(x, low), clang.lt(x, high)), g, 0.0)
 
 
-@defvjp(ltorch.sigmoid.id)
-def _sigmoid_vjp(res, g):  # torch: g * y * (1 - y), finite where exp(-x) overflows
-    y = res.out
-    return _only_input(res, clang.mul(g, clang.mul(y, clang.sub(1.0, y))))
+# eager's kernels, from the saved output: finite where the decomposition's exp(-x) overflows
+defvjp(ltorch.sigmoid.id)(lambda res, g: _only_input(res, ltorch.sigmoid_backward(g, res.out)))
+defvjp(ltorch.tanh.id)(lambda res, g: _only_input(res, ltorch.tanh_backward(g, res.out)))
+defvjp(ltorch.relu.id)(lambda res, g: _only_input(res, ltorch.threshold_backward(g, res.out, 0)))
 
 
 @defvjp(ltorch.hardtanh.id)
@@ -73,6 +77,32 @@ def _softplus_vjp(res, g):  # torch: g past the threshold, else g * z / (z + 1) 
     scaled = clang.mul(x, beta)
     z = clang.exp(scaled)
     return _only_input(res, clang.where(clang.gt(scaled, threshold), g, clang.mul(g, clang.true_divide(z, clang.add(z, 1.0)))))
+
+
+# torch: g * sigmoid(-x), 1/2 at 0 (the decomposition's min(x, 0) and |x| both give 0 there)
+defvjp(ltorch.logsigmoid.id)(lambda res, g: _only_input(res, clang.mul(g, ltorch.sigmoid(clang.neg(res.args[0])))))
+
+
+@defvjp(ltorch.silu.id)
+def _silu_vjp(res, g):  # torch: g * s * (1 + x * (1 - s)), s = sigmoid(x): -0 where exp(-x) overflows
+    x = res.args[0]
+    s = ltorch.sigmoid(x)
+    return _only_input(res, clang.mul(g, clang.mul(s, clang.add(clang.mul(x, clang.sub(1.0, s)), 1.0))))
+
+
+def _elu_backward(res, g, alpha: float, scale: float, input_scale: float):
+    """torch's elu_backward: g * scale above 0, g * input_scale * alpha * scale * exp(x * input_scale) at and
+    below; the exp reads min(x, 0), so the branch not taken cannot overflow (nor give a second derivative nan)."""
+    x = res.args[0]
+    negative = clang.le(x, 0)
+    below = clang.mul(clang.exp(clang.mul(clang.where(negative, x, 0.0), input_scale)), input_scale * alpha * scale)
+    return _only_input(res, clang.mul(g, clang.where(negative, below, scale)))
+
+
+defvjp(ltorch.elu.id)(lambda res, g: _elu_backward(res, g, _argument(res, 1, "alpha", 1.0), 1.0, 1.0))
+defvjp(ltorch.selu.id)(lambda res, g: _elu_backward(res, g, _SELU_ALPHA, _SELU_SCALE, 1.0))
+defvjp(ltorch.celu.id)(lambda res, g: _elu_backward(res, g, _argument(res, 1, "alpha", 1.0), 1.0,
+                                                    1.0 / _argument(res, 1, "alpha", 1.0)))
 
 
 # -- the ops of a transformer training step --------------------------------------------------------
@@ -110,25 +140,16 @@ def _linear_vjp(res, g):  # out = x @ w.T + b; w is (out, in), or (in,) for a do
         dx = ltorch.matmul(g, w)
         g2, x2 = clang.reshape(g, (rows, w.shape[0])), clang.reshape(x, (rows, w.shape[1]))
         dw = ltorch.matmul(_matrix_t(g2), x2)
-    return (dx, dw) + ((_sum_to(g, b.shape) if b is not None else None),) + (None,) * (len(res.args) - 3)
+    if b is not None and b.ndim == 1 and w.ndim == 2 and b.shape[0] == w.shape[0] and rows:
+        db = ltorch.sum(clang.reshape(g, (rows, w.shape[0])), 0)  # as eager's addmm over the folded rows sums it
+    else:
+        db = None if b is None else _sum_to(g, b.shape)
+    return (dx, dw, db) + (None,) * (len(res.args) - 3)
 
 
-_SQRT_HALF, _INV_SQRT_2PI, _SQRT_2_OVER_PI = math.sqrt(0.5), 1 / math.sqrt(2 * math.pi), math.sqrt(2 / math.pi)
-
-
-@defvjp(ltorch.gelu.id)
-def _gelu_vjp(res, g):  # torch's GeluBackward, in the computation dtype
-    x, g = _computed(res.args[0], g)
-    if _argument(res, 1, "approximate", "none") == "none":  # cdf(x) + x * pdf(x)
-        cdf = clang.mul(clang.add(clang.erf(clang.mul(x, _SQRT_HALF)), 1.0), 0.5)
-        deriv = clang.add(cdf, clang.mul(x, clang.mul(clang.exp(clang.mul(clang.mul(x, x), -0.5)), _INV_SQRT_2PI)))
-    else:  # 0.5 * (1 + t) + 0.5 * x * (1 - t^2) * inner', t = tanh(inner)
-        x_sq = clang.mul(x, x)
-        t = clang.tanh(clang.mul(clang.add(x, clang.mul(clang.mul(x_sq, x), 0.044715)), _SQRT_2_OVER_PI))
-        inner_deriv = clang.mul(clang.add(clang.mul(x_sq, 3 * 0.044715), 1.0), _SQRT_2_OVER_PI)
-        deriv = clang.add(clang.mul(clang.add(t, 1.0), 0.5),
-                          clang.mul(clang.mul(clang.mul(x, 0.5), clang.sub(1.0, clang.mul(t, t))), inner_deriv))
-    return _only_input(res, clang.mul(g, deriv))
+# eager's kernel: the forward saved the input
+defvjp(ltorch.gelu.id)(lambda res, g: _only_input(res, ltorch.gelu_backward(g, res.args[0], approximate=_argument(
+    res, 1, "approximate", "none"))))
 
 
 def _softmax_dims(res) -> tuple:
@@ -142,43 +163,68 @@ def _row_sum(x, dims):
     return ltorch.sum(x, dims, keepdim=True) if dims else x
 
 
-@defvjp(ltorch.softmax.id)
-def _softmax_vjp(res, g):  # y * (g - sum(g * y)); y, the output, carries dtype= if given
-    y, g = _computed(res.out, g)
-    return _only_input(res, clang.mul(y, clang.sub(g, _row_sum(clang.mul(g, y), _softmax_dims(res)))))
+def _softmax_like_vjp(res, g, backward_data):
+    """eager's kernel (the forward saved its output), then back to the input's dtype where dtype= changed it."""
+    x, y = res.args[0], res.out
+    dims = _softmax_dims(res)
+    dx = backward_data(g, y, dims[0] if dims else 0, y.dtype)
+    return _only_input(res, clang.maybe_convert_to_dtype(dx, x.dtype))
 
 
-@defvjp(ltorch.log_softmax.id)
-def _log_softmax_vjp(res, g):  # g - exp(y) * sum(g)
-    y, g = _computed(res.out, g)
-    return _only_input(res, clang.sub(g, clang.mul(clang.exp(y), _row_sum(g, _softmax_dims(res)))))
+defvjp(ltorch.softmax.id)(lambda res, g: _softmax_like_vjp(res, g, ltorch.softmax_backward_data))
+defvjp(ltorch.log_softmax.id)(lambda res, g: _softmax_like_vjp(res, g, ltorch.log_softmax_backward_data))
 
 
-@defvjp(ltorch.layer_norm.id)
-def _layer_norm_vjp(res, g):
-    """torch's formula: dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = g * weight,
-    over the normalized dims; mean and rstd recomputed from the input."""
-    x, normalized_shape = res.args[:2]
-    weight, bias, eps = _argument(res, 2, "weight", None), _argument(res, 3, "bias", None), _argument(res, 4, "eps", 1e-5)
-    dims = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    batch = tuple(range(x.ndim - len(normalized_shape)))
-    xc, gc, w = _computed(x, g, weight)
-    var, mean = ltorch.var_mean(xc, dims, correction=0, keepdim=True)
-    rstd = clang.rsqrt(clang.add(var, eps))
-    xhat = clang.mul(clang.sub(xc, mean), rstd)
-    dxhat = gc if w is None else clang.mul(gc, w)
-    centered = clang.sub(dxhat, ltorch.mean(dxhat, dims, keepdim=True))
-    dx = clang.mul(rstd, clang.sub(centered, clang.mul(xhat, ltorch.mean(clang.mul(dxhat, xhat), dims, keepdim=True))))
+@defvjp(ltorch.native_layer_norm.id)
+def _native_layer_norm_vjp(res, g):
+    """eager's kernel, from the mean and rstd the forward returned (layer_norm is differentiated through its
+    decomposition, native_layer_norm). Cotangents of the mean and rstd themselves (torch ignores them) reach
+    the input too: a second derivative gets them from the first backward, which reads both."""
+    x, normalized_shape, weight, bias = res.args[:4]
+    out, mean, rstd = res.out
+    g_out, g_mean, g_rstd = g
+    dx = dw = db = None
+    if g_out is not None:
+        mask = [True, weight is not None, bias is not None]
+        dx, dw, db = ltorch.native_layer_norm_backward(g_out, x, normalized_shape, mean, rstd, weight, bias, mask)
+    if g_mean is not None or g_rstd is not None:
+        n = math.prod(normalized_shape)
+        xc, mean_c, rstd_c = _computed(x, mean, rstd)
+        extra = None
+        if g_mean is not None:  # mean = sum(x) / n
+            extra = clang.true_divide(clang.maybe_convert_to_dtype(g_mean, xc.dtype), n)
+        if g_rstd is not None:  # rstd = (var + eps) ** -1/2, var = sum((x - mean)^2) / n
+            d = clang.mul(clang.mul(clang.maybe_convert_to_dtype(g_rstd, xc.dtype), clang.mul(rstd_c, clang.mul(rstd_c, rstd_c))),
+                          clang.true_divide(clang.sub(xc, mean_c), -n))
+            extra = d if extra is None else clang.add(extra, d)
+        extra = clang.maybe_convert_to_dtype(clang.expand_to(extra, tuple(x.shape)), x.dtype)
+        dx = extra if dx is None else clang.add(dx, extra)
+    return dx, None, dw, db, None
 
-    def over_batch(t):
-        return ltorch.sum(t, batch) if batch else t
 
-    dw = None if weight is None else over_batch(clang.mul(gc, xhat))
-    db = None if bias is None else over_batch(gc)
-    return (dx, None, dw, db) + (None,) * (len(res.args) - 4)
+def _constant_or_none(t) -> bool:
+    return t is None or not isinstance(t, TensorProxy) or t.constant is not None
 
 
-@defvjp(ltorch.cross_entropy.id)
+@defvjp(ltorch.nll_loss_forward.id, applies=lambda self, target, weight, *rest: _constant_or_none(weight))
+def _nll_loss_forward_vjp(res, g):
+    """eager's kernel. It gives the weight no gradient (torch refuses to differentiate it), so a weight that
+    may need one (not a captured constant) is differentiated through the decomposition instead."""
+    self, target, weight, reduction, ignore_index = res.args
+    if g[0] is None:
+        return (None,) * len(res.args)
+    return (ltorch.nll_loss_backward(g[0], self, target, weight, reduction, ignore_index, res.out[1]),) + (None,) * 4
+
+
+def _by_eagers_kernels(x, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                       label_smoothing=0.0) -> bool:
+    """cross_entropy calls eager computes as log_softmax then nll_loss (2-d input, class indices, no smoothing):
+    its decomposition is that too, and their rules run eager's backward kernels."""
+    return (x.ndim == 2 and target.ndim == 1 and target.dtype is torch.int64 and label_smoothing == 0
+            and _constant_or_none(weight))
+
+
+@defvjp(ltorch.cross_entropy.id, applies=lambda *args, **kwargs: not _by_eagers_kernels(*args, **kwargs))
 def _cross_entropy_vjp(res, g):
     """The gradient of log_softmax followed by the loss: dx = dlogp - softmax * sum(dlogp) over the classes.
     Per element i and class c the loss is -sum_c k_ic * weight_c * logp_ic with k = (g, or g over the mean's
@@ -295,14 +341,244 @@ def _scaled_dot_product_attention_vjp(res, g):
 
 
 @defvjp(ltorch.embedding.id)
-def _embedding_vjp(res, g):  # the rows of g added into zeros at the indices
+def _embedding_vjp(res, g):  # eager's kernel: the rows of g summed into zeros at the indices
     indices, weight = res.args[:2]
     if _argument(res, 2, "padding_idx", None) is not None or _argument(res, 5, "scale_grad_by_freq", False):
         # embedding's decomposition refuses these when weight is differentiated (torch runs it, opaque)
         raise RuntimeError("internal: embedding's rule met padding_idx or scale_grad_by_freq")
-    n = indices.numel()
-    # int64: index_add's own backward gathers with the index broadcast, which torch 2.13 gets wrong for int32
-    flat = clang.reshape(clang.maybe_convert_to_dtype(indices, torch.int64), (n,))
-    zeros = clang.full(weight.shape, 0, device=weight.device, dtype=g.dtype)
-    dweight = ltorch.index_add(zeros, 0, flat, clang.reshape(g, (n, weight.shape[1])))
-    return (None, dweight) + (None,) * (len(res.args) - 2)
+    return (None, ltorch.embedding_dense_backward(g, indices, weight.shape[0], -1, False)) + (None,) * (len(res.args) - 2)
+
+
+# -- torch's conventions at edge points: norms, std, losses, max and min -----------------------------------
+# The decompositions' derivatives agree with torch at ordinary points. These rules copy torch's formulas
+# (aten's *_backward, FunctionsManual.cpp) for the points where torch picks a value: 0 for the norm of a
+# zero vector and the std of a constant tensor (not 0/0), the sign for a loss at an infinite difference,
+# the index torch.max(x, dim) returned (not a share of each tie). Denominators that torch masks after
+# dividing are masked before dividing here, so no nan reaches a second derivative.
+def _kept(t, x, dims, keepdim):
+    """A reduction's output (or its cotangent) with its reduced dims back, as size 1: broadcastable against x."""
+    return t if keepdim else clang.keepdim_reshape(t, x, dims)
+
+
+def _nonzero(t):
+    """t, with 1 where it is 0: a denominator whose quotient is masked out there anyway."""
+    return clang.where(clang.eq(t, 0), 1.0, t)
+
+
+def _norm_backward(g, x, ord, norm, dims):
+    """torch's norm_backward: the cotangent of x for vector_norm(x, ord) over dims, given g and the norm with
+    those dims kept: 0 where the norm is 0, and for ord inf an even share among the elements whose |x| is the
+    norm or NaN; None for ord 0, a count."""
+    if ord == 0:
+        return None
+    if ord == 1:
+        return clang.mul(clang.sign(x), g)
+    zero = clang.eq(norm, 0)
+    if ord == 2:
+        return clang.mul(g, clang.where(zero, 0.0, clang.true_divide(x, _nonzero(norm))))
+    if math.isinf(ord):
+        a = clang.abs(x)
+        mask = clang.maybe_convert_to_dtype(clang.bitwise_or(clang.eq(a, norm), clang.isnan(a)), g.dtype)
+        return clang.mul(clang.sign(x), clang.mul(clang.true_divide(g, _row_sum(mask, dims)), mask))
+    if ord < 1:  # |x|^(ord - 1) read as 0 at x = 0
+        scaled = clang.where(clang.eq(x, 0), 0.0, clang.pow(_nonzero(clang.abs(x)), ord - 1))
+        return clang.mul(clang.mul(clang.mul(clang.sign(x), scaled), g), clang.pow(norm, 1 - ord))
+    scaled = (clang.mul(clang.sign(x), clang.pow(clang.abs(x), ord - 1)) if ord < 2
+              else clang.mul(x, clang.pow(clang.abs(x), ord - 2)))
+    return clang.mul(scaled, clang.where(zero, 0.0, clang.true_divide(g, clang.pow(_nonzero(norm), ord - 1))))
+
+
+@defvjp(ltorch.vector_norm.id)
+def _vector_norm_vjp(res, g):  # torch.norm and torch.linalg.norm of a vector reach it as a subsymbol
+    x, ord = res.args[0], _argument(res, 1, "ord", 2)
+    dims, keepdim = clang.reduction_dims(x, _argument(res, 2, "dim", None)), _argument(res, 3, "keepdim", False)
+    return _only_input(res, _norm_backward(_kept(g, x, dims, keepdim), x, ord, _kept(res.out, x, dims, keepdim), dims))
+
+
+@defvjp(ltorch.normalize.id)
+def _normalize_vjp(res, g):
+    """F.normalize is x / clamp_min(norm, eps) to torch's autograd: the norm gets the quotient's gradient where it
+    is at least eps (clamp_min's), then norm_backward's; a zero vector's gradient is g / eps."""
+    x, p = res.args[0], _argument(res, 1, "p", 2.0)
+    dim, eps = _argument(res, 2, "dim", 1), _argument(res, 3, "eps", 1e-12)
+    dims = clang.reduction_dims(x, tuple(dim) if isinstance(dim, (tuple, list)) else (dim,))
+    norm = ltorch.vector_norm(x, p, dims, keepdim=True)
+    denom = clang.where(clang.lt(norm, eps), eps, norm)
+    dquotient = clang.neg(clang.true_divide(_row_sum(clang.mul(g, res.out), dims), denom))  # of x / denom, for denom
+    dnorm = clang.where(clang.ge(norm, eps), dquotient, 0.0)
+    dx, through_norm = clang.true_divide(g, denom), _norm_backward(dnorm, x, p, norm, dims)
+    return _only_input(res, dx if through_norm is None else clang.add(dx, through_norm))
+
+
+def _var_backward(g, x, dim, dims, correction):
+    """torch's var_backward, g with the reduced dims kept: 2 / (n - correction) * g * (x - mean); over all dims
+    (no dim given) with n <= correction, g times nan where x is the mean and inf elsewhere."""
+    mean = ltorch.mean(x, dims, keepdim=True) if dims else x
+    dof = math.prod(x.shape[d] for d in dims) - correction
+    if (dim is None or x.ndim == 0) and dof <= 0:
+        return clang.mul(g, clang.where(clang.eq(x, mean), float("nan"), float("inf")))
+    return clang.mul(clang.mul(g, clang.sub(x, mean)), 2.0 / dof if dof else math.inf)
+
+
+def _std_backward(g, x, std, dim, dims, correction):  # torch's: the var's cotangent is g / (2 std), 0 where std is 0
+    return _var_backward(clang.where(clang.eq(std, 0), 0.0, clang.true_divide(g, clang.mul(_nonzero(std), 2.0))),
+                         x, dim, dims, correction)
+
+
+def _std_arguments(res, name):
+    x = res.args[0]
+    dim, unbiased = _var_args(_argument(res, 1, "dim", None), _argument(res, 2, "unbiased", None))
+    dims, keepdim = clang.reduction_dims(x, dim), _argument(res, 3, "keepdim", False)
+    return x, dim, dims, keepdim, _correction(unbiased, res.kwargs.get("correction"), name)
+
+
+@defvjp(ltorch.std.id)
+def _std_vjp(res, g):
+    x, dim, dims, keepdim, correction = _std_arguments(res, "std")
+    xc, g, std = _computed(x, g, res.out)
+    g, std = _kept(g, x, dims, keepdim), _kept(std, x, dims, keepdim)
+    return _only_input(res, _std_backward(g, xc, std, dim, dims, correction))
+
+
+@defvjp(ltorch.std_mean.id)
+def _std_mean_vjp(res, g):  # std's cotangent as std's rule gives it, plus the mean's spread evenly
+    x, dim, dims, keepdim, correction = _std_arguments(res, "std_mean")
+    (g_std, g_mean), (std, _) = g, res.out
+    xc = _computed(x)[0]
+    dx = None
+    if g_std is not None:
+        g_std, std = _computed(x, g_std, std)[1:]
+        dx = _std_backward(_kept(g_std, x, dims, keepdim), xc, _kept(std, x, dims, keepdim), dim, dims, correction)
+    if g_mean is not None:
+        n = math.prod(x.shape[d] for d in dims)
+        spread = clang.expand_to(clang.true_divide(_kept(g_mean, x, dims, keepdim), n), x.shape)
+        dx = spread if dx is None else clang.add(dx, spread)
+    return _only_input(res, dx)
+
+
+def _loss_scale(g, reduction, numel):
+    """The cotangent of each element of the unreduced loss: g, or for the mean g over the element count."""
+    return clang.true_divide(g, float(numel)) if reduction == "mean" else g
+
+
+def _difference(input, target):
+    """input - target, broadcast, in the computation dtype of their promoted dtype (as the losses compute it)."""
+    compute = dtypes.computation_dtype(dtypes.result_type(input, target))
+    return clang.sub(clang.maybe_convert_to_dtype(input, compute), clang.maybe_convert_to_dtype(target, compute))
+
+
+def _difference_cotangents(res, d):
+    """d, the cotangent of input - target, as the input's and the target's."""
+    input, target = res.args[:2]
+    return _sum_to(d, input.shape), _sum_to(clang.neg(d), target.shape)
+
+
+@defvjp(ltorch.smooth_l1_loss.id)
+def _smooth_l1_loss_vjp(res, g):
+    """torch's: clamp((x - y) / beta, -1, 1) per element, so ±1 where the difference is infinite; for beta 0,
+    l1_loss's sign(x - y)."""
+    reduction = _legacy_reduction(_argument(res, 2, "size_average", None), _argument(res, 3, "reduce", None),
+                                  _argument(res, 4, "reduction", "mean"))
+    beta = _argument(res, 5, "beta", 1.0)
+    diff = _difference(*res.args[:2])
+    slope = clang.sign(diff) if beta == 0 else clang.where(
+        clang.le(diff, -beta), -1.0, clang.where(clang.ge(diff, beta), 1.0, clang.true_divide(diff, beta)))
+    dd = clang.mul(slope, _loss_scale(g, reduction, diff.numel()))
+    return _difference_cotangents(res, dd) + (None,) * (len(res.args) - 2)
+
+
+@defvjp(ltorch.huber_loss.id)
+def _huber_loss_vjp(res, g):
+    """torch's: clamp(x - y, -delta, delta) per element, so ±delta where the difference is infinite; a weight
+    scales it and gets the unweighted loss times g."""
+    reduction, delta = _argument(res, 2, "reduction", "mean"), _argument(res, 3, "delta", 1.0)
+    weight = _argument(res, 4, "weight", None)
+    diff = _difference(*res.args[:2])
+    slope = clang.where(clang.le(diff, -delta), -delta, clang.where(clang.ge(diff, delta), delta, diff))
+    k = _loss_scale(g, reduction, diff.numel())
+    if weight is None:
+        return _difference_cotangents(res, clang.mul(slope, k)) + (None,) * (len(res.args) - 2)
+    z = clang.abs(diff)
+    loss = clang.where(clang.lt(z, delta), clang.mul(clang.mul(z, z), 0.5), clang.mul(clang.sub(z, 0.5 * delta), delta))
+    cts = _difference_cotangents(res, clang.mul(clang.mul(slope, k), clang.maybe_convert_to_dtype(weight, diff.dtype)))
+    return cts + (None, None, _sum_to(clang.mul(loss, k), weight.shape)) + (None,) * (len(res.args) - 5)
+
+
+_BCE_EPSILON = float(torch.tensor(1e-12, dtype=torch.float32))  # torch's kernel clamps with a float constant
+
+
+@defvjp(ltorch.binary_cross_entropy.id)
+def _binary_cross_entropy_vjp(res, g):
+    """torch's: g * (x - y) / max((1 - x) * x, 1e-12) for the input, g * -logit(x) for the target, each times the
+    weight: large or infinite at an input of 0 or 1, where the decomposition's clamped logs give nan. torch does
+    not differentiate the weight; here it gets the unweighted loss (logs clamped at -100) times g."""
+    input, target = res.args[:2]
+    weight = _argument(res, 2, "weight", None)
+    reduction = _legacy_reduction(_argument(res, 3, "size_average", None), _argument(res, 4, "reduce", None),
+                                  _argument(res, 5, "reduction", "mean"))
+    x, y, g, w = _computed(input, target, g, weight)
+    k = _loss_scale(g, reduction, x.numel())
+    kw = k if w is None else clang.mul(k, w)
+    spread = clang.mul(clang.sub(1.0, x), x)
+    floored = clang.where(clang.lt(spread, _BCE_EPSILON), _BCE_EPSILON, spread)
+    dx = clang.mul(kw, clang.true_divide(clang.sub(x, y), floored))
+    dy = clang.mul(kw, clang.neg(clang.log(clang.true_divide(x, clang.sub(1.0, x)))))
+    dweight = None
+    if weight is not None:
+        def clamped_log(t):
+            return clang.where(clang.lt(t, -100.0), -100.0, t)
+        log_x, log_1mx = clamped_log(clang.log(x)), clamped_log(clang.log1p(clang.neg(x)))
+        loss = clang.sub(clang.mul(clang.sub(y, 1.0), log_1mx), clang.mul(y, log_x))
+        dweight = _sum_to(clang.mul(loss, k), weight.shape)
+    return (dx, dy, dweight) + (None,) * (len(res.args) - 3)
+
+
+@defvjp(ltorch.gaussian_nll_loss.id)
+def _gaussian_nll_loss_vjp(res, g):
+    """torch clamps var to eps in place under no_grad: every gradient is the loss's at the clamped var, and var's
+    passes straight through the clamp (the decomposition's where would give var none below eps)."""
+    input, target, var = res.args[:3]
+    eps, reduction = _argument(res, 4, "eps", 1e-6), _argument(res, 5, "reduction", "mean")
+    if clang.is_tensor(var):
+        homoscedastic = tuple(var.shape) != tuple(input.shape) and tuple(var.shape) == tuple(input.shape[:-1])
+        v = clang.unsqueeze(var, -1) if homoscedastic else var  # one variance per row
+        v = clang.where(clang.lt(v, eps), eps, v)
+    else:
+        v = max(float(var), eps)
+    ratio = clang.true_divide(clang.sub(input, target), v)  # the loss is 0.5 * (log(v) + diff^2 / v)
+    k = _loss_scale(g, reduction, ratio.numel())
+    dd = clang.mul(k, ratio)
+    dvar = None
+    if clang.is_tensor(var):
+        dv = clang.mul(clang.mul(k, 0.5), clang.sub(clang.true_divide(1.0, v), clang.mul(ratio, ratio)))
+        dvar = clang.reshape(_sum_to(dv, v.shape), var.shape)
+    return _difference_cotangents(res, dd) + (dvar,) + (None,) * (len(res.args) - 3)
+
+
+def _max_or_min_vjp(res, g, loses):
+    """torch's three backwards: torch.max(a, b) as maximum's (half of g each where they tie; where either is
+    NaN, all of it to both); torch.max(x, dim) gives g to the index it returned; torch.max(x) spreads g
+    evenly over the elements equal to the result, or over the NaNs when it is NaN."""
+    x, dim, keepdim = res.args[0], _argument(res, 1, "dim", None), _argument(res, 2, "keepdim", False)
+    if clang.is_tensor(dim):
+        other = dim
+        half = clang.where(clang.eq(x, other), clang.true_divide(g, 2.0), g)
+        return (_sum_to(clang.where(loses(x, other), 0.0, half), x.shape),
+                _sum_to(clang.where(loses(other, x), 0.0, half), other.shape)) + (None,) * (len(res.args) - 2)
+    if dim is None:
+        nan_max = clang.bitwise_and(clang.isnan(x), clang.isnan(res.out))
+        mask = clang.maybe_convert_to_dtype(clang.bitwise_or(clang.eq(x, res.out), nan_max), g.dtype)
+        return _only_input(res, clang.mul(mask, clang.true_divide(g, ltorch.sum(mask))))
+    g, indices = g[0], res.out[1]
+    if g is None or x.ndim == 0:
+        return _only_input(res, g)
+    d = canonical_dim(dim, x.ndim)
+    if not keepdim:
+        g, indices = clang.unsqueeze(g, d), clang.unsqueeze(indices, d)
+    positions = clang.reshape(clang.arange(0, x.shape[d], 1, device=x.device, dtype=torch.int64),
+                              tuple(-1 if i == d else 1 for i in range(x.ndim)))
+    return _only_input(res, clang.where(clang.eq(positions, indices), g, 0.0))
+
+
+defvjp(ltorch.max.id)(lambda res, g: _max_or_min_vjp(res, g, clang.lt))
+defvjp(ltorch.min.id)(lambda res, g: _max_or_min_vjp(res, g, clang.gt))

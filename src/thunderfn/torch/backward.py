@@ -1,0 +1,295 @@
+"""aten's backward kernels, and the forwards whose saved values they read, as torch-language symbols.
+
+Reverse-mode rules call these so that the torch executor runs the very kernels eager autograd runs
+(bit-identical gradients: a training run then matches eager step by step). Each symbol's body is a
+decomposition in clang and prims, so a second derivative differentiates it and the prims-only
+executor runs it. Arguments are the aten op's, positionally and by keyword (see
+`torch.ops.aten.<op>.default._schema`); `torch.ops.aten.<op>.default` called while tracing is routed
+here too.
+
+In an execution trace the torch executor calls each as ``aten_<op>(...)``: a plain function around
+the OpOverload, because the executor names an operator after its callable, and an OpOverload's
+name (``gelu_backward.default``) is no identifier: two of them in one trace would both print as
+``torch_op`` and clash.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from thunderfn import clang, prims
+from thunderfn.clang import maybe_convert_to_dtype
+from thunderfn.core import dtypes
+from thunderfn.prims import canonical_dim, check, check_dtype_supported
+from thunderfn.torch import torchsymbol
+
+aten = torch.ops.aten
+__all__ = ["gelu_backward", "softmax_backward_data", "log_softmax_backward_data", "native_layer_norm",
+           "native_layer_norm_backward", "nll_loss_forward", "nll_loss_backward", "embedding_dense_backward",
+           "tanh_backward", "sigmoid_backward", "threshold_backward"]
+
+
+def _aten(op):
+    """The symbol's torch callables: a named function around op, which the torch executor calls, then op itself
+    (routed to the symbol while tracing)."""
+    def run(*args, **kwargs):
+        return op(*args, **kwargs)
+
+    run.__name__ = run.__qualname__ = "aten_" + op.__name__.split(".")[0].lstrip("_")
+    run.__doc__ = f"torch.ops.aten.{op.__name__}"
+    return run, op
+
+
+def _float_args(opname, *tensors):
+    """The tensors in the computation dtype of their promoted dtype (float32 for half types), and that dtype."""
+    dtype = dtypes.result_type(*tensors)
+    check_dtype_supported(dtypes.is_float(dtype), opname, dtype)
+    compute = dtypes.computation_dtype(dtype)
+    return [maybe_convert_to_dtype(t, compute) for t in tensors], dtype
+
+
+def _row_sum(x, dims):
+    return clang.keepdim_reshape(prims.sum(x, dims), x, dims) if dims else x
+
+
+# -- elementwise -------------------------------------------------------------------------------
+_SQRT_HALF, _INV_SQRT_2PI, _SQRT_2_OVER_PI = math.sqrt(0.5), 1 / math.sqrt(2 * math.pi), math.sqrt(2 / math.pi)
+_KAPPA = 0.044715  # the tanh approximation's cubic coefficient
+
+
+@torchsymbol(*_aten(aten.gelu_backward.default))
+def gelu_backward(grad_output, self, *, approximate="none"):
+    """aten's GeluBackward, op by op: dy * (cdf(x) + x * pdf(x)), or the tanh approximation's derivative."""
+    check(approximate in ("none", "tanh"), lambda: "approximate argument must be either none or tanh.")
+    (dy, x), dtype = _float_args("GeluBackwardKernelImpl", grad_output, self)
+    if approximate == "none":
+        cdf = clang.mul(clang.add(clang.erf(clang.mul(x, _SQRT_HALF)), 1.0), 0.5)
+        pdf = clang.mul(clang.exp(clang.mul(clang.mul(x, x), -0.5)), _INV_SQRT_2PI)
+        return maybe_convert_to_dtype(clang.mul(dy, clang.add(cdf, clang.mul(x, pdf))), dtype)
+    x_sq = clang.mul(x, x)
+    tanh_inner = clang.tanh(clang.mul(clang.add(x, clang.mul(clang.mul(x_sq, x), _KAPPA)), _SQRT_2_OVER_PI))
+    left_derivative = clang.mul(clang.add(tanh_inner, 1.0), 0.5)
+    inner_derivative = clang.mul(clang.add(clang.mul(x_sq, 3 * _KAPPA), 1.0), _SQRT_2_OVER_PI)
+    right_derivative = clang.mul(clang.mul(clang.mul(x, 0.5), clang.sub(1.0, clang.mul(tanh_inner, tanh_inner))),
+                                 inner_derivative)
+    return maybe_convert_to_dtype(clang.mul(dy, clang.add(left_derivative, right_derivative)), dtype)
+
+
+@torchsymbol(*_aten(aten.tanh_backward.default))
+def tanh_backward(grad_output, output):
+    (dy, y), dtype = _float_args("tanh_backward_cpu", grad_output, output)
+    return maybe_convert_to_dtype(clang.mul(dy, clang.sub(1.0, clang.mul(y, y))), dtype)
+
+
+@torchsymbol(*_aten(aten.sigmoid_backward.default))
+def sigmoid_backward(grad_output, output):
+    (dy, y), dtype = _float_args("sigmoid_backward_cpu", grad_output, output)
+    return maybe_convert_to_dtype(clang.mul(clang.mul(dy, clang.sub(1.0, y)), y), dtype)
+
+
+@torchsymbol(*_aten(aten.threshold_backward.default))
+def threshold_backward(grad_output, self, threshold):
+    """relu's backward (threshold 0): grad_output where self > threshold, else 0."""
+    dtype = dtypes.result_type(grad_output, self)
+    return clang.where(clang.le(self, threshold), 0, maybe_convert_to_dtype(grad_output, dtype))
+
+
+# -- softmax family ----------------------------------------------------------------------------
+def _softmax_backward_args(opname, grad_output, output, dim, input_dtype):
+    """(dy, y) in the computation dtype, the reduced dims, and the result dtype: grad_output's on CPU, whose
+    kernel ignores input_dtype; input_dtype elsewhere (CUDA writes float gradients of a half softmax as half)."""
+    check(isinstance(input_dtype, torch.dtype),
+          lambda: f"{opname}: input_dtype must be a torch.dtype, got {input_dtype!r}", TypeError)
+    d = canonical_dim(dim, max(output.ndim, 1))  # a 0-dim output takes dim 0 or -1, and has no dim to reduce
+    dims = (d,) if output.ndim else ()
+    (dy, y), _ = _float_args(opname, grad_output, output)
+    return dy, y, dims, grad_output.dtype if grad_output.device.type == "cpu" else input_dtype
+
+
+@torchsymbol(*_aten(aten._softmax_backward_data.default), name="softmax_backward_data")
+def softmax_backward_data(grad_output, output, dim, input_dtype):
+    """(dy - sum(dy * y)) * y over dim, y = softmax's output."""
+    dy, y, dims, dtype = _softmax_backward_args("softmax_backward_data", grad_output, output, dim, input_dtype)
+    return maybe_convert_to_dtype(clang.mul(clang.sub(dy, _row_sum(clang.mul(dy, y), dims)), y), dtype)
+
+
+@torchsymbol(*_aten(aten._log_softmax_backward_data.default), name="log_softmax_backward_data")
+def log_softmax_backward_data(grad_output, output, dim, input_dtype):
+    """dy - exp(y) * sum(dy) over dim, y = log_softmax's output."""
+    dy, y, dims, dtype = _softmax_backward_args("log_softmax_backward_data", grad_output, output, dim, input_dtype)
+    return maybe_convert_to_dtype(clang.sub(dy, clang.mul(clang.exp(y), _row_sum(dy, dims))), dtype)
+
+
+# -- layer norm ------------------------------------------------------------------------------------
+def _layer_norm_dims(input, normalized_shape, weight, bias):
+    """(normalized dims, the statistics' shape: the batch dims, then 1 per normalized dim), with aten's checks."""
+    normalized_shape = tuple(normalized_shape)
+    n = len(normalized_shape)
+    check(n > 0, lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, "
+                         f"but got normalized_shape = {list(normalized_shape)}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        check(p is None or tuple(p.shape) == normalized_shape,
+              lambda: f"Expected {name} to be of same shape as normalized_shape, but got {name} of shape "
+                      f"{list(p.shape)} and normalized_shape = {list(normalized_shape)}")
+    check(input.ndim >= n and tuple(input.shape[input.ndim - n:]) == normalized_shape,
+          lambda: f"Given normalized_shape={list(normalized_shape)}, expected input with shape "
+                  f"[*, {', '.join(map(str, normalized_shape))}], but got input of size{list(input.shape)}")
+    check_dtype_supported(dtypes.is_float(input.dtype), "LayerNormKernelImpl", input.dtype)
+    axis = input.ndim - n
+    return tuple(range(axis, input.ndim)), tuple(input.shape[:axis]) + (1,) * n
+
+
+@torchsymbol(*_aten(aten.native_layer_norm.default))
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    """(output, mean, rstd): layer_norm's output and the statistics its backward reads, shaped like the input
+    with each normalized dim 1, in float32 for a half input with float32 parameters, else in the input's dtype."""
+    dims, stats_shape = _layer_norm_dims(input, normalized_shape, weight, bias)
+    compute = dtypes.computation_dtype(input.dtype)
+    x = maybe_convert_to_dtype(input, compute)
+    var, mean = prims.var_mean(x, dims, correction=0)
+    mean, rstd = clang.reshape(mean, stats_shape), clang.reshape(clang.rsqrt(clang.add(var, eps)), stats_shape)
+    out = clang.mul(clang.sub(x, mean), rstd)
+    if weight is not None:
+        out = clang.mul(out, maybe_convert_to_dtype(weight, compute))
+    if bias is not None:
+        out = clang.add(out, maybe_convert_to_dtype(bias, compute))
+    params = [p for p in (weight, bias) if p is not None]
+    mixed = input.dtype in dtypes.low_precision and bool(params) and all(p.dtype is torch.float32 for p in params)
+    stats_dtype = torch.float32 if mixed else input.dtype
+    return (maybe_convert_to_dtype(out, input.dtype), maybe_convert_to_dtype(mean, stats_dtype),
+            maybe_convert_to_dtype(rstd, stats_dtype))
+
+
+@torchsymbol(*_aten(aten.native_layer_norm_backward.default))
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    """(grad_input, grad_weight, grad_bias), each None where output_mask says so (as aten gives them):
+    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) over the normalized dims, dxhat = dy * weight;
+    dweight = sum(dy * xhat), dbias = sum(dy) over the batch dims. mean and rstd are native_layer_norm's."""
+    dims, stats_shape = _layer_norm_dims(input, normalized_shape, weight, bias)
+    check(len(output_mask) == 3, lambda: f"output_mask must hold 3 bools, got {list(output_mask)}")
+    want_input, want_weight, want_bias = (bool(m) for m in output_mask)
+    # aten writes each gradient into a tensor shaped like the parameter
+    check(not want_weight or weight is not None, lambda: "native_layer_norm_backward: output_mask[1] (grad_weight) "
+                                                         "needs weight; pass weight or set output_mask[1] to False")
+    check(not want_bias or bias is not None, lambda: "native_layer_norm_backward: output_mask[2] (grad_bias) "
+                                                     "needs bias; pass bias or set output_mask[2] to False")
+    compute = dtypes.computation_dtype(input.dtype)
+    x, dy = maybe_convert_to_dtype(input, compute), maybe_convert_to_dtype(grad_out, compute)
+    mean, rstd = (maybe_convert_to_dtype(clang.reshape(t, stats_shape), compute) for t in (mean, rstd))
+    xhat = clang.mul(clang.sub(x, mean), rstd)
+    batch = tuple(range(input.ndim - len(dims)))
+
+    def over_batch(t, like):
+        return maybe_convert_to_dtype(prims.sum(t, batch) if batch else t, like.dtype)
+
+    grad_input = grad_weight = grad_bias = None
+    if want_input:
+        n = torch.Size([input.shape[d] for d in dims]).numel()
+        dxhat = dy if weight is None else clang.mul(dy, maybe_convert_to_dtype(weight, compute))
+        mean_dxhat = clang.true_divide(_row_sum(dxhat, dims), n)
+        mean_dxhat_xhat = clang.true_divide(_row_sum(clang.mul(dxhat, xhat), dims), n)
+        dx = clang.mul(rstd, clang.sub(clang.sub(dxhat, mean_dxhat), clang.mul(xhat, mean_dxhat_xhat)))
+        grad_input = maybe_convert_to_dtype(dx, input.dtype)
+    if want_weight:
+        grad_weight = over_batch(clang.mul(dy, xhat), weight)
+    if want_bias:
+        grad_bias = over_batch(dy, bias)
+    return grad_input, grad_weight, grad_bias
+
+
+# -- nll_loss -------------------------------------------------------------------------------------
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}  # aten's Reduction enum
+
+
+def _nll_loss_rows(self, target, weight, reduction, ignore_index):
+    """aten's checks, then per row of self viewed as (N, C): the target's column (0 where ignored), whether it
+    counts, and its weight (0 where ignored), in the computation dtype."""
+    check(self.ndim in (1, 2), lambda: "input tensor should be 1D or 2D")
+    check(target.ndim <= 1, lambda: "0D or 1D target tensor expected, multi-target not supported")
+    check(self.ndim == 1 and target.ndim == 0 or target.ndim == 1 and self.shape[0] == target.shape[0],
+          lambda: f"size mismatch (got input: {list(self.shape)}, target: {list(target.shape)})")
+    check(target.dtype in (torch.int64, torch.uint8),
+          lambda: f"expected target dtype to be Long or Byte, but got {clang.scalar_type_name(target.dtype)}")
+    classes = self.shape[-1]
+    check(weight is None or weight.numel() == classes,
+          lambda: f"weight tensor should be defined either for all {classes} classes or no classes but got weight "
+                  f"tensor of shape: {list(weight.shape)}")
+    check(reduction in _REDUCTIONS, lambda: f"{reduction} is not a valid value for reduction")
+    check_dtype_supported(dtypes.is_float(self.dtype), "nll_loss", self.dtype)
+    batch = self.shape[0] if self.ndim == 2 else 1
+    if self.ndim == 1 and target.ndim == 1:  # aten reads only target[0]
+        target = clang.slice_in_dim(target, 0, 1)
+    t = clang.reshape(maybe_convert_to_dtype(target, torch.int64), (batch,))
+    counts = clang.ne(t, ignore_index)
+    column = clang.where(counts, t, 0)  # an ignored target may be any number (-100): never index with it
+    compute = dtypes.computation_dtype(self.dtype)
+    w = clang.full((batch,), 1.0, device=self.device, dtype=compute) if weight is None else \
+        prims.take(maybe_convert_to_dtype(weight, compute), column, 0)
+    return column, counts, clang.where(counts, w, 0.0), compute
+
+
+@torchsymbol(*_aten(aten.nll_loss_forward.default))
+def nll_loss_forward(self, target, weight, reduction, ignore_index):
+    """(output, total_weight) for self of shape (N, C) or (C,) (images' (N, C, H, W) go to nll_loss2d):
+    output is -self[i, target[i]] * weight[target[i]] per row, summed (sum), or summed and divided by the
+    total weight of the rows that count (mean: nan when none counts). total_weight is that total, a 0-dim
+    tensor of self's dtype; 0 for reduction none on (N, C)."""
+    column, counts, w, compute = _nll_loss_rows(self, target, weight, reduction, ignore_index)
+    rows = clang.reshape(maybe_convert_to_dtype(self, compute), (column.shape[0], self.shape[-1]))
+    picked = clang.reshape(prims.take_along_axis(rows, clang.unsqueeze(column, 1), 1), (column.shape[0],))
+    losses = clang.where(counts, clang.neg(clang.mul(picked, w)), 0.0)
+    if _REDUCTIONS[reduction] == "none" and self.ndim == 2:
+        return maybe_convert_to_dtype(losses, self.dtype), clang.full((), 0.0, device=self.device, dtype=self.dtype)
+    total_weight = prims.sum(w, (0,))
+    out = prims.sum(losses, (0,))
+    if _REDUCTIONS[reduction] == "mean":
+        out = clang.true_divide(out, total_weight)
+    return maybe_convert_to_dtype(out, self.dtype), maybe_convert_to_dtype(total_weight, self.dtype)
+
+
+@torchsymbol(*_aten(aten.nll_loss_backward.default))
+def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    """The gradient with respect to self: zero but at each counted row's target column, where it is
+    -weight[target[i]] * (grad_output[i] for reduction none on (N, C); grad_output / total_weight for mean;
+    grad_output for sum)."""
+    column, counts, w, compute = _nll_loss_rows(self, target, weight, reduction, ignore_index)
+    per_row = _REDUCTIONS[reduction] == "none" and self.ndim == 2
+    check(grad_output.numel() == (column.shape[0] if per_row else 1),
+          lambda: f"Expected a tensor of dimension 1 and tensor.size[0] == {column.shape[0]} but got: dimension "
+                  f"{grad_output.ndim} and tensor.size[0] == {grad_output.shape[0] if grad_output.ndim else 1}"
+          if per_row else f"Expected a single element grad_output tensor, but got: {list(grad_output.shape)}")
+    g = clang.reshape(maybe_convert_to_dtype(grad_output, compute), (column.shape[0],) if per_row else ())
+    if _REDUCTIONS[reduction] == "mean":
+        g = clang.true_divide(g, clang.reshape(maybe_convert_to_dtype(total_weight, compute), ()))
+    value = clang.mul(w, clang.neg(g))
+    classes = clang.unsqueeze(clang.arange(0, self.shape[-1], 1, device=self.device, dtype=torch.int64), 0)
+    hit = clang.bitwise_and(clang.eq(classes, clang.unsqueeze(column, 1)), clang.unsqueeze(counts, 1))
+    grad = clang.where(hit, clang.unsqueeze(value, 1) if value.ndim else value, 0.0)
+    return maybe_convert_to_dtype(clang.reshape(grad, self.shape), self.dtype)
+
+
+# -- embedding --------------------------------------------------------------------------------------
+@torchsymbol(*_aten(aten.embedding_dense_backward.default))
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """The (num_weights, D) gradient of embedding's weight: each row of grad_output added into the row its index
+    names, skipping index padding_idx (-1: none), divided by how often the index occurs if scale_grad_by_freq."""
+    check(indices.dtype in (torch.int64, torch.int32),
+          lambda: f"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; "
+                  f"but got {clang.legacy_type_name(indices)} instead (while checking arguments for "
+                  f"embedding_backward)")
+    n, dim = indices.numel(), grad_output.shape[-1]
+    # int64: scatter_add's backward gathers with the index broadcast, which torch 2.13 reads wrongly for int32
+    index = clang.reshape(maybe_convert_to_dtype(indices, torch.int64), (n,))
+    compute = dtypes.computation_dtype(grad_output.dtype)
+    rows = clang.reshape(maybe_convert_to_dtype(grad_output, compute), (n, dim))
+    if scale_grad_by_freq:
+        ones, zeros = (clang.full((size,), fill, device=indices.device, dtype=torch.int64)
+                       for size, fill in ((n, 1), (num_weights, 0)))
+        counts = prims.take(prims.scatter_add(zeros, index, ones, 0), index, 0)  # each row's index's count
+        rows = clang.true_divide(rows, clang.unsqueeze(maybe_convert_to_dtype(counts, rows.dtype), 1))
+    if padding_idx >= 0:
+        rows = clang.where(clang.unsqueeze(clang.ne(index, padding_idx), 1), rows, 0.0)
+    zeros = clang.full((num_weights, dim), 0, device=grad_output.device, dtype=compute)
+    out = prims.scatter_add(zeros, clang.expand_to(clang.unsqueeze(index, 1), (n, dim)), rows, 0)
+    return maybe_convert_to_dtype(out, grad_output.dtype)
