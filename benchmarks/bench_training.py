@@ -6,9 +6,10 @@ side by side in one process.
 
 Workloads: an MLP (4 x Linear 1024 with GELU, batch 64) and a GPT block (n_embd 256, 4 heads,
 sequence 128, batch 8). Columns: median step time, ratio to eager, first step (tracing and
-compiling included) and, on CUDA, peak memory allocated during a step (CPU allocations are not
-tracked by torch, so it says n/a there). Every variant's gradients are checked against eager
-before timing.
+compiling included), the tensors autograd keeps between forward and backward (the activation
+memory; measured through saved-tensor hooks, so on CPU too) and, on CUDA, peak memory allocated
+during a step (CPU allocations are not tracked by torch, so it says n/a there). Every variant's gradients are checked against eager
+before timing, and timing rounds alternate between the variants.
 """
 from __future__ import annotations
 
@@ -46,24 +47,50 @@ def step(model, loss_of):
     loss_of(model).backward()
 
 
-def measure(model, loss_of, device, rounds: int, calls: int):
-    for _ in range(3):
-        step(model, loss_of)
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
+def interleaved_medians(models: dict, loss_of, device, rounds: int, calls: int) -> dict:
+    """Median step time (ms) of each model. Rounds alternate between the models, so that a
+    machine that speeds up or slows down during the run (other work, clocks) affects all alike."""
+    for model in models.values():
+        for _ in range(3):
             step(model, loss_of)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / calls * 1e3)
-    peak = "n/a"
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        step(model, loss_of)
-        torch.cuda.synchronize()
-        peak = f"{torch.cuda.max_memory_allocated() / 2**20:.0f} MiB"
-    return statistics.median(times), peak
+    times = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                step(model, loss_of)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - start) / calls * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def saved_for_backward(model, loss_of) -> str:
+    """What torch.autograd keeps alive between forward and backward (every tensor saved for
+    backward, each storage counted once): the activation memory of a step, measurable on CPU."""
+    storages = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    for p in model.parameters():
+        p.grad = None
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_of(model)
+    loss.backward()
+    return f"{sum(storages.values()) / 2**20:.1f} MiB"
+
+
+def peak_memory(model, loss_of, device) -> str:
+    if device.type != "cuda":
+        return "n/a"
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step(model, loss_of)
+    torch.cuda.synchronize()
+    return f"{torch.cuda.max_memory_allocated() / 2**20:.0f} MiB"
 
 
 def main(argv=None):
@@ -83,26 +110,27 @@ def main(argv=None):
         variants = {"eager": copy.deepcopy(base), "thunderfn.jit(module)": tf.jit(copy.deepcopy(base))}
         if not args.no_compile:
             variants["torch.compile"] = torch.compile(copy.deepcopy(base))
-        reference = None
-        eager_ms = None
+        reference, ready, first = None, {}, {}
         for variant, model in variants.items():
             try:
                 start = time.perf_counter()
                 step(model, loss_of)  # the first step: tracing and compiling included
-                first_ms = (time.perf_counter() - start) * 1e3
+                first[variant] = (time.perf_counter() - start) * 1e3
                 grads = [p.grad.clone() for p in model.parameters()]
                 if reference is None:
                     reference = grads
                 else:
                     for g, r in zip(grads, reference):
                         torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-3)
-                ms, peak = measure(model, loss_of, device, args.rounds, args.calls)
+                ready[variant] = model
             except Exception as e:  # a variant that cannot build or run here is reported, not fatal
-                rows.append((name, variant, f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:60]})", "", "", ""))
-                continue
-            eager_ms = eager_ms or ms
-            rows.append((name, variant, f"{ms:.2f}", f"{ms / eager_ms:.2f}x", f"{first_ms:.0f}", peak))
-    header = ("workload", "variant", "median step ms", "vs eager", "first step ms", "peak memory")
+                rows.append((name, variant, f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:60]})", "", "", "", ""))
+        medians = interleaved_medians(ready, loss_of, device, args.rounds, args.calls)
+        for variant, model in ready.items():
+            ms = medians[variant]
+            rows.append((name, variant, f"{ms:.2f}", f"{ms / medians['eager']:.2f}x", f"{first[variant]:.0f}",
+                         saved_for_backward(model, loss_of), peak_memory(model, loss_of, device)))
+    header = ("workload", "variant", "median step ms", "vs eager", "first step ms", "saved for backward", "peak memory")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     for row in [header] + rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))

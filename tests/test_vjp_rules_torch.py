@@ -325,3 +325,19 @@ def test_low_precision_gradient_is_as_accurate_as_torchs(name, dtype):
         assert g.dtype == a.dtype
         scale = e.abs().max()
         assert (g.double() - e).abs().max() <= 2 * (t.double() - e).abs().max() + 1e-6 * scale
+
+
+SPLITS = {
+    "split-int": lambda x: (x.split(3, 1)[0] * 2).sum() + x.split(3, 1)[2].exp().sum(),
+    "split-sizes": lambda x: x.split([2, 8], 1)[1].pow(2).sum(),
+    "chunk": lambda x: sum((c.sin() * i).sum() for i, c in enumerate(x.chunk(3, 1))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPLITS))
+def test_split_gradient_is_one_cat_and_matches_torch(name):
+    fn, x = SPLITS[name], randn(4, 10)
+    grad = tf.grad(fn)
+    torch.testing.assert_close(grad(x), _torch_grads(fn, (x,))[1][0])
+    execution = str(tf.last_traces(grad)[-1])
+    assert "torch.cat(" in execution and "pad_prim" not in execution

@@ -340,6 +340,14 @@ def _scaled_dot_product_attention_vjp(res, g):
     return cts + (dmask,) + (None,) * (len(res.args) - 4)
 
 
+@defvjp(ltorch.split.id)
+def _split_vjp(res, g):  # eager's: one cat of the pieces' cotangents (zeros for the unused), not a pad per piece
+    a = res.args[0]
+    dim = canonical_dim(_argument(res, 2, "dim", 0), a.ndim)
+    pieces = [c if c is not None else clang.full(o.shape, 0, device=o.device, dtype=o.dtype) for c, o in zip(g, res.out)]
+    return (ltorch.cat(pieces, dim),) + (None,) * (len(res.args) - 1)
+
+
 @defvjp(ltorch.embedding.id)
 def _embedding_vjp(res, g):  # eager's kernel: the rows of g summed into zeros at the indices
     indices, weight = res.args[:2]
