@@ -222,25 +222,32 @@ def test_sdpa_fully_masked_rows_get_zero_gradients_as_in_torch(is_causal):
     assert (got[0][:, :, 2] == 0).all()
 
 
-def test_sdpa_with_dropout_matches_torch_under_the_same_seed():
-    """F.scaled_dot_product_attention with dropout is traced as its decomposition (the rule's forward, torch's
-    whole call, would hide the mask): differentiated through the mask it drew, which is eager's."""
-    fn = lambda q, k, v: weighted(sdpa(q, k, v, dropout_p=0.4))  # noqa: E731
+@pytest.mark.parametrize("call", ["F", "symbol"])
+def test_sdpa_with_dropout_matches_torch_under_the_same_seed(call):
+    """With dropout the rule does not apply (torch's whole call would hide the mask): reverse mode runs the
+    decomposition, which draws eager's mask, and differentiates through it."""
+    attention = sdpa if call == "F" else ltorch.scaled_dot_product_attention
+    fn = lambda q, k, v: weighted(attention(q, k, v, None, 0.4))  # noqa: E731
     args = randn(2, 2, 4, 8), randn(2, 2, 6, 8), randn(2, 2, 6, 8)
+    torch.manual_seed(3)
     fn(*args)  # makes its cotangent
     grad = tf.grad(fn, argnums=(0, 1, 2))
     torch.manual_seed(3)
     got = grad(*args)
     torch.manual_seed(3)
-    for g, e in zip(got, _torch_grads(fn, args)[1]):
+    for g, e in zip(got, _torch_grads(lambda q, k, v: weighted(sdpa(q, k, v, dropout_p=0.4)), args)[1]):
         torch.testing.assert_close(g, e)
     assert "scaled_dot_product_attention" not in str(tf.last_traces(grad)[-1])
 
 
-def test_sdpa_symbol_called_directly_with_dropout_refuses_to_differentiate():
-    fn = lambda q: ltorch.scaled_dot_product_attention(q, q, q, None, 0.3).sum()  # noqa: E731
-    with pytest.raises(tf.UnsupportedOpError, match="dropout_p > 0"):
-        tf.grad(fn)(randn(2, 4, 8))
+def test_sdpa_with_dropout_runs_torchs_whole_call_when_nothing_is_differentiated():
+    q = randn(2, 2, 4, 8)
+    jitted = tf.jit(lambda q: sdpa(q, q, q, dropout_p=0.4))
+    torch.manual_seed(3)
+    got = jitted(q)
+    torch.manual_seed(3)
+    torch.testing.assert_close(got, sdpa(q, q, q, dropout_p=0.4), rtol=0, atol=0)
+    assert "scaled_dot_product_attention(" in str(tf.last_traces(jitted)[-1])
 
 
 @pytest.mark.parametrize("call", ["symbol", "F.linear", "F.layer_norm", "torch.sigmoid"])

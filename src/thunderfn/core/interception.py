@@ -19,7 +19,6 @@ from torch.overrides import TorchFunctionMode
 from thunderfn.core import context, dtypes
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
-from thunderfn.errors import UnsupportedOpError
 
 # torch callable -> callable taking the same arguments with proxies in place of tensors
 handlers: dict = {}

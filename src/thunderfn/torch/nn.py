@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from thunderfn import clang, prims
 from thunderfn.clang import keepdim_reshape, maybe_convert_to_dtype
 from thunderfn.core import dtypes
-from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.statements import emit_runtime_check
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
@@ -91,8 +90,8 @@ def linear(input, weight, bias=None):
 
 @torchsymbol(F.layer_norm)
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
-    dims = _check_normalized_shape("layer_norm", input, normalized_shape, (("weight", weight), ("bias", bias)),
-                                   shape_text=lambda shape: f"[*, {', '.join(map(str, shape))}]")
+    _check_normalized_shape("layer_norm", input, normalized_shape, (("weight", weight), ("bias", bias)),
+                            shape_text=lambda shape: f"[*, {', '.join(map(str, shape))}]")
     check(dtypes.is_float(input.dtype), lambda: f"\"LayerNormKernelImpl\" not implemented for '{clang.scalar_type_name(input.dtype)}'",
           NotImplementedError)
     for p in (weight, bias):
@@ -855,18 +854,3 @@ def dropout_noise(like: torch.Tensor, keep: float) -> torch.Tensor:
     """Dropout's scaled keep-mask, drawn exactly as torch's CPU kernel draws it (so the
     decomposition reproduces eager's masks under the same seed)."""
     return torch.empty_like(like).bernoulli_(keep).div_(keep)
-
-
-# -- F.scaled_dot_product_attention with dropout ---------------------------------------------------
-def _scaled_dot_product_attention_entry(*args, **kwargs):
-    """F.scaled_dot_product_attention while tracing. With dropout, the decomposition inline rather than the
-    symbol: reverse mode differentiates through the mask it drew (as eager draws it), which the symbol's VJP
-    rule, whose forward is torch's whole call, could not see."""
-    dropout_p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
-    if dropout_p > 0.0:
-        return scaled_dot_product_attention.fn(*args, **kwargs)
-    args, kwargs = tensors_by_position(scaled_dot_product_attention, args, kwargs)
-    return scaled_dot_product_attention(*args, **kwargs)
-
-
-register_alias(F.scaled_dot_product_attention, _scaled_dot_product_attention_entry)

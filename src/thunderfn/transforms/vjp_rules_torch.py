@@ -23,7 +23,6 @@ from thunderfn import clang
 import thunderfn.torch as ltorch
 from thunderfn.core import dtypes
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim
 from thunderfn.torch.elementwise import _SELU_ALPHA, _SELU_SCALE
 from thunderfn.torch.nn import _legacy_reduction, _repeat_heads
@@ -302,18 +301,19 @@ def _fold_heads(d, like):
     return ltorch.sum(clang.reshape(d, shape[:-3] + (heads, shape[-3] // heads) + shape[-2:]), -3)
 
 
-@defvjp(ltorch.scaled_dot_product_attention.id)
+def _without_dropout(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs) -> bool:
+    return dropout_p == 0.0
+
+
+# With dropout, torch's one call draws a mask this rule could not see: reverse mode then runs the
+# decomposition, which draws it as eager does, and differentiates through it.
+@defvjp(ltorch.scaled_dot_product_attention.id, applies=_without_dropout)
 def _scaled_dot_product_attention_vjp(res, g):
     """The attention weights P recomputed (matmul and softmax), then dv = P^T g, dS = P * (dP - sum(dP * P))
     with dP = g v^T, dq = scale * dS k, dk = scale * dS^T q; a float mask gets dS."""
     query, key, value = res.args[:3]
-    attn_mask, dropout_p = _argument(res, 3, "attn_mask", None), _argument(res, 4, "dropout_p", 0.0)
+    attn_mask = _argument(res, 3, "attn_mask", None)
     is_causal, scale = _argument(res, 5, "is_causal", False), _argument(res, 6, "scale", None)
-    if dropout_p > 0.0:  # F.scaled_dot_product_attention with dropout is traced as its decomposition instead
-        raise UnsupportedOpError("thunderfn cannot differentiate ltorch.scaled_dot_product_attention called directly with "
-                                 "dropout_p > 0: torch's forward draws a dropout mask the backward cannot see; call "
-                                 "torch.nn.functional.scaled_dot_product_attention, which is differentiated through its "
-                                 "decomposition when dropout_p > 0")
     q, k, v, g = _computed(query, key, value, g)
     if _argument(res, 7, "enable_gqa", False) and query.ndim >= 3:
         k, v = _repeat_heads(k, q.shape[-3] // k.shape[-3]), _repeat_heads(v, q.shape[-3] // v.shape[-3])
