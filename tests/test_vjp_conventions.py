@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import thunderfn as tf
+from thunderfn.testing.gradients import assert_grads_close, assert_second_derivative_matches_torch, torch_grads
 
 F64 = torch.float64
 INF, NAN = math.inf, math.nan
@@ -194,41 +195,20 @@ def _argnums(args):
     return tuple(range(len(args)))
 
 
-def _torch_grads(fn, args, create_graph=False):
-    leaves = [a.detach().clone().requires_grad_(True) for a in args]
-    return leaves, torch.autograd.grad(fn(*leaves), leaves, create_graph=create_graph, allow_unused=True)
-
-
-def _assert_matches(got, expected):
-    for g, e in zip(got, expected):
-        torch.testing.assert_close(g, torch.zeros_like(g) if e is None else e, equal_nan=True)
-
-
 @pytest.mark.parametrize("fn, args", EDGE.values(), ids=EDGE.keys())
 def test_gradient_at_edge_points_matches_torch(fn, args):
-    _assert_matches(tf.grad(fn, argnums=_argnums(args))(*args), _torch_grads(fn, args)[1])
+    assert_grads_close(tf.grad(fn, argnums=_argnums(args))(*args), torch_grads(fn, args)[1])
 
 
 @pytest.mark.parametrize("fn, args", ORDINARY.values(), ids=ORDINARY.keys())
 def test_gradient_at_ordinary_points_matches_torch(fn, args):
-    _assert_matches(tf.grad(fn, argnums=_argnums(args))(*args), _torch_grads(fn, args)[1])
+    assert_grads_close(tf.grad(fn, argnums=_argnums(args))(*args), torch_grads(fn, args)[1])
 
 
 @pytest.mark.parametrize("fn, args", ORDINARY.values(), ids=ORDINARY.keys())
 def test_second_derivative_at_ordinary_points_matches_torch(fn, args):
-    """A Hessian-vector product: the gradient of <grad f, v> for a fixed v, through the rule's backward."""
-    vs = [torch.randn(a.shape, generator=torch.Generator().manual_seed(7), dtype=a.dtype) for a in args]
-    first = tf.grad(fn, argnums=_argnums(args))
-
-    def directional(*a):
-        return sum((g * v).sum() for g, v in zip(first(*a), vs))
-
-    got = tf.grad(directional, argnums=_argnums(args))(*args)
-    leaves, grads = _torch_grads(fn, args, create_graph=True)
-    directional_torch = sum((g * v).sum() for g, v in zip(grads, vs))
-    expected = (torch.autograd.grad(directional_torch, leaves, allow_unused=True) if directional_torch.requires_grad
-                else [None] * len(leaves))  # the gradient does not depend on the inputs
-    _assert_matches(got, expected)
+    """A Hessian-vector product, through the rule's backward."""
+    assert_second_derivative_matches_torch(fn, args)
 
 
 def test_second_derivative_of_logsigmoid_at_0_matches_torch():
@@ -252,7 +232,7 @@ def test_binary_cross_entropy_weight_gets_the_unweighted_loss_gradient(reduction
         loss = w * F.binary_cross_entropy(x, y, reduction="none")
         return weighted({"mean": loss.mean(), "sum": loss.sum(), "none": loss}[reduction])
 
-    _assert_matches(tf.grad(fn, argnums=(0,))(w), _torch_grads(written_out, (w,))[1])
+    assert_grads_close(tf.grad(fn, argnums=(0,))(w), torch_grads(written_out, (w,))[1])
 
 
 @pytest.mark.parametrize("name", ["max", "min"])
@@ -281,7 +261,7 @@ def test_integer_and_bool_max_and_min_are_not_differentiated(name, dtype):
                 + (f(x, ints.to(F64)) * x).sum())
 
     x = randn(2, 3)
-    _assert_matches(tf.grad(fn, argnums=(0,))(x), _torch_grads(fn, (x,))[1])
+    assert_grads_close(tf.grad(fn, argnums=(0,))(x), torch_grads(fn, (x,))[1])
 
 
 LOW_PRECISION = ["logsigmoid", "silu", "elu", "vector_norm-ord2", "vector_norm-ord3", "normalize-p2.0", "std-dim-keepdim",
@@ -295,8 +275,8 @@ def test_low_precision_gradient_has_the_arguments_dtype_and_torchs_accuracy(name
     fn, args = ORDINARY[name]
     low = tuple(a.to(dtype) for a in args)
     got = tf.grad(fn, argnums=_argnums(low))(*low)
-    _, torchs = _torch_grads(fn, low)
-    _, exact = _torch_grads(fn, args)
+    _, torchs = torch_grads(fn, low)
+    _, exact = torch_grads(fn, args)
     for g, tg, e, a in zip(got, torchs, exact, low):
         assert g.dtype == a.dtype
         assert (g.double() - e).abs().max() <= 2 * (tg.double() - e).abs().max() + 1e-6 * e.abs().max()

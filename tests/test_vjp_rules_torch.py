@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import thunderfn as tf
 import thunderfn.torch as ltorch
+from thunderfn.testing.gradients import assert_second_derivative_matches_torch, torch_grads
 from thunderfn.transforms.vjp_rules import vjp_rules
 
 F64 = torch.float64
@@ -136,11 +137,6 @@ case("embedding-module", lambda w: weighted(tf.functional_call(_embedding, {"wei
 FIRST_ORDER_ONLY = {"embedding", "embedding-module"}  # linear in the weight; embedding-int32-indices-squared is not
 
 
-def _torch_grads(fn, args, create_graph=False):
-    leaves = [a.detach().clone().requires_grad_(True) for a in args]
-    return leaves, torch.autograd.grad(fn(*leaves), leaves, create_graph=create_graph)
-
-
 def _reference(fn):
     """What torch.autograd differentiates: fn itself, or, where torch refuses (cross_entropy's class weight
     with class indices), the loss written out in differentiable torch ops."""
@@ -163,7 +159,7 @@ def _argnums(args):
 @pytest.mark.parametrize("fn, args", CASES.values(), ids=CASES.keys())
 def test_gradient_matches_torch_autograd(fn, args):
     got = tf.grad(fn, argnums=_argnums(args))(*args)
-    _, expected = _torch_grads(_reference(fn), args)
+    _, expected = torch_grads(_reference(fn), args)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, equal_nan=True)
 
@@ -171,20 +167,8 @@ def test_gradient_matches_torch_autograd(fn, args):
 @pytest.mark.parametrize("fn, args", [v for k, v in CASES.items() if k not in FIRST_ORDER_ONLY],
                          ids=[k for k in CASES if k not in FIRST_ORDER_ONLY])
 def test_second_derivative_matches_torch_autograd(fn, args):
-    """A Hessian-vector product: the gradient of <grad f, v> for a fixed v, through the rule's backward."""
-    vs = [torch.randn(a.shape, generator=torch.Generator().manual_seed(7), dtype=a.dtype) for a in args]
-    first = tf.grad(fn, argnums=_argnums(args))
-
-    def directional(*a):
-        return sum((g * v).sum() for g, v in zip(first(*a), vs))
-
-    got = tf.grad(directional, argnums=_argnums(args))(*args)
-    leaves, grads = _torch_grads(_reference(fn), args, create_graph=True)
-    directional_torch = sum((g * v).sum() for g, v in zip(grads, vs))
-    expected = (torch.autograd.grad(directional_torch, leaves, allow_unused=True) if directional_torch.requires_grad
-                else [None] * len(leaves))  # the gradient does not depend on the inputs
-    for g, e in zip(got, expected):
-        torch.testing.assert_close(g, torch.zeros_like(g) if e is None else e, equal_nan=True)
+    """A Hessian-vector product, through the rule's backward."""
+    assert_second_derivative_matches_torch(fn, args, reference=_reference(fn))
 
 
 # -- edge cases where torch's gradient is not the decomposition's --------------------------------------
@@ -195,7 +179,7 @@ def test_cross_entropy_all_targets_ignored_gives_torchs_zero_gradient(reduction,
     fn = lambda x: F.cross_entropy(x, torch.full((4,), -100), reduction=reduction, label_smoothing=smoothing).sum()  # noqa: E731
     x = randn(4, 5)
     got = tf.grad(fn)(x)
-    torch.testing.assert_close(got, _torch_grads(fn, (x,))[1][0])
+    torch.testing.assert_close(got, torch_grads(fn, (x,))[1][0])
     torch.testing.assert_close(got, torch.zeros_like(x))
 
 
@@ -205,7 +189,7 @@ def test_cross_entropy_zero_total_weight_gives_torchs_nan_rows(smoothing):
     fn = lambda x: F.cross_entropy(x, torch.tensor([1, 2, -100]), torch.zeros(5, dtype=F64), label_smoothing=smoothing)  # noqa: E731
     x = randn(3, 5)
     got = tf.grad(fn)(x)
-    torch.testing.assert_close(got, _torch_grads(fn, (x,))[1][0], equal_nan=True)
+    torch.testing.assert_close(got, torch_grads(fn, (x,))[1][0], equal_nan=True)
     assert got[:2].isnan().all() and (got[2] == 0).all()
 
 
@@ -217,7 +201,7 @@ def test_sdpa_fully_masked_rows_get_zero_gradients_as_in_torch(is_causal):
     args = randn(1, 2, 4, 8), randn(1, 2, 4, 8), randn(1, 2, 4, 8)
     fn(*args)  # makes its cotangent
     got = tf.grad(fn, argnums=(0, 1, 2))(*args)
-    for g, e in zip(got, _torch_grads(fn, args)[1]):
+    for g, e in zip(got, torch_grads(fn, args)[1]):
         torch.testing.assert_close(g, e)
     assert (got[0][:, :, 2] == 0).all()
 
@@ -235,7 +219,7 @@ def test_sdpa_with_dropout_matches_torch_under_the_same_seed(call):
     torch.manual_seed(3)
     got = grad(*args)
     torch.manual_seed(3)
-    for g, e in zip(got, _torch_grads(lambda q, k, v: weighted(sdpa(q, k, v, dropout_p=0.4)), args)[1]):
+    for g, e in zip(got, torch_grads(lambda q, k, v: weighted(sdpa(q, k, v, dropout_p=0.4)), args)[1]):
         torch.testing.assert_close(g, e)
     assert "scaled_dot_product_attention" not in str(tf.last_traces(grad)[-1])
 
@@ -259,7 +243,7 @@ def test_tensors_passed_by_keyword_get_their_gradient(call):
           "torch.sigmoid": lambda x, w: (torch.sigmoid(input=x) * w[0]).sum()}[call]
     args = (randn(4, 5), randn(4, 5))
     got = tf.grad(fn, argnums=(0, 1))(*args)
-    for g, e in zip(got, _torch_grads(fn, args)[1]):
+    for g, e in zip(got, torch_grads(fn, args)[1]):
         torch.testing.assert_close(g, e)
 
 
@@ -267,7 +251,7 @@ def test_tensors_passed_by_keyword_get_their_gradient(call):
 def test_embedding_gradient_options_still_match_torch(options):
     fn = lambda w: weighted(F.embedding(ids, w, **options))  # noqa: E731
     fn(table)  # makes its cotangent
-    torch.testing.assert_close(tf.grad(fn)(table), _torch_grads(fn, (table,))[1][0])
+    torch.testing.assert_close(tf.grad(fn)(table), torch_grads(fn, (table,))[1][0])
 
 
 # -- the forward keeps each op whole ------------------------------------------------------------------
@@ -326,8 +310,8 @@ def test_low_precision_gradient_is_as_accurate_as_torchs(name, dtype):
     fn, args = CASES[name]
     low = tuple(a.to(dtype) for a in args)
     got = tf.grad(fn, argnums=_argnums(low))(*low)
-    _, torchs = _torch_grads(fn, low)
-    _, exact = _torch_grads(fn, args)
+    _, torchs = torch_grads(fn, low)
+    _, exact = torch_grads(fn, args)
     for g, t, e, a in zip(got, torchs, exact, low):
         assert g.dtype == a.dtype
         scale = e.abs().max()
@@ -345,6 +329,6 @@ SPLITS = {
 def test_split_gradient_is_one_cat_and_matches_torch(name):
     fn, x = SPLITS[name], randn(4, 10)
     grad = tf.grad(fn)
-    torch.testing.assert_close(grad(x), _torch_grads(fn, (x,))[1][0])
+    torch.testing.assert_close(grad(x), torch_grads(fn, (x,))[1][0])
     execution = str(tf.last_traces(grad)[-1])
     assert "torch.cat(" in execution and "pad_prim" not in execution
