@@ -280,3 +280,50 @@ def test_low_precision_gradient_has_the_arguments_dtype_and_torchs_accuracy(name
     for g, tg, e, a in zip(got, torchs, exact, low):
         assert g.dtype == a.dtype
         assert (g.double() - e).abs().max() <= 2 * (tg.double() - e).abs().max() + 1e-6 * e.abs().max()
+
+
+_x34 = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+FORWARD_MODE = {  # torch-level functions whose forward rule is derived from their VJP rule (transforms/jvp_rules.py)
+    "logsigmoid": (F.logsigmoid, t(0.0, 1.0, -1e3, 1e3)),
+    "silu-overflow": (F.silu, t(-1e3, 1e3, 0.5)),
+    "sigmoid-overflow": (torch.sigmoid, t(-1e3, 1e3)),
+    "hardtanh-bounds": (F.hardtanh, t(-1.0, 1.0, 0.0)),
+    "bce_with_logits-at-0": (lambda x: F.binary_cross_entropy_with_logits(x, torch.full_like(x, 0.5)), t(0.0, 1.0)),
+    "gelu": (F.gelu, t(-3.0, 0.0, 0.5)),
+    "gelu-tanh": (lambda x: F.gelu(x, approximate="tanh"), t(-3.0, 0.0, 0.5)),
+    "tanh": (torch.tanh, t(-30.0, 0.0, 0.5)),
+    "relu-at-0": (torch.relu, t(-1.0, 0.0, 0.5)),
+    "elu-overflow": (F.elu, t(-1.0, 1e3, 0.5)),
+    "selu": (F.selu, t(-1.0, 1e3, 0.0)),
+    "celu": (lambda x: F.celu(x, 2.0), t(-1.0, 1e4, 0.0)),
+    "relu6-bounds": (F.relu6, t(0.0, 6.0, 3.0)),
+    "hardsigmoid-bounds": (F.hardsigmoid, t(-3.0, 3.0, 0.5)),
+    "hardswish-bounds": (F.hardswish, t(-3.0, 3.0, 0.5)),
+    "softplus-threshold": (lambda x: F.softplus(x, 2.0, 5.0), t(-1e3, 2.5, 30.0)),
+    "norm-of-zero": (torch.norm, t(0.0, 0.0)),
+    "vector_norm-ord3-dim": (lambda x: torch.linalg.vector_norm(x, 3, dim=1, keepdim=True), _x34),
+    "vector_norm-inf": (lambda x: torch.linalg.vector_norm(x, float("inf"), dim=1), _x34),
+    "std-of-constant": (torch.std, t(1.0, 1.0)),
+    "std-dim-correction0": (lambda x: x.std(dim=0, correction=0), _x34),
+    "normalize": (F.normalize, _x34),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORWARD_MODE))
+def test_forward_mode_tangent_matches_torch_func_jvp(name):
+    fn, x = FORWARD_MODE[name]
+    tangent = torch.full_like(x, 0.7)
+    torch.testing.assert_close(tf.jvp(fn, (x,), (tangent,))[1], torch.func.jvp(fn, (x,), (tangent,))[1], equal_nan=True)
+
+
+def test_every_torch_level_forward_rule_has_a_case():
+    from thunderfn.prims import PrimIDs
+    from thunderfn.transforms.jvp_rules import jvp_rules
+
+    torch_level = {k for k in jvp_rules if not isinstance(k, PrimIDs)}
+    reached = set()
+    for fn, x in FORWARD_MODE.values():
+        trc = tf.trace(fn, x)
+        reached.update(b.sym.id for b in trc.bound_symbols)
+        reached.update(s.sym.id for b in trc.bound_symbols for s in b.subsymbols)
+    assert torch_level <= reached, f"forward rules without a case: {torch_level - reached}"

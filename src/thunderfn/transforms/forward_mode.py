@@ -16,6 +16,7 @@ import torch
 
 from thunderfn import clang
 from thunderfn.core import context, dtypes
+from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
@@ -59,7 +60,11 @@ def _push_forward(bsym, tangents: dict) -> None:
         return
     rule = jvp_rules.get(bsym.sym.id)
     if rule is not None:
-        out_tangent = rule(Residuals(bsym.args, bsym.kwargs, bsym.output), arg_tangents)
+        args, kwargs = bsym.args, bsym.kwargs
+        if kwarg_tangents and bsym.sym.fn is not None:  # rules take tangents by position: no tensor by keyword
+            args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
+            arg_tangents = tuple(_tangent_of(a, tangents) for a in args)
+        out_tangent = rule(Residuals(args, kwargs, bsym.output), arg_tangents)
     elif "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
         out_tangent = _opaque_tangent(bsym, tangents)
     else:

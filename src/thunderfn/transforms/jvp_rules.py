@@ -306,3 +306,60 @@ def _selected_jvp(res, t):
 
 
 defjvp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_jvp)
+
+
+# -- torch-level elementwise functions with a torch-level VJP rule ---------------------------------
+# Their Jacobian is diagonal, so the tangent is the VJP rule applied to the input's tangent: forward
+# mode gets torch's conventions (logsigmoid at 0, a kink's bounds, where exp overflows) from the
+# same formula, and the forward keeps each op whole.
+def _diagonal_jvp_from_vjp(symbol_id):
+    vjp = _vjp.vjp_rules[symbol_id]
+
+    def rule(res, tangents):
+        return None if not tangents or tangents[0] is None else vjp(res, tangents[0])[0]
+
+    rule.__name__ = rule.__qualname__ = f"{vjp.__name__}_as_jvp"
+    jvp_rules[symbol_id] = rule
+
+
+def _elementwise_symbols():
+    import thunderfn.torch as ltorch
+
+    return (ltorch.sigmoid, ltorch.tanh, ltorch.relu, ltorch.logsigmoid, ltorch.silu, ltorch.elu, ltorch.selu,
+            ltorch.celu, ltorch.hardtanh, ltorch.relu6, ltorch.hardsigmoid, ltorch.hardswish, ltorch.softplus,
+            ltorch.gelu)
+
+
+for _symbol in _elementwise_symbols():
+    _diagonal_jvp_from_vjp(_symbol.id)
+
+
+def _reduction_jvp_from_vjp(symbol_id, dim_position: int):
+    """A reduction whose every output element reads its own slice of the input (a norm, a std): the VJP
+    rule at a cotangent of ones gives each input element's derivative, and the tangent is the sum over
+    the slice of derivative times tangent. torch's masks (the norm of zero) come along."""
+    from thunderfn.clang import reduction_dims
+
+    vjp = _vjp.vjp_rules[symbol_id]
+
+    def rule(res, tangents):
+        t = tangents[0] if tangents else None
+        if t is None:
+            return None
+        x, out = res.args[0], res.out
+        dim = res.args[dim_position] if len(res.args) > dim_position else res.kwargs.get("dim")
+        d = vjp(res, prims.full(tuple(out.shape), 1.0, device=out.device, dtype=out.dtype))[0]
+        return prims.reshape(prims.sum(prims.mul(d, t), reduction_dims(x, dim)), tuple(out.shape))
+
+    rule.__name__ = rule.__qualname__ = f"{vjp.__name__}_as_jvp"
+    jvp_rules[symbol_id] = rule
+
+
+def _reductions():
+    import thunderfn.torch as ltorch
+
+    return ((ltorch.vector_norm, 2), (ltorch.std, 1))
+
+
+for _symbol, _dim_position in _reductions():
+    _reduction_jvp_from_vjp(_symbol.id, _dim_position)
