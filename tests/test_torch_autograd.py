@@ -152,7 +152,7 @@ def test_a_captured_tensor_that_requires_grad_keeps_torchs_autograd_wiring():
         tf.last_backward_traces(jf)
 
 
-def test_a_function_writing_into_an_input_keeps_torchs_autograd_wiring():
+def test_a_function_writing_into_a_buffer_is_split_and_writes_the_buffer():
     def f(x, buf):
         buf.add_(1)
         return (x * buf).sum()
@@ -162,7 +162,33 @@ def test_a_function_writing_into_an_input_keeps_torchs_autograd_wiring():
     jf(x, buf).backward()
     torch.testing.assert_close(x.grad, torch.ones(3))
     torch.testing.assert_close(buf, torch.ones(3))
-    with pytest.raises(RuntimeError, match="writes into its inputs"):
+    assert tf.last_backward_traces(jf)[-1].def_name == "backward"
+
+
+def test_batch_norm_training_matches_eager_gradients_and_running_statistics():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Tanh())
+    reference = copy.deepcopy(model)
+    jm, x = tf.jit(model), torch.randn(5, 3)
+    for _ in range(2):
+        jm(x).pow(2).sum().backward()
+        reference(x).pow(2).sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    for a, b in zip(model.buffers(), reference.buffers()):
+        torch.testing.assert_close(a, b)
+
+
+def test_writing_into_an_input_that_requires_grad_keeps_torchs_autograd_wiring():
+    def f(x):
+        x.mul_(2)
+        return (x * x).sum()
+
+    a = torch.randn(3, requires_grad=True)
+    jf = tf.jit(f)
+    jf(a * 1).backward()
+    torch.testing.assert_close(a.grad, 8 * a.detach())
+    with pytest.raises(RuntimeError, match="writes into an input or captured tensor that requires grad"):
         tf.last_backward_traces(jf)
 
 

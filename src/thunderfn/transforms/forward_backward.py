@@ -16,7 +16,7 @@ backward trace from `loss.backward()`.
 
 Some functions keep the older wiring (autograd through the torch ops the compiled
 function runs, which is correct but saves what torch's ops save): those that write
-into their inputs, those that capture a tensor requiring grad (it is not an input
+into an input that requires grad, those that capture a tensor requiring grad (it is not an input
 of the trace, so the split could not return its gradient), and those with an op
 thunderfn cannot differentiate but torch can. `Split.why_not` says which.
 """
@@ -53,8 +53,10 @@ def _provenance(trc: Trace, name: str, start: int) -> Trace:
 
 def why_not_split(computation: Trace) -> str | None:
     """Why this computation keeps autograd through torch's ops, or None if it can be split."""
-    if any(b.sym is write_back for b in computation.bound_symbols):
-        return "it writes into its inputs or captured tensors"
+    # Writing into a tensor that requires grad would need its old value's gradient too; writing into
+    # others (batch norm's running statistics) is a statement the forward runs.
+    if any(b.sym is write_back and b.args[0].requires_grad for b in computation.bound_symbols):
+        return "it writes into an input or captured tensor that requires grad"
     captured = [p for b in computation.bound_symbols for p in b.proxy_args() if p.constant is not None and p.requires_grad]
     if captured:
         return (f"it captures a tensor that requires grad ({captured[0].name}); pass it as an argument to get "
