@@ -141,15 +141,32 @@ def test_opaque_op_in_a_jitted_function_is_differentiated_by_torch():
     assert "torch_vjp" in str(tf.last_backward_traces(jf)[-1])
 
 
-def test_a_captured_tensor_that_requires_grad_keeps_torchs_autograd_wiring():
+def test_captured_tensors_that_require_grad_get_their_gradient_through_the_split():
     w = torch.randn(3, requires_grad=True)
+    base = torch.randn(3, requires_grad=True)
+    shifted = base * 2  # captured, not a leaf: the gradient goes on to base
     x = torch.randn(3, requires_grad=True)
-    jf = tf.jit(lambda x: (x * w).sum())
+    jf = tf.jit(lambda x: (x * w + shifted).pow(2).sum())
     jf(x).backward()
-    torch.testing.assert_close(w.grad, x.detach())
-    torch.testing.assert_close(x.grad, w.detach())
-    with pytest.raises(RuntimeError, match="captures a tensor that requires grad"):
-        tf.last_backward_traces(jf)
+    xe, we, be = (t.detach().clone().requires_grad_() for t in (x, w, base))
+    expected = torch.autograd.grad((xe * we + be * 2).pow(2).sum(), (xe, we, be))
+    for got, want in zip((x.grad, w.grad, base.grad), expected):
+        torch.testing.assert_close(got, want)
+    backward = tf.last_backward_traces(jf)[-1]
+    assert len([g for g in backward.output if g is not None]) == 3  # x and the two captured tensors
+
+
+def test_a_jitted_function_calling_a_module_trains_it_like_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+    reference = copy.deepcopy(model)
+    step = tf.jit(lambda x, y: torch.nn.functional.mse_loss(model(x), y))
+    x, y = torch.randn(6, 4), torch.randn(6, 1)
+    step(x, y).backward()
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert tf.last_backward_traces(step)[-1].def_name == "backward"
 
 
 def test_a_function_writing_into_a_buffer_is_split_and_writes_the_buffer():

@@ -95,7 +95,7 @@ class JitState:
             traces = [trace(self.fn, *args, **kwargs)]
             traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
             split = None
-            if not self.disable_torch_autograd and _is_grad_enabled() and any(a.requires_grad for a in traces[-1].args):
+            if not self.disable_torch_autograd and _is_grad_enabled():
                 split, self.why_no_backward = try_split(traces[-1])
         if split is None:
             traces += _execution_passes(traces[-1], executors)

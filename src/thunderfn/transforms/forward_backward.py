@@ -14,17 +14,20 @@ Both are lowered and compiled like any trace, and a torch.autograd.Function runs
 them: torch keeps only the residuals alive between the two, and calls the
 backward trace from `loss.backward()`.
 
+A captured tensor that requires grad (a parameter of a module the function calls)
+becomes an extra input of both traces, so its gradient reaches it.
+
 Some functions keep the older wiring (autograd through the torch ops the compiled
 function runs, which is correct but saves what torch's ops save): those that write
-into an input that requires grad, those that capture a tensor requiring grad (it is not an input
-of the trace, so the split could not return its gradient), and those with an op
-thunderfn cannot differentiate but torch can. `Split.why_not` says which.
+into an input that requires grad, and those with an op thunderfn cannot differentiate
+but torch can. `try_split` says which (tf.last_backward_traces repeats it).
 """
 from __future__ import annotations
 
 import dataclasses
 import time
 
+import optree
 import torch
 
 from thunderfn.core import dtypes
@@ -44,6 +47,7 @@ class Split:
     differentiable: list  # per output: does a gradient flow back through it
     leaf_plan: list  # per leaf of the user's output: ("out", i) | ("input", i) | ("value", v)
     out_spec: object
+    captured: tuple  # captured tensors requiring grad, passed after the inputs (see _lift_captured)
 
 
 def _provenance(trc: Trace, name: str, start: int) -> Trace:
@@ -57,11 +61,31 @@ def why_not_split(computation: Trace) -> str | None:
     # others (batch norm's running statistics) is a statement the forward runs.
     if any(b.sym is write_back and b.args[0].requires_grad for b in computation.bound_symbols):
         return "it writes into an input or captured tensor that requires grad"
-    captured = [p for b in computation.bound_symbols for p in b.proxy_args() if p.constant is not None and p.requires_grad]
-    if captured:
-        return (f"it captures a tensor that requires grad ({captured[0].name}); pass it as an argument to get "
-                f"thunderfn's backward")
+    if not any(a.requires_grad for a in computation.args) and not _captured_requiring_grad(computation):
+        return "no input (or captured tensor) requires grad"
     return None
+
+
+def _captured_requiring_grad(computation: Trace) -> list:
+    """The proxies of captured tensors (module parameters a jitted function reads, say) that require grad."""
+    found = {}
+    for b in computation.bound_symbols:
+        for p in b.proxy_args():
+            if p.constant is not None and p.requires_grad:
+                found.setdefault(p.name, p)
+    return list(found.values())
+
+
+def _lift_captured(computation: Trace, captured: list) -> Trace:
+    """computation with the captured tensors `captured` as extra inputs: torch.autograd then passes
+    through them (the compiled function receives the very tensors the trace captured)."""
+    lifted = {p.name: TensorProxy(p.name, shape=p.shape, dtype=p.dtype, device=p.device, requires_grad=True,
+                                  origin=p.origin) for p in captured}
+    new = computation.derive(computation.provenance, [b.swap(lifted) for b in computation.bound_symbols])
+    new.args = list(computation.args) + list(lifted.values())
+    new.output = optree.tree_map(lambda x: lifted.get(x.name, x) if isinstance(x, TensorProxy) else x,
+                                 computation.output, none_is_leaf=True, namespace="thunderfn")
+    return new
 
 
 def _depends_on_inputs(bsyms: list, names: set, grad_enabled: bool) -> set:
@@ -83,6 +107,9 @@ def split_forward_backward(computation: Trace) -> Split:
     from thunderfn.transforms.autodiff import trace_vjp
 
     start = time.perf_counter_ns()
+    captured = _captured_requiring_grad(computation)
+    if captured:
+        computation = _lift_captured(computation, captured)
     inputs = list(computation.args)
     input_names = {p.name: i for i, p in enumerate(inputs)}
     wrt = [p for p in inputs if p.requires_grad and dtypes.is_inexact(p.dtype)]
@@ -139,7 +166,7 @@ def split_forward_backward(computation: Trace) -> Split:
     fwd = dce(fwd)
     _provenance(fwd, "Forward and backward split", start)
     _provenance(bwd, "Forward and backward split", start)
-    return Split(fwd, bwd, outputs, differentiable, leaf_plan, out_spec)
+    return Split(fwd, bwd, outputs, differentiable, leaf_plan, out_spec, tuple(p.constant for p in captured))
 
 
 class ThunderFunction(torch.autograd.Function):
@@ -177,16 +204,19 @@ class CompiledSplit:
         self.forward, self.backward = forward, backward
         self.fn_name = split.forward.fn_name
         self.differentiable = split.differentiable
-        self.leaf_plan, self.out_spec = split.leaf_plan, split.out_spec
+        self.leaf_plan, self.out_spec, self.captured = split.leaf_plan, split.out_spec, split.captured
 
     def __call__(self, *inputs):
+        if self.captured:
+            inputs = inputs + self.captured
         outs = ThunderFunction.apply(self, *inputs)
         leaves = [outs[i] if kind == "out" else inputs[i] if kind == "input" else i for kind, i in self.leaf_plan]
         return tree_unflatten(self.out_spec, leaves)
 
 
 def try_split(computation: Trace):
-    """(split, None), or (None, why the computation keeps torch's autograd wiring)."""
+    """(split, None), or (None, why there is no split: nothing requires grad, or the computation
+    keeps torch's autograd wiring)."""
     why = why_not_split(computation)
     if why is not None:
         return None, why
