@@ -247,3 +247,13 @@ def test_backward_of_jitted_random_programs_equals_eager_backward(program, input
             assert g.grad is None or not g.grad.any()
         else:
             torch.testing.assert_close(g.grad, e.grad, equal_nan=True)
+
+
+def test_a_captured_tensor_that_starts_requiring_grad_after_compiling_is_refused_not_ignored():
+    w = torch.randn(3)
+    x = torch.randn(3, requires_grad=True)
+    jf = tf.jit(lambda x: (x * w).sum())
+    jf(x).backward()
+    w.requires_grad_()
+    with pytest.raises(RuntimeError, match="requires grad now but did not when the function was compiled"):
+        jf(x)

@@ -48,6 +48,7 @@ class Split:
     leaf_plan: list  # per leaf of the user's output: ("out", i) | ("input", i) | ("value", v)
     out_spec: object
     captured: tuple  # captured tensors requiring grad, passed after the inputs (see _lift_captured)
+    constants: tuple  # captured tensors that did not require grad
 
 
 def _provenance(trc: Trace, name: str, start: int) -> Trace:
@@ -64,6 +65,17 @@ def why_not_split(computation: Trace) -> str | None:
     if not any(a.requires_grad for a in computation.args) and not _captured_requiring_grad(computation):
         return "no input (or captured tensor) requires grad"
     return None
+
+
+def _captured_not_requiring_grad(computation: Trace) -> tuple:
+    """The floating captured tensors that did not require grad when traced: the split treats them as
+    constants, which would be silently wrong once one of them requires grad (see CompiledSplit)."""
+    found = {}
+    for b in computation.bound_symbols:
+        for p in b.proxy_args():
+            if p.constant is not None and not p.requires_grad and dtypes.is_inexact(p.dtype):
+                found.setdefault(p.name, p.constant)
+    return tuple(found.values())
 
 
 def _captured_requiring_grad(computation: Trace) -> list:
@@ -166,7 +178,8 @@ def split_forward_backward(computation: Trace) -> Split:
     fwd = dce(fwd)
     _provenance(fwd, "Forward and backward split", start)
     _provenance(bwd, "Forward and backward split", start)
-    return Split(fwd, bwd, outputs, differentiable, leaf_plan, out_spec, tuple(p.constant for p in captured))
+    return Split(fwd, bwd, outputs, differentiable, leaf_plan, out_spec, tuple(p.constant for p in captured),
+                 _captured_not_requiring_grad(computation))
 
 
 class ThunderFunction(torch.autograd.Function):
@@ -205,8 +218,15 @@ class CompiledSplit:
         self.fn_name = split.forward.fn_name
         self.differentiable = split.differentiable
         self.leaf_plan, self.out_spec, self.captured = split.leaf_plan, split.out_spec, split.captured
+        self.constants = split.constants
 
     def __call__(self, *inputs):
+        for t in self.constants:
+            if t.requires_grad:
+                raise RuntimeError(
+                    f"a tensor captured by the jitted '{self.fn_name}' ({TensorProxy.type_string(t)}) requires grad now "
+                    f"but did not when the function was compiled, so the compiled backward treats it as a constant. "
+                    f"jit the function again after changing requires_grad, or pass the tensor as an argument.")
         if self.captured:
             inputs = inputs + self.captured
         outs = ThunderFunction.apply(self, *inputs)
