@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import thunderfn as tf
 import thunderfn.torch as ltorch
-from thunderfn.testing.gradients import assert_second_derivative_matches_torch, torch_grads
+from thunderfn.testing.gradients import assert_low_precision_as_accurate_as_torch, assert_second_derivative_matches_torch, torch_grads
 from thunderfn.transforms.vjp_rules import vjp_rules
 
 F64 = torch.float64
@@ -307,15 +307,7 @@ LOW_PRECISION = ["linear-batched-bias", "gelu-none", "gelu-tanh", "layer_norm-we
 def test_low_precision_gradient_is_as_accurate_as_torchs(name, dtype):
     """Against float64, thunderfn's gradient in float32 / bfloat16 errs no more than torch's own (and has the
     arguments' dtypes)."""
-    fn, args = CASES[name]
-    low = tuple(a.to(dtype) for a in args)
-    got = tf.grad(fn, argnums=_argnums(low))(*low)
-    _, torchs = torch_grads(fn, low)
-    _, exact = torch_grads(fn, args)
-    for g, t, e, a in zip(got, torchs, exact, low):
-        assert g.dtype == a.dtype
-        scale = e.abs().max()
-        assert (g.double() - e).abs().max() <= 2 * (t.double() - e).abs().max() + 1e-6 * scale
+    assert_low_precision_as_accurate_as_torch(*CASES[name], dtype)
 
 
 SPLITS = {

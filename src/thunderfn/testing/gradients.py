@@ -36,3 +36,15 @@ def assert_second_derivative_matches_torch(fn, args, reference=None, seed: int =
                 if isinstance(directional_torch, torch.Tensor) and directional_torch.requires_grad
                 else [None] * len(leaves))  # the gradient does not depend on the inputs
     assert_grads_close(got, expected)
+
+
+def assert_low_precision_as_accurate_as_torch(fn, args, dtype) -> None:
+    """Against float64 `args`, thunderfn's gradient with the args cast to `dtype` has the args' dtypes and
+    errs no more than about twice torch's own gradient in that dtype."""
+    low = tuple(a.to(dtype) for a in args)
+    got = tf.grad(fn, argnums=tuple(range(len(low))))(*low)
+    _, torchs = torch_grads(fn, low)
+    _, exact = torch_grads(fn, args)
+    for g, t, e, a in zip(got, torchs, exact, low):
+        assert g.dtype == a.dtype
+        assert (g.double() - e).abs().max() <= 2 * (t.double() - e).abs().max() + 1e-6 * e.abs().max()
