@@ -64,7 +64,7 @@ def test_available_lists_every_kernel_executor_with_a_reason_when_it_cannot_run(
 def test_requesting_an_unavailable_executor_says_which_and_why():
     ok, why = apex_crossentropy_ex.availability()
     if ok:
-        pytest.skip("apex runs here")
+        pytest.skip("apex can run on this machine, so there is no unavailable executor to request")
     with pytest.raises(RuntimeError, match=f"executor 'apex_crossentropy' cannot run here: {why[:20]}"):
         tf.jit(lambda x, t: F.cross_entropy(x, t), executors=["apex_crossentropy"])(torch.randn(2, 3),
                                                                                   torch.tensor([0, 1]))
@@ -402,7 +402,7 @@ def test_apex_crossentropy_refuses_weight_probabilities_and_bfloat16(apex_ex):
 
 def test_apex_crossentropy_needs_cuda_even_when_apex_imports(apex_standin, monkeypatch):
     if torch.cuda.is_available():
-        pytest.skip("CUDA is available here")
+        pytest.skip("this machine has CUDA, so apex's no-CUDA refusal cannot happen here")
     apex, contrib = types.ModuleType("apex"), types.ModuleType("apex.contrib")
     apex.contrib, contrib.xentropy = contrib, apex_standin
     for name, module in (("apex", apex), ("apex.contrib", contrib), ("apex.contrib.xentropy", apex_standin)):

@@ -320,7 +320,7 @@ def _transpose_meta(a, permutation):
     perm = tuple(permutation)
     check(sorted(perm) == list(range(a.ndim)),
           lambda: f"permute(sparse_coo): number of dimensions in the tensor input does not match the length of the desired ordering of dimensions i.e. input.dim() = {a.ndim} is not equal to len(dims) = {len(perm)}"
-          if len(perm) != a.ndim else f"permute(): duplicate dims are not allowed.")
+          if len(perm) != a.ndim else "permute(): duplicate dims are not allowed.")
     return _out(a, shape=tuple(a.shape[p] for p in perm))
 
 

@@ -117,7 +117,8 @@ class FusionExecutor(Executor):
     per-symbol lowering."""
 
     def fuse(self, trace):
-        raise NotImplementedError(f"{type(self).__name__}.fuse")
+        raise NotImplementedError(f"{type(self).__name__} subclasses FusionExecutor but does not implement "
+                                  f"fuse(trace) -> trace, which claims the regions it fuses")
 
 
 _identity = Lowering(checker=None, lower="identity")

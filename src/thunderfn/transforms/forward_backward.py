@@ -43,7 +43,6 @@ from thunderfn.errors import UnsupportedOpError
 class Split:
     forward: Trace  # (inputs) -> ((outputs...), (residuals...))
     backward: Trace  # (residuals..., cotangents...) -> [gradient or None per input]
-    outputs: list  # the forward's tensor outputs, each computed by the trace and returned once
     differentiable: list  # per output: does a gradient flow back through it
     leaf_plan: list  # per leaf of the user's output: ("out", i) | ("input", i) | ("value", v)
     out_spec: object
@@ -62,28 +61,17 @@ def why_not_split(computation: Trace) -> str | None:
     # others (batch norm's running statistics) is a statement the forward runs.
     if any(b.sym is write_back and b.args[0].requires_grad for b in computation.bound_symbols):
         return "it writes into an input or captured tensor that requires grad"
-    if not any(a.requires_grad for a in computation.args) and not _captured_requiring_grad(computation):
+    if not any(p.requires_grad for p in computation.args + _captured(computation)):
         return "no input (or captured tensor) requires grad"
     return None
 
 
-def _captured_not_requiring_grad(computation: Trace) -> tuple:
-    """The floating captured tensors that did not require grad when traced: the split treats them as
-    constants, which would be silently wrong once one of them requires grad (see CompiledSplit)."""
+def _captured(computation: Trace) -> list:
+    """The proxies of the tensors the function captured (module parameters it reads, say), once each."""
     found = {}
     for b in computation.bound_symbols:
         for p in b.proxy_args():
-            if p.constant is not None and not p.requires_grad and dtypes.is_inexact(p.dtype):
-                found.setdefault(p.name, p.constant)
-    return tuple(found.values())
-
-
-def _captured_requiring_grad(computation: Trace) -> list:
-    """The proxies of captured tensors (module parameters a jitted function reads, say) that require grad."""
-    found = {}
-    for b in computation.bound_symbols:
-        for p in b.proxy_args():
-            if p.constant is not None and p.requires_grad:
+            if p.constant is not None:
                 found.setdefault(p.name, p)
     return list(found.values())
 
@@ -100,10 +88,11 @@ def _lift_captured(computation: Trace, captured: list) -> Trace:
     return new
 
 
-def _depends_on_inputs(bsyms: list, names: set, grad_enabled: bool) -> set:
+def _depends_on_inputs(bsyms: list, names: set) -> set:
     """The names of values a gradient can reach from the inputs `names`: not through
-    ops recorded under torch.no_grad(), nor into integer or boolean values."""
-    reached = set(names)
+    ops recorded under torch.no_grad(), nor into integer or boolean values. (jit splits
+    only under grad mode, part of its cache key, so the function starts with grad enabled.)"""
+    reached, grad_enabled = set(names), True
     for bsym in bsyms:
         if bsym.sym is set_grad_enabled:
             grad_enabled = bool(bsym.args[0])
@@ -119,7 +108,11 @@ def split_forward_backward(computation: Trace) -> Split:
     from thunderfn.transforms.autodiff import trace_vjp
 
     start = time.perf_counter_ns()
-    captured = _captured_requiring_grad(computation)
+    all_captured = _captured(computation)
+    # Captured tensors not requiring grad stay constants, which would be silently wrong once one of them
+    # requires grad: CompiledSplit checks them on every call.
+    constants = tuple(p.constant for p in all_captured if not p.requires_grad and dtypes.is_inexact(p.dtype))
+    captured = [p for p in all_captured if p.requires_grad]
     if captured:
         computation = _lift_captured(computation, captured)
     inputs = list(computation.args)
@@ -140,8 +133,7 @@ def split_forward_backward(computation: Trace) -> Split:
                 position[leaf.name] = len(outputs)
                 outputs.append(leaf)
             leaf_plan.append(("out", position[leaf.name]))
-    # jit splits only under grad mode (part of its cache key), so the function starts with grad enabled
-    reached = _depends_on_inputs(computation.bound_symbols, {p.name for p in wrt}, True)
+    reached = _depends_on_inputs(computation.bound_symbols, {p.name for p in wrt})
     differentiable = [o.name in reached for o in outputs]
 
     joint = Trace(computation.fn_name, names=computation.names)
@@ -178,8 +170,7 @@ def split_forward_backward(computation: Trace) -> Split:
     fwd = dce(fwd)
     _provenance(fwd, "Forward and backward split", start)
     _provenance(bwd, "Forward and backward split", start)
-    return Split(fwd, bwd, outputs, differentiable, leaf_plan, out_spec, tuple(p.constant for p in captured),
-                 _captured_not_requiring_grad(computation))
+    return Split(fwd, bwd, differentiable, leaf_plan, out_spec, tuple(p.constant for p in captured), constants)
 
 
 class ThunderFunction(torch.autograd.Function):

@@ -159,7 +159,7 @@ _binary(PrimIDs.COPYSIGN, lambda a, b, ta, tb, out: None if ta is None else
 @_float_out
 def _div_jvp(res, t):
     """(ta - out * tb) / b; piecewise constant with a rounding mode."""
-    (a, b), out = res.args, res.out
+    b, out = res.args[1], res.out
     if res.kwargs.get("rounding_mode") is not None:
         return None
     ta, tb = _like(t[0], out), _like(t[1], out)
