@@ -1,26 +1,37 @@
-"""jit: trace, pass, lower, generate Python once, cache by input signature.
+"""jit: trace, pass, lower, generate Python once, cache by input signature and guards.
 
 The signature of a call is its pytree structure, each tensor's shape, dtype,
 device and requires_grad, the value of every non-tensor argument, torch's grad
-mode and default dtype. Any change retraces; nothing else does.
+mode and default dtype: the cache key. Besides it, an entry holds the guards its
+trace recorded (core/guards.py): the Python state the traced code read (module
+flags and attributes, hooks, closed-over and global values, tensors held by plain
+objects). A call runs the newest entry for its key whose guards hold; otherwise the
+function is traced again, and the reason is kept (`cache_info`). Past
+`cache_size_limit` entries a function warns once and runs eagerly for new
+signatures, torch.compile's meaning.
 
 The cache-hit path is the hot path. A call with only positional tensors skips
 pytree flattening entirely (optree alone costs more than our whole budget on a
 tiny function), and the generated function returns the user's output structure
-itself, so a hit is: build a tuple key, one dict lookup, one call.
+itself, so a hit is: build a tuple key, one dict lookup, the guards, one call.
+Compiling holds a per-function lock, so threads calling one jitted function for the
+first time compile it once.
 """
 from __future__ import annotations
 
 import functools
 import inspect
+import threading
+import warnings
 from typing import Callable, Sequence
 
 import torch
 
 from thunderfn import executors as _executors
 from thunderfn.core import context
+from thunderfn.core.guards import GuardRecorder
 from thunderfn.core.passes import dce, del_last_used
-from thunderfn.core.pytree import tree_flatten
+from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.executors.base import FusionExecutor
 from thunderfn.transforms.executor_lower import lower_trace
@@ -30,33 +41,46 @@ Tensor = torch.Tensor
 _is_grad_enabled = torch.is_grad_enabled
 _get_default_dtype = torch.get_default_dtype
 
+DEFAULT_CACHE_SIZE_LIMIT = 8  # torch.compile's recompile_limit
+
 
 class CacheEntry:
-    __slots__ = ("fn", "traces", "tensor_positions")
+    __slots__ = ("fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold")
 
-    def __init__(self, fn, traces, tensor_positions):
-        self.fn = fn
-        self.traces = traces
+    def __init__(self, fn, traces, backward_traces, tensor_positions, guards):
+        self.fn, self.traces, self.backward_traces = fn, traces, backward_traces
         self.tensor_positions = tensor_positions
+        self.guards = guards
+        self.guards_hold = guards.compile()  # None: nothing to check
+
+    def valid(self) -> bool:
+        return self.guards_hold is None or self.guards_hold()
 
 
 class JitState:
-    """What a jitted function keeps: its caches and its most recent compile's traces."""
+    """What a jitted function keeps: its caches, its statistics and its most recent compile's traces."""
 
-    def __init__(self, fn, executors, *, fallback, static_argnums, static_argnames, disable_torch_autograd):
+    def __init__(self, fn, executors, *, fallback, static_argnums, static_argnames, disable_torch_autograd,
+                 cache_size_limit=DEFAULT_CACHE_SIZE_LIMIT):
         self.fn = fn
         self.executors = executors
         self.fallback = fallback
         self.static_argnums = tuple(static_argnums)
         self.static_argnames = tuple(static_argnames)
         self.disable_torch_autograd = disable_torch_autograd
-        self.fast_cache: dict = {}
-        self.cache: dict = {}
+        if not (isinstance(cache_size_limit, int) and cache_size_limit >= 1):
+            raise ValueError(f"cache_size_limit must be a positive int, got {cache_size_limit!r}")
+        self.cache_size_limit = cache_size_limit
+        self.lock = threading.RLock()
+        self.fast_cache: dict = {}  # fast key -> callable (see _fast_entry)
+        self.cache: dict = {}  # key -> [CacheEntry], newest last
+        self.n_entries = 0
+        self.stats = [0, 0]  # [hits, misses]; the fast path counts its hits too
+        self.recompile_reasons: list[str] = []
+        self.warned_limit = False
         self.last_traces: list[Trace] = []
         self.last_backward_traces: list[Trace] = []
         self.why_no_backward = "it has not been called with an input that requires grad under grad mode"
-        self.cache_hits = 0  # counted on the slow path only: the fast path stays lean
-        self.cache_misses = 0
 
     def key(self, leaves, spec) -> tuple:
         parts = [spec, _is_grad_enabled(), _get_default_dtype()]
@@ -91,8 +115,10 @@ class JitState:
 
     def compile(self, args, kwargs, leaves) -> CacheEntry:
         executors = _executors.resolve(self.executors, fallback=self.fallback)
+        recorder = GuardRecorder(self.fn)
         with context.active_executors(executors):  # reverse mode uses the VJPs these executors register
-            traces = [trace(self.fn, *args, **kwargs)]
+            with recorder:
+                traces = [trace(self.fn, *args, **kwargs)]
             traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
             split = None
             if not self.disable_torch_autograd and _is_grad_enabled():
@@ -102,16 +128,20 @@ class JitState:
             fn = traces[-1].python_callable()
             if self.disable_torch_autograd:
                 fn = torch.no_grad()(fn)
-            self.last_backward_traces = []
+            backward = []
         else:
             # torch.autograd drives the two halves: see transforms/forward_backward.py
             traces += [split.forward, *_execution_passes(split.forward, executors)]
             backward = [split.backward, *_execution_passes(split.backward, executors)]
             fn = CompiledSplit(split, traces[-1].python_callable(), backward[-1].python_callable())
-            self.last_backward_traces = backward
-        self.last_traces = traces
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
-        return CacheEntry(fn, traces, positions)
+        return CacheEntry(fn, traces, backward, positions, recorder.guards)
+
+    def lookup(self, key):
+        for entry in reversed(self.cache.get(key, ())):
+            if entry.valid():
+                return entry
+        return None
 
     def call_slow(self, args, kwargs):
         if context.current_trace() is not None:
@@ -121,16 +151,118 @@ class JitState:
         self.validate_static(args, kwargs)
         leaves, spec = tree_flatten((args, kwargs))
         key = self.key(leaves, spec)
-        entry = self.cache.get(key)
+        entry = self.lookup(key)
         if entry is None:
-            self.cache_misses += 1
-            entry = self.cache[key] = self.compile(args, kwargs, leaves)
+            with self.lock:  # one compile per signature, however many threads arrive at once
+                entry = self.lookup(key)
+                if entry is None:
+                    reason = self.why_miss(key, args, kwargs)
+                    if self.n_entries >= self.cache_size_limit:
+                        self.warn_limit(reason)
+                        self.stats[1] += 1
+                        return self.fn(*args, **kwargs)
+                    self.stats[1] += 1
+                    entry = self.compile(args, kwargs, leaves)
+                    if reason is not None:
+                        self.recompile_reasons.append(reason)
+                    self.cache.setdefault(key, []).append(entry)
+                    self.n_entries += 1
+                else:
+                    self.stats[0] += 1
         else:
-            self.cache_hits += 1
+            self.stats[0] += 1
+        self.last_traces, self.last_backward_traces = entry.traces, entry.backward_traces
         if not kwargs and not self.static_argnums and len(entry.tensor_positions) == len(args) and all(
                 isinstance(a, Tensor) for a in args):
-            self.fast_cache[_fast_key(args)] = entry.fn
+            self.fast_cache[_fast_key(args)] = self.fast_entry(entry)
         return entry.fn(*[leaves[i] for i in entry.tensor_positions])
+
+    def fast_entry(self, entry: CacheEntry):
+        """What the fast path calls for entry: its function, behind its guards if it has any."""
+        if entry.guards_hold is None:
+            return entry.fn
+        fn, guards_hold, stats, call_slow = entry.fn, entry.guards_hold, self.stats, self.call_slow
+
+        def guarded(*tensors):
+            if guards_hold():
+                return fn(*tensors)
+            stats[0] -= 1  # the dispatcher counted a hit; the slow path counts what this call is
+            return call_slow(tensors, {})
+
+        return guarded
+
+    def why_miss(self, key, args, kwargs) -> str | None:
+        """Why this call cannot use a cached entry, in words (None for the first compile)."""
+        same_key = self.cache.get(key)
+        if same_key:
+            return same_key[-1].guards.failure() or "a guard failed"
+        if not self.cache:
+            return None
+        # Described against the cached signature closest to this one (fewest differing fields; the newest of equals).
+        old = min(reversed(self.cache), key=lambda k: (len(k) != len(key), sum(map(_distance, k, key))))
+        if old[0] != key[0]:
+            return "the structure of the arguments changed (pytree, number of arguments or keywords)"
+        if old[1] != key[1]:
+            return f"torch's grad mode changed (is_grad_enabled() was {old[1]}, now {key[1]})"
+        if old[2] != key[2]:
+            return f"torch's default dtype changed from {old[2]} to {key[2]}"
+        paths = tree_flatten_with_path((args, kwargs))[0]
+        for path, before, now in zip(paths, old[3:], key[3:]):
+            if before != now:
+                where = _describe_path(path)
+                if _is_tensor_part(now) and _is_tensor_part(before):
+                    fields = ("shape", "dtype", "device", "requires_grad")
+                    changed = [f"{f} {_show(b)} -> {_show(n)}" for f, b, n in zip(fields, before, now) if b != n]
+                    return f"tensor {where} changed: {', '.join(changed)}"
+                return f"{where} changed from {_show_part(before)} to {_show_part(now)}"
+        return "the arguments changed"
+
+    def warn_limit(self, reason) -> None:
+        if self.warned_limit:
+            return
+        self.warned_limit = True
+        recent = "; ".join(self.recompile_reasons[-3:] + ([reason] if reason else []))
+        warnings.warn(
+            f"thunderfn.jit: '{_fn_name(self.fn)}' reached cache_size_limit ({self.cache_size_limit}) and now runs "
+            f"eagerly for calls that match none of its compiled entries. Last recompiles: {recent}. Raise "
+            f"cache_size_limit, or keep the changing values out of the function (pass them as tensors).",
+            stacklevel=4)
+
+
+def _describe_path(path) -> str:
+    if path and path[0] == 0 and len(path) > 1:
+        rest = "".join(f"[{p!r}]" for p in path[2:])
+        return f"argument {path[1]}{rest}"
+    if path and path[0] == 1 and len(path) > 1:
+        rest = "".join(f"[{p!r}]" for p in path[2:])
+        return f"keyword argument '{path[1]}'{rest}"
+    return "an argument"
+
+
+def _is_tensor_part(part) -> bool:
+    return isinstance(part, tuple) and len(part) == 4 and isinstance(part[1], torch.dtype)
+
+
+def _distance(a, b) -> int:
+    """How many fields of one key part differ (a tensor's shape, dtype, ... count one each)."""
+    if _is_tensor_part(a) and _is_tensor_part(b):
+        return sum(x != y for x, y in zip(a, b))
+    return int(a != b)
+
+
+def _show(value) -> str:
+    return str(tuple(value)) if isinstance(value, torch.Size) else repr(value)
+
+
+def _show_part(part) -> str:
+    """A non-tensor argument's key part, as the value it was."""
+    if isinstance(part, tuple) and part and part[0] is float:
+        return repr(float.fromhex(part[1]))
+    if isinstance(part, tuple) and part and part[0] is complex:
+        return repr(complex(float.fromhex(part[1]), float.fromhex(part[2])))
+    if isinstance(part, tuple) and part and part[0] is slice:
+        return repr(slice(*part[1:]))
+    return repr(part[-1]) if isinstance(part, tuple) and len(part) == 2 else repr(part)
 
 
 def _execution_passes(trc: Trace, executors) -> list[Trace]:
@@ -165,7 +297,7 @@ def _positional_arities(fn) -> tuple:
     return tuple(range(required, len(positional) + 1))[-4:]
 
 
-def _fast_dispatcher(arities, fast_cache, call_slow):
+def _fast_dispatcher(arities, fast_cache, call_slow, stats):
     """The jitted function. For each arity fn accepts, a branch builds the cache key
     inline as one flat tuple (no per-argument tuples, no comprehension): on a tiny
     function this is most of the overhead we have left. Other calls take a generic
@@ -181,6 +313,7 @@ def _fast_dispatcher(arities, fast_cache, call_slow):
                   "            except (AttributeError, TypeError):",
                   "                compiled = None",
                   "            if compiled is not None and not tracing.stack:",
+                  "                stats[0] += 1",
                   f"                return compiled({', '.join(names)})",
                   "            return call_slow(args, kwargs)"]
     lines += ["        try:",
@@ -188,11 +321,12 @@ def _fast_dispatcher(arities, fast_cache, call_slow):
               "        except (AttributeError, TypeError):",
               "            compiled = None",
               "        if compiled is not None and not tracing.stack:",
+              "            stats[0] += 1",
               "            return compiled(*args)",
               "    return call_slow(args, kwargs)"]
     namespace = {"fast_cache": fast_cache, "call_slow": call_slow, "is_grad_enabled": _is_grad_enabled,
                  "get_default_dtype": _get_default_dtype, "fast_key": _fast_key,
-                 "tracing": context._local}
+                 "tracing": context._local, "stats": stats}
     exec(compile("\n".join(lines) + "\n", "<thunderfn jit dispatcher>", "exec"), namespace)
     return namespace["jitted"]
 
@@ -202,7 +336,7 @@ def _fn_name(fn) -> str:
 
 
 def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = True, static_argnums=(),
-        static_argnames=(), disable_torch_autograd: bool = False):
+        static_argnames=(), disable_torch_autograd: bool = False, cache_size_limit: int = DEFAULT_CACHE_SIZE_LIMIT):
     """Compile fn: trace it per input signature, lower it onto `executors` (priority
     order; None means the defaults; the torch executor is appended unless
     `fallback=False`), generate Python once and cache it.
@@ -211,11 +345,16 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     already behaves like a JAX static argument. `static_argnums`/`static_argnames`
     check that those arguments hold no tensors (a tensor there would be baked in by
     value, which is never what the caller wants) and keep calls on the general path.
+
+    Each compiled entry is guarded by the Python state its trace read (see the module
+    docstring and docs/sharp_bits.md); past `cache_size_limit` entries, calls that
+    match none run eagerly after one warning.
     """
     if isinstance(fn, torch.nn.Module):
         from thunderfn.module import jit_module
 
-        return jit_module(fn, executors=executors, fallback=fallback, disable_torch_autograd=disable_torch_autograd)
+        return jit_module(fn, executors=executors, fallback=fallback, disable_torch_autograd=disable_torch_autograd,
+                          cache_size_limit=cache_size_limit)
     if not callable(fn):
         raise TypeError(f"jit expects a callable or an nn.Module, got {type(fn).__name__}")
     if isinstance(static_argnums, int):
@@ -223,12 +362,12 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     if isinstance(static_argnames, str):
         static_argnames = (static_argnames,)
     state = JitState(fn, executors, fallback=fallback, static_argnums=static_argnums, static_argnames=static_argnames,
-                     disable_torch_autograd=disable_torch_autograd)
+                     disable_torch_autograd=disable_torch_autograd, cache_size_limit=cache_size_limit)
     fast_cache, call_slow = state.fast_cache, state.call_slow
     use_fast_path = not static_argnums and not static_argnames
 
     if use_fast_path:
-        jitted = _fast_dispatcher(_positional_arities(fn), fast_cache, call_slow)
+        jitted = _fast_dispatcher(_positional_arities(fn), fast_cache, call_slow, state.stats)
     else:
         def jitted(*args, **kwargs):
             return call_slow(args, kwargs)
@@ -264,9 +403,12 @@ def last_backward_traces(fn) -> list[Trace]:
 
 
 def cache_info(fn) -> dict:
-    """Entries and slow-path hits/misses of a jitted function's cache (for a jitted
-    module, summed over its train and eval functions)."""
-    jitted = getattr(fn, "_thunderfn_jitted", None)
-    states = [j._thunderfn_state for j in jitted.values()] if jitted is not None else [fn._thunderfn_state]
-    return {"entries": sum(len(s.cache) for s in states), "hits": sum(s.cache_hits for s in states),
-            "misses": sum(s.cache_misses for s in states)}
+    """A jitted function's cache: `entries` (compiled entries), `hits` and `misses` (calls
+    that ran a compiled entry, and calls that did not: each compiled one, or ran eagerly
+    past cache_size_limit), `cache_size_limit`, and `recompiles`, the reason of each
+    compile after the first in words (like jax_explain_cache_misses)."""
+    state = getattr(fn, "_thunderfn_state", None)  # a jitted module's is its forward's
+    if state is None:
+        raise TypeError(f"cache_info expects a function returned by thunderfn.jit, got {_fn_name(fn)}")
+    return {"entries": state.n_entries, "hits": state.stats[0], "misses": state.stats[1],
+            "cache_size_limit": state.cache_size_limit, "recompiles": list(state.recompile_reasons)}

@@ -3,43 +3,20 @@
 Parameters and buffers are inputs on every call (passed positionally, one input
 each, named after them in traces), so optimizer steps, `load_state_dict`, a new
 Parameter assigned to an attribute and dtype or device changes are all seen, the
-last two by retracing. train()/eval() picks one of two
-jitted functions, since the mode changes what forward traces. Everything else
-(parameters(), state_dict(), attribute access) is the original module's, unprefixed.
+last two by retracing. While forward is traced, the module is read as it is: each
+input proxy *stands in* for its tensor (core/context.py), so nothing the user's
+module holds is ever replaced and other threads can use it eagerly meanwhile.
+What forward reads besides its tensors (every submodule's `training` flag, hooks,
+attributes) is guarded (core/guards.py). Everything else (parameters(),
+state_dict(), attribute access) is the original module's, unprefixed.
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 
 import torch
 
-
-@contextlib.contextmanager
-def _substituted(module: torch.nn.Module, params: dict, buffers: dict):
-    """Put params/buffers (proxies while tracing) in place of the module's own.
-
-    `module.weight = proxy` is refused by nn.Module, so we swap the entries of
-    `_parameters`/`_buffers` directly and always restore them. Tied weights (one
-    tensor under several names) all receive the value given for its first name."""
-    by_tensor = {}
-    for table_name, values, named in (("_parameters", params, module.named_parameters),
-                                      ("_buffers", buffers, module.named_buffers)):
-        for name, tensor in named():
-            by_tensor[id(tensor)] = values[name]
-    saved = []
-    try:
-        for owner in module.modules():
-            for table_name in ("_parameters", "_buffers"):
-                table = getattr(owner, table_name)
-                for attr, tensor in list(table.items()):
-                    if tensor is not None and id(tensor) in by_tensor:
-                        saved.append((table, attr, tensor))
-                        table[attr] = by_tensor[id(tensor)]
-        yield
-    finally:
-        for table, attr, tensor in reversed(saved):
-            table[attr] = tensor
+from thunderfn.core import context
 
 
 def _state_slots(module: torch.nn.Module, named) -> list:
@@ -89,42 +66,57 @@ class ThunderModule(torch.nn.Module):
         # Held outside _modules so names and state_dict keys are the original module's.
         object.__setattr__(self, "_thunderfn_module", module)
         self._thunderfn_options = jit_options
-        self._thunderfn_jitted = {}  # training flag -> jitted forward
-        self._thunderfn_state = None  # the most recently used jitted forward's state (for last_traces)
+        self._thunderfn_forget_compiled()
+
+    def _thunderfn_forget_compiled(self):
+        self._thunderfn_forward = None  # the jitted forward, made on first use
         self._thunderfn_slots = None
 
     @property
     def module(self) -> torch.nn.Module:
         return self._thunderfn_module
 
-    def _jitted(self, training: bool):
-        jitted = self._thunderfn_jitted.get(training)
+    @property
+    def _thunderfn_state(self):  # for last_traces and cache_info
+        return self._jitted()._thunderfn_state
+
+    def _jitted(self):
+        jitted = self._thunderfn_forward
         if jitted is None:
             from thunderfn.jit import jit
 
             module = self.module
+            slots = self._slots()
             param_names = [n for n, _ in module.named_parameters()]
             buffer_names = [n for n, _ in module.named_buffers()]
-            n_params, n_state = len(param_names), len(param_names) + len(buffer_names)
 
             def forward(*state_and_args, **kwargs):
-                params = dict(zip(param_names, state_and_args[:n_params]))
-                buffers = dict(zip(buffer_names, state_and_args[n_params:n_state]))
-                with _substituted(module, params, buffers):
-                    return module(*state_and_args[n_state:], **kwargs)
+                state = state_and_args[:len(slots)]
+                # read at trace time: the very tensors the caller just passed as inputs
+                with context.standing_in(zip([table[key] for table, key in slots], state)):
+                    return module(*state_and_args[len(slots):], **kwargs)
 
             forward.__name__ = forward.__qualname__ = f"{type(module).__name__}.forward"  # named in error messages
             forward.__signature__ = _forward_signature(module, param_names + buffer_names)
-            jitted = self._thunderfn_jitted[training] = jit(forward, **self._thunderfn_options)
+            jitted = self._thunderfn_forward = jit(forward, **self._thunderfn_options)
         return jitted
 
-    def forward(self, *args, **kwargs):
-        module = self.module
+    def _slots(self):
         if self._thunderfn_slots is None:
+            module = self.module
             self._thunderfn_slots = (_state_slots(module, module.named_parameters) +
                                      _state_slots(module, module.named_buffers))
-        jitted = self._jitted(module.training)
-        self._thunderfn_state = jitted._thunderfn_state
+        return self._thunderfn_slots
+
+    def __call__(self, *args, **kwargs):
+        # The module's own call (inside the trace) runs its hooks and torch's global ones, as
+        # eager does; the wrapper runs only hooks registered on the wrapper itself.
+        if self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks:
+            return self._call_impl(*args, **kwargs)
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        jitted = self._thunderfn_forward or self._jitted()
         return jitted(*[table[key] for table, key in self._thunderfn_slots], *args, **kwargs)
 
     def named_parameters(self, *args, **kwargs):
@@ -154,6 +146,16 @@ class ThunderModule(torch.nn.Module):
         self.module._apply(fn, *args, **kwargs)
         return self
 
+    # copy.deepcopy and pickling (torch.save) take the module and the jit options; the copy
+    # compiles again on its first call (compiled code refers to this process's objects).
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_thunderfn_forward"] = state["_thunderfn_slots"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
     def __repr__(self):
         return f"ThunderModule({self.module!r})"
 
@@ -165,23 +167,27 @@ class ThunderModule(torch.nn.Module):
 
 
 def jit_module(module: torch.nn.Module, **jit_options) -> ThunderModule:
+    if isinstance(module, ThunderModule):  # jit of a jitted module: the module, jitted with these options
+        module = module.module
     return ThunderModule(module, **jit_options)
 
 
 def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=(), kwargs=None):
     """`module(*args, **kwargs)` with the given tensors in place of its parameters and buffers
     (by name; the rest are the module's own), as torch.func.functional_call, which refuses
-    thunderfn's proxies: use this one inside functions you trace, grad or vmap."""
-    from thunderfn.core import context
-
+    thunderfn's proxies: use this one inside functions you trace, grad or vmap. Tied
+    weights (one tensor under several names) all take the value given for any of them."""
     args = args if isinstance(args, tuple) else (args,)
     kwargs = kwargs or {}
-    if context.current_trace() is None:
+    trc = context.current_trace()
+    if trc is None:
         return torch.func.functional_call(module, parameters_and_buffers, args, kwargs)
-    params = {n: parameters_and_buffers.get(n, p) for n, p in module.named_parameters()}
-    buffers = {n: parameters_and_buffers.get(n, b) for n, b in module.named_buffers()}
-    unknown = set(parameters_and_buffers) - set(params) - set(buffers)
+    named = dict(module.named_parameters(remove_duplicate=False))
+    named.update(module.named_buffers(remove_duplicate=False))
+    unknown = set(parameters_and_buffers) - set(named)
     if unknown:
         raise ValueError(f"functional_call: {type(module).__name__} has no parameters or buffers named {sorted(unknown)}")
-    with _substituted(module, params, buffers):
+    pairs = [(named[name], value if not isinstance(value, torch.Tensor) else trc.constant(value))
+             for name, value in parameters_and_buffers.items()]
+    with context.standing_in(pairs):
         return module(*args, **kwargs)

@@ -15,6 +15,7 @@ class _TracingState(threading.local):
     def __init__(self):
         self.stack: list = []  # traces being built, innermost last
         self.executors: tuple = ()  # the priority list the function being traced will be lowered onto
+        self.stand_ins: list = []  # {id(tensor): (tensor, proxy)} scopes, innermost last (see `standing_in`)
 
 
 _local = _TracingState()
@@ -41,6 +42,28 @@ def active_executors(executors):
         yield
     finally:
         _local.executors = previous
+
+
+@contextlib.contextmanager
+def standing_in(pairs):
+    """While tracing, let each proxy stand in for its real tensor: traced code reads the
+    module's own tensors (self.weight), and every torch call on one sees the proxy.
+    This is the functional view of a module: nothing the user's module holds is ever
+    replaced, so another thread using it eagerly during a compile sees its own tensors."""
+    _local.stand_ins.append({id(t): (t, p) for t, p in pairs})
+    try:
+        yield
+    finally:
+        _local.stand_ins.pop()
+
+
+def stand_in(tensor):
+    """The proxy standing in for `tensor` (see `standing_in`), or None."""
+    for scope in reversed(_local.stand_ins):
+        entry = scope.get(id(tensor))
+        if entry is not None and entry[0] is tensor:
+            return entry[1]
+    return None
 
 
 def current_executors() -> tuple:

@@ -180,12 +180,18 @@ def dispatch(func, args, kwargs):
     from thunderfn.torch import inplace
     from thunderfn.torch.opaque import run_opaque
 
+    written = args[0] if args else None
     args, kwargs = lift_constants(args), lift_constants(kwargs)
     if trc.mutated or trc.rebinds:
         inplace.check_fresh(args, kwargs)
     # Writes into an argument: functionalized (torch/inplace.py).
     if inplace.is_in_place(func):
-        return inplace.run_in_place(func, args, kwargs)
+        result = inplace.run_in_place(func, args, kwargs)
+        if isinstance(written, torch.Tensor) and result is args[0]:
+            # Eager returns the tensor it wrote into: a module's own tensor stays the user's object
+            # (`self.calls += 1` assigns it back to the module), and its proxy now holds the new value.
+            return written
+        return result
     if isinstance(kwargs.get("out"), TensorProxy):
         return inplace.run_with_output_argument(handler, func, args, kwargs, kwargs["out"])
     if handler is not None and kwargs.get("inplace") is True and args and isinstance(args[0], TensorProxy):

@@ -12,6 +12,7 @@ import itertools
 import linecache
 import math
 import re
+import weakref
 
 import optree
 import torch
@@ -215,4 +216,5 @@ def compile_trace(trc):
     exec(compile(source, filename, "exec"), globals_)
     fn = globals_[trc.def_name]
     fn.__thunderfn_source__ = source
+    weakref.finalize(fn, linecache.cache.pop, filename, None)  # a dropped cache entry takes its source along
     return fn

@@ -96,7 +96,12 @@ class Trace:
 
     def constant(self, tensor: torch.Tensor) -> TensorProxy:
         """The proxy for a captured tensor: one per tensor, and after an in-place op on
-        it, the proxy now holding its current value."""
+        it, the proxy now holding its current value. A tensor some proxy stands in for
+        (a jitted module's parameters) is that proxy."""
+        if context._local.stand_ins:
+            proxy = context.stand_in(tensor)
+            if proxy is not None:
+                return proxy
         entry = self._constants.get(id(tensor))
         if entry is None or entry[0] is not tensor:
             proxy = TensorProxy(self.names.take(prefix="c"), shape=tensor.shape, dtype=tensor.dtype,

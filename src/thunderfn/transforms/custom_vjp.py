@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import weakref
 
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
@@ -39,7 +40,10 @@ class custom_vjp:
         name = "".join(c if c.isalnum() else "_" for c in getattr(self.fn, "__name__", "fn"))
         self._symbol = Symbol(f"custom_vjp_{name}", ("custom_vjp", next(_ids)), fn=self._forward,
                               print_name=f"custom_vjp_{name}", tags=frozenset({"always_record"}))
-        vjp_rules[self._symbol.id] = self._backward
+        # The table holds the rule weakly: a custom_vjp made in a loop (and the tensors its
+        # functions close over) goes away with its last user, and its entry with it.
+        vjp_rules[self._symbol.id] = _WeakRule(self)
+        weakref.finalize(self, vjp_rules.pop, self._symbol.id, None)
         return self
 
     @property
@@ -104,6 +108,16 @@ class custom_vjp:
                 raise ValueError(f"custom_vjp '{self._name}': the cotangent bwd returned for argument {position} has "
                                  f"shape {tuple(c.shape)}, but the argument has shape {tuple(a.shape)}")
         return ct
+
+
+class _WeakRule:
+    """A custom_vjp's entry in vjp_rules, calling its bwd while the custom_vjp is alive."""
+
+    def __init__(self, owner: custom_vjp):
+        self._owner = weakref.ref(owner)
+
+    def __call__(self, res, g):
+        return self._owner()._backward(res, g)
 
 
 def _zeros_like(p):

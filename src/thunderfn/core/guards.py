@@ -1,0 +1,363 @@
+"""Guards: the Python state a trace read, checked before every call of its compiled code.
+
+Tracing runs the user's Python once and bakes in every Python value it reads: a
+module's `training` flag and attributes (`self.temperature`), a closed-over or global
+number, a tensor held by a plain object passed as an argument (`box.t`), which hooks
+are registered. A compiled entry is valid only while those stay the same, so while a
+function is traced, a `GuardRecorder` watches the Python frames of the user's code run
+(`sys.settrace`, this thread only: 'call' events, no line events) and records, for
+each frame:
+
+- the globals its code names (`co_names` found in its globals);
+- the closure cells of the functions it can reach (jit's function, and the functions
+  that function's closure and globals hold);
+- for each argument that is an `nn.Module` or a plain object: the attributes its code
+  names (`self.temperature`, `box.t`), one object deeper for plain objects
+  (`self.config.scale`); for a module also its `training` flag and its hooks, and the
+  global hook tables.
+
+What is recorded: numbers, strings, dtypes and small containers of them by value;
+tensors, modules, functions and other objects by identity; hook tables by the handles
+they hold. Code of torch (except the layers in torch.nn.modules), of thunderfn and of
+Python's standard library is not watched: its state is either keyed (grad mode,
+default dtype) or deliberately not guarded (see docs/sharp_bits.md).
+
+A `GuardSet` compiles to one generated function of straight-line comparisons (most
+are one dict lookup and an `is` or `==`), called on every call of the entry it guards.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+import sys
+import sysconfig
+import types
+
+import torch
+
+from thunderfn.core import context
+from thunderfn.core.proxies import TensorProxy
+
+_MISSING = object()
+_generated = itertools.count()
+
+_THUNDERFN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_TORCH_LAYERS_DIR = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
+_TORCH_MODULE_MACHINERY = os.path.join(_TORCH_LAYERS_DIR, "module.py")
+_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+_SITE_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib")})
+_UNWATCHED_PACKAGES = tuple(os.sep + name + os.sep for name in ("optree", "numpy", "_pytest", "pluggy", "hypothesis"))
+
+# Scalars whose value a trace bakes in: compared by value.
+_VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size,
+                torch.memory_format, torch.layout, enum.Enum, range, slice)
+# Objects that do not change underneath a program: not guarded at all.
+_STABLE_TYPES = (types.ModuleType, types.BuiltinFunctionType, types.BuiltinMethodType, type(len.__call__),
+                 type(torch.Tensor.add), type(torch.Tensor.shape), type)
+_STABLE_MODULES = ("torch", "thunderfn", "builtins", "math", "operator", "functools", "typing", "numpy", "optree",
+                   "collections", "itertools", "dataclasses", "contextlib", "warnings", "abc", "enum")
+
+# The tables nn.Module consults on every call; registering a hook must retrace.
+_MODULE_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                       "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
+_GLOBAL_HOOK_TABLES = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                       "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs",
+                       "_global_forward_hooks_always_called")
+
+
+def _is_watched(filename: str) -> bool:
+    """Whether a frame of code in this file can read state a trace bakes in."""
+    if filename.startswith("<"):
+        return not filename.startswith(("<thunderfn", "<frozen"))
+    path = os.path.abspath(filename)
+    if path.startswith(_TORCH_DIR):
+        return path.startswith(_TORCH_LAYERS_DIR) and path != _TORCH_MODULE_MACHINERY
+    if path.startswith(_THUNDERFN_DIR) or any(p in path for p in _UNWATCHED_PACKAGES):
+        return False
+    return not (path.startswith(_STDLIB_DIRS) and not path.startswith(_SITE_DIRS))
+
+
+def _is_stable(value) -> bool:
+    if isinstance(value, _STABLE_TYPES):
+        return True
+    if callable(value) and not isinstance(value, (torch.nn.Module, types.FunctionType, types.MethodType)):
+        module = getattr(value, "__module__", None) or ""
+        return module.split(".")[0] in _STABLE_MODULES
+    if isinstance(value, types.FunctionType):
+        return (value.__module__ or "").split(".")[0] in _STABLE_MODULES
+    return False
+
+
+def _by_value(value, budget: int = 64) -> bool:
+    """Values compared by equality: scalars, and small containers of them."""
+    if isinstance(value, _VALUE_TYPES):
+        return True
+    if type(value) in (tuple, list, frozenset, set) and len(value) <= budget:
+        return all(_by_value(v, budget // 4) for v in value)
+    if type(value) is dict and len(value) <= budget:
+        return all(_by_value(k, 0) and _by_value(v, budget // 4) for k, v in value.items())
+    return False
+
+
+def _copy(value):
+    """What a value guard compares against: a copy, so a later in-place change to a list is seen."""
+    if type(value) in (list, set, dict):
+        return type(value)(value)
+    return value
+
+
+def _same(a, b) -> bool:
+    """Equality that also tells types apart (1 vs 1.0 vs True) and treats nan as itself."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is float and a != a:
+        return b != b
+    try:
+        return bool(a == b)
+    except Exception:  # a container whose elements refuse ==
+        return False
+
+
+class GuardSet:
+    """Guards of one compiled entry: (holder, key, expected, how, what) records."""
+
+    def __init__(self):
+        self.records: dict = {}  # (id(holder), key) -> record, so each slot is guarded once
+        self._holders: list = []  # keeps holders alive while their ids are keys
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def add(self, holder, key, expected, how: str, what: str) -> None:
+        """Guard `holder[key]` (a dict entry; for a cell, key is None and the cell's contents).
+        how: 'value' (equal, same type), 'id' (the same object), 'keys' (a table holding the same
+        handles), 'absent' (the key stays missing)."""
+        slot = (id(holder), key)
+        if slot not in self.records:
+            self._holders.append(holder)
+            self.records[slot] = (holder, key, expected, how, what)
+
+    def watch(self, holder, key, what: str) -> None:
+        """Guard whatever `holder[key]` holds when tracing ends (see `settle`)."""
+        value = _read(holder, key)
+        self.add(holder, key, _copy(value) if _by_value(value) else value, "pending", what)
+
+    def settle(self) -> None:
+        """Fix the expected value of every watched slot: its value now, after tracing. A slot
+        the traced code wrote (`self.calls += 1` runs once, at trace time) is not guarded."""
+        for slot, (holder, key, first_read, how, what) in list(self.records.items()):
+            if how == "pending keys":
+                self.records[slot] = (holder, key, tuple(holder), "keys", what)
+            if how != "pending":
+                continue
+            value = _read(holder, key)
+            if not (value is first_read or _same(value, first_read)):
+                # Written by the traced code itself (a counter, a log): a side effect that happened
+                # once, at trace time. Guarding it would retrace on every call; docs/sharp_bits.md.
+                del self.records[slot]
+            elif value is _MISSING:
+                self.records[slot] = (holder, key, None, "absent", what)
+            elif _by_value(value):
+                self.records[slot] = (holder, key, _copy(value), "value", what)
+            else:
+                self.records[slot] = (holder, key, value, "id", what)
+
+    def failure(self) -> str | None:
+        """Why the guards do not hold now (the first that fails, in words), or None."""
+        for holder, key, expected, how, what in self.records.values():
+            current = holder if how == "keys" else _read(holder, key)
+            if _holds(current, expected, how):
+                continue
+            if how == "keys":
+                return f"{what} changed (a hook was registered or removed)"
+            if how == "absent" or current is _MISSING:
+                return f"{what} was {'added' if how == 'absent' else 'removed'}"
+            if how == "value":
+                return f"{what} changed from {expected!r} to {current!r}"
+            return f"{what} is a different object now"
+        return None
+
+    def compile(self):
+        """A function of no arguments that says whether every guard holds, or None when there
+        are none. Straight-line generated code: this runs before every call of the entry."""
+        if not self.records:
+            return None
+        ns = {"MISSING": _MISSING, "same": _same, "cell_contents": _cell_contents}
+        terms = []
+        for i, (holder, key, expected, how, _) in enumerate(self.records.values()):
+            ns[f"h{i}"], ns[f"k{i}"], ns[f"v{i}"] = holder, key, expected
+            read = f"cell_contents(h{i})" if key is None else f"h{i}.get(k{i}, MISSING)"
+            if how == "id":
+                terms.append(f"{read} is v{i}")
+            elif how == "absent":
+                terms.append(f"k{i} not in h{i}")
+            elif how == "keys":
+                terms.append(f"not h{i}" if not expected else f"tuple(h{i}) == v{i}")
+            elif type(expected) in (bool, type(None)) or isinstance(expected, enum.Enum):
+                terms.append(f"{read} is v{i}")
+            elif type(expected) in (int, str):
+                terms.append(f"type(x{i} := {read}) is {type(expected).__name__} and x{i} == v{i}")
+            else:
+                terms.append(f"same({read}, v{i})")
+        source = "def guards_hold():\n    return (" + "\n            and ".join(terms) + ")\n"
+        exec(compile(source, f"<thunderfn guards {next(_generated)}>", "exec"), ns)
+        return ns["guards_hold"]
+
+
+def _cell_contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return _MISSING
+
+
+def _read(holder, key):
+    return _cell_contents(holder) if key is None else holder.get(key, _MISSING)
+
+
+def _holds(current, expected, how: str) -> bool:
+    if how == "id":
+        return current is expected
+    if how == "absent":
+        return current is _MISSING
+    if how == "keys":
+        return tuple(current) == expected
+    return _same(current, expected)
+
+
+class GuardRecorder:
+    """Records the Python state read while a function is traced in this thread (see the
+    module docstring). Use as a context manager around tracing; `guards` is the result."""
+
+    def __init__(self, fn):
+        self.guards = GuardSet()
+        self._closures: dict = {}  # code object -> function, for reading closure cells again
+        self._watched: dict = {}  # code object -> bool
+        self._seen: set = set()  # (code, id(argument)) pairs already recorded
+        self._index_functions(fn, depth=3)
+        self._previous = None
+
+    def __enter__(self):
+        self._previous = sys.gettrace()
+        sys.settrace(self._on_event)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(self._previous)
+        self.guards.settle()
+        return False
+
+    def _on_event(self, frame, event, arg):
+        if event == "call":
+            try:
+                self._record_frame(frame)
+            except Exception:  # reading user objects must never break tracing; the guard is lost
+                pass
+        previous = self._previous
+        return previous(frame, event, arg) if previous is not None else None
+
+    # -- what can be reached -----------------------------------------------------------------
+    def _index_functions(self, fn, depth: int, visited=None) -> None:
+        """Map the code of fn, and of functions its closure and globals hold, to the function,
+        so a frame of that code can have its closure cells guarded. thunderfn's own wrappers
+        (tf.grad's, jit's) are walked through without counting as a level."""
+        visited = set() if visited is None else visited
+        fn = getattr(fn, "__func__", fn)
+        if id(fn) in visited or depth < 0:
+            return
+        visited.add(id(fn))
+        wrapped = getattr(fn, "__wrapped__", None)
+        if wrapped is not None:
+            self._index_functions(wrapped, depth, visited)
+        if not isinstance(fn, types.FunctionType):
+            return
+        ours = _is_stable(fn)
+        if not ours:
+            self._closures[fn.__code__] = fn
+        below = depth if ours else depth - 1
+        for cell in fn.__closure__ or ():
+            self._index_functions(_cell_contents(cell), below, visited)
+        if not ours:
+            for name in fn.__code__.co_names:
+                value = fn.__globals__.get(name)
+                if isinstance(value, (types.FunctionType, types.MethodType)):
+                    self._index_functions(value, below, visited)
+
+    # -- recording ---------------------------------------------------------------------------
+    def _record_frame(self, frame) -> None:
+        code = frame.f_code
+        watched = self._watched.get(code)
+        if watched is None:
+            watched = self._watched[code] = _is_watched(code.co_filename)
+        if not watched:
+            return
+        names = code.co_names
+        where = code.co_qualname if hasattr(code, "co_qualname") else code.co_name
+        if (code, None) not in self._seen:
+            self._seen.add((code, None))
+            f_globals = frame.f_globals
+            for name in names:
+                if name in f_globals:
+                    self._guard(f_globals, name, f"global '{name}' (read by {where})", names, depth=1)
+            fn = self._closures.get(code)
+            if fn is not None and fn.__closure__:
+                for name, cell in zip(code.co_freevars, fn.__closure__):
+                    self._guard(cell, None, f"closed-over variable '{name}' of {where}", names, depth=1)
+        n_args = code.co_argcount + code.co_kwonlyargcount
+        f_locals = frame.f_locals
+        for name in code.co_varnames[:n_args]:
+            value = f_locals.get(name)
+            if value is None or (code, id(value)) in self._seen or not _has_attributes(value):
+                continue
+            self._seen.add((code, id(value)))
+            self._guard_attributes(value, names, f"{name}", depth=2)
+
+    def _guard_attributes(self, obj, names, what: str, depth: int) -> None:
+        """Guard the attributes of obj that the code names (the names it may read)."""
+        if isinstance(obj, torch.nn.Module):
+            self._guard_module(obj, what)
+            tables = (obj.__dict__, obj._parameters, obj._buffers, obj._modules)
+        else:
+            tables = (obj.__dict__,)
+        for name in names:
+            for table in tables:
+                if name in table:
+                    self._guard(table, name, f"attribute '{what}.{name}'", names, depth - 1)
+                    break
+
+    def _guard_module(self, module: torch.nn.Module, what: str) -> None:
+        owner = f"{type(module).__name__} '{what}'"
+        self.guards.watch(module.__dict__, "training", f"{owner}.training")
+        for table in _MODULE_HOOK_TABLES:
+            hooks = module.__dict__.get(table)
+            if hooks is not None:
+                self.guards.add(hooks, "", None, "pending keys", f"the {table.lstrip('_').replace('_', ' ')} of {owner}")
+        globals_ = sys.modules["torch.nn.modules.module"].__dict__
+        for table in _GLOBAL_HOOK_TABLES:
+            hooks = globals_.get(table)
+            if hooks is not None:
+                self.guards.add(hooks, "", None, "pending keys", f"torch's {table.lstrip('_').replace('_', ' ')}")
+
+    def _guard(self, holder, key, what: str, names, depth: int) -> None:
+        value = _read(holder, key)
+        if value is _MISSING or isinstance(value, TensorProxy) or _is_stable(value):
+            return
+        if isinstance(value, torch.Tensor):
+            if context.stand_in(value) is None:  # a tensor some proxy stands in for is an input
+                self.guards.watch(holder, key, what)
+            return
+        self.guards.watch(holder, key, what)
+        if depth > 0 and _has_attributes(value):
+            self._guard_attributes(value, names, what.split("'")[1] if "'" in what else what, depth)
+
+
+def _has_attributes(value) -> bool:
+    """Objects whose attributes user code reads and a trace may bake in: modules and plain objects."""
+    if isinstance(value, torch.nn.Module):
+        return True
+    if isinstance(value, (torch.Tensor, TensorProxy, type, types.ModuleType, types.FunctionType,
+                          types.MethodType)) or _by_value(value):
+        return False
+    return isinstance(getattr(value, "__dict__", None), dict)

@@ -1,0 +1,250 @@
+"""Guards (core/guards.py, jit.py): a compiled entry runs only while the Python state its
+trace read is unchanged; anything else retraces and says why (issue 10, items 7-9, 16, 18)."""
+import gc
+import linecache
+import warnings
+
+import pytest
+import torch
+
+import thunderfn as tf
+
+SCALE = 2.0
+
+
+def _scaled_by_global(x):
+    return x * SCALE
+
+
+class Tempered(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.temperature = 1.0
+
+    def forward(self, x):
+        return self.linear(x) / self.temperature
+
+
+class WithSubmodules(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.bn = torch.nn.BatchNorm1d(4)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.bn(self.linear(x)))
+
+
+# -- item 7: every submodule's training flag --------------------------------------------------
+def test_submodule_eval_retraces_to_the_eval_trace():
+    model, x = WithSubmodules(), torch.randn(8, 4)
+    jm = tf.jit(model)
+    jm(x)
+    model.bn.eval()
+    model.drop.eval()  # top-level model stays in training mode
+    torch.testing.assert_close(jm(x), model(x))
+    assert any("training" in r for r in tf.cache_info(jm)["recompiles"])
+
+
+def test_mc_dropout_submodule_in_training_under_an_eval_model():
+    model = WithSubmodules().eval()
+    jm, x = tf.jit(model), torch.randn(8, 4)
+    torch.testing.assert_close(jm(x), model(x))
+    model.drop.train()  # Monte Carlo dropout: the dropout layer alone samples
+    torch.manual_seed(0)
+    expected = model(x)
+    torch.manual_seed(0)
+    torch.testing.assert_close(jm(x), expected)
+    assert not torch.equal(expected, model.eval()(x))
+
+
+# -- item 8: hooks, attributes, closed-over and global values ----------------------------------
+def test_forward_hook_registered_after_the_first_call_runs():
+    model, x = Tempered(), torch.randn(2, 4)
+    jm = tf.jit(model)
+    jm(x)
+    handle = model.linear.register_forward_hook(lambda mod, args, out: out * 10)
+    torch.testing.assert_close(jm(x), model(x))
+    handle.remove()
+    torch.testing.assert_close(jm(x), model(x))
+
+
+def test_global_forward_hook_registered_after_the_first_call_runs():
+    model, x = Tempered(), torch.randn(2, 4)
+    jm = tf.jit(model)
+    jm(x)
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda mod, args, out: out + 1)
+    try:
+        torch.testing.assert_close(jm(x), model(x))
+    finally:
+        handle.remove()
+
+
+def test_module_attribute_read_by_forward_is_guarded():
+    model, x = Tempered(), torch.randn(2, 4)
+    jm = tf.jit(model)
+    jm(x)
+    model.temperature = 4.0
+    torch.testing.assert_close(jm(x), model(x))
+    info = tf.cache_info(jm)
+    assert info["recompiles"] == ["attribute 'self.temperature' changed from 1.0 to 4.0"]
+    model.temperature = 1.0  # back to the first entry: no third compile
+    torch.testing.assert_close(jm(x), model(x))
+    assert tf.cache_info(jm)["misses"] == 2
+
+
+def test_global_number_is_guarded():
+    global SCALE
+    jf, x = tf.jit(_scaled_by_global), torch.ones(3)
+    assert jf(x).tolist() == [2.0] * 3
+    SCALE = 3.0
+    try:
+        assert jf(x).tolist() == [3.0] * 3
+        assert "global 'SCALE'" in tf.cache_info(jf)["recompiles"][0]
+    finally:
+        SCALE = 2.0
+
+
+def test_closed_over_number_is_guarded():
+    def make():
+        scale = 2.0
+
+        def f(x):
+            return x * scale
+
+        def set_scale(v):
+            nonlocal scale
+            scale = v
+
+        return f, set_scale
+
+    f, set_scale = make()
+    jf, x = tf.jit(f), torch.ones(3)
+    assert jf(x).tolist() == [2.0] * 3
+    set_scale(5.0)
+    assert jf(x).tolist() == [5.0] * 3
+
+
+def test_closed_over_number_under_grad_is_guarded():
+    scale = [2.0]
+
+    def loss(x):
+        return (x * scale[0]).sum()
+
+    g, x = tf.grad(loss), torch.ones(3)
+    assert g(x).tolist() == [2.0] * 3
+    scale[0] = 7.0
+    assert g(x).tolist() == [7.0] * 3
+
+
+def test_value_written_by_the_traced_code_is_not_guarded():
+    # A counter the function bumps runs once, at trace time; guarding it would retrace forever.
+    class Counter:
+        calls = 0
+
+    counter = Counter()
+
+    def f(x):
+        counter.calls += 1
+        return x + 1
+
+    jf, x = tf.jit(f), torch.ones(2)
+    for _ in range(3):
+        jf(x)
+    assert counter.calls == 1 and tf.cache_info(jf)["misses"] == 1
+
+
+# -- item 9: tensors held by plain objects passed as arguments ---------------------------------
+def test_tensor_held_by_a_plain_argument_is_not_frozen():
+    class Box:
+        def __init__(self, t):
+            self.t = t
+
+    def f(x, box):
+        return x + box.t
+
+    jf, box, x = tf.jit(f), Box(torch.ones(3)), torch.zeros(3)
+    assert jf(x, box).tolist() == [1.0] * 3
+    box.t = torch.full((3,), 10.0)
+    assert jf(x, box).tolist() == [10.0] * 3
+    box.t.add_(1)  # in place: the same object, read by reference
+    assert jf(x, box).tolist() == [11.0] * 3
+
+
+# -- item 16: cache_info counts the hits of the fast path ---------------------------------------
+def test_cache_info_counts_fast_path_hits():
+    jf, x = tf.jit(lambda a, b: a * b), torch.randn(3)
+    for _ in range(5):
+        jf(x, x)
+    info = tf.cache_info(jf)
+    assert (info["hits"], info["misses"], info["entries"]) == (4, 1, 1)
+
+
+# -- item 18: cache_size_limit, reasons, freeing -------------------------------------------------
+def test_cache_size_limit_warns_once_and_runs_eagerly():
+    jf = tf.jit(lambda x, n: x * n, cache_size_limit=2)
+    x = torch.ones(2)
+    jf(x, 1.0)
+    jf(x, 2.0)
+    with pytest.warns(UserWarning, match=r"cache_size_limit \(2\).*argument 1 changed from 2.0 to 3.0"):
+        assert jf(x, 3.0).tolist() == [3.0, 3.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only
+        assert jf(x, 4.0).tolist() == [4.0, 4.0]
+    assert tf.cache_info(jf)["entries"] == 2
+    assert jf(x, 1.0).tolist() == [1.0, 1.0]  # cached entries still run compiled
+
+
+def test_cache_info_explains_each_recompile():
+    jf = tf.jit(lambda x: x.sum())
+    jf(torch.ones(2))
+    jf(torch.ones(3))
+    jf(torch.ones(3, dtype=torch.float64))
+    with torch.no_grad():
+        jf(torch.ones(2))
+    assert tf.cache_info(jf)["recompiles"] == [
+        "tensor argument 0 changed: shape (2,) -> (3,)",
+        "tensor argument 0 changed: dtype torch.float32 -> torch.float64",
+        "torch's grad mode changed (is_grad_enabled() was True, now False)",
+    ]
+
+
+def test_cache_size_limit_is_validated():
+    with pytest.raises(ValueError, match="cache_size_limit must be a positive int"):
+        tf.jit(lambda x: x, cache_size_limit=0)
+
+
+def test_dropped_jitted_function_frees_its_generated_source():
+    def make():
+        jf = tf.jit(lambda x: x * 3)
+        jf(torch.ones(2))
+        return [k for k in linecache.cache if str(k).startswith("<thunderfn generated")]
+
+    before = {k for k in linecache.cache if str(k).startswith("<thunderfn generated")}
+    made = set(make()) - before
+    gc.collect()
+    assert made and not (made & set(linecache.cache))
+
+
+def test_custom_vjp_made_in_a_loop_does_not_keep_its_tensors_alive():
+    import weakref
+
+    def make(captured):
+        @tf.custom_vjp
+        def f(x):
+            return x * captured
+
+        f.defvjp(lambda x: (x * captured, x), lambda res, g: (g * captured,))
+        return f
+
+    refs = []
+    for _ in range(3):
+        captured = torch.ones(1000)
+        refs.append(weakref.ref(captured))
+        f = make(captured)
+        tf.grad(lambda x: f(x).sum())(torch.ones(1000))
+        del f, captured
+    gc.collect()
+    assert all(r() is None for r in refs)
