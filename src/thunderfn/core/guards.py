@@ -236,6 +236,7 @@ class GuardRecorder:
         self._closures: dict = {}  # code object -> function, for reading closure cells again
         self._watched: dict = {}  # code object -> bool
         self._seen: set = set()  # (code, id(argument)) pairs already recorded
+        self._module_names: dict = {}  # id(submodule) -> "GPT.transformer.h.0", for readable reasons
         self._index_functions(fn, depth=3)
         self._previous = None
 
@@ -271,6 +272,8 @@ class GuardRecorder:
         wrapped = getattr(fn, "__wrapped__", None)
         if wrapped is not None:
             self._index_functions(wrapped, depth, visited)
+        if isinstance(fn, torch.nn.Module):
+            self._name_modules(fn)
         if not isinstance(fn, types.FunctionType):
             return
         ours = _is_stable(fn)
@@ -282,8 +285,12 @@ class GuardRecorder:
         if not ours:
             for name in fn.__code__.co_names:
                 value = fn.__globals__.get(name)
-                if isinstance(value, (types.FunctionType, types.MethodType)):
+                if isinstance(value, (types.FunctionType, types.MethodType, torch.nn.Module)):
                     self._index_functions(value, below, visited)
+
+    def _name_modules(self, root: torch.nn.Module) -> None:
+        for name, module in root.named_modules():
+            self._module_names.setdefault(id(module), ".".join(filter(None, (type(root).__name__, name))))
 
     # -- recording ---------------------------------------------------------------------------
     def _record_frame(self, frame) -> None:
@@ -317,6 +324,7 @@ class GuardRecorder:
     def _guard_attributes(self, obj, names, what: str, depth: int) -> None:
         """Guard the attributes of obj that the code names (the names it may read)."""
         if isinstance(obj, torch.nn.Module):
+            what = self._module_names.get(id(obj), what)
             self._guard_module(obj, what)
             tables = (obj.__dict__, obj._parameters, obj._buffers, obj._modules)
         else:
@@ -328,7 +336,7 @@ class GuardRecorder:
                     break
 
     def _guard_module(self, module: torch.nn.Module, what: str) -> None:
-        owner = f"{type(module).__name__} '{what}'"
+        owner = f"{type(module).__name__} '{what}'" if what == "self" else f"'{what}'"
         self.guards.watch(module.__dict__, "training", f"{owner}.training")
         for table in _MODULE_HOOK_TABLES:
             hooks = module.__dict__.get(table)
