@@ -197,6 +197,16 @@ def test_cache_size_limit_warns_once_and_runs_eagerly():
     assert jf(x, 1.0).tolist() == [1.0, 1.0]  # cached entries still run compiled
 
 
+def test_transforms_past_the_cache_size_limit_drop_their_oldest_entry():
+    # tf.grad has no eager form to fall back to: it keeps working, with at most the limit cached
+    g = tf.grad(lambda x: (x ** 3).sum())
+    for n in range(1, 12):
+        torch.testing.assert_close(g(torch.ones(n)), torch.full((n,), 3.0))
+    assert tf.cache_info(g)["entries"] == 8
+    torch.testing.assert_close(g(torch.ones(11)), torch.full((11,), 3.0))
+    assert tf.cache_info(g)["misses"] == 11
+
+
 def test_cache_info_explains_each_recompile():
     jf = tf.jit(lambda x: x.sum())
     jf(torch.ones(2))

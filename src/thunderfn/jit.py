@@ -78,6 +78,9 @@ class JitState:
         self.stats = [0, 0]  # [hits, misses]; the fast path counts its hits too
         self.recompile_reasons: list[str] = []
         self.warned_limit = False
+        # tf.grad and the other transforms cannot run eagerly (they need a trace): past the
+        # limit they drop their oldest entry instead (see jit_evicting).
+        self.evict_past_limit = False
         self.last_traces: list[Trace] = []
         self.last_backward_traces: list[Trace] = []
         self.why_no_backward = "it has not been called with an input that requires grad under grad mode"
@@ -158,9 +161,11 @@ class JitState:
                 if entry is None:
                     reason = self.why_miss(key, args, kwargs)
                     if self.n_entries >= self.cache_size_limit:
-                        self.warn_limit(reason)
-                        self.stats[1] += 1
-                        return self.fn(*args, **kwargs)
+                        if not self.evict_past_limit:
+                            self.warn_limit(reason)
+                            self.stats[1] += 1
+                            return self.fn(*args, **kwargs)
+                        self.evict_oldest()
                     self.stats[1] += 1
                     entry = self.compile(args, kwargs, leaves)
                     if reason is not None:
@@ -176,6 +181,15 @@ class JitState:
                 isinstance(a, Tensor) for a in args):
             self.fast_cache[_fast_key(args)] = self.fast_entry(entry)
         return entry.fn(*[leaves[i] for i in entry.tensor_positions])
+
+    def evict_oldest(self) -> None:
+        key = next(iter(self.cache))
+        entries = self.cache[key]
+        entries.pop(0)  # everything it owns (code, traces, captured tensors) goes with it
+        if not entries:
+            del self.cache[key]
+        self.n_entries -= 1
+        self.fast_cache.clear()  # it may point at the evicted entry; refilled by the next calls
 
     def fast_entry(self, entry: CacheEntry):
         """What the fast path calls for entry: its function, behind its guards if it has any."""
@@ -374,6 +388,14 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
 
     functools.update_wrapper(jitted, fn)
     jitted._thunderfn_state = state
+    return jitted
+
+
+def jit_evicting(fn: Callable, **options):
+    """jit for the function transforms (tf.grad's compiled form, ...): past cache_size_limit
+    the oldest entry is dropped, since a transform has no eager form to fall back to."""
+    jitted = jit(fn, **options)
+    jitted._thunderfn_state.evict_past_limit = True
     return jitted
 
 

@@ -254,7 +254,7 @@ def _backprop_opaque(bsym, out_cts, cts, tape: _Tape) -> None:
 # -- function transforms --------------------------------------------------------------------------
 def _compiled(transformed):
     """Run `transformed` (which needs a trace) through jit when called with real tensors."""
-    from thunderfn.jit import jit
+    from thunderfn.jit import jit_evicting
 
     jitted = None
 
@@ -264,7 +264,7 @@ def _compiled(transformed):
         if context.current_trace() is not None:
             return transformed(*args, **kwargs)
         if jitted is None:
-            jitted = jit(transformed)
+            jitted = jit_evicting(transformed)
             wrapper._thunderfn_state = jitted._thunderfn_state
         return jitted(*args, **kwargs)
 
@@ -376,18 +376,18 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
         def vjp_fn(cotangents):
             return cotangents_for(backward, cotangents, primals)
     else:
-        from thunderfn.jit import jit
+        from thunderfn.jit import jit_evicting
 
         cuda_devices = sorted({t.device.index or 0 for t in tree_leaves(primals)
                                if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
         rng_states = (torch.random.get_rng_state(), [torch.cuda.get_rng_state(d) for d in cuda_devices])
-        value, aux = jit(lambda p: split(p)[:2])(primals)
+        value, aux = jit_evicting(lambda p: split(p)[:2])(primals)
 
         def joint(primals, cotangents):
             _, _, backward = split(primals)
             return cotangents_for(backward, cotangents, primals)
 
-        compiled_joint = jit(joint)
+        compiled_joint = jit_evicting(joint)
 
         def vjp_fn(cotangents):
             # The compiled backward recomputes the forward values it needs, from the generator

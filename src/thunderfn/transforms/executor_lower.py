@@ -135,7 +135,8 @@ def lower_trace(trc, executors):
 
 def executor_lower(fn, executors):
     """The lowering transform on its own: fn, run on exactly these executors (in
-    priority order, no torch fallback), jitted."""
-    from thunderfn.jit import jit
+    priority order, no torch fallback), jitted; past the cache size limit it drops its
+    oldest entry rather than run anywhere else."""
+    from thunderfn.jit import jit_evicting
 
-    return jit(fn, executors=list(executors), fallback=False)
+    return jit_evicting(fn, executors=list(executors), fallback=False)
