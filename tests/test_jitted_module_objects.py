@@ -133,3 +133,23 @@ def test_jit_of_a_jitted_function_works():
     f = tf.jit(lambda x: torch.sin(x) * 2)
     x = torch.randn(3)
     torch.testing.assert_close(tf.jit(f)(x), torch.sin(x) * 2)
+
+
+def test_lazy_module_initializes_in_an_eager_first_call_then_jits():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.ReLU())
+    twin = copy.deepcopy(model)
+    jm, x = tf.jit(model), torch.randn(2, 3)
+    torch.manual_seed(1)
+    first = jm(x)  # creates the parameters from the seed, as eager's first call does
+    torch.manual_seed(1)
+    torch.testing.assert_close(first, twin(x))
+    torch.testing.assert_close(jm(x), twin(x))
+    assert tf.cache_info(jm)["misses"] == 1  # the second call compiled; the first ran eagerly
+
+
+def test_transformer_layer_asking_is_nested_traces():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    torch.testing.assert_close(tf.jit(layer)(x), layer(x))

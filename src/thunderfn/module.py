@@ -116,7 +116,13 @@ class ThunderModule(torch.nn.Module):
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
-        jitted = self._thunderfn_forward or self._jitted()
+        jitted = self._thunderfn_forward
+        if jitted is None:
+            if _has_uninitialized_parameters(self.module):
+                # Lazy modules (nn.LazyLinear, ...) create their parameters in their first call, from
+                # its inputs' shapes: that call runs eagerly, as it would without jit.
+                return self.module(*args, **kwargs)
+            jitted = self._jitted()
         return jitted(*[table[key] for table, key in self._thunderfn_slots], *args, **kwargs)
 
     def named_parameters(self, *args, **kwargs):
@@ -164,6 +170,11 @@ class ThunderModule(torch.nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self._thunderfn_module, name)
+
+
+def _has_uninitialized_parameters(module: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params()
+               for m in module.modules())
 
 
 def jit_module(module: torch.nn.Module, **jit_options) -> ThunderModule:

@@ -100,6 +100,10 @@ class TensorProxy(Proxy):
     def layout(self):
         return torch.strided
 
+    # A proxy stands for a dense, strided tensor: torch's layout questions answer no
+    # (nn.MultiheadAttention asks is_nested before choosing its fast path).
+    is_nested = is_sparse = is_sparse_csr = is_quantized = is_mkldnn = property(lambda self: False)
+
     @property
     def is_leaf(self) -> bool:
         return True

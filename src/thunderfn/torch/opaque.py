@@ -89,7 +89,7 @@ def _run_on_meta(fn, name: str, meta_args, meta_kwargs):
                                                    "no data", "without output_size", "Meta tensors"))
         # Proxies carry no strides (meta tensors here are contiguous): a complaint about layout is ours, not the input's.
         meta_specific = data_dependent or isinstance(e, NotImplementedError) or any(
-            w in reason.lower() for w in ("meta", "stride", "contiguous", "major", "layout"))
+            w in reason.lower() for w in ("meta", "stride", "contiguous", "major", "layout", "data pointer", "storage"))
         if not meta_specific and isinstance(e, (IndexError, ValueError, TypeError, RuntimeError)):
             raise  # the op rejects these inputs: the same error eager would raise, torch's own words
         why = ("its output shape or value depends on tensor values, which tracing does not know"
