@@ -13,6 +13,7 @@ state_dict(), attribute access) is the original module's, unprefixed.
 from __future__ import annotations
 
 import inspect
+import threading
 
 import torch
 
@@ -60,6 +61,9 @@ def _forward_signature(module: torch.nn.Module, state_names: list) -> inspect.Si
                                           inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
 
 
+_creating = threading.Lock()
+
+
 class ThunderModule(torch.nn.Module):
     def __init__(self, module: torch.nn.Module, **jit_options):
         super().__init__()
@@ -81,24 +85,26 @@ class ThunderModule(torch.nn.Module):
         return self._jitted()._thunderfn_state
 
     def _jitted(self):
-        jitted = self._thunderfn_forward
-        if jitted is None:
-            from thunderfn.jit import jit
+        with _creating:  # threads making their first call at once share one jitted forward
+            return self._thunderfn_forward or self._make_jitted()
 
-            module = self.module
-            slots = self._slots()
-            param_names = [n for n, _ in module.named_parameters()]
-            buffer_names = [n for n, _ in module.named_buffers()]
+    def _make_jitted(self):
+        from thunderfn.jit import jit
 
-            def forward(*state_and_args, **kwargs):
-                state = state_and_args[:len(slots)]
-                # read at trace time: the very tensors the caller just passed as inputs
-                with context.standing_in(zip([table[key] for table, key in slots], state)):
-                    return module(*state_and_args[len(slots):], **kwargs)
+        module = self.module
+        slots = self._slots()
+        param_names = [n for n, _ in module.named_parameters()]
+        buffer_names = [n for n, _ in module.named_buffers()]
 
-            forward.__name__ = forward.__qualname__ = f"{type(module).__name__}.forward"  # named in error messages
-            forward.__signature__ = _forward_signature(module, param_names + buffer_names)
-            jitted = self._thunderfn_forward = jit(forward, **self._thunderfn_options)
+        def forward(*state_and_args, **kwargs):
+            state = state_and_args[:len(slots)]
+            # read at trace time: the very tensors the caller just passed as inputs
+            with context.standing_in(zip([table[key] for table, key in slots], state)):
+                return module(*state_and_args[len(slots):], **kwargs)
+
+        forward.__name__ = forward.__qualname__ = f"{type(module).__name__}.forward"  # named in error messages
+        forward.__signature__ = _forward_signature(module, param_names + buffer_names)
+        jitted = self._thunderfn_forward = jit(forward, **self._thunderfn_options)
         return jitted
 
     def _slots(self):
