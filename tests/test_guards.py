@@ -258,3 +258,21 @@ def test_custom_vjp_made_in_a_loop_does_not_keep_its_tensors_alive():
         del f, captured
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+def test_storing_a_traced_tensor_on_the_module_is_refused_and_leaves_no_proxy():
+    class KeepsActivation(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 3)
+            self.last = None
+
+        def forward(self, x):
+            out = self.linear(x)
+            self.last = out  # eager keeps the tensor; a trace would keep a proxy
+            return out.relu()
+
+    model = KeepsActivation()
+    with pytest.raises(tf.UnsupportedOpError, match=r"stored a tensor it computed in 'KeepsActivation.last'"):
+        tf.jit(model)(torch.randn(2, 3))
+    assert model.last is None

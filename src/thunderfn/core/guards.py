@@ -38,6 +38,7 @@ import torch
 
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.errors import UnsupportedOpError
 
 _MISSING = object()
 _generated = itertools.count()
@@ -237,6 +238,7 @@ class GuardRecorder:
         self._watched: dict = {}  # code object -> bool
         self._seen: set = set()  # (code, id(argument)) pairs already recorded
         self._module_names: dict = {}  # id(submodule) -> "GPT.transformer.h.0", for readable reasons
+        self._examined: dict = {}  # id -> (module, its attributes when first seen): checked for stored proxies
         self._index_functions(fn, depth=3)
         self._previous = None
 
@@ -245,10 +247,30 @@ class GuardRecorder:
         sys.settrace(self._on_event)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *exc):
         sys.settrace(self._previous)
+        self._refuse_stored_proxies(raise_error=exc_type is None)
         self.guards.settle()
         return False
+
+    def _refuse_stored_proxies(self, raise_error: bool) -> None:
+        """A traced tensor the code stored on a module (`self.last_attn = attn`) would be a proxy
+        left in the user's module, and the compiled code would not store anything on later
+        calls: put the old value back and refuse by name."""
+        for obj, before in self._examined.values():
+            for name, value in list(obj.__dict__.items()):
+                if not _holds_proxy(value):
+                    continue
+                if name in before:
+                    obj.__dict__[name] = before[name]
+                else:
+                    del obj.__dict__[name]
+                if raise_error:
+                    owner = self._module_names.get(id(obj), type(obj).__name__)
+                    raise UnsupportedOpError(
+                        f"the traced code stored a tensor it computed in '{owner}.{name}'. Tracing runs the Python "
+                        f"once, so the compiled function would not store it on later calls. Return the tensor "
+                        f"instead (or compute it outside the jitted function).")
 
     def _on_event(self, frame, event, arg):
         if event == "call":
@@ -323,6 +345,8 @@ class GuardRecorder:
 
     def _guard_attributes(self, obj, names, what: str, depth: int) -> None:
         """Guard the attributes of obj that the code names (the names it may read)."""
+        if isinstance(obj, torch.nn.Module) and id(obj) not in self._examined:
+            self._examined[id(obj)] = (obj, dict(obj.__dict__))
         if isinstance(obj, torch.nn.Module):
             what = self._module_names.get(id(obj), what)
             self._guard_module(obj, what)
@@ -361,6 +385,16 @@ class GuardRecorder:
             self._guard_attributes(value, names, what.split("'")[1] if "'" in what else what, depth)
 
 
+def _holds_proxy(value) -> bool:
+    if isinstance(value, TensorProxy):
+        return True
+    if type(value) in (list, tuple):
+        return any(isinstance(v, TensorProxy) for v in value)
+    if type(value) is dict:
+        return any(isinstance(v, TensorProxy) for v in value.values())
+    return False
+
+
 def _has_attributes(value) -> bool:
     """Objects whose attributes user code reads and a trace may bake in: modules and plain objects."""
     if isinstance(value, torch.nn.Module):
@@ -368,4 +402,6 @@ def _has_attributes(value) -> bool:
     if isinstance(value, (torch.Tensor, TensorProxy, type, types.ModuleType, types.FunctionType,
                           types.MethodType)) or _by_value(value):
         return False
+    if (type(value).__module__ or "").split(".")[0] in ("thunderfn", "torch"):
+        return False  # our own objects (a BoundSymbol built by a dataclass __init__) and torch's
     return isinstance(getattr(value, "__dict__", None), dict)
