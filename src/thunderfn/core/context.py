@@ -28,6 +28,19 @@ RESERVED_NAMES = frozenset(
 ) | frozenset(keyword.kwlist)
 
 
+_rng_reseeds = 0  # seeding calls made through torch's functions by code that is not being traced
+
+
+def note_rng_reseed() -> None:
+    """Called by torch.manual_seed & co. outside tracing (torch/random.py), in any thread."""
+    global _rng_reseeds
+    _rng_reseeds += 1  # a lost update under a race still changes the count, all a reader asks
+
+
+def rng_reseeds() -> int:
+    return _rng_reseeds
+
+
 def trace_stack() -> list:
     return _local.stack
 

@@ -157,11 +157,103 @@ def format_output(out, ns: Namespace) -> str:
     return f"tree_unflatten({ns.bind_object(spec, '_out_spec')}, {format_value(list(leaves), ns)})"
 
 
+def _grad_switch(bsym):
+    """The grad mode a `set_grad_enabled` statement switches to, or None for any other bound symbol."""
+    return bool(bsym.args[0]) if bsym.sym.id == "python.set_grad_enabled" else None
+
+
+def _nest_restores(bsyms: list) -> list:
+    """The statements as a tree: a statement tagged `restores_state` (torch.set_rng_state(t3))
+    whose state was read earlier in the same list (t3 = torch.get_rng_state()) encloses what
+    runs in between, printed as try/finally: the traced code's fork_rng/freeze_rng_state
+    restored the state on the way out even when an op raised, so the compiled code must too.
+    Items are bound symbols or (body items, restoring bound symbols)."""
+    produced = {o.name: i for i, b in enumerate(bsyms) for o in b.proxy_outs()}
+    spans: list[list[int]] = []  # [read, first restore, last restore]
+    for j, b in enumerate(bsyms):
+        if "restores_state" in b.sym.tags and b.args and isinstance(b.args[0], TensorProxy):
+            i = produced.get(b.args[0].name)
+            if i is None or i >= j:
+                continue
+            last = spans[-1] if spans else None
+            if last is not None and i == last[0] + 1 and j == last[2] + 1:
+                last[0], last[2] = i, j  # fork_rng reads CPU then CUDA state, restores both in one finally
+            elif all(j < a or i > c or (a < i and j < b_) or (i < a and c < j) for a, b_, c in spans):
+                spans.append([i, j, j])  # only blocks that nest: a crossing one stays a plain statement
+    block = {i + 1: (j, c) for i, j, c in spans}  # the try starts right after the (last) read
+
+    def build(lo: int, hi: int) -> list:
+        items, k = [], lo
+        while k < hi:
+            end = block.get(k) if k > lo else None  # build(k, ...) is that block itself
+            if end is not None:
+                items.append((build(k, end[0]), bsyms[end[0]:end[1] + 1]))
+                k = end[1] + 1
+            else:
+                items.append(bsyms[k])
+                k += 1
+        return items
+
+    return build(0, len(bsyms))
+
+
+def _grad_after(items: list, grad):
+    for item in items:
+        if isinstance(item, tuple):
+            grad = _grad_after(item[0], grad)
+        elif _grad_switch(item) is not None:
+            grad = _grad_switch(item)
+    return grad
+
+
+def _format_block(items: list, ns: Namespace, indent: int, grad) -> tuple[list[str], object]:
+    """Lines for items at this indent, and the grad mode after them. A grad-mode switch that a
+    later switch at the same level undoes prints as `with torch.no_grad():` (or enable_grad)
+    around what runs in between, so an exception raised there leaves the caller's mode as
+    eager's `with` block would; a switch that is never undone stays a plain statement."""
+    lines, k, pad = [], 0, "  " * indent
+    while k < len(items):
+        item = items[k]
+        if isinstance(item, tuple):
+            body, restores = item
+            inner, grad = _format_block(body, ns, indent + 1, grad)
+            lines += [f"{pad}try:", *(inner or [f"{pad}  pass"]), f"{pad}finally:"]
+            for restore in restores:
+                lines += format_bsym(restore, indent + 1, ns)
+            k += 1
+            continue
+        switch = _grad_switch(item)
+        if switch is None:
+            lines += format_bsym(item, indent, ns)
+            k += 1
+            continue
+        end = next((m for m in range(k + 1, len(items)) if not isinstance(items[m], tuple)
+                    and _grad_switch(items[m]) is not None), None)
+        if (grad is not None and switch != grad and end is not None and _grad_switch(items[end]) == grad
+                and _grad_after(items[k + 1:end], switch) == switch):
+            inner, _ = _format_block(items[k + 1:end], ns, indent + 1, switch)
+            if inner:
+                ns["torch"] = torch
+                lines += [f"{pad}with {'torch.enable_grad()' if switch else 'torch.no_grad()'}:", *inner]
+            k = end + 1
+            continue
+        lines += format_bsym(item, indent, ns)
+        grad, k = switch, k + 1
+    return lines, grad
+
+
+def format_body(bsyms: list, ns: Namespace, indent: int = 1) -> list[str]:
+    """The statements of a function body, with the traced code's scoped changes of global
+    state (grad mode, RNG state) printed as Python blocks that undo them on the way out."""
+    first = next((_grad_switch(b) for b in bsyms if _grad_switch(b) is not None), None)
+    # the mode the function runs under: switches are recorded only where the mode changed
+    return _format_block(_nest_restores(bsyms), ns, indent, None if first is None else not first)[0]
+
+
 def render(trc) -> tuple[str, Namespace]:
     ns = Namespace()
     body = [f"  # {a.name}: {a.type_string()}" for a in trc.args]
-    for bsym in trc.bound_symbols:
-        body += format_bsym(bsym, 1, ns)
+    body += format_body(trc.bound_symbols, ns)
     body.append(f"  return {format_output(trc.output, ns)}")
     clash = _local_names(trc) & ns.keys()
     if clash:  # a parameter named `_out_spec0` or like an executor operator would shadow that global

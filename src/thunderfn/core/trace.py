@@ -253,29 +253,33 @@ def _lift_output(trc: Trace, x):
 
 
 def _rng_fingerprint() -> tuple:
-    get_state = torch.random.get_rng_state
-    get_state = getattr(get_state, "__thunderfn_original__", get_state)  # not the recording wrapper
-    return torch.initial_seed(), get_state()
+    return torch.initial_seed(), context.rng_reseeds()
 
 
-def _same_rng(a: tuple, b: tuple) -> bool:
-    return a[0] == b[0] and torch.equal(a[1], b[1])
+def _reseeded_by_tracing(start: tuple) -> bool:
+    """Whether the code being traced reseeded the default generator behind the recording
+    wrappers (torch.default_generator.manual_seed(s) or .set_state(...) called directly).
+    The seeding functions themselves are recorded, not run (torch/random.py), and other
+    threads' draws do not change the seed; a seed change while no other code reseeded
+    through torch's functions (the count) can only come from this thread."""
+    seed, reseeds = start
+    return torch.initial_seed() != seed and context.rng_reseeds() == reseeds
 
 
 def check_rng_untouched(op_name: str) -> None:
-    """Called when a random op is recorded. Nothing draws real numbers while tracing,
-    so torch's generator must still be where tracing found it; if the traced code
-    reseeded it (even inside freeze_rng_state, which restores it afterwards), the
-    compiled function would draw different numbers than eager: refuse."""
+    """Called when a random op is recorded: if the traced code reseeded the generator
+    directly (even inside freeze_rng_state, which restores it afterwards), the compiled
+    function would draw different numbers than eager: refuse."""
     root = context.trace_stack()[0]
     start = getattr(root, "rng_at_start", None)
-    if start is not None and not _same_rng(start, _rng_fingerprint()):
+    if start is not None and _reseeded_by_tracing(start):
         from thunderfn.errors import UnsupportedOpError
 
         raise UnsupportedOpError(
             f"{op_name} draws random numbers after '{root.fn_name}' reseeded torch's generator while being traced "
-            f"(torch.manual_seed, torch.set_rng_state, ...). Tracing runs the Python once, so the compiled "
-            f"function would not reseed on later calls. Seed outside the jitted function.")
+            f"(a generator's own manual_seed or set_state). Tracing runs the Python once, so the compiled "
+            f"function would not reseed on later calls. Use torch.manual_seed / torch.set_rng_state (recorded "
+            f"and replayed), or seed outside the jitted function.")
 
 
 def trace(fn, *args, **kwargs) -> Trace:
@@ -293,14 +297,15 @@ def trace(fn, *args, **kwargs) -> Trace:
         trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
         trc.sync_grad_mode()  # back to the caller's mode if the function switched it
         trc.finish_mutations()
-    if not _same_rng(rng_before, _rng_fingerprint()):
+    if _reseeded_by_tracing(rng_before):
         from thunderfn.errors import UnsupportedOpError
 
-        # torch.manual_seed and friends are plain Python: no torch-function hook sees them.
+        # a generator's own methods are C: neither torch-function hooks nor torch/random.py's wrappers see them
         raise UnsupportedOpError(
-            f"'{trc.fn_name}' changed torch's random number generator while being traced (torch.manual_seed, "
-            f"torch.seed, torch.set_rng_state, ...). Tracing runs the Python once, so the compiled function would "
-            f"not do it again on later calls. Seed outside the jitted function.")
+            f"'{trc.fn_name}' changed torch's random number generator while being traced (a generator's own "
+            f"manual_seed, seed or set_state). Tracing runs the Python once, so the compiled function would not do "
+            f"it again on later calls. Use torch.manual_seed / torch.set_rng_state (recorded and replayed), or seed "
+            f"outside the jitted function.")
     trc.provenance = f"Constructed by Tracing (took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
     return trc
 

@@ -1,0 +1,135 @@
+"""Global state, threads, arguments and names at run time: what the compiled function
+changes is undone as eager undoes it, other threads do not disturb a compile, numpy
+scalars and any parameter name torch accepts work, and no runtime string is evaluated."""
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import thunderfn as tf
+
+
+def _gather_rows(x, index):
+    return torch.gather(x, 0, index)
+
+
+# -- item 5: global state restored when the compiled function raises --------------------------
+def test_grad_mode_is_restored_when_an_op_under_no_grad_raises_at_run_time():
+    def f(x, index):
+        y = x * 2
+        with torch.no_grad():
+            picked = _gather_rows(y, index)  # index values are checked only when it runs
+        return y + picked
+
+    jf = tf.jit(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(jf(x, torch.tensor([0, 2, 1])), f(x, torch.tensor([0, 2, 1])))
+    assert "with torch.no_grad():" in str(tf.last_traces(jf)[-1])
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        jf(x, torch.tensor([0, 7, 1]))  # a cache hit that fails inside the no_grad block
+    assert torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("caller_grad", [True, False], ids=["caller_grad", "caller_no_grad"])
+def test_grad_mode_is_restored_when_an_op_under_nested_enable_grad_raises(caller_grad):
+    def f(x, index):
+        with torch.no_grad():
+            y = x * 2
+            with torch.enable_grad():
+                picked = _gather_rows(y, index)
+            z = picked + 1
+        return z
+
+    jf = tf.jit(f)
+    x = torch.randn(3)
+    with torch.set_grad_enabled(caller_grad):
+        torch.testing.assert_close(jf(x, torch.tensor([2, 1, 0])), f(x, torch.tensor([2, 1, 0])))
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            jf(x, torch.tensor([5, 1, 0]))
+        assert torch.is_grad_enabled() is caller_grad
+
+
+def test_rng_state_forked_by_the_traced_code_is_restored_when_an_op_raises():
+    def f(x, index):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            noise = torch.randn(3)
+            picked = _gather_rows(x + noise, index)
+        return picked
+
+    jf = tf.jit(f)
+    x = torch.randn(3)
+    jf(x, torch.tensor([0, 1, 2]))
+    assert "finally:" in str(tf.last_traces(jf)[-1])
+    torch.manual_seed(11)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        jf(x, torch.tensor([0, 9, 2]))
+    after_jit = torch.rand(4)
+    torch.manual_seed(11)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        f(x, torch.tensor([0, 9, 2]))
+    torch.testing.assert_close(after_jit, torch.rand(4))  # eager's fork_rng restored the stream too
+
+
+# -- item 6: other threads' random draws do not disturb a compile ------------------------------
+class _Drawing:
+    """A thread drawing random numbers from torch's global generator until stopped."""
+
+    def __init__(self):
+        self.draws, self.stop = 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop.is_set():
+            torch.rand(8)
+            self.draws += 1
+
+    def wait_for_a_draw(self):
+        seen = self.draws
+        while self.draws == seen:
+            self.stop.wait(0.0005)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def test_random_draws_in_another_thread_during_a_compile_are_not_mistaken_for_reseeding():
+    drawing = _Drawing()
+
+    def f(x):
+        drawing.wait_for_a_draw()  # runs at trace time: the other thread moves the generator mid-trace
+        return torch.nn.functional.dropout(x, 0.5, training=True) + torch.randn(3)
+
+    def eager(x):
+        return torch.nn.functional.dropout(x, 0.5, training=True) + torch.randn(3)
+
+    jf = tf.jit(f)
+    x = torch.randn(3)
+    with drawing:
+        jf(x)  # compiles while the other thread draws
+    torch.manual_seed(3)
+    expected = eager(x)
+    torch.manual_seed(3)
+    torch.testing.assert_close(jf(x), expected)
+
+
+def test_reseeding_inside_the_traced_function_is_still_refused_by_name():
+    def seeds_nondeterministically(x):
+        torch.seed()
+        return x + torch.rand(3)
+
+    def seeds_the_generator_itself(x):
+        torch.default_generator.manual_seed(torch.initial_seed() + 1)
+        return x + torch.rand(3)
+
+    with _Drawing():
+        with pytest.raises(tf.UnsupportedOpError, match=r"torch\.seed\(\)"):
+            tf.jit(seeds_nondeterministically)(torch.randn(3))
+        with pytest.raises(tf.UnsupportedOpError, match="manual_seed"):
+            tf.jit(seeds_the_generator_itself)(torch.randn(3))
