@@ -1,6 +1,7 @@
 """Global state, threads, arguments and names at run time: what the compiled function
 changes is undone as eager undoes it, other threads do not disturb a compile, numpy
 scalars and any parameter name torch accepts work, and no runtime string is evaluated."""
+import sys
 import threading
 
 import numpy as np
@@ -133,3 +134,28 @@ def test_reseeding_inside_the_traced_function_is_still_refused_by_name():
             tf.jit(seeds_nondeterministically)(torch.randn(3))
         with pytest.raises(tf.UnsupportedOpError, match="manual_seed"):
             tf.jit(seeds_the_generator_itself)(torch.randn(3))
+
+
+# -- item 17: names resolved by attribute walks, never by evaluating strings --------------------
+def test_torch_names_resolve_by_attribute_walk_without_evaluating_strings(monkeypatch):
+    from thunderfn.core.interception import resolve_torch_name
+
+    evaluated = []
+
+    def no_eval(source, *args, **kwargs):
+        evaluated.append(source)
+        raise AssertionError(f"thunderfn evaluated {source!r}")
+
+    for name, module in list(sys.modules.items()):  # a module-level `eval` shadows the builtin in that module
+        if name == "thunderfn" or name.startswith("thunderfn."):
+            monkeypatch.setattr(module, "eval", no_eval, raising=False)
+    assert resolve_torch_name("torch.nn.functional.gelu") is torch.nn.functional.gelu
+    assert resolve_torch_name("torch.linalg.svd") is torch.linalg.svd
+    assert resolve_torch_name("torch.no_such_function") is None
+    assert resolve_torch_name("torch.add(1, 2)") is None  # an expression is not a name
+    assert resolve_torch_name("os.system") is None  # only names inside torch
+    # opaque ops and torch executor operators are named the same way
+    jf = tf.jit(lambda x: torch.special.i0e(x) + torch.nn.functional.softsign(x))
+    x = torch.randn(4)
+    torch.testing.assert_close(jf(x), torch.special.i0e(x) + torch.nn.functional.softsign(x))
+    assert evaluated == []

@@ -82,6 +82,23 @@ def torch_name(func) -> str:
     return f"{module}.{qualname}"
 
 
+def resolve_torch_name(name: str):
+    """The object a dotted `torch.…` name denotes, found by walking attributes from the torch
+    module (never by evaluating the string), or None when there is no such attribute."""
+    parts = name.split(".")
+    if parts[0] != "torch" or not all(p.isidentifier() for p in parts):
+        return None
+    obj = torch
+    with warnings.catch_warnings():  # some public names are deprecated aliases that warn when read
+        warnings.simplefilter("ignore")
+        for part in parts[1:]:
+            try:
+                obj = getattr(obj, part)
+            except Exception:  # a missing attribute, or one that raises when read
+                return None
+    return obj
+
+
 # Metadata questions about real tensors are answered eagerly while tracing: they do
 # not depend on values that change between calls.
 _metadata_getters = {

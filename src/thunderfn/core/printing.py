@@ -83,6 +83,9 @@ def format_call(bsym, ns: Namespace) -> str:
         if not (isinstance(k, str) and k.isidentifier()):
             raise ValueError(f"keyword argument name {k!r} of {bsym.sym.print_name} is not an identifier")
     parts += [f"{k}={format_value(v, ns)}" for k, v in bsym.kwargs.items()]
+    if not all(part.isidentifier() for part in bsym.sym.print_name.split(".")):
+        # generated code is compiled: a name that is not a dotted identifier would be code, not a name
+        raise ValueError(f"{bsym.sym.name!r} prints as {bsym.sym.print_name!r}, which is not a (dotted) Python name")
     for name, value in bsym.sym.namespace.items():  # an executor's operator named like a helper must not replace it
         if ns.setdefault(name, value) is not value:
             raise ValueError(f"generated code would bind '{name}' to two different objects ({bsym.sym.print_name} and "
