@@ -69,6 +69,8 @@ class JitState:
                 parts.append((float, leaf.hex()))
             elif type(leaf) is complex:
                 parts.append((complex, leaf.real.hex(), leaf.imag.hex()))
+            elif type(leaf).__module__ == "numpy" and getattr(leaf, "ndim", None) == 0:
+                parts.append((type(leaf), leaf.tobytes()))  # numpy scalars: by bits, as floats above
             else:
                 try:
                     hash(leaf)

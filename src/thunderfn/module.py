@@ -14,6 +14,8 @@ import inspect
 
 import torch
 
+from thunderfn.core.context import to_identifier
+
 
 @contextlib.contextmanager
 def _substituted(module: torch.nn.Module, params: dict, buffers: dict):
@@ -55,8 +57,8 @@ def _state_slots(module: torch.nn.Module, named) -> list:
 
 
 def _identifier(name: str, taken: set) -> str:
-    base = "".join(c if c.isalnum() else "_" for c in name)
-    base = base if base.isidentifier() and not base.startswith("__") else f"p_{base}"
+    # any name torch accepts: "σ²" -> sigma_2, "lambda" -> lambda_, "0.weight" (nn.Sequential) -> p_0_weight
+    base = to_identifier(("p_" if name[:1].isdigit() else "") + name.replace(".", "_"))
     unique, n = base, 0
     while unique in taken:
         n += 1

@@ -128,10 +128,26 @@ def _contains_tensor(tree) -> bool:
     return False
 
 
+def python_scalar(x):
+    """A numpy scalar as the Python number torch's argument parser reads it as when it is an
+    operand or option (not tensor data): integers as int; floats, np.bool_ (!) and complex
+    numbers (real part, with numpy's ComplexWarning) as float: `int32 * np.bool_(True)` is
+    float32 in eager. Anything else unchanged."""
+    kind = getattr(getattr(x, "dtype", None), "kind", None)
+    if type(x).__module__ != "numpy" or getattr(x, "ndim", None) != 0 or kind is None:
+        return x
+    if kind in "iu":
+        return int(x)
+    return float(x) if kind in "bfc" else x
+
+
 def lift_constants(tree):
-    """Real tensors met while tracing become constant proxies, read by reference."""
+    """Real tensors met while tracing become constant proxies, read by reference; numpy
+    scalars become the Python numbers torch takes them for."""
     if isinstance(tree, torch.Tensor):
         return context.current_trace().constant(tree)
+    if type(tree).__module__ == "numpy":
+        return python_scalar(tree)
     if type(tree) in (list, tuple):
         return type(tree)(lift_constants(x) for x in tree)
     if type(tree) is dict:

@@ -194,13 +194,9 @@ def tracing(trc: Trace):
 
 
 def _path_name(path) -> str | None:
-    parts = []
-    for i, p in enumerate(path):
-        s = str(p).replace(".", "_") if type(p) is str else str(p)  # "fc1.weight" -> params_fc1_weight
-        # `pair_0` for the first element of argument `pair`; keys that are not identifiers give no name
-        parts.append(s if i > 0 or s.isidentifier() else None)
-    name = "_".join(parts) if parts and all(parts) else None
-    return name if name is not None and name.isidentifier() else None
+    # `pair_0` for the first element of argument `pair`, params_fc1_weight for params["fc1.weight"];
+    # the name pool makes any key a safe identifier (params["σ²"] -> params_sigma_2)
+    return "_".join(str(p).replace(".", "_") for p in path) or None
 
 
 def arg_paths(fn, args, kwargs) -> tuple:
