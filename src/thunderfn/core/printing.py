@@ -211,9 +211,11 @@ def _grad_after(items: list, grad):
 
 def _format_block(items: list, ns: Namespace, indent: int, grad) -> tuple[list[str], object]:
     """Lines for items at this indent, and the grad mode after them. A grad-mode switch that a
-    later switch at the same level undoes prints as `with torch.no_grad():` (or enable_grad)
-    around what runs in between, so an exception raised there leaves the caller's mode as
-    eager's `with` block would; a switch that is never undone stays a plain statement."""
+    later switch at the same level undoes (a `with torch.no_grad():` block in the traced code)
+    encloses what runs in between in try/finally, the switch back in the `finally`, so an
+    exception raised there leaves the caller's mode as eager's `with` block would. (A `with`
+    statement would read better but costs a microsecond per call; two C calls and a `try` cost
+    a tenth of that.) A switch that is never undone stays a plain statement."""
     lines, k, pad = [], 0, "  " * indent
     while k < len(items):
         item = items[k]
@@ -235,9 +237,9 @@ def _format_block(items: list, ns: Namespace, indent: int, grad) -> tuple[list[s
         if (grad is not None and switch != grad and end is not None and _grad_switch(items[end]) == grad
                 and _grad_after(items[k + 1:end], switch) == switch):
             inner, _ = _format_block(items[k + 1:end], ns, indent + 1, switch)
-            if inner:
-                ns["torch"] = torch
-                lines += [f"{pad}with {'torch.enable_grad()' if switch else 'torch.no_grad()'}:", *inner]
+            if inner:  # an empty block switches nothing
+                lines += [*format_bsym(item, indent, ns), f"{pad}try:", *inner, f"{pad}finally:",
+                          *format_bsym(items[end], indent + 1, ns)]
             k = end + 1
             continue
         lines += format_bsym(item, indent, ns)
