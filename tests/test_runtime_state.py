@@ -73,6 +73,53 @@ def test_rng_state_forked_by_the_traced_code_is_restored_when_an_op_raises():
     torch.testing.assert_close(after_jit, torch.rand(4))  # eager's fork_rng restored the stream too
 
 
+@pytest.fixture
+def restore_default_dtype():
+    dtype = torch.get_default_dtype()
+    yield
+    torch.set_default_dtype(dtype)
+
+
+def test_default_dtype_set_and_restored_by_the_traced_code_is_restored_when_an_op_raises(restore_default_dtype):
+    def f(x, index):
+        torch.set_default_dtype(torch.float64)
+        try:
+            picked = _gather_rows(x, index) + torch.ones(3)  # float64 in eager: so under jit too
+        finally:
+            torch.set_default_dtype(torch.float32)
+        return picked
+
+    jf = tf.jit(f)
+    x = torch.randn(3)
+    out = jf(x, torch.tensor([0, 1, 2]))
+    assert out.dtype == f(x, torch.tensor([0, 1, 2])).dtype == torch.float64
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        jf(x, torch.tensor([0, 4, 2]))
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_default_dtype_left_changed_by_the_traced_code_is_changed_on_every_call(restore_default_dtype):
+    def f(x):
+        torch.set_default_dtype(torch.float64)
+        return x + torch.ones(3)
+
+    jf, x = tf.jit(f), torch.randn(3)
+    jf(x)
+    torch.set_default_dtype(torch.float32)
+    assert jf(x).dtype == torch.float64  # a cache hit still sets the default, as every eager call does
+    assert torch.get_default_dtype() == torch.float64
+
+
+def test_autocast_entered_inside_the_traced_function_is_refused_by_name():
+    def f(a, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return a @ b
+
+    with pytest.raises(tf.UnsupportedOpError, match=r"enters torch\.autocast\('cpu'\)"):
+        tf.jit(f)(torch.randn(2, 2), torch.randn(2, 2))
+    assert not torch.is_autocast_enabled("cpu")
+
+
 # -- item 6: other threads' random draws do not disturb a compile ------------------------------
 class _Drawing:
     """A thread drawing random numbers from torch's global generator until stopped."""

@@ -160,9 +160,19 @@ def format_output(out, ns: Namespace) -> str:
     return f"tree_unflatten({ns.bind_object(spec, '_out_spec')}, {format_value(list(leaves), ns)})"
 
 
-def _grad_switch(bsym):
-    """The grad mode a `set_grad_enabled` statement switches to, or None for any other bound symbol."""
-    return bool(bsym.args[0]) if bsym.sym.id == "python.set_grad_enabled" else None
+# Statements that switch a global mode, by symbol id: kind -> (new value, value before), read from
+# the bound symbol. Grad mode is boolean and recorded only where it changed; a default-dtype
+# switch carries the dtype it replaced (core/statements.py).
+_MODE_SWITCHES = {
+    "python.set_grad_enabled": lambda b: ("grad", bool(b.args[0]), not b.args[0]),
+    "python.set_default_dtype": lambda b: ("dtype", b.args[0], b.args[1]),
+}
+
+
+def _switch(bsym):
+    """(mode kind, value switched to, value before) for a mode-switching statement, else None."""
+    read = _MODE_SWITCHES.get(bsym.sym.id) if not isinstance(bsym, tuple) else None
+    return read(bsym) if read is not None else None
 
 
 def _nest_restores(bsyms: list) -> list:
@@ -200,59 +210,68 @@ def _nest_restores(bsyms: list) -> list:
     return build(0, len(bsyms))
 
 
-def _grad_after(items: list, grad):
+def _modes_after(items: list, modes: dict) -> dict:
+    modes = dict(modes)
     for item in items:
         if isinstance(item, tuple):
-            grad = _grad_after(item[0], grad)
-        elif _grad_switch(item) is not None:
-            grad = _grad_switch(item)
-    return grad
+            modes = _modes_after(item[0], modes)
+        elif _switch(item) is not None:
+            kind, value, _ = _switch(item)
+            modes[kind] = value
+    return modes
 
 
-def _format_block(items: list, ns: Namespace, indent: int, grad) -> tuple[list[str], object]:
-    """Lines for items at this indent, and the grad mode after them. A grad-mode switch that a
-    later switch at the same level undoes (a `with torch.no_grad():` block in the traced code)
-    encloses what runs in between in try/finally, the switch back in the `finally`, so an
-    exception raised there leaves the caller's mode as eager's `with` block would. (A `with`
-    statement would read better but costs a microsecond per call; two C calls and a `try` cost
-    a tenth of that.) A switch that is never undone stays a plain statement."""
-    lines, k, pad = [], 0, "  " * indent
+def _format_block(items: list, ns: Namespace, indent: int, modes: dict) -> tuple[list[str], dict]:
+    """Lines for items at this indent, and the modes after them. A mode switch that a later
+    switch at the same level undoes (a `with torch.no_grad():` block in the traced code, a
+    default dtype set and set back) encloses what runs in between in try/finally, the switch
+    back in the `finally`, so an exception raised there leaves the caller's mode as eager's
+    `with` block or try/finally would. (A `with` statement would read better but costs a
+    microsecond per call; two C calls and a `try` cost a tenth of that.) A switch that is
+    never undone, or whose block would cross another, stays a plain statement."""
+    lines, k, pad, modes = [], 0, "  " * indent, dict(modes)
     while k < len(items):
         item = items[k]
         if isinstance(item, tuple):
             body, restores = item
-            inner, grad = _format_block(body, ns, indent + 1, grad)
+            inner, modes = _format_block(body, ns, indent + 1, modes)
             lines += [f"{pad}try:", *(inner or [f"{pad}  pass"]), f"{pad}finally:"]
             for restore in restores:
                 lines += format_bsym(restore, indent + 1, ns)
             k += 1
             continue
-        switch = _grad_switch(item)
+        switch = _switch(item)
         if switch is None:
             lines += format_bsym(item, indent, ns)
             k += 1
             continue
-        end = next((m for m in range(k + 1, len(items)) if not isinstance(items[m], tuple)
-                    and _grad_switch(items[m]) is not None), None)
-        if (grad is not None and switch != grad and end is not None and _grad_switch(items[end]) == grad
-                and _grad_after(items[k + 1:end], switch) == switch):
-            inner, _ = _format_block(items[k + 1:end], ns, indent + 1, switch)
+        kind, value, _ = switch
+        before = modes.get(kind)
+        end = next((m for m in range(k + 1, len(items)) if _switch(items[m]) is not None
+                    and _switch(items[m])[0] == kind), None)
+        if (before is not None and value != before and end is not None and _switch(items[end])[1] == before
+                and _modes_after(items[k + 1:end], {kind: value})[kind] == value):
+            inner, _ = _format_block(items[k + 1:end], ns, indent + 1, {**modes, kind: value})
             if inner:  # an empty block switches nothing
                 lines += [*format_bsym(item, indent, ns), f"{pad}try:", *inner, f"{pad}finally:",
                           *format_bsym(items[end], indent + 1, ns)]
             k = end + 1
             continue
         lines += format_bsym(item, indent, ns)
-        grad, k = switch, k + 1
-    return lines, grad
+        modes[kind], k = value, k + 1
+    return lines, modes
 
 
 def format_body(bsyms: list, ns: Namespace, indent: int = 1) -> list[str]:
     """The statements of a function body, with the traced code's scoped changes of global
-    state (grad mode, RNG state) printed as Python blocks that undo them on the way out."""
-    first = next((_grad_switch(b) for b in bsyms if _grad_switch(b) is not None), None)
-    # the mode the function runs under: switches are recorded only where the mode changed
-    return _format_block(_nest_restores(bsyms), ns, indent, None if first is None else not first)[0]
+    state (grad mode, default dtype, RNG state) printed as try/finally blocks that undo them
+    on the way out."""
+    entry = {}  # each mode's value when the function starts: what its first switch replaced
+    for b in bsyms:
+        switch = _switch(b)
+        if switch is not None:
+            entry.setdefault(switch[0], switch[2])
+    return _format_block(_nest_restores(bsyms), ns, indent, entry)[0]
 
 
 def render(trc) -> tuple[str, Namespace]:

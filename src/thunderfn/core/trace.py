@@ -15,7 +15,7 @@ import torch
 
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.statements import check_inputs_do_not_alias, set_grad_enabled, write_back
+from thunderfn.core.statements import check_inputs_do_not_alias, set_default_dtype, set_grad_enabled, write_back
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.core.pytree import tree_flatten_with_path, tree_unflatten
 
@@ -35,6 +35,7 @@ class Trace:
         self._constants: dict[int, TensorProxy] = {}
         self.created: dict[int, torch.Tensor] = {}  # tensors made at trace time (torch.tensor([...]))
         self.grad_enabled = torch.is_grad_enabled()  # grad mode the recorded statements run under
+        self.default_dtype = torch.get_default_dtype()  # and default dtype
         self.mutated: dict = {}  # id(live proxy) -> (frozen original, live proxy): inputs/captures written in place
         self.rebinds = 0  # in-place operations traced so far
 
@@ -74,12 +75,18 @@ class Trace:
         return out
 
     def sync_grad_mode(self) -> None:
-        """Record a switch of torch's grad mode made by the traced code (torch.no_grad()
-        blocks), so the compiled function switches at the same point on every call."""
+        """Record a switch of torch's grad mode or default dtype made by the traced code
+        (torch.no_grad() blocks, torch.set_default_dtype), so the compiled function switches
+        at the same point on every call. Autocast, which would change every op's dtype, is refused."""
         enabled = torch.is_grad_enabled()
         if enabled != self.grad_enabled:
             self._scopes[-1].append(set_grad_enabled.bind(enabled, output=None))
             self.grad_enabled = enabled
+        dtype = torch.get_default_dtype()
+        if dtype != self.default_dtype:
+            self._scopes[-1].append(set_default_dtype.bind(dtype, self.default_dtype, output=None))
+            self.default_dtype = dtype
+        _refuse_autocast(self.fn_name, "inside")
 
     def emit(self, bsym) -> None:
         self._scopes[-1].append(bsym)
@@ -320,20 +327,32 @@ def _only_passes_through(out, args, kwargs) -> bool:
                if isinstance(x, TensorProxy))
 
 
-def _refuse_autocast(fn_name: str) -> None:
+def _refuse_autocast(fn_name: str, where: str = "under") -> None:
     """Autocast changes dtypes op by op at run time; a trace that did not model it would
-    carry the wrong dtypes into every decomposition after the first autocast op."""
-    for device_type in ("cpu", "cuda"):
-        try:
-            enabled = torch.is_autocast_enabled(device_type)
-        except (TypeError, RuntimeError):
-            continue
-        if enabled:
+    carry the wrong dtypes into every decomposition after the first autocast op. Checked
+    when tracing starts and before each op the traced code records (an autocast block inside)."""
+    for device_type in _AUTOCAST_DEVICES:
+        if torch.is_autocast_enabled(device_type):
             from thunderfn.errors import UnsupportedOpError
 
+            what = "is being traced under" if where == "under" else "enters"
             raise UnsupportedOpError(
-                f"'{fn_name}' is being traced under torch.autocast('{device_type}'), which thunderfn does not model "
-                f"yet. Cast explicitly inside the function (x.to(torch.bfloat16)) or call it outside autocast.")
+                f"'{fn_name}' {what} torch.autocast('{device_type}'), which thunderfn does not model yet. "
+                f"Cast explicitly inside the function (x.to(torch.bfloat16)) or call it outside autocast.")
+
+
+def _autocast_devices() -> tuple:
+    devices = []
+    for device_type in ("cpu", "cuda"):
+        try:
+            torch.is_autocast_enabled(device_type)
+        except (TypeError, RuntimeError):
+            continue
+        devices.append(device_type)
+    return tuple(devices)
+
+
+_AUTOCAST_DEVICES = _autocast_devices()
 
 
 def _replace_proxy(bsyms: list, old: TensorProxy, new: TensorProxy) -> None:
