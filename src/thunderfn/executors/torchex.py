@@ -187,7 +187,9 @@ def _operator_for(fn, name: str | None = None) -> Symbol:
     name when that name resolves to it; anything else is bound under its own name."""
     printed = torch_name(fn) if name is None else name
     namespace = {"torch": torch}
-    if resolve_torch_name(printed) is not fn:
+    resolved = resolve_torch_name(printed)
+    # torch.get_rng_state & co. are thunderfn's pass-through wrappers outside tracing (torch/random.py)
+    if resolved is not fn and getattr(resolved, "__thunderfn_original__", None) is not fn:
         printed = name or getattr(fn, "__name__", "torch_op")
         if not printed.isidentifier() or printed in ("torch",):
             printed = "torch_op"
