@@ -263,3 +263,11 @@ def test_parameters_and_buffers_with_any_name_torch_accepts_work_under_jit():
     # pytree keys too: a dict of tensors keyed by such names
     g = tf.jit(lambda p, x: p["σ²"] * x + p["lambda"])
     torch.testing.assert_close(g({"σ²": x, "lambda": x}, x), x * x + x)
+
+
+def test_strings_that_reach_generated_code_stay_names_or_comments():
+    trc = tf.trace(lambda x: x + 1, torch.ones(2))
+    trc.provenance = "Constructed by a pass\nimport os; os.exit(3)"  # e.g. an executor's name in a pass title
+    source = str(trc)
+    assert all(line.startswith(("#", "import", "def", " ", "from")) or not line for line in source.splitlines())
+    torch.testing.assert_close(trc.python_callable()(torch.ones(2)), torch.full((2,), 2.0))

@@ -282,7 +282,8 @@ def render(trc) -> tuple[str, Namespace]:
     clash = _local_names(trc) & ns.keys()
     if clash:  # a parameter named `_out_spec0` or like an executor operator would shadow that global
         return render(_renamed(trc, clash))
-    header = [f"# {trc.provenance}"] if trc.provenance else []
+    # one comment line whatever a pass (or an executor's name in it) says: the source is compiled
+    header = [f"# {' '.join(trc.provenance.splitlines())}"] if trc.provenance else []
     header += [line for name, line in _MODULE_IMPORTS.items() if _uses(body, name)]
     header += [f"# {name}: {_describe(value)} (captured by the traced function)"
                for name, value in ns.items() if isinstance(value, torch.Tensor)]
