@@ -124,12 +124,14 @@ def test_autocast_entered_inside_the_traced_function_is_refused_by_name():
 class _Drawing:
     """A thread drawing random numbers from torch's global generator until stopped."""
 
-    def __init__(self):
-        self.draws, self.stop = 0, threading.Event()
+    def __init__(self, reseed: bool = False):
+        self.draws, self.stop, self.reseed = 0, threading.Event(), reseed
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
         while not self.stop.is_set():
+            if self.reseed:
+                torch.manual_seed(self.draws)
             torch.rand(8)
             self.draws += 1
 
@@ -147,8 +149,9 @@ class _Drawing:
         self.thread.join()
 
 
-def test_random_draws_in_another_thread_during_a_compile_are_not_mistaken_for_reseeding():
-    drawing = _Drawing()
+@pytest.mark.parametrize("reseed", [False, True], ids=["draws", "seeds_and_draws"])
+def test_random_draws_in_another_thread_during_a_compile_are_not_mistaken_for_reseeding(reseed):
+    drawing = _Drawing(reseed)
 
     def f(x):
         drawing.wait_for_a_draw()  # runs at trace time: the other thread moves the generator mid-trace
@@ -173,7 +176,7 @@ def test_reseeding_inside_the_traced_function_is_still_refused_by_name():
         return x + torch.rand(3)
 
     def seeds_the_generator_itself(x):
-        torch.default_generator.manual_seed(torch.initial_seed() + 1)
+        torch.default_generator.manual_seed((torch.initial_seed() + 1) % 2**32)
         return x + torch.rand(3)
 
     with _Drawing():

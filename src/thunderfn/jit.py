@@ -19,6 +19,7 @@ import torch
 
 from thunderfn import executors as _executors
 from thunderfn.core import context
+from thunderfn.core.interception import is_numpy_scalar
 from thunderfn.core.passes import dce, del_last_used
 from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.trace import Trace, timed_pass, trace
@@ -69,7 +70,7 @@ class JitState:
                 parts.append((float, leaf.hex()))
             elif type(leaf) is complex:
                 parts.append((complex, leaf.real.hex(), leaf.imag.hex()))
-            elif type(leaf).__module__ == "numpy" and getattr(leaf, "ndim", None) == 0:
+            elif is_numpy_scalar(leaf):
                 parts.append((type(leaf), leaf.tobytes()))  # numpy scalars: by bits, as floats above
             else:
                 try:

@@ -128,13 +128,19 @@ def _contains_tensor(tree) -> bool:
     return False
 
 
+def is_numpy_scalar(x) -> bool:
+    """np.float32(2.5), np.int64(3), np.bool_(True), ...; not arrays, not even 0-d ones, which
+    torch reads as tensors. (numpy is optional for torch, so it is not imported here.)"""
+    return type(x).__module__ == "numpy" and type(x).__name__ != "ndarray" and getattr(x, "ndim", None) == 0
+
+
 def python_scalar(x):
     """A numpy scalar as the Python number torch's argument parser reads it as when it is an
     operand or option (not tensor data): integers as int; floats, np.bool_ (!) and complex
     numbers (real part, with numpy's ComplexWarning) as float: `int32 * np.bool_(True)` is
     float32 in eager. Anything else unchanged."""
     kind = getattr(getattr(x, "dtype", None), "kind", None)
-    if type(x).__module__ != "numpy" or getattr(x, "ndim", None) != 0 or kind is None:
+    if not is_numpy_scalar(x) or kind is None:
         return x
     if kind in "iu":
         return int(x)
