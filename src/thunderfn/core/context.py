@@ -95,8 +95,8 @@ class NamePool:
 def to_identifier(name: str) -> str:
     """A safe name (see is_safe_name) that reads like `name`: any name torch accepts for a
     parameter or buffer ("σ²", "lambda", "1x") must reach generated code. Accents are
-    dropped, other letters spelled out ("σ²" -> "sigma2"), keywords and reserved names get
-    a trailing "_", names starting with a digit a leading "_"."""
+    dropped, other letters spelled out ("σ²" -> "sigma_2"), keywords and reserved names get
+    a trailing "_" ("lambda_"), names starting with a digit a leading "_" ("_1x")."""
     if is_safe_name(name):
         return name
     parts = []

@@ -160,8 +160,8 @@ def format_output(out, ns: Namespace) -> str:
     return f"tree_unflatten({ns.bind_object(spec, '_out_spec')}, {format_value(list(leaves), ns)})"
 
 
-# Statements that switch a global mode, by symbol id: kind -> (new value, value before), read from
-# the bound symbol. Grad mode is boolean and recorded only where it changed; a default-dtype
+# Statements that switch a global mode: symbol id -> reads (mode kind, new value, value before)
+# off the bound symbol. Grad mode is boolean and recorded only where it changed; a default-dtype
 # switch carries the dtype it replaced (core/statements.py).
 _MODE_SWITCHES = {
     "python.set_grad_enabled": lambda b: ("grad", bool(b.args[0]), not b.args[0]),
