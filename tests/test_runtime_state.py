@@ -73,6 +73,29 @@ def test_rng_state_forked_by_the_traced_code_is_restored_when_an_op_raises():
     torch.testing.assert_close(after_jit, torch.rand(4))  # eager's fork_rng restored the stream too
 
 
+def test_two_states_read_together_are_restored_together_when_an_op_raises():
+    """fork_rng's pattern on a GPU machine (CPU state, then each device's), with CPU states here."""
+    def f(x, index):
+        first, second = torch.get_rng_state(), torch.get_rng_state()
+        try:
+            torch.manual_seed(0)
+            picked = _gather_rows(x + torch.rand(3), index)
+        finally:
+            torch.set_rng_state(first)
+            torch.set_rng_state(second)
+        return picked
+
+    jf, x = tf.jit(f), torch.randn(3)
+    jf(x, torch.tensor([0, 1, 2]))
+    assert str(tf.last_traces(jf)[-1]).count("finally:") == 1
+    torch.manual_seed(5)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        jf(x, torch.tensor([0, 3, 2]))
+    after_jit = torch.rand(4)
+    torch.manual_seed(5)
+    torch.testing.assert_close(after_jit, torch.rand(4))
+
+
 @pytest.fixture
 def restore_default_dtype():
     dtype = torch.get_default_dtype()

@@ -189,7 +189,7 @@ def _nest_restores(bsyms: list) -> list:
             if i is None or i >= j:
                 continue
             last = spans[-1] if spans else None
-            if last is not None and i == last[0] + 1 and j == last[2] + 1:
+            if last is not None and i == last[0] + 1 and all(b.sym.id == "python.del" for b in bsyms[last[2] + 1:j]):
                 last[0], last[2] = i, j  # fork_rng reads CPU then CUDA state, restores both in one finally
             elif all(j < a or i > c or (a < i and j < b_) or (i < a and c < j) for a, b_, c in spans):
                 spans.append([i, j, j])  # only blocks that nest: a crossing one stays a plain statement
