@@ -30,6 +30,7 @@ import torch
 from thunderfn import executors as _executors
 from thunderfn.core import context
 from thunderfn.core.guards import GuardRecorder
+from thunderfn.core.interception import is_numpy_scalar
 from thunderfn.core.passes import dce, del_last_used
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
@@ -96,6 +97,8 @@ class JitState:
                 parts.append((float, leaf.hex()))
             elif type(leaf) is complex:
                 parts.append((complex, leaf.real.hex(), leaf.imag.hex()))
+            elif is_numpy_scalar(leaf):
+                parts.append((type(leaf), leaf.tobytes()))  # numpy scalars: by bits, as floats above
             else:
                 try:
                     hash(leaf)

@@ -18,6 +18,7 @@ import threading
 import torch
 
 from thunderfn.core import context
+from thunderfn.core.context import to_identifier
 
 
 def _state_slots(module: torch.nn.Module, named) -> list:
@@ -33,8 +34,8 @@ def _state_slots(module: torch.nn.Module, named) -> list:
 
 
 def _identifier(name: str, taken: set) -> str:
-    base = "".join(c if c.isalnum() else "_" for c in name)
-    base = base if base.isidentifier() and not base.startswith("__") else f"p_{base}"
+    # any name torch accepts: "σ²" -> sigma_2, "lambda" -> lambda_, "0.weight" (nn.Sequential) -> p_0_weight
+    base = to_identifier(("p_" if name[:1].isdigit() else "") + name.replace(".", "_"))
     unique, n = base, 0
     while unique in taken:
         n += 1

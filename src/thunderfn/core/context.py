@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import keyword
+import re
 import threading
+import unicodedata
 
 class _TracingState(threading.local):
     def __init__(self):
@@ -27,6 +29,19 @@ RESERVED_NAMES = frozenset(
      "float", "int", "bool", "complex", "slice", "Ellipsis", "None", "True", "False",
      "tree_unflatten", "computation", "print", "len", "tuple", "list", "dict", "range"}
 ) | frozenset(keyword.kwlist)
+
+
+_rng_reseeds = 0  # seeding calls made through torch's functions by code that is not being traced
+
+
+def note_rng_reseed() -> None:
+    """Called by torch.manual_seed & co. outside tracing (torch/random.py), in any thread."""
+    global _rng_reseeds
+    _rng_reseeds += 1  # a lost update under a race still changes the count, all a reader asks
+
+
+def rng_reseeds() -> int:
+    return _rng_reseeds
 
 
 def trace_stack() -> list:
@@ -85,10 +100,11 @@ class NamePool:
         self.counters: dict[str, int] = {}
 
     def take(self, preferred: str | None = None, prefix: str = "t") -> str:
-        if preferred is not None and is_safe_name(preferred) and preferred not in self.used:
-            self.used.add(preferred)
-            return preferred
-        if preferred is not None and is_safe_name(preferred):
+        if preferred is not None:
+            preferred = to_identifier(preferred)
+            if preferred not in self.used:
+                self.used.add(preferred)
+                return preferred
             prefix = preferred + "_"
         n = self.counters.get(prefix, 0)
         while f"{prefix}{n}" in self.used:
@@ -97,6 +113,30 @@ class NamePool:
         name = f"{prefix}{n}"
         self.used.add(name)
         return name
+
+
+def to_identifier(name: str) -> str:
+    """A safe name (see is_safe_name) that reads like `name`: any name torch accepts for a
+    parameter or buffer ("σ²", "lambda", "1x") must reach generated code. Accents are
+    dropped, other letters spelled out ("σ²" -> "sigma_2"), keywords and reserved names get
+    a trailing "_" ("lambda_"), names starting with a digit a leading "_" ("_1x")."""
+    if is_safe_name(name):
+        return name
+    parts = []
+    for c in unicodedata.normalize("NFKD", str(name)):  # "²" -> "2", "é" -> "e" + accent
+        if c.isascii() and (c.isalnum() or c == "_"):
+            parts.append(c)
+        elif unicodedata.category(c).startswith("L"):  # a letter with no ASCII form: GREEK SMALL LETTER SIGMA
+            parts.append("_" + re.sub(r"\W", "_", unicodedata.name(c, "x").split()[-1].lower()) + "_")
+        elif not unicodedata.combining(c):
+            parts.append("_")
+    ident = re.sub(r"_+", "_", "".join(parts))
+    ident = ident.strip("_") or "x"
+    if ident[0].isdigit():
+        ident = "_" + ident
+    if ident in RESERVED_NAMES:
+        ident += "_"
+    return ident
 
 
 def is_safe_name(name) -> bool:

@@ -82,6 +82,23 @@ def torch_name(func) -> str:
     return f"{module}.{qualname}"
 
 
+def resolve_torch_name(name: str):
+    """The object a dotted `torch.…` name denotes, found by walking attributes from the torch
+    module (never by evaluating the string), or None when there is no such attribute."""
+    parts = name.split(".")
+    if parts[0] != "torch" or not all(p.isidentifier() for p in parts):
+        return None
+    obj = torch
+    with warnings.catch_warnings():  # some public names are deprecated aliases that warn when read
+        warnings.simplefilter("ignore")
+        for part in parts[1:]:
+            try:
+                obj = getattr(obj, part)
+            except Exception:  # a missing attribute, or one that raises when read
+                return None
+    return obj
+
+
 # Metadata questions about real tensors are answered eagerly while tracing: they do
 # not depend on values that change between calls.
 _metadata_getters = {
@@ -111,10 +128,32 @@ def _contains_tensor(tree) -> bool:
     return False
 
 
+def is_numpy_scalar(x) -> bool:
+    """np.float32(2.5), np.int64(3), np.bool_(True), ...; not arrays, not even 0-d ones, which
+    torch reads as tensors. (numpy is optional for torch, so it is not imported here.)"""
+    return type(x).__module__ == "numpy" and type(x).__name__ != "ndarray" and getattr(x, "ndim", None) == 0
+
+
+def python_scalar(x):
+    """A numpy scalar as the Python number torch's argument parser reads it as when it is an
+    operand or option (not tensor data): integers as int; floats, np.bool_ (!) and complex
+    numbers (real part, with numpy's ComplexWarning) as float: `int32 * np.bool_(True)` is
+    float32 in eager. Anything else unchanged."""
+    kind = getattr(getattr(x, "dtype", None), "kind", None)
+    if not is_numpy_scalar(x) or kind is None:
+        return x
+    if kind in "iu":
+        return int(x)
+    return float(x) if kind in "bfc" else x
+
+
 def lift_constants(tree):
-    """Real tensors met while tracing become constant proxies, read by reference."""
+    """Real tensors met while tracing become constant proxies, read by reference; numpy
+    scalars become the Python numbers torch takes them for."""
     if isinstance(tree, torch.Tensor):
         return context.current_trace().constant(tree)
+    if type(tree).__module__ == "numpy":
+        return python_scalar(tree)
     if type(tree) in (list, tuple):
         return type(tree)(lift_constants(x) for x in tree)
     if type(tree) is dict:

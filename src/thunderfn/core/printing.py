@@ -84,6 +84,9 @@ def format_call(bsym, ns: Namespace) -> str:
         if not (isinstance(k, str) and k.isidentifier()):
             raise ValueError(f"keyword argument name {k!r} of {bsym.sym.print_name} is not an identifier")
     parts += [f"{k}={format_value(v, ns)}" for k, v in bsym.kwargs.items()]
+    if not all(part.isidentifier() for part in bsym.sym.print_name.split(".")):
+        # generated code is compiled: a name that is not a dotted identifier would be code, not a name
+        raise ValueError(f"{bsym.sym.name!r} prints as {bsym.sym.print_name!r}, which is not a (dotted) Python name")
     for name, value in bsym.sym.namespace.items():  # an executor's operator named like a helper must not replace it
         if ns.setdefault(name, value) is not value:
             raise ValueError(f"generated code would bind '{name}' to two different objects ({bsym.sym.print_name} and "
@@ -158,16 +161,130 @@ def format_output(out, ns: Namespace) -> str:
     return f"tree_unflatten({ns.bind_object(spec, '_out_spec')}, {format_value(list(leaves), ns)})"
 
 
+# Statements that switch a global mode: symbol id -> reads (mode kind, new value, value before)
+# off the bound symbol. Grad mode is boolean and recorded only where it changed; a default-dtype
+# switch carries the dtype it replaced (core/statements.py).
+_MODE_SWITCHES = {
+    "python.set_grad_enabled": lambda b: ("grad", bool(b.args[0]), not b.args[0]),
+    "python.set_default_dtype": lambda b: ("dtype", b.args[0], b.args[1]),
+}
+
+
+def _switch(bsym):
+    """(mode kind, value switched to, value before) for a mode-switching statement, else None."""
+    read = _MODE_SWITCHES.get(bsym.sym.id) if not isinstance(bsym, tuple) else None
+    return read(bsym) if read is not None else None
+
+
+def _nest_restores(bsyms: list) -> list:
+    """The statements as a tree: a statement tagged `restores_state` (torch.set_rng_state(t3))
+    whose state was read earlier in the same list (t3 = torch.get_rng_state()) encloses what
+    runs in between, printed as try/finally: the traced code's fork_rng/freeze_rng_state
+    restored the state on the way out even when an op raised, so the compiled code must too.
+    Items are bound symbols or (body items, restoring bound symbols)."""
+    produced = {o.name: i for i, b in enumerate(bsyms) for o in b.proxy_outs()}
+    spans: list[list[int]] = []  # [read, first restore, last restore]
+    for j, b in enumerate(bsyms):
+        if "restores_state" in b.sym.tags and b.args and isinstance(b.args[0], TensorProxy):
+            i = produced.get(b.args[0].name)
+            if i is None or i >= j:
+                continue
+            last = spans[-1] if spans else None
+            if last is not None and i == last[0] + 1 and all(b.sym.id == "python.del" for b in bsyms[last[2] + 1:j]):
+                last[0], last[2] = i, j  # fork_rng reads CPU then CUDA state, restores both in one finally
+            elif all(j < a or i > c or (a < i and j < b_) or (i < a and c < j) for a, b_, c in spans):
+                spans.append([i, j, j])  # only blocks that nest: a crossing one stays a plain statement
+    block = {i + 1: (j, c) for i, j, c in spans}  # the try starts right after the (last) read
+
+    def build(lo: int, hi: int) -> list:
+        items, k = [], lo
+        while k < hi:
+            end = block.get(k) if k > lo else None  # build(k, ...) is that block itself
+            if end is not None:
+                items.append((build(k, end[0]), bsyms[end[0]:end[1] + 1]))
+                k = end[1] + 1
+            else:
+                items.append(bsyms[k])
+                k += 1
+        return items
+
+    return build(0, len(bsyms))
+
+
+def _modes_after(items: list, modes: dict) -> dict:
+    modes = dict(modes)
+    for item in items:
+        if isinstance(item, tuple):
+            modes = _modes_after(item[0], modes)
+        elif _switch(item) is not None:
+            kind, value, _ = _switch(item)
+            modes[kind] = value
+    return modes
+
+
+def _format_block(items: list, ns: Namespace, indent: int, modes: dict) -> tuple[list[str], dict]:
+    """Lines for items at this indent, and the modes after them. A mode switch that a later
+    switch at the same level undoes (a `with torch.no_grad():` block in the traced code, a
+    default dtype set and set back) encloses what runs in between in try/finally, the switch
+    back in the `finally`, so an exception raised there leaves the caller's mode as eager's
+    `with` block or try/finally would. (A `with` statement would read better but costs a
+    microsecond per call; two C calls and a `try` cost a tenth of that.) A switch that is
+    never undone, or whose block would cross another, stays a plain statement."""
+    lines, k, pad, modes = [], 0, "  " * indent, dict(modes)
+    while k < len(items):
+        item = items[k]
+        if isinstance(item, tuple):
+            body, restores = item
+            inner, modes = _format_block(body, ns, indent + 1, modes)
+            lines += [f"{pad}try:", *(inner or [f"{pad}  pass"]), f"{pad}finally:"]
+            for restore in restores:
+                lines += format_bsym(restore, indent + 1, ns)
+            k += 1
+            continue
+        switch = _switch(item)
+        if switch is None:
+            lines += format_bsym(item, indent, ns)
+            k += 1
+            continue
+        kind, value, _ = switch
+        before = modes.get(kind)
+        end = next((m for m in range(k + 1, len(items)) if _switch(items[m]) is not None
+                    and _switch(items[m])[0] == kind), None)
+        if (before is not None and value != before and end is not None and _switch(items[end])[1] == before
+                and _modes_after(items[k + 1:end], {kind: value})[kind] == value):
+            inner, _ = _format_block(items[k + 1:end], ns, indent + 1, {**modes, kind: value})
+            if inner:  # an empty block switches nothing
+                lines += [*format_bsym(item, indent, ns), f"{pad}try:", *inner, f"{pad}finally:",
+                          *format_bsym(items[end], indent + 1, ns)]
+            k = end + 1
+            continue
+        lines += format_bsym(item, indent, ns)
+        modes[kind], k = value, k + 1
+    return lines, modes
+
+
+def format_body(bsyms: list, ns: Namespace, indent: int = 1) -> list[str]:
+    """The statements of a function body, with the traced code's scoped changes of global
+    state (grad mode, default dtype, RNG state) printed as try/finally blocks that undo them
+    on the way out."""
+    entry = {}  # each mode's value when the function starts: what its first switch replaced
+    for b in bsyms:
+        switch = _switch(b)
+        if switch is not None:
+            entry.setdefault(switch[0], switch[2])
+    return _format_block(_nest_restores(bsyms), ns, indent, entry)[0]
+
+
 def render(trc) -> tuple[str, Namespace]:
     ns = Namespace()
     body = [f"  # {a.name}: {a.type_string()}" for a in trc.args]
-    for bsym in trc.bound_symbols:
-        body += format_bsym(bsym, 1, ns)
+    body += format_body(trc.bound_symbols, ns)
     body.append(f"  return {format_output(trc.output, ns)}")
     clash = _local_names(trc) & ns.keys()
     if clash:  # a parameter named `_out_spec0` or like an executor operator would shadow that global
         return render(_renamed(trc, clash))
-    header = [f"# {trc.provenance}"] if trc.provenance else []
+    # one comment line whatever a pass (or an executor's name in it) says: the source is compiled
+    header = [f"# {' '.join(trc.provenance.splitlines())}"] if trc.provenance else []
     header += [line for name, line in _MODULE_IMPORTS.items() if _uses(body, name)]
     header += [f"# {name}: {_describe(value)} (captured by the traced function)"
                for name, value in ns.items() if isinstance(value, torch.Tensor)]

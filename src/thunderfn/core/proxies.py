@@ -31,6 +31,8 @@ class TensorProxy(Proxy):
     """
 
     __slots__ = ("shape", "dtype", "device", "requires_grad", "constant", "origin", "alias")
+    # as torch.Tensor's: `np.float32(2.5) * proxy` defers to the proxy's __rmul__
+    __array_priority__ = 1000
 
     def __init__(self, name=None, *, shape, dtype, device, requires_grad=False, constant=None, origin=None):
         self.name = name if name is not None else context.new_name()

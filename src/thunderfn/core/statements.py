@@ -36,6 +36,22 @@ set_grad_enabled = Symbol("set_grad_enabled", "python.set_grad_enabled", is_prim
                           tags=frozenset({"no_dce"}))
 
 
+def _print_set_default_dtype(bsym, ns) -> str:
+    ns["torch"] = torch
+    return f"torch.set_default_dtype({bsym.args[0]})"
+
+
+def _set_default_dtype(dtype, previous=None) -> None:
+    torch.set_default_dtype(dtype)
+
+
+# `torch.set_default_dtype(torch.float64)` in a traced function changes what its factories make
+# at trace time, and the torch executor's factories read it again when they run: recorded (with
+# the dtype it replaced, so printing can undo a scoped change in a `finally`) and replayed.
+set_default_dtype = Symbol("set_default_dtype", "python.set_default_dtype", is_prim=True,
+                           printer=_print_set_default_dtype, eager=_set_default_dtype, tags=frozenset({"no_dce"}))
+
+
 def _print_write_back(bsym, ns) -> str:
     from thunderfn.core.printing import format_value
 

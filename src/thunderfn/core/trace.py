@@ -15,7 +15,7 @@ import torch
 
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.statements import check_inputs_do_not_alias, set_grad_enabled, write_back
+from thunderfn.core.statements import check_inputs_do_not_alias, set_default_dtype, set_grad_enabled, write_back
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.core.pytree import tree_flatten_with_path, tree_unflatten
 
@@ -35,6 +35,7 @@ class Trace:
         self._constants: dict[int, TensorProxy] = {}
         self.created: dict[int, torch.Tensor] = {}  # tensors made at trace time (torch.tensor([...]))
         self.grad_enabled = torch.is_grad_enabled()  # grad mode the recorded statements run under
+        self.default_dtype = torch.get_default_dtype()  # and default dtype
         self.mutated: dict = {}  # id(live proxy) -> (frozen original, live proxy): inputs/captures written in place
         self.rebinds = 0  # in-place operations traced so far
 
@@ -74,12 +75,18 @@ class Trace:
         return out
 
     def sync_grad_mode(self) -> None:
-        """Record a switch of torch's grad mode made by the traced code (torch.no_grad()
-        blocks), so the compiled function switches at the same point on every call."""
+        """Record a switch of torch's grad mode or default dtype made by the traced code
+        (torch.no_grad() blocks, torch.set_default_dtype), so the compiled function switches
+        at the same point on every call. Autocast, which would change every op's dtype, is refused."""
         enabled = torch.is_grad_enabled()
         if enabled != self.grad_enabled:
             self._scopes[-1].append(set_grad_enabled.bind(enabled, output=None))
             self.grad_enabled = enabled
+        dtype = torch.get_default_dtype()
+        if dtype != self.default_dtype:
+            self._scopes[-1].append(set_default_dtype.bind(dtype, self.default_dtype, output=None))
+            self.default_dtype = dtype
+        _refuse_autocast(self.fn_name, "inside")
 
     def emit(self, bsym) -> None:
         self._scopes[-1].append(bsym)
@@ -199,13 +206,9 @@ def tracing(trc: Trace):
 
 
 def _path_name(path) -> str | None:
-    parts = []
-    for i, p in enumerate(path):
-        s = str(p).replace(".", "_") if type(p) is str else str(p)  # "fc1.weight" -> params_fc1_weight
-        # `pair_0` for the first element of argument `pair`; keys that are not identifiers give no name
-        parts.append(s if i > 0 or s.isidentifier() else None)
-    name = "_".join(parts) if parts and all(parts) else None
-    return name if name is not None and name.isidentifier() else None
+    # `pair_0` for the first element of argument `pair`, params_fc1_weight for params["fc1.weight"];
+    # the name pool makes any key a safe identifier (params["σ²"] -> params_sigma_2)
+    return "_".join(str(p).replace(".", "_") for p in path) or None
 
 
 def arg_paths(fn, args, kwargs) -> tuple:
@@ -258,29 +261,33 @@ def _lift_output(trc: Trace, x):
 
 
 def _rng_fingerprint() -> tuple:
-    get_state = torch.random.get_rng_state
-    get_state = getattr(get_state, "__thunderfn_original__", get_state)  # not the recording wrapper
-    return torch.initial_seed(), get_state()
+    return torch.initial_seed(), context.rng_reseeds()
 
 
-def _same_rng(a: tuple, b: tuple) -> bool:
-    return a[0] == b[0] and torch.equal(a[1], b[1])
+def _reseeded_by_tracing(start: tuple) -> bool:
+    """Whether the code being traced reseeded the default generator behind the recording
+    wrappers (torch.default_generator.manual_seed(s) or .set_state(...) called directly).
+    The seeding functions themselves are recorded, not run (torch/random.py), and other
+    threads' draws do not change the seed; a seed change while no other code reseeded
+    through torch's functions (the count) can only come from this thread."""
+    seed, reseeds = start
+    return torch.initial_seed() != seed and context.rng_reseeds() == reseeds
 
 
 def check_rng_untouched(op_name: str) -> None:
-    """Called when a random op is recorded. Nothing draws real numbers while tracing,
-    so torch's generator must still be where tracing found it; if the traced code
-    reseeded it (even inside freeze_rng_state, which restores it afterwards), the
-    compiled function would draw different numbers than eager: refuse."""
+    """Called when a random op is recorded: if the traced code reseeded the generator
+    directly (even inside freeze_rng_state, which restores it afterwards), the compiled
+    function would draw different numbers than eager: refuse."""
     root = context.trace_stack()[0]
     start = getattr(root, "rng_at_start", None)
-    if start is not None and not _same_rng(start, _rng_fingerprint()):
+    if start is not None and _reseeded_by_tracing(start):
         from thunderfn.errors import UnsupportedOpError
 
         raise UnsupportedOpError(
             f"{op_name} draws random numbers after '{root.fn_name}' reseeded torch's generator while being traced "
-            f"(torch.manual_seed, torch.set_rng_state, ...). Tracing runs the Python once, so the compiled "
-            f"function would not reseed on later calls. Seed outside the jitted function.")
+            f"(a generator's own manual_seed or set_state). Tracing runs the Python once, so the compiled "
+            f"function would not reseed on later calls. Use torch.manual_seed / torch.set_rng_state (recorded "
+            f"and replayed), or seed outside the jitted function.")
 
 
 def trace(fn, *args, **kwargs) -> Trace:
@@ -298,14 +305,15 @@ def trace(fn, *args, **kwargs) -> Trace:
         trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
         trc.sync_grad_mode()  # back to the caller's mode if the function switched it
         trc.finish_mutations()
-    if not _same_rng(rng_before, _rng_fingerprint()):
+    if _reseeded_by_tracing(rng_before):
         from thunderfn.errors import UnsupportedOpError
 
-        # torch.manual_seed and friends are plain Python: no torch-function hook sees them.
+        # a generator's own methods are C: neither torch-function hooks nor torch/random.py's wrappers see them
         raise UnsupportedOpError(
-            f"'{trc.fn_name}' changed torch's random number generator while being traced (torch.manual_seed, "
-            f"torch.seed, torch.set_rng_state, ...). Tracing runs the Python once, so the compiled function would "
-            f"not do it again on later calls. Seed outside the jitted function.")
+            f"'{trc.fn_name}' changed torch's random number generator while being traced (a generator's own "
+            f"manual_seed, seed or set_state). Tracing runs the Python once, so the compiled function would not do "
+            f"it again on later calls. Use torch.manual_seed / torch.set_rng_state (recorded and replayed), or seed "
+            f"outside the jitted function.")
     trc.provenance = f"Constructed by Tracing (took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
     return trc
 
@@ -324,20 +332,32 @@ def _only_passes_through(out, args, kwargs) -> bool:
                if isinstance(x, TensorProxy))
 
 
-def _refuse_autocast(fn_name: str) -> None:
+def _refuse_autocast(fn_name: str, where: str = "under") -> None:
     """Autocast changes dtypes op by op at run time; a trace that did not model it would
-    carry the wrong dtypes into every decomposition after the first autocast op."""
-    for device_type in ("cpu", "cuda"):
-        try:
-            enabled = torch.is_autocast_enabled(device_type)
-        except (TypeError, RuntimeError):
-            continue
-        if enabled:
+    carry the wrong dtypes into every decomposition after the first autocast op. Checked
+    when tracing starts and before each op the traced code records (an autocast block inside)."""
+    for device_type in _AUTOCAST_DEVICES:
+        if torch.is_autocast_enabled(device_type):
             from thunderfn.errors import UnsupportedOpError
 
+            what = "is being traced under" if where == "under" else "enters"
             raise UnsupportedOpError(
-                f"'{fn_name}' is being traced under torch.autocast('{device_type}'), which thunderfn does not model "
-                f"yet. Cast explicitly inside the function (x.to(torch.bfloat16)) or call it outside autocast.")
+                f"'{fn_name}' {what} torch.autocast('{device_type}'), which thunderfn does not model yet. "
+                f"Cast explicitly inside the function (x.to(torch.bfloat16)) or call it outside autocast.")
+
+
+def _autocast_devices() -> tuple:
+    devices = []
+    for device_type in ("cpu", "cuda"):
+        try:
+            torch.is_autocast_enabled(device_type)
+        except (TypeError, RuntimeError):
+            continue
+        devices.append(device_type)
+    return tuple(devices)
+
+
+_AUTOCAST_DEVICES = _autocast_devices()
 
 
 def _replace_proxy(bsyms: list, old: TensorProxy, new: TensorProxy) -> None:

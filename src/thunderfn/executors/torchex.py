@@ -14,7 +14,7 @@ import operator
 import torch
 
 from thunderfn import prims
-from thunderfn.core.interception import torch_name
+from thunderfn.core.interception import resolve_torch_name, torch_name
 from thunderfn.core.symbol import BoundSymbol, Symbol
 from thunderfn.executors.base import Executor, Lowering, OperatorExecutor
 from thunderfn.prims import PrimIDs
@@ -187,11 +187,9 @@ def _operator_for(fn, name: str | None = None) -> Symbol:
     name when that name resolves to it; anything else is bound under its own name."""
     printed = torch_name(fn) if name is None else name
     namespace = {"torch": torch}
-    try:
-        resolved = eval(printed, {"torch": torch}) if printed.startswith("torch.") else None  # noqa: S307 (our own names)
-    except Exception:
-        resolved = None
-    if resolved is not fn:
+    resolved = resolve_torch_name(printed)
+    # torch.get_rng_state & co. are thunderfn's pass-through wrappers outside tracing (torch/random.py)
+    if resolved is not fn and getattr(resolved, "__thunderfn_original__", None) is not fn:
         printed = name or getattr(fn, "__name__", "torch_op")
         if not printed.isidentifier() or printed in ("torch",):
             printed = "torch_op"

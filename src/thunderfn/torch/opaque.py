@@ -15,7 +15,7 @@ import numbers
 
 import torch
 
-from thunderfn.core.interception import torch_name
+from thunderfn.core.interception import resolve_torch_name, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_unflatten
 from thunderfn.core.symbol import Symbol
@@ -36,13 +36,10 @@ def is_random(fn) -> bool:
     return any(w in short for w in _RANDOM_WORDS)
 
 
-def _printed(fn) -> str:
-    """The torch name when evaluating it gives back fn (so generated code can call it)."""
+def _printed(fn) -> str | None:
+    """The torch name when it resolves back to fn (so generated code can call it by that name)."""
     name = torch_name(fn)
-    try:
-        return name if eval(name, {"torch": torch}) is fn else None  # noqa: S307 (our own dotted names)
-    except Exception:
-        return None
+    return name if resolve_torch_name(name) is fn else None
 
 
 def opaque_symbol(fn) -> Symbol:

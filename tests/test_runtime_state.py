@@ -1,0 +1,299 @@
+"""Global state, threads, arguments and names at run time: what the compiled function
+changes is undone as eager undoes it, other threads do not disturb a compile, numpy
+scalars and any parameter name torch accepts work, and no runtime string is evaluated."""
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import thunderfn as tf
+
+
+def _gather_rows(x, index):
+    return torch.gather(x, 0, index)
+
+
+# -- item 5: global state restored when the compiled function raises --------------------------
+def test_grad_mode_is_restored_when_an_op_under_no_grad_raises_at_run_time():
+    def f(x, index):
+        y = x * 2
+        with torch.no_grad():
+            picked = _gather_rows(y, index)  # index values are checked only when it runs
+        return y + picked
+
+    jf = tf.jit(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(jf(x, torch.tensor([0, 2, 1])), f(x, torch.tensor([0, 2, 1])))
+    assert "finally:" in str(tf.last_traces(jf)[-1])
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        jf(x, torch.tensor([0, 7, 1]))  # a cache hit that fails inside the no_grad block
+    assert torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("caller_grad", [True, False], ids=["caller_grad", "caller_no_grad"])
+def test_grad_mode_is_restored_when_an_op_under_nested_enable_grad_raises(caller_grad):
+    def f(x, index):
+        with torch.no_grad():
+            y = x * 2
+            with torch.enable_grad():
+                picked = _gather_rows(y, index)
+            z = picked + 1
+        return z
+
+    jf = tf.jit(f)
+    x = torch.randn(3)
+    with torch.set_grad_enabled(caller_grad):
+        torch.testing.assert_close(jf(x, torch.tensor([2, 1, 0])), f(x, torch.tensor([2, 1, 0])))
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            jf(x, torch.tensor([5, 1, 0]))
+        assert torch.is_grad_enabled() is caller_grad
+
+
+def test_rng_state_forked_by_the_traced_code_is_restored_when_an_op_raises():
+    def f(x, index):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            noise = torch.randn(3)
+            picked = _gather_rows(x + noise, index)
+        return picked
+
+    jf = tf.jit(f)
+    x = torch.randn(3)
+    jf(x, torch.tensor([0, 1, 2]))
+    assert "finally:" in str(tf.last_traces(jf)[-1])
+    torch.manual_seed(11)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        jf(x, torch.tensor([0, 9, 2]))
+    after_jit = torch.rand(4)
+    torch.manual_seed(11)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        f(x, torch.tensor([0, 9, 2]))
+    torch.testing.assert_close(after_jit, torch.rand(4))  # eager's fork_rng restored the stream too
+
+
+def test_two_states_read_together_are_restored_together_when_an_op_raises():
+    """fork_rng's pattern on a GPU machine (CPU state, then each device's), with CPU states here."""
+    def f(x, index):
+        first, second = torch.get_rng_state(), torch.get_rng_state()
+        try:
+            torch.manual_seed(0)
+            picked = _gather_rows(x + torch.rand(3), index)
+        finally:
+            torch.set_rng_state(first)
+            torch.set_rng_state(second)
+        return picked
+
+    jf, x = tf.jit(f), torch.randn(3)
+    jf(x, torch.tensor([0, 1, 2]))
+    assert str(tf.last_traces(jf)[-1]).count("finally:") == 1
+    torch.manual_seed(5)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        jf(x, torch.tensor([0, 3, 2]))
+    after_jit = torch.rand(4)
+    torch.manual_seed(5)
+    torch.testing.assert_close(after_jit, torch.rand(4))
+
+
+@pytest.fixture
+def restore_default_dtype():
+    dtype = torch.get_default_dtype()
+    yield
+    torch.set_default_dtype(dtype)
+
+
+def test_default_dtype_set_and_restored_by_the_traced_code_is_restored_when_an_op_raises(restore_default_dtype):
+    def f(x, index):
+        torch.set_default_dtype(torch.float64)
+        try:
+            picked = _gather_rows(x, index) + torch.ones(3)  # float64 in eager: so under jit too
+        finally:
+            torch.set_default_dtype(torch.float32)
+        return picked
+
+    jf = tf.jit(f)
+    x = torch.randn(3)
+    out = jf(x, torch.tensor([0, 1, 2]))
+    assert out.dtype == f(x, torch.tensor([0, 1, 2])).dtype == torch.float64
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        jf(x, torch.tensor([0, 4, 2]))
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_default_dtype_left_changed_by_the_traced_code_is_changed_on_every_call(restore_default_dtype):
+    def f(x):
+        torch.set_default_dtype(torch.float64)
+        return x + torch.ones(3)
+
+    jf, x = tf.jit(f), torch.randn(3)
+    jf(x)
+    torch.set_default_dtype(torch.float32)
+    assert jf(x).dtype == torch.float64  # a cache hit still sets the default, as every eager call does
+    assert torch.get_default_dtype() == torch.float64
+
+
+def test_autocast_entered_inside_the_traced_function_is_refused_by_name():
+    def f(a, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return a @ b
+
+    with pytest.raises(tf.UnsupportedOpError, match=r"enters torch\.autocast\('cpu'\)"):
+        tf.jit(f)(torch.randn(2, 2), torch.randn(2, 2))
+    assert not torch.is_autocast_enabled("cpu")
+
+
+# -- item 6: other threads' random draws do not disturb a compile ------------------------------
+class _Drawing:
+    """A thread drawing random numbers from torch's global generator until stopped."""
+
+    def __init__(self, reseed: bool = False):
+        self.draws, self.stop, self.reseed = 0, threading.Event(), reseed
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop.is_set():
+            if self.reseed:
+                torch.manual_seed(self.draws)
+            torch.rand(8)
+            self.draws += 1
+
+    def wait_for_a_draw(self):
+        seen = self.draws
+        while self.draws == seen:
+            self.stop.wait(0.0005)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+@pytest.mark.parametrize("reseed", [False, True], ids=["draws", "seeds_and_draws"])
+def test_random_draws_in_another_thread_during_a_compile_are_not_mistaken_for_reseeding(reseed):
+    drawing = _Drawing(reseed)
+
+    def f(x):
+        drawing.wait_for_a_draw()  # runs at trace time: the other thread moves the generator mid-trace
+        return torch.nn.functional.dropout(x, 0.5, training=True) + torch.randn(3)
+
+    def eager(x):
+        return torch.nn.functional.dropout(x, 0.5, training=True) + torch.randn(3)
+
+    jf = tf.jit(f)
+    x = torch.randn(3)
+    with drawing:
+        jf(x)  # compiles while the other thread draws
+    torch.manual_seed(3)
+    expected = eager(x)
+    torch.manual_seed(3)
+    torch.testing.assert_close(jf(x), expected)
+
+
+def test_reseeding_inside_the_traced_function_is_still_refused_by_name():
+    def seeds_nondeterministically(x):
+        torch.seed()
+        return x + torch.rand(3)
+
+    def seeds_the_generator_itself(x):
+        torch.default_generator.manual_seed((torch.initial_seed() + 1) % 2**32)
+        return x + torch.rand(3)
+
+    with _Drawing():
+        with pytest.raises(tf.UnsupportedOpError, match=r"torch\.seed\(\)"):
+            tf.jit(seeds_nondeterministically)(torch.randn(3))
+        with pytest.raises(tf.UnsupportedOpError, match="manual_seed"):
+            tf.jit(seeds_the_generator_itself)(torch.randn(3))
+
+
+# -- item 17: names resolved by attribute walks, never by evaluating strings --------------------
+def test_torch_names_resolve_by_attribute_walk_without_evaluating_strings(monkeypatch):
+    from thunderfn.core.interception import resolve_torch_name
+
+    evaluated = []
+
+    def no_eval(source, *args, **kwargs):
+        evaluated.append(source)
+        raise AssertionError(f"thunderfn evaluated {source!r}")
+
+    for name, module in list(sys.modules.items()):  # a module-level `eval` shadows the builtin in that module
+        if name == "thunderfn" or name.startswith("thunderfn."):
+            monkeypatch.setattr(module, "eval", no_eval, raising=False)
+    assert resolve_torch_name("torch.nn.functional.gelu") is torch.nn.functional.gelu
+    assert resolve_torch_name("torch.linalg.svd") is torch.linalg.svd
+    assert resolve_torch_name("torch.no_such_function") is None
+    assert resolve_torch_name("torch.add(1, 2)") is None  # an expression is not a name
+    assert resolve_torch_name("os.system") is None  # only names inside torch
+    # opaque ops and torch executor operators are named the same way
+    jf = tf.jit(lambda x: torch.special.i0e(x) + torch.nn.functional.softsign(x))
+    x = torch.randn(4)
+    torch.testing.assert_close(jf(x), torch.special.i0e(x) + torch.nn.functional.softsign(x))
+    assert evaluated == []
+
+
+# -- item 15: numpy scalars and any parameter name torch accepts -------------------------------
+NUMPY_SCALARS = [np.float32(2.5), np.float64(-0.0), np.float16(0.5), np.int64(3), np.uint8(2), np.bool_(True)]
+
+
+@pytest.mark.parametrize("scalar", NUMPY_SCALARS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int32, torch.bool], ids=str)
+def test_numpy_scalar_arguments_compute_what_eager_computes(scalar, dtype):
+    """torch reads numpy scalars as Python numbers (np.bool_ as a float: int32 * np.bool_ is float32)."""
+    def f(a, s):
+        return a * s, s + a, torch.full((3,), s), torch.where(a > 0, a, s), a.reshape(np.int64(1), np.int64(-1))
+
+    a = torch.tensor([0, 1, 2]).to(dtype)
+    expected, got = f(a, scalar), tf.jit(f)(a, scalar)
+    for e, g in zip(expected, got):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g, e, equal_nan=True)
+
+
+def test_numpy_scalars_key_the_cache_on_type_and_value():
+    jf = tf.jit(lambda a, s: a / s)
+    a = torch.ones(2)
+    assert torch.equal(jf(a, np.float64(0.0)), torch.full((2,), float("inf")))
+    assert torch.equal(jf(a, np.float64(-0.0)), torch.full((2,), -float("inf")))  # -0.0 == 0.0, not the same entry
+    assert jf(a, np.float32(4.0)).dtype == torch.float32
+    assert torch.equal(jf(a, np.float32(4.0)), torch.full((2,), 0.25))
+    assert tf.cache_info(jf)["entries"] == 3
+
+
+class _OddlyNamedState(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.register_buffer("σ²", torch.full((3,), 2.0))
+        self.register_buffer("lambda", torch.full((3,), 0.5))
+        self.register_buffer("1x", torch.full((3,), 3.0))
+        self.register_parameter("β_1", torch.nn.Parameter(torch.ones(3)))
+        self.register_buffer("torch", torch.full((3,), -1.0))
+
+    def forward(self, x):
+        return (self.lin(x) * getattr(self, "σ²") + getattr(self, "lambda") * getattr(self, "1x")
+                + getattr(self, "β_1") + getattr(self, "torch"))
+
+
+def test_parameters_and_buffers_with_any_name_torch_accepts_work_under_jit():
+    model, x = _OddlyNamedState(), torch.randn(2, 3)
+    jm = tf.jit(model)
+    out = jm(x)
+    torch.testing.assert_close(out, model(x))
+    out.sum().backward()
+    assert model.get_parameter("β_1").grad is not None
+    source = str(tf.last_traces(jm)[-1])
+    assert "def computation(beta_1, lin_weight, lin_bias, sigma_2, lambda_, p_1x, torch_, x):" in source
+    # pytree keys too: a dict of tensors keyed by such names
+    g = tf.jit(lambda p, x: p["σ²"] * x + p["lambda"])
+    torch.testing.assert_close(g({"σ²": x, "lambda": x}, x), x * x + x)
+
+
+def test_strings_that_reach_generated_code_stay_names_or_comments():
+    trc = tf.trace(lambda x: x + 1, torch.ones(2))
+    trc.provenance = "Constructed by a pass\nimport os; os.exit(3)"  # e.g. an executor's name in a pass title
+    source = str(trc)
+    assert all(line.startswith(("#", "import", "def", " ", "from")) or not line for line in source.splitlines())
+    torch.testing.assert_close(trc.python_callable()(torch.ones(2)), torch.full((2,), 2.0))
