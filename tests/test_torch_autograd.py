@@ -215,6 +215,17 @@ def test_disable_torch_autograd_returns_tensors_without_a_graph():
     assert not out.requires_grad
 
 
+def test_disable_torch_autograd_holds_inside_an_enable_grad_block():
+    def f(x):
+        with torch.no_grad():
+            y = x * 2
+        return y + x
+
+    x = torch.randn(3, requires_grad=True)
+    out = tf.jit(f, disable_torch_autograd=True)(x)
+    assert not out.requires_grad and torch.is_grad_enabled()
+
+
 def test_optimizer_steps_on_a_jitted_module_match_eager():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))

@@ -19,6 +19,7 @@ first time compile it once.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
@@ -123,7 +124,9 @@ class JitState:
         executors = _executors.resolve(self.executors, fallback=self.fallback)
         recorder = GuardRecorder(self.fn)
         with context.active_executors(executors):  # reverse mode uses the VJPs these executors register
-            with recorder:
+            # With disable_torch_autograd the function runs under no_grad: traced so too, or a
+            # torch.enable_grad() block inside it would switch grad back on from the recorded mode.
+            with recorder, (torch.no_grad() if self.disable_torch_autograd else contextlib.nullcontext()):
                 traces = [trace(self.fn, *args, **kwargs)]
             traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
             split = None
