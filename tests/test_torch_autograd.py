@@ -215,7 +215,7 @@ def test_disable_torch_autograd_returns_tensors_without_a_graph():
     assert not out.requires_grad
 
 
-def test_disable_torch_autograd_holds_inside_an_enable_grad_block():
+def test_disable_torch_autograd_holds_after_a_no_grad_block_inside():
     def f(x):
         with torch.no_grad():
             y = x * 2
