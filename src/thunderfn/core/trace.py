@@ -36,6 +36,7 @@ class Trace:
         self.created: dict[int, torch.Tensor] = {}  # tensors made at trace time (torch.tensor([...]))
         self.grad_enabled = torch.is_grad_enabled()  # grad mode the recorded statements run under
         self.mutated: dict = {}  # id(live proxy) -> (frozen original, live proxy): inputs/captures written in place
+        self.write_modes: dict = {}  # id(live proxy) -> the grad modes its in-place writes ran under
         self.rebinds = 0  # in-place operations traced so far
 
     # -- building -------------------------------------------------------------------
@@ -118,11 +119,43 @@ class Trace:
             _replace_proxy(scope, proxy, frozen)
         if any(a is proxy for a in self.args) or proxy.constant is not None:
             self.mutated[id(proxy)] = (frozen, proxy)
+        if id(proxy) in self.mutated:
+            self._note_write_mode(proxy, because)
         self.args = [frozen if a is proxy else a for a in self.args]
         mark_stale_views(proxy, because, keep)
         self.rebinds += 1
+        # In eager an in-place op never makes a tensor stop requiring grad (a leaf written under no_grad stays one)
         proxy.name, proxy.requires_grad, proxy.constant, proxy.origin = (
-            value.name, value.requires_grad, None, value.origin)
+            value.name, proxy.requires_grad or value.requires_grad, None, value.origin)
+
+    def _note_write_mode(self, live: TensorProxy, because: str) -> None:
+        """Remember the grad mode an input or captured tensor was written under: its write-back runs
+        under the same mode, as eager's in-place op did (so an optimizer's `with torch.no_grad():
+        p.sub_(...)` on a parameter is legal, and the same write under grad mode raises torch's error)."""
+        frozen = self.mutated[id(live)][0]
+        grad_enabled = torch.is_grad_enabled()
+        captured = frozen.constant
+        if grad_enabled and captured is not None and captured.requires_grad and captured.is_leaf:
+            # torch's own error, raised where eager raises it (an input's is_leaf is not known while tracing:
+            # its write-back raises this when it runs)
+            raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+        modes = self.write_modes.setdefault(id(live), set())
+        modes.add(grad_enabled)
+        if len(modes) > 1 and frozen.requires_grad:
+            from thunderfn.errors import UnsupportedOpError
+
+            # One write-back cannot replay two modes: torch would record some of the writes and not others.
+            raise UnsupportedOpError(
+                f"'{self.fn_name}' writes into {_described_target(frozen)}, which requires grad, both under grad mode "
+                f"and under torch.no_grad() ({because} is the second); thunderfn writes it back once, under one mode. "
+                f"Make all in-place updates of that tensor under the same grad mode.")
+
+    def written_without_grad(self, proxy: TensorProxy) -> bool:
+        """Was proxy (an input or captured tensor that requires grad) written in place under no_grad?
+        Reading it under grad mode afterwards must see a leaf holding the new value, which a
+        functional trace cannot express (interception refuses it)."""
+        return (proxy.requires_grad and id(proxy) in self.mutated and False in self.write_modes.get(id(proxy), ())
+                and self.mutated[id(proxy)][0].requires_grad)
 
     def finish_mutations(self) -> None:
         """Write mutated inputs and captured tensors back (as eager would have mutated
@@ -133,7 +166,12 @@ class Trace:
             self.bound_symbols.insert(0, check_inputs_do_not_alias.bind(*self.args, output=None))
         live_to_frozen = {}
         for frozen, live in self.mutated.values():
-            self.bound_symbols.append(write_back.bind(frozen, live, output=None))
+            # the write-back runs under the grad mode of the writes it replays when that differs from the caller's
+            # (mixed modes are refused above for tensors that require grad; for others only a value that
+            # requires grad could tell the modes apart, and that takes grad mode)
+            mode = any(self.write_modes.get(id(live), {self.grad_enabled}))
+            self.bound_symbols.append(write_back.bind(frozen, live, None if mode == self.grad_enabled else mode,
+                                                      output=None))
             live_to_frozen[id(live)] = frozen
         self.output = optree.tree_map(lambda x: live_to_frozen.get(id(x), x), self.output, none_is_leaf=True,
                                       namespace="thunderfn")
@@ -162,6 +200,10 @@ class Trace:
         from thunderfn.core.printing import compile_trace
 
         return compile_trace(self)
+
+
+def _described_target(p: TensorProxy) -> str:
+    return f"{p.origin[0]} ({p.name})" if p.origin else p.name
 
 
 def _inherit_origin(bsym) -> None:
