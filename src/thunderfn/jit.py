@@ -19,6 +19,7 @@ import torch
 
 from thunderfn import executors as _executors
 from thunderfn.core import context
+from thunderfn.core.call_time import Guarded, guarded
 from thunderfn.core.passes import dce, del_last_used
 from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.trace import Trace, timed_pass, trace
@@ -111,7 +112,7 @@ class JitState:
             self.last_backward_traces = backward
         self.last_traces = traces
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
-        return CacheEntry(fn, traces, positions)
+        return CacheEntry(guarded(fn, traces[0]), traces, positions)
 
     def call_slow(self, args, kwargs):
         if context.current_trace() is not None:
@@ -122,13 +123,18 @@ class JitState:
         leaves, spec = tree_flatten((args, kwargs))
         key = self.key(leaves, spec)
         entry = self.cache.get(key)
+        # An entry whose trace read call-time state (.grad, an optimizer's hyperparameters) fits only while
+        # that state is as it was traced (core/call_time.py); otherwise trace again.
+        if entry is not None and isinstance(entry.fn, Guarded) and entry.fn.guard(
+                [leaves[i] for i in entry.tensor_positions]) is not None:
+            entry = None
         if entry is None:
             self.cache_misses += 1
             entry = self.cache[key] = self.compile(args, kwargs, leaves)
         else:
             self.cache_hits += 1
         if not kwargs and not self.static_argnums and len(entry.tensor_positions) == len(args) and all(
-                isinstance(a, Tensor) for a in args):
+                isinstance(a, Tensor) for a in args) and not isinstance(entry.fn, Guarded):
             self.fast_cache[_fast_key(args)] = entry.fn
         return entry.fn(*[leaves[i] for i in entry.tensor_positions])
 

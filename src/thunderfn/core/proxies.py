@@ -106,7 +106,13 @@ class TensorProxy(Proxy):
 
     @property
     def grad(self):
-        return None
+        """The .grad of the tensor this proxy stands for, read when the compiled function is called
+        (core/call_time.py); None for values computed inside the traced function, as in eager."""
+        if context.current_trace() is None:
+            return None
+        from thunderfn.core.interception import dispatch
+
+        return dispatch(torch.Tensor.grad.__get__, (self,), {})
 
     @property
     def grad_fn(self):

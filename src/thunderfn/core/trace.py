@@ -38,6 +38,11 @@ class Trace:
         self.mutated: dict = {}  # id(live proxy) -> (frozen original, live proxy): inputs/captures written in place
         self.write_modes: dict = {}  # id(live proxy) -> the grad modes its in-place writes ran under
         self.rebinds = 0  # in-place operations traced so far
+        # What the compiled function reads or checks when called (core/call_time.py): `.grad`s read while
+        # tracing (key -> GradRead), and guards (callables returning why the trace went stale, or None).
+        self.grad_reads: dict = {}
+        self.guards: list = []
+        self.input_tensors: dict = {}  # input proxy name -> the tensor it stands for, while tracing only
 
     # -- building -------------------------------------------------------------------
     def record(self, sym, args, kwargs):
@@ -277,6 +282,7 @@ def proxify_inputs(trc: Trace, fn, args, kwargs):
                                 device=leaf.device, requires_grad=leaf.requires_grad,
                                 origin=f"argument '{preferred or top}'")
             trc.args.append(proxy)
+            trc.input_tensors[proxy.name] = leaf
             new_leaves.append(proxy)
         else:
             new_leaves.append(leaf)
@@ -335,6 +341,7 @@ def trace(fn, *args, **kwargs) -> Trace:
         trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
         trc.sync_grad_mode()  # back to the caller's mode if the function switched it
         trc.finish_mutations()
+    trc.input_tensors = {}  # the trace must not keep the caller's tensors alive
     if not _same_rng(rng_before, _rng_fingerprint()):
         from thunderfn.errors import UnsupportedOpError
 
