@@ -24,6 +24,7 @@ from thunderfn.core.passes import dce, del_last_used
 from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.executors.base import FusionExecutor
+from thunderfn.torch.optim import StepChangesOptimizerState
 from thunderfn.transforms.executor_lower import lower_trace
 from thunderfn.transforms.forward_backward import CompiledSplit, try_split
 
@@ -130,7 +131,10 @@ class JitState:
             entry = None
         if entry is None:
             self.cache_misses += 1
-            entry = self.cache[key] = self.compile(args, kwargs, leaves)
+            try:
+                entry = self.cache[key] = self.compile(args, kwargs, leaves)
+            except StepChangesOptimizerState:  # an optimizer's first step creates its state: run it as eager does
+                return self.fn(*args, **kwargs)
         else:
             self.cache_hits += 1
         if not kwargs and not self.static_argnums and len(entry.tensor_positions) == len(args) and all(

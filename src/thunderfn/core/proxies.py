@@ -100,6 +100,9 @@ class TensorProxy(Proxy):
     def layout(self):
         return torch.strided
 
+    # Proxies stand for dense strided tensors only (an optimizer asks `p.grad.is_sparse`).
+    is_sparse = is_sparse_csr = is_quantized = is_nested = is_mkldnn = property(lambda self: False)
+
     @property
     def is_leaf(self) -> bool:
         return True

@@ -43,6 +43,10 @@ class Trace:
         self.grad_reads: dict = {}
         self.guards: list = []
         self.input_tensors: dict = {}  # input proxy name -> the tensor it stands for, while tracing only
+        # Called as f(trc, failed) when tracing ends, to undo or guard Python state the traced code
+        # touched (torch/optim.py); finish_data holds their bookkeeping, by owner.
+        self.finishers: list = []
+        self.finish_data: dict = {}
 
     # -- building -------------------------------------------------------------------
     def record(self, sym, args, kwargs):
@@ -335,13 +339,21 @@ def trace(fn, *args, **kwargs) -> Trace:
     trc = Trace(getattr(fn, "__name__", "computation"))
     _refuse_autocast(trc.fn_name)
     rng_before = trc.rng_at_start = _rng_fingerprint()
-    with tracing(trc):
-        p_args, p_kwargs = proxify_inputs(trc, fn, args, kwargs)
-        out = fn(*p_args, **p_kwargs)
-        trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
-        trc.sync_grad_mode()  # back to the caller's mode if the function switched it
-        trc.finish_mutations()
-    trc.input_tensors = {}  # the trace must not keep the caller's tensors alive
+    try:
+        with tracing(trc):
+            p_args, p_kwargs = proxify_inputs(trc, fn, args, kwargs)
+            out = fn(*p_args, **p_kwargs)
+            trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
+            trc.sync_grad_mode()  # back to the caller's mode if the function switched it
+            trc.finish_mutations()
+    except BaseException:
+        for finish in trc.finishers:
+            finish(trc, True)
+        raise
+    finally:
+        trc.input_tensors = {}  # the trace must not keep the caller's tensors alive
+    for finish in trc.finishers:
+        finish(trc, False)
     if not _same_rng(rng_before, _rng_fingerprint()):
         from thunderfn.errors import UnsupportedOpError
 

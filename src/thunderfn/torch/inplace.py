@@ -22,7 +22,7 @@ import dataclasses
 import torch
 
 from thunderfn import clang
-from thunderfn.core import context
+from thunderfn.core import context, interception
 from thunderfn.core.interception import handlers, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
@@ -210,6 +210,8 @@ def run_in_place(func, args, kwargs):
     trc = context.current_trace()
     name = torch_name(func)
     short = name.rsplit(".", 1)[-1]
+    if short.startswith("_foreach_"):  # one in-place op per tensor of the lists (torch/foreach.py)
+        return interception.handlers[func](*args, **kwargs)
     target = args[0]
     if not isinstance(target, TensorProxy):
         raise UnsupportedOpError(f"{name} mutates {type(target).__name__}, not a tensor")
