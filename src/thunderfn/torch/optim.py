@@ -160,6 +160,11 @@ def _before_step(opt, args, kwargs) -> None:
     if trc is None:
         return
     _refuse_unsupported(opt)
+    if args[1:2] != (None,) and args[1:] or kwargs.get("closure") is not None:
+        raise UnsupportedOpError(
+            f"{type(opt).__name__}.step(closure) inside a traced function: the closure runs the model and "
+            f"loss.backward(), which thunderfn does not trace. Call backward outside, then the jitted step without "
+            f"a closure.")
     snapshots = trc.finish_data.get(__name__)
     if snapshots is None:
         snapshots = trc.finish_data[__name__] = []
