@@ -246,3 +246,21 @@ def test_second_derivatives_through_torch_are_refused_by_name():
         torch.func.grad(lambda y: torch.func.grad(jf)(y).sum())(x)
     with pytest.raises(tf.UnsupportedOpError, match="forward-mode AD"):
         torch.func.hessian(jf)(x)
+
+
+def test_backward_needing_the_old_value_of_a_tensor_written_in_place_raises_like_eager():
+    def make(buf):
+        def f(x):
+            y = x * buf  # autograd saves buf's old value for x's gradient
+            buf.add_(1)
+            return y.sum()
+        return f
+
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        make(torch.ones(3))(x).backward()
+    buf = torch.ones(3)
+    out = tf.jit(make(buf))(x)
+    assert torch.equal(buf, torch.full((3,), 2.0))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward()

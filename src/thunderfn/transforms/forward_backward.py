@@ -223,6 +223,12 @@ class ThunderFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *cotangents):
         compiled = ctx.compiled
+        if compiled.modified_residuals:
+            p = compiled.modified_residuals[0]
+            raise RuntimeError(
+                f"one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[{p.type_string()}] ({p.origin[0] if p.origin else p.name}) was written in place by the jitted "
+                f"'{compiled.fn_name}' after a differentiable operation used it, as eager's autograd reports.")
         *residuals, anchor = ctx.saved_tensors
         cotangents = [c for c, d in zip(cotangents, compiled.differentiable) if d]
         if not torch.is_grad_enabled():
@@ -274,6 +280,11 @@ class CompiledSplit:
         # per residual: ("input", i) / ("output", i) when it is one of those, else ("new", None)
         inputs = {p.name: i for i, p in enumerate(split.forward.args)}
         outputs = {p.name: i for i, p in enumerate(split.forward.output[0])}
+        # Tensors the forward writes back into whose old values the backward reads: eager's autograd saved them
+        # before the in-place write, and its version check makes backward() raise; so does ours.
+        written = {b.args[0].name: b.args[0] for b in split.forward.bound_symbols if b.sym is write_back}
+        read = [*split.forward.output[1], *(p for b in split.backward.bound_symbols for p in b.proxy_args())]
+        self.modified_residuals = list({p.name: written[p.name] for p in read if p.name in written}.values())
         self.residual_plan = [("input", inputs[r.name]) if r.name in inputs else
                               ("output", outputs[r.name]) if r.name in outputs else ("new", None)
                               for r in split.forward.output[1]]
