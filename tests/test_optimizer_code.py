@@ -264,3 +264,20 @@ def test_backward_needing_the_old_value_of_a_tensor_written_in_place_raises_like
     assert torch.equal(buf, torch.full((3,), 2.0))
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.backward()
+
+
+def test_a_failed_trace_of_an_optimizer_step_leaves_its_state_as_it_was():
+    class DataDependent(torch.optim.SGD):
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    self.state[p]["scaled"] = p.grad * 2  # Python state written while tracing
+                    if p.grad.sum() > 0:  # value-dependent: tracing stops here
+                        p.data.add_(1)
+
+    model = _model()
+    opt = DataDependent(model.parameters(), lr=0.1)
+    _backward(model, torch.randn(5, 4))
+    with pytest.raises(tf.ConcretizationError):
+        tf.jit(opt.step)()
+    assert len(opt.state) == 0  # no proxy left in the optimizer's state
