@@ -281,3 +281,19 @@ def test_a_failed_trace_of_an_optimizer_step_leaves_its_state_as_it_was():
     with pytest.raises(tf.ConcretizationError):
         tf.jit(opt.step)()
     assert len(opt.state) == 0  # no proxy left in the optimizer's state
+
+
+def test_per_sample_gradients_with_torch_func_over_a_jitted_loss_match_eager():
+    model = _model()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(params, x):
+        return tf.functional_call(model, params, (x,)).square().sum()
+
+    def eager_loss(params, x):
+        return torch.func.functional_call(model, params, (x,)).square().sum()
+
+    xs = torch.randn(6, 4)
+    got = torch.func.vmap(torch.func.grad(tf.jit(loss)), in_dims=(None, 0))(params, xs)
+    want = torch.func.vmap(torch.func.grad(eager_loss), in_dims=(None, 0))(params, xs)
+    torch.testing.assert_close(got, want)

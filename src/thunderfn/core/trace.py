@@ -17,6 +17,7 @@ from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import check_inputs_do_not_alias, set_grad_enabled, write_back
 from thunderfn.core.symbol import DecompositionUnavailable
+from thunderfn.errors import UnsupportedOpError
 from thunderfn.core.pytree import tree_flatten_with_path, tree_unflatten
 
 
@@ -151,8 +152,6 @@ class Trace:
         modes = self.write_modes.setdefault(id(live), set())
         modes.add(grad_enabled)
         if len(modes) > 1 and frozen.requires_grad:
-            from thunderfn.errors import UnsupportedOpError
-
             # One write-back cannot replay two modes: torch would record some of the writes and not others.
             raise UnsupportedOpError(
                 f"'{self.fn_name}' writes into {_described_target(frozen)}, which requires grad, both under grad mode "
