@@ -297,3 +297,18 @@ def test_per_sample_gradients_with_torch_func_over_a_jitted_loss_match_eager():
     got = torch.func.vmap(torch.func.grad(tf.jit(loss)), in_dims=(None, 0))(params, xs)
     want = torch.func.vmap(torch.func.grad(eager_loss), in_dims=(None, 0))(params, xs)
     torch.testing.assert_close(got, want)
+
+
+def test_backward_inside_a_jitted_training_step_is_refused_by_name():
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train_step(x):
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    with pytest.raises(tf.UnsupportedOpError, match=r"loss\.backward\(\).*call backward\(\) outside"):
+        tf.jit(train_step)(torch.randn(2, 3))
+    assert model.weight.grad is None and len(opt.state) == 0

@@ -47,9 +47,18 @@ def _refuse_grad_assignment(t, value):
         "the jitted function.")
 
 
+def _refuse_torch_autograd(*args, **kwargs):
+    raise UnsupportedOpError(
+        "torch.autograd (loss.backward(), torch.autograd.grad) inside a traced function is not traced: nothing "
+        "records torch's graph while tracing. Return the loss and call backward() outside (a jitted function's "
+        "outputs are wired into torch.autograd), or differentiate inside with tf.grad / tf.value_and_grad.")
+
+
 # A tensor's .grad changes between calls (backward(), zero_grad()): read when the compiled function is called.
 handlers[torch.Tensor.grad.__get__] = read_grad
 handlers[torch.Tensor.grad.__set__] = _refuse_grad_assignment
+for _autograd_fn in (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad):
+    handlers[_autograd_fn] = _refuse_torch_autograd
 
 
 _PUBLIC_HOMES = (("torch", torch), ("torch.nn.functional", torch.nn.functional), ("torch.Tensor", torch.Tensor),
