@@ -30,12 +30,14 @@ import torch
 
 from thunderfn import executors as _executors
 from thunderfn.core import context
+from thunderfn.core.call_time import Guarded, guarded
 from thunderfn.core.guards import GuardRecorder
 from thunderfn.core.interception import is_numpy_scalar
 from thunderfn.core.passes import dce, del_last_used
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.executors.base import FusionExecutor
+from thunderfn.torch.optim import StepChangesOptimizerState
 from thunderfn.transforms.executor_lower import lower_trace
 from thunderfn.transforms.forward_backward import CompiledSplit, try_split
 
@@ -55,8 +57,18 @@ class CacheEntry:
         self.guards = guards
         self.guards_hold = guards.compile()  # None: nothing to check
 
-    def valid(self) -> bool:
-        return self.guards_hold is None or self.guards_hold()
+    def valid(self, leaves) -> bool:
+        """Whether this entry may run a call with these flattened arguments: its guards hold, and
+        the state read at call time (core/call_time.py: .grad, optimizer hyperparameters) fits."""
+        if self.guards_hold is not None and not self.guards_hold():
+            return False
+        return not isinstance(self.fn, Guarded) or self.fn.guard([leaves[i] for i in self.tensor_positions]) is None
+
+    def why_invalid(self, leaves) -> str:
+        reason = self.guards.failure()
+        if reason is None and isinstance(self.fn, Guarded):
+            reason = self.fn.guard([leaves[i] for i in self.tensor_positions])
+        return reason or "a guard failed"
 
 
 class JitState:
@@ -144,11 +156,11 @@ class JitState:
             backward = [split.backward, *_execution_passes(split.backward, executors)]
             fn = CompiledSplit(split, traces[-1].python_callable(), backward[-1].python_callable())
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
-        return CacheEntry(fn, traces, backward, positions, recorder.guards)
+        return CacheEntry(guarded(fn, traces[0]), traces, backward, positions, recorder.guards)
 
-    def lookup(self, key):
+    def lookup(self, key, leaves):
         for entry in reversed(self.cache.get(key, ())):
-            if entry.valid():
+            if entry.valid(leaves):
                 return entry
         return None
 
@@ -160,12 +172,12 @@ class JitState:
         self.validate_static(args, kwargs)
         leaves, spec = tree_flatten((args, kwargs))
         key = self.key(leaves, spec)
-        entry = self.lookup(key)
+        entry = self.lookup(key, leaves)
         if entry is None:
             with self.lock:  # one compile per signature, however many threads arrive at once
-                entry = self.lookup(key)
+                entry = self.lookup(key, leaves)
                 if entry is None:
-                    reason = self.why_miss(key, args, kwargs)
+                    reason = self.why_miss(key, args, kwargs, leaves)
                     if self.n_entries >= self.cache_size_limit:
                         if not self.evict_past_limit:
                             self.warn_limit(reason)
@@ -173,7 +185,10 @@ class JitState:
                             return self.fn(*args, **kwargs)
                         self.evict_oldest()
                     self.stats[1] += 1
-                    entry = self.compile(args, kwargs, leaves)
+                    try:
+                        entry = self.compile(args, kwargs, leaves)
+                    except StepChangesOptimizerState:  # an optimizer's first step creates its state: run it as eager does
+                        return self.fn(*args, **kwargs)
                     if reason is not None:
                         self.recompile_reasons.append(reason)
                     self.cache.setdefault(key, []).append(entry)
@@ -184,7 +199,8 @@ class JitState:
             self.stats[0] += 1
         self.last_traces, self.last_backward_traces = entry.traces, entry.backward_traces
         if not kwargs and not self.static_argnums and len(entry.tensor_positions) == len(args) and all(
-                isinstance(a, Tensor) for a in args):
+                isinstance(a, Tensor) for a in args) and not isinstance(entry.fn, Guarded):
+            # (an entry reading .grad at call time takes extra inputs: it stays on this path)
             self.fast_cache[_fast_key(args)] = self.fast_entry(entry)
         return entry.fn(*[leaves[i] for i in entry.tensor_positions])
 
@@ -211,11 +227,11 @@ class JitState:
 
         return guarded
 
-    def why_miss(self, key, args, kwargs) -> str | None:
+    def why_miss(self, key, args, kwargs, leaves) -> str | None:
         """Why this call cannot use a cached entry, in words (None for the first compile)."""
         same_key = self.cache.get(key)
         if same_key:
-            return same_key[-1].guards.failure() or "a guard failed"
+            return same_key[-1].why_invalid(leaves)
         if not self.cache:
             return None
         # Described against the cached signature closest to this one (fewest differing fields; the newest of equals).

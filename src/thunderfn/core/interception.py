@@ -17,8 +17,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from thunderfn.core import context, dtypes
+from thunderfn.core.call_time import read_grad
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
+from thunderfn.errors import UnsupportedOpError
 
 # torch callable -> callable taking the same arguments with proxies in place of tensors
 handlers: dict = {}
@@ -36,6 +38,27 @@ handlers.update({
     torch.Tensor.is_same_size: lambda a, b: a.shape == b.shape,
     torch.result_type: lambda a, b: dtypes.result_type(a, b),
 })
+
+
+def _refuse_grad_assignment(t, value):
+    raise UnsupportedOpError(
+        "assigning a tensor's .grad inside a traced function is not supported: the compiled function reads .grad "
+        "when it is called (core/call_time.py) but does not replace it. Assign .grad (or call zero_grad()) outside "
+        "the jitted function.")
+
+
+def _refuse_torch_autograd(*args, **kwargs):
+    raise UnsupportedOpError(
+        "torch.autograd (loss.backward(), torch.autograd.grad) inside a traced function is not traced: nothing "
+        "records torch's graph while tracing. Return the loss and call backward() outside (a jitted function's "
+        "outputs are wired into torch.autograd), or differentiate inside with tf.grad / tf.value_and_grad.")
+
+
+# A tensor's .grad changes between calls (backward(), zero_grad()): read when the compiled function is called.
+handlers[torch.Tensor.grad.__get__] = read_grad
+handlers[torch.Tensor.grad.__set__] = _refuse_grad_assignment
+for _autograd_fn in (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad):
+    handlers[_autograd_fn] = _refuse_torch_autograd
 
 
 _PUBLIC_HOMES = (("torch", torch), ("torch.nn.functional", torch.nn.functional), ("torch.Tensor", torch.Tensor),
@@ -104,7 +127,7 @@ def resolve_torch_name(name: str):
 _metadata_getters = {
     getattr(torch.Tensor, name).__get__
     for name in ("shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_cpu", "is_meta",
-                 "layout", "is_leaf", "grad_fn", "names", "is_sparse", "is_quantized", "is_nested", "grad",
+                 "layout", "is_leaf", "grad_fn", "names", "is_sparse", "is_quantized", "is_nested",
                  "data", "_version", "is_mkldnn", "output_nr", "_base")
     if isinstance(getattr(torch.Tensor, name, None), type(torch.Tensor.shape))
 }

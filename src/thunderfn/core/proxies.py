@@ -103,7 +103,7 @@ class TensorProxy(Proxy):
         return torch.strided
 
     # A proxy stands for a dense, strided tensor: torch's layout questions answer no
-    # (nn.MultiheadAttention asks is_nested before choosing its fast path).
+    # (nn.MultiheadAttention asks is_nested before its fast path, an optimizer p.grad.is_sparse).
     is_nested = is_sparse = is_sparse_csr = is_quantized = is_mkldnn = property(lambda self: False)
 
     @property
@@ -112,7 +112,13 @@ class TensorProxy(Proxy):
 
     @property
     def grad(self):
-        return None
+        """The .grad of the tensor this proxy stands for, read when the compiled function is called
+        (core/call_time.py); None for values computed inside the traced function, as in eager."""
+        if context.current_trace() is None:
+            return None
+        from thunderfn.core.interception import dispatch
+
+        return dispatch(torch.Tensor.grad.__get__, (self,), {})
 
     @property
     def grad_fn(self):

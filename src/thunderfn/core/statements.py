@@ -55,7 +55,12 @@ set_default_dtype = Symbol("set_default_dtype", "python.set_default_dtype", is_p
 def _print_write_back(bsym, ns) -> str:
     from thunderfn.core.printing import format_value
 
-    return f"{format_value(bsym.args[0], ns)}.copy_({format_value(bsym.args[1], ns)})"
+    statement = f"{format_value(bsym.args[0], ns)}.copy_({format_value(bsym.args[1], ns)})"
+    grad_mode = bsym.args[2] if len(bsym.args) > 2 else None
+    if grad_mode is None:  # written under the mode the function returns in
+        return statement
+    ns["torch"] = torch
+    return f"with torch.{'enable_grad' if grad_mode else 'no_grad'}(): {statement}"
 
 
 def inputs_do_not_alias(*tensors) -> None:
@@ -78,7 +83,9 @@ def _print_check_aliasing(bsym, ns) -> str:
     return f"inputs_do_not_alias({', '.join(p.name for p in bsym.args)})"
 
 
-# `x.copy_(t5)`: an input or captured tensor the function modified in place, written back.
+# `x.copy_(t5)`: an input or captured tensor the function modified in place, written back; the third
+# argument is the grad mode the writes ran under when it is not the one the function returns in
+# (`with torch.no_grad(): p.copy_(t5)` for an optimizer's update of a parameter).
 write_back = Symbol("write_back", "python.write_back", is_prim=True, printer=_print_write_back,
                     tags=frozenset({"no_dce"}))
 check_inputs_do_not_alias = Symbol("inputs_do_not_alias", "python.inputs_do_not_alias", is_prim=True,

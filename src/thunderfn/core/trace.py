@@ -17,6 +17,7 @@ from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import check_inputs_do_not_alias, set_default_dtype, set_grad_enabled, write_back
 from thunderfn.core.symbol import DecompositionUnavailable
+from thunderfn.errors import UnsupportedOpError
 from thunderfn.core.pytree import tree_flatten_with_path, tree_unflatten
 
 
@@ -37,7 +38,17 @@ class Trace:
         self.grad_enabled = torch.is_grad_enabled()  # grad mode the recorded statements run under
         self.default_dtype = torch.get_default_dtype()  # and default dtype
         self.mutated: dict = {}  # id(live proxy) -> (frozen original, live proxy): inputs/captures written in place
+        self.write_modes: dict = {}  # id(live proxy) -> the grad modes its in-place writes ran under
         self.rebinds = 0  # in-place operations traced so far
+        # What the compiled function reads or checks when called (core/call_time.py): `.grad`s read while
+        # tracing (key -> GradRead), and guards (callables returning why the trace went stale, or None).
+        self.grad_reads: dict = {}
+        self.guards: list = []
+        self.input_tensors: dict = {}  # input proxy name -> the tensor it stands for, while tracing only
+        # Called as f(trc, failed) when tracing ends, to undo or guard Python state the traced code
+        # touched (torch/optim.py); finish_data holds their bookkeeping, by owner.
+        self.finishers: list = []
+        self.finish_data: dict = {}
 
     # -- building -------------------------------------------------------------------
     def record(self, sym, args, kwargs):
@@ -130,11 +141,41 @@ class Trace:
             _replace_proxy(scope, proxy, frozen)
         if any(a is proxy for a in self.args) or proxy.constant is not None:
             self.mutated[id(proxy)] = (frozen, proxy)
+        if id(proxy) in self.mutated:
+            self._note_write_mode(proxy, because)
         self.args = [frozen if a is proxy else a for a in self.args]
         mark_stale_views(proxy, because, keep)
         self.rebinds += 1
+        # In eager an in-place op never makes a tensor stop requiring grad (a leaf written under no_grad stays one)
         proxy.name, proxy.requires_grad, proxy.constant, proxy.origin = (
-            value.name, value.requires_grad, None, value.origin)
+            value.name, proxy.requires_grad or value.requires_grad, None, value.origin)
+
+    def _note_write_mode(self, live: TensorProxy, because: str) -> None:
+        """Remember the grad mode an input or captured tensor was written under: its write-back runs
+        under the same mode, as eager's in-place op did (so an optimizer's `with torch.no_grad():
+        p.sub_(...)` on a parameter is legal, and the same write under grad mode raises torch's error)."""
+        frozen = self.mutated[id(live)][0]
+        grad_enabled = torch.is_grad_enabled()
+        captured = frozen.constant
+        if grad_enabled and captured is not None and captured.requires_grad and captured.is_leaf:
+            # torch's own error, raised where eager raises it (an input's is_leaf is not known while tracing:
+            # its write-back raises this when it runs)
+            raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+        modes = self.write_modes.setdefault(id(live), set())
+        modes.add(grad_enabled)
+        if len(modes) > 1 and frozen.requires_grad:
+            # One write-back cannot replay two modes: torch would record some of the writes and not others.
+            raise UnsupportedOpError(
+                f"'{self.fn_name}' writes into {_described_target(frozen)}, which requires grad, both under grad mode "
+                f"and under torch.no_grad() ({because} is the second); thunderfn writes it back once, under one mode. "
+                f"Make all in-place updates of that tensor under the same grad mode.")
+
+    def written_without_grad(self, proxy: TensorProxy) -> bool:
+        """Was proxy (an input or captured tensor that requires grad) written in place under no_grad?
+        Reading it under grad mode afterwards must see a leaf holding the new value, which a
+        functional trace cannot express (interception refuses it)."""
+        return (proxy.requires_grad and id(proxy) in self.mutated and False in self.write_modes.get(id(proxy), ())
+                and self.mutated[id(proxy)][0].requires_grad)
 
     def finish_mutations(self) -> None:
         """Write mutated inputs and captured tensors back (as eager would have mutated
@@ -145,7 +186,12 @@ class Trace:
             self.bound_symbols.insert(0, check_inputs_do_not_alias.bind(*self.args, output=None))
         live_to_frozen = {}
         for frozen, live in self.mutated.values():
-            self.bound_symbols.append(write_back.bind(frozen, live, output=None))
+            # the write-back runs under the grad mode of the writes it replays when that differs from the caller's
+            # (mixed modes are refused above for tensors that require grad; for others only a value that
+            # requires grad could tell the modes apart, and that takes grad mode)
+            mode = any(self.write_modes.get(id(live), {self.grad_enabled}))
+            self.bound_symbols.append(write_back.bind(frozen, live, None if mode == self.grad_enabled else mode,
+                                                      output=None))
             live_to_frozen[id(live)] = frozen
         self.output = optree.tree_map(lambda x: live_to_frozen.get(id(x), x), self.output, none_is_leaf=True,
                                       namespace="thunderfn")
@@ -174,6 +220,10 @@ class Trace:
         from thunderfn.core.printing import compile_trace
 
         return compile_trace(self)
+
+
+def _described_target(p: TensorProxy) -> str:
+    return f"{p.origin[0]} ({p.name})" if p.origin else p.name
 
 
 def _inherit_origin(bsym) -> None:
@@ -243,6 +293,7 @@ def proxify_inputs(trc: Trace, fn, args, kwargs):
                                 device=leaf.device, requires_grad=leaf.requires_grad,
                                 origin=f"argument '{preferred or top}'")
             trc.args.append(proxy)
+            trc.input_tensors[proxy.name] = leaf
             new_leaves.append(proxy)
         else:
             new_leaves.append(leaf)
@@ -299,12 +350,21 @@ def trace(fn, *args, **kwargs) -> Trace:
     trc = Trace(getattr(fn, "__name__", "computation"))
     _refuse_autocast(trc.fn_name)
     rng_before = trc.rng_at_start = _rng_fingerprint()
-    with tracing(trc):
-        p_args, p_kwargs = proxify_inputs(trc, fn, args, kwargs)
-        out = fn(*p_args, **p_kwargs)
-        trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
-        trc.sync_grad_mode()  # back to the caller's mode if the function switched it
-        trc.finish_mutations()
+    try:
+        with tracing(trc):
+            p_args, p_kwargs = proxify_inputs(trc, fn, args, kwargs)
+            out = fn(*p_args, **p_kwargs)
+            trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
+            trc.sync_grad_mode()  # back to the caller's mode if the function switched it
+            trc.finish_mutations()
+    except BaseException:
+        for finish in trc.finishers:
+            finish(trc, True)
+        raise
+    finally:
+        trc.input_tensors = {}  # the trace must not keep the caller's tensors alive
+    for finish in trc.finishers:
+        finish(trc, False)
     if _reseeded_by_tracing(rng_before):
         from thunderfn.errors import UnsupportedOpError
 

@@ -58,5 +58,7 @@ from thunderfn.torch.indexing import *  # noqa: E402,F401,F403
 from thunderfn.torch.linalg import *  # noqa: E402,F401,F403
 from thunderfn.torch import random as _random_effects  # noqa: E402,F401  (records manual_seed & co.)
 from thunderfn.torch.inplace import *  # noqa: E402,F401,F403
+from thunderfn.torch import foreach as _foreach  # noqa: E402,F401  (torch._foreach_* and tensor-valued addcdiv)
+from thunderfn.torch import optim as _optim  # noqa: E402,F401  (optimizer steps inside traced functions)
 from thunderfn.torch.statistics import *  # noqa: E402,F401,F403
 from thunderfn.torch.backward import *  # noqa: E402,F401,F403

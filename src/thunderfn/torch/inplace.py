@@ -22,7 +22,7 @@ import dataclasses
 import torch
 
 from thunderfn import clang
-from thunderfn.core import context
+from thunderfn.core import context, interception
 from thunderfn.core.interception import handlers, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
@@ -94,13 +94,26 @@ def track_views(func, args, out) -> None:
 
 
 def check_fresh(args, kwargs) -> None:
-    """Refuse to read a view whose base was mutated after the view was made."""
+    """Refuse to read a view whose base was mutated after the view was made, and a tensor requiring
+    grad under grad mode after it was written under no_grad."""
+    trc = context.current_trace()
+    grad_enabled = torch.is_grad_enabled()
     for a in tree_leaves((args, kwargs)):
-        if isinstance(a, TensorProxy) and a.alias is not None and a.alias.stale_because:
+        if not isinstance(a, TensorProxy):
+            continue
+        if a.alias is not None and a.alias.stale_because:
             raise UnsupportedOpError(
                 f"tensor {a.name} is a view of another tensor that was modified in place ({a.alias.stale_because}) "
                 f"after the view was made; in eager the view would show the new values, which thunderfn does not "
                 f"track yet. Take the view again after the in-place operation, or clone() it before.")
+        if grad_enabled and trc.written_without_grad(a):
+            # In eager the tensor is still a leaf that requires grad, now holding the new value; in the trace its
+            # new value was computed under no_grad, so autograd would not reach the tensor through this use.
+            raise UnsupportedOpError(
+                f"'{trc.fn_name}' reads {a.origin[0] if a.origin else a.name}, which requires grad, under grad mode "
+                f"after writing into it in place under torch.no_grad() (an optimizer step, say). thunderfn cannot "
+                f"differentiate through the updated tensor in the same function: end the jitted function after the "
+                f"update, and use the tensor in the next call.")
 
 
 def _is_basic_key(key) -> bool:
@@ -197,6 +210,8 @@ def run_in_place(func, args, kwargs):
     trc = context.current_trace()
     name = torch_name(func)
     short = name.rsplit(".", 1)[-1]
+    if short.startswith("_foreach_"):  # one in-place op per tensor of the lists (torch/foreach.py)
+        return interception.handlers[func](*args, **kwargs)
     target = args[0]
     if not isinstance(target, TensorProxy):
         raise UnsupportedOpError(f"{name} mutates {type(target).__name__}, not a tensor")

@@ -175,30 +175,97 @@ def split_forward_backward(computation: Trace) -> Split:
 
 class ThunderFunction(torch.autograd.Function):
     """Runs a compiled forward, saves its residuals, and runs the compiled backward
-    from torch's backward pass. torch does not record the backward's own ops, so
-    create_graph=True (torch differentiating the backward) is refused rather than
-    answered with a gradient that stops at the residuals: higher derivatives go
-    through thunderfn (tf.grad of tf.grad)."""
+    from torch's backward pass.
+
+    It has torch.func's form (forward without ctx, setup_context, a generated vmap rule:
+    the compiled traces are torch ops that vmap batches), so torch.func.grad, vjp,
+    jacrev and vmap over a jitted function work. The residuals travel as extra outputs
+    marked non-differentiable, the way torch.func's autograd.Function docs pass
+    intermediates to setup_context.
+
+    torch does not see the backward's own ops as a function of the inputs (the residuals
+    were computed without autograd), so a second derivative through torch (plain
+    torch.autograd with create_graph=True, or torch.func.grad of torch.func.grad) is
+    refused rather than answered with a gradient that stops at the residuals: higher
+    derivatives go through thunderfn (tf.grad of tf.grad)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, compiled, *inputs):
+    def forward(compiled, *inputs):
         outputs, residuals = compiled.forward(*inputs)
+        # a residual that is an input or an output is saved as that (torch refuses a tensor returned twice)
+        return (*outputs, *(r for r, (kind, _) in zip(residuals, compiled.residual_plan) if kind == "new"))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        compiled = inputs[0]
+        n = len(compiled.differentiable)
         ctx.compiled = compiled
-        ctx.save_for_backward(*residuals)
-        ctx.mark_non_differentiable(*(o for o, d in zip(outputs, compiled.differentiable) if not d))
-        return outputs
+        new = iter(output[n:])
+        # the last saved tensor is an input that requires grad: a backward taken with create_graph=True ties its
+        # gradients to it through _NoSecondDerivative
+        tensors = [t for t in inputs[1:] if isinstance(t, torch.Tensor)]
+        anchor = next((t for t in tensors if t.requires_grad), tensors[0])  # (torch.func passes unwrapped inputs)
+        ctx.save_for_backward(*(inputs[1 + i] if kind == "input" else output[i] if kind == "output" else next(new)
+                                for kind, i in compiled.residual_plan), anchor)
+        ctx.mark_non_differentiable(*(o for o, d in zip(output[:n], compiled.differentiable) if not d),
+                                    *output[n:])
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise UnsupportedOpError(
+            f"torch's forward-mode AD (torch.func.jvp, jacfwd, hessian) reached the jitted '{ctx.compiled.fn_name}' "
+            f"while it was also being differentiated in reverse mode; thunderfn's compiled function has no "
+            f"forward-mode rule for torch. Use thunderfn's transforms (tf.jvp(tf.grad(f), ...)), or torch.func on "
+            f"the function without tf.jit.")
 
     @staticmethod
     def backward(ctx, *cotangents):
         compiled = ctx.compiled
-        if torch.is_grad_enabled():
-            raise UnsupportedOpError(
-                f"torch.autograd was asked to differentiate the backward of the jitted '{compiled.fn_name}' "
-                f"(create_graph=True), which runs as thunderfn's backward trace and is not recorded by torch. "
-                f"For higher derivatives use thunderfn's transforms: tf.grad(tf.grad(f)), tf.jvp(tf.grad(f), ...).")
-        residuals = ctx.saved_tensors
-        grads = compiled.backward(*residuals, *(c for c, d in zip(cotangents, compiled.differentiable) if d))
-        return (None, *grads)
+        if compiled.modified_residuals:
+            p = compiled.modified_residuals[0]
+            raise RuntimeError(
+                f"one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[{p.type_string()}] ({p.origin[0] if p.origin else p.name}) was written in place by the jitted "
+                f"'{compiled.fn_name}' after a differentiable operation used it, as eager's autograd reports.")
+        *residuals, anchor = ctx.saved_tensors
+        cotangents = [c for c, d in zip(cotangents, compiled.differentiable) if d]
+        if not torch.is_grad_enabled():
+            return (None, *compiled.backward(*residuals, *cotangents))
+        # create_graph=True (torch.func.grad and vjp always ask for it, so that they nest): give the first
+        # derivative, and make differentiating it again raise instead of silently stopping at the residuals.
+        with torch.no_grad():
+            grads = compiled.backward(*residuals, *cotangents)
+        present = [g for g in grads if g is not None]
+        it = iter(_NoSecondDerivative.apply(compiled.fn_name, anchor, *present) if present else ())
+        return (None, *(next(it) if g is not None else None for g in grads))
+
+
+class _NoSecondDerivative(torch.autograd.Function):
+    """The identity on a backward's gradients, tied to an input that requires grad, whose own
+    backward refuses: a gradient of ThunderFunction's gradient is never silently zero."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(fn_name, anchor, *grads):
+        return tuple(g.view_as(g) for g in grads)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.fn_name = inputs[0]
+
+    @staticmethod
+    def backward(ctx, *cotangents):
+        raise UnsupportedOpError(_second_derivative_message(ctx.fn_name))
+
+
+def _second_derivative_message(fn_name: str) -> str:
+    return (f"torch was asked to differentiate the backward of the jitted '{fn_name}' (torch.autograd with "
+            f"create_graph=True, or torch.func.grad of torch.func.grad), which runs as thunderfn's backward trace "
+            f"and is not recorded by torch. For higher derivatives use thunderfn's transforms: tf.grad(tf.grad(f)), "
+            f"tf.jvp(tf.grad(f), ...).")
 
 
 class CompiledSplit:
@@ -210,6 +277,17 @@ class CompiledSplit:
         self.differentiable = split.differentiable
         self.leaf_plan, self.out_spec, self.captured = split.leaf_plan, split.out_spec, split.captured
         self.constants = split.constants
+        # per residual: ("input", i) / ("output", i) when it is one of those, else ("new", None)
+        inputs = {p.name: i for i, p in enumerate(split.forward.args)}
+        outputs = {p.name: i for i, p in enumerate(split.forward.output[0])}
+        # Tensors the forward writes back into whose old values the backward reads: eager's autograd saved them
+        # before the in-place write, and its version check makes backward() raise; so does ours.
+        written = {b.args[0].name: b.args[0] for b in split.forward.bound_symbols if b.sym is write_back}
+        read = [*split.forward.output[1], *(p for b in split.backward.bound_symbols for p in b.proxy_args())]
+        self.modified_residuals = list({p.name: written[p.name] for p in read if p.name in written}.values())
+        self.residual_plan = [("input", inputs[r.name]) if r.name in inputs else
+                              ("output", outputs[r.name]) if r.name in outputs else ("new", None)
+                              for r in split.forward.output[1]]
 
     def __call__(self, *inputs):
         for t in self.constants:
@@ -220,7 +298,7 @@ class CompiledSplit:
                     f"jit the function again after changing requires_grad, or pass the tensor as an argument.")
         if self.captured:
             inputs = inputs + self.captured
-        outs = ThunderFunction.apply(self, *inputs)
+        outs = ThunderFunction.apply(self, *inputs)[:len(self.differentiable)]  # the rest are residuals
         leaves = [outs[i] if kind == "out" else inputs[i] if kind == "input" else i for kind, i in self.leaf_plan]
         return tree_unflatten(self.out_spec, leaves)
 
