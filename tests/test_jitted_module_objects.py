@@ -153,3 +153,12 @@ def test_transformer_layer_asking_is_nested_traces():
     layer = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True).eval()
     x = torch.randn(2, 5, 8)
     torch.testing.assert_close(tf.jit(layer)(x), layer(x))
+
+
+def test_torch_func_functional_call_on_a_jitted_module_matches_the_module():
+    for model in (torch.nn.Linear(3, 2), torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Tanh())):
+        jm, x = tf.jit(model), torch.randn(4, 3)
+        params = {k: torch.randn_like(v) for k, v in model.named_parameters()}
+        torch.testing.assert_close(torch.func.functional_call(jm, params, (x,)),
+                                   torch.func.functional_call(model, params, (x,)))
+        torch.testing.assert_close(jm(x), model(x))  # the module's own parameters are back

@@ -70,6 +70,10 @@ class ThunderModule(torch.nn.Module):
         super().__init__()
         # Held outside _modules so names and state_dict keys are the original module's.
         object.__setattr__(self, "_thunderfn_module", module)
+        # The module's own parameter and buffer tables, shared: code that swaps tensors in place
+        # (torch.func.functional_call, nn.utils.parametrize) edits the original's, which forward reads.
+        object.__setattr__(self, "_parameters", module._parameters)
+        object.__setattr__(self, "_buffers", module._buffers)
         self._thunderfn_options = jit_options
         self._thunderfn_forget_compiled()
 
