@@ -37,6 +37,9 @@ class Trace:
         self.grad_enabled = torch.is_grad_enabled()  # grad mode the recorded statements run under
         self.mutated: dict = {}  # id(live proxy) -> (frozen original, live proxy): inputs/captures written in place
         self.rebinds = 0  # in-place operations traced so far
+        # id(output) -> (output, input) for torch ops that returned an input unchanged at trace time;
+        # eager may return it, a view of it or a copy (torch/__init__.py, torch/inplace.py)
+        self.identities: dict = {}
 
     # -- building -------------------------------------------------------------------
     def record(self, sym, args, kwargs):
@@ -65,8 +68,8 @@ class Trace:
 
             return opaque_symbol(sym.torch_fn)(*args, **kwargs)
         if not sym.is_prim and not subsymbols and "always_record" not in sym.tags and _only_passes_through(out, args, kwargs):
-            # x.contiguous(), x.to(x.dtype), reshape to the same shape: no computation,
-            # so nothing to record (in a functional IR they are the value itself).
+            # inside a decomposition (torch symbols at the top level record these, see
+            # torch/__init__.py): no computation, so nothing to record
             return out
         bsym = sym.bind(*args, output=out, subsymbols=subsymbols, **kwargs)
         _inherit_origin(bsym)
