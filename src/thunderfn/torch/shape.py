@@ -95,14 +95,14 @@ register_alias(T.H.__get__, lambda a: _H(a))
 def _mT(a, attr):
     check(a.ndim != 1, lambda: f"tensor.{attr} is only supported on matrices or batches of matrices. Got {a.ndim}-D tensor.")
     _check_real(a, attr)
-    return transpose(a, -2, -1) if a.ndim else permute(a, ())  # a view of a 0-D tensor (deprecated in torch)
+    return transpose(a, -2, -1) if a.ndim else a  # the 0-D tensor itself, as in eager (deprecated in torch)
 
 
 def _H(a):
     check(a.ndim == 2 or a.ndim == 0, lambda: f"tensor.H is only supported on matrices (2-D tensors). Got {a.ndim}-D tensor."
           + (" For batches of matrices, consider using tensor.mH" if a.ndim > 2 else ""))
     _check_real(a, "H")
-    return transpose(a, 0, 1) if a.ndim == 2 else permute(a, ())
+    return transpose(a, 0, 1) if a.ndim == 2 else a  # the 0-D tensor itself, as in eager
 
 
 def _check_real(a, attr):
