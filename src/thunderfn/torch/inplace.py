@@ -71,6 +71,7 @@ class Alias:
     # run time (x.contiguous()), which traces do not know: an in-place write through it is only
     # safe when nothing reads the input afterwards
     layout_dependent: bool = False
+    stale_message: str | None = None  # why reading this tensor is refused, when not as a stale view
 
 
 def _alias(p: TensorProxy) -> Alias:
@@ -134,10 +135,11 @@ def _track_identity(func, kwargs, out: TensorProxy, source: TensorProxy) -> None
 def check_fresh(args, kwargs) -> None:
     """Refuse to read a view whose base was mutated after the view was made."""
     for a in tree_leaves((args, kwargs)):
+        if isinstance(a, TensorProxy) and a.alias is not None and a.alias.stale_message:
+            raise UnsupportedOpError(a.alias.stale_message)
         if isinstance(a, TensorProxy) and a.alias is not None and a.alias.stale_because:
             raise UnsupportedOpError(
-                f"tensor {a.name} is a view of (or shares memory with) another tensor that was modified in place "
-                f"({a.alias.stale_because}) "
+                f"tensor {a.name} is a view of another tensor that was modified in place ({a.alias.stale_because}) "
                 f"after the view was made; in eager the view would show the new values, which thunderfn does not "
                 f"track yet. Take the view again after the in-place operation, or clone() it before.")
 
@@ -277,8 +279,11 @@ def _write_layout_dependent(trc, func, name, short, args, kwargs):
             f"{root.name}.clone() (or {root.name} itself) instead.")
     new_value = _cast_like_target(_functional(func, short, args, kwargs), target, name)
     trc.rebind(target, new_value, because=name)
-    _alias(root).stale_because = (f"{name} on {target.name}, which is {root.name} itself or a copy depending on "
-                                  f"memory layout")
+    _alias(root).stale_message = (
+        f"{root.name} is read after {name} mutated {target.name}, which in eager is {root.name} itself or a copy of it "
+        f"depending on {root.name}'s memory layout at run time (x.contiguous(), x.reshape(...)), so whether "
+        f"{root.name} changed cannot be known while tracing. Mutate {root.name}.clone() instead, or read "
+        f"{target.name}.")
     return target if short != "__setitem__" else None
 
 

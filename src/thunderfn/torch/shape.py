@@ -86,7 +86,7 @@ def t(a):
 
 
 # through the permute symbol, so x.T of a 0-D or 1-D x is a view of x as in eager, not x itself
-register_alias(T.T.__get__, lambda a: permute(a, tuple(reversed(range(a.ndim)))))
+register_alias(T.T.__get__, lambda a: transpose(a, 0, 1) if a.ndim == 2 else permute(a, tuple(reversed(range(a.ndim)))))
 register_alias(T.mT.__get__, lambda a: _mT(a, "mT"))
 register_alias(T.mH.__get__, lambda a: _mT(a, "mH"))  # conjugation is the identity on the real dtypes thunderfn traces
 register_alias(T.H.__get__, lambda a: _H(a))
