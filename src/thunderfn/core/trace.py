@@ -18,6 +18,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import check_inputs_do_not_alias, set_grad_enabled, write_back
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.core.pytree import tree_flatten_with_path, tree_unflatten
+from thunderfn.errors import UnsupportedOpError
 
 
 class Trace:
@@ -294,6 +295,8 @@ def trace(fn, *args, **kwargs) -> Trace:
         p_args, p_kwargs = proxify_inputs(trc, fn, args, kwargs)
         out = fn(*p_args, **p_kwargs)
         trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
+        if trc.rebinds:
+            _refuse_unknowable_outputs(trc.output)
         trc.sync_grad_mode()  # back to the caller's mode if the function switched it
         trc.finish_mutations()
     if not _same_rng(rng_before, _rng_fingerprint()):
@@ -320,6 +323,14 @@ def _only_passes_through(out, args, kwargs) -> bool:
               if isinstance(x, TensorProxy)}
     return all(id(x) in inputs for x in optree.tree_leaves(out, none_is_leaf=True, namespace="thunderfn")
                if isinstance(x, TensorProxy))
+
+
+def _refuse_unknowable_outputs(output) -> None:
+    """An output whose value after an in-place write depends on memory layout at run time
+    (x returned after x.contiguous().add_(1): torch/inplace.py says why) is refused."""
+    for p in optree.tree_leaves(output, namespace="thunderfn"):
+        if isinstance(p, TensorProxy) and p.alias is not None and p.alias.stale_message:
+            raise UnsupportedOpError(p.alias.stale_message)
 
 
 def _refuse_autocast(fn_name: str) -> None:

@@ -49,15 +49,21 @@ def _noncontiguous(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def fresh(sample: SampleInput, noncontiguous: bool) -> SampleInput:
+def fresh(sample: SampleInput, noncontiguous: bool, requires_grad: bool = False) -> SampleInput:
     """A copy of sample with new tensors (in-place ops mutate them), all laid out
-    non-contiguously when asked, otherwise as given where torch can keep the strides."""
+    non-contiguously when asked, otherwise as given where torch can keep the strides; the
+    first one requiring grad when asked and floating-point (the op's input: a class weight
+    or running statistics requiring grad is a different question)."""
     def copy(x):
         if not isinstance(x, torch.Tensor):
             return x
         return _noncontiguous(x) if noncontiguous else x.clone(memory_format=torch.preserve_format)
 
-    return SampleInput(tree_map(copy, sample.args), tree_map(copy, sample.kwargs), sample.name)
+    args, kwargs = tree_map(copy, sample.args), tree_map(copy, sample.kwargs)
+    first = next(iter(_tensor_leaves((args, kwargs))), None)
+    if requires_grad and first is not None and first.is_floating_point():
+        first.requires_grad_()
+    return SampleInput(args, kwargs, sample.name)
 
 
 def _tensor_leaves(tree) -> list:
@@ -74,13 +80,15 @@ def _run(fn, sample: SampleInput):
     return inputs, _tensor_leaves(out)
 
 
-def alias_mismatches(op, dtype, jitted, device="cpu") -> list[str]:
-    """Every (sample, layout, output, input) whose storage relation differs between eager and jitted."""
+def alias_mismatches(op, dtype, jitted, device="cpu", *, requires_grad=False) -> list[str]:
+    """Every (sample, layout, output, input) whose storage relation differs between eager and jitted.
+    With requires_grad, jitted outputs come from a torch.autograd.Function, which returns a view
+    where the function returned an input itself: only sharing storage or not is compared."""
     problems = []
     for sample in op.sample_inputs(device, dtype):
         for noncontiguous in (False, True):
-            eager = _run(op.op, fresh(sample, noncontiguous))
-            jit_sample = fresh(sample, noncontiguous)
+            eager = _run(op.op, fresh(sample, noncontiguous, requires_grad))
+            jit_sample = fresh(sample, noncontiguous, requires_grad)
             got = _run(jitted, jit_sample)
             if eager is None or got is None:
                 # a check eager makes on the layout (view of a non-viewable tensor) must hold under jit too
@@ -89,6 +97,12 @@ def alias_mismatches(op, dtype, jitted, device="cpu") -> list[str]:
                                     f"{'eager' if got is None else 'jit'} did not")
                 continue
             expected, actual = relations(*eager), relations(*got)
+            if requires_grad:
+                # an empty output (x.diagonal() of an empty x) has no element to write through: where
+                # the split returns a new empty tensor for eager's empty view, nothing can differ
+                nonempty = [i for i, o in enumerate(eager[1]) if o.numel()]
+                expected = {(i, j): v is not None for (i, j), v in expected.items() if i in nonempty}
+                actual = {(i, j): v is not None for (i, j), v in actual.items() if i in nonempty}
             if len(eager[1]) != len(got[1]):
                 problems.append(f"{op.name} on {jit_sample}: {len(got[1])} tensor outputs, eager has {len(eager[1])}")
                 continue

@@ -54,6 +54,10 @@ _VIEW_NAMES = {"view", "reshape", "view_as", "reshape_as", "transpose", "swapaxe
 _RETURN_INPUT = {"to", "type_as", "float", "double", "half", "bfloat16", "long", "int", "short", "char", "byte", "bool",
                  "cfloat", "cdouble", "cpu", "cuda", "type", "dropout", "alpha_dropout", "feature_alpha_dropout",
                  "dropout1d", "dropout2d", "dropout3d"}
+_EXPANDING = {"expand", "expand_as", "broadcast_to"}
+# torch's own message for an in-place write into an expanded tensor
+_OVERLAP_MESSAGE = ("unsupported operation: more than one element of the written-to tensor refers to a single memory "
+                    "location. Please clone() the tensor before performing the operation.")
 # Operations that copy in eager even when the result equals the input (torch.cat([x])).
 _ALWAYS_COPY = {"cat", "concat", "concatenate", "stack", "hstack", "vstack", "flip", "clone", "logcumsumexp",
                 "cumsum", "cumprod", "rot90", "roll", "tile", "repeat", "pad", "tril", "triu"}
@@ -72,6 +76,9 @@ class Alias:
     # safe when nothing reads the input afterwards
     layout_dependent: bool = False
     stale_message: str | None = None  # why reading this tensor is refused, when not as a stale view
+    # expanded (x.expand(3, 4) of a (4,) x): several elements share one memory location, and
+    # torch refuses to write into it in place
+    overlapping: bool = False
 
 
 def _alias(p: TensorProxy) -> Alias:
@@ -105,13 +112,14 @@ def track_views(func, args, kwargs, out) -> None:
     source = args[0] if args else None
     if not is_view_op(func) or not isinstance(source, TensorProxy):
         return
+    short = torch_name(func).rsplit(".", 1)[-1]
     root = source.alias.base if source.alias is not None and source.alias.base is not None else source
     key = None
     if torch_name(func) == "torch.Tensor.__getitem__" and root is source and _is_basic_key(args[1]):
         key = args[1]
     for o in tree_leaves(out):
         if isinstance(o, TensorProxy) and o is not source and o is not root and id(o) not in tracked:
-            o.alias = Alias(base=root, key=key)
+            o.alias = Alias(base=root, key=key, overlapping=short in _EXPANDING and o.numel() > source.numel())
             _alias(root).views.append(o)
 
 
@@ -243,6 +251,8 @@ def run_in_place(func, args, kwargs):
         raise UnsupportedOpError(f"{name} mutates {type(target).__name__}, not a tensor")
     check_fresh(args, kwargs)
     info = target.alias
+    if info is not None and info.overlapping and short != "__setitem__":
+        raise RuntimeError(_OVERLAP_MESSAGE)
     if short == "__setitem__" and isinstance(args[2], TensorProxy) and args[2].alias is not None and (
             args[2].alias.base is target and args[2].alias.key == args[1]):
         return None  # x[k] = v where v is x[k], already written back when v was mutated: nothing to do
@@ -300,6 +310,8 @@ def run_with_output_argument(handler, func, args, kwargs, out):
     if not isinstance(result, TensorProxy):
         raise UnsupportedOpError(f"{torch_name(func)}(out=...) with several outputs is not supported; use the result")
     check_fresh((out,), {})
+    if out.alias is not None and out.alias.overlapping:
+        raise RuntimeError(_OVERLAP_MESSAGE)
     trc = context.current_trace()
     trc.rebind(out, _cast_like_target(result, out, torch_name(func)), because=f"{torch_name(func)}(out=...)")
     return out
