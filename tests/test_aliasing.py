@@ -3,6 +3,7 @@ does (views are views, copies are copies, layout-dependent ops decide at run tim
 torch does), and the checks eager makes on layouts raise under jit too."""
 from __future__ import annotations
 
+import re
 import zlib
 
 import pytest
@@ -191,6 +192,10 @@ def test_layout_checks_eager_makes_raise_under_jit():
     torch.testing.assert_close(tf.jit(lambda x: x.t().contiguous().view(-1))(x), x.t().contiguous().view(-1))
     _raises_like_eager(lambda x: x.expand(3, 5), x, match="must match the existing size")
     _raises_like_eager(lambda x: x.expand(-1, 3, 4), x, match="isn't allowed in a leading, non-existing dimension")
+    # torch checks from the last dimension and names the first mismatch it finds
+    _raises_like_eager(lambda x, y: x.expand_as(y), x, torch.randn(5, 5), match=re.escape(
+        "The expanded size of the tensor (5) must match the existing size (4) at non-singleton dimension 1.  "
+        "Target sizes: [5, 5].  Tensor sizes: [3, 4]"))
 
 
 def test_in_place_writes_into_expanded_tensors_raise_torchs_error():

@@ -149,6 +149,11 @@ def expand(a, *shape):
     offset = len(shape) - a.ndim
     resolved = tuple(a.shape[i - offset] if s == -1 and i >= offset else s for i, s in enumerate(shape))
     check(all(s >= 0 for s in resolved), lambda: f"The expanded size of the tensor (-1) isn't allowed in a leading, non-existing dimension {shape.index(-1)}")
+    for i in reversed(range(offset, len(shape))):  # torch checks from the last dimension, and names the first it finds
+        n = a.shape[i - offset]
+        check(n in (1, resolved[i]), lambda: f"The expanded size of the tensor ({resolved[i]}) must match the existing size "
+                                             f"({n}) at non-singleton dimension {i}.  Target sizes: {list(shape)}.  "
+                                             f"Tensor sizes: {list(a.shape)}")
     return clang.expand_to(a, resolved)
 
 
