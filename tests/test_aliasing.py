@@ -26,7 +26,7 @@ def _seed_per_test(request):
 def test_output_shares_storage_with_input_iff_eager_does(op):
     jitted = tf.jit(lambda *args, **kwargs: op.op(*args, **kwargs))
     problems = []
-    for dtype in op.dtypes[:2]:  # aliasing depends on dtype only through conversions: float and one more
+    for dtype in op.dtypes[:1]:  # samples of conversions carry their target dtypes; one input dtype suffices
         problems += alias_mismatches(op, dtype, jitted)
     assert not problems, "\n".join(problems)
 

@@ -69,8 +69,10 @@ class Trace:
 
             return opaque_symbol(sym.torch_fn)(*args, **kwargs)
         if not sym.is_prim and not subsymbols and "always_record" not in sym.tags and _only_passes_through(out, args, kwargs):
-            # inside a decomposition (torch symbols at the top level record these, see
-            # torch/__init__.py): no computation, so nothing to record
+            # a composite that returned its input unchanged inside another's decomposition, where
+            # nothing is visible to the user: no computation, so nothing to record. (At the top
+            # level a torch symbol never gets here: eager may return the input, a view or a copy,
+            # so it is recorded and torch decides at run time; see torch/__init__.py.)
             return out
         bsym = sym.bind(*args, output=out, subsymbols=subsymbols, **kwargs)
         _inherit_origin(bsym)
