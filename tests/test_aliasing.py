@@ -180,15 +180,16 @@ def _raises_like_eager(fn, *args, match, exc=RuntimeError):
         tf.jit(fn)(*args)
 
 
-def test_layout_checks_eager_makes_raise_under_jit():
-    x = torch.randn(3, 4)
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_layout_checks_eager_makes_raise_under_jit(requires_grad):
+    x = torch.randn(3, 4, requires_grad=requires_grad)
     _raises_like_eager(lambda x: x.t().view(-1), x, match=VIEW_MESSAGE)
     _raises_like_eager(lambda x, y: x.t().view_as(y), x, torch.randn(12), match=VIEW_MESSAGE)
     # one compiled entry serves both layouts (strides are not in the cache key): torch checks at run time
     view = tf.jit(lambda x: x.view(-1))
-    assert view(torch.randn(4, 3))._base is not None
+    assert view(torch.randn(4, 3, requires_grad=requires_grad))._base is not None
     with pytest.raises(RuntimeError, match=VIEW_MESSAGE):
-        view(torch.randn(3, 4).t())
+        view(torch.randn(3, 4).t().requires_grad_(requires_grad))
     torch.testing.assert_close(tf.jit(lambda x: x.t().contiguous().view(-1))(x), x.t().contiguous().view(-1))
     _raises_like_eager(lambda x: x.expand(3, 5), x, match="must match the existing size")
     _raises_like_eager(lambda x: x.expand(-1, 3, 4), x, match="isn't allowed in a leading, non-existing dimension")
