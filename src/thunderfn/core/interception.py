@@ -262,8 +262,8 @@ def dispatch(func, args, kwargs):
         args, kwargs = tensors_by_position(handler, args, kwargs)
     # A symbol, or the fallback ladder's second rung: torch runs it, meta tensors give its shapes.
     result = handler(*args, **kwargs) if handler is not None else run_opaque(func, args, kwargs)
-    if inplace.is_view_op(func):
-        inplace.track_views(func, args, result)
+    if trc.identities or inplace.is_view_op(func):
+        inplace.track_views(func, args, kwargs, result)
     return result
 
 

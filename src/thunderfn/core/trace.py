@@ -17,8 +17,8 @@ from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import check_inputs_do_not_alias, set_default_dtype, set_grad_enabled, write_back
 from thunderfn.core.symbol import DecompositionUnavailable
-from thunderfn.errors import UnsupportedOpError
 from thunderfn.core.pytree import tree_flatten_with_path, tree_unflatten
+from thunderfn.errors import UnsupportedOpError
 
 
 class Trace:
@@ -49,6 +49,9 @@ class Trace:
         # touched (torch/optim.py); finish_data holds their bookkeeping, by owner.
         self.finishers: list = []
         self.finish_data: dict = {}
+        # id(output) -> (output, input) for torch ops that returned an input unchanged at trace time;
+        # eager may return it, a view of it or a copy (torch/__init__.py, torch/inplace.py)
+        self.identities: dict = {}
 
     # -- building -------------------------------------------------------------------
     def record(self, sym, args, kwargs):
@@ -77,8 +80,10 @@ class Trace:
 
             return opaque_symbol(sym.torch_fn)(*args, **kwargs)
         if not sym.is_prim and not subsymbols and "always_record" not in sym.tags and _only_passes_through(out, args, kwargs):
-            # x.contiguous(), x.to(x.dtype), reshape to the same shape: no computation,
-            # so nothing to record (in a functional IR they are the value itself).
+            # a composite that returned its input unchanged inside another's decomposition, where
+            # nothing is visible to the user: no computation, so nothing to record. (At the top
+            # level a torch symbol never gets here: eager may return the input, a view or a copy,
+            # so it is recorded and torch decides at run time; see torch/__init__.py.)
             return out
         bsym = sym.bind(*args, output=out, subsymbols=subsymbols, **kwargs)
         _inherit_origin(bsym)
@@ -355,6 +360,8 @@ def trace(fn, *args, **kwargs) -> Trace:
             p_args, p_kwargs = proxify_inputs(trc, fn, args, kwargs)
             out = fn(*p_args, **p_kwargs)
             trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
+            if trc.rebinds:
+                _refuse_unknowable_outputs(trc.output)
             trc.sync_grad_mode()  # back to the caller's mode if the function switched it
             trc.finish_mutations()
     except BaseException:
@@ -390,6 +397,14 @@ def _only_passes_through(out, args, kwargs) -> bool:
               if isinstance(x, TensorProxy)}
     return all(id(x) in inputs for x in optree.tree_leaves(out, none_is_leaf=True, namespace="thunderfn")
                if isinstance(x, TensorProxy))
+
+
+def _refuse_unknowable_outputs(output) -> None:
+    """An output whose value after an in-place write depends on memory layout at run time
+    (x returned after x.contiguous().add_(1): torch/inplace.py says why) is refused."""
+    for p in optree.tree_leaves(output, namespace="thunderfn"):
+        if isinstance(p, TensorProxy) and p.alias is not None and p.alias.stale_message:
+            raise UnsupportedOpError(p.alias.stale_message)
 
 
 def _refuse_autocast(fn_name: str, where: str = "under") -> None:

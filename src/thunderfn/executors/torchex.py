@@ -35,22 +35,26 @@ def slice_prim(a, start_indices, end_indices, strides=None):
     return a[tuple(builtins.slice(s, e, st) for s, e, st in zip(start_indices, end_indices, strides))]
 
 
+# A reduction over no dims is the input's value; a new tensor, as every torch reduction returns,
+# so a jitted function's output never aliases its input where eager's does not.
 def reduce_sum(a, dims):
-    return torch.sum(a, dims, dtype=a.dtype) if dims else a
+    return torch.sum(a, dims, dtype=a.dtype) if dims else a.clone()
 
 
 def reduce_prod(a, dims):
+    if not dims:
+        return a.clone()
     for d in sorted(dims, reverse=True):
         a = torch.prod(a, d, dtype=a.dtype)
     return a
 
 
 def reduce_amax(a, dims):
-    return torch.amax(a, dims) if dims else a
+    return torch.amax(a, dims) if dims else a.clone()
 
 
 def reduce_amin(a, dims):
-    return torch.amin(a, dims) if dims else a
+    return torch.amin(a, dims) if dims else a.clone()
 
 
 def reduce_var(a, dims, *, correction):

@@ -8,10 +8,15 @@ it with the recorded arguments, and forward-consistency tests compare against it
 """
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Callable
 
+from thunderfn import prims
+from thunderfn.core import context
 from thunderfn.core.interception import register_handler
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import tree_leaves, tree_map
 from thunderfn.core.symbol import Symbol
 
 _this_module = sys.modules[__name__]
@@ -29,7 +34,8 @@ def torchsymbol(*torch_fns: Callable, name: str | None = None, id=None, tags=())
         sym_name = name or fn.__name__
         if not sym_name.isidentifier():
             raise ValueError(f"a torch symbol's name must be a Python identifier, got {sym_name!r}")
-        sym = Symbol(sym_name, id if id is not None else f"torch.{sym_name}", fn=fn, print_name=f"ltorch.{sym_name}",
+        sym = Symbol(sym_name, id if id is not None else f"torch.{sym_name}", fn=_fresh_outputs(fn),
+                     print_name=f"ltorch.{sym_name}",
                      namespace={"ltorch": _this_module}, torch_fn=torch_fns[0] if torch_fns else None,
                      tags=frozenset(tags))
         sym.__doc__ = fn.__doc__
@@ -41,6 +47,40 @@ def torchsymbol(*torch_fns: Callable, name: str | None = None, id=None, tags=())
         return sym
 
     return decorator
+
+
+def _fresh_outputs(fn: Callable) -> Callable:
+    """fn, except that an input it returns unchanged comes back as a new proxy (a reshape to
+    its own shape), noted in `Trace.identities`, when called at the top level of a trace.
+
+    Eager torch returns such an input itself (`x.to(x.dtype)`), a view of it (`x.reshape(x.shape)`,
+    `x[...]`), a copy (`torch.cat([x])`) or, depending on x's layout at run time, either
+    (`x.contiguous()`). Recording the call lets the torch executor run torch's own op, so a
+    jitted function aliases its inputs exactly as eager does; torch/inplace.py reads the note to
+    decide what an in-place update of the result writes into."""
+
+    @functools.wraps(fn)
+    def body(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        trc = context.current_trace()
+        if trc is None or trc.symbol_depth != 1:  # inside a decomposition nothing is visible to the user
+            return out
+        # (no any()/all() here: this module's namespace holds torch.any and torch.all's symbols)
+        outs = {id(o) for o in tree_leaves(out) if isinstance(o, TensorProxy)}
+        inputs = {id(x) for x in tree_leaves((args, kwargs)) if isinstance(x, TensorProxy)}
+        if not outs & inputs:
+            return out
+
+        def fresh(o):
+            if not isinstance(o, TensorProxy) or id(o) not in inputs:
+                return o
+            new = prims.reshape(o, tuple(o.shape))
+            trc.identities[id(new)] = (new, o)
+            return new
+
+        return tree_map(fresh, out)
+
+    return body
 
 
 def register_alias(torch_fn: Callable, fn: Callable) -> None:

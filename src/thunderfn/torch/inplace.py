@@ -49,6 +49,18 @@ _VIEW_NAMES = {"view", "reshape", "view_as", "reshape_as", "transpose", "swapaxe
                "flatten", "unflatten", "movedim", "moveaxis", "diagonal", "select", "detach", "as_strided", "unfold",
                "__getitem__", "real", "imag", "T", "mT", "H", "mH", "split_with_sizes", "tensor_split", "hsplit",
                "vsplit", "dsplit", "view_as_real", "view_as_complex", "alias"}
+# Operations that return their input itself in eager when they have nothing to do, whatever
+# its layout (x.to(x.dtype), x.float() on a float x, dropout outside training).
+_RETURN_INPUT = {"to", "type_as", "float", "double", "half", "bfloat16", "long", "int", "short", "char", "byte", "bool",
+                 "cfloat", "cdouble", "cpu", "cuda", "type", "dropout", "alpha_dropout", "feature_alpha_dropout",
+                 "dropout1d", "dropout2d", "dropout3d"}
+_EXPANDING = {"expand", "expand_as", "broadcast_to"}
+# torch's own message for an in-place write into an expanded tensor
+_OVERLAP_MESSAGE = ("unsupported operation: more than one element of the written-to tensor refers to a single memory "
+                    "location. Please clone() the tensor before performing the operation.")
+# Operations that copy in eager even when the result equals the input (torch.cat([x])).
+_ALWAYS_COPY = {"cat", "concat", "concatenate", "stack", "hstack", "vstack", "flip", "clone", "logcumsumexp",
+                "cumsum", "cumprod", "rot90", "roll", "tile", "repeat", "pad", "tril", "triu"}
 
 
 @dataclasses.dataclass
@@ -59,6 +71,14 @@ class Alias:
     key: object = None
     views: list = dataclasses.field(default_factory=list)
     stale_because: str | None = None
+    # made by an op that returns its input or a copy depending on the input's memory layout at
+    # run time (x.contiguous()), which traces do not know: an in-place write through it is only
+    # safe when nothing reads the input afterwards
+    layout_dependent: bool = False
+    stale_message: str | None = None  # why reading this tensor is refused, when not as a stale view
+    # expanded (x.expand(3, 4) of a (4,) x): several elements share one memory location, and
+    # torch refuses to write into it in place
+    overlapping: bool = False
 
 
 def _alias(p: TensorProxy) -> Alias:
@@ -78,19 +98,46 @@ def is_view_op(func) -> bool:
     return answer
 
 
-def track_views(func, args, out) -> None:
-    """After a view op: remember that its outputs share storage with its input."""
+def track_views(func, args, kwargs, out) -> None:
+    """After a view op, or an op that returned its input unchanged while tracing: remember
+    which outputs share storage with which input."""
+    identities = context.current_trace().identities
+    tracked = set()
+    if identities:
+        for o in tree_leaves(out):
+            entry = identities.pop(id(o), None) if isinstance(o, TensorProxy) else None
+            if entry is not None and entry[0] is o:
+                _track_identity(func, kwargs, o, entry[1])
+                tracked.add(id(o))
     source = args[0] if args else None
-    if not isinstance(source, TensorProxy):
+    if not is_view_op(func) or not isinstance(source, TensorProxy):
         return
+    short = torch_name(func).rsplit(".", 1)[-1]
     root = source.alias.base if source.alias is not None and source.alias.base is not None else source
     key = None
     if torch_name(func) == "torch.Tensor.__getitem__" and root is source and _is_basic_key(args[1]):
         key = args[1]
     for o in tree_leaves(out):
-        if isinstance(o, TensorProxy) and o is not source and o is not root:
-            o.alias = Alias(base=root, key=key)
+        if isinstance(o, TensorProxy) and o is not source and o is not root and id(o) not in tracked:
+            o.alias = Alias(base=root, key=key, overlapping=short in _EXPANDING and o.numel() > source.numel())
             _alias(root).views.append(o)
+
+
+def _track_identity(func, kwargs, out: TensorProxy, source: TensorProxy) -> None:
+    """out has source's value: in eager it is source itself or a view of all of it (so an
+    in-place write through it writes all of source), a copy, or one of the two depending on
+    source's layout at run time (any op not known to be one of the others)."""
+    short = torch_name(func).rsplit(".", 1)[-1]
+    if short in _ALWAYS_COPY:
+        return
+    if source.alias is not None and source.alias.base is not None:
+        root, key = source.alias.base, source.alias.key
+    else:
+        root, key = source, Ellipsis
+    exact = (short in _VIEW_NAMES or short in _RETURN_INPUT) and kwargs.get("memory_format") in (
+        None, torch.preserve_format)
+    out.alias = Alias(base=root, key=key, layout_dependent=not exact)
+    _alias(root).views.append(out)
 
 
 def check_fresh(args, kwargs) -> None:
@@ -101,6 +148,8 @@ def check_fresh(args, kwargs) -> None:
     for a in tree_leaves((args, kwargs)):
         if not isinstance(a, TensorProxy):
             continue
+        if a.alias is not None and a.alias.stale_message:
+            raise UnsupportedOpError(a.alias.stale_message)
         if a.alias is not None and a.alias.stale_because:
             raise UnsupportedOpError(
                 f"tensor {a.name} is a view of another tensor that was modified in place ({a.alias.stale_because}) "
@@ -217,9 +266,13 @@ def run_in_place(func, args, kwargs):
         raise UnsupportedOpError(f"{name} mutates {type(target).__name__}, not a tensor")
     check_fresh(args, kwargs)
     info = target.alias
+    if info is not None and info.overlapping and short != "__setitem__":
+        raise RuntimeError(_OVERLAP_MESSAGE)
     if short == "__setitem__" and isinstance(args[2], TensorProxy) and args[2].alias is not None and (
             args[2].alias.base is target and args[2].alias.key == args[1]):
         return None  # x[k] = v where v is x[k], already written back when v was mutated: nothing to do
+    if info is not None and info.layout_dependent:
+        return _write_layout_dependent(trc, func, name, short, args, kwargs)
     if info is not None and info.base is not None:
         if info.key is None:
             raise UnsupportedOpError(
@@ -236,6 +289,29 @@ def run_in_place(func, args, kwargs):
     return target if short != "__setitem__" else None
 
 
+def _write_layout_dependent(trc, func, name, short, args, kwargs):
+    """An in-place write into x.contiguous() (or the like), which in eager writes into x or
+    into a copy depending on x's layout at run time. Into a copy of an input the caller would
+    see no change, into x itself they would: refused. For a tensor made inside the function,
+    the write goes to the result, and x may not be read afterwards."""
+    target = args[0]
+    root = target.alias.base
+    if any(a is root for a in trc.args) or root.constant is not None:
+        raise UnsupportedOpError(
+            f"{name} mutates {target.name}, which in eager is {root.name} itself or a copy of it depending on "
+            f"{root.name}'s memory layout at run time (x.contiguous(), x.reshape(...)); {root.name} is an input of "
+            f"the traced function, so whether the caller sees the change cannot be known while tracing. Mutate "
+            f"{root.name}.clone() (or {root.name} itself) instead.")
+    new_value = _cast_like_target(_functional(func, short, args, kwargs), target, name)
+    trc.rebind(target, new_value, because=name)
+    _alias(root).stale_message = (
+        f"{root.name} is read after {name} mutated {target.name}, which in eager is {root.name} itself or a copy of it "
+        f"depending on {root.name}'s memory layout at run time (x.contiguous(), x.reshape(...)), so whether "
+        f"{root.name} changed cannot be known while tracing. Mutate {root.name}.clone() instead, or read "
+        f"{target.name}.")
+    return target if short != "__setitem__" else None
+
+
 def run_with_output_argument(handler, func, args, kwargs, out):
     """`torch.add(a, b, out=c)`: compute, then write into c as c.copy_ would (same dtype rules)."""
     if not isinstance(out, TensorProxy):
@@ -249,6 +325,8 @@ def run_with_output_argument(handler, func, args, kwargs, out):
     if not isinstance(result, TensorProxy):
         raise UnsupportedOpError(f"{torch_name(func)}(out=...) with several outputs is not supported; use the result")
     check_fresh((out,), {})
+    if out.alias is not None and out.alias.overlapping:
+        raise RuntimeError(_OVERLAP_MESSAGE)
     trc = context.current_trace()
     trc.rebind(out, _cast_like_target(result, out, torch_name(func)), because=f"{torch_name(func)}(out=...)")
     return out

@@ -1,8 +1,9 @@
 """Shape and layout operations, and dtype/device conversions.
 
 Views are values here: the IR is functional, so `view`, `reshape` and `contiguous`
-all produce new values and strides never matter. (In-place writes through views are
-refused until in-place support lands; see interception.dispatch.)
+all produce new values and traces carry no strides. Which of them share memory with
+their input is decided at run time by torch itself (the torch executor runs each
+one), exactly as in eager; torch/inplace.py says what an in-place write through one does.
 
 Triangles, diagonals, rolls and repeats are slices, iotas, broadcasts and cats;
 F.pad's constant mode is one prims.pad, its other modes slices, flips and a cat.
@@ -56,10 +57,10 @@ def view_as(a, other):
     return clang.reshape(a, tuple(other.shape))
 
 
-# Traces do not track strides, and x.contiguous() is the value x itself, so at run time a view's
-# input may be laid out so that torch cannot view it (x.mT.contiguous().view(-1)). The torch
-# executor therefore runs views as reshapes: a view wherever torch can make one, a copy elsewhere.
-view.torch_fn, view_as.torch_fn = T.reshape, T.reshape_as
+# The torch executor runs torch's own view, so a view of a tensor torch cannot view
+# (x.t().view(-1)) raises torch's "view size is not compatible with input tensor's size
+# and stride" as in eager: layouts at run time are eager's, since x.contiguous() and every
+# other layout-changing op is run by torch too (see _fresh_outputs in torch/__init__.py).
 
 
 @torchsymbol(T.reshape_as)
@@ -84,7 +85,8 @@ def t(a):
     return clang.transpose(a, 0, 1) if a.ndim == 2 else a
 
 
-register_alias(T.T.__get__, lambda a: clang.permute(a, tuple(reversed(range(a.ndim)))))
+# through the permute symbol, so x.T of a 0-D or 1-D x is a view of x as in eager, not x itself
+register_alias(T.T.__get__, lambda a: transpose(a, 0, 1) if a.ndim == 2 else permute(a, tuple(reversed(range(a.ndim)))))
 register_alias(T.mT.__get__, lambda a: _mT(a, "mT"))
 register_alias(T.mH.__get__, lambda a: _mT(a, "mH"))  # conjugation is the identity on the real dtypes thunderfn traces
 register_alias(T.H.__get__, lambda a: _H(a))
@@ -93,14 +95,14 @@ register_alias(T.H.__get__, lambda a: _H(a))
 def _mT(a, attr):
     check(a.ndim != 1, lambda: f"tensor.{attr} is only supported on matrices or batches of matrices. Got {a.ndim}-D tensor.")
     _check_real(a, attr)
-    return clang.transpose(a, -2, -1) if a.ndim else a  # the identity on 0-D tensors (deprecated in torch)
+    return transpose(a, -2, -1) if a.ndim else a  # the 0-D tensor itself, as in eager (deprecated in torch)
 
 
 def _H(a):
     check(a.ndim == 2 or a.ndim == 0, lambda: f"tensor.H is only supported on matrices (2-D tensors). Got {a.ndim}-D tensor."
           + (" For batches of matrices, consider using tensor.mH" if a.ndim > 2 else ""))
     _check_real(a, "H")
-    return clang.transpose(a, 0, 1) if a.ndim == 2 else a
+    return transpose(a, 0, 1) if a.ndim == 2 else a  # the 0-D tensor itself, as in eager
 
 
 def _check_real(a, attr):
@@ -147,6 +149,11 @@ def expand(a, *shape):
     offset = len(shape) - a.ndim
     resolved = tuple(a.shape[i - offset] if s == -1 and i >= offset else s for i, s in enumerate(shape))
     check(all(s >= 0 for s in resolved), lambda: f"The expanded size of the tensor (-1) isn't allowed in a leading, non-existing dimension {shape.index(-1)}")
+    for i in reversed(range(offset, len(shape))):  # torch checks from the last dimension, and names the first it finds
+        n = a.shape[i - offset]
+        check(n in (1, resolved[i]), lambda: f"The expanded size of the tensor ({resolved[i]}) must match the existing size "
+                                             f"({n}) at non-singleton dimension {i}.  Target sizes: {list(shape)}.  "
+                                             f"Tensor sizes: {list(a.shape)}")
     return clang.expand_to(a, resolved)
 
 
@@ -307,11 +314,14 @@ def clone(a, *, memory_format=torch.preserve_format):
 
 # -- conversions -----------------------------------------------------------------------
 def _to_args(a, args, kwargs):
-    """Parse Tensor.to's overloads into (device, dtype)."""
+    """Parse Tensor.to's overloads into (device, dtype, copy)."""
     device = kwargs.pop("device", None)
     dtype = kwargs.pop("dtype", None)
-    kwargs.pop("non_blocking", None), kwargs.pop("copy", None), kwargs.pop("memory_format", None)
+    copy = kwargs.pop("copy", False)
+    kwargs.pop("non_blocking", None), kwargs.pop("memory_format", None)
     check(not kwargs, lambda: f"to() received an invalid combination of arguments - got ({', '.join(f'{k}={type(v).__name__}' for k, v in kwargs.items())}, )", TypeError)
+    flags = [arg for arg in args if isinstance(arg, bool)]  # to(dtype, non_blocking, copy)
+    copy = copy or (len(flags) >= 2 and flags[1])
     for arg in args:
         if isinstance(arg, torch.dtype):
             dtype = arg
@@ -323,12 +333,12 @@ def _to_args(a, args, kwargs):
             continue  # non_blocking / copy positionals
         else:
             raise TypeError(f"to() received an invalid combination of arguments - got ({type(arg).__name__})")
-    return device, dtype
+    return device, dtype, copy
 
 
 @torchsymbol(T.to)
 def to(a, *args, **kwargs):
-    device, dtype = _to_args(a, args, dict(kwargs))
+    device, dtype, copy = _to_args(a, args, dict(kwargs))
     out = a
     if dtype is not None:
         out = maybe_convert_to_dtype(out, dtype)
@@ -338,7 +348,8 @@ def to(a, *args, **kwargs):
             target = a.device
         if target != a.device:
             out = prims.device_put(out, target)
-    return out
+    # copy=True makes a new tensor in eager even when nothing changes
+    return clone(a) if copy and out is a else out
 
 
 @torchsymbol(T.type_as)

@@ -23,6 +23,7 @@ import optree
 import torch
 
 from thunderfn import clang
+from thunderfn.prims import PrimIDs
 from thunderfn.core import context, dtypes
 from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
@@ -125,6 +126,37 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
         f"thunderfn.transforms.vjp_rules.defvjp, or compute this part outside the differentiated function.")
 
 
+# Prims whose VJP reads only shapes and dtypes, never a value of the forward.
+_MOVES_DATA_ONLY = frozenset({PrimIDs.RESHAPE, PrimIDs.SQUEEZE, PrimIDs.TRANSPOSE, PrimIDs.BROADCAST_IN_DIM,
+                              PrimIDs.SLICE, PrimIDs.FLIP, PrimIDs.CAT, PrimIDs.PAD, PrimIDs.CONVERT_ELEMENT_TYPE,
+                              PrimIDs.DEVICE_PUT})
+
+
+def _moves_data_only(bsym) -> bool:
+    """A composite made only of views, reshapes, copies and conversions (x.contiguous(), x.view(...),
+    x.to(...), torch.cat([x])). It runs whole in the forward, so torch's own op decides view or
+    copy (and checks x.view's strides) as in eager; its backward still differentiates the
+    decomposition, which needs no residual from it."""
+    from thunderfn.transforms.vjp_rules import rule_for
+
+    return bool(bsym.subsymbols) and all(
+        sub.sym.id in _MOVES_DATA_ONLY if sub.sym.is_prim else rule_for(sub) is None and _moves_data_only(sub)
+        for sub in bsym.subsymbols)
+
+
+def _passes_an_input_through(bsym) -> bool:
+    """Whether every differentiable output of a composite is, in its decomposition, an input
+    reshaped to its own shape (torch.cummax of a 0-D tensor, index_put with no indices): eager's
+    op returns a new tensor or a view there, the decomposition the input itself, so the forward
+    runs the op whole; gradients flow through that reshape alone, which needs no residual."""
+    inputs = {p.name for p in bsym.proxy_args()}
+    made = {sub.output.name: sub for sub in bsym.subsymbols if isinstance(sub.output, TensorProxy)}
+    outs = [o for o in bsym.flat_outs() if isinstance(o, TensorProxy) and _differentiable(o)]
+    return bool(outs) and all(
+        o.name in made and made[o.name].sym.id is PrimIDs.RESHAPE and made[o.name].args[0].name in inputs
+        and tuple(made[o.name].args[0].shape) == tuple(o.shape) for o in outs)
+
+
 def _with_residuals(bsyms: list) -> list:
     """The forward as it must run for the backward to find its residuals: a composite without
     a VJP rule is replaced by its decomposition (whose intermediates the rules read), unless
@@ -144,7 +176,8 @@ def _with_residuals(bsyms: list) -> list:
         if rule is not None and rule.vjp is not None:
             flat.extend(trace_in_place_of(bsym, rule.vjp, "the executor's vjp"))
             continue
-        keep = inert or rule_for(bsym) is not None or not bsym.subsymbols or claims_whole(rule)
+        keep = (inert or rule_for(bsym) is not None or not bsym.subsymbols or claims_whole(rule)
+                or _moves_data_only(bsym) or _passes_an_input_through(bsym))
         flat.extend([bsym] if keep else _with_residuals(list(bsym.subsymbols)))
     return flat
 

@@ -195,7 +195,18 @@ class ThunderFunction(torch.autograd.Function):
     def forward(compiled, *inputs):
         outputs, residuals = compiled.forward(*inputs)
         # a residual that is an input or an output is saved as that (torch refuses a tensor returned twice)
-        return (*outputs, *(r for r, (kind, _) in zip(residuals, compiled.residual_plan) if kind == "new"))
+        returned = (*outputs, *(r for r, (kind, _) in zip(residuals, compiled.residual_plan) if kind == "new"))
+        # torch's own ops return their input itself at run time where eager does (x.float() of a float x);
+        # an autograd.Function returns a view of it instead, and each object once
+        seen = {id(t) for t in inputs if isinstance(t, torch.Tensor)}
+        fresh = []
+        for t in returned:
+            if isinstance(t, torch.Tensor):
+                if id(t) in seen:
+                    t = t.view_as(t)
+                seen.add(id(t))
+            fresh.append(t)
+        return tuple(fresh)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
