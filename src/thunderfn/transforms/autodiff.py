@@ -27,7 +27,7 @@ from thunderfn.prims import PrimIDs
 from thunderfn.core import context, dtypes
 from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
+from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import UnsupportedOpError
@@ -225,8 +225,14 @@ def trace_vjp(fn: Callable, primals: Sequence):
     modes = _grad_modes(region, start_mode)
 
     def backward(cotangents):
-        out_leaves, _ = tree_flatten(out)
-        ct_leaves, _ = tree_flatten(cotangents)
+        """cotangents: a pytree with out's structure; None (or anything, for an integer or boolean
+        output) where an output gets no cotangent. Every output keeps its position."""
+        out_leaves, out_spec = tree_flatten(out)
+        try:
+            ct_leaves = out_spec.flatten_up_to(cotangents)
+        except (ValueError, TypeError) as e:
+            raise TypeError(f"the cotangents must have the structure of the function's output, {out_spec}, with "
+                            f"None for outputs that get none; got {tree_flatten(cotangents)[1]} ({e})") from None
         cts: dict = {}
         for o, c in zip(out_leaves, ct_leaves):
             if isinstance(o, TensorProxy) and c is not None:
@@ -345,7 +351,8 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
             shape = tuple(value.shape) if isinstance(value, TensorProxy) else type(value).__name__
             raise RuntimeError(f"grad of '{getattr(fn, '__name__', fn)}' requires a scalar output, but it returned "
                                f"{shape}. Reduce it first (out.sum()), or use tf.vjp / tf.jacrev for non-scalar outputs.")
-        flat_cts = backward(clang.full(value.shape, 1, device=value.device, dtype=value.dtype))
+        ones = clang.full(value.shape, 1, device=value.device, dtype=value.dtype)
+        flat_cts = backward((ones, tree_map(lambda _: None, aux)) if has_aux else ones)
         flat_cts = _zeros_for_none(flat_cts, tree_leaves(diff))
         grads, offset = [], 0
         for d in diff:

@@ -1,0 +1,64 @@
+"""Gradient conventions in training loops (issue 10, items 1-3 and 16): every output keeps
+its position in the cotangents, integer outputs get none, which tensors get a gradient
+(None vs zeros) is eager's, and custom_vjp rules hold everywhere."""
+import pytest
+import torch
+
+import thunderfn as tf
+
+
+def _argmax_and_exp(x):
+    return x.argmax(-1), x.exp()
+
+
+# -- item 1: a non-differentiable output before a differentiable one ------------------------------
+def test_vjp_keeps_each_output_in_its_position():
+    x = torch.randn(3, 4)
+    out, vjp_fn = tf.vjp(_argmax_and_exp, x)
+    assert out[0].dtype == torch.int64
+    g = torch.randn(3, 4)
+    (with_none,) = vjp_fn((None, g))
+    (with_int,) = vjp_fn((torch.zeros(3, dtype=torch.int64), g))  # torch.func passes one for integer outputs
+    torch.testing.assert_close(with_none, g * x.exp())
+    torch.testing.assert_close(with_int, g * x.exp())
+
+
+def test_vjp_with_a_cotangent_of_the_wrong_structure_says_so():
+    _, vjp_fn = tf.vjp(_argmax_and_exp, torch.randn(3, 4))
+    with pytest.raises(TypeError, match="the cotangents must have the structure of the function's output"):
+        vjp_fn(torch.ones(3, 4))
+
+
+def test_jit_backward_reaches_parameters_behind_an_integer_output():
+    torch.manual_seed(0)
+    model, x, y = torch.nn.Linear(4, 3), torch.randn(5, 4), torch.randint(0, 3, (5,))
+
+    def step(x, y):
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        return (logits.argmax(-1) == y).sum(), loss  # accuracy first, as training loops write it
+
+    expected_correct, loss = step(x, y)
+    loss.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    correct, loss = tf.jit(step)(x, y)
+    loss.backward()
+    assert correct.item() == expected_correct.item() and not correct.requires_grad
+    for p, e in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad, e)
+
+
+def test_grad_with_integer_and_none_aux():
+    x = torch.randn(3, 4)
+    g, aux = tf.grad(lambda x: ((x ** 2).sum(), {"index": x.argmax(), "nothing": None}), has_aux=True)(x)
+    torch.testing.assert_close(g, 2 * x)
+    assert aux["index"].item() == x.argmax().item() and aux["nothing"] is None
+
+
+def test_jvp_of_an_integer_output_is_zero_as_torch_func():
+    x, t = torch.randn(3, 4), torch.randn(3, 4)
+    out, tangents = tf.jvp(_argmax_and_exp, (x,), (t,))
+    expected_out, expected_tangents = torch.func.jvp(_argmax_and_exp, (x,), (t,))
+    torch.testing.assert_close(out, expected_out)
+    torch.testing.assert_close(tangents, expected_tangents)
