@@ -62,3 +62,27 @@ def test_jvp_of_an_integer_output_is_zero_as_torch_func():
     expected_out, expected_tangents = torch.func.jvp(_argmax_and_exp, (x,), (t,))
     torch.testing.assert_close(out, expected_out)
     torch.testing.assert_close(tangents, expected_tangents)
+
+
+# -- item 16: the derivative with respect to a Python float -----------------------------------------
+def test_grad_with_respect_to_a_python_float_is_its_derivative():
+    g = tf.grad(lambda x: x ** 3)
+    assert g(2.0).item() == 12.0 and g(3.0).item() == 27.0
+    assert g(2.0).shape == () and g(2.0).dtype == torch.get_default_dtype()
+    assert tf.cache_info(g)["misses"] == 1  # the float is an input, not a baked-in constant
+
+
+def test_grad_with_respect_to_floats_mixed_with_tensors_matches_torch():
+    x = torch.randn(3)
+    gx, gs = tf.grad(lambda x, s: torch.sin(x * s).sum(), argnums=(0, 1))(x, 0.5)
+    s = torch.tensor(0.5, requires_grad=True)
+    xr = x.clone().requires_grad_()
+    torch.sin(xr * s).sum().backward()
+    torch.testing.assert_close((gx, gs), (xr.grad, s.grad))
+    value, grads = tf.value_and_grad(lambda p: p["a"] * 2 + (p["b"] ** 2).sum())({"a": 1.5, "b": torch.ones(2)})
+    assert value.item() == 5.0 and grads["a"].item() == 2.0
+
+
+def test_grad_with_respect_to_a_python_int_is_refused_like_jax():
+    with pytest.raises(TypeError, match="requires floating-point inputs.*Python int 3"):
+        tf.grad(lambda x: x * 2)(3)

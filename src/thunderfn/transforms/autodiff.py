@@ -291,8 +291,9 @@ def _backprop_opaque(bsym, out_cts, cts, tape: _Tape) -> None:
 
 
 # -- function transforms --------------------------------------------------------------------------
-def _compiled(transformed):
-    """Run `transformed` (which needs a trace) through jit when called with real tensors."""
+def _compiled(transformed, prepare=None):
+    """Run `transformed` (which needs a trace) through jit when called with real tensors.
+    `prepare(args) -> args` runs first on every call (value_and_grad's Python floats)."""
     from thunderfn.jit import jit_evicting
 
     jitted = None
@@ -300,6 +301,8 @@ def _compiled(transformed):
     @functools.wraps(transformed)
     def wrapper(*args, **kwargs):
         nonlocal jitted
+        if prepare is not None:
+            args = prepare(args)
         if context.current_trace() is not None:
             return transformed(*args, **kwargs)
         if jitted is None:
@@ -310,8 +313,28 @@ def _compiled(transformed):
     return wrapper
 
 
+def _float_as_tensor(x):
+    """A Python float differentiated with respect to becomes a 0-d tensor of the default dtype
+    (torch promotes the two alike), so its derivative is one too, as JAX returns a 0-d array;
+    outside a trace it is a real tensor, an input of the compiled function, so a new value
+    does not retrace."""
+    if type(x) is not float:
+        return x
+    if context.current_trace() is not None:
+        return clang.full((), x, device=torch.get_default_device(), dtype=torch.get_default_dtype())
+    return torch.tensor(x, dtype=torch.get_default_dtype())
+
+
+def _floats_as_tensors(args, nums):
+    return tuple(tree_map(_float_as_tensor, a) if i in nums else a for i, a in enumerate(args))
+
+
 def _check_inexact(leaves, what: str, fn) -> None:
     for leaf in leaves:
+        if type(leaf) in (int, bool):
+            raise TypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point inputs to "
+                            f"differentiate, but got the Python {type(leaf).__name__} {leaf!r}. Pass a float "
+                            f"(2.0) or a floating tensor, or leave it out of argnums.")
         if isinstance(leaf, TensorProxy) and not dtypes.is_inexact(leaf.dtype):
             raise TypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point (or complex) inputs to "
                             f"differentiate, but got a {leaf.dtype} tensor. Pass it as an argument you do not "
@@ -363,7 +386,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
         return ((value, aux) if has_aux else value), g
 
     transformed.__name__ = f"value_and_grad_{getattr(fn, '__name__', 'fn')}"
-    return _compiled(transformed)
+    return _compiled(transformed, prepare=lambda args: _floats_as_tensors(args, nums))
 
 
 def grad(fn: Callable, argnums=0, has_aux: bool = False):
@@ -375,7 +398,8 @@ def grad(fn: Callable, argnums=0, has_aux: bool = False):
         return (g, value_or_pair[1]) if has_aux else g
 
     transformed.__name__ = f"grad_{getattr(fn, '__name__', 'fn')}"
-    return _compiled(transformed)
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    return _compiled(transformed, prepare=lambda args: _floats_as_tensors(args, nums))
 
 
 def value_without_aux(fn: Callable, has_aux: bool):
@@ -394,7 +418,10 @@ def value_without_aux(fn: Callable, has_aux: bool):
 
 def vjp(fn: Callable, *primals, has_aux: bool = False):
     """(out, vjp_fn) or (out, vjp_fn, aux): vjp_fn(cotangent pytree like out) returns a tuple
-    with one cotangent per primal (pytrees like the primals)."""
+    with one cotangent per primal (pytrees like the primals). A Python float primal is
+    differentiated as a 0-d tensor (see _float_as_tensor)."""
+    primals = _floats_as_tensors(primals, range(len(primals)))
+
     def split(primals):
         """trace fn: (value, aux, backward); only value is differentiated."""
         value_only, aux_box = value_without_aux(fn, has_aux)
