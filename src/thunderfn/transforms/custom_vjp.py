@@ -7,13 +7,17 @@
 Traced, a call records one symbol of its own whose body is `fwd` and whose outputs are
 (out, residuals); its entry in vjp_rules calls `bwd`, after checking that bwd returned
 one cotangent (or None) per differentiable argument with the argument's structure and
-shapes. Called with real tensors outside any transform, it is simply `fn`.
+shapes. Called with real tensors outside any transform, it is `fn`, unless torch.autograd
+will differentiate the call (grad mode on, a tensor requiring grad among its arguments):
+then it runs jitted, so `f(x).backward()` uses the rule as `tf.grad(f)` does.
 """
 from __future__ import annotations
 
 import functools
 import itertools
 import weakref
+
+import torch
 
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
@@ -32,6 +36,7 @@ class custom_vjp:
         self.nondiff_argnums = tuple(sorted(nondiff_argnums))
         self.fwd = self.bwd = None
         self._symbol = None
+        self._jitted = None  # this function, jitted: how eager calls that torch differentiates run
 
     def defvjp(self, fwd, bwd):
         self.fwd, self.bwd = fwd, bwd
@@ -60,6 +65,11 @@ class custom_vjp:
 
     def __call__(self, *args, **kwargs):
         if context.current_trace() is None:
+            if self._symbol is not None and torch.is_grad_enabled() and any(
+                    isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves((args, kwargs))):
+                # Differentiated by torch.autograd: the rule must hold here too (as a torch.autograd.Function
+                # would), so the call runs jitted, whose backward is this rule.
+                return self._with_rule()(*args, **kwargs)
             return self.fn(*args, **kwargs)
         if self._symbol is None:
             raise TypeError(f"custom_vjp '{self._name}' has no rule yet: call {self._name}.defvjp(fwd, bwd) first")
@@ -70,6 +80,13 @@ class custom_vjp:
                                 f"functions); pass tensors as ordinary arguments (bwd may return None for them).")
         out, _residuals = self._symbol(*args, **kwargs)
         return out
+
+    def _with_rule(self):
+        if self._jitted is None:
+            from thunderfn.jit import jit  # the api layer, above this module
+
+            self._jitted = jit(self)
+        return self._jitted
 
     # -- backward: bwd, called by the reverse-mode driver ------------------------------------------
     def _backward(self, res, g):
