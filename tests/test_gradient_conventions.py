@@ -5,6 +5,9 @@ import pytest
 import torch
 
 import thunderfn as tf
+from thunderfn.testing.grad_presence import grad_presence_mismatches
+from thunderfn.testing.opinfo import SampleInput
+from thunderfn.testing.opinfos import op_db
 
 
 def _argmax_and_exp(x):
@@ -126,3 +129,68 @@ def test_custom_vjp_without_grad_runs_the_primal_function():
     with torch.no_grad():
         f(x.requires_grad_())
     assert calls == ["fn", "fn"]
+
+
+# -- item 2: None vs zeros, and which outputs require grad, as eager ----------------------------------
+def _first_floating_dtype(op):
+    return torch.float64 if torch.float64 in op.dtypes else next((d for d in op.dtypes if d.is_floating_point), None)
+
+
+_DIFFERENTIABLE_OPS = [pytest.param(op, id=op.name) for op in op_db if _first_floating_dtype(op) is not None]
+
+
+@pytest.mark.parametrize("op", _DIFFERENTIABLE_OPS)
+def test_grad_presence_and_requires_grad_match_eager_over_the_opinfo_db(op):
+    samples = list(op.sample_inputs("cpu", _first_floating_dtype(op)))[:3]
+    assert not grad_presence_mismatches(op, samples)
+
+
+class _Named:
+    def __init__(self, name, op):
+        self.name, self.op = name, op
+
+
+_F = torch.nn.functional
+_X, _SIGNS = torch.randn(4, 3), torch.randn(4, 3).sign()
+TRAINING_LOOP_CASES = {
+    # eager: the output requires grad, the input's gradient is zeros (not None)
+    "zero_": (lambda a: (a * 1).zero_(), (_X,)),
+    "copy_": (lambda a, b: (a * 1).copy_(b), (_X, _X.flip(0))),
+    "floor_division": (lambda a: torch.div(a, 2, rounding_mode="floor"), (_X,)),
+    "round": (lambda a: a.round() + a.sign(), (_X,)),
+    "addmm_beta_0": (lambda a, b, c: torch.addmm(a, b, c, beta=0), (torch.randn(4, 4), _X, _X.T)),
+    # eager: the target's gradient is None (its formula ignores it)
+    "hinge_embedding_target": (lambda a, t: _F.hinge_embedding_loss(a, t), (_X, _SIGNS)),
+    "cosine_embedding_target": (lambda a, b, t: _F.cosine_embedding_loss(a, b, t), (_X, _X.flip(0), _SIGNS[:, 0])),
+    "norm_ord_0": (lambda a: torch.linalg.norm(a, ord=0), (_X,)),
+    # eager: the output does not require grad
+    "detach": (lambda a: a.detach() * 2, (_X,)),
+    "zeros_like": (lambda a: torch.zeros_like(a), (_X,)),
+}
+
+
+@pytest.mark.parametrize("name", TRAINING_LOOP_CASES)
+def test_grad_presence_matches_eager_in_training_loop_idioms(name):
+    fn, args = TRAINING_LOOP_CASES[name]
+    assert not grad_presence_mismatches(_Named(name, fn), [SampleInput(args)])
+
+
+def test_adamw_decays_exactly_the_parameters_eager_decays():
+    # AdamW skips parameters whose .grad is None: a zero gradient where eager has None (or the
+    # reverse) changes the weights. `unused` feeds only a loss's target, whose gradient is None.
+    def run(jit):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 3)
+        unused = torch.nn.Parameter(torch.randn(4, 3).sign())
+        opt = torch.optim.AdamW([*model.parameters(), unused], lr=0.1, weight_decay=0.5)
+        step = (lambda x: _F.hinge_embedding_loss(model(x), unused))
+        step = tf.jit(step) if jit else step
+        for _ in range(3):
+            opt.zero_grad()
+            step(torch.randn(4, 3)).backward()
+            opt.step()
+        return [p.detach().clone() for p in [*model.parameters(), unused]], unused.grad
+
+    (eager, eager_grad), (jitted, jitted_grad) = run(False), run(True)
+    assert eager_grad is None and jitted_grad is None
+    torch.testing.assert_close(jitted, eager)

@@ -186,6 +186,14 @@ def div(a, b, rounding_mode=None):
     return _elementwise(prims.div, a, b, kind=Promotion.DEFAULT, rounding_mode=rounding_mode)
 
 
+def in_place_of(old, new):
+    """new, as a function of old whose gradient for old is zero: where torch's autograd keeps a
+    tensor in the graph with a zero gradient though its value is gone (x.zero_(), x.copy_(y),
+    addmm's input at beta=0). where(False, old, new) computes exactly new, NaNs of old ignored."""
+    never = full((), False, device=old.device, dtype=torch.bool)
+    return where(never, old, new)
+
+
 def where(pred, a, b):
     check(is_tensor(pred), lambda: "where(): argument 'condition' must be Tensor", TypeError)
     compute, _ = promoted_dtypes(a, b)
@@ -282,8 +290,10 @@ def flatten(a, start_dim: int = 0, end_dim: int = -1):
 
 
 def cat(tensors, dim: int = 0):
-    # torch.cat skips legacy empty 1-D tensors when other inputs have more dims
-    tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or list(tensors[:1])
+    # torch.cat skips legacy empty 1-D tensors when other inputs have more dims (among 1-D ones they
+    # are ordinary pieces, and get their empty gradient)
+    if any(t.ndim > 1 for t in tensors):
+        tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or list(tensors[:1])
     dtype = dtypes.result_type(*tensors)
     tensors = [maybe_convert_to_dtype(t, dtype) for t in tensors]
     return tensors[0] if len(tensors) == 1 else prims.cat(tensors, dim)

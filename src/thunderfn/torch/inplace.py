@@ -208,6 +208,14 @@ _REFUSED = {"resize_", "resize_as_", "set_", "requires_grad_", "share_memory_", 
             "transpose_", "squeeze_", "unsqueeze_", "swapdims_", "swapaxes_", "retain_grad_"}
 
 
+def _overwriting(target, value):
+    """value, as what an in-place overwrite (copy_, fill_, zero_, uniform_, ...) leaves in target:
+    in eager the tensor stays in autograd's graph, its old value getting a zero gradient (not None)."""
+    if not torch.is_grad_enabled() or not (target.dtype.is_floating_point or target.dtype.is_complex):
+        return value
+    return clang.in_place_of(target, value)
+
+
 def _functional(func, short: str, args, kwargs):
     """The value the in-place call leaves in its target, computed out of place."""
     target = args[0]
@@ -217,13 +225,13 @@ def _functional(func, short: str, args, kwargs):
     if short == "__setitem__":
         return setitem(target, args[1], args[2])
     if short == "copy_":
-        return copy_into(target, args[1])
+        return _overwriting(target, copy_into(target, args[1]))
     if short == "zero_":
-        return clang.full(target.shape, 0, device=target.device, dtype=target.dtype)
+        return _overwriting(target, clang.full(target.shape, 0, device=target.device, dtype=target.dtype))
     if short == "fill_":
-        return copy_into(target, args[1])
+        return _overwriting(target, copy_into(target, args[1]))
     if short in _RANDOM_FILLS:
-        return opaque_symbol(fresh_random_like)(target, short, *args[1:], **kwargs)
+        return _overwriting(target, opaque_symbol(fresh_random_like)(target, short, *args[1:], **kwargs))
     out_of_place = _IN_PLACE_DUNDERS.get(short, short[:-1])
     candidates = [getattr(torch.Tensor, out_of_place, None)]
     if not torch_name(func).startswith("torch.Tensor."):

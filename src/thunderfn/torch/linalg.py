@@ -32,6 +32,8 @@ def _scaled_sum(input, product, beta, alpha):
     if beta != 0:
         bias = maybe_convert_to_dtype(bias, compute)
         out = clang.add(out, bias if beta == 1 else clang.mul(bias, beta))
+    elif torch.is_grad_enabled() and dtypes.is_inexact(input.dtype):
+        out = clang.in_place_of(bias, out)  # torch's input gradient at beta=0 is zeros, not None
     return maybe_convert_to_dtype(out, out_dtype)
 
 

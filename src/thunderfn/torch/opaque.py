@@ -121,6 +121,34 @@ def _meta(fn, args, kwargs):
     return tree_unflatten(out_spec, proxies)  # keeps torch.return_types.* (values, indices)
 
 
+def autograd_connections(bsym):
+    """Which of an opaque op's floating inputs torch.autograd connects to which of its outputs,
+    as eager records them: (positions among the flattened (args, kwargs) leaves that get a
+    gradient, positions among the flattened outputs that require grad). Found by running the
+    op and its backward on meta tensors; None when that fails (then every floating input and
+    output is taken as connected). An input torch's formula ignores (a loss's target) gets None
+    in eager, not zeros; an output torch does not record (x.detach()) does not require grad."""
+    leaves, spec = tree_flatten((bsym.args, bsym.kwargs))
+    floating = [i for i, x in enumerate(leaves) if isinstance(x, TensorProxy) and (
+        x.dtype.is_floating_point or x.dtype.is_complex)]
+    try:
+        # (called while a trace is built: thunderfn's torch-function mode must not see these calls)
+        with torch.enable_grad(), torch._C.DisableTorchFunction():
+            meta = [_to_meta(x) for x in leaves]
+            for i in floating:
+                meta[i].requires_grad_()
+            args, kwargs = tree_unflatten(spec, meta)
+            outs = tree_flatten(bsym.sym.torch_fn(*args, **kwargs))[0]
+            recorded = [j for j, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
+            if not recorded or not floating:
+                return frozenset(), frozenset(recorded)
+            grads = torch.autograd.grad([outs[j] for j in recorded], [meta[i] for i in floating],
+                                        [torch.ones_like(outs[j]) for j in recorded], allow_unused=True)
+    except Exception:  # no meta kernel for the op or its backward: assume everything is connected
+        return None
+    return frozenset(i for i, g in zip(floating, grads) if g is not None), frozenset(recorded)
+
+
 def _to_meta_tensor_tree(args, kwargs):
     """(args, kwargs) with real tensors replaced by meta tensors of the same shape and dtype."""
     leaves, spec = tree_flatten((args, kwargs))

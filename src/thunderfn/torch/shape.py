@@ -306,6 +306,12 @@ def contiguous(a, memory_format=torch.contiguous_format):
     return a
 
 
+@torchsymbol(torch.detach, T.detach)
+def detach(a):
+    # the value itself; differentiation stops here (vjp_rules_torch.py), and torch runs detach (a view)
+    return a
+
+
 @torchsymbol(torch.clone, T.clone)
 def clone(a, *, memory_format=torch.preserve_format):
     # A functional IR has no aliasing to break; an identity keeps the output a new value.

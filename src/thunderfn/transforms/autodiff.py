@@ -31,6 +31,7 @@ from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unfl
 from thunderfn.core.statements import set_grad_enabled
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import UnsupportedOpError
+from thunderfn.torch.opaque import autograd_connections
 
 
 def _differentiable(x) -> bool:
@@ -282,7 +283,9 @@ def _backprop_opaque(bsym, out_cts, cts, tape: _Tape) -> None:
     cotangents = tuple(c if c is not None else clang.full(o.shape, 0, device=o.device, dtype=o.dtype)
                        for o, c in floating)
     leaves = tree_leaves((bsym.args, bsym.kwargs))
-    wrt = tuple(i for i, x in enumerate(leaves) if _differentiable(x) and x.name in tape.active)
+    connections = autograd_connections(bsym)  # inputs torch's formula ignores get None, as in eager
+    wrt = tuple(i for i, x in enumerate(leaves) if _differentiable(x) and x.name in tape.active
+                and (connections is None or i in connections[0]))
     if not wrt:
         return
     in_cts = torch_vjp_op(bsym.sym.torch_fn, bsym.args, bsym.kwargs, cotangents, wrt, tape.rng_state.get(id(bsym)))

@@ -37,6 +37,8 @@ from thunderfn.core.pytree import tree_flatten, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled, write_back
 from thunderfn.core.trace import Trace, tracing
 from thunderfn.errors import UnsupportedOpError
+from thunderfn.torch.opaque import autograd_connections
+from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, rule_for
 
 
 @dataclasses.dataclass
@@ -89,16 +91,39 @@ def _lift_captured(computation: Trace, captured: list) -> Trace:
 
 
 def _depends_on_inputs(bsyms: list, names: set) -> set:
-    """The names of values a gradient can reach from the inputs `names`: not through
-    ops recorded under torch.no_grad(), nor into integer or boolean values. (jit splits
-    only under grad mode, part of its cache key, so the function starts with grad enabled.)"""
+    """The names of values a gradient can reach from the inputs `names`, as torch.autograd
+    records them: not through ops recorded under torch.no_grad(), nor into integer or boolean
+    values, nor through a composite whose decomposition does not use them for a floating
+    value (zeros_like(x), x.new_ones(...): factories, whose outputs do not require grad in
+    eager). (jit splits only under grad mode, part of its cache key, so the function starts
+    with grad enabled.)"""
     reached, grad_enabled = set(names), True
     for bsym in bsyms:
         if bsym.sym is set_grad_enabled:
             grad_enabled = bool(bsym.args[0])
-        elif grad_enabled and any(p.name in reached for p in bsym.proxy_args()):
-            reached.update(o.name for o in bsym.proxy_outs() if dtypes.is_inexact(o.dtype))
+        elif grad_enabled and bsym.sym.id not in NON_DIFFERENTIABLE and any(p.name in reached for p in bsym.proxy_args()):
+            # a symbol with a VJP rule follows torch's formula (which may give zeros); others, their decomposition
+            through = _depends_on_inputs(list(bsym.subsymbols), reached) if (
+                bsym.subsymbols and rule_for(bsym) is None) else _opaque_reach(bsym, reached)
+            reached.update(o.name for o in bsym.proxy_outs()
+                           if dtypes.is_inexact(o.dtype) and (through is None or o.name in through))
     return reached
+
+
+def _opaque_reach(bsym, reached: set) -> set | None:
+    """The outputs of an opaque torch op that a gradient reaches from `reached`, as torch records
+    them (torch/opaque.py autograd_connections); None for other symbols, or when unknown."""
+    if "opaque" not in bsym.sym.tags or bsym.sym.torch_fn is None:
+        return None
+    connections = autograd_connections(bsym)
+    if connections is None:
+        return None
+    inputs, outputs = connections
+    leaves = tree_flatten((bsym.args, bsym.kwargs))[0]
+    if not any(isinstance(leaves[i], TensorProxy) and leaves[i].name in reached for i in inputs):
+        return set()
+    outs = bsym.flat_outs()
+    return {outs[j].name for j in outputs if isinstance(outs[j], TensorProxy)}
 
 
 def split_forward_backward(computation: Trace) -> Split:

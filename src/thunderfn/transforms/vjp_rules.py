@@ -37,13 +37,14 @@ class Residuals(NamedTuple):
 
 vjp_rules: dict = {}
 
-# outputs that never carry gradient: booleans, integers, indices and constants
-NON_DIFFERENTIABLE = frozenset({
+# outputs that never carry gradient: booleans, integers, indices and constants (and, added by
+# vjp_rules_torch.py, torch-level symbols that stop it: detach); forward mode shares this set
+NON_DIFFERENTIABLE = {
     PrimIDs.SIGNBIT, PrimIDs.BITWISE_NOT, PrimIDs.ISFINITE, PrimIDs.ISNAN,
     PrimIDs.EQ, PrimIDs.NE, PrimIDs.LT, PrimIDs.LE, PrimIDs.GT, PrimIDs.GE,
     PrimIDs.BITWISE_AND, PrimIDs.BITWISE_OR, PrimIDs.BITWISE_XOR, PrimIDs.BITWISE_LEFT_SHIFT,
     PrimIDs.BITWISE_RIGHT_SHIFT, PrimIDs.ARGMAX, PrimIDs.ARGMIN, PrimIDs.FULL, PrimIDs.IOTA,
-})
+}
 
 # differentiable in principle, but without a rule here
 NOT_DIFFERENTIATED = {
@@ -120,6 +121,12 @@ def _to(g, dtype):
 
 def _zeros(like):
     return prims.full(tuple(like.shape), 0.0, device=like.device, dtype=like.dtype)
+
+
+def _zeros_ct(arg):
+    """The cotangent torch gives an operand its formula ignores (`zeros_like`): zeros for a
+    floating tensor, so its .grad is a tensor as in eager; None for anything else."""
+    return _zeros(arg) if _differentiable(arg) else None
 
 
 def _scalar(x, like):
@@ -223,8 +230,9 @@ _unary(PrimIDs.ERFC)(lambda x, y: prims.mul(prims.exp(prims.neg(_sq(x))), -_2_OV
 _unary(PrimIDs.ERFINV)(lambda x, y: prims.mul(prims.exp(_sq(y)), math.sqrt(math.pi) / 2))
 _unary(PrimIDs.LGAMMA)(lambda x, y: prims.digamma(x))
 defvjp(PrimIDs.NEG)(lambda res, g: (_ct(prims.neg(g), res.args[0]),))
-# piecewise constant: zero gradient, as torch gives
-defvjp(PrimIDs.FLOOR, PrimIDs.CEIL, PrimIDs.ROUND, PrimIDs.TRUNC, PrimIDs.SIGN)(lambda res, g: (None,))
+# piecewise constant: a zero gradient (a tensor of zeros, not None), as torch gives
+defvjp(PrimIDs.FLOOR, PrimIDs.CEIL, PrimIDs.ROUND, PrimIDs.TRUNC, PrimIDs.SIGN)(
+    lambda res, g: (_zeros_ct(res.args[0]),))
 
 
 # -- elementwise binary: a, b = res.args; either may be a number or a 0-dim tensor ---------
@@ -233,7 +241,8 @@ defvjp(PrimIDs.SUB)(lambda res, g: (_ct(g, res.args[0]), _ct(prims.neg(g), res.a
 defvjp(PrimIDs.MUL)(lambda res, g: (_ct(prims.mul(g, res.args[1]), res.args[0]), _ct(prims.mul(g, res.args[0]), res.args[1])))
 # nextafter(a, b) is a, one ulp towards b: torch passes g to a
 # torch passes g to a, except where a == b, where it gives 0
-defvjp(PrimIDs.NEXTAFTER)(lambda res, g: (_ct(_where0(prims.ne(res.args[0], res.args[1]), g), res.args[0]), None))
+defvjp(PrimIDs.NEXTAFTER)(lambda res, g: (_ct(_where0(prims.ne(res.args[0], res.args[1]), g), res.args[0]),
+                                           _zeros_ct(res.args[1])))
 # fmod and remainder are a - b * trunc(a / b) and a - b * floor(a / b)
 defvjp(PrimIDs.FMOD)(lambda res, g: _mod_vjp(res, g, "trunc"))
 defvjp(PrimIDs.REMAINDER)(lambda res, g: _mod_vjp(res, g, "floor"))
@@ -251,7 +260,7 @@ def _mod_vjp(res, g, rounding_mode):
 def _div_vjp(res, g):
     a, b = res.args
     if res.kwargs.get("rounding_mode") is not None or not _differentiable(res.out):
-        return None, None  # piecewise constant
+        return _zeros_ct(a), _zeros_ct(b)  # piecewise constant: zeros, as torch gives
     da = _ct(prims.div(g, b), a) if _is_tensor(a) else None
     db = _ct(prims.neg(prims.mul(g, prims.div(prims.div(_scalar(a, b), b), b))), b) if _is_tensor(b) else None
     return da, db
@@ -307,9 +316,10 @@ defvjp(PrimIDs.MINIMUM)(lambda res, g: _extremum_vjp(res, g, prims.gt, prims.lt)
 def _copysign_vjp(res, g):
     a, b = res.args
     if not _is_tensor(a):
-        return None, None
-    # g * sign(a) * sign(b) in torch's form: out / a, 0 where a == 0
-    return _ct(prims.mul(g, prims.where(_expand(prims.eq(a, 0.0), res.out), 0.0, prims.div(res.out, a))), a), None
+        return None, _zeros_ct(b)
+    # g * sign(a) * sign(b) in torch's form: out / a, 0 where a == 0; b's gradient is zeros, as torch's
+    return (_ct(prims.mul(g, prims.where(_expand(prims.eq(a, 0.0), res.out), 0.0, prims.div(res.out, a))), a),
+            _zeros_ct(b))
 
 
 @defvjp(PrimIDs.WHERE)

@@ -27,7 +27,7 @@ from thunderfn.prims import canonical_dim
 from thunderfn.torch.elementwise import _SELU_ALPHA, _SELU_SCALE
 from thunderfn.torch.nn import _legacy_reduction, _repeat_heads
 from thunderfn.torch.reductions import _correction, _var_args
-from thunderfn.transforms.vjp_rules import defvjp
+from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, defvjp
 
 
 def _only_input(res, ct) -> tuple:
@@ -49,7 +49,12 @@ def _inside(x, low, high, g):
 # eager's kernels, from the saved output: finite where the decomposition's exp(-x) overflows
 defvjp(ltorch.sigmoid.id)(lambda res, g: _only_input(res, ltorch.sigmoid_backward(g, res.out)))
 defvjp(ltorch.tanh.id)(lambda res, g: _only_input(res, ltorch.tanh_backward(g, res.out)))
+NON_DIFFERENTIABLE.add(ltorch.detach.id)  # its output does not require grad, in reverse and forward mode
 defvjp(ltorch.relu.id)(lambda res, g: _only_input(res, ltorch.threshold_backward(g, res.out, 0)))
+# relu's backward is differentiable in its gradient; its `self` gets zeros (torch's formula), not None
+defvjp(ltorch.threshold_backward.id)(lambda res, g: (ltorch.threshold_backward(g, res.args[1], res.args[2]),
+                                                    clang.full(res.args[1].shape, 0, device=res.args[1].device,
+                                                               dtype=res.args[1].dtype), None))
 
 
 @defvjp(ltorch.hardtanh.id)

@@ -515,6 +515,10 @@ def identity_samples(device, dtype):
     yield SampleInput((mk(3, 4).T,), {"memory_format": torch.contiguous_format})
 
 
+def detach_samples(device, dtype):
+    yield from (s for s in identity_samples(device, dtype) if not s.kwargs)
+
+
 def contiguous_then_view(x):
     """The common `x.mT.contiguous().view(-1)`: thunderfn does not track strides, so the view
     must not assume what contiguous() made."""
@@ -630,6 +634,8 @@ opinfos: list[OpInfo] = [
     OpInfo("flip.method", method("flip"), flip_method_samples, SOME, flip_errors),
     OpInfo("contiguous", method("contiguous"), identity_samples, ALL),
     OpInfo("view.after_contiguous", contiguous_then_view, contiguous_then_view_samples, SOME),
+    OpInfo("detach", torch.detach, detach_samples, ALL),
+    OpInfo("detach.method", method("detach"), detach_samples, SOME),
     OpInfo("clone", torch.clone, identity_samples, ALL),
     OpInfo("clone.method", method("clone"), identity_samples, SOME),
     OpInfo("to", method("to"), to_samples, ALL, to_errors),
