@@ -53,7 +53,7 @@ def grad_presence_mismatches(op, samples) -> list[str]:
         try:
             got = _run(jitted, sample)
         except Exception as e:
-            found.append(f"{op.name} {sample}: jit raised {type(e).__name__}: {str(e).splitlines()[0][:150]}")
+            found.append(f"{op.name}: jit raised {type(e).__name__}: {str(e).splitlines()[0][:150]}, on {sample}")
             continue
         if got[0] != expected[0]:
             found.append(f"{op.name} {sample}: outputs' requires_grad {got[0]} under jit, {expected[0]} eager")
