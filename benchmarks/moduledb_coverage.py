@@ -25,9 +25,7 @@ Needs `pip install expecttest` (torch's test helpers import it).
 from __future__ import annotations
 
 import argparse
-import collections
 import copy
-import signal
 import sys
 import time
 import warnings
@@ -36,7 +34,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import thunderfn as tf
-from opdb_grad_coverage import _first_line, _on_alarm, _Timeout  # the sibling harness's timeout (run from benchmarks/ or the root)
+from harness import Timeout, first_line, print_failures, run_all  # (run from benchmarks/ or the root)
 
 
 def _detached(tree):
@@ -114,12 +112,12 @@ def run_entry(module_info, inputs: int):
     for k, (training, module, args, kwargs, eager) in enumerate(cases):
         try:
             got = _step(tf.jit(module), _detached(args), _detached(kwargs))
-        except _Timeout:
+        except Timeout:
             raise
         except tf.ThunderFnError as e:
-            return "error", f"{type(e).__name__}: {_first_line(e)}"
+            return "error", f"{type(e).__name__}: {first_line(e)}"
         except Exception as e:
-            return "error", f"CRASH {type(e).__name__}: {_first_line(e)}"
+            return "error", f"CRASH {type(e).__name__}: {first_line(e)}"
         mismatch = _mismatch(eager, got)
         if mismatch is not None:
             return "wrong", f"input {k} ({'train' if training else 'eval'}): {mismatch}"[:300]
@@ -136,37 +134,15 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     from torch.testing._internal.common_modules import module_db
 
-    use_alarm = hasattr(signal, "SIGALRM") and args.timeout > 0
-    if use_alarm:
-        signal.signal(signal.SIGALRM, _on_alarm)
-    results = collections.Counter()
-    failures = []
     start = time.perf_counter()
-    for module_info in module_db:
-        name = module_info.name
-        if args.k not in name:
-            continue
-        t0 = time.perf_counter()
-        if use_alarm:
-            signal.alarm(args.timeout)
-        try:
-            outcome, detail = run_entry(module_info, args.inputs)
-        except _Timeout:
-            outcome, detail = "error", f"TIMEOUT after {args.timeout} s"
-        finally:
-            if use_alarm:
-                signal.alarm(0)
-        results[outcome] += 1
-        if outcome in ("wrong", "error"):
-            failures.append((outcome, name, detail))
-        if args.verbose:
-            print(f"{outcome:6} {name:40} {time.perf_counter() - t0:6.2f}s {detail}")
+    entries = [(m.name, m) for m in module_db if args.k in m.name]
+    results, failures, _ = run_all(entries, lambda m: run_entry(m, args.inputs), verbose=args.verbose,
+                                   timeout=args.timeout)
     tested = results["pass"] + results["wrong"] + results["error"]
     print(f"\nmodule_db through tf.jit(module): {results['pass']}/{tested} entries pass "
           f"({100 * results['pass'] / max(tested, 1):.1f}%), {results['wrong']} WRONG, {results['error']} errors, "
           f"{results['skip']} left out; {time.perf_counter() - start:.0f} s")
-    for outcome, name, detail in sorted(failures):
-        print(f"  {outcome.upper():6} {name}: {detail}")
+    print_failures(failures)
     return 1 if results["wrong"] else 0
 
 

@@ -17,7 +17,6 @@ Needs `pip install expecttest` (torch's test helpers import it).
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
 import time
 import warnings
@@ -25,6 +24,7 @@ import warnings
 import torch
 
 import thunderfn as tf
+from harness import entry_name, print_failures, run_all  # (run from benchmarks/ or the repo root)
 
 
 def _clone(x):
@@ -103,19 +103,9 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     from torch.testing._internal.common_methods_invocations import op_db
 
-    results = collections.Counter()
-    failures = []
     start = time.perf_counter()
-    for opinfo in op_db:
-        name = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
-        if args.k not in name:
-            continue
-        outcome, detail = run_entry(opinfo, args.samples)
-        results[outcome] += 1
-        if outcome in ("wrong", "error"):
-            failures.append((outcome, name, detail))
-        if args.verbose:
-            print(f"{outcome:6} {name:45} {detail}")
+    entries = [(entry_name(o), o) for o in op_db if args.k in entry_name(o)]
+    results, failures, _ = run_all(entries, lambda o: run_entry(o, args.samples), verbose=args.verbose)
     counted = results["pass"] + results["wrong"] + results["error"]
     print(f"\nop_db entries: {sum(results.values())}; left out (eager raises, nondeterministic, unspecified contents or no samples): "
           f"{results['skip']}; counted: {counted}")
@@ -123,8 +113,7 @@ def main(argv=None) -> int:
         print(f"pass {results['pass']} ({100 * results['pass'] / counted:.1f}%), "
               f"error {results['error']}, WRONG {results['wrong']}   [{time.perf_counter() - start:.0f} s]")
     if not args.verbose:
-        for outcome, name, detail in sorted(failures):
-            print(f"  {outcome:6} {name:40} {detail}")
+        print_failures(failures)
     return 1 if results["wrong"] else 0
 
 

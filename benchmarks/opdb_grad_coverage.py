@@ -27,8 +27,6 @@ Needs `pip install expecttest` (torch's test helpers import it).
 from __future__ import annotations
 
 import argparse
-import collections
-import signal
 import sys
 import time
 import warnings
@@ -37,26 +35,14 @@ import torch
 from torch.utils import _pytree as pytree
 
 import thunderfn as tf
-from opdb_coverage import first_samples  # the sibling forward harness (run from benchmarks/ or the repo root)
-
-
-class _Timeout(BaseException):  # not Exception: no `except Exception` may swallow it
-    pass
-
-
-def _on_alarm(signum, frame):
-    raise _Timeout()
+from harness import Timeout, entry_name, first_line, print_failures, run_all  # (run from benchmarks/ or the root)
+from opdb_coverage import first_samples  # the sibling forward harness
 
 
 def _is_float_tensor(x) -> bool:
     # Under tf.grad the outputs are thunderfn proxies, not torch.Tensors: go by dtype.
     dtype = getattr(x, "dtype", None)
     return isinstance(dtype, torch.dtype) and dtype.is_floating_point and not isinstance(x, (int, float))
-
-
-def _first_line(e: BaseException) -> str:
-    s = str(e)
-    return s.splitlines()[0][:160] if s else ""
 
 
 def _make_fn(op, sample):
@@ -139,12 +125,12 @@ def run_entry(opinfo, samples: int, rtol, atol):
             g = tf.grad(fn, argnums=tuple(range(len(leaves))))
             torch.manual_seed(0)
             got = g(*[x.detach().clone() for x in leaves])
-        except _Timeout:
+        except Timeout:
             raise
         except tf.ThunderFnError as e:
-            return "error", f"{type(e).__name__}: {_first_line(e)}"
+            return "error", f"{type(e).__name__}: {first_line(e)}"
         except Exception as e:
-            return "error", f"CRASH {type(e).__name__}: {_first_line(e)}"
+            return "error", f"CRASH {type(e).__name__}: {first_line(e)}"
         got = tuple(got)
         if len(got) != len(expected):
             return "wrong", f"sample {k}: {len(got)} gradients for {len(expected)} leaves"
@@ -173,37 +159,10 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     from torch.testing._internal.common_methods_invocations import op_db
 
-    use_alarm = hasattr(signal, "SIGALRM") and args.timeout > 0
-    if use_alarm:
-        signal.signal(signal.SIGALRM, _on_alarm)
-    results = collections.Counter()
-    failures = []
-    slow = []
     start = time.perf_counter()
-    for opinfo in op_db:
-        if not opinfo.supports_autograd:
-            continue
-        name = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
-        if args.k not in name:
-            continue
-        t0 = time.perf_counter()
-        if use_alarm:
-            signal.alarm(args.timeout)
-        try:
-            outcome, detail = run_entry(opinfo, args.samples, args.rtol, args.atol)
-        except _Timeout:
-            outcome, detail = "error", f"TIMEOUT after {args.timeout} s"
-        finally:
-            if use_alarm:
-                signal.alarm(0)
-        elapsed = time.perf_counter() - t0
-        if elapsed > 5:
-            slow.append((elapsed, name))
-        results[outcome] += 1
-        if outcome in ("wrong", "error"):
-            failures.append((outcome, name, detail))
-        if args.verbose:
-            print(f"{outcome:6} {name:45} {elapsed:5.1f}s {detail}", flush=True)
+    entries = [(entry_name(o), o) for o in op_db if o.supports_autograd and args.k in entry_name(o)]
+    results, failures, slow = run_all(entries, lambda o: run_entry(o, args.samples, args.rtol, args.atol),
+                                      verbose=args.verbose, timeout=args.timeout)
     counted = results["pass"] + results["wrong"] + results["error"]
     print(f"\nautograd-capable op_db entries: {sum(results.values())}; left out (no float64, eager raises, "
           f"nondeterministic, no floating leaves or outputs): {results['skip']}; counted: {counted}")
@@ -215,8 +174,7 @@ def main(argv=None) -> int:
     if slow:
         print("slow entries (> 5 s): " + ", ".join(f"{n} {t:.0f}s" for t, n in sorted(slow, reverse=True)))
     if not args.verbose:
-        for outcome, name, detail in sorted(failures):
-            print(f"  {outcome:6} {name:40} {detail}")
+        print_failures(failures)
     return 1 if results["wrong"] else 0
 
 

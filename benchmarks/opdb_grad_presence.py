@@ -19,8 +19,6 @@ Needs `pip install expecttest` (torch's test helpers import it).
 from __future__ import annotations
 
 import argparse
-import collections
-import signal
 import sys
 import time
 import warnings
@@ -29,16 +27,15 @@ import torch
 
 from thunderfn.testing.grad_presence import grad_presence_mismatches
 from thunderfn.testing.opinfo import SampleInput
-from opdb_coverage import first_samples  # sibling harnesses (run from benchmarks/ or the repo root)
-from opdb_grad_coverage import _on_alarm, _Timeout
+from harness import entry_name, print_failures, run_all  # (run from benchmarks/ or the repo root)
+from opdb_coverage import first_samples
 
 
 class _Entry:
     """An op_db entry as grad_presence_mismatches reads it: a name and a callable."""
 
     def __init__(self, opinfo):
-        self.name = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
-        self.op = opinfo.op
+        self.name, self.op = entry_name(opinfo), opinfo.op
 
 
 def _strided(sample: SampleInput) -> bool:
@@ -90,33 +87,15 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     from torch.testing._internal.common_methods_invocations import op_db
 
-    use_alarm = hasattr(signal, "SIGALRM") and args.timeout > 0
-    if use_alarm:
-        signal.signal(signal.SIGALRM, _on_alarm)
-    results, failures, start = collections.Counter(), [], time.perf_counter()
-    for opinfo in op_db:
-        if not opinfo.supports_autograd or args.k not in _Entry(opinfo).name:
-            continue
-        if use_alarm:
-            signal.alarm(args.timeout)
-        try:
-            outcome, detail = run_entry(opinfo, args.samples)
-        except _Timeout:
-            outcome, detail = "error", f"TIMEOUT after {args.timeout} s"
-        finally:
-            if use_alarm:
-                signal.alarm(0)
-        results[outcome] += 1
-        if outcome in ("wrong", "error"):
-            failures.append((outcome, _Entry(opinfo).name, detail))
-        if args.verbose:
-            print(f"{outcome:6} {_Entry(opinfo).name:40} {detail}")
+    start = time.perf_counter()
+    entries = [(entry_name(o), o) for o in op_db if o.supports_autograd and args.k in entry_name(o)]
+    results, failures, _ = run_all(entries, lambda o: run_entry(o, args.samples), verbose=args.verbose,
+                                   timeout=args.timeout)
     tested = results["pass"] + results["wrong"] + results["error"]
     print(f"\nop_db through tf.jit + torch.autograd: {results['pass']}/{tested} entries agree with eager "
           f"({100 * results['pass'] / max(tested, 1):.1f}%), {results['wrong']} WRONG, {results['error']} errors, "
           f"{results['skip']} left out; {time.perf_counter() - start:.0f} s")
-    for outcome, name, detail in sorted(failures):
-        print(f"  {outcome.upper():6} {name}: {detail}")
+    print_failures(failures)
     return 1 if results["wrong"] else 0
 
 
