@@ -239,12 +239,16 @@ class ThunderFunction(torch.autograd.Function):
         n = len(compiled.differentiable)
         ctx.compiled = compiled
         new = iter(output[n:])
-        # the last saved tensor is an input that requires grad: a backward taken with create_graph=True ties its
-        # gradients to it through _NoSecondDerivative
-        tensors = [t for t in inputs[1:] if isinstance(t, torch.Tensor)]
-        anchor = next((t for t in tensors if t.requires_grad), tensors[0])  # (torch.func passes unwrapped inputs)
-        ctx.save_for_backward(*(inputs[1 + i] if kind == "input" else output[i] if kind == "output" else next(new)
-                                for kind, i in compiled.residual_plan), anchor)
+        saved = [inputs[1 + i] if kind == "input" else output[i] if kind == "output" else next(new)
+                 for kind, i in compiled.residual_plan]
+        # A backward taken with create_graph=True ties its gradients through _NoSecondDerivative to an input
+        # that requires grad: a saved input if there is one (most often a weight), else one saved for that
+        ctx.anchor_at = next((k for k, (kind, _) in enumerate(compiled.residual_plan)
+                              if kind == "input" and saved[k].requires_grad), None)
+        if ctx.anchor_at is None:
+            tensors = [t for t in inputs[1:] if isinstance(t, torch.Tensor)]
+            saved.append(next((t for t in tensors if t.requires_grad), tensors[0]))  # (torch.func passes unwrapped inputs)
+        ctx.save_for_backward(*saved)
         ctx.mark_non_differentiable(*(o for o, d in zip(output[:n], compiled.differentiable) if not d),
                                     *output[n:])
 
@@ -265,7 +269,11 @@ class ThunderFunction(torch.autograd.Function):
                 f"one of the variables needed for gradient computation has been modified by an inplace operation: "
                 f"[{p.type_string()}] ({p.origin[0] if p.origin else p.name}) was written in place by the jitted "
                 f"'{compiled.fn_name}' after a differentiable operation used it, as eager's autograd reports.")
-        *residuals, anchor = ctx.saved_tensors
+        residuals = ctx.saved_tensors
+        if ctx.anchor_at is None:
+            *residuals, anchor = residuals
+        else:
+            anchor = residuals[ctx.anchor_at]
         cotangents = [c for c, d in zip(cotangents, compiled.differentiable) if d]
         if not torch.is_grad_enabled():
             return (None, *compiled.backward(*residuals, *cotangents))
