@@ -26,6 +26,7 @@ import threading
 import warnings
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from thunderfn import executors as _executors
@@ -298,6 +299,8 @@ def _show_part(part) -> str:
         return repr(complex(float.fromhex(part[1]), float.fromhex(part[2])))
     if isinstance(part, tuple) and part and part[0] is slice:
         return repr(slice(*part[1:]))
+    if isinstance(part, tuple) and len(part) == 2 and isinstance(part[1], bytes):  # a numpy scalar, by its bits
+        return repr(np.frombuffer(part[1], dtype=part[0])[0])
     return repr(part[-1]) if isinstance(part, tuple) and len(part) == 2 else repr(part)
 
 
