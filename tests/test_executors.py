@@ -209,6 +209,30 @@ def test_an_unclaimed_symbol_is_tried_as_its_decomposition():
     assert calls(jfn, "prim_mul") == 1 and calls(jfn, "torch.mul") == 0  # ltorch.mul -> prims.mul -> prim_mul
 
 
+def _numpy_add_executor():
+    """The tutorial's executor: numpy's add for prims.add, on float32 matrices with two rows only."""
+    def checker(a, b):
+        return a.dtype == torch.float32 and a.ndim == 2 and a.shape[0] == 2
+
+    return add_operator_executor("numpy_add", {tf.prims.PrimIDs.ADD: (
+        "add_numpy", checker, lambda a, b: torch.from_numpy(np.add(a.numpy(), b.numpy())))},
+        add_to_default_executors=False)
+
+
+def test_priority_beats_granularity_a_prim_executor_before_torch_runs_inside_torch_add():
+    _numpy_add_executor()
+    before = tf.jit(lambda a, b: torch.add(a, b) * 2, executors=["numpy_add", "torch"])
+    after = tf.jit(lambda a, b: torch.add(a, b) * 2, executors=["torch", "numpy_add"])
+    x = torch.randn(2, 3)
+    for jfn in (before, after):
+        torch.testing.assert_close(jfn(x, x), (x + x) * 2)
+    assert calls(before, "add_numpy") == 1 and calls(before, "torch.add") == 0
+    assert calls(after, "add_numpy") == 0 and calls(after, "torch.add") == 1  # listed after torch: never runs
+    y = torch.randn(3, 3)  # the checker refuses this call site: torch runs torch.add whole
+    torch.testing.assert_close(before(y, y), (y + y) * 2)
+    assert calls(before, "add_numpy") == 0 and calls(before, "torch.add") == 1
+
+
 def test_no_executor_for_a_prim_is_an_error_naming_the_bound_symbol_and_the_executors():
     ex, _ = multimul_executor()
     with pytest.raises(RuntimeError) as info:

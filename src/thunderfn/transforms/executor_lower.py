@@ -1,9 +1,11 @@
 """executor_lower: rewrite a trace onto executors, by priority.
 
 For each bound symbol the first executor whose rule for that symbol accepts
-(its checker, called with the symbol's proxies) claims it; when none does, the
-symbol's decomposition (subsymbols) is lowered instead; an unclaimed prim is an
-error that prints the bound symbol and the executors tried.
+(its checker, called with the symbol's proxies) claims it whole, unless an
+executor listed before that one accepts a symbol of its decomposition: priority
+beats granularity. When no executor claims it, the symbol's decomposition
+(subsymbols) is lowered instead; an unclaimed prim is an error that prints the
+bound symbol and the executors tried.
 """
 from __future__ import annotations
 
@@ -19,19 +21,36 @@ from thunderfn.core.symbol import BoundSymbol, Symbol
 from thunderfn.executors.base import OperatorExecutor
 
 
+def _accepts(ex, bsym):
+    """ex's rule for bsym if it has one and its checker accepts this call site, else None."""
+    rule = ex.lowering_for(bsym)
+    if rule is None or rule.checker is None:
+        return rule
+    try:
+        ok = rule.checker(*bsym.args, **bsym.kwargs)
+    except Exception as e:
+        raise RuntimeError(f"the checker executor '{ex.name}' registered for {bsym.sym.print_name} raised "
+                           f"{type(e).__name__}: {e}") from e
+    return rule if ok else None
+
+
+def _claimed_inside(bsyms, executors) -> bool:
+    """Whether one of `executors` accepts a symbol anywhere in these bound symbols' decompositions."""
+    return any(any(_accepts(ex, b) is not None for ex in executors) or
+               (b.subsymbols and _claimed_inside(b.subsymbols, executors)) for b in bsyms)
+
+
 def _claim(bsym, executors):
-    for ex in executors:
-        rule = ex.lowering_for(bsym)
+    """(executor, rule) that claims bsym whole, or (None, None): then its decomposition is lowered.
+    Priority beats granularity: the first executor that accepts bsym claims it, unless an executor
+    listed before it accepts a symbol of bsym's decomposition (an executor of prims.add listed
+    before torch runs inside torch.add)."""
+    for position, ex in enumerate(executors):
+        rule = _accepts(ex, bsym)
         if rule is None:
             continue
-        if rule.checker is not None:
-            try:
-                ok = rule.checker(*bsym.args, **bsym.kwargs)
-            except Exception as e:
-                raise RuntimeError(f"the checker executor '{ex.name}' registered for {bsym.sym.print_name} raised "
-                                   f"{type(e).__name__}: {e}") from e
-            if not ok:
-                continue
+        if position and bsym.subsymbols and _claimed_inside(bsym.subsymbols, executors[:position]):
+            return None, None
         return ex, rule
     return None, None
 
