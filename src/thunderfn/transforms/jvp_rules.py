@@ -86,43 +86,17 @@ def _float_out(fwd):
     return rule
 
 
-# -- elementwise unary: t times d(out)/d(x); x = res.args[0], y = res.out ------------------
-def _unary(prim_id, deriv):
+# -- elementwise unary: t times d(out)/d(x), from the derivatives vjp_rules.py defines ------
+def _unary_jvp(prim_id, derivative):
     def rule(res, t):
-        return prims.mul(t[0], deriv(res.args[0], res.out))
+        return prims.mul(t[0], derivative(res.args[0], res.out))
 
     rule.__name__ = f"_{prim_id.name.lower()}_jvp"
-    defjvp(prim_id)(rule)
+    return rule
 
 
-_LN2, _LN10, _2_OVER_SQRT_PI = math.log(2.0), math.log(10.0), 2.0 / math.sqrt(math.pi)
-_unary(PrimIDs.ABS, lambda x, y: prims.sign(x))
-_unary(PrimIDs.EXP, lambda x, y: y)
-_unary(PrimIDs.EXP2, lambda x, y: prims.mul(y, _LN2))
-_unary(PrimIDs.EXPM1, lambda x, y: prims.add(y, 1.0))
-_unary(PrimIDs.LOG, lambda x, y: prims.reciprocal(x))
-_unary(PrimIDs.LOG1P, lambda x, y: prims.reciprocal(prims.add(x, 1.0)))
-_unary(PrimIDs.LOG2, lambda x, y: prims.reciprocal(prims.mul(x, _LN2)))
-_unary(PrimIDs.LOG10, lambda x, y: prims.reciprocal(prims.mul(x, _LN10)))
-_unary(PrimIDs.SQRT, lambda x, y: prims.div(0.5, y))
-_unary(PrimIDs.RSQRT, lambda x, y: prims.mul(prims.mul(y, _sq(y)), -0.5))
-_unary(PrimIDs.RECIPROCAL, lambda x, y: prims.neg(_sq(y)))
-_unary(PrimIDs.SIN, lambda x, y: prims.cos(x))
-_unary(PrimIDs.COS, lambda x, y: prims.neg(prims.sin(x)))
-_unary(PrimIDs.TAN, lambda x, y: prims.add(_sq(y), 1.0))
-_unary(PrimIDs.ASIN, lambda x, y: prims.rsqrt(prims.sub(1.0, _sq(x))))
-_unary(PrimIDs.ACOS, lambda x, y: prims.neg(prims.rsqrt(prims.sub(1.0, _sq(x)))))
-_unary(PrimIDs.ATAN, lambda x, y: prims.reciprocal(prims.add(_sq(x), 1.0)))
-_unary(PrimIDs.SINH, lambda x, y: prims.cosh(x))
-_unary(PrimIDs.COSH, lambda x, y: prims.sinh(x))
-_unary(PrimIDs.TANH, lambda x, y: prims.sub(1.0, _sq(y)))
-_unary(PrimIDs.ASINH, lambda x, y: prims.rsqrt(prims.add(_sq(x), 1.0)))
-_unary(PrimIDs.ACOSH, lambda x, y: prims.rsqrt(prims.sub(_sq(x), 1.0)))
-_unary(PrimIDs.ATANH, lambda x, y: prims.reciprocal(prims.sub(1.0, _sq(x))))
-_unary(PrimIDs.ERF, lambda x, y: prims.mul(prims.exp(prims.neg(_sq(x))), _2_OVER_SQRT_PI))
-_unary(PrimIDs.ERFC, lambda x, y: prims.mul(prims.exp(prims.neg(_sq(x))), -_2_OVER_SQRT_PI))
-_unary(PrimIDs.ERFINV, lambda x, y: prims.mul(prims.exp(_sq(y)), math.sqrt(math.pi) / 2))
-_unary(PrimIDs.LGAMMA, lambda x, y: prims.digamma(x))
+for _prim_id, _derivative in _vjp.unary_derivatives.items():
+    defjvp(_prim_id)(_unary_jvp(_prim_id, _derivative))
 defjvp(PrimIDs.NEG)(lambda res, t: prims.neg(t[0]))
 # piecewise constant: zero tangent, as torch gives
 defjvp(PrimIDs.FLOOR, PrimIDs.CEIL, PrimIDs.ROUND, PrimIDs.TRUNC, PrimIDs.SIGN)(lambda res, t: None)

@@ -189,46 +189,51 @@ def _rev_cumsum(x, dim):
 
 
 # -- elementwise unary: d(out)/d(x) times g; x = res.args[0], y = res.out ------------------
-def _unary(*prim_ids):
-    def register(deriv):
-        @defvjp(*prim_ids)
-        def rule(res, g, deriv=deriv):
-            x = res.args[0]
-            return (prims.mul(g, deriv(x, res.out)) if _differentiable(x) else None,)
-
-        return deriv
-
-    return register
-
-
 _LN2, _LN10, _2_OVER_SQRT_PI = math.log(2.0), math.log(10.0), 2.0 / math.sqrt(math.pi)
-_unary(PrimIDs.ABS)(lambda x, y: prims.sign(x))
-_unary(PrimIDs.EXP)(lambda x, y: y)
-_unary(PrimIDs.EXP2)(lambda x, y: prims.mul(y, _LN2))
-_unary(PrimIDs.EXPM1)(lambda x, y: prims.add(y, 1.0))
-_unary(PrimIDs.LOG)(lambda x, y: prims.reciprocal(x))
-_unary(PrimIDs.LOG1P)(lambda x, y: prims.reciprocal(prims.add(x, 1.0)))
-_unary(PrimIDs.LOG2)(lambda x, y: prims.reciprocal(prims.mul(x, _LN2)))
-_unary(PrimIDs.LOG10)(lambda x, y: prims.reciprocal(prims.mul(x, _LN10)))
-_unary(PrimIDs.SQRT)(lambda x, y: prims.div(0.5, y))
-_unary(PrimIDs.RSQRT)(lambda x, y: prims.mul(prims.mul(y, _sq(y)), -0.5))
-_unary(PrimIDs.RECIPROCAL)(lambda x, y: prims.neg(_sq(y)))
-_unary(PrimIDs.SIN)(lambda x, y: prims.cos(x))
-_unary(PrimIDs.COS)(lambda x, y: prims.neg(prims.sin(x)))
-_unary(PrimIDs.TAN)(lambda x, y: prims.add(_sq(y), 1.0))
-_unary(PrimIDs.ASIN)(lambda x, y: prims.rsqrt(prims.sub(1.0, _sq(x))))
-_unary(PrimIDs.ACOS)(lambda x, y: prims.neg(prims.rsqrt(prims.sub(1.0, _sq(x)))))
-_unary(PrimIDs.ATAN)(lambda x, y: prims.reciprocal(prims.add(_sq(x), 1.0)))
-_unary(PrimIDs.SINH)(lambda x, y: prims.cosh(x))
-_unary(PrimIDs.COSH)(lambda x, y: prims.sinh(x))
-_unary(PrimIDs.TANH)(lambda x, y: prims.sub(1.0, _sq(y)))
-_unary(PrimIDs.ASINH)(lambda x, y: prims.rsqrt(prims.add(_sq(x), 1.0)))
-_unary(PrimIDs.ACOSH)(lambda x, y: prims.rsqrt(prims.sub(_sq(x), 1.0)))
-_unary(PrimIDs.ATANH)(lambda x, y: prims.reciprocal(prims.sub(1.0, _sq(x))))
-_unary(PrimIDs.ERF)(lambda x, y: prims.mul(prims.exp(prims.neg(_sq(x))), _2_OVER_SQRT_PI))
-_unary(PrimIDs.ERFC)(lambda x, y: prims.mul(prims.exp(prims.neg(_sq(x))), -_2_OVER_SQRT_PI))
-_unary(PrimIDs.ERFINV)(lambda x, y: prims.mul(prims.exp(_sq(y)), math.sqrt(math.pi) / 2))
-_unary(PrimIDs.LGAMMA)(lambda x, y: prims.digamma(x))
+
+# d(out)/d(x) of each elementwise unary prim, in terms of x and out = y: written once, used by
+# the VJP rule below (g * derivative) and the JVP rule in jvp_rules.py (t * derivative)
+unary_derivatives = {
+    PrimIDs.ABS: lambda x, y: prims.sign(x),
+    PrimIDs.EXP: lambda x, y: y,
+    PrimIDs.EXP2: lambda x, y: prims.mul(y, _LN2),
+    PrimIDs.EXPM1: lambda x, y: prims.add(y, 1.0),
+    PrimIDs.LOG: lambda x, y: prims.reciprocal(x),
+    PrimIDs.LOG1P: lambda x, y: prims.reciprocal(prims.add(x, 1.0)),
+    PrimIDs.LOG2: lambda x, y: prims.reciprocal(prims.mul(x, _LN2)),
+    PrimIDs.LOG10: lambda x, y: prims.reciprocal(prims.mul(x, _LN10)),
+    PrimIDs.SQRT: lambda x, y: prims.div(0.5, y),
+    PrimIDs.RSQRT: lambda x, y: prims.mul(prims.mul(y, _sq(y)), -0.5),
+    PrimIDs.RECIPROCAL: lambda x, y: prims.neg(_sq(y)),
+    PrimIDs.SIN: lambda x, y: prims.cos(x),
+    PrimIDs.COS: lambda x, y: prims.neg(prims.sin(x)),
+    PrimIDs.TAN: lambda x, y: prims.add(_sq(y), 1.0),
+    PrimIDs.ASIN: lambda x, y: prims.rsqrt(prims.sub(1.0, _sq(x))),
+    PrimIDs.ACOS: lambda x, y: prims.neg(prims.rsqrt(prims.sub(1.0, _sq(x)))),
+    PrimIDs.ATAN: lambda x, y: prims.reciprocal(prims.add(_sq(x), 1.0)),
+    PrimIDs.SINH: lambda x, y: prims.cosh(x),
+    PrimIDs.COSH: lambda x, y: prims.sinh(x),
+    PrimIDs.TANH: lambda x, y: prims.sub(1.0, _sq(y)),
+    PrimIDs.ASINH: lambda x, y: prims.rsqrt(prims.add(_sq(x), 1.0)),
+    PrimIDs.ACOSH: lambda x, y: prims.rsqrt(prims.sub(_sq(x), 1.0)),
+    PrimIDs.ATANH: lambda x, y: prims.reciprocal(prims.sub(1.0, _sq(x))),
+    PrimIDs.ERF: lambda x, y: prims.mul(prims.exp(prims.neg(_sq(x))), _2_OVER_SQRT_PI),
+    PrimIDs.ERFC: lambda x, y: prims.mul(prims.exp(prims.neg(_sq(x))), -_2_OVER_SQRT_PI),
+    PrimIDs.ERFINV: lambda x, y: prims.mul(prims.exp(_sq(y)), math.sqrt(math.pi) / 2),
+    PrimIDs.LGAMMA: lambda x, y: prims.digamma(x),
+}
+
+
+def _unary_vjp(derivative):
+    def rule(res, g):
+        x = res.args[0]
+        return (prims.mul(g, derivative(x, res.out)) if _differentiable(x) else None,)
+
+    return rule
+
+
+for _prim_id, _derivative in unary_derivatives.items():
+    defvjp(_prim_id)(_unary_vjp(_derivative))
 defvjp(PrimIDs.NEG)(lambda res, g: (_ct(prims.neg(g), res.args[0]),))
 # piecewise constant: a zero gradient (a tensor of zeros, not None), as torch gives
 defvjp(PrimIDs.FLOOR, PrimIDs.CEIL, PrimIDs.ROUND, PrimIDs.TRUNC, PrimIDs.SIGN)(
