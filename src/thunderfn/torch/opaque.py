@@ -131,6 +131,8 @@ def autograd_connections(bsym):
     leaves, spec = tree_flatten((bsym.args, bsym.kwargs))
     floating = [i for i, x in enumerate(leaves) if isinstance(x, TensorProxy) and (
         x.dtype.is_floating_point or x.dtype.is_complex)]
+    if not floating:  # nothing to connect (and a factory must not run here: it would draw real numbers)
+        return frozenset(), frozenset()
     try:
         # (called while a trace is built: thunderfn's torch-function mode must not see these calls)
         with torch.enable_grad(), torch._C.DisableTorchFunction():
@@ -140,8 +142,8 @@ def autograd_connections(bsym):
             args, kwargs = tree_unflatten(spec, meta)
             outs = tree_flatten(bsym.sym.torch_fn(*args, **kwargs))[0]
             recorded = [j for j, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
-            if not recorded or not floating:
-                return frozenset(), frozenset(recorded)
+            if not recorded:
+                return frozenset(), frozenset()
             grads = torch.autograd.grad([outs[j] for j in recorded], [meta[i] for i in floating],
                                         [torch.ones_like(outs[j]) for j in recorded], allow_unused=True)
     except Exception:  # no meta kernel for the op or its backward: assume everything is connected

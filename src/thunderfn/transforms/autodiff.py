@@ -283,11 +283,14 @@ def _backprop_opaque(bsym, out_cts, cts, tape: _Tape) -> None:
     cotangents = tuple(c if c is not None else clang.full(o.shape, 0, device=o.device, dtype=o.dtype)
                        for o, c in floating)
     leaves = tree_leaves((bsym.args, bsym.kwargs))
-    connections = autograd_connections(bsym)  # inputs torch's formula ignores get None, as in eager
-    wrt = tuple(i for i, x in enumerate(leaves) if _differentiable(x) and x.name in tape.active
-                and (connections is None or i in connections[0]))
+    wrt = tuple(i for i, x in enumerate(leaves) if _differentiable(x) and x.name in tape.active)
     if not wrt:
         return
+    connections = autograd_connections(bsym)  # inputs torch's formula ignores get None, as in eager
+    if connections is not None:
+        wrt = tuple(i for i in wrt if i in connections[0])
+        if not wrt:
+            return
     in_cts = torch_vjp_op(bsym.sym.torch_fn, bsym.args, bsym.kwargs, cotangents, wrt, tape.rng_state.get(id(bsym)))
     for i, ct in zip(wrt, in_cts):
         _accumulate(cts, leaves[i], ct)
