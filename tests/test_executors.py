@@ -278,11 +278,37 @@ def test_register_implementation_is_register_lowering_with_the_tutorials_names()
 
 
 # -- an executor's vjp ----------------------------------------------------------------------------
-def test_lowering_mul_puts_the_gradients_forward_on_multimul():
+def test_a_lowering_on_torch_mul_runs_the_forward_and_both_backward_products():
+    """The backward is written in the torch language: the two products of mul's VJP are
+    ltorch.mul, so the tutorial's lowering registered on tf.torch.mul claims them too."""
     ex, _ = multimul_executor()
     vg = tf.jit(tf.value_and_grad(loss, argnums=(0, 1)), executors=[ex])
     torch.testing.assert_close(vg(A, B), (loss(A, B), (B, A)))
-    assert calls(vg, "multimul") == 1  # the forward's; the VJP rules are prims
+    assert calls(vg, "multimul") == 3
+    a, b = A.clone().requires_grad_(), B.clone().requires_grad_()
+    jfn = tf.jit(lambda a, b: a * b, executors=[ex])
+    jfn(a, b).sum().backward()
+    torch.testing.assert_close((a.grad, b.grad), (B, A))
+    assert calls(jfn, "multimul") == 1 and calls(jfn, "multimul", backward=True) == 2
+
+
+def test_backward_traces_read_in_the_torch_language():
+    """No bare prim at the top level of a backward where torch has the operation (sum's VJP is an
+    expand, mul's a mul, a cast a to): the vocabulary a torch-level executor claims."""
+    def f(x, w):
+        return (torch.tanh(x @ w) * 2.0).sum(dim=1).to(torch.float64).mean()
+
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, 5, requires_grad=True)
+    jf = tf.jit(f)
+    jf(x, w).backward()
+    bwd = tf.last_backward_traces(jf)[0]
+    top = [b.sym.print_name for b in bwd.bound_symbols if b.sym.printer is None]
+    assert top and all(name.startswith("ltorch.") for name in top), top
+    g = tf.jit(tf.grad(f, argnums=(0, 1)))
+    g(x.detach(), w.detach())
+    forward_and_backward = tf.last_traces(g)[0]
+    assert not [b for b in forward_and_backward.bound_symbols if b.sym.is_prim and b.sym.printer is None
+                and b.sym.print_name in ("prims.mul", "prims.broadcast_in_dim", "prims.convert_element_type")]
 
 
 def test_a_custom_vjp_makes_the_backward_one_multimul_call():

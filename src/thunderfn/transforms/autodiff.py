@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import optree
 import torch
 
-from thunderfn import clang
+import thunderfn.torch as ltorch
 from thunderfn.prims import PrimIDs
 from thunderfn.core import context, dtypes
 from thunderfn.core.interception import tensors_by_position
@@ -42,11 +42,12 @@ def _differentiable(x) -> bool:
 def _accumulate(cts: dict, proxy: TensorProxy, ct) -> None:
     if ct is None or not _differentiable(proxy):
         return
-    ct = clang.maybe_convert_to_dtype(ct, proxy.dtype)
+    if isinstance(ct, TensorProxy) and ct.dtype != proxy.dtype:
+        ct = ltorch.to(ct, proxy.dtype)
     if tuple(ct.shape) != tuple(proxy.shape):
         raise RuntimeError(f"internal: cotangent of {proxy.name} has shape {tuple(ct.shape)}, expected {tuple(proxy.shape)}")
     previous = cts.get(proxy.name)
-    cts[proxy.name] = ct if previous is None else clang.add(previous, ct)
+    cts[proxy.name] = ct if previous is None else ltorch.add(previous, ct)
 
 
 def _grad_modes(region: list, enabled: bool) -> list:
@@ -158,6 +159,27 @@ def _passes_an_input_through(bsym) -> bool:
         and tuple(made[o.name].args[0].shape) == tuple(o.shape) for o in outs)
 
 
+def _reads_only_its_own_values(bsym) -> bool:
+    """Whether every value the VJP rules of a composite's decomposition can read is an input or
+    an output of the composite itself (ltorch.mul of two float32 tensors is one prims.mul of the
+    same values). Then the forward runs the torch symbol whole, one torch call in the vocabulary
+    a torch-level executor claims, and its backward differentiates the decomposition, whose
+    residuals the forward computes anyway."""
+    from thunderfn.transforms.vjp_rules import rule_for
+
+    own = {p.name for p in bsym.proxy_args()} | {p.name for p in bsym.proxy_outs()}
+
+    def differentiated(bsyms):  # the bound symbols whose rules the backward applies
+        for b in bsyms:
+            if b.sym.is_prim or not b.subsymbols or rule_for(b) is not None:
+                yield b
+            else:
+                yield from differentiated(b.subsymbols)
+
+    subs = list(differentiated(bsym.subsymbols))
+    return bool(subs) and all(p.name in own for b in subs for p in b.proxy_args() + b.proxy_outs())
+
+
 def _with_residuals(bsyms: list) -> list:
     """The forward as it must run for the backward to find its residuals: a composite without
     a VJP rule is replaced by its decomposition (whose intermediates the rules read), unless
@@ -178,7 +200,7 @@ def _with_residuals(bsyms: list) -> list:
             flat.extend(trace_in_place_of(bsym, rule.vjp, "the executor's vjp"))
             continue
         keep = (inert or rule_for(bsym) is not None or not bsym.subsymbols or claims_whole(rule)
-                or _moves_data_only(bsym) or _passes_an_input_through(bsym))
+                or _moves_data_only(bsym) or _passes_an_input_through(bsym) or _reads_only_its_own_values(bsym))
         flat.extend([bsym] if keep else _with_residuals(list(bsym.subsymbols)))
     return flat
 
@@ -280,7 +302,7 @@ torch_vjp_op = Symbol("torch_vjp", "autodiff.torch_vjp", meta=_torch_vjp_meta, i
 
 def _backprop_opaque(bsym, out_cts, cts, tape: _Tape) -> None:
     floating = [(o, c) for o, c in zip(bsym.flat_outs(), out_cts) if _differentiable(o)]
-    cotangents = tuple(c if c is not None else clang.full(o.shape, 0, device=o.device, dtype=o.dtype)
+    cotangents = tuple(c if c is not None else ltorch.full(tuple(o.shape), 0, device=o.device, dtype=o.dtype)
                        for o, c in floating)
     leaves = tree_leaves((bsym.args, bsym.kwargs))
     wrt = tuple(i for i, x in enumerate(leaves) if _differentiable(x) and x.name in tape.active)
@@ -327,7 +349,7 @@ def _float_as_tensor(x):
     if type(x) is not float:
         return x
     if context.current_trace() is not None:
-        return clang.full((), x, device=torch.get_default_device(), dtype=torch.get_default_dtype())
+        return ltorch.full((), x, device=torch.get_default_device(), dtype=torch.get_default_dtype())
     return torch.tensor(x, dtype=torch.get_default_dtype())
 
 
@@ -348,7 +370,7 @@ def _check_inexact(leaves, what: str, fn) -> None:
 
 
 def _zeros_for_none(cts, primal_leaves):
-    return [c if c is not None else (clang.full(p.shape, 0, device=p.device, dtype=p.dtype)
+    return [c if c is not None else (ltorch.full(tuple(p.shape), 0, device=p.device, dtype=p.dtype)
                                      if isinstance(p, TensorProxy) else None)
             for c, p in zip(cts, primal_leaves)]
 
@@ -380,7 +402,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
             shape = tuple(value.shape) if isinstance(value, TensorProxy) else type(value).__name__
             raise RuntimeError(f"grad of '{getattr(fn, '__name__', fn)}' requires a scalar output, but it returned "
                                f"{shape}. Reduce it first (out.sum()), or use tf.vjp / tf.jacrev for non-scalar outputs.")
-        ones = clang.full(value.shape, 1, device=value.device, dtype=value.dtype)
+        ones = ltorch.full(tuple(value.shape), 1, device=value.device, dtype=value.dtype)
         flat_cts = backward((ones, tree_map(lambda _: None, aux)) if has_aux else ones)
         flat_cts = _zeros_for_none(flat_cts, tree_leaves(diff))
         grads, offset = [], 0

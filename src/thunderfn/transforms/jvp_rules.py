@@ -1,8 +1,8 @@
 """Forward-mode rules for prims: `jvp_rules[prim id](res, tangents)` is the tangent of the
 prim's output, given one tangent per positional argument. The forward twin of vjp_rules.
 
-Rules are written in prims only, so they trace like any other function and can be
-differentiated again (jvp of jvp, grad of jvp). On real tensors they compute eagerly, which
+Rules are written in prims (the unary derivatives, shared with vjp_rules.py, in the torch
+language), so they trace like any other function and can be differentiated again (jvp of jvp, grad of jvp). On real tensors they compute eagerly, which
 is how tests/test_jvp_rules.py checks each one against torch.func.jvp.
 
 Conventions (the driver relies on them):

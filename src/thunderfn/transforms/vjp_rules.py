@@ -1,7 +1,12 @@
 """Reverse-mode rules for prims: `vjp_rules[prim id](res, g)` is the cotangent of each
 positional argument of the prim, given the cotangent `g` of its output.
 
-Rules are written in prims only, so they trace like any other function and the grad
+Rules are written in the torch language (`ltorch.mul`, `ltorch.sum`, `ltorch.expand`), the
+vocabulary of the forward trace, so an executor that claims a torch symbol (a lowering on
+`tf.torch.mul`) or a fusion executor sees the same ops in the backward as in the forward.
+Prims appear only where torch has no operation of the same meaning (`prims.pad` with interior
+padding, a strided `prims.slice`); executors that register prims still see every prim, one
+level down in each symbol's decomposition. Rules trace like any other function, so the grad
 interpreter can differentiate them again (grad of grad). On real tensors they compute
 eagerly, which is how tests/test_vjp_rules.py checks each one against torch.autograd.
 
@@ -25,6 +30,7 @@ from typing import NamedTuple
 import torch
 
 from thunderfn import prims
+import thunderfn.torch as ltorch
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import PrimIDs, canonical_dim, canonical_dims
 
@@ -114,13 +120,13 @@ def _tensors_in(args):
             yield a
 
 
-# -- helpers (prims only) ----------------------------------------------------------------
+# -- helpers (in the torch language) ----------------------------------------------------------------
 def _to(g, dtype):
-    return g if g.dtype == dtype else prims.convert_element_type(g, dtype)
+    return g if g.dtype == dtype else ltorch.to(g, dtype)
 
 
 def _zeros(like):
-    return prims.full(tuple(like.shape), 0.0, device=like.device, dtype=like.dtype)
+    return ltorch.full(tuple(like.shape), 0.0, device=like.device, dtype=like.dtype)
 
 
 def _zeros_ct(arg):
@@ -131,7 +137,7 @@ def _zeros_ct(arg):
 
 def _scalar(x, like):
     """A Python number as a 0-dim tensor of like's dtype, so rules can compute with it."""
-    return prims.full((), x, device=like.device, dtype=like.dtype) if isinstance(x, numbers.Number) else x
+    return ltorch.full((), x, device=like.device, dtype=like.dtype) if isinstance(x, numbers.Number) else x
 
 
 def _ct(g, arg):
@@ -140,9 +146,9 @@ def _ct(g, arg):
     if g is None or not _differentiable(arg):
         return None
     if arg.ndim == 0 and g.ndim > 0:
-        g = prims.sum(g, tuple(range(g.ndim)))
+        g = ltorch.sum(g, tuple(range(g.ndim)))
     if g.device != arg.device:  # a CPU scalar tensor beside a CUDA tensor
-        g = prims.device_put(g, arg.device)
+        g = ltorch.to(g, arg.device)
     return _to(g, arg.dtype)
 
 
@@ -153,13 +159,15 @@ def _sum_to(x, shape):
     lead = x.ndim - len(shape)
     dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1)
     if dims:
-        x = prims.sum(x, dims)
-    return x if tuple(x.shape) == shape else prims.reshape(x, shape)
+        x = ltorch.sum(x, dims)
+    return x if tuple(x.shape) == shape else ltorch.reshape(x, shape)
 
 
 def _unreduce(g, a, dims):
     """g, the output of a reduction of a over dims, broadcast back to a's shape."""
-    return prims.broadcast_in_dim(g, tuple(a.shape), tuple(i for i in range(a.ndim) if i not in dims))
+    if tuple(dims) != tuple(range(len(dims))):  # expand adds leading dims itself; others need a 1 in place
+        g = ltorch.reshape(g, tuple(1 if i in dims else s for i, s in enumerate(a.shape)))
+    return ltorch.expand(g, tuple(a.shape))
 
 
 def _reduced(a, dims) -> tuple:
@@ -167,17 +175,17 @@ def _reduced(a, dims) -> tuple:
 
 
 def _expand(x, like):
-    """A 0-dim x broadcast to like's shape: prims.where wants its predicate full-size."""
-    return prims.broadcast_in_dim(x, tuple(like.shape), ()) if x.ndim == 0 and like.ndim > 0 else x
+    """A 0-dim x broadcast to like's shape, so a mask built from scalars has the result's shape."""
+    return ltorch.expand(x, tuple(like.shape)) if x.ndim == 0 and like.ndim > 0 else x
 
 
 def _sq(x):
-    return prims.mul(x, x)
+    return ltorch.mul(x, x)
 
 
 def _where0(pred, x):
     """x where pred, else 0."""
-    return prims.where(pred, x, 0.0)
+    return ltorch.where(pred, x, 0.0)
 
 
 def _inverse(permutation) -> tuple:
@@ -185,7 +193,7 @@ def _inverse(permutation) -> tuple:
 
 
 def _rev_cumsum(x, dim):
-    return prims.flip(prims.cumsum(prims.flip(x, (dim,)), dim), (dim,))
+    return ltorch.flip(ltorch.cumsum(ltorch.flip(x, (dim,)), dim), (dim,))
 
 
 # -- elementwise unary: d(out)/d(x) times g; x = res.args[0], y = res.out ------------------
@@ -194,47 +202,47 @@ _LN2, _LN10, _2_OVER_SQRT_PI = math.log(2.0), math.log(10.0), 2.0 / math.sqrt(ma
 # d(out)/d(x) of each elementwise unary prim, in terms of x and out = y: written once, used by
 # the VJP rule below (g * derivative) and the JVP rule in jvp_rules.py (t * derivative)
 unary_derivatives = {
-    PrimIDs.ABS: lambda x, y: prims.sign(x),
+    PrimIDs.ABS: lambda x, y: ltorch.sign(x),
     PrimIDs.EXP: lambda x, y: y,
-    PrimIDs.EXP2: lambda x, y: prims.mul(y, _LN2),
-    PrimIDs.EXPM1: lambda x, y: prims.add(y, 1.0),
-    PrimIDs.LOG: lambda x, y: prims.reciprocal(x),
-    PrimIDs.LOG1P: lambda x, y: prims.reciprocal(prims.add(x, 1.0)),
-    PrimIDs.LOG2: lambda x, y: prims.reciprocal(prims.mul(x, _LN2)),
-    PrimIDs.LOG10: lambda x, y: prims.reciprocal(prims.mul(x, _LN10)),
-    PrimIDs.SQRT: lambda x, y: prims.div(0.5, y),
-    PrimIDs.RSQRT: lambda x, y: prims.mul(prims.mul(y, _sq(y)), -0.5),
-    PrimIDs.RECIPROCAL: lambda x, y: prims.neg(_sq(y)),
-    PrimIDs.SIN: lambda x, y: prims.cos(x),
-    PrimIDs.COS: lambda x, y: prims.neg(prims.sin(x)),
-    PrimIDs.TAN: lambda x, y: prims.add(_sq(y), 1.0),
-    PrimIDs.ASIN: lambda x, y: prims.rsqrt(prims.sub(1.0, _sq(x))),
-    PrimIDs.ACOS: lambda x, y: prims.neg(prims.rsqrt(prims.sub(1.0, _sq(x)))),
-    PrimIDs.ATAN: lambda x, y: prims.reciprocal(prims.add(_sq(x), 1.0)),
-    PrimIDs.SINH: lambda x, y: prims.cosh(x),
-    PrimIDs.COSH: lambda x, y: prims.sinh(x),
-    PrimIDs.TANH: lambda x, y: prims.sub(1.0, _sq(y)),
-    PrimIDs.ASINH: lambda x, y: prims.rsqrt(prims.add(_sq(x), 1.0)),
-    PrimIDs.ACOSH: lambda x, y: prims.rsqrt(prims.sub(_sq(x), 1.0)),
-    PrimIDs.ATANH: lambda x, y: prims.reciprocal(prims.sub(1.0, _sq(x))),
-    PrimIDs.ERF: lambda x, y: prims.mul(prims.exp(prims.neg(_sq(x))), _2_OVER_SQRT_PI),
-    PrimIDs.ERFC: lambda x, y: prims.mul(prims.exp(prims.neg(_sq(x))), -_2_OVER_SQRT_PI),
-    PrimIDs.ERFINV: lambda x, y: prims.mul(prims.exp(_sq(y)), math.sqrt(math.pi) / 2),
-    PrimIDs.LGAMMA: lambda x, y: prims.digamma(x),
+    PrimIDs.EXP2: lambda x, y: ltorch.mul(y, _LN2),
+    PrimIDs.EXPM1: lambda x, y: ltorch.add(y, 1.0),
+    PrimIDs.LOG: lambda x, y: ltorch.reciprocal(x),
+    PrimIDs.LOG1P: lambda x, y: ltorch.reciprocal(ltorch.add(x, 1.0)),
+    PrimIDs.LOG2: lambda x, y: ltorch.reciprocal(ltorch.mul(x, _LN2)),
+    PrimIDs.LOG10: lambda x, y: ltorch.reciprocal(ltorch.mul(x, _LN10)),
+    PrimIDs.SQRT: lambda x, y: ltorch.div(0.5, y),
+    PrimIDs.RSQRT: lambda x, y: ltorch.mul(ltorch.mul(y, _sq(y)), -0.5),
+    PrimIDs.RECIPROCAL: lambda x, y: ltorch.neg(_sq(y)),
+    PrimIDs.SIN: lambda x, y: ltorch.cos(x),
+    PrimIDs.COS: lambda x, y: ltorch.neg(ltorch.sin(x)),
+    PrimIDs.TAN: lambda x, y: ltorch.add(_sq(y), 1.0),
+    PrimIDs.ASIN: lambda x, y: ltorch.rsqrt(ltorch.sub(1.0, _sq(x))),
+    PrimIDs.ACOS: lambda x, y: ltorch.neg(ltorch.rsqrt(ltorch.sub(1.0, _sq(x)))),
+    PrimIDs.ATAN: lambda x, y: ltorch.reciprocal(ltorch.add(_sq(x), 1.0)),
+    PrimIDs.SINH: lambda x, y: ltorch.cosh(x),
+    PrimIDs.COSH: lambda x, y: ltorch.sinh(x),
+    PrimIDs.TANH: lambda x, y: ltorch.sub(1.0, _sq(y)),
+    PrimIDs.ASINH: lambda x, y: ltorch.rsqrt(ltorch.add(_sq(x), 1.0)),
+    PrimIDs.ACOSH: lambda x, y: ltorch.rsqrt(ltorch.sub(_sq(x), 1.0)),
+    PrimIDs.ATANH: lambda x, y: ltorch.reciprocal(ltorch.sub(1.0, _sq(x))),
+    PrimIDs.ERF: lambda x, y: ltorch.mul(ltorch.exp(ltorch.neg(_sq(x))), _2_OVER_SQRT_PI),
+    PrimIDs.ERFC: lambda x, y: ltorch.mul(ltorch.exp(ltorch.neg(_sq(x))), -_2_OVER_SQRT_PI),
+    PrimIDs.ERFINV: lambda x, y: ltorch.mul(ltorch.exp(_sq(y)), math.sqrt(math.pi) / 2),
+    PrimIDs.LGAMMA: lambda x, y: ltorch.digamma(x),
 }
 
 
 def _unary_vjp(derivative):
     def rule(res, g):
         x = res.args[0]
-        return (prims.mul(g, derivative(x, res.out)) if _differentiable(x) else None,)
+        return (ltorch.mul(g, derivative(x, res.out)) if _differentiable(x) else None,)
 
     return rule
 
 
 for _prim_id, _derivative in unary_derivatives.items():
     defvjp(_prim_id)(_unary_vjp(_derivative))
-defvjp(PrimIDs.NEG)(lambda res, g: (_ct(prims.neg(g), res.args[0]),))
+defvjp(PrimIDs.NEG)(lambda res, g: (_ct(ltorch.neg(g), res.args[0]),))
 # piecewise constant: a zero gradient (a tensor of zeros, not None), as torch gives
 defvjp(PrimIDs.FLOOR, PrimIDs.CEIL, PrimIDs.ROUND, PrimIDs.TRUNC, PrimIDs.SIGN)(
     lambda res, g: (_zeros_ct(res.args[0]),))
@@ -242,12 +250,12 @@ defvjp(PrimIDs.FLOOR, PrimIDs.CEIL, PrimIDs.ROUND, PrimIDs.TRUNC, PrimIDs.SIGN)(
 
 # -- elementwise binary: a, b = res.args; either may be a number or a 0-dim tensor ---------
 defvjp(PrimIDs.ADD)(lambda res, g: (_ct(g, res.args[0]), _ct(g, res.args[1])))
-defvjp(PrimIDs.SUB)(lambda res, g: (_ct(g, res.args[0]), _ct(prims.neg(g), res.args[1])))
-defvjp(PrimIDs.MUL)(lambda res, g: (_ct(prims.mul(g, res.args[1]), res.args[0]), _ct(prims.mul(g, res.args[0]), res.args[1])))
+defvjp(PrimIDs.SUB)(lambda res, g: (_ct(g, res.args[0]), _ct(ltorch.neg(g), res.args[1])))
+defvjp(PrimIDs.MUL)(lambda res, g: (_ct(ltorch.mul(g, res.args[1]), res.args[0]), _ct(ltorch.mul(g, res.args[0]), res.args[1])))
 # nextafter(a, b) is a, one ulp towards b: torch passes g to a
 # torch passes g to a, except where a == b, where it gives 0
-defvjp(PrimIDs.NEXTAFTER)(lambda res, g: (_ct(_where0(prims.ne(res.args[0], res.args[1]), g), res.args[0]),
-                                           _zeros_ct(res.args[1])))
+defvjp(PrimIDs.NEXTAFTER)(lambda res, g: (_ct(_where0(ltorch.ne(res.args[0], res.args[1]), g), res.args[0])
+                                           if _is_tensor(res.args[0]) else None, _zeros_ct(res.args[1])))
 # fmod and remainder are a - b * trunc(a / b) and a - b * floor(a / b)
 defvjp(PrimIDs.FMOD)(lambda res, g: _mod_vjp(res, g, "trunc"))
 defvjp(PrimIDs.REMAINDER)(lambda res, g: _mod_vjp(res, g, "floor"))
@@ -257,7 +265,7 @@ def _mod_vjp(res, g, rounding_mode):
     a, b = res.args
     if not _differentiable(res.out):
         return None, None
-    db = _ct(prims.mul(prims.neg(g), prims.div(_scalar(a, res.out), b, rounding_mode=rounding_mode)), b) if _is_tensor(b) else None
+    db = _ct(ltorch.mul(ltorch.neg(g), ltorch.div(_scalar(a, res.out), b, rounding_mode=rounding_mode)), b) if _is_tensor(b) else None
     return _ct(g, a), db
 
 
@@ -266,8 +274,8 @@ def _div_vjp(res, g):
     a, b = res.args
     if res.kwargs.get("rounding_mode") is not None or not _differentiable(res.out):
         return _zeros_ct(a), _zeros_ct(b)  # piecewise constant: zeros, as torch gives
-    da = _ct(prims.div(g, b), a) if _is_tensor(a) else None
-    db = _ct(prims.neg(prims.mul(g, prims.div(prims.div(_scalar(a, b), b), b))), b) if _is_tensor(b) else None
+    da = _ct(ltorch.div(g, b), a) if _is_tensor(a) else None
+    db = _ct(ltorch.neg(ltorch.mul(g, ltorch.div(ltorch.div(_scalar(a, b), b), b))), b) if _is_tensor(b) else None
     return da, db
 
 
@@ -282,13 +290,13 @@ def _pow_vjp(res, g):
     # (no 0 * inf = nan when this rule is differentiated again).
     da = db = None
     if _is_tensor(a):
-        masked = _expand(prims.eq(tb, 0.0), res.out)
-        base = prims.where(masked, 1.0, ta)
-        da = _ct(prims.where(masked, 0.0, prims.mul(g, prims.mul(tb, prims.pow(base, prims.sub(tb, 1.0))))), a)
+        masked = _expand(ltorch.eq(tb, 0.0), res.out)
+        base = ltorch.where(masked, 1.0, ta)
+        da = _ct(ltorch.where(masked, 0.0, ltorch.mul(g, ltorch.mul(tb, ltorch.pow(base, ltorch.sub(tb, 1.0))))), a)
     if _is_tensor(b):
-        masked = _expand(prims.bitwise_and(prims.eq(ta, 0.0), prims.ge(tb, 0.0)), res.out)
-        base = prims.where(masked, 1.0, ta)
-        db = _ct(prims.where(masked, 0.0, prims.mul(g, prims.mul(res.out, prims.log(base)))), b)
+        masked = _expand(ltorch.bitwise_and(ltorch.eq(ta, 0.0), ltorch.ge(tb, 0.0)), res.out)
+        base = ltorch.where(masked, 1.0, ta)
+        db = _ct(ltorch.where(masked, 0.0, ltorch.mul(g, ltorch.mul(res.out, ltorch.log(base)))), b)
     return da, db
 
 
@@ -297,9 +305,9 @@ def _atan2_vjp(res, g):
     a, b = res.args
     ta, tb = _scalar(a, res.out), _scalar(b, res.out)
     # torch zeroes 1 / (a² + b²) where it is infinite, so atan2(0, 0) gets gradient 0
-    recip = prims.div(1.0, prims.add(_sq(ta), _sq(tb)))
-    recip = prims.where(prims.eq(recip, float("inf")), 0.0, recip)
-    return _ct(prims.mul(g, prims.mul(tb, recip)), a), _ct(prims.mul(g, prims.mul(prims.neg(ta), recip)), b)
+    recip = ltorch.div(1.0, ltorch.add(_sq(ta), _sq(tb)))
+    recip = ltorch.where(ltorch.eq(recip, float("inf")), 0.0, recip)
+    return _ct(ltorch.mul(g, ltorch.mul(tb, recip)), a), _ct(ltorch.mul(g, ltorch.mul(ltorch.neg(ta), recip)), b)
 
 
 def _extremum_vjp(res, g, a_loses, b_loses):
@@ -308,13 +316,13 @@ def _extremum_vjp(res, g, a_loses, b_loses):
     if not _differentiable(res.out):
         return None, None
     ta, tb = _scalar(a, res.out), _scalar(b, res.out)
-    split = prims.where(_expand(prims.eq(ta, tb), g), prims.mul(g, 0.5), g)
-    return (_ct(prims.where(_expand(a_loses(ta, tb), g), 0.0, split), a) if _is_tensor(a) else None,
-            _ct(prims.where(_expand(b_loses(ta, tb), g), 0.0, split), b) if _is_tensor(b) else None)
+    split = ltorch.where(_expand(ltorch.eq(ta, tb), g), ltorch.mul(g, 0.5), g)
+    return (_ct(ltorch.where(_expand(a_loses(ta, tb), g), 0.0, split), a) if _is_tensor(a) else None,
+            _ct(ltorch.where(_expand(b_loses(ta, tb), g), 0.0, split), b) if _is_tensor(b) else None)
 
 
-defvjp(PrimIDs.MAXIMUM)(lambda res, g: _extremum_vjp(res, g, prims.lt, prims.gt))
-defvjp(PrimIDs.MINIMUM)(lambda res, g: _extremum_vjp(res, g, prims.gt, prims.lt))
+defvjp(PrimIDs.MAXIMUM)(lambda res, g: _extremum_vjp(res, g, ltorch.lt, ltorch.gt))
+defvjp(PrimIDs.MINIMUM)(lambda res, g: _extremum_vjp(res, g, ltorch.gt, ltorch.lt))
 
 
 @defvjp(PrimIDs.COPYSIGN)
@@ -323,14 +331,14 @@ def _copysign_vjp(res, g):
     if not _is_tensor(a):
         return None, _zeros_ct(b)
     # g * sign(a) * sign(b) in torch's form: out / a, 0 where a == 0; b's gradient is zeros, as torch's
-    return (_ct(prims.mul(g, prims.where(_expand(prims.eq(a, 0.0), res.out), 0.0, prims.div(res.out, a))), a),
+    return (_ct(ltorch.mul(g, ltorch.where(_expand(ltorch.eq(a, 0.0), res.out), 0.0, ltorch.div(res.out, a))), a),
             _zeros_ct(b))
 
 
 @defvjp(PrimIDs.WHERE)
 def _where_vjp(res, g):
     pred, a, b = res.args
-    return None, _ct(_where0(pred, g), a), _ct(prims.where(pred, 0.0, g), b)
+    return None, _ct(_where0(pred, g), a), _ct(ltorch.where(pred, 0.0, g), b)
 
 
 # -- reductions --------------------------------------------------------------------------
@@ -351,18 +359,18 @@ def _prod_vjp(res, g):
     if not dims:
         return g, None
     if a.numel() == 0:  # nothing to differentiate: the empty gradient
-        return prims.full(tuple(a.shape), 0.0, device=a.device, dtype=a.dtype), None
+        return ltorch.full(tuple(a.shape), 0.0, device=a.device, dtype=a.dtype), None
     kept = [i for i in range(a.ndim) if i not in dims]
     perm = tuple(kept + list(dims))
-    moved = prims.transpose(a, perm)
+    moved = ltorch.permute(a, perm)
     flat_shape = tuple(a.shape[i] for i in kept) + (math.prod(a.shape[d] for d in dims),)
-    flat = prims.reshape(moved, flat_shape)
+    flat = ltorch.reshape(moved, flat_shape)
     last = len(flat_shape) - 1
     shift = tuple((0, 0, 0) for _ in kept) + ((1, -1, 0),)  # shift right by one, filling with 1
-    before = prims.pad(prims.cumprod(flat, last), 1.0, shift)
-    after = prims.flip(prims.pad(prims.cumprod(prims.flip(flat, (last,)), last), 1.0, shift), (last,))
-    others = prims.reshape(prims.mul(before, after), tuple(moved.shape))
-    return prims.mul(_unreduce(g, a, dims), prims.transpose(others, _inverse(perm))), None
+    before = prims.pad(ltorch.cumprod(flat, last), 1.0, shift)
+    after = ltorch.flip(prims.pad(ltorch.cumprod(ltorch.flip(flat, (last,)), last), 1.0, shift), (last,))
+    others = ltorch.reshape(ltorch.mul(before, after), tuple(moved.shape))
+    return ltorch.mul(_unreduce(g, a, dims), ltorch.permute(others, _inverse(perm))), None
 
 
 def _extremum_reduction_vjp(res, g):
@@ -372,9 +380,9 @@ def _extremum_reduction_vjp(res, g):
     if not _differentiable(a):
         return None, None
     dims = _reduced(a, dims)
-    hit = prims.convert_element_type(prims.eq(a, _unreduce(res.out, a, dims)), a.dtype)
-    count = prims.sum(hit, dims) if dims else hit
-    return prims.mul(hit, _unreduce(prims.div(g, count), a, dims)), None
+    hit = ltorch.to(ltorch.eq(a, _unreduce(res.out, a, dims)), a.dtype)
+    count = ltorch.sum(hit, dims) if dims else hit
+    return ltorch.mul(hit, _unreduce(ltorch.div(g, count), a, dims)), None
 
 
 defvjp(PrimIDs.AMAX, PrimIDs.AMIN)(_extremum_reduction_vjp)
@@ -385,11 +393,11 @@ def _var_mean_vjp(a, dims, correction, g_var, g_mean):
     n = math.prod(a.shape[d] for d in dims)
     da = None
     if g_var is not None:
-        mean = _unreduce(prims.div(prims.sum(a, dims), n), a, dims) if dims else a
-        da = prims.mul(_unreduce(g_var, a, dims), prims.div(prims.mul(prims.sub(a, mean), 2.0), n - correction))
+        mean = _unreduce(ltorch.div(ltorch.sum(a, dims), n), a, dims) if dims else a
+        da = ltorch.mul(_unreduce(g_var, a, dims), ltorch.div(ltorch.mul(ltorch.sub(a, mean), 2.0), n - correction))
     if g_mean is not None:
-        dm = _unreduce(prims.div(g_mean, n), a, dims)
-        da = dm if da is None else prims.add(da, dm)
+        dm = _unreduce(ltorch.div(g_mean, n), a, dims)
+        da = dm if da is None else ltorch.add(da, dm)
     return da
 
 
@@ -405,14 +413,14 @@ def _broadcast_in_dim_vjp(res, g):
         return None, None, None
     summed = [d for d in range(len(shape)) if d not in bdims]
     summed += [d for i, d in enumerate(bdims) if a.shape[i] == 1 and shape[d] != 1]
-    s = prims.sum(g, tuple(sorted(summed))) if summed else g
-    return (s if tuple(s.shape) == tuple(a.shape) else prims.reshape(s, tuple(a.shape))), None, None
+    s = ltorch.sum(g, tuple(sorted(summed))) if summed else g
+    return (s if tuple(s.shape) == tuple(a.shape) else ltorch.reshape(s, tuple(a.shape))), None, None
 
 
-defvjp(PrimIDs.RESHAPE)(lambda res, g: (_ct(prims.reshape(g, tuple(res.args[0].shape)), res.args[0]), None))
-defvjp(PrimIDs.SQUEEZE)(lambda res, g: (_ct(prims.reshape(g, tuple(res.args[0].shape)), res.args[0]), None))
-defvjp(PrimIDs.TRANSPOSE)(lambda res, g: (_ct(prims.transpose(g, _inverse(res.args[1])), res.args[0]), None))
-defvjp(PrimIDs.FLIP)(lambda res, g: (_ct(prims.flip(g, res.args[1]), res.args[0]), None))
+defvjp(PrimIDs.RESHAPE)(lambda res, g: (_ct(ltorch.reshape(g, tuple(res.args[0].shape)), res.args[0]), None))
+defvjp(PrimIDs.SQUEEZE)(lambda res, g: (_ct(ltorch.reshape(g, tuple(res.args[0].shape)), res.args[0]), None))
+defvjp(PrimIDs.TRANSPOSE)(lambda res, g: (_ct(ltorch.permute(g, _inverse(res.args[1])), res.args[0]), None))
+defvjp(PrimIDs.FLIP)(lambda res, g: (_ct(ltorch.flip(g, res.args[1]), res.args[0]), None))
 
 
 @defvjp(PrimIDs.SLICE)
@@ -449,9 +457,7 @@ def _cat_vjp(res, g):
     cts, start = [], 0
     for t in tensors:
         stop = start + t.shape[d]
-        starts, stops = [0] * g.ndim, list(g.shape)
-        starts[d], stops[d] = start, stop
-        cts.append(_ct(prims.slice(g, tuple(starts), tuple(stops)), t))
+        cts.append(_ct(ltorch.narrow(g, d, start, stop - start), t))
         start = stop
     return tuple(cts), None
 
@@ -465,21 +471,26 @@ def _take_vjp(res, g):
     if a.ndim == 0:
         return g, None, None
     d = canonical_dim(dim, a.ndim)
-    flat = prims.reshape(index, (1,)) if index.ndim == 0 else index
-    spread = prims.broadcast_in_dim(flat, tuple(g.shape), (d,))
-    return prims.scatter_add(_zeros(a), spread, g, d), None, None
+    flat = ltorch.reshape(index, (1,)) if index.ndim == 0 else index
+    # index along d, repeated along every other dim of g
+    spread = ltorch.expand(ltorch.reshape(flat, tuple(-1 if i == d else 1 for i in range(g.ndim))), tuple(g.shape))
+    return ltorch.scatter_add(_zeros(a), d, spread, g), None, None
 
 
 @defvjp(PrimIDs.TAKE_ALONG_AXIS)
 def _take_along_axis_vjp(res, g):
     a, index, dim = res.args
-    return (prims.scatter_add(_zeros(a), index, g, dim) if _differentiable(a) else None), None, None
+    if not _differentiable(a):
+        return None, None, None
+    if a.ndim == 0:  # every index is 0: each element of g is a
+        return ltorch.sum(g) if g.ndim else g, None, None
+    return ltorch.scatter_add(_zeros(a), dim, index, g), None, None
 
 
 @defvjp(PrimIDs.SCATTER_ADD)
 def _scatter_add_vjp(res, g):
     a, index, value, dim = res.args
-    return _ct(g, a), None, _ct(prims.take_along_axis(g, index, dim), value), None
+    return _ct(g, a), None, _ct(ltorch.gather(g, dim, index), value), None
 
 
 @defvjp(PrimIDs.SCATTER)
@@ -489,7 +500,7 @@ def _scatter_vjp(res, g):
     a, index, value, dim = res.args
     if not _differentiable(a):
         return None, None, None, None
-    return prims.scatter(g, index, _zeros(value), dim), None, prims.take_along_axis(g, index, dim), None
+    return ltorch.scatter(g, dim, index, _zeros(value)), None, ltorch.gather(g, dim, index), None
 
 
 # -- conversions -------------------------------------------------------------------------
@@ -499,12 +510,12 @@ def _convert_element_type_vjp(res, g):
     return (_to(g, a.dtype) if _differentiable(a) and _differentiable(res.out) else None), None
 
 
-defvjp(PrimIDs.DEVICE_PUT)(lambda res, g: (_ct(prims.device_put(g, res.args[0].device), res.args[0]), None))
+defvjp(PrimIDs.DEVICE_PUT)(lambda res, g: (_ct(ltorch.to(g, res.args[0].device), res.args[0]), None))
 
 
 # -- linear algebra ----------------------------------------------------------------------
 def _matrix_transpose(x):
-    return prims.transpose(x, tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2))
+    return ltorch.permute(x, tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2))
 
 
 @defvjp(PrimIDs.MATMUL)
@@ -515,14 +526,14 @@ def _matmul_vjp(res, g):
     if not _differentiable(a):
         return None, None
     if a.ndim == 1 and b.ndim == 1:
-        return prims.mul(g, b), prims.mul(g, a)
-    a2 = prims.reshape(a, (1, a.shape[0])) if a.ndim == 1 else a
-    b2 = prims.reshape(b, (b.shape[0], 1)) if b.ndim == 1 else b
+        return ltorch.mul(g, b), ltorch.mul(g, a)
+    a2 = ltorch.reshape(a, (1, a.shape[0])) if a.ndim == 1 else a
+    b2 = ltorch.reshape(b, (b.shape[0], 1)) if b.ndim == 1 else b
     batch = tuple(g.shape[:g.ndim - (a.ndim > 1) - (b.ndim > 1)])
-    g2 = prims.reshape(g, batch + (a2.shape[-2], b2.shape[-1]))
-    da = _sum_to(prims.matmul(g2, _matrix_transpose(b2)), a2.shape)
-    db = _sum_to(prims.matmul(_matrix_transpose(a2), g2), b2.shape)
-    return prims.reshape(da, tuple(a.shape)), prims.reshape(db, tuple(b.shape))
+    g2 = ltorch.reshape(g, batch + (a2.shape[-2], b2.shape[-1]))
+    da = _sum_to(ltorch.matmul(g2, _matrix_transpose(b2)), a2.shape)
+    db = _sum_to(ltorch.matmul(_matrix_transpose(a2), g2), b2.shape)
+    return ltorch.reshape(da, tuple(a.shape)), ltorch.reshape(db, tuple(b.shape))
 
 
 # -- scans and sorting ---------------------------------------------------------------------
@@ -559,7 +570,7 @@ def _selected_vjp(res, g):
     if a.ndim == 0:
         return (g_values,) + (None,) * (len(res.args) - 1)
     d = canonical_dim(dim, a.ndim)
-    return (prims.scatter_add(_zeros(a), res.out[1], g_values, d),) + (None,) * (len(res.args) - 1)
+    return (ltorch.scatter_add(_zeros(a), d, res.out[1], g_values),) + (None,) * (len(res.args) - 1)
 
 
 defvjp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_vjp)

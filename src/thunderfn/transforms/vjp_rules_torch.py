@@ -30,6 +30,13 @@ from thunderfn.torch.reductions import _correction, _var_args
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, defvjp
 
 
+def _to(x, dtype):
+    """x in dtype: a tensor converted by ltorch.to where it differs, a number as torch converts it."""
+    if clang.is_tensor(x):
+        return x if x.dtype == dtype else ltorch.to(x, dtype)
+    return clang.maybe_convert_to_dtype(x, dtype)
+
+
 def _only_input(res, ct) -> tuple:
     """A cotangent for the input (the first argument) and None for every other argument."""
     return (ct,) + (None,) * (len(res.args) - 1)
@@ -43,7 +50,7 @@ def _argument(res, position: int, name: str, default):
 
 def _inside(x, low, high, g):
     """g where low < x < high (strictly: torch's gradient is 0 at the bounds), else 0."""
-    return clang.where(clang.bitwise_and(clang.gt(x, low), clang.lt(x, high)), g, 0.0)
+    return ltorch.where(ltorch.bitwise_and(ltorch.gt(x, low), ltorch.lt(x, high)), g, 0.0)
 
 
 # eager's kernels, from the saved output: finite where the decomposition's exp(-x) overflows
@@ -53,7 +60,7 @@ NON_DIFFERENTIABLE.add(ltorch.detach.id)  # its output does not require grad, in
 defvjp(ltorch.relu.id)(lambda res, g: _only_input(res, ltorch.threshold_backward(g, res.out, 0)))
 # relu's backward is differentiable in its gradient; its `self` gets zeros (torch's formula), not None
 defvjp(ltorch.threshold_backward.id)(lambda res, g: (ltorch.threshold_backward(g, res.args[1], res.args[2]),
-                                                    clang.full(res.args[1].shape, 0, device=res.args[1].device,
+                                                    ltorch.full(res.args[1].shape, 0, device=res.args[1].device,
                                                                dtype=res.args[1].dtype), None))
 
 
@@ -64,43 +71,43 @@ def _hardtanh_vjp(res, g):
 
 
 defvjp(ltorch.relu6.id)(lambda res, g: _only_input(res, _inside(res.args[0], 0.0, 6.0, g)))
-defvjp(ltorch.hardsigmoid.id)(lambda res, g: _only_input(res, clang.mul(_inside(res.args[0], -3.0, 3.0, g), 1 / 6)))
+defvjp(ltorch.hardsigmoid.id)(lambda res, g: _only_input(res, ltorch.mul(_inside(res.args[0], -3.0, 3.0, g), 1 / 6)))
 
 
 @defvjp(ltorch.hardswish.id)
 def _hardswish_vjp(res, g):  # torch: 0 for x <= -3, g * (x / 3 + 1/2) inside, g for x >= 3
     x = res.args[0]
-    inside = clang.mul(g, clang.add(clang.true_divide(x, 3.0), 0.5))
-    return _only_input(res, clang.where(clang.le(x, -3.0), 0.0, clang.where(clang.lt(x, 3.0), inside, g)))
+    inside = ltorch.mul(g, ltorch.add(ltorch.div(x, 3.0), 0.5))
+    return _only_input(res, ltorch.where(ltorch.le(x, -3.0), 0.0, ltorch.where(ltorch.lt(x, 3.0), inside, g)))
 
 
 @defvjp(ltorch.softplus.id)
 def _softplus_vjp(res, g):  # torch: g past the threshold, else g * z / (z + 1) with z = exp(beta * x)
     x = res.args[0]
     beta, threshold = _argument(res, 1, "beta", 1.0), _argument(res, 2, "threshold", 20.0)
-    scaled = clang.mul(x, beta)
-    z = clang.exp(scaled)
-    return _only_input(res, clang.where(clang.gt(scaled, threshold), g, clang.mul(g, clang.true_divide(z, clang.add(z, 1.0)))))
+    scaled = ltorch.mul(x, beta)
+    z = ltorch.exp(scaled)
+    return _only_input(res, ltorch.where(ltorch.gt(scaled, threshold), g, ltorch.mul(g, ltorch.div(z, ltorch.add(z, 1.0)))))
 
 
 # torch: g * sigmoid(-x), 1/2 at 0 (the decomposition's min(x, 0) and |x| both give 0 there)
-defvjp(ltorch.logsigmoid.id)(lambda res, g: _only_input(res, clang.mul(g, ltorch.sigmoid(clang.neg(res.args[0])))))
+defvjp(ltorch.logsigmoid.id)(lambda res, g: _only_input(res, ltorch.mul(g, ltorch.sigmoid(ltorch.neg(res.args[0])))))
 
 
 @defvjp(ltorch.silu.id)
 def _silu_vjp(res, g):  # torch: g * s * (1 + x * (1 - s)), s = sigmoid(x): -0 where exp(-x) overflows
     x = res.args[0]
     s = ltorch.sigmoid(x)
-    return _only_input(res, clang.mul(g, clang.mul(s, clang.add(clang.mul(x, clang.sub(1.0, s)), 1.0))))
+    return _only_input(res, ltorch.mul(g, ltorch.mul(s, ltorch.add(ltorch.mul(x, ltorch.sub(1.0, s)), 1.0))))
 
 
 def _elu_backward(res, g, alpha: float, scale: float, input_scale: float):
     """torch's elu_backward: g * scale above 0, g * input_scale * alpha * scale * exp(x * input_scale) at and
     below; the exp reads min(x, 0), so the branch not taken cannot overflow (nor give a second derivative nan)."""
     x = res.args[0]
-    negative = clang.le(x, 0)
-    below = clang.mul(clang.exp(clang.mul(clang.where(negative, x, 0.0), input_scale)), input_scale * alpha * scale)
-    return _only_input(res, clang.mul(g, clang.where(negative, below, scale)))
+    negative = ltorch.le(x, 0)
+    below = ltorch.mul(ltorch.exp(ltorch.mul(ltorch.where(negative, x, 0.0), input_scale)), input_scale * alpha * scale)
+    return _only_input(res, ltorch.mul(g, ltorch.where(negative, below, scale)))
 
 
 defvjp(ltorch.elu.id)(lambda res, g: _elu_backward(res, g, _argument(res, 1, "alpha", 1.0), 1.0, 1.0))
@@ -117,7 +124,7 @@ defvjp(ltorch.celu.id)(lambda res, g: _elu_backward(res, g, _argument(res, 1, "a
 def _computed(*tensors):
     """The tensors in the computation dtype of the first (float32 for half precision)."""
     compute = dtypes.computation_dtype(tensors[0].dtype)
-    return tuple(None if t is None else clang.maybe_convert_to_dtype(t, compute) for t in tensors)
+    return tuple(None if t is None else _to(t, compute) for t in tensors)
 
 
 def _sum_to(x, shape):
@@ -125,11 +132,11 @@ def _sum_to(x, shape):
     shape = tuple(shape)
     lead = x.ndim - len(shape)
     dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1)
-    return clang.reshape(ltorch.sum(x, dims) if dims else x, shape)
+    return ltorch.reshape(ltorch.sum(x, dims) if dims else x, shape)
 
 
 def _matrix_t(x):
-    return clang.transpose(x, -2, -1)
+    return ltorch.transpose(x, -2, -1)
 
 
 @defvjp(ltorch.linear.id)
@@ -138,14 +145,14 @@ def _linear_vjp(res, g):  # out = x @ w.T + b; w is (out, in), or (in,) for a do
     b = _argument(res, 2, "bias", None)
     rows = torch.Size(x.shape[:-1]).numel()
     if w.ndim == 1:
-        dx = clang.mul(clang.unsqueeze(g, -1) if g.ndim else g, w)
-        dw = clang.mul(g, x) if x.ndim == 1 else ltorch.matmul(clang.reshape(g, (rows,)), clang.reshape(x, (rows, w.shape[0])))
+        dx = ltorch.mul(ltorch.unsqueeze(g, -1) if g.ndim else g, w)
+        dw = ltorch.mul(g, x) if x.ndim == 1 else ltorch.matmul(ltorch.reshape(g, (rows,)), ltorch.reshape(x, (rows, w.shape[0])))
     else:
         dx = ltorch.matmul(g, w)
-        g2, x2 = clang.reshape(g, (rows, w.shape[0])), clang.reshape(x, (rows, w.shape[1]))
+        g2, x2 = ltorch.reshape(g, (rows, w.shape[0])), ltorch.reshape(x, (rows, w.shape[1]))
         dw = ltorch.matmul(_matrix_t(g2), x2)
     if b is not None and b.ndim == 1 and w.ndim == 2 and b.shape[0] == w.shape[0] and rows:
-        db = ltorch.sum(clang.reshape(g, (rows, w.shape[0])), 0)  # as eager's addmm over the folded rows sums it
+        db = ltorch.sum(ltorch.reshape(g, (rows, w.shape[0])), 0)  # as eager's addmm over the folded rows sums it
     else:
         db = None if b is None else _sum_to(g, b.shape)
     return (dx, dw, db) + (None,) * (len(res.args) - 3)
@@ -172,7 +179,7 @@ def _softmax_like_vjp(res, g, backward_data):
     x, y = res.args[0], res.out
     dims = _softmax_dims(res)
     dx = backward_data(g, y, dims[0] if dims else 0, y.dtype)
-    return _only_input(res, clang.maybe_convert_to_dtype(dx, x.dtype))
+    return _only_input(res, _to(dx, x.dtype))
 
 
 defvjp(ltorch.softmax.id)(lambda res, g: _softmax_like_vjp(res, g, ltorch.softmax_backward_data))
@@ -196,13 +203,13 @@ def _native_layer_norm_vjp(res, g):
         xc, mean_c, rstd_c = _computed(x, mean, rstd)
         extra = None
         if g_mean is not None:  # mean = sum(x) / n
-            extra = clang.true_divide(clang.maybe_convert_to_dtype(g_mean, xc.dtype), n)
+            extra = ltorch.div(_to(g_mean, xc.dtype), n)
         if g_rstd is not None:  # rstd = (var + eps) ** -1/2, var = sum((x - mean)^2) / n
-            d = clang.mul(clang.mul(clang.maybe_convert_to_dtype(g_rstd, xc.dtype), clang.mul(rstd_c, clang.mul(rstd_c, rstd_c))),
-                          clang.true_divide(clang.sub(xc, mean_c), -n))
-            extra = d if extra is None else clang.add(extra, d)
-        extra = clang.maybe_convert_to_dtype(clang.expand_to(extra, tuple(x.shape)), x.dtype)
-        dx = extra if dx is None else clang.add(dx, extra)
+            d = ltorch.mul(ltorch.mul(_to(g_rstd, xc.dtype), ltorch.mul(rstd_c, ltorch.mul(rstd_c, rstd_c))),
+                          ltorch.div(ltorch.sub(xc, mean_c), -n))
+            extra = d if extra is None else ltorch.add(extra, d)
+        extra = _to(ltorch.expand(extra, tuple(x.shape)), x.dtype)
+        dx = extra if dx is None else ltorch.add(dx, extra)
     return dx, None, dw, db, None
 
 
@@ -245,47 +252,47 @@ def _cross_entropy_vjp(res, g):
     n_classes = x.shape[class_dim]
     per_class = (n_classes,) + (1,) * (x.ndim - 2)  # a (C,) tensor reshaped to broadcast along x's class dim
     logp, g, weight_c, out = _computed(ltorch.log_softmax(x, class_dim), g, weight, res.out)
-    weight_c = None if weight_c is None else clang.reshape(weight_c, per_class)
+    weight_c = None if weight_c is None else ltorch.reshape(weight_c, per_class)
 
     def along_classes(t):  # a tensor of x's shape without the class dim, broadcastable against x
-        return clang.unsqueeze(t, class_dim) if x.ndim > 1 and t.ndim else t
+        return ltorch.unsqueeze(t, class_dim) if x.ndim > 1 and t.ndim else t
 
     def smoothed(m):
-        return clang.add(clang.mul(m, 1 - smoothing), smoothing / n_classes) if smoothing > 0 else m
+        return ltorch.add(ltorch.mul(m, 1 - smoothing), smoothing / n_classes) if smoothing > 0 else m
 
     if tuple(target.shape) == tuple(x.shape):  # class probabilities
-        m = smoothed(clang.maybe_convert_to_dtype(target, logp.dtype))
+        m = smoothed(_to(target, logp.dtype))
         if reduction == "none":
             k = along_classes(g)
         else:  # the mean is over the elements: numel / C of them
-            k = g if reduction == "sum" else clang.true_divide(g, x.numel() / n_classes if n_classes else 0.0)
-        dtarget = clang.mul(clang.mul(k, logp), -(1 - smoothing))
-        dtarget = dtarget if weight_c is None else clang.mul(dtarget, weight_c)
+            k = g if reduction == "sum" else ltorch.div(g, x.numel() / n_classes if n_classes else 0.0)
+        dtarget = ltorch.mul(ltorch.mul(k, logp), -(1 - smoothing))
+        dtarget = dtarget if weight_c is None else ltorch.mul(dtarget, weight_c)
         count = None
     else:  # class indices
-        tgt = clang.maybe_convert_to_dtype(target, torch.int64)
-        tgt = clang.reshape(tgt, ()) if x.ndim == 1 else tgt
-        valid = clang.ne(tgt, ignore_index)
-        safe = clang.where(valid, tgt, 0)
-        classes = clang.reshape(clang.arange(0, n_classes, 1, device=x.device, dtype=torch.int64), per_class)
-        onehot = clang.maybe_convert_to_dtype(clang.eq(along_classes(safe), classes), logp.dtype)
+        tgt = _to(target, torch.int64)
+        tgt = ltorch.reshape(tgt, ()) if x.ndim == 1 else tgt
+        valid = ltorch.ne(tgt, ignore_index)
+        safe = ltorch.where(valid, tgt, 0)
+        classes = ltorch.reshape(ltorch.arange(0, n_classes, 1, device=x.device, dtype=torch.int64), per_class)
+        onehot = _to(ltorch.eq(along_classes(safe), classes), logp.dtype)
         m = smoothed(onehot)
         k = g
         if reduction == "mean":  # over the weight of the valid elements' targets (their count, unweighted)
-            counted = valid if weight is None else clang.where(valid, ltorch.take(weight, safe), 0.0)
-            k = clang.true_divide(g, ltorch.sum(clang.maybe_convert_to_dtype(counted, logp.dtype)))
-        k = along_classes(clang.where(valid, k, 0.0))
+            counted = valid if weight is None else ltorch.where(valid, ltorch.take(weight, safe), 0.0)
+            k = ltorch.div(g, ltorch.sum(_to(counted, logp.dtype)))
+        k = along_classes(ltorch.where(valid, k, 0.0))
         dtarget, count = None, (onehot if reduction == "mean" else None)
-    km = clang.mul(k, m)
-    dlogp = clang.neg(km if weight_c is None else clang.mul(km, weight_c))
-    dx = clang.sub(dlogp, clang.mul(clang.exp(logp), ltorch.sum(dlogp, class_dim, keepdim=True)))
+    km = ltorch.mul(k, m)
+    dlogp = ltorch.neg(km if weight_c is None else ltorch.mul(km, weight_c))
+    dx = ltorch.sub(dlogp, ltorch.mul(ltorch.exp(logp), ltorch.sum(dlogp, class_dim, keepdim=True)))
     dweight = None
     if weight is not None:  # d/dweight_c of -sum k M weight logp, and for the mean, of its denominator
-        per_element = clang.mul(km, logp)
+        per_element = ltorch.mul(km, logp)
         if count is not None:
-            per_element = clang.add(per_element, clang.mul(clang.mul(k, count), out))
+            per_element = ltorch.add(per_element, ltorch.mul(ltorch.mul(k, count), out))
         others = tuple(d for d in range(x.ndim) if d != class_dim)
-        dweight = clang.neg(ltorch.sum(per_element, others) if others else per_element)
+        dweight = ltorch.neg(ltorch.sum(per_element, others) if others else per_element)
     return (dx, dtarget, dweight) + (None,) * (len(res.args) - 3)
 
 
@@ -294,8 +301,8 @@ def _attention_weights(scores, rows_may_be_masked: bool):
     softmax over zeros there: no nan arises that a second derivative would carry."""
     if not rows_may_be_masked or scores.shape[-1] == 0:
         return ltorch.softmax(scores, -1)
-    dead = clang.eq(ltorch.amax(scores, -1, keepdim=True), -float("inf"))
-    return clang.where(dead, 0.0, ltorch.softmax(clang.where(dead, 0.0, scores), -1))
+    dead = ltorch.eq(ltorch.amax(scores, -1, keepdim=True), -float("inf"))
+    return ltorch.where(dead, 0.0, ltorch.softmax(ltorch.where(dead, 0.0, scores), -1))
 
 
 def _fold_heads(d, like):
@@ -303,7 +310,7 @@ def _fold_heads(d, like):
     if d.ndim < 3 or like.ndim < 3 or d.shape[-3] == like.shape[-3]:
         return d
     shape, heads = tuple(d.shape), like.shape[-3]
-    return ltorch.sum(clang.reshape(d, shape[:-3] + (heads, shape[-3] // heads) + shape[-2:]), -3)
+    return ltorch.sum(ltorch.reshape(d, shape[:-3] + (heads, shape[-3] // heads) + shape[-2:]), -3)
 
 
 def _without_dropout(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs) -> bool:
@@ -324,22 +331,22 @@ def _scaled_dot_product_attention_vjp(res, g):
         k, v = _repeat_heads(k, q.shape[-3] // k.shape[-3]), _repeat_heads(v, q.shape[-3] // v.shape[-3])
     L, S = query.shape[-2], key.shape[-2]
     scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
-    scores = clang.mul(ltorch.matmul(q, _matrix_t(k)), scale)
+    scores = ltorch.mul(ltorch.matmul(q, _matrix_t(k)), scale)
     mask = attn_mask
     if is_causal:  # as the forward combines it with an explicit mask
-        causal = clang.ge(clang.unsqueeze(clang.arange(0, L, 1, device=query.device, dtype=torch.int64), 1),
-                          clang.unsqueeze(clang.arange(0, S, 1, device=query.device, dtype=torch.int64), 0))
-        mask = causal if mask is None else (clang.bitwise_and(mask, causal) if mask.dtype is torch.bool
-                                            else clang.where(causal, mask, -float("inf")))
+        causal = ltorch.ge(ltorch.unsqueeze(ltorch.arange(0, L, 1, device=query.device, dtype=torch.int64), 1),
+                          ltorch.unsqueeze(ltorch.arange(0, S, 1, device=query.device, dtype=torch.int64), 0))
+        mask = causal if mask is None else (ltorch.bitwise_and(mask, causal) if mask.dtype is torch.bool
+                                            else ltorch.where(causal, mask, -float("inf")))
     if mask is not None:
-        scores = (clang.where(mask, scores, -float("inf")) if mask.dtype is torch.bool
-                  else clang.add(scores, clang.maybe_convert_to_dtype(mask, scores.dtype)))
+        scores = (ltorch.where(mask, scores, -float("inf")) if mask.dtype is torch.bool
+                  else ltorch.add(scores, _to(mask, scores.dtype)))
     probs = _attention_weights(scores, attn_mask is not None)
     dv = ltorch.matmul(_matrix_t(probs), g)
     dprobs = ltorch.matmul(g, _matrix_t(v))
-    dscores = clang.mul(probs, clang.sub(dprobs, ltorch.sum(clang.mul(dprobs, probs), -1, keepdim=True)))
-    dq = clang.mul(ltorch.matmul(dscores, k), scale)
-    dk = clang.mul(ltorch.matmul(_matrix_t(dscores), q), scale)
+    dscores = ltorch.mul(probs, ltorch.sub(dprobs, ltorch.sum(ltorch.mul(dprobs, probs), -1, keepdim=True)))
+    dq = ltorch.mul(ltorch.matmul(dscores, k), scale)
+    dk = ltorch.mul(ltorch.matmul(_matrix_t(dscores), q), scale)
     dmask = None if attn_mask is None or attn_mask.dtype is torch.bool else _sum_to(dscores, attn_mask.shape)
     cts = (_sum_to(dq, query.shape), _sum_to(_fold_heads(dk, key), key.shape), _sum_to(_fold_heads(dv, value), value.shape))
     return cts + (dmask,) + (None,) * (len(res.args) - 4)
@@ -349,7 +356,7 @@ def _scaled_dot_product_attention_vjp(res, g):
 def _split_vjp(res, g):  # eager's: one cat of the pieces' cotangents (zeros for the unused), not a pad per piece
     a = res.args[0]
     dim = canonical_dim(_argument(res, 2, "dim", 0), a.ndim)
-    pieces = [c if c is not None else clang.full(o.shape, 0, device=o.device, dtype=o.dtype) for c, o in zip(g, res.out)]
+    pieces = [c if c is not None else ltorch.full(o.shape, 0, device=o.device, dtype=o.dtype) for c, o in zip(g, res.out)]
     return (ltorch.cat(pieces, dim),) + (None,) * (len(res.args) - 1)
 
 
@@ -370,12 +377,12 @@ def _embedding_vjp(res, g):  # eager's kernel: the rows of g summed into zeros a
 # dividing are masked before dividing here, so no nan reaches a second derivative.
 def _kept(t, x, dims, keepdim):
     """A reduction's output (or its cotangent) with its reduced dims back, as size 1: broadcastable against x."""
-    return t if keepdim else clang.keepdim_reshape(t, x, dims)
+    return t if keepdim else ltorch.reshape(t, tuple(1 if i in dims else s for i, s in enumerate(x.shape)))
 
 
 def _nonzero(t):
     """t, with 1 where it is 0: a denominator whose quotient is masked out there anyway."""
-    return clang.where(clang.eq(t, 0), 1.0, t)
+    return ltorch.where(ltorch.eq(t, 0), 1.0, t)
 
 
 def _norm_backward(g, x, ord, norm, dims):
@@ -385,20 +392,20 @@ def _norm_backward(g, x, ord, norm, dims):
     if ord == 0:
         return None
     if ord == 1:
-        return clang.mul(clang.sign(x), g)
-    zero = clang.eq(norm, 0)
+        return ltorch.mul(ltorch.sign(x), g)
+    zero = ltorch.eq(norm, 0)
     if ord == 2:
-        return clang.mul(g, clang.where(zero, 0.0, clang.true_divide(x, _nonzero(norm))))
+        return ltorch.mul(g, ltorch.where(zero, 0.0, ltorch.div(x, _nonzero(norm))))
     if math.isinf(ord):
-        a = clang.abs(x)
-        mask = clang.maybe_convert_to_dtype(clang.bitwise_or(clang.eq(a, norm), clang.isnan(a)), g.dtype)
-        return clang.mul(clang.sign(x), clang.mul(clang.true_divide(g, _row_sum(mask, dims)), mask))
+        a = ltorch.abs(x)
+        mask = _to(ltorch.bitwise_or(ltorch.eq(a, norm), ltorch.isnan(a)), g.dtype)
+        return ltorch.mul(ltorch.sign(x), ltorch.mul(ltorch.div(g, _row_sum(mask, dims)), mask))
     if ord < 1:  # |x|^(ord - 1) read as 0 at x = 0
-        scaled = clang.where(clang.eq(x, 0), 0.0, clang.pow(_nonzero(clang.abs(x)), ord - 1))
-        return clang.mul(clang.mul(clang.mul(clang.sign(x), scaled), g), clang.pow(norm, 1 - ord))
-    scaled = (clang.mul(clang.sign(x), clang.pow(clang.abs(x), ord - 1)) if ord < 2
-              else clang.mul(x, clang.pow(clang.abs(x), ord - 2)))
-    return clang.mul(scaled, clang.where(zero, 0.0, clang.true_divide(g, clang.pow(_nonzero(norm), ord - 1))))
+        scaled = ltorch.where(ltorch.eq(x, 0), 0.0, ltorch.pow(_nonzero(ltorch.abs(x)), ord - 1))
+        return ltorch.mul(ltorch.mul(ltorch.mul(ltorch.sign(x), scaled), g), ltorch.pow(norm, 1 - ord))
+    scaled = (ltorch.mul(ltorch.sign(x), ltorch.pow(ltorch.abs(x), ord - 1)) if ord < 2
+              else ltorch.mul(x, ltorch.pow(ltorch.abs(x), ord - 2)))
+    return ltorch.mul(scaled, ltorch.where(zero, 0.0, ltorch.div(g, ltorch.pow(_nonzero(norm), ord - 1))))
 
 
 @defvjp(ltorch.vector_norm.id)
@@ -416,11 +423,11 @@ def _normalize_vjp(res, g):
     dim, eps = _argument(res, 2, "dim", 1), _argument(res, 3, "eps", 1e-12)
     dims = clang.reduction_dims(x, tuple(dim) if isinstance(dim, (tuple, list)) else (dim,))
     norm = ltorch.vector_norm(x, p, dims, keepdim=True)
-    denom = clang.where(clang.lt(norm, eps), eps, norm)
-    dquotient = clang.neg(clang.true_divide(_row_sum(clang.mul(g, res.out), dims), denom))  # of x / denom, for denom
-    dnorm = clang.where(clang.ge(norm, eps), dquotient, 0.0)
-    dx, through_norm = clang.true_divide(g, denom), _norm_backward(dnorm, x, p, norm, dims)
-    return _only_input(res, dx if through_norm is None else clang.add(dx, through_norm))
+    denom = ltorch.where(ltorch.lt(norm, eps), eps, norm)
+    dquotient = ltorch.neg(ltorch.div(_row_sum(ltorch.mul(g, res.out), dims), denom))  # of x / denom, for denom
+    dnorm = ltorch.where(ltorch.ge(norm, eps), dquotient, 0.0)
+    dx, through_norm = ltorch.div(g, denom), _norm_backward(dnorm, x, p, norm, dims)
+    return _only_input(res, dx if through_norm is None else ltorch.add(dx, through_norm))
 
 
 def _var_backward(g, x, dim, dims, correction):
@@ -429,12 +436,12 @@ def _var_backward(g, x, dim, dims, correction):
     mean = ltorch.mean(x, dims, keepdim=True) if dims else x
     dof = math.prod(x.shape[d] for d in dims) - correction
     if (dim is None or x.ndim == 0) and dof <= 0:
-        return clang.mul(g, clang.where(clang.eq(x, mean), float("nan"), float("inf")))
-    return clang.mul(clang.mul(g, clang.sub(x, mean)), 2.0 / dof if dof else math.inf)
+        return ltorch.mul(g, ltorch.where(ltorch.eq(x, mean), float("nan"), float("inf")))
+    return ltorch.mul(ltorch.mul(g, ltorch.sub(x, mean)), 2.0 / dof if dof else math.inf)
 
 
 def _std_backward(g, x, std, dim, dims, correction):  # torch's: the var's cotangent is g / (2 std), 0 where std is 0
-    return _var_backward(clang.where(clang.eq(std, 0), 0.0, clang.true_divide(g, clang.mul(_nonzero(std), 2.0))),
+    return _var_backward(ltorch.where(ltorch.eq(std, 0), 0.0, ltorch.div(g, ltorch.mul(_nonzero(std), 2.0))),
                          x, dim, dims, correction)
 
 
@@ -464,26 +471,26 @@ def _std_mean_vjp(res, g):  # std's cotangent as std's rule gives it, plus the m
         dx = _std_backward(_kept(g_std, x, dims, keepdim), xc, _kept(std, x, dims, keepdim), dim, dims, correction)
     if g_mean is not None:
         n = math.prod(x.shape[d] for d in dims)
-        spread = clang.expand_to(clang.true_divide(_kept(g_mean, x, dims, keepdim), n), x.shape)
-        dx = spread if dx is None else clang.add(dx, spread)
+        spread = ltorch.expand(ltorch.div(_kept(g_mean, x, dims, keepdim), n), x.shape)
+        dx = spread if dx is None else ltorch.add(dx, spread)
     return _only_input(res, dx)
 
 
 def _loss_scale(g, reduction, numel):
     """The cotangent of each element of the unreduced loss: g, or for the mean g over the element count."""
-    return clang.true_divide(g, float(numel)) if reduction == "mean" else g
+    return ltorch.div(g, float(numel)) if reduction == "mean" else g
 
 
 def _difference(input, target):
     """input - target, broadcast, in the computation dtype of their promoted dtype (as the losses compute it)."""
     compute = dtypes.computation_dtype(dtypes.result_type(input, target))
-    return clang.sub(clang.maybe_convert_to_dtype(input, compute), clang.maybe_convert_to_dtype(target, compute))
+    return ltorch.sub(_to(input, compute), _to(target, compute))
 
 
 def _difference_cotangents(res, d):
     """d, the cotangent of input - target, as the input's and the target's."""
     input, target = res.args[:2]
-    return _sum_to(d, input.shape), _sum_to(clang.neg(d), target.shape)
+    return _sum_to(d, input.shape), _sum_to(ltorch.neg(d), target.shape)
 
 
 @defvjp(ltorch.smooth_l1_loss.id)
@@ -494,9 +501,9 @@ def _smooth_l1_loss_vjp(res, g):
                                   _argument(res, 4, "reduction", "mean"))
     beta = _argument(res, 5, "beta", 1.0)
     diff = _difference(*res.args[:2])
-    slope = clang.sign(diff) if beta == 0 else clang.where(
-        clang.le(diff, -beta), -1.0, clang.where(clang.ge(diff, beta), 1.0, clang.true_divide(diff, beta)))
-    dd = clang.mul(slope, _loss_scale(g, reduction, diff.numel()))
+    slope = ltorch.sign(diff) if beta == 0 else ltorch.where(
+        ltorch.le(diff, -beta), -1.0, ltorch.where(ltorch.ge(diff, beta), 1.0, ltorch.div(diff, beta)))
+    dd = ltorch.mul(slope, _loss_scale(g, reduction, diff.numel()))
     return _difference_cotangents(res, dd) + (None,) * (len(res.args) - 2)
 
 
@@ -507,14 +514,14 @@ def _huber_loss_vjp(res, g):
     reduction, delta = _argument(res, 2, "reduction", "mean"), _argument(res, 3, "delta", 1.0)
     weight = _argument(res, 4, "weight", None)
     diff = _difference(*res.args[:2])
-    slope = clang.where(clang.le(diff, -delta), -delta, clang.where(clang.ge(diff, delta), delta, diff))
+    slope = ltorch.where(ltorch.le(diff, -delta), -delta, ltorch.where(ltorch.ge(diff, delta), delta, diff))
     k = _loss_scale(g, reduction, diff.numel())
     if weight is None:
-        return _difference_cotangents(res, clang.mul(slope, k)) + (None,) * (len(res.args) - 2)
-    z = clang.abs(diff)
-    loss = clang.where(clang.lt(z, delta), clang.mul(clang.mul(z, z), 0.5), clang.mul(clang.sub(z, 0.5 * delta), delta))
-    cts = _difference_cotangents(res, clang.mul(clang.mul(slope, k), clang.maybe_convert_to_dtype(weight, diff.dtype)))
-    return cts + (None, None, _sum_to(clang.mul(loss, k), weight.shape)) + (None,) * (len(res.args) - 5)
+        return _difference_cotangents(res, ltorch.mul(slope, k)) + (None,) * (len(res.args) - 2)
+    z = ltorch.abs(diff)
+    loss = ltorch.where(ltorch.lt(z, delta), ltorch.mul(ltorch.mul(z, z), 0.5), ltorch.mul(ltorch.sub(z, 0.5 * delta), delta))
+    cts = _difference_cotangents(res, ltorch.mul(ltorch.mul(slope, k), _to(weight, diff.dtype)))
+    return cts + (None, None, _sum_to(ltorch.mul(loss, k), weight.shape)) + (None,) * (len(res.args) - 5)
 
 
 _BCE_EPSILON = float(torch.tensor(1e-12, dtype=torch.float32))  # torch's kernel clamps with a float constant
@@ -531,18 +538,18 @@ def _binary_cross_entropy_vjp(res, g):
                                   _argument(res, 5, "reduction", "mean"))
     x, y, g, w = _computed(input, target, g, weight)
     k = _loss_scale(g, reduction, x.numel())
-    kw = k if w is None else clang.mul(k, w)
-    spread = clang.mul(clang.sub(1.0, x), x)
-    floored = clang.where(clang.lt(spread, _BCE_EPSILON), _BCE_EPSILON, spread)
-    dx = clang.mul(kw, clang.true_divide(clang.sub(x, y), floored))
-    dy = clang.mul(kw, clang.neg(clang.log(clang.true_divide(x, clang.sub(1.0, x)))))
+    kw = k if w is None else ltorch.mul(k, w)
+    spread = ltorch.mul(ltorch.sub(1.0, x), x)
+    floored = ltorch.where(ltorch.lt(spread, _BCE_EPSILON), _BCE_EPSILON, spread)
+    dx = ltorch.mul(kw, ltorch.div(ltorch.sub(x, y), floored))
+    dy = ltorch.mul(kw, ltorch.neg(ltorch.log(ltorch.div(x, ltorch.sub(1.0, x)))))
     dweight = None
     if weight is not None:
         def clamped_log(t):
-            return clang.where(clang.lt(t, -100.0), -100.0, t)
-        log_x, log_1mx = clamped_log(clang.log(x)), clamped_log(clang.log1p(clang.neg(x)))
-        loss = clang.sub(clang.mul(clang.sub(y, 1.0), log_1mx), clang.mul(y, log_x))
-        dweight = _sum_to(clang.mul(loss, k), weight.shape)
+            return ltorch.where(ltorch.lt(t, -100.0), -100.0, t)
+        log_x, log_1mx = clamped_log(ltorch.log(x)), clamped_log(ltorch.log1p(ltorch.neg(x)))
+        loss = ltorch.sub(ltorch.mul(ltorch.sub(y, 1.0), log_1mx), ltorch.mul(y, log_x))
+        dweight = _sum_to(ltorch.mul(loss, k), weight.shape)
     return (dx, dy, dweight) + (None,) * (len(res.args) - 3)
 
 
@@ -554,17 +561,17 @@ def _gaussian_nll_loss_vjp(res, g):
     eps, reduction = _argument(res, 4, "eps", 1e-6), _argument(res, 5, "reduction", "mean")
     if clang.is_tensor(var):
         homoscedastic = tuple(var.shape) != tuple(input.shape) and tuple(var.shape) == tuple(input.shape[:-1])
-        v = clang.unsqueeze(var, -1) if homoscedastic else var  # one variance per row
-        v = clang.where(clang.lt(v, eps), eps, v)
+        v = ltorch.unsqueeze(var, -1) if homoscedastic else var  # one variance per row
+        v = ltorch.where(ltorch.lt(v, eps), eps, v)
     else:
         v = max(float(var), eps)
-    ratio = clang.true_divide(clang.sub(input, target), v)  # the loss is 0.5 * (log(v) + diff^2 / v)
+    ratio = ltorch.div(ltorch.sub(input, target), v)  # the loss is 0.5 * (log(v) + diff^2 / v)
     k = _loss_scale(g, reduction, ratio.numel())
-    dd = clang.mul(k, ratio)
+    dd = ltorch.mul(k, ratio)
     dvar = None
     if clang.is_tensor(var):
-        dv = clang.mul(clang.mul(k, 0.5), clang.sub(clang.true_divide(1.0, v), clang.mul(ratio, ratio)))
-        dvar = clang.reshape(_sum_to(dv, v.shape), var.shape)
+        dv = ltorch.mul(ltorch.mul(k, 0.5), ltorch.sub(ltorch.div(1.0, v), ltorch.mul(ratio, ratio)))
+        dvar = ltorch.reshape(_sum_to(dv, v.shape), var.shape)
     return _difference_cotangents(res, dd) + (dvar,) + (None,) * (len(res.args) - 3)
 
 
@@ -575,22 +582,22 @@ def _max_or_min_vjp(res, g, loses):
     x, dim, keepdim = res.args[0], _argument(res, 1, "dim", None), _argument(res, 2, "keepdim", False)
     if clang.is_tensor(dim):
         other = dim
-        half = clang.where(clang.eq(x, other), clang.true_divide(g, 2.0), g)
-        return (_sum_to(clang.where(loses(x, other), 0.0, half), x.shape),
-                _sum_to(clang.where(loses(other, x), 0.0, half), other.shape)) + (None,) * (len(res.args) - 2)
+        half = ltorch.where(ltorch.eq(x, other), ltorch.div(g, 2.0), g)
+        return (_sum_to(ltorch.where(loses(x, other), 0.0, half), x.shape),
+                _sum_to(ltorch.where(loses(other, x), 0.0, half), other.shape)) + (None,) * (len(res.args) - 2)
     if dim is None:
-        nan_max = clang.bitwise_and(clang.isnan(x), clang.isnan(res.out))
-        mask = clang.maybe_convert_to_dtype(clang.bitwise_or(clang.eq(x, res.out), nan_max), g.dtype)
-        return _only_input(res, clang.mul(mask, clang.true_divide(g, ltorch.sum(mask))))
+        nan_max = ltorch.bitwise_and(ltorch.isnan(x), ltorch.isnan(res.out))
+        mask = _to(ltorch.bitwise_or(ltorch.eq(x, res.out), nan_max), g.dtype)
+        return _only_input(res, ltorch.mul(mask, ltorch.div(g, ltorch.sum(mask))))
     g, indices = g[0], res.out[1]
     if g is None or x.ndim == 0:
         return _only_input(res, g)
     d = canonical_dim(dim, x.ndim)
     if not keepdim:
-        g, indices = clang.unsqueeze(g, d), clang.unsqueeze(indices, d)
-    positions = clang.reshape(clang.arange(0, x.shape[d], 1, device=x.device, dtype=torch.int64),
+        g, indices = ltorch.unsqueeze(g, d), ltorch.unsqueeze(indices, d)
+    positions = ltorch.reshape(ltorch.arange(0, x.shape[d], 1, device=x.device, dtype=torch.int64),
                               tuple(-1 if i == d else 1 for i in range(x.ndim)))
-    return _only_input(res, clang.where(clang.eq(positions, indices), g, 0.0))
+    return _only_input(res, ltorch.where(ltorch.eq(positions, indices), g, 0.0))
 
 
 defvjp(ltorch.max.id)(lambda res, g: _max_or_min_vjp(res, g, clang.lt))
