@@ -73,7 +73,7 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
         args, kwargs = bsym.args, bsym.kwargs
         if kwargs and bsym.sym.fn is not None:  # rules give cotangents by position: no tensor by keyword
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
-        in_cts = rule(Residuals(args, kwargs, bsym.output), g)
+        in_cts = rule.bwd(Residuals(args, kwargs, bsym.output), g)
         for arg, ct in zip(args, in_cts):
             if ct is None:
                 continue
