@@ -71,8 +71,7 @@ class OperatorExecutor(Executor):
         if meta is None:
             meta = _meta_from_like(like)
         sym = Symbol(name, f"{self.name}.{name}", meta=meta, is_prim=True, print_name=name, namespace={name: fn},
-                     eager=fn, executor=self)
-        sym.like = like
+                     eager=fn, executor=self, like=like)
         self.operators[name] = sym
         return sym
 

@@ -88,7 +88,7 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
 
     # An executor's operator defined like= a function, or a composite an executor claims whole
     # (_with_residuals kept it so): the backward recomputes that function and differentiates it.
-    recompute = getattr(bsym.sym, "like", None)
+    recompute = bsym.sym.like
     if recompute is None and bsym.subsymbols and bsym.sym.fn is not None and claims_whole(claiming_rule(bsym)):
         recompute = bsym.sym.fn
     if recompute is not None:
