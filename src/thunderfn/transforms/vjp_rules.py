@@ -63,6 +63,7 @@ def unregister_vjp(symbol_id) -> None:
     """Drop symbol_id's rule, if it has one (a custom_vjp that went away)."""
     vjp_rules.pop(symbol_id, None)
 
+
 # outputs that never carry gradient: booleans, integers, indices and constants (and, added by
 # vjp_rules_torch.py, torch-level symbols that stop it: detach); forward mode shares this set
 NON_DIFFERENTIABLE = {
