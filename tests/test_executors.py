@@ -180,7 +180,7 @@ def test_checker_is_called_with_proxies_and_a_no_leaves_the_symbol_to_the_next_e
     seen = []
     ex, _ = multimul_executor()
     ex.register_lowering(ltorch.mul, checker=lambda a, b: seen.append((a, b)) or b.ndim == 1,
-                         lower=ex.lowerings[ltorch.mul.id].lower, replace=True)
+                         lower=ex.lowerings[ltorch.mul.id].action.fn, replace=True)
     jfn = tf.jit(lambda a, b: a * b, executors=[ex])
     torch.testing.assert_close(jfn(A, B), A * B)
     assert all(isinstance(x, tf.TensorProxy) for x in seen[0])
@@ -270,7 +270,7 @@ def test_a_lowering_can_add_torch_ops_around_the_operator():
 def test_register_implementation_is_register_lowering_with_the_tutorials_names():
     ex, multimul = multimul_executor()
     fwd, bwd = mul_vjp(multimul)
-    ex.register_implementation(ltorch.mul, checker=cpu_only, execution_transform=ex.lowerings[ltorch.mul.id].lower,
+    ex.register_implementation(ltorch.mul, checker=cpu_only, execution_transform=ex.lowerings[ltorch.mul.id].action.fn,
                                grad_transform=(fwd, bwd), replace=True)
     g = tf.jit(tf.grad(loss, argnums=(0, 1)), executors=[ex])
     torch.testing.assert_close(g(A, B), (B, A))
@@ -313,7 +313,7 @@ def test_backward_traces_read_in_the_torch_language():
 
 def test_a_custom_vjp_makes_the_backward_one_multimul_call():
     ex, multimul = multimul_executor()
-    ex.register_lowering(ltorch.mul, checker=cpu_only, lower=ex.lowerings[ltorch.mul.id].lower,
+    ex.register_lowering(ltorch.mul, checker=cpu_only, lower=ex.lowerings[ltorch.mul.id].action.fn,
                          vjp=mul_vjp(multimul), replace=True)
     g = tf.jit(tf.grad(loss, argnums=(0, 1)), executors=[ex])
     torch.testing.assert_close(g(A, B), (B, A))
@@ -325,7 +325,7 @@ def test_a_custom_vjp_makes_the_backward_one_multimul_call():
 
 def test_a_custom_vjp_serves_torch_autograd_with_a_one_call_backward():
     ex, multimul = multimul_executor()
-    ex.register_lowering(ltorch.mul, checker=cpu_only, lower=ex.lowerings[ltorch.mul.id].lower,
+    ex.register_lowering(ltorch.mul, checker=cpu_only, lower=ex.lowerings[ltorch.mul.id].action.fn,
                          vjp=mul_vjp(multimul), replace=True)
     a, b = A.clone().requires_grad_(), B.clone().requires_grad_()
     jfn = tf.jit(lambda a, b: a * b, executors=[ex])
@@ -339,14 +339,14 @@ def test_a_custom_vjp_function_is_used_as_is():
     ex, multimul = multimul_executor()
     scaled = tf.custom_vjp(torch.mul)
     scaled.defvjp(lambda a, b: (a * b, (a, b)), lambda res, g: (g * res[1] * 10, g * res[0] * 10))
-    ex.register_lowering(ltorch.mul, checker=cpu_only, lower=ex.lowerings[ltorch.mul.id].lower, vjp=scaled,
+    ex.register_lowering(ltorch.mul, checker=cpu_only, lower=ex.lowerings[ltorch.mul.id].action.fn, vjp=scaled,
                          replace=True)
     torch.testing.assert_close(tf.jit(tf.grad(loss, argnums=(0, 1)), executors=[ex])(A, B), (10 * B, 10 * A))
 
 
 def test_an_executors_vjp_is_used_only_where_it_claims_the_symbol():
     ex, multimul = multimul_executor()
-    ex.register_lowering(ltorch.mul, checker=lambda a, b: a.ndim == 1, lower=ex.lowerings[ltorch.mul.id].lower,
+    ex.register_lowering(ltorch.mul, checker=lambda a, b: a.ndim == 1, lower=ex.lowerings[ltorch.mul.id].action.fn,
                          vjp=mul_vjp(multimul), replace=True)
     rejected = tf.jit(tf.grad(loss, argnums=(0, 1)), executors=[ex])
     torch.testing.assert_close(rejected(A, B), (B, A))
@@ -360,7 +360,7 @@ def test_an_executors_vjp_is_used_only_where_it_claims_the_symbol():
 
 def test_vjp_uses_the_executors_vjp_where_its_executors_are_active():
     ex, multimul = multimul_executor()
-    ex.register_lowering(ltorch.mul, checker=cpu_only, lower=ex.lowerings[ltorch.mul.id].lower,
+    ex.register_lowering(ltorch.mul, checker=cpu_only, lower=ex.lowerings[ltorch.mul.id].action.fn,
                          vjp=mul_vjp(multimul), replace=True)
     ct = torch.randn(3, 2)
     pullback = tf.jit(lambda a, b, ct: tf.vjp(lambda a, b: a * b, a, b)[1](ct), executors=[ex])
@@ -370,7 +370,7 @@ def test_vjp_uses_the_executors_vjp_where_its_executors_are_active():
 
 def test_grad_of_grad_through_an_executors_vjp():
     ex, multimul = multimul_executor()
-    ex.register_lowering(ltorch.mul, checker=cpu_only, lower=ex.lowerings[ltorch.mul.id].lower,
+    ex.register_lowering(ltorch.mul, checker=cpu_only, lower=ex.lowerings[ltorch.mul.id].action.fn,
                          vjp=mul_vjp(multimul), replace=True)
     x = torch.randn(4, dtype=torch.float64)
     f = lambda t: (t * t * t).sum()  # noqa: E731

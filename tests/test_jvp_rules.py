@@ -77,7 +77,7 @@ def _tangents(args, only, gen):
 def _run_rule(pid, args, kwargs, tangents):
     out = getattr(prims, pid.name.lower())(*args, **kwargs)
     tangents = tuple(tuple(x) if isinstance(x, list) else x for x in tangents)
-    return jvp_rules[pid](Residuals(tuple(args), dict(kwargs), out), tangents)
+    return jvp_rules[pid].fwd(Residuals(tuple(args), dict(kwargs), out), tangents)
 
 
 def _expected(pid, args, kwargs, tangents):
@@ -208,4 +208,4 @@ def test_every_prim_rule_has_a_case():
 def test_complex_arguments_are_refused_with_the_prim_named():
     z = torch.tensor([1 + 2j])
     with pytest.raises(NotImplementedError, match="prims.sin"):
-        jvp_rules[PrimIDs.SIN](Residuals((z,), {}, prims.sin(z)), (torch.ones_like(z),))
+        jvp_rules[PrimIDs.SIN].fwd(Residuals((z,), {}, prims.sin(z)), (torch.ones_like(z),))

@@ -40,6 +40,7 @@ class Symbol:
     eager: Callable | None = None  # how a prim computes on real tensors outside tracing
     tags: frozenset = frozenset()
     executor: Any = None  # set on executor operators
+    like: Callable | None = None  # an operator registered like= a function: differentiated as that function
     torch_fn: Callable | None = None  # torch-language symbols: the torch callable they mirror
     printer: Callable | None = None  # custom statement printer (del, alias)
 

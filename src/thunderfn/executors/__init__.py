@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from thunderfn.core.symbol import Symbol
-from thunderfn.executors.base import Executor, FusionExecutor, Lowering, OperatorExecutor
+from thunderfn.executors.base import (Executor, FusionExecutor, Lowering, OperatorExecutor, RunAsItself, RunAsOperator,
+                                     RunWithTorch, TraceInPlace)
 from thunderfn.executors.torchex import torch_ex, torch_prims_ex
 
-__all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Lowering", "register_executor", "get_executor",
-           "get_default_executors", "set_default_executors", "add_operator_executor", "available", "resolve",
-           "torch_ex", "torch_prims_ex"]
+__all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Lowering", "TraceInPlace", "RunAsOperator", "RunAsItself",
+           "RunWithTorch", "register_executor", "get_executor", "get_default_executors", "set_default_executors",
+           "add_operator_executor", "available", "resolve", "torch_ex", "torch_prims_ex"]
 
 _registry: dict[str, Executor] = {}
 _defaults: list[Executor] = []

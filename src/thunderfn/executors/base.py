@@ -1,9 +1,12 @@
 """Executors: tables of lowering rules keyed by symbol.
 
-A lowering rule has a `checker(*args, **kwargs) -> bool`, called with proxies at
-compile time, and a `lower(*args, **kwargs)` that is traced and replaces the bound
-symbol (it may call this executor's operators and any torch ops around them).
-Executors are tried in priority order; see transforms/executor_lower.py.
+A lowering rule (`Lowering`) has a `checker(*args, **kwargs) -> bool`, called with
+proxies at compile time, and an action saying how the claimed bound symbol runs:
+`TraceInPlace(fn)` traces fn in its place (fn may call this executor's operators and
+any torch ops around them), `RunAsOperator(op)` runs it as one of the executor's
+operators, `RunAsItself()` keeps an operator's own call, `RunWithTorch()` is the torch
+executor's one torch call. Executors are tried in priority order; see
+transforms/executor_lower.py.
 """
 from __future__ import annotations
 
@@ -15,11 +18,43 @@ from thunderfn.core import context
 from thunderfn.core.symbol import Symbol
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class TraceInPlace:
+    """fn(*args, **kwargs) is traced in place of the bound symbol, and what it records is lowered in turn."""
+    fn: Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class RunAsOperator:
+    """The bound symbol runs as `operator`, one of the claiming executor's operators, with its arguments."""
+    operator: Symbol
+
+
+@dataclasses.dataclass(frozen=True)
+class RunAsItself:
+    """The bound symbol already calls an executor's operator: it stays as recorded."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunWithTorch:
+    """The torch executor's lowering: one call of the torch function the symbol mirrors (or of a
+    prim's torch implementation). Reverse mode still differentiates the symbol's decomposition."""
+
+
+LoweringAction = TraceInPlace | RunAsOperator | RunAsItself | RunWithTorch
+
+
+@dataclasses.dataclass(frozen=True)
 class Lowering:
+    """An executor's rule for one symbol: where it claims (`checker`, None = everywhere) and what it does."""
     checker: Callable | None
-    lower: Callable | None  # traced replacement; None means "run the symbol as this executor's operator"
+    action: LoweringAction
     vjp: Any = None  # a tf.custom_vjp function: how reverse mode differentiates what this rule claims
+
+    def __post_init__(self):
+        if not isinstance(self.action, LoweringAction):
+            raise TypeError(f"a Lowering's action is TraceInPlace, RunAsOperator, RunAsItself or RunWithTorch, got "
+                            f"{type(self.action).__name__}")
 
 
 def check_identifier(kind: str, name) -> str:
@@ -71,8 +106,7 @@ class OperatorExecutor(Executor):
         if meta is None:
             meta = _meta_from_like(like)
         sym = Symbol(name, f"{self.name}.{name}", meta=meta, is_prim=True, print_name=name, namespace={name: fn},
-                     eager=fn, executor=self)
-        sym.like = like
+                     eager=fn, executor=self, like=like)
         self.operators[name] = sym
         return sym
 
@@ -84,17 +118,36 @@ class OperatorExecutor(Executor):
         executor's operators and runs as itself. `vjp`, a `(fwd, bwd)` pair with custom_vjp's
         conventions or a `tf.custom_vjp` function, is how reverse mode differentiates the
         symbol wherever this executor claims it."""
-        key = symbol_or_id.id if isinstance(symbol_or_id, Symbol) else symbol_or_id
-        if key in self.lowerings and not replace:
-            raise ValueError(f"executor '{self.name}' already has a lowering for {_symbol_name(symbol_or_id)} "
-                             f"(pass replace=True to replace it)")
         if checker is not None and not callable(checker):
             raise TypeError(f"executor '{self.name}': the checker for {_symbol_name(symbol_or_id)} must be callable")
-        if lower is None and key not in {op.id for op in self.operators.values()}:
+        action = self._action(symbol_or_id, lower)
+        self.add_lowering(symbol_or_id, Lowering(checker, action, _as_custom_vjp(self, symbol_or_id, vjp)),
+                          replace=replace)
+
+    def add_lowering(self, symbol_or_id, lowering: Lowering, *, replace: bool = False) -> None:
+        """The one way a rule enters this executor's table: register_lowering, register_implementation
+        and executors.add_operator_executor wrap it."""
+        if not isinstance(lowering, Lowering):
+            raise TypeError(f"executor '{self.name}': the rule for {_symbol_name(symbol_or_id)} must be a Lowering, "
+                            f"got {type(lowering).__name__}")
+        if _key(symbol_or_id) in self.lowerings and not replace:
+            raise ValueError(f"executor '{self.name}' already has a lowering for {_symbol_name(symbol_or_id)} "
+                             f"(pass replace=True to replace it)")
+        self.lowerings[_key(symbol_or_id)] = lowering
+
+    def _action(self, symbol_or_id, lower) -> LoweringAction:
+        """register_lowering's `lower` as a LoweringAction: one of this executor's operators runs as
+        that operator (None: the symbol is itself one of them), anything else is traced in place."""
+        if isinstance(lower, Symbol) and lower.executor is self:
+            return RunAsOperator(lower)
+        if lower is not None:
+            return TraceInPlace(lower)
+        own = next((op for op in self.operators.values() if op.id == _key(symbol_or_id)), None)
+        if own is None:
             raise TypeError(f"executor '{self.name}': give lower= for {_symbol_name(symbol_or_id)} (a function traced "
                             f"in its place, or one of this executor's operators); only the executor's own operators "
                             f"run as themselves")
-        self.lowerings[key] = Lowering(checker, lower, _as_custom_vjp(self, symbol_or_id, vjp))
+        return RunAsOperator(own)
 
     def register_implementation(self, symbol_or_id, op: Symbol | None = None, *, checker: Callable | None = None,
                                 execution_transform: Callable | None = None, grad_transform=None,
@@ -107,7 +160,7 @@ class OperatorExecutor(Executor):
     def lowering_for(self, bsym) -> Lowering | None:
         rule = self.lowerings.get(bsym.sym.id)
         if bsym.sym.executor is self:  # one of our operators, called directly in traced code: it runs as itself
-            return _identity if rule is None else Lowering(rule.checker, "identity", rule.vjp)
+            return _as_itself if rule is None else dataclasses.replace(rule, action=RunAsItself())
         return rule
 
 
@@ -121,7 +174,11 @@ class FusionExecutor(Executor):
                                   f"fuse(trace) -> trace, which claims the regions it fuses")
 
 
-_identity = Lowering(checker=None, lower="identity")
+_as_itself = Lowering(checker=None, action=RunAsItself())
+
+
+def _key(symbol_or_id):
+    return symbol_or_id.id if isinstance(symbol_or_id, Symbol) else symbol_or_id
 
 
 def _symbol_name(symbol_or_id) -> str:

@@ -3,7 +3,8 @@
 It claims torch-language symbols whole, calling the torch function each one mirrors
 (one torch call per torch op, the fastest way to run on eager torch), and it
 lowers every prim to torch, so anything transforms or decompositions produce runs.
-`prim_impls` is its lowering table for prims; it is also how prims compute eagerly.
+`prim_impls` is its lowering table for prims (`implement_prim` fills it); it is also how
+prims compute eagerly.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from thunderfn import prims
 from thunderfn.core.interception import resolve_torch_name, torch_name
 from thunderfn.core.symbol import BoundSymbol, Symbol
-from thunderfn.executors.base import Executor, Lowering, OperatorExecutor
+from thunderfn.executors.base import Executor, Lowering, OperatorExecutor, RunAsItself, RunWithTorch
 from thunderfn.prims import PrimIDs
 
 Tensor = torch.Tensor
@@ -126,8 +127,9 @@ _BINARY = ("add sub mul div fmod remainder pow atan2 maximum minimum eq ne lt le
 # torch functions that take a Python number as their second argument as is
 _SCALAR_SECOND = set("add sub mul div fmod remainder pow eq ne lt le gt ge bitwise_and bitwise_or bitwise_xor".split())
 
-prim_impls = {PrimIDs[n.upper()]: getattr(torch, n) for n in _UNARY + _BINARY}
-prim_impls.update({
+# the torch implementations of the built-in prims, entered into prim_impls below
+_builtin_impls = {PrimIDs[n.upper()]: getattr(torch, n) for n in _UNARY + _BINARY}
+_builtin_impls.update({
     PrimIDs.WHERE: torch.where, PrimIDs.SUM: reduce_sum, PrimIDs.PROD: reduce_prod, PrimIDs.AMAX: reduce_amax,
     PrimIDs.AMIN: reduce_amin, PrimIDs.VAR: reduce_var, PrimIDs.VAR_MEAN: reduce_var_mean,
     PrimIDs.ARGMAX: torch.argmax, PrimIDs.ARGMIN: torch.argmin, PrimIDs.BROADCAST_IN_DIM: broadcast_in_dim,
@@ -155,7 +157,7 @@ def topk_prim(a, k, dim, largest, sorted):
     return tuple(torch.topk(a, k, dim=dim, largest=largest, sorted=sorted))
 
 
-prim_impls.update({
+_builtin_impls.update({
     PrimIDs.CUMSUM: cumsum, PrimIDs.CUMPROD: cumprod, PrimIDs.SORT: sort_prim, PrimIDs.TOPK: topk_prim,
 })
 
@@ -181,9 +183,21 @@ def pad_prim(a, padding_value, padding_config):
     return torch.constant_pad_nd(a, pads, padding_value) if any(pads) else a.clone()
 
 
-prim_impls.update({PrimIDs.SCATTER: scatter_prim, PrimIDs.SCATTER_ADD: scatter_add_prim, PrimIDs.PAD: pad_prim})
+_builtin_impls.update({PrimIDs.SCATTER: scatter_prim, PrimIDs.SCATTER_ADD: scatter_add_prim, PrimIDs.PAD: pad_prim})
 
 _number_impls = {PrimIDs[n.upper()]: _with_tensor_operands(getattr(torch, n)) for n in _BINARY}
+
+prim_impls: dict = {}  # prim id -> its torch implementation; entered only through implement_prim
+
+
+def implement_prim(prim: Symbol, fn) -> None:
+    """The one way a prim gets its torch implementation (TorchExecutor.register_prim wraps it):
+    how every torch executor runs it (the table is shared) and how it computes eagerly, so prims
+    work on real tensors too. A binary prim computes a Python number operand as _number_impls does."""
+    prim_impls[prim.id] = fn
+    prim.eager = fn if prim.id not in _number_impls else (
+        lambda a, b, _f=fn, _g=_number_impls[prim.id], **kw: _f(a, b, **kw)
+        if isinstance(a, Tensor) and isinstance(b, Tensor) else _g(a, b, **kw))
 
 
 def _operator_for(fn, name: str | None = None) -> Symbol:
@@ -222,16 +236,16 @@ class TorchExecutor(Executor):
     def register_prim(self, prim: Symbol, fn) -> None:
         """Run `prim` (one made with prims.make_prim) as `fn` on real tensors, here and eagerly.
         The prim table is shared: every torch executor (torch, torch_prims) runs it."""
-        prim_impls[prim.id] = prim.eager = fn
+        implement_prim(prim, fn)
 
     def lowering_for(self, bsym) -> Lowering | None:
         sym = bsym.sym
         if sym.is_prim and sym.id in prim_impls:
-            return _direct
+            return _with_torch
         if sym.torch_fn is not None and (self.claim_torch_symbols or "opaque" in sym.tags):
-            return _direct  # opaque ops have no decomposition: torch runs them either way
+            return _with_torch  # opaque ops have no decomposition: torch runs them either way
         if sym.executor is self or isinstance(sym.executor, OperatorExecutor):
-            return _already_lowered  # another executor's operator carries its callable: torch can run it as is
+            return _as_itself  # another executor's operator carries its callable: torch can run it as is
         return None
 
     def lower_direct(self, bsym) -> BoundSymbol:
@@ -249,23 +263,18 @@ class TorchExecutor(Executor):
         return BoundSymbol(self.op(fn, name, sym.tags), bsym.args, bsym.kwargs, bsym.output, shown)
 
 
-_helper_names = {impl: f"{impl.__name__}" for impl in set(prim_impls.values()) | set(_number_impls.values())
+_helper_names = {impl: f"{impl.__name__}" for impl in set(_builtin_impls.values()) | set(_number_impls.values())
                  if getattr(impl, "__module__", None) == __name__ or impl in _number_impls.values()}
 _helper_names[slice_prim] = "slice_prim"
-_direct = Lowering(checker=None, lower="direct")
-_already_lowered = Lowering(checker=None, lower="identity")
+_with_torch = Lowering(checker=None, action=RunWithTorch())
+_as_itself = Lowering(checker=None, action=RunAsItself())
 
 torch_ex = TorchExecutor()
 # Runs only prims: every torch symbol executes its decomposition. Tests use it to check
 # decompositions against torch; transforms and fusion see the same prims.
 torch_prims_ex = TorchExecutor("torch_prims", claim_torch_symbols=False)
 
-# Prims compute eagerly through the same table, so prims work on real tensors too.
-for _pid, _impl in prim_impls.items():
-    _sym = getattr(prims, _pid.name.lower(), None)
-    if isinstance(_sym, Symbol):
-        _sym.eager = _impl if _pid not in _number_impls else (
-            lambda a, b, _f=_impl, _g=_number_impls[_pid], **kw: _f(a, b, **kw)
-            if isinstance(a, Tensor) and isinstance(b, Tensor) else _g(a, b, **kw))
+for _pid, _impl in _builtin_impls.items():
+    implement_prim(getattr(prims, _pid.name.lower()), _impl)
 
 del numbers, operator

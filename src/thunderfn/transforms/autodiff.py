@@ -74,7 +74,7 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
         args, kwargs = bsym.args, bsym.kwargs
         if kwargs and bsym.sym.fn is not None:  # rules give cotangents by position: no tensor by keyword
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
-        in_cts = rule(Residuals(args, kwargs, bsym.output), g)
+        in_cts = rule.bwd(Residuals(args, kwargs, bsym.output), g)
         for arg, ct in zip(args, in_cts):
             if ct is None:
                 continue
@@ -89,7 +89,7 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
 
     # An executor's operator defined like= a function, or a composite an executor claims whole
     # (_with_residuals kept it so): the backward recomputes that function and differentiates it.
-    recompute = getattr(bsym.sym, "like", None)
+    recompute = bsym.sym.like
     if recompute is None and bsym.subsymbols and bsym.sym.fn is not None and claims_whole(claiming_rule(bsym)):
         recompute = bsym.sym.fn
     if recompute is not None:

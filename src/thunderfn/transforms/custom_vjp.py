@@ -40,15 +40,15 @@ class custom_vjp:
 
     def defvjp(self, fwd, bwd):
         self.fwd, self.bwd = fwd, bwd
-        from thunderfn.transforms.vjp_rules import vjp_rules
+        from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, unregister_vjp
 
         name = "".join(c if c.isalnum() else "_" for c in getattr(self.fn, "__name__", "fn"))
         self._symbol = Symbol(f"custom_vjp_{name}", ("custom_vjp", next(_ids)), fn=self._forward,
                               print_name=f"custom_vjp_{name}", tags=frozenset({"always_record"}))
         # The table holds the rule weakly: a custom_vjp made in a loop (and the tensors its
         # functions close over) goes away with its last user, and its entry with it.
-        vjp_rules[self._symbol.id] = _WeakRule(self)
-        weakref.finalize(self, vjp_rules.pop, self._symbol.id, None)
+        register_vjp(self._symbol.id, VJPRule(_WeakBackward(self)))
+        weakref.finalize(self, unregister_vjp, self._symbol.id)
         return self
 
     @property
@@ -127,8 +127,8 @@ class custom_vjp:
         return ct
 
 
-class _WeakRule:
-    """A custom_vjp's entry in vjp_rules, calling its bwd while the custom_vjp is alive."""
+class _WeakBackward:
+    """A custom_vjp's bwd in its vjp_rules entry, called while the custom_vjp is alive."""
 
     def __init__(self, owner: custom_vjp):
         self._owner = weakref.ref(owner)

@@ -18,7 +18,7 @@ from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import python_alias
 from thunderfn.core.symbol import BoundSymbol, Symbol
-from thunderfn.executors.base import OperatorExecutor
+from thunderfn.executors.base import OperatorExecutor, RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace
 
 
 def _accepts(ex, bsym):
@@ -68,7 +68,7 @@ def claims_whole(rule) -> bool:
     """Whether a rule (of claiming_rule) runs a composite symbol as one call rather than as the
     torch executor runs it: reverse mode then keeps the symbol whole in the forward, so the
     executor's kernel runs, and recomputes its decomposition in the backward."""
-    return rule is not None and rule.lower != "direct"
+    return rule is not None and not isinstance(rule.action, RunWithTorch)
 
 
 def trace_in_place_of(bsym, fn, who: str) -> list:
@@ -120,18 +120,17 @@ def lower_bsyms(bsyms, executors) -> list:
             continue
         ex, rule = _claim(bsym, executors)
         if rule is not None:
-            if rule.lower == "direct":
-                out.append(ex.lower_direct(bsym))
-            elif rule.lower == "identity":
-                out.append(bsym)
-            elif rule.lower is None:
-                raise RuntimeError(f"executor '{ex.name}' claims {bsym.sym.print_name} but gave no lowering")
-            elif isinstance(rule.lower, Symbol) and rule.lower.executor is ex:
-                out.append(BoundSymbol(rule.lower, bsym.args, bsym.kwargs, bsym.output, (bsym,)))
-            else:
-                with _contiguous_copies():
-                    lowered = trace_in_place_of(bsym, rule.lower, f"executor '{ex.name}': the lowering")
-                out.extend(lower_bsyms(lowered, executors))
+            match rule.action:
+                case RunWithTorch():
+                    out.append(ex.lower_direct(bsym))
+                case RunAsItself():
+                    out.append(bsym)
+                case RunAsOperator(operator):
+                    out.append(BoundSymbol(operator, bsym.args, bsym.kwargs, bsym.output, (bsym,)))
+                case TraceInPlace(fn):
+                    with _contiguous_copies():
+                        lowered = trace_in_place_of(bsym, fn, f"executor '{ex.name}': the lowering")
+                    out.extend(lower_bsyms(lowered, executors))
             continue
         if bsym.subsymbols:
             out.extend(lower_bsyms(bsym.subsymbols, executors))

@@ -64,7 +64,7 @@ def _push_forward(bsym, tangents: dict) -> None:
         if kwarg_tangents and bsym.sym.fn is not None:  # rules take tangents by position: no tensor by keyword
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
             arg_tangents = tuple(_tangent_of(a, tangents) for a in args)
-        out_tangent = rule(Residuals(args, kwargs, bsym.output), arg_tangents)
+        out_tangent = rule.fwd(Residuals(args, kwargs, bsym.output), arg_tangents)
     elif "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
         out_tangent = _opaque_tangent(bsym, tangents)
     else:

@@ -1,4 +1,4 @@
-"""Forward-mode rules for prims: `jvp_rules[prim id](res, tangents)` is the tangent of the
+"""Forward-mode rules for prims: `jvp_rules[prim id].fwd(res, tangents)` is the tangent of the
 prim's output, given one tangent per positional argument. The forward twin of vjp_rules.
 
 Rules are written in prims (the unary derivatives, shared with vjp_rules.py, in the torch
@@ -19,7 +19,9 @@ torch.func.jvp.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Callable
 
 import torch
 
@@ -29,23 +31,40 @@ from thunderfn.transforms import vjp_rules as _vjp
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, Residuals  # noqa: F401  (re-exported for the driver)
 from thunderfn.transforms.vjp_rules import _differentiable, _expand, _reduced, _scalar, _sq, _to, _zeros, refuse_complex
 
-jvp_rules: dict = {}
+
+@dataclasses.dataclass(frozen=True)
+class JVPRule:
+    """How forward mode differentiates one symbol: `fwd(res, tangents)` is the tangent of its
+    output, given one tangent per positional argument (the conventions above)."""
+    fwd: Callable
+
+
+jvp_rules: dict = {}  # symbol id -> JVPRule; entered only through register_jvp
+
+
+def register_jvp(symbol_id, rule: JVPRule) -> None:
+    """The one way a rule enters jvp_rules: defjvp and the rules derived from VJP rules wrap it."""
+    if not isinstance(rule, JVPRule):
+        raise TypeError(f"the JVP rule for {_vjp._rule_name(symbol_id)} must be a JVPRule, got {type(rule).__name__}")
+    jvp_rules[symbol_id] = rule
+
 
 # differentiable in principle, but without a forward rule here (the same prims as vjp_rules)
 NOT_DIFFERENTIATED = dict(_vjp.NOT_DIFFERENTIATED)
 
 
 def defjvp(*prim_ids):
-    """Register the decorated `fwd(res, tangents)` as the forward rule of each prim id."""
+    """Register the decorated `fwd(res, tangents)` as the forward rule of each prim id,
+    refusing complex arguments."""
     def register(fwd):
-        def rule(res: Residuals, tangents):
+        def checked(res: Residuals, tangents):
             refuse_complex("jvp", prim_ids[0], res.args)
             return fwd(res, tuple(tangents))
 
-        rule.__name__ = rule.__qualname__ = fwd.__name__
-        rule.__doc__ = fwd.__doc__
+        checked.__name__ = checked.__qualname__ = fwd.__name__
+        checked.__doc__ = fwd.__doc__
         for pid in prim_ids:
-            jvp_rules[pid] = rule
+            register_jvp(pid, JVPRule(checked))
         return fwd
 
     return register
@@ -287,13 +306,13 @@ defjvp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_jvp)
 # mode gets torch's conventions (logsigmoid at 0, a kink's bounds, where exp overflows) from the
 # same formula, and the forward keeps each op whole.
 def _diagonal_jvp_from_vjp(symbol_id):
-    vjp = _vjp.vjp_rules[symbol_id]
+    vjp = _vjp.vjp_rules[symbol_id].bwd
 
-    def rule(res, tangents):
+    def fwd(res, tangents):
         return None if not tangents or tangents[0] is None else vjp(res, tangents[0])[0]
 
-    rule.__name__ = rule.__qualname__ = f"{vjp.__name__}_as_jvp"
-    jvp_rules[symbol_id] = rule
+    fwd.__name__ = fwd.__qualname__ = f"{vjp.__name__}_as_jvp"
+    register_jvp(symbol_id, JVPRule(fwd))
 
 
 def _elementwise_symbols():
@@ -314,9 +333,9 @@ def _reduction_jvp_from_vjp(symbol_id, dim_position: int):
     the slice of derivative times tangent. torch's masks (the norm of zero) come along."""
     from thunderfn.clang import reduction_dims
 
-    vjp = _vjp.vjp_rules[symbol_id]
+    vjp = _vjp.vjp_rules[symbol_id].bwd
 
-    def rule(res, tangents):
+    def fwd(res, tangents):
         t = tangents[0] if tangents else None
         if t is None:
             return None
@@ -325,8 +344,8 @@ def _reduction_jvp_from_vjp(symbol_id, dim_position: int):
         d = vjp(res, prims.full(tuple(out.shape), 1.0, device=out.device, dtype=out.dtype))[0]
         return prims.reshape(prims.sum(prims.mul(d, t), reduction_dims(x, dim)), tuple(out.shape))
 
-    rule.__name__ = rule.__qualname__ = f"{vjp.__name__}_as_jvp"
-    jvp_rules[symbol_id] = rule
+    fwd.__name__ = fwd.__qualname__ = f"{vjp.__name__}_as_jvp"
+    register_jvp(symbol_id, JVPRule(fwd))
 
 
 def _reductions():

@@ -1,4 +1,4 @@
-"""Reverse-mode rules for prims: `vjp_rules[prim id](res, g)` is the cotangent of each
+"""Reverse-mode rules for prims: `vjp_rules[prim id].bwd(res, g)` is the cotangent of each
 positional argument of the prim, given the cotangent `g` of its output.
 
 Rules are written in the torch language (`ltorch.mul`, `ltorch.sum`, `ltorch.expand`), the
@@ -23,9 +23,10 @@ Rules are for real floating dtypes; a complex tensor argument raises NotImplemen
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -41,7 +42,33 @@ class Residuals(NamedTuple):
     out: object    # the prim's output (a tensor, or a tuple for multi-output prims)
 
 
-vjp_rules: dict = {}
+@dataclasses.dataclass(frozen=True)
+class VJPRule:
+    """How reverse mode differentiates one symbol: `bwd(res, g)` is the cotangent of each
+    positional argument (the conventions above). `applies(*args, **kwargs) -> bool`, when
+    given, restricts the rule to some calls of a composite symbol: the others are
+    differentiated through the symbol's decomposition."""
+    bwd: Callable
+    applies: Callable | None = None
+
+    def applies_to(self, bsym) -> bool:
+        return self.applies is None or bool(self.applies(*bsym.args, **bsym.kwargs))
+
+
+vjp_rules: dict = {}  # symbol id -> VJPRule; entered only through register_vjp
+
+
+def register_vjp(symbol_id, rule: VJPRule) -> None:
+    """The one way a rule enters vjp_rules: defvjp and custom_vjp's defvjp wrap it."""
+    if not isinstance(rule, VJPRule):
+        raise TypeError(f"the VJP rule for {_rule_name(symbol_id)} must be a VJPRule, got {type(rule).__name__}")
+    vjp_rules[symbol_id] = rule
+
+
+def unregister_vjp(symbol_id) -> None:
+    """Drop symbol_id's rule, if it has one (a custom_vjp that went away)."""
+    vjp_rules.pop(symbol_id, None)
+
 
 # outputs that never carry gradient: booleans, integers, indices and constants (and, added by
 # vjp_rules_torch.py, torch-level symbols that stop it: detach); forward mode shares this set
@@ -83,33 +110,28 @@ def refuse_complex(mode: str, prim_id, args) -> None:
 
 
 def defvjp(*prim_ids, applies=None):
-    """Register the decorated `bwd(res, g)` as the rule of each prim id. `applies(*args,
-    **kwargs) -> bool`, when given, restricts the rule to some calls of a composite symbol:
-    the others are differentiated through the symbol's decomposition."""
+    """Register the decorated `bwd(res, g)` as the rule of each prim id (or torch-language
+    symbol id), refusing complex arguments; `applies` as in VJPRule."""
     def register(bwd):
-        def rule(res: Residuals, g):
+        def checked(res: Residuals, g):
             refuse_complex("vjp", prim_ids[0], res.args)
             if g is None or (isinstance(g, tuple) and all(x is None for x in g)):
                 return (None,) * len(res.args)  # nothing flows back (an integer output, say)
             return bwd(res, g)
 
-        rule.__name__ = rule.__qualname__ = bwd.__name__
-        rule.__doc__ = bwd.__doc__
-        rule.applies = applies
+        checked.__name__ = checked.__qualname__ = bwd.__name__
+        checked.__doc__ = bwd.__doc__
         for pid in prim_ids:
-            vjp_rules[pid] = rule
+            register_vjp(pid, VJPRule(checked, applies))
         return bwd
 
     return register
 
 
-def rule_for(bsym):
+def rule_for(bsym) -> VJPRule | None:
     """The VJP rule that differentiates this bound symbol, or None (then its decomposition does)."""
     rule = vjp_rules.get(bsym.sym.id)
-    applies = getattr(rule, "applies", None)
-    if applies is not None and not applies(*bsym.args, **bsym.kwargs):
-        return None
-    return rule
+    return rule if rule is not None and rule.applies_to(bsym) else None
 
 
 def _tensors_in(args):
