@@ -131,8 +131,7 @@ def _symbol_name(symbol_or_id) -> str:
 def _as_custom_vjp(ex: Executor, symbol_or_id, vjp):
     """vjp= as a custom_vjp function: the same mechanism users differentiate with, so the
     forward runs `fwd` (recording its residuals) and the backward runs `bwd`."""
-    from thunderfn.transforms.custom_vjp import custom_vjp
-
+    custom_vjp = context.custom_vjp()  # tf.custom_vjp, a transform: executors do not import transforms
     if vjp is None or isinstance(vjp, custom_vjp):
         if vjp is not None and vjp.fwd is None:
             raise TypeError(f"executor '{ex.name}': the custom_vjp function given as vjp for "
