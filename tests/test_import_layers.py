@@ -1,12 +1,11 @@
-"""The layers of the code import only downward (DESIGN.md, Layers; docs/index.md).
+"""The layers of the code import only downward (docs/index.md, "Layout of the code").
 
-Read from the source with ast, as /work/shared/tools/import_cycles.py reads it: every
-import statement of a thunderfn module, at module level or inside a function, is an
-edge of the import graph. The graph has no cycle; every module imports only its own
+Read from the source with ast: every import statement of a thunderfn module, at module
+level or inside a function, is an edge of the import graph. The graph has no cycle; every module imports only its own
 layer or lower ones; and no thunderfn import hides inside a function (where a lower
 layer needs an upper one at run time, the upper one hands itself down when imported:
-core/context.py, core/interception.py's set_dispatcher, core/symbol.py's
-set_eager_composite). A run in a fresh process checks what the source says: importing
+core/context.py's register_jit and register_custom_vjp, core/interception.py's
+set_dispatcher, core/symbol.py's set_eager_composite). A run in a fresh process checks what the source says: importing
 a layer loads nothing above it, and `import thunderfn.prims` alone gives prims that
 compute on tensors.
 """
@@ -76,8 +75,8 @@ def _imports(module: str, source: str | None = None) -> list[tuple[str, int, boo
     path = MODULES[module]
     tree = ast.parse(open(path).read() if source is None else source, path)
     is_package = path.endswith("__init__.py")
-    in_function = {id(node) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-                   for node in ast.walk(fn)}
+    functions = [fn for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    in_function = {id(node) for fn in functions for node in ast.walk(fn)}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -181,7 +180,8 @@ def test_the_checks_fail_on_a_bad_import(monkeypatch):
         test_every_module_imports_only_its_layer_or_lower_ones()
     with pytest.raises(AssertionError, match="executors.base imports thunderfn.transforms.custom_vjp inside a function"):
         test_no_thunderfn_import_hides_inside_a_function()
-    monkeypatch.setitem(IMPORTS, "thunderfn.core.trace", IMPORTS["thunderfn.core.trace"] + [("thunderfn.jit", 1, False)])
+    jit_at_top = ("thunderfn.jit", 1, False)
+    monkeypatch.setitem(IMPORTS, "thunderfn.core.trace", IMPORTS["thunderfn.core.trace"] + [jit_at_top])
     with pytest.raises(AssertionError, match="import cycle: .*thunderfn.core.trace -> thunderfn.jit"):
         test_the_import_graph_has_no_cycle()
 

@@ -6,8 +6,9 @@
 """
 from thunderfn import clang, errors, prims  # noqa: F401  (the languages)
 from thunderfn import torch  # noqa: F401  (the torch language: tf.torch.mul, ...)
-# The layers in order (DESIGN.md, Layers). Transforms come before executors: the built-in kernel
-# executors register vjp= pairs on import, which become custom_vjp functions (core/context.py).
+# The layers in order (docs/index.md, "Layout of the code"). Transforms come before executors:
+# the built-in kernel executors register vjp= pairs on import, which become custom_vjp functions
+# (core/context.py).
 from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn import executors  # noqa: F401
 from thunderfn.core.proxies import TensorProxy

@@ -1,7 +1,8 @@
 """Executor registry: which executors exist, which are the defaults, which can run here.
 
 Executors know what transforms produce (traces of symbols), never transforms themselves:
-they may import core/, prims, clang and the torch language (DESIGN.md, Layers).
+they may import core/, prims, clang and the torch language (docs/index.md, "Layout of the
+code").
 """
 from __future__ import annotations
 

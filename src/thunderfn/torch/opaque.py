@@ -3,7 +3,7 @@
 The function runs on `meta` tensors to learn its outputs' shapes and dtypes, is
 recorded under its torch name, and the torch executor calls it at run time with
 the real tensors. The bound symbol keeps the torch callable and its arguments, so
-autodiff can differentiate it at run time through torch.func.
+autodiff can differentiate it at run time through torch.func (`torch_vjp_op`, below).
 
 Refused, with the reason, when even that cannot be right: no meta kernel, an output
 shape that depends on values (nonzero, unique, masked_select), a non-tensor

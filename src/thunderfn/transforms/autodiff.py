@@ -92,7 +92,8 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
     # An executor's operator defined like= a function, or a composite an executor claims whole
     # (_with_residuals kept it so): the backward recomputes that function and differentiates it.
     recompute = getattr(bsym.sym, "like", None)
-    if recompute is None and bsym.subsymbols and bsym.sym.fn is not None and claims_whole(claiming_rule(bsym, tape.executors)):
+    if (recompute is None and bsym.subsymbols and bsym.sym.fn is not None
+            and claims_whole(claiming_rule(bsym, tape.executors))):
         recompute = bsym.sym.fn
     if recompute is not None:
         wanted = [i for i, c in enumerate(out_cts) if c is not None]
@@ -180,9 +181,9 @@ def _with_residuals(bsyms: list, executors) -> list:
 
 class _Tape:
     """What the backward needs besides the recorded ops: which values depend on the
-    differentiated inputs (only those get cotangents), and for each opaque op the
-    generator state just before it ran (its backward re-runs it, and must draw the same),
-    and the executors the trace will be lowered onto (what they claim whole is recomputed)."""
+    differentiated inputs (only those get cotangents); for each opaque op, the generator
+    state just before it ran (its backward re-runs it, and must draw the same); and the
+    executors the trace will be lowered onto (what they claim whole is recomputed)."""
 
     def __init__(self, executors):
         self.executors = executors
