@@ -6,6 +6,10 @@
 """
 from thunderfn import clang, errors, prims  # noqa: F401  (the languages)
 from thunderfn import torch  # noqa: F401  (the torch language: tf.torch.mul, ...)
+# The layers in order (docs/index.md, "Layout of the code"). Transforms come before executors:
+# the built-in kernel executors register vjp= pairs on import, which become custom_vjp functions
+# (core/context.py).
+from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn import executors  # noqa: F401
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import register_pytree_node
@@ -17,7 +21,6 @@ from thunderfn.jit import cache_info, jit, last_backward_traces, last_traces
 from thunderfn.module import functional_call
 from thunderfn.transforms import executor_lower
 from thunderfn.transforms.autodiff import grad, value_and_grad, vjp
-from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn.transforms.forward_mode import jvp
 
 __version__ = "0.1.0"

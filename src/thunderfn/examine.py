@@ -19,8 +19,10 @@ import dataclasses
 import torch
 from torch.overrides import TorchFunctionMode
 
-from thunderfn.core.interception import _metadata_getters, _metadata_methods, handlers, torch_name
+from thunderfn.core.interception import handlers, is_metadata_query, torch_name
 from thunderfn.core.symbol import Symbol
+from thunderfn.torch.inplace import is_in_place
+from thunderfn.torch.opaque import _to_meta_tensor_tree, probe_opaque
 
 _VALUE_READS = {torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.tolist, torch.Tensor.__int__,
                 torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.__complex__}
@@ -62,9 +64,6 @@ class Examination:
 
 
 def _classify(func, args, kwargs) -> tuple[str, str]:
-    from thunderfn.torch.inplace import is_in_place
-    from thunderfn.torch.opaque import _to_meta_tensor_tree, probe_opaque
-
     if func in _VALUE_READS:
         return "needs a value", "reads a tensor's value: keep it a tensor (torch.where), or pass it as a static argument"
     if is_in_place(func):
@@ -86,7 +85,7 @@ class _Recorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func not in _metadata_getters and func not in _metadata_methods:
+        if not is_metadata_query(func):
             name = torch_name(func)
             call = self.calls.get(name)
             if call is None:

@@ -16,6 +16,10 @@ tiny function), and the generated function returns the user's output structure
 itself, so a hit is: build a tuple key, one dict lookup, the guards, one call.
 Compiling holds a per-function lock, so threads calling one jitted function for the
 first time compile it once.
+
+The api layer: may import every layer below it, and thunderfn/module.py (jit of an
+nn.Module). Transforms called with real tensors compile through jit, which registers
+itself for them in core/context.py (they sit below it and do not import it).
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from thunderfn.core.passes import dce, del_last_used
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.executors.base import FusionExecutor
+from thunderfn.module import jit_module
 from thunderfn.torch.optim import StepChangesOptimizerState
 from thunderfn.transforms.executor_lower import lower_trace
 from thunderfn.transforms.forward_backward import CompiledSplit, try_split
@@ -136,15 +141,17 @@ class JitState:
     def compile(self, args, kwargs, leaves) -> CacheEntry:
         executors = _executors.resolve(self.executors, fallback=self.fallback)
         recorder = GuardRecorder(self.fn)
-        with context.active_executors(executors):  # reverse mode uses the VJPs these executors register
+        # tf.grad & co. called inside the function differentiate for these executors (the VJPs they
+        # register): jit's argument, which they cannot be handed otherwise (core/context.py)
+        with context.active_executors(executors):
             # With disable_torch_autograd the function runs under no_grad: traced so too, or a
             # torch.enable_grad() block inside it would switch grad back on from the recorded mode.
             with recorder, (torch.no_grad() if self.disable_torch_autograd else contextlib.nullcontext()):
                 traces = [trace(self.fn, *args, **kwargs)]
-            traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
-            split = None
-            if not self.disable_torch_autograd and _is_grad_enabled():
-                split, self.why_no_backward = try_split(traces[-1])
+        traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
+        split = None
+        if not self.disable_torch_autograd and _is_grad_enabled():
+            split, self.why_no_backward = try_split(traces[-1], executors)
         if split is None:
             traces += _execution_passes(traces[-1], executors)
             fn = traces[-1].python_callable()
@@ -390,9 +397,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     match none run eagerly after one warning.
     """
     if isinstance(fn, torch.nn.Module):
-        from thunderfn.module import jit_module
-
-        return jit_module(fn, executors=executors, fallback=fallback, disable_torch_autograd=disable_torch_autograd,
+        return jit_module(fn, jit, executors=executors, fallback=fallback, disable_torch_autograd=disable_torch_autograd,
                           cache_size_limit=cache_size_limit)
     if not callable(fn):
         raise TypeError(f"jit expects a callable or an nn.Module, got {type(fn).__name__}")
@@ -422,6 +427,10 @@ def jit_evicting(fn: Callable, **options):
     jitted = jit(fn, **options)
     jitted._thunderfn_state.evict_past_limit = True
     return jitted
+
+
+# Transforms below this layer compile with jit when called with real tensors (core/context.py).
+context.register_jit(jit, jit_evicting)
 
 
 def _compiled_state(fn, what: str) -> JitState:

@@ -9,6 +9,10 @@ module holds is ever replaced and other threads can use it eagerly meanwhile.
 What forward reads besides its tensors (every submodule's `training` flag, hooks,
 attributes) is guarded (core/guards.py). Everything else (parameters(),
 state_dict(), attribute access) is the original module's, unprefixed.
+
+The api layer, below thunderfn/jit.py: jit imports this module for nn.Modules, so the
+function jit a ThunderModule compiles its forward with is handed to it (`jit_module`).
+May import: core/ (and anything below the api layer).
 """
 from __future__ import annotations
 
@@ -66,7 +70,8 @@ _creating = threading.Lock()
 
 
 class ThunderModule(torch.nn.Module):
-    def __init__(self, module: torch.nn.Module, **jit_options):
+    def __init__(self, module: torch.nn.Module, jit, **jit_options):
+        """jit: thunderfn.jit, which compiles forward with jit_options."""
         super().__init__()
         # Held outside _modules so names and state_dict keys are the original module's.
         object.__setattr__(self, "_thunderfn_module", module)
@@ -74,6 +79,7 @@ class ThunderModule(torch.nn.Module):
         # (torch.func.functional_call, nn.utils.parametrize) edits the original's, which forward reads.
         object.__setattr__(self, "_parameters", module._parameters)
         object.__setattr__(self, "_buffers", module._buffers)
+        self._thunderfn_jit = jit
         self._thunderfn_options = jit_options
         self._thunderfn_forget_compiled()
 
@@ -94,8 +100,6 @@ class ThunderModule(torch.nn.Module):
             return self._thunderfn_forward or self._make_jitted()
 
     def _make_jitted(self):
-        from thunderfn.jit import jit
-
         module = self.module
         slots = self._slots()
         param_names = [n for n, _ in module.named_parameters()]
@@ -109,7 +113,7 @@ class ThunderModule(torch.nn.Module):
 
         forward.__name__ = forward.__qualname__ = f"{type(module).__name__}.forward"  # named in error messages
         forward.__signature__ = _forward_signature(module, param_names + buffer_names)
-        jitted = self._thunderfn_forward = jit(forward, **self._thunderfn_options)
+        jitted = self._thunderfn_forward = self._thunderfn_jit(forward, **self._thunderfn_options)
         return jitted
 
     def _slots(self):
@@ -188,10 +192,11 @@ def _has_uninitialized_parameters(module: torch.nn.Module) -> bool:
                for m in module.modules())
 
 
-def jit_module(module: torch.nn.Module, **jit_options) -> ThunderModule:
+def jit_module(module: torch.nn.Module, jit, **jit_options) -> ThunderModule:
+    """tf.jit(module): jit is thunderfn.jit, which compiles the module's forward with jit_options."""
     if isinstance(module, ThunderModule):  # jit of a jitted module: the module, jitted with these options
         module = module.module
-    return ThunderModule(module, **jit_options)
+    return ThunderModule(module, jit, **jit_options)
 
 
 def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=(), kwargs=None):

@@ -3,8 +3,14 @@
 A prim is a Symbol with a meta function: given proxies (and Python numbers) it
 checks its inputs, raising torch's exception type with torch-like wording, and
 returns output proxies. Prims do no broadcasting and no type promotion; clang does
-that before calling them. How a prim runs is an executor's business (the torch
-executor's lowering table gives every prim an eager implementation).
+that before calling them.
+
+Every prim also computes on real tensors, with its torch implementation (`torch_impls`,
+at the end: torch's own function or one of prims_eager.py's): importing this module is
+enough to call `prims.add(x, y)` on tensors. The torch executor runs prims with the
+same table (executors/torchex.py); other executors lower them their own way.
+
+May import: core/, prims_eager.py.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from thunderfn import prims_eager
 from thunderfn.core import dtypes
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
@@ -593,3 +600,44 @@ def _pad_meta(a, padding_value, padding_config):
 
 
 make_prim(PrimIDs.PAD, "pad", meta=_pad_meta)
+
+
+# -- on real tensors -------------------------------------------------------------------
+# Each prim's torch implementation, by id: what the prim computes when called outside tracing (its
+# `eager`), and what the torch executor calls for it (executors/torchex.py; TorchExecutor.register_prim
+# adds a new prim's). A binary prim's number_impls entry serves a Python number operand.
+_UNARY = ("abs neg exp exp2 expm1 log log1p log2 log10 sqrt rsqrt reciprocal sin cos tan asin acos atan sinh cosh "
+          "tanh asinh acosh atanh erf erfc erfinv lgamma digamma floor ceil round trunc sign signbit bitwise_not "
+          "isfinite isnan real imag").split()
+_BINARY = ("add sub mul div fmod remainder pow atan2 maximum minimum eq ne lt le gt ge bitwise_and bitwise_or "
+           "bitwise_xor bitwise_left_shift bitwise_right_shift copysign nextafter").split()
+
+torch_impls = {PrimIDs[n.upper()]: getattr(torch, n) for n in _UNARY + _BINARY}
+torch_impls.update({
+    PrimIDs.WHERE: torch.where, PrimIDs.SUM: prims_eager.reduce_sum, PrimIDs.PROD: prims_eager.reduce_prod,
+    PrimIDs.AMAX: prims_eager.reduce_amax, PrimIDs.AMIN: prims_eager.reduce_amin, PrimIDs.VAR: prims_eager.reduce_var,
+    PrimIDs.VAR_MEAN: prims_eager.reduce_var_mean, PrimIDs.ARGMAX: torch.argmax, PrimIDs.ARGMIN: torch.argmin,
+    PrimIDs.BROADCAST_IN_DIM: prims_eager.broadcast_in_dim, PrimIDs.RESHAPE: torch.reshape,
+    PrimIDs.TRANSPOSE: torch.permute, PrimIDs.SLICE: prims_eager.slice_prim, PrimIDs.SQUEEZE: torch.squeeze,
+    PrimIDs.CAT: torch.cat, PrimIDs.FLIP: torch.flip, PrimIDs.TAKE: prims_eager.take,
+    PrimIDs.TAKE_ALONG_AXIS: prims_eager.take_along_axis, PrimIDs.CONVERT_ELEMENT_TYPE: prims_eager.convert_element_type,
+    PrimIDs.DEVICE_PUT: prims_eager.device_put, PrimIDs.MATMUL: torch.matmul, PrimIDs.FULL: torch.full,
+    PrimIDs.IOTA: prims_eager.iota, PrimIDs.CUMSUM: prims_eager.cumsum, PrimIDs.CUMPROD: prims_eager.cumprod,
+    PrimIDs.SORT: prims_eager.sort_prim, PrimIDs.TOPK: prims_eager.topk_prim, PrimIDs.SCATTER: prims_eager.scatter_prim,
+    PrimIDs.SCATTER_ADD: prims_eager.scatter_add_prim, PrimIDs.PAD: prims_eager.pad_prim,
+})
+number_impls = {PrimIDs[n.upper()]: prims_eager.with_tensor_operands(getattr(torch, n)) for n in _BINARY}
+
+
+
+def implement(prim: Symbol, fn) -> None:
+    """The one way a prim gets its torch implementation: how it computes on real tensors (its
+    `eager`) and how the torch executor runs it (TorchExecutor.register_prim wraps this for a new
+    prim). A binary prim computes a Python number operand as its number_impls entry does."""
+    torch_impls[prim.id] = fn
+    prim.eager = fn if prim.id not in number_impls else prims_eager.binary_eager(fn, number_impls[prim.id])
+
+
+for _id, _impl in list(torch_impls.items()):
+    implement(getattr(_this_module, _id.name.lower()), _impl)
+del _id, _impl

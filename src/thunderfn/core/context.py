@@ -51,7 +51,9 @@ def trace_stack() -> list:
 @contextlib.contextmanager
 def active_executors(executors):
     """Tell transforms which executors the trace being built will run on: reverse mode
-    uses the VJP an executor registered for a symbol it claims (executors/base.py)."""
+    called inside the traced function (tf.grad(f) in a jitted g) keeps whole what an
+    executor claims and uses the VJP it registered for it (executors/base.py). Set by jit
+    around tracing; read once, by transforms/autodiff.py's trace_vjp."""
     previous, _local.executors = _local.executors, tuple(executors)
     try:
         yield
@@ -150,3 +152,57 @@ def new_name(preferred: str | None = None, prefix: str = "t") -> str:
     if trc is None:
         raise RuntimeError("proxies can only be created while a trace is being built")
     return trc.names.take(preferred, prefix)
+
+
+# -- jit, for transforms called with real tensors ----------------------------------------------
+# A transformed function (tf.grad(f), tf.vjp, a custom_vjp that torch.autograd differentiates,
+# tf.executor_lower) called with real tensors runs compiled: traced, lowered, cached, which is jit.
+# jit sits above the transforms (docs/index.md, "Layout of the code"), so thunderfn/jit.py
+# registers it here when imported; importing any part of thunderfn imports the package, and with
+# it jit.py.
+_jit_functions: dict = {}
+
+
+def register_jit(jit, jit_evicting) -> None:
+    """Called once, by thunderfn/jit.py when it is imported."""
+    _jit_functions.update(jit=jit, jit_evicting=jit_evicting)
+
+
+def _registered(name: str):
+    fn = _jit_functions.get(name)
+    if fn is None:
+        raise RuntimeError("a transformed function called with real tensors runs through thunderfn.jit, which is not "
+                           "imported; import thunderfn")
+    return fn
+
+
+def jit(fn, **options):
+    """thunderfn.jit(fn, **options), as registered by thunderfn/jit.py."""
+    return _registered("jit")(fn, **options)
+
+
+def jit_evicting(fn, **options):
+    """thunderfn.jit's form for transforms (past the cache size limit the oldest entry goes,
+    since a transform has no eager form), as registered by thunderfn/jit.py."""
+    return _registered("jit_evicting")(fn, **options)
+
+
+# -- custom_vjp, for executors -----------------------------------------------------------------
+# An executor's register_lowering(..., vjp=(fwd, bwd)) makes a tf.custom_vjp function of the pair
+# (executors/base.py). custom_vjp is a transform, and executors do not import transforms, so
+# transforms/custom_vjp.py registers it here when imported; thunderfn/__init__.py imports the
+# transforms before the executors, whose built-in kernels register their vjps on import.
+_custom_vjp: list = []
+
+
+def register_custom_vjp(custom_vjp) -> None:
+    """Called once, by transforms/custom_vjp.py when it is imported."""
+    _custom_vjp[:] = [custom_vjp]
+
+
+def custom_vjp():
+    """The tf.custom_vjp class, as registered by transforms/custom_vjp.py."""
+    if not _custom_vjp:
+        raise RuntimeError("an executor's vjp= becomes a tf.custom_vjp function, and transforms/custom_vjp.py is "
+                           "not imported; import thunderfn")
+    return _custom_vjp[0]

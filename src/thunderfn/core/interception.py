@@ -1,10 +1,18 @@
 """How torch calls made by user code reach thunderfn while a trace is being built.
 
-Two doors lead to `dispatch`: `TensorProxy.__torch_function__` (any torch call with a
-proxy among its arguments) and `TracingMode`, a TorchFunctionMode active during
-tracing, which also sees calls with no proxy at all (`torch.ones(3)`,
+Two doors lead to `dispatch`: TensorProxy's own entry points, defined here (its
+`__torch_function__` for any torch call with a proxy among its arguments, its
+methods, operators and `.grad`), and `TracingMode`, a TorchFunctionMode active
+during tracing, which also sees calls with no proxy at all (`torch.ones(3)`,
 `torch.arange(T)`, methods on captured weights). `handlers` maps each torch
 callable (function, method, operator) to the thunderfn callable that traces it.
+
+What `dispatch` does with a call (a symbol, an in-place write, a view, the opaque
+fallback) is the torch language's business: thunderfn/torch/dispatch.py, which the
+torch language hands to `set_dispatcher` when it is imported, since core sits below
+the languages and never imports them.
+
+May import: the rest of core/ (not core/trace.py, which imports this module), errors.py.
 """
 from __future__ import annotations
 
@@ -19,7 +27,6 @@ from torch.overrides import TorchFunctionMode
 from thunderfn.core import context, dtypes
 from thunderfn.core.call_time import read_grad
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.symbol import Symbol
 from thunderfn.errors import UnsupportedOpError
 
 # torch callable -> callable taking the same arguments with proxies in place of tensors
@@ -141,13 +148,19 @@ _metadata_methods = {
 }
 
 
-def _contains_tensor(tree) -> bool:
+def is_metadata_query(func) -> bool:
+    """A question about a tensor's metadata (x.shape, x.size(), x.is_contiguous()), answered
+    eagerly for a real tensor while tracing: it does not depend on values that change between calls."""
+    return func in _metadata_getters or func in _metadata_methods
+
+
+def contains_tensor(tree) -> bool:
     if isinstance(tree, (torch.Tensor, TensorProxy)):
         return True
     if isinstance(tree, (list, tuple)):
-        return any(_contains_tensor(x) for x in tree)
+        return any(contains_tensor(x) for x in tree)
     if isinstance(tree, dict):
-        return any(_contains_tensor(x) for x in tree.values())
+        return any(contains_tensor(x) for x in tree.values())
     return False
 
 
@@ -207,7 +220,7 @@ def tensors_by_position(symbol, args, kwargs):
         if torch_name_ in kwargs and torch_name_ not in names and position < len(names) and names[position] not in kwargs:
             kwargs = dict(kwargs)
             kwargs[names[position]] = kwargs.pop(torch_name_)
-    named = [i for i, p in enumerate(params) if i >= len(args) and _contains_tensor(kwargs.get(p.name))]
+    named = [i for i, p in enumerate(params) if i >= len(args) and contains_tensor(kwargs.get(p.name))]
     if not named:
         return args, kwargs
     moved = params[len(args):named[-1] + 1]
@@ -217,54 +230,26 @@ def tensors_by_position(symbol, args, kwargs):
     return tuple(args) + tuple(kwargs.pop(p.name, p.default) for p in moved), kwargs
 
 
+# -- dispatch: the torch language's -------------------------------------------------------
+def _torch_language_missing(func, args, kwargs):
+    raise RuntimeError(f"{torch_name(func)} was called while tracing, but the torch language (thunderfn.torch), "
+                       f"which traces torch calls, is not imported; import thunderfn")
+
+
+_dispatcher = _torch_language_missing
+
+
+def set_dispatcher(fn) -> None:
+    """Called once, by thunderfn/torch/__init__.py when it is imported: fn(func, args, kwargs)
+    traces one torch call (thunderfn/torch/dispatch.py). Importing any part of thunderfn
+    imports the package, and with it the torch language, before a trace can be built."""
+    global _dispatcher
+    _dispatcher = fn
+
+
 def dispatch(func, args, kwargs):
-    """Trace one torch call. Called only while a trace is being built."""
-    handler = handlers.get(func)
-    trc = context.current_trace()
-    if trc is None:
-        raise RuntimeError(f"{torch_name(func)} was called on a thunderfn proxy outside of tracing")
-    if handler is None:
-        if func in _metadata_getters or func in _metadata_methods:
-            if not any(isinstance(a, TensorProxy) for a in args):
-                return func(*args, **kwargs)
-        from thunderfn.torch.opaque import is_random
-
-        has_tensor = _contains_tensor(args) or _contains_tensor(kwargs)
-
-        # No handler and no tensor argument: run it now and bake the result in (right for
-        # torch.tensor([...]) or torch.eye(3)), unless it is random, which would freeze one draw.
-        if not has_tensor and not is_random(func):
-            with torch._C.DisableTorchFunction():
-                result = func(*args, **kwargs)
-            if isinstance(result, torch.Tensor):  # a fresh tensor on every eager call: see trace()
-                trc.created[id(result)] = result
-            return result
-    from thunderfn.torch import inplace
-    from thunderfn.torch.opaque import run_opaque
-
-    written = args[0] if args else None
-    args, kwargs = lift_constants(args), lift_constants(kwargs)
-    if trc.mutated or trc.rebinds:
-        inplace.check_fresh(args, kwargs)
-    # Writes into an argument: functionalized (torch/inplace.py).
-    if inplace.is_in_place(func):
-        result = inplace.run_in_place(func, args, kwargs)
-        if isinstance(written, torch.Tensor) and result is args[0]:
-            # Eager returns the tensor it wrote into: a module's own tensor stays the user's object
-            # (`self.calls += 1` assigns it back to the module), and its proxy now holds the new value.
-            return written
-        return result
-    if isinstance(kwargs.get("out"), TensorProxy):
-        return inplace.run_with_output_argument(handler, func, args, kwargs, kwargs["out"])
-    if handler is not None and kwargs.get("inplace") is True and args and isinstance(args[0], TensorProxy):
-        return inplace.run_with_inplace_flag(handler, func, args, kwargs)
-    if kwargs and isinstance(handler, Symbol) and handler.fn is not None:
-        args, kwargs = tensors_by_position(handler, args, kwargs)
-    # A symbol, or the fallback ladder's second rung: torch runs it, meta tensors give its shapes.
-    result = handler(*args, **kwargs) if handler is not None else run_opaque(func, args, kwargs)
-    if trc.identities or inplace.is_view_op(func):
-        inplace.track_views(func, args, kwargs, result)
-    return result
+    """Trace one torch call (called only while a trace is being built)."""
+    return _dispatcher(func, args, kwargs)
 
 
 def method(proxy: TensorProxy, name: str):
@@ -293,3 +278,52 @@ class TracingMode(TorchFunctionMode):
         if trc is None or trc.symbol_depth:
             return func(*args, **kwargs)
         return dispatch(func, args, kwargs)
+
+
+# -- TensorProxy's torch calls ---------------------------------------------------------------
+# Defined here, next to dispatch, rather than in core/proxies.py: this module needs TensorProxy,
+# so proxies.py cannot import it.
+def _proxy_torch_function(cls, func, types, args=(), kwargs=None):
+    return dispatch(func, args, kwargs or {})
+
+
+def _proxy_getattr(self, name):
+    if name.startswith("__") and name.endswith("__"):
+        # protocol lookups (copy's __deepcopy__/__setstate__, __dlpack__, ...) are not torch calls
+        raise AttributeError(f"'TensorProxy' object has no attribute '{name}'")
+    return method(self, name)
+
+
+def _proxy_grad(self):
+    """The .grad of the tensor this proxy stands for, read when the compiled function is called
+    (core/call_time.py); None for values computed inside the traced function, as in eager."""
+    if context.current_trace() is None:
+        return None
+    return dispatch(torch.Tensor.grad.__get__, (self,), {})
+
+
+def _operator(name):
+    torch_fn = getattr(torch.Tensor, name)
+
+    def op(self, *args, **kwargs):
+        return dispatch(torch_fn, (self, *args), kwargs)
+
+    op.__name__ = name
+    return op
+
+
+TensorProxy.__torch_function__ = classmethod(_proxy_torch_function)
+TensorProxy.__getattr__ = _proxy_getattr
+TensorProxy.grad = property(_proxy_grad)
+# Python looks operators up on the type, so they must be set on the class.
+for _name in (
+    "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__ "
+    "__rfloordiv__ __mod__ __rmod__ __pow__ __rpow__ __matmul__ __rmatmul__ __neg__ __pos__ __abs__ "
+    "__invert__ __and__ __rand__ __or__ __ror__ __xor__ __rxor__ __lshift__ __rlshift__ __rshift__ "
+    "__rrshift__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __getitem__ __setitem__ "
+    "__iadd__ __isub__ __imul__ __itruediv__"
+).split():
+    if hasattr(torch.Tensor, _name):
+        setattr(TensorProxy, _name, _operator(_name))
+# Comparisons return tensors, so keep identity hashing (proxies are dict keys).
+TensorProxy.__hash__ = object.__hash__

@@ -1,10 +1,14 @@
 """TensorProxy: what traced code holds in place of a tensor.
 
 A proxy is not a torch.Tensor subclass. It carries metadata only (shapes are
-concrete, as in JAX) and routes every torch call made on it, as a function
-(`torch.add(p, q)`), a method (`p.view(2, 3)`) or an operator (`p @ q`), to the
-symbol registered for that torch callable. Asking for a value (`bool(p)`,
-`p.item()`) raises ConcretizationError, which says what to do instead.
+concrete, as in JAX), and every torch call made on it, as a function
+(`torch.add(p, q)`), a method (`p.view(2, 3)`) or an operator (`p @ q`), is traced
+by the symbol registered for that torch callable: core/interception.py, which
+imports this module, gives TensorProxy those entry points (`__torch_function__`,
+`__getattr__`, the operators, `.grad`). Asking for a value (`bool(p)`, `p.item()`)
+raises ConcretizationError, which says what to do instead.
+
+May import: core/context.py, core/dtypes.py, errors.py.
 """
 from __future__ import annotations
 
@@ -111,16 +115,6 @@ class TensorProxy(Proxy):
         return True
 
     @property
-    def grad(self):
-        """The .grad of the tensor this proxy stands for, read when the compiled function is called
-        (core/call_time.py); None for values computed inside the traced function, as in eager."""
-        if context.current_trace() is None:
-            return None
-        from thunderfn.core.interception import dispatch
-
-        return dispatch(torch.Tensor.grad.__get__, (self,), {})
-
-    @property
     def grad_fn(self):
         return None  # nothing is recorded by torch.autograd while tracing
 
@@ -190,20 +184,8 @@ class TensorProxy(Proxy):
     def __array__(self, *args, **kwargs):
         self._concretize("converting a tensor to a NumPy array", "Return the tensor and convert it outside the jitted function.")
 
-    # -- everything else is a torch call --------------------------------------------
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        from thunderfn.core.interception import dispatch
-
-        return dispatch(func, args, kwargs or {})
-
-    def __getattr__(self, name):
-        from thunderfn.core.interception import method
-
-        if name.startswith("__") and name.endswith("__"):
-            # protocol lookups (copy's __deepcopy__/__setstate__, __dlpack__, ...) are not torch calls
-            raise AttributeError(f"'TensorProxy' object has no attribute '{name}'")
-        return method(self, name)
+    # Everything else (methods, operators, torch functions, .grad) is a torch call, routed by
+    # core/interception.py.
 
 
 def _describe_origin(origin: tuple) -> str:
@@ -217,33 +199,6 @@ def _wrap_dim(dim: int, ndim: int) -> int:
     if not -n <= dim < n:
         raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
     return dim % n
-
-
-def _operator(name):
-    torch_fn = getattr(torch.Tensor, name)
-
-    def op(self, *args, **kwargs):
-        from thunderfn.core.interception import dispatch
-
-        return dispatch(torch_fn, (self, *args), kwargs)
-
-    op.__name__ = name
-    return op
-
-
-# Python looks operators up on the type, so they must be defined on the class.
-for _name in (
-    "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__ "
-    "__rfloordiv__ __mod__ __rmod__ __pow__ __rpow__ __matmul__ __rmatmul__ __neg__ __pos__ __abs__ "
-    "__invert__ __and__ __rand__ __or__ __ror__ __xor__ __rxor__ __lshift__ __rlshift__ __rshift__ "
-    "__rrshift__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __getitem__ __setitem__ "
-    "__iadd__ __isub__ __imul__ __itruediv__"
-).split():
-    if hasattr(torch.Tensor, _name):
-        setattr(TensorProxy, _name, _operator(_name))
-
-# Comparisons return tensors, so keep identity hashing (proxies are dict keys).
-TensorProxy.__hash__ = object.__hash__
 
 
 def is_proxy(x) -> bool:

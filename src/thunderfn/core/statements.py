@@ -2,11 +2,15 @@
 
 They print themselves, pass through executor lowering untouched, and are kept
 by dead-code elimination when they have an effect.
+
+May import: core/context.py, core/printing.py, core/symbol.py.
 """
 from __future__ import annotations
 
 import torch
 
+from thunderfn.core import context
+from thunderfn.core.printing import format_value
 from thunderfn.core.symbol import Symbol
 
 
@@ -15,8 +19,6 @@ def _print_del(bsym, ns) -> str:
 
 
 def _print_alias(bsym, ns) -> str:
-    from thunderfn.core.printing import format_value
-
     return f"{bsym.output.name} = {format_value(bsym.args[0], ns)}"
 
 
@@ -53,8 +55,6 @@ set_default_dtype = Symbol("set_default_dtype", "python.set_default_dtype", is_p
 
 
 def _print_write_back(bsym, ns) -> str:
-    from thunderfn.core.printing import format_value
-
     statement = f"{format_value(bsym.args[0], ns)}.copy_({format_value(bsym.args[1], ns)})"
     grad_mode = bsym.args[2] if len(bsym.args) > 2 else None
     if grad_mode is None:  # written under the mode the function returns in
@@ -103,8 +103,6 @@ def check_value(condition, error: str, message: str) -> None:
 
 
 def _print_check_value(bsym, ns) -> str:
-    from thunderfn.core.printing import format_value
-
     ns["check_value"] = check_value
     return f"check_value({', '.join(format_value(a, ns) for a in bsym.args)})"
 
@@ -116,8 +114,6 @@ runtime_check = Symbol("check_value", "python.check_value", is_prim=True, printe
 
 def emit_runtime_check(condition, error: str, message: str) -> None:
     """Record a value check (condition: a 0-dim bool proxy) in the trace being built."""
-    from thunderfn.core import context
-
     if error not in _CHECK_ERRORS:
         raise ValueError(f"runtime checks raise one of {sorted(_CHECK_ERRORS)}, not {error}")
     context.current_trace().emit(runtime_check.bind(condition, error, message, output=None))

@@ -5,7 +5,11 @@ A prim's meta function validates the inputs and makes the output proxies; a
 composite symbol runs its Python body, and the prims (or other symbols) the body
 calls become the bound symbol's `subsymbols`, its recorded decomposition.
 Called with real tensors outside tracing, a symbol simply computes: prims through
-their eager implementation, composites through their body.
+their eager implementation, composites through their recorded prims (core/trace.py
+runs them, see `set_eager_composite`).
+
+May import: core/context.py, core/proxies.py, core/printing.py (not core/trace.py,
+which imports this module).
 """
 from __future__ import annotations
 
@@ -13,9 +17,9 @@ import dataclasses
 from typing import Any, Callable
 
 import optree
-import torch
 
 from thunderfn.core import context
+from thunderfn.core.printing import format_bsym
 from thunderfn.core.proxies import TensorProxy
 
 
@@ -43,6 +47,8 @@ class Symbol:
     like: Callable | None = None  # an operator registered like= a function: differentiated as that function
     torch_fn: Callable | None = None  # torch-language symbols: the torch callable they mirror
     printer: Callable | None = None  # custom statement printer (del, alias)
+    # traced in place of `fn` when fn raises DecompositionUnavailable (torch-language symbols: their opaque op)
+    fallback: Callable | None = None
 
     def __post_init__(self):
         if self.print_name is None:
@@ -58,41 +64,28 @@ class Symbol:
                 if self.eager is None:
                     raise RuntimeError(f"{self.print_name} has no eager implementation")
                 return self.eager(*args, **kwargs)
-            return _run_decomposition(self, args, kwargs)
+            return _eager_composite(self, args, kwargs)
         return trc.record(self, args, kwargs)
 
     def bind(self, *args, output, subsymbols=(), **kwargs) -> "BoundSymbol":
         return BoundSymbol(self, args, kwargs, output, tuple(subsymbols))
 
 
-def _run_decomposition(sym: Symbol, args, kwargs):
-    """A composite called on real tensors: its body is written for proxies (clang checks
-    for them), so trace it on proxies of the arguments and run the recorded prims eagerly."""
-    from thunderfn.core.trace import trace
+def _trace_missing(sym: Symbol, args, kwargs):
+    raise RuntimeError(f"{sym.print_name} is a composite: running it on tensors traces it, and core/trace.py "
+                       f"is not imported; import thunderfn")
 
-    tensors = [x for x in optree.tree_leaves((tuple(args), dict(kwargs)), namespace="thunderfn")
-               if isinstance(x, torch.Tensor)]
-    trc = trace(sym, *args, **kwargs)
-    env = {p.name: t for p, t in zip(trc.args, tensors)}
 
-    def value(x):
-        if isinstance(x, TensorProxy):
-            return x.constant if x.constant is not None else env[x.name]
-        return x
+# How a composite runs on real tensors: traced, then its recorded prims run one by one. Tracing is
+# core/trace.py's, which imports this module, so trace.py hands the function over when imported.
+_eager_composite = _trace_missing
 
-    def run(bsyms):
-        for bsym in bsyms:
-            if bsym.sym.is_prim:
-                args_, kwargs_ = optree.tree_map(value, (bsym.args, bsym.kwargs), none_is_leaf=True, namespace="thunderfn")
-                result = bsym.sym(*args_, **kwargs_)
-                outs = optree.tree_leaves(bsym.output, none_is_leaf=True, namespace="thunderfn")
-                results = optree.tree_leaves(result, none_is_leaf=True, namespace="thunderfn")
-                env.update((o.name, r) for o, r in zip(outs, results) if isinstance(o, TensorProxy))
-            else:
-                run(bsym.subsymbols)
 
-    run(trc.bound_symbols)
-    return optree.tree_map(value, trc.output, none_is_leaf=True, namespace="thunderfn")
+def set_eager_composite(fn) -> None:
+    """Called once, by core/trace.py when it is imported: fn(symbol, args, kwargs) runs a
+    composite symbol on real tensors."""
+    global _eager_composite
+    _eager_composite = fn
 
 
 @dataclasses.dataclass(eq=False)
@@ -130,6 +123,4 @@ class BoundSymbol:
                            tuple(s.swap(mapping) for s in self.subsymbols))
 
     def __str__(self):
-        from thunderfn.core.printing import format_bsym
-
         return "\n".join(format_bsym(self, indent=0))

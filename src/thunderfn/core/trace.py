@@ -3,6 +3,9 @@
 `trace(fn, *args, **kwargs)` builds the computation trace of a function: tensors in
 the argument pytrees become proxies named after the parameters they came from,
 everything else is baked in as a constant, and every torch call is recorded.
+A composite symbol called on real tensors runs by the same means (`_run_decomposition`).
+
+May import: the rest of core/, errors.py.
 """
 from __future__ import annotations
 
@@ -14,9 +17,11 @@ import optree
 import torch
 
 from thunderfn.core import context
+from thunderfn.core.interception import TracingMode, lift_constants
+from thunderfn.core.printing import compile_trace, format_trace
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import check_inputs_do_not_alias, set_default_dtype, set_grad_enabled, write_back
-from thunderfn.core.symbol import DecompositionUnavailable
+from thunderfn.core.symbol import DecompositionUnavailable, Symbol, set_eager_composite
 from thunderfn.core.pytree import tree_flatten_with_path, tree_unflatten
 from thunderfn.errors import UnsupportedOpError
 
@@ -68,17 +73,15 @@ class Trace:
                 try:
                     out = sym.fn(*args, **kwargs)
                 except DecompositionUnavailable:
-                    if sym.torch_fn is None:
+                    if sym.fallback is None:
                         raise
                     no_decomposition = True
                 finally:
                     subsymbols = tuple(self._scopes.pop())
         finally:
             self.symbol_depth -= 1
-        if no_decomposition:  # the next rung of the ladder: torch runs it as an opaque op
-            from thunderfn.torch.opaque import opaque_symbol
-
-            return opaque_symbol(sym.torch_fn)(*args, **kwargs)
+        if no_decomposition:  # the next rung of the ladder (a torch symbol's: torch runs it as an opaque op)
+            return sym.fallback(*args, **kwargs)
         if not sym.is_prim and not subsymbols and "always_record" not in sym.tags and _only_passes_through(out, args, kwargs):
             # a composite that returned its input unchanged inside another's decomposition, where
             # nothing is visible to the user: no computation, so nothing to record. (At the top
@@ -133,13 +136,11 @@ class Trace:
             entry = self._constants[id(tensor)] = (tensor, proxy)
         return entry[1]
 
-    def rebind(self, proxy: TensorProxy, value: TensorProxy, *, because: str, keep=None) -> None:
+    def rebind(self, proxy: TensorProxy, value: TensorProxy, *, because: str) -> None:
         """Make the proxy object user code holds denote `value` from now on: the
-        functional form of an in-place operation (torch/inplace.py). What was recorded
-        before keeps the old value; an input or captured tensor rebound this way is
-        written back when the function ends."""
-        from thunderfn.torch.inplace import mark_stale_views
-
+        functional form of an in-place operation (torch/inplace.py, which also marks
+        the proxy's views stale). What was recorded before keeps the old value; an input
+        or captured tensor rebound this way is written back when the function ends."""
         frozen = TensorProxy(proxy.name, shape=proxy.shape, dtype=proxy.dtype, device=proxy.device,
                              requires_grad=proxy.requires_grad, constant=proxy.constant, origin=proxy.origin)
         for scope in self._scopes:
@@ -149,7 +150,6 @@ class Trace:
         if id(proxy) in self.mutated:
             self._note_write_mode(proxy, because)
         self.args = [frozen if a is proxy else a for a in self.args]
-        mark_stale_views(proxy, because, keep)
         self.rebinds += 1
         # In eager an in-place op never makes a tensor stop requiring grad (a leaf written under no_grad stays one)
         proxy.name, proxy.requires_grad, proxy.constant, proxy.origin = (
@@ -213,8 +213,6 @@ class Trace:
 
     # -- reading --------------------------------------------------------------------
     def __str__(self) -> str:
-        from thunderfn.core.printing import format_trace
-
         return format_trace(self)
 
     def __repr__(self) -> str:
@@ -222,8 +220,6 @@ class Trace:
 
     def python_callable(self):
         """Compile str(self) once and return the function it defines."""
-        from thunderfn.core.printing import compile_trace
-
         return compile_trace(self)
 
 
@@ -246,8 +242,6 @@ def _inherit_origin(bsym) -> None:
 @contextlib.contextmanager
 def tracing(trc: Trace):
     """Make trc the trace being built; the outermost one also intercepts torch."""
-    from thunderfn.core.interception import TracingMode
-
     stack = context.trace_stack()
     stack.append(trc)
     try:
@@ -307,8 +301,6 @@ def proxify_inputs(trc: Trace, fn, args, kwargs):
 
 
 def _lift_output(trc: Trace, x):
-    from thunderfn.core.interception import lift_constants
-
     if isinstance(x, torch.Tensor) and trc.created.get(id(x)) is x:
         # made once at trace time but a new tensor on every eager call: returning the one
         # object would let a caller's in-place update leak into later calls
@@ -337,8 +329,6 @@ def check_rng_untouched(op_name: str) -> None:
     root = context.trace_stack()[0]
     start = getattr(root, "rng_at_start", None)
     if start is not None and _reseeded_by_tracing(start):
-        from thunderfn.errors import UnsupportedOpError
-
         raise UnsupportedOpError(
             f"{op_name} draws random numbers after '{root.fn_name}' reseeded torch's generator while being traced "
             f"(a generator's own manual_seed or set_state). Tracing runs the Python once, so the compiled "
@@ -373,8 +363,6 @@ def trace(fn, *args, **kwargs) -> Trace:
     for finish in trc.finishers:
         finish(trc, False)
     if _reseeded_by_tracing(rng_before):
-        from thunderfn.errors import UnsupportedOpError
-
         # a generator's own methods are C: neither torch-function hooks nor torch/random.py's wrappers see them
         raise UnsupportedOpError(
             f"'{trc.fn_name}' changed torch's random number generator while being traced (a generator's own "
@@ -383,6 +371,37 @@ def trace(fn, *args, **kwargs) -> Trace:
             f"outside the jitted function.")
     trc.provenance = f"Constructed by Tracing (took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
     return trc
+
+
+def _run_decomposition(sym: Symbol, args, kwargs):
+    """A composite called on real tensors: its body is written for proxies (clang checks
+    for them), so trace it on proxies of the arguments and run the recorded prims eagerly."""
+    tensors = [x for x in optree.tree_leaves((tuple(args), dict(kwargs)), namespace="thunderfn")
+               if isinstance(x, torch.Tensor)]
+    trc = trace(sym, *args, **kwargs)
+    env = {p.name: t for p, t in zip(trc.args, tensors)}
+
+    def value(x):
+        if isinstance(x, TensorProxy):
+            return x.constant if x.constant is not None else env[x.name]
+        return x
+
+    def run(bsyms):
+        for bsym in bsyms:
+            if bsym.sym.is_prim:
+                args_, kwargs_ = optree.tree_map(value, (bsym.args, bsym.kwargs), none_is_leaf=True, namespace="thunderfn")
+                result = bsym.sym(*args_, **kwargs_)
+                outs = optree.tree_leaves(bsym.output, none_is_leaf=True, namespace="thunderfn")
+                results = optree.tree_leaves(result, none_is_leaf=True, namespace="thunderfn")
+                env.update((o.name, r) for o, r in zip(outs, results) if isinstance(o, TensorProxy))
+            else:
+                run(bsym.subsymbols)
+
+    run(trc.bound_symbols)
+    return optree.tree_map(value, trc.output, none_is_leaf=True, namespace="thunderfn")
+
+
+set_eager_composite(_run_decomposition)
 
 
 def timed_pass(name: str, fn, trc: Trace, *args, **kwargs) -> Trace:
@@ -413,8 +432,6 @@ def _refuse_autocast(fn_name: str, where: str = "under") -> None:
     when tracing starts and before each op the traced code records (an autocast block inside)."""
     for device_type in _AUTOCAST_DEVICES:
         if torch.is_autocast_enabled(device_type):
-            from thunderfn.errors import UnsupportedOpError
-
             what = "is being traced under" if where == "under" else "enters"
             raise UnsupportedOpError(
                 f"'{fn_name}' {what} torch.autocast('{device_type}'), which thunderfn does not model yet. "

@@ -1,6 +1,13 @@
-"""Executor registry: which executors exist, which are the defaults, which can run here."""
+"""Executor registry: which executors exist, which are the defaults, which can run here.
+
+Executors know what transforms produce (traces of symbols), never transforms themselves:
+they may import core/, prims, clang and the torch language (docs/index.md, "Layout of the
+code").
+"""
 from __future__ import annotations
 
+from thunderfn import prims
+from thunderfn import torch as ltorch
 from thunderfn.core.symbol import Symbol
 from thunderfn.executors.base import (Executor, FusionExecutor, Lowering, OperatorExecutor, RunAsItself, RunAsOperator,
                                      RunWithTorch, TraceInPlace)
@@ -53,9 +60,6 @@ def add_operator_executor(name: str, op_map: dict, *, add_to_default_executors: 
 
 def _symbol_with_id(symbol_id) -> Symbol:
     """The prim or torch-language symbol with this id (or the symbol itself)."""
-    from thunderfn import prims
-    from thunderfn import torch as ltorch
-
     if isinstance(symbol_id, Symbol):
         return symbol_id
     for sym in (*vars(prims).values(), *ltorch.symbols.values()):

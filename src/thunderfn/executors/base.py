@@ -15,46 +15,9 @@ import keyword
 from typing import Any, Callable
 
 from thunderfn.core import context
+# the rule types live in core: executor_lower (a transform) reads them, and transforms do not import executors
+from thunderfn.core.lowering import Lowering, LoweringAction, RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace  # noqa: F401
 from thunderfn.core.symbol import Symbol
-
-
-@dataclasses.dataclass(frozen=True)
-class TraceInPlace:
-    """fn(*args, **kwargs) is traced in place of the bound symbol, and what it records is lowered in turn."""
-    fn: Callable
-
-
-@dataclasses.dataclass(frozen=True)
-class RunAsOperator:
-    """The bound symbol runs as `operator`, one of the claiming executor's operators, with its arguments."""
-    operator: Symbol
-
-
-@dataclasses.dataclass(frozen=True)
-class RunAsItself:
-    """The bound symbol already calls an executor's operator: it stays as recorded."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RunWithTorch:
-    """The torch executor's lowering: one call of the torch function the symbol mirrors (or of a
-    prim's torch implementation). Reverse mode still differentiates the symbol's decomposition."""
-
-
-LoweringAction = TraceInPlace | RunAsOperator | RunAsItself | RunWithTorch
-
-
-@dataclasses.dataclass(frozen=True)
-class Lowering:
-    """An executor's rule for one symbol: where it claims (`checker`, None = everywhere) and what it does."""
-    checker: Callable | None
-    action: LoweringAction
-    vjp: Any = None  # a tf.custom_vjp function: how reverse mode differentiates what this rule claims
-
-    def __post_init__(self):
-        if not isinstance(self.action, LoweringAction):
-            raise TypeError(f"a Lowering's action is TraceInPlace, RunAsOperator, RunAsItself or RunWithTorch, got "
-                            f"{type(self.action).__name__}")
 
 
 def check_identifier(kind: str, name) -> str:
@@ -188,8 +151,7 @@ def _symbol_name(symbol_or_id) -> str:
 def _as_custom_vjp(ex: Executor, symbol_or_id, vjp):
     """vjp= as a custom_vjp function: the same mechanism users differentiate with, so the
     forward runs `fwd` (recording its residuals) and the backward runs `bwd`."""
-    from thunderfn.transforms.custom_vjp import custom_vjp
-
+    custom_vjp = context.custom_vjp()  # tf.custom_vjp, a transform: executors do not import transforms
     if vjp is None or isinstance(vjp, custom_vjp):
         if vjp is not None and vjp.fwd is None:
             raise TypeError(f"executor '{ex.name}': the custom_vjp function given as vjp for "

@@ -6,6 +6,7 @@ import re
 
 import torch
 
+import thunderfn as tf
 from thunderfn.testing.opinfo import OpInfo
 
 
@@ -13,8 +14,6 @@ def check_opinfo(op: OpInfo, device="cpu") -> dict:
     """Every sample of every dtype must match `op.ref` under `tf.jit` (the torch executor)
     and through the decomposition into prims (unless skipped); every error input must
     raise its exception with its message. Raises AssertionError; returns the counts."""
-    import thunderfn as tf
-
     device = torch.device(device)
     runs = {"jit (torch executor)": tf.jit(lambda *args, **kwargs: op.op(*args, **kwargs))}
     if not op.skip_decomposition:

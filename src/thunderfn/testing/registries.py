@@ -1,24 +1,23 @@
 """Undo what extending thunderfn registers, so a test (or a documentation page run as
 one) that adds executors, prims or torch-language symbols leaves the process as it found
 it: the executor registry and defaults, the interception table, the torch language's
-symbols, the prims module, the torch executor's prim table and the VJP/JVP rule tables.
+symbols, the prims module, the prims' torch implementations and the VJP/JVP rule tables.
 Everything added in between is removed, including what a module first imported in between
 registers at import time: import such modules before taking the snapshot."""
 from __future__ import annotations
 
 import contextlib
 
+from thunderfn import executors, prims
+from thunderfn import torch as ltorch
+from thunderfn.core.interception import handlers
+from thunderfn.transforms.jvp_rules import jvp_rules
+from thunderfn.transforms.vjp_rules import vjp_rules
+
 
 def _tables():
-    from thunderfn import executors, prims
-    from thunderfn import torch as ltorch
-    from thunderfn.core.interception import handlers
-    from thunderfn.executors.torchex import prim_impls
-    from thunderfn.transforms.jvp_rules import jvp_rules
-    from thunderfn.transforms.vjp_rules import vjp_rules
-
-    return ([executors._registry, executors._defaults, handlers, ltorch.symbols, prim_impls, vjp_rules, jvp_rules],
-            [ltorch, prims])
+    return ([executors._registry, executors._defaults, handlers, ltorch.symbols, prims.torch_impls, vjp_rules,
+             jvp_rules], [ltorch, prims])
 
 
 class RegistrySnapshot:

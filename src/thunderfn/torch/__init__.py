@@ -5,90 +5,18 @@ and signature, decomposed into clang and prims.
 and routes every listed torch callable to it while tracing. The first callable is
 the one the symbol mirrors exactly: the torch executor runs the symbol by calling
 it with the recorded arguments, and forward-consistency tests compare against it.
+
+Layout: torch/base.py holds `torchsymbol` and the symbol table; one module per family
+of ops (elementwise.py, reductions.py, shape.py, ...); torch/inplace.py functionalizes
+writes into tensors; torch/opaque.py runs torch functions with no symbol;
+torch/dispatch.py traces one torch call, and is what core's interception calls (the
+torch language hands it to core here, on import: core sits below the languages).
+The torch language may import core/, prims and clang, never transforms or executors.
 """
 from __future__ import annotations
 
-import functools
-import sys
-from typing import Callable
-
-from thunderfn import prims
-from thunderfn.core import context
-from thunderfn.core.interception import register_handler
-from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_leaves, tree_map
-from thunderfn.core.symbol import Symbol
-
-_this_module = sys.modules[__name__]
-symbols: dict[str, Symbol] = {}  # name -> symbol, every torch-language symbol
-
-
-def torchsymbol(*torch_fns: Callable, name: str | None = None, id=None, tags=()):
-    """Decorator: make fn the thunderfn symbol for the given torch callables.
-
-    The symbol prints as ``ltorch.<name>``; its body (written with thunderfn.clang,
-    thunderfn.prims or other torch-language symbols) is recorded as its decomposition.
-    """
-
-    def decorator(fn: Callable) -> Symbol:
-        sym_name = name or fn.__name__
-        if not sym_name.isidentifier():
-            raise ValueError(f"a torch symbol's name must be a Python identifier, got {sym_name!r}")
-        sym = Symbol(sym_name, id if id is not None else f"torch.{sym_name}", fn=_fresh_outputs(fn),
-                     print_name=f"ltorch.{sym_name}",
-                     namespace={"ltorch": _this_module}, torch_fn=torch_fns[0] if torch_fns else None,
-                     tags=frozenset(tags))
-        sym.__doc__ = fn.__doc__
-        for torch_fn in torch_fns:
-            register_handler(torch_fn, sym)
-        symbols[sym_name] = sym
-        if not hasattr(_this_module, sym_name) or isinstance(getattr(_this_module, sym_name), Symbol):
-            setattr(_this_module, sym_name, sym)
-        return sym
-
-    return decorator
-
-
-def _fresh_outputs(fn: Callable) -> Callable:
-    """fn, except that an input it returns unchanged comes back as a new proxy (a reshape to
-    its own shape), noted in `Trace.identities`, when called at the top level of a trace.
-
-    Eager torch returns such an input itself (`x.to(x.dtype)`), a view of it (`x.reshape(x.shape)`,
-    `x[...]`), a copy (`torch.cat([x])`) or, depending on x's layout at run time, either
-    (`x.contiguous()`). Recording the call lets the torch executor run torch's own op, so a
-    jitted function aliases its inputs exactly as eager does; torch/inplace.py reads the note to
-    decide what an in-place update of the result writes into."""
-
-    @functools.wraps(fn)
-    def body(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        trc = context.current_trace()
-        if trc is None or trc.symbol_depth != 1:  # inside a decomposition nothing is visible to the user
-            return out
-        # (no any()/all() here: this module's namespace holds torch.any and torch.all's symbols)
-        outs = {id(o) for o in tree_leaves(out) if isinstance(o, TensorProxy)}
-        inputs = {id(x) for x in tree_leaves((args, kwargs)) if isinstance(x, TensorProxy)}
-        if not outs & inputs:
-            return out
-
-        def fresh(o):
-            if not isinstance(o, TensorProxy) or id(o) not in inputs:
-                return o
-            new = prims.reshape(o, tuple(o.shape))
-            trc.identities[id(new)] = (new, o)
-            return new
-
-        return tree_map(fresh, out)
-
-    return body
-
-
-def register_alias(torch_fn: Callable, fn: Callable) -> None:
-    """Route a torch callable to a Python function of torch-language symbols
-    (reflected operators, methods whose semantics are another op's)."""
-    register_handler(torch_fn, fn)
-
-
+from thunderfn.core import interception
+from thunderfn.torch.base import register_alias, symbols, torchsymbol  # noqa: F401
 from thunderfn.torch.elementwise import *  # noqa: E402,F401,F403
 from thunderfn.torch.reductions import *  # noqa: E402,F401,F403
 from thunderfn.torch.shape import *  # noqa: E402,F401,F403
@@ -102,3 +30,7 @@ from thunderfn.torch import foreach as _foreach  # noqa: E402,F401  (torch._fore
 from thunderfn.torch import optim as _optim  # noqa: E402,F401  (optimizer steps inside traced functions)
 from thunderfn.torch.statistics import *  # noqa: E402,F401,F403
 from thunderfn.torch.backward import *  # noqa: E402,F401,F403
+from thunderfn.torch import dispatch as _dispatch  # noqa: E402
+
+# Core traces every torch call it intercepts with the torch language's dispatcher (core/interception.py).
+interception.set_dispatcher(_dispatch.dispatch)

@@ -22,7 +22,7 @@ from thunderfn import clang, prims
 from thunderfn.clang import maybe_convert_to_dtype
 from thunderfn.core import dtypes
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
-from thunderfn.torch import torchsymbol
+from thunderfn.torch.base import torchsymbol
 
 aten = torch.ops.aten
 __all__ = ["gelu_backward", "softmax_backward_data", "log_softmax_backward_data", "native_layer_norm",

@@ -16,7 +16,7 @@ from thunderfn.clang import is_tensor, maybe_convert_to_dtype
 from thunderfn.core import dtypes
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import check, check_dtype_supported
-from thunderfn.torch import register_alias, torchsymbol
+from thunderfn.torch.base import register_alias, torchsymbol
 
 _this_module = sys.modules[__name__]
 T = torch.Tensor

@@ -17,7 +17,7 @@ from thunderfn.core import dtypes
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import check
-from thunderfn.torch import torchsymbol
+from thunderfn.torch.base import torchsymbol
 
 T = torch.Tensor
 __all__ = ["full", "zeros", "ones", "empty", "full_like", "zeros_like", "ones_like", "empty_like", "arange",

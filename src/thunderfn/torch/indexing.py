@@ -11,6 +11,8 @@ are a mask; `index_put_key` is `a[key] = value` for any key getitem reads.
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from thunderfn import clang, prims
@@ -20,7 +22,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import check
-from thunderfn.torch import torchsymbol
+from thunderfn.torch.base import torchsymbol
 from thunderfn.torch.shape import _zero, diagonal
 
 T = torch.Tensor
@@ -610,10 +612,6 @@ def scatter_reduce(a, dim, index, src, reduce, *, include_self=True):
 def combinations(input, r=2, with_replacement=False):
     """A gather: which elements make up each combination depends only on the length, so the
     index tensor is computed at trace time and read by the compiled code."""
-    import itertools
-
-    from thunderfn.core import context
-
     check(input.ndim == 1, lambda: f"Expect a 1D vector, but got shape {list(input.shape)}")
     check(r >= 0, lambda: f"Expect a non-negative number, but got {r}")
     if r == 0:

@@ -21,14 +21,15 @@ import dataclasses
 
 import torch
 
-from thunderfn import clang
+from thunderfn import clang, prims
 from thunderfn.core import context, interception
 from thunderfn.core.interception import handlers, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.errors import UnsupportedOpError
-from thunderfn.torch import torchsymbol
-from thunderfn.torch.opaque import opaque_symbol
+from thunderfn.torch.base import torchsymbol
+from thunderfn.torch.indexing import index_put_key
+from thunderfn.torch.opaque import opaque_symbol, run_opaque
 
 T = torch.Tensor
 __all__ = ["setitem"]
@@ -177,8 +178,6 @@ def copy_into(dst, src):
         return clang.full(dst.shape, src, device=dst.device, dtype=dst.dtype)
     value = clang.maybe_convert_to_dtype(src, dst.dtype)
     if value.device != dst.device:
-        from thunderfn import prims
-
         value = prims.device_put(value, dst.device)
     return clang.expand_to(value, dst.shape)
 
@@ -198,8 +197,6 @@ def setitem_copy(a: torch.Tensor, key, value) -> torch.Tensor:
 @torchsymbol(setitem_copy, name="setitem")
 def setitem(a, key, value):
     """Functional `a[key] = value` (the torch executor runs setitem_copy; this is its decomposition)."""
-    from thunderfn.torch.indexing import index_put_key
-
     return index_put_key(a, key, value)
 
 
@@ -238,9 +235,7 @@ def _functional(func, short: str, args, kwargs):
         candidates.insert(0, getattr(torch, out_of_place, None))
     for candidate in candidates:
         if candidate is not None:
-            from thunderfn.core.interception import dispatch
-
-            return dispatch(candidate, args, kwargs)
+            return interception.dispatch(candidate, args, kwargs)
     raise UnsupportedOpError(f"{torch_name(func)} mutates its input in place and has no out-of-place form "
                              f"thunderfn could trace; call it outside the jitted function")
 
@@ -249,10 +244,8 @@ def _cast_like_target(value, target, what: str):
     if not isinstance(value, TensorProxy):
         raise UnsupportedOpError(f"{what} did not produce a tensor")
     if not torch.can_cast(value.dtype, target.dtype):
-        from thunderfn.prims import scalar_type_name
-
-        raise RuntimeError(f"result type {scalar_type_name(value.dtype)} can't be cast to the desired output type "
-                           f"{scalar_type_name(target.dtype)}")
+        raise RuntimeError(f"result type {prims.scalar_type_name(value.dtype)} can't be cast to the desired output "
+                           f"type {prims.scalar_type_name(target.dtype)}")
     if tuple(value.shape) != tuple(target.shape):
         try:
             value = clang.expand_to(value, target.shape)
@@ -289,11 +282,11 @@ def run_in_place(func, args, kwargs):
                 f"{info.base.name} through indexing (x[..., 0] += 1).")
         new_value = _cast_like_target(_functional(func, short, args, kwargs), target, name)
         base = info.base
-        trc.rebind(base, setitem(base, info.key, new_value), because=f"{name} on its view {target.name}", keep=target)
-        trc.rebind(target, new_value, because=name)
+        rebind(base, setitem(base, info.key, new_value), because=f"{name} on its view {target.name}", keep=target)
+        rebind(target, new_value, because=name)
         return target if short != "__setitem__" else None
     new_value = _cast_like_target(_functional(func, short, args, kwargs), target, name)
-    trc.rebind(target, new_value, because=name)
+    rebind(target, new_value, because=name)
     return target if short != "__setitem__" else None
 
 
@@ -311,7 +304,7 @@ def _write_layout_dependent(trc, func, name, short, args, kwargs):
             f"the traced function, so whether the caller sees the change cannot be known while tracing. Mutate "
             f"{root.name}.clone() (or {root.name} itself) instead.")
     new_value = _cast_like_target(_functional(func, short, args, kwargs), target, name)
-    trc.rebind(target, new_value, because=name)
+    rebind(target, new_value, because=name)
     _alias(root).stale_message = (
         f"{root.name} is read after {name} mutated {target.name}, which in eager is {root.name} itself or a copy of it "
         f"depending on {root.name}'s memory layout at run time (x.contiguous(), x.reshape(...)), so whether "
@@ -327,16 +320,13 @@ def run_with_output_argument(handler, func, args, kwargs, out):
     kwargs = {k: v for k, v in kwargs.items() if k != "out"}
     result = handler(*args, **kwargs) if handler is not None else None
     if result is None:
-        from thunderfn.torch.opaque import run_opaque
-
         result = run_opaque(func, args, kwargs)
     if not isinstance(result, TensorProxy):
         raise UnsupportedOpError(f"{torch_name(func)}(out=...) with several outputs is not supported; use the result")
     check_fresh((out,), {})
     if out.alias is not None and out.alias.overlapping:
         raise RuntimeError(_OVERLAP_MESSAGE)
-    trc = context.current_trace()
-    trc.rebind(out, _cast_like_target(result, out, torch_name(func)), because=f"{torch_name(func)}(out=...)")
+    rebind(out, _cast_like_target(result, out, torch_name(func)), because=f"{torch_name(func)}(out=...)")
     return out
 
 
@@ -349,14 +339,20 @@ def run_with_inplace_flag(handler, func, args, kwargs):
     if target.alias is not None and target.alias.base is not None:
         raise UnsupportedOpError(f"{torch_name(func)}(inplace=True) on {target.name}, a view of another tensor, is "
                                  f"not supported yet; use inplace=False")
-    context.current_trace().rebind(target, _cast_like_target(result, target, torch_name(func)),
-                                   because=f"{torch_name(func)}(inplace=True)")
+    rebind(target, _cast_like_target(result, target, torch_name(func)), because=f"{torch_name(func)}(inplace=True)")
     return target
 
 
 def is_in_place(func) -> bool:
     short = torch_name(func).rsplit(".", 1)[-1]
     return (short.endswith("_") and not short.startswith("__")) or short in _IN_PLACE_DUNDERS or short == "__setitem__"
+
+
+def rebind(proxy: TensorProxy, value: TensorProxy, *, because: str, keep=None) -> None:
+    """An in-place write into proxy, traced: it denotes value from now on (Trace.rebind), and
+    the views made of it before (except `keep`, the view written through) go stale."""
+    context.current_trace().rebind(proxy, value, because=because)
+    mark_stale_views(proxy, because, keep)
 
 
 def mark_stale_views(proxy: TensorProxy, because: str, keep=None) -> None:

@@ -14,7 +14,7 @@ from thunderfn.core import dtypes
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported, scalar_type_name
-from thunderfn.torch import torchsymbol
+from thunderfn.torch.base import torchsymbol
 
 T = torch.Tensor
 __all__ = ["addmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "outer", "einsum", "tensordot", "kron"]

@@ -3,6 +3,7 @@ cross_entropy, scaled_dot_product_attention and dropout, decomposed so that the
 transforms and fusion executors see their insides."""
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -10,15 +11,17 @@ import torch.nn.functional as F
 
 from thunderfn import clang, prims
 from thunderfn.clang import keepdim_reshape, maybe_convert_to_dtype
-from thunderfn.core import dtypes
+from thunderfn.core import context, dtypes
+from thunderfn.core.interception import lift_constants
 from thunderfn.core.statements import emit_runtime_check
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
-from thunderfn.torch import register_alias, torchsymbol
+from thunderfn.torch.base import register_alias, torchsymbol
 from thunderfn.torch.backward import native_layer_norm, nll_loss_forward
 from thunderfn.torch.opaque import opaque_symbol
 from thunderfn.torch.elementwise import logsigmoid, mul, neg, rsub, sub
+from thunderfn.torch.inplace import rebind
 from thunderfn.torch.reductions import log_softmax, softmax
 from thunderfn.torch.reductions import all as reduction_all
 from thunderfn.torch.reductions import mean as reduction_mean
@@ -248,11 +251,8 @@ def _updated_running_stats(input, running_mean, running_var, stats_dims, momentu
 def _rebind_running_stats(running_mean, running_var, new_mean, new_var, because: str) -> None:
     """The in-place update eager makes, functionalized: the statistics' proxies now hold the new
     values (written back to the module's buffers when the function ends)."""
-    from thunderfn.core import context
-
-    trc = context.current_trace()
-    trc.rebind(running_mean, new_mean, because=because)
-    trc.rebind(running_var, new_var, because=because)
+    rebind(running_mean, new_mean, because=because)
+    rebind(running_var, new_var, because=because)
 
 
 def _batch_norm_entry(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
@@ -603,11 +603,6 @@ def _route_every_argument(original, symbol):
     """torch 2.13's F.l1_loss leaves `weight` out of its __torch_function__ call, so a traced
     call would silently lose it. Standing in front of it: while tracing, call the symbol with
     every argument; otherwise, torch's own function, untouched."""
-    import functools
-
-    from thunderfn.core import context
-    from thunderfn.core.interception import lift_constants
-
     @functools.wraps(original)
     def routed(*args, **kwargs):
         trc = context.current_trace()

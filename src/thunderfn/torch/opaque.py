@@ -3,11 +3,13 @@
 The function runs on `meta` tensors to learn its outputs' shapes and dtypes, is
 recorded under its torch name, and the torch executor calls it at run time with
 the real tensors. The bound symbol keeps the torch callable and its arguments, so
-autodiff can differentiate it at run time through torch.func.
+autodiff can differentiate it at run time through torch.func (`torch_vjp_op`, below).
 
 Refused, with the reason, when even that cannot be right: no meta kernel, an output
 shape that depends on values (nonzero, unique, masked_select), a non-tensor
 output (a value), or a write into an argument (in-place and out= forms).
+
+May import: core/.
 """
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ import numbers
 
 import torch
 
+from thunderfn.core import dtypes
 from thunderfn.core.interception import resolve_torch_name, torch_name
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_flatten, tree_unflatten
+from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import check_rng_untouched
 from thunderfn.errors import UnsupportedOpError
@@ -179,3 +182,36 @@ def run_opaque(fn, args, kwargs):
         raise UnsupportedOpError(f"{torch_name(fn)}(out=...) writes into an argument, which thunderfn does not trace; "
                                  f"use the result instead")
     return opaque_symbol(fn)(*args, **kwargs)
+
+
+# -- differentiating an opaque op: torch.func, when the compiled function runs ----------------
+# (reverse mode, transforms/autodiff.py, records torch_vjp_op in a backward where it meets an opaque op)
+def torch_vjp(fn, args, kwargs, cotangents, wrt, rng_state):
+    """Cotangents of the flat argument leaves at positions `wrt` of fn(*args, **kwargs), given
+    cotangents of its floating outputs (in order), by torch.func. fn is run again from the
+    generator state it first ran with, so random ops draw what the forward drew."""
+    leaves, spec = tree_flatten((args, kwargs))
+
+    def call(*diff):
+        current = list(leaves)
+        for i, t in zip(wrt, diff):
+            current[i] = t
+        a, k = tree_unflatten(spec, current)
+        outs = tree_flatten(fn(*a, **k))[0]
+        return tuple(o for o in outs if isinstance(o, torch.Tensor) and dtypes.is_inexact(o.dtype))
+
+    with torch.random.fork_rng(devices=[]):
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
+        _, pullback = torch.func.vjp(call, *[leaves[i] for i in wrt])
+    return pullback(tuple(cotangents))
+
+
+def _torch_vjp_meta(fn, args, kwargs, cotangents, wrt, rng_state):
+    leaves = tree_leaves((args, kwargs))
+    return tuple(TensorProxy.like(leaves[i], requires_grad=False) for i in wrt)
+
+
+torch_vjp_op = Symbol("torch_vjp", "autodiff.torch_vjp", meta=_torch_vjp_meta, is_prim=True, print_name="torch_vjp",
+                      namespace={"torch_vjp": torch_vjp}, eager=torch_vjp, torch_fn=torch_vjp,
+                      tags=frozenset({"opaque"}))

@@ -22,6 +22,8 @@ import torch
 import torch.cuda.random
 
 from thunderfn.core import context
+from thunderfn.core.interception import lift_constants
+from thunderfn.core.printing import format_value
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import UnsupportedOpError
@@ -39,8 +41,6 @@ _original = {f"{prefix}{name}": getattr(getattr(_HOMES[prefix], name), "__thunde
 
 def _print_call(name):
     def printer(bsym, ns):
-        from thunderfn.core.printing import format_value
-
         ns["torch"] = torch
         return f"torch.{name}({', '.join(format_value(a, ns) for a in bsym.args)})"
 
@@ -137,8 +137,6 @@ def _record_cuda_get_rng_state(trc, device="cuda"):
 
 
 def _lifted(state):
-    from thunderfn.core.interception import lift_constants
-
     return lift_constants(state)
 
 

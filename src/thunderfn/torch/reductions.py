@@ -15,7 +15,7 @@ from thunderfn.core import dtypes
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported, scalar_type_name
-from thunderfn.torch import register_alias, torchsymbol
+from thunderfn.torch.base import register_alias, torchsymbol
 
 T = torch.Tensor
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "var", "std", "var_mean", "std_mean", "argmax",

@@ -19,7 +19,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check
-from thunderfn.torch import register_alias, torchsymbol
+from thunderfn.torch.base import register_alias, torchsymbol
 
 T = torch.Tensor
 __all__ = ["reshape", "view", "permute", "transpose", "t", "squeeze", "unsqueeze", "expand", "expand_as", "cat", "stack",

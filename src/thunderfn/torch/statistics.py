@@ -9,7 +9,7 @@ from thunderfn.clang import maybe_convert_to_dtype
 from thunderfn.core import dtypes
 from thunderfn.core.statements import emit_runtime_check
 from thunderfn.prims import check
-from thunderfn.torch import torchsymbol
+from thunderfn.torch.base import torchsymbol
 from thunderfn.torch.reductions import all as all_
 
 T = torch.Tensor

@@ -13,6 +13,10 @@ Called with real tensors, a transformed function jits its traced form (one trace
 per input signature, cached); called while an outer trace is being built, it
 emits into that trace, which is why transforms compose: jit(grad(f)), grad(jit(f)),
 grad(grad(f)).
+
+A transform: may import core/, prims, clang, the torch language and the other
+transforms; never executors or jit (it compiles through core/context.py's jit, which
+jit registers, and reads the executors it differentiates for from its caller).
 """
 from __future__ import annotations
 
@@ -29,9 +33,12 @@ from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled
-from thunderfn.core.symbol import Symbol
 from thunderfn.errors import UnsupportedOpError
-from thunderfn.torch.opaque import autograd_connections
+from thunderfn.torch.opaque import autograd_connections, torch_vjp_op
+from thunderfn.torch.random import get_rng_state_op
+from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' rules join vjp_rules)
+from thunderfn.transforms.executor_lower import claiming_rule, claims_whole, trace_in_place_of
+from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, rule_for
 
 
 def _differentiable(x) -> bool:
@@ -62,8 +69,6 @@ def _grad_modes(region: list, enabled: bool) -> list:
 
 
 def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
-    from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, Residuals, rule_for
-
     outs = bsym.flat_outs()
     out_cts = [cts.get(o.name) if isinstance(o, TensorProxy) else None for o in outs]
     if all(c is None for c in out_cts) or bsym.sym.printer is not None or bsym.sym.id in NON_DIFFERENTIABLE:
@@ -85,12 +90,11 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
                 if isinstance(a, TensorProxy):
                     _accumulate(cts, a, c)
         return
-    from thunderfn.transforms.executor_lower import claiming_rule, claims_whole
-
     # An executor's operator defined like= a function, or a composite an executor claims whole
     # (_with_residuals kept it so): the backward recomputes that function and differentiates it.
     recompute = bsym.sym.like
-    if recompute is None and bsym.subsymbols and bsym.sym.fn is not None and claims_whole(claiming_rule(bsym)):
+    if (recompute is None and bsym.subsymbols and bsym.sym.fn is not None
+            and claims_whole(claiming_rule(bsym, tape.executors))):
         recompute = bsym.sym.fn
     if recompute is not None:
         wanted = [i for i, c in enumerate(out_cts) if c is not None]
@@ -99,7 +103,7 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
             leaves = optree.tree_leaves(recompute(*args, **kwargs), none_is_leaf=True, namespace="thunderfn")
             return tuple(leaves[i] for i in wanted)
 
-        _, backward = trace_vjp(recomputed_outputs, (bsym.args, bsym.kwargs))
+        _, backward = trace_vjp(recomputed_outputs, (bsym.args, bsym.kwargs), tape.executors)
         in_cts = backward(tuple(out_cts[i] for i in wanted))  # a tensor passed twice gets its total twice
         totals = {leaf.name: (leaf, ct) for leaf, ct in zip(tree_leaves((bsym.args, bsym.kwargs)), in_cts)
                   if isinstance(leaf, TensorProxy)}
@@ -113,11 +117,8 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
     if "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
         _backprop_opaque(bsym, out_cts, cts, tape)
         return
-    from thunderfn.executors.base import OperatorExecutor
-    from thunderfn.transforms.vjp_rules import NOT_DIFFERENTIATED
-
     ex = bsym.sym.executor
-    if isinstance(ex, OperatorExecutor):
+    if callable(getattr(ex, "register_lowering", None)):  # an OperatorExecutor's, where a vjp can be registered
         raise UnsupportedOpError(
             f"thunderfn cannot differentiate {bsym.sym.print_name}, an operator of executor '{ex.name}' defined with "
             f"meta=: register a vjp for it, {ex.name}.register_lowering({bsym.sym.print_name}, vjp=(fwd, bwd)), or "
@@ -139,8 +140,6 @@ def _moves_data_only(bsym) -> bool:
     x.to(...), torch.cat([x])). It runs whole in the forward, so torch's own op decides view or
     copy (and checks x.view's strides) as in eager; its backward still differentiates the
     decomposition, which needs no residual from it."""
-    from thunderfn.transforms.vjp_rules import rule_for
-
     return bool(bsym.subsymbols) and all(
         sub.sym.id in _MOVES_DATA_ONLY if sub.sym.is_prim else rule_for(sub) is None and _moves_data_only(sub)
         for sub in bsym.subsymbols)
@@ -165,8 +164,6 @@ def _reads_only_its_own_values(bsym) -> bool:
     same values). Then the forward runs the torch symbol whole, one torch call in the vocabulary
     a torch-level executor claims, and its backward differentiates the decomposition, whose
     residuals the forward computes anyway."""
-    from thunderfn.transforms.vjp_rules import rule_for
-
     own = {p.name for p in bsym.proxy_args()} | {p.name for p in bsym.proxy_outs()}
 
     def differentiated(bsyms):  # the bound symbols whose rules the backward applies
@@ -180,37 +177,36 @@ def _reads_only_its_own_values(bsym) -> bool:
     return bool(subs) and all(p.name in own for b in subs for p in b.proxy_args() + b.proxy_outs())
 
 
-def _with_residuals(bsyms: list) -> list:
+def _with_residuals(bsyms: list, executors) -> list:
     """The forward as it must run for the backward to find its residuals: a composite without
     a VJP rule is replaced by its decomposition (whose intermediates the rules read), unless
     no gradient can flow through it (no floating input or output). A symbol an executor other
     than torch claims (executors/base.py) is kept whole, so the executor runs it, and its
     backward recomputes what it needs; where that executor gives a vjp, the vjp's forward
-    replaces it."""
-    from thunderfn.transforms.executor_lower import claiming_rule, claims_whole, trace_in_place_of
-    from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, rule_for
-
+    replaces it. executors: the priority list the trace will be lowered onto."""
     flat = []
     for bsym in bsyms:
         inert = (bsym.sym.id in NON_DIFFERENTIABLE or bsym.sym.printer is not None
                  or not any(_differentiable(a) for a in bsym.flat_args())
                  or not any(_differentiable(o) for o in bsym.flat_outs()))
-        rule = None if inert else claiming_rule(bsym)
+        rule = None if inert else claiming_rule(bsym, executors)
         if rule is not None and rule.vjp is not None:
             flat.extend(trace_in_place_of(bsym, rule.vjp, "the executor's vjp"))
             continue
         keep = (inert or rule_for(bsym) is not None or not bsym.subsymbols or claims_whole(rule)
                 or _moves_data_only(bsym) or _passes_an_input_through(bsym) or _reads_only_its_own_values(bsym))
-        flat.extend([bsym] if keep else _with_residuals(list(bsym.subsymbols)))
+        flat.extend([bsym] if keep else _with_residuals(list(bsym.subsymbols), executors))
     return flat
 
 
 class _Tape:
     """What the backward needs besides the recorded ops: which values depend on the
-    differentiated inputs (only those get cotangents), and for each opaque op the
-    generator state just before it ran (its backward re-runs it, and must draw the same)."""
+    differentiated inputs (only those get cotangents); for each opaque op, the generator
+    state just before it ran (its backward re-runs it, and must draw the same); and the
+    executors the trace will be lowered onto (what they claim whole is recomputed)."""
 
-    def __init__(self):
+    def __init__(self, executors):
+        self.executors = executors
         self.active: set = set()
         self.rng_state: dict = {}  # id(bound symbol) -> proxy of torch.get_rng_state() before it
 
@@ -218,8 +214,6 @@ class _Tape:
 def _record_forward(region: list, primals, tape: _Tape) -> list:
     """The forward as emitted: for each opaque op that depends on the inputs, the generator
     state is read just before it."""
-    from thunderfn.torch.random import get_rng_state_op
-
     trc = context.current_trace()
     tape.active = {p.name for p in tree_leaves(primals) if isinstance(p, TensorProxy)}
     emitted = []
@@ -234,15 +228,22 @@ def _record_forward(region: list, primals, tape: _Tape) -> list:
     return emitted
 
 
-def trace_vjp(fn: Callable, primals: Sequence):
+def trace_vjp(fn: Callable, primals: Sequence, executors=None):
     """While a trace is being built: trace fn(*primals) into it and return (out, backward), where
-    backward(cotangents for out's leaves, as a pytree like out) -> one cotangent per primal leaf."""
+    backward(cotangents for out's leaves, as a pytree like out) -> one cotangent per primal leaf.
+
+    executors: the priority list the trace will be lowered onto; a symbol one of them claims
+    whole stays whole, differentiated by the vjp that executor registered or by recomputing it."""
+    if executors is None:
+        # tf.grad(f) called while a function is being jitted: the executors are that jit's argument,
+        # which f's caller cannot hand to tf.grad, so jit announces them for the trace it builds.
+        executors = context.current_executors()
     trc = context.current_trace()
     start_mode = torch.is_grad_enabled()
     with trc.scope() as recorded:
         out = fn(*primals)
-    tape = _Tape()
-    region = _record_forward(_with_residuals(recorded), primals, tape)
+    tape = _Tape(executors)
+    region = _record_forward(_with_residuals(recorded, executors), primals, tape)
     for bsym in region:
         trc.emit(bsym)
     modes = _grad_modes(region, start_mode)
@@ -269,37 +270,6 @@ def trace_vjp(fn: Callable, primals: Sequence):
 
 
 # -- opaque torch ops: differentiated by torch when the compiled function runs ------------------
-def torch_vjp(fn, args, kwargs, cotangents, wrt, rng_state):
-    """Cotangents of the flat argument leaves at positions `wrt` of fn(*args, **kwargs), given
-    cotangents of its floating outputs (in order), by torch.func. fn is run again from the
-    generator state it first ran with, so random ops draw what the forward drew."""
-    leaves, spec = tree_flatten((args, kwargs))
-
-    def call(*diff):
-        current = list(leaves)
-        for i, t in zip(wrt, diff):
-            current[i] = t
-        a, k = tree_unflatten(spec, current)
-        outs = tree_flatten(fn(*a, **k))[0]
-        return tuple(o for o in outs if isinstance(o, torch.Tensor) and dtypes.is_inexact(o.dtype))
-
-    with torch.random.fork_rng(devices=[]):
-        if rng_state is not None:
-            torch.set_rng_state(rng_state)
-        _, pullback = torch.func.vjp(call, *[leaves[i] for i in wrt])
-    return pullback(tuple(cotangents))
-
-
-def _torch_vjp_meta(fn, args, kwargs, cotangents, wrt, rng_state):
-    leaves = tree_leaves((args, kwargs))
-    return tuple(TensorProxy.like(leaves[i], requires_grad=False) for i in wrt)
-
-
-torch_vjp_op = Symbol("torch_vjp", "autodiff.torch_vjp", meta=_torch_vjp_meta, is_prim=True, print_name="torch_vjp",
-                      namespace={"torch_vjp": torch_vjp}, eager=torch_vjp, torch_fn=torch_vjp,
-                      tags=frozenset({"opaque"}))
-
-
 def _backprop_opaque(bsym, out_cts, cts, tape: _Tape) -> None:
     floating = [(o, c) for o, c in zip(bsym.flat_outs(), out_cts) if _differentiable(o)]
     cotangents = tuple(c if c is not None else ltorch.full(tuple(o.shape), 0, device=o.device, dtype=o.dtype)
@@ -322,8 +292,6 @@ def _backprop_opaque(bsym, out_cts, cts, tape: _Tape) -> None:
 def _compiled(transformed, prepare=None):
     """Run `transformed` (which needs a trace) through jit when called with real tensors.
     `prepare(args) -> args` runs first on every call (value_and_grad's Python floats)."""
-    from thunderfn.jit import jit_evicting
-
     jitted = None
 
     @functools.wraps(transformed)
@@ -334,7 +302,7 @@ def _compiled(transformed, prepare=None):
         if context.current_trace() is not None:
             return transformed(*args, **kwargs)
         if jitted is None:
-            jitted = jit_evicting(transformed)
+            jitted = context.jit_evicting(transformed)
             wrapper._thunderfn_state = jitted._thunderfn_state
         return jitted(*args, **kwargs)
 
@@ -471,18 +439,16 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
         def vjp_fn(cotangents):
             return cotangents_for(backward, cotangents, primals)
     else:
-        from thunderfn.jit import jit_evicting
-
         cuda_devices = sorted({t.device.index or 0 for t in tree_leaves(primals)
                                if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
         rng_states = (torch.random.get_rng_state(), [torch.cuda.get_rng_state(d) for d in cuda_devices])
-        value, aux = jit_evicting(lambda p: split(p)[:2])(primals)
+        value, aux = context.jit_evicting(lambda p: split(p)[:2])(primals)
 
         def joint(primals, cotangents):
             _, _, backward = split(primals)
             return cotangents_for(backward, cotangents, primals)
 
-        compiled_joint = jit_evicting(joint)
+        compiled_joint = context.jit_evicting(joint)
 
         def vjp_fn(cotangents):
             # The compiled backward recomputes the forward values it needs, from the generator

@@ -10,6 +10,12 @@ one cotangent (or None) per differentiable argument with the argument's structur
 shapes. Called with real tensors outside any transform, it is `fn`, unless torch.autograd
 will differentiate the call (grad mode on, a tensor requiring grad among its arguments):
 then it runs jitted, so `f(x).backward()` uses the rule as `tf.grad(f)` does.
+
+An executor's `register_lowering(..., vjp=(fwd, bwd))` becomes a custom_vjp function too
+(executors/base.py; executors do not import transforms, so this module registers
+custom_vjp for them in core/context.py). A transform: may import core/, prims, clang,
+the torch language and the other transforms, never executors or jit (core/context.py's
+jit is jit's, registered there).
 """
 from __future__ import annotations
 
@@ -19,10 +25,12 @@ import weakref
 
 import torch
 
+from thunderfn import clang
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
+from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, unregister_vjp
 
 _ids = itertools.count()
 
@@ -40,8 +48,6 @@ class custom_vjp:
 
     def defvjp(self, fwd, bwd):
         self.fwd, self.bwd = fwd, bwd
-        from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, unregister_vjp
-
         name = "".join(c if c.isalnum() else "_" for c in getattr(self.fn, "__name__", "fn"))
         self._symbol = Symbol(f"custom_vjp_{name}", ("custom_vjp", next(_ids)), fn=self._forward,
                               print_name=f"custom_vjp_{name}", tags=frozenset({"always_record"}))
@@ -83,9 +89,7 @@ class custom_vjp:
 
     def _with_rule(self):
         if self._jitted is None:
-            from thunderfn.jit import jit  # the api layer, above this module
-
-            self._jitted = jit(self)
+            self._jitted = context.jit(self)
         return self._jitted
 
     # -- backward: bwd, called by the reverse-mode driver ------------------------------------------
@@ -137,7 +141,9 @@ class _WeakBackward:
         return self._owner()._backward(res, g)
 
 
-def _zeros_like(p):
-    from thunderfn import clang
+# Executors make their vjp= pairs into custom_vjp functions (executors/base.py), through core.
+context.register_custom_vjp(custom_vjp)
 
+
+def _zeros_like(p):
     return clang.full(p.shape, 0, device=p.device, dtype=p.dtype) if isinstance(p, TensorProxy) else p

@@ -6,6 +6,11 @@ executor listed before that one accepts a symbol of its decomposition: priority
 beats granularity. When no executor claims it, the symbol's decomposition
 (subsymbols) is lowered instead; an unclaimed prim is an error that prints the
 bound symbol and the executors tried.
+
+The executors are always passed in (`lower_trace(trc, executors)`, `claiming_rule(bsym,
+executors)`). A transform: it knows executors by what they answer (`lowering_for`, a
+rule's `checker`, `lower`, `vjp`), never imports executors/ or jit (`executor_lower`
+compiles through core/context.py's jit, which jit registers).
 """
 from __future__ import annotations
 
@@ -14,11 +19,13 @@ import contextlib
 import torch
 
 from thunderfn.core import context
+from thunderfn.core.interception import handlers
+from thunderfn.core.lowering import RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace
 from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import python_alias
 from thunderfn.core.symbol import BoundSymbol, Symbol
-from thunderfn.executors.base import OperatorExecutor, RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace
+from thunderfn.core.trace import tracing
 
 
 def _accepts(ex, bsym):
@@ -55,13 +62,12 @@ def _claim(bsym, executors):
     return None, None
 
 
-def claiming_rule(bsym):
-    """The rule that will claim bsym when it is lowered, as reverse mode needs to know it:
-    the first active executor's that accepts it (core/context.active_executors) or, for an
-    executor's operator, its own executor's, which is where its vjp can be registered."""
+def claiming_rule(bsym, executors):
+    """The rule that will claim bsym when it is lowered onto executors (a priority list), as
+    reverse mode needs to know it: the first executor's that accepts it or, for an executor's
+    operator, its own executor's, which is where its vjp can be registered."""
     own = bsym.sym.executor
-    executors = (own,) if isinstance(own, OperatorExecutor) else context.current_executors()
-    return _claim(bsym, executors)[1]
+    return _claim(bsym, (own,) if own is not None else executors)[1]
 
 
 def claims_whole(rule) -> bool:
@@ -102,8 +108,6 @@ contiguous = Symbol("contiguous", "executor_lower.contiguous", meta=lambda a, me
 
 @contextlib.contextmanager
 def _contiguous_copies():
-    from thunderfn.core.interception import handlers
-
     previous = handlers.get(torch.Tensor.contiguous)
     handlers[torch.Tensor.contiguous] = contiguous
     try:
@@ -144,8 +148,6 @@ def lower_bsyms(bsyms, executors) -> list:
 
 def lower_trace(trc, executors):
     """The execution trace of trc on these executors (a trace-to-trace pass)."""
-    from thunderfn.core.trace import tracing
-
     with tracing(type(trc)(trc.fn_name, names=trc.names)):
         bsyms = lower_bsyms(trc.bound_symbols, executors)
     return trc.derive("Transform for execution", bsyms)
@@ -155,6 +157,4 @@ def executor_lower(fn, executors):
     """The lowering transform on its own: fn, run on exactly these executors (in
     priority order, no torch fallback), jitted; past the cache size limit it drops its
     oldest entry rather than run anywhere else."""
-    from thunderfn.jit import jit_evicting
-
-    return jit_evicting(fn, executors=list(executors), fallback=False)
+    return context.jit_evicting(fn, executors=list(executors), fallback=False)

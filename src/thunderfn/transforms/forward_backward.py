@@ -38,6 +38,7 @@ from thunderfn.core.statements import set_grad_enabled, write_back
 from thunderfn.core.trace import Trace, tracing
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.torch.opaque import autograd_connections
+from thunderfn.transforms.autodiff import trace_vjp
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, rule_for
 
 
@@ -126,12 +127,11 @@ def _opaque_reach(bsym, reached: set) -> set | None:
     return {outs[j].name for j in outputs if isinstance(outs[j], TensorProxy)}
 
 
-def split_forward_backward(computation: Trace) -> Split:
+def split_forward_backward(computation: Trace, executors) -> Split:
     """Differentiate `computation` with respect to its inputs that require grad and cut
-    the joint trace into a forward and a backward trace (see the module docstring).
-    Raises UnsupportedOpError where thunderfn cannot differentiate an op."""
-    from thunderfn.transforms.autodiff import trace_vjp
-
+    the joint trace into a forward and a backward trace (see the module docstring), for
+    the priority list of executors both will be lowered onto (transforms/autodiff.py's
+    trace_vjp). Raises UnsupportedOpError where thunderfn cannot differentiate an op."""
     start = time.perf_counter_ns()
     all_captured = _captured(computation)
     # Captured tensors not requiring grad stay constants, which would be silently wrong once one of them
@@ -168,7 +168,7 @@ def split_forward_backward(computation: Trace) -> Split:
                 joint.emit(bsym)
             return outputs
 
-        _, backward = trace_vjp(replay, wrt)
+        _, backward = trace_vjp(replay, wrt, executors)
         n_forward = len(joint.bound_symbols)
         cotangents = [TensorProxy(joint.names.take(prefix="g"), shape=o.shape, dtype=o.dtype, device=o.device)
                       for o, d in zip(outputs, differentiable) if d]
@@ -347,14 +347,14 @@ class CompiledSplit:
         return tree_unflatten(self.out_spec, leaves)
 
 
-def try_split(computation: Trace):
+def try_split(computation: Trace, executors):
     """(split, None), or (None, why there is no split: nothing requires grad, or the computation
-    keeps torch's autograd wiring)."""
+    keeps torch's autograd wiring). executors: as split_forward_backward's."""
     why = why_not_split(computation)
     if why is not None:
         return None, why
     try:
-        split = split_forward_backward(computation)
+        split = split_forward_backward(computation, executors)
     except (UnsupportedOpError, NotImplementedError) as e:  # torch may still differentiate it: keep its wiring
         return None, f"thunderfn cannot differentiate it ({e})"
     if not any(split.differentiable):

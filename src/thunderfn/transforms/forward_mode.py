@@ -21,12 +21,12 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import UnsupportedOpError
+from thunderfn.torch.opaque import _meta
 from thunderfn.transforms.autodiff import _compiled, _differentiable, _grad_modes, value_without_aux
+from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, jvp_rules
 
 
 def _keep_whole(bsym) -> bool:
-    from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, jvp_rules
-
     return (bsym.sym.id in jvp_rules or bsym.sym.id in NON_DIFFERENTIABLE or bsym.sym.printer is not None
             or not bsym.subsymbols or not any(_differentiable(a) for a in bsym.flat_args())
             or not any(_differentiable(o) for o in bsym.flat_outs()))
@@ -49,8 +49,6 @@ def _tangent_of(x, tangents: dict):
 
 
 def _push_forward(bsym, tangents: dict) -> None:
-    from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, jvp_rules
-
     arg_tangents = tuple(_tangent_of(a, tangents) for a in bsym.args)
     kwarg_tangents = [tangents.get(v.name) for v in tree_leaves(bsym.kwargs) if isinstance(v, TensorProxy)]
     if all(t is None for t in arg_tangents) and all(t is None for t in kwarg_tangents):
@@ -97,8 +95,6 @@ def torch_jvp(fn, args, kwargs, tangents):
 
 
 def _torch_jvp_meta(fn, args, kwargs, tangents):
-    from thunderfn.torch.opaque import _meta
-
     out = _meta(fn, args, kwargs)
     return tree_unflatten(tree_flatten(out)[1], [TensorProxy.like(o) for o in tree_leaves(out)])
 

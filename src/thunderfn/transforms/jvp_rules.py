@@ -25,9 +25,12 @@ from typing import Callable
 
 import torch
 
+import thunderfn.torch as ltorch
 from thunderfn import prims
+from thunderfn.clang import reduction_dims
 from thunderfn.prims import PrimIDs, canonical_dim
 from thunderfn.transforms import vjp_rules as _vjp
+from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' VJP rules, read below)
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, Residuals  # noqa: F401  (re-exported for the driver)
 from thunderfn.transforms.vjp_rules import _differentiable, _expand, _reduced, _scalar, _sq, _to, _zeros, refuse_complex
 
@@ -316,8 +319,6 @@ def _diagonal_jvp_from_vjp(symbol_id):
 
 
 def _elementwise_symbols():
-    import thunderfn.torch as ltorch
-
     return (ltorch.sigmoid, ltorch.tanh, ltorch.relu, ltorch.logsigmoid, ltorch.silu, ltorch.elu, ltorch.selu,
             ltorch.celu, ltorch.hardtanh, ltorch.relu6, ltorch.hardsigmoid, ltorch.hardswish, ltorch.softplus,
             ltorch.gelu)
@@ -331,8 +332,6 @@ def _reduction_jvp_from_vjp(symbol_id, dim_position: int):
     """A reduction whose every output element reads its own slice of the input (a norm, a std): the VJP
     rule at a cotangent of ones gives each input element's derivative, and the tangent is the sum over
     the slice of derivative times tangent. torch's masks (the norm of zero) come along."""
-    from thunderfn.clang import reduction_dims
-
     vjp = _vjp.vjp_rules[symbol_id].bwd
 
     def fwd(res, tangents):
@@ -349,8 +348,6 @@ def _reduction_jvp_from_vjp(symbol_id, dim_position: int):
 
 
 def _reductions():
-    import thunderfn.torch as ltorch
-
     return ((ltorch.vector_norm, 2), (ltorch.std, 1))
 
 

@@ -34,6 +34,8 @@ from thunderfn import prims
 import thunderfn.torch as ltorch
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import PrimIDs, canonical_dim, canonical_dims
+from thunderfn.prims import torch_impls as prim_impls
+from thunderfn.torch.opaque import torch_vjp_op
 
 
 class Residuals(NamedTuple):
@@ -576,9 +578,6 @@ def _cumprod_vjp(res, g):
     a, dim = res.args
     if not _differentiable(a):
         return None, None
-    from thunderfn.executors.torchex import prim_impls
-    from thunderfn.transforms.autodiff import torch_vjp_op
-
     (ct,) = torch_vjp_op(prim_impls[PrimIDs.CUMPROD], (a, dim), {}, (g,), (0,), None)
     return ct, None
 
@@ -596,7 +595,3 @@ def _selected_vjp(res, g):
 
 
 defvjp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_vjp)
-
-
-# Torch-language symbols whose derivative torch defines by its own formula register here too.
-from thunderfn.transforms import vjp_rules_torch  # noqa: E402,F401

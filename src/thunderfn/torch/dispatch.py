@@ -1,0 +1,67 @@
+"""How one torch call made by traced code is traced: the torch language's dispatcher.
+
+Core routes every torch call it intercepts while a trace is being built (a call on a
+proxy, or any call under tracing's TorchFunctionMode: core/interception.py) to
+`dispatch`; thunderfn/torch/__init__.py installs it there. A call goes to the symbol
+registered for its torch callable; a write into an argument is functionalized
+(torch/inplace.py); a view is tracked; a callable with no symbol runs as an opaque op
+(torch/opaque.py), or, with no tensor argument, runs now and is baked in.
+
+May import: core/, prims, clang and the rest of the torch language.
+"""
+from __future__ import annotations
+
+import torch
+
+from thunderfn.core import context
+from thunderfn.core.interception import (contains_tensor, handlers, is_metadata_query, lift_constants,
+                                         tensors_by_position, torch_name)
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.symbol import Symbol
+from thunderfn.torch import inplace
+from thunderfn.torch.opaque import is_random, run_opaque
+
+
+def dispatch(func, args, kwargs):
+    """Trace one torch call. Called only while a trace is being built."""
+    handler = handlers.get(func)
+    trc = context.current_trace()
+    if trc is None:
+        raise RuntimeError(f"{torch_name(func)} was called on a thunderfn proxy outside of tracing")
+    if handler is None:
+        if is_metadata_query(func):
+            if not any(isinstance(a, TensorProxy) for a in args):
+                return func(*args, **kwargs)
+        has_tensor = contains_tensor(args) or contains_tensor(kwargs)
+
+        # No handler and no tensor argument: run it now and bake the result in (right for
+        # torch.tensor([...]) or torch.eye(3)), unless it is random, which would freeze one draw.
+        if not has_tensor and not is_random(func):
+            with torch._C.DisableTorchFunction():
+                result = func(*args, **kwargs)
+            if isinstance(result, torch.Tensor):  # a fresh tensor on every eager call: see core/trace.py's trace()
+                trc.created[id(result)] = result
+            return result
+    written = args[0] if args else None
+    args, kwargs = lift_constants(args), lift_constants(kwargs)
+    if trc.mutated or trc.rebinds:
+        inplace.check_fresh(args, kwargs)
+    # Writes into an argument: functionalized (torch/inplace.py).
+    if inplace.is_in_place(func):
+        result = inplace.run_in_place(func, args, kwargs)
+        if isinstance(written, torch.Tensor) and result is args[0]:
+            # Eager returns the tensor it wrote into: a module's own tensor stays the user's object
+            # (`self.calls += 1` assigns it back to the module), and its proxy now holds the new value.
+            return written
+        return result
+    if isinstance(kwargs.get("out"), TensorProxy):
+        return inplace.run_with_output_argument(handler, func, args, kwargs, kwargs["out"])
+    if handler is not None and kwargs.get("inplace") is True and args and isinstance(args[0], TensorProxy):
+        return inplace.run_with_inplace_flag(handler, func, args, kwargs)
+    if kwargs and isinstance(handler, Symbol) and handler.fn is not None:
+        args, kwargs = tensors_by_position(handler, args, kwargs)
+    # A symbol, or the fallback ladder's second rung: torch runs it, meta tensors give its shapes.
+    result = handler(*args, **kwargs) if handler is not None else run_opaque(func, args, kwargs)
+    if trc.identities or inplace.is_view_op(func):
+        inplace.track_views(func, args, kwargs, result)
+    return result
