@@ -1,4 +1,4 @@
-"""aten's backward kernels as torch-language symbols (thunderfn/torch/backward.py): under jit the torch
+"""aten's backward kernels as torch-language symbols (thunderfn/torch/aten_backward.py): under jit the torch
 executor runs each as the aten op itself (bit for bit), its decomposition agrees with the aten op on the
 prims-only executor, a trace shows it by name, and the decomposition differentiates like eager autograd
 differentiates the aten op (a second derivative), in float64.

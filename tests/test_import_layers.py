@@ -1,4 +1,4 @@
-"""The layers of the code import only downward (docs/index.md, "Layout of the code").
+"""The layers of the code import only downward (docs/architecture.md).
 
 Read from the source with ast: every import statement of a thunderfn module, at module
 level or inside a function, is an edge of the import graph. The graph has no cycle; every module imports only its own

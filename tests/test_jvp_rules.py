@@ -81,7 +81,7 @@ def _run_rule(pid, args, kwargs, tangents):
 
 
 def _expected(pid, args, kwargs, tangents):
-    """torch.func.jvp through the prim (which computes eagerly with executors.torchex.prim_impls,
+    """torch.func.jvp through the prim (which computes eagerly with executors.torch_executor.prim_impls,
     numbers on either side included); a None tangent is a zero one."""
     primals, rebuild = _split(args)
     tans = [torch.zeros_like(p) if x is None else x for p, x in

@@ -15,7 +15,7 @@ import thunderfn.torch as ltorch
 from thunderfn import executors
 from thunderfn.executors import (Lowering, OperatorExecutor, RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace,
                                  add_operator_executor)
-from thunderfn.executors.torchex import prim_impls
+from thunderfn.executors.torch_executor import prim_impls
 from thunderfn.testing.registries import RegistrySnapshot
 from thunderfn.transforms.jvp_rules import JVPRule, jvp_rules, register_jvp
 from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, rule_for, vjp_rules

@@ -1,5 +1,5 @@
 """jit and torch.autograd: when an input requires grad, a jitted function returns tensors
-whose backward is thunderfn's backward trace (transforms/forward_backward.py), and
+whose backward is thunderfn's backward trace (transforms/autograd_split.py), and
 loss.backward() fills .grad exactly as eager does."""
 import copy
 

@@ -186,7 +186,7 @@ def _run_rule(pid, args, kwargs, g):
 
 def _expected(pid, args, kwargs, drop):
     """torch.autograd through the prim's torch implementation (the prim computes eagerly with
-    executors.torchex.prim_impls, numbers on either side included)."""
+    executors.torch_executor.prim_impls, numbers on either side included)."""
     targs = _map(lambda x: x.detach().clone().requires_grad_(True) if _is_float_tensor(x) else x, args)
     with torch.enable_grad():
         out = getattr(prims, pid.name.lower())(*targs, **kwargs)

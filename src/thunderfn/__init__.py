@@ -3,10 +3,13 @@
     import thunderfn as tf
     fast = tf.jit(fn)            # trace, lower onto executors, cache
     tf.last_traces(fast)[-1]     # the Python that runs
+
+The api layer, on top of everything (docs/architecture.md draws the layers); nothing
+in the package imports it.
 """
 from thunderfn import clang, errors, prims  # noqa: F401  (the languages)
 from thunderfn import torch  # noqa: F401  (the torch language: tf.torch.mul, ...)
-# The layers in order (docs/index.md, "Layout of the code"). Transforms come before executors:
+# The layers in order (docs/architecture.md). Transforms come before executors:
 # the built-in kernel executors register vjp= pairs on import, which become custom_vjp functions
 # (core/context.py).
 from thunderfn.transforms.custom_vjp import custom_vjp

@@ -4,6 +4,9 @@ Clang functions are plain Python over prims (not symbols of their own), so a tor
 symbol's recorded decomposition is its prims, one level deep. Python numbers stay
 numbers: after promotion a number never raises a tensor's dtype category, so a prim
 can take it as is.
+
+"clang" is Thunder's name for this level, kept because its tutorials use `tf.clang`.
+May import: core/ and prims.
 """
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ from thunderfn.executors.base import FusionExecutor
 from thunderfn.module import jit_module
 from thunderfn.torch.optim import StepChangesOptimizerState
 from thunderfn.transforms.executor_lower import lower_trace
-from thunderfn.transforms.forward_backward import CompiledSplit, try_split
+from thunderfn.transforms.autograd_split import CompiledSplit, try_split
 
 Tensor = torch.Tensor
 _is_grad_enabled = torch.is_grad_enabled
@@ -159,7 +159,7 @@ class JitState:
                 fn = torch.no_grad()(fn)
             backward = []
         else:
-            # torch.autograd drives the two halves: see transforms/forward_backward.py
+            # torch.autograd drives the two halves: see transforms/autograd_split.py
             traces += [split.forward, *_execution_passes(split.forward, executors)]
             backward = [split.backward, *_execution_passes(split.backward, executors)]
             fn = CompiledSplit(split, traces[-1].python_callable(), backward[-1].python_callable())

@@ -8,7 +8,7 @@ that before calling them.
 Every prim also computes on real tensors, with its torch implementation (`torch_impls`,
 at the end: torch's own function or one of prims_eager.py's): importing this module is
 enough to call `prims.add(x, y)` on tensors. The torch executor runs prims with the
-same table (executors/torchex.py); other executors lower them their own way.
+same table (executors/torch_executor.py); other executors lower them their own way.
 
 May import: core/, prims_eager.py.
 """
@@ -604,7 +604,7 @@ make_prim(PrimIDs.PAD, "pad", meta=_pad_meta)
 
 # -- on real tensors -------------------------------------------------------------------
 # Each prim's torch implementation, by id: what the prim computes when called outside tracing (its
-# `eager`), and what the torch executor calls for it (executors/torchex.py; TorchExecutor.register_prim
+# `eager`), and what the torch executor calls for it (executors/torch_executor.py; TorchExecutor.register_prim
 # adds a new prim's). A binary prim's number_impls entry serves a Python number operand.
 _UNARY = ("abs neg exp exp2 expm1 log log1p log2 log10 sqrt rsqrt reciprocal sin cos tan asin acos atan sinh cosh "
           "tanh asinh acosh atanh erf erfc erfinv lgamma digamma floor ceil round trunc sign signbit bitwise_not "

@@ -2,7 +2,7 @@
 
 prims.py's `torch_impls` table maps each prim to its torch implementation (these
 functions, or torch's own: torch.add for prims.add); every prim computes eagerly with
-it, and the torch executor lowers prims to the same calls (executors/torchex.py).
+it, and the torch executor lowers prims to the same calls (executors/torch_executor.py).
 Functions defined here print under their own names in execution traces
 (`reduce_sum(t0, (0,))`).
 

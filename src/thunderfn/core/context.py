@@ -157,7 +157,7 @@ def new_name(preferred: str | None = None, prefix: str = "t") -> str:
 # -- jit, for transforms called with real tensors ----------------------------------------------
 # A transformed function (tf.grad(f), tf.vjp, a custom_vjp that torch.autograd differentiates,
 # tf.executor_lower) called with real tensors runs compiled: traced, lowered, cached, which is jit.
-# jit sits above the transforms (docs/index.md, "Layout of the code"), so thunderfn/jit.py
+# jit sits above the transforms (docs/architecture.md), so thunderfn/jit.py
 # registers it here when imported; importing any part of thunderfn imports the package, and with
 # it jit.py.
 _jit_functions: dict = {}

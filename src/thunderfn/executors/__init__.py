@@ -1,8 +1,7 @@
 """Executor registry: which executors exist, which are the defaults, which can run here.
 
 Executors know what transforms produce (traces of symbols), never transforms themselves:
-they may import core/, prims, clang and the torch language (docs/index.md, "Layout of the
-code").
+they may import core/, prims, clang and the torch language (docs/architecture.md).
 """
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from thunderfn import torch as ltorch
 from thunderfn.core.symbol import Symbol
 from thunderfn.executors.base import (Executor, FusionExecutor, Lowering, OperatorExecutor, RunAsItself, RunAsOperator,
                                      RunWithTorch, TraceInPlace)
-from thunderfn.executors.torchex import torch_ex, torch_prims_ex
+from thunderfn.executors.torch_executor import torch_ex, torch_prims_ex
 
 __all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Lowering", "TraceInPlace", "RunAsOperator", "RunAsItself",
            "RunWithTorch", "register_executor", "get_executor", "get_default_executors", "set_default_executors",

@@ -29,7 +29,7 @@ from thunderfn.torch.inplace import *  # noqa: E402,F401,F403
 from thunderfn.torch import foreach as _foreach  # noqa: E402,F401  (torch._foreach_* and tensor-valued addcdiv)
 from thunderfn.torch import optim as _optim  # noqa: E402,F401  (optimizer steps inside traced functions)
 from thunderfn.torch.statistics import *  # noqa: E402,F401,F403
-from thunderfn.torch.backward import *  # noqa: E402,F401,F403
+from thunderfn.torch.aten_backward import *  # noqa: E402,F401,F403
 from thunderfn.torch import dispatch as _dispatch  # noqa: E402
 
 # Core traces every torch call it intercepts with the torch language's dispatcher (core/interception.py).

@@ -18,7 +18,7 @@ from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
 from thunderfn.torch.base import register_alias, torchsymbol
-from thunderfn.torch.backward import native_layer_norm, nll_loss_forward
+from thunderfn.torch.aten_backward import native_layer_norm, nll_loss_forward
 from thunderfn.torch.opaque import opaque_symbol
 from thunderfn.torch.elementwise import logsigmoid, mul, neg, rsub, sub
 from thunderfn.torch.inplace import rebind

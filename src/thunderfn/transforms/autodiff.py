@@ -41,13 +41,14 @@ from thunderfn.transforms.executor_lower import claiming_rule, claims_whole, tra
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, rule_for
 
 
-def _differentiable(x) -> bool:
+def _carries_gradient(x) -> bool:
+    """A traced tensor of a floating or complex dtype: a value the driver tracks a cotangent for."""
     return isinstance(x, TensorProxy) and dtypes.is_inexact(x.dtype)
 
 
 # -- the driver -------------------------------------------------------------------------------
 def _accumulate(cts: dict, proxy: TensorProxy, ct) -> None:
-    if ct is None or not _differentiable(proxy):
+    if ct is None or not _carries_gradient(proxy):
         return
     if isinstance(ct, TensorProxy) and ct.dtype != proxy.dtype:
         ct = ltorch.to(ct, proxy.dtype)
@@ -152,7 +153,7 @@ def _passes_an_input_through(bsym) -> bool:
     runs the op whole; gradients flow through that reshape alone, which needs no residual."""
     inputs = {p.name for p in bsym.proxy_args()}
     made = {sub.output.name: sub for sub in bsym.subsymbols if isinstance(sub.output, TensorProxy)}
-    outs = [o for o in bsym.flat_outs() if isinstance(o, TensorProxy) and _differentiable(o)]
+    outs = [o for o in bsym.flat_outs() if isinstance(o, TensorProxy) and _carries_gradient(o)]
     return bool(outs) and all(
         o.name in made and made[o.name].sym.id is PrimIDs.RESHAPE and made[o.name].args[0].name in inputs
         and tuple(made[o.name].args[0].shape) == tuple(o.shape) for o in outs)
@@ -187,8 +188,8 @@ def _with_residuals(bsyms: list, executors) -> list:
     flat = []
     for bsym in bsyms:
         inert = (bsym.sym.id in NON_DIFFERENTIABLE or bsym.sym.printer is not None
-                 or not any(_differentiable(a) for a in bsym.flat_args())
-                 or not any(_differentiable(o) for o in bsym.flat_outs()))
+                 or not any(_carries_gradient(a) for a in bsym.flat_args())
+                 or not any(_carries_gradient(o) for o in bsym.flat_outs()))
         rule = None if inert else claiming_rule(bsym, executors)
         if rule is not None and rule.vjp is not None:
             flat.extend(trace_in_place_of(bsym, rule.vjp, "the executor's vjp"))
@@ -271,11 +272,11 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
 
 # -- opaque torch ops: differentiated by torch when the compiled function runs ------------------
 def _backprop_opaque(bsym, out_cts, cts, tape: _Tape) -> None:
-    floating = [(o, c) for o, c in zip(bsym.flat_outs(), out_cts) if _differentiable(o)]
+    floating = [(o, c) for o, c in zip(bsym.flat_outs(), out_cts) if _carries_gradient(o)]
     cotangents = tuple(c if c is not None else ltorch.full(tuple(o.shape), 0, device=o.device, dtype=o.dtype)
                        for o, c in floating)
     leaves = tree_leaves((bsym.args, bsym.kwargs))
-    wrt = tuple(i for i, x in enumerate(leaves) if _differentiable(x) and x.name in tape.active)
+    wrt = tuple(i for i, x in enumerate(leaves) if _carries_gradient(x) and x.name in tape.active)
     if not wrt:
         return
     connections = autograd_connections(bsym)  # inputs torch's formula ignores get None, as in eager

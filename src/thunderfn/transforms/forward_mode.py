@@ -22,14 +22,14 @@ from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.torch.opaque import _meta
-from thunderfn.transforms.autodiff import _compiled, _differentiable, _grad_modes, value_without_aux
+from thunderfn.transforms.autodiff import _compiled, _carries_gradient, _grad_modes, value_without_aux
 from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, jvp_rules
 
 
 def _keep_whole(bsym) -> bool:
     return (bsym.sym.id in jvp_rules or bsym.sym.id in NON_DIFFERENTIABLE or bsym.sym.printer is not None
-            or not bsym.subsymbols or not any(_differentiable(a) for a in bsym.flat_args())
-            or not any(_differentiable(o) for o in bsym.flat_outs()))
+            or not bsym.subsymbols or not any(_carries_gradient(a) for a in bsym.flat_args())
+            or not any(_carries_gradient(o) for o in bsym.flat_outs()))
 
 
 def _flattened(bsyms: list) -> list:
@@ -54,7 +54,7 @@ def _push_forward(bsym, tangents: dict) -> None:
     if all(t is None for t in arg_tangents) and all(t is None for t in kwarg_tangents):
         return
     if (bsym.sym.printer is not None or bsym.sym.id in NON_DIFFERENTIABLE
-            or not any(_differentiable(o) for o in bsym.flat_outs())):  # comparisons, argmax: nothing to push
+            or not any(_carries_gradient(o) for o in bsym.flat_outs())):  # comparisons, argmax: nothing to push
         return
     rule = jvp_rules.get(bsym.sym.id)
     if rule is not None:
@@ -73,7 +73,7 @@ def _push_forward(bsym, tangents: dict) -> None:
         optree.tree_leaves(out_tangent, none_is_leaf=True, namespace="thunderfn")
         if out_tangent is not None else [None] * len(outs))
     for o, t in zip(outs, out_tangents):
-        if isinstance(o, TensorProxy) and t is not None and _differentiable(o):
+        if isinstance(o, TensorProxy) and t is not None and _carries_gradient(o):
             tangents[o.name] = clang.maybe_convert_to_dtype(t, o.dtype)
 
 
@@ -105,7 +105,7 @@ torch_jvp_op = Symbol("torch_jvp", "forward_mode.torch_jvp", meta=_torch_jvp_met
 
 
 def _opaque_tangent(bsym, tangents):
-    diff = [x for x in tree_leaves((bsym.args, bsym.kwargs)) if _differentiable(x)]
+    diff = [x for x in tree_leaves((bsym.args, bsym.kwargs)) if _carries_gradient(x)]
     filled = tuple(tangents.get(x.name) if tangents.get(x.name) is not None
                    else clang.full(x.shape, 0, device=x.device, dtype=x.dtype) for x in diff)
     return torch_jvp_op(bsym.sym.torch_fn, bsym.args, bsym.kwargs, filled)
@@ -124,7 +124,7 @@ def trace_jvp(fn: Callable, primals, tangents):
         trc.emit(bsym)
     env: dict = {}
     for p, t in zip(tree_leaves(primals), tree_leaves(tangents)):
-        if _differentiable(p) and t is not None:
+        if _carries_gradient(p) and t is not None:
             if tuple(t.shape) != tuple(p.shape):
                 raise ValueError(f"jvp: a tangent has shape {tuple(t.shape)} where its primal has {tuple(p.shape)}")
             env[p.name] = clang.maybe_convert_to_dtype(t, p.dtype)

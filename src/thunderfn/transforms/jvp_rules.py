@@ -32,7 +32,7 @@ from thunderfn.prims import PrimIDs, canonical_dim
 from thunderfn.transforms import vjp_rules as _vjp
 from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' VJP rules, read below)
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, Residuals  # noqa: F401  (re-exported for the driver)
-from thunderfn.transforms.vjp_rules import _differentiable, _expand, _reduced, _scalar, _sq, _to, _zeros, refuse_complex
+from thunderfn.transforms.vjp_rules import _is_float_tensor, _expand, _reduced, _scalar, _sq, _to, _zeros, refuse_complex
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +102,7 @@ def _or_zeros(t, like):
 def _float_out(fwd):
     """Wrap fwd so that a non-floating output (integer arithmetic) gets no tangent."""
     def rule(res, tangents):
-        return fwd(res, tangents) if _differentiable(res.out) else None
+        return fwd(res, tangents) if _is_float_tensor(res.out) else None
 
     rule.__name__, rule.__doc__ = fwd.__name__, fwd.__doc__
     return rule
@@ -197,7 +197,7 @@ _binary(PrimIDs.MINIMUM, _extremum_fwd(prims.lt))
 def _where_jvp(res, t):
     pred, a, b = res.args
     ta, tb = t[1], t[2]
-    if not _differentiable(res.out) or (ta is None and tb is None):
+    if not _is_float_tensor(res.out) or (ta is None and tb is None):
         return None
     return prims.where(pred, 0.0 if ta is None else _to(ta, res.out.dtype), 0.0 if tb is None else _to(tb, res.out.dtype))
 
@@ -252,7 +252,7 @@ _linear(PrimIDs.BROADCAST_IN_DIM, PrimIDs.RESHAPE, PrimIDs.TRANSPOSE, PrimIDs.SL
 # the padding value is a number: its tangent is zero
 defjvp(PrimIDs.PAD)(lambda res, t: prims.pad(t[0], 0.0, res.args[2]))
 defjvp(PrimIDs.CONVERT_ELEMENT_TYPE)(
-    lambda res, t: prims.convert_element_type(t[0], res.args[1]) if _differentiable(res.out) else None)
+    lambda res, t: prims.convert_element_type(t[0], res.args[1]) if _is_float_tensor(res.out) else None)
 
 
 @defjvp(PrimIDs.CAT)

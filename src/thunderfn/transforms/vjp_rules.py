@@ -93,7 +93,8 @@ def _is_tensor(x) -> bool:
     return isinstance(x, (TensorProxy, torch.Tensor))
 
 
-def _differentiable(x) -> bool:
+def _is_float_tensor(x) -> bool:
+    """A tensor (proxy or real) of a real floating dtype: what these rules give a cotangent."""
     return _is_tensor(x) and x.dtype.is_floating_point
 
 
@@ -156,7 +157,7 @@ def _zeros(like):
 def _zeros_ct(arg):
     """The cotangent torch gives an operand its formula ignores (`zeros_like`): zeros for a
     floating tensor, so its .grad is a tensor as in eager; None for anything else."""
-    return _zeros(arg) if _differentiable(arg) else None
+    return _zeros(arg) if _is_float_tensor(arg) else None
 
 
 def _scalar(x, like):
@@ -167,7 +168,7 @@ def _scalar(x, like):
 def _ct(g, arg):
     """g as the cotangent of an elementwise operand: None unless arg is a float tensor;
     summed to () when arg is a 0-dim tensor the prim broadcast."""
-    if g is None or not _differentiable(arg):
+    if g is None or not _is_float_tensor(arg):
         return None
     if arg.ndim == 0 and g.ndim > 0:
         g = ltorch.sum(g, tuple(range(g.ndim)))
@@ -259,7 +260,7 @@ unary_derivatives = {
 def _unary_vjp(derivative):
     def rule(res, g):
         x = res.args[0]
-        return (ltorch.mul(g, derivative(x, res.out)) if _differentiable(x) else None,)
+        return (ltorch.mul(g, derivative(x, res.out)) if _is_float_tensor(x) else None,)
 
     return rule
 
@@ -287,7 +288,7 @@ defvjp(PrimIDs.REMAINDER)(lambda res, g: _mod_vjp(res, g, "floor"))
 
 def _mod_vjp(res, g, rounding_mode):
     a, b = res.args
-    if not _differentiable(res.out):
+    if not _is_float_tensor(res.out):
         return None, None
     db = _ct(ltorch.mul(ltorch.neg(g), ltorch.div(_scalar(a, res.out), b, rounding_mode=rounding_mode)), b) if _is_tensor(b) else None
     return _ct(g, a), db
@@ -296,7 +297,7 @@ def _mod_vjp(res, g, rounding_mode):
 @defvjp(PrimIDs.DIV)
 def _div_vjp(res, g):
     a, b = res.args
-    if res.kwargs.get("rounding_mode") is not None or not _differentiable(res.out):
+    if res.kwargs.get("rounding_mode") is not None or not _is_float_tensor(res.out):
         return _zeros_ct(a), _zeros_ct(b)  # piecewise constant: zeros, as torch gives
     da = _ct(ltorch.div(g, b), a) if _is_tensor(a) else None
     db = _ct(ltorch.neg(ltorch.mul(g, ltorch.div(ltorch.div(_scalar(a, b), b), b))), b) if _is_tensor(b) else None
@@ -306,7 +307,7 @@ def _div_vjp(res, g):
 @defvjp(PrimIDs.POW)
 def _pow_vjp(res, g):
     a, b = res.args
-    if not _differentiable(res.out):
+    if not _is_float_tensor(res.out):
         return None, None
     ta, tb = _scalar(a, res.out), _scalar(b, res.out)
     # torch's conventions: d/da is 0 where b == 0 (even at a == 0), d/db is 0 where a == 0 and b >= 0.
@@ -337,7 +338,7 @@ def _atan2_vjp(res, g):
 def _extremum_vjp(res, g, a_loses, b_loses):
     """torch splits g equally between tied operands; the losing operand gets 0."""
     a, b = res.args
-    if not _differentiable(res.out):
+    if not _is_float_tensor(res.out):
         return None, None
     ta, tb = _scalar(a, res.out), _scalar(b, res.out)
     split = ltorch.where(_expand(ltorch.eq(ta, tb), g), ltorch.mul(g, 0.5), g)
@@ -369,7 +370,7 @@ def _where_vjp(res, g):
 @defvjp(PrimIDs.SUM)
 def _sum_vjp(res, g):
     a, dims = res.args
-    return (_unreduce(g, a, _reduced(a, dims)) if _differentiable(a) else None), None
+    return (_unreduce(g, a, _reduced(a, dims)) if _is_float_tensor(a) else None), None
 
 
 @defvjp(PrimIDs.PROD)
@@ -377,7 +378,7 @@ def _prod_vjp(res, g):
     """Product of all the other elements, by exclusive prefix and suffix products (no
     division, so zeros in the input get torch's gradient)."""
     a, dims = res.args
-    if not _differentiable(a):
+    if not _is_float_tensor(a):
         return None, None
     dims = _reduced(a, dims)
     if not dims:
@@ -401,7 +402,7 @@ def _extremum_reduction_vjp(res, g):
     """torch (amax, amin) distributes g equally among the elements tied for the extremum;
     where the extremum is NaN no element equals it, and the gradient is NaN, as torch's."""
     a, dims = res.args
-    if not _differentiable(a):
+    if not _is_float_tensor(a):
         return None, None
     dims = _reduced(a, dims)
     hit = ltorch.to(ltorch.eq(a, _unreduce(res.out, a, dims)), a.dtype)
@@ -433,7 +434,7 @@ defvjp(PrimIDs.VAR_MEAN)(lambda res, g: (_var_mean_vjp(*res.args, res.kwargs["co
 @defvjp(PrimIDs.BROADCAST_IN_DIM)
 def _broadcast_in_dim_vjp(res, g):
     a, shape, bdims = res.args
-    if not _differentiable(a):
+    if not _is_float_tensor(a):
         return None, None, None
     summed = [d for d in range(len(shape)) if d not in bdims]
     summed += [d for i, d in enumerate(bdims) if a.shape[i] == 1 and shape[d] != 1]
@@ -452,7 +453,7 @@ def _slice_vjp(res, g):
     """A strided slice transposes to interior padding."""
     a, starts, ends = res.args[:3]
     strides = res.args[3] if len(res.args) > 3 and res.args[3] is not None else (1,) * a.ndim
-    if not _differentiable(a):
+    if not _is_float_tensor(a):
         return (None,) * len(res.args)
     config = []
     for n, s, st, m in zip(a.shape, starts, strides, g.shape):
@@ -466,7 +467,7 @@ def _pad_vjp(res, g):
     """Undo low/high padding (negative pads crop, so their negation pads back), then take
     every (interior + 1)-th element."""
     a, _, config = res.args
-    if not _differentiable(a):
+    if not _is_float_tensor(a):
         return None, None, None
     unpadded = prims.pad(g, 0.0, tuple((-lo, -hi, 0) for lo, hi, _ in config))
     if any(i for _, _, i in config):
@@ -490,7 +491,7 @@ def _cat_vjp(res, g):
 @defvjp(PrimIDs.TAKE)
 def _take_vjp(res, g):
     a, index, dim = res.args
-    if not _differentiable(a):
+    if not _is_float_tensor(a):
         return None, None, None
     if a.ndim == 0:
         return g, None, None
@@ -504,7 +505,7 @@ def _take_vjp(res, g):
 @defvjp(PrimIDs.TAKE_ALONG_AXIS)
 def _take_along_axis_vjp(res, g):
     a, index, dim = res.args
-    if not _differentiable(a):
+    if not _is_float_tensor(a):
         return None, None, None
     if a.ndim == 0:  # every index is 0: each element of g is a
         return ltorch.sum(g) if g.ndim else g, None, None
@@ -522,7 +523,7 @@ def _scatter_vjp(res, g):
     """Overwritten positions of `a` get no cotangent; every index reads g back into
     `value`, duplicates included (as torch's gather does)."""
     a, index, value, dim = res.args
-    if not _differentiable(a):
+    if not _is_float_tensor(a):
         return None, None, None, None
     return ltorch.scatter(g, dim, index, _zeros(value)), None, ltorch.gather(g, dim, index), None
 
@@ -531,7 +532,7 @@ def _scatter_vjp(res, g):
 @defvjp(PrimIDs.CONVERT_ELEMENT_TYPE)
 def _convert_element_type_vjp(res, g):
     a = res.args[0]
-    return (_to(g, a.dtype) if _differentiable(a) and _differentiable(res.out) else None), None
+    return (_to(g, a.dtype) if _is_float_tensor(a) and _is_float_tensor(res.out) else None), None
 
 
 defvjp(PrimIDs.DEVICE_PUT)(lambda res, g: (_ct(ltorch.to(g, res.args[0].device), res.args[0]), None))
@@ -547,7 +548,7 @@ def _matmul_vjp(res, g):
     """Promote vectors to matrices (a to a row, b to a column), take the matrix rule, sum
     over the batch dims broadcasting added, and drop the promoted dims again."""
     a, b = res.args
-    if not _differentiable(a):
+    if not _is_float_tensor(a):
         return None, None
     if a.ndim == 1 and b.ndim == 1:
         return ltorch.mul(g, b), ltorch.mul(g, a)
@@ -564,7 +565,7 @@ def _matmul_vjp(res, g):
 @defvjp(PrimIDs.CUMSUM)
 def _cumsum_vjp(res, g):
     a, dim = res.args
-    if not _differentiable(a):
+    if not _is_float_tensor(a):
         return None, None
     return (g if a.ndim == 0 else _rev_cumsum(g, canonical_dim(dim, a.ndim))), None
 
@@ -576,7 +577,7 @@ def _cumprod_vjp(res, g):
     second derivative would be wrong at that zero); run by torch, first order is exact and a
     second differentiation is refused (torch_vjp has no rule) instead of silently wrong."""
     a, dim = res.args
-    if not _differentiable(a):
+    if not _is_float_tensor(a):
         return None, None
     (ct,) = torch_vjp_op(prim_impls[PrimIDs.CUMPROD], (a, dim), {}, (g,), (0,), None)
     return ct, None
@@ -586,7 +587,7 @@ def _selected_vjp(res, g):
     """sort and topk pick elements of a: their value cotangent goes back to the picked places."""
     a, dim = res.args[0], res.args[2 if len(res.args) == 5 else 1]
     g_values = g[0]
-    if g_values is None or not _differentiable(a):
+    if g_values is None or not _is_float_tensor(a):
         return (None,) * len(res.args)
     if a.ndim == 0:
         return (g_values,) + (None,) * (len(res.args) - 1)

@@ -1,4 +1,4 @@
-"""OpInfos for thunderfn/torch/backward.py: aten's backward kernels (and the forwards whose saved values they
+"""OpInfos for thunderfn/torch/aten_backward.py: aten's backward kernels (and the forwards whose saved values they
 read), called as the OpOverloads a user (or a VJP rule) writes; tracing routes each to its symbol."""
 import torch
 
