@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from thunderfn import clang
+import thunderfn.torch as ltorch
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
@@ -146,4 +146,4 @@ context.register_custom_vjp(custom_vjp)
 
 
 def _zeros_like(p):
-    return clang.full(p.shape, 0, device=p.device, dtype=p.dtype) if isinstance(p, TensorProxy) else p
+    return ltorch.full(tuple(p.shape), 0, device=p.device, dtype=p.dtype) if isinstance(p, TensorProxy) else p
