@@ -271,3 +271,41 @@ def test_a_captured_tensor_that_starts_requiring_grad_after_compiling_is_refused
     w.requires_grad_()
     with pytest.raises(RuntimeError, match="requires grad now but did not when the function was compiled"):
         jf(x)
+
+
+def _aten_calls_during(fn, name: str) -> int:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.name == name)
+
+
+def test_backward_makes_no_zero_cotangents_for_residuals_and_zeros_for_an_unused_output():
+    """The residuals travel as extra outputs of the autograd.Function; torch would hand backward a
+    tensor of zeros for each (as big as the activations). Only an output the user returned and did
+    not differentiate gets zeros, as eager's gradient treats it."""
+    w = torch.randn(64, 64, requires_grad=True)
+
+    def f(x):
+        h = torch.tanh(x @ w)  # tanh's backward reads its output: a residual
+        return (h * h).sum(), h.exp()
+
+    x = torch.randn(32, 64)
+    jf = tf.jit(f)
+    loss, unused = jf(x)
+    assert _aten_calls_during(lambda: loss.backward(), "aten::zeros") == 1  # the unused output's cotangent
+    eager_w = w.grad.clone()
+    w.grad = None
+    f(x)[0].backward()
+    torch.testing.assert_close(eager_w, w.grad)
+
+
+def test_compiled_backward_takes_its_arguments_in_a_list_it_empties():
+    """So that the caller holds no reference and each residual is freed after its last use."""
+    w = torch.randn(8, 8, requires_grad=True)
+    jf = tf.jit(lambda x: torch.sin(x @ w).sum())
+    jf(torch.randn(4, 8)).backward()
+    bwd = tf.last_backward_traces(jf)[-1]
+    assert bwd.args_in_list and "def backward(args_list):" in str(bwd)
+    args = [torch.randn(a.shape) for a in bwd.args]
+    grads = bwd.python_callable()(args)
+    assert args == [] and grads[0] is None and grads[1].shape == w.shape

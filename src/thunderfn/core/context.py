@@ -27,7 +27,7 @@ _local = _TracingState()
 RESERVED_NAMES = frozenset(
     {"torch", "prims", "clang", "ltorch", "thunderfn", "operator", "builtins",
      "float", "int", "bool", "complex", "slice", "Ellipsis", "None", "True", "False",
-     "tree_unflatten", "computation", "print", "len", "tuple", "list", "dict", "range"}
+     "tree_unflatten", "computation", "print", "len", "tuple", "list", "dict", "range", "args_list"}
 ) | frozenset(keyword.kwlist)
 
 

@@ -20,6 +20,8 @@ import torch
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import NAMESPACE
 
+ARGS_LIST = "args_list"  # the one parameter of a function whose trace has args_in_list (a reserved name)
+
 _MODULE_IMPORTS = {
     "torch": "import torch",
     "prims": "from thunderfn import prims",
@@ -289,6 +291,9 @@ def render(trc) -> tuple[str, Namespace]:
     header += [f"# {name}: {_describe(value)} (captured by the traced function)"
                for name, value in ns.items() if isinstance(value, torch.Tensor)]
     params = ", ".join(a.name for a in trc.args)
+    if trc.args_in_list:  # the caller's list is its only reference to each tensor: emptied, each dies at its del
+        unpack = [f"  {params}{',' if len(trc.args) == 1 else ''} = {ARGS_LIST}", f"  {ARGS_LIST}.clear()"] if trc.args else []
+        body, params = unpack + body, ARGS_LIST
     source = "\n".join(header + ["", f"def {trc.def_name}({params}):", *body]) + "\n"
     return source, ns
 

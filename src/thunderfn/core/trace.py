@@ -30,6 +30,10 @@ class Trace:
     def __init__(self, fn_name: str = "computation", *, names: context.NamePool | None = None):
         self.fn_name = fn_name  # the traced function, named in error messages
         self.def_name = "computation"  # the function str(trace) defines
+        # The function takes its arguments in one list, which it empties as it starts: then the caller
+        # keeps no reference, and each tensor is freed at its `del` (a backward's residuals, so that
+        # memory falls during the backward as in eager's)
+        self.args_in_list = False
         self.args: list[TensorProxy] = []  # flat tensor inputs, in call order
         self.bound_symbols: list = []
         self.output = None
@@ -204,7 +208,7 @@ class Trace:
     def derive(self, provenance: str, bound_symbols=None) -> "Trace":
         """A trace with the same inputs and outputs, built by a pass."""
         new = Trace(self.fn_name, names=self.names)
-        new.def_name = self.def_name
+        new.def_name, new.args_in_list = self.def_name, self.args_in_list
         new.args, new.output = self.args, self.output
         new.bound_symbols = list(self.bound_symbols if bound_symbols is None else bound_symbols)
         new._scopes = [new.bound_symbols]

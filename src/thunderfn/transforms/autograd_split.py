@@ -189,6 +189,7 @@ def split_forward_backward(computation: Trace, executors) -> Split:
             seen.add(p.name)
             residuals.append(p)
     bwd.args = residuals + cotangents
+    bwd.args_in_list = True  # ThunderFunction.backward hands over its only references: residuals die as they are used
 
     fwd = computation.derive("", [b for b in joint.bound_symbols[:n_forward] if b.sym is not set_grad_enabled])
     fwd.output = (tuple(outputs), tuple(residuals))
@@ -238,6 +239,7 @@ class ThunderFunction(torch.autograd.Function):
         compiled = inputs[0]
         n = len(compiled.differentiable)
         ctx.compiled = compiled
+        ctx.output_meta = [(o.shape, o.dtype, o.device) for o in output[:n]]  # for zero cotangents (not the tensors)
         new = iter(output[n:])
         saved = [inputs[1 + i] if kind == "input" else output[i] if kind == "output" else next(new)
                  for kind, i in compiled.residual_plan]
@@ -249,6 +251,9 @@ class ThunderFunction(torch.autograd.Function):
             tensors = [t for t in inputs[1:] if isinstance(t, torch.Tensor)]
             saved.append(next((t for t in tensors if t.requires_grad), tensors[0]))  # (torch.func passes unwrapped inputs)
         ctx.save_for_backward(*saved)
+        # torch would hand backward a tensor of zeros for every output without a gradient, the residuals
+        # included (as big as the activations); backward makes zeros only where the compiled backward reads one
+        ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(*(o for o, d in zip(output[:n], compiled.differentiable) if not d),
                                     *output[n:])
 
@@ -269,18 +274,23 @@ class ThunderFunction(torch.autograd.Function):
                 f"one of the variables needed for gradient computation has been modified by an inplace operation: "
                 f"[{p.type_string()}] ({p.origin[0] if p.origin else p.name}) was written in place by the jitted "
                 f"'{compiled.fn_name}' after a differentiable operation used it, as eager's autograd reports.")
-        residuals = ctx.saved_tensors
+        residuals = list(ctx.saved_tensors)
+        # torch's own nodes free what they saved once their backward has run; ours go as the backward uses
+        # them: ctx lets go of them here (unless retain_graph=True), and the compiled backward empties the
+        # list it is given, so its `del`s free each residual after its last use
+        ctx.maybe_clear_saved_tensors()
         if ctx.anchor_at is None:
-            *residuals, anchor = residuals
+            anchor = residuals.pop()
         else:
             anchor = residuals[ctx.anchor_at]
-        cotangents = [c for c, d in zip(cotangents, compiled.differentiable) if d]
+        residuals += [c if c is not None else torch.zeros(shape, dtype=dtype, device=device)
+                      for c, (shape, dtype, device), d in zip(cotangents, ctx.output_meta, compiled.differentiable) if d]
         if not torch.is_grad_enabled():
-            return (None, *compiled.backward(*residuals, *cotangents))
+            return (None, *compiled.backward(residuals))
         # create_graph=True (torch.func.grad and vjp always ask for it, so that they nest): give the first
         # derivative, and make differentiating it again raise instead of silently stopping at the residuals.
         with torch.no_grad():
-            grads = compiled.backward(*residuals, *cotangents)
+            grads = compiled.backward(residuals)
         present = [g for g in grads if g is not None]
         it = iter(_NoSecondDerivative.apply(compiled.fn_name, anchor, *present) if present else ())
         return (None, *(next(it) if g is not None else None for g in grads))
