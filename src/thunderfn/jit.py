@@ -38,7 +38,7 @@ from thunderfn.core import context
 from thunderfn.core.call_time import Guarded, guarded
 from thunderfn.core.guards import GuardRecorder
 from thunderfn.core.interception import is_numpy_scalar
-from thunderfn.core.passes import dce, del_last_used
+from thunderfn.core.passes import cse, dce, del_last_used
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.executors.base import FusionExecutor
@@ -52,6 +52,7 @@ _is_grad_enabled = torch.is_grad_enabled
 _get_default_dtype = torch.get_default_dtype
 
 DEFAULT_CACHE_SIZE_LIMIT = 8  # torch.compile's recompile_limit
+CSE = "Common subexpression elimination"
 
 
 class CacheEntry:
@@ -149,6 +150,7 @@ class JitState:
             with recorder, (torch.no_grad() if self.disable_torch_autograd else contextlib.nullcontext()):
                 traces = [trace(self.fn, *args, **kwargs)]
         traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
+        traces.append(timed_pass(CSE, cse, traces[-1]))
         split = None
         if not self.disable_torch_autograd and _is_grad_enabled():
             split, self.why_no_backward = try_split(traces[-1], executors)
@@ -160,8 +162,11 @@ class JitState:
             backward = []
         else:
             # torch.autograd drives the two halves: see transforms/autograd_split.py
-            traces += [split.forward, *_execution_passes(split.forward, executors)]
-            backward = [split.backward, *_execution_passes(split.backward, executors)]
+            # the derivative's rules repeat work (x * x's backward computes g * x twice)
+            traces += [split.forward, timed_pass(CSE, cse, split.forward)]
+            traces += _execution_passes(traces[-1], executors)
+            backward = [split.backward, timed_pass(CSE, cse, split.backward)]
+            backward += _execution_passes(backward[-1], executors)
             fn = CompiledSplit(split, traces[-1].python_callable(), backward[-1].python_callable())
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
         return CacheEntry(guarded(fn, traces[0]), traces, backward, positions, recorder.guards)

@@ -1,9 +1,11 @@
-"""Trace-to-trace passes: dead-code elimination and delete-last-used."""
+"""Trace-to-trace passes: dead-code elimination, common-subexpression elimination, delete-last-used."""
 from __future__ import annotations
+
+import optree
 
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
-from thunderfn.core.statements import python_del
+from thunderfn.core.statements import check_inputs_do_not_alias, python_alias, python_del, runtime_check
 
 
 def _output_names(trc) -> set:
@@ -20,6 +22,113 @@ def dce(trc):
             kept.append(bsym)
             needed.update(a.name for a in bsym.proxy_args())
     return trc.derive("Dead Code Elimination", list(reversed(kept)))
+
+
+# Statements that only read: common subexpressions may be merged across them.
+_READ_ONLY_STATEMENTS = frozenset({runtime_check, check_inputs_do_not_alias, python_alias})
+
+
+def _walk(bsym):
+    yield bsym
+    for sub in bsym.subsymbols:
+        yield from _walk(sub)
+
+
+def _is_barrier(bsym) -> bool:
+    """Whether bsym may change what a later identical call computes: a statement that writes
+    (an input's write-back, `del`) or switches a mode (grad mode, default dtype, the random
+    state), or an opaque op, which may write into its arguments for all thunderfn knows."""
+    return any((b.sym.printer is not None and b.sym not in _READ_ONLY_STATEMENTS)
+               or ("opaque" in b.sym.tags and "random" not in b.sym.tags) for b in _walk(bsym))
+
+
+def _is_pure(bsym) -> bool:
+    """Whether two calls of bsym with equal arguments compute equal values: not random, not
+    opaque, not a statement, nothing kept for its effect (no_dce), throughout its decomposition."""
+    return all(b.sym.printer is None and not b.sym.tags & {"no_dce", "opaque", "random"} for b in _walk(bsym))
+
+
+def _makes_new_memory(bsym) -> bool:
+    """Whether bsym's outputs are fresh tensors, never views of (or its own) arguments: every
+    primitive it decomposes into is elementwise or a reduction."""
+    if bsym.subsymbols:
+        return all(_makes_new_memory(s) for s in bsym.subsymbols)
+    return bsym.sym.is_prim and bool(bsym.sym.tags & {"elementwise", "reduction"})
+
+
+def _visible_in_outputs(trc) -> set:
+    """The names whose memory the caller may see in the outputs: the outputs, and what they
+    may be views of."""
+    visible = _output_names(trc)
+    for bsym in reversed(trc.bound_symbols):
+        if not _makes_new_memory(bsym) and any(o.name in visible for o in bsym.proxy_outs()):
+            visible.update(a.name for a in bsym.proxy_args())
+    return visible
+
+
+def _value_key(x):
+    if isinstance(x, TensorProxy):
+        return TensorProxy, x.name
+    if type(x) is float:  # 0.0 == -0.0 and nan != nan, but each computes as itself
+        return float, x.hex()
+    if type(x) is complex:
+        return complex, x.real.hex(), x.imag.hex()
+    hash(x)  # unhashable: TypeError, and the call is not merged
+    return type(x), x  # 1, 1.0 and True are equal but compute differently
+
+
+def _call_key(bsym):
+    """What makes two calls the same computation: the symbol, the argument structure, and each
+    argument (proxies by name, other values by type and value); None when not comparable."""
+    leaves, spec = optree.tree_flatten((bsym.args, bsym.kwargs), none_is_leaf=True, namespace="thunderfn")
+    try:
+        return (bsym.sym, spec, *map(_value_key, leaves))
+    except TypeError:
+        return None
+
+
+def cse(trc):
+    """Common-subexpression elimination: a call that repeats an earlier one (same symbol, equal
+    arguments) is dropped and its outputs renamed to the earlier call's everywhere after it.
+
+    Never merged: random ops and anything kept for its effect (no_dce), statements and opaque
+    ops (`_is_pure`); calls separated by a statement that writes or switches a mode, or by an
+    opaque op (`_is_barrier`: in the functional trace a value changes only there); and two calls
+    whose results the caller would both see in the outputs, since eager returns two tensors
+    there, and the caller may write into one of them (`_visible_in_outputs`)."""
+    visible = _visible_in_outputs(trc)
+    renamed: dict = {}  # name of a dropped output -> the earlier proxy that replaces it
+    earlier_calls: dict = {}  # call key -> the first such call since the last barrier
+    kept = []
+    for bsym in trc.bound_symbols:
+        bsym = bsym.swap(renamed)
+        if _is_barrier(bsym):
+            earlier_calls.clear()
+        key = _call_key(bsym) if _is_pure(bsym) and bsym.proxy_outs() else None
+        earlier = earlier_calls.get(key) if key is not None else None
+        if earlier is None:
+            if key is not None:
+                earlier_calls[key] = bsym
+            kept.append(bsym)
+            continue
+        outs, earlier_outs = bsym.flat_outs(), earlier.flat_outs()
+        both_visible = (any(o.name in visible for o in bsym.proxy_outs())
+                        and any(o.name in visible for o in earlier.proxy_outs()))
+        if both_visible or len(outs) != len(earlier_outs) or any(
+                isinstance(o, TensorProxy) != isinstance(e, TensorProxy) or (not isinstance(o, TensorProxy) and o != e)
+                for o, e in zip(outs, earlier_outs)):
+            kept.append(bsym)
+            continue
+        for o, e in zip(outs, earlier_outs):
+            if isinstance(o, TensorProxy):
+                renamed[o.name] = e
+                if o.name in visible:
+                    visible.add(e.name)
+    new = trc.derive("Common subexpression elimination", kept)
+    if renamed:
+        new.output = optree.tree_map(lambda x: renamed.get(x.name, x) if isinstance(x, TensorProxy) else x,
+                                     trc.output, none_is_leaf=True, namespace="thunderfn")
+    return new
 
 
 def del_last_used(trc):
