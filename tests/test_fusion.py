@@ -244,7 +244,8 @@ def test_a_region_inductor_fails_on_runs_unfused_after_one_warning(monkeypatch):
         raise RuntimeError("cannot lower this graph\nsecond line")
 
     monkeypatch.setattr(inductor, "compile_graph", refuse)
-    f = lambda x: torch.tanh(x) * torch.cos(x) + 1  # noqa: E731
+    bias = torch.randn(3)  # a captured tensor: an input of the region, and of its unfused function
+    f = lambda x: torch.tanh(x) * torch.cos(x) + bias  # noqa: E731
     jf = tf.jit(f, executors=["inductor"])
     x = torch.randn(7, 3)
     with pytest.warns(UserWarning, match=r"^thunderfn: Inductor could not compile inductor_fusion_0 \(RuntimeError: "

@@ -56,10 +56,14 @@ class Region:
 
     def unfused_trace(self) -> Trace:
         """The region's bound symbols as a trace of their own: what runs when nothing fuses them."""
+        # a captured tensor the region reads is one of its parameters here, not a global
+        params = {p.name: TensorProxy(p.name, shape=p.shape, dtype=p.dtype, device=p.device,
+                                      requires_grad=p.requires_grad) for p in self.inputs if p.constant is not None}
         trc = Trace(self.name)
         trc.def_name = self.name
-        trc.args, trc.output = list(self.inputs), tuple(self.outputs)
-        trc.bound_symbols[:] = self.bsyms
+        trc.args = [params.get(p.name, p) for p in self.inputs]
+        trc.output = tuple(self.outputs)
+        trc.bound_symbols[:] = [b.swap(params) for b in self.bsyms]
         return del_last_used(trc)
 
     def unfused_callable(self) -> Callable:

@@ -51,15 +51,15 @@ class InductorExecutor(FusionExecutor):
         return self._availability
 
     def can_fuse(self, bsym) -> bool:
+        """A torch call on real tensors of one CPU or CUDA device (CUDA kernels are Triton's, so
+        they need triton), none complex (Inductor leaves complex math to aten), whose outputs an
+        FX node can index."""
         if bsym.sym.eager is None or not _tensor_outputs(bsym.output):
             return False
-        devices = set()
-        for p in (*bsym.proxy_args(), *bsym.proxy_outs()):
-            if p.dtype.is_complex or p.device.type not in ("cpu", "cuda"):
-                return False
-            devices.add(p.device)
-        return len(devices) <= 1 and (torch.device("cuda") not in {torch.device(d.type) for d in devices}
-                                      or _triton_imports())
+        tensors = [*bsym.proxy_args(), *bsym.proxy_outs()]
+        devices = {p.device for p in tensors}
+        return (not any(p.dtype.is_complex for p in tensors) and len(devices) <= 1
+                and all(d.type == "cpu" or (d.type == "cuda" and _triton_imports()) for d in devices))
 
     def worth_fusing(self, region: Region) -> bool:
         """Two ops or more, one of which computes (an elementwise op or a reduction): a region of
