@@ -8,7 +8,8 @@ Workload:
 
 The loop is bench_overhead.py's: every variant's output is checked against eager, then
 timed in interleaved rounds; the median per call, its ratio to eager, and the first call
-(tracing and compilation included) are printed. Inductor keeps an on-disk cache of
+(tracing and compilation included) are printed. Importing Inductor (seconds) is paid by
+the first variant that compiles, torch.compile, not by thunderfn's. Inductor keeps an on-disk cache of
 compiled kernels, so a first call is much shorter on the second run on a machine; set
 TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 to measure a cold compile.
 
