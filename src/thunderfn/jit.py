@@ -41,7 +41,7 @@ from thunderfn.core.interception import is_numpy_scalar
 from thunderfn.core.passes import cse, dce, del_last_used
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
-from thunderfn.executors.base import FusionExecutor
+from thunderfn.executors.fusion import FusionExecutor
 from thunderfn.module import jit_module
 from thunderfn.torch.optim import StepChangesOptimizerState
 from thunderfn.transforms.executor_lower import lower_trace

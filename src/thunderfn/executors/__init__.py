@@ -8,11 +8,12 @@ from __future__ import annotations
 from thunderfn import prims
 from thunderfn import torch as ltorch
 from thunderfn.core.symbol import Symbol
-from thunderfn.executors.base import (Executor, FusionExecutor, Lowering, OperatorExecutor, RunAsItself, RunAsOperator,
-                                     RunWithTorch, TraceInPlace)
+from thunderfn.executors.base import (Executor, Lowering, OperatorExecutor, RunAsItself, RunAsOperator, RunWithTorch,
+                                     TraceInPlace)
+from thunderfn.executors.fusion import FusionExecutor, Region
 from thunderfn.executors.torch_executor import torch_ex, torch_prims_ex
 
-__all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Lowering", "TraceInPlace", "RunAsOperator", "RunAsItself",
+__all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Region", "Lowering", "TraceInPlace", "RunAsOperator", "RunAsItself",
            "RunWithTorch", "register_executor", "get_executor", "get_default_executors", "set_default_executors",
            "add_operator_executor", "available", "resolve", "torch_ex", "torch_prims_ex"]
 
@@ -104,8 +105,10 @@ register_executor(torch_prims_ex)
 from thunderfn.executors.sdpa import sdpa_ex  # noqa: E402
 from thunderfn.executors.triton_crossentropy import triton_crossentropy_ex  # noqa: E402
 from thunderfn.executors.apex_crossentropy import apex_crossentropy_ex  # noqa: E402
+# Fusion: Inductor's module imports torch._inductor only when a region first compiles.
+from thunderfn.executors.inductor import inductor_ex  # noqa: E402
 
-for _kernel_ex in (sdpa_ex, triton_crossentropy_ex, apex_crossentropy_ex):
+for _kernel_ex in (sdpa_ex, triton_crossentropy_ex, apex_crossentropy_ex, inductor_ex):
     register_executor(_kernel_ex)
 # The defaults ahead of the torch fallback: fused attention wherever it can run.
 set_default_executors([ex for ex in (sdpa_ex,) if ex.availability()[0]])

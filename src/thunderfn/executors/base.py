@@ -127,16 +127,6 @@ class OperatorExecutor(Executor):
         return rule
 
 
-class FusionExecutor(Executor):
-    """Base for executors that claim regions of fusible bound symbols rather than one
-    symbol at a time. Subclasses implement `fuse(trace) -> trace`, applied after
-    per-symbol lowering."""
-
-    def fuse(self, trace):
-        raise NotImplementedError(f"{type(self).__name__} subclasses FusionExecutor but does not implement "
-                                  f"fuse(trace) -> trace, which claims the regions it fuses")
-
-
 _as_itself = Lowering(checker=None, action=RunAsItself())
 
 

@@ -1,0 +1,306 @@
+"""Fusion executors: claim regions of the execution trace and run each as one call.
+
+A fusion executor runs after per-symbol lowering (jit's "Fusion (<name>)" pass). It
+takes only what would otherwise run on torch: a bound symbol another executor claimed
+(an operator executor's kernel) is not the torch executor's, so it splits a region.
+Of those, `can_fuse(bsym)` says which the executor's compiler handles; the rest of
+this module is shared by every fusion executor (Inductor today, nvFuser next):
+
+1. The graph: one node per bound symbol, an edge from each producer to each consumer
+   (by proxy name), plus ordering edges for effects. Statements that switch a mode or
+   write into inputs (`set_grad_enabled`, `set_default_dtype`, `write_back`,
+   `inputs_do_not_alias`) are barriers: everything before one runs before it, everything
+   after it after. Other effects (random draws, RNG state, value checks) keep their
+   order among themselves. None of them, nor opaque ops or aliases, is ever fused.
+2. Regions, grown by merging groups of fusible nodes: each producer into its consumers
+   first, then groups that do not depend on each other (siblings), until nothing
+   merges. A merge of A and B is legal only if no path leads from one to the other
+   through a node outside both: fusing across such a path would make the region both
+   feed and consume that node, a cycle.
+3. The schedule: the groups in a topological order that keeps the trace's order where
+   it can (ties go to the group whose first member came first), so an unfused trace
+   comes out unchanged. A region worth fusing (`worth_fusing`: two ops or more by
+   default) becomes one bound symbol, `inductor_fusion_0(...)`, whose subsymbols are
+   the fused ops (printed as comments) and whose callable is `compile_region(region)`.
+
+May import: core/, executors/base.py, executors/torch_executor.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from typing import Callable
+
+from thunderfn.core.passes import del_last_used
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import tree_leaves
+from thunderfn.core.statements import check_inputs_do_not_alias, python_alias, set_default_dtype, set_grad_enabled, write_back
+from thunderfn.core.symbol import BoundSymbol, Symbol
+from thunderfn.core.trace import Trace
+from thunderfn.executors.base import Executor
+from thunderfn.executors.torch_executor import TorchExecutor
+
+# Statements nothing may move across: grad mode and default dtype change what every later op
+# does; write-backs and the aliasing check must see the inputs before and after every read.
+_BARRIERS = {s.id for s in (set_grad_enabled, set_default_dtype, write_back, check_inputs_do_not_alias)}
+
+
+@dataclasses.dataclass
+class Region:
+    """A set of bound symbols that run as one call: `inputs` are the proxies they read from
+    outside, `outputs` those they produce that something outside reads (or the trace returns)."""
+    name: str
+    bsyms: list
+    inputs: list
+    outputs: list
+
+    def unfused_trace(self) -> Trace:
+        """The region's bound symbols as a trace of their own: what runs when nothing fuses them."""
+        # a captured tensor the region reads is one of its parameters here, not a global
+        params = {p.name: TensorProxy(p.name, shape=p.shape, dtype=p.dtype, device=p.device,
+                                      requires_grad=p.requires_grad) for p in self.inputs if p.constant is not None}
+        trc = Trace(self.name)
+        trc.def_name = self.name
+        trc.args = [params.get(p.name, p) for p in self.inputs]
+        trc.output = tuple(self.outputs)
+        trc.bound_symbols[:] = [b.swap(params) for b in self.bsyms]
+        return del_last_used(trc)
+
+    def unfused_callable(self) -> Callable:
+        """A function running the region's ops one by one, as the torch executor would."""
+        return self.unfused_trace().python_callable()
+
+
+class FusionExecutor(Executor):
+    """Base for executors that claim regions of fusible bound symbols rather than one symbol
+    at a time. A subclass says which bound symbols it can fuse (`can_fuse(bsym)`, asked only
+    of symbols the torch executor would run, without effects) and how a region runs
+    (`compile_region(region) -> callable(*region.inputs) -> sequence of region.outputs`)."""
+
+    min_region_size = 2  # one op gains nothing from a fusing compiler, and costs a compile
+
+    def can_fuse(self, bsym) -> bool:
+        raise NotImplementedError(f"{type(self).__name__} subclasses FusionExecutor but does not implement "
+                                  f"can_fuse(bsym) -> bool")
+
+    def compile_region(self, region: Region) -> Callable:
+        raise NotImplementedError(f"{type(self).__name__} subclasses FusionExecutor but does not implement "
+                                  f"compile_region(region) -> callable")
+
+    def worth_fusing(self, region: Region) -> bool:
+        return len(region.bsyms) >= self.min_region_size
+
+    def fuse(self, trc):
+        """The trace with this executor's regions each replaced by one call."""
+        return fuse_regions(trc, self)
+
+
+# -- which bound symbols are candidates --------------------------------------------------------
+
+def has_effects(bsym) -> bool:
+    """Whether bsym or anything in its decomposition must run exactly where and as often as
+    recorded (a random draw, an RNG state read, a statement)."""
+    return ("no_dce" in bsym.sym.tags or "random" in bsym.sym.tags or bsym.sym.printer is not None
+            or any(has_effects(s) for s in bsym.subsymbols))
+
+
+def runs_on_torch(bsym) -> bool:
+    """Whether the torch executor runs bsym as the one torch call its symbol mirrors (an
+    opaque op, which has no decomposition, shows none and is left alone)."""
+    return isinstance(bsym.sym.executor, TorchExecutor) and bool(bsym.subsymbols)
+
+
+def fusion_candidate(ex: FusionExecutor, bsym) -> bool:
+    outs = bsym.flat_outs()
+    return (runs_on_torch(bsym) and not has_effects(bsym) and bool(outs)
+            and all(isinstance(o, TensorProxy) for o in outs) and ex.can_fuse(bsym))
+
+
+def _effect_kind(bsym) -> str | None:
+    """'barrier', 'ordered' (keeps its place among effects) or None (free to move with its data)."""
+    if bsym.sym.id in _BARRIERS:
+        return "barrier"
+    if bsym.sym is python_alias:
+        return None
+    return "ordered" if has_effects(bsym) else None
+
+
+# -- the graph and its groups ------------------------------------------------------------------
+
+class _Group:
+    __slots__ = ("members", "mask", "first", "preds", "succs", "desc", "fusible", "alive")
+
+    def __init__(self, i: int, fusible: bool):
+        self.members, self.mask, self.first = [i], 1 << i, i
+        self.preds: set = set()
+        self.succs: set = set()
+        self.desc = 0  # the nodes reachable from this group (bits), its own excluded
+        self.fusible, self.alive = fusible, True
+
+    def __lt__(self, other):  # heap ties
+        return self.first < other.first
+
+
+def _node_preds(bsyms) -> list[set]:
+    """For each node, the nodes that must run before it: producers of what it reads, and the
+    effect ordering described in the module docstring."""
+    producer = {}
+    preds = [set() for _ in bsyms]
+    barrier, last_effect, since_barrier = None, None, []
+    for i, b in enumerate(bsyms):
+        preds[i].update(producer[a.name] for a in b.proxy_args() if a.name in producer)
+        kind = _effect_kind(b)
+        if barrier is not None:
+            preds[i].add(barrier)
+        if kind is not None and last_effect is not None:
+            preds[i].add(last_effect)
+        if kind == "barrier":
+            preds[i].update(since_barrier)
+            barrier, since_barrier = i, []
+        else:
+            since_barrier.append(i)
+        if kind is not None:
+            last_effect = i
+        for o in b.proxy_outs():
+            producer.setdefault(o.name, i)
+        preds[i].discard(i)
+    return preds
+
+
+def _groups(bsyms, fusible: list[bool]) -> list[_Group]:
+    groups = [_Group(i, f) for i, f in enumerate(fusible)]
+    for i, ps in enumerate(_node_preds(bsyms)):
+        for p in ps:
+            groups[i].preds.add(groups[p])
+            groups[p].succs.add(groups[i])
+    for g in reversed(groups):  # trace order is topological: successors come later
+        for s in g.succs:
+            g.desc |= s.mask | s.desc
+    return groups
+
+
+def _legal(a: _Group, b: _Group) -> bool:
+    """No path from a to b, or from b to a, through a group outside both (it would become a cycle)."""
+    return (not any(s is not b and s.desc & b.mask for s in a.succs)
+            and not any(s is not a and s.desc & a.mask for s in b.succs))
+
+
+def _merge(a: _Group, b: _Group, groups: list[_Group]) -> None:
+    """b joins a; everything that reached either now reaches what both reach."""
+    a.members += b.members
+    a.mask |= b.mask
+    a.first = min(a.first, b.first)
+    for s in b.succs:
+        s.preds.discard(b)
+        s.preds.add(a)
+        a.succs.add(s)
+    for p in b.preds:
+        p.succs.discard(b)
+        p.succs.add(a)
+        a.preds.add(p)
+    for g in (a, b):
+        a.succs.discard(g)
+        a.preds.discard(g)
+    a.desc = (a.desc | b.desc) & ~a.mask
+    b.alive = False
+    for g in groups:
+        if g.alive and g is not a and g.desc & a.mask:
+            g.desc |= a.desc
+
+
+def _grow_regions(groups: list[_Group]) -> None:
+    def fusible_groups():
+        return sorted((g for g in groups if g.alive and g.fusible), key=lambda g: g.first)
+
+    merged_any = True
+    while merged_any:
+        merged_any = False
+        # producer into consumer, until no consumer can join
+        changed = True
+        while changed:
+            changed = False
+            for a in fusible_groups():
+                for b in sorted((s for s in a.succs if s.fusible), key=lambda g: g.first):
+                    if a.alive and b.alive and b in a.succs and _legal(a, b):
+                        _merge(a, b, groups)
+                        changed = merged_any = True
+        # independent siblings: neither reaches the other, so merging them cannot make a cycle
+        candidates = fusible_groups()
+        for i, a in enumerate(candidates):
+            for b in candidates[i + 1:]:
+                if a.alive and b.alive and not (a.desc & b.mask) and not (b.desc & a.mask):
+                    _merge(a, b, groups)
+                    merged_any = True
+
+
+def _schedule(groups: list[_Group]) -> list[_Group]:
+    """A topological order of the groups, the trace's own order wherever the graph allows it."""
+    alive = [g for g in groups if g.alive]
+    waiting = {id(g): len(g.preds) for g in alive}
+    ready = [g for g in alive if not g.preds]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        g = heapq.heappop(ready)
+        order.append(g)
+        for s in g.succs:
+            waiting[id(s)] -= 1
+            if not waiting[id(s)]:
+                heapq.heappush(ready, s)
+    if len(order) != len(alive):
+        raise AssertionError("fusion made a cycle between regions: a bug in thunderfn/executors/fusion.py")
+    return order
+
+
+# -- the pass -----------------------------------------------------------------------------------
+
+def form_regions(trc, ex: FusionExecutor) -> list[tuple[list[int], bool]]:
+    """The trace's bound symbols grouped for fusion, in execution order: (positions in
+    trc.bound_symbols of one group's members, whether the group is fusible); a bound symbol
+    that is not a fusion candidate is a group of its own."""
+    bsyms = trc.bound_symbols
+    groups = _groups(bsyms, [fusion_candidate(ex, b) for b in bsyms])
+    _grow_regions(groups)
+    return [(sorted(g.members), g.fusible) for g in _schedule(groups)]
+
+
+def fuse_regions(trc, ex: FusionExecutor):
+    """trc with every region `ex` finds worth fusing replaced by one call of its compiled region."""
+    bsyms = trc.bound_symbols
+    returned = {p.name for p in tree_leaves(trc.output) if isinstance(p, TensorProxy)}
+    readers: dict[str, set] = {}
+    for i, b in enumerate(bsyms):
+        for a in b.proxy_args():
+            readers.setdefault(a.name, set()).add(i)
+    out = []
+    for members, fusible in form_regions(trc, ex):
+        region = _region(trc, ex, [bsyms[i] for i in members], set(members), readers, returned) if fusible else None
+        if region is None or not ex.worth_fusing(region):
+            out += [bsyms[i] for i in members]
+            continue
+        out.append(region_call(ex, region, ex.compile_region(region)))
+    return trc.derive(f"Fusion ({ex.name})", out)
+
+
+def _region(trc, ex, members: list, positions: set, readers: dict, returned: set) -> Region | None:
+    produced = {o.name for b in members for o in b.proxy_outs()}
+    inputs, seen = [], set()
+    for b in members:
+        for a in b.proxy_args():
+            if a.name not in produced and a.name not in seen:
+                seen.add(a.name)
+                inputs.append(a)
+    outputs = [o for b in members for o in b.proxy_outs()
+               if o.name in returned or readers.get(o.name, set()) - positions]
+    if not outputs:
+        return None
+    return Region(trc.names.take(prefix=f"{ex.name}_fusion_"), members, inputs, outputs)
+
+
+def region_call(ex: FusionExecutor, region: Region, fn: Callable) -> BoundSymbol:
+    """The bound symbol that runs `fn` on the region's inputs: one line of the execution trace,
+    with the fused ops as comments below it (each op alone, not its decomposition)."""
+    sym = Symbol(region.name, f"{ex.name}.{region.name}", is_prim=True, print_name=region.name,
+                 namespace={region.name: fn}, eager=fn, executor=ex)
+    shown = tuple(BoundSymbol(b.sym, b.args, b.kwargs, b.output, ()) for b in region.bsyms)
+    return sym.bind(*region.inputs, output=tuple(region.outputs), subsymbols=shown)

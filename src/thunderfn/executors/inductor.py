@@ -1,0 +1,205 @@
+"""The "inductor" executor: fusion regions compiled by TorchInductor, the compiler behind
+torch.compile, on CPU (C++/OpenMP kernels) and CUDA (Triton kernels).
+
+Each region (executors/fusion.py forms them) becomes an FX graph of the same torch calls
+the torch executor would make, one node per fused op, which `compile_fx` compiles
+(through AOTAutograd, as torch.compile's backend does, but without Dynamo: the graph is
+already known). Compiling waits for the region's first call, because Inductor's kernels
+assume the input strides they were compiled for and a trace knows only shapes; each
+region keeps one compiled function per input layout (shape, strides, dtype, device,
+requires_grad, grad mode), and a process-wide cache shares them between regions with the
+same ops. A region Inductor cannot compile warns once, naming the region, and runs its
+ops unfused.
+
+Not a default executor: a first call pays seconds of compilation per region (see
+docs/executors.md). Ask for it with `tf.jit(fn, executors=["inductor"])`.
+"""
+from __future__ import annotations
+
+import importlib.util
+import operator
+import os
+import shutil
+import warnings
+
+import torch
+import torch.fx
+
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import tree_map
+from thunderfn.executors.fusion import FusionExecutor, Region
+
+# compiled functions shared by every region with the same ops and input layout
+_compiled: dict = {}
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list):
+    """Inductor's compiled function for gm (called with tensors like example_inputs)."""
+    # torch._inductor is heavy (seconds to import) and only this executor needs it: imported on first compile
+    from torch._inductor.compile_fx import compile_fx
+    return compile_fx(gm, example_inputs)
+
+
+class InductorExecutor(FusionExecutor):
+    def __init__(self, name: str = "inductor"):
+        super().__init__(name, torch.__version__)
+        self._availability = None
+
+    def availability(self) -> tuple[bool, str]:
+        if self._availability is None:
+            self._availability = _availability()
+        return self._availability
+
+    def can_fuse(self, bsym) -> bool:
+        """A torch call on real tensors of one CPU or CUDA device (CUDA kernels are Triton's, so
+        they need triton), none complex (Inductor leaves complex math to aten), whose outputs an
+        FX node can index."""
+        if bsym.sym.eager is None or not _tensor_outputs(bsym.output):
+            return False
+        tensors = [*bsym.proxy_args(), *bsym.proxy_outs()]
+        devices = {p.device for p in tensors}
+        return (not any(p.dtype.is_complex for p in tensors) and len(devices) <= 1
+                and all(d.type == "cpu" or (d.type == "cuda" and _triton_imports()) for d in devices))
+
+    def worth_fusing(self, region: Region) -> bool:
+        """Two ops or more, one of which computes (an elementwise op or a reduction): a region of
+        views or of a lone matmul would cost a compile and fuse nothing."""
+        return super().worth_fusing(region) and any(_computes(b) for b in region.bsyms)
+
+    def compile_region(self, region: Region):
+        return CompiledRegion(region)
+
+
+class CompiledRegion:
+    """A region's callable: Inductor's compiled function for the layout of the inputs it is
+    called with, compiled on the first call with that layout."""
+
+    def __init__(self, region: Region):
+        self.region = region
+        self.signature = region_signature(region)
+        self.by_layout: dict = {}
+        self.unfused = None
+
+    def __call__(self, *tensors):
+        layout = (torch.is_grad_enabled(), *[(t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
+                                             for t in tensors])
+        fn = self.by_layout.get(layout)
+        if fn is None:
+            return self.first_call(layout, tensors)
+        return fn(*tensors)
+
+    def first_call(self, layout, tensors):
+        key = (self.signature, layout)
+        fn = _compiled.get(key)
+        if fn is None:
+            try:
+                with warnings.catch_warnings():  # Inductor's own chatter (deprecations inside torch) is not the user's
+                    warnings.simplefilter("ignore")
+                    fn = compile_graph(region_graph(self.region), list(tensors))
+                result = fn(*tensors)
+            except Exception as e:  # any failure inside Inductor: run the ops unfused instead
+                fn = self.fall_back(e)
+                result = fn(*tensors)
+            _compiled[key] = fn
+        else:
+            result = fn(*tensors)
+        self.by_layout[layout] = fn
+        return result
+
+    def fall_back(self, error: Exception):
+        line = (str(error).strip().splitlines() or [""])[0][:200]
+        warnings.warn(f"thunderfn: Inductor could not compile {self.region.name} ({type(error).__name__}: {line}); "
+                      f"its {len(self.region.bsyms)} ops run unfused", stacklevel=4)
+        if self.unfused is None:
+            self.unfused = self.region.unfused_callable()
+        return self.unfused
+
+
+def region_graph(region: Region) -> torch.fx.GraphModule:
+    """The region as an FX graph: one call_function node per fused op, calling what the torch
+    executor calls (the torch function a torch symbol mirrors, a prim's torch implementation)."""
+    graph = torch.fx.Graph()
+    env = {p.name: graph.placeholder(p.name) for p in region.inputs}
+
+    def node_for(x):
+        return env[x.name] if isinstance(x, TensorProxy) else x
+
+    for bsym in region.bsyms:
+        args, kwargs = tree_map(node_for, (bsym.args, bsym.kwargs))
+        _bind(env, graph, bsym.output, graph.call_function(bsym.sym.eager, tuple(args), dict(kwargs)))
+    graph.output(tuple(env[p.name] for p in region.outputs))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def region_signature(region: Region) -> str:
+    """What the compiled code depends on besides the input layout: the ops, in order, with their
+    arguments, inputs and intermediates named by position."""
+    names = {p.name: f"i{k}" for k, p in enumerate(region.inputs)}
+    lines = []
+    for bsym in region.bsyms:
+        for p in bsym.proxy_outs():
+            names[p.name] = f"v{len(names)}"
+        args = tree_map(lambda x: _Named(names[x.name]) if isinstance(x, TensorProxy) else x, (bsym.args, bsym.kwargs))
+        out = tree_map(lambda x: _Named(names[x.name]), bsym.output)
+        fn = bsym.sym.eager
+        lines.append(f"{out!r} = {getattr(fn, '__qualname__', fn)!s}@{id(fn)}{args!r}")
+    lines.append(f"return {[names[p.name] for p in region.outputs]}")
+    return "\n".join(lines)
+
+
+class _Named:
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+def _bind(env: dict, graph, out, node) -> None:
+    if isinstance(out, TensorProxy):
+        env[out.name] = node
+        return
+    for i, o in enumerate(out):
+        _bind(env, graph, o, graph.call_function(operator.getitem, (node, i)))
+
+
+def _tensor_outputs(out) -> bool:
+    """A proxy, or tuples/lists of them (named tuples included): what an FX node's outputs can be indexed as."""
+    if isinstance(out, TensorProxy):
+        return True
+    return isinstance(out, (tuple, list)) and len(out) > 0 and all(_tensor_outputs(o) for o in out)
+
+
+def _computes(bsym) -> bool:
+    """Whether bsym's decomposition holds an elementwise op or a reduction (not only views and copies)."""
+    if not bsym.subsymbols:
+        return bool({"elementwise", "reduction"} & bsym.sym.tags)
+    return any(_computes(s) for s in bsym.subsymbols)
+
+
+def _availability() -> tuple[bool, str]:
+    # find_spec, not import: torch._inductor takes seconds to import, and asking should be cheap
+    try:
+        found = importlib.util.find_spec("torch._inductor.compile_fx") is not None
+    except (ImportError, ValueError) as e:
+        return False, f"torch._inductor cannot be found ({e})"
+    if not found:
+        return False, f"this torch ({torch.__version__}) has no torch._inductor"
+    compilers = [os.environ.get("CXX"), "g++", "c++", "clang++"]
+    if not any(shutil.which(c) for c in compilers if c):
+        return False, "no C++ compiler on PATH (g++, c++, clang++ or $CXX): Inductor builds its CPU kernels with one"
+    return True, ""
+
+
+_triton = None
+
+
+def _triton_imports() -> bool:
+    """Inductor's CUDA kernels are Triton's: without it a CUDA region is left to torch."""
+    global _triton
+    if _triton is None:
+        _triton = importlib.util.find_spec("triton") is not None
+    return _triton
+
+
+inductor_ex = InductorExecutor()

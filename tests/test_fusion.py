@@ -1,0 +1,256 @@
+"""Fusion executors (executors/fusion.py) and the Inductor executor (executors/inductor.py).
+
+Region formation is tested without compiling anything: `RunsRegionsWithTorch` is a
+FusionExecutor whose compile_region runs the region's ops one by one with torch, so a
+test sees exactly the regions the shared logic forms. Only the few tests at the end
+compile with Inductor (seconds each), sharing their compiled functions through
+module-scoped fixtures.
+"""
+import copy
+import re
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunderfn as tf
+import thunderfn.torch as ltorch
+from thunderfn.executors import FusionExecutor, OperatorExecutor, inductor
+
+
+class RunsRegionsWithTorch(FusionExecutor):
+    """A stand-in fusion executor: fuses every candidate but matmuls, and 'compiles' a region
+    into a function that runs its ops unfused, with torch."""
+
+    def __init__(self, name="torchregions"):
+        super().__init__(name)
+        self.regions = []
+
+    def can_fuse(self, bsym):
+        return "matmul" not in bsym.sym.name
+
+    def compile_region(self, region):
+        self.regions.append(region)
+        return region.unfused_callable()
+
+
+def regions_of(trace, prefix="torchregions_fusion_"):
+    """{region name: [names of the fused ops' outputs]} of an execution trace."""
+    return {b.sym.name: [o.name for s in b.subsymbols for o in s.proxy_outs()]
+            for b in trace.bound_symbols if b.sym.name.startswith(prefix)}
+
+
+def short(bsym) -> str:
+    """A bound symbol's name without its module: `gelu` for torch.nn.functional.gelu."""
+    return bsym.sym.name.rpartition(".")[2]
+
+
+def ops(trace) -> list[str]:
+    """The short names of what an execution trace runs, `del` statements left out."""
+    return [short(b) for b in trace.bound_symbols if b.sym.name != "del"]
+
+
+def run(fn, *args, executors=None, **kwargs):
+    jf = tf.jit(fn, executors=executors or [RunsRegionsWithTorch()], **kwargs)
+    torch.testing.assert_close(jf(*args), fn(*args))
+    return jf, tf.last_traces(jf)[-1]
+
+
+def test_a_chain_along_dataflow_is_one_region_printed_with_its_ops():
+    def f(x, w, b):
+        return F.gelu(x * w + b) * torch.sigmoid(x)
+
+    jf, execution = run(f, torch.randn(4, 4), torch.randn(4), torch.randn(4))
+    assert list(regions_of(execution)) == ["torchregions_fusion_0"]
+    [region] = [b for b in execution.bound_symbols if b.sym.name.startswith("torchregions")]
+    assert [short(s) for s in region.subsymbols] == ["mul", "add", "gelu", "sigmoid", "mul"]
+    text = str(execution)
+    assert "(t13,) = torchregions_fusion_0(x, w, b)" in text
+    assert "    # t8 = torch.nn.functional.gelu(t3)" in text  # the fused ops, as comments
+    stages = [t.provenance.split(" (took")[0] for t in tf.last_traces(jf)]
+    assert stages[-2:] == ["Constructed by Fusion (torchregions)", "Constructed by Delete Last Used"]
+    assert "torchregions_fusion" not in str(tf.last_traces(jf)[-3])  # the trace before fusion
+
+
+def test_independent_siblings_merge_into_one_region():
+    def f(x, y):
+        return torch.sin(x).exp(), torch.cos(y) * 2
+
+    _, execution = run(f, torch.randn(3), torch.randn(5))
+    assert regions_of(execution) == {"torchregions_fusion_0": ["t0", "t1", "t2", "t3"]}
+
+
+def test_a_region_never_both_feeds_and_reads_an_op_outside_it():
+    """exp(cos(x)) feeds the matmul, which feeds sin(m + e): merging the two elementwise groups
+    (producer into consumer) would make the region run both before and after the matmul."""
+    def f(x, w):
+        e = torch.exp(torch.cos(x))
+        m = e @ w
+        return torch.sin(m + e)
+
+    _, execution = run(f, torch.randn(4, 4), torch.randn(4, 4))
+    names = ops(execution)
+    assert names == ["torchregions_fusion_0", "matmul", "torchregions_fusion_1"]
+
+
+def test_merging_siblings_does_not_route_around_an_op_outside():
+    """a = exp(x) and c = cos(x) are siblings, but c also reads the matmul of a: one region would
+    have to run both before and after it, so only what can merge does."""
+    def f(x, w):
+        a = torch.exp(x).abs()
+        m = a @ w
+        c = torch.cos(x) * m
+        return c.tanh()
+
+    _, execution = run(f, torch.randn(4, 4), torch.randn(4, 4))
+    regions = regions_of(execution)
+    assert len(regions) == 2
+    order = ops(execution)
+    assert order.index("matmul") == 1
+
+
+def test_an_operator_executor_claim_splits_a_region():
+    ex = OperatorExecutor("mul_kernel_ex")
+    mul_kernel = ex.register_operator("mul_kernel", like=lambda a, b: a * b, fn=lambda a, b: a * b)
+    ex.register_lowering(ltorch.mul, lower=mul_kernel)
+
+    def f(x, y):
+        u = torch.cos(torch.exp(x))
+        return torch.tanh(torch.sin(u * y))
+
+    _, execution = run(f, torch.randn(3), torch.randn(3), executors=[ex, RunsRegionsWithTorch()])
+    names = ops(execution)
+    assert names == ["torchregions_fusion_0", "mul_kernel", "torchregions_fusion_1"]
+
+
+def test_statements_random_draws_and_opaque_ops_stay_outside_regions():
+    def f(x, y):
+        a = torch.exp(x) * 2
+        with torch.no_grad():
+            b = torch.sin(a) + 1
+        d = F.dropout(b, 0.5)  # random
+        h = torch.histc(a, bins=4)  # opaque: no decomposition
+        y.mul_(2)  # an in-place write into an input: written back at the end
+        return d.cos() * 3, h.exp() + 1
+
+    x = torch.randn(8)
+    torch.manual_seed(0)
+    expected = f(x, y_eager := torch.ones(8))
+    jf = tf.jit(f, executors=[RunsRegionsWithTorch()])
+    torch.manual_seed(0)
+    out = jf(x, y := torch.ones(8))
+    torch.testing.assert_close((out, y), (expected, y_eager))
+    execution = tf.last_traces(jf)[-1]
+    fused = [s for b in execution.bound_symbols if b.sym.name.startswith("torchregions") for s in b.subsymbols]
+    assert fused and not any(short(s) in ("dropout", "histc") for s in fused)
+    names = ops(execution)
+    for outside in ("set_grad_enabled", "dropout", "histc", "write_back"):
+        assert outside in names
+    grad_switches = [i for i, n in enumerate(names) if n == "set_grad_enabled"]
+    sin_region = next(i for i, b in enumerate(b for b in execution.bound_symbols if b.sym.name != "del")
+                      if any(short(s) == "sin" for s in b.subsymbols))
+    assert grad_switches[0] < sin_region < grad_switches[1]  # no region crosses a grad-mode switch
+
+
+def test_one_op_alone_and_an_unfusible_trace_stay_as_they_were():
+    def f(x, w):
+        return torch.exp(x @ w) @ w
+
+    jf = tf.jit(f, executors=[RunsRegionsWithTorch()])
+    jf(torch.randn(3, 3), torch.randn(3, 3))
+    before, after = tf.last_traces(jf)[-3:-1]
+    assert [short(b) for b in after.bound_symbols] == [short(b) for b in before.bound_symbols]
+
+
+def test_regions_form_in_the_backward_trace_too():
+    x = torch.randn(6, requires_grad=True)
+    w = torch.randn(6)
+    jf = tf.jit(lambda x, w: (torch.tanh(x * w) * x).sin().sum(), executors=[RunsRegionsWithTorch()])
+    jf(x, w).backward()
+    expected = torch.autograd.grad((torch.tanh(x * w) * x).sin().sum(), x)[0]
+    torch.testing.assert_close(x.grad, expected)
+    backward = tf.last_backward_traces(jf)[-1]
+    assert regions_of(backward)
+    assert re.search(r"= torchregions_fusion_\d+\(", str(backward))
+
+
+# -- Inductor -----------------------------------------------------------------------------------
+# Each compile takes seconds (a cold one ~10 s on 2 cores): few tests, compiled functions shared.
+
+INDUCTOR_OK, INDUCTOR_WHY = inductor.inductor_ex.availability()
+needs_inductor = pytest.mark.skipif(not INDUCTOR_OK, reason=f"inductor unavailable: {INDUCTOR_WHY}")
+
+
+def gelu_chain(x, w, b):
+    return F.gelu(x * w + b) * torch.sigmoid(x)
+
+
+@pytest.fixture(scope="module")
+def fused_gelu_chain():
+    jf = tf.jit(gelu_chain, executors=["inductor"])
+    args = (torch.randn(32, 16), torch.randn(16), torch.randn(16))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="thunderfn")  # no fallback
+        out = jf(*args)
+    return jf, args, out
+
+
+def test_inductor_availability_is_reported_honestly(monkeypatch):
+    status = tf.executors.available()["inductor"]
+    assert status == "available" if INDUCTOR_OK else status == f"unavailable: {INDUCTOR_WHY}"
+    monkeypatch.setattr(inductor.shutil, "which", lambda name: None)
+    ok, why = inductor._availability()
+    assert not ok and "no C++ compiler" in why
+
+
+@needs_inductor
+def test_inductor_fuses_an_elementwise_chain_into_one_region_matching_eager(fused_gelu_chain):
+    jf, args, out = fused_gelu_chain
+    torch.testing.assert_close(out, gelu_chain(*args))
+    execution = tf.last_traces(jf)[-1]
+    assert ops(execution) == ["inductor_fusion_0"]
+    assert "(t13,) = inductor_fusion_0(x, w, b)" in str(execution)
+    compiled = len(inductor._compiled)
+    new = [torch.randn_like(a) for a in args]
+    torch.testing.assert_close(jf(*new), gelu_chain(*new))
+    assert len(inductor._compiled) == compiled  # same layout: the compiled function is reused
+    x_t = torch.randn(16, 32).t()  # other strides: compiled again for them, not run on the wrong layout
+    torch.testing.assert_close(jf(x_t, *args[1:]), gelu_chain(x_t, *args[1:]))
+
+
+@needs_inductor
+def test_a_training_step_of_a_jitted_module_on_inductor_matches_eager_gradients():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    reference = copy.deepcopy(model)
+    jitted = tf.jit(model, executors=["inductor"])
+    x, y = torch.randn(5, 8), torch.randn(5, 4)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="thunderfn")
+        loss = F.mse_loss(jitted(x), y)
+        loss.backward()
+    expected = F.mse_loss(reference(x), y)
+    expected.backward()
+    torch.testing.assert_close(loss, expected)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert "inductor_fusion_" in str(tf.last_traces(jitted)[-1])
+    assert "inductor_fusion_" in str(tf.last_backward_traces(jitted)[-1])
+
+
+def test_a_region_inductor_fails_on_runs_unfused_after_one_warning(monkeypatch):
+    def refuse(gm, example_inputs):
+        raise RuntimeError("cannot lower this graph\nsecond line")
+
+    monkeypatch.setattr(inductor, "compile_graph", refuse)
+    bias = torch.randn(3)  # a captured tensor: an input of the region, and of its unfused function
+    f = lambda x: torch.tanh(x) * torch.cos(x) + bias  # noqa: E731
+    jf = tf.jit(f, executors=["inductor"])
+    x = torch.randn(7, 3)
+    with pytest.warns(UserWarning, match=r"^thunderfn: Inductor could not compile inductor_fusion_0 \(RuntimeError: "
+                                         r"cannot lower this graph\); its 4 ops run unfused$"):
+        torch.testing.assert_close(jf(x), f(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per region and layout
+        torch.testing.assert_close(jf(x), f(x))
