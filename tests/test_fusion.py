@@ -12,6 +12,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 import torch.nn.functional as F
 
 import thunderfn as tf
@@ -173,6 +175,43 @@ def test_regions_form_in_the_backward_trace_too():
     backward = tf.last_backward_traces(jf)[-1]
     assert regions_of(backward)
     assert re.search(r"= torchregions_fusion_\d+\(", str(backward))
+
+
+# Random dataflow graphs: elementwise ops (fused), matmuls and an opaque op (not fused) reading
+# any earlier values. Whatever regions form, the trace must still run in a valid order (a cycle
+# between regions, or a region placed before a value it reads, fails to run) and match eager.
+_UNARY = {"sin": torch.sin, "exp_neg": lambda a: torch.exp(-a.abs()), "histc_sum": lambda a: torch.histc(a, 4).sum() + a}
+_BINARY = {"add": torch.add, "mul": torch.mul, "matmul": torch.matmul}
+
+
+@st.composite
+def dataflow_programs(draw):
+    program = []
+    for i in range(draw(st.integers(1, 12))):
+        values = 2 + i  # the two inputs, then one value per step
+        if draw(st.booleans()):
+            program.append((draw(st.sampled_from(sorted(_UNARY))), draw(st.integers(0, values - 1))))
+        else:
+            program.append((draw(st.sampled_from(sorted(_BINARY))), draw(st.integers(0, values - 1)),
+                            draw(st.integers(0, values - 1))))
+    outputs = draw(st.lists(st.integers(0, len(program) + 1), min_size=1, max_size=3))
+    return program, outputs
+
+
+def run_program(program, outputs, x, y):
+    values = [x, y]
+    for op, *operands in program:
+        fn = _UNARY.get(op) or _BINARY[op]
+        values.append(fn(*(values[k] for k in operands)))
+    return [values[k] for k in outputs]
+
+
+@given(dataflow_programs())
+def test_regions_of_any_dataflow_graph_run_in_a_valid_order_and_match_eager(program_and_outputs):
+    program, outputs = program_and_outputs
+    x, y = torch.randn(3, 3), torch.randn(3, 3)
+    f = lambda x, y: run_program(program, outputs, x, y)  # noqa: E731
+    torch.testing.assert_close(tf.jit(f, executors=[RunsRegionsWithTorch()])(x, y), f(x, y), equal_nan=True)
 
 
 # -- Inductor -----------------------------------------------------------------------------------
