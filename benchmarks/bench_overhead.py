@@ -3,6 +3,8 @@
 Workloads:
   tiny  `torch.sin(x) * y + x` on 16-element tensors: three torch ops whose compute
         is negligible, so the per-call time is almost all framework overhead.
+  scalar `torch.sin(x * 2 + 1)` on 16 elements: issue 12's cached-call target (<= 1.0x eager);
+        each Python-number operand costs torch a wrapped-number tensor, in eager as in the trace.
   gpt   forward of thunderfn.examples.gpt.GPT (vocab 64, 64 channels, 4 heads,
         32 tokens, batch 4) with loss, eval mode, no_grad.
 
@@ -35,6 +37,10 @@ def tiny(x, y):
     return torch.sin(x) * y + x
 
 
+def tiny_scalar(x):
+    return torch.sin(x * 2 + 1)
+
+
 def make_workloads():
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(16, generator=generator)
@@ -51,6 +57,14 @@ def make_workloads():
                 "eager": lambda: tiny,
                 "torch.compile": lambda: torch.compile(tiny),
                 "thunderfn.jit": lambda: tf.jit(tiny),
+            },
+        },
+        "sin(x*2+1) (16 elements)": {
+            "args": (x,),
+            "variants": {
+                "eager": lambda: tiny_scalar,
+                "torch.compile": lambda: torch.compile(tiny_scalar),
+                "thunderfn.jit": lambda: tf.jit(tiny_scalar),
             },
         },
         "gpt block forward + loss": {

@@ -84,6 +84,22 @@ def test_changing_a_tensor_property_retraces(change, x):
     assert f.traces == 2, "both signatures stay cached"
 
 
+def test_alternating_signatures_each_run_their_own_entry_and_count_as_hits():
+    # the fast path keeps one entry per arity hot; the others are found by key
+    jitted = tf.jit(lambda a, b: a * b + 1)  # two named parameters: the fast path's per-arity branch
+    calls = [(torch.randn(3), torch.randn(3)), (torch.randn(2, 2), torch.randn(2, 2)),
+             (torch.randn(3).double(), torch.randn(3).double()), (torch.randn(3).requires_grad_(), torch.randn(3))]
+    for _ in range(3):
+        for a, b in calls:
+            out = jitted(a, b)
+            torch.testing.assert_close(out, a * b + 1)
+            assert out.dtype == a.dtype and out.requires_grad == a.requires_grad
+            with torch.no_grad():
+                assert not jitted(a, b).requires_grad
+    info = tf.cache_info(jitted)
+    assert (info["entries"], info["misses"], info["hits"]) == (8, 8, 16)
+
+
 def test_returning_to_a_requires_grad_input_gives_a_differentiable_result(x):
     f = Counted(lambda a: (a * 2).sum())
     f(x)

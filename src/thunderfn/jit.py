@@ -13,7 +13,10 @@ signatures, torch.compile's meaning.
 The cache-hit path is the hot path. A call with only positional tensors skips
 pytree flattening entirely (optree alone costs more than our whole budget on a
 tiny function), and the generated function returns the user's output structure
-itself, so a hit is: build a tuple key, one dict lookup, the guards, one call.
+itself. Each entry has a generated check-and-call function that compares the call with
+the entry's key field by field (and runs its guards), and the dispatcher calls the one
+for the entry that ran last first, so a repeated hit is one call that checks and runs;
+a call that alternates between entries adds building a tuple key and one dict lookup.
 Compiling holds a per-function lock, so threads calling one jitted function for the
 first time compile it once.
 
@@ -56,13 +59,14 @@ CSE = "Common subexpression elimination"
 
 
 class CacheEntry:
-    __slots__ = ("fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold")
+    __slots__ = ("fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit")
 
     def __init__(self, fn, traces, backward_traces, tensor_positions, guards):
         self.fn, self.traces, self.backward_traces = fn, traces, backward_traces
         self.tensor_positions = tensor_positions
         self.guards = guards
         self.guards_hold = guards.compile()  # None: nothing to check
+        self.fast_hit = None  # its check-and-call function for the fast path (see JitState.fast_hit), once made
 
     def valid(self, leaves) -> bool:
         """Whether this entry may run a call with these flattened arguments: its guards hold, and
@@ -93,7 +97,8 @@ class JitState:
             raise ValueError(f"cache_size_limit must be a positive int, got {cache_size_limit!r}")
         self.cache_size_limit = cache_size_limit
         self.lock = threading.RLock()
-        self.fast_cache: dict = {}  # fast key -> callable (see _fast_entry)
+        self.fast_cache: dict = {}  # fast key -> the entry's check-and-call function (see fast_hit)
+        self.dispatcher_globals: dict | None = None  # the fast dispatcher's, which name each arity's hot entry
         self.cache: dict = {}  # key -> [CacheEntry], newest last
         self.n_entries = 0
         self.stats = [0, 0]  # [hits, misses]; the fast path counts its hits too
@@ -214,7 +219,7 @@ class JitState:
         if not kwargs and not self.static_argnums and len(entry.tensor_positions) == len(args) and all(
                 isinstance(a, Tensor) for a in args) and not isinstance(entry.fn, Guarded):
             # (an entry reading .grad at call time takes extra inputs: it stays on this path)
-            self.fast_cache[_fast_key(args)] = self.fast_entry(entry)
+            self.fast_cache[_fast_key(args)] = self.fast_hit(entry, key)
         return entry.fn(*[leaves[i] for i in entry.tensor_positions])
 
     def evict_oldest(self) -> None:
@@ -225,20 +230,19 @@ class JitState:
             del self.cache[key]
         self.n_entries -= 1
         self.fast_cache.clear()  # it may point at the evicted entry; refilled by the next calls
+        if self.dispatcher_globals is not None:
+            for name in self.dispatcher_globals["hot_names"]:
+                self.dispatcher_globals[name] = _miss
 
-    def fast_entry(self, entry: CacheEntry):
-        """What the fast path calls for entry: its function, behind its guards if it has any."""
-        if entry.guards_hold is None:
-            return entry.fn
-        fn, guards_hold, stats, call_slow = entry.fn, entry.guards_hold, self.stats, self.call_slow
-
-        def guarded(*tensors):
-            if guards_hold():
-                return fn(*tensors)
-            stats[0] -= 1  # the dispatcher counted a hit; the slow path counts what this call is
-            return call_slow(tensors, {})
-
-        return guarded
+    def fast_hit(self, entry: CacheEntry, key: tuple):
+        """The fast path's function for entry, called with the positional tensors: it checks the
+        whole cache key (grad mode, default dtype, each tensor's dtype, shape, requires_grad and
+        device), that no trace is being built and the entry's guards, then counts the hit and runs
+        the entry; anything else returns MISS. Generated Python, made once per entry: comparing
+        with constants costs less than building and hashing a key."""
+        if entry.fast_hit is None:
+            entry.fast_hit = _hit_function(key, entry.fn, entry.guards_hold, self.stats)
+        return entry.fast_hit
 
     def why_miss(self, key, args, kwargs, leaves) -> str | None:
         """Why this call cannot use a cached entry, in words (None for the first compile)."""
@@ -348,38 +352,86 @@ def _positional_arities(fn) -> tuple:
     return tuple(range(required, len(positional) + 1))[-4:]
 
 
-def _fast_dispatcher(arities, fast_cache, call_slow, stats):
-    """The jitted function. For each arity fn accepts, a branch builds the cache key
-    inline as one flat tuple (no per-argument tuples, no comprehension): on a tiny
-    function this is most of the overhead we have left. Other calls take a generic
-    branch; anything that is not all-positional-tensors takes the slow path."""
-    lines = ["def jitted(*args, **kwargs):", "    if not kwargs:", "        n = len(args)"]
+_MISS = object()  # what a check-and-call function returns when the call is not its entry's
+
+
+def _miss(*tensors):
+    return _MISS
+
+
+def _hit_function(key: tuple, fn, guards_hold, stats):
+    """A check-and-call function for one cache entry (see JitState.fast_hit); key is the
+    entry's cache key for a call with positional tensors only."""
+    names = [f"a{i}" for i in range(len(key) - 3)]
+    namespace = {"fn": fn, "guards_hold": guards_hold, "stats": stats, "MISS": _MISS, "tracing": context._local,
+                 "is_grad_enabled": _is_grad_enabled, "get_default_dtype": _get_default_dtype, "default_dtype": key[2]}
+    checks = []
+    for i, (a, (shape, dtype, device, requires_grad)) in enumerate(zip(names, key[3:])):
+        namespace[f"shape{i}"], namespace[f"dtype{i}"], namespace[f"device{i}"] = shape, dtype, device
+        # a CPU tensor's device is always torch.device("cpu"), without an index
+        on_device = f"{a}.is_cpu" if device.type == "cpu" else f"{a}.device == device{i}"
+        checks += [f"{a}.dtype is dtype{i}", f"{a}.shape == shape{i}", f"{a}.requires_grad is {requires_grad}", on_device]
+    checks += [f"is_grad_enabled() is {key[1]}", "get_default_dtype() is default_dtype", "not tracing.stack"]
+    if guards_hold is not None:
+        checks.append("guards_hold()")
+    args = ", ".join(names)
+    lines = [f"def hit({args}):",
+             "    try:",
+             f"        if {' and '.join(checks)}:",
+             "            stats[0] += 1",
+             f"            return fn({args})",
+             "    except AttributeError:  # not a tensor",
+             "        pass",
+             "    return MISS"]
+    exec(compile("\n".join(lines) + "\n", "<thunderfn jit cache entry>", "exec"), namespace)
+    return namespace["hit"]
+
+
+def _fast_dispatcher(arities, fast_cache, call_slow):
+    """The jitted function, and its globals. For each arity fn accepts, a branch first calls
+    that arity's hot entry (the last one that ran: a check-and-call function, see
+    JitState.fast_hit), which is one call on a cache hit; otherwise it builds the cache key
+    inline as one flat tuple (no per-argument tuples, no comprehension) and looks it up, and
+    the entry found becomes hot. Other calls take a generic branch; anything that is not
+    all-positional-tensors takes the slow path."""
+    hot_names = [f"hot{n}" for n in arities]
+    lines = ["def jitted(*args, **kwargs):"]
+    if hot_names:
+        lines.append(f"    global {', '.join(hot_names)}")
+    lines += ["    if not kwargs:", "        n = len(args)"]
     for n in arities:
         names = [f"a{i}" for i in range(n)]
+        call = ", ".join(names)
         key = ", ".join(f"{a}.shape, {a}.dtype, {a}.device, {a}.requires_grad" for a in names)
         lines += [f"        if n == {n}:",
-                  f"            {', '.join(names) + ',' if names else '_'} = args" if names else "            pass",
+                  f"            {call + ',' if names else '_'} = args" if names else "            pass",
+                  f"            out = hot{n}({call})",
+                  "            if out is not MISS:",
+                  "                return out",
                   "            try:",
-                  f"                compiled = fast_cache.get((is_grad_enabled(), get_default_dtype(), {key}))",
+                  f"                hit = fast_cache.get((is_grad_enabled(), get_default_dtype(), {key}))",
                   "            except (AttributeError, TypeError):",
-                  "                compiled = None",
-                  "            if compiled is not None and not tracing.stack:",
-                  "                stats[0] += 1",
-                  f"                return compiled({', '.join(names)})",
+                  "                hit = None",
+                  "            if hit is not None:",
+                  f"                out = hit({call})",
+                  "                if out is not MISS:",
+                  f"                    hot{n} = hit",
+                  "                    return out",
                   "            return call_slow(args, kwargs)"]
     lines += ["        try:",
-              "            compiled = fast_cache.get(fast_key(args))",
+              "            hit = fast_cache.get(fast_key(args))",
               "        except (AttributeError, TypeError):",
-              "            compiled = None",
-              "        if compiled is not None and not tracing.stack:",
-              "            stats[0] += 1",
-              "            return compiled(*args)",
+              "            hit = None",
+              "        if hit is not None:",
+              "            out = hit(*args)",
+              "            if out is not MISS:",
+              "                return out",
               "    return call_slow(args, kwargs)"]
     namespace = {"fast_cache": fast_cache, "call_slow": call_slow, "is_grad_enabled": _is_grad_enabled,
-                 "get_default_dtype": _get_default_dtype, "fast_key": _fast_key,
-                 "tracing": context._local, "stats": stats}
+                 "get_default_dtype": _get_default_dtype, "fast_key": _fast_key, "MISS": _MISS,
+                 "hot_names": hot_names, **{name: _miss for name in hot_names}}
     exec(compile("\n".join(lines) + "\n", "<thunderfn jit dispatcher>", "exec"), namespace)
-    return namespace["jitted"]
+    return namespace["jitted"], namespace
 
 
 def _fn_name(fn) -> str:
@@ -416,7 +468,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     use_fast_path = not static_argnums and not static_argnames
 
     if use_fast_path:
-        jitted = _fast_dispatcher(_positional_arities(fn), fast_cache, call_slow, state.stats)
+        jitted, state.dispatcher_globals = _fast_dispatcher(_positional_arities(fn), fast_cache, call_slow)
     else:
         def jitted(*args, **kwargs):
             return call_slow(args, kwargs)

@@ -6,6 +6,7 @@ import optree
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.core.statements import check_inputs_do_not_alias, python_alias, python_del, runtime_check
+from thunderfn.core.symbol import BoundSymbol
 
 
 def _output_names(trc) -> set:
@@ -87,6 +88,20 @@ def _call_key(bsym):
         return None
 
 
+def _rename_arguments(bsym, renamed: dict):
+    """bsym reading the proxies renamed maps to by name, in its decomposition too (whose
+    calls that read none of them stay as they are: this is most of them)."""
+    if not any(isinstance(a, TensorProxy) and a.name in renamed for a in bsym.flat_args()):
+        return bsym
+
+    def sub(tree):
+        return optree.tree_map(lambda x: renamed.get(x.name, x) if isinstance(x, TensorProxy) else x, tree,
+                               none_is_leaf=True, namespace="thunderfn")
+
+    return BoundSymbol(bsym.sym, sub(bsym.args), sub(bsym.kwargs), bsym.output,
+                       tuple(_rename_arguments(s, renamed) for s in bsym.subsymbols))
+
+
 def cse(trc):
     """Common-subexpression elimination: a call that repeats an earlier one (same symbol, equal
     arguments) is dropped and its outputs renamed to the earlier call's everywhere after it.
@@ -101,7 +116,8 @@ def cse(trc):
     earlier_calls: dict = {}  # call key -> the first such call since the last barrier
     kept = []
     for bsym in trc.bound_symbols:
-        bsym = bsym.swap(renamed)
+        if renamed:
+            bsym = _rename_arguments(bsym, renamed)
         if _is_barrier(bsym):
             earlier_calls.clear()
         key = _call_key(bsym) if _is_pure(bsym) and bsym.proxy_outs() else None

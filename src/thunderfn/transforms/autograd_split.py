@@ -29,6 +29,7 @@ import time
 
 import optree
 import torch
+from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead_wrappers
 
 from thunderfn.core import dtypes
 from thunderfn.core.passes import dce
@@ -352,9 +353,19 @@ class CompiledSplit:
                     f"jit the function again after changing requires_grad, or pass the tensor as an argument.")
         if self.captured:
             inputs = inputs + self.captured
-        outs = ThunderFunction.apply(self, *inputs)[:len(self.differentiable)]  # the rest are residuals
+        if _functorch_transforms_active():  # torch.func over the jitted function: torch's own way in
+            outs = ThunderFunction.apply(self, *inputs)
+        else:
+            # what Function.apply does here, less binding the arguments to forward's signature
+            # with inspect on every call (forward has no defaults): most of a small call's cost
+            outs = _apply_thunder_function(self, *_unwrap_dead_wrappers(inputs))
+        outs = outs[:len(self.differentiable)]  # the rest are residuals
         leaves = [outs[i] if kind == "out" else inputs[i] if kind == "input" else i for kind, i in self.leaf_plan]
         return tree_unflatten(self.out_spec, leaves)
+
+
+_functorch_transforms_active = torch._C._are_functorch_transforms_active
+_apply_thunder_function = super(torch.autograd.Function, ThunderFunction).apply
 
 
 def try_split(computation: Trace, executors):
