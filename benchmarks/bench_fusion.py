@@ -18,7 +18,6 @@ TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 to measure a cold compile.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import thunderfn as tf  # noqa: E402
-from bench_overhead import print_table, run_workload  # noqa: E402
+from bench_overhead import parse_timing_options, print_table, run_workload  # noqa: E402
 
 
 def elementwise(x, w, b):
@@ -53,18 +52,9 @@ def make_workloads(n: int):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=2048, help="x is n x n (default 2048: 4M floats)")
-    parser.add_argument("--rounds", type=int, default=9, help="timed rounds per variant; the median is reported")
-    parser.add_argument("--round-ms", type=float, default=100.0, help="target duration of one round")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed calls after the first call")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1, as bench_overhead)")
-    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    parser.add_argument("--verbose", action="store_true", help="print tracebacks of variants that fail")
-    options = parser.parse_args(argv)
-    torch.set_num_threads(options.threads)
-    print(f"torch {torch.__version__}, thunderfn {tf.__version__}, intra-op threads: {torch.get_num_threads()}, "
-          f"{options.rounds} rounds of ~{options.round_ms:g} ms per variant, median reported")
+    options = parse_timing_options(
+        argv, __doc__.splitlines()[0], rounds=9, round_ms=100.0, warmup=5,
+        extra=lambda parser: parser.add_argument("--n", type=int, default=2048, help="x is n x n (default 2048: 4M floats)"))
     print(f"inductor executor: {tf.executors.available()['inductor']}")
     rows = []
     with torch.no_grad():

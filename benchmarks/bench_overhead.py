@@ -179,11 +179,15 @@ def print_table(rows) -> None:
         print(fmt.format(*row))
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15, help="timed rounds per variant; the median is reported")
-    parser.add_argument("--round-ms", type=float, default=50.0, help="target duration of one round (sets calls/round)")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed calls after the first call")
+def parse_timing_options(argv, description: str, *, rounds: int, round_ms: float, warmup: int, extra=None):
+    """The options every timing benchmark takes (bench_fusion.py too); `extra(parser)` adds its own.
+    Sets torch's thread count and prints the run's settings."""
+    parser = argparse.ArgumentParser(description=description)
+    if extra is not None:
+        extra(parser)
+    parser.add_argument("--rounds", type=int, default=rounds, help="timed rounds per variant; the median is reported")
+    parser.add_argument("--round-ms", type=float, default=round_ms, help="target duration of one round (sets calls/round)")
+    parser.add_argument("--warmup", type=int, default=warmup, help="untimed calls after the first call")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: on a busy 2-core machine a second thread "
                              "turns other processes' load into large, erratic slowdowns)")
@@ -193,6 +197,11 @@ def main(argv=None) -> None:
     torch.set_num_threads(options.threads)
     print(f"torch {torch.__version__}, thunderfn {tf.__version__}, intra-op threads: {torch.get_num_threads()}, "
           f"{options.rounds} rounds of ~{options.round_ms:g} ms per variant, median reported")
+    return options
+
+
+def main(argv=None) -> None:
+    options = parse_timing_options(argv, __doc__.splitlines()[0], rounds=15, round_ms=50.0, warmup=20)
     rows = []
     with torch.no_grad():
         for name, workload in make_workloads().items():
