@@ -83,6 +83,19 @@ def test_independent_siblings_merge_into_one_region():
     assert regions_of(execution) == {"torchregions_fusion_0": ["t0", "t1", "t2", "t3"]}
 
 
+def test_ops_on_different_devices_never_share_a_region():
+    """One compiled kernel runs on one device: siblings on the CPU and on `meta` (a second device
+    every machine has) stay apart."""
+    def f(x, m):
+        return torch.sin(x).exp(), torch.cos(m) * 2
+
+    jf = tf.jit(f, executors=[RunsRegionsWithTorch()])
+    out = jf(torch.randn(3), torch.randn(5, device="meta"))
+    assert out[0].device.type == "cpu" and out[1].device.type == "meta"
+    regions = regions_of(tf.last_traces(jf)[-1])
+    assert sorted(regions.values()) == [["t0", "t1"], ["t2", "t3"]]
+
+
 def test_a_region_never_both_feeds_and_reads_an_op_outside_it():
     """exp(cos(x)) feeds the matmul, which feeds sin(m + e): merging the two elementwise groups
     (producer into consumer) would make the region run both before and after the matmul."""

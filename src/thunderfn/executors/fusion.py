@@ -128,10 +128,11 @@ def _effect_kind(bsym) -> str | None:
 # -- the graph and its groups ------------------------------------------------------------------
 
 class _Group:
-    __slots__ = ("members", "mask", "first", "preds", "succs", "desc", "fusible", "alive")
+    __slots__ = ("members", "mask", "first", "preds", "succs", "desc", "fusible", "alive", "devices")
 
-    def __init__(self, i: int, fusible: bool):
+    def __init__(self, i: int, fusible: bool, devices: frozenset = frozenset()):
         self.members, self.mask, self.first = [i], 1 << i, i
+        self.devices = devices  # where its tensors live: one compiled kernel runs on one device
         self.preds: set = set()
         self.succs: set = set()
         self.desc = 0  # the nodes reachable from this group (bits), its own excluded
@@ -168,7 +169,8 @@ def _node_preds(bsyms) -> list[set]:
 
 
 def _groups(bsyms, fusible: list[bool]) -> list[_Group]:
-    groups = [_Group(i, f) for i, f in enumerate(fusible)]
+    groups = [_Group(i, f, frozenset(str(p.device) for p in b.proxy_args() + b.proxy_outs()))
+              for i, (b, f) in enumerate(zip(bsyms, fusible))]
     for i, ps in enumerate(_node_preds(bsyms)):
         for p in ps:
             groups[i].preds.add(groups[p])
@@ -180,8 +182,9 @@ def _groups(bsyms, fusible: list[bool]) -> list[_Group]:
 
 
 def _legal(a: _Group, b: _Group) -> bool:
-    """No path from a to b, or from b to a, through a group outside both (it would become a cycle)."""
-    return (not any(s is not b and s.desc & b.mask for s in a.succs)
+    """Both on the same device, and no path from a to b, or from b to a, through a group outside
+    both (it would become a cycle)."""
+    return (_same_device(a, b) and not any(s is not b and s.desc & b.mask for s in a.succs)
             and not any(s is not a and s.desc & a.mask for s in b.succs))
 
 
@@ -202,10 +205,16 @@ def _merge(a: _Group, b: _Group, groups: list[_Group]) -> None:
         a.succs.discard(g)
         a.preds.discard(g)
     a.desc = (a.desc | b.desc) & ~a.mask
+    a.devices |= b.devices
     b.alive = False
     for g in groups:
         if g.alive and g is not a and g.desc & a.mask:
             g.desc |= a.desc
+
+
+def _same_device(a: _Group, b: _Group) -> bool:
+    """Whether a and b may share a kernel: their tensors (a number-only group has none) are on one device."""
+    return len(a.devices | b.devices) <= 1
 
 
 def _grow_regions(groups: list[_Group]) -> None:
@@ -228,7 +237,7 @@ def _grow_regions(groups: list[_Group]) -> None:
         candidates = fusible_groups()
         for i, a in enumerate(candidates):
             for b in candidates[i + 1:]:
-                if a.alive and b.alive and not (a.desc & b.mask) and not (b.desc & a.mask):
+                if a.alive and b.alive and _same_device(a, b) and not (a.desc & b.mask) and not (b.desc & a.mask):
                     _merge(a, b, groups)
                     merged_any = True
 
