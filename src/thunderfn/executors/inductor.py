@@ -20,6 +20,7 @@ import importlib.util
 import operator
 import os
 import shutil
+import threading
 import warnings
 
 import torch
@@ -29,8 +30,10 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_map
 from thunderfn.executors.fusion import FusionExecutor, Region
 
-# compiled functions shared by every region with the same ops and input layout
+# compiled functions shared by every region with the same ops and input layout; one compile at a
+# time (threads calling the same new region wait for its compile instead of compiling it again)
 _compiled: dict = {}
+_compile_lock = threading.RLock()
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list):
@@ -90,21 +93,22 @@ class CompiledRegion:
 
     def first_call(self, layout, tensors):
         key = (self.signature, layout)
-        fn = _compiled.get(key)
-        if fn is None:
-            try:
-                with warnings.catch_warnings():  # Inductor's own chatter (deprecations inside torch) is not the user's
-                    warnings.simplefilter("ignore")
-                    fn = compile_graph(region_graph(self.region), list(tensors))
-                result = fn(*tensors)
-            except Exception as e:  # any failure inside Inductor: run the ops unfused instead
-                fn = self.fall_back(e)
-                result = fn(*tensors)
-            _compiled[key] = fn
-        else:
-            result = fn(*tensors)
+        with _compile_lock:
+            fn = _compiled.get(key)
+            if fn is None:
+                try:
+                    with warnings.catch_warnings():  # Inductor's own chatter (deprecations inside torch) is not the user's
+                        warnings.simplefilter("ignore")
+                        fn = compile_graph(region_graph(self.region), list(tensors))
+                    result = fn(*tensors)
+                except Exception as e:  # any failure inside Inductor: run the ops unfused instead
+                    fn = self.fall_back(e)
+                    result = fn(*tensors)
+                _compiled[key] = fn
+                self.by_layout[layout] = fn
+                return result
         self.by_layout[layout] = fn
-        return result
+        return fn(*tensors)
 
     def fall_back(self, error: Exception):
         line = (str(error).strip().splitlines() or [""])[0][:200]
