@@ -9,6 +9,7 @@ module-scoped fixtures.
 import copy
 import re
 import warnings
+import zlib
 
 import pytest
 import torch
@@ -306,3 +307,23 @@ def test_a_region_inductor_fails_on_runs_unfused_after_one_warning(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per region and layout
         torch.testing.assert_close(jf(x), f(x))
+
+
+# -- the OpInfo database through fusion regions -------------------------------------------------
+from thunderfn.testing.opinfos import op_db  # noqa: E402
+
+OPS_WITH_DECOMPOSITIONS = [pytest.param(op, id=op.name) for op in op_db if not op.skip_decomposition]
+
+
+@pytest.mark.parametrize("op", OPS_WITH_DECOMPOSITIONS)
+def test_every_op_decomposed_into_fusion_regions_matches_its_unfused_trace(op):
+    """Each op's decomposition (prims, on the torch_prims executor) with the stand-in fusion executor
+    first gives what the same decomposition gives unfused: whatever regions form, in whatever order
+    they are scheduled, a fused region computes what its unfused ops compute."""
+    torch.manual_seed(zlib.crc32(op.name.encode()))  # samples are random: a failure reproduces on rerun
+    fused = tf.jit(lambda *args, **kwargs: op.op(*args, **kwargs), executors=[RunsRegionsWithTorch(), "torch_prims"])
+    unfused = tf.jit(lambda *args, **kwargs: op.op(*args, **kwargs), executors=["torch_prims"])
+    dtype = op.dtypes[0]
+    for sample in list(op.sample_inputs("cpu", dtype))[:3]:
+        torch.testing.assert_close(fused(*sample.args, **sample.kwargs), unfused(*sample.args, **sample.kwargs),
+                                   equal_nan=True, msg=lambda m, s=sample: f"{op.name} on {s}:\n{m}")
