@@ -486,3 +486,28 @@ def test_tracing_under_autocast_is_refused():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with pytest.raises(tf.UnsupportedOpError, match="autocast"):
             tf.jit(lambda x: x @ x)(torch.randn(2, 2))
+
+
+def test_an_error_raised_by_the_function_on_a_cache_hit_is_raised_once_not_retried():
+    """The cache-hit path checks the call, then runs the entry: an AttributeError from the user's own
+    code is raised as is, not taken for a mismatched call that reruns the function on the slow path."""
+    calls, fail = [], [False]
+
+    def impl(x):
+        calls.append(1)
+        if fail[0]:
+            raise AttributeError("raised by the operator")
+        return -x
+
+    ex = tf.executors.OperatorExecutor("raises_attribute_error")
+    ex.register_operator("neg_or_raise", like=torch.neg, fn=impl)
+    op = ex.operators["neg_or_raise"]
+    jf = tf.jit(lambda x: op(x), executors=[ex])
+    x = torch.randn(3)
+    jf(x)
+    jf(x)  # now cached: the fast path
+    fail[0] = True
+    calls.clear()
+    with pytest.raises(AttributeError, match="raised by the operator"):
+        jf(x)
+    assert len(calls) == 1

@@ -375,14 +375,17 @@ def _hit_function(key: tuple, fn, guards_hold, stats):
     if guards_hold is not None:
         checks.append("guards_hold()")
     args = ", ".join(names)
+    # only the checks are in the try: an AttributeError raised by the user's function is the user's,
+    # not a miss (which would run the function a second time, through the slow path)
     lines = [f"def hit({args}):",
              "    try:",
-             f"        if {' and '.join(checks)}:",
-             "            stats[0] += 1",
-             f"            return fn({args})",
+             f"        ours = {' and '.join(checks)}",
              "    except AttributeError:  # not a tensor",
-             "        pass",
-             "    return MISS"]
+             "        return MISS",
+             "    if not ours:",
+             "        return MISS",
+             "    stats[0] += 1",
+             f"    return fn({args})"]
     exec(compile("\n".join(lines) + "\n", "<thunderfn jit cache entry>", "exec"), namespace)
     return namespace["hit"]
 
