@@ -27,6 +27,7 @@ itself for them in core/context.py (they sit below it and do not import it).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import threading
@@ -49,6 +50,7 @@ from thunderfn.module import jit_module
 from thunderfn.torch.optim import StepChangesOptimizerState
 from thunderfn.transforms.executor_lower import lower_trace
 from thunderfn.transforms.autograd_split import CompiledSplit, try_split
+from thunderfn.transforms.rematerialize import cheap_to_recompute, rematerialize
 
 Tensor = torch.Tensor
 _is_grad_enabled = torch.is_grad_enabled
@@ -86,9 +88,10 @@ class JitState:
     """What a jitted function keeps: its caches, its statistics and its most recent compile's traces."""
 
     def __init__(self, fn, executors, *, fallback, static_argnums, static_argnames, disable_torch_autograd,
-                 cache_size_limit=DEFAULT_CACHE_SIZE_LIMIT):
+                 cache_size_limit=DEFAULT_CACHE_SIZE_LIMIT, rematerialize=None):
         self.fn = fn
         self.executors = executors
+        self.rematerialize = rematerialize  # None, True or False: see _rematerializes
         self.fallback = fallback
         self.static_argnums = tuple(static_argnums)
         self.static_argnames = tuple(static_argnames)
@@ -168,9 +171,17 @@ class JitState:
         else:
             # torch.autograd drives the two halves: see transforms/autograd_split.py
             # the derivative's rules repeat work (x * x's backward computes g * x twice)
-            traces += [split.forward, timed_pass(CSE, cse, split.forward)]
+            traces.append(split.forward)
+            backward = [split.backward]
+            if _rematerializes(self.rematerialize, executors):
+                forward_trace, backward_trace = rematerialize(split.forward, split.backward, cheap_to_recompute)
+                if forward_trace is not split.forward:
+                    split = dataclasses.replace(split, forward=forward_trace, backward=backward_trace)
+                    traces.append(forward_trace)
+                    backward.append(backward_trace)
+            traces.append(timed_pass(CSE, cse, split.forward))
             traces += _execution_passes(traces[-1], executors)
-            backward = [split.backward, timed_pass(CSE, cse, split.backward)]
+            backward.append(timed_pass(CSE, cse, split.backward))
             backward += _execution_passes(backward[-1], executors)
             fn = CompiledSplit(split, traces[-1].python_callable(), backward[-1].python_callable())
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
@@ -320,6 +331,15 @@ def _show_part(part) -> str:
     return repr(part[-1]) if isinstance(part, tuple) and len(part) == 2 else repr(part)
 
 
+def _rematerializes(option, executors) -> bool:
+    """Whether a split is rematerialized: as asked, or, by default (None), where a fusion executor
+    will fuse the recomputed ops into the backward's regions (without one each recomputed op is
+    one more kernel, which torch.compile does not pay either)."""
+    if option is None:
+        return any(isinstance(ex, FusionExecutor) for ex in executors)
+    return option
+
+
 def _execution_passes(trc: Trace, executors) -> list[Trace]:
     """The passes from a transformed trace to the one that runs: lower onto the
     executors, drop what lowering made unused, fuse, insert `del`s."""
@@ -442,7 +462,8 @@ def _fn_name(fn) -> str:
 
 
 def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = True, static_argnums=(),
-        static_argnames=(), disable_torch_autograd: bool = False, cache_size_limit: int = DEFAULT_CACHE_SIZE_LIMIT):
+        static_argnames=(), disable_torch_autograd: bool = False, cache_size_limit: int = DEFAULT_CACHE_SIZE_LIMIT,
+        rematerialize: bool | None = None):
     """Compile fn: trace it per input signature, lower it onto `executors` (priority
     order; None means the defaults; the torch executor is appended unless
     `fallback=False`), generate Python once and cache it.
@@ -455,10 +476,18 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     Each compiled entry is guarded by the Python state its trace read (see the module
     docstring and docs/sharp_bits.md); past `cache_size_limit` entries, calls that
     match none run eagerly after one warning.
+
+    `rematerialize`: when the function is differentiated through torch.autograd, recompute
+    cheap forward values (elementwise and view ops) in the backward instead of saving them,
+    where that saves memory (transforms/rematerialize.py). None (the default) turns it on
+    where a fusion executor (Inductor) is among the executors, which fuses the recomputation.
     """
+    if rematerialize not in (None, True, False):  # checked here: a module's forward is jitted at its first call
+        raise ValueError(f"rematerialize must be None (on where a fusion executor is used), True or False, "
+                         f"got {rematerialize!r}")
     if isinstance(fn, torch.nn.Module):
         return jit_module(fn, jit, executors=executors, fallback=fallback, disable_torch_autograd=disable_torch_autograd,
-                          cache_size_limit=cache_size_limit)
+                          cache_size_limit=cache_size_limit, rematerialize=rematerialize)
     if not callable(fn):
         raise TypeError(f"jit expects a callable or an nn.Module, got {type(fn).__name__}")
     if isinstance(static_argnums, int):
@@ -466,7 +495,8 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     if isinstance(static_argnames, str):
         static_argnames = (static_argnames,)
     state = JitState(fn, executors, fallback=fallback, static_argnums=static_argnums, static_argnames=static_argnames,
-                     disable_torch_autograd=disable_torch_autograd, cache_size_limit=cache_size_limit)
+                     disable_torch_autograd=disable_torch_autograd, cache_size_limit=cache_size_limit,
+                     rematerialize=rematerialize)
     fast_cache, call_slow = state.fast_cache, state.call_slow
     use_fast_path = not static_argnums and not static_argnames
 

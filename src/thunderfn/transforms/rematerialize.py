@@ -1,0 +1,314 @@
+"""Rematerialization: recompute cheap forward values in the backward instead of saving them.
+
+The forward/backward split (autograd_split.py) saves every forward value the backward
+reads: `gelu(x @ w + b) * sigmoid(x @ w)` saves the matmul's sum with b, the gelu and
+the sigmoid, three activations. Saving only `x @ w` (and b) and computing the rest
+again in the backward keeps one activation alive between the passes instead of three;
+with a fusing compiler the recomputed elementwise ops join the backward's fused
+regions, so they cost almost nothing. This is functorch's min-cut partitioner
+(torch/_functorch/partitioners.py, min_cut_rematerialization_partition) and Lightning
+Thunder's rematerialization (thunder/core/rematerialization.py), on our traces.
+
+Which values to save is a minimum cut in a flow graph of the forward's tensors, each
+value v split into two nodes v_in -> v_out:
+
+- v_in -> v_out has capacity = v's size in bytes: cutting it means saving v. A forward
+  output costs nothing (it is alive anyway; ThunderFunction saves it as that output);
+- u_out -> v_in, infinite, for every argument u of the op that computes v: v can only
+  be recomputed where its arguments are available (saved or recomputed themselves);
+- source -> v_in, infinite, where v cannot be recomputed: a forward input, or the
+  output of an op the caller's `recomputable` predicate refuses (matmuls, random draws,
+  opaque ops, statements, reductions that shrink their input, ...). Such a value is
+  saved or not needed;
+- v_out -> sink, infinite, for every value the backward reads.
+
+Every source-to-sink path crosses some v_in -> v_out edge, so a finite cut exists (the
+split's own residuals are one), and a minimum cut is a set of values to save of least
+total bytes from which everything the backward reads can be recomputed. Of the minimum
+cuts we take the one nearest the sink (the nodes that can still reach the sink after
+max flow form its sink side), which recomputes the least; and we keep the split as it
+was unless the cut saves strictly fewer bytes, so a tie never adds work.
+
+The max flow is Edmonds-Karp (breadth-first augmenting paths) on integer capacities:
+graphs have a node pair per forward value, hundreds, so this is milliseconds and needs
+no graph library.
+
+Not done (functorch does): its bias towards saving values near the backward
+(1.1 ** distance), banning recomputation of values the backward must materialize
+anyway (a matmul's operand), and a memory budget knob.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Callable, Iterable
+
+from thunderfn.core.passes import dce
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.statements import write_back
+from thunderfn.prims import PrimIDs
+
+# Primitives that are cheap to compute again, besides the elementwise ones and the
+# shape/view ones: a dtype conversion, and factories (which read nothing).
+_CHEAP_UNTAGGED_PRIMS = frozenset({PrimIDs.CONVERT_ELEMENT_TYPE, PrimIDs.FULL, PrimIDs.IOTA})
+# A reduction whose output is at least this fraction of its input is recomputed; one that shrinks
+# more is banned, since its output is cheap to save and costly to recompute (functorch's 4x rule:
+# it keeps normalizations' statistics saved).
+_REDUCTION_SHRINK_LIMIT = 4
+
+
+def nbytes(p: TensorProxy) -> int:
+    numel = 1
+    for s in p.shape:
+        numel *= s
+    return numel * p.dtype.itemsize
+
+
+def cheap_to_recompute(bsym) -> bool:
+    """The default `recomputable` predicate: whether every primitive bsym decomposes into is
+    elementwise, a shape or view op (broadcast, reshape, transpose, slice, cat, ...), a dtype
+    conversion, a factory, or a reduction that does not shrink its input more than 4x; and
+    nothing in it is random, opaque, a statement or kept for its effects. Matmuls, gathers,
+    scatters, sorts, scans and device transfers are not: they cost more than the bytes they
+    would save, or are not worth reasoning about."""
+    sym = bsym.sym
+    if sym.printer is not None or sym.tags & {"no_dce", "random", "opaque"}:
+        return False
+    if bsym.subsymbols:
+        return all(cheap_to_recompute(s) for s in bsym.subsymbols)
+    if not sym.is_prim or sym.executor is not None:  # an executor's own operator: a kernel, not ours to judge
+        return False
+    if sym.tags & {"elementwise", "shape"} or sym.id in _CHEAP_UNTAGGED_PRIMS:
+        return True
+    if "reduction" in sym.tags:
+        read = sum(nbytes(p) for p in bsym.proxy_args())
+        return sum(nbytes(p) for p in bsym.proxy_outs()) * _REDUCTION_SHRINK_LIMIT >= read
+    return False
+
+
+# -- max flow / min cut ---------------------------------------------------------------------------
+
+class FlowGraph:
+    """A directed graph with integer capacities, for one max-flow / min-cut computation. Each
+    edge is stored with its reverse (capacity 0) so that residual capacities live in one list."""
+
+    def __init__(self, n_nodes: int):
+        self.adjacent = [[] for _ in range(n_nodes)]  # node -> edge indices leaving it
+        self.head: list[int] = []  # edge -> the node it enters
+        self.capacity: list[int] = []  # edge -> residual capacity
+
+    def add_edge(self, u: int, v: int, capacity: int) -> None:
+        for a, b, c in ((u, v, capacity), (v, u, 0)):  # edge e's reverse is e ^ 1
+            self.adjacent[a].append(len(self.head))
+            self.head.append(b)
+            self.capacity.append(c)
+
+    def max_flow(self, source: int, sink: int) -> int:
+        """Edmonds-Karp: push flow along shortest augmenting paths until none is left."""
+        total = 0
+        while True:
+            via = [-1] * len(self.adjacent)  # node -> the edge that reached it
+            via[source] = -2
+            queue = collections.deque([source])
+            while queue and via[sink] == -1:
+                u = queue.popleft()
+                for e in self.adjacent[u]:
+                    v = self.head[e]
+                    if via[v] == -1 and self.capacity[e] > 0:
+                        via[v] = e
+                        queue.append(v)
+            if via[sink] == -1:
+                return total
+            path, v = [], sink
+            while v != source:
+                path.append(via[v])
+                v = self.head[via[v] ^ 1]
+            pushed = min(self.capacity[e] for e in path)
+            for e in path:
+                self.capacity[e] -= pushed
+                self.capacity[e ^ 1] += pushed
+            total += pushed
+
+    def reaching(self, sink: int) -> set:
+        """After max_flow: the nodes that can still reach `sink` through edges with capacity
+        left, the sink side of the minimum cut nearest the sink."""
+        found, queue = {sink}, collections.deque([sink])
+        while queue:
+            v = queue.popleft()
+            for e in self.adjacent[v]:  # e leaves v, so e ^ 1 enters v from head[e]
+                u = self.head[e]
+                if u not in found and self.capacity[e ^ 1] > 0:
+                    found.add(u)
+                    queue.append(u)
+        return found
+
+
+@dataclasses.dataclass
+class Cut:
+    saved: list  # names of the values to save, in the order given
+    recomputed: set  # names of the values the backward computes again
+    saved_bytes: int
+
+
+def min_cut_saved(values: Iterable[str], cost: dict, arguments: dict, fixed: set, needed: set) -> Cut:
+    """The values to save so that every value in `needed` is saved or recomputable from saved
+    values, with the least total cost (see the module docstring for the graph).
+
+    values: every value's name, in an order in which each comes after its arguments;
+    cost: name -> bytes to save it; arguments: name -> names of the values its op reads (absent
+    for inputs); fixed: values that cannot be recomputed (inputs, outputs of ops not to repeat);
+    needed: the values the backward reads."""
+    values = list(values)
+    index = {v: i for i, v in enumerate(values)}
+    source, sink = 0, 1
+    infinite = sum(cost[v] for v in values) + 1  # more than any cut of finite edges
+
+    def node_in(v):
+        return 2 + 2 * index[v]
+
+    graph = FlowGraph(2 + 2 * len(values))
+    for v in values:
+        graph.add_edge(node_in(v), node_in(v) + 1, cost[v])
+        if v in fixed or v not in arguments:
+            graph.add_edge(source, node_in(v), infinite)
+        for a in arguments.get(v, ()):
+            graph.add_edge(node_in(a) + 1, node_in(v), infinite)
+        if v in needed:
+            graph.add_edge(node_in(v) + 1, sink, infinite)
+    flow = graph.max_flow(source, sink)
+    if flow >= infinite:  # cannot happen for a well-formed problem (saving all of `needed` is finite)
+        raise ValueError("no finite cut: a needed value depends on something that can be neither saved nor recomputed")
+    sink_side = graph.reaching(sink)
+    saved = [v for v in values if node_in(v) not in sink_side and node_in(v) + 1 in sink_side]
+    # the values to recompute: what `needed` reads, back to the saved values
+    saved_set, recomputed, stack = set(saved), set(), [v for v in needed if v not in saved]
+    while stack:
+        v = stack.pop()
+        if v in recomputed:
+            continue
+        if v in fixed or v not in arguments:
+            raise AssertionError(f"min cut left {v} neither saved nor recomputable")  # a bug here, never a wrong answer
+        recomputed.add(v)
+        stack.extend(a for a in arguments[v] if a not in saved_set)
+    return Cut(saved, recomputed, sum(cost[v] for v in saved))
+
+
+# -- the pass on a forward/backward split ---------------------------------------------------------
+
+def _may_alias(bsym) -> bool:
+    """Whether bsym's outputs may share memory with its arguments (a view, or an op we cannot see
+    into): anything but a composition of elementwise ops and reductions."""
+    if bsym.subsymbols:
+        return any(_may_alias(s) for s in bsym.subsymbols)
+    return not (bsym.sym.is_prim and bsym.sym.tags & {"elementwise", "reduction"})
+
+
+def _written_in_forward(forward) -> set:
+    """Names of the tensors whose memory the forward may write into (a write-back into an input, an
+    opaque op's arguments) and of everything that may be a view of them. Recomputing from one of
+    these in the backward would read the value after the write, not the one the forward read."""
+    written = set()
+    for bsym in forward.bound_symbols:
+        if bsym.sym is write_back:
+            written.add(bsym.args[0].name)
+        elif "opaque" in bsym.sym.tags and "random" not in bsym.sym.tags:
+            written.update(p.name for p in bsym.proxy_args())
+    changed = True
+    while changed:  # views of written tensors, in either direction, see the writes too
+        changed = False
+        for bsym in forward.bound_symbols:
+            if _may_alias(bsym):
+                names = {p.name for p in bsym.proxy_args() + bsym.proxy_outs()}
+                if names & written and not names <= written:
+                    written |= names
+                    changed = True
+    return written
+
+
+def rematerialize(forward, backward, recomputable: Callable = cheap_to_recompute):
+    """(forward, backward) of a split (autograd_split.Split's traces) with the residuals chosen by
+    a minimum cut over saved bytes: the backward recomputes, from the new residuals, the values
+    the cut does not save, with the forward's own bound symbols, each group placed just before
+    the first backward op that reads it. `recomputable(bsym)` says which forward ops may run
+    again (default: cheap_to_recompute). Returns the traces unchanged when no cut saves fewer
+    bytes than the split's residuals."""
+    start = time.perf_counter_ns()
+    outputs, residuals = forward.output
+    n_residuals = len(residuals)
+    cotangents = backward.args[n_residuals:]
+    output_names = {p.name for p in outputs}
+    written = _written_in_forward(forward)
+
+    proxies = {p.name: p for p in forward.args}
+    arguments, fixed, producer = {}, set(), {}
+    for bsym in forward.bound_symbols:
+        outs = bsym.proxy_outs()
+        reads = [p.name for p in bsym.proxy_args() if p.constant is None]  # captured constants are always there
+        repeatable = recomputable(bsym) and not any(n in written for n in reads)
+        for o in outs:
+            if o.name in proxies:  # defined twice (an alias of an input): not ours to move
+                fixed.add(o.name)
+                continue
+            proxies[o.name] = o
+            arguments[o.name] = reads
+            producer[o.name] = bsym
+            if not repeatable:
+                fixed.add(o.name)
+    needed = {p.name for p in residuals}
+    if not needed <= proxies.keys():  # a residual the forward does not define (none known): leave the split alone
+        return forward, backward
+    cost = {name: 0 if name in output_names else nbytes(p) for name, p in proxies.items()}
+    before = sum(cost[p.name] for p in residuals)
+    cut = min_cut_saved(proxies, cost, arguments, fixed, needed)
+    if cut.saved_bytes >= before:
+        return forward, backward
+
+    # residuals the split had keep their places; new ones follow in forward order
+    saved = set(cut.saved)
+    new_residuals = [p for p in residuals if p.name in saved]
+    new_residuals += [proxies[n] for n in cut.saved if n not in needed]
+    recompute = []  # the forward's bound symbols that compute the recomputed values, in forward order
+    for bsym in forward.bound_symbols:
+        outs = bsym.proxy_outs()
+        if any(o.name in cut.recomputed for o in outs):
+            # an op with several outputs, one saved and another recomputed: the copy's saved output gets
+            # a name of its own, so that each name is defined once in the backward
+            renamed = {o.name: TensorProxy.like(o, name=backward.names.take(prefix="t"))
+                       for o in outs if o.name in saved}
+            recompute.append(bsym.swap(renamed))
+
+    # place each recomputation before the first backward op that reads its outputs (directly, or
+    # through a later recomputation): recomputed values then live no longer than needed
+    first_read = {}
+    for i, bsym in enumerate(backward.bound_symbols):
+        for p in bsym.proxy_args():
+            first_read.setdefault(p.name, i)
+    for g in backward.output:
+        if isinstance(g, TensorProxy):
+            first_read.setdefault(g.name, len(backward.bound_symbols))
+    position = {}
+    for bsym in reversed(recompute):
+        at = min(first_read.get(o.name, len(backward.bound_symbols)) for o in bsym.proxy_outs())
+        position[id(bsym)] = at
+        for p in bsym.proxy_args():
+            first_read[p.name] = min(first_read.get(p.name, at), at)
+    before_op = collections.defaultdict(list)
+    for bsym in recompute:
+        before_op[position[id(bsym)]].append(bsym)
+    body = []
+    for i, bsym in enumerate(backward.bound_symbols):
+        body += before_op.pop(i, [])
+        body.append(bsym)
+    body += before_op.pop(len(backward.bound_symbols), [])
+
+    elapsed = f"(took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
+    new_backward = backward.derive("", body)
+    new_backward.args = new_residuals + list(cotangents)
+    new_backward = dce(new_backward)
+    new_backward.provenance = f"Constructed by Rematerialization {elapsed}"
+    new_forward = forward.derive("")
+    new_forward.output = (outputs, tuple(new_residuals))
+    new_forward = dce(new_forward)
+    new_forward.provenance = f"Constructed by Rematerialization {elapsed}"
+    return new_forward, new_backward
