@@ -5,7 +5,7 @@ side by side in one process.
     python benchmarks/bench_training.py --no-compile   # skip torch.compile (its cold compile takes ~10 s)
 
 Variants: eager, thunderfn.jit with the default executors, thunderfn.jit with the Inductor fusion
-executor first, and torch.compile. Workloads: an MLP (4 x Linear 1024 with GELU, batch 64) and a GPT block (n_embd 256, 4 heads,
+executor first (which rematerializes by default), the same without rematerialization, and torch.compile. Workloads: an MLP (4 x Linear 1024 with GELU, batch 64) and a GPT block (n_embd 256, 4 heads,
 sequence 128, batch 8). Columns: median step time, ratio to eager, first step (tracing and
 compiling included), the tensors autograd keeps between forward and backward (the activation
 memory; measured through saved-tensor hooks, so on CPU too) and the peak memory allocated during
@@ -125,7 +125,10 @@ def main(argv=None):
         torch.manual_seed(0)
         base, loss_of = make(device)
         variants = {"eager": lambda: copy.deepcopy(base), "thunderfn.jit(module)": lambda: tf.jit(copy.deepcopy(base)),
-                    "thunderfn.jit(module, inductor)": lambda: tf.jit(copy.deepcopy(base), executors=["inductor"])}
+                    "thunderfn.jit(module, inductor)": lambda: tf.jit(copy.deepcopy(base), executors=["inductor"]),
+                    # rematerialization is on by default with a fusion executor: this row shows what it changes
+                    "thunderfn.jit(module, inductor, no remat)": lambda: tf.jit(copy.deepcopy(base), executors=["inductor"],
+                                                                               rematerialize=False)}
         if not args.no_compile:
             variants["torch.compile"] = lambda: torch.compile(copy.deepcopy(base))
         reference, ready, first = None, {}, {}

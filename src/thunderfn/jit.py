@@ -482,7 +482,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     where that saves memory (transforms/rematerialize.py). None (the default) turns it on
     where a fusion executor (Inductor) is among the executors, which fuses the recomputation.
     """
-    if rematerialize not in (None, True, False):  # checked here: a module's forward is jitted at its first call
+    if not any(rematerialize is allowed for allowed in (None, True, False)):  # here: a module jits its forward later
         raise ValueError(f"rematerialize must be None (on where a fusion executor is used), True or False, "
                          f"got {rematerialize!r}")
     if isinstance(fn, torch.nn.Module):

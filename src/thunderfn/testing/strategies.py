@@ -126,3 +126,32 @@ def program_inputs(draw, n_inputs: int = 2, dtypes=FLOAT_DTYPES):
     shape = draw(shapes(min_dims=1, max_dims=3))
     dtype = draw(st.sampled_from(dtypes))
     return tuple(make(shape, dtype, draw(st.integers(0, 2**16))) for _ in range(n_inputs))
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueGraph:
+    """A small forward computation as rematerialization sees it (transforms/rematerialize.py's
+    min_cut_saved): values in topological order, each an input or computed from earlier ones,
+    with a cost to save it, whether it may be recomputed, and which the backward reads."""
+    values: tuple  # names, in topological order
+    cost: dict  # name -> bytes to save it
+    arguments: dict  # name -> names it is computed from (absent: an input)
+    fixed: frozenset  # names that cannot be recomputed (besides the inputs)
+    needed: frozenset  # names the backward reads
+
+
+@st.composite
+def value_graphs(draw, max_values: int = 8):
+    """Random value graphs: a few inputs, then values computed from one to three earlier values,
+    random costs (0 for some: a forward output is free to save), some not recomputable, and a
+    random non-empty set of values the backward needs."""
+    n_inputs = draw(st.integers(1, 3))
+    n = draw(st.integers(n_inputs + 1, max(n_inputs + 1, max_values)))
+    values = tuple(f"v{i}" for i in range(n))
+    cost = {v: draw(st.sampled_from([0, 1, 2, 4, 8, 16, 100])) for v in values}
+    arguments = {}
+    for i in range(n_inputs, n):
+        arguments[values[i]] = tuple(sorted(set(draw(st.lists(st.sampled_from(values[:i]), min_size=1, max_size=3)))))
+    fixed = frozenset(v for v in values[n_inputs:] if draw(st.booleans()) and draw(st.booleans()))
+    needed = frozenset(draw(st.lists(st.sampled_from(values), min_size=1, max_size=4)))
+    return ValueGraph(values, cost, arguments, fixed, needed)
