@@ -340,3 +340,26 @@ def test_remat_is_on_by_default_with_inductor_and_fuses_the_recomputation():
     recomputed = {o.name for b in _recomputed_bsyms(jf) for o in b.proxy_outs()}
     fused = [b for b in tf.last_backward_traces(jf)[-1].bound_symbols if b.sym.name.startswith("inductor_fusion")]
     assert any(recomputed & {o.name for s in region.subsymbols for o in s.proxy_outs()} for region in fused)
+
+
+def test_an_op_with_one_output_saved_and_one_recomputed_defines_each_name_once():
+    """x.chunk(2): the first half is returned (free to save), the second recomputed from x (saved for
+    the matmul anyway): the recomputed chunk's copy of the first half gets a name of its own."""
+    def fn(x, w, z):
+        p, q = x.chunk(2, dim=1)
+        return p, (torch.exp(q) * torch.tanh(q) * z * p).sum() + (x @ w).sum()
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(8, 16, generator=g, requires_grad=True), torch.randn(16, 8, generator=g, requires_grad=True),
+              torch.randn(8, 8, generator=g, requires_grad=True)]
+
+    def loss(f):
+        return lambda *a: (lambda p, s: p.sum() * 3 + s)(*f(*a))
+    jf = tf.jit(fn, rematerialize=True)
+    _, grads = _grads(loss(jf), inputs)
+    _, expected = _grads(loss(fn), inputs)
+    for got, e in zip(grads, expected):
+        torch.testing.assert_close(got, e)
+    assert "chunk" in {b.sym.name for b in _recomputed_bsyms(jf)}
+    _, (_, backward) = _split_traces(jf)
+    defined = [p.name for p in backward.args] + [o.name for b in backward.bound_symbols for o in b.proxy_outs()]
+    assert len(defined) == len(set(defined))
