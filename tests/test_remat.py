@@ -49,7 +49,7 @@ def _recomputed_bsyms(jf) -> list:
     """The bound symbols of the rematerialized backward that compute forward values again."""
     (fwd, _), remat = _split_traces(jf)
     assert remat is not None, "rematerialization did not change the split"
-    forward_values = {o.name for b in fwd.bound_symbols for o in b.proxy_outs()}
+    forward_values = {o.name for b in fwd.bound_symbols for s in _walk(b) for o in s.proxy_outs()}  # intermediates too
     return [b for b in remat[1].bound_symbols if any(o.name in forward_values for o in b.proxy_outs())]
 
 
@@ -81,8 +81,8 @@ def _gelu_sigmoid_inputs():
 
 # -- the min cut on hand-made graphs ---------------------------------------------------------------
 
-def _cut(values, cost, arguments, fixed=(), needed=()):
-    return min_cut_saved(values, cost, arguments, set(fixed), set(needed))
+def _cut(values, cost, arguments, fixed=(), needed=(), unsaveable=()):
+    return min_cut_saved(values, cost, arguments, set(fixed), set(needed), set(unsaveable))
 
 
 def test_min_cut_saves_the_small_middle_of_a_chain():
@@ -120,11 +120,21 @@ def test_min_cut_on_a_tie_recomputes_least():
     assert cut.saved == ["a"] and cut.recomputed == set()
 
 
+def test_min_cut_never_saves_an_intermediate_of_an_op_run_whole():
+    """x (100) -> i (1) -> o (100), the backward reads o: i would be cheapest to save, but it is an
+    intermediate of an op that runs as one call (it never exists), so o is saved."""
+    cut = _cut("xio", {"x": 100, "i": 1, "o": 100}, {"i": "x", "o": "i"}, needed="o")
+    assert cut.saved == ["i"]
+    cut = _cut("xio", {"x": 100, "i": 1, "o": 100}, {"i": "x", "o": "i"}, needed="o", unsaveable="i")
+    assert cut.saved == ["o"] and cut.recomputed == set()
+
+
 def _brute_force_min(graph) -> int:
-    """The least cost of a valid saved set, by trying every subset of values."""
+    """The least cost of a valid saved set, by trying every subset of saveable values."""
     best = None
-    for k in range(len(graph.values) + 1):
-        for saved in itertools.combinations(graph.values, k):
+    saveable = [v for v in graph.values if v not in graph.unsaveable]
+    for k in range(len(saveable) + 1):
+        for saved in itertools.combinations(saveable, k):
             cost = sum(graph.cost[v] for v in saved)
             if (best is None or cost < best) and _valid(graph, set(saved)):
                 best = cost
@@ -147,10 +157,11 @@ def _valid(graph, saved) -> bool:
 @given(tst.value_graphs())
 def test_min_cut_is_a_valid_cut_of_least_cost_on_random_graphs(graph):
     """On random value graphs the cut is valid (every needed value saved or recomputable from
-    what is saved, recomputed values never fixed or inputs) and as cheap as the best of all
-    subsets, found by brute force."""
-    cut = min_cut_saved(graph.values, graph.cost, graph.arguments, set(graph.fixed), set(graph.needed))
-    assert _valid(graph, set(cut.saved))
+    what is saved, nothing unsaveable saved, recomputed values never fixed or inputs) and as cheap
+    as the best of all subsets, found by brute force."""
+    cut = min_cut_saved(graph.values, graph.cost, graph.arguments, set(graph.fixed), set(graph.needed),
+                        set(graph.unsaveable))
+    assert _valid(graph, set(cut.saved)) and not set(cut.saved) & graph.unsaveable
     assert not cut.recomputed & (set(graph.fixed) | (set(graph.values) - graph.arguments.keys()))
     assert not cut.recomputed & set(cut.saved)
     assert cut.saved_bytes == sum(graph.cost[v] for v in cut.saved) == _brute_force_min(graph)
@@ -183,6 +194,28 @@ def test_remat_saves_fewer_bytes_and_gradients_equal_eager():
     assert _saved_bytes(plain) == 3 * 8 * 32 * 4
     assert _saved_bytes(remat) == 8 * 32 * 4 < _saved_bytes(plain)
     assert {b.sym.name for b in _recomputed_bsyms(remat)} >= {"gelu", "sigmoid"}
+
+
+def test_layer_norm_output_is_recomputed_from_its_saved_statistics():
+    """layer_norm runs whole in the forward (its statistics are reductions, not recomputed), but
+    its normalized output is recomputed in the backward from its input and statistics, which its
+    backward saves anyway, through the elementwise ops of its decomposition."""
+    def fn(x, w, b, weight):
+        return F.layer_norm(x, (32,), w, b) @ weight
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(4, 16, 32, generator=g, requires_grad=True), torch.randn(32, generator=g, requires_grad=True),
+              torch.randn(32, generator=g, requires_grad=True), torch.randn(32, 8, generator=g, requires_grad=True)]
+    plain, remat = tf.jit(fn, rematerialize=False), tf.jit(fn, rematerialize=True)
+    _, expected = _grads(fn, inputs)
+    for jf in (plain, remat):
+        _, grads = _grads(jf, inputs)
+        for got, e in zip(grads, expected):
+            torch.testing.assert_close(got, e)
+    assert _saved_bytes(plain) == 4 * 16 * 32 * 4 + 2 * 4 * 16 * 4  # the output, mean and rstd
+    assert _saved_bytes(remat) == 2 * 4 * 16 * 4  # mean and rstd
+    recomputed = _recomputed_bsyms(remat)
+    assert {b.sym.name for b in recomputed} >= {"sub", "mul", "add"}
+    assert not any("reduction" in s.sym.tags for b in recomputed for s in _walk(b))
 
 
 def test_matmul_outputs_are_saved_not_recomputed():

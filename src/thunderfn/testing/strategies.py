@@ -138,13 +138,14 @@ class ValueGraph:
     arguments: dict  # name -> names it is computed from (absent: an input)
     fixed: frozenset  # names that cannot be recomputed (besides the inputs)
     needed: frozenset  # names the backward reads
+    unsaveable: frozenset  # names that cannot be saved (intermediates of an op run whole), never needed
 
 
 @st.composite
 def value_graphs(draw, max_values: int = 8):
     """Random value graphs: a few inputs, then values computed from one to three earlier values,
-    random costs (0 for some: a forward output is free to save), some not recomputable, and a
-    random non-empty set of values the backward needs."""
+    random costs (0 for some: a forward output is free to save), some not recomputable, some not
+    saveable, and a random non-empty set of values the backward needs."""
     n_inputs = draw(st.integers(1, 3))
     n = draw(st.integers(n_inputs + 1, max(n_inputs + 1, max_values)))
     values = tuple(f"v{i}" for i in range(n))
@@ -154,4 +155,5 @@ def value_graphs(draw, max_values: int = 8):
         arguments[values[i]] = tuple(sorted(set(draw(st.lists(st.sampled_from(values[:i]), min_size=1, max_size=3)))))
     fixed = frozenset(v for v in values[n_inputs:] if draw(st.booleans()) and draw(st.booleans()))
     needed = frozenset(draw(st.lists(st.sampled_from(values), min_size=1, max_size=4)))
-    return ValueGraph(values, cost, arguments, fixed, needed)
+    unsaveable = frozenset(v for v in values[n_inputs:] if v not in needed and draw(st.booleans()))
+    return ValueGraph(values, cost, arguments, fixed, needed, unsaveable)
