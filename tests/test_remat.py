@@ -120,6 +120,14 @@ def test_min_cut_on_a_tie_recomputes_least():
     assert cut.saved == ["a"] and cut.recomputed == set()
 
 
+def test_min_cut_on_a_long_chain_finds_its_cheapest_link():
+    """3000 values in a chain (a path longer than Python's recursion limit), one of them cheap."""
+    values = [f"v{i}" for i in range(3000)]
+    cost = {v: 1 if v == "v1700" else 10 for v in values}
+    cut = _cut(values, cost, {v: [u] for u, v in zip(values, values[1:])}, needed=["v2999"])
+    assert cut.saved == ["v1700"] and cut.recomputed == set(values[1701:])
+
+
 def test_min_cut_never_saves_an_intermediate_of_an_op_run_whole():
     """x (100) -> i (1) -> o (100), the backward reads o: i would be cheapest to save, but it is an
     intermediate of an op that runs as one call (it never exists), so o is saved."""
