@@ -56,7 +56,7 @@ _is_grad_enabled = torch.is_grad_enabled
 _get_default_dtype = torch.get_default_dtype
 
 DEFAULT_CACHE_SIZE_LIMIT = 8  # torch.compile's recompile_limit
-CSE = "Common subexpression elimination"
+CSE = "Common Subexpression Elimination"
 
 
 class CacheEntry:
