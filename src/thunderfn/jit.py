@@ -45,7 +45,8 @@ from thunderfn.core.passes import cse, dce, del_last_used
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.executors.fusion import FusionExecutor
-from thunderfn.executors.torch_rewrites import lift_number_operands, records_no_autograd, reuse_dead_buffers, unless_functorch
+from thunderfn.executors.torch_rewrites import (UnlessFunctorch, functorch_active, lift_number_operands,
+                                                records_no_autograd, reuse_dead_buffers)
 from thunderfn.module import jit_module
 from thunderfn.torch.optim import StepChangesOptimizerState
 from thunderfn.transforms.executor_lower import lower_trace
@@ -343,7 +344,7 @@ def _execution_passes(trc: Trace, executors, *, no_autograd: bool) -> tuple[list
     traces.append(timed_pass("Delete Last Used", del_last_used, traces[-1]))
     fn = traces[-1].python_callable()
     if reused is not lifted:  # torch.func's transforms get the trace without in-place writes
-        fn = unless_functorch(fn, lambda: del_last_used(lifted).python_callable())
+        fn = UnlessFunctorch(fn, lambda: del_last_used(lifted).python_callable())
     return traces, fn
 
 
@@ -387,6 +388,9 @@ def _hit_function(key: tuple, fn, guards_hold, stats):
         on_device = f"{a}.is_cpu" if device.type == "cpu" else f"{a}.device == device{i}"
         checks += [f"{a}.dtype is dtype{i}", f"{a}.shape == shape{i}", f"{a}.requires_grad is {requires_grad}", on_device]
     checks += [f"is_grad_enabled() is {key[1]}", "get_default_dtype() is default_dtype", "not tracing.stack"]
+    if isinstance(fn, UnlessFunctorch):  # its choice made here, with the other checks: one call fewer
+        namespace.update(fn=fn.rewritten, functorch_active=functorch_active)
+        checks.append("not functorch_active()")
     if guards_hold is not None:
         checks.append("guards_hold()")
     args = ", ".join(names)

@@ -18,8 +18,8 @@ Writing in place is only correct where nothing records the old value: torch.auto
 saves an op's inputs for its backward, and torch.func.vmap refuses to write a batched
 value into an unbatched tensor. So jit applies `reuse_dead_buffers` only to traces that
 run without autograd recording (the halves of a forward/backward split, or a trace in
-which nothing requires grad), and `unless_functorch` keeps the unrewritten trace for
-calls made under torch.func's transforms.
+which nothing requires grad), and `UnlessFunctorch` keeps the unrewritten trace for
+calls made under torch.func's transforms (`UnlessFunctorch`).
 
 May import: core/, executors/torch_executor.py.
 """
@@ -147,22 +147,24 @@ def records_no_autograd(trc) -> bool:
         p.requires_grad for b in trc.bound_symbols for p in (*b.proxy_args(), *b.proxy_outs()))
 
 
-_functorch_transforms_active = torch._C._are_functorch_transforms_active
+
+class UnlessFunctorch:
+    """Runs `rewritten`, or under torch.func's transforms the function `make_plain()` returns,
+    made on first need (vmap's batched values may not be written into unbatched intermediates,
+    and grad's tensors record autograd). jit's cache-hit path calls `rewritten` itself after
+    checking `functorch_active()` with its other checks."""
+
+    __slots__ = ("rewritten", "make_plain", "plain")
+
+    def __init__(self, rewritten, make_plain):
+        self.rewritten, self.make_plain, self.plain = rewritten, make_plain, None
+
+    def __call__(self, *args):
+        if not functorch_active():
+            return self.rewritten(*args)
+        if self.plain is None:
+            self.plain = self.make_plain()
+        return self.plain(*args)
 
 
-def unless_functorch(rewritten, make_plain):
-    """A callable running `rewritten`, or under torch.func's transforms the function
-    `make_plain()` returns, made on first need (vmap's batched values may not be written into
-    unbatched intermediates, and grad's tensors record autograd)."""
-    plain = None
-
-    def run(*args):
-        nonlocal plain
-        if not _functorch_transforms_active():
-            return rewritten(*args)
-        if plain is None:
-            plain = make_plain()
-        return plain(*args)
-
-    return run
-
+functorch_active = torch._C._are_functorch_transforms_active
