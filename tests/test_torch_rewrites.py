@@ -137,3 +137,24 @@ def test_torch_func_vmap_over_a_jitted_function_runs_the_trace_without_in_place_
     assert in_place_calls(tf.last_traces(jf)[-1])  # the trace called directly writes in place
     got = torch.func.vmap(jf, in_dims=(None, 0))(w, ys)
     torch.testing.assert_close(got, torch.stack([f(w, y) for y in ys]))
+
+
+def test_a_commutative_op_writes_into_its_dead_second_argument_when_the_first_is_an_input():
+    def f(x, y):
+        return x + torch.sin(y), x * torch.cos(y)
+
+    x, y = torch.randn(6), torch.randn(6)
+    kept = x.clone(), y.clone()
+    jf = tf.jit(f)
+    for got, expected in zip(jf(x, y), f(x, y)):
+        assert torch.equal(got, expected)
+    assert torch.equal(x, kept[0]) and torch.equal(y, kept[1])
+    calls = in_place_calls(tf.last_traces(jf)[-1])
+    assert any("torch.Tensor.add_(t" in c and ", x)" in c for c in calls)
+    assert any("torch.Tensor.mul_(t" in c and ", x)" in c for c in calls)
+    # complex products round differently when their operands swap: left out of place
+    xc, yc = torch.randn(6, dtype=torch.complex64), torch.randn(6, dtype=torch.complex64)
+    jc = tf.jit(f)
+    for got, expected in zip(jc(xc, yc), f(xc, yc)):
+        assert torch.equal(got, expected)
+    assert not in_place_calls(tf.last_traces(jc)[-1])

@@ -21,7 +21,7 @@ run without autograd recording (the halves of a forward/backward split, or a tra
 which nothing requires grad), and `UnlessFunctorch` keeps the unrewritten trace for
 calls made under torch.func's transforms (`UnlessFunctorch`).
 
-May import: core/, executors/torch_executor.py.
+May import: core/, the torch language, executors/torch_executor.py.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.core.symbol import BoundSymbol
 from thunderfn.executors.torch_executor import TorchExecutor, torch_ex
+from thunderfn.torch import aten_backward
 
 # -- lifting numbers ----------------------------------------------------------------------------
 
@@ -105,8 +106,12 @@ _IN_PLACE = {
 _FRESH = set(_IN_PLACE) | {
     torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.nn.functional.linear, torch.nn.functional.gelu,
     torch.nn.functional.silu, torch.softmax, torch.log_softmax, torch.nn.functional.softmax,
-    torch.nn.functional.log_softmax, torch.where, torch.maximum, torch.minimum, torch.sum, torch.mean,
+    torch.nn.functional.log_softmax, torch.where, torch.maximum, torch.minimum, torch.sum, torch.mean, torch.cat,
+    # aten's kernels the backward calls (gelu_backward, native_layer_norm_backward, ...): new tensors each
+    *(getattr(aten_backward, name).torch_fn for name in aten_backward.__all__),
 }
+# Where a op b == b op a bit for bit (real dtypes: one rounding, no reassociation), the result may go into b.
+_COMMUTATIVE = {torch.add, torch.mul}
 
 
 def reuse_dead_buffers(trc):
@@ -125,14 +130,22 @@ def reuse_dead_buffers(trc):
     out, changed = list(bsyms), False
     for i, b in enumerate(bsyms):
         in_place = _IN_PLACE.get(_torch_fn(b))
-        if in_place is None or not b.args or not isinstance(b.args[0], TensorProxy):
+        if in_place is None or not b.args:
             continue
-        t, result = b.args[0], b.output
-        if (t.name in produced_fresh and last_read[t.name] == i and t.name not in returned
-                and isinstance(result, TensorProxy) and tuple(result.shape) == tuple(t.shape)
-                and result.dtype == t.dtype and result.device == t.device
-                and all(_torch_fn(r) in _FRESH for r in readers[t.name])):
-            out[i] = BoundSymbol(torch_ex.op(in_place), b.args, b.kwargs, result, b.subsymbols)
+        result = b.output
+
+        def reusable(t) -> bool:
+            return (isinstance(t, TensorProxy) and t.name in produced_fresh and last_read[t.name] == i
+                    and t.name not in returned and isinstance(result, TensorProxy)
+                    and tuple(result.shape) == tuple(t.shape) and result.dtype == t.dtype and result.device == t.device
+                    and all(_torch_fn(r) in _FRESH for r in readers[t.name]))
+
+        args = b.args
+        if not reusable(args[0]) and _torch_fn(b) in _COMMUTATIVE and len(args) == 2 and not b.kwargs and (
+                isinstance(result, TensorProxy) and not result.dtype.is_complex and reusable(args[1])):
+            args = (args[1], args[0])
+        if reusable(args[0]):
+            out[i] = BoundSymbol(torch_ex.op(in_place), args, b.kwargs, result, b.subsymbols)
             changed = True
     return trc.derive("Reuse dead buffers", out) if changed else trc
 
