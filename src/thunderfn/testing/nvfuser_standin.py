@@ -41,6 +41,9 @@ class DataType(enum.Enum):
     ComplexDouble = torch.complex128
     Null = None
 
+    def __repr__(self):
+        return f"DataType.{self.name}"
+
 
 def compute_tensor_descriptor(sizes, strides):
     """nvFuser's (contiguity, stride_order) for a tensor (python_common/python_utils.cpp's
@@ -103,7 +106,7 @@ class Scalar:
         self.value = {torch.bool: bool, torch.int64: int, torch.int32: int}.get(dtype.value, float)(value)
 
     def __repr__(self):
-        return f"S({self.value!r}, {self.dtype.name})"
+        return f"S({self.value!r}, {self.dtype!r})"
 
 
 def _value(x, env, device=None):
