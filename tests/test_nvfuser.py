@@ -197,10 +197,11 @@ def test_dtypes_and_numbers_match_eager(ex):
     """Integer and bool reductions keep the prim's dtype (nvFuser would sum into int64), numbers
     take the tensor's dtype, true and truncating division, where with a number."""
     def f(i, m, x):
-        s = (i * 3 - 1).sum(1)  # int32 summed into int64, as torch sums it
+        s = (i * 3 - 1).sum(1)  # torch sums int32 into int64
+        p = tf.prims.sum(i * 2, (1,))  # the prim keeps int32
         t = torch.div(i, 2, rounding_mode="trunc").amax(1) + (m & (i > 0)).sum(1)
         h = torch.where(m, x * 0.5, 2.0).to(torch.float64)
-        return s, t, h.var(0), torch.cat([x, x.half().float()], 1).amin(1), (x / 3).pow(2)
+        return s, p, t, h.var(0), torch.cat([x, x.half().float()], 1).amin(1), (x / 3).pow(2)
 
     i = torch.randint(-5, 5, (3, 4), dtype=torch.int32)
     m, x = torch.rand(3, 4) > 0.5, torch.randn(3, 4)

@@ -94,12 +94,14 @@ def _where(b, pred, x, y):
 def _reduction(name: str) -> Rule:
     def translate(b, a, dims):
         r = getattr(b.ops, name)(b.nv(a), list(dims))
-        # nvFuser sums integers and bools into int64; the prim keeps its input's dtype
-        return r if a.dtype.is_floating_point else b.ops.cast(r, b.dtype(b.out.dtype))
+        # nvFuser sums and multiplies integers and bools into int64; the prim keeps its input's dtype
+        upcast = name in ("sum", "prod") and not a.dtype.is_floating_point
+        return b.ops.cast(r, b.dtype(b.out.dtype)) if upcast else r
 
-    # nothing to reduce (no dims) is a copy, not a reduction; half-precision sums would also
-    # accumulate in half here (Thunder refuses them too), so torch keeps those
-    return Rule(translate, lambda a, dims: len(dims) > 0 and a.dtype not in _LOW_PRECISION)
+    # nothing to reduce (no dims) is a copy, not a reduction; half-precision sums would accumulate
+    # in half here (Thunder refuses them too); nvFuser has no max/min of bools
+    return Rule(translate, lambda a, dims: (len(dims) > 0 and a.dtype not in _LOW_PRECISION
+                                            and not (name in ("max", "min") and a.dtype is torch.bool)))
 
 
 def _var_accepts(a, dims, *, correction):

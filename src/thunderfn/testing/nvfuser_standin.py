@@ -143,18 +143,18 @@ def _div(a, b):
     return torch.div(a, b, rounding_mode="trunc") if ints else torch.true_divide(a, b)
 
 
-def _reduction(fn):
+def _reduction(fn, integers_to_int64=False):
     def impl(arg, dims, keepdim=False, dtype=None):
-        if dtype is None:  # nvFuser: floats keep their dtype, integers and bools reduce to int64
-            dtype = arg.dtype if arg.is_floating_point() else torch.int64
-        return fn(arg.to(dtype), [d % arg.ndim for d in dims], keepdim)
+        if dtype is None and integers_to_int64 and not arg.is_floating_point():
+            dtype = torch.int64  # nvFuser's sum and prod of integers and bools (ops/arith.cpp)
+        return fn(arg if dtype is None else arg.to(dtype), [d % arg.ndim for d in dims], keepdim)
 
     return impl
 
 
 def _prod(a, dims, keepdim):
     for d in sorted(dims, reverse=True):
-        a = torch.prod(a, d, keepdim=keepdim)
+        a = torch.prod(a, d, keepdim=keepdim, dtype=a.dtype)
     return a
 
 
@@ -198,8 +198,8 @@ IMPLEMENTATIONS = {
     "set": lambda a: a.clone(),
     **_BINARY,
     "where": lambda pred, a, b: torch.where(pred, a, b),
-    "sum": _reduction(lambda a, dims, keepdim: torch.sum(a, dims, keepdim=keepdim)),
-    "prod": _reduction(_prod),
+    "sum": _reduction(lambda a, dims, keepdim: torch.sum(a, dims, keepdim=keepdim, dtype=a.dtype), True),
+    "prod": _reduction(_prod, True),
     "max": _reduction(lambda a, dims, keepdim: torch.amax(a, dims, keepdim=keepdim)),
     "min": _reduction(lambda a, dims, keepdim: torch.amin(a, dims, keepdim=keepdim)),
     "var": lambda arg, dims, correction=1, keepdim=False: torch.var(arg, dims, correction=correction, keepdim=keepdim),
