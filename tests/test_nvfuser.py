@@ -123,6 +123,7 @@ def test_the_execution_trace_shows_one_nvfuser_call_with_the_fused_ops(ex, front
     assert "(t4,) = nvfuser_fusion_0(x, w)" in text
     assert "    # t2 = torch.tanh(t1)" in text  # the fused ops, as comments
     [fd] = frontend.built
+    assert nvfuser.definitions(execution) == {"nvfuser_fusion_0": [fd]}
     # the prims of those ops: mul broadcasts w; the number 1 is an int64 scalar, its sum cast back to float
     assert fd.op_names == ["broadcast_in_dim", "mul", "tanh", "add", "cast", "sum"]
     assert "T2 = fd.ops.broadcast_in_dim(T1, [4, 3], [1])" in repr(fd)

@@ -356,6 +356,9 @@ class _Named:
         return self.name
 
 
+_UNFUSED = "unfused"  # what a layout maps to once its definition has failed
+
+
 class NvFuserRegion:
     """A region's callable: the FusionDefinition for the layout of the inputs it is called with,
     built on the first call with that layout."""
@@ -363,14 +366,21 @@ class NvFuserRegion:
     def __init__(self, region: Region, ex: NvFuserExecutor):
         self.region, self.ex = region, ex
         self.signature = definition_signature(region)
-        self.by_layout: dict = {}
+        self.by_layout: dict = {}  # (strides, device) of each input -> its FusionDefinition, or _UNFUSED
         self.unfused = None
 
     def __call__(self, *tensors):
-        run = self.by_layout.get(tuple((t.stride(), t.device) for t in tensors))
-        if run is None:
+        fd = self.by_layout.get(tuple((t.stride(), t.device) for t in tensors))
+        if fd is None:
             return self.first_call(tensors)
-        return run(tensors)
+        return self.run(fd, tensors)
+
+    def run(self, fd, tensors):
+        return self.unfused(*tensors) if fd is _UNFUSED else fd.execute(list(tensors))
+
+    def definitions(self) -> list:
+        """The FusionDefinitions built for this region so far, one per input layout."""
+        return [fd for fd in self.by_layout.values() if fd is not _UNFUSED]
 
     def first_call(self, tensors):
         layout = tuple((t.stride(), t.device) for t in tensors)
@@ -379,33 +389,33 @@ class NvFuserRegion:
             descriptors = tuple(tuple(tuple(x) for x in frontend.compute_tensor_descriptor(list(t.shape), list(t.stride())))
                                 for t in tensors)
             key = (self.signature, descriptors)
-            run = _definitions.get(key)
-            if run is None:
+            fd = _definitions.get(key)
+            if fd is None:
                 try:
                     fd = build_definition(frontend, self.region, descriptors)
-                    run = _executes(fd)
-                    result = run(tensors)
+                    result = fd.execute(list(tensors))
                 except Exception as e:  # any failure inside nvFuser: run the ops unfused instead
-                    run = self.fall_back(e)
-                    result = run(tensors)
-                _definitions[key] = run
-                self.by_layout[layout] = run
+                    fd = self.fall_back(e)
+                    result = self.run(fd, tensors)
+                _definitions[key] = self.by_layout[layout] = fd
                 return result
-        self.by_layout[layout] = run
-        return run(tensors)
+        self.by_layout[layout] = fd
+        return self.run(fd, tensors)
 
     def fall_back(self, error: Exception):
         line = (str(error).strip().splitlines() or [""])[0][:200]
         warnings.warn(f"thunderfn: nvFuser could not run {self.region.name} ({type(error).__name__}: {line}); "
                       f"its {len(self.region.bsyms)} ops run unfused", stacklevel=5)
         if self.unfused is None:
-            unfused = self.region.unfused_callable()
-            self.unfused = lambda tensors: unfused(*tensors)
-        return self.unfused
+            self.unfused = self.region.unfused_callable()
+        return _UNFUSED
 
 
-def _executes(fd):
-    return lambda tensors: fd.execute(list(tensors))
+def definitions(trace) -> dict:
+    """{region name: [its FusionDefinitions so far, one per input layout]} for the nvFuser regions
+    of an execution trace (`tf.last_traces(jitted)[-1]`): `print` one to see what nvFuser was given."""
+    return {b.sym.name: b.sym.eager.definitions() for b in trace.bound_symbols
+            if isinstance(b.sym.eager, NvFuserRegion)}
 
 
 # -- where nvFuser can run --------------------------------------------------------------------------
