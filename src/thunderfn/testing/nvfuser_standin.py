@@ -106,7 +106,7 @@ class Scalar:
         self.value = {torch.bool: bool, torch.int64: int, torch.int32: int}.get(dtype.value, float)(value)
 
     def __repr__(self):
-        return f"S({self.value!r}, {self.dtype!r})"
+        return f"fd.define_scalar({self.value!r}, {self.dtype!r})"
 
 
 def _value(x, env, device=None):
