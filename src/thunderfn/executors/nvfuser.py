@@ -51,6 +51,7 @@ _DATA_TYPES = {torch.float64: "Double", torch.float32: "Float", torch.float16: "
 # a Python number's DataType when it becomes an nvFuser scalar
 _NUMBER_TYPES = {bool: torch.bool, int: torch.int64, float: torch.float64}
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+_MAX_RANK = 8  # nvFuser's limit on a tensor's dimensions (Thunder checks the same)
 
 # definitions shared by every region with the same prims and input layout; one build at a time
 _definitions: dict = {}
@@ -65,10 +66,6 @@ class Rule(NamedTuple):
     asked with the same arguments at trace time, says which calls nvFuser handles (None: all)."""
     translate: Callable
     accepts: Callable | None = None
-
-
-def _is_float(t) -> bool:
-    return isinstance(t, TensorProxy) and t.dtype.is_floating_point
 
 
 def _unary(name: str, accepts=None) -> Rule:
@@ -125,7 +122,7 @@ def _take_along_accepts(a, index, dim):
             and all(i == d or index.shape[i] == a.shape[i] for i in range(a.ndim)))
 
 
-def _no_bool(a, *rest, **kwargs):
+def _no_bool(a):
     return a.dtype is not torch.bool
 
 
@@ -150,10 +147,13 @@ translations: dict = {
     PrimIDs.PROD: _reduction("prod"),
     PrimIDs.AMAX: _reduction("max"),
     PrimIDs.AMIN: _reduction("min"),
-    PrimIDs.VAR: Rule(lambda b, a, dims, *, correction: b.ops.var(b.nv(a), list(dims), int(correction)), _var_accepts),
-    PrimIDs.VAR_MEAN: Rule(lambda b, a, dims, *, correction: tuple(b.ops.var_mean(b.nv(a), list(dims), int(correction))),
+    PrimIDs.VAR: Rule(lambda b, a, dims, *, correction: b.ops.var(b.nv(a), list(dims), int(correction)),
+                      _var_accepts),
+    PrimIDs.VAR_MEAN: Rule(lambda b, a, dims, *, correction: tuple(b.ops.var_mean(b.nv(a), list(dims),
+                                                                                 int(correction))),
                            _var_accepts),
-    PrimIDs.BROADCAST_IN_DIM: Rule(lambda b, a, shape, bdims: b.ops.broadcast_in_dim(b.nv(a), list(shape), list(bdims))),
+    PrimIDs.BROADCAST_IN_DIM: Rule(lambda b, a, shape, bdims: b.ops.broadcast_in_dim(b.nv(a), list(shape),
+                                                                                     list(bdims))),
     PrimIDs.RESHAPE: Rule(lambda b, a, shape: b.ops.reshape(b.nv(a), list(shape))),
     PrimIDs.TRANSPOSE: Rule(lambda b, a, perm: b.ops.permute(b.nv(a), list(perm))),
     # strided slices are left to torch, as Thunder leaves them
@@ -202,7 +202,7 @@ def translatable(bsym, device_type: str) -> bool:
     leaves = prim_leaves(bsym)
     tensors = [t for b in (bsym, *leaves) for t in _tensors(b)]
     if len({t.device for t in tensors}) > 1 or any(t.device.type != device_type or t.dtype not in _DATA_TYPES
-                                                   for t in tensors):
+                                                   or t.ndim > _MAX_RANK for t in tensors):
         return False
     for leaf in leaves:
         rule = translations.get(leaf.sym.id) if leaf.sym.is_prim else None
@@ -386,7 +386,8 @@ class NvFuserRegion:
         layout = tuple((t.stride(), t.device) for t in tensors)
         with _build_lock:
             frontend = self.ex.frontend
-            descriptors = tuple(tuple(tuple(x) for x in frontend.compute_tensor_descriptor(list(t.shape), list(t.stride())))
+            descriptors = tuple(tuple(tuple(x) for x in frontend.compute_tensor_descriptor(list(t.shape),
+                                                                                           list(t.stride())))
                                 for t in tensors)
             key = (self.signature, descriptors)
             fd = _definitions.get(key)
