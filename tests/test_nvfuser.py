@@ -194,6 +194,15 @@ def test_calls_nvfuser_is_not_given_run_on_torch_between_regions(ex, f, x, outsi
     assert bool(fused_calls(execution)) == (not x.dtype.is_complex)
 
 
+def test_a_region_of_views_alone_is_not_fused(ex, frontend):
+    """Reshapes and transposes compute nothing: a definition would cost a compile and fuse nothing."""
+    f = lambda x: x.reshape(3, 4).t().reshape(2, 6)  # noqa: E731
+    jf = tf.jit(f, executors=[ex])
+    x = torch.randn(12)
+    torch.testing.assert_close(jf(x), f(x))
+    assert not fused_calls(tf.last_traces(jf)[-1]) and not frontend.built
+
+
 def test_dtypes_and_numbers_match_eager(ex):
     """Integer and bool reductions keep the prim's dtype (nvFuser would sum into int64), numbers
     take the tensor's dtype, true and truncating division, where with a number."""

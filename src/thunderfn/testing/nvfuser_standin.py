@@ -181,7 +181,8 @@ def _take_along_axis(arg, index, dim):
 
 def _iota(length, start=None, step=None, dtype=torch.int64):
     start, step = 0 if start is None else start, 1 if step is None else step
-    return (torch.arange(length, dtype=torch.float64 if dtype.is_floating_point else torch.int64) * step + start).to(dtype)
+    steps = torch.arange(length, dtype=torch.float64 if dtype.is_floating_point else torch.int64)
+    return (steps * step + start).to(dtype)
 
 
 _UNARY = ("abs acos acosh asin asinh atan atanh ceil cos cosh exp exp2 expm1 erf erfc erfinv floor lgamma log log10 "
@@ -246,7 +247,7 @@ class FusionDefinition:
         self.outputs: list = []
         self.executions = 0
         self._defining = False
-        self._count = 0
+        self._metas: dict = {}  # value index -> its meta tensor: the shapes and dtypes defined so far
 
     def __enter__(self):
         self._defining = True
@@ -261,8 +262,8 @@ class FusionDefinition:
             raise RuntimeError("nvfuser stand-in: define inside `with FusionDefinition() as fd:`")
 
     def _new(self, meta):
-        t = Tensor(self, self._count, meta)
-        self._count += 1
+        t = Tensor(self, len(self._metas), meta)
+        self._metas[t.index] = meta
         return t
 
     def define_tensor(self, shape, contiguity, dtype=DataType.Float, is_cpu=False, stride_order=()):
@@ -286,15 +287,9 @@ class FusionDefinition:
         self._check_defining()
         if name in _ELEMENTWISE:
             _same_shape(name, *args)
-        meta_env = {}
-        for rec in self.records:  # the meta tensors of every value so far
-            for out in rec[3]:
-                meta_env[out.index] = out.meta
-        for t, *_ in self.inputs:
-            meta_env[t.index] = t.meta
         if name in _ELEMENTWISE and not any(isinstance(a, Tensor) for a in args):
             raise RuntimeError(f"nvfuser stand-in: {name} of scalars only is not supported")
-        result = _run(name, args, kwargs, meta_env)
+        result = _run(name, args, kwargs, self._metas)
         if name in _FACTORIES:
             result = result.to("meta")
         results = result if isinstance(result, tuple) else (result,)
@@ -339,8 +334,8 @@ class FusionDefinition:
             actual_c, actual_order = compute_tensor_descriptor(list(x.shape), list(x.stride()))
             if (stride_order and tuple(actual_order) != stride_order) or any(
                     (c is None) != (a is None) or (c and not a) for c, a in zip(contiguity, actual_c)):
-                raise RuntimeError(f"execute: input {t!r} has strides {x.stride()}, not the contiguity {list(contiguity)} "
-                                   f"and stride order {list(stride_order)} it was defined with")
+                raise RuntimeError(f"execute: input {t!r} has strides {x.stride()}, not the contiguity "
+                                   f"{list(contiguity)} and stride order {list(stride_order)} it was defined with")
             env[t.index] = x
         on = inputs[0].device if inputs else torch.device("cpu" if device is None else device)
         with torch.no_grad():
