@@ -204,11 +204,15 @@ def translatable(bsym, device_type: str) -> bool:
     if len({t.device for t in tensors}) > 1 or any(t.device.type != device_type or t.dtype not in _DATA_TYPES
                                                    or t.ndim > _MAX_RANK for t in tensors):
         return False
+    known = {p.name for p in bsym.proxy_args()}  # what the definition has a value for, so far
     for leaf in leaves:
         rule = translations.get(leaf.sym.id) if leaf.sym.is_prim else None
         if rule is None or not _numbers_ok(leaf) or (rule.accepts is not None
                                                      and not rule.accepts(*leaf.args, **leaf.kwargs)):
             return False
+        if any(p.name not in known for p in leaf.proxy_args()):  # a tensor the decomposition made up itself
+            return False
+        known.update(o.name for o in leaf.proxy_outs())
     # each output the fused op hands on is one a prim computes (not an input passed through)
     produced = {o.name for leaf in leaves for o in leaf.proxy_outs()}
     return all(o.name in produced for o in bsym.proxy_outs())
