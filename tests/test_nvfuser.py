@@ -12,6 +12,7 @@ stand-in and compares it with the same decomposition unfused.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import types
 import warnings
@@ -149,6 +150,17 @@ def test_a_definition_is_built_once_per_input_layout(ex, frontend):
     assert len(frontend.built) == 2 and frontend.built[1].executions == 2
 
 
+def test_an_expanded_input_is_defined_with_its_broadcast_dim(ex, frontend):
+    """A stride-0 dim is no dim in memory: nvFuser is told (contiguity None) rather than handed a copy."""
+    f = lambda x, y: torch.exp(x) * y  # noqa: E731
+    jf = tf.jit(f, executors=[ex])
+    x, y = torch.randn(3, 1).expand(3, 4), torch.randn(3, 4)
+    with no_fallback():
+        torch.testing.assert_close(jf(x, y), f(x, y))
+    [fd] = frontend.built
+    assert fd.inputs[0][1:3] == ((3, 4), (True, None))  # x's shape, contiguity
+
+
 def test_a_definition_is_shared_by_regions_with_the_same_ops_and_layout(frontend):
     f = lambda x: torch.sin(x) * 2  # noqa: E731
     a = tf.jit(f, executors=[NvFuserExecutor(frontend=frontend, device_type="cpu")])
@@ -158,6 +170,23 @@ def test_a_definition_is_shared_by_regions_with_the_same_ops_and_layout(frontend
         torch.testing.assert_close(a(x), f(x))
         torch.testing.assert_close(b(x), f(x))
     assert len(frontend.built) == 1
+
+
+def test_a_training_step_of_a_jitted_module_matches_eager_gradients(ex):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    reference = copy.deepcopy(model)
+    jitted = tf.jit(model, executors=[ex])
+    x, y = torch.randn(5, 8), torch.randn(5, 4)
+    with no_fallback():
+        loss = F.mse_loss(jitted(x), y)
+        loss.backward()
+    expected = F.mse_loss(reference(x), y)
+    expected.backward()
+    torch.testing.assert_close(loss, expected)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert fused_calls(tf.last_traces(jitted)[-1]) and fused_calls(tf.last_backward_traces(jitted)[-1])
 
 
 def test_an_op_without_a_translation_splits_the_region(ex, frontend):
