@@ -301,7 +301,9 @@ def test_the_standin_refuses_inputs_unlike_their_definition():
         fd.add_output(fd.ops.exp(t0))
     x = torch.randn(2, 3)
     torch.testing.assert_close(fd.execute([x])[0], x.exp())
-    for bad in (torch.randn(2, 3, dtype=torch.float64), torch.randn(6), torch.randn(3, 2).t(), torch.randn(2, 6)[:, ::2]):
+    wrong_dtype, wrong_rank = torch.randn(2, 3, dtype=torch.float64), torch.randn(6)
+    transposed, strided = torch.randn(3, 2).t(), torch.randn(2, 6)[:, ::2]
+    for bad in (wrong_dtype, wrong_rank, transposed, strided):
         with pytest.raises(RuntimeError, match="execute: input T0"):
             fd.execute([bad])
     with pytest.raises(RuntimeError, match="broadcast them first"):
