@@ -3,8 +3,9 @@
 Each region (executors/fusion.py forms them) becomes one nvFuser `FusionDefinition`,
 built through nvFuser's Python frontend from the prims its ops decompose into: the
 leaves of each fused op's decomposition, translated one by one through `translations`
-(prim id -> rule). Written against the frontend as `nvfuser_direct` (releases since
-early 2026) and the legacy `nvfuser` module spell it (the same calls in both):
+(prim id -> rule). Written against the frontend as `nvfuser_direct` (the only one since
+nvFuser removed its legacy bindings in February 2026) and the legacy `nvfuser` module
+spell it (the same calls in both; Thunder's nvfuserex_impl.py uses either):
 
     with FusionDefinition() as fd:
         t0 = fd.define_tensor(shape=[4, 3], contiguity=[True, True], dtype=DataType.Float,
@@ -281,7 +282,7 @@ class DefinitionBuilder:
         return self.values[x.name]
 
     def scalar(self, value, dtype: torch.dtype | None = None):
-        return self.fd.define_scalar(value, self.dtype(dtype or _NUMBER_TYPES[type(value)]))
+        return self.fd.define_scalar(value, self.dtype(_NUMBER_TYPES[type(value)] if dtype is None else dtype))
 
     def operands(self, *xs) -> list:
         """Elementwise operands as nvFuser values: numbers as scalars, a 0-dim tensor among larger
