@@ -68,7 +68,9 @@ def fused_calls(trace) -> list:
 
 
 def short(bsym) -> str:
-    return bsym.sym.name.rpartition(".")[2]
+    """The op's name (`exp` also for `torch.Tensor.exp_`, the torch executor writing into a dead value)."""
+    name = bsym.sym.name.rpartition(".")[2]
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
 
 
 @contextlib.contextmanager
