@@ -175,7 +175,9 @@ def test_one_op_alone_and_an_unfusible_trace_stay_as_they_were():
 
     jf = tf.jit(f, executors=[RunsRegionsWithTorch()])
     jf(torch.randn(3, 3), torch.randn(3, 3))
-    before, after = tf.last_traces(jf)[-3:-1]
+    traces = tf.last_traces(jf)
+    fusion = next(i for i, t in enumerate(traces) if "Fusion" in t.provenance)
+    before, after = traces[fusion - 1], traces[fusion]
     assert [short(b) for b in after.bound_symbols] == [short(b) for b in before.bound_symbols]
 
 
@@ -307,6 +309,64 @@ def test_a_region_inductor_fails_on_runs_unfused_after_one_warning(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per region and layout
         torch.testing.assert_close(jf(x), f(x))
+
+
+def test_the_process_wide_compile_cache_keeps_only_the_most_recent_regions(monkeypatch):
+    monkeypatch.setattr(inductor, "compile_graph", lambda gm, example_inputs: gm)  # the graph runs as itself
+    monkeypatch.setattr(inductor, "COMPILE_CACHE_SIZE", 2)
+    monkeypatch.setattr(inductor, "_compiled", inductor.collections.OrderedDict())
+    x = torch.randn(4)
+    for k in range(4):  # four different regions (the constant differs): four compiles, two kept
+        f = lambda t, k=k: torch.sin(t) * (k + 2) + 1  # noqa: E731
+        torch.testing.assert_close(tf.jit(f, executors=["inductor"])(x), f(x))
+    assert len(inductor._compiled) == 2
+    assert all(f"{k + 2}" in sig for (sig, _), k in zip(inductor._compiled, (2, 3)))  # the last two regions
+
+
+# Representative ops of each kind Inductor fuses, all in one jitted function (sibling regions merge, so
+# one compile covers them): a failure anywhere is a fallback warning, which this test makes an error.
+INDUCTOR_OPS = ["exp", "sin", "sigmoid", "nn.functional.gelu", "add", "mul", "div", "pow", "where", "clamp",
+                "sum", "amax", "mean", "softmax", "log_softmax", "transpose", "reshape", "expand", "unsqueeze",
+                "cat", "Tensor.float"]
+
+
+@needs_inductor
+def test_representative_op_db_ops_through_inductor_match_eager():
+    by_name = {op.name: op for op in op_db}  # (imported below, with the op_db tests)
+    torch.manual_seed(0)
+    calls = []
+    for name in INDUCTOR_OPS:
+        op = by_name[name]
+        sample = next(iter(op.sample_inputs("cpu", torch.float32)))
+        calls.append((op, sample.args, sample.kwargs))
+
+    def all_ops(calls):
+        # each result times one, so a view op's output is computed, not an alias Inductor may lay out differently
+        return [op.op(*args, **kwargs) * 1 for op, args, kwargs in calls]
+
+    jf = tf.jit(lambda *flat: all_ops(tf_unflatten(flat)), executors=["inductor"])
+    flat, tf_unflatten = _flatten_calls(calls)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="thunderfn")  # no region fell back
+        got = jf(*flat)
+    for (op, args, kwargs), g, e in zip(calls, got, all_ops(calls)):
+        torch.testing.assert_close(g, e, equal_nan=True, msg=lambda m, name=op.name: f"{name}: {m}")
+    assert "inductor_fusion_" in str(tf.last_traces(jf)[-1])
+
+
+def _flatten_calls(calls):
+    """The calls' tensors as one flat argument list, and how to put them back."""
+    leaves, spec = torch.utils._pytree.tree_flatten([(args, kwargs) for _, args, kwargs in calls])
+    tensors = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+    def unflatten(flat):
+        filled = list(leaves)
+        for i, t in zip(tensors, flat):
+            filled[i] = t
+        rebuilt = torch.utils._pytree.tree_unflatten(filled, spec)
+        return [(op, a, k) for (op, _, _), (a, k) in zip(calls, rebuilt)]
+
+    return [leaves[i] for i in tensors], unflatten
 
 
 # -- the OpInfo database through fusion regions -------------------------------------------------

@@ -6,7 +6,7 @@ import torch
 import thunderfn as tf
 from thunderfn.core.passes import cse
 
-CSE = "Common subexpression elimination"
+CSE = "Common Subexpression Elimination"
 
 
 def _stage(traces, name):

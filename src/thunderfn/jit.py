@@ -46,6 +46,8 @@ from thunderfn.core.passes import cse, dce, del_last_used
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.executors.fusion import FusionExecutor
+from thunderfn.executors.torch_rewrites import (UnlessFunctorch, functorch_active, lift_number_operands,
+                                                records_no_autograd, reuse_dead_buffers)
 from thunderfn.module import jit_module
 from thunderfn.torch.optim import StepChangesOptimizerState
 from thunderfn.transforms.executor_lower import lower_trace
@@ -57,7 +59,7 @@ _is_grad_enabled = torch.is_grad_enabled
 _get_default_dtype = torch.get_default_dtype
 
 DEFAULT_CACHE_SIZE_LIMIT = 8  # torch.compile's recompile_limit
-CSE = "Common subexpression elimination"
+CSE = "Common Subexpression Elimination"
 
 
 class CacheEntry:
@@ -163,8 +165,10 @@ class JitState:
         if not self.disable_torch_autograd and _is_grad_enabled():
             split, self.why_no_backward = try_split(traces[-1], executors)
         if split is None:
-            traces += _execution_passes(traces[-1], executors)
-            fn = traces[-1].python_callable()
+            # writing into dead intermediates is legal where torch.autograd records nothing
+            no_autograd = self.disable_torch_autograd or not _is_grad_enabled() or records_no_autograd(traces[-1])
+            passes, fn = _execution_passes(traces[-1], executors, no_autograd=no_autograd)
+            traces += passes
             if self.disable_torch_autograd:
                 fn = torch.no_grad()(fn)
             backward = []
@@ -180,10 +184,13 @@ class JitState:
                     traces.append(forward_trace)
                     backward.append(backward_trace)
             traces.append(timed_pass(CSE, cse, split.forward))
-            traces += _execution_passes(traces[-1], executors)
+            # both halves run without autograd recording (torch.autograd.Function's forward and backward)
+            passes, forward_fn = _execution_passes(traces[-1], executors, no_autograd=True)
+            traces += passes
             backward.append(timed_pass(CSE, cse, split.backward))
-            backward += _execution_passes(backward[-1], executors)
-            fn = CompiledSplit(split, traces[-1].python_callable(), backward[-1].python_callable())
+            passes, backward_fn = _execution_passes(backward[-1], executors, no_autograd=True)
+            backward += passes
+            fn = CompiledSplit(split, forward_fn, backward_fn)
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
         return CacheEntry(guarded(fn, traces[0]), traces, backward, positions, recorder.guards)
 
@@ -340,16 +347,25 @@ def _rematerializes(option, executors) -> bool:
     return option
 
 
-def _execution_passes(trc: Trace, executors) -> list[Trace]:
-    """The passes from a transformed trace to the one that runs: lower onto the
-    executors, drop what lowering made unused, fuse, insert `del`s."""
+def _execution_passes(trc: Trace, executors, *, no_autograd: bool) -> tuple[list[Trace], Callable]:
+    """The passes from a transformed trace to the one that runs, and the function it compiles to:
+    lower onto the executors, drop what lowering made unused, fuse, lift Python numbers, write
+    into dead intermediates (only where the trace runs with `no_autograd` recording; see
+    executors/torch_rewrites.py), insert `del`s."""
     traces = [timed_pass("Transform for execution", lower_trace, trc, executors)]
     traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
     for ex in executors:
         if isinstance(ex, FusionExecutor):
             traces.append(timed_pass(f"Fusion ({ex.name})", ex.fuse, traces[-1]))
+    lifted = timed_pass("Lift number operands", lift_number_operands, traces[-1])
+    traces += [lifted] if lifted is not traces[-1] else []
+    reused = timed_pass("Reuse dead buffers", reuse_dead_buffers, lifted) if no_autograd else lifted
+    traces += [reused] if reused is not lifted else []
     traces.append(timed_pass("Delete Last Used", del_last_used, traces[-1]))
-    return traces
+    fn = traces[-1].python_callable()
+    if reused is not lifted:  # torch.func's transforms get the trace without in-place writes
+        fn = UnlessFunctorch(fn, lambda: del_last_used(lifted).python_callable())
+    return traces, fn
 
 
 def _fast_key(args) -> tuple:
@@ -392,6 +408,9 @@ def _hit_function(key: tuple, fn, guards_hold, stats):
         on_device = f"{a}.is_cpu" if device.type == "cpu" else f"{a}.device == device{i}"
         checks += [f"{a}.dtype is dtype{i}", f"{a}.shape == shape{i}", f"{a}.requires_grad is {requires_grad}", on_device]
     checks += [f"is_grad_enabled() is {key[1]}", "get_default_dtype() is default_dtype", "not tracing.stack"]
+    if isinstance(fn, UnlessFunctorch):  # its choice made here, with the other checks: one call fewer
+        namespace.update(fn=fn.rewritten, functorch_active=functorch_active)
+        checks.append("not functorch_active()")
     if guards_hold is not None:
         checks.append("guards_hold()")
     args = ", ".join(names)
@@ -480,7 +499,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     `rematerialize`: when the function is differentiated through torch.autograd, recompute
     cheap forward values (elementwise and view ops) in the backward instead of saving them,
     where that saves memory (transforms/rematerialize.py). None (the default) turns it on
-    where a fusion executor (Inductor) is among the executors, which fuses the recomputation.
+    where a fusion executor (Inductor, nvFuser) is among the executors, which fuses the recomputation.
     """
     if not any(rematerialize is allowed for allowed in (None, True, False)):  # here: a module jits its forward later
         raise ValueError(f"rematerialize must be None (on where a fusion executor is used), True or False, "

@@ -140,7 +140,7 @@ def cse(trc):
                 renamed[o.name] = e
                 if o.name in visible:
                     visible.add(e.name)
-    new = trc.derive("Common subexpression elimination", kept)
+    new = trc.derive("Common Subexpression Elimination", kept)
     if renamed:
         new.output = optree.tree_map(lambda x: renamed.get(x.name, x) if isinstance(x, TensorProxy) else x,
                                      trc.output, none_is_leaf=True, namespace="thunderfn")

@@ -17,7 +17,7 @@ import weakref
 import optree
 import torch
 
-from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.proxies import CAPTURED, TensorProxy
 from thunderfn.core.pytree import NAMESPACE
 
 ARGS_LIST = "args_list"  # the one parameter of a function whose trace has args_in_list (a reserved name)
@@ -32,7 +32,12 @@ _generated = itertools.count()
 
 
 class Namespace(dict):
-    """Names the printed code refers to, besides its own locals."""
+    """Names the printed code refers to, besides its own locals; `origins` says where each
+    constant tensor came from, when not from the traced function's captures."""
+
+    def __init__(self):
+        super().__init__()
+        self.origins: dict[str, str] = {}
 
     def bind_object(self, obj, prefix: str = "_obj") -> str:
         for name, value in self.items():
@@ -47,6 +52,8 @@ def format_value(x, ns: Namespace) -> str:
     if isinstance(x, TensorProxy):
         if x.constant is not None:
             ns[x.name] = x.constant
+            if x.origin and x.origin != (CAPTURED,):
+                ns.origins[x.name] = "; ".join(x.origin)
         return x.name
     if x is None or isinstance(x, (bool, int, str)) and type(x) in (bool, int, str):
         return repr(x)
@@ -288,7 +295,7 @@ def render(trc) -> tuple[str, Namespace]:
     # one comment line whatever a pass (or an executor's name in it) says: the source is compiled
     header = [f"# {' '.join(trc.provenance.splitlines())}"] if trc.provenance else []
     header += [line for name, line in _MODULE_IMPORTS.items() if _uses(body, name)]
-    header += [f"# {name}: {_describe(value)} (captured by the traced function)"
+    header += [f"# {name}: {_describe(value)} ({ns.origins.get(name, 'captured by the traced function')})"
                for name, value in ns.items() if isinstance(value, torch.Tensor)]
     params = ", ".join(a.name for a in trc.args)
     if trc.args_in_list:  # the caller's list is its only reference to each tensor: emptied, each dies at its del

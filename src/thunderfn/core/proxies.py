@@ -26,6 +26,10 @@ class Proxy:
     __slots__ = ("name",)
 
 
+# The origin of a proxy for a tensor the traced function captured (a module's parameter, a global)
+CAPTURED = "a tensor captured by the traced function"
+
+
 class TensorProxy(Proxy):
     """Stand-in for a tensor while tracing: name, shape, dtype, device, requires_grad.
 

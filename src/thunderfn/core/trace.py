@@ -19,7 +19,7 @@ import torch
 from thunderfn.core import context
 from thunderfn.core.interception import TracingMode, lift_constants
 from thunderfn.core.printing import compile_trace, format_trace
-from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.proxies import CAPTURED, TensorProxy
 from thunderfn.core.statements import check_inputs_do_not_alias, set_default_dtype, set_grad_enabled, write_back
 from thunderfn.core.symbol import DecompositionUnavailable, Symbol, set_eager_composite
 from thunderfn.core.pytree import tree_flatten_with_path, tree_unflatten
@@ -136,7 +136,7 @@ class Trace:
         if entry is None or entry[0] is not tensor:
             proxy = TensorProxy(self.names.take(prefix="c"), shape=tensor.shape, dtype=tensor.dtype,
                                 device=tensor.device, requires_grad=tensor.requires_grad, constant=tensor,
-                                origin="a tensor captured by the traced function")
+                                origin=CAPTURED)
             entry = self._constants[id(tensor)] = (tensor, proxy)
         return entry[1]
 
@@ -411,7 +411,8 @@ set_eager_composite(_run_decomposition)
 def timed_pass(name: str, fn, trc: Trace, *args, **kwargs) -> Trace:
     start = time.perf_counter_ns()
     new = fn(trc, *args, **kwargs)
-    new.provenance = f"Constructed by {name} (took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
+    if new is not trc:  # a pass that changes nothing returns its input, whose provenance stays
+        new.provenance = f"Constructed by {name} (took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
     return new
 
 

@@ -4,7 +4,7 @@ A fusion executor runs after per-symbol lowering (jit's "Fusion (<name>)" pass).
 takes only what would otherwise run on torch: a bound symbol another executor claimed
 (an operator executor's kernel) is not the torch executor's, so it splits a region.
 Of those, `can_fuse(bsym)` says which the executor's compiler handles; the rest of
-this module is shared by every fusion executor (Inductor today, nvFuser next):
+this module is shared by every fusion executor (Inductor, nvFuser):
 
 1. The graph: one node per bound symbol, an edge from each producer to each consumer
    (by proxy name), plus ordering edges for effects. Statements that switch a mode or

@@ -16,6 +16,7 @@ docs/executors.md). Ask for it with `tf.jit(fn, executors=["inductor"])`.
 """
 from __future__ import annotations
 
+import collections
 import importlib.util
 import operator
 import os
@@ -30,10 +31,13 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_map
 from thunderfn.executors.fusion import FusionExecutor, Region
 
-# compiled functions shared by every region with the same ops and input layout; one compile at a
-# time (threads calling the same new region wait for its compile instead of compiling it again)
-_compiled: dict = {}
+# compiled functions shared by every region with the same ops and input layout, least recently
+# compiled-or-shared first; one compile at a time (threads calling the same new region wait for its
+# compile instead of compiling it again). Bounded: regions of functions long gone would otherwise keep
+# their kernels alive forever (a region's own callable keeps what it uses).
+_compiled: collections.OrderedDict = collections.OrderedDict()
 _compile_lock = threading.RLock()
+COMPILE_CACHE_SIZE = 512
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list):
@@ -92,7 +96,7 @@ class CompiledRegion:
         return fn(*tensors)
 
     def first_call(self, layout, tensors):
-        key = (self.signature, layout)
+        key, result = (self.signature, layout), None
         with _compile_lock:
             fn = _compiled.get(key)
             if fn is None:
@@ -104,11 +108,12 @@ class CompiledRegion:
                 except Exception as e:  # any failure inside Inductor: run the ops unfused instead
                     fn = self.fall_back(e)
                     result = fn(*tensors)
-                _compiled[key] = fn
-                self.by_layout[layout] = fn
-                return result
+            _compiled[key] = fn
+            _compiled.move_to_end(key)
+            while len(_compiled) > COMPILE_CACHE_SIZE:
+                _compiled.popitem(last=False)
         self.by_layout[layout] = fn
-        return fn(*tensors)
+        return fn(*tensors) if result is None else result
 
     def fall_back(self, error: Exception):
         line = (str(error).strip().splitlines() or [""])[0][:200]

@@ -1,0 +1,183 @@
+"""Rewrites of the torch executor's calls that make a cached call cheaper than eager's.
+
+Eager PyTorch pays, on every call, for two things a compiled trace knows how to avoid:
+
+- **Python numbers become tensors on every call.** `torch.mul(x, 2)` wraps the 2 in a
+  new 0-d tensor each time (about a microsecond, as much as the multiply itself on a
+  small tensor). `lift_number_operands` makes that tensor once, when the trace
+  compiles, and passes it instead: `torch.mul(x, c0)`. It does so only where torch
+  gives the same result for the tensor as for the number (see `_same_as_number`),
+  which is checked bit for bit over dtypes in tests/test_torch_rewrites.py.
+- **Every op allocates its output.** `reuse_dead_buffers` writes an elementwise op's
+  result into its first argument when that argument is a fresh intermediate the
+  trace never reads again (`torch.sin(t1)` becomes `torch.Tensor.sin_(t1)`): no
+  allocation, and for large tensors no page faults on new memory, as Inductor's
+  buffer reuse does.
+
+Writing in place is only correct where nothing records the old value: torch.autograd
+saves an op's inputs for its backward, and torch.func.vmap refuses to write a batched
+value into an unbatched tensor. So jit applies `reuse_dead_buffers` only to traces that
+run without autograd recording (the halves of a forward/backward split, or a trace in
+which nothing requires grad), and `UnlessFunctorch` keeps the unrewritten trace for
+calls made under torch.func's transforms (`UnlessFunctorch`).
+
+May import: core/, the torch language, executors/torch_executor.py.
+"""
+from __future__ import annotations
+
+import torch
+
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import tree_leaves
+from thunderfn.core.symbol import BoundSymbol
+from thunderfn.executors.torch_executor import TorchExecutor, torch_ex
+from thunderfn.torch import aten_backward
+
+# -- lifting numbers ----------------------------------------------------------------------------
+
+# Binary arithmetic whose Python-number operand torch wraps into a 0-d tensor before dispatch. A 0-d
+# tensor of the same dtype that wrapping makes (int64, float64) then takes the same kernel path (the
+# number is read back at full precision: TensorIterator's cpu-scalar path) and, next to a tensor with
+# dimensions of the same or a higher dtype category, the same result dtype.
+_NUMBER_SECOND = (torch.add, torch.sub, torch.mul, torch.div, torch.true_divide)
+
+
+def lift_number_operands(trc):
+    """trc with the Python numbers of `torch.add/sub/mul/div(tensor, number)` calls made into
+    0-d tensors once, when the trace compiles (one per distinct number)."""
+    lifted: dict = {}
+    out, changed = [], False
+    for bsym in trc.bound_symbols:
+        number = _liftable_number(bsym)
+        if number is None:
+            out.append(bsym)
+            continue
+        key = (type(number), number.hex() if type(number) is float else number)
+        proxy = lifted.get(key)
+        if proxy is None:
+            tensor = torch.tensor(number, dtype=torch.float64 if type(number) is float else torch.int64)
+            proxy = lifted[key] = TensorProxy(trc.names.take(prefix="c"), shape=(), dtype=tensor.dtype,
+                                              device=tensor.device, constant=tensor,
+                                              origin=f"the number {number!r}, made a tensor once")
+        out.append(BoundSymbol(bsym.sym, (bsym.args[0], proxy, *bsym.args[2:]), bsym.kwargs, bsym.output,
+                              bsym.subsymbols))
+        changed = True
+    return trc.derive("Lift number operands", out) if changed else trc
+
+
+def _liftable_number(bsym):
+    """The number in `torch.op(tensor, number, ...)` when passing it as a 0-d tensor is exactly
+    eager's computation, else None."""
+    sym = bsym.sym
+    if not isinstance(sym.executor, TorchExecutor) or sym.eager not in _NUMBER_SECOND or len(bsym.args) < 2:
+        return None
+    a, b = bsym.args[:2]
+    if not isinstance(a, TensorProxy) or type(b) not in (int, float) or not _same_as_number(a, b):
+        return None
+    return b
+
+
+def _same_as_number(t: TensorProxy, number) -> bool:
+    """Whether a 0-d int64/float64 tensor holding `number` gives what the number gives next to t.
+    A tensor with dimensions decides the result dtype when the number's category (integer, float)
+    is not higher than its own; a 0-d t would promote with the tensor as an equal instead; and
+    devices other than CPU and CUDA may not take a CPU scalar tensor at all."""
+    if len(t.shape) == 0 or t.device.type not in ("cpu", "cuda") or t.dtype is torch.bool:
+        return False
+    if type(number) is float:
+        return t.dtype.is_floating_point or t.dtype.is_complex
+    return abs(number) < 2 ** 63  # as an int64
+
+
+# -- writing into dead intermediates ------------------------------------------------------------
+
+# Torch functions that always return new memory, never a view or one of their arguments. Only their
+# outputs are reused, and only readers among them may read a reused tensor (a view of it would see the write).
+_IN_PLACE = {
+    torch.add: torch.Tensor.add_, torch.sub: torch.Tensor.sub_, torch.mul: torch.Tensor.mul_,
+    torch.div: torch.Tensor.div_, torch.true_divide: torch.Tensor.true_divide_, torch.pow: torch.Tensor.pow_,
+    torch.neg: torch.Tensor.neg_, torch.abs: torch.Tensor.abs_, torch.exp: torch.Tensor.exp_,
+    torch.expm1: torch.Tensor.expm1_, torch.log: torch.Tensor.log_, torch.log1p: torch.Tensor.log1p_,
+    torch.sin: torch.Tensor.sin_, torch.cos: torch.Tensor.cos_, torch.tan: torch.Tensor.tan_,
+    torch.tanh: torch.Tensor.tanh_, torch.sigmoid: torch.Tensor.sigmoid_, torch.sqrt: torch.Tensor.sqrt_,
+    torch.rsqrt: torch.Tensor.rsqrt_, torch.reciprocal: torch.Tensor.reciprocal_, torch.erf: torch.Tensor.erf_,
+    torch.relu: torch.Tensor.relu_, torch.square: torch.Tensor.square_,
+}
+_FRESH = set(_IN_PLACE) | {
+    torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.nn.functional.linear, torch.nn.functional.gelu,
+    torch.nn.functional.silu, torch.softmax, torch.log_softmax, torch.nn.functional.softmax,
+    torch.nn.functional.log_softmax, torch.where, torch.maximum, torch.minimum, torch.sum, torch.mean, torch.cat,
+    # aten's kernels the backward calls (gelu_backward, native_layer_norm_backward, ...): new tensors each
+    *(getattr(aten_backward, name).torch_fn for name in aten_backward.__all__),
+}
+# Where a op b == b op a bit for bit (real dtypes: one rounding, no reassociation), the result may go into b.
+_COMMUTATIVE = {torch.add, torch.mul}
+
+
+def reuse_dead_buffers(trc):
+    """trc with each elementwise torch call whose first argument is a fresh intermediate read for
+    the last time made to write its result there (see the module docstring for when this is legal:
+    the trace must not run under autograd recording)."""
+    bsyms = trc.bound_symbols
+    produced_fresh, readers, last_read = {}, {}, {}
+    for i, b in enumerate(bsyms):
+        for a in b.proxy_args():
+            readers.setdefault(a.name, []).append(b)
+            last_read[a.name] = i
+        if _torch_fn(b) in _FRESH:
+            produced_fresh.update((o.name, i) for o in b.proxy_outs())
+    returned = {p.name for p in tree_leaves(trc.output) if isinstance(p, TensorProxy)}
+    out, changed = list(bsyms), False
+    for i, b in enumerate(bsyms):
+        in_place = _IN_PLACE.get(_torch_fn(b))
+        if in_place is None or not b.args:
+            continue
+        result = b.output
+
+        def reusable(t) -> bool:
+            return (isinstance(t, TensorProxy) and t.name in produced_fresh and last_read[t.name] == i
+                    and t.name not in returned and isinstance(result, TensorProxy)
+                    and tuple(result.shape) == tuple(t.shape) and result.dtype == t.dtype and result.device == t.device
+                    and all(_torch_fn(r) in _FRESH for r in readers[t.name]))
+
+        args = b.args
+        if not reusable(args[0]) and _torch_fn(b) in _COMMUTATIVE and len(args) == 2 and not b.kwargs and (
+                isinstance(result, TensorProxy) and not result.dtype.is_complex and reusable(args[1])):
+            args = (args[1], args[0])
+        if reusable(args[0]):
+            out[i] = BoundSymbol(torch_ex.op(in_place), args, b.kwargs, result, b.subsymbols)
+            changed = True
+    return trc.derive("Reuse dead buffers", out) if changed else trc
+
+
+def _torch_fn(bsym):
+    return bsym.sym.eager if isinstance(bsym.sym.executor, TorchExecutor) else None
+
+
+def records_no_autograd(trc) -> bool:
+    """Whether running trc records nothing for torch.autograd: no value in it requires grad."""
+    return not any(p.requires_grad for p in trc.args) and not any(
+        p.requires_grad for b in trc.bound_symbols for p in (*b.proxy_args(), *b.proxy_outs()))
+
+
+
+class UnlessFunctorch:
+    """Runs `rewritten`, or under torch.func's transforms the function `make_plain()` returns,
+    made on first need (vmap's batched values may not be written into unbatched intermediates,
+    and grad's tensors record autograd). jit's cache-hit path calls `rewritten` itself after
+    checking `functorch_active()` with its other checks."""
+
+    __slots__ = ("rewritten", "make_plain", "plain")
+
+    def __init__(self, rewritten, make_plain):
+        self.rewritten, self.make_plain, self.plain = rewritten, make_plain, None
+
+    def __call__(self, *args):
+        if not functorch_active():
+            return self.rewritten(*args)
+        if self.plain is None:
+            self.plain = self.make_plain()
+        return self.plain(*args)
+
+
+functorch_active = torch._C._are_functorch_transforms_active

@@ -1,0 +1,160 @@
+"""The torch executor's rewrites (executors/torch_rewrites.py): Python numbers made tensors
+once, and elementwise results written into dead intermediates, change nothing a caller sees."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import thunderfn as tf
+from thunderfn.testing.strategies import ALL_DTYPES, make, shapes
+
+OPS = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+NUMBERS = st.one_of(st.integers(-2**62, 2**62), st.sampled_from([0, 1, -1, 2, 3, 2**40]),
+                    st.floats(allow_nan=False, allow_infinity=False, width=64), st.sampled_from([0.1, 1 / 3, 1e-8, -2.5]))
+
+
+def lines(trc) -> list[str]:
+    return [ln.strip() for ln in str(trc).splitlines() if not ln.strip().startswith("#")]
+
+
+def in_place_calls(trc) -> list[str]:
+    return [ln for ln in lines(trc) if "torch.Tensor." in ln and "_(" in ln]
+
+
+@given(op=st.sampled_from(sorted(OPS)), dtype=st.sampled_from(ALL_DTYPES + (torch.complex64,)),
+       shape=shapes(min_dims=0), number=NUMBERS, seed=st.integers(0, 2**16))
+def test_law_a_lifted_number_computes_what_eager_computes_bit_for_bit(op, dtype, shape, number, seed):
+    # law: jit(lambda x: op(x, n))(x) == op(x, n), same dtype and same bits, whether or not n was lifted
+    x = make(shape, dtype, seed) if not dtype.is_complex else make(shape, torch.float32, seed).to(dtype)
+    fn = OPS[op]
+    try:
+        expected = fn(x, number)
+    except RuntimeError as e:  # bool - number and the like: the jitted call must raise the same
+        with pytest.raises(RuntimeError, match=str(e)[:30]):
+            tf.jit(lambda t: fn(t, number))(x)
+        return
+    got = tf.jit(lambda t: fn(t, number))(x)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert torch.equal(torch.view_as_real(got) if got.is_complex() else got,
+                       torch.view_as_real(expected) if expected.is_complex() else expected) or (
+        got.is_floating_point() and torch.equal(got.isnan(), expected.isnan())
+        and torch.equal(got.nan_to_num(), expected.nan_to_num()))
+
+
+def test_a_number_is_lifted_once_where_the_result_cannot_change_and_kept_where_it_could():
+    jf = tf.jit(lambda x, i, s: (torch.sin(x * 2 + 1) * 2, i * 2.5, s * 2))
+    x, i, s = torch.randn(4), torch.arange(4), torch.tensor(3.0, dtype=torch.float16)
+    out = jf(x, i, s)
+    code = str(tf.last_traces(jf)[-1])
+    assert code.count("(the number 2, made a tensor once)") == 1  # one tensor for both 2s
+    assert "(the number 1, made a tensor once)" in code
+    # int tensor * float: eager's result is the default float dtype, a float64 tensor would give float64
+    assert "torch.mul(i, 2.5)" in code and out[1].dtype == torch.float32
+    # a 0-d tensor promotes with a 0-d float64 as an equal (float64); with the number it stays float16
+    assert "torch.mul(s, 2)" in code and out[2].dtype == torch.float16
+
+
+def test_an_elementwise_result_is_written_into_its_dead_first_argument():
+    def f(x, w, b):
+        return torch.nn.functional.gelu(x * w + b) * torch.sigmoid(x)
+
+    args = [torch.randn(64) for _ in range(3)]
+    before = [a.clone() for a in args]
+    jf = tf.jit(f)
+    torch.testing.assert_close(jf(*args), f(*args), rtol=0, atol=0)
+    assert [c.split("(")[0].split("= ")[1] for c in in_place_calls(tf.last_traces(jf)[-1])] == [
+        "torch.Tensor.add_", "torch.Tensor.mul_"]
+    assert all(torch.equal(a, c) for a, c in zip(args, before))  # inputs are never written
+
+
+def test_a_value_with_a_live_view_is_not_written_into():
+    def f(x):
+        t = x * 2
+        row = t[0]  # a view of t, read after t's last direct reader
+        s = torch.sin(t)
+        return s, row + 0
+
+    x = torch.randn(3, 4)
+    jf = tf.jit(f)
+    s, row = jf(x)
+    torch.testing.assert_close(row, x[0] * 2, rtol=0, atol=0)
+    torch.testing.assert_close(s, torch.sin(x * 2), rtol=0, atol=0)
+    assert not any("sin_" in c for c in in_place_calls(tf.last_traces(jf)[-1]))
+
+
+@pytest.mark.parametrize("make_alias", [lambda x: x.float(), lambda x: x.contiguous(), lambda x: x.to(torch.float32)],
+                         ids=["float", "contiguous", "to"])
+def test_what_may_be_the_input_itself_at_run_time_is_never_written_into(make_alias):
+    x = torch.randn(5)
+    kept = x.clone()
+    out = tf.jit(lambda t: torch.sin(make_alias(t)))(x)
+    torch.testing.assert_close(out, torch.sin(kept), rtol=0, atol=0)
+    assert torch.equal(x, kept)
+
+
+def test_both_halves_of_a_training_step_write_into_dead_intermediates_and_give_eagers_gradients():
+    def loss(x, w):
+        return (torch.tanh(x @ w) * 3 + 1).square().sum()
+
+    x, w = torch.randn(8, 4), torch.randn(4, 4, requires_grad=True)
+    w_eager = w.detach().clone().requires_grad_()
+    jf = tf.jit(loss)
+    jf(x, w).backward()
+    loss(x, w_eager).backward()
+    torch.testing.assert_close(w.grad, w_eager.grad)
+    assert in_place_calls(tf.last_traces(jf)[-1]) and in_place_calls(tf.last_backward_traces(jf)[-1])
+
+
+def test_a_trace_that_torch_autograd_records_is_not_rewritten_in_place():
+    # writing into an input that requires grad keeps autograd through torch's own ops: torch saves
+    # tanh's output for its backward, so writing into it would corrupt the gradient
+    def f(x):
+        y = torch.tanh(x * 2)
+        x.mul_(0.5)
+        return (y * 3).sum()
+
+    base = torch.randn(4, requires_grad=True)
+    jf = tf.jit(f)
+    jf(base * 1).backward()
+    grad = base.grad.clone()
+    base.grad = None
+    f(base * 1).backward()
+    torch.testing.assert_close(grad, base.grad)
+    with pytest.raises(RuntimeError, match="writes into an input"):  # no split: torch records the ops
+        tf.last_backward_traces(jf)
+    assert not in_place_calls(tf.last_traces(jf)[-1])
+
+
+def test_torch_func_vmap_over_a_jitted_function_runs_the_trace_without_in_place_writes():
+    # w * 2 is unbatched under vmap(in_dims=(None, 0)); writing the batched `+ y` into it would raise
+    def f(w, y):
+        return torch.sin(w * 2 + y)
+
+    jf = tf.jit(f)
+    w, ys = torch.randn(3), torch.randn(5, 3)
+    jf(w, ys[0])
+    assert in_place_calls(tf.last_traces(jf)[-1])  # the trace called directly writes in place
+    got = torch.func.vmap(jf, in_dims=(None, 0))(w, ys)
+    torch.testing.assert_close(got, torch.stack([f(w, y) for y in ys]))
+
+
+def test_a_commutative_op_writes_into_its_dead_second_argument_when_the_first_is_an_input():
+    def f(x, y):
+        return x + torch.sin(y), x * torch.cos(y)
+
+    x, y = torch.randn(6), torch.randn(6)
+    kept = x.clone(), y.clone()
+    jf = tf.jit(f)
+    for got, expected in zip(jf(x, y), f(x, y)):
+        assert torch.equal(got, expected)
+    assert torch.equal(x, kept[0]) and torch.equal(y, kept[1])
+    calls = in_place_calls(tf.last_traces(jf)[-1])
+    assert any("torch.Tensor.add_(t" in c and ", x)" in c for c in calls)
+    assert any("torch.Tensor.mul_(t" in c and ", x)" in c for c in calls)
+    # complex products round differently when their operands swap: left out of place
+    xc, yc = torch.randn(6, dtype=torch.complex64), torch.randn(6, dtype=torch.complex64)
+    jc = tf.jit(f)
+    for got, expected in zip(jc(xc, yc), f(xc, yc)):
+        assert torch.equal(got, expected)
+    assert not in_place_calls(tf.last_traces(jc)[-1])
