@@ -235,6 +235,14 @@ def min_cut_saved(values: Iterable[str], cost: dict, arguments: dict, fixed: set
 
 # -- the pass on a forward/backward split ---------------------------------------------------------
 
+def _has_effects(bsym) -> bool:
+    """Whether running bsym again could compute something else or do something twice: a random
+    draw, a statement, anything kept for its effect, anywhere in its decomposition. Never
+    recomputed, whatever the caller's predicate says."""
+    return (bsym.sym.printer is not None or bool(bsym.sym.tags & {"no_dce", "random"})
+            or any(_has_effects(s) for s in bsym.subsymbols))
+
+
 def _may_alias(bsym) -> bool:
     """Whether bsym's outputs may share memory with its arguments (a view, or an op we cannot see
     into): anything but a composition of elementwise ops and reductions."""
@@ -270,7 +278,8 @@ def rematerialize(forward, backward, recomputable: Callable = cheap_to_recompute
     a minimum cut over saved bytes: the backward recomputes, from the new residuals, the values
     the cut does not save, with the forward's own bound symbols, each group placed just before
     the first backward op that reads it. `recomputable(bsym)` says which forward ops may run
-    again (default: cheap_to_recompute). Returns the traces unchanged when no cut saves fewer
+    again (default: cheap_to_recompute); random draws and statements never do, nor ops reading
+    a tensor the forward writes into. Returns the traces unchanged when no cut saves fewer
     bytes than the split's residuals."""
     start = time.perf_counter_ns()
     outputs, residuals = forward.output
@@ -285,7 +294,7 @@ def rematerialize(forward, backward, recomputable: Callable = cheap_to_recompute
 
     def add(bsym):
         reads = [p.name for p in bsym.proxy_args() if p.constant is None]  # captured constants are always there
-        repeatable = recomputable(bsym) and not any(n in written for n in reads)
+        repeatable = not _has_effects(bsym) and recomputable(bsym) and not any(n in written for n in reads)
         if not repeatable and bsym.subsymbols:
             # An op not to repeat whole (layer_norm: its statistics are reductions) may still have cheap
             # parts: its decomposition joins the graph, so that its normalized output can be recomputed
