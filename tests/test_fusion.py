@@ -328,17 +328,27 @@ def test_representative_op_db_ops_through_inductor_match_eager():
         sample = next(iter(op.sample_inputs("cpu", torch.float32)))
         calls.append((op, sample.args, sample.kwargs))
 
-    def all_ops(calls):
+    def all_ops(calls, buffer):
         # each result times one, so a view op's output is computed, not an alias Inductor may lay out differently
-        return [op.op(*args, **kwargs) * 1 for op, args, kwargs in calls]
+        outs = [op.op(*args, **kwargs) * 1 for op, args, kwargs in calls]
+        # in place: into an intermediate (row and whole), and into an input (written back after the region)
+        t = torch.exp(buffer) * 2
+        t[0] = 1.0
+        t.mul_(outs[0].sum())
+        buffer.add_(t.sigmoid())
+        return outs + [t]
 
-    jf = tf.jit(lambda *flat: all_ops(tf_unflatten(flat)), executors=["inductor"])
-    flat, tf_unflatten = _flatten_calls(calls)
+    flat, unflatten = _flatten_calls(calls)
+    jf = tf.jit(lambda *args: all_ops(unflatten(args[:-1]), args[-1]), executors=["inductor"])
+    buffer = torch.randn(3, 4)
+    buffer_eager = buffer.clone()
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="thunderfn")  # no region fell back
-        got = jf(*flat)
-    for (op, args, kwargs), g, e in zip(calls, got, all_ops(calls)):
-        torch.testing.assert_close(g, e, equal_nan=True, msg=lambda m, name=op.name: f"{name}: {m}")
+        got = jf(*flat, buffer)
+    expected = all_ops(calls, buffer_eager)
+    for name, g, e in zip([op.name for op, _, _ in calls] + ["in-place"], got, expected):
+        torch.testing.assert_close(g, e, equal_nan=True, msg=lambda m, name=name: f"{name}: {m}")
+    torch.testing.assert_close(buffer, buffer_eager)
     assert "inductor_fusion_" in str(tf.last_traces(jf)[-1])
 
 
