@@ -6,7 +6,6 @@ test sees exactly the regions the shared logic forms. Only the few tests at the 
 compile with Inductor (seconds each), sharing their compiled functions through
 module-scoped fixtures.
 """
-import copy
 import re
 import warnings
 import zlib
@@ -20,6 +19,7 @@ import torch.nn.functional as F
 import thunderfn as tf
 import thunderfn.torch as ltorch
 from thunderfn.executors import FusionExecutor, OperatorExecutor, inductor
+from thunderfn.testing.fusion_checks import assert_falls_back_once, assert_training_step_matches_eager
 
 
 class RunsRegionsWithTorch(FusionExecutor):
@@ -278,18 +278,10 @@ def test_inductor_fuses_an_elementwise_chain_into_one_region_matching_eager(fuse
 def test_a_training_step_of_a_jitted_module_on_inductor_matches_eager_gradients():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-    reference = copy.deepcopy(model)
     jitted = tf.jit(model, executors=["inductor"])
-    x, y = torch.randn(5, 8), torch.randn(5, 4)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="thunderfn")
-        loss = F.mse_loss(jitted(x), y)
-        loss.backward()
-    expected = F.mse_loss(reference(x), y)
-    expected.backward()
-    torch.testing.assert_close(loss, expected)
-    for p, q in zip(model.parameters(), reference.parameters()):
-        torch.testing.assert_close(p.grad, q.grad)
+        assert_training_step_matches_eager(model, jitted, torch.randn(5, 8), torch.randn(5, 4))
     assert "inductor_fusion_" in str(tf.last_traces(jitted)[-1])
     assert "inductor_fusion_" in str(tf.last_backward_traces(jitted)[-1])
 
@@ -303,12 +295,8 @@ def test_a_region_inductor_fails_on_runs_unfused_after_one_warning(monkeypatch):
     f = lambda x: torch.tanh(x) * torch.cos(x) + bias  # noqa: E731
     jf = tf.jit(f, executors=["inductor"])
     x = torch.randn(7, 3)
-    with pytest.warns(UserWarning, match=r"^thunderfn: Inductor could not compile inductor_fusion_0 \(RuntimeError: "
-                                         r"cannot lower this graph\); its 4 ops run unfused$"):
-        torch.testing.assert_close(jf(x), f(x))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once per region and layout
-        torch.testing.assert_close(jf(x), f(x))
+    assert_falls_back_once(jf, f, x, r"^thunderfn: Inductor could not compile inductor_fusion_0 \(RuntimeError: "
+                                     r"cannot lower this graph\); its 4 ops run unfused$")
 
 
 def test_the_process_wide_compile_cache_keeps_only_the_most_recent_regions(monkeypatch):
@@ -340,17 +328,27 @@ def test_representative_op_db_ops_through_inductor_match_eager():
         sample = next(iter(op.sample_inputs("cpu", torch.float32)))
         calls.append((op, sample.args, sample.kwargs))
 
-    def all_ops(calls):
+    def all_ops(calls, buffer):
         # each result times one, so a view op's output is computed, not an alias Inductor may lay out differently
-        return [op.op(*args, **kwargs) * 1 for op, args, kwargs in calls]
+        outs = [op.op(*args, **kwargs) * 1 for op, args, kwargs in calls]
+        # in place: into an intermediate (row and whole), and into an input (written back after the region)
+        t = torch.exp(buffer) * 2
+        t[0] = 1.0
+        t.mul_(outs[0].sum())
+        buffer.add_(t.sigmoid())
+        return outs + [t]
 
-    jf = tf.jit(lambda *flat: all_ops(tf_unflatten(flat)), executors=["inductor"])
-    flat, tf_unflatten = _flatten_calls(calls)
+    flat, unflatten = _flatten_calls(calls)
+    jf = tf.jit(lambda *args: all_ops(unflatten(args[:-1]), args[-1]), executors=["inductor"])
+    buffer = torch.randn(3, 4)
+    buffer_eager = buffer.clone()
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="thunderfn")  # no region fell back
-        got = jf(*flat)
-    for (op, args, kwargs), g, e in zip(calls, got, all_ops(calls)):
-        torch.testing.assert_close(g, e, equal_nan=True, msg=lambda m, name=op.name: f"{name}: {m}")
+        got = jf(*flat, buffer)
+    expected = all_ops(calls, buffer_eager)
+    for name, g, e in zip([op.name for op, _, _ in calls] + ["in-place"], got, expected):
+        torch.testing.assert_close(g, e, equal_nan=True, msg=lambda m, name=name: f"{name}: {m}")
+    torch.testing.assert_close(buffer, buffer_eager)
     assert "inductor_fusion_" in str(tf.last_traces(jf)[-1])
 
 

@@ -12,7 +12,6 @@ stand-in and compares it with the same decomposition unfused.
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib.util
 import types
 import warnings
@@ -26,6 +25,7 @@ import thunderfn as tf
 from thunderfn.executors import nvfuser
 from thunderfn.executors.nvfuser import NvFuserExecutor
 from thunderfn.testing import nvfuser_standin
+from thunderfn.testing.fusion_checks import assert_falls_back_once, assert_training_step_matches_eager
 from thunderfn.testing.opinfos import op_db
 
 HAS_NVFUSER = any(importlib.util.find_spec(m) is not None for m in ("nvfuser_direct", "nvfuser"))
@@ -177,17 +177,9 @@ def test_a_definition_is_shared_by_regions_with_the_same_ops_and_layout(frontend
 def test_a_training_step_of_a_jitted_module_matches_eager_gradients(ex):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-    reference = copy.deepcopy(model)
     jitted = tf.jit(model, executors=[ex])
-    x, y = torch.randn(5, 8), torch.randn(5, 4)
     with no_fallback():
-        loss = F.mse_loss(jitted(x), y)
-        loss.backward()
-    expected = F.mse_loss(reference(x), y)
-    expected.backward()
-    torch.testing.assert_close(loss, expected)
-    for p, q in zip(model.parameters(), reference.parameters()):
-        torch.testing.assert_close(p.grad, q.grad)
+        assert_training_step_matches_eager(model, jitted, torch.randn(5, 8), torch.randn(5, 4))
     assert fused_calls(tf.last_traces(jitted)[-1]) and fused_calls(tf.last_backward_traces(jitted)[-1])
 
 
@@ -265,12 +257,8 @@ def test_a_definition_that_fails_runs_unfused_after_one_warning():
     f = lambda x: torch.tanh(x) * torch.cos(x) + bias  # noqa: E731
     jf = tf.jit(f, executors=[ex])
     x = torch.randn(7, 3)
-    with pytest.warns(UserWarning, match=r"^thunderfn: nvFuser could not run nvfuser_fusion_0 \(RuntimeError: "
-                                         r"no kernel for this fusion\); its 4 ops run unfused$"):
-        torch.testing.assert_close(jf(x), f(x))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once per region and layout
-        torch.testing.assert_close(jf(x), f(x))
+    assert_falls_back_once(jf, f, x, r"^thunderfn: nvFuser could not run nvfuser_fusion_0 \(RuntimeError: "
+                                     r"no kernel for this fusion\); its 4 ops run unfused$")
 
 
 def test_a_definition_that_fails_to_build_runs_unfused():

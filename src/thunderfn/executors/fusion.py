@@ -33,7 +33,7 @@ from typing import Callable
 
 from thunderfn.core.passes import del_last_used
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_leaves
+from thunderfn.core.pytree import tree_leaves, tree_map
 from thunderfn.core.statements import check_inputs_do_not_alias, python_alias, set_default_dtype, set_grad_enabled, write_back
 from thunderfn.core.symbol import BoundSymbol, Symbol
 from thunderfn.core.trace import Trace
@@ -313,3 +313,33 @@ def region_call(ex: FusionExecutor, region: Region, fn: Callable) -> BoundSymbol
                  namespace={region.name: fn}, eager=fn, executor=ex)
     shown = tuple(BoundSymbol(b.sym, b.args, b.kwargs, b.output, ()) for b in region.bsyms)
     return sym.bind(*region.inputs, output=tuple(region.outputs), subsymbols=shown)
+
+
+def positional_signature(region: Region, ops: list, op_name: Callable) -> str:
+    """What a compiled region depends on besides its inputs' layout, as text: the inputs' dtypes
+    and shapes, then `ops` (the region's bound symbols or their prims) in order, each as
+    `op_name(op)` with its arguments, inputs and intermediates named by position, so regions
+    computing the same thing from other names share one compiled function."""
+    names = {p.name: f"i{k}" for k, p in enumerate(region.inputs)}
+
+    def positional(x):
+        return _Positional(names[x.name]) if isinstance(x, TensorProxy) else x
+
+    lines = [f"{names[p.name]}: {p.dtype} {tuple(p.shape)}" for p in region.inputs]
+    for op in ops:
+        for p in op.proxy_outs():
+            names.setdefault(p.name, f"v{len(names)}")
+        lines.append(f"{tree_map(positional, op.output)!r} = {op_name(op)}{tree_map(positional, (op.args, op.kwargs))!r}")
+    lines.append(f"return {[names[p.name] for p in region.outputs]}")
+    return "\n".join(lines)
+
+
+class _Positional:
+    """Prints as a value's positional name in a signature."""
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self):
+        return self.name

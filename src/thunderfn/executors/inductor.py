@@ -29,7 +29,7 @@ import torch.fx
 
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_map
-from thunderfn.executors.fusion import FusionExecutor, Region
+from thunderfn.executors.fusion import FusionExecutor, Region, positional_signature
 
 # compiled functions shared by every region with the same ops and input layout, least recently
 # compiled-or-shared first; one compile at a time (threads calling the same new region wait for its
@@ -141,27 +141,13 @@ def region_graph(region: Region) -> torch.fx.GraphModule:
 
 
 def region_signature(region: Region) -> str:
-    """What the compiled code depends on besides the input layout: the ops, in order, with their
-    arguments, inputs and intermediates named by position."""
-    names = {p.name: f"i{k}" for k, p in enumerate(region.inputs)}
-    lines = []
-    for bsym in region.bsyms:
-        for p in bsym.proxy_outs():
-            names[p.name] = f"v{len(names)}"
-        args = tree_map(lambda x: _Named(names[x.name]) if isinstance(x, TensorProxy) else x, (bsym.args, bsym.kwargs))
-        out = tree_map(lambda x: _Named(names[x.name]), bsym.output)
-        fn = bsym.sym.eager
-        lines.append(f"{out!r} = {getattr(fn, '__qualname__', fn)!s}@{id(fn)}{args!r}")
-    lines.append(f"return {[names[p.name] for p in region.outputs]}")
-    return "\n".join(lines)
+    """What the compiled code depends on besides the input layout: the torch calls, in order."""
+    return positional_signature(region, region.bsyms, _callable_name)
 
 
-class _Named:
-    def __init__(self, name):
-        self.name = name
-
-    def __repr__(self):
-        return self.name
+def _callable_name(bsym) -> str:
+    fn = bsym.sym.eager
+    return f"{getattr(fn, '__qualname__', fn)!s}@{id(fn)}"
 
 
 def _bind(env: dict, graph, out, node) -> None:

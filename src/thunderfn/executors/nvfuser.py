@@ -40,7 +40,7 @@ import torch
 
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_map
-from thunderfn.executors.fusion import FusionExecutor, Region
+from thunderfn.executors.fusion import FusionExecutor, Region, positional_signature
 from thunderfn.prims import PrimIDs
 
 FRONTENDS = ("nvfuser_direct", "nvfuser")  # the current module first; the legacy one was removed in 2026
@@ -340,25 +340,8 @@ def build_definition(frontend, region: Region, descriptors):
 
 
 def definition_signature(region: Region) -> str:
-    """What a region's definition depends on besides its inputs' layout: the inputs' shapes and
-    dtypes and the prims, in order, with their arguments (inputs and intermediates named by position)."""
-    names = {p.name: f"i{k}" for k, p in enumerate(region.inputs)}
-    lines = [f"{names[p.name]}: {p.dtype} {tuple(p.shape)}" for p in region.inputs]
-    rename = lambda x: _Named(names[x.name]) if isinstance(x, TensorProxy) else x  # noqa: E731
-    for leaf in region_prims(region):
-        for p in leaf.proxy_outs():
-            names.setdefault(p.name, f"v{len(names)}")
-        lines.append(f"{tree_map(rename, leaf.output)!r} = {leaf.sym.id}{tree_map(rename, (leaf.args, leaf.kwargs))!r}")
-    lines.append(f"return {[names[p.name] for p in region.outputs]}")
-    return "\n".join(lines)
-
-
-class _Named:
-    def __init__(self, name):
-        self.name = name
-
-    def __repr__(self):
-        return self.name
+    """What a region's definition depends on besides its inputs' layout: the prims, in order."""
+    return positional_signature(region, region_prims(region), lambda leaf: leaf.sym.id)
 
 
 _UNFUSED = "unfused"  # what a layout maps to once its definition has failed

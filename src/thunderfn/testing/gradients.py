@@ -48,3 +48,4 @@ def assert_low_precision_as_accurate_as_torch(fn, args, dtype) -> None:
     for g, t, e, a in zip(got, torchs, exact, low):
         assert g.dtype == a.dtype
         assert (g.double() - e).abs().max() <= 2 * (t.double() - e).abs().max() + 1e-6 * e.abs().max()
+
