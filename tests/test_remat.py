@@ -15,6 +15,7 @@ from thunderfn.executors import inductor
 from thunderfn.examples.gpt import GPT, GPTConfig
 from thunderfn.testing import strategies as tst
 from thunderfn.transforms.rematerialize import cheap_to_recompute, min_cut_saved, nbytes, rematerialize
+from thunderfn.testing.training import adamw_losses
 
 REMAT = "Constructed by Rematerialization"
 
@@ -386,18 +387,6 @@ def test_remat_of_in_place_programs_gives_eager_gradients_and_mutates_inputs_ali
 CONFIG = GPTConfig(vocab_size=32, block_size=16, n_embd=32, n_head=4, n_layer=2, batch_size=4)
 
 
-def _train(model, batches):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for idx, targets in batches:
-        optimizer.zero_grad()
-        _, loss = model(idx, targets)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
-
-
 def test_gpt_trains_with_remat_to_the_same_losses_and_saves_fewer_bytes():
     torch.manual_seed(0)
     model = GPT(CONFIG).train()
@@ -406,8 +395,8 @@ def test_gpt_trains_with_remat_to_the_same_losses_and_saves_fewer_bytes():
                 torch.randint(0, CONFIG.vocab_size, (CONFIG.batch_size, CONFIG.block_size), generator=g))
                for _ in range(6)]
     plain, remat = tf.jit(copy.deepcopy(model), rematerialize=False), tf.jit(copy.deepcopy(model), rematerialize=True)
-    expected = _train(plain, batches)
-    losses = _train(remat, batches)
+    expected = adamw_losses(plain, batches)
+    losses = adamw_losses(remat, batches)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), atol=1e-5, rtol=1e-5)
     for p, q in zip(plain.parameters(), remat.parameters()):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-5)

@@ -8,6 +8,7 @@ import torch
 
 import thunderfn as tf
 from thunderfn.examples.gpt import GPT, GPTConfig
+from thunderfn.testing.training import adamw_losses
 
 CONFIG = GPTConfig(vocab_size=32, block_size=16, n_embd=32, n_head=4, n_layer=2, batch_size=4)
 STEPS = 10
@@ -24,18 +25,6 @@ def model_and_batches():
     return model, batches
 
 
-def _train_eager(model, batches):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for idx, targets in batches:
-        optimizer.zero_grad()
-        _, loss = model(idx, targets)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
-
-
 def _assert_same_parameters(a, b):
     for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
@@ -44,8 +33,8 @@ def _assert_same_parameters(a, b):
 def test_jitted_module_trains_like_eager(model_and_batches):
     model, batches = model_and_batches
     reference = copy.deepcopy(model)
-    expected_losses = _train_eager(reference, batches)
-    losses = _train_eager(tf.jit(model), batches)
+    expected_losses = adamw_losses(reference, batches)
+    losses = adamw_losses(tf.jit(model), batches)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected_losses), atol=1e-5, rtol=1e-5)
     _assert_same_parameters(model, reference)
 
@@ -57,7 +46,7 @@ def test_functional_training_with_value_and_grad_matches_eager(model_and_batches
     model, batches = model_and_batches
     model = model.double()
     reference = copy.deepcopy(model)
-    _train_eager(reference, batches)
+    adamw_losses(reference, batches)
 
     def loss_fn(params, idx, targets):
         return tf.functional_call(model, params, (idx, targets))[1]

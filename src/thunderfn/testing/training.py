@@ -1,0 +1,19 @@
+"""Training loops the tests compare eager and jitted models with (tests/test_training.py,
+tests/test_remat.py)."""
+from __future__ import annotations
+
+import torch
+
+
+def adamw_losses(model, batches, lr: float = 1e-2) -> list[float]:
+    """Train `model` (a GPT: model(idx, targets) -> (logits, loss)) one AdamW step per
+    (idx, targets) batch; the loss of each step."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for idx, targets in batches:
+        optimizer.zero_grad()
+        _, loss = model(idx, targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
