@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
@@ -110,27 +114,66 @@ def peak_memory(model, loss_of, device) -> str:
     return f"{torch.cuda.max_memory_allocated() / 2**20:.0f} MiB"
 
 
+# Fusion on top of the default executors (sdpa for attention): the way to add a fusion executor.
+# `executors=["inductor"]` alone would drop sdpa, and attention's backward would run as its math decomposition.
+_WITH_INDUCTOR = [*tf.executors.get_default_executors(), "inductor"]
+VARIANTS = {
+    "eager": lambda model: model,
+    "thunderfn.jit(module)": tf.jit,
+    "thunderfn.jit(module, +inductor)": lambda model: tf.jit(model, executors=_WITH_INDUCTOR),
+    # rematerialization is on by default with a fusion executor: this row shows what it changes
+    "thunderfn.jit(module, +inductor, no remat)": lambda model: tf.jit(model, executors=_WITH_INDUCTOR,
+                                                                       rematerialize=False),
+    "torch.compile": torch.compile,
+}
+WORKLOADS = {"mlp 4x1024 b64": mlp_workload, "gpt block 256/4h/128": gpt_block_workload}
+COMPILING = ("thunderfn.jit(module, +inductor)", "torch.compile")
+
+
+def cold_first_step(workload: str, variant: str) -> str:
+    """The first step of `variant` in a new process with an empty Inductor cache: a cold compile,
+    which a first step in this process (after other variants warmed Inductor up) is not."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+        done = subprocess.run([sys.executable, __file__, "--first-step-only", workload, variant], env=env,
+                              capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"n/a ({(done.stderr.strip().splitlines() or ['failed'])[-1][:60]})"
+    return done.stdout.strip().splitlines()[-1]
+
+
+def first_step_only(workload: str, variant: str, threads: int) -> None:
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    base, loss_of = WORKLOADS[workload](torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    model = VARIANTS[variant](base)
+    start = time.perf_counter()
+    step(model, loss_of)
+    print(f"{time.perf_counter() - start:.1f}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cold", action="store_true",
+                        help="also time the first step of each compiling variant in a new process with an empty "
+                             "Inductor cache (a minute or more)")
+    parser.add_argument("--first-step-only", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.first_step_only:
+        return first_step_only(*args.first_step_only, args.threads)
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(f"device {device}, torch {torch.__version__}, intra-op threads {torch.get_num_threads()}")
     rows = []
-    for name, make in (("mlp 4x1024 b64", mlp_workload), ("gpt block 256/4h/128", gpt_block_workload)):
+    for name, make in WORKLOADS.items():
         torch.manual_seed(0)
         base, loss_of = make(device)
-        variants = {"eager": lambda: copy.deepcopy(base), "thunderfn.jit(module)": lambda: tf.jit(copy.deepcopy(base)),
-                    "thunderfn.jit(module, inductor)": lambda: tf.jit(copy.deepcopy(base), executors=["inductor"]),
-                    # rematerialization is on by default with a fusion executor: this row shows what it changes
-                    "thunderfn.jit(module, inductor, no remat)": lambda: tf.jit(copy.deepcopy(base), executors=["inductor"],
-                                                                               rematerialize=False)}
-        if not args.no_compile:
-            variants["torch.compile"] = lambda: torch.compile(copy.deepcopy(base))
+        variants = {name: (lambda make_one=make_one: make_one(copy.deepcopy(base))) for name, make_one in VARIANTS.items()
+                    if not (args.no_compile and name == "torch.compile")}
         reference, ready, first = None, {}, {}
         for variant, make_variant in variants.items():
             try:
@@ -153,6 +196,9 @@ def main(argv=None):
             rows.append((name, variant, f"{ms:.2f}", f"{ms / medians['eager']:.2f}x", f"{first[variant]:.0f}",
                          saved_for_backward(model, loss_of), peak_memory(model, loss_of, device)))
     header = ("workload", "variant", "median step ms", "vs eager", "first step ms", "saved for backward", "peak memory")
+    if args.cold:
+        header += ("cold first step s",)
+        rows = [row + (cold_first_step(row[0], row[1]) if row[1] in COMPILING else "",) for row in rows]
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     for row in [header] + rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
