@@ -7,6 +7,7 @@ compile with Inductor (seconds each), sharing their compiled functions through
 module-scoped fixtures.
 """
 import re
+import threading
 import warnings
 import zlib
 
@@ -309,6 +310,56 @@ def test_the_process_wide_compile_cache_keeps_only_the_most_recent_regions(monke
         torch.testing.assert_close(tf.jit(f, executors=["inductor"])(x), f(x))
     assert len(inductor._compiled) == 2
     assert all(f"{k + 2}" in sig for (sig, _), k in zip(inductor._compiled, (2, 3)))  # the last two regions
+
+
+def test_background_compilation_runs_unfused_until_the_compiled_region_lands(monkeypatch):
+    compiled_under = []
+    release = threading.Event()
+
+    def slow_compile(gm, example_inputs):
+        release.wait(10)  # the compile is still running while the calls below are made
+        compiled_under.append(torch.is_grad_enabled())
+        calls = []
+
+        def run(*tensors):
+            calls.append(1)
+            return gm(*tensors)
+
+        run.calls = calls
+        return run
+
+    monkeypatch.setattr(inductor, "compile_graph", slow_compile)
+    monkeypatch.setattr(inductor, "_compiled", inductor.collections.OrderedDict())
+    f = lambda x: torch.sin(x) * 3 + 1  # noqa: E731
+    jf = tf.jit(f, executors=["inductor_background"])
+    x = torch.randn(5)
+    with torch.no_grad():
+        torch.testing.assert_close(jf(x), f(x))  # returns before the compile finishes
+        torch.testing.assert_close(jf(x), f(x))
+        region = next(b.sym.eager for b in tf.last_traces(jf)[-1].bound_symbols if "fusion" in b.sym.name)
+        assert not hasattr(next(iter(region.by_layout.values())), "calls")  # still the unfused function
+        release.set()
+        inductor.wait_for_background_compiles()
+        compiled = next(iter(region.by_layout.values()))
+        torch.testing.assert_close(jf(x), f(x))
+    assert compiled.calls == [1] and compiled_under == [False]  # compiled under the call's grad mode
+
+
+def test_a_background_compile_that_fails_leaves_the_region_unfused_with_one_warning(monkeypatch):
+    def refuse(gm, example_inputs):
+        raise RuntimeError("cannot lower this graph")
+
+    monkeypatch.setattr(inductor, "compile_graph", refuse)
+    monkeypatch.setattr(inductor, "_compiled", inductor.collections.OrderedDict())
+    f = lambda x: torch.cos(x) * 2 - 1  # noqa: E731
+    jf = tf.jit(f, executors=["inductor_background"])
+    x = torch.randn(4)
+    with pytest.warns(UserWarning, match="Inductor could not compile inductor_background_fusion_0"):
+        torch.testing.assert_close(jf(x), f(x))
+        inductor.wait_for_background_compiles()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(jf(x), f(x))
 
 
 # Representative ops of each kind Inductor fuses, all in one jitted function (sibling regions merge, so

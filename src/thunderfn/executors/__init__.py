@@ -107,10 +107,10 @@ from thunderfn.executors.triton_crossentropy import triton_crossentropy_ex  # no
 from thunderfn.executors.apex_crossentropy import apex_crossentropy_ex  # noqa: E402
 # Fusion: Inductor's module imports torch._inductor only when a region first compiles, nvFuser's
 # imports nvFuser only when a region first builds its definition.
-from thunderfn.executors.inductor import inductor_ex  # noqa: E402
+from thunderfn.executors.inductor import inductor_background_ex, inductor_ex  # noqa: E402
 from thunderfn.executors.nvfuser import nvfuser_ex  # noqa: E402
 
-for _kernel_ex in (sdpa_ex, triton_crossentropy_ex, apex_crossentropy_ex, inductor_ex, nvfuser_ex):
+for _kernel_ex in (sdpa_ex, triton_crossentropy_ex, apex_crossentropy_ex, inductor_ex, inductor_background_ex, nvfuser_ex):
     register_executor(_kernel_ex)
 # The defaults ahead of the torch fallback: fused attention wherever it can run.
 set_default_executors([ex for ex in (sdpa_ex,) if ex.availability()[0]])

@@ -20,6 +20,7 @@ import collections
 import importlib.util
 import operator
 import os
+import queue
 import shutil
 import threading
 import warnings
@@ -48,9 +49,15 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list):
 
 
 class InductorExecutor(FusionExecutor):
-    def __init__(self, name: str = "inductor"):
+    """`compile_in_background`: a region's first call with a new layout runs its ops unfused and
+    queues the compile on a background thread; calls after the compile lands run the compiled
+    function. The first call then costs what an unfused one does instead of seconds, at the price
+    of results that depend on timing (fused and unfused code round differently)."""
+
+    def __init__(self, name: str = "inductor", *, compile_in_background: bool = False):
         super().__init__(name, torch.__version__)
         self._availability = None
+        self.compile_in_background = compile_in_background
 
     def availability(self) -> tuple[bool, str]:
         if self._availability is None:
@@ -74,18 +81,19 @@ class InductorExecutor(FusionExecutor):
         return super().worth_fusing(region) and any(_computes(b) for b in region.bsyms)
 
     def compile_region(self, region: Region):
-        return CompiledRegion(region)
+        return CompiledRegion(region, background=self.compile_in_background)
 
 
 class CompiledRegion:
     """A region's callable: Inductor's compiled function for the layout of the inputs it is
     called with, compiled on the first call with that layout."""
 
-    def __init__(self, region: Region):
+    def __init__(self, region: Region, *, background: bool = False):
         self.region = region
         self.signature = region_signature(region)
         self.by_layout: dict = {}
         self.unfused = None
+        self.background = background
 
     def __call__(self, *tensors):
         layout = (torch.is_grad_enabled(), *[(t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
@@ -97,23 +105,53 @@ class CompiledRegion:
 
     def first_call(self, layout, tensors):
         key, result = (self.signature, layout), None
+        if self.background:
+            return self.compile_later(layout, key, tensors)
         with _compile_lock:
             fn = _compiled.get(key)
             if fn is None:
                 try:
-                    with warnings.catch_warnings():  # Inductor's own chatter (deprecations inside torch) is not the user's
-                        warnings.simplefilter("ignore")
-                        fn = compile_graph(region_graph(self.region), list(tensors))
+                    fn = self.compile(tensors)
                     result = fn(*tensors)
                 except Exception as e:  # any failure inside Inductor: run the ops unfused instead
                     fn = self.fall_back(e)
                     result = fn(*tensors)
-            _compiled[key] = fn
-            _compiled.move_to_end(key)
-            while len(_compiled) > COMPILE_CACHE_SIZE:
-                _compiled.popitem(last=False)
+            _keep(key, fn)
         self.by_layout[layout] = fn
         return fn(*tensors) if result is None else result
+
+    def compile(self, example_inputs):
+        with warnings.catch_warnings():  # Inductor's own chatter (deprecations inside torch) is not the user's
+            warnings.simplefilter("ignore")
+            return compile_graph(region_graph(self.region), list(example_inputs))
+
+    def compile_later(self, layout, key, tensors):
+        """Run unfused now; compile on the background thread for calls to come (see InductorExecutor)."""
+        fn = _compiled.get(key)
+        if fn is not None:
+            self.by_layout[layout] = fn
+            return fn(*tensors)
+        if self.unfused is None:
+            self.unfused = self.region.unfused_callable()
+        self.by_layout[layout] = self.unfused  # until the compiled function replaces it
+        # inputs of the same layout, not the caller's tensors (which the compile would keep alive); the
+        # grad mode is the call's, since Inductor compiles for training where grad is on and an input requires it
+        examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).requires_grad_(
+            t.requires_grad) for t in tensors]
+        _background.put((self, layout, key, examples, torch.is_grad_enabled()))
+        _start_background_thread()
+        return self.unfused(*tensors)
+
+    def compile_in_background(self, layout, key, examples, grad_enabled):
+        with _compile_lock, torch.set_grad_enabled(grad_enabled):
+            fn = _compiled.get(key)
+            if fn is None:
+                try:
+                    fn = self.compile(examples)
+                except Exception as e:  # any failure inside Inductor: the ops keep running unfused
+                    fn = self.fall_back(e)
+                _keep(key, fn)
+        self.by_layout[layout] = fn
 
     def fall_back(self, error: Exception):
         line = (str(error).strip().splitlines() or [""])[0][:200]
@@ -122,6 +160,44 @@ class CompiledRegion:
         if self.unfused is None:
             self.unfused = self.region.unfused_callable()
         return self.unfused
+
+
+def _keep(key, fn) -> None:
+    """Put fn in the process-wide cache, dropping the least recently kept past its bound."""
+    _compiled[key] = fn
+    _compiled.move_to_end(key)
+    while len(_compiled) > COMPILE_CACHE_SIZE:
+        _compiled.popitem(last=False)
+
+
+# -- compiling in the background ---------------------------------------------------------------
+# One daemon thread takes compiles from a queue, one at a time (Inductor compiles are not run
+# concurrently; a process exiting does not wait for one).
+_background: queue.Queue = queue.Queue()
+_background_thread = None
+_thread_lock = threading.Lock()  # not _compile_lock, which the thread holds while it compiles
+
+
+def _start_background_thread() -> None:
+    global _background_thread
+    with _thread_lock:
+        if _background_thread is None:
+            _background_thread = threading.Thread(target=_compile_queued, name="thunderfn-inductor", daemon=True)
+            _background_thread.start()
+
+
+def _compile_queued() -> None:
+    while True:
+        region, *job = _background.get()
+        try:
+            region.compile_in_background(*job)
+        finally:
+            _background.task_done()
+
+
+def wait_for_background_compiles() -> None:
+    """Block until every queued background compile has finished (its region then runs compiled)."""
+    _background.join()
 
 
 def region_graph(region: Region) -> torch.fx.GraphModule:
@@ -198,3 +274,5 @@ def _triton_imports() -> bool:
 
 
 inductor_ex = InductorExecutor()
+# the same, compiling each new region on a background thread while the first calls run unfused
+inductor_background_ex = InductorExecutor("inductor_background", compile_in_background=True)
