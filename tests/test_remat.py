@@ -15,7 +15,7 @@ from thunderfn.executors import inductor
 from thunderfn.examples.gpt import GPT, GPTConfig
 from thunderfn.testing import strategies as tst
 from thunderfn.transforms.rematerialize import cheap_to_recompute, min_cut_saved, nbytes, rematerialize
-from thunderfn.testing.training import adamw_losses
+from thunderfn.testing.training import adamw_losses, gpt_batches
 
 REMAT = "Constructed by Rematerialization"
 
@@ -390,10 +390,7 @@ CONFIG = GPTConfig(vocab_size=32, block_size=16, n_embd=32, n_head=4, n_layer=2,
 def test_gpt_trains_with_remat_to_the_same_losses_and_saves_fewer_bytes():
     torch.manual_seed(0)
     model = GPT(CONFIG).train()
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randint(0, CONFIG.vocab_size, (CONFIG.batch_size, CONFIG.block_size), generator=g),
-                torch.randint(0, CONFIG.vocab_size, (CONFIG.batch_size, CONFIG.block_size), generator=g))
-               for _ in range(6)]
+    batches = gpt_batches(CONFIG, 6)
     plain, remat = tf.jit(copy.deepcopy(model), rematerialize=False), tf.jit(copy.deepcopy(model), rematerialize=True)
     expected = adamw_losses(plain, batches)
     losses = adamw_losses(remat, batches)

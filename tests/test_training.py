@@ -8,7 +8,7 @@ import torch
 
 import thunderfn as tf
 from thunderfn.examples.gpt import GPT, GPTConfig
-from thunderfn.testing.training import adamw_losses
+from thunderfn.testing.training import adamw_losses, gpt_batches
 
 CONFIG = GPTConfig(vocab_size=32, block_size=16, n_embd=32, n_head=4, n_layer=2, batch_size=4)
 STEPS = 10
@@ -18,10 +18,7 @@ STEPS = 10
 def model_and_batches():
     torch.manual_seed(0)
     model = GPT(CONFIG).train()
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randint(0, CONFIG.vocab_size, (CONFIG.batch_size, CONFIG.block_size), generator=g),
-                torch.randint(0, CONFIG.vocab_size, (CONFIG.batch_size, CONFIG.block_size), generator=g))
-               for _ in range(STEPS)]
+    batches = gpt_batches(CONFIG, STEPS)
     return model, batches
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import warnings
 from typing import Callable
 
 from thunderfn.core.passes import del_last_used
@@ -69,6 +70,13 @@ class Region:
     def unfused_callable(self) -> Callable:
         """A function running the region's ops one by one, as the torch executor would."""
         return self.unfused_trace().python_callable()
+
+    def warn_unfused(self, failed: str, error: Exception, *, stacklevel: int) -> None:
+        """The one-line warning of a region its compiler failed on (`failed`: "Inductor could not
+        compile"), naming the region and the error's first line."""
+        line = (str(error).strip().splitlines() or [""])[0][:200]
+        warnings.warn(f"thunderfn: {failed} {self.name} ({type(error).__name__}: {line}); its {len(self.bsyms)} ops "
+                      f"run unfused", stacklevel=stacklevel + 1)
 
 
 class FusionExecutor(Executor):

@@ -154,9 +154,7 @@ class CompiledRegion:
         self.by_layout[layout] = fn
 
     def fall_back(self, error: Exception):
-        line = (str(error).strip().splitlines() or [""])[0][:200]
-        warnings.warn(f"thunderfn: Inductor could not compile {self.region.name} ({type(error).__name__}: {line}); "
-                      f"its {len(self.region.bsyms)} ops run unfused", stacklevel=4)
+        self.region.warn_unfused("Inductor could not compile", error, stacklevel=4)
         if self.unfused is None:
             self.unfused = self.region.unfused_callable()
         return self.unfused

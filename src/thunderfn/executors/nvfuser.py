@@ -33,7 +33,6 @@ import importlib
 import importlib.util
 import numbers
 import threading
-import warnings
 from typing import Callable, NamedTuple
 
 import torch
@@ -392,9 +391,7 @@ class NvFuserRegion:
         return self.run(fd, tensors)
 
     def fall_back(self, error: Exception):
-        line = (str(error).strip().splitlines() or [""])[0][:200]
-        warnings.warn(f"thunderfn: nvFuser could not run {self.region.name} ({type(error).__name__}: {line}); "
-                      f"its {len(self.region.bsyms)} ops run unfused", stacklevel=5)
+        self.region.warn_unfused("nvFuser could not run", error, stacklevel=5)
         if self.unfused is None:
             self.unfused = self.region.unfused_callable()
         return _UNFUSED

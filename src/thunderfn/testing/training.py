@@ -5,6 +5,14 @@ from __future__ import annotations
 import torch
 
 
+def gpt_batches(config, steps: int, seed: int = 1) -> list[tuple]:
+    """`steps` random (idx, targets) batches for a GPT of `config` (thunderfn.examples.gpt)."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (config.batch_size, config.block_size)
+    return [(torch.randint(0, config.vocab_size, shape, generator=g), torch.randint(0, config.vocab_size, shape, generator=g))
+            for _ in range(steps)]
+
+
 def adamw_losses(model, batches, lr: float = 1e-2) -> list[float]:
     """Train `model` (a GPT: model(idx, targets) -> (logits, loss)) one AdamW step per
     (idx, targets) batch; the loss of each step."""
