@@ -6,6 +6,7 @@ test sees exactly the regions the shared logic forms. Only the few tests at the 
 compile with Inductor (seconds each), sharing their compiled functions through
 module-scoped fixtures.
 """
+import multiprocessing
 import re
 import threading
 import warnings
@@ -360,6 +361,31 @@ def test_a_background_compile_that_fails_leaves_the_region_unfused_with_one_warn
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         torch.testing.assert_close(jf(x), f(x))
+
+
+def _child_compiles_in_background(queue_out):
+    f = lambda x: torch.sin(x) + 2  # noqa: E731
+    jf = tf.jit(f, executors=["inductor_background"])
+    x = torch.randn(6)
+    ok = torch.allclose(jf(x), f(x))
+    inductor.wait_for_background_compiles()  # the child's own thread: returns rather than hanging
+    queue_out.put(ok and torch.allclose(jf(x), f(x)))
+
+
+def test_a_forked_child_compiles_in_background_on_its_own_thread(monkeypatch):
+    monkeypatch.setattr(inductor, "compile_graph", lambda gm, example_inputs: gm)
+    jf = tf.jit(lambda x: torch.cos(x) * 2, executors=["inductor_background"])
+    jf(torch.randn(3))  # the parent's compile thread exists before the fork
+    inductor.wait_for_background_compiles()
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_child_compiles_in_background, args=(results,))
+    child.start()
+    try:
+        child.join(30)
+        assert child.exitcode == 0 and results.get(timeout=5) is True
+    finally:
+        child.kill()
 
 
 # Representative ops of each kind Inductor fuses, all in one jitted function (sibling regions merge, so

@@ -184,6 +184,17 @@ def _start_background_thread() -> None:
             _background_thread.start()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker, say) has no compile thread and inherits no lock holder: it
+    starts its own on its first background compile, with an empty queue."""
+    global _background, _background_thread, _thread_lock, _compile_lock
+    _background, _background_thread, _thread_lock = queue.Queue(), None, threading.Lock()
+    _compile_lock = threading.RLock()  # the parent's compile thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _compile_queued() -> None:
     while True:
         region, *job = _background.get()
