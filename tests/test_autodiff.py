@@ -224,3 +224,20 @@ def test_gradient_of_a_product_over_an_empty_dimension_is_empty_like_torchs(dim)
     leaf = x.clone().requires_grad_()
     (expected,) = torch.autograd.grad(f(leaf), leaf)
     torch.testing.assert_close(tf.grad(f)(x), expected)
+
+
+@pytest.mark.parametrize("how", ["jvp", "vjp inside", "vjp_fn made outside", "grad"])
+def test_differentiating_with_respect_to_a_captured_tensor_inside_jit_is_not_zero(how):
+    # the captured tensor is a constant of the trace; its derivative must still be taken (it was silently 0/None)
+    def f(x):
+        return torch.sin(x) * 3
+
+    x = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
+    _, vjp_fn = tf.vjp(f, x)
+    body = {
+        "jvp": lambda t: tf.jvp(f, (x,), (t,))[1],
+        "vjp inside": lambda t: tf.vjp(f, x)[1](t)[0],
+        "vjp_fn made outside": lambda t: vjp_fn(t)[0],
+        "grad": lambda t: tf.grad(lambda z: f(z).sum())(x) * t,
+    }[how]
+    torch.testing.assert_close(tf.jit(body)(torch.ones(3, dtype=torch.float64)), 3 * torch.cos(x))

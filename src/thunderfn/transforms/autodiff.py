@@ -229,6 +229,14 @@ def _record_forward(region: list, primals, tape: _Tape) -> list:
     return emitted
 
 
+def as_trace_values(primals):
+    """primals with each real tensor (one the traced function captured and differentiates with
+    respect to, `tf.grad(f)(w)` inside a jitted function) replaced by a copy made in the trace:
+    the tensor itself would be a captured constant, which no derivative reaches."""
+    trc = context.current_trace()
+    return tree_map(lambda x: ltorch.clone(trc.constant(x)) if isinstance(x, torch.Tensor) else x, primals)
+
+
 def trace_vjp(fn: Callable, primals: Sequence, executors=None):
     """While a trace is being built: trace fn(*primals) into it and return (out, backward), where
     backward(cotangents for out's leaves, as a pytree like out) -> one cotangent per primal leaf.
@@ -240,6 +248,7 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
         # which f's caller cannot hand to tf.grad, so jit announces them for the trace it builds.
         executors = context.current_executors()
     trc = context.current_trace()
+    primals = as_trace_values(primals)
     start_mode = torch.is_grad_enabled()
     with trc.scope() as recorded:
         out = fn(*primals)

@@ -22,7 +22,7 @@ from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.torch.opaque import _meta
-from thunderfn.transforms.autodiff import _compiled, _carries_gradient, _grad_modes, value_without_aux
+from thunderfn.transforms.autodiff import _compiled, _carries_gradient, _grad_modes, as_trace_values, value_without_aux
 from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, jvp_rules
 
 
@@ -116,6 +116,7 @@ def trace_jvp(fn: Callable, primals, tangents):
     """While a trace is being built: fn(*primals) traced into it, and the tangent of its output
     for these tangents of the primals' leaves (a pytree like the output)."""
     trc = context.current_trace()
+    primals = as_trace_values(primals)
     start_mode = torch.is_grad_enabled()
     with trc.scope() as recorded:
         out = fn(*primals)
