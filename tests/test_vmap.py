@@ -140,6 +140,17 @@ def test_vmap_of_vmap_and_of_jit_and_grad_of_vmap():
                                torch.func.grad(lambda x: torch.func.vmap(h)(x).sum())(a))
 
 
+def test_vmap_composes_with_jvp_both_ways_and_grad_through_an_opaque_op():
+    a, t = tst.make((3, 5, 4), torch.float64, 0), tst.make((3, 5, 4), torch.float64, 1)
+    f = lambda x: (x.sin() * x).sum()  # noqa: E731
+    _, expected = torch.func.jvp(torch.func.vmap(f), (a,), (t,))
+    torch.testing.assert_close(tf.jvp(tf.vmap(f), (a,), (t,))[1], expected)
+    torch.testing.assert_close(tf.vmap(lambda x, v: tf.jvp(f, (x,), (v,))[1])(a, t), expected)
+    pooled = lambda x: F.max_pool1d(x[None], 2).sum()  # noqa: E731  (opaque: torch.func.vmap, then torch.func.vjp)
+    torch.testing.assert_close(tf.grad(lambda x: tf.vmap(pooled)(x).sum())(a),
+                               torch.func.grad(lambda x: torch.func.vmap(pooled)(x).sum())(a))
+
+
 # -- in_axes and out_axes ----------------------------------------------------------------------------
 def test_out_axes_pytrees_and_unbatched_outputs():
     a, b = tst.make((3, 5, 4), torch.float64, 0), tst.make((5, 4), torch.float64, 1)
@@ -152,6 +163,9 @@ def test_out_axes_pytrees_and_unbatched_outputs():
                 out_axes={"s": 0, "n": 0})({"x": a.movedim(0, 1), "y": b})
     torch.testing.assert_close(d["s"], a + b)
     torch.testing.assert_close(d["n"], a.sum((1, 2)))
+    doubled, three = tf.vmap(lambda x: (x * 2, 3), out_axes=(0, None))(a)  # a non-tensor output: out_axes None
+    assert three == 3
+    torch.testing.assert_close(doubled, a * 2)
 
 
 @pytest.mark.parametrize("call, message", [
@@ -163,6 +177,7 @@ def test_out_axes_pytrees_and_unbatched_outputs():
     (lambda: tf.vmap(lambda x, y: x + y, in_axes=(0,))(torch.ones(3), torch.ones(3)), "one entry per positional argument"),
     (lambda: tf.vmap(lambda x: x * 2, out_axes=None)(torch.ones(3)), r"out_axes is None for the output output"),
     (lambda: tf.vmap(lambda x: x * 2, out_axes=2)(torch.ones(3)), r"output the batch dim 2, out of range"),
+    (lambda: tf.vmap(lambda x: (x, 3))(torch.ones(3)), r"output\[1\] the batch dim 0, but it is a int"),
 ])
 def test_vmap_errors_name_the_argument_and_the_problem(call, message):
     with pytest.raises(ValueError, match=message):
@@ -174,10 +189,33 @@ def test_vmap_refuses_random_ops_and_unimplemented_options_by_name():
         tf.vmap(lambda x: x + torch.rand(3))(torch.ones(2, 3))
     with pytest.raises(NotImplementedError, match="randomness='same' is not implemented yet"):
         tf.vmap(torch.sin, randomness="same")
-    with pytest.raises(NotImplementedError, match="chunk_size is not implemented yet"):
-        tf.vmap(torch.sin, chunk_size=2)
+    with pytest.raises(ValueError, match="chunk_size must be None or a positive int"):
+        tf.vmap(torch.sin, chunk_size=0)
     with pytest.raises(ValueError, match="randomness must be one of"):
         tf.vmap(torch.sin, randomness="sometimes")
+
+
+@pytest.mark.parametrize("chunk_size", [1, 2, 3, 7])
+def test_chunk_size_gives_the_whole_batch_result(chunk_size):
+    """vmap(f, chunk_size=k) == vmap(f) for k dividing the batch or not, with outputs at
+    different out_axes (an unbatched one among them)."""
+    f = lambda a, w: (torch.tanh(a @ w).sum(-1), w * 2, a.T)  # noqa: E731
+    a, w = tst.make((3, 7, 4), torch.float64, 0), tst.make((4, 2), torch.float64, 1)
+    kwargs = dict(in_axes=(1, None), out_axes=(0, None, -1))
+    jitted = tf.jit(tf.vmap(f, **kwargs, chunk_size=chunk_size))
+    for got, expected in zip(jitted(a, w), torch.func.vmap(f, in_dims=(1, None), out_dims=(0, None, -1))(a, w)):
+        torch.testing.assert_close(got, expected)
+    assert str(tf.last_traces(jitted)[0]).count("prims.matmul") == -(-7 // chunk_size)  # one per chunk
+
+
+def test_vmap_refuses_a_custom_vjp_function_rather_than_losing_its_rule():
+    @tf.custom_vjp
+    def scaled_sin(x):
+        return torch.sin(x)
+
+    scaled_sin.defvjp(lambda x: (torch.sin(x), x), lambda x, g: (g * 100,))
+    with pytest.raises(BatchingError, match="custom_vjp function, yet: its custom VJP would be lost"):
+        tf.grad(lambda x: tf.vmap(scaled_sin)(x).sum())(torch.randn(4, 3))
 
 
 def test_in_place_writes_batch_into_the_batched_input_and_refuse_unbatched_targets():
@@ -191,3 +229,5 @@ def test_in_place_writes_batch_into_the_batched_input_and_refuse_unbatched_targe
     torch.testing.assert_close(x, 1 + y)  # written back, as torch.func.vmap writes it
     with pytest.raises(BatchingError, match="in-place operation writes a batched value"):
         tf.vmap(add_into, in_axes=(None, 0))(torch.ones(4), y)
+    with pytest.raises(BatchingError, match="with chunk_size cannot write back yet"):
+        tf.vmap(add_into, chunk_size=2)(x, y)

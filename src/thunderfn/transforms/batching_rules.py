@@ -111,10 +111,16 @@ for _sym in vars(prims).copy().values():
         batching_rules[_sym.id] = _elementwise(_sym)
 
 
-@defbatch(PrimIDs.CONVERT_ELEMENT_TYPE, PrimIDs.DEVICE_PUT)
-def _conversion_batch(args, dims, kwargs, out):
-    sym = prims.convert_element_type if out.dtype != args[0].dtype else prims.device_put
-    return sym(args[0], *args[1:], **kwargs), dims[0]
+def _same_layout(prim):
+    """Ops that change each element alone and keep the shape: the batch dim stays where it is."""
+    def rule(args, dims, kwargs, out):
+        return prim(*args, **kwargs), dims[0]
+
+    return rule
+
+
+for _prim in (prims.convert_element_type, prims.device_put):
+    batching_rules[_prim.id] = _same_layout(_prim)
 
 
 # -- reductions, scans, sorting: the dimension arguments shift by one ---------------------------

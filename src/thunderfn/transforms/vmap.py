@@ -67,6 +67,15 @@ torch_vmap_op = Symbol("torch_vmap", "vmap.torch_vmap", meta=_torch_vmap_meta, i
                        tags=frozenset({"opaque"}))
 
 
+class BatchedValue:
+    """A traced tensor of the batched program and where its batch dim is (None: the same for every
+    example, so it has no batch dim). A leaf of trace_vmap's output (optree leaves unknown classes whole)."""
+    __slots__ = ("value", "dim")
+
+    def __init__(self, value: TensorProxy, dim):
+        self.value, self.dim = value, dim
+
+
 # -- the driver ---------------------------------------------------------------------------------
 def _dims_of(x, dims: dict):
     """The batch dim of an argument (a tuple for a list of tensors, prims.cat's), None if unbatched."""
@@ -106,9 +115,12 @@ class _Batching:
         if not self.is_batched(bsym):  # the same for every example: computed once
             trc.emit(bsym)
             return
-        if "random" in bsym.sym.tags:
-            raise NotImplementedError(f"vmap: randomness={self.randomness!r} is not implemented yet for random "
-                                      f"operations on batched tensors ({bsym.sym.print_name})")
+        if isinstance(bsym.sym.id, tuple) and bsym.sym.id[0] == "custom_vjp":
+            # Batched through its decomposition, its hand-written VJP would be silently replaced by the
+            # derivative of fwd when the batched program is differentiated (grad(vmap(f))).
+            raise BatchingError(
+                f"vmap cannot batch {bsym.sym.print_name}, a tf.custom_vjp function, yet: its custom VJP would be "
+                f"lost. Write that function for a batch and call it outside vmap, or drop its custom_vjp.")
         rule = batching_rules.get(bsym.sym.id)
         if rule is not None:
             self._apply(rule, bsym)
@@ -146,10 +158,13 @@ class _Batching:
                 self.bind(o, v, 0)
 
 
-def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, randomness: str):
+def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, randomness: str, *,
+               writes_back: bool = True):
     """While a trace is being built: fn traced for one example and batched into it. `in_dims` has
     one batch dim (or None) per leaf of args. Returns fn's output pytree, each tensor leaf as
-    (batched value, batch dim) with dim None for a value the same for every example."""
+    a BatchedValue (dim None for a value the same for every example). Without
+    `writes_back` (args are slices of the caller's tensors), an in-place write into an example
+    is refused rather than lost."""
     trc = context.current_trace()
     batching = _Batching(batch_size, randomness)
     leaves, spec = tree_flatten(args)
@@ -167,13 +182,13 @@ def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, random
         out = fn(*tree_unflatten(spec, examples))
     for bsym in recorded:
         batching.run(bsym)
-    _write_back_in_place_updates(trc, batching, leaves, examples, names, in_dims)
+    _write_back_in_place_updates(trc, batching, leaves, examples, names, in_dims, writes_back)
     return optree.tree_map(
-        lambda o: (batching.values.get(o.name, o), batching.dims.get(o.name)) if isinstance(o, TensorProxy) else o,
-        out, none_is_leaf=True, namespace="thunderfn")
+        lambda o: BatchedValue(batching.values.get(o.name, o), batching.dims.get(o.name)) if isinstance(o, TensorProxy) else o,
+        out, namespace="thunderfn")
 
 
-def _write_back_in_place_updates(trc, batching: _Batching, leaves, examples, names, in_dims) -> None:
+def _write_back_in_place_updates(trc, batching: _Batching, leaves, examples, names, in_dims, writes_back) -> None:
     """An in-place op on an example (x.add_(y)) rebinds its proxy to the new value: the batched
     input gets the batched new value, so the caller's tensor is written as torch.func.vmap
     writes it. A batched value written into a tensor that is the same for every example (an
@@ -181,6 +196,9 @@ def _write_back_in_place_updates(trc, batching: _Batching, leaves, examples, nam
     for leaf, example, name, d in zip(leaves, examples, names, in_dims):
         if d is None or example.name == name:
             continue
+        if not writes_back:
+            raise BatchingError("vmap: an in-place operation writes into a batched input, which vmap with chunk_size "
+                                "cannot write back yet; leave chunk_size None, or use the op's out-of-place form")
         value, dim = batching.values.get(example.name, example), batching.dims.get(example.name)
         if dim is None:  # the same new value for every example
             value = prims.broadcast_in_dim(value, tuple(leaf.shape), tuple(i for i in range(leaf.ndim) if i != d))
@@ -260,14 +278,14 @@ def _in_dims(in_axes, args: tuple) -> tuple[list, int]:
 
 
 def _output(leaf, out_axis, path: str, batch_size: int):
-    """A batched output leaf (value, dim) as the caller sees it: its batch dim moved to out_axis;
+    """A batched output leaf as the caller sees it: its batch dim moved to out_axis;
     an unbatched tensor is broadcast along out_axis (torch.func's behaviour)."""
-    if not (isinstance(leaf, tuple) and len(leaf) == 2 and isinstance(leaf[0], TensorProxy)):
+    if not isinstance(leaf, BatchedValue):
         if out_axis is None:
             return leaf
         raise ValueError(f"vmap: out_axes gives the output {path} the batch dim {out_axis}, but it is a "
                          f"{type(leaf).__name__}, not a tensor; give it out_axes None")
-    value, dim = leaf
+    value, dim = leaf.value, leaf.dim
     if out_axis is None:
         if dim is not None:
             raise ValueError(f"vmap: out_axes is None for the output {path}, but it differs between examples "
@@ -292,27 +310,59 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
     input shared by every example. `out_axes`: likewise, a pytree prefix of the output: where
     each output's batch dim goes. An output that is the same for every example is broadcast
     along out_axes, as torch.func.vmap does. `randomness`: "error" (a random op raises), as in
-    torch.func; "same" and "different" are not implemented yet. `chunk_size`: not implemented yet."""
+    torch.func; "same" and "different" are not implemented yet. `chunk_size`: None (the whole
+    batch at once), or the number of examples batched together: the batch is split into chunks,
+    each batched as one program, and the outputs concatenated, bounding peak memory."""
     if randomness not in RANDOMNESS:
         raise ValueError(f"vmap: randomness must be one of {RANDOMNESS}, got {randomness!r}")
     if randomness != "error":
         raise NotImplementedError(f"vmap: randomness={randomness!r} is not implemented yet; only 'error'")
-    if chunk_size is not None:
-        raise NotImplementedError("vmap: chunk_size is not implemented yet; leave it None (the whole batch at once)")
+    if chunk_size is not None and not (isinstance(chunk_size, int) and chunk_size > 0):
+        raise ValueError(f"vmap: chunk_size must be None or a positive int, got {chunk_size!r}")
     name = getattr(fn, "__name__", "fn")
+
+    def batched(fn, args, dims, batch_size, writes_back=True):
+        """fn's outputs for args (batch_size examples), flat, placed at out_axes; and the output structure."""
+        out = trace_vmap(fn, args, dims, batch_size, randomness, writes_back=writes_back)
+        leaves, spec = tree_flatten(out)
+        structure = optree.tree_map(lambda _: _Leaf(), out, namespace="thunderfn")
+        axes = [axis for _, _, axis in _prefix_leaves(out_axes, structure, "output", "out_axes")]
+        placed = [_output(leaf, axis, path, batch_size)
+                  for leaf, (path, _, axis) in zip(leaves, _prefix_leaves(out_axes, structure, "output", "out_axes"))]
+        return placed, axes, spec
 
     def transformed(*args, **kwargs):
         dims, batch_size = _in_dims(in_axes, args)
-        out = trace_vmap(functools.partial(fn, **kwargs) if kwargs else fn, args, dims, batch_size, randomness)
-        is_leaf = lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], TensorProxy)  # noqa: E731
-        leaves, spec = optree.tree_flatten(out, is_leaf=is_leaf, namespace="thunderfn")
-        structure = optree.tree_map(lambda _: _Leaf(), out, is_leaf=is_leaf, namespace="thunderfn")
-        placed = [_output(leaf, axis, path, batch_size)
-                  for leaf, (path, _, axis) in zip(leaves, _prefix_leaves(out_axes, structure, "output", "out_axes"))]
-        return optree.tree_unflatten(spec, placed)
+        body = functools.partial(fn, **kwargs) if kwargs else fn
+        if chunk_size is None or chunk_size >= batch_size:
+            placed, _, spec = batched(body, args, dims, batch_size)
+            return optree.tree_unflatten(spec, placed)
+        # Bounded memory: the batch in chunks of chunk_size examples, each one batched program over
+        # its slice of the inputs, the outputs concatenated along their out_axes (no loop per example).
+        leaves, arg_spec = tree_flatten(args)
+        chunks = []
+        for start in range(0, batch_size, chunk_size):
+            size = min(chunk_size, batch_size - start)
+            sliced = [leaf if d is None else _narrow(leaf, d, start, size) for leaf, d in zip(leaves, dims)]
+            chunks.append(batched(body, tree_unflatten(arg_spec, sliced), dims, size, writes_back=False))
+        _, axes, spec = chunks[0]
+        joined = []
+        for i, axis in enumerate(axes):
+            pieces = [placed[i] for placed, _, _ in chunks]
+            if axis is None or not isinstance(pieces[0], TensorProxy):
+                joined.append(pieces[0])  # the same for every example, so for every chunk
+            else:
+                joined.append(prims.cat(pieces, axis % pieces[0].ndim))
+        return optree.tree_unflatten(spec, joined)
 
     transformed.__name__ = f"vmap_{name}"
     return _compiled(transformed)
+
+
+def _narrow(x: TensorProxy, dim: int, start: int, length: int) -> TensorProxy:
+    starts = tuple(start if i == dim else 0 for i in range(x.ndim))
+    ends = tuple(start + length if i == dim else n for i, n in enumerate(x.shape))
+    return prims.slice(x, starts, ends)
 
 
 class _Leaf:
