@@ -208,14 +208,23 @@ def test_chunk_size_gives_the_whole_batch_result(chunk_size):
     assert str(tf.last_traces(jitted)[0]).count("prims.matmul") == -(-7 // chunk_size)  # one per chunk
 
 
-def test_vmap_refuses_a_custom_vjp_function_rather_than_losing_its_rule():
+def test_a_custom_vjp_function_keeps_its_rule_under_vmap_and_grad_in_either_order():
+    """The rule (here 100x the true derivative in x, the true one in w) is what both orders
+    differentiate; w, shared by the examples, gets the sum of the per-example cotangents."""
     @tf.custom_vjp
-    def scaled_sin(x):
-        return torch.sin(x)
+    def scaled_sin(x, w):
+        return torch.sin(x) * w
 
-    scaled_sin.defvjp(lambda x: (torch.sin(x), x), lambda x, g: (g * 100,))
-    with pytest.raises(BatchingError, match="custom_vjp function, yet: its custom VJP would be lost"):
-        tf.grad(lambda x: tf.vmap(scaled_sin)(x).sum())(torch.randn(4, 3))
+    scaled_sin.defvjp(lambda x, w: (torch.sin(x) * w, (x, w)),
+                      lambda res, g: (g * 100 * res[1], g * torch.sin(res[0])))
+    x, w = tst.make((4, 3), torch.float64, 0), tst.make((3,), torch.float64, 1)
+    batched = tf.vmap(scaled_sin, in_axes=(0, None))
+    torch.testing.assert_close(batched(x, w), torch.sin(x) * w)
+    gx, gw = tf.grad(lambda x, w: batched(x, w).sum(), argnums=(0, 1))(x, w)
+    torch.testing.assert_close(gx, 100 * w.expand(4, 3))
+    torch.testing.assert_close(gw, torch.sin(x).sum(0))
+    per_example = tf.vmap(tf.grad(lambda x, w: scaled_sin(x, w).sum()), in_axes=(0, None))(x, w)
+    torch.testing.assert_close(per_example, 100 * w.expand(4, 3))
 
 
 def test_in_place_writes_batch_into_the_batched_input_and_refuse_unbatched_targets():

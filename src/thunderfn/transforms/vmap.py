@@ -5,10 +5,12 @@ batch dimension) into a scratch scope, and the recorded region is walked forward
 value carries a batch dimension (an int) or None (the same for every example). A bound
 symbol none of whose arguments is batched is kept as it is, once for the whole batch; one
 with a batched argument is replaced by what its rule in `batching_rules`
-(transforms/batching_rules.py) emits; a symbol without a rule is batched through its
-decomposition (its subsymbols); an opaque torch op through torch.func.vmap when the compiled
-function runs. So the batched program is itself a trace, with no loop over the examples, and
-every other transform applies to it: jit(vmap(f)), grad(vmap(f)), vmap(grad(f)), vmap(vmap(f)).
+(transforms/batching_rules.py) emits; a tf.custom_vjp function becomes a custom_vjp of its
+vmapped fwd and bwd; a symbol without a rule is batched through its decomposition (its
+subsymbols); an opaque torch op through torch.func.vmap when the compiled function runs; any
+other raises BatchingError. So the batched program is itself a trace, with no loop over the
+examples, and every other transform applies to it: jit(vmap(f)), grad(vmap(f)),
+vmap(grad(f)), vmap(vmap(f)), jvp(vmap(f)).
 
 Called with real tensors, the transformed function jits its traced form (one trace per input
 signature, cached); called while an outer trace is being built, it emits into that trace.
@@ -16,6 +18,7 @@ signature, cached); called while an outer trace is being built, it emits into th
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Callable
 
 import optree
@@ -24,13 +27,14 @@ import torch
 from thunderfn.core import context
 from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path, tree_leaves, tree_unflatten
+from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import BatchingError
 from thunderfn import prims
 from thunderfn.torch.opaque import _meta
 from thunderfn.transforms.autodiff import _compiled
 from thunderfn.transforms.batching_rules import batching_rules, move_batch_dim
+from thunderfn.transforms.custom_vjp import custom_vjp
 
 RANDOMNESS = ("error", "different", "same")
 
@@ -115,12 +119,9 @@ class _Batching:
         if not self.is_batched(bsym):  # the same for every example: computed once
             trc.emit(bsym)
             return
-        if isinstance(bsym.sym.id, tuple) and bsym.sym.id[0] == "custom_vjp":
-            # Batched through its decomposition, its hand-written VJP would be silently replaced by the
-            # derivative of fwd when the batched program is differentiated (grad(vmap(f))).
-            raise BatchingError(
-                f"vmap cannot batch {bsym.sym.print_name}, a tf.custom_vjp function, yet: its custom VJP would be "
-                f"lost. Write that function for a batch and call it outside vmap, or drop its custom_vjp.")
+        if isinstance(getattr(bsym.sym.fn, "__self__", None), custom_vjp):
+            self._custom_vjp(bsym)
+            return
         rule = batching_rules.get(bsym.sym.id)
         if rule is not None:
             self._apply(rule, bsym)
@@ -148,6 +149,22 @@ class _Batching:
                 if isinstance(o, TensorProxy):
                     self.bind(o, v, d)
 
+    def _custom_vjp(self, bsym) -> None:
+        """A tf.custom_vjp function batched as a custom_vjp whose fwd and bwd are vmapped (JAX's rule):
+        batched through its decomposition, its hand-written VJP would be lost under grad(vmap(f))."""
+        original = bsym.sym.fn.__self__
+        if any(isinstance(v, TensorProxy) for v in tree_leaves(bsym.kwargs)):
+            raise BatchingError(f"vmap cannot batch {bsym.sym.print_name}, a tf.custom_vjp function called with a "
+                                f"tensor by keyword, yet; pass its tensors by position")
+        leaves, spec = tree_flatten(bsym.args)
+        arg_axes = tree_unflatten(spec, [self.dims.get(x.name) if isinstance(x, TensorProxy) else None for x in leaves])
+        batched = _batched_custom_vjp(original, arg_axes, bsym.output)
+        out = batched._symbol(*_batched(bsym.args, self.values), **bsym.kwargs)
+        passed_through = {x.name for x in leaves if isinstance(x, TensorProxy) and x.name not in self.dims}
+        for o, v in zip(tree_leaves(bsym.output), tree_leaves(out)):
+            if isinstance(o, TensorProxy) and o.name not in passed_through:  # an unbatched input stays unbatched
+                self.bind(o, v, 0)
+
     def _opaque(self, bsym) -> None:
         leaves = tree_leaves((bsym.args, bsym.kwargs))
         in_dims = tuple(self.dims.get(x.name) if isinstance(x, TensorProxy) else None for x in leaves)
@@ -156,6 +173,47 @@ class _Batching:
         for o, v in zip(bsym.flat_outs(), tree_leaves(out)):
             if isinstance(o, TensorProxy):
                 self.bind(o, v, 0)
+
+
+# Each custom_vjp's batched forms, by in_axes: kept alive with it, since vjp_rules holds a
+# custom_vjp's rule only while the custom_vjp lives.
+_batched_forms: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _batched_custom_vjp(original: custom_vjp, arg_axes, example_output) -> custom_vjp:
+    out_axes = optree.tree_map(lambda o: 0 if isinstance(o, TensorProxy) else None, example_output,
+                               none_is_leaf=True, namespace="thunderfn")
+    key = repr((arg_axes, out_axes))
+    forms = _batched_forms.setdefault(original, {})
+    if key in forms:
+        return forms[key]
+    nondiff = original.nondiff_argnums
+    diff_axes = [axes for i, axes in enumerate(arg_axes) if i not in nondiff]
+    residual_axes = out_axes[1]
+
+    def bwd(*args):
+        nondiff_args, residuals, g = args[:-2], args[-2], args[-1]
+        cts = vmap(original.bwd, in_axes=(None,) * len(nondiff_args) + (residual_axes, 0), out_axes=0)(
+            *nondiff_args, residuals, g)
+        # every cotangent came back batched at 0: a shared (unbatched) argument's is summed over the batch
+        return tuple(optree.tree_map(_to_arg_axis, ct, _axes_like(axes, ct), namespace="thunderfn")
+                     if ct is not None else None for ct, axes in zip(cts, diff_axes))
+
+    batched = custom_vjp(vmap(original.fn, in_axes=arg_axes), nondiff_argnums=nondiff)
+    batched.defvjp(vmap(original.fwd, in_axes=arg_axes, out_axes=out_axes), bwd)
+    forms[key] = batched
+    return batched
+
+
+def _axes_like(axes, ct):
+    """axes (a prefix) expanded to ct's structure."""
+    return tree_unflatten(tree_flatten(ct)[1], [axis for _, _, axis in _prefix_leaves(axes, ct, "cotangent", "in_axes")])
+
+
+def _to_arg_axis(ct, axis):
+    if not isinstance(ct, TensorProxy):
+        return ct
+    return prims.sum(ct, (0,)) if axis is None else move_batch_dim(ct, 0, axis)
 
 
 def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, randomness: str, *,
@@ -205,8 +263,10 @@ def _write_back_in_place_updates(trc, batching: _Batching, leaves, examples, nam
         else:
             value = move_batch_dim(value, dim, d)
         trc.rebind(leaf, value, because="an in-place operation inside vmap")
-    for _, live in list(trc.mutated.values()) + [(None, x) for x, d in zip(leaves, in_dims) if d is None]:
-        if isinstance(live, TensorProxy) and live.name in batching.dims:
+    rebound = [live for _, live in trc.mutated.values()] + [
+        x for x, name, d in zip(leaves, names, in_dims) if d is None and isinstance(x, TensorProxy) and x.name != name]
+    for live in rebound:
+        if live.name in batching.dims:
             raise BatchingError(
                 f"vmap: an in-place operation writes a batched value into {live.name}, a tensor that is the same for "
                 f"every example (in_axes None, or captured). Batch it too (an in_axes entry), or use the op's "
@@ -332,6 +392,9 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
         return placed, axes, spec
 
     def transformed(*args, **kwargs):
+        trc = context.current_trace()  # a real tensor passed in while tracing (one captured by the caller) is a constant
+        args = tree_map(lambda x: trc.constant(x) if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy)
+                        else x, args)
         dims, batch_size = _in_dims(in_axes, args)
         body = functools.partial(fn, **kwargs) if kwargs else fn
         if chunk_size is None or chunk_size >= batch_size:
