@@ -13,3 +13,10 @@ class ConcretizationError(ThunderFnError, TypeError):
 
 class UnsupportedOpError(ThunderFnError, NotImplementedError):
     """A torch function has no thunderfn symbol and cannot fall back."""
+
+
+class BatchingError(ThunderFnError, RuntimeError):
+    """vmap cannot batch an operation (no batching rule, no decomposition, no torch function to
+    batch with torch.func.vmap), or the batched program would differ from the per-example one
+    (a random op under randomness="error", an in-place write of batched values into an
+    unbatched tensor). The message names the operation and what to do."""

@@ -1,8 +1,8 @@
 """Transforms: functions from functions to functions. Each is an interpreter over a
 trace plus a rule table keyed by symbol: reverse mode (autodiff.py with vjp_rules.py and
-vjp_rules_torch.py), forward mode (forward_mode.py with jvp_rules.py), custom_vjp, the
-split of a differentiated trace for torch.autograd (autograd_split.py), and lowering
-onto executors (executor_lower.py).
+vjp_rules_torch.py), forward mode (forward_mode.py with jvp_rules.py), batching (vmap.py
+with batching_rules.py), custom_vjp, the split of a differentiated trace for
+torch.autograd (autograd_split.py), and lowering onto executors (executor_lower.py).
 
 May import: core, prims, clang and the torch language; never executors (transforms know
 executors only by what they answer: lowering_for, checkers, rules) or the api (jit

@@ -1,0 +1,303 @@
+"""Batching rules for prims: `batching_rules[prim id](args, dims, kwargs, out)` is the batched
+output of the prim, with its batch dimension.
+
+`args` are the prim's positional arguments with every batched tensor replaced by its batched
+value (one more dimension, of the batch size, at the position `dims` gives); `dims` has one
+entry per positional argument: the batch dimension of that argument (an int), or None for an
+unbatched tensor or a non-tensor (prims.cat's first entry is a tuple, one entry per tensor).
+`out` is the prim's output for one example, as it was traced (so its shape is the per-example
+shape the rule must produce, after the batch dimension). A rule returns `(batched output,
+batch dim)`; a multi-output prim returns a tuple of outputs and a tuple of dims.
+
+Rules are written in prims, so the batched program is an ordinary trace: no loop over the
+examples, and it can be differentiated, lowered and batched again. Most rules move the batch
+dimension to the front and shift the prim's dimension arguments by one.
+
+Conventions (the driver relies on them): a rule is called only when some argument is batched;
+every tensor argument of the prim is passed by position (the driver moves keyword tensors).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from thunderfn import prims
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.prims import PrimIDs, canonical_dim
+
+batching_rules: dict = {}  # symbol id -> rule(args, dims, kwargs, out) -> (output, out dims)
+
+
+def defbatch(*symbol_ids):
+    """Register the decorated rule for each symbol id."""
+    def register(rule: Callable):
+        for sid in symbol_ids:
+            batching_rules[sid] = rule
+        return rule
+
+    return register
+
+
+# -- helpers ----------------------------------------------------------------------------
+def batch_size_of(args, dims) -> int:
+    for a, d in zip(args, dims):
+        if isinstance(d, tuple):
+            return batch_size_of(a, d)
+        if d is not None:
+            return a.shape[d]
+    raise AssertionError("internal: a batching rule was called with no batched argument")
+
+
+def move_to_front(x: TensorProxy, dim: int) -> TensorProxy:
+    """x with its batch dimension `dim` moved to position 0 (a view: prims.transpose)."""
+    if dim == 0:
+        return x
+    perm = (dim,) + tuple(i for i in range(x.ndim) if i != dim)
+    return prims.transpose(x, perm)
+
+
+def move_batch_dim(x: TensorProxy, dim: int, to: int) -> TensorProxy:
+    """x with its batch dimension moved from `dim` to `to` (both non-negative)."""
+    if dim == to:
+        return x
+    rest = [i for i in range(x.ndim) if i != dim]
+    rest.insert(to, dim)
+    return prims.transpose(x, tuple(rest))
+
+
+def batched_front(x, dim, batch_size: int) -> TensorProxy:
+    """x with the batch dimension at 0; an unbatched tensor is broadcast (an expand, no copy)."""
+    if dim is not None:
+        return move_to_front(x, dim)
+    return prims.broadcast_in_dim(x, (batch_size,) + tuple(x.shape), tuple(range(1, x.ndim + 1)))
+
+
+def reshaped(x: TensorProxy, shape: tuple) -> TensorProxy:
+    """x reshaped, or x itself when it has that shape already (keeps traces free of no-op reshapes)."""
+    return x if tuple(x.shape) == tuple(shape) else prims.reshape(x, tuple(shape))
+
+
+def _shifted(dims, per_example_ndim: int) -> tuple:
+    """Dimension arguments of a per-example tensor, as dimensions of its batched form (batch at 0)."""
+    return tuple(canonical_dim(d, per_example_ndim) + 1 for d in dims)
+
+
+# -- elementwise: operands moved to the front and brought to the output's shape ----------------
+# Elementwise prims take operands of one shape (or 0-dim tensors and numbers, which they
+# broadcast). A batched operand whose example is 0-dim beside a larger one, and an unbatched
+# operand beside a batched one, are broadcast to (batch, *out.shape) here; 0-dim unbatched
+# tensors and numbers pass as they are.
+def _elementwise(prim):
+    def rule(args, dims, kwargs, out):
+        batch = batch_size_of(args, dims)
+        shape = (batch,) + tuple(out.shape)
+        operands = []
+        for a, d in zip(args, dims):
+            if d is not None:
+                a = move_to_front(a, d)
+                if a.ndim - 1 < len(out.shape):
+                    a = prims.broadcast_in_dim(a, shape, (0,))
+            elif isinstance(a, TensorProxy) and a.ndim > 0:
+                a = prims.broadcast_in_dim(a, shape, tuple(range(1, a.ndim + 1)))
+            operands.append(a)
+        return prim(*operands, **kwargs), 0
+
+    return rule
+
+
+for _sym in vars(prims).copy().values():
+    if isinstance(getattr(_sym, "id", None), PrimIDs) and "elementwise" in _sym.tags:
+        batching_rules[_sym.id] = _elementwise(_sym)
+
+
+def _same_layout(prim):
+    """Ops that change each element alone and keep the shape: the batch dim stays where it is."""
+    def rule(args, dims, kwargs, out):
+        return prim(*args, **kwargs), dims[0]
+
+    return rule
+
+
+for _prim in (prims.convert_element_type, prims.device_put):
+    batching_rules[_prim.id] = _same_layout(_prim)
+
+
+# -- reductions, scans, sorting: the dimension arguments shift by one ---------------------------
+def _reduction(prim):
+    def rule(args, dims, kwargs, out):
+        a = move_to_front(args[0], dims[0])
+        n = a.ndim - 1
+        reduced = _shifted(args[1], n) if n else ()  # a 0-dim example reduces nothing
+        return prim(a, reduced, *args[2:], **kwargs), 0
+
+    return rule
+
+
+for _prim in (prims.sum, prims.prod, prims.amax, prims.amin, prims.var):
+    batching_rules[_prim.id] = _reduction(_prim)
+
+
+@defbatch(PrimIDs.VAR_MEAN)
+def _var_mean_batch(args, dims, kwargs, out):
+    return _reduction(prims.var_mean)(args, dims, kwargs, out)[0], (0, 0)
+
+
+def _arg_reduction(prim):
+    def rule(args, dims, kwargs, out):
+        a = move_to_front(args[0], dims[0])
+        dim = args[1]
+        if a.ndim == 1:  # a 0-dim example: its argmax is 0
+            return prims.full((a.shape[0],), 0, device=a.device, dtype=torch.int64), 0
+        if dim is None:  # over all elements of each example
+            return prim(prims.reshape(a, (a.shape[0], _numel(a) // a.shape[0])), 1), 0
+        return prim(a, _shifted((dim,), a.ndim - 1)[0]), 0
+
+    return rule
+
+
+def _numel(a) -> int:
+    n = 1
+    for s in a.shape:
+        n *= s
+    return n
+
+
+for _prim in (prims.argmax, prims.argmin):
+    batching_rules[_prim.id] = _arg_reduction(_prim)
+
+
+def _along_one_dim(prim):
+    """cumsum(a, dim), cumprod(a, dim), sort(a, dim, ...), topk(a, k, dim, ...): the dim shifts."""
+    dim_position = 2 if prim is prims.topk else 1
+
+    def rule(args, dims, kwargs, out):
+        a = move_to_front(args[0], dims[0])
+        if a.ndim == 1:
+            raise NotImplementedError(f"batching {prim.print_name} of 0-dim examples")
+        rest = list(args[1:])
+        rest[dim_position - 1] = _shifted((rest[dim_position - 1],), a.ndim - 1)[0]
+        result = prim(a, *rest, **kwargs)
+        return (result, 0) if isinstance(result, TensorProxy) else (result, (0,) * len(result))
+
+    return rule
+
+
+for _prim in (prims.cumsum, prims.cumprod, prims.sort, prims.topk):
+    batching_rules[_prim.id] = _along_one_dim(_prim)
+
+
+# -- shapes ------------------------------------------------------------------------------
+@defbatch(PrimIDs.BROADCAST_IN_DIM)
+def _broadcast_in_dim_batch(args, dims, kwargs, out):
+    a = move_to_front(args[0], dims[0])
+    shape, broadcast_dimensions = args[1], args[2]
+    return prims.broadcast_in_dim(a, (a.shape[0],) + tuple(shape), (0,) + tuple(d + 1 for d in broadcast_dimensions)), 0
+
+
+@defbatch(PrimIDs.RESHAPE)
+def _reshape_batch(args, dims, kwargs, out):
+    a = move_to_front(args[0], dims[0])
+    return prims.reshape(a, (a.shape[0],) + tuple(args[1])), 0
+
+
+@defbatch(PrimIDs.TRANSPOSE)
+def _transpose_batch(args, dims, kwargs, out):
+    a = move_to_front(args[0], dims[0])
+    return prims.transpose(a, (0,) + tuple(p + 1 for p in args[1])), 0
+
+
+@defbatch(PrimIDs.SLICE)
+def _slice_batch(args, dims, kwargs, out):
+    a = move_to_front(args[0], dims[0])
+    starts, ends = tuple(args[1]), tuple(args[2])
+    strides = tuple(args[3]) if len(args) > 3 and args[3] is not None else (1,) * len(starts)
+    return prims.slice(a, (0,) + starts, (a.shape[0],) + ends, (1,) + strides), 0
+
+
+@defbatch(PrimIDs.SQUEEZE)
+def _squeeze_batch(args, dims, kwargs, out):
+    a = move_to_front(args[0], dims[0])
+    return prims.squeeze(a, _shifted(args[1], a.ndim - 1)), 0
+
+
+@defbatch(PrimIDs.FLIP)
+def _flip_batch(args, dims, kwargs, out):
+    a = move_to_front(args[0], dims[0])
+    return prims.flip(a, _shifted(args[1], a.ndim - 1)), 0
+
+
+@defbatch(PrimIDs.CAT)
+def _cat_batch(args, dims, kwargs, out):
+    tensors, tensor_dims = args[0], dims[0]
+    batch = batch_size_of(tensors, tensor_dims)
+    fronted = [batched_front(t, d, batch) for t, d in zip(tensors, tensor_dims)]
+    return prims.cat(fronted, _shifted((args[1],), tensors[0].ndim - (tensor_dims[0] is not None))[0]), 0
+
+
+@defbatch(PrimIDs.PAD)
+def _pad_batch(args, dims, kwargs, out):
+    a = move_to_front(args[0], dims[0])
+    return prims.pad(a, args[1], ((0, 0, 0),) + tuple(tuple(c) for c in args[2])), 0
+
+
+# -- indexing and scattering ---------------------------------------------------------------
+def _same_rank_operands(prim, n_tensors: int):
+    """take_along_axis(a, index, dim), scatter(a, index, value, dim), scatter_add(...): operands of
+    one rank, each brought to the front (unbatched ones broadcast), dim shifted."""
+    def rule(args, dims, kwargs, out):
+        batch = batch_size_of(args, dims)
+        per_example_ndim = out.ndim
+        if per_example_ndim == 0:
+            raise NotImplementedError(f"batching {prim.print_name} of 0-dim examples")
+        tensors = [batched_front(t, d, batch) for t, d in zip(args[:n_tensors], dims[:n_tensors])]
+        return prim(*tensors, _shifted((args[n_tensors],), per_example_ndim)[0]), 0
+
+    return rule
+
+
+batching_rules[PrimIDs.TAKE_ALONG_AXIS] = _same_rank_operands(prims.take_along_axis, 2)
+batching_rules[PrimIDs.SCATTER] = _same_rank_operands(prims.scatter, 3)
+batching_rules[PrimIDs.SCATTER_ADD] = _same_rank_operands(prims.scatter_add, 3)
+
+
+@defbatch(PrimIDs.TAKE)
+def _take_batch(args, dims, kwargs, out):
+    a, index, dim = args
+    a_dim, index_dim = dims[0], dims[1]
+    if out.ndim == 0:
+        raise NotImplementedError("batching prims.take of 0-dim examples")
+    d = canonical_dim(dim, out.ndim)
+    if index_dim is None:  # the same rows of every example
+        return prims.take(move_to_front(a, a_dim), index, d + 1), 0
+    # a different index per example: a gather along d + 1 with the index broadcast over the other dims
+    batch = index.shape[index_dim]
+    a = batched_front(a, a_dim, batch)
+    index = prims.reshape(move_to_front(index, index_dim), (batch, out.shape[d]))
+    index = prims.broadcast_in_dim(index, (batch,) + tuple(out.shape), (0, d + 1))
+    return prims.take_along_axis(a, index, d + 1), 0
+
+
+# -- linear algebra -------------------------------------------------------------------------
+@defbatch(PrimIDs.MATMUL)
+def _matmul_batch(args, dims, kwargs, out):
+    """Both operands as stacks of matrices (a vector is a 1-row or 1-column matrix), the batched
+    ones with the batch dimension first and 1s padding their per-example batch dims to a common
+    rank, so torch.matmul's broadcasting pairs each example with its own operand; then one
+    reshape drops the vector dims."""
+    (a, b), (a_dim, b_dim) = args, dims
+    batch = batch_size_of(args, dims)
+    a_example = tuple(a.shape[:a_dim] + a.shape[a_dim + 1:]) if a_dim is not None else tuple(a.shape)
+    b_example = tuple(b.shape[:b_dim] + b.shape[b_dim + 1:]) if b_dim is not None else tuple(b.shape)
+    a_matrix = (1,) + a_example if len(a_example) == 1 else a_example
+    b_matrix = b_example + (1,) if len(b_example) == 1 else b_example
+    stack_rank = max(len(a_matrix), len(b_matrix)) - 2
+
+    def as_stack(x, d, matrix):
+        if d is None:
+            return reshaped(x, matrix)
+        return reshaped(move_to_front(x, d), (batch,) + (1,) * (stack_rank + 2 - len(matrix)) + matrix)
+
+    product = prims.matmul(as_stack(a, a_dim, a_matrix), as_stack(b, b_dim, b_matrix))
+    return reshaped(product, (batch,) + tuple(out.shape)), 0
+

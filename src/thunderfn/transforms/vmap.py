@@ -1,0 +1,434 @@
+"""Batching: vmap.
+
+The function is traced for one example (each batched input replaced by a proxy without its
+batch dimension) into a scratch scope, and the recorded region is walked forward: every
+value carries a batch dimension (an int) or None (the same for every example). A bound
+symbol none of whose arguments is batched is kept as it is, once for the whole batch; one
+with a batched argument is replaced by what its rule in `batching_rules`
+(transforms/batching_rules.py) emits; a tf.custom_vjp function becomes a custom_vjp of its
+vmapped fwd and bwd; a symbol without a rule is batched through its decomposition (its
+subsymbols); an opaque torch op through torch.func.vmap when the compiled function runs; any
+other raises BatchingError. So the batched program is itself a trace, with no loop over the
+examples, and every other transform applies to it: jit(vmap(f)), grad(vmap(f)),
+vmap(grad(f)), vmap(vmap(f)), jvp(vmap(f)).
+
+Called with real tensors, the transformed function jits its traced form (one trace per input
+signature, cached); called while an outer trace is being built, it emits into that trace.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Callable
+
+import optree
+import torch
+
+from thunderfn.core import context
+from thunderfn.core.interception import tensors_by_position
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
+from thunderfn.core.symbol import Symbol
+from thunderfn.errors import BatchingError
+from thunderfn import prims
+from thunderfn.torch.opaque import _meta
+from thunderfn.transforms.autodiff import _compiled
+from thunderfn.transforms.batching_rules import batching_rules, move_batch_dim
+from thunderfn.transforms.custom_vjp import custom_vjp
+
+RANDOMNESS = ("error", "different", "same")
+
+
+# -- opaque torch ops: torch.func.vmap batches them when the compiled function runs ------------
+def torch_vmap(fn, in_dims, args, kwargs):
+    """fn(*args, **kwargs) over the batch: torch.func.vmap with one in_dim per tensor leaf of
+    (args, kwargs) (None for the rest), every output batched at 0."""
+    leaves, spec = tree_flatten((args, kwargs))
+    positions = [i for i, d in enumerate(in_dims) if d is not None]
+
+    def call(*batched):
+        current = list(leaves)
+        for i, x in zip(positions, batched):
+            current[i] = x
+        a, k = tree_unflatten(spec, current)
+        return fn(*a, **k)
+
+    return torch.func.vmap(call, in_dims=tuple(in_dims[i] for i in positions))(*(leaves[i] for i in positions))
+
+
+def _torch_vmap_meta(fn, in_dims, args, kwargs):
+    batch = next(leaf.shape[d] for leaf, d in zip(tree_leaves((args, kwargs)), in_dims) if d is not None)
+    example = tree_unflatten(tree_flatten((args, kwargs))[1], [
+        TensorProxy.like(leaf, shape=leaf.shape[:d] + leaf.shape[d + 1:]) if d is not None else leaf
+        for leaf, d in zip(tree_leaves((args, kwargs)), in_dims)])
+    out = _meta(fn, example[0], example[1])
+    return tree_unflatten(tree_flatten(out)[1], [TensorProxy(shape=(batch,) + tuple(o.shape), dtype=o.dtype, device=o.device)
+                                                 for o in tree_leaves(out)])
+
+
+torch_vmap_op = Symbol("torch_vmap", "vmap.torch_vmap", meta=_torch_vmap_meta, is_prim=True, print_name="torch_vmap",
+                       namespace={"torch_vmap": torch_vmap}, eager=torch_vmap, torch_fn=torch_vmap,
+                       tags=frozenset({"opaque"}))
+
+
+class BatchedValue:
+    """A traced tensor of the batched program and where its batch dim is (None: the same for every
+    example, so it has no batch dim). A leaf of trace_vmap's output (optree leaves unknown classes whole)."""
+    __slots__ = ("value", "dim")
+
+    def __init__(self, value: TensorProxy, dim):
+        self.value, self.dim = value, dim
+
+
+# -- the driver ---------------------------------------------------------------------------------
+def _dims_of(x, dims: dict):
+    """The batch dim of an argument (a tuple for a list of tensors, prims.cat's), None if unbatched."""
+    if isinstance(x, TensorProxy):
+        return dims.get(x.name)
+    if isinstance(x, (list, tuple)) and any(isinstance(v, TensorProxy) for v in x):
+        ds = tuple(dims.get(v.name) if isinstance(v, TensorProxy) else None for v in x)
+        return ds if any(d is not None for d in ds) else None
+    return None
+
+
+def _batched(x, values: dict):
+    return optree.tree_map(lambda v: values.get(v.name, v) if isinstance(v, TensorProxy) else v, x,
+                           none_is_leaf=True, namespace="thunderfn")
+
+
+class _Batching:
+    """The state of one vmap's walk: each per-example proxy's batched value and batch dim, by name."""
+
+    def __init__(self, batch_size: int, randomness: str):
+        self.batch_size, self.randomness = batch_size, randomness
+        self.values: dict = {}
+        self.dims: dict = {}
+
+    def bind(self, per_example: TensorProxy, value: TensorProxy, dim: int) -> None:
+        self.values[per_example.name], self.dims[per_example.name] = value, dim
+
+    def is_batched(self, bsym) -> bool:
+        return any(isinstance(a, TensorProxy) and a.name in self.dims for a in bsym.flat_args())
+
+    def run(self, bsym) -> None:
+        trc = context.current_trace()
+        if "random" in bsym.sym.tags and self.randomness == "error":
+            raise BatchingError(
+                f"vmap: called random operation {bsym.sym.print_name} while in randomness error mode. Please either "
+                f"use the 'same' or 'different' randomness flags on vmap or perform the randomness operation out of vmap")
+        if not self.is_batched(bsym):  # the same for every example: computed once
+            trc.emit(bsym)
+            return
+        if isinstance(getattr(bsym.sym.fn, "__self__", None), custom_vjp):
+            self._custom_vjp(bsym)
+            return
+        rule = batching_rules.get(bsym.sym.id)
+        if rule is not None:
+            self._apply(rule, bsym)
+        elif bsym.subsymbols and bsym.sym.printer is None:
+            for sub in bsym.subsymbols:
+                self.run(sub)
+        elif "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
+            self._opaque(bsym)
+        else:
+            raise BatchingError(
+                f"vmap cannot batch {bsym.sym.print_name}: it has no batching rule, no decomposition and no torch "
+                f"function to batch with torch.func.vmap. Give it a rule (thunderfn.transforms.batching_rules."
+                f"defbatch), or call it outside the vmapped function.")
+
+    def _apply(self, rule, bsym) -> None:
+        args, kwargs = bsym.args, bsym.kwargs
+        if any(isinstance(v, TensorProxy) for v in tree_leaves(kwargs)) and bsym.sym.fn is not None:
+            args, kwargs = tensors_by_position(bsym.sym, args, kwargs)  # rules take tensors by position
+        dims = tuple(_dims_of(a, self.dims) for a in args)
+        out, out_dims = rule(_batched(args, self.values), dims, kwargs, bsym.output)
+        if isinstance(bsym.output, TensorProxy):
+            self.bind(bsym.output, out, out_dims)
+        else:
+            for o, v, d in zip(bsym.flat_outs(), tree_leaves(out), tree_leaves(out_dims)):
+                if isinstance(o, TensorProxy):
+                    self.bind(o, v, d)
+
+    def _custom_vjp(self, bsym) -> None:
+        """A tf.custom_vjp function batched as a custom_vjp whose fwd and bwd are vmapped (JAX's rule):
+        batched through its decomposition, its hand-written VJP would be lost under grad(vmap(f))."""
+        original = bsym.sym.fn.__self__
+        if any(isinstance(v, TensorProxy) for v in tree_leaves(bsym.kwargs)):
+            raise BatchingError(f"vmap cannot batch {bsym.sym.print_name}, a tf.custom_vjp function called with a "
+                                f"tensor by keyword, yet; pass its tensors by position")
+        leaves, spec = tree_flatten(bsym.args)
+        arg_axes = tree_unflatten(spec, [self.dims.get(x.name) if isinstance(x, TensorProxy) else None for x in leaves])
+        batched = _batched_custom_vjp(original, arg_axes, bsym.output)
+        out = batched._symbol(*_batched(bsym.args, self.values), **bsym.kwargs)
+        passed_through = {x.name for x in leaves if isinstance(x, TensorProxy) and x.name not in self.dims}
+        for o, v in zip(tree_leaves(bsym.output), tree_leaves(out)):
+            if isinstance(o, TensorProxy) and o.name not in passed_through:  # an unbatched input stays unbatched
+                self.bind(o, v, 0)
+
+    def _opaque(self, bsym) -> None:
+        leaves = tree_leaves((bsym.args, bsym.kwargs))
+        in_dims = tuple(self.dims.get(x.name) if isinstance(x, TensorProxy) else None for x in leaves)
+        args, kwargs = _batched((bsym.args, bsym.kwargs), self.values)
+        out = torch_vmap_op(bsym.sym.torch_fn, in_dims, args, kwargs)
+        for o, v in zip(bsym.flat_outs(), tree_leaves(out)):
+            if isinstance(o, TensorProxy):
+                self.bind(o, v, 0)
+
+
+# Each custom_vjp's batched forms, by in_axes: kept alive with it, since vjp_rules holds a
+# custom_vjp's rule only while the custom_vjp lives.
+_batched_forms: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _batched_custom_vjp(original: custom_vjp, arg_axes, example_output) -> custom_vjp:
+    out_axes = optree.tree_map(lambda o: 0 if isinstance(o, TensorProxy) else None, example_output,
+                               none_is_leaf=True, namespace="thunderfn")
+    key = repr((arg_axes, out_axes))
+    forms = _batched_forms.setdefault(original, {})
+    if key in forms:
+        return forms[key]
+    nondiff = original.nondiff_argnums
+    diff_axes = [axes for i, axes in enumerate(arg_axes) if i not in nondiff]
+    residual_axes = out_axes[1]
+
+    def bwd(*args):
+        nondiff_args, residuals, g = args[:-2], args[-2], args[-1]
+        cts = vmap(original.bwd, in_axes=(None,) * len(nondiff_args) + (residual_axes, 0), out_axes=0)(
+            *nondiff_args, residuals, g)
+        # every cotangent came back batched at 0: a shared (unbatched) argument's is summed over the batch
+        return tuple(optree.tree_map(_to_arg_axis, ct, _axes_like(axes, ct), namespace="thunderfn")
+                     if ct is not None else None for ct, axes in zip(cts, diff_axes))
+
+    batched = custom_vjp(vmap(original.fn, in_axes=arg_axes), nondiff_argnums=nondiff)
+    batched.defvjp(vmap(original.fwd, in_axes=arg_axes, out_axes=out_axes), bwd)
+    forms[key] = batched
+    return batched
+
+
+def _axes_like(axes, ct):
+    """axes (a prefix) expanded to ct's structure."""
+    return tree_unflatten(tree_flatten(ct)[1], [axis for _, _, axis in _prefix_leaves(axes, ct, "cotangent", "in_axes")])
+
+
+def _to_arg_axis(ct, axis):
+    if not isinstance(ct, TensorProxy):
+        return ct
+    return prims.sum(ct, (0,)) if axis is None else move_batch_dim(ct, 0, axis)
+
+
+def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, randomness: str, *,
+               writes_back: bool = True):
+    """While a trace is being built: fn traced for one example and batched into it. `in_dims` has
+    one batch dim (or None) per leaf of args. Returns fn's output pytree, each tensor leaf as
+    a BatchedValue (dim None for a value the same for every example). Without
+    `writes_back` (args are slices of the caller's tensors), an in-place write into an example
+    is refused rather than lost."""
+    trc = context.current_trace()
+    batching = _Batching(batch_size, randomness)
+    leaves, spec = tree_flatten(args)
+    examples = []
+    for leaf, d in zip(leaves, in_dims):
+        if d is None:
+            examples.append(leaf)
+            continue
+        example = TensorProxy(shape=tuple(leaf.shape[:d]) + tuple(leaf.shape[d + 1:]), dtype=leaf.dtype,
+                              device=leaf.device, requires_grad=leaf.requires_grad)
+        batching.bind(example, leaf, d)
+        examples.append(example)
+    names = [x.name if isinstance(x, TensorProxy) else None for x in examples]  # an in-place op renames
+    with trc.scope() as recorded:
+        out = fn(*tree_unflatten(spec, examples))
+    for bsym in recorded:
+        batching.run(bsym)
+    _write_back_in_place_updates(trc, batching, leaves, examples, names, in_dims, writes_back)
+    return optree.tree_map(
+        lambda o: BatchedValue(batching.values.get(o.name, o), batching.dims.get(o.name)) if isinstance(o, TensorProxy) else o,
+        out, namespace="thunderfn")
+
+
+def _write_back_in_place_updates(trc, batching: _Batching, leaves, examples, names, in_dims, writes_back) -> None:
+    """An in-place op on an example (x.add_(y)) rebinds its proxy to the new value: the batched
+    input gets the batched new value, so the caller's tensor is written as torch.func.vmap
+    writes it. A batched value written into a tensor that is the same for every example (an
+    input with in_axes None, a captured tensor) has no place to go: torch.func refuses it too."""
+    for leaf, example, name, d in zip(leaves, examples, names, in_dims):
+        if d is None or example.name == name:
+            continue
+        if not writes_back:
+            raise BatchingError("vmap: an in-place operation writes into a batched input, which vmap with chunk_size "
+                                "cannot write back yet; leave chunk_size None, or use the op's out-of-place form")
+        value, dim = batching.values.get(example.name, example), batching.dims.get(example.name)
+        if dim is None:  # the same new value for every example
+            value = prims.broadcast_in_dim(value, tuple(leaf.shape), tuple(i for i in range(leaf.ndim) if i != d))
+        else:
+            value = move_batch_dim(value, dim, d)
+        trc.rebind(leaf, value, because="an in-place operation inside vmap")
+    rebound = [live for _, live in trc.mutated.values()] + [
+        x for x, name, d in zip(leaves, names, in_dims) if d is None and isinstance(x, TensorProxy) and x.name != name]
+    for live in rebound:
+        if live.name in batching.dims:
+            raise BatchingError(
+                f"vmap: an in-place operation writes a batched value into {live.name}, a tensor that is the same for "
+                f"every example (in_axes None, or captured). Batch it too (an in_axes entry), or use the op's "
+                f"out-of-place form.")
+
+
+# -- in_axes and out_axes ------------------------------------------------------------------------
+def _key(entry) -> str:
+    return f"[{entry!r}]"
+
+
+def _prefix_leaves(spec, tree, path: str, what: str) -> list:
+    """(key path, leaf, axis) for every leaf of tree, the axis taken from `spec`, a pytree prefix
+    of tree (an int or None covers everything below it)."""
+    if spec is None or isinstance(spec, int) and not isinstance(spec, bool):
+        return [(path + "".join(_key(k) for k in keys), leaf, spec)
+                for keys, leaf in zip(*tree_flatten_with_path(tree)[:2])]
+    if isinstance(spec, (tuple, list)) and not hasattr(spec, "_fields"):
+        if not isinstance(tree, (tuple, list)) or len(tree) != len(spec):
+            raise ValueError(f"vmap: {what} at {path or 'the top level'} is a {type(spec).__name__} of {len(spec)} "
+                             f"entries, which does not match the value there "
+                             f"({type(tree).__name__}{f' of {len(tree)}' if isinstance(tree, (tuple, list)) else ''}); "
+                             f"give one entry per element, or one int/None for all of it")
+        return [x for i, (s, t) in enumerate(zip(spec, tree)) for x in _prefix_leaves(s, t, f"{path}[{i}]", what)]
+    if isinstance(spec, dict):
+        if not isinstance(tree, dict) or set(tree) != set(spec):
+            raise ValueError(f"vmap: {what} at {path or 'the top level'} is a dict with keys {sorted(map(repr, spec))}, "
+                             f"which does not match the value there ({type(tree).__name__}"
+                             f"{f' with keys {sorted(map(repr, tree))}' if isinstance(tree, dict) else ''})")
+        try:  # the order optree flattens a dict in
+            keys = sorted(spec)
+        except TypeError:
+            keys = list(spec)
+        return [x for k in keys for x in _prefix_leaves(spec[k], tree[k], f"{path}[{k!r}]", what)]
+    raise TypeError(f"vmap: {what} at {path or 'the top level'} must be an int, None, or a tuple/list/dict of "
+                    f"them matching the value's structure, got {spec!r}")
+
+
+def _in_dims(in_axes, args: tuple) -> tuple[list, int]:
+    """One batch dim (non-negative, or None) per leaf of args, and the batch size."""
+    if isinstance(in_axes, list):
+        in_axes = tuple(in_axes)
+    if isinstance(in_axes, tuple) and len(in_axes) != len(args):
+        raise ValueError(f"vmap: in_axes is a tuple of {len(in_axes)} entries but the function was called with "
+                         f"{len(args)} positional arguments; give one entry per positional argument")
+    spec = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
+    dims, sizes = [], []
+    for path, leaf, axis in _prefix_leaves(spec, args, "args", "in_axes"):
+        if axis is None:
+            dims.append(None)
+            continue
+        if not isinstance(leaf, TensorProxy):
+            raise ValueError(f"vmap: in_axes gives {path} the batch dim {axis}, but it is a {type(leaf).__name__}, "
+                             f"not a tensor; only tensors can be batched: give it in_axes None")
+        if not -leaf.ndim <= axis < leaf.ndim:
+            raise ValueError(f"vmap: in_axes gives {path} the batch dim {axis}, out of range for a tensor of "
+                             f"{leaf.ndim} dims (shape {tuple(leaf.shape)})")
+        d = axis % leaf.ndim
+        dims.append(d)
+        sizes.append((path, leaf.shape[d]))
+    if not sizes:
+        raise ValueError("vmap: no input is batched: in_axes is None for every tensor (or there are no tensor "
+                         "inputs); give at least one tensor argument a batch dim")
+    for path, size in sizes[1:]:
+        if size != sizes[0][1]:
+            raise ValueError(f"vmap: inconsistent batch sizes: {sizes[0][0]} has {sizes[0][1]} along its batch dim "
+                             f"but {path} has {size}")
+    return dims, sizes[0][1]
+
+
+def _output(leaf, out_axis, path: str, batch_size: int):
+    """A batched output leaf as the caller sees it: its batch dim moved to out_axis;
+    an unbatched tensor is broadcast along out_axis (torch.func's behaviour)."""
+    if not isinstance(leaf, BatchedValue):
+        if out_axis is None:
+            return leaf
+        raise ValueError(f"vmap: out_axes gives the output {path} the batch dim {out_axis}, but it is a "
+                         f"{type(leaf).__name__}, not a tensor; give it out_axes None")
+    value, dim = leaf.value, leaf.dim
+    if out_axis is None:
+        if dim is not None:
+            raise ValueError(f"vmap: out_axes is None for the output {path}, but it differs between examples "
+                             f"(it is batched); give it an int out_axes")
+        return value
+    rank = value.ndim + (dim is None)
+    if not -rank <= out_axis < rank:
+        raise ValueError(f"vmap: out_axes gives the output {path} the batch dim {out_axis}, out of range for its "
+                         f"{rank} dims (with the batch dim)")
+    axis = out_axis % rank
+    if dim is None:  # the same for every example: repeated along the batch dim (an expand, no copy)
+        shape = tuple(value.shape[:axis]) + (batch_size,) + tuple(value.shape[axis:])
+        return prims.broadcast_in_dim(value, shape, tuple(i for i in range(rank) if i != axis))
+    return move_batch_dim(value, dim, axis)
+
+
+def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chunk_size=None):
+    """fn mapped over a batch dimension of its inputs, as one batched computation (no loop).
+
+    `in_axes`: an int, None, or a tuple with one pytree prefix per positional argument (ints
+    and Nones; negative ints count from the end): where each input's batch dim is, None for an
+    input shared by every example. `out_axes`: likewise, a pytree prefix of the output: where
+    each output's batch dim goes. An output that is the same for every example is broadcast
+    along out_axes, as torch.func.vmap does. `randomness`: "error" (a random op raises), as in
+    torch.func; "same" and "different" are not implemented yet. `chunk_size`: None (the whole
+    batch at once), or the number of examples batched together: the batch is split into chunks,
+    each batched as one program, and the outputs concatenated, bounding peak memory."""
+    if randomness not in RANDOMNESS:
+        raise ValueError(f"vmap: randomness must be one of {RANDOMNESS}, got {randomness!r}")
+    if randomness != "error":
+        raise NotImplementedError(f"vmap: randomness={randomness!r} is not implemented yet; only 'error'")
+    if chunk_size is not None and not (isinstance(chunk_size, int) and chunk_size > 0):
+        raise ValueError(f"vmap: chunk_size must be None or a positive int, got {chunk_size!r}")
+    name = getattr(fn, "__name__", "fn")
+
+    def batched(fn, args, dims, batch_size, writes_back=True):
+        """fn's outputs for args (batch_size examples), flat, placed at out_axes; and the output structure."""
+        out = trace_vmap(fn, args, dims, batch_size, randomness, writes_back=writes_back)
+        leaves, spec = tree_flatten(out)
+        structure = optree.tree_map(lambda _: _Leaf(), out, namespace="thunderfn")
+        axes = [axis for _, _, axis in _prefix_leaves(out_axes, structure, "output", "out_axes")]
+        placed = [_output(leaf, axis, path, batch_size)
+                  for leaf, (path, _, axis) in zip(leaves, _prefix_leaves(out_axes, structure, "output", "out_axes"))]
+        return placed, axes, spec
+
+    def transformed(*args, **kwargs):
+        trc = context.current_trace()  # a real tensor passed in while tracing (one captured by the caller) is a constant
+        args = tree_map(lambda x: trc.constant(x) if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy)
+                        else x, args)
+        dims, batch_size = _in_dims(in_axes, args)
+        body = functools.partial(fn, **kwargs) if kwargs else fn
+        if chunk_size is None or chunk_size >= batch_size:
+            placed, _, spec = batched(body, args, dims, batch_size)
+            return optree.tree_unflatten(spec, placed)
+        # Bounded memory: the batch in chunks of chunk_size examples, each one batched program over
+        # its slice of the inputs, the outputs concatenated along their out_axes (no loop per example).
+        leaves, arg_spec = tree_flatten(args)
+        chunks = []
+        for start in range(0, batch_size, chunk_size):
+            size = min(chunk_size, batch_size - start)
+            sliced = [leaf if d is None else _narrow(leaf, d, start, size) for leaf, d in zip(leaves, dims)]
+            chunks.append(batched(body, tree_unflatten(arg_spec, sliced), dims, size, writes_back=False))
+        _, axes, spec = chunks[0]
+        joined = []
+        for i, axis in enumerate(axes):
+            pieces = [placed[i] for placed, _, _ in chunks]
+            if axis is None or not isinstance(pieces[0], TensorProxy):
+                joined.append(pieces[0])  # the same for every example, so for every chunk
+            else:
+                joined.append(prims.cat(pieces, axis % pieces[0].ndim))
+        return optree.tree_unflatten(spec, joined)
+
+    transformed.__name__ = f"vmap_{name}"
+    return _compiled(transformed)
+
+
+def _narrow(x: TensorProxy, dim: int, start: int, length: int) -> TensorProxy:
+    starts = tuple(start if i == dim else 0 for i in range(x.ndim))
+    ends = tuple(start + length if i == dim else n for i, n in enumerate(x.shape))
+    return prims.slice(x, starts, ends)
+
+
+class _Leaf:
+    """A stand-in for an output leaf while out_axes is matched against the output's structure."""
+    __slots__ = ()
+

@@ -1,0 +1,242 @@
+"""vmap: the batched program computes every example as the function does alone, agrees with
+torch.func.vmap, composes with jit, grad and itself, prints as one batched trace (no loop
+over examples), and refuses what it cannot batch with an error naming the argument or op."""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import thunderfn as tf
+from thunderfn.errors import BatchingError
+from thunderfn.testing import strategies as tst
+
+FUNCTIONS = {  # name -> (fn, per-example shapes of its args)
+    "elementwise": (lambda a, b: torch.sin(a) * b.exp() - a ** 2 / (b.abs() + 1), [(3, 4), (3, 4)]),
+    "broadcast_scalar_example": (lambda a, b: a.sum() * b + torch.where(b > 0, a.mean(), b), [(3, 4), (4,)]),
+    "reductions": (lambda a, b: a.amax(0) + a.amin(-1).sum() + a.prod(1).sum() + a.var(0) + b, [(3, 4), (4,)]),
+    "var_mean": (lambda a, b: torch.var_mean(a, 1)[0] * torch.var_mean(a, 1)[1] + b[:3], [(3, 4), (4,)]),
+    "shapes": (lambda a, b: torch.cat([a.T.reshape(2, 6), b.reshape(2, 2).flip(0)], 1).unsqueeze(0).squeeze(0)[:, 1::2],
+               [(3, 4), (4,)]),
+    "matmul_matrix_vector": (lambda a, b: a @ b + (b @ b), [(3, 4), (4,)]),
+    "matmul_batched_stack": (lambda a, b: (a.reshape(2, 3, 2) @ b.reshape(2, 2)).sum(0), [(3, 4), (4,)]),
+    "softmax_layer_norm": (lambda a, b: F.layer_norm(a.softmax(-1), (4,)) * b, [(3, 4), (4,)]),
+    "indexing": (lambda a, b: a[torch.tensor([2, 0])].sum(0) + a[:, b.argmax()].sum() + a.gather(1, torch.tensor([[0], [1], [3]])),
+                 [(3, 4), (4,)]),
+    "scans_sort": (lambda a, b: a.cumsum(1) + torch.sort(a, 1).values - torch.topk(b, 2).values.sum(), [(3, 4), (4,)]),
+    "pad_convert": (lambda a, b: F.pad(a, (1, 1)).to(torch.float32).double() + 1, [(3, 4), (4,)]),
+    "factories": (lambda a, b: a + torch.ones(3, 4, dtype=a.dtype) * torch.arange(4, dtype=a.dtype), [(3, 4), (4,)]),
+    "opaque_torch_op": (lambda a, b: F.max_pool1d(a[None], 2)[0] + b[:2], [(3, 4), (4,)]),  # torch.func.vmap at run time
+}
+BATCH = 5
+
+
+def _batched_inputs(shapes, axes, seed=0):
+    out = []
+    for i, (shape, axis) in enumerate(zip(shapes, axes)):
+        x = tst.make((BATCH,) + shape, torch.float64, seed + i)
+        out.append(x if axis is None else x.movedim(0, axis))
+    return out
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("axes", [(0, 0), (-1, None)], ids=["both_at_0", "first_at_-1_second_shared"])
+def test_vmap_equals_the_function_on_each_example(name, axes):
+    """vmap(f, in_axes)(xs)[i] == f(xs[i]) for every example i, and agrees with torch.func.vmap."""
+    fn, shapes = FUNCTIONS[name]
+    inputs = _batched_inputs(shapes, axes)
+    if axes[1] is None:
+        inputs[1] = inputs[1][0]
+    out = tf.vmap(fn, in_axes=axes)(*inputs)
+    for i in range(BATCH):
+        example = [x.select(a % x.ndim, i) if a is not None else x for x, a in zip(inputs, axes)]
+        torch.testing.assert_close(out[i], fn(*example))
+    torch.testing.assert_close(out, torch.func.vmap(fn, in_dims=axes)(*inputs))
+
+
+@given(tst.programs(), tst.program_inputs(dtypes=(torch.float64,)), st.integers(2, 4))
+def test_vmap_of_a_random_program_is_the_program_on_each_example(program, inputs, batch):
+    """vmap(program)(xs)[i] == program(xs[i]): the inputs stacked along a new leading dim of
+    `batch` examples (the k-th example scaled by k + 1 so examples differ)."""
+    try:
+        program(*inputs)
+    except RuntimeError:
+        assume(False)
+    stacked = [torch.stack([x * (k + 1) for k in range(batch)]) for x in inputs]
+    out = tf.vmap(program)(*stacked)
+    for k in range(batch):
+        torch.testing.assert_close(out[k], program(*(x[k] for x in stacked)), equal_nan=True)
+
+
+@given(tst.programs(in_place=True), tst.program_inputs(dtypes=(torch.float64,)), st.integers(2, 4))
+def test_vmap_of_a_random_in_place_program_writes_each_example_as_the_program_does(program, inputs, batch):
+    """For programs that write into their inputs: vmap(program)(xs)[i] == program(xs[i]), and
+    afterwards xs[i] holds what program left in its i-th example's inputs."""
+    try:
+        program(*(x.clone() for x in inputs))
+    except RuntimeError:
+        assume(False)
+    stacked = [torch.stack([x * (k + 1) for k in range(batch)]) for x in inputs]
+    examples = [[x[k].clone() for x in stacked] for k in range(batch)]
+    try:
+        out = tf.vmap(program)(*stacked)
+    except tf.UnsupportedOpError:  # a write through a view jit refuses as well (not a vmap limitation)
+        with pytest.raises(tf.UnsupportedOpError):
+            tf.jit(program)(*(x.clone() for x in inputs))
+        assume(False)
+    for k in range(batch):
+        torch.testing.assert_close(out[k], program(*examples[k]), equal_nan=True)
+        for written, expected in zip(stacked, examples[k]):
+            torch.testing.assert_close(written[k], expected, equal_nan=True)
+
+
+# -- composition ---------------------------------------------------------------------------------
+def _mlp_params():
+    g = torch.Generator().manual_seed(0)
+    return {"w1": torch.randn(4, 8, dtype=torch.float64, generator=g), "b1": torch.randn(8, dtype=torch.float64, generator=g),
+            "w2": torch.randn(8, 3, dtype=torch.float64, generator=g), "b2": torch.randn(3, dtype=torch.float64, generator=g)}
+
+
+def _mlp_mse(p, x, y):
+    return F.mse_loss(torch.tanh(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"], y)
+
+
+def _mlp_cross_entropy(p, x, target):  # one example: a batch of 1 for cross_entropy
+    return F.cross_entropy((torch.relu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"])[None], target[None])
+
+
+@pytest.mark.parametrize("loss", [_mlp_mse, _mlp_cross_entropy], ids=["mse", "cross_entropy"])
+def test_per_example_gradients_match_torch_func(loss):
+    """vmap(grad(loss), in_axes=(None, 0, 0)): one gradient per example, as torch.func computes."""
+    params, x = _mlp_params(), tst.make((6, 4), torch.float64, 1)
+    y = tst.make((6, 3), torch.float64, 2) if loss is _mlp_mse else torch.tensor([0, 2, 1, 1, 0, 2])
+    grads = tf.vmap(tf.grad(loss), in_axes=(None, 0, 0))(params, x, y)
+    expected = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    assert set(grads) == set(expected)
+    for k in expected:
+        assert grads[k].shape == (6,) + params[k].shape
+        torch.testing.assert_close(grads[k], expected[k])
+
+
+def test_jit_of_vmap_prints_one_batched_trace_without_a_loop():
+    f = lambda a, w: torch.tanh(a @ w).sum(-1)  # noqa: E731
+    jitted = tf.jit(tf.vmap(f, in_axes=(0, None)))
+    a, w = tst.make((BATCH, 3, 4), torch.float64, 0), tst.make((4, 2), torch.float64, 1)
+    torch.testing.assert_close(jitted(a, w), torch.func.vmap(f, in_dims=(0, None))(a, w))
+    source = str(tf.last_traces(jitted)[0])
+    assert "for " not in source and source.count("prims.matmul") == 1 and source.count("prims.tanh") == 1
+    assert "f64[5, 3, 2]" in source  # the batched matmul's output: the whole batch at once
+
+
+def test_vmap_of_vmap_and_of_jit_and_grad_of_vmap():
+    a, b = tst.make((3, 5, 4), torch.float64, 0), tst.make((5, 4), torch.float64, 1)
+    f = lambda x, y: (x * y).sum() + x.max()  # noqa: E731
+    nested = tf.vmap(tf.vmap(f, in_axes=(0, 0)), in_axes=(0, None))(a, b)
+    torch.testing.assert_close(nested, torch.func.vmap(torch.func.vmap(f), in_dims=(0, None))(a, b))
+    g = lambda x: x.softmax(-1) * 3  # noqa: E731
+    torch.testing.assert_close(tf.vmap(tf.jit(g))(a), g(a))
+    h = lambda x: (torch.sin(x) @ x.T).sum()  # noqa: E731
+    torch.testing.assert_close(tf.grad(lambda x: tf.vmap(h)(x).sum())(a),
+                               torch.func.grad(lambda x: torch.func.vmap(h)(x).sum())(a))
+
+
+def test_vmap_composes_with_jvp_both_ways_and_grad_through_an_opaque_op():
+    a, t = tst.make((3, 5, 4), torch.float64, 0), tst.make((3, 5, 4), torch.float64, 1)
+    f = lambda x: (x.sin() * x).sum()  # noqa: E731
+    _, expected = torch.func.jvp(torch.func.vmap(f), (a,), (t,))
+    torch.testing.assert_close(tf.jvp(tf.vmap(f), (a,), (t,))[1], expected)
+    torch.testing.assert_close(tf.vmap(lambda x, v: tf.jvp(f, (x,), (v,))[1])(a, t), expected)
+    pooled = lambda x: F.max_pool1d(x[None], 2).sum()  # noqa: E731  (opaque: torch.func.vmap, then torch.func.vjp)
+    torch.testing.assert_close(tf.grad(lambda x: tf.vmap(pooled)(x).sum())(a),
+                               torch.func.grad(lambda x: torch.func.vmap(pooled)(x).sum())(a))
+
+
+# -- in_axes and out_axes ----------------------------------------------------------------------------
+def test_out_axes_pytrees_and_unbatched_outputs():
+    a, b = tst.make((3, 5, 4), torch.float64, 0), tst.make((5, 4), torch.float64, 1)
+    torch.testing.assert_close(tf.vmap(lambda x: x.T, out_axes=-1)(a), a.transpose(1, 2).movedim(0, -1))
+    # an output the same for every example is broadcast along out_axes (torch.func's behaviour)
+    total, shared = tf.vmap(lambda x, y: (x.sum(), y * 2), in_axes=(0, None), out_axes=(0, 1))(a, b)
+    torch.testing.assert_close(total, a.sum((1, 2)))
+    torch.testing.assert_close(shared, (b * 2).unsqueeze(1).expand(5, 3, 4))
+    d = tf.vmap(lambda p: {"s": p["x"] + p["y"], "n": p["x"].sum()}, in_axes=({"x": 1, "y": None},),
+                out_axes={"s": 0, "n": 0})({"x": a.movedim(0, 1), "y": b})
+    torch.testing.assert_close(d["s"], a + b)
+    torch.testing.assert_close(d["n"], a.sum((1, 2)))
+    doubled, three = tf.vmap(lambda x: (x * 2, 3), out_axes=(0, None))(a)  # a non-tensor output: out_axes None
+    assert three == 3
+    torch.testing.assert_close(doubled, a * 2)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: tf.vmap(torch.sin, in_axes=2)(torch.ones(3, 4)), r"args\[0\] the batch dim 2, out of range for a tensor of 2 dims"),
+    (lambda: tf.vmap(lambda x, p: x + p["w"], in_axes=(0, {"w": 0}))(torch.ones(3), {"w": torch.ones(4)}),
+     r"inconsistent batch sizes: args\[0\] has 3 along its batch dim but args\[1\]\['w'\] has 4"),
+    (lambda: tf.vmap(lambda x, s: x * s)(torch.ones(3), 2.0), r"args\[1\] the batch dim 0, but it is a float"),
+    (lambda: tf.vmap(torch.sin, in_axes=None)(torch.ones(3)), "no input is batched"),
+    (lambda: tf.vmap(lambda x, y: x + y, in_axes=(0,))(torch.ones(3), torch.ones(3)), "one entry per positional argument"),
+    (lambda: tf.vmap(lambda x: x * 2, out_axes=None)(torch.ones(3)), r"out_axes is None for the output output"),
+    (lambda: tf.vmap(lambda x: x * 2, out_axes=2)(torch.ones(3)), r"output the batch dim 2, out of range"),
+    (lambda: tf.vmap(lambda x: (x, 3))(torch.ones(3)), r"output\[1\] the batch dim 0, but it is a int"),
+])
+def test_vmap_errors_name_the_argument_and_the_problem(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_vmap_refuses_random_ops_and_unimplemented_options_by_name():
+    with pytest.raises(BatchingError, match="random operation .*randomness error mode"):
+        tf.vmap(lambda x: x + torch.rand(3))(torch.ones(2, 3))
+    with pytest.raises(NotImplementedError, match="randomness='same' is not implemented yet"):
+        tf.vmap(torch.sin, randomness="same")
+    with pytest.raises(ValueError, match="chunk_size must be None or a positive int"):
+        tf.vmap(torch.sin, chunk_size=0)
+    with pytest.raises(ValueError, match="randomness must be one of"):
+        tf.vmap(torch.sin, randomness="sometimes")
+
+
+@pytest.mark.parametrize("chunk_size", [1, 2, 3, 7])
+def test_chunk_size_gives_the_whole_batch_result(chunk_size):
+    """vmap(f, chunk_size=k) == vmap(f) for k dividing the batch or not, with outputs at
+    different out_axes (an unbatched one among them)."""
+    f = lambda a, w: (torch.tanh(a @ w).sum(-1), w * 2, a.T)  # noqa: E731
+    a, w = tst.make((3, 7, 4), torch.float64, 0), tst.make((4, 2), torch.float64, 1)
+    kwargs = dict(in_axes=(1, None), out_axes=(0, None, -1))
+    jitted = tf.jit(tf.vmap(f, **kwargs, chunk_size=chunk_size))
+    for got, expected in zip(jitted(a, w), torch.func.vmap(f, in_dims=(1, None), out_dims=(0, None, -1))(a, w)):
+        torch.testing.assert_close(got, expected)
+    assert str(tf.last_traces(jitted)[0]).count("prims.matmul") == -(-7 // chunk_size)  # one per chunk
+
+
+def test_a_custom_vjp_function_keeps_its_rule_under_vmap_and_grad_in_either_order():
+    """The rule (here 100x the true derivative in x, the true one in w) is what both orders
+    differentiate; w, shared by the examples, gets the sum of the per-example cotangents."""
+    @tf.custom_vjp
+    def scaled_sin(x, w):
+        return torch.sin(x) * w
+
+    scaled_sin.defvjp(lambda x, w: (torch.sin(x) * w, (x, w)),
+                      lambda res, g: (g * 100 * res[1], g * torch.sin(res[0])))
+    x, w = tst.make((4, 3), torch.float64, 0), tst.make((3,), torch.float64, 1)
+    batched = tf.vmap(scaled_sin, in_axes=(0, None))
+    torch.testing.assert_close(batched(x, w), torch.sin(x) * w)
+    gx, gw = tf.grad(lambda x, w: batched(x, w).sum(), argnums=(0, 1))(x, w)
+    torch.testing.assert_close(gx, 100 * w.expand(4, 3))
+    torch.testing.assert_close(gw, torch.sin(x).sum(0))
+    per_example = tf.vmap(tf.grad(lambda x, w: scaled_sin(x, w).sum()), in_axes=(0, None))(x, w)
+    torch.testing.assert_close(per_example, 100 * w.expand(4, 3))
+
+
+def test_in_place_writes_batch_into_the_batched_input_and_refuse_unbatched_targets():
+    def add_into(x, y):
+        x.add_(y)
+        return x
+
+    x, y = torch.ones(3, 4), tst.make((3, 4), torch.float32, 0)
+    out = tf.vmap(add_into)(x, y)
+    torch.testing.assert_close(out, 1 + y)
+    torch.testing.assert_close(x, 1 + y)  # written back, as torch.func.vmap writes it
+    with pytest.raises(BatchingError, match="in-place operation writes a batched value"):
+        tf.vmap(add_into, in_axes=(None, 0))(torch.ones(4), y)
+    with pytest.raises(BatchingError, match="with chunk_size cannot write back yet"):
+        tf.vmap(add_into, chunk_size=2)(x, y)
