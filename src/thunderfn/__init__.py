@@ -26,11 +26,12 @@ from thunderfn.transforms import executor_lower
 from thunderfn.transforms.autodiff import grad, value_and_grad, vjp
 from thunderfn.transforms.forward_mode import jvp
 from thunderfn.transforms.vmap import vmap
+from thunderfn.transforms.jacobians import hessian, jacfwd, jacrev
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "custom_vjp", "trace", "last_traces", "last_backward_traces", "cache_info", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
+    "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "trace", "last_traces", "last_backward_traces", "cache_info", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
     "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "prims", "clang", "torch",
     "executors", "errors",
 ]

@@ -1,0 +1,133 @@
+"""Jacobians and Hessians, by composing vjp/jvp with vmap (as JAX and torch.func build them).
+
+- `jacrev(fn)`: reverse mode, one vector-Jacobian product per output element. vmap runs
+  them as one batched backward over the rows of an identity matrix (the one-hot
+  cotangents), so the cost is one forward and one batched backward; `chunk_size` bounds
+  how many rows go through at once.
+- `jacfwd(fn)`: forward mode, one Jacobian-vector product per input element, batched the
+  same way over one-hot tangents.
+- `hessian(fn) = jacfwd(jacrev(fn))`, forward-over-reverse.
+
+Pytrees in and out as in JAX: the Jacobian has the output's structure, each output leaf
+replaced by the structure of the differentiated argument (a tuple of them for a tuple
+`argnums`), whose leaves have shape `out_leaf.shape + in_leaf.shape`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import optree
+import torch
+
+from thunderfn.core.pytree import NAMESPACE, tree_flatten, tree_unflatten
+from thunderfn.transforms.autodiff import _compiled, vjp
+from thunderfn.transforms.forward_mode import jvp
+from thunderfn.transforms.vmap import vmap
+
+
+def _argnums(fn, argnums, args) -> tuple[tuple, bool]:
+    single = isinstance(argnums, int)
+    nums = (argnums,) if single else tuple(argnums)
+    for i in nums:
+        if not -len(args) <= i < len(args):
+            raise TypeError(f"differentiating with respect to argument {i} of '{getattr(fn, '__name__', fn)}', "
+                            f"but it was called with {len(args)} positional arguments")
+    return tuple(i % len(args) for i in nums), single
+
+
+def _with_primals(fn, args, nums):
+    """fn as a function of the differentiated arguments only, the others fixed at args."""
+    def of_primals(*primals):
+        full = list(args)
+        for i, p in zip(nums, primals):
+            full[i] = p
+        return fn(*full)
+
+    return of_primals
+
+
+def _one_hot_rows(leaves) -> list:
+    """For tensors of n1, n2, ... elements: the rows of the identity of size n1 + n2 + ..., cut
+    into one batch per tensor ([n, *leaf.shape] each), the batch dimension first."""
+    sizes = [leaf.numel() for leaf in leaves]
+    total, offset, rows = sum(sizes), 0, []
+    for leaf, n in zip(leaves, sizes):
+        eye = torch.eye(total, dtype=leaf.dtype, device=leaf.device)
+        rows.append(eye[:, offset:offset + n].reshape(total, *leaf.shape))
+        offset += n
+    return rows
+
+
+def _blocks(batched, sizes):
+    """batched ([n1 + n2 + ..., *shape]) cut along its first dimension into [n1, ...], [n2, ...], ..."""
+    out, offset = [], 0
+    for n in sizes:
+        out.append(batched[offset:offset + n])
+        offset += n
+    return out
+
+
+def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | None = None):
+    """The Jacobian of fn with respect to the positional args in argnums, by reverse mode."""
+    def jacobian(*args):
+        nums, single = _argnums(fn, argnums, args)
+        primals = tuple(args[i] for i in nums)
+        result = vjp(_with_primals(fn, args, nums), *primals, has_aux=has_aux)
+        out, vjp_fn = result[0], result[1]
+        out_leaves, out_spec = tree_flatten(out)
+        sizes = [o.numel() for o in out_leaves]
+        primal_leaves = [tree_flatten(p) for p in primals]
+
+        def pull_back(*cotangent_leaves):
+            cotangents = vjp_fn(tree_unflatten(out_spec, list(cotangent_leaves)))
+            # a primal leaf the output does not depend on: zeros, which is what its Jacobian block holds
+            return tuple(tuple(optree.tree_leaves(optree.tree_map(
+                lambda c, p: torch.zeros_like(p) if c is None else c, ct, primal, none_is_leaf=True,
+                namespace=NAMESPACE), namespace=NAMESPACE)) for ct, primal in zip(cotangents, primals))
+
+        pulled = vmap(pull_back, chunk_size=chunk_size)(*_one_hot_rows(out_leaves))
+        per_out = []
+        for k, (o, n) in enumerate(zip(out_leaves, sizes)):
+            per_primal = []
+            for (leaves, spec), grads in zip(primal_leaves, pulled):
+                per_primal.append(tree_unflatten(spec, [_blocks(g, sizes)[k].reshape(*o.shape, *p.shape)
+                                                        for g, p in zip(grads, leaves)]))
+            per_out.append(per_primal[0] if single else tuple(per_primal))
+        jac = tree_unflatten(out_spec, per_out)
+        return (jac, result[2]) if has_aux else jac
+
+    jacobian.__name__ = f"jacrev_{getattr(fn, '__name__', 'fn')}"
+    return _compiled(jacobian)  # called with tensors: traced once per signature and cached, as grad is
+
+
+def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
+    """The Jacobian of fn with respect to the positional args in argnums, by forward mode."""
+    def jacobian(*args):
+        nums, single = _argnums(fn, argnums, args)
+        primals = tuple(args[i] for i in nums)
+        flat, spec = tree_flatten(primals)
+        sizes = [p.numel() for p in flat]
+        of_primals = _with_primals(fn, args, nums)
+
+        def push_forward(*tangent_leaves):
+            result = jvp(of_primals, primals, tree_unflatten(spec, list(tangent_leaves)), has_aux=has_aux)
+            return result[1]
+
+        out, aux = (of_primals(*primals), None) if not has_aux else of_primals(*primals)
+        out_leaves, out_spec = tree_flatten(out)
+        pushed_leaves = tree_flatten(vmap(push_forward)(*_one_hot_rows(flat)))[0]
+        per_out = []
+        for o, t in zip(out_leaves, pushed_leaves):
+            blocks = [b.movedim(0, -1).reshape(*o.shape, *p.shape) for b, p in zip(_blocks(t, sizes), flat)]
+            per_primal = tree_unflatten(spec, blocks)  # a tuple over argnums
+            per_out.append(per_primal[0] if single else per_primal)
+        jac = tree_unflatten(out_spec, per_out)
+        return (jac, aux) if has_aux else jac
+
+    jacobian.__name__ = f"jacfwd_{getattr(fn, '__name__', 'fn')}"
+    return _compiled(jacobian)
+
+
+def hessian(fn: Callable, argnums=0):
+    """The Hessian of a scalar-output fn: jacfwd of jacrev (forward-over-reverse)."""
+    return jacfwd(jacrev(fn, argnums), argnums)
