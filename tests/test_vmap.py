@@ -240,3 +240,34 @@ def test_in_place_writes_batch_into_the_batched_input_and_refuse_unbatched_targe
         tf.vmap(add_into, in_axes=(None, 0))(torch.ones(4), y)
     with pytest.raises(BatchingError, match="with chunk_size cannot write back yet"):
         tf.vmap(add_into, chunk_size=2)(x, y)
+
+
+@pytest.mark.parametrize("mask", [None, "causal_2d"])
+def test_attention_folds_the_batch_into_its_own_batch_dim_one_call(mask):
+    attn_mask = None if mask is None else torch.ones(8, 8, dtype=torch.bool).tril()
+
+    def attend(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+
+    q, k, v = (torch.randn(3, 2, 4, 8, 16) for _ in range(3))
+    jf = tf.jit(tf.vmap(attend))
+    torch.testing.assert_close(jf(q, k, v), torch.stack([attend(q[i], k[i], v[i]) for i in range(3)]))
+    calls = [b.sym.name for b in tf.last_traces(jf)[-1].bound_symbols]
+    # one attention call on the folded batch (the sdpa executor's kernel), not its math decomposition
+    assert sum("sdpa" in c or "scaled_dot_product" in c for c in calls) == 1 and "torch.matmul" not in calls
+
+
+def test_per_example_gradients_of_a_module_through_functional_call_match_torch_func():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    xs, ys = torch.randn(5, 4), torch.randn(5, 2)
+
+    def loss(call, params, x, y):
+        return ((call(model, params, (x,)) - y) ** 2).sum()
+
+    got = tf.vmap(tf.grad(lambda p, x, y: loss(tf.functional_call, p, x, y)), in_axes=(None, 0, 0))(params, xs, ys)
+    expected = torch.func.vmap(torch.func.grad(lambda p, x, y: loss(torch.func.functional_call, p, x, y)),
+                               in_dims=(None, 0, 0))(params, xs, ys)
+    for name in params:
+        torch.testing.assert_close(got[name], expected[name])

@@ -33,6 +33,7 @@ from thunderfn.errors import BatchingError
 from thunderfn import prims
 from thunderfn.torch.opaque import _meta
 from thunderfn.transforms.autodiff import _compiled
+from thunderfn.transforms import batching_rules_torch  # noqa: F401  (registers the torch-language rules)
 from thunderfn.transforms.batching_rules import batching_rules, move_batch_dim
 from thunderfn.transforms.custom_vjp import custom_vjp
 
@@ -123,9 +124,9 @@ class _Batching:
             self._custom_vjp(bsym)
             return
         rule = batching_rules.get(bsym.sym.id)
-        if rule is not None:
-            self._apply(rule, bsym)
-        elif bsym.subsymbols and bsym.sym.printer is None:
+        if rule is not None and self._apply(rule, bsym):
+            return
+        if bsym.subsymbols and bsym.sym.printer is None:
             for sub in bsym.subsymbols:
                 self.run(sub)
         elif "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
@@ -136,18 +137,23 @@ class _Batching:
                 f"function to batch with torch.func.vmap. Give it a rule (thunderfn.transforms.batching_rules."
                 f"defbatch), or call it outside the vmapped function.")
 
-    def _apply(self, rule, bsym) -> None:
+    def _apply(self, rule, bsym) -> bool:
+        """Batch bsym by its rule; False where the rule declines the call (NotImplemented)."""
         args, kwargs = bsym.args, bsym.kwargs
         if any(isinstance(v, TensorProxy) for v in tree_leaves(kwargs)) and bsym.sym.fn is not None:
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)  # rules take tensors by position
         dims = tuple(_dims_of(a, self.dims) for a in args)
-        out, out_dims = rule(_batched(args, self.values), dims, kwargs, bsym.output)
+        result = rule(_batched(args, self.values), dims, kwargs, bsym.output)
+        if result is NotImplemented:
+            return False
+        out, out_dims = result
         if isinstance(bsym.output, TensorProxy):
             self.bind(bsym.output, out, out_dims)
         else:
             for o, v, d in zip(bsym.flat_outs(), tree_leaves(out), tree_leaves(out_dims)):
                 if isinstance(o, TensorProxy):
                     self.bind(o, v, d)
+        return True
 
     def _custom_vjp(self, bsym) -> None:
         """A tf.custom_vjp function batched as a custom_vjp whose fwd and bwd are vmapped (JAX's rule):

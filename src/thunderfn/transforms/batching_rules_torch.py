@@ -1,0 +1,41 @@
+"""Batching rules for torch-language symbols, where one rule does better than batching the
+symbol's decomposition prim by prim (transforms/batching_rules.py has the prims' rules, in the
+same table). A rule here may return NotImplemented for a call it does not handle; the driver
+then batches the decomposition instead.
+
+- scaled_dot_product_attention: the vmapped batch is folded into the call's own leading batch
+  dimension, so the batched program is one attention call (which the sdpa executor's fused
+  kernels can claim) rather than its math decomposition.
+"""
+from __future__ import annotations
+
+import inspect
+
+from thunderfn import torch as ltorch
+from thunderfn.transforms.batching_rules import defbatch, move_to_front
+
+_SDPA_PARAMETERS = inspect.signature(ltorch.scaled_dot_product_attention.fn).parameters
+
+
+@defbatch(ltorch.scaled_dot_product_attention.id)
+def _scaled_dot_product_attention(args, dims, kwargs, out):
+    call = dict(zip(_SDPA_PARAMETERS, args), **kwargs)
+    query, key, value = call.pop("query"), call.pop("key"), call.pop("value")
+    q_dim, k_dim, v_dim = dims[:3]
+    mask = call.get("attn_mask")
+    # folded into the first of the call's own batch dims: q, k and v batched alike, per example at least
+    # 3-d with equal leading dims, and nothing that would need the batch too (a batched or full-rank mask,
+    # dropout's random draws)
+    if (None in (q_dim, k_dim, v_dim) or any(d is not None for d in dims[3:]) or call.get("dropout_p", 0.0) != 0.0
+            or (mask is not None and mask.ndim > 2)):
+        return NotImplemented
+    query, key, value = (move_to_front(t, d) for t, d in ((query, q_dim), (key, k_dim), (value, v_dim)))
+    if query.ndim < 4 or not (query.shape[1:-2] == key.shape[1:-2] == value.shape[1:-2]):
+        return NotImplemented
+    n, lead = query.shape[0], query.shape[1]
+
+    def folded(t):
+        return ltorch.reshape(t, (n * lead, *t.shape[2:]))
+
+    result = ltorch.scaled_dot_product_attention(folded(query), folded(key), folded(value), **call)
+    return ltorch.reshape(result, (n, lead, *result.shape[1:])), 0
