@@ -21,6 +21,7 @@ import torch.nn.functional as F
 import thunderfn as tf
 import thunderfn.torch as ltorch
 from thunderfn.executors import FusionExecutor, OperatorExecutor, inductor
+from thunderfn.executors.fusion import CompiledCache
 from thunderfn.testing.fusion_checks import assert_falls_back_once, assert_training_step_matches_eager
 
 
@@ -303,8 +304,7 @@ def test_a_region_inductor_fails_on_runs_unfused_after_one_warning(monkeypatch):
 
 def test_the_process_wide_compile_cache_keeps_only_the_most_recent_regions(monkeypatch):
     monkeypatch.setattr(inductor, "compile_graph", lambda gm, example_inputs: gm)  # the graph runs as itself
-    monkeypatch.setattr(inductor, "COMPILE_CACHE_SIZE", 2)
-    monkeypatch.setattr(inductor, "_compiled", inductor.collections.OrderedDict())
+    monkeypatch.setattr(inductor, "_compiled", CompiledCache(size=2))
     x = torch.randn(4)
     for k in range(4):  # four different regions (the constant differs): four compiles, two kept
         f = lambda t, k=k: torch.sin(t) * (k + 2) + 1  # noqa: E731
@@ -330,7 +330,7 @@ def test_background_compilation_runs_unfused_until_the_compiled_region_lands(mon
         return run
 
     monkeypatch.setattr(inductor, "compile_graph", slow_compile)
-    monkeypatch.setattr(inductor, "_compiled", inductor.collections.OrderedDict())
+    monkeypatch.setattr(inductor, "_compiled", CompiledCache())
     f = lambda x: torch.sin(x) * 3 + 1  # noqa: E731
     jf = tf.jit(f, executors=["inductor_background"])
     x = torch.randn(5)
@@ -351,7 +351,7 @@ def test_a_background_compile_that_fails_leaves_the_region_unfused_with_one_warn
         raise RuntimeError("cannot lower this graph")
 
     monkeypatch.setattr(inductor, "compile_graph", refuse)
-    monkeypatch.setattr(inductor, "_compiled", inductor.collections.OrderedDict())
+    monkeypatch.setattr(inductor, "_compiled", CompiledCache())
     f = lambda x: torch.cos(x) * 2 - 1  # noqa: E731
     jf = tf.jit(f, executors=["inductor_background"])
     x = torch.randn(4)

@@ -50,7 +50,7 @@ def standin_frontend(fusion_definition=nvfuser_standin.FusionDefinition):
 @pytest.fixture(autouse=True)
 def fresh_definition_cache(monkeypatch):
     """Definitions are shared process-wide; each test counts the ones it builds itself."""
-    monkeypatch.setattr(nvfuser, "_definitions", {})
+    monkeypatch.setattr(nvfuser, "_definitions", nvfuser.CompiledCache())
 
 
 @pytest.fixture

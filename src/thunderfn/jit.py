@@ -501,7 +501,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     where that saves memory (transforms/rematerialize.py). None (the default) turns it on
     where a fusion executor (Inductor, nvFuser) is among the executors, which fuses the recomputation.
     """
-    if not any(rematerialize is allowed for allowed in (None, True, False)):  # here: a module jits its forward later
+    if rematerialize is not None and not isinstance(rematerialize, bool):  # checked here: a module jits its forward later
         raise ValueError(f"rematerialize must be None (on where a fusion executor is used), True or False, "
                          f"got {rematerialize!r}")
     if isinstance(fn, torch.nn.Module):

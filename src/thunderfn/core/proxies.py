@@ -207,3 +207,14 @@ def _wrap_dim(dim: int, ndim: int) -> int:
 
 def is_proxy(x) -> bool:
     return isinstance(x, Proxy)
+
+
+def entry_by_name(x, table: dict):
+    """What `table` (keyed by proxy name: a tangent, a batch dim) holds for an argument x: its entry for
+    a proxy, a tuple of entries for a list of proxies (prims.cat's operand), None where it holds none."""
+    if isinstance(x, TensorProxy):
+        return table.get(x.name)
+    if isinstance(x, (list, tuple)) and any(isinstance(v, TensorProxy) for v in x):
+        entries = tuple(table.get(v.name) if isinstance(v, TensorProxy) else None for v in x)
+        return entries if any(e is not None for e in entries) else None
+    return None

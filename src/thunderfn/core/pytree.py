@@ -30,6 +30,21 @@ def tree_leaves(tree):
     return optree.tree_leaves(tree, namespace=NAMESPACE)
 
 
+def of_leaves(fn, args, kwargs, positions):
+    """fn(*args, **kwargs) as a function of the leaves of (args, kwargs) at `positions` (the rest
+    fixed): what torch.func's transforms are handed to vary only those (an opaque op's tensors)."""
+    leaves, spec = tree_flatten((args, kwargs))
+
+    def call(*varying):
+        current = list(leaves)
+        for i, x in zip(positions, varying):
+            current[i] = x
+        a, k = tree_unflatten(spec, current)
+        return fn(*a, **k)
+
+    return call
+
+
 def register_pytree_node(cls, flatten, unflatten):
     """Make instances of cls traversable: `flatten(obj) -> (children, aux)`,
     `unflatten(aux, children) -> obj`."""

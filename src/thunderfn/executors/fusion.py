@@ -27,6 +27,7 @@ May import: core/, executors/base.py, executors/torch_executor.py.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 import warnings
@@ -101,6 +102,32 @@ class FusionExecutor(Executor):
     def fuse(self, trc):
         """The trace with this executor's regions each replaced by one call."""
         return fuse_regions(trc, self)
+
+
+class CompiledCache:
+    """A fusion executor's compiled regions shared across the process, by key (the region's
+    signature and its inputs' layout), least recently kept dropped past `size`: regions of
+    functions long gone would otherwise keep their kernels alive forever (a region's own callable
+    keeps what it uses)."""
+
+    def __init__(self, size: int = 512):
+        self.size = size
+        self.entries: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, key):
+        return self.entries.get(key)
+
+    def keep(self, key, compiled) -> None:
+        self.entries[key] = compiled
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+
+    def __len__(self):
+        return len(self.entries)
+
+    def __iter__(self):
+        return iter(self.entries)
 
 
 # -- which bound symbols are candidates --------------------------------------------------------

@@ -16,7 +16,6 @@ docs/executors.md). Ask for it with `tf.jit(fn, executors=["inductor"])`.
 """
 from __future__ import annotations
 
-import collections
 import importlib.util
 import operator
 import os
@@ -30,15 +29,12 @@ import torch.fx
 
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_map
-from thunderfn.executors.fusion import FusionExecutor, Region, positional_signature
+from thunderfn.executors.fusion import CompiledCache, FusionExecutor, Region, positional_signature
 
-# compiled functions shared by every region with the same ops and input layout, least recently
-# compiled-or-shared first; one compile at a time (threads calling the same new region wait for its
-# compile instead of compiling it again). Bounded: regions of functions long gone would otherwise keep
-# their kernels alive forever (a region's own callable keeps what it uses).
-_compiled: collections.OrderedDict = collections.OrderedDict()
+# compiled functions shared by every region with the same ops and input layout; one compile at a
+# time (threads calling the same new region wait for its compile instead of compiling it again)
+_compiled = CompiledCache()
 _compile_lock = threading.RLock()
-COMPILE_CACHE_SIZE = 512
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list):
@@ -104,26 +100,31 @@ class CompiledRegion:
         return fn(*tensors)
 
     def first_call(self, layout, tensors):
-        key, result = (self.signature, layout), None
+        key = (self.signature, layout)
         if self.background:
             return self.compile_later(layout, key, tensors)
         with _compile_lock:
-            fn = _compiled.get(key)
-            if fn is None:
-                try:
-                    fn = self.compile(tensors)
-                    result = fn(*tensors)
-                except Exception as e:  # any failure inside Inductor: run the ops unfused instead
-                    fn = self.fall_back(e)
-                    result = fn(*tensors)
-            _keep(key, fn)
+            fn, result = self.compiled_for(key, tensors, run=True)
         self.by_layout[layout] = fn
         return fn(*tensors) if result is None else result
 
-    def compile(self, example_inputs):
-        with warnings.catch_warnings():  # Inductor's own chatter (deprecations inside torch) is not the user's
-            warnings.simplefilter("ignore")
-            return compile_graph(region_graph(self.region), list(example_inputs))
+    def compiled_for(self, key, example_inputs, *, run: bool):
+        """(the compiled function for key, from the process-wide cache or compiled now, or the unfused
+        one where Inductor fails; with `run`, its result on example_inputs, whose failure falls back
+        too, else None). Called holding _compile_lock."""
+        fn, result = _compiled.get(key), None
+        if fn is None:
+            try:
+                with warnings.catch_warnings():  # Inductor's own chatter (deprecations inside torch) is not the user's
+                    warnings.simplefilter("ignore")
+                    fn = compile_graph(region_graph(self.region), list(example_inputs))
+                if run:
+                    result = fn(*example_inputs)
+            except Exception as e:  # any failure inside Inductor: run the ops unfused instead
+                fn = self.fall_back(e)
+                result = fn(*example_inputs) if run else None
+        _compiled.keep(key, fn)
+        return fn, result
 
     def compile_later(self, layout, key, tensors):
         """Run unfused now; compile on the background thread for calls to come (see InductorExecutor)."""
@@ -142,30 +143,17 @@ class CompiledRegion:
         _start_background_thread()
         return self.unfused(*tensors)
 
-    def compile_in_background(self, layout, key, examples, grad_enabled):
+    def finish_background_compile(self, layout, key, examples, grad_enabled):
+        """The background thread's part of compile_later: compile, then let calls with this layout use it."""
         with _compile_lock, torch.set_grad_enabled(grad_enabled):
-            fn = _compiled.get(key)
-            if fn is None:
-                try:
-                    fn = self.compile(examples)
-                except Exception as e:  # any failure inside Inductor: the ops keep running unfused
-                    fn = self.fall_back(e)
-                _keep(key, fn)
+            fn, _ = self.compiled_for(key, examples, run=False)
         self.by_layout[layout] = fn
 
     def fall_back(self, error: Exception):
-        self.region.warn_unfused("Inductor could not compile", error, stacklevel=4)
+        self.region.warn_unfused("Inductor could not compile", error, stacklevel=5)
         if self.unfused is None:
             self.unfused = self.region.unfused_callable()
         return self.unfused
-
-
-def _keep(key, fn) -> None:
-    """Put fn in the process-wide cache, dropping the least recently kept past its bound."""
-    _compiled[key] = fn
-    _compiled.move_to_end(key)
-    while len(_compiled) > COMPILE_CACHE_SIZE:
-        _compiled.popitem(last=False)
 
 
 # -- compiling in the background ---------------------------------------------------------------
@@ -199,7 +187,7 @@ def _compile_queued() -> None:
     while True:
         region, *job = _background.get()
         try:
-            region.compile_in_background(*job)
+            region.finish_background_compile(*job)
         finally:
             _background.task_done()
 

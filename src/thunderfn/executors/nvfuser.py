@@ -39,7 +39,7 @@ import torch
 
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_map
-from thunderfn.executors.fusion import FusionExecutor, Region, positional_signature
+from thunderfn.executors.fusion import CompiledCache, FusionExecutor, Region, positional_signature
 from thunderfn.prims import PrimIDs
 
 FRONTENDS = ("nvfuser_direct", "nvfuser")  # the current module first; the legacy one was removed in 2026
@@ -54,7 +54,7 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _MAX_RANK = 8  # nvFuser's limit on a tensor's dimensions (Thunder checks the same)
 
 # definitions shared by every region with the same prims and input layout; one build at a time
-_definitions: dict = {}
+_definitions = CompiledCache()
 _build_lock = threading.RLock()
 
 
@@ -385,7 +385,8 @@ class NvFuserRegion:
                 except Exception as e:  # any failure inside nvFuser: run the ops unfused instead
                     fd = self.fall_back(e)
                     result = self.run(fd, tensors)
-                _definitions[key] = self.by_layout[layout] = fd
+                _definitions.keep(key, fd)
+                self.by_layout[layout] = fd
                 return result
         self.by_layout[layout] = fd
         return self.run(fd, tensors)

@@ -19,7 +19,7 @@ saves an op's inputs for its backward, and torch.func.vmap refuses to write a ba
 value into an unbatched tensor. So jit applies `reuse_dead_buffers` only to traces that
 run without autograd recording (the halves of a forward/backward split, or a trace in
 which nothing requires grad), and `UnlessFunctorch` keeps the unrewritten trace for
-calls made under torch.func's transforms (`UnlessFunctorch`).
+calls made under torch.func's transforms.
 
 May import: core/, the torch language, executors/torch_executor.py.
 """
@@ -91,8 +91,7 @@ def _same_as_number(t: TensorProxy, number) -> bool:
 
 # -- writing into dead intermediates ------------------------------------------------------------
 
-# Torch functions that always return new memory, never a view or one of their arguments. Only their
-# outputs are reused, and only readers among them may read a reused tensor (a view of it would see the write).
+# Elementwise torch functions and the in-place method that computes the same into its first argument.
 _IN_PLACE = {
     torch.add: torch.Tensor.add_, torch.sub: torch.Tensor.sub_, torch.mul: torch.Tensor.mul_,
     torch.div: torch.Tensor.div_, torch.true_divide: torch.Tensor.true_divide_, torch.pow: torch.Tensor.pow_,
@@ -103,6 +102,8 @@ _IN_PLACE = {
     torch.rsqrt: torch.Tensor.rsqrt_, torch.reciprocal: torch.Tensor.reciprocal_, torch.erf: torch.Tensor.erf_,
     torch.relu: torch.Tensor.relu_, torch.square: torch.Tensor.square_,
 }
+# Torch functions that always return new memory, never a view or one of their arguments. Only their
+# outputs are reused, and only while every reader is among them (a view of a reused tensor would see the write).
 _FRESH = set(_IN_PLACE) | {
     torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.nn.functional.linear, torch.nn.functional.gelu,
     torch.nn.functional.silu, torch.softmax, torch.log_softmax, torch.nn.functional.softmax,
@@ -119,33 +120,33 @@ def reuse_dead_buffers(trc):
     the last time made to write its result there (see the module docstring for when this is legal:
     the trace must not run under autograd recording)."""
     bsyms = trc.bound_symbols
-    produced_fresh, readers, last_read = {}, {}, {}
+    fresh, last_read = set(), {}
+    aliasable = {p.name for p in tree_leaves(trc.output) if isinstance(p, TensorProxy)}  # the caller holds these
     for i, b in enumerate(bsyms):
+        fresh_op = _torch_fn(b) in _FRESH
         for a in b.proxy_args():
-            readers.setdefault(a.name, []).append(b)
             last_read[a.name] = i
-        if _torch_fn(b) in _FRESH:
-            produced_fresh.update((o.name, i) for o in b.proxy_outs())
-    returned = {p.name for p in tree_leaves(trc.output) if isinstance(p, TensorProxy)}
+            if not fresh_op:  # its output may be a view of a: a write into a would show through it
+                aliasable.add(a.name)
+        if fresh_op:
+            fresh.update(o.name for o in b.proxy_outs())
+
+    def reusable(t, i: int, result) -> bool:
+        return (isinstance(t, TensorProxy) and t.name in fresh and t.name not in aliasable and last_read[t.name] == i
+                and isinstance(result, TensorProxy) and tuple(result.shape) == tuple(t.shape)
+                and result.dtype == t.dtype and result.device == t.device)
+
     out, changed = list(bsyms), False
     for i, b in enumerate(bsyms):
         in_place = _IN_PLACE.get(_torch_fn(b))
         if in_place is None or not b.args:
             continue
-        result = b.output
-
-        def reusable(t) -> bool:
-            return (isinstance(t, TensorProxy) and t.name in produced_fresh and last_read[t.name] == i
-                    and t.name not in returned and isinstance(result, TensorProxy)
-                    and tuple(result.shape) == tuple(t.shape) and result.dtype == t.dtype and result.device == t.device
-                    and all(_torch_fn(r) in _FRESH for r in readers[t.name]))
-
         args = b.args
-        if not reusable(args[0]) and _torch_fn(b) in _COMMUTATIVE and len(args) == 2 and not b.kwargs and (
-                isinstance(result, TensorProxy) and not result.dtype.is_complex and reusable(args[1])):
+        if (not reusable(args[0], i, b.output) and _torch_fn(b) in _COMMUTATIVE and len(args) == 2 and not b.kwargs
+                and reusable(args[1], i, b.output) and not b.output.dtype.is_complex):
             args = (args[1], args[0])
-        if reusable(args[0]):
-            out[i] = BoundSymbol(torch_ex.op(in_place), args, b.kwargs, result, b.subsymbols)
+        if reusable(args[0], i, b.output):
+            out[i] = BoundSymbol(torch_ex.op(in_place), args, b.kwargs, b.output, b.subsymbols)
             changed = True
     return trc.derive("Reuse dead buffers", out) if changed else trc
 
@@ -158,7 +159,6 @@ def records_no_autograd(trc) -> bool:
     """Whether running trc records nothing for torch.autograd: no value in it requires grad."""
     return not any(p.requires_grad for p in trc.args) and not any(
         p.requires_grad for b in trc.bound_symbols for p in (*b.proxy_args(), *b.proxy_outs()))
-
 
 
 class UnlessFunctorch:

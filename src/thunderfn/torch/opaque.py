@@ -20,7 +20,7 @@ import torch
 from thunderfn.core import dtypes
 from thunderfn.core.interception import resolve_torch_name, torch_name
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
+from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import check_rng_untouched
 from thunderfn.errors import UnsupportedOpError
@@ -190,14 +190,11 @@ def torch_vjp(fn, args, kwargs, cotangents, wrt, rng_state):
     """Cotangents of the flat argument leaves at positions `wrt` of fn(*args, **kwargs), given
     cotangents of its floating outputs (in order), by torch.func. fn is run again from the
     generator state it first ran with, so random ops draw what the forward drew."""
-    leaves, spec = tree_flatten((args, kwargs))
+    leaves = tree_flatten((args, kwargs))[0]
+    of_wrt = of_leaves(fn, args, kwargs, wrt)
 
     def call(*diff):
-        current = list(leaves)
-        for i, t in zip(wrt, diff):
-            current[i] = t
-        a, k = tree_unflatten(spec, current)
-        outs = tree_flatten(fn(*a, **k))[0]
+        outs = tree_flatten(of_wrt(*diff))[0]
         return tuple(o for o in outs if isinstance(o, torch.Tensor) and dtypes.is_inexact(o.dtype))
 
     with torch.random.fork_rng(devices=[]):

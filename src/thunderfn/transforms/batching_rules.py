@@ -24,6 +24,7 @@ import torch
 
 from thunderfn import prims
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.errors import BatchingError
 from thunderfn.prims import PrimIDs, canonical_dim
 
 batching_rules: dict = {}  # symbol id -> rule(args, dims, kwargs, out) -> (output, out dims)
@@ -40,6 +41,12 @@ def defbatch(*symbol_ids):
 
 
 # -- helpers ----------------------------------------------------------------------------
+def _zero_dim_examples(op: str) -> BatchingError:
+    return BatchingError(f"vmap cannot batch {op} where each example is 0-dimensional yet; give each example a "
+                         f"dimension of size 1 (x.unsqueeze(-1)) and drop it from the result, or call {op} outside vmap")
+
+
+
 def batch_size_of(args, dims) -> int:
     for a, d in zip(args, dims):
         if isinstance(d, tuple):
@@ -174,7 +181,7 @@ def _along_one_dim(prim):
     def rule(args, dims, kwargs, out):
         a = move_to_front(args[0], dims[0])
         if a.ndim == 1:
-            raise NotImplementedError(f"batching {prim.print_name} of 0-dim examples")
+            raise _zero_dim_examples(prim.print_name)
         rest = list(args[1:])
         rest[dim_position - 1] = _shifted((rest[dim_position - 1],), a.ndim - 1)[0]
         result = prim(a, *rest, **kwargs)
@@ -249,7 +256,7 @@ def _same_rank_operands(prim, n_tensors: int):
         batch = batch_size_of(args, dims)
         per_example_ndim = out.ndim
         if per_example_ndim == 0:
-            raise NotImplementedError(f"batching {prim.print_name} of 0-dim examples")
+            raise _zero_dim_examples(prim.print_name)
         tensors = [batched_front(t, d, batch) for t, d in zip(args[:n_tensors], dims[:n_tensors])]
         return prim(*tensors, _shifted((args[n_tensors],), per_example_ndim)[0]), 0
 
@@ -266,7 +273,7 @@ def _take_batch(args, dims, kwargs, out):
     a, index, dim = args
     a_dim, index_dim = dims[0], dims[1]
     if out.ndim == 0:
-        raise NotImplementedError("batching prims.take of 0-dim examples")
+        raise _zero_dim_examples("prims.take")
     d = canonical_dim(dim, out.ndim)
     if index_dim is None:  # the same rows of every example
         return prims.take(move_to_front(a, a_dim), index, d + 1), 0

@@ -17,8 +17,8 @@ import torch
 from thunderfn import clang
 from thunderfn.core import context, dtypes
 from thunderfn.core.interception import tensors_by_position
-from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
+from thunderfn.core.proxies import TensorProxy, entry_by_name
+from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.torch.opaque import _meta
@@ -39,17 +39,8 @@ def _flattened(bsyms: list) -> list:
     return out
 
 
-def _tangent_of(x, tangents: dict):
-    if isinstance(x, TensorProxy):
-        return tangents.get(x.name)
-    if isinstance(x, (list, tuple)) and any(isinstance(v, TensorProxy) for v in x):
-        ts = tuple(tangents.get(v.name) if isinstance(v, TensorProxy) else None for v in x)
-        return ts if any(t is not None for t in ts) else None
-    return None
-
-
 def _push_forward(bsym, tangents: dict) -> None:
-    arg_tangents = tuple(_tangent_of(a, tangents) for a in bsym.args)
+    arg_tangents = tuple(entry_by_name(a, tangents) for a in bsym.args)
     kwarg_tangents = [tangents.get(v.name) for v in tree_leaves(bsym.kwargs) if isinstance(v, TensorProxy)]
     if all(t is None for t in arg_tangents) and all(t is None for t in kwarg_tangents):
         return
@@ -61,7 +52,7 @@ def _push_forward(bsym, tangents: dict) -> None:
         args, kwargs = bsym.args, bsym.kwargs
         if kwarg_tangents and bsym.sym.fn is not None:  # rules take tangents by position: no tensor by keyword
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
-            arg_tangents = tuple(_tangent_of(a, tangents) for a in args)
+            arg_tangents = tuple(entry_by_name(a, tangents) for a in args)
         out_tangent = rule.fwd(Residuals(args, kwargs, bsym.output), arg_tangents)
     elif "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
         out_tangent = _opaque_tangent(bsym, tangents)
@@ -80,15 +71,9 @@ def _push_forward(bsym, tangents: dict) -> None:
 # -- opaque torch ops: torch computes their tangent when the compiled function runs -------------
 def torch_jvp(fn, args, kwargs, tangents):
     """The output tangent(s) of fn(*args, **kwargs) for tangents of its floating tensor arguments."""
-    leaves, spec = tree_flatten((args, kwargs))
+    leaves = tree_leaves((args, kwargs))
     positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and dtypes.is_inexact(x.dtype)]
-
-    def call(*diff):
-        current = list(leaves)
-        for i, t in zip(positions, diff):
-            current[i] = t
-        a, k = tree_unflatten(spec, current)
-        return fn(*a, **k)
+    call = of_leaves(fn, args, kwargs, positions)
 
     _, out_tangent = torch.func.jvp(call, tuple(leaves[i] for i in positions), tuple(tangents))
     return out_tangent

@@ -50,10 +50,12 @@ def _one_hot_rows(leaves) -> list:
     """For tensors of n1, n2, ... elements: the rows of the identity of size n1 + n2 + ..., cut
     into one batch per tensor ([n, *leaf.shape] each), the batch dimension first."""
     sizes = [leaf.numel() for leaf in leaves]
-    total, offset, rows = sum(sizes), 0, []
+    total, offset, rows, eyes = sum(sizes), 0, [], {}
     for leaf, n in zip(leaves, sizes):
-        eye = torch.eye(total, dtype=leaf.dtype, device=leaf.device)
-        rows.append(eye[:, offset:offset + n].reshape(total, *leaf.shape))
+        key = (leaf.dtype, leaf.device)
+        if key not in eyes:  # one identity per dtype and device, sliced for each leaf
+            eyes[key] = torch.eye(total, dtype=leaf.dtype, device=leaf.device)
+        rows.append(eyes[key][:, offset:offset + n].reshape(total, *leaf.shape))
         offset += n
     return rows
 

@@ -26,8 +26,8 @@ import torch
 
 from thunderfn.core import context
 from thunderfn.core.interception import tensors_by_position
-from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
+from thunderfn.core.proxies import TensorProxy, entry_by_name
+from thunderfn.core.pytree import of_leaves, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import BatchingError
 from thunderfn import prims
@@ -44,16 +44,9 @@ RANDOMNESS = ("error", "different", "same")
 def torch_vmap(fn, in_dims, args, kwargs):
     """fn(*args, **kwargs) over the batch: torch.func.vmap with one in_dim per tensor leaf of
     (args, kwargs) (None for the rest), every output batched at 0."""
-    leaves, spec = tree_flatten((args, kwargs))
+    leaves = tree_leaves((args, kwargs))
     positions = [i for i, d in enumerate(in_dims) if d is not None]
-
-    def call(*batched):
-        current = list(leaves)
-        for i, x in zip(positions, batched):
-            current[i] = x
-        a, k = tree_unflatten(spec, current)
-        return fn(*a, **k)
-
+    call = of_leaves(fn, args, kwargs, positions)
     return torch.func.vmap(call, in_dims=tuple(in_dims[i] for i in positions))(*(leaves[i] for i in positions))
 
 
@@ -82,14 +75,6 @@ class BatchedValue:
 
 
 # -- the driver ---------------------------------------------------------------------------------
-def _dims_of(x, dims: dict):
-    """The batch dim of an argument (a tuple for a list of tensors, prims.cat's), None if unbatched."""
-    if isinstance(x, TensorProxy):
-        return dims.get(x.name)
-    if isinstance(x, (list, tuple)) and any(isinstance(v, TensorProxy) for v in x):
-        ds = tuple(dims.get(v.name) if isinstance(v, TensorProxy) else None for v in x)
-        return ds if any(d is not None for d in ds) else None
-    return None
 
 
 def _batched(x, values: dict):
@@ -142,7 +127,7 @@ class _Batching:
         args, kwargs = bsym.args, bsym.kwargs
         if any(isinstance(v, TensorProxy) for v in tree_leaves(kwargs)) and bsym.sym.fn is not None:
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)  # rules take tensors by position
-        dims = tuple(_dims_of(a, self.dims) for a in args)
+        dims = tuple(entry_by_name(a, self.dims) for a in args)
         result = rule(_batched(args, self.values), dims, kwargs, bsym.output)
         if result is NotImplemented:
             return False
@@ -382,7 +367,9 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
     if randomness not in RANDOMNESS:
         raise ValueError(f"vmap: randomness must be one of {RANDOMNESS}, got {randomness!r}")
     if randomness != "error":
-        raise NotImplementedError(f"vmap: randomness={randomness!r} is not implemented yet; only 'error'")
+        raise NotImplementedError(f"vmap: randomness={randomness!r} is not implemented yet; only 'error'. Draw the "
+                                  f"random values outside the vmapped function and pass them in (in_axes 0 for "
+                                  f"'different', None for 'same')")
     if chunk_size is not None and not (isinstance(chunk_size, int) and chunk_size > 0):
         raise ValueError(f"vmap: chunk_size must be None or a positive int, got {chunk_size!r}")
     name = getattr(fn, "__name__", "fn")
