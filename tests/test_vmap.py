@@ -184,11 +184,11 @@ def test_vmap_errors_name_the_argument_and_the_problem(call, message):
         call()
 
 
-def test_vmap_refuses_random_ops_and_unimplemented_options_by_name():
+def test_vmap_refuses_random_ops_in_error_mode_and_bad_options_by_name():
     with pytest.raises(BatchingError, match="random operation .*randomness error mode"):
         tf.vmap(lambda x: x + torch.rand(3))(torch.ones(2, 3))
-    with pytest.raises(NotImplementedError, match="randomness='same' is not implemented yet"):
-        tf.vmap(torch.sin, randomness="same")
+    with pytest.raises(BatchingError, match="randomness='same' with a chunk_size .* once per chunk"):
+        tf.vmap(lambda x: x + torch.rand(3), randomness="same", chunk_size=1)(torch.ones(2, 3))
     with pytest.raises(ValueError, match="chunk_size must be None or a positive int"):
         tf.vmap(torch.sin, chunk_size=0)
     with pytest.raises(ValueError, match="randomness must be one of"):
@@ -238,8 +238,45 @@ def test_in_place_writes_batch_into_the_batched_input_and_refuse_unbatched_targe
     torch.testing.assert_close(x, 1 + y)  # written back, as torch.func.vmap writes it
     with pytest.raises(BatchingError, match="in-place operation writes a batched value"):
         tf.vmap(add_into, in_axes=(None, 0))(torch.ones(4), y)
-    with pytest.raises(BatchingError, match="with chunk_size cannot write back yet"):
-        tf.vmap(add_into, chunk_size=2)(x, y)
+    x = torch.ones(4, 3)  # batched at dim 1, in chunks of 2 (the last one 1): each chunk's update written back
+    out = tf.vmap(add_into, in_axes=(1, 0), chunk_size=2)(x, y[:, :4])
+    torch.testing.assert_close(x, 1 + y[:, :4].T)
+    torch.testing.assert_close(out, 1 + y[:, :4])
+
+
+def _shared_draw(x):
+    return x + torch.rand(8)  # no batched input: one draw, or one per example
+
+
+def _dropout_of_example(x):
+    return F.dropout(x, 0.5)  # a batched input
+
+
+@pytest.mark.parametrize("randomness", ["different", "same"])
+@pytest.mark.parametrize("fn", [_shared_draw, _dropout_of_example])
+def test_randomness_draws_what_torch_func_vmap_draws_under_a_seed(fn, randomness):
+    """Random ops are batched by torch.func.vmap in the same mode: under one seed both draw the
+    same values, per example for 'different', shared where the inputs are for 'same'."""
+    x = torch.ones(4, 8)
+    torch.manual_seed(0)
+    got = tf.vmap(fn, randomness=randomness)(x)
+    torch.manual_seed(0)
+    expected = torch.func.vmap(fn, randomness=randomness)(x)
+    torch.testing.assert_close(got, expected)
+    rows_equal = all(torch.equal(got[0], got[i]) for i in range(1, 4))
+    assert rows_equal == (randomness == "same")  # x's rows are equal: only the draws differ
+
+
+def test_per_example_gradients_through_dropout_with_different_randomness_match_torch_func():
+    def loss(w, x):
+        return F.dropout(x * w, 0.5).sum()
+
+    w, xs = torch.ones(3), torch.randn(6, 3)
+    torch.manual_seed(1)
+    got = tf.jit(tf.vmap(tf.grad(loss), in_axes=(None, 0), randomness="different"))(w, xs)
+    torch.manual_seed(1)
+    expected = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0), randomness="different")(w, xs)
+    torch.testing.assert_close(got, expected)
 
 
 @pytest.mark.parametrize("mask", [None, "causal_2d"])

@@ -31,12 +31,16 @@ _symbols: dict = {}  # torch callable -> its opaque symbol, made once
 # random numbers exactly as eager does and a seed reproduces the same draws.
 _RANDOM_WORDS = ("rand", "normal", "bernoulli", "multinomial", "poisson", "dropout", "uniform", "exponential",
                  "cauchy", "geometric", "log_normal", "rrelu", "seed", "shuffle")
+# ...whose names have one of those words but draw nothing: a fixed permutation, a loss of a
+# Poisson rate, the backward of dropout given its mask
+_DETERMINISTIC = ("pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle", "poisson_nll_loss",
+                  "native_dropout_backward")
 
 
 def is_random(fn) -> bool:
     """Whether fn's name says it draws from (or reseeds) torch's generator."""
-    short = torch_name(fn).rsplit(".", 1)[-1]
-    return any(w in short for w in _RANDOM_WORDS)
+    short = torch_name(fn).rsplit(".", 1)[-1].rsplit("::", 1)[-1]  # torch.nn.functional.x, torch._ops.aten.aten::x
+    return short not in _DETERMINISTIC and any(w in short for w in _RANDOM_WORDS)
 
 
 def _printed(fn) -> str | None:

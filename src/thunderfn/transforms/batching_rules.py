@@ -96,16 +96,19 @@ def _shifted(dims, per_example_ndim: int) -> tuple:
 # operand beside a batched one, are broadcast to (batch, *out.shape) here; 0-dim unbatched
 # tensors and numbers pass as they are.
 def _elementwise(prim):
+    # prims.where's condition has the output's shape even when it is 0-dim for each example
+    full_shape_operands = 1 if prim.id is PrimIDs.WHERE else 0
+
     def rule(args, dims, kwargs, out):
         batch = batch_size_of(args, dims)
         shape = (batch,) + tuple(out.shape)
         operands = []
-        for a, d in zip(args, dims):
+        for i, (a, d) in enumerate(zip(args, dims)):
             if d is not None:
                 a = move_to_front(a, d)
                 if a.ndim - 1 < len(out.shape):
                     a = prims.broadcast_in_dim(a, shape, (0,))
-            elif isinstance(a, TensorProxy) and a.ndim > 0:
+            elif isinstance(a, TensorProxy) and (a.ndim > 0 or i < full_shape_operands):
                 a = prims.broadcast_in_dim(a, shape, tuple(range(1, a.ndim + 1)))
             operands.append(a)
         return prim(*operands, **kwargs), 0

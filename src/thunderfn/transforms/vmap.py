@@ -41,17 +41,22 @@ RANDOMNESS = ("error", "different", "same")
 
 
 # -- opaque torch ops: torch.func.vmap batches them when the compiled function runs ------------
-def torch_vmap(fn, in_dims, args, kwargs):
+def torch_vmap(fn, in_dims, args, kwargs, randomness="error", batch_size=None):
     """fn(*args, **kwargs) over the batch: torch.func.vmap with one in_dim per tensor leaf of
-    (args, kwargs) (None for the rest), every output batched at 0."""
+    (args, kwargs) (None for the rest), every output batched at 0. A random op with no batched
+    input (randomness "different": a draw per example) is mapped over an empty batch_size x 0
+    tensor it ignores, since torch.func.vmap needs one batched input to know the batch size."""
     leaves = tree_leaves((args, kwargs))
     positions = [i for i, d in enumerate(in_dims) if d is not None]
     call = of_leaves(fn, args, kwargs, positions)
-    return torch.func.vmap(call, in_dims=tuple(in_dims[i] for i in positions))(*(leaves[i] for i in positions))
+    if not positions:
+        return torch.func.vmap(lambda _: call(), randomness=randomness)(torch.empty(batch_size, 0))
+    return torch.func.vmap(call, in_dims=tuple(in_dims[i] for i in positions), randomness=randomness)(
+        *(leaves[i] for i in positions))
 
 
-def _torch_vmap_meta(fn, in_dims, args, kwargs):
-    batch = next(leaf.shape[d] for leaf, d in zip(tree_leaves((args, kwargs)), in_dims) if d is not None)
+def _torch_vmap_meta(fn, in_dims, args, kwargs, randomness="error", batch_size=None):
+    batch = next((leaf.shape[d] for leaf, d in zip(tree_leaves((args, kwargs)), in_dims) if d is not None), batch_size)
     example = tree_unflatten(tree_flatten((args, kwargs))[1], [
         TensorProxy.like(leaf, shape=leaf.shape[:d] + leaf.shape[d + 1:]) if d is not None else leaf
         for leaf, d in zip(tree_leaves((args, kwargs)), in_dims)])
@@ -60,9 +65,14 @@ def _torch_vmap_meta(fn, in_dims, args, kwargs):
                                                  for o in tree_leaves(out)])
 
 
-torch_vmap_op = Symbol("torch_vmap", "vmap.torch_vmap", meta=_torch_vmap_meta, is_prim=True, print_name="torch_vmap",
-                       namespace={"torch_vmap": torch_vmap}, eager=torch_vmap, torch_fn=torch_vmap,
-                       tags=frozenset({"opaque"}))
+def _torch_vmap_symbol(name: str, tags: set) -> Symbol:
+    return Symbol(name, f"vmap.{name}", meta=_torch_vmap_meta, is_prim=True, print_name="torch_vmap",
+                  namespace={"torch_vmap": torch_vmap}, eager=torch_vmap, torch_fn=torch_vmap, tags=frozenset(tags))
+
+
+torch_vmap_op = _torch_vmap_symbol("torch_vmap", {"opaque"})
+# a random op batched: its draws are kept even when unused, as the op's own symbol keeps them
+random_torch_vmap_op = _torch_vmap_symbol("random_torch_vmap", {"opaque", "random", "no_dce"})
 
 
 class BatchedValue:
@@ -85,8 +95,8 @@ def _batched(x, values: dict):
 class _Batching:
     """The state of one vmap's walk: each per-example proxy's batched value and batch dim, by name."""
 
-    def __init__(self, batch_size: int, randomness: str):
-        self.batch_size, self.randomness = batch_size, randomness
+    def __init__(self, batch_size: int, randomness: str, chunked: bool = False):
+        self.batch_size, self.randomness, self.chunked = batch_size, randomness, chunked
         self.values: dict = {}
         self.dims: dict = {}
 
@@ -98,10 +108,22 @@ class _Batching:
 
     def run(self, bsym) -> None:
         trc = context.current_trace()
-        if "random" in bsym.sym.tags and self.randomness == "error":
-            raise BatchingError(
-                f"vmap: called random operation {bsym.sym.print_name} while in randomness error mode. Please either "
-                f"use the 'same' or 'different' randomness flags on vmap or perform the randomness operation out of vmap")
+        if "random" in bsym.sym.tags:
+            if self.randomness == "error":
+                raise BatchingError(
+                    f"vmap: called random operation {bsym.sym.print_name} while in randomness error mode. Please either "
+                    f"use the 'same' or 'different' randomness flags on vmap or perform the randomness operation out "
+                    f"of vmap")
+            # "different": every draw is per example, even one whose inputs are shared; "same": a draw
+            # with shared inputs is made once, one with batched inputs as torch.func.vmap makes it
+            if self.randomness == "different" or self.is_batched(bsym):
+                self._opaque(bsym)
+                return
+            if self.chunked:  # traced once per chunk, it would draw once per chunk
+                raise BatchingError(
+                    f"vmap: randomness='same' with a chunk_size smaller than the batch would draw "
+                    f"{bsym.sym.print_name}'s values once per chunk, not once for the batch; leave chunk_size None, "
+                    f"or draw the values outside vmap and pass them in with in_axes None")
         if not self.is_batched(bsym):  # the same for every example: computed once
             trc.emit(bsym)
             return
@@ -160,7 +182,13 @@ class _Batching:
         leaves = tree_leaves((bsym.args, bsym.kwargs))
         in_dims = tuple(self.dims.get(x.name) if isinstance(x, TensorProxy) else None for x in leaves)
         args, kwargs = _batched((bsym.args, bsym.kwargs), self.values)
-        out = torch_vmap_op(bsym.sym.torch_fn, in_dims, args, kwargs)
+        if "random" in bsym.sym.tags:
+            if bsym.sym.torch_fn is None:
+                raise BatchingError(f"vmap cannot batch the random operation {bsym.sym.print_name}: it has no torch "
+                                    f"function to batch with torch.func.vmap; draw its values outside vmap")
+            out = random_torch_vmap_op(bsym.sym.torch_fn, in_dims, args, kwargs, self.randomness, self.batch_size)
+        else:
+            out = torch_vmap_op(bsym.sym.torch_fn, in_dims, args, kwargs)
         for o, v in zip(bsym.flat_outs(), tree_leaves(out)):
             if isinstance(o, TensorProxy):
                 self.bind(o, v, 0)
@@ -208,14 +236,15 @@ def _to_arg_axis(ct, axis):
 
 
 def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, randomness: str, *,
-               writes_back: bool = True):
+               chunked: bool = False):
     """While a trace is being built: fn traced for one example and batched into it. `in_dims` has
     one batch dim (or None) per leaf of args. Returns fn's output pytree, each tensor leaf as
-    a BatchedValue (dim None for a value the same for every example). Without
-    `writes_back` (args are slices of the caller's tensors), an in-place write into an example
-    is refused rather than lost."""
+    a BatchedValue (dim None for a value the same for every example), and the in-place
+    updates of batched inputs: {leaf index: its new value} (for the caller to write back, as
+    it knows whether args are the caller's tensors or one chunk's slices of them).
+    `chunked`: the batch is one of several chunks."""
     trc = context.current_trace()
-    batching = _Batching(batch_size, randomness)
+    batching = _Batching(batch_size, randomness, chunked)
     leaves, spec = tree_flatten(args)
     examples = []
     for leaf, d in zip(leaves, in_dims):
@@ -231,29 +260,28 @@ def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, random
         out = fn(*tree_unflatten(spec, examples))
     for bsym in recorded:
         batching.run(bsym)
-    _write_back_in_place_updates(trc, batching, leaves, examples, names, in_dims, writes_back)
+    updates = _in_place_updates(trc, batching, leaves, examples, names, in_dims)
     return optree.tree_map(
         lambda o: BatchedValue(batching.values.get(o.name, o), batching.dims.get(o.name)) if isinstance(o, TensorProxy) else o,
-        out, namespace="thunderfn")
+        out, namespace="thunderfn"), updates
 
 
-def _write_back_in_place_updates(trc, batching: _Batching, leaves, examples, names, in_dims, writes_back) -> None:
+def _in_place_updates(trc, batching: _Batching, leaves, examples, names, in_dims) -> dict:
     """An in-place op on an example (x.add_(y)) rebinds its proxy to the new value: the batched
-    input gets the batched new value, so the caller's tensor is written as torch.func.vmap
-    writes it. A batched value written into a tensor that is the same for every example (an
-    input with in_axes None, a captured tensor) has no place to go: torch.func refuses it too."""
-    for leaf, example, name, d in zip(leaves, examples, names, in_dims):
+    input's new value is the batched new value (at the input's batch dim), so the caller's
+    tensor is written as torch.func.vmap writes it. A batched value written into a tensor that
+    is the same for every example (an input with in_axes None, a captured tensor) has no place
+    to go: torch.func refuses it too."""
+    updates = {}
+    for i, (leaf, example, name, d) in enumerate(zip(leaves, examples, names, in_dims)):
         if d is None or example.name == name:
             continue
-        if not writes_back:
-            raise BatchingError("vmap: an in-place operation writes into a batched input, which vmap with chunk_size "
-                                "cannot write back yet; leave chunk_size None, or use the op's out-of-place form")
         value, dim = batching.values.get(example.name, example), batching.dims.get(example.name)
         if dim is None:  # the same new value for every example
             value = prims.broadcast_in_dim(value, tuple(leaf.shape), tuple(i for i in range(leaf.ndim) if i != d))
         else:
             value = move_batch_dim(value, dim, d)
-        trc.rebind(leaf, value, because="an in-place operation inside vmap")
+        updates[i] = value
     rebound = [live for _, live in trc.mutated.values()] + [
         x for x, name, d in zip(leaves, names, in_dims) if d is None and isinstance(x, TensorProxy) and x.name != name]
     for live in rebound:
@@ -262,6 +290,7 @@ def _write_back_in_place_updates(trc, batching: _Batching, leaves, examples, nam
                 f"vmap: an in-place operation writes a batched value into {live.name}, a tensor that is the same for "
                 f"every example (in_axes None, or captured). Batch it too (an in_axes entry), or use the op's "
                 f"out-of-place form.")
+    return updates
 
 
 # -- in_axes and out_axes ------------------------------------------------------------------------
@@ -360,29 +389,29 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
     and Nones; negative ints count from the end): where each input's batch dim is, None for an
     input shared by every example. `out_axes`: likewise, a pytree prefix of the output: where
     each output's batch dim goes. An output that is the same for every example is broadcast
-    along out_axes, as torch.func.vmap does. `randomness`: "error" (a random op raises), as in
-    torch.func; "same" and "different" are not implemented yet. `chunk_size`: None (the whole
+    along out_axes, as torch.func.vmap does. `randomness`, as in torch.func: "error" (a random op raises),
+    "different" (each example draws its own values), "same" (a draw whose inputs are shared is
+    made once, for every example; one with batched inputs is made as torch.func.vmap makes it).
+    Random ops are batched by torch.func.vmap with the same mode, so under a seed they draw
+    what torch.func.vmap draws. `chunk_size`: None (the whole
     batch at once), or the number of examples batched together: the batch is split into chunks,
     each batched as one program, and the outputs concatenated, bounding peak memory."""
     if randomness not in RANDOMNESS:
         raise ValueError(f"vmap: randomness must be one of {RANDOMNESS}, got {randomness!r}")
-    if randomness != "error":
-        raise NotImplementedError(f"vmap: randomness={randomness!r} is not implemented yet; only 'error'. Draw the "
-                                  f"random values outside the vmapped function and pass them in (in_axes 0 for "
-                                  f"'different', None for 'same')")
     if chunk_size is not None and not (isinstance(chunk_size, int) and chunk_size > 0):
         raise ValueError(f"vmap: chunk_size must be None or a positive int, got {chunk_size!r}")
     name = getattr(fn, "__name__", "fn")
 
-    def batched(fn, args, dims, batch_size, writes_back=True):
-        """fn's outputs for args (batch_size examples), flat, placed at out_axes; and the output structure."""
-        out = trace_vmap(fn, args, dims, batch_size, randomness, writes_back=writes_back)
+    def batched(fn, args, dims, batch_size, chunked=False):
+        """fn's outputs for args (batch_size examples), flat, placed at out_axes; the output
+        structure; and the in-place updates of batched inputs, by leaf index."""
+        out, updates = trace_vmap(fn, args, dims, batch_size, randomness, chunked=chunked)
         leaves, spec = tree_flatten(out)
         structure = optree.tree_map(lambda _: _Leaf(), out, namespace="thunderfn")
         axes = [axis for _, _, axis in _prefix_leaves(out_axes, structure, "output", "out_axes")]
         placed = [_output(leaf, axis, path, batch_size)
                   for leaf, (path, _, axis) in zip(leaves, _prefix_leaves(out_axes, structure, "output", "out_axes"))]
-        return placed, axes, spec
+        return placed, axes, spec, updates
 
     def transformed(*args, **kwargs):
         trc = context.current_trace()  # a real tensor passed in while tracing (one captured by the caller) is a constant
@@ -390,21 +419,29 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
                         else x, args)
         dims, batch_size = _in_dims(in_axes, args)
         body = functools.partial(fn, **kwargs) if kwargs else fn
+        leaves, arg_spec = tree_flatten(args)
         if chunk_size is None or chunk_size >= batch_size:
-            placed, _, spec = batched(body, args, dims, batch_size)
+            placed, _, spec, updates = batched(body, args, dims, batch_size)
+            for i, value in updates.items():
+                trc.rebind(leaves[i], value, because="an in-place operation inside vmap")
             return optree.tree_unflatten(spec, placed)
         # Bounded memory: the batch in chunks of chunk_size examples, each one batched program over
         # its slice of the inputs, the outputs concatenated along their out_axes (no loop per example).
-        leaves, arg_spec = tree_flatten(args)
-        chunks = []
-        for start in range(0, batch_size, chunk_size):
+        # Every chunk reads the inputs as they were before the call; in-place updates of an input
+        # are concatenated the same way and written back once, after the last chunk.
+        chunks, starts = [], range(0, batch_size, chunk_size)
+        for start in starts:
             size = min(chunk_size, batch_size - start)
             sliced = [leaf if d is None else _narrow(leaf, d, start, size) for leaf, d in zip(leaves, dims)]
-            chunks.append(batched(body, tree_unflatten(arg_spec, sliced), dims, size, writes_back=False))
-        _, axes, spec = chunks[0]
+            chunks.append(batched(body, tree_unflatten(arg_spec, sliced), dims, size, chunked=True))
+        for i in sorted(set().union(*(updates for *_, updates in chunks))):
+            pieces = [updates[i] if i in updates else _narrow(leaves[i], dims[i], start, min(chunk_size, batch_size - start))
+                      for (*_, updates), start in zip(chunks, starts)]
+            trc.rebind(leaves[i], prims.cat(pieces, dims[i]), because="an in-place operation inside vmap")
+        _, axes, spec, _ = chunks[0]
         joined = []
         for i, axis in enumerate(axes):
-            pieces = [placed[i] for placed, _, _ in chunks]
+            pieces = [placed[i] for placed, *_ in chunks]
             if axis is None or not isinstance(pieces[0], TensorProxy):
                 joined.append(pieces[0])  # the same for every example, so for every chunk
             else:
