@@ -5,8 +5,8 @@ first N sample inputs (CPU, float32) are batched three ways, each with 3 example
 every tensor of the call batched at dim 0; every tensor batched at dim -1; only the
 first tensor batched (at 0), the others shared (in_axes None). A floating example k
 is the sample's tensor scaled by 1 + k/4, so examples differ; integer and boolean
-tensors (indices, masks) repeat. The reference is a loop over the examples, eager, its
-outputs stacked; the batched run is `tf.vmap` of a function taking the call's tensors
+tensors (indices, masks) repeat. The reference is the law's right side, a loop over the
+examples (`x.select(dim, k)`, views of the batched input), eager, its outputs stacked; the batched run is `tf.vmap` of a function taking the call's tensors
 positionally, with in_axes per tensor.
 
 An entry passes when every way of every sample matches (assert_close, NaNs equal).
@@ -59,7 +59,7 @@ def _example(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _batched(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return torch.stack([_example(x, k) for k in range(BATCH)], dim % (x.ndim + 1))
+    return torch.stack([_example(x, k) for k in range(BATCH)], dim % (x.ndim + 1))  # dim -1 leaves examples strided
 
 
 def _call_with_tensors(op, spec, leaves, positions):
@@ -73,9 +73,11 @@ def _call_with_tensors(op, spec, leaves, positions):
     return call
 
 
-def _loop(call, tensors, dims):
-    """The reference: call on each example, outputs stacked at 0."""
-    outs = [call(*[_example(t, k) if d is not None else t for t, d in zip(tensors, dims)]) for k in range(BATCH)]
+def _loop(call, batched_inputs, dims):
+    """The reference, the law's right side: call on each example x.select(dim, k) (a view, as a
+    loop over the batch would take it), outputs stacked at 0."""
+    outs = [call(*[x.select(d, k) if d is not None else x for x, d in zip(batched_inputs, dims)])
+            for k in range(BATCH)]
     leaves, spec = pytree.tree_flatten(outs[0])
     if not leaves or not all(isinstance(leaf, torch.Tensor) for leaf in leaves):
         raise TypeError("returns something other than tensors")
@@ -83,7 +85,7 @@ def _loop(call, tensors, dims):
     return pytree.tree_unflatten([torch.stack([ex[i] for ex in per_example]) for i in range(len(leaves))], spec)
 
 
-def _random_entry(call, tensors, dims, batched_inputs, vmap):
+def _random_entry(call, dims, batched_inputs, vmap):
     """A random op: its draws cannot match a loop's (one draw of the batch is not three draws of
     one example), so it is batched with randomness="different" and compared with
     torch.func.vmap's draws under the same seed."""
@@ -126,22 +128,22 @@ def run_entry(opinfo, samples: int, vmap):
             dims = [0 if way == "all_at_0" or (way == "first_only" and j == 0) else -1 if way == "all_at_-1" else None
                     for j in range(len(tensors))]
             try:
-                torch.manual_seed(0)
-                expected = _loop(call, tensors, dims)
-                torch.manual_seed(1)
-                other_seed = _loop(call, tensors, dims)
                 batched_inputs = [_batched(t, d) if d is not None else t for t, d in zip(tensors, dims)]
+                torch.manual_seed(0)
+                expected = _loop(call, batched_inputs, dims)
+                torch.manual_seed(1)
+                other_seed = _loop(call, batched_inputs, dims)
             except Exception as e:
                 return ("skip", f"the loop raised {type(e).__name__}: {first_line(e)[:80]}"), False
             if not _same(expected, other_seed):
-                return _random_entry(call, tensors, dims, batched_inputs, vmap), True
+                return _random_entry(call, dims, batched_inputs, vmap), True
             try:
                 got = vmap(call, tuple(dims), "error")(*batched_inputs)
             except Timeout:
                 raise
             except Exception as e:
                 if "randomness error mode" in str(e):  # it draws, though this sample's values do not show it
-                    return _random_entry(call, tensors, dims, batched_inputs, vmap), True
+                    return _random_entry(call, dims, batched_inputs, vmap), True
                 if isinstance(e, tf.ThunderFnError):
                     return ("error", f"{way}: {type(e).__name__}: {first_line(e)}"), False
                 return ("error", f"{way}: CRASH {type(e).__name__}: {first_line(e)}"), False

@@ -340,6 +340,16 @@ def check_rng_untouched(op_name: str) -> None:
             f"and replayed), or seed outside the jitted function.")
 
 
+def _unbound_tensor_method(e: TypeError, fn_name: str) -> UnsupportedOpError:
+    """torch.Tensor.cfloat(x) and other torch.Tensor methods called through the class check in C
+    that x is a real tensor, before any hook can see the call: the method form does work."""
+    method = str(e).split("'")[1] if "'" in str(e) else "the method"
+    return UnsupportedOpError(
+        f"'{fn_name}' calls torch.Tensor.{method}(x, ...) through the class with a traced tensor; torch checks in C "
+        f"that x is a real tensor before thunderfn can see the call. Call it as a method, x.{method}(...), or through "
+        f"torch.* ({e})")
+
+
 def trace(fn, *args, **kwargs) -> Trace:
     """The computation trace of fn applied to these arguments (like jax.make_jaxpr).
 
@@ -358,9 +368,11 @@ def trace(fn, *args, **kwargs) -> Trace:
                 _refuse_unknowable_outputs(trc.output)
             trc.sync_grad_mode()  # back to the caller's mode if the function switched it
             trc.finish_mutations()
-    except BaseException:
+    except BaseException as e:
         for finish in trc.finishers:
             finish(trc, True)
+        if isinstance(e, TypeError) and "TensorProxy" in str(e) and "descriptor" in str(e):
+            raise _unbound_tensor_method(e, trc.fn_name) from None
         raise
     finally:
         trc.input_tensors = {}  # the trace must not keep the caller's tensors alive

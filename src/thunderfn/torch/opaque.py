@@ -30,7 +30,7 @@ _symbols: dict = {}  # torch callable -> its opaque symbol, made once
 # Draws from torch's generator: kept even when unused, so a jitted function consumes
 # random numbers exactly as eager does and a seed reproduces the same draws.
 _RANDOM_WORDS = ("rand", "normal", "bernoulli", "multinomial", "poisson", "dropout", "uniform", "exponential",
-                 "cauchy", "geometric", "log_normal", "rrelu", "seed", "shuffle")
+                 "cauchy", "geometric", "log_normal", "rrelu", "seed", "shuffle", "fractional", "lowrank")
 # ...whose names have one of those words but draw nothing: a fixed permutation, a loss of a
 # Poisson rate, the backward of dropout given its mask
 _DETERMINISTIC = ("pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle", "poisson_nll_loss",

@@ -24,7 +24,7 @@ from thunderfn.torch.base import register_alias, torchsymbol
 T = torch.Tensor
 __all__ = ["reshape", "view", "permute", "transpose", "t", "squeeze", "unsqueeze", "expand", "expand_as", "cat", "stack",
            "split", "chunk", "flatten", "unflatten", "contiguous", "unbind", "movedim", "to", "type_as", "clone",
-           "broadcast_to", "view_as", "reshape_as", "narrow", "flip", "hstack", "vstack", "tril", "triu", "diagonal",
+           "broadcast_to", "view_as", "reshape_as", "narrow", "flip", "hstack", "vstack", "column_stack", "tril", "triu", "diagonal",
            "diag_embed", "diag", "rot90", "roll", "repeat", "tile", "repeat_interleave", "pad"]
 
 
@@ -203,6 +203,13 @@ def hstack(tensors):
     _check_tensor_list(tensors, "hstack")
     tensors = [clang.reshape(t, (1,)) if t.ndim == 0 else t for t in tensors]
     return cat(tensors, 0 if tensors[0].ndim == 1 else 1)
+
+
+@torchsymbol(torch.column_stack)
+def column_stack(tensors):
+    _check_tensor_list(tensors, "column_stack")
+    # vectors (and 0-dim tensors) become columns, then everything is joined along dim 1
+    return cat([clang.reshape(t, (t.numel(), 1)) if t.ndim < 2 else t for t in tensors], 1)
 
 
 @torchsymbol(torch.vstack)

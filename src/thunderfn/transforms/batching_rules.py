@@ -41,12 +41,6 @@ def defbatch(*symbol_ids):
 
 
 # -- helpers ----------------------------------------------------------------------------
-def _zero_dim_examples(op: str) -> BatchingError:
-    return BatchingError(f"vmap cannot batch {op} where each example is 0-dimensional yet; give each example a "
-                         f"dimension of size 1 (x.unsqueeze(-1)) and drop it from the result, or call {op} outside vmap")
-
-
-
 def batch_size_of(args, dims) -> int:
     for a, d in zip(args, dims):
         if isinstance(d, tuple):
@@ -183,9 +177,12 @@ def _along_one_dim(prim):
 
     def rule(args, dims, kwargs, out):
         a = move_to_front(args[0], dims[0])
-        if a.ndim == 1:
-            raise _zero_dim_examples(prim.print_name)
         rest = list(args[1:])
+        if a.ndim == 1:  # 0-dim examples: each as a 1-element vector, its results as 0-dim again
+            result = prim(prims.reshape(a, (a.shape[0], 1)), *rest[:dim_position - 1], 1, *rest[dim_position:], **kwargs)
+            if isinstance(result, TensorProxy):
+                return prims.reshape(result, (a.shape[0],)), 0
+            return tuple(prims.reshape(r, (a.shape[0],)) for r in result), (0,) * len(result)
         rest[dim_position - 1] = _shifted((rest[dim_position - 1],), a.ndim - 1)[0]
         result = prim(a, *rest, **kwargs)
         return (result, 0) if isinstance(result, TensorProxy) else (result, (0,) * len(result))
@@ -258,9 +255,10 @@ def _same_rank_operands(prim, n_tensors: int):
     def rule(args, dims, kwargs, out):
         batch = batch_size_of(args, dims)
         per_example_ndim = out.ndim
-        if per_example_ndim == 0:
-            raise _zero_dim_examples(prim.print_name)
         tensors = [batched_front(t, d, batch) for t, d in zip(args[:n_tensors], dims[:n_tensors])]
+        if per_example_ndim == 0:  # 0-dim examples: each as a 1-element vector, the result 0-dim again
+            tensors = [prims.reshape(t, (batch, 1)) for t in tensors]
+            return prims.reshape(prim(*tensors, 1), (batch,)), 0
         return prim(*tensors, _shifted((args[n_tensors],), per_example_ndim)[0]), 0
 
     return rule
@@ -275,8 +273,13 @@ batching_rules[PrimIDs.SCATTER_ADD] = _same_rank_operands(prims.scatter_add, 3)
 def _take_batch(args, dims, kwargs, out):
     a, index, dim = args
     a_dim, index_dim = dims[0], dims[1]
-    if out.ndim == 0:
-        raise _zero_dim_examples("prims.take")
+    if out.ndim == 0:  # a 0-dim example (and one index): as a 1-element vector, the result 0-dim again
+        batch = batch_size_of(args, dims)
+        a = prims.reshape(batched_front(a, a_dim, batch), (batch, 1))
+        if index_dim is None:
+            return prims.reshape(prims.take(a, prims.reshape(index, (1,)), 1), (batch,)), 0
+        index = prims.reshape(move_to_front(index, index_dim), (batch, 1))
+        return prims.reshape(prims.take_along_axis(a, index, 1), (batch,)), 0
     d = canonical_dim(dim, out.ndim)
     if index_dim is None:  # the same rows of every example
         return prims.take(move_to_front(a, a_dim), index, d + 1), 0

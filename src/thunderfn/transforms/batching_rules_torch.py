@@ -6,12 +6,15 @@ then batches the decomposition instead.
 - scaled_dot_product_attention: the vmapped batch is folded into the call's own leading batch
   dimension, so the batched program is one attention call (which the sdpa executor's fused
   kernels can claim) rather than its math decomposition.
+- check_value (eager's check on values, made at run time): the condition holds for the batch
+  when it holds for every example, so one check of their conjunction.
 """
 from __future__ import annotations
 
 import inspect
 
 from thunderfn import torch as ltorch
+from thunderfn.core.statements import emit_runtime_check, runtime_check
 from thunderfn.transforms.batching_rules import defbatch, move_to_front
 
 _SDPA_PARAMETERS = inspect.signature(ltorch.scaled_dot_product_attention.fn).parameters
@@ -39,3 +42,10 @@ def _scaled_dot_product_attention(args, dims, kwargs, out):
 
     result = ltorch.scaled_dot_product_attention(folded(query), folded(key), folded(value), **call)
     return ltorch.reshape(result, (n, lead, *result.shape[1:])), 0
+
+
+@defbatch(runtime_check.id)
+def _check_value(args, dims, kwargs, out):
+    condition, error, message = args
+    emit_runtime_check(ltorch.all(condition), error, message)
+    return None, None

@@ -49,10 +49,16 @@ def torch_vmap(fn, in_dims, args, kwargs, randomness="error", batch_size=None):
     leaves = tree_leaves((args, kwargs))
     positions = [i for i, d in enumerate(in_dims) if d is not None]
     call = of_leaves(fn, args, kwargs, positions)
-    if not positions:
-        return torch.func.vmap(lambda _: call(), randomness=randomness)(torch.empty(batch_size, 0))
-    return torch.func.vmap(call, in_dims=tuple(in_dims[i] for i in positions), randomness=randomness)(
-        *(leaves[i] for i in positions))
+    try:
+        if not positions:
+            return torch.func.vmap(lambda _: call(), randomness=randomness)(torch.empty(batch_size, 0))
+        return torch.func.vmap(call, in_dims=tuple(in_dims[i] for i in positions), randomness=randomness)(
+            *(leaves[i] for i in positions))
+    except RuntimeError as e:  # torch.func's own refusals, named as ours (an op drawing random numbers inside)
+        if str(e).startswith("vmap:") or "atching rule" in str(e) or "batched tensor" in str(e):
+            raise BatchingError(f"vmap cannot batch {getattr(fn, '__name__', fn)} (an opaque torch op, batched by "
+                                f"torch.func.vmap): {str(e).splitlines()[0]}") from None
+        raise
 
 
 def _torch_vmap_meta(fn, in_dims, args, kwargs, randomness="error", batch_size=None):
@@ -73,6 +79,11 @@ def _torch_vmap_symbol(name: str, tags: set) -> Symbol:
 torch_vmap_op = _torch_vmap_symbol("torch_vmap", {"opaque"})
 # a random op batched: its draws are kept even when unused, as the op's own symbol keeps them
 random_torch_vmap_op = _torch_vmap_symbol("random_torch_vmap", {"opaque", "random", "no_dce"})
+
+
+# opaque ops whose meaning is a memory address: refused under vmap rather than given one of
+# several possible meanings
+_READS_MEMORY_LAYOUT = frozenset({"as_strided", "as_strided_copy", "as_strided_scatter"})
 
 
 class BatchedValue:
@@ -179,6 +190,12 @@ class _Batching:
                 self.bind(o, v, 0)
 
     def _opaque(self, bsym) -> None:
+        if bsym.sym.name in _READS_MEMORY_LAYOUT:
+            raise BatchingError(
+                f"vmap cannot batch {bsym.sym.print_name}: it addresses an example's memory by strides and a storage "
+                f"offset, and an example of a batch has no memory of its own (its strides and offset are the batch's), "
+                f"so no batched form means what the call means alone. Use view ops (reshape, narrow, unfold, "
+                f"diagonal) inside vmap, or call it outside")
         leaves = tree_leaves((bsym.args, bsym.kwargs))
         in_dims = tuple(self.dims.get(x.name) if isinstance(x, TensorProxy) else None for x in leaves)
         args, kwargs = _batched((bsym.args, bsym.kwargs), self.values)
@@ -188,7 +205,8 @@ class _Batching:
                                     f"function to batch with torch.func.vmap; draw its values outside vmap")
             out = random_torch_vmap_op(bsym.sym.torch_fn, in_dims, args, kwargs, self.randomness, self.batch_size)
         else:
-            out = torch_vmap_op(bsym.sym.torch_fn, in_dims, args, kwargs)
+            # an opaque op may draw random numbers inside (a fractional max pool): torch.func.vmap applies the mode
+            out = torch_vmap_op(bsym.sym.torch_fn, in_dims, args, kwargs, self.randomness)
         for o, v in zip(bsym.flat_outs(), tree_leaves(out)):
             if isinstance(o, TensorProxy):
                 self.bind(o, v, 0)
