@@ -294,6 +294,33 @@ def test_attention_folds_the_batch_into_its_own_batch_dim_one_call(mask):
     assert sum("sdpa" in c or "scaled_dot_product" in c for c in calls) == 1 and "torch.matmul" not in calls
 
 
+@pytest.mark.parametrize("mask", [None, "bool_2d", "per_example_4d"])
+@pytest.mark.parametrize("axes", [(0, 0, 0), (1, None, 0)], ids=["all_batched", "kv_shared_q_at_1"])
+def test_per_example_gradients_through_claimed_attention_fold_into_one_fused_forward_and_backward(mask, axes):
+    """vmap(grad(f)) where the sdpa executor claims f's attention: its fused forward and backward
+    operators batch by folding the vmapped batch into the kernels' batch (one call each), and the
+    gradients are torch.func's."""
+    q = torch.randn(3, 2, 4, 4, 8)
+    masks = {None: None, "bool_2d": torch.ones(4, 4, dtype=torch.bool).tril(), "per_example_4d": torch.randn(3, 2, 1, 4, 4)}
+    m = masks[mask]
+    if mask == "per_example_4d":
+        def loss(q, k, v, m):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m).sum()
+        axes, extra = axes + (0,), [m]
+    else:
+        def loss(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m).sum()
+        extra = []
+    inputs = [(q * (i + 1)).movedim(0, a) if a is not None else q[0] * (i + 1) for i, a in enumerate(axes[:3])] + extra
+    per_example = tf.jit(tf.vmap(tf.grad(loss, argnums=(0, 1, 2)), in_axes=axes))
+    got = per_example(*inputs)
+    expected = torch.func.vmap(torch.func.grad(loss, argnums=(0, 1, 2)), in_dims=axes)(*inputs)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
+    calls = [b.sym.name for b in tf.last_traces(per_example)[-1].bound_symbols]
+    assert calls.count("sdpa_flash_cpu_fwd") == 1 and calls.count("sdpa_flash_cpu_bwd") == 1
+
+
 def test_per_example_gradients_of_a_module_through_functional_call_match_torch_func():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))

@@ -84,6 +84,9 @@ def format_value(x, ns: Namespace) -> str:
         return f"slice({format_value(x.start, ns)}, {format_value(x.stop, ns)}, {format_value(x.step, ns)})"
     if x is Ellipsis:
         return "..."
+    name = getattr(x, "__name__", None)
+    if callable(x) and isinstance(name, str) and name.isidentifier():  # a function an op calls: by its name
+        return ns.bind_object(x, f"_{name}_")
     return ns.bind_object(x)
 
 

@@ -53,14 +53,18 @@ class OperatorExecutor(Executor):
         super().__init__(name, version)
         self.operators: dict[str, Symbol] = {}
         self.lowerings: dict[Any, Lowering] = {}
+        self.batch_rules: dict[str, Callable] = {}  # operator name -> how tf.vmap batches it
 
     def register_operator(self, name: str, *, like: Callable | None = None, meta: Callable | None = None,
-                          fn: Callable, replace: bool = False) -> Symbol:
+                          fn: Callable, replace: bool = False, batch_rule: Callable | None = None) -> Symbol:
         """A symbol that runs `fn` on real tensors. Exactly one of `like` or `meta` says what
         it returns: `like` is a function in torch or thunderfn's languages computing the same
         thing, traced for output metadata and differentiated in the operator's place; `meta`
         (proxies in, output proxies out) makes a new primitive, differentiable once a vjp is
-        registered for it (`register_lowering(operator, vjp=(fwd, bwd))`)."""
+        registered for it (`register_lowering(operator, vjp=(fwd, bwd))`). `batch_rule(args,
+        dims, kwargs, out) -> (output, out dims)`, with the conventions of
+        thunderfn/transforms/batching_rules.py, is how tf.vmap batches the operator (it may
+        return NotImplemented for a call it does not handle)."""
         check_identifier("an operator's", name)
         if (like is None) == (meta is None):
             raise TypeError(f"register_operator('{name}'): give exactly one of like= or meta=")
@@ -71,6 +75,8 @@ class OperatorExecutor(Executor):
         sym = Symbol(name, f"{self.name}.{name}", meta=meta, is_prim=True, print_name=name, namespace={name: fn},
                      eager=fn, executor=self, like=like)
         self.operators[name] = sym
+        if batch_rule is not None:
+            self.batch_rules[name] = batch_rule
         return sym
 
     def register_lowering(self, symbol_or_id, *, checker: Callable | None = None, lower: Callable | None = None,

@@ -114,6 +114,53 @@ def _bwd_meta(grad_out, query, key, value, out, logsumexp, attn_mask, is_causal,
     return tuple(TensorProxy.like(t, requires_grad=False) for t in (query, key, value))
 
 
+# -- under tf.vmap: the vmapped batch folded into the kernels' own batch dim ------------------------
+def _front(t, dim, batch: int):
+    """t with the vmapped batch dim first; an unbatched tensor expanded along it."""
+    if dim is None:
+        return prims.broadcast_in_dim(t, (batch, *t.shape), tuple(range(1, t.ndim + 1)))
+    if dim == 0:
+        return t
+    return prims.transpose(t, (dim,) + tuple(i for i in range(t.ndim) if i != dim))
+
+
+def _fold(t, dim, batch: int):
+    t = _front(t, dim, batch)
+    return prims.reshape(t, (batch * t.shape[1], *t.shape[2:]))
+
+
+def _fold_mask(mask, dim, batch: int, heads_batch: int):
+    """The mask for the folded call: one the same for every example that is 2-d, or 4-d with a
+    leading 1, broadcasts over the folded batch as it is; any other is brought to
+    (batch, heads_batch, h or 1, L, S) and folded like the tensors."""
+    if mask is None or dim is None and (mask.ndim == 2 or mask.shape[0] == 1):
+        return mask
+    m = _front(mask, dim, batch)
+    if m.ndim == 3:  # (batch, L, S)
+        m = prims.broadcast_in_dim(m, (batch, 1, 1, *m.shape[1:]), (0, 3, 4))
+    m = prims.broadcast_in_dim(m, (batch, heads_batch, *m.shape[2:]), tuple(range(5)))
+    return prims.reshape(m, (batch * heads_batch, *m.shape[2:]))
+
+
+def _batch_folded(n_tensors: int):
+    """A rule for an operator whose first n_tensors arguments are (batch, heads, ...) tensors (the
+    logsumexp (batch, heads, L) too), then (attn_mask, is_causal, scale): one call on the vmapped
+    batch times the kernel's batch."""
+    def rule(args, dims, kwargs, out):
+        tensors, tensor_dims = args[:n_tensors], dims[:n_tensors]
+        batch = next(t.shape[d] for t, d in zip(args, dims) if d is not None)
+        if any((t.ndim - (d is not None)) < 3 for t, d in zip(tensors, tensor_dims)):  # (b, h, L[, E]) each
+            return NotImplemented
+        mask, is_causal, scale = args[n_tensors:]
+        folded = [_fold(t, d, batch) for t, d in zip(tensors, tensor_dims)]
+        mask = _fold_mask(mask, dims[n_tensors], batch, folded[0].shape[0] // batch)
+        results = rule.operator(*folded, mask, is_causal, scale)
+        unfolded = tuple(prims.reshape(r, (batch, r.shape[0] // batch, *r.shape[1:])) for r in results)
+        return unfolded, (0,) * len(unfolded)
+
+    return rule
+
+
 # -- the checker: exactly what the fused kernels accept --------------------------------------------
 def _mask_ok(attn_mask, query, key) -> bool:
     if attn_mask is None:
@@ -195,11 +242,16 @@ class SDPAExecutor(OperatorExecutor):
     def __init__(self):
         super().__init__("sdpa", torch.__version__)
         self.cpu = self.register_operator("sdpa_flash_cpu", meta=_out_meta, fn=sdpa_flash_cpu)
-        self.cpu_fwd = self.register_operator("sdpa_flash_cpu_fwd", meta=_fwd_meta, fn=sdpa_flash_cpu_fwd)
-        self.cpu_bwd = self.register_operator("sdpa_flash_cpu_bwd", meta=_bwd_meta, fn=sdpa_flash_cpu_bwd)
         self.cuda = self.register_operator("sdpa_fused_cuda", meta=_out_meta, fn=sdpa_fused_cuda)
-        self.cuda_fwd = self.register_operator("sdpa_efficient_cuda_fwd", meta=_fwd_meta, fn=sdpa_efficient_cuda_fwd)
-        self.cuda_bwd = self.register_operator("sdpa_efficient_cuda_bwd", meta=_bwd_meta, fn=sdpa_efficient_cuda_bwd)
+        # the forward and backward of thunderfn's vjp: vmap(grad(f)) folds the batch into their calls
+        for name, meta, fn, n_tensors in (("sdpa_flash_cpu_fwd", _fwd_meta, sdpa_flash_cpu_fwd, 3),
+                                          ("sdpa_flash_cpu_bwd", _bwd_meta, sdpa_flash_cpu_bwd, 6),
+                                          ("sdpa_efficient_cuda_fwd", _fwd_meta, sdpa_efficient_cuda_fwd, 3),
+                                          ("sdpa_efficient_cuda_bwd", _bwd_meta, sdpa_efficient_cuda_bwd, 6)):
+            rule = _batch_folded(n_tensors)
+            rule.operator = self.register_operator(name, meta=meta, fn=fn, batch_rule=rule)
+        self.cpu_fwd, self.cpu_bwd = self.operators["sdpa_flash_cpu_fwd"], self.operators["sdpa_flash_cpu_bwd"]
+        self.cuda_fwd, self.cuda_bwd = self.operators["sdpa_efficient_cuda_fwd"], self.operators["sdpa_efficient_cuda_bwd"]
         self.register_lowering(tnn.scaled_dot_product_attention, checker=sdpa_checker, lower=self.lower,
                                vjp=(self.vjp_fwd, self.vjp_bwd))
 

@@ -142,6 +142,8 @@ class _Batching:
             self._custom_vjp(bsym)
             return
         rule = batching_rules.get(bsym.sym.id)
+        if rule is None and bsym.sym.executor is not None:  # an executor's operator may carry its rule
+            rule = getattr(bsym.sym.executor, "batch_rules", {}).get(bsym.sym.name)
         if rule is not None and self._apply(rule, bsym):
             return
         if bsym.subsymbols and bsym.sym.printer is None:

@@ -358,6 +358,13 @@ def vstack_samples(device, dtype):
     yield SampleInput(((mk(1, 2, 3), mk(2, 2, 3)),))
 
 
+def column_stack_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput(([mk(), mk(1)],))
+    yield SampleInput(([mk(3), mk(3, 2, noncontiguous=True)],))
+    yield SampleInput(((mk(2, 2), mk(2)),))
+
+
 def xstack_errors(name):
     def errors(device):
         yield err(([],), RuntimeError, f"{name} expects a non-empty TensorList")
@@ -618,6 +625,7 @@ opinfos: list[OpInfo] = [
     OpInfo("stack", torch.stack, stack_samples, ALL, stack_errors),
     OpInfo("hstack", torch.hstack, hstack_samples, ALL, xstack_errors("hstack")),
     OpInfo("vstack", torch.vstack, vstack_samples, ALL, xstack_errors("vstack")),
+    OpInfo("column_stack", torch.column_stack, column_stack_samples, ALL, xstack_errors("column_stack")),
     OpInfo("split", torch.split, split_samples, ALL, split_errors),
     OpInfo("split.method", method("split"), split_method_samples, SOME, split_errors),
     OpInfo("chunk", torch.chunk, chunk_samples, ALL, chunk_errors),
