@@ -29,6 +29,7 @@ Needs `pip install expecttest` (torch's test helpers import it).
 from __future__ import annotations
 
 import argparse
+import collections
 import sys
 import time
 import warnings
@@ -177,28 +178,25 @@ def main(argv=None) -> int:
     vmap = _torch_func_vmap if args.torch_func else _tf_vmap
     start = time.perf_counter()
     entries = [(entry_name(o), o) for o in op_db if args.k in entry_name(o)]
-    outcomes = {}  # entry name -> (outcome, random)
+    random_outcomes = collections.Counter()  # of the random ops, compared with torch.func's draws
 
     def run(opinfo):
         result, random = run_entry(opinfo, args.samples, vmap)
-        outcomes[entry_name(opinfo)] = (result[0], random)
+        if random:
+            random_outcomes[result[0]] += 1
         return result
 
     results, failures, _ = run_all(entries, run, verbose=args.verbose, timeout=args.timeout)
-    # an entry that ran past the time limit never returned: it counts as a deterministic error
-    counts = {(outcome, random): sum(1 for o in outcomes.values() if o == (outcome, random))
-              for outcome in ("pass", "error", "wrong") for random in (False, True)}
-    counts[("error", False)] += results["error"] - counts[("error", False)] - counts[("error", True)]
-    loop = counts[("pass", False)] + counts[("error", False)] + counts[("wrong", False)]
-    random = counts[("pass", True)] + counts[("error", True)]
+    passed, errors = results["pass"] - random_outcomes["pass"], results["error"] - random_outcomes["error"]
+    loop = passed + errors + results["wrong"]
     print(f"\n{'torch.func.vmap' if args.torch_func else 'tf.vmap'}: op_db entries {sum(results.values())}; left out "
           f"(the loop raises or returns non-tensors, a random op torch.func.vmap cannot batch, no samples): "
           f"{results['skip']}")
-    print(f"against a loop over the examples: {counts[('pass', False)]} of {loop} pass "
-          f"({100 * counts[('pass', False)] / max(loop, 1):.1f}%), error {counts[('error', False)]}, "
-          f"WRONG {counts[('wrong', False)]}")
+    print(f"against a loop over the examples: {passed} of {loop} pass ({100 * passed / max(loop, 1):.1f}%), "
+          f"error {errors}, WRONG {results['wrong']}")
     print(f"random ops against torch.func.vmap's draws (randomness='different', same seed): "
-          f"{counts[('pass', True)]} of {random} pass   [{time.perf_counter() - start:.0f} s]")
+          f"{random_outcomes['pass']} of {random_outcomes['pass'] + random_outcomes['error']} pass   "
+          f"[{time.perf_counter() - start:.0f} s]")
     if not args.verbose:
         print_failures(failures)
     return 1 if results["wrong"] else 0

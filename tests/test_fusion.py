@@ -22,7 +22,8 @@ import thunderfn as tf
 import thunderfn.torch as ltorch
 from thunderfn.executors import FusionExecutor, OperatorExecutor, inductor
 from thunderfn.executors.fusion import CompiledCache
-from thunderfn.testing.fusion_checks import assert_falls_back_once, assert_training_step_matches_eager
+from thunderfn.testing.fusion_checks import (INDUCTOR_OK, INDUCTOR_WHY, assert_falls_back_once,
+                                             assert_training_step_matches_eager, needs_inductor)
 
 
 class RunsRegionsWithTorch(FusionExecutor):
@@ -236,8 +237,6 @@ def test_regions_of_any_dataflow_graph_run_in_a_valid_order_and_match_eager(prog
 # -- Inductor -----------------------------------------------------------------------------------
 # Each compile takes seconds (a cold one ~10 s on 2 cores): few tests, compiled functions shared.
 
-INDUCTOR_OK, INDUCTOR_WHY = inductor.inductor_ex.availability()
-needs_inductor = pytest.mark.skipif(not INDUCTOR_OK, reason=f"inductor unavailable: {INDUCTOR_WHY}")
 
 
 def gelu_chain(x, w, b):

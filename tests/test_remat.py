@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from hypothesis import assume, given, settings
 
 import thunderfn as tf
-from thunderfn.executors import inductor
 from thunderfn.examples.gpt import GPT, GPTConfig
 from thunderfn.testing import strategies as tst
+from thunderfn.testing.fusion_checks import needs_inductor
 from thunderfn.transforms.rematerialize import cheap_to_recompute, min_cut_saved, nbytes, rematerialize
 from thunderfn.testing.training import adamw_losses, gpt_batches
 
@@ -400,10 +400,7 @@ def test_gpt_trains_with_remat_to_the_same_losses_and_saves_fewer_bytes():
     assert _saved_bytes(remat) < _saved_bytes(plain)
 
 
-INDUCTOR_OK, INDUCTOR_WHY = inductor.inductor_ex.availability()
-
-
-@pytest.mark.skipif(not INDUCTOR_OK, reason=f"inductor unavailable: {INDUCTOR_WHY}")
+@needs_inductor
 def test_remat_is_on_by_default_with_inductor_and_fuses_the_recomputation():
     inputs = _gelu_sigmoid_inputs()
     jf = tf.jit(gelu_sigmoid, executors=["inductor"])

@@ -259,6 +259,15 @@ def permute(a, dims):
     return a if perm == tuple(range(a.ndim)) else prims.transpose(a, perm)
 
 
+def move_dim(a, source: int, destination: int):
+    """a with dimension `source` moved to `destination` (both non-negative), the others in order."""
+    if source == destination:
+        return a
+    order = [i for i in range(a.ndim) if i != source]
+    order.insert(destination, source)
+    return prims.transpose(a, tuple(order))
+
+
 def unsqueeze(a, dim: int):
     d = canonical_dim(dim, a.ndim + 1)
     shape = list(a.shape)

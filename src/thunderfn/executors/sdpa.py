@@ -117,11 +117,7 @@ def _bwd_meta(grad_out, query, key, value, out, logsumexp, attn_mask, is_causal,
 # -- under tf.vmap: the vmapped batch folded into the kernels' own batch dim ------------------------
 def _front(t, dim, batch: int):
     """t with the vmapped batch dim first; an unbatched tensor expanded along it."""
-    if dim is None:
-        return prims.broadcast_in_dim(t, (batch, *t.shape), tuple(range(1, t.ndim + 1)))
-    if dim == 0:
-        return t
-    return prims.transpose(t, (dim,) + tuple(i for i in range(t.ndim) if i != dim))
+    return clang.move_dim(t, dim, 0) if dim is not None else clang.expand_to(t, (batch, *t.shape))
 
 
 def _fold(t, dim, batch: int):
@@ -142,10 +138,10 @@ def _fold_mask(mask, dim, batch: int, heads_batch: int):
     return prims.reshape(m, (batch * heads_batch, *m.shape[2:]))
 
 
-def _batch_folded(n_tensors: int):
-    """A rule for an operator whose first n_tensors arguments are (batch, heads, ...) tensors (the
-    logsumexp (batch, heads, L) too), then (attn_mask, is_causal, scale): one call on the vmapped
-    batch times the kernel's batch."""
+def _batch_folded(operators: dict, operator: str, n_tensors: int):
+    """The batch rule of the operator named `operator` (in `operators`, an executor's), whose first n_tensors arguments are
+    (batch, heads, ...) tensors (the logsumexp (batch, heads, L) too), then (attn_mask,
+    is_causal, scale): one call on the vmapped batch times the kernel's batch."""
     def rule(args, dims, kwargs, out):
         tensors, tensor_dims = args[:n_tensors], dims[:n_tensors]
         batch = next(t.shape[d] for t, d in zip(args, dims) if d is not None)
@@ -154,7 +150,7 @@ def _batch_folded(n_tensors: int):
         mask, is_causal, scale = args[n_tensors:]
         folded = [_fold(t, d, batch) for t, d in zip(tensors, tensor_dims)]
         mask = _fold_mask(mask, dims[n_tensors], batch, folded[0].shape[0] // batch)
-        results = rule.operator(*folded, mask, is_causal, scale)
+        results = operators[operator](*folded, mask, is_causal, scale)
         unfolded = tuple(prims.reshape(r, (batch, r.shape[0] // batch, *r.shape[1:])) for r in results)
         return unfolded, (0,) * len(unfolded)
 
@@ -248,8 +244,7 @@ class SDPAExecutor(OperatorExecutor):
                                           ("sdpa_flash_cpu_bwd", _bwd_meta, sdpa_flash_cpu_bwd, 6),
                                           ("sdpa_efficient_cuda_fwd", _fwd_meta, sdpa_efficient_cuda_fwd, 3),
                                           ("sdpa_efficient_cuda_bwd", _bwd_meta, sdpa_efficient_cuda_bwd, 6)):
-            rule = _batch_folded(n_tensors)
-            rule.operator = self.register_operator(name, meta=meta, fn=fn, batch_rule=rule)
+            self.register_operator(name, meta=meta, fn=fn, batch_rule=_batch_folded(self.operators, name, n_tensors))
         self.cpu_fwd, self.cpu_bwd = self.operators["sdpa_flash_cpu_fwd"], self.operators["sdpa_flash_cpu_bwd"]
         self.cuda_fwd, self.cuda_bwd = self.operators["sdpa_efficient_cuda_fwd"], self.operators["sdpa_efficient_cuda_bwd"]
         self.register_lowering(tnn.scaled_dot_product_attention, checker=sdpa_checker, lower=self.lower,

@@ -8,6 +8,13 @@ import warnings
 import pytest
 import torch
 
+from thunderfn.executors import inductor
+
+INDUCTOR_OK, INDUCTOR_WHY = inductor.inductor_ex.availability()
+# Tests that compile real Inductor kernels: skipped where Inductor cannot compile (no C++ compiler, ...)
+needs_inductor = pytest.mark.skipif(
+    not INDUCTOR_OK, reason=f"Inductor cannot compile on this machine ({INDUCTOR_WHY}); these tests run its kernels")
+
 
 def assert_training_step_matches_eager(model: torch.nn.Module, jitted, x, y) -> None:
     """One mse-loss step of `jitted` (tf.jit of `model`, run first) gives the loss and parameter

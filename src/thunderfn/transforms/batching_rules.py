@@ -22,9 +22,8 @@ from typing import Callable
 
 import torch
 
-from thunderfn import prims
+from thunderfn import clang, prims
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.errors import BatchingError
 from thunderfn.prims import PrimIDs, canonical_dim
 
 batching_rules: dict = {}  # symbol id -> rule(args, dims, kwargs, out) -> (output, out dims)
@@ -52,31 +51,33 @@ def batch_size_of(args, dims) -> int:
 
 def move_to_front(x: TensorProxy, dim: int) -> TensorProxy:
     """x with its batch dimension `dim` moved to position 0 (a view: prims.transpose)."""
-    if dim == 0:
-        return x
-    perm = (dim,) + tuple(i for i in range(x.ndim) if i != dim)
-    return prims.transpose(x, perm)
+    return clang.move_dim(x, dim, 0)
 
 
-def move_batch_dim(x: TensorProxy, dim: int, to: int) -> TensorProxy:
-    """x with its batch dimension moved from `dim` to `to` (both non-negative)."""
-    if dim == to:
-        return x
-    rest = [i for i in range(x.ndim) if i != dim]
-    rest.insert(to, dim)
-    return prims.transpose(x, tuple(rest))
+move_batch_dim = clang.move_dim  # x with its batch dimension moved from `dim` to `to` (both non-negative)
 
 
 def batched_front(x, dim, batch_size: int) -> TensorProxy:
     """x with the batch dimension at 0; an unbatched tensor is broadcast (an expand, no copy)."""
-    if dim is not None:
-        return move_to_front(x, dim)
-    return prims.broadcast_in_dim(x, (batch_size,) + tuple(x.shape), tuple(range(1, x.ndim + 1)))
+    return clang.move_dim(x, dim, 0) if dim is not None else clang.expand_to(x, (batch_size, *x.shape))
 
 
 def reshaped(x: TensorProxy, shape: tuple) -> TensorProxy:
     """x reshaped, or x itself when it has that shape already (keeps traces free of no-op reshapes)."""
     return x if tuple(x.shape) == tuple(shape) else prims.reshape(x, tuple(shape))
+
+
+def as_vectors(tensors, dims, batch_size: int) -> list:
+    """0-dim examples as 1-element vectors: each tensor (batch, 1), unbatched ones broadcast. A rule
+    for an op along a dim then runs it along dim 1, and as_scalars turns the results back."""
+    return [prims.reshape(batched_front(t, d, batch_size), (batch_size, 1)) for t, d in zip(tensors, dims)]
+
+
+def as_scalars(result, batch_size: int):
+    """The results of an op on as_vectors' (batch, 1) tensors, as (batch,): 0-dim examples again."""
+    if isinstance(result, TensorProxy):
+        return prims.reshape(result, (batch_size,)), 0
+    return tuple(prims.reshape(r, (batch_size,)) for r in result), (0,) * len(result)
 
 
 def _shifted(dims, per_example_ndim: int) -> tuple:
@@ -142,9 +143,12 @@ for _prim in (prims.sum, prims.prod, prims.amax, prims.amin, prims.var):
     batching_rules[_prim.id] = _reduction(_prim)
 
 
+_var_mean_reduction = _reduction(prims.var_mean)
+
+
 @defbatch(PrimIDs.VAR_MEAN)
 def _var_mean_batch(args, dims, kwargs, out):
-    return _reduction(prims.var_mean)(args, dims, kwargs, out)[0], (0, 0)
+    return _var_mean_reduction(args, dims, kwargs, out)[0], (0, 0)
 
 
 def _arg_reduction(prim):
@@ -154,17 +158,10 @@ def _arg_reduction(prim):
         if a.ndim == 1:  # a 0-dim example: its argmax is 0
             return prims.full((a.shape[0],), 0, device=a.device, dtype=torch.int64), 0
         if dim is None:  # over all elements of each example
-            return prim(prims.reshape(a, (a.shape[0], _numel(a) // a.shape[0])), 1), 0
+            return prim(prims.reshape(a, (a.shape[0], a.numel() // a.shape[0])), 1), 0
         return prim(a, _shifted((dim,), a.ndim - 1)[0]), 0
 
     return rule
-
-
-def _numel(a) -> int:
-    n = 1
-    for s in a.shape:
-        n *= s
-    return n
 
 
 for _prim in (prims.argmax, prims.argmin):
@@ -176,13 +173,10 @@ def _along_one_dim(prim):
     dim_position = 2 if prim is prims.topk else 1
 
     def rule(args, dims, kwargs, out):
-        a = move_to_front(args[0], dims[0])
-        rest = list(args[1:])
-        if a.ndim == 1:  # 0-dim examples: each as a 1-element vector, its results as 0-dim again
-            result = prim(prims.reshape(a, (a.shape[0], 1)), *rest[:dim_position - 1], 1, *rest[dim_position:], **kwargs)
-            if isinstance(result, TensorProxy):
-                return prims.reshape(result, (a.shape[0],)), 0
-            return tuple(prims.reshape(r, (a.shape[0],)) for r in result), (0,) * len(result)
+        a, rest = move_to_front(args[0], dims[0]), list(args[1:])
+        if a.ndim == 1:  # 0-dim examples
+            rest[dim_position - 1] = 1
+            return as_scalars(prim(*as_vectors([a], [0], a.shape[0]), *rest, **kwargs), a.shape[0])
         rest[dim_position - 1] = _shifted((rest[dim_position - 1],), a.ndim - 1)[0]
         result = prim(a, *rest, **kwargs)
         return (result, 0) if isinstance(result, TensorProxy) else (result, (0,) * len(result))
@@ -254,12 +248,10 @@ def _same_rank_operands(prim, n_tensors: int):
     one rank, each brought to the front (unbatched ones broadcast), dim shifted."""
     def rule(args, dims, kwargs, out):
         batch = batch_size_of(args, dims)
-        per_example_ndim = out.ndim
+        if out.ndim == 0:  # 0-dim examples
+            return as_scalars(prim(*as_vectors(args[:n_tensors], dims[:n_tensors], batch), 1), batch)
         tensors = [batched_front(t, d, batch) for t, d in zip(args[:n_tensors], dims[:n_tensors])]
-        if per_example_ndim == 0:  # 0-dim examples: each as a 1-element vector, the result 0-dim again
-            tensors = [prims.reshape(t, (batch, 1)) for t in tensors]
-            return prims.reshape(prim(*tensors, 1), (batch,)), 0
-        return prim(*tensors, _shifted((args[n_tensors],), per_example_ndim)[0]), 0
+        return prim(*tensors, _shifted((args[n_tensors],), out.ndim)[0]), 0
 
     return rule
 
@@ -273,13 +265,12 @@ batching_rules[PrimIDs.SCATTER_ADD] = _same_rank_operands(prims.scatter_add, 3)
 def _take_batch(args, dims, kwargs, out):
     a, index, dim = args
     a_dim, index_dim = dims[0], dims[1]
-    if out.ndim == 0:  # a 0-dim example (and one index): as a 1-element vector, the result 0-dim again
+    if out.ndim == 0:  # 0-dim examples (and one index each)
         batch = batch_size_of(args, dims)
-        a = prims.reshape(batched_front(a, a_dim, batch), (batch, 1))
+        a, = as_vectors([a], [a_dim], batch)
         if index_dim is None:
-            return prims.reshape(prims.take(a, prims.reshape(index, (1,)), 1), (batch,)), 0
-        index = prims.reshape(move_to_front(index, index_dim), (batch, 1))
-        return prims.reshape(prims.take_along_axis(a, index, 1), (batch,)), 0
+            return as_scalars(prims.take(a, prims.reshape(index, (1,)), 1), batch)
+        return as_scalars(prims.take_along_axis(a, *as_vectors([index], [index_dim], batch), 1), batch)
     d = canonical_dim(dim, out.ndim)
     if index_dim is None:  # the same rows of every example
         return prims.take(move_to_front(a, a_dim), index, d + 1), 0

@@ -88,12 +88,12 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
                 namespace=NAMESPACE), namespace=NAMESPACE)) for ct, primal in zip(cotangents, primals))
 
         pulled = vmap(pull_back, chunk_size=chunk_size)(*_one_hot_rows(out_leaves))
+        blocks = [[_blocks(g, sizes) for g in grads] for grads in pulled]  # [primal][its leaf][output leaf]
         per_out = []
-        for k, (o, n) in enumerate(zip(out_leaves, sizes)):
-            per_primal = []
-            for (leaves, spec), grads in zip(primal_leaves, pulled):
-                per_primal.append(tree_unflatten(spec, [_blocks(g, sizes)[k].reshape(*o.shape, *p.shape)
-                                                        for g, p in zip(grads, leaves)]))
+        for k, o in enumerate(out_leaves):
+            per_primal = [tree_unflatten(spec, [leaf_blocks[k].reshape(*o.shape, *p.shape)
+                                                for leaf_blocks, p in zip(primal_blocks, leaves)])
+                          for (leaves, spec), primal_blocks in zip(primal_leaves, blocks)]
             per_out.append(per_primal[0] if single else tuple(per_primal))
         jac = tree_unflatten(out_spec, per_out)
         return (jac, result[2]) if has_aux else jac
@@ -112,12 +112,13 @@ def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
         of_primals = _with_primals(fn, args, nums)
 
         def push_forward(*tangent_leaves):
-            result = jvp(of_primals, primals, tree_unflatten(spec, list(tangent_leaves)), has_aux=has_aux)
-            return result[1]
+            return jvp(of_primals, primals, tree_unflatten(spec, list(tangent_leaves)), has_aux=has_aux)
 
-        out, aux = (of_primals(*primals), None) if not has_aux else of_primals(*primals)
-        out_leaves, out_spec = tree_flatten(out)
-        pushed_leaves = tree_flatten(vmap(push_forward)(*_one_hot_rows(flat)))[0]
+        # the output and aux are the same for every one-hot tangent: unbatched, computed once with them
+        result = vmap(push_forward, out_axes=(None, 0, None) if has_aux else (None, 0))(*_one_hot_rows(flat))
+        out_leaves, out_spec = tree_flatten(result[0])
+        pushed_leaves = tree_flatten(result[1])[0]
+        aux = result[2] if has_aux else None
         per_out = []
         for o, t in zip(out_leaves, pushed_leaves):
             blocks = [b.movedim(0, -1).reshape(*o.shape, *p.shape) for b, p in zip(_blocks(t, sizes), flat)]

@@ -30,7 +30,7 @@ from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import BatchingError
-from thunderfn import prims
+from thunderfn import clang, prims
 from thunderfn.torch.opaque import _meta
 from thunderfn.transforms.autodiff import _compiled
 from thunderfn.transforms import batching_rules_torch  # noqa: F401  (registers the torch-language rules)
@@ -183,7 +183,7 @@ class _Batching:
             raise BatchingError(f"vmap cannot batch {bsym.sym.print_name}, a tf.custom_vjp function called with a "
                                 f"tensor by keyword, yet; pass its tensors by position")
         leaves, spec = tree_flatten(bsym.args)
-        arg_axes = tree_unflatten(spec, [self.dims.get(x.name) if isinstance(x, TensorProxy) else None for x in leaves])
+        arg_axes = tree_unflatten(spec, [entry_by_name(x, self.dims) for x in leaves])
         batched = _batched_custom_vjp(original, arg_axes, bsym.output)
         out = batched._symbol(*_batched(bsym.args, self.values), **bsym.kwargs)
         passed_through = {x.name for x in leaves if isinstance(x, TensorProxy) and x.name not in self.dims}
@@ -198,17 +198,11 @@ class _Batching:
                 f"offset, and an example of a batch has no memory of its own (its strides and offset are the batch's), "
                 f"so no batched form means what the call means alone. Use view ops (reshape, narrow, unfold, "
                 f"diagonal) inside vmap, or call it outside")
-        leaves = tree_leaves((bsym.args, bsym.kwargs))
-        in_dims = tuple(self.dims.get(x.name) if isinstance(x, TensorProxy) else None for x in leaves)
+        in_dims = tuple(entry_by_name(x, self.dims) for x in tree_leaves((bsym.args, bsym.kwargs)))
         args, kwargs = _batched((bsym.args, bsym.kwargs), self.values)
-        if "random" in bsym.sym.tags:
-            if bsym.sym.torch_fn is None:
-                raise BatchingError(f"vmap cannot batch the random operation {bsym.sym.print_name}: it has no torch "
-                                    f"function to batch with torch.func.vmap; draw its values outside vmap")
-            out = random_torch_vmap_op(bsym.sym.torch_fn, in_dims, args, kwargs, self.randomness, self.batch_size)
-        else:
-            # an opaque op may draw random numbers inside (a fractional max pool): torch.func.vmap applies the mode
-            out = torch_vmap_op(bsym.sym.torch_fn, in_dims, args, kwargs, self.randomness)
+        # the mode goes to every op: an opaque op may draw random numbers inside (a fractional max pool)
+        op = random_torch_vmap_op if "random" in bsym.sym.tags else torch_vmap_op
+        out = op(bsym.sym.torch_fn, in_dims, args, kwargs, self.randomness, self.batch_size)
         for o, v in zip(bsym.flat_outs(), tree_leaves(out)):
             if isinstance(o, TensorProxy):
                 self.bind(o, v, 0)
@@ -428,10 +422,9 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
         out, updates = trace_vmap(fn, args, dims, batch_size, randomness, chunked=chunked)
         leaves, spec = tree_flatten(out)
         structure = optree.tree_map(lambda _: _Leaf(), out, namespace="thunderfn")
-        axes = [axis for _, _, axis in _prefix_leaves(out_axes, structure, "output", "out_axes")]
-        placed = [_output(leaf, axis, path, batch_size)
-                  for leaf, (path, _, axis) in zip(leaves, _prefix_leaves(out_axes, structure, "output", "out_axes"))]
-        return placed, axes, spec, updates
+        paths_axes = [(path, axis) for path, _, axis in _prefix_leaves(out_axes, structure, "output", "out_axes")]
+        placed = [_output(leaf, axis, path, batch_size) for leaf, (path, axis) in zip(leaves, paths_axes)]
+        return placed, [axis for _, axis in paths_axes], spec, updates
 
     def transformed(*args, **kwargs):
         trc = context.current_trace()  # a real tensor passed in while tracing (one captured by the caller) is a constant
@@ -449,14 +442,14 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
         # its slice of the inputs, the outputs concatenated along their out_axes (no loop per example).
         # Every chunk reads the inputs as they were before the call; in-place updates of an input
         # are concatenated the same way and written back once, after the last chunk.
-        chunks, starts = [], range(0, batch_size, chunk_size)
-        for start in starts:
-            size = min(chunk_size, batch_size - start)
-            sliced = [leaf if d is None else _narrow(leaf, d, start, size) for leaf, d in zip(leaves, dims)]
-            chunks.append(batched(body, tree_unflatten(arg_spec, sliced), dims, size, chunked=True))
+        bounds = [(start, min(start + chunk_size, batch_size)) for start in range(0, batch_size, chunk_size)]
+        chunks = []
+        for start, stop in bounds:
+            sliced = [leaf if d is None else clang.slice_in_dim(leaf, start, stop, dim=d) for leaf, d in zip(leaves, dims)]
+            chunks.append(batched(body, tree_unflatten(arg_spec, sliced), dims, stop - start, chunked=True))
         for i in sorted(set().union(*(updates for *_, updates in chunks))):
-            pieces = [updates[i] if i in updates else _narrow(leaves[i], dims[i], start, min(chunk_size, batch_size - start))
-                      for (*_, updates), start in zip(chunks, starts)]
+            pieces = [updates[i] if i in updates else clang.slice_in_dim(leaves[i], start, stop, dim=dims[i])
+                      for (*_, updates), (start, stop) in zip(chunks, bounds)]
             trc.rebind(leaves[i], prims.cat(pieces, dims[i]), because="an in-place operation inside vmap")
         _, axes, spec, _ = chunks[0]
         joined = []
@@ -470,12 +463,6 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
 
     transformed.__name__ = f"vmap_{name}"
     return _compiled(transformed)
-
-
-def _narrow(x: TensorProxy, dim: int, start: int, length: int) -> TensorProxy:
-    starts = tuple(start if i == dim else 0 for i in range(x.ndim))
-    ends = tuple(start + length if i == dim else n for i, n in enumerate(x.shape))
-    return prims.slice(x, starts, ends)
 
 
 class _Leaf:
