@@ -39,7 +39,7 @@ class RunsRegionsWithTorch(FusionExecutor):
 
     def compile_region(self, region):
         self.regions.append(region)
-        return region.unfused_callable()
+        return region.unfused
 
 
 def regions_of(trace, prefix="torchregions_fusion_"):

@@ -261,6 +261,21 @@ def test_a_definition_that_fails_runs_unfused_after_one_warning():
                                      r"no kernel for this fusion\); its 4 ops run unfused$")
 
 
+def test_a_region_whose_definition_another_region_saw_fail_runs_unfused_too():
+    """Failed definitions are cached by prims and layout, shared by regions: a second function
+    with the same ops meets the failure in the cache and runs its own ops unfused."""
+    class Refuses(nvfuser_standin.FusionDefinition):
+        def execute(self, inputs, **kwargs):
+            raise RuntimeError("no kernel for this fusion")
+
+    ex = NvFuserExecutor(frontend=standin_frontend(Refuses), device_type="cpu")
+    first, second = (lambda x: torch.tanh(x) * torch.cos(x)), (lambda y: torch.tanh(y) * torch.cos(y))
+    x = torch.randn(5, 2)
+    with pytest.warns(UserWarning, match="nvFuser could not run"):
+        torch.testing.assert_close(tf.jit(first, executors=[ex])(x), first(x))
+    torch.testing.assert_close(tf.jit(second, executors=[ex])(x), second(x))
+
+
 def test_a_definition_that_fails_to_build_runs_unfused():
     """A frontend without an op the translation uses (an older nvFuser, say) fails while the
     definition is built, inside `with fd:`; the region still computes."""

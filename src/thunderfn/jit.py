@@ -46,13 +46,13 @@ from thunderfn.core.passes import cse, dce, del_last_used
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.executors.fusion import FusionExecutor
-from thunderfn.executors.torch_rewrites import (UnlessFunctorch, functorch_active, lift_number_operands,
+from thunderfn.executors.torch_rewrites import (UnlessFunctorch, lift_number_operands,
                                                 records_no_autograd, reuse_dead_buffers)
 from thunderfn.module import jit_module
 from thunderfn.torch.optim import StepChangesOptimizerState
 from thunderfn.transforms.executor_lower import lower_trace
 from thunderfn.transforms.autograd_split import CompiledSplit, try_split
-from thunderfn.transforms.rematerialize import cheap_to_recompute, rematerialize
+from thunderfn.transforms.rematerialize import rematerialize
 
 Tensor = torch.Tensor
 _is_grad_enabled = torch.is_grad_enabled
@@ -167,10 +167,9 @@ class JitState:
         if split is None:
             # writing into dead intermediates is legal where torch.autograd records nothing
             no_autograd = self.disable_torch_autograd or not _is_grad_enabled() or records_no_autograd(traces[-1])
-            passes, fn = _execution_passes(traces[-1], executors, no_autograd=no_autograd)
+            passes, fn = _execution_passes(traces[-1], executors, no_autograd=no_autograd,
+                                           no_grad=self.disable_torch_autograd)
             traces += passes
-            if self.disable_torch_autograd:
-                fn = torch.no_grad()(fn)
             backward = []
         else:
             # torch.autograd drives the two halves: see transforms/autograd_split.py
@@ -178,7 +177,7 @@ class JitState:
             traces.append(split.forward)
             backward = [split.backward]
             if _rematerializes(self.rematerialize, executors):
-                forward_trace, backward_trace = rematerialize(split.forward, split.backward, cheap_to_recompute)
+                forward_trace, backward_trace = rematerialize(split.forward, split.backward)
                 if forward_trace is not split.forward:
                     split = dataclasses.replace(split, forward=forward_trace, backward=backward_trace)
                     traces.append(forward_trace)
@@ -347,11 +346,11 @@ def _rematerializes(option, executors) -> bool:
     return option
 
 
-def _execution_passes(trc: Trace, executors, *, no_autograd: bool) -> tuple[list[Trace], Callable]:
-    """The passes from a transformed trace to the one that runs, and the function it compiles to:
-    lower onto the executors, drop what lowering made unused, fuse, lift Python numbers, write
-    into dead intermediates (only where the trace runs with `no_autograd` recording; see
-    executors/torch_rewrites.py), insert `del`s."""
+def _execution_passes(trc: Trace, executors, *, no_autograd: bool, no_grad: bool = False) -> tuple[list[Trace], Callable]:
+    """The passes from a transformed trace to the one that runs, and the function it compiles to
+    (run under torch.no_grad() with `no_grad`): lower onto the executors, drop what lowering made
+    unused, fuse, lift Python numbers, write into dead intermediates (only where the trace runs
+    with `no_autograd` recording; see executors/torch_rewrites.py), insert `del`s."""
     traces = [timed_pass("Transform for execution", lower_trace, trc, executors)]
     traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
     for ex in executors:
@@ -362,9 +361,13 @@ def _execution_passes(trc: Trace, executors, *, no_autograd: bool) -> tuple[list
     reused = timed_pass("Reuse dead buffers", reuse_dead_buffers, lifted) if no_autograd else lifted
     traces += [reused] if reused is not lifted else []
     traces.append(timed_pass("Delete Last Used", del_last_used, traces[-1]))
-    fn = traces[-1].python_callable()
+    def compiled(t: Trace) -> Callable:
+        fn = t.python_callable()
+        return torch.no_grad()(fn) if no_grad else fn
+
+    fn = compiled(traces[-1])
     if reused is not lifted:  # torch.func's transforms get the trace without in-place writes
-        fn = UnlessFunctorch(fn, lambda: del_last_used(lifted).python_callable())
+        fn = UnlessFunctorch(fn, lambda: compiled(del_last_used(lifted)))
     return traces, fn
 
 
@@ -408,9 +411,10 @@ def _hit_function(key: tuple, fn, guards_hold, stats):
         on_device = f"{a}.is_cpu" if device.type == "cpu" else f"{a}.device == device{i}"
         checks += [f"{a}.dtype is dtype{i}", f"{a}.shape == shape{i}", f"{a}.requires_grad is {requires_grad}", on_device]
     checks += [f"is_grad_enabled() is {key[1]}", "get_default_dtype() is default_dtype", "not tracing.stack"]
-    if isinstance(fn, UnlessFunctorch):  # its choice made here, with the other checks: one call fewer
-        namespace.update(fn=fn.rewritten, functorch_active=functorch_active)
-        checks.append("not functorch_active()")
+    choose = []
+    if isinstance(fn, UnlessFunctorch):  # its choice made here, not in one more call (a hit either way)
+        namespace.update(fn=fn.rewritten, unless_functorch=fn, functorch_active=context.functorch_active)
+        choose = ["    if functorch_active():", f"        return unless_functorch({', '.join(names)})"]
     if guards_hold is not None:
         checks.append("guards_hold()")
     args = ", ".join(names)
@@ -424,6 +428,7 @@ def _hit_function(key: tuple, fn, guards_hold, stats):
              "    if not ours:",
              "        return MISS",
              "    stats[0] += 1",
+             *choose,
              f"    return fn({args})"]
     exec(compile("\n".join(lines) + "\n", "<thunderfn jit cache entry>", "exec"), namespace)
     return namespace["hit"]

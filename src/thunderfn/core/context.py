@@ -13,6 +13,8 @@ import re
 import threading
 import unicodedata
 
+import torch
+
 class _TracingState(threading.local):
     def __init__(self):
         self.stack: list = []  # traces being built, innermost last
@@ -42,6 +44,11 @@ def note_rng_reseed() -> None:
 
 def rng_reseeds() -> int:
     return _rng_reseeds
+
+
+# whether torch.func's transforms (vmap, grad, jvp) are active on this thread: the compiled function
+# then runs the trace torch.func can see through (autograd_split.py, torch_rewrites.py)
+functorch_active = torch._C._are_functorch_transforms_active
 
 
 def trace_stack() -> list:

@@ -9,13 +9,13 @@ from thunderfn.core.statements import check_inputs_do_not_alias, python_alias, p
 from thunderfn.core.symbol import BoundSymbol
 
 
-def _output_names(trc) -> set:
+def output_names(trc) -> set:
     return {p.name for p in tree_leaves(trc.output) if isinstance(p, TensorProxy)}
 
 
 def dce(trc):
     """Drop bound symbols none of whose outputs is used (side-effecting ones stay)."""
-    needed = _output_names(trc)
+    needed = output_names(trc)
     kept = []
     for bsym in reversed(trc.bound_symbols):
         outs = bsym.proxy_outs()
@@ -49,25 +49,25 @@ def _is_pure(bsym) -> bool:
     return all(b.sym.printer is None and not b.sym.tags & {"no_dce", "opaque", "random"} for b in _walk(bsym))
 
 
-def _makes_new_memory(bsym) -> bool:
+def makes_new_memory(bsym) -> bool:
     """Whether bsym's outputs are fresh tensors, never views of (or its own) arguments: every
     primitive it decomposes into is elementwise or a reduction."""
     if bsym.subsymbols:
-        return all(_makes_new_memory(s) for s in bsym.subsymbols)
+        return all(makes_new_memory(s) for s in bsym.subsymbols)
     return bsym.sym.is_prim and bool(bsym.sym.tags & {"elementwise", "reduction"})
 
 
 def _visible_in_outputs(trc) -> set:
     """The names whose memory the caller may see in the outputs: the outputs, and what they
     may be views of."""
-    visible = _output_names(trc)
+    visible = output_names(trc)
     for bsym in reversed(trc.bound_symbols):
-        if not _makes_new_memory(bsym) and any(o.name in visible for o in bsym.proxy_outs()):
+        if not makes_new_memory(bsym) and any(o.name in visible for o in bsym.proxy_outs()):
             visible.update(a.name for a in bsym.proxy_args())
     return visible
 
 
-def _value_key(x):
+def value_key(x):
     if isinstance(x, TensorProxy):
         return TensorProxy, x.name
     if type(x) is float:  # 0.0 == -0.0 and nan != nan, but each computes as itself
@@ -83,7 +83,7 @@ def _call_key(bsym):
     argument (proxies by name, other values by type and value); None when not comparable."""
     leaves, spec = optree.tree_flatten((bsym.args, bsym.kwargs), none_is_leaf=True, namespace="thunderfn")
     try:
-        return (bsym.sym, spec, *map(_value_key, leaves))
+        return (bsym.sym, spec, *map(value_key, leaves))
     except TypeError:
         return None
 
@@ -149,7 +149,7 @@ def cse(trc):
 
 def del_last_used(trc):
     """Insert `del` after the last use of every local that is not returned."""
-    returned = _output_names(trc)
+    returned = output_names(trc)
     seen = set(returned)
     out = []
     for bsym in reversed(trc.bound_symbols):

@@ -30,11 +30,10 @@ def tree_leaves(tree):
     return optree.tree_leaves(tree, namespace=NAMESPACE)
 
 
-def of_leaves(fn, args, kwargs, positions):
-    """fn(*args, **kwargs) as a function of the leaves of (args, kwargs) at `positions` (the rest
-    fixed): what torch.func's transforms are handed to vary only those (an opaque op's tensors)."""
-    leaves, spec = tree_flatten((args, kwargs))
-
+def of_leaves(fn, leaves, spec, positions):
+    """fn(*args, **kwargs), where (args, kwargs) flatten to `leaves` and `spec`, as a function of
+    the leaves at `positions` (the rest fixed): what torch.func's transforms are handed to vary
+    only those (an opaque op's tensors)."""
     def call(*varying):
         current = list(leaves)
         for i, x in zip(positions, varying):

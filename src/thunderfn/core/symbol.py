@@ -108,6 +108,10 @@ class BoundSymbol:
     def proxy_outs(self) -> list:
         return [o for o in self.flat_outs() if isinstance(o, TensorProxy)]
 
+    def proxies(self) -> list:
+        """The tensors it reads and those it makes."""
+        return self.proxy_args() + self.proxy_outs()
+
     def swap(self, mapping: dict) -> "BoundSymbol":
         """The same call with proxies replaced by name (args, outputs and subsymbols)."""
         if not mapping:

@@ -340,6 +340,12 @@ def check_rng_untouched(op_name: str) -> None:
             f"and replayed), or seed outside the jitted function.")
 
 
+def stamp_provenance(trc: Trace, name: str, start: int) -> Trace:
+    """trc marked as made by `name`, which started at perf_counter_ns() `start` (printed atop it)."""
+    trc.provenance = f"Constructed by {name} (took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
+    return trc
+
+
 def _unbound_tensor_method(e: TypeError, fn_name: str) -> UnsupportedOpError:
     """torch.Tensor.cfloat(x) and other torch.Tensor methods called through the class check in C
     that x is a real tensor, before any hook can see the call: the method form does work."""
@@ -385,8 +391,7 @@ def trace(fn, *args, **kwargs) -> Trace:
             f"manual_seed, seed or set_state). Tracing runs the Python once, so the compiled function would not do "
             f"it again on later calls. Use torch.manual_seed / torch.set_rng_state (recorded and replayed), or seed "
             f"outside the jitted function.")
-    trc.provenance = f"Constructed by Tracing (took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
-    return trc
+    return stamp_provenance(trc, "Tracing", start)
 
 
 def _run_decomposition(sym: Symbol, args, kwargs):
@@ -424,7 +429,7 @@ def timed_pass(name: str, fn, trc: Trace, *args, **kwargs) -> Trace:
     start = time.perf_counter_ns()
     new = fn(trc, *args, **kwargs)
     if new is not trc:  # a pass that changes nothing returns its input, whose provenance stays
-        new.provenance = f"Constructed by {name} (took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
+        stamp_provenance(new, name, start)
     return new
 
 

@@ -19,8 +19,8 @@ this module is shared by every fusion executor (Inductor, nvFuser):
    feed and consume that node, a cycle.
 3. The schedule: the groups in a topological order that keeps the trace's order where
    it can (ties go to the group whose first member came first), so an unfused trace
-   comes out unchanged. A region worth fusing (`worth_fusing`: two ops or more by
-   default) becomes one bound symbol, `inductor_fusion_0(...)`, whose subsymbols are
+   comes out unchanged. A region worth fusing (`worth_fusing`: two ops or more, one
+   an elementwise op or a reduction, by default) becomes one bound symbol, `inductor_fusion_0(...)`, whose subsymbols are
    the fused ops (printed as comments) and whose callable is `compile_region(region)`.
 
 May import: core/, executors/base.py, executors/torch_executor.py.
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import heapq
 import warnings
 from typing import Callable
@@ -68,8 +69,10 @@ class Region:
         trc.bound_symbols[:] = [b.swap(params) for b in self.bsyms]
         return del_last_used(trc)
 
-    def unfused_callable(self) -> Callable:
-        """A function running the region's ops one by one, as the torch executor would."""
+    @functools.cached_property
+    def unfused(self) -> Callable:
+        """A function running the region's ops one by one, as the torch executor would (made on
+        first use: what a region its compiler refused runs, or one waiting for its compile)."""
         return self.unfused_trace().python_callable()
 
     def warn_unfused(self, failed: str, error: Exception, *, stacklevel: int) -> None:
@@ -97,7 +100,9 @@ class FusionExecutor(Executor):
                                   f"compile_region(region) -> callable")
 
     def worth_fusing(self, region: Region) -> bool:
-        return len(region.bsyms) >= self.min_region_size
+        """min_region_size ops or more, one of which computes (an elementwise op or a reduction): a
+        region of views or of a lone matmul would cost a compile and fuse nothing."""
+        return len(region.bsyms) >= self.min_region_size and any(computes(b) for b in region.bsyms)
 
     def fuse(self, trc):
         """The trace with this executor's regions each replaced by one call."""
@@ -115,7 +120,11 @@ class CompiledCache:
         self.entries: collections.OrderedDict = collections.OrderedDict()
 
     def get(self, key):
-        return self.entries.get(key)
+        """The entry for key (now the most recently used), or None."""
+        found = self.entries.get(key)
+        if found is not None:
+            self.entries.move_to_end(key)
+        return found
 
     def keep(self, key, compiled) -> None:
         self.entries[key] = compiled
@@ -131,6 +140,13 @@ class CompiledCache:
 
 
 # -- which bound symbols are candidates --------------------------------------------------------
+
+def computes(bsym) -> bool:
+    """Whether bsym's decomposition holds an elementwise op or a reduction (not only views and copies)."""
+    if not bsym.subsymbols:
+        return bool({"elementwise", "reduction"} & bsym.sym.tags)
+    return any(computes(s) for s in bsym.subsymbols)
+
 
 def has_effects(bsym) -> bool:
     """Whether bsym or anything in its decomposition must run exactly where and as often as
@@ -204,7 +220,7 @@ def _node_preds(bsyms) -> list[set]:
 
 
 def _groups(bsyms, fusible: list[bool]) -> list[_Group]:
-    groups = [_Group(i, f, frozenset(str(p.device) for p in b.proxy_args() + b.proxy_outs()))
+    groups = [_Group(i, f, frozenset(str(p.device) for p in b.proxies()))
               for i, (b, f) in enumerate(zip(bsyms, fusible))]
     for i, ps in enumerate(_node_preds(bsyms)):
         for p in ps:

@@ -66,15 +66,10 @@ class InductorExecutor(FusionExecutor):
         FX node can index."""
         if bsym.sym.eager is None or not _tensor_outputs(bsym.output):
             return False
-        tensors = [*bsym.proxy_args(), *bsym.proxy_outs()]
+        tensors = bsym.proxies()
         devices = {p.device for p in tensors}
         return (not any(p.dtype.is_complex for p in tensors) and len(devices) <= 1
                 and all(d.type == "cpu" or (d.type == "cuda" and _triton_imports()) for d in devices))
-
-    def worth_fusing(self, region: Region) -> bool:
-        """Two ops or more, one of which computes (an elementwise op or a reduction): a region of
-        views or of a lone matmul would cost a compile and fuse nothing."""
-        return super().worth_fusing(region) and any(_computes(b) for b in region.bsyms)
 
     def compile_region(self, region: Region):
         return CompiledRegion(region, background=self.compile_in_background)
@@ -88,7 +83,6 @@ class CompiledRegion:
         self.region = region
         self.signature = region_signature(region)
         self.by_layout: dict = {}
-        self.unfused = None
         self.background = background
 
     def __call__(self, *tensors):
@@ -123,7 +117,7 @@ class CompiledRegion:
             except Exception as e:  # any failure inside Inductor: run the ops unfused instead
                 fn = self.fall_back(e)
                 result = fn(*example_inputs) if run else None
-        _compiled.keep(key, fn)
+            _compiled.keep(key, fn)
         return fn, result
 
     def compile_later(self, layout, key, tensors):
@@ -132,16 +126,14 @@ class CompiledRegion:
         if fn is not None:
             self.by_layout[layout] = fn
             return fn(*tensors)
-        if self.unfused is None:
-            self.unfused = self.region.unfused_callable()
-        self.by_layout[layout] = self.unfused  # until the compiled function replaces it
+        self.by_layout[layout] = self.region.unfused  # until the compiled function replaces it
         # inputs of the same layout, not the caller's tensors (which the compile would keep alive); the
         # grad mode is the call's, since Inductor compiles for training where grad is on and an input requires it
         examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).requires_grad_(
             t.requires_grad) for t in tensors]
         _background.put((self, layout, key, examples, torch.is_grad_enabled()))
         _start_background_thread()
-        return self.unfused(*tensors)
+        return self.region.unfused(*tensors)
 
     def finish_background_compile(self, layout, key, examples, grad_enabled):
         """The background thread's part of compile_later: compile, then let calls with this layout use it."""
@@ -151,9 +143,7 @@ class CompiledRegion:
 
     def fall_back(self, error: Exception):
         self.region.warn_unfused("Inductor could not compile", error, stacklevel=5)
-        if self.unfused is None:
-            self.unfused = self.region.unfused_callable()
-        return self.unfused
+        return self.region.unfused
 
 
 # -- compiling in the background ---------------------------------------------------------------
@@ -236,13 +226,6 @@ def _tensor_outputs(out) -> bool:
     if isinstance(out, TensorProxy):
         return True
     return isinstance(out, (tuple, list)) and len(out) > 0 and all(_tensor_outputs(o) for o in out)
-
-
-def _computes(bsym) -> bool:
-    """Whether bsym's decomposition holds an elementwise op or a reduction (not only views and copies)."""
-    if not bsym.subsymbols:
-        return bool({"elementwise", "reduction"} & bsym.sym.tags)
-    return any(_computes(s) for s in bsym.subsymbols)
 
 
 def _availability() -> tuple[bool, str]:

@@ -38,7 +38,6 @@ from typing import Callable, NamedTuple
 import torch
 
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_map
 from thunderfn.executors.fusion import CompiledCache, FusionExecutor, Region, positional_signature
 from thunderfn.prims import PrimIDs
 
@@ -186,10 +185,6 @@ def prim_leaves(bsym) -> list:
     return [leaf for s in bsym.subsymbols for leaf in prim_leaves(s)]
 
 
-def _tensors(bsym) -> list:
-    return [*bsym.proxy_args(), *bsym.proxy_outs()]
-
-
 def _numbers_ok(bsym) -> bool:
     # a bool, int or float becomes an nvFuser scalar; complex numbers (complex tensors are refused
     # too) and other number types (numpy's) are left to torch
@@ -200,7 +195,7 @@ def translatable(bsym, device_type: str) -> bool:
     """Whether every prim in bsym's decomposition has a rule that accepts its call, on tensors
     of one `device_type` device with dtypes nvFuser has."""
     leaves = prim_leaves(bsym)
-    tensors = [t for b in (bsym, *leaves) for t in _tensors(b)]
+    tensors = [t for b in (bsym, *leaves) for t in b.proxies()]
     if len({t.device for t in tensors}) > 1 or any(t.device.type != device_type or t.dtype not in _DATA_TYPES
                                                    or t.ndim > _MAX_RANK for t in tensors):
         return False
@@ -248,12 +243,6 @@ class NvFuserExecutor(FusionExecutor):
 
     def can_fuse(self, bsym) -> bool:
         return translatable(bsym, self.device_type)
-
-    def worth_fusing(self, region: Region) -> bool:
-        """Two ops or more, one of which computes (an elementwise op or a reduction): a region of
-        views alone would cost a compile and fuse nothing."""
-        return super().worth_fusing(region) and any({"elementwise", "reduction"} & leaf.sym.tags
-                                                    for b in region.bsyms for leaf in prim_leaves(b))
 
     def compile_region(self, region: Region):
         return NvFuserRegion(region, self)
@@ -354,23 +343,23 @@ class NvFuserRegion:
         self.region, self.ex = region, ex
         self.signature = definition_signature(region)
         self.by_layout: dict = {}  # (strides, device) of each input -> its FusionDefinition, or _UNFUSED
-        self.unfused = None
 
     def __call__(self, *tensors):
-        fd = self.by_layout.get(tuple((t.stride(), t.device) for t in tensors))
+        layout = tuple((t.stride(), t.device) for t in tensors)
+        fd = self.by_layout.get(layout)
         if fd is None:
-            return self.first_call(tensors)
+            return self.first_call(layout, tensors)
         return self.run(fd, tensors)
 
     def run(self, fd, tensors):
-        return self.unfused(*tensors) if fd is _UNFUSED else fd.execute(list(tensors))
+        # _UNFUSED may come from the shared cache, put there by another region with the same prims
+        return self.region.unfused(*tensors) if fd is _UNFUSED else fd.execute(list(tensors))
 
     def definitions(self) -> list:
         """The FusionDefinitions built for this region so far, one per input layout."""
         return [fd for fd in self.by_layout.values() if fd is not _UNFUSED]
 
-    def first_call(self, tensors):
-        layout = tuple((t.stride(), t.device) for t in tensors)
+    def first_call(self, layout, tensors):
         with _build_lock:
             frontend = self.ex.frontend
             descriptors = tuple(tuple(tuple(x) for x in frontend.compute_tensor_descriptor(list(t.shape),
@@ -386,15 +375,13 @@ class NvFuserRegion:
                     fd = self.fall_back(e)
                     result = self.run(fd, tensors)
                 _definitions.keep(key, fd)
-                self.by_layout[layout] = fd
-                return result
+            else:
+                result = None
         self.by_layout[layout] = fd
-        return self.run(fd, tensors)
+        return self.run(fd, tensors) if result is None else result
 
     def fall_back(self, error: Exception):
         self.region.warn_unfused("nvFuser could not run", error, stacklevel=5)
-        if self.unfused is None:
-            self.unfused = self.region.unfused_callable()
         return _UNFUSED
 
 

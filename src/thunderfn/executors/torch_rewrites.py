@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import torch
 
+from thunderfn.core.context import functorch_active
+from thunderfn.core.passes import output_names, value_key
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_leaves
 from thunderfn.core.symbol import BoundSymbol
 from thunderfn.executors.torch_executor import TorchExecutor, torch_ex
 from thunderfn.torch import aten_backward
@@ -52,7 +53,7 @@ def lift_number_operands(trc):
         if number is None:
             out.append(bsym)
             continue
-        key = (type(number), number.hex() if type(number) is float else number)
+        key = value_key(number)
         proxy = lifted.get(key)
         if proxy is None:
             tensor = torch.tensor(number, dtype=torch.float64 if type(number) is float else torch.int64)
@@ -121,7 +122,7 @@ def reuse_dead_buffers(trc):
     the trace must not run under autograd recording)."""
     bsyms = trc.bound_symbols
     fresh, last_read = set(), {}
-    aliasable = {p.name for p in tree_leaves(trc.output) if isinstance(p, TensorProxy)}  # the caller holds these
+    aliasable = output_names(trc)  # the caller holds these
     for i, b in enumerate(bsyms):
         fresh_op = _torch_fn(b) in _FRESH
         for a in b.proxy_args():
@@ -158,14 +159,14 @@ def _torch_fn(bsym):
 def records_no_autograd(trc) -> bool:
     """Whether running trc records nothing for torch.autograd: no value in it requires grad."""
     return not any(p.requires_grad for p in trc.args) and not any(
-        p.requires_grad for b in trc.bound_symbols for p in (*b.proxy_args(), *b.proxy_outs()))
+        p.requires_grad for b in trc.bound_symbols for p in b.proxies())
 
 
 class UnlessFunctorch:
     """Runs `rewritten`, or under torch.func's transforms the function `make_plain()` returns,
     made on first need (vmap's batched values may not be written into unbatched intermediates,
-    and grad's tensors record autograd). jit's cache-hit path calls `rewritten` itself after
-    checking `functorch_active()` with its other checks."""
+    and grad's tensors record autograd). jit's cache-hit path calls `rewritten` itself when
+    `functorch_active()` is false, and this object otherwise: a hit either way."""
 
     __slots__ = ("rewritten", "make_plain", "plain")
 
@@ -179,5 +180,3 @@ class UnlessFunctorch:
             self.plain = self.make_plain()
         return self.plain(*args)
 
-
-functorch_active = torch._C._are_functorch_transforms_active

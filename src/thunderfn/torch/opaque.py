@@ -194,8 +194,8 @@ def torch_vjp(fn, args, kwargs, cotangents, wrt, rng_state):
     """Cotangents of the flat argument leaves at positions `wrt` of fn(*args, **kwargs), given
     cotangents of its floating outputs (in order), by torch.func. fn is run again from the
     generator state it first ran with, so random ops draw what the forward drew."""
-    leaves = tree_flatten((args, kwargs))[0]
-    of_wrt = of_leaves(fn, args, kwargs, wrt)
+    leaves, spec = tree_flatten((args, kwargs))
+    of_wrt = of_leaves(fn, leaves, spec, wrt)
 
     def call(*diff):
         outs = tree_flatten(of_wrt(*diff))[0]

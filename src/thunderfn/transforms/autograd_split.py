@@ -31,12 +31,12 @@ import optree
 import torch
 from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead_wrappers
 
-from thunderfn.core import dtypes
+from thunderfn.core import context, dtypes
 from thunderfn.core.passes import dce
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled, write_back
-from thunderfn.core.trace import Trace, tracing
+from thunderfn.core.trace import Trace, stamp_provenance, tracing
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.torch.opaque import autograd_connections
 from thunderfn.transforms.autodiff import trace_vjp
@@ -52,11 +52,6 @@ class Split:
     out_spec: object
     captured: tuple  # captured tensors requiring grad, passed after the inputs (see _lift_captured)
     constants: tuple  # captured tensors that did not require grad
-
-
-def _provenance(trc: Trace, name: str, start: int) -> Trace:
-    trc.provenance = f"Constructed by {name} (took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
-    return trc
 
 
 def why_not_split(computation: Trace) -> str | None:
@@ -195,8 +190,8 @@ def split_forward_backward(computation: Trace, executors) -> Split:
     fwd = computation.derive("", [b for b in joint.bound_symbols[:n_forward] if b.sym is not set_grad_enabled])
     fwd.output = (tuple(outputs), tuple(residuals))
     fwd = dce(fwd)
-    _provenance(fwd, "Forward and backward split", start)
-    _provenance(bwd, "Forward and backward split", start)
+    stamp_provenance(fwd, "Forward and backward split", start)
+    stamp_provenance(bwd, "Forward and backward split", start)
     return Split(fwd, bwd, differentiable, leaf_plan, out_spec, tuple(p.constant for p in captured), constants)
 
 
@@ -353,7 +348,7 @@ class CompiledSplit:
                     f"jit the function again after changing requires_grad, or pass the tensor as an argument.")
         if self.captured:
             inputs = inputs + self.captured
-        if _functorch_transforms_active():  # torch.func over the jitted function: torch's own way in
+        if context.functorch_active():  # torch.func over the jitted function: torch's own way in
             outs = ThunderFunction.apply(self, *inputs)
         else:
             # what Function.apply does here, less binding the arguments to forward's signature
@@ -364,7 +359,6 @@ class CompiledSplit:
         return tree_unflatten(self.out_spec, leaves)
 
 
-_functorch_transforms_active = torch._C._are_functorch_transforms_active
 _apply_thunder_function = super(torch.autograd.Function, ThunderFunction).apply
 
 

@@ -71,9 +71,9 @@ def _push_forward(bsym, tangents: dict) -> None:
 # -- opaque torch ops: torch computes their tangent when the compiled function runs -------------
 def torch_jvp(fn, args, kwargs, tangents):
     """The output tangent(s) of fn(*args, **kwargs) for tangents of its floating tensor arguments."""
-    leaves = tree_leaves((args, kwargs))
+    leaves, spec = tree_flatten((args, kwargs))
     positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and dtypes.is_inexact(x.dtype)]
-    call = of_leaves(fn, args, kwargs, positions)
+    call = of_leaves(fn, leaves, spec, positions)
 
     _, out_tangent = torch.func.jvp(call, tuple(leaves[i] for i in positions), tuple(tangents))
     return out_tangent

@@ -50,9 +50,10 @@ import dataclasses
 import time
 from typing import Callable, Iterable
 
-from thunderfn.core.passes import dce
+from thunderfn.core.passes import dce, makes_new_memory
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import write_back
+from thunderfn.core.trace import stamp_provenance
 from thunderfn.prims import PrimIDs
 
 # Primitives that are cheap to compute again, besides the elementwise ones and the
@@ -65,10 +66,7 @@ _REDUCTION_SHRINK_LIMIT = 4
 
 
 def nbytes(p: TensorProxy) -> int:
-    numel = 1
-    for s in p.shape:
-        numel *= s
-    return numel * p.dtype.itemsize
+    return p.numel() * p.dtype.itemsize
 
 
 def cheap_to_recompute(bsym) -> bool:
@@ -243,14 +241,6 @@ def _has_effects(bsym) -> bool:
             or any(_has_effects(s) for s in bsym.subsymbols))
 
 
-def _may_alias(bsym) -> bool:
-    """Whether bsym's outputs may share memory with its arguments (a view, or an op we cannot see
-    into): anything but a composition of elementwise ops and reductions."""
-    if bsym.subsymbols:
-        return any(_may_alias(s) for s in bsym.subsymbols)
-    return not (bsym.sym.is_prim and bsym.sym.tags & {"elementwise", "reduction"})
-
-
 def _written_in_forward(forward) -> set:
     """Names of the tensors whose memory the forward may write into (a write-back into an input, an
     opaque op's arguments) and of everything that may be a view of them. Recomputing from one of
@@ -265,8 +255,8 @@ def _written_in_forward(forward) -> set:
     while changed:  # views of written tensors, in either direction, see the writes too
         changed = False
         for bsym in forward.bound_symbols:
-            if _may_alias(bsym):
-                names = {p.name for p in bsym.proxy_args() + bsym.proxy_outs()}
+            if not makes_new_memory(bsym):
+                names = {p.name for p in bsym.proxies()}
                 if names & written and not names <= written:
                     written |= names
                     changed = True
@@ -372,13 +362,12 @@ def rematerialize(forward, backward, recomputable: Callable = cheap_to_recompute
         body.append(bsym)
     body += before_op.pop(len(backward.bound_symbols), [])
 
-    elapsed = f"(took {(time.perf_counter_ns() - start) / 1e6:.2f} milliseconds)"
     new_backward = backward.derive("", body)
     new_backward.args = new_residuals + list(cotangents)
     new_backward = dce(new_backward)
-    new_backward.provenance = f"Constructed by Rematerialization {elapsed}"
+    stamp_provenance(new_backward, "Rematerialization", start)
     new_forward = forward.derive("")
     new_forward.output = (outputs, tuple(new_residuals))
     new_forward = dce(new_forward)
-    new_forward.provenance = f"Constructed by Rematerialization {elapsed}"
+    stamp_provenance(new_forward, "Rematerialization", start)
     return new_forward, new_backward

@@ -46,9 +46,9 @@ def torch_vmap(fn, in_dims, args, kwargs, randomness="error", batch_size=None):
     (args, kwargs) (None for the rest), every output batched at 0. A random op with no batched
     input (randomness "different": a draw per example) is mapped over an empty batch_size x 0
     tensor it ignores, since torch.func.vmap needs one batched input to know the batch size."""
-    leaves = tree_leaves((args, kwargs))
+    leaves, spec = tree_flatten((args, kwargs))
     positions = [i for i, d in enumerate(in_dims) if d is not None]
-    call = of_leaves(fn, args, kwargs, positions)
+    call = of_leaves(fn, leaves, spec, positions)
     try:
         if not positions:
             return torch.func.vmap(lambda _: call(), randomness=randomness)(torch.empty(batch_size, 0))
