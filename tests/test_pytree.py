@@ -131,3 +131,63 @@ def test_namedtuple_field_access_works_while_tracing():
     f = tf.jit(lambda p: p.a * p.b)
     x = torch.randn(3)
     torch.testing.assert_close(f(Pair(x, x)), x * x)
+
+
+class TorchRegistered:
+    """A container registered with torch's pytree only (as Hugging Face registers ModelOutput)."""
+
+    def __init__(self, loss, logits):
+        self.loss, self.logits = loss, logits
+
+
+torch.utils._pytree.register_pytree_node(
+    TorchRegistered, lambda o: ([o.loss, o.logits], None), lambda values, context: TorchRegistered(*values))
+
+
+def test_a_container_registered_with_torchs_pytree_goes_in_and_comes_out_holding_tensors():
+    f = tf.jit(lambda o: TorchRegistered(o.loss * 2, o.logits.sum()))
+    out = f(TorchRegistered(torch.ones(()), torch.ones(3)))
+    assert type(out) is TorchRegistered
+    assert type(out.loss) is torch.Tensor and type(out.logits) is torch.Tensor
+    assert out.loss.item() == 2.0 and out.logits.item() == 3.0
+    assert len(tf.last_traces(f)[0].args) == 2  # both tensors are inputs, not constants
+
+
+def test_a_class_registered_with_torch_after_thunderfn_was_imported_is_adopted_on_the_next_call():
+    class Late:
+        def __init__(self, x):
+            self.x = x
+
+    torch.utils._pytree.register_pytree_node(Late, lambda o: ([o.x], None), lambda v, c: Late(*v))
+    out = tf.jit(lambda x: Late(x + 1))(torch.zeros(2))
+    assert type(out) is Late and type(out.x) is torch.Tensor
+
+
+class Unregistered:
+    def __init__(self, x):
+        self.state = {"x": x}
+
+
+def test_an_output_object_thunderfn_cannot_see_into_is_refused_before_a_placeholder_escapes():
+    with pytest.raises(tf.errors.EscapedProxyError,
+                       match=r"returns a test_pytree.Unregistered holding a traced tensor \(Unregistered.state\['x'\]\)"
+                             r".*tf.register_pytree_node\(Unregistered"):
+        tf.jit(lambda x: Unregistered(x * 2))(torch.ones(2))
+    # an object holding no traced tensor is an ordinary (constant) output
+    out = tf.jit(lambda x: (x * 2, Unregistered(3)))(torch.ones(2))
+    assert out[1].state == {"x": 3}
+
+
+@pytest.mark.parametrize("mutate, where", [
+    (lambda xs: xs.append(xs[0] * 2), ""),
+    (lambda xs: xs.__setitem__(0, xs[0] * 2), r" \(args\[0\]\[0\]\)"),
+])
+def test_storing_into_a_container_argument_is_refused_not_silently_dropped(mutate, where):
+    def f(xs):
+        mutate(xs)
+        return xs[0] + 1
+
+    xs = [torch.ones(2)]
+    with pytest.raises(tf.errors.UnsupportedOpError, match=f"'f' changed a container it was passed{where}"):
+        tf.jit(f)(xs)
+    assert len(xs) == 1 and xs[0].tolist() == [1.0, 1.0]

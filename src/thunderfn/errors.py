@@ -20,3 +20,9 @@ class BatchingError(ThunderFnError, RuntimeError):
     batch with torch.func.vmap), or the batched program would differ from the per-example one
     (a random op under randomness="error", an in-place write of batched values into an
     unbatched tensor). The message names the operation and what to do."""
+
+
+class EscapedProxyError(ThunderFnError, TypeError):
+    """A traced tensor would leave the trace inside an object thunderfn cannot look into
+    (an output container that is not a registered pytree). The caller would receive a
+    placeholder instead of a tensor; the message names the type and how to register it."""

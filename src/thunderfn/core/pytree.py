@@ -2,19 +2,108 @@
 
 None is a node with no children (as in JAX), so `None` in an argument or output
 structure round-trips without being treated as a value.
+
+Containers registered with torch's own pytree (`torch.utils._pytree.register_pytree_node`:
+Hugging Face's ModelOutput, torch.fx's immutable collections, ...) are containers here
+too, flattened and rebuilt by the functions torch was given: library code registers
+with torch, not with us, and its outputs must come back as the same types holding real
+tensors. They are adopted lazily, whenever torch's registry has grown since we last looked.
 """
 from __future__ import annotations
 
+import collections
+import sys
+
 import optree
+import torch
+from torch.utils import _pytree as torch_pytree
 
 NAMESPACE = "thunderfn"
 
+_adopted_count = 0  # len(torch's registry) when we last adopted from it
+
+
+def adopt_torch_registrations() -> None:
+    """Register with optree (thunderfn's namespace) every type registered with torch's pytree
+    since the last call. One len() when nothing changed: cheap enough for every flatten."""
+    global _adopted_count
+    nodes = torch_pytree.SUPPORTED_NODES
+    if len(nodes) == _adopted_count:
+        return
+    for cls, node in list(nodes.items()):
+        if not isinstance(cls, type) or cls in _NATIVE or optree.is_structseq_class(cls):
+            continue
+        try:
+            optree.register_pytree_node(cls, node.flatten_fn, _torch_unflatten(node.unflatten_fn),
+                                        namespace=NAMESPACE)
+        except ValueError:  # registered already (by us, or by the user through tf.register_pytree_node)
+            pass
+    _adopted_count = len(nodes)
+    _adopt_transformers_caches()
+
+
+def _adopt_transformers_caches() -> None:
+    """Hugging Face's key/value caches (DynamicCache and its layers) are plain objects that models
+    create, fill and return; transformers registers them with torch's pytree only for torch.export,
+    and with a flatten that cannot see thunderfn's proxies. Here each one is a container of its
+    attributes. (Models that define ModelOutputs grow torch's registry on import, which brings us here.)"""
+    cache_utils = sys.modules.get("transformers.cache_utils")
+    if cache_utils is None:
+        return
+    for base in (getattr(cache_utils, "Cache", None), getattr(cache_utils, "CacheLayerMixin", None)):
+        for cls in _subclasses(base) if base is not None else ():
+            if cls not in _by_attributes:
+                register_by_attributes(cls)
+
+
+def _subclasses(cls: type) -> list[type]:
+    found = [cls]
+    for sub in cls.__subclasses__():
+        found += _subclasses(sub)
+    return found
+
+
+_by_attributes: set[type] = set()
+
+
+def register_by_attributes(cls: type) -> type:
+    """Make instances of cls containers of their attributes (`vars(obj)`): flattened into the
+    attribute values, rebuilt without calling __init__. For plain state-holding objects (caches)."""
+    def flatten(obj):
+        names = tuple(sorted(vars(obj)))
+        return [getattr(obj, n) for n in names], names, names
+
+    def unflatten(names, values):
+        obj = cls.__new__(cls)
+        obj.__dict__.update(zip(names, values))
+        return obj
+
+    _by_attributes.add(cls)
+    try:
+        optree.register_pytree_node(cls, flatten, unflatten, namespace=NAMESPACE)
+    except ValueError:  # the user registered it their own way
+        pass
+    return cls
+
+
+def _torch_unflatten(unflatten_fn):
+    # torch's is unflatten(children, context); optree's is unflatten(context, children)
+    return lambda context, children: unflatten_fn(list(children), context)
+
+
+# optree's own containers, which torch lists too (with the namedtuple factory, not a type); and
+# torch.Size, which torch flattens into ints but thunderfn keeps whole: a shape is one static value.
+_NATIVE = frozenset({tuple, list, dict, type(None), collections.OrderedDict, collections.defaultdict, collections.deque,
+                     torch.Size})
+
 
 def tree_flatten(tree):
+    adopt_torch_registrations()
     return optree.tree_flatten(tree, namespace=NAMESPACE)
 
 
 def tree_flatten_with_path(tree):
+    adopt_torch_registrations()
     return optree.tree_flatten_with_path(tree, namespace=NAMESPACE)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
+import types
 
 import optree
 import torch
@@ -22,8 +23,8 @@ from thunderfn.core.printing import compile_trace, format_trace
 from thunderfn.core.proxies import CAPTURED, TensorProxy
 from thunderfn.core.statements import check_inputs_do_not_alias, set_default_dtype, set_grad_enabled, write_back
 from thunderfn.core.symbol import DecompositionUnavailable, Symbol, set_eager_composite
-from thunderfn.core.pytree import tree_flatten_with_path, tree_unflatten
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.core.pytree import adopt_torch_registrations, tree_flatten, tree_flatten_with_path, tree_unflatten
+from thunderfn.errors import EscapedProxyError, UnsupportedOpError
 
 
 class Trace:
@@ -100,7 +101,8 @@ class Trace:
     def sync_grad_mode(self) -> None:
         """Record a switch of torch's grad mode or default dtype made by the traced code
         (torch.no_grad() blocks, torch.set_default_dtype), so the compiled function switches
-        at the same point on every call. Autocast, which would change every op's dtype, is refused."""
+        at the same point on every call. (Autocast needs no switch: its casts are recorded op by op,
+        torch/autocast.py.)"""
         enabled = torch.is_grad_enabled()
         if enabled != self.grad_enabled:
             self._scopes[-1].append(set_grad_enabled.bind(enabled, output=None))
@@ -109,7 +111,6 @@ class Trace:
         if dtype != self.default_dtype:
             self._scopes[-1].append(set_default_dtype.bind(dtype, self.default_dtype, output=None))
             self.default_dtype = dtype
-        _refuse_autocast(self.fn_name, "inside")
 
     def emit(self, bsym) -> None:
         self._scopes[-1].append(bsym)
@@ -363,13 +364,16 @@ def trace(fn, *args, **kwargs) -> Trace:
     """
     start = time.perf_counter_ns()
     trc = Trace(getattr(fn, "__name__", "computation"))
-    _refuse_autocast(trc.fn_name)
     rng_before = trc.rng_at_start = _rng_fingerprint()
     try:
         with tracing(trc):
             p_args, p_kwargs = proxify_inputs(trc, fn, args, kwargs)
+            given, given_spec = tree_flatten((p_args, p_kwargs))
             out = fn(*p_args, **p_kwargs)
+            _refuse_changed_containers(trc.fn_name, given, given_spec, (p_args, p_kwargs))
+            adopt_torch_registrations()  # a container type registered with torch while fn ran
             trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
+            _refuse_escaping_proxies(trc.output, trc.fn_name)
             if trc.rebinds:
                 _refuse_unknowable_outputs(trc.output)
             trc.sync_grad_mode()  # back to the caller's mode if the function switched it
@@ -440,38 +444,77 @@ def _only_passes_through(out, args, kwargs) -> bool:
                if isinstance(x, TensorProxy))
 
 
+def _refuse_changed_containers(fn_name: str, given, given_spec, now) -> None:
+    """fn put something new into a list, dict or object it was passed (`xs.append(y)`,
+    `cache.layers[0].keys = ...`). Eager changes the caller's container; the traced function
+    changed a copy made for tracing, and the compiled one would not do it at all: refused."""
+    leaves, spec = tree_flatten(now)
+    if spec == given_spec and all(a is b for a, b in zip(leaves, given)):
+        return
+    where = ""
+    if spec == given_spec:  # an element replaced: say which
+        paths = tree_flatten_with_path(now)[0]
+        path = next(p for p, a, b in zip(paths, leaves, given) if a is not b)
+        where = " (" + ("args" if path[0] == 0 else "kwargs") + "".join(f"[{k!r}]" for k in path[1:]) + ")"
+    raise UnsupportedOpError(
+        f"'{fn_name}' changed a container it was passed{where}: it added, removed or replaced an element of a list, "
+        f"dict or other pytree argument. Eager would change the caller's object; a compiled function cannot (it "
+        f"only returns values). Return the new values instead of storing them into an argument, or call the "
+        f"function outside tf.jit.")
+
+
+_OPAQUE_LEAVES = (TensorProxy, torch.Tensor, int, float, complex, bool, str, bytes, type(None), torch.dtype,
+                  torch.device, torch.Size, type, types.FunctionType, types.BuiltinFunctionType, torch.nn.Module)
+
+
+def _refuse_escaping_proxies(output, fn_name: str) -> None:
+    """An output leaf that is an object holding traced tensors (an unregistered dataclass, a
+    cache object) would hand the caller placeholders where eager hands tensors: refused, with
+    the type to register."""
+    for leaf in optree.tree_leaves(output, none_is_leaf=True, namespace="thunderfn"):
+        if isinstance(leaf, _OPAQUE_LEAVES):
+            continue
+        where = _find_proxy(leaf, type(leaf).__name__, set())
+        if where is not None:
+            cls = type(leaf)
+            raise EscapedProxyError(
+                f"'{fn_name}' returns a {cls.__module__}.{cls.__qualname__} holding a traced tensor ({where}), but "
+                f"thunderfn cannot see inside a {cls.__qualname__}: the compiled function could not put the real "
+                f"tensor back. Register the type as a pytree container, with tf.register_pytree_node({cls.__qualname__}, "
+                f"flatten, unflatten) or torch.utils._pytree.register_pytree_node, or return its tensors instead.")
+
+
+def _find_proxy(obj, where: str, seen: set, depth: int = 0) -> str | None:
+    """A path from obj to a TensorProxy it holds (attributes, slots and plain containers,
+    a few levels deep), or None."""
+    if isinstance(obj, TensorProxy):
+        return where
+    if depth > 4 or id(obj) in seen or isinstance(obj, _OPAQUE_LEAVES):
+        return None
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        children = [(f"{where}[{k!r}]", v) for k, v in obj.items()]
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        children = [(f"{where}[{i}]", v) for i, v in enumerate(obj)]
+    else:
+        attrs = dict(getattr(obj, "__dict__", {}))
+        for slot in getattr(type(obj), "__slots__", ()):
+            if isinstance(slot, str) and hasattr(obj, slot):
+                attrs[slot] = getattr(obj, slot)
+        children = [(f"{where}.{k}", v) for k, v in attrs.items()]
+    for path, child in children[:1000]:
+        found = _find_proxy(child, path, seen, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
 def _refuse_unknowable_outputs(output) -> None:
     """An output whose value after an in-place write depends on memory layout at run time
     (x returned after x.contiguous().add_(1): torch/inplace.py says why) is refused."""
     for p in optree.tree_leaves(output, namespace="thunderfn"):
         if isinstance(p, TensorProxy) and p.alias is not None and p.alias.stale_message:
             raise UnsupportedOpError(p.alias.stale_message)
-
-
-def _refuse_autocast(fn_name: str, where: str = "under") -> None:
-    """Autocast changes dtypes op by op at run time; a trace that did not model it would
-    carry the wrong dtypes into every decomposition after the first autocast op. Checked
-    when tracing starts and before each op the traced code records (an autocast block inside)."""
-    for device_type in _AUTOCAST_DEVICES:
-        if torch.is_autocast_enabled(device_type):
-            what = "is being traced under" if where == "under" else "enters"
-            raise UnsupportedOpError(
-                f"'{fn_name}' {what} torch.autocast('{device_type}'), which thunderfn does not model yet. "
-                f"Cast explicitly inside the function (x.to(torch.bfloat16)) or call it outside autocast.")
-
-
-def _autocast_devices() -> tuple:
-    devices = []
-    for device_type in ("cpu", "cuda"):
-        try:
-            torch.is_autocast_enabled(device_type)
-        except (TypeError, RuntimeError):
-            continue
-        devices.append(device_type)
-    return tuple(devices)
-
-
-_AUTOCAST_DEVICES = _autocast_devices()
 
 
 def _replace_proxy(bsyms: list, old: TensorProxy, new: TensorProxy) -> None:
