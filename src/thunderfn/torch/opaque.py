@@ -110,10 +110,29 @@ def _check_outputs(name: str, out) -> None:
                                      f"jitted function or keep the result as a tensor")
 
 
+def _ctc_loss_shape(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean",
+                    zero_infinity=False):
+    # one loss per sequence (none of it unbatched) or their reduction: only the lengths' values are data
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    batched = log_probs.ndim == 3
+    shape = (log_probs.shape[1],) if reduction == "none" and batched else ()
+    return TensorProxy(shape=shape, dtype=log_probs.dtype, device=log_probs.device)
+
+
+# Ops whose meta kernel reads tensor values (lengths) although their outputs' shapes do not
+# depend on them: the shapes, from the arguments' shapes.
+_SHAPE_RULES = {
+    torch.nn.functional.ctc_loss: _ctc_loss_shape,
+}
+
+
 def _meta(fn, args, kwargs):
     name = torch_name(fn)
     if "random" in opaque_symbol(fn).tags:
         check_rng_untouched(name)
+    if fn in _SHAPE_RULES:
+        return _SHAPE_RULES[fn](*args, **kwargs)
     leaves, spec = tree_flatten((args, kwargs))
     meta_args, meta_kwargs = tree_unflatten(spec, [_to_meta(x) for x in leaves])
     if kwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves):
@@ -204,8 +223,25 @@ def torch_vjp(fn, args, kwargs, cotangents, wrt, rng_state):
     with torch.random.fork_rng(devices=[]):
         if rng_state is not None:
             torch.set_rng_state(rng_state)
-        _, pullback = torch.func.vjp(call, *[leaves[i] for i in wrt])
+        try:
+            _, pullback = torch.func.vjp(call, *[leaves[i] for i in wrt])
+        except RuntimeError as e:
+            if "storage" not in str(e):
+                raise
+            # a kernel that reads its inputs' memory directly (CPU ctc_loss) cannot see through
+            # torch.func's wrappers: differentiate it with torch.autograd (no higher orders; nor has eager)
+            if rng_state is not None:
+                torch.set_rng_state(rng_state)
+            return _autograd_vjp(call, [leaves[i] for i in wrt], cotangents)
     return pullback(tuple(cotangents))
+
+
+def _autograd_vjp(call, primals, cotangents):
+    with torch.enable_grad():
+        inputs = [p.detach().requires_grad_() for p in primals]
+        outs = call(*inputs)
+        grads = torch.autograd.grad(outs, inputs, tuple(cotangents), allow_unused=True)
+    return tuple(torch.zeros_like(p) if g is None else g for p, g in zip(primals, grads))
 
 
 def _torch_vjp_meta(fn, args, kwargs, cotangents, wrt, rng_state):

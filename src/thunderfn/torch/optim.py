@@ -5,10 +5,10 @@ An optimizer step is ordinary torch code under `torch.no_grad()` (its in-place u
 parameters and state tensors are written back under no_grad, core/trace.py), plus Python
 state that tracing would otherwise bake in once:
 
-- **Step counters** are 0-dim tensors in the state; eager reads them with `.item()`. While
-  an optimizer steps inside a trace, `torch.compiler.is_compiling()` answers True (on the
-  tracing thread only), so torch.optim keeps them as tensors, as it does under
-  torch.compile, and the compiled step reads the counters' current values.
+- **Step counters** are 0-dim tensors in the state; eager reads them with `.item()`. Inside
+  a trace `torch.compiler.is_compiling()` answers True (torch/library_queries.py), so torch.optim
+  keeps them as tensors, as it does under torch.compile, and the compiled step reads the
+  counters' current values.
 - **Lazy state** (the first step creates `exp_avg`, `momentum_buffer`, ...) and any other
   change a step makes to the optimizer's Python state (new keys, new objects, Python
   numbers) would happen once, at trace time. Such a trace is discarded, the state is put
@@ -195,22 +195,14 @@ def _read_step_as_python_number(original):
     return _get_value
 
 
-_original_is_compiling = torch.compiler.is_compiling
-
-
-@functools.wraps(_original_is_compiling)
-def is_compiling() -> bool:
-    return (_local.stepping > 0 and context.current_trace() is not None) or _original_is_compiling()
-
-
-is_compiling.__thunderfn_original__ = _original_is_compiling
+_installed = False
 
 
 def install() -> None:
-    """Hook optimizer steps and torch.compiler.is_compiling (idempotent; both do nothing unless
-    this thread is tracing)."""
-    if getattr(torch.compiler.is_compiling, "__thunderfn_original__", None) is None:
-        torch.compiler.is_compiling = is_compiling
+    """Hook optimizer steps (idempotent; the hooks do nothing unless this thread is tracing)."""
+    global _installed
+    if not _installed:
+        _installed = True
         register_optimizer_step_pre_hook(_before_step)
         register_optimizer_step_post_hook(_after_step)
         # each optimizer module imported _get_value by name

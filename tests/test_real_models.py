@@ -1,0 +1,147 @@
+"""Models people load train under tf.jit exactly as in eager: Hugging Face GPT-2 and Llama
+(tiny random configs, built offline), torch.nn modules whose forward reads tensor values
+or tests isinstance(x, torch.Tensor), and what library code is told while it is traced."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunderfn as tf
+from thunderfn.core.pytree import tree_flatten
+
+try:  # the Hugging Face tests skip without it; the rest of this file runs
+    import transformers
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+except ImportError:
+    transformers = None
+
+needs_transformers = pytest.mark.skipif(
+    transformers is None, reason="transformers is not installed (pip install transformers; .ci/run installs it)")
+
+
+def _gpt2():
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _llama():
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def _assert_outputs_equal(got, want):
+    """Same pytree (ModelOutput fields, cache layers) and equal tensors, requires_grad included."""
+    (got_leaves, got_spec), (want_leaves, want_spec) = tree_flatten(got), tree_flatten(want)
+    assert type(got) is type(want) and got_spec == want_spec
+    for g, w in zip(got_leaves, want_leaves):
+        if isinstance(w, torch.Tensor):
+            assert type(g) is torch.Tensor and g.requires_grad == w.requires_grad
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+        else:
+            assert g == w
+
+
+@needs_transformers
+@pytest.mark.parametrize("make", [_gpt2, _llama], ids=["gpt2", "llama"])
+@pytest.mark.parametrize("options", [{}, {"attention_mask": True, "return_dict": False}], ids=["defaults", "mask-tuple"])
+def test_hugging_face_causal_lm_trains_under_jit_like_eager(make, options):
+    torch.manual_seed(0)
+    eager = make()
+    jitted_model = make()
+    jitted_model.load_state_dict(eager.state_dict())
+    jitted = tf.jit(jitted_model)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (eager, jitted_model)]
+    ids = torch.randint(0, 128, (2, 12))
+    kwargs = dict(options)
+    if kwargs.pop("attention_mask", False):
+        mask = torch.ones_like(ids)
+        mask[1, :4] = 0  # left padding
+        kwargs["attention_mask"] = mask
+    for step in range(3):
+        outs = []
+        for model, opt in zip((eager, jitted), opts):
+            torch.manual_seed(step)  # GPT-2's dropout draws the same numbers in both
+            out = model(ids, labels=ids, **kwargs)
+            (out[0] if isinstance(out, tuple) else out.loss).backward()
+            outs.append(out)
+        _assert_outputs_equal(outs[1], outs[0])
+        for (name, p), q in zip(eager.named_parameters(), jitted_model.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4, msg=name)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+    assert tf.cache_info(jitted)["misses"] == 1
+
+
+@needs_transformers
+def test_a_hugging_face_cache_comes_back_as_a_cache_and_refuses_to_be_grown_in_place():
+    torch.manual_seed(0)
+    model = _llama().eval()
+    jitted = tf.jit(model)
+    ids = torch.randint(0, 128, (2, 6))
+    with torch.no_grad():
+        want, got = model(ids, use_cache=True), jitted(ids, use_cache=True)
+        _assert_outputs_equal(got, want)
+        assert type(got.past_key_values) is transformers.DynamicCache and got.past_key_values.get_seq_length() == 6
+        # the next step appends to the cache it is given: eager grows the caller's object, which a
+        # compiled function cannot do
+        with pytest.raises(tf.UnsupportedOpError, match=r"changed a container it was passed \(kwargs\['past_key_values'\]"):
+            jitted(ids[:, :1], past_key_values=got.past_key_values, use_cache=True)
+
+
+def test_torch_compiler_is_compiling_is_true_while_traced_and_false_outside():
+    seen = []
+
+    def f(x):
+        seen.append(torch.compiler.is_compiling())
+        return x if torch.compiler.is_compiling() else x.nonzero()  # the trace-friendly branch is taken
+
+    out = tf.jit(f)(torch.ones(3))
+    assert seen == [True] and out.shape == (3,)
+    assert torch.compiler.is_compiling() is False and torch.compiler.is_exporting() is False
+
+
+@pytest.mark.parametrize("mask", ["float", "bool", "key_padding"])
+def test_multihead_attention_with_masks_matches_eager(mask):
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, dtype=torch.float64)
+    q = torch.randn(3, 4, 8, dtype=torch.float64, requires_grad=True)
+    kwargs = {"float": {"attn_mask": torch.randn(3, 3, dtype=torch.float64)},
+              "bool": {"attn_mask": torch.tensor([[False, True, True], [False, False, True], [False, False, False]])},
+              "key_padding": {"key_padding_mask": torch.tensor([[False] * 3] * 3 + [[False, False, True]])}}[mask]
+    got, want = tf.jit(mha)(q, q, q, **kwargs), mha(q, q, q, **kwargs)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    (gq,), (wq,) = (torch.autograd.grad(o[0].sum(), q) for o in (got, want))
+    torch.testing.assert_close(gq, wq)
+
+
+def test_batch_norm_cumulative_average_momentum_none_matches_eager_over_steps():
+    torch.manual_seed(0)
+    eager = torch.nn.BatchNorm2d(3, momentum=None)
+    jitted_bn = torch.nn.BatchNorm2d(3, momentum=None)
+    jitted = tf.jit(jitted_bn)
+    for _ in range(3):
+        x = torch.randn(4, 3, 2, 2)
+        torch.testing.assert_close(jitted(x), eager(x))
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(jitted_bn, name), getattr(eager, name), msg=name)
+    assert tf.cache_info(jitted)["misses"] == 1  # the count is a tensor in the trace, not a baked number
+    assert "float64" in str(tf.last_traces(jitted)[0])
+
+
+@pytest.mark.parametrize("lengths", ["tuples", "tensors"])
+def test_ctc_loss_and_its_gradient_match_eager(lengths):
+    torch.manual_seed(0)
+    log_probs = torch.randn(12, 2, 5, dtype=torch.float64).log_softmax(2).requires_grad_()
+    targets = torch.randint(1, 5, (2, 4))
+    input_lengths, target_lengths = (12, 10), (4, 3)
+    if lengths == "tensors":
+        input_lengths, target_lengths = torch.tensor(input_lengths), torch.tensor(target_lengths)
+    args = (targets, input_lengths, target_lengths)
+    got = tf.jit(torch.nn.CTCLoss(reduction="none"))(log_probs, *args)
+    want = F.ctc_loss(log_probs, *args, reduction="none")
+    torch.testing.assert_close(got, want)
+    (g,), (w,) = (torch.autograd.grad(o.sum(), log_probs) for o in (got, want))
+    torch.testing.assert_close(g, w)
