@@ -482,12 +482,6 @@ def test_no_grad_block_inside_jit_gives_eager_gradients():
     assert "torch._C._set_grad_enabled(False)" in str(tf.last_traces(jf)[0])  # recorded where the block was
 
 
-def test_tracing_under_autocast_is_refused():
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        with pytest.raises(tf.UnsupportedOpError, match="autocast"):
-            tf.jit(lambda x: x @ x)(torch.randn(2, 2))
-
-
 def test_an_error_raised_by_the_function_on_a_cache_hit_is_raised_once_not_retried():
     """The cache-hit path checks the call, then runs the entry: an AttributeError from the user's own
     code is raised as is, not taken for a mismatched call that reruns the function on the slow path."""

@@ -133,16 +133,6 @@ def test_default_dtype_left_changed_by_the_traced_code_is_changed_on_every_call(
     assert torch.get_default_dtype() == torch.float64
 
 
-def test_autocast_entered_inside_the_traced_function_is_refused_by_name():
-    def f(a, b):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return a @ b
-
-    with pytest.raises(tf.UnsupportedOpError, match=r"enters torch\.autocast\('cpu'\)"):
-        tf.jit(f)(torch.randn(2, 2), torch.randn(2, 2))
-    assert not torch.is_autocast_enabled("cpu")
-
-
 # -- item 6: other threads' random draws do not disturb a compile ------------------------------
 class _Drawing:
     """A thread drawing random numbers from torch's global generator until stopped."""

@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import os
 import threading
 import warnings
 from typing import Callable, Sequence
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 
 from thunderfn import executors as _executors
-from thunderfn.core import context
+from thunderfn.core import artifacts, context, progress
 from thunderfn.core.call_time import Guarded, guarded
 from thunderfn.core.guards import GuardRecorder
 from thunderfn.core.interception import is_numpy_scalar
@@ -49,6 +50,7 @@ from thunderfn.executors.fusion import FusionExecutor
 from thunderfn.executors.torch_rewrites import (UnlessFunctorch, lift_number_operands,
                                                 records_no_autograd, reuse_dead_buffers)
 from thunderfn.module import jit_module
+from thunderfn.torch.autocast import autocast_state
 from thunderfn.torch.optim import StepChangesOptimizerState
 from thunderfn.transforms.executor_lower import lower_trace
 from thunderfn.transforms.autograd_split import CompiledSplit, try_split
@@ -90,9 +92,10 @@ class JitState:
     """What a jitted function keeps: its caches, its statistics and its most recent compile's traces."""
 
     def __init__(self, fn, executors, *, fallback, static_argnums, static_argnames, disable_torch_autograd,
-                 cache_size_limit=DEFAULT_CACHE_SIZE_LIMIT, rematerialize=None):
+                 cache_size_limit=DEFAULT_CACHE_SIZE_LIMIT, rematerialize=None, cache_dir=None):
         self.fn = fn
         self.executors = executors
+        self.cache_dir = cache_dir
         self.rematerialize = rematerialize  # None, True or False: see _rematerializes
         self.fallback = fallback
         self.static_argnums = tuple(static_argnums)
@@ -117,7 +120,7 @@ class JitState:
         self.why_no_backward = "it has not been called with an input that requires grad under grad mode"
 
     def key(self, leaves, spec) -> tuple:
-        parts = [spec, _is_grad_enabled(), _get_default_dtype()]
+        parts = [spec, _is_grad_enabled(), _get_default_dtype(), autocast_state()]
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, Tensor):
                 parts.append((leaf.shape, leaf.dtype, leaf.device, leaf.requires_grad))
@@ -150,23 +153,28 @@ class JitState:
                 raise TypeError(f"static argument '{name}' of '{_fn_name(self.fn)}' holds a tensor")
 
     def compile(self, args, kwargs, leaves) -> CacheEntry:
+        progress.stage("choosing executors")
         executors = _executors.resolve(self.executors, fallback=self.fallback)
         recorder = GuardRecorder(self.fn)
         # tf.grad & co. called inside the function differentiate for these executors (the VJPs they
         # register): jit's argument, which they cannot be handed otherwise (core/context.py)
+        progress.stage("tracing")
         with context.active_executors(executors):
             # With disable_torch_autograd the function runs under no_grad: traced so too, or a
             # torch.enable_grad() block inside it would switch grad back on from the recorded mode.
             with recorder, (torch.no_grad() if self.disable_torch_autograd else contextlib.nullcontext()):
                 traces = [trace(self.fn, *args, **kwargs)]
+        progress.stage("optimizing the trace")
         traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
         traces.append(timed_pass(CSE, cse, traces[-1]))
         split = None
         if not self.disable_torch_autograd and _is_grad_enabled():
+            progress.stage("differentiating: the forward and backward traces")
             split, self.why_no_backward = try_split(traces[-1], executors)
         if split is None:
             # writing into dead intermediates is legal where torch.autograd records nothing
             no_autograd = self.disable_torch_autograd or not _is_grad_enabled() or records_no_autograd(traces[-1])
+            progress.stage("lowering onto executors, code generation")
             passes, fn = _execution_passes(traces[-1], executors, no_autograd=no_autograd,
                                            no_grad=self.disable_torch_autograd)
             traces += passes
@@ -177,12 +185,14 @@ class JitState:
             traces.append(split.forward)
             backward = [split.backward]
             if _rematerializes(self.rematerialize, executors):
+                progress.stage("rematerialization")
                 forward_trace, backward_trace = rematerialize(split.forward, split.backward)
                 if forward_trace is not split.forward:
                     split = dataclasses.replace(split, forward=forward_trace, backward=backward_trace)
                     traces.append(forward_trace)
                     backward.append(backward_trace)
             traces.append(timed_pass(CSE, cse, split.forward))
+            progress.stage("lowering onto executors, code generation")
             # both halves run without autograd recording (torch.autograd.Function's forward and backward)
             passes, forward_fn = _execution_passes(traces[-1], executors, no_autograd=True)
             traces += passes
@@ -191,6 +201,9 @@ class JitState:
             backward += passes
             fn = CompiledSplit(split, forward_fn, backward_fn)
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
+        autocast = autocast_state()
+        if autocast:  # the trace holds autocast's casts: running it under autocast would cast again
+            fn = _without_autocast(fn, [device_type for device_type, _ in autocast])
         return CacheEntry(guarded(fn, traces[0]), traces, backward, positions, recorder.guards)
 
     def lookup(self, key, leaves):
@@ -208,7 +221,11 @@ class JitState:
         leaves, spec = tree_flatten((args, kwargs))
         key = self.key(leaves, spec)
         entry = self.lookup(key, leaves)
-        if entry is None:
+        if entry is not None:
+            self.stats[0] += 1
+            return self.run(entry, key, args, kwargs, leaves)
+        # told on stderr if it takes long (core/progress.py); artifacts written where configured (core/artifacts.py)
+        with progress.compiling(_fn_name(self.fn)), artifacts.writing_to(self.cache_dir):
             with self.lock:  # one compile per signature, however many threads arrive at once
                 entry = self.lookup(key, leaves)
                 if entry is None:
@@ -230,10 +247,13 @@ class JitState:
                     self.n_entries += 1
                 else:
                     self.stats[0] += 1
-        else:
-            self.stats[0] += 1
+            progress.stage("first run (where fusion executors compile their regions)")
+            return self.run(entry, key, args, kwargs, leaves)
+
+    def run(self, entry: CacheEntry, key: tuple, args, kwargs, leaves):
+        """Call a cache entry, and make it the fast path's for calls like this one."""
         self.last_traces, self.last_backward_traces = entry.traces, entry.backward_traces
-        if not kwargs and not self.static_argnums and len(entry.tensor_positions) == len(args) and all(
+        if not kwargs and not self.static_argnums and not key[3] and len(entry.tensor_positions) == len(args) and all(
                 isinstance(a, Tensor) for a in args) and not isinstance(entry.fn, Guarded):
             # (an entry reading .grad at call time takes extra inputs: it stays on this path)
             self.fast_cache[_fast_key(args)] = self.fast_hit(entry, key)
@@ -276,8 +296,10 @@ class JitState:
             return f"torch's grad mode changed (is_grad_enabled() was {old[1]}, now {key[1]})"
         if old[2] != key[2]:
             return f"torch's default dtype changed from {old[2]} to {key[2]}"
+        if old[3] != key[3]:
+            return f"the autocast state changed from {_show_autocast(old[3])} to {_show_autocast(key[3])}"
         paths = tree_flatten_with_path((args, kwargs))[0]
-        for path, before, now in zip(paths, old[3:], key[3:]):
+        for path, before, now in zip(paths, old[4:], key[4:]):
             if before != now:
                 where = _describe_path(path)
                 if _is_tensor_part(now) and _is_tensor_part(before):
@@ -371,6 +393,20 @@ def _execution_passes(trc: Trace, executors, *, no_autograd: bool, no_grad: bool
     return traces, fn
 
 
+def _without_autocast(fn, device_types):
+    def run(*tensors):
+        with contextlib.ExitStack() as stack:
+            for device_type in device_types:
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+            return fn(*tensors)
+
+    return run
+
+
+def _show_autocast(state: tuple) -> str:
+    return ", ".join(f"autocast('{d}', {dtype})" for d, dtype in state) or "no autocast"
+
+
 def _fast_key(args) -> tuple:
     key = [_is_grad_enabled(), _get_default_dtype()]
     for a in args:
@@ -401,16 +437,19 @@ def _miss(*tensors):
 def _hit_function(key: tuple, fn, guards_hold, stats):
     """A check-and-call function for one cache entry (see JitState.fast_hit); key is the
     entry's cache key for a call with positional tensors only."""
-    names = [f"a{i}" for i in range(len(key) - 3)]
+    names = [f"a{i}" for i in range(len(key) - 4)]
     namespace = {"fn": fn, "guards_hold": guards_hold, "stats": stats, "MISS": _MISS, "tracing": context._local,
-                 "is_grad_enabled": _is_grad_enabled, "get_default_dtype": _get_default_dtype, "default_dtype": key[2]}
+                 "is_grad_enabled": _is_grad_enabled, "get_default_dtype": _get_default_dtype, "default_dtype": key[2],
+                 "any_autocast": torch._C._is_any_autocast_enabled}
     checks = []
-    for i, (a, (shape, dtype, device, requires_grad)) in enumerate(zip(names, key[3:])):
+    for i, (a, (shape, dtype, device, requires_grad)) in enumerate(zip(names, key[4:])):
         namespace[f"shape{i}"], namespace[f"dtype{i}"], namespace[f"device{i}"] = shape, dtype, device
         # a CPU tensor's device is always torch.device("cpu"), without an index
         on_device = f"{a}.is_cpu" if device.type == "cpu" else f"{a}.device == device{i}"
         checks += [f"{a}.dtype is dtype{i}", f"{a}.shape == shape{i}", f"{a}.requires_grad is {requires_grad}", on_device]
-    checks += [f"is_grad_enabled() is {key[1]}", "get_default_dtype() is default_dtype", "not tracing.stack"]
+    # (entries traced under autocast never take this path: see call_slow)
+    checks += [f"is_grad_enabled() is {key[1]}", "get_default_dtype() is default_dtype", "not tracing.stack",
+               "not any_autocast()"]
     choose = []
     if isinstance(fn, UnlessFunctorch):  # its choice made here, not in one more call (a hit either way)
         namespace.update(fn=fn.rewritten, unless_functorch=fn, functorch_active=context.functorch_active)
@@ -487,7 +526,7 @@ def _fn_name(fn) -> str:
 
 def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = True, static_argnums=(),
         static_argnames=(), disable_torch_autograd: bool = False, cache_size_limit: int = DEFAULT_CACHE_SIZE_LIMIT,
-        rematerialize: bool | None = None):
+        rematerialize: bool | None = None, cache_dir: str | os.PathLike | None = None):
     """Compile fn: trace it per input signature, lower it onto `executors` (priority
     order; None means the defaults; the torch executor is appended unless
     `fallback=False`), generate Python once and cache it.
@@ -505,13 +544,17 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     cheap forward values (elementwise and view ops) in the backward instead of saving them,
     where that saves memory (transforms/rematerialize.py). None (the default) turns it on
     where a fusion executor (Inductor, nvFuser) is among the executors, which fuses the recomputation.
+
+    `cache_dir`: where compiled artifacts go (each compiled trace's Python source, and the
+    fusion executors' kernel caches); None means $THUNDERFN_CACHE_DIR, or nowhere on disk
+    for thunderfn's own code (core/artifacts.py).
     """
     if rematerialize is not None and not isinstance(rematerialize, bool):  # checked here: a module jits its forward later
         raise ValueError(f"rematerialize must be None (on where a fusion executor is used), True or False, "
                          f"got {rematerialize!r}")
     if isinstance(fn, torch.nn.Module):
         return jit_module(fn, jit, executors=executors, fallback=fallback, disable_torch_autograd=disable_torch_autograd,
-                          cache_size_limit=cache_size_limit, rematerialize=rematerialize)
+                          cache_size_limit=cache_size_limit, rematerialize=rematerialize, cache_dir=cache_dir)
     if not callable(fn):
         raise TypeError(f"jit expects a callable or an nn.Module, got {type(fn).__name__}")
     if isinstance(static_argnums, int):
@@ -520,7 +563,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
         static_argnames = (static_argnames,)
     state = JitState(fn, executors, fallback=fallback, static_argnums=static_argnums, static_argnames=static_argnames,
                      disable_torch_autograd=disable_torch_autograd, cache_size_limit=cache_size_limit,
-                     rematerialize=rematerialize)
+                     rematerialize=rematerialize, cache_dir=cache_dir)
     fast_cache, call_slow = state.fast_cache, state.call_slow
     use_fast_path = not static_argnums and not static_argnames
 

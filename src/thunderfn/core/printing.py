@@ -17,6 +17,7 @@ import weakref
 import optree
 import torch
 
+from thunderfn.core import artifacts
 from thunderfn.core.proxies import CAPTURED, TensorProxy
 from thunderfn.core.pytree import NAMESPACE
 
@@ -341,7 +342,8 @@ def format_trace(trc) -> str:
 
 def compile_trace(trc):
     source, ns = render(trc)
-    filename = f"<thunderfn generated {next(_generated)}>"
+    # a file of its own where a cache directory is configured (core/artifacts.py), else a name for linecache
+    filename = artifacts.write_source(trc.def_name, source) or f"<thunderfn generated {next(_generated)}>"
     # Registering the source lets tracebacks and debuggers show generated lines.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     globals_ = {"__builtins__": builtins, "__name__": "thunderfn_generated", **ns}

@@ -27,6 +27,7 @@ import warnings
 import torch
 import torch.fx
 
+from thunderfn.core import artifacts, progress
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_map
 from thunderfn.executors.fusion import CompiledCache, FusionExecutor, Region, positional_signature
@@ -108,6 +109,8 @@ class CompiledRegion:
         too, else None). Called holding _compile_lock."""
         fn, result = _compiled.get(key), None
         if fn is None:
+            progress.stage(f"Inductor compiling fusion region {self.region.name} ({len(self.region.bsyms)} ops)")
+            artifacts.point_kernel_caches()
             try:
                 with warnings.catch_warnings():  # Inductor's own chatter (deprecations inside torch) is not the user's
                     warnings.simplefilter("ignore")
@@ -127,6 +130,7 @@ class CompiledRegion:
             self.by_layout[layout] = fn
             return fn(*tensors)
         self.by_layout[layout] = self.region.unfused  # until the compiled function replaces it
+        artifacts.point_kernel_caches()  # (the compile thread does not see this thread's configuration)
         # inputs of the same layout, not the caller's tensors (which the compile would keep alive); the
         # grad mode is the call's, since Inductor compiles for training where grad is on and an input requires it
         examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).requires_grad_(
@@ -229,9 +233,12 @@ def _tensor_outputs(out) -> bool:
 
 
 def _availability() -> tuple[bool, str]:
-    # find_spec, not import: torch._inductor takes seconds to import, and asking should be cheap
+    # find_spec, not import: torch._inductor takes seconds to import, and asking should be cheap (a
+    # submodule's find_spec would import its package, so the file is looked for in the package's folder)
     try:
-        found = importlib.util.find_spec("torch._inductor.compile_fx") is not None
+        spec = importlib.util.find_spec("torch._inductor")
+        found = spec is not None and any(os.path.exists(os.path.join(folder, "compile_fx.py"))
+                                         for folder in spec.submodule_search_locations or ())
     except (ImportError, ValueError) as e:
         return False, f"torch._inductor cannot be found ({e})"
     if not found:

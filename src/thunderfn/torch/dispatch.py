@@ -18,8 +18,10 @@ from thunderfn.core.interception import (contains_tensor, handlers, is_metadata_
                                          tensors_by_position, torch_name)
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
-from thunderfn.torch import inplace
+from thunderfn.torch import autocast, inplace
 from thunderfn.torch.opaque import is_random, run_opaque
+
+_any_autocast = torch._C._is_any_autocast_enabled
 
 
 def dispatch(func, args, kwargs):
@@ -60,8 +62,16 @@ def dispatch(func, args, kwargs):
         return inplace.run_with_inplace_flag(handler, func, args, kwargs)
     if kwargs and isinstance(handler, Symbol) and handler.fn is not None:
         args, kwargs = tensors_by_position(handler, args, kwargs)
+    finish = None
+    if _any_autocast():  # the casts eager's autocast makes around this op, recorded (torch/autocast.py)
+        body = autocast.python_body(func) if handler is None else None
+        if body is not None:
+            return autocast.run_python_body(func, body, args, kwargs)
+        args, kwargs, finish = autocast.cast_arguments(func, args, kwargs)
     # A symbol, or the fallback ladder's second rung: torch runs it, meta tensors give its shapes.
     result = handler(*args, **kwargs) if handler is not None else run_opaque(func, args, kwargs)
+    if finish is not None:
+        result = finish(result)
     if trc.identities or inplace.is_view_op(func):
         inplace.track_views(func, args, kwargs, result)
     return result

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from thunderfn import clang, prims
 from thunderfn.clang import keepdim_reshape, maybe_convert_to_dtype
 from thunderfn.core import context, dtypes
-from thunderfn.core.interception import lift_constants
+from thunderfn.core.interception import dispatch
+from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import emit_runtime_check
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
@@ -263,7 +264,12 @@ def _batch_norm_entry(input, running_mean, running_var, weight=None, bias=None, 
     _check_more_than_one_value(input, (0, *range(2, input.ndim)), "value per channel", f"torch.Size({list(input.shape)})")
     check(momentum is not None, lambda: "batch_norm(momentum=None) needs the number of batches seen as a Python value; "
                                         "pass a float momentum", UnsupportedOpError)
-    out, new_mean, new_var = _batch_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps)
+    if isinstance(momentum, TensorProxy):  # nn.BatchNorm's cumulative average while traced (torch/nn_modules.py)
+        out = batch_norm(input, None, None, weight, bias, True, 0.0, eps)
+        new_mean, new_var = _updated_running_stats(input, running_mean, running_var, (0, *range(2, input.ndim)),
+                                                   momentum, per_instance=False)
+    else:
+        out, new_mean, new_var = _batch_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps)
     _rebind_running_stats(running_mean, running_var, new_mean, new_var, "batch_norm(training=True)")
     return out
 
@@ -599,23 +605,23 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
     return reduction_sum(loss) if reduction == "sum" else loss
 
 
-def _route_every_argument(original, symbol):
+def _route_every_argument(original):
     """torch 2.13's F.l1_loss leaves `weight` out of its __torch_function__ call, so a traced
-    call would silently lose it. Standing in front of it: while tracing, call the symbol with
-    every argument; otherwise, torch's own function, untouched."""
+    call would silently lose it. Standing in front of it: while tracing, dispatch the call with
+    every argument (to the symbol, registered for the original); otherwise, torch's own function, untouched."""
     @functools.wraps(original)
     def routed(*args, **kwargs):
         trc = context.current_trace()
         if trc is None or trc.symbol_depth:
             return original(*args, **kwargs)
-        return symbol(*lift_constants(args), **lift_constants(kwargs))
+        return dispatch(original, args, kwargs)
 
     routed.__thunderfn_original__ = original
     return routed
 
 
 if not hasattr(F.l1_loss, "__thunderfn_original__"):
-    F.l1_loss = _route_every_argument(F.l1_loss, l1_loss)
+    F.l1_loss = _route_every_argument(F.l1_loss)
 
 
 def _float_loss(name, kernel, input, target):
