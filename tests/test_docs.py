@@ -171,3 +171,16 @@ def test_readme_demo_passes():
     with contextlib.redirect_stdout(printed):
         status = main(["--calls", "3"])
     assert status == 0 and "PASS" in printed.getvalue(), printed.getvalue()
+
+
+def test_training_demo_follows_eager_and_prints_each_step():
+    from thunderfn.__main__ import main
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = main(["--model", "gpt-tiny", "--steps", "3"])
+    out = printed.getvalue()
+    assert status == 0 and "PASS" in out, out
+    steps = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert [row[0] for row in steps] == ["0", "1", "2"]
+    assert float(steps[2][1]) < float(steps[0][1])  # the loss goes down

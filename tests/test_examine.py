@@ -44,3 +44,26 @@ def test_examine_counts_repeated_calls_and_skips_metadata():
     sin = next(c for c in report.calls if c.name == "torch.sin")
     assert sin.count == 3
     assert not any("shape" in c.name for c in report.calls)
+
+
+def _stores_into_its_argument(xs):
+    xs.append(torch.sin(xs[0]))  # every call is a symbol, but jit refuses the append
+    return xs[0] * 2
+
+
+def test_the_verdict_is_what_tracing_does_not_what_the_table_guesses():
+    report = tf.examine(_stores_into_its_argument, [torch.randn(3)])
+    assert not report.by_status("unsupported") and not report.by_status("needs a value")
+    assert not report.jit_ready and report.trace_error.startswith("UnsupportedOpError: '_stores_into_its_argument' "
+                                                                  "changed a container it was passed")
+
+
+def test_examine_predicts_jit_for_modules_that_jit_traces():
+    mha = torch.nn.MultiheadAttention(8, 2)
+    q, mask = torch.randn(3, 2, 8), torch.zeros(3, 3)
+    assert tf.examine(mha, q, q, q, attn_mask=mask).jit_ready
+    torch.testing.assert_close(tf.jit(mha)(q, q, q, attn_mask=mask), mha(q, q, q, attn_mask=mask))
+    lstm = torch.nn.LSTM(4, 4)
+    x = torch.randn(3, 2, 4)
+    assert tf.examine(lstm, x).jit_ready
+    torch.testing.assert_close(tf.jit(lstm)(x), lstm(x))

@@ -21,6 +21,8 @@ from torch.overrides import TorchFunctionMode
 
 from thunderfn.core.interception import handlers, is_metadata_query, torch_name
 from thunderfn.core.symbol import Symbol
+from thunderfn.core.trace import trace
+from thunderfn.module import jit_module
 from thunderfn.torch.inplace import is_in_place
 from thunderfn.torch.opaque import _to_meta_tensor_tree, probe_opaque
 
@@ -41,13 +43,15 @@ class Examination:
     """What tf.examine found; str() is the report it prints."""
     fn_name: str
     calls: list
+    trace_error: str | None = None  # what tracing fn raised, as jit would ("Type: message"), or None
 
     def by_status(self, status: str) -> list:
         return [c for c in self.calls if c.status == status]
 
     @property
     def jit_ready(self) -> bool:
-        return not self.by_status("unsupported") and not self.by_status("needs a value")
+        """Whether tf.jit traces fn: the verdict of tracing it, not of the table."""
+        return self.trace_error is None
 
     def __str__(self) -> str:
         width = max([len(c.name) for c in self.calls] + [14])
@@ -58,8 +62,8 @@ class Examination:
                 lines.append(f"  {c.name:<{width}}  x{c.count:<4} {c.status:<13} {c.detail}")
         counts = collections.Counter(c.status for c in self.calls)
         lines.append("  " + ", ".join(f"{counts[s]} {s}" for s in order if counts[s]))
-        lines.append("  ready for tf.jit" if self.jit_ready else
-                     "  not ready for tf.jit: see the unsupported / needs a value rows")
+        lines.append("  ready for tf.jit: it traces" if self.jit_ready else
+                     f"  not ready for tf.jit: tracing raises {self.trace_error}")
         return "\n".join(lines)
 
 
@@ -103,6 +107,25 @@ def examine(fn, *args, **kwargs) -> Examination:
     recorder = _Recorder()
     with torch.no_grad(), recorder:
         fn(*args, **kwargs)
-    report = Examination(getattr(fn, "__name__", type(fn).__name__), list(recorder.calls.values()))
+    report = Examination(getattr(fn, "__name__", type(fn).__name__), list(recorder.calls.values()),
+                         _trace_error(fn, args, kwargs))
     print(report)
     return report
+
+
+def _trace_error(fn, args, kwargs) -> str | None:
+    """Trace fn as jit would (a module, as tf.jit(module) does), without running it: what
+    tracing raises, in one line, or None. The table says why a call is a problem; this says
+    whether it is one (a refused call on a path tracing does not take is not)."""
+    target = jit_module(fn, _traced_by) if isinstance(fn, torch.nn.Module) else _traced_by(fn)
+    try:
+        target(*args, **kwargs)
+    except Exception as e:
+        message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return f"{type(e).__name__}: {message}"
+    return None
+
+
+def _traced_by(fn):
+    """In place of jit (for a ThunderModule's forward too): a function that only traces fn."""
+    return lambda *args, **kwargs: trace(fn, *args, **kwargs)

@@ -15,7 +15,8 @@ from thunderfn.executors.torch_executor import torch_ex, torch_prims_ex
 
 __all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Region", "Lowering", "TraceInPlace", "RunAsOperator", "RunAsItself",
            "RunWithTorch", "register_executor", "get_executor", "get_default_executors", "set_default_executors",
-           "add_operator_executor", "available", "resolve", "torch_ex", "torch_prims_ex"]
+           "add_operator_executor", "add_default_executor", "remove_default_executor", "get_all_executors",
+           "deregister_executor", "available", "resolve", "torch_ex", "torch_prims_ex"]
 
 _registry: dict[str, Executor] = {}
 _defaults: list[Executor] = []
@@ -35,12 +36,34 @@ def get_executor(name: str) -> Executor:
         raise ValueError(f"no executor named '{name}'; registered: {sorted(_registry)}") from None
 
 
+def deregister_executor(ex) -> None:
+    """Forget an executor (by object or name); it stops being a default too."""
+    ex = resolve_one(ex)
+    _registry.pop(ex.name, None)
+    remove_default_executor(ex)
+
+
+def get_all_executors() -> list[Executor]:
+    return list(_registry.values())
+
+
 def get_default_executors() -> list[Executor]:
     return list(_defaults)
 
 
 def set_default_executors(executors) -> None:
     _defaults[:] = [resolve_one(e) for e in executors]
+
+
+def add_default_executor(ex) -> None:
+    """Put an executor first among the defaults (jit's executors when none are given)."""
+    ex = resolve_one(ex)
+    set_default_executors([ex, *(e for e in _defaults if e is not ex)])
+
+
+def remove_default_executor(ex) -> None:
+    ex = resolve_one(ex)
+    _defaults[:] = [e for e in _defaults if e is not ex]
 
 
 def add_operator_executor(name: str, op_map: dict, *, add_to_default_executors: bool = True) -> OperatorExecutor:

@@ -153,6 +153,13 @@ def _as_custom_vjp(ex: Executor, symbol_or_id, vjp):
             raise TypeError(f"executor '{ex.name}': the custom_vjp function given as vjp for "
                             f"{_symbol_name(symbol_or_id)} has no rule yet; call its defvjp(fwd, bwd) first")
         return vjp
+    if callable(vjp):
+        raise TypeError(
+            f"executor '{ex.name}': the grad_transform/vjp for {_symbol_name(symbol_or_id)} is one function; thunderfn "
+            f"takes the forward and the backward separately, as a (fwd, bwd) pair: fwd(*args) -> (output, residuals) "
+            f"and bwd(residuals, grad_output) -> one gradient per argument (None for zero), or a tf.custom_vjp "
+            f"function. A Thunder grad_transform's get_grad(out) is bwd's grad_output and its put_grads(args, grads) "
+            f"is bwd's return value: see docs/porting-from-thunder.md.")
     if not (isinstance(vjp, tuple) and len(vjp) == 2 and all(callable(f) for f in vjp)):
         raise TypeError(f"executor '{ex.name}': vjp for {_symbol_name(symbol_or_id)} must be a (fwd, bwd) pair of "
                         f"functions or a tf.custom_vjp function, got {type(vjp).__name__}")
