@@ -145,3 +145,19 @@ def test_ctc_loss_and_its_gradient_match_eager(lengths):
     torch.testing.assert_close(got, want)
     (g,), (w,) = (torch.autograd.grad(o.sum(), log_probs) for o in (got, want))
     torch.testing.assert_close(g, w)
+
+
+@needs_transformers
+def test_generate_on_a_jitted_model_says_once_that_it_runs_eagerly_and_gives_eagers_tokens():
+    torch.manual_seed(0)
+    model = _llama().eval()
+    jitted = tf.jit(model)
+    ids = torch.randint(3, 128, (1, 5))
+    want = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    with pytest.warns(UserWarning, match="LlamaForCausalLM.generate runs eagerly"):
+        got = jitted.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jitted.generate  # said once

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import warnings
 
 import torch
 
@@ -184,7 +185,20 @@ class ThunderModule(torch.nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
+            if name == "generate" and not self.__dict__.get("_thunderfn_warned_generate"):
+                _warn_generate_runs_eagerly(self)
             return getattr(self._thunderfn_module, name)
+
+
+def _warn_generate_runs_eagerly(jitted: ThunderModule) -> None:
+    """Hugging Face's generate is the original module's method: it calls the original forward, eagerly.
+    Said once per jitted module, since a user calling it on the jitted module expects jit."""
+    object.__setattr__(jitted, "_thunderfn_warned_generate", True)
+    warnings.warn(
+        f"{type(jitted.module).__name__}.generate runs eagerly: tf.jit compiles forward, and generate calls the "
+        f"original module's. Under jit each generated token would be a new input shape (a recompile) and its key/value "
+        f"cache grows in place, which a compiled function refuses (docs/jit.md, 'Models from libraries'). Call "
+        f"forward through the jitted module for training and scoring.", stacklevel=3)
 
 
 def _has_uninitialized_parameters(module: torch.nn.Module) -> bool:
