@@ -33,7 +33,8 @@ LAYERS = [
     ("torch language", ("thunderfn.torch",)),
     ("transforms", ("thunderfn.transforms",)),
     ("executors", ("thunderfn.executors",)),
-    ("api", ("thunderfn.jit", "thunderfn.module", "thunderfn.examine", "thunderfn.extend", "thunderfn")),
+    ("api", ("thunderfn.jit", "thunderfn.module", "thunderfn.examine", "thunderfn.extend", "thunderfn.distributed",
+             "thunderfn")),
     # users of the api: the OpInfo database and test helpers, the demo and the example model it runs
     ("tools", ("thunderfn.testing", "thunderfn.examples", "thunderfn.__main__")),
 ]

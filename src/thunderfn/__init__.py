@@ -15,6 +15,7 @@ from thunderfn import torch  # noqa: F401  (the torch language: tf.torch.mul, ..
 from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn import executors  # noqa: F401
 from thunderfn import extend  # noqa: F401  (the executor API under Thunder's name)
+from thunderfn import distributed  # noqa: F401  (tf.distributed: ddp on torch.distributed)
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import register_pytree_node
 from thunderfn.core.symbol import BoundSymbol, Symbol

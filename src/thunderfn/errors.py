@@ -26,3 +26,8 @@ class EscapedProxyError(ThunderFnError, TypeError):
     """A traced tensor would leave the trace inside an object thunderfn cannot look into
     (an output container that is not a registered pytree). The caller would receive a
     placeholder instead of a tensor; the message names the type and how to register it."""
+
+
+class DistributedError(ThunderFnError, RuntimeError):
+    """A distributed setup thunderfn cannot train with: no process group, ranks whose
+    models differ. The message says what to fix."""

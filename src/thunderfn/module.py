@@ -16,6 +16,7 @@ May import: core/ (and anything below the api layer).
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import threading
 import warnings
@@ -24,6 +25,7 @@ import torch
 
 from thunderfn.core import context
 from thunderfn.core.context import to_identifier
+from thunderfn.errors import UnsupportedOpError
 
 
 def _state_slots(module: torch.nn.Module, named) -> list:
@@ -87,6 +89,9 @@ class ThunderModule(torch.nn.Module):
     def _thunderfn_forget_compiled(self):
         self._thunderfn_forward = None  # the jitted forward, made on first use
         self._thunderfn_slots = None
+        # a module prepared by tf.distributed.ddp: a jitted forward per sync mode (no_sync() switches)
+        self._thunderfn_by_sync = {}
+        self._thunderfn_synced = None
 
     @property
     def module(self) -> torch.nn.Module:
@@ -98,10 +103,18 @@ class ThunderModule(torch.nn.Module):
 
     def _jitted(self):
         with _creating:  # threads making their first call at once share one jitted forward
+            parallel = self.module.__dict__.get("_thunderfn_data_parallel")
+            if parallel is not None and self._thunderfn_synced is not parallel.sync:
+                self._thunderfn_synced = parallel.sync
+                self._thunderfn_forward = self._thunderfn_by_sync.get(parallel.sync)
             return self._thunderfn_forward or self._make_jitted()
 
     def _make_jitted(self):
         module = self.module
+        options = dict(self._thunderfn_options)
+        parallel = module.__dict__.get("_thunderfn_data_parallel")
+        if parallel is not None and parallel.sync:  # gradients all-reduced in the backward (transforms/ddp.py)
+            options["data_parallel"] = dataclasses.replace(parallel)
         slots = self._slots()
         param_names = [n for n, _ in module.named_parameters()]
         buffer_names = [n for n, _ in module.named_buffers()]
@@ -114,7 +127,9 @@ class ThunderModule(torch.nn.Module):
 
         forward.__name__ = forward.__qualname__ = f"{type(module).__name__}.forward"  # named in error messages
         forward.__signature__ = _forward_signature(module, param_names + buffer_names)
-        jitted = self._thunderfn_forward = self._thunderfn_jit(forward, **self._thunderfn_options)
+        jitted = self._thunderfn_forward = self._thunderfn_jit(forward, **options)
+        if parallel is not None:
+            self._thunderfn_by_sync[parallel.sync] = jitted
         return jitted
 
     def _slots(self):
@@ -133,6 +148,9 @@ class ThunderModule(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         jitted = self._thunderfn_forward
+        parallel = self.module.__dict__.get("_thunderfn_data_parallel")
+        if parallel is not None and parallel.sync is not self._thunderfn_synced:
+            jitted = None  # no_sync() entered or left: the forward for the other mode
         if jitted is None:
             if _has_uninitialized_parameters(self.module):
                 # Lazy modules (nn.LazyLinear, ...) create their parameters in their first call, from
@@ -173,6 +191,7 @@ class ThunderModule(torch.nn.Module):
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_thunderfn_forward"] = state["_thunderfn_slots"] = None
+        state["_thunderfn_by_sync"], state["_thunderfn_synced"] = {}, None
         return state
 
     def __setstate__(self, state):
@@ -208,6 +227,12 @@ def _has_uninitialized_parameters(module: torch.nn.Module) -> bool:
 
 def jit_module(module: torch.nn.Module, jit, **jit_options) -> ThunderModule:
     """tf.jit(module): jit is thunderfn.jit, which compiles the module's forward with jit_options."""
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        # its forward prepares its reducer for the autograd graph of real outputs, which a trace has not
+        raise UnsupportedOpError(
+            "tf.jit cannot trace torch's DistributedDataParallel wrapper: its forward hands the reducer the autograd "
+            "graph of its outputs, which a trace does not have. Wrap the other way round, "
+            "DistributedDataParallel(tf.jit(model)), or use thunderfn's own: tf.jit(tf.distributed.ddp(model)).")
     if isinstance(module, ThunderModule):  # jit of a jitted module: the module, jitted with these options
         module = module.module
     return ThunderModule(module, jit, **jit_options)

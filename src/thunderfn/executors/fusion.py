@@ -9,7 +9,7 @@ this module is shared by every fusion executor (Inductor, nvFuser):
 1. The graph: one node per bound symbol, an edge from each producer to each consumer
    (by proxy name), plus ordering edges for effects. Statements that switch a mode or
    write into inputs (`set_grad_enabled`, `set_default_dtype`, `write_back`,
-   `inputs_do_not_alias`) are barriers: everything before one runs before it, everything
+   `inputs_do_not_alias`) and collectives are barriers: everything before one runs before it, everything
    after it after. Other effects (random draws, RNG state, value checks) keep their
    order among themselves. None of them, nor opaque ops or aliases, is ever fused.
 2. Regions, grown by merging groups of fusible nodes: each producer into its consumers
@@ -169,7 +169,7 @@ def fusion_candidate(ex: FusionExecutor, bsym) -> bool:
 
 def _effect_kind(bsym) -> str | None:
     """'barrier', 'ordered' (keeps its place among effects) or None (free to move with its data)."""
-    if bsym.sym.id in _BARRIERS:
+    if bsym.sym.id in _BARRIERS or "collective" in bsym.sym.tags:  # (communication: never fused across)
         return "barrier"
     if bsym.sym is python_alias:
         return None

@@ -1,0 +1,154 @@
+"""Data-parallel training checked against one process: what tests/test_distributed.py spawns.
+
+`run(scenario, world)` starts `world` processes on this machine with the gloo backend
+(a file rendezvous: no network), runs the scenario on each, and returns each rank's
+result. Every scenario trains a small model on its rank's share of a fixed global batch
+and returns what the test compares with `reference(...)`, the same training in one
+process on the whole batch.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import thunderfn as tf
+
+GLOBAL_BATCH = 8
+STEPS = 3
+
+
+def make_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 3))
+
+
+def global_batch(step: int):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(GLOBAL_BATCH, 6, generator=g), torch.randn(GLOBAL_BATCH, 3, generator=g)
+
+
+def _optimizer(kind: str, params):
+    return torch.optim.SGD(params, lr=0.1) if kind == "sgd" else torch.optim.AdamW(params, lr=0.01)
+
+
+def _loss(model, x, y):
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def reference(kind: str, accumulate: int = 1) -> list:
+    """One process, the whole batch (split into `accumulate` micro-batches whose mean losses
+    are averaged): the parameters after STEPS steps."""
+    model = make_model(seed=0)
+    optimizer = _optimizer(kind, model.parameters())
+    for step in range(STEPS):
+        x, y = global_batch(step)
+        for xs, ys in zip(x.chunk(accumulate), y.chunk(accumulate)):
+            (_loss(model, xs, ys) / accumulate).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _train(model, kind: str, rank: int, world: int, accumulate: int = 1, no_sync=None) -> list:
+    optimizer = _optimizer(kind, model.parameters())
+    for step in range(STEPS):
+        x, y = global_batch(step)
+        # this rank's share of each micro-batch, as the single process splits them
+        micro = list(zip(x.chunk(accumulate), y.chunk(accumulate)))
+        for i, (xs, ys) in enumerate(micro):
+            local_x, local_y = xs.chunk(world)[rank], ys.chunk(world)[rank]
+            quiet = no_sync(model) if (no_sync is not None and i < len(micro) - 1) else _nothing()
+            with quiet:
+                (_loss(model, local_x, local_y) / accumulate).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _torch_ddp_of_jit(rank, world):
+    out = {}
+    for kind in ("sgd", "adamw"):
+        model = make_model(seed=0)
+        wrapped = torch.nn.parallel.DistributedDataParallel(tf.jit(model))
+        out[kind] = _train(wrapped, kind, rank, world)
+    return out
+
+
+def _tf_ddp(rank, world):
+    out = {}
+    for kind in ("sgd", "adamw"):
+        model = make_model(seed=rank)  # different on each rank: ddp broadcasts rank 0's
+        jitted = tf.jit(tf.distributed.ddp(model, bucket_size_in_mb=0.001))  # ~1 KB: several buckets
+        out[kind] = _train(jitted, kind, rank, world)
+        out[kind + "_backward"] = str(tf.last_backward_traces(jitted)[-1])
+    return out
+
+
+def _tf_ddp_no_sync(rank, world):
+    model = make_model(seed=0)
+    jitted = tf.jit(tf.distributed.ddp(model))
+    return {"adamw": _train(jitted, "adamw", rank, world, accumulate=2, no_sync=tf.distributed.no_sync)}
+
+
+def _different_models(rank, world):
+    model = torch.nn.Linear(4, 4 + rank)
+    try:
+        tf.distributed.ddp(model)
+    except tf.errors.DistributedError as e:
+        return {"error": str(e)}
+    return {"error": None}
+
+
+def _refusals(rank, world):
+    wrapped = torch.nn.parallel.DistributedDataParallel(make_model(seed=0))
+    try:
+        tf.jit(wrapped)
+    except tf.UnsupportedOpError as e:
+        return {"error": str(e)}
+    return {"error": None}
+
+
+def _fused_with_inductor(rank, world):
+    """ddp with a fusion executor: the fused backward still all-reduces, and no region spans a collective."""
+    model = make_model(seed=0)
+    jitted = tf.jit(tf.distributed.ddp(model), executors=["inductor"])
+    params = _train(jitted, "sgd", rank, world)
+    return {"sgd": params, "sgd_backward": str(tf.last_backward_traces(jitted)[-1])}
+
+
+SCENARIOS = {"torch_ddp_of_jit": _torch_ddp_of_jit, "tf_ddp": _tf_ddp, "tf_ddp_no_sync": _tf_ddp_no_sync,
+             "different_models": _different_models, "refusals": _refusals, "fused_with_inductor": _fused_with_inductor}
+
+
+def _worker(rank: int, world: int, scenario: str, rendezvous: str, results: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    try:
+        result = SCENARIOS[scenario](rank, world)
+    except Exception:
+        result = {"exception": traceback.format_exc()}
+    finally:
+        dist.destroy_process_group()
+    torch.save(result, os.path.join(results, f"rank{rank}.pt"))
+
+
+def run(scenario: str, world: int = 2) -> list[dict]:
+    """Each rank's result of the scenario (a dict; {"exception": traceback} if it raised)."""
+    with tempfile.TemporaryDirectory() as folder:
+        rendezvous = os.path.join(folder, "rendezvous")
+        mp.spawn(_worker, args=(world, scenario, rendezvous, folder), nprocs=world, join=True)
+        return [torch.load(os.path.join(folder, f"rank{r}.pt"), weights_only=False) for r in range(world)]

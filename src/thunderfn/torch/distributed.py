@@ -1,0 +1,116 @@
+"""Collectives: torch.distributed's communication as symbols of their own, so traces show it.
+
+`all_reduce`, `all_gather`, `reduce_scatter` and `broadcast` take a tensor and return
+a new value (functional, as everything in a trace), computed by torch.distributed when
+the compiled function runs (gloo on CPU, NCCL on GPU): the torch executor calls them
+like opaque ops. With `async_op=True` a collective returns at once and its result is a
+*pending* value that only `wait` may read: the trace says where communication starts
+and where its result is first needed, and everything recorded in between overlaps it.
+
+A process group is named in traces by a small integer (`group_id`), since a trace
+prints as Python: 0 is the default group. Each symbol is tagged "collective": it is
+never removed as unused (every rank must issue every collective, in the same order),
+never merged with another, and a barrier to fusion executors, which fuse on either side
+of it but never across it.
+
+May import: core/.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.symbol import Symbol
+
+_groups: list = [None]  # group id -> process group; None is torch's default group
+
+_OPS = {"sum": dist.ReduceOp.SUM, "avg": getattr(dist.ReduceOp, "AVG", None), "max": dist.ReduceOp.MAX,
+        "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}
+
+
+def group_id(group) -> int:
+    """The integer a trace names `group` by (None, the default group, is 0)."""
+    if group is None or group is dist.group.WORLD:
+        return 0
+    for i, known in enumerate(_groups):
+        if known is group:
+            return i
+    _groups.append(group)
+    return len(_groups) - 1
+
+
+def world_size(gid: int) -> int:
+    return dist.get_world_size(_groups[gid])
+
+
+class Pending:
+    """What an async collective returns when the compiled function runs: its tensor, written by
+    torch.distributed until `wait` says it is done."""
+    __slots__ = ("tensor", "work")
+
+    def __init__(self, tensor: torch.Tensor, work):
+        self.tensor, self.work = tensor, work
+
+
+def _finish(tensor, work, async_op: bool):
+    return Pending(tensor, work) if async_op else tensor
+
+
+def _all_reduce(x, op: str = "sum", gid: int = 0, async_op: bool = False):
+    out = x.clone(memory_format=torch.contiguous_format)
+    return _finish(out, dist.all_reduce(out, op=_OPS[op], group=_groups[gid], async_op=async_op), async_op)
+
+
+def _all_gather(x, gid: int = 0, async_op: bool = False):
+    """Every rank's x, concatenated along dim 0, in rank order."""
+    out = x.new_empty((world_size(gid) * x.shape[0], *x.shape[1:]))
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return _finish(out, gather(out, x.contiguous(), group=_groups[gid], async_op=async_op), async_op)
+
+
+def _reduce_scatter(x, op: str = "sum", gid: int = 0, async_op: bool = False):
+    """This rank's 1/world of dim 0 of the reduction of every rank's x."""
+    out = x.new_empty((x.shape[0] // world_size(gid), *x.shape[1:]))
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return _finish(out, scatter(out, x.contiguous(), op=_OPS[op], group=_groups[gid], async_op=async_op), async_op)
+
+
+def _broadcast(x, src: int = 0, gid: int = 0, async_op: bool = False):
+    out = x.clone(memory_format=torch.contiguous_format)
+    return _finish(out, dist.broadcast(out, src, group=_groups[gid], async_op=async_op), async_op)
+
+
+def _wait(pending):
+    pending.work.wait()
+    return pending.tensor
+
+
+def _same_meta(x, *args, **kwargs):
+    return TensorProxy.like(x, requires_grad=False)
+
+
+def _gathered_meta(x, gid: int = 0, async_op: bool = False):
+    return TensorProxy(shape=(world_size(gid) * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+
+
+def _scattered_meta(x, op: str = "sum", gid: int = 0, async_op: bool = False):
+    world = world_size(gid)
+    if x.shape[0] % world:
+        raise ValueError(f"reduce_scatter: dim 0 of a {tuple(x.shape)} tensor does not split into {world} equal shards")
+    return TensorProxy(shape=(x.shape[0] // world, *x.shape[1:]), dtype=x.dtype, device=x.device)
+
+
+def _collective(name: str, impl, meta) -> Symbol:
+    printed = f"dist_{name}"
+    impl.__name__ = impl.__qualname__ = printed  # how generated code calls it
+    return Symbol(name, ("distributed", name), meta=meta, is_prim=True, print_name=printed,
+                  namespace={printed: impl}, eager=impl, torch_fn=impl,
+                  tags=frozenset({"opaque", "collective", "no_dce"}))
+
+
+all_reduce = _collective("all_reduce", _all_reduce, _same_meta)
+all_gather = _collective("all_gather", _all_gather, _gathered_meta)
+reduce_scatter = _collective("reduce_scatter", _reduce_scatter, _scattered_meta)
+broadcast = _collective("broadcast", _broadcast, _same_meta)
+wait = _collective("wait", _wait, _same_meta)
