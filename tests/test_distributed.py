@@ -71,3 +71,20 @@ def test_ddp_without_a_process_group_says_how_to_start_one():
     assert not dist.is_initialized()
     with pytest.raises(tf.errors.DistributedError, match=r"call torch.distributed.init_process_group\(backend\)"):
         tf.distributed.ddp(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
+def test_fsdp_trains_like_one_process_keeping_a_shard_of_each_parameter(strategy):
+    results = checks.run("fsdp_full_shard" if strategy == "FULL_SHARD" else "fsdp_shard_grad_op")
+    # the whole parameters (tf.distributed.full_parameters) after SGD and AdamW steps on the shards
+    _assert_rank_results_match_one_process(results)
+    for result in results:
+        sharded, whole = result["sgd_bytes"]
+        assert sharded <= whole / 2 + 64  # 1/world of every parameter, plus padding to a multiple of world
+        for got, want in zip(result["reloaded"], checks.reference("adamw")):
+            torch.testing.assert_close(got, want)  # full_state_dict -> load_full_state_dict round trip
+    forward, backward = results[0]["forward"], results[0]["backward"]
+    assert "dist_all_gather(" in forward and "dist_reduce_scatter(" in backward
+    # FULL_SHARD keeps only shards between forward and backward and gathers again where the backward
+    # needs a whole parameter; SHARD_GRAD_OP keeps the gathered ones and communicates only gradients
+    assert ("dist_all_gather(" in backward) == (strategy == "FULL_SHARD")

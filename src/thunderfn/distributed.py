@@ -16,6 +16,11 @@ the others waiting until the process group's timeout (`init_process_group(timeou
 
 torch's own `DistributedDataParallel(tf.jit(model))` works too: DDP's hooks see the
 gradients the jitted backward produces, as they see eager's.
+
+`fsdp(module)` shards instead: each rank keeps 1/world of every parameter, the jitted
+forward gathers each parameter before use and the backward reduce-scatters gradients
+(transforms/fsdp.py). `module.parameters()` are then the shards, so an ordinary torch
+optimizer steps them; `full_parameters` and `full_state_dict` rebuild the whole model.
 """
 from __future__ import annotations
 
@@ -28,8 +33,10 @@ from thunderfn.errors import DistributedError
 from thunderfn.module import ThunderModule
 from thunderfn.torch import distributed as collectives
 from thunderfn.transforms.ddp import DataParallel
+from thunderfn.transforms.fsdp import STRATEGIES, Sharded
 
-__all__ = ["ddp", "no_sync", "DataParallel"]
+__all__ = ["ddp", "no_sync", "fsdp", "full_parameters", "full_state_dict", "load_full_state_dict", "DataParallel",
+           "Sharded"]
 
 
 def _require_process_group(what: str) -> None:
@@ -69,6 +76,8 @@ def ddp(module: torch.nn.Module, *, bucket_size_in_mb: float = 25.0, broadcast_f
         raise DistributedError("tf.distributed.ddp takes the model itself, not one wrapped in DistributedDataParallel")
     if isinstance(module, ThunderModule):
         raise DistributedError("tf.distributed.ddp goes inside tf.jit: write tf.jit(tf.distributed.ddp(model))")
+    if module.__dict__.get("_thunderfn_fsdp") is not None or module.__dict__.get("_thunderfn_data_parallel"):
+        raise DistributedError("this module is prepared for tf.distributed already (ddp or fsdp): prepare it once")
     if not bucket_size_in_mb > 0:
         raise ValueError(f"bucket_size_in_mb must be positive, got {bucket_size_in_mb}")
     _require_process_group("tf.distributed.ddp")
@@ -115,3 +124,102 @@ def no_sync(module: torch.nn.Module):
                     if p.grad is not None:
                         p.grad.div_(config.world_size)
                         dist.all_reduce(p.grad, group=group)
+
+
+# -- fsdp -------------------------------------------------------------------------------------------
+def fsdp(module: torch.nn.Module, *, sharding_strategy: str = "FULL_SHARD", broadcast_from: int = 0,
+         process_group=None) -> torch.nn.Module:
+    """The module with every parameter replaced by this rank's shard, prepared for tf.jit.
+
+    A collective: every rank calls it. After checking that the ranks hold the same parameters
+    and broadcasting rank `broadcast_from`'s, each parameter is flattened, padded to a multiple
+    of the world size and cut in equal parts; rank r keeps part r as the module's parameter
+    (same name, requires_grad as before). `tf.jit(module)` gathers parameters in the forward
+    and reduce-scatters their gradients in the backward. "FULL_SHARD" frees a gathered
+    parameter after its last use in the forward and gathers it again in the backward;
+    "SHARD_GRAD_OP" keeps it from the forward to the backward. Buffers stay whole (broadcast).
+    The module computes only under tf.jit from then on."""
+    if sharding_strategy not in STRATEGIES:
+        raise ValueError(f"sharding_strategy must be one of {STRATEGIES}, got {sharding_strategy!r}")
+    if isinstance(module, ThunderModule):
+        raise DistributedError("tf.distributed.fsdp goes inside tf.jit: write tf.jit(tf.distributed.fsdp(model))")
+    if module.__dict__.get("_thunderfn_fsdp") is not None or module.__dict__.get("_thunderfn_data_parallel"):
+        raise DistributedError("this module is prepared for tf.distributed already (ddp or fsdp): prepare it once")
+    _require_process_group("tf.distributed.fsdp")
+    world, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
+    _check_same_parameters(module, process_group)
+    shapes, sharded = [], {}
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor, broadcast_from, group=process_group)
+        for name, param in list(module.named_parameters()):
+            shapes.append(tuple(param.shape))
+            if id(param) not in sharded:  # a parameter shared by two modules: one shard, shared too
+                per_rank = collectives.shard_numel(param.numel(), world)
+                flat = torch.nn.functional.pad(param.detach().reshape(-1), (0, per_rank * world - param.numel()))
+                sharded[id(param)] = torch.nn.Parameter(flat[rank * per_rank:(rank + 1) * per_rank].clone(),
+                                                        requires_grad=param.requires_grad)
+            owner_name, _, attr = name.rpartition(".")
+            owner = module.get_submodule(owner_name) if owner_name else module
+            setattr(owner, attr, sharded[id(param)])
+        _share_tied(module, sharded)
+    module._thunderfn_fsdp = Sharded(group_id=collectives.group_id(process_group), world_size=world,
+                                     strategy=sharding_strategy, shapes=shapes)
+    return module
+
+
+def _share_tied(module: torch.nn.Module, sharded: dict) -> None:
+    """Parameters named_parameters() left out as duplicates (tied weights) get their shard too."""
+    for owner in module.modules():
+        for attr, param in list(owner._parameters.items()):
+            if param is not None and id(param) in sharded:
+                owner._parameters[attr] = sharded[id(param)]
+
+
+def _sharding(module) -> tuple[torch.nn.Module, Sharded]:
+    inner = module.module if isinstance(module, ThunderModule) else module
+    config = inner.__dict__.get("_thunderfn_fsdp")
+    if config is None:
+        raise DistributedError("this is for a module prepared with tf.distributed.fsdp")
+    return inner, config
+
+
+def full_parameters(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter whole, by name (a collective: every rank calls it and gets all of them)."""
+    inner, config = _sharding(module)
+    group = collectives._groups[config.group_id]
+    out = {}
+    with torch.no_grad():
+        for (name, shard), shape in zip(inner.named_parameters(), config.shapes):
+            gathered = shard.new_empty((config.world_size * shard.numel(),))
+            dist.all_gather_into_tensor(gathered, shard.detach().contiguous(), group=group)
+            out[name] = gathered[:torch.Size(shape).numel()].reshape(shape).clone()
+    return out
+
+
+def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded model's state_dict (whole parameters and the buffers); a collective. Save it
+    from one rank to get a checkpoint an unsharded model loads. `module.state_dict()` is the
+    sharded one: each rank's shards, padded, which `module.load_state_dict` takes back."""
+    inner, _ = _sharding(module)
+    whole = full_parameters(module)
+    return {name: whole.get(name, value) for name, value in inner.state_dict().items()}
+
+
+def load_full_state_dict(module: torch.nn.Module, state_dict: dict) -> None:
+    """Load an unsharded state_dict (a full_state_dict, or an unsharded model's) into a sharded
+    module: each rank copies in its shard of every parameter, and the buffers whole."""
+    inner, config = _sharding(module)
+    rank = dist.get_rank(collectives._groups[config.group_id])
+    with torch.no_grad():
+        for (name, shard), shape in zip(inner.named_parameters(), config.shapes):
+            whole = state_dict[name]
+            if tuple(whole.shape) != tuple(shape):
+                raise ValueError(f"load_full_state_dict: {name} is {tuple(whole.shape)} in the state_dict but "
+                                 f"{tuple(shape)} in the model")
+            per_rank = shard.numel()
+            flat = torch.nn.functional.pad(whole.reshape(-1), (0, per_rank * config.world_size - whole.numel()))
+            shard.copy_(flat[rank * per_rank:(rank + 1) * per_rank])
+        for name, buffer in inner.named_buffers():
+            if name in state_dict:
+                buffer.copy_(state_dict[name])

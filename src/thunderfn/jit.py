@@ -53,7 +53,8 @@ from thunderfn.executors.torch_rewrites import (UnlessFunctorch, lift_number_ope
 from thunderfn.module import jit_module
 from thunderfn.torch.autocast import autocast_state
 from thunderfn.torch.optim import StepChangesOptimizerState
-from thunderfn.transforms.ddp import bucketed_all_reduce
+from thunderfn.transforms.ddp import DataParallel, bucketed_all_reduce
+from thunderfn.transforms.fsdp import Sharded, regather_in_backward
 from thunderfn.transforms.executor_lower import lower_trace
 from thunderfn.transforms.autograd_split import CompiledSplit, try_split
 from thunderfn.transforms.rematerialize import rematerialize
@@ -94,11 +95,11 @@ class JitState:
     """What a jitted function keeps: its caches, its statistics and its most recent compile's traces."""
 
     def __init__(self, fn, executors, *, fallback, static_argnums, static_argnames, disable_torch_autograd,
-                 cache_size_limit=DEFAULT_CACHE_SIZE_LIMIT, rematerialize=None, cache_dir=None, data_parallel=None):
+                 cache_size_limit=DEFAULT_CACHE_SIZE_LIMIT, rematerialize=None, cache_dir=None, distributed=None):
         self.fn = fn
         self.executors = executors
         self.cache_dir = cache_dir
-        self.data_parallel = data_parallel
+        self.distributed = distributed  # DataParallel, Sharded or None
         self.rematerialize = rematerialize  # None, True or False: see _rematerializes
         self.fallback = fallback
         self.static_argnums = tuple(static_argnums)
@@ -174,12 +175,12 @@ class JitState:
         if not self.disable_torch_autograd and _is_grad_enabled():
             progress.stage("differentiating: the forward and backward traces")
             split, self.why_no_backward = try_split(traces[-1], executors)
-        if split is None and self.data_parallel is not None and _is_grad_enabled() and not self.disable_torch_autograd \
-                and any(p.requires_grad for p in traces[-1].args[:self.data_parallel.n_params]):
+        if split is None and self.distributed is not None and _is_grad_enabled() and not self.disable_torch_autograd \
+                and any(p.requires_grad for p in traces[0].args):
             raise UnsupportedOpError(
-                f"tf.distributed.ddp all-reduces gradients in thunderfn's own backward trace, and "
-                f"'{_fn_name(self.fn)}' has none: {self.why_no_backward}. Wrap the module in torch's "
-                f"DistributedDataParallel instead: DistributedDataParallel(tf.jit(module)).")
+                f"tf.distributed synchronizes gradients in thunderfn's own backward trace, and "
+                f"'{_fn_name(self.fn)}' has none: {self.why_no_backward}. For data parallelism, wrap the module in "
+                f"torch's DistributedDataParallel instead: DistributedDataParallel(tf.jit(module)).")
         if split is None:
             # writing into dead intermediates is legal where torch.autograd records nothing
             no_autograd = self.disable_torch_autograd or not _is_grad_enabled() or records_no_autograd(traces[-1])
@@ -200,11 +201,15 @@ class JitState:
                     split = dataclasses.replace(split, forward=forward_trace, backward=backward_trace)
                     traces.append(forward_trace)
                     backward.append(backward_trace)
-            if self.data_parallel is not None:
+            if isinstance(self.distributed, DataParallel):
                 progress.stage("data parallel: bucketed gradient all-reduces")
-                parallel = self.data_parallel
                 split = dataclasses.replace(split, backward=bucketed_all_reduce(
-                    split.backward, range(parallel.n_params), parallel))
+                    split.backward, range(self.distributed.n_params), self.distributed))
+                backward.append(split.backward)
+            elif isinstance(self.distributed, Sharded) and self.distributed.strategy == "FULL_SHARD":
+                progress.stage("fsdp: gathering parameters again in the backward")
+                split = regather_in_backward(split)
+                traces.append(split.forward)
                 backward.append(split.backward)
             traces.append(timed_pass(CSE, cse, split.forward))
             progress.stage("lowering onto executors, code generation")
@@ -541,7 +546,7 @@ def _fn_name(fn) -> str:
 
 def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = True, static_argnums=(),
         static_argnames=(), disable_torch_autograd: bool = False, cache_size_limit: int = DEFAULT_CACHE_SIZE_LIMIT,
-        rematerialize: bool | None = None, cache_dir: str | os.PathLike | None = None, data_parallel=None):
+        rematerialize: bool | None = None, cache_dir: str | os.PathLike | None = None, distributed=None):
     """Compile fn: trace it per input signature, lower it onto `executors` (priority
     order; None means the defaults; the torch executor is appended unless
     `fallback=False`), generate Python once and cache it.
@@ -564,8 +569,8 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     fusion executors' kernel caches); None means $THUNDERFN_CACHE_DIR, or nowhere on disk
     for thunderfn's own code (core/artifacts.py).
 
-    `data_parallel`: set by tf.distributed.ddp on the modules it prepares (the gradients of the
-    module's parameters are all-reduced in the backward trace, transforms/ddp.py), not by users.
+    `distributed`: set by tf.distributed.ddp and fsdp on the modules they prepare (how the
+    module's gradients are synchronized: transforms/ddp.py, transforms/fsdp.py), not by users.
     """
     if rematerialize is not None and not isinstance(rematerialize, bool):  # checked here: a module jits its forward later
         raise ValueError(f"rematerialize must be None (on where a fusion executor is used), True or False, "
@@ -581,7 +586,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
         static_argnames = (static_argnames,)
     state = JitState(fn, executors, fallback=fallback, static_argnums=static_argnums, static_argnames=static_argnames,
                      disable_torch_autograd=disable_torch_autograd, cache_size_limit=cache_size_limit,
-                     rematerialize=rematerialize, cache_dir=cache_dir, data_parallel=data_parallel)
+                     rematerialize=rematerialize, cache_dir=cache_dir, distributed=distributed)
     fast_cache, call_slow = state.fast_cache, state.call_slow
     use_fast_path = not static_argnums and not static_argnames
 

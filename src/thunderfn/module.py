@@ -26,6 +26,7 @@ import torch
 from thunderfn.core import context
 from thunderfn.core.context import to_identifier
 from thunderfn.errors import UnsupportedOpError
+from thunderfn.torch import distributed as collectives
 
 
 def _state_slots(module: torch.nn.Module, named) -> list:
@@ -114,13 +115,20 @@ class ThunderModule(torch.nn.Module):
         options = dict(self._thunderfn_options)
         parallel = module.__dict__.get("_thunderfn_data_parallel")
         if parallel is not None and parallel.sync:  # gradients all-reduced in the backward (transforms/ddp.py)
-            options["data_parallel"] = dataclasses.replace(parallel)
+            options["distributed"] = dataclasses.replace(parallel)
+        if module.__dict__.get("_thunderfn_fsdp") is not None:
+            options["distributed"] = module.__dict__["_thunderfn_fsdp"]
         slots = self._slots()
         param_names = [n for n, _ in module.named_parameters()]
         buffer_names = [n for n, _ in module.named_buffers()]
 
+        sharded = module.__dict__.get("_thunderfn_fsdp")
+
         def forward(*state_and_args, **kwargs):
             state = state_and_args[:len(slots)]
+            if sharded is not None:  # tf.distributed.fsdp: each parameter gathered whole (transforms/fsdp.py)
+                state = [collectives.unshard(s, shape, sharded.group_id) for s, shape in zip(state, sharded.shapes)] \
+                    + list(state[len(sharded.shapes):])
             # read at trace time: the very tensors the caller just passed as inputs
             with context.standing_in(zip([table[key] for table, key in slots], state)):
                 return module(*state_and_args[len(slots):], **kwargs)

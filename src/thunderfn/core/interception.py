@@ -148,6 +148,30 @@ _metadata_methods = {
 }
 
 
+# Of those, the ones a stand-in proxy answers for the tensor it stands for (core/context.py's
+# standing_in): its shape and kind, which may differ from the real tensor's (tf.distributed.fsdp's
+# parameters are shards; the proxy is the gathered whole). Identity, storage and version stay the tensor's.
+_SHAPE_QUERIES = {torch.Tensor.shape.__get__: ("shape", False), torch.Tensor.ndim.__get__: ("ndim", False),
+                  torch.Tensor.dtype.__get__: ("dtype", False), torch.Tensor.size: ("size", True),
+                  torch.Tensor.dim: ("dim", True), torch.Tensor.ndimension: ("dim", True),
+                  torch.Tensor.numel: ("numel", True), torch.Tensor.nelement: ("numel", True),
+                  torch.Tensor.__len__: ("__len__", True)}
+
+
+def stand_in_metadata(func, args, kwargs):
+    """The answer to a shape query about a real tensor some proxy stands in for, from the proxy;
+    NotImplemented when func is not such a query or args[0] has no stand-in."""
+    query = _SHAPE_QUERIES.get(func)
+    stood = context.stand_in(args[0]) if query is not None and args and isinstance(args[0], torch.Tensor) else None
+    if stood is None:
+        return NotImplemented
+    name, is_method = query
+    if name == "__len__":
+        return stood.shape[0]
+    answer = getattr(stood, name)
+    return answer(*args[1:], **kwargs) if is_method else answer
+
+
 def is_metadata_query(func) -> bool:
     """A question about a tensor's metadata (x.shape, x.size(), x.is_contiguous()), answered
     eagerly for a real tensor while tracing: it does not depend on values that change between calls."""

@@ -30,6 +30,7 @@ from thunderfn.torch import foreach as _foreach  # noqa: E402,F401  (torch._fore
 from thunderfn.torch import library_queries as _library_queries  # noqa: E402,F401  (is_compiling() and isinstance helpers)
 from thunderfn.torch import nn_modules as _nn_modules  # noqa: E402,F401  (nn.Module forwards that read tensor values)
 from thunderfn.torch import optim as _optim  # noqa: E402,F401  (optimizer steps inside traced functions)
+from thunderfn.torch import distributed as _distributed  # noqa: E402,F401  (collectives: tf.distributed)
 from thunderfn.torch.statistics import *  # noqa: E402,F401,F403
 from thunderfn.torch.aten_backward import *  # noqa: E402,F401,F403
 from thunderfn.torch import dispatch as _dispatch  # noqa: E402

@@ -15,7 +15,7 @@ import torch
 
 from thunderfn.core import context
 from thunderfn.core.interception import (contains_tensor, handlers, is_metadata_query, lift_constants,
-                                         tensors_by_position, torch_name)
+                                         stand_in_metadata, tensors_by_position, torch_name)
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
 from thunderfn.torch import autocast, inplace
@@ -33,6 +33,10 @@ def dispatch(func, args, kwargs):
     if handler is None:
         if is_metadata_query(func):
             if not any(isinstance(a, TensorProxy) for a in args):
+                if context._local.stand_ins:
+                    answer = stand_in_metadata(func, args, kwargs)
+                    if answer is not NotImplemented:
+                        return answer
                 return func(*args, **kwargs)
         has_tensor = contains_tensor(args) or contains_tensor(kwargs)
 

@@ -13,15 +13,21 @@ never removed as unused (every rank must issue every collective, in the same ord
 never merged with another, and a barrier to fusion executors, which fuse on either side
 of it but never across it.
 
-May import: core/.
+`unshard`, the one composite here, rebuilds a parameter tf.distributed.fsdp sharded.
+
+May import: core/ and the rest of the torch language.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
 
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
+from thunderfn.torch.base import torchsymbol
+from thunderfn.torch.shape import narrow, reshape
 
 _groups: list = [None]  # group id -> process group; None is torch's default group
 
@@ -114,3 +120,18 @@ all_gather = _collective("all_gather", _all_gather, _gathered_meta)
 reduce_scatter = _collective("reduce_scatter", _reduce_scatter, _scattered_meta)
 broadcast = _collective("broadcast", _broadcast, _same_meta)
 wait = _collective("wait", _wait, _same_meta)
+
+
+# -- sharded parameters (tf.distributed.fsdp) ----------------------------------------------------
+def shard_numel(numel: int, world: int) -> int:
+    """Elements per rank of a parameter of `numel` elements: flattened, padded to a multiple of world."""
+    return -(-numel // world)
+
+
+@torchsymbol(name="unshard")
+def unshard(shard, shape, gid: int = 0):
+    """The whole parameter of shape `shape` from each rank's flat, padded shard: an all_gather, the
+    padding cut off, reshaped. Its gradient is the reduce_scatter of the whole gradient, averaged
+    over the ranks (transforms/vjp_rules_torch.py), so each rank's shard gets its part of the mean."""
+    full = all_gather(shard, gid)
+    return reshape(narrow(full, 0, 0, math.prod(shape)), tuple(shape))

@@ -26,6 +26,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import canonical_dim
 from thunderfn.torch.elementwise import _SELU_ALPHA, _SELU_SCALE
 from thunderfn.torch.nn import _legacy_reduction, _repeat_heads
+from thunderfn.torch import distributed as collectives
 from thunderfn.torch.reductions import _correction, _var_args
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, defvjp
 
@@ -602,3 +603,46 @@ def _max_or_min_vjp(res, g, loses):
 
 defvjp(ltorch.max.id)(lambda res, g: _max_or_min_vjp(res, g, clang.lt))
 defvjp(ltorch.min.id)(lambda res, g: _max_or_min_vjp(res, g, clang.gt))
+
+
+# -- collectives (torch/distributed.py): each one's transpose, over the same group --------------
+def _synchronous(res, name: str) -> None:
+    if _argument(res, 3 if name != "all_gather" else 2, "async_op", False):
+        raise NotImplementedError(f"vjp of an asynchronous {name}: differentiate its synchronous form (the async "
+                                  f"ones are placed by transforms, after differentiation)")
+
+
+@defvjp(collectives.all_gather.id)
+def _all_gather_vjp(res, g):
+    """Each rank's shard reached every rank: its gradient is the sum of every rank's gradient of it."""
+    _synchronous(res, "all_gather")
+    return (collectives.reduce_scatter(g, "sum", _argument(res, 1, "gid", 0)),) + (None,) * (len(res.args) - 1)
+
+
+@defvjp(collectives.reduce_scatter.id)
+def _reduce_scatter_vjp(res, g):
+    _synchronous(res, "reduce_scatter")
+    if _argument(res, 1, "op", "sum") != "sum":
+        raise NotImplementedError("vjp of a reduce_scatter other than a sum")
+    return (collectives.all_gather(g, _argument(res, 2, "gid", 0)),) + (None,) * (len(res.args) - 1)
+
+
+@defvjp(collectives.all_reduce.id)
+def _all_reduce_vjp(res, g):
+    _synchronous(res, "all_reduce")
+    if _argument(res, 1, "op", "sum") != "sum":
+        raise NotImplementedError("vjp of an all_reduce other than a sum")
+    return (collectives.all_reduce(g, "sum", _argument(res, 2, "gid", 0)),) + (None,) * (len(res.args) - 1)
+
+
+@defvjp(collectives.unshard.id)
+def _unshard_vjp(res, g):
+    """The whole parameter's gradient, flattened and padded as the shards are, averaged over the ranks
+    (each computed it for its own share of the batch) and reduce-scattered: each rank gets its shard's."""
+    shard, gid = res.args[0], _argument(res, 2, "gid", 0)
+    world = collectives.world_size(gid)
+    flat = ltorch.reshape(g, (-1,))
+    padding = shard.shape[0] * world - flat.shape[0]
+    if padding:
+        flat = ltorch.cat([flat, ltorch.zeros((padding,), dtype=flat.dtype, device=flat.device)])
+    return (collectives.reduce_scatter(ltorch.div(flat, world), "sum", gid), None, None)[:len(res.args)]

@@ -1,0 +1,71 @@
+"""Fully sharded data parallelism: what the forward/backward split keeps of gathered parameters.
+
+`tf.distributed.fsdp` leaves each rank 1/world of every parameter (a flat, padded shard);
+the jitted module's forward trace rebuilds each whole parameter with `unshard` (an
+all_gather) before its use, and `unshard`'s gradient reduce-scatters the whole gradient,
+so the backward ends with each rank's shard of the averaged gradient
+(torch/distributed.py, transforms/vjp_rules_torch.py). What remains is what the backward
+may keep between the two halves:
+
+- "SHARD_GRAD_OP": a gathered parameter the backward reads is a residual like any other:
+  whole parameters stay alive from the forward to the backward (memory), and the backward
+  communicates nothing but the gradients' reduce-scatters.
+- "FULL_SHARD" (`regather_in_backward`): the forward keeps only shards. A gathered parameter
+  dies after its last use in the forward (the trace's `del`), and the backward gathers it
+  again right before its first use there, from the shard it keeps instead. Whole parameters
+  then live one stretch of the program at a time, at the price of a second all_gather each.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from thunderfn.core.passes import dce
+from thunderfn.core.trace import stamp_provenance
+from thunderfn.torch import distributed as collectives
+from thunderfn.transforms.autograd_split import Split
+
+STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP")
+
+
+@dataclasses.dataclass
+class Sharded:
+    """How a module's parameters are sharded: set by tf.distributed.fsdp, read by ThunderModule and jit."""
+    group_id: int
+    world_size: int
+    strategy: str
+    shapes: list  # per parameter (in named_parameters order): its whole shape
+
+
+def regather_in_backward(split: Split) -> Split:
+    """split with every gathered parameter the backward reads re-gathered there from its shard,
+    which the forward keeps instead (see the module docstring)."""
+    start = time.perf_counter_ns()
+    fwd, bwd = split.forward, split.backward
+    gathered_by = {b.output.name: b for b in fwd.bound_symbols if b.sym is collectives.unshard}
+    outputs, residuals = fwd.output
+    if not any(r.name in gathered_by for r in residuals):
+        return split
+    kept, names = [], set()
+    for r in residuals:
+        keep = gathered_by[r.name].args[0] if r.name in gathered_by else r
+        if keep.name not in names:
+            names.add(keep.name)
+            kept.append(keep)
+    regather = {r.name: gathered_by[r.name] for r in residuals if r.name in gathered_by}
+    body = []
+    for bsym in bwd.bound_symbols:
+        for p in bsym.proxy_args():
+            if p.name in regather:
+                body.append(regather.pop(p.name))  # right before its first use
+        body.append(bsym)
+    body += regather.values()  # read only as outputs of the backward
+    new_fwd = fwd.derive("")
+    new_fwd.output = (outputs, tuple(kept))
+    new_fwd = dce(new_fwd)
+    n_cotangents = len(bwd.args) - len(residuals)
+    new_bwd = bwd.derive("", body)
+    new_bwd.args = kept + list(bwd.args[len(bwd.args) - n_cotangents:])
+    provenance = "FSDP: parameters gathered again in the backward (FULL_SHARD)"
+    return dataclasses.replace(split, forward=stamp_provenance(new_fwd, provenance, start),
+                               backward=stamp_provenance(new_bwd, provenance, start))
