@@ -73,9 +73,11 @@ def test_ddp_without_a_process_group_says_how_to_start_one():
         tf.distributed.ddp(torch.nn.Linear(2, 2))
 
 
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
-def test_fsdp_trains_like_one_process_keeping_a_shard_of_each_parameter(strategy):
-    results = checks.run("fsdp_full_shard" if strategy == "FULL_SHARD" else "fsdp_shard_grad_op")
+@pytest.mark.parametrize("strategy, bucketing", [("FULL_SHARD", "none"), ("SHARD_GRAD_OP", "none"),
+                                                 ("FULL_SHARD", "module")])
+def test_fsdp_trains_like_one_process_keeping_a_shard_of_each_parameter(strategy, bucketing):
+    scenario = "fsdp_full_shard" if strategy == "FULL_SHARD" else "fsdp_shard_grad_op"
+    results = checks.run(scenario + ("_by_module" if bucketing == "module" else ""))
     # the whole parameters (tf.distributed.full_parameters) after SGD and AdamW steps on the shards
     _assert_rank_results_match_one_process(results)
     for result in results:
@@ -88,3 +90,6 @@ def test_fsdp_trains_like_one_process_keeping_a_shard_of_each_parameter(strategy
     # FULL_SHARD keeps only shards between forward and backward and gathers again where the backward
     # needs a whole parameter; SHARD_GRAD_OP keeps the gathered ones and communicates only gradients
     assert ("dist_all_gather(" in backward) == (strategy == "FULL_SHARD")
+    # one all_gather and one reduce_scatter per parameter (6), or per Linear (3) with bucketing="module"
+    gathers = [line for line in forward.splitlines() if "dist_all_gather(" in line and not line.lstrip().startswith("#")]
+    assert len(gathers) == (3 if bucketing == "module" else 6)

@@ -33,7 +33,7 @@ from thunderfn.errors import DistributedError
 from thunderfn.module import ThunderModule
 from thunderfn.torch import distributed as collectives
 from thunderfn.transforms.ddp import DataParallel
-from thunderfn.transforms.fsdp import STRATEGIES, Sharded
+from thunderfn.transforms.fsdp import BUCKETING, STRATEGIES, Sharded
 
 __all__ = ["ddp", "no_sync", "fsdp", "full_parameters", "full_state_dict", "load_full_state_dict", "DataParallel",
            "Sharded"]
@@ -127,8 +127,8 @@ def no_sync(module: torch.nn.Module):
 
 
 # -- fsdp -------------------------------------------------------------------------------------------
-def fsdp(module: torch.nn.Module, *, sharding_strategy: str = "FULL_SHARD", broadcast_from: int = 0,
-         process_group=None) -> torch.nn.Module:
+def fsdp(module: torch.nn.Module, *, sharding_strategy: str = "FULL_SHARD", bucketing: str = "none",
+         broadcast_from: int = 0, process_group=None) -> torch.nn.Module:
     """The module with every parameter replaced by this rank's shard, prepared for tf.jit.
 
     A collective: every rank calls it. After checking that the ranks hold the same parameters
@@ -138,9 +138,13 @@ def fsdp(module: torch.nn.Module, *, sharding_strategy: str = "FULL_SHARD", broa
     and reduce-scatters their gradients in the backward. "FULL_SHARD" frees a gathered
     parameter after its last use in the forward and gathers it again in the backward;
     "SHARD_GRAD_OP" keeps it from the forward to the backward. Buffers stay whole (broadcast).
-    The module computes only under tf.jit from then on."""
+    `bucketing`: "none", one all_gather (and one reduce_scatter) per parameter, or "module", one
+    for all the parameters each submodule holds itself (a Linear's weight and bias): fewer,
+    larger collectives. The module computes only under tf.jit from then on."""
     if sharding_strategy not in STRATEGIES:
         raise ValueError(f"sharding_strategy must be one of {STRATEGIES}, got {sharding_strategy!r}")
+    if bucketing not in BUCKETING:
+        raise ValueError(f"bucketing must be one of {BUCKETING}, got {bucketing!r}")
     if isinstance(module, ThunderModule):
         raise DistributedError("tf.distributed.fsdp goes inside tf.jit: write tf.jit(tf.distributed.fsdp(model))")
     if module.__dict__.get("_thunderfn_fsdp") is not None or module.__dict__.get("_thunderfn_data_parallel"):
@@ -148,7 +152,7 @@ def fsdp(module: torch.nn.Module, *, sharding_strategy: str = "FULL_SHARD", broa
     _require_process_group("tf.distributed.fsdp")
     world, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
     _check_same_parameters(module, process_group)
-    shapes, sharded = [], {}
+    shapes, sharded, owners = [], {}, []
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
             dist.broadcast(tensor, broadcast_from, group=process_group)
@@ -161,10 +165,18 @@ def fsdp(module: torch.nn.Module, *, sharding_strategy: str = "FULL_SHARD", broa
                                                         requires_grad=param.requires_grad)
             owner_name, _, attr = name.rpartition(".")
             owner = module.get_submodule(owner_name) if owner_name else module
+            owners.append(owner_name)
             setattr(owner, attr, sharded[id(param)])
         _share_tied(module, sharded)
+    if bucketing == "module":  # each submodule's own parameters together, in order
+        by_owner: dict = {}
+        for i, owner in enumerate(owners):
+            by_owner.setdefault(owner, []).append(i)
+        buckets = list(by_owner.values())
+    else:
+        buckets = [[i] for i in range(len(shapes))]
     module._thunderfn_fsdp = Sharded(group_id=collectives.group_id(process_group), world_size=world,
-                                     strategy=sharding_strategy, shapes=shapes)
+                                     strategy=sharding_strategy, shapes=shapes, buckets=buckets)
     return module
 
 

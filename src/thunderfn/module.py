@@ -126,9 +126,14 @@ class ThunderModule(torch.nn.Module):
 
         def forward(*state_and_args, **kwargs):
             state = state_and_args[:len(slots)]
-            if sharded is not None:  # tf.distributed.fsdp: each parameter gathered whole (transforms/fsdp.py)
-                state = [collectives.unshard(s, shape, sharded.group_id) for s, shape in zip(state, sharded.shapes)] \
-                    + list(state[len(sharded.shapes):])
+            if sharded is not None:  # tf.distributed.fsdp: parameters gathered whole (transforms/fsdp.py)
+                state = list(state)
+                for bucket in sharded.buckets:
+                    shards, shapes = [state[i] for i in bucket], [sharded.shapes[i] for i in bucket]
+                    whole = ([collectives.unshard(shards[0], shapes[0], sharded.group_id)] if len(bucket) == 1 else
+                             collectives.unshard_bucket(shards, shapes, sharded.group_id))
+                    for i, w in zip(bucket, whole):
+                        state[i] = w
             # read at trace time: the very tensors the caller just passed as inputs
             with context.standing_in(zip([table[key] for table, key in slots], state)):
                 return module(*state_and_args[len(slots):], **kwargs)

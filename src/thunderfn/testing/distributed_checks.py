@@ -130,13 +130,13 @@ def _fused_with_inductor(rank, world):
     return {"sgd": params, "sgd_backward": str(tf.last_backward_traces(jitted)[-1])}
 
 
-def _fsdp(strategy):
+def _fsdp(strategy, bucketing="none"):
     def scenario(rank, world):
         out = {}
         for kind in ("sgd", "adamw"):
             model = make_model(seed=rank)
             whole_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-            jitted = tf.jit(tf.distributed.fsdp(model, sharding_strategy=strategy))
+            jitted = tf.jit(tf.distributed.fsdp(model, sharding_strategy=strategy, bucketing=bucketing))
             out[kind + "_bytes"] = (sum(p.numel() * p.element_size() for p in model.parameters()), whole_bytes)
             _train(jitted, kind, rank, world)
             whole = tf.distributed.full_parameters(jitted)
@@ -145,7 +145,7 @@ def _fsdp(strategy):
         out["backward"] = str(tf.last_backward_traces(jitted)[-1])
         # a checkpoint of the whole model, loaded into a freshly sharded one, gives the same parameters
         state = tf.distributed.full_state_dict(jitted)
-        fresh = tf.distributed.fsdp(make_model(seed=7), sharding_strategy=strategy)
+        fresh = tf.distributed.fsdp(make_model(seed=7), sharding_strategy=strategy, bucketing=bucketing)
         tf.distributed.load_full_state_dict(fresh, state)
         out["reloaded"] = list(tf.distributed.full_parameters(fresh).values())
         return out
@@ -154,7 +154,9 @@ def _fsdp(strategy):
 
 SCENARIOS = {"torch_ddp_of_jit": _torch_ddp_of_jit, "tf_ddp": _tf_ddp, "tf_ddp_no_sync": _tf_ddp_no_sync,
              "different_models": _different_models, "refusals": _refusals, "fused_with_inductor": _fused_with_inductor,
-             "fsdp_full_shard": _fsdp("FULL_SHARD"), "fsdp_shard_grad_op": _fsdp("SHARD_GRAD_OP")}
+             "fsdp_full_shard": _fsdp("FULL_SHARD"), "fsdp_shard_grad_op": _fsdp("SHARD_GRAD_OP"),
+             "fsdp_full_shard_by_module": _fsdp("FULL_SHARD", "module"),
+             "fsdp_shard_grad_op_by_module": _fsdp("SHARD_GRAD_OP", "module")}
 
 
 def _worker(rank: int, world: int, scenario: str, rendezvous: str, results: str) -> None:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
 from thunderfn.torch.base import torchsymbol
-from thunderfn.torch.shape import narrow, reshape
+from thunderfn.torch.shape import cat, narrow, reshape
 
 _groups: list = [None]  # group id -> process group; None is torch's default group
 
@@ -135,3 +135,19 @@ def unshard(shard, shape, gid: int = 0):
     over the ranks (transforms/vjp_rules_torch.py), so each rank's shard gets its part of the mean."""
     full = all_gather(shard, gid)
     return reshape(narrow(full, 0, 0, math.prod(shape)), tuple(shape))
+
+
+@torchsymbol(name="unshard_bucket")
+def unshard_bucket(shards, shapes, gid: int = 0):
+    """Several parameters whole from their shards with one all_gather: each rank's shards are
+    concatenated, gathered, and each parameter's columns cut out of the (world, total) result.
+    Its gradient is one reduce_scatter (transforms/vjp_rules_torch.py)."""
+    world = world_size(gid)
+    row = sum(s.shape[0] for s in shards)
+    rows = reshape(all_gather(cat(list(shards)) if len(shards) > 1 else shards[0], gid), (world, row))
+    whole, offset = [], 0
+    for shard, shape in zip(shards, shapes):
+        columns = reshape(narrow(rows, 1, offset, shard.shape[0]), (-1,))
+        whole.append(reshape(narrow(columns, 0, 0, math.prod(shape)), tuple(shape)))
+        offset += shard.shape[0]
+    return tuple(whole)

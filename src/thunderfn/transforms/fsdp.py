@@ -26,6 +26,7 @@ from thunderfn.torch import distributed as collectives
 from thunderfn.transforms.autograd_split import Split
 
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP")
+BUCKETING = ("none", "module")
 
 
 @dataclasses.dataclass
@@ -35,6 +36,13 @@ class Sharded:
     world_size: int
     strategy: str
     shapes: list  # per parameter (in named_parameters order): its whole shape
+    buckets: list  # lists of parameter positions gathered by one all_gather (one each, or one per module)
+
+
+def _shards(gather) -> list:
+    """The shard proxies an unshard or unshard_bucket call gathers."""
+    first = gather.args[0]
+    return list(first) if isinstance(first, (list, tuple)) else [first]
 
 
 def regather_in_backward(split: Split) -> Split:
@@ -42,24 +50,28 @@ def regather_in_backward(split: Split) -> Split:
     which the forward keeps instead (see the module docstring)."""
     start = time.perf_counter_ns()
     fwd, bwd = split.forward, split.backward
-    gathered_by = {b.output.name: b for b in fwd.bound_symbols if b.sym is collectives.unshard}
+    gathered_by = {o.name: b for b in fwd.bound_symbols if b.sym in (collectives.unshard, collectives.unshard_bucket)
+                   for o in b.proxy_outs()}
     outputs, residuals = fwd.output
     if not any(r.name in gathered_by for r in residuals):
         return split
     kept, names = [], set()
     for r in residuals:
-        keep = gathered_by[r.name].args[0] if r.name in gathered_by else r
-        if keep.name not in names:
-            names.add(keep.name)
-            kept.append(keep)
+        # a gathered parameter: keep the shards it was gathered from instead
+        for keep in (_shards(gathered_by[r.name]) if r.name in gathered_by else [r]):
+            if keep.name not in names:
+                names.add(keep.name)
+                kept.append(keep)
     regather = {r.name: gathered_by[r.name] for r in residuals if r.name in gathered_by}
-    body = []
+    body, placed = [], set()
     for bsym in bwd.bound_symbols:
         for p in bsym.proxy_args():
-            if p.name in regather:
-                body.append(regather.pop(p.name))  # right before its first use
+            gather = regather.get(p.name)
+            if gather is not None and id(gather) not in placed:  # right before the first use of what it gathers
+                placed.add(id(gather))
+                body.append(gather)
         body.append(bsym)
-    body += regather.values()  # read only as outputs of the backward
+    body += [g for g in {id(g): g for g in regather.values()}.values() if id(g) not in placed]  # read only as outputs
     new_fwd = fwd.derive("")
     new_fwd.output = (outputs, tuple(kept))
     new_fwd = dce(new_fwd)

@@ -646,3 +646,26 @@ def _unshard_vjp(res, g):
     if padding:
         flat = ltorch.cat([flat, ltorch.zeros((padding,), dtype=flat.dtype, device=flat.device)])
     return (collectives.reduce_scatter(ltorch.div(flat, world), "sum", gid), None, None)[:len(res.args)]
+
+
+@defvjp(collectives.unshard_bucket.id)
+def _unshard_bucket_vjp(res, g):
+    """Each parameter's gradient laid out as its shards are (flattened, padded, one row per rank),
+    the rows concatenated as the shards were, averaged over the ranks and reduce-scattered once."""
+    shards, shapes, gid = res.args[0], res.args[1], _argument(res, 2, "gid", 0)
+    world = collectives.world_size(gid)
+    columns = []
+    for grad, shard, shape in zip(g, shards, shapes):
+        flat = ltorch.reshape(grad, (-1,)) if grad is not None else \
+            ltorch.zeros((math.prod(shape),), dtype=shard.dtype, device=shard.device)
+        padding = shard.shape[0] * world - flat.shape[0]
+        if padding:
+            flat = ltorch.cat([flat, ltorch.zeros((padding,), dtype=flat.dtype, device=flat.device)])
+        columns.append(ltorch.reshape(flat, (world, shard.shape[0])))
+    stacked = ltorch.cat(columns, 1) if len(columns) > 1 else columns[0]
+    reduced = collectives.reduce_scatter(ltorch.div(ltorch.reshape(stacked, (-1,)), world), "sum", gid)
+    grads, offset = [], 0
+    for shard in shards:
+        grads.append(ltorch.narrow(reduced, 0, offset, shard.shape[0]))
+        offset += shard.shape[0]
+    return (tuple(grads), None, None)[:len(res.args)]
