@@ -93,3 +93,16 @@ def test_fsdp_trains_like_one_process_keeping_a_shard_of_each_parameter(strategy
     # one all_gather and one reduce_scatter per parameter (6), or per Linear (3) with bucketing="module"
     gathers = [line for line in forward.splitlines() if "dist_all_gather(" in line and not line.lstrip().startswith("#")]
     assert len(gathers) == (3 if bucketing == "module" else 6)
+
+
+def test_collectives_compose_with_jit_and_grad():
+    results = checks.run("collectives_under_transforms")
+    total = sum(torch.arange(3.0) + rank for rank in range(len(results)))
+    for result in results:
+        assert "exception" not in result, result.get("exception")
+        torch.testing.assert_close(result["eager"], total)
+        torch.testing.assert_close(result["jit"], 2 * total)
+        # every rank computes the same sum over all shards: the gradient of each rank's own shard
+        # sums the ranks' gradients of it (all_gather's transpose is a reduce_scatter)
+        for key in ("grad", "jit_grad"):
+            torch.testing.assert_close(result[key], 2 * len(results) * result["x"])

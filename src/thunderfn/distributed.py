@@ -35,8 +35,31 @@ from thunderfn.torch import distributed as collectives
 from thunderfn.transforms.ddp import DataParallel
 from thunderfn.transforms.fsdp import BUCKETING, STRATEGIES, Sharded
 
-__all__ = ["ddp", "no_sync", "fsdp", "full_parameters", "full_state_dict", "load_full_state_dict", "DataParallel",
-           "Sharded"]
+__all__ = ["ddp", "no_sync", "fsdp", "full_parameters", "full_state_dict", "load_full_state_dict", "all_reduce",
+           "all_gather", "reduce_scatter", "broadcast", "DataParallel", "Sharded"]
+
+
+# -- the collectives, as functions of tensors --------------------------------------------------------
+def all_reduce(x: torch.Tensor, op: str = "sum", group=None) -> torch.Tensor:
+    """x reduced over the ranks ("sum", "avg", "max", "min", "product"), as a new tensor (x is not
+    written). Eagerly, or traced as a collective inside tf.jit, tf.grad, ... (a sum's gradient is
+    the all_reduce of the cotangent)."""
+    return collectives.all_reduce(x, op, collectives.group_id(group))
+
+
+def all_gather(x: torch.Tensor, group=None) -> torch.Tensor:
+    """Every rank's x concatenated along dim 0, in rank order (gradient: a reduce_scatter)."""
+    return collectives.all_gather(x, collectives.group_id(group))
+
+
+def reduce_scatter(x: torch.Tensor, op: str = "sum", group=None) -> torch.Tensor:
+    """This rank's 1/world of dim 0 of x reduced over the ranks (gradient: an all_gather)."""
+    return collectives.reduce_scatter(x, op, collectives.group_id(group))
+
+
+def broadcast(x: torch.Tensor, src: int = 0, group=None) -> torch.Tensor:
+    """Rank src's x, on every rank, as a new tensor."""
+    return collectives.broadcast(x, src, collectives.group_id(group))
 
 
 def _require_process_group(what: str) -> None:

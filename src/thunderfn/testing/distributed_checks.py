@@ -152,8 +152,16 @@ def _fsdp(strategy, bucketing="none"):
     return scenario
 
 
+def _collectives_under_transforms(rank, world):
+    x = torch.arange(3.0) + rank
+    gathered_sum_of_squares = lambda t: tf.distributed.all_gather(t).square().sum()  # noqa: E731
+    return {"eager": tf.distributed.all_reduce(x), "jit": tf.jit(lambda t: tf.distributed.all_reduce(t) * 2)(x),
+            "grad": tf.grad(gathered_sum_of_squares)(x), "x": x,
+            "jit_grad": tf.jit(tf.grad(gathered_sum_of_squares))(x)}
+
+
 SCENARIOS = {"torch_ddp_of_jit": _torch_ddp_of_jit, "tf_ddp": _tf_ddp, "tf_ddp_no_sync": _tf_ddp_no_sync,
-             "different_models": _different_models, "refusals": _refusals, "fused_with_inductor": _fused_with_inductor,
+             "different_models": _different_models, "refusals": _refusals, "collectives_under_transforms": _collectives_under_transforms, "fused_with_inductor": _fused_with_inductor,
              "fsdp_full_shard": _fsdp("FULL_SHARD"), "fsdp_shard_grad_op": _fsdp("SHARD_GRAD_OP"),
              "fsdp_full_shard_by_module": _fsdp("FULL_SHARD", "module"),
              "fsdp_shard_grad_op_by_module": _fsdp("SHARD_GRAD_OP", "module")}
