@@ -222,14 +222,9 @@ def _sharding(module) -> tuple[torch.nn.Module, Sharded]:
 def full_parameters(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter whole, by name (a collective: every rank calls it and gets all of them)."""
     inner, config = _sharding(module)
-    group = collectives._groups[config.group_id]
-    out = {}
     with torch.no_grad():
-        for (name, shard), shape in zip(inner.named_parameters(), config.shapes):
-            gathered = shard.new_empty((config.world_size * shard.numel(),))
-            dist.all_gather_into_tensor(gathered, shard.detach().contiguous(), group=group)
-            out[name] = gathered[:torch.Size(shape).numel()].reshape(shape).clone()
-    return out
+        return {name: collectives.unshard(shard.detach(), shape, config.group_id)
+                for (name, shard), shape in zip(inner.named_parameters(), config.shapes)}
 
 
 def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:

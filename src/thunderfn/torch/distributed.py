@@ -26,7 +26,6 @@ import torch.distributed as dist
 
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
-from thunderfn.torch.base import torchsymbol
 from thunderfn.torch.shape import cat, narrow, reshape
 
 _groups: list = [None]  # group id -> process group; None is torch's default group
@@ -128,7 +127,15 @@ def shard_numel(numel: int, world: int) -> int:
     return -(-numel // world)
 
 
-@torchsymbol(name="unshard")
+def _composite(fn) -> Symbol:
+    """A symbol whose body is the function (decomposed when run); not a torch-language symbol of
+    ltorch's table, since it mirrors no torch function."""
+    printed = f"dist_{fn.__name__}"
+    return Symbol(fn.__name__, ("distributed", fn.__name__), fn=fn, print_name=printed, namespace={printed: fn},
+                  tags=frozenset({"collective"}))
+
+
+@_composite
 def unshard(shard, shape, gid: int = 0):
     """The whole parameter of shape `shape` from each rank's flat, padded shard: an all_gather, the
     padding cut off, reshaped. Its gradient is the reduce_scatter of the whole gradient, averaged
@@ -137,7 +144,7 @@ def unshard(shard, shape, gid: int = 0):
     return reshape(narrow(full, 0, 0, math.prod(shape)), tuple(shape))
 
 
-@torchsymbol(name="unshard_bucket")
+@_composite
 def unshard_bucket(shards, shapes, gid: int = 0):
     """Several parameters whole from their shards with one all_gather: each rank's shards are
     concatenated, gathered, and each parameter's columns cut out of the (world, total) result.
