@@ -127,6 +127,7 @@ register_executor(torch_prims_ex)
 # Kernel executors: each module imports its library (triton, apex) only when first used.
 from thunderfn.executors.sdpa import sdpa_ex  # noqa: E402
 from thunderfn.executors.cudnn_sdpa import cudnn_sdpa_ex  # noqa: E402
+from thunderfn.executors.transformer_engine import transformer_engine_ex  # noqa: E402
 from thunderfn.executors.triton_crossentropy import triton_crossentropy_ex  # noqa: E402
 from thunderfn.executors.apex_crossentropy import apex_crossentropy_ex  # noqa: E402
 # Fusion: Inductor's module imports torch._inductor only when a region first compiles, nvFuser's
@@ -134,7 +135,8 @@ from thunderfn.executors.apex_crossentropy import apex_crossentropy_ex  # noqa: 
 from thunderfn.executors.inductor import inductor_background_ex, inductor_ex  # noqa: E402
 from thunderfn.executors.nvfuser import nvfuser_ex  # noqa: E402
 
-for _kernel_ex in (sdpa_ex, cudnn_sdpa_ex, triton_crossentropy_ex, apex_crossentropy_ex, inductor_ex, inductor_background_ex, nvfuser_ex):
+for _kernel_ex in (sdpa_ex, cudnn_sdpa_ex, transformer_engine_ex, triton_crossentropy_ex, apex_crossentropy_ex, inductor_ex,
+                   inductor_background_ex, nvfuser_ex):
     register_executor(_kernel_ex)
 # The defaults ahead of the torch fallback: fused attention wherever it can run.
 set_default_executors([ex for ex in (sdpa_ex,) if ex.availability()[0]])
