@@ -419,3 +419,14 @@ def test_apex_crossentropy_tells_apart_missing_apex_and_the_unrelated_pypi_apex(
     monkeypatch.setitem(sys.modules, "apex.contrib", None)
     ok, why = ApexCrossEntropyExecutor().availability()
     assert not ok and "has no apex.contrib.xentropy" in why
+
+
+def test_gpu_check_dry_run_imports_and_traces_every_gpu_path():
+    """benchmarks/gpu_check.py runs every GPU path on a CUDA machine; here (or anywhere) its dry run
+    checks that each path imports and traces, and it exits 0."""
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu_check.py")
+    done = subprocess.run([sys.executable, script, "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for path in ("triton cross-entropy", "cudnn_sdpa vs torch cuDNN attention", "inductor fusion", "GPT block"):
+        assert path in done.stdout
+    assert "FAILED" not in done.stdout
