@@ -1,6 +1,8 @@
 """Models people load train under tf.jit exactly as in eager: Hugging Face GPT-2 and Llama
 (tiny random configs, built offline), torch.nn modules whose forward reads tensor values
 or tests isinstance(x, torch.Tensor), and what library code is told while it is traced."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -157,7 +159,6 @@ def test_generate_on_a_jitted_model_says_once_that_it_runs_eagerly_and_gives_eag
     with pytest.warns(UserWarning, match="LlamaForCausalLM.generate runs eagerly"):
         got = jitted.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
     assert torch.equal(got, want)
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         jitted.generate  # said once
