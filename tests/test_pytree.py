@@ -191,3 +191,15 @@ def test_storing_into_a_container_argument_is_refused_not_silently_dropped(mutat
     with pytest.raises(tf.errors.UnsupportedOpError, match=f"'f' changed a container it was passed{where}"):
         tf.jit(f)(xs)
     assert len(xs) == 1 and xs[0].tolist() == [1.0, 1.0]
+
+
+def test_a_users_own_registration_replaces_the_one_adopted_from_torch():
+    class Twice:
+        def __init__(self, x):
+            self.x = x
+
+    torch.utils._pytree.register_pytree_node(Twice, lambda o: ([o.x], None), lambda v, c: Twice(*v))
+    tf.jit(lambda x: x + 1)(torch.zeros(1))  # adopts Twice
+    tf.register_pytree_node(Twice, lambda o: ((o.x,), "mine"), lambda aux, children: Twice(children[0] * 0 + 7))
+    out = tf.jit(lambda t: Twice(t.x + 1))(Twice(torch.zeros(2)))
+    assert out.x.tolist() == [7.0, 7.0]  # rebuilt by the user's unflatten

@@ -21,6 +21,7 @@ from torch.utils import _pytree as torch_pytree
 NAMESPACE = "thunderfn"
 
 _adopted_count = 0  # len(torch's registry) when we last adopted from it
+_adopted: set = set()  # the classes registered here on torch's behalf (a user's own registration replaces them)
 
 
 def adopt_torch_registrations() -> None:
@@ -36,6 +37,7 @@ def adopt_torch_registrations() -> None:
         try:
             optree.register_pytree_node(cls, node.flatten_fn, _torch_unflatten(node.unflatten_fn),
                                         namespace=NAMESPACE)
+            _adopted.add(cls)
         except ValueError:  # registered already (by us, or by the user through tf.register_pytree_node)
             pass
     _adopted_count = len(nodes)
@@ -81,6 +83,7 @@ def register_by_attributes(cls: type) -> type:
     _by_attributes.add(cls)
     try:
         optree.register_pytree_node(cls, flatten, unflatten, namespace=NAMESPACE)
+        _adopted.add(cls)
     except ValueError:  # the user registered it their own way
         pass
     return cls
@@ -136,5 +139,8 @@ def of_leaves(fn, leaves, spec, positions):
 def register_pytree_node(cls, flatten, unflatten):
     """Make instances of cls traversable: `flatten(obj) -> (children, aux)`,
     `unflatten(aux, children) -> obj`."""
+    if cls in _adopted:  # registered with torch's pytree too: the registration made for thunderfn wins
+        optree.unregister_pytree_node(cls, namespace=NAMESPACE)
+        _adopted.discard(cls)
     optree.register_pytree_node(cls, flatten, unflatten, namespace=NAMESPACE)
     return cls
