@@ -90,6 +90,16 @@ def test_fsdp_trains_like_one_process_keeping_a_shard_of_each_parameter(strategy
     # FULL_SHARD keeps only shards between forward and backward and gathers again where the backward
     # needs a whole parameter; SHARD_GRAD_OP keeps the gathered ones and communicates only gradients
     assert ("dist_all_gather(" in backward) == (strategy == "FULL_SHARD")
+    # each gather comes right before the layer that uses it (not all up front), and the reduce-scatters
+    # start asynchronously as each layer's gradients are complete, waited on at the return
+    code = [line.strip() for line in forward.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    first_linear = next(i for i, line in enumerate(code) if "linear(" in line)
+    assert any("dist_all_gather(" in line for line in code[first_linear:])
+    bwd = [line.strip() for line in backward.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    starts = [i for i, line in enumerate(bwd) if "dist_reduce_scatter(" in line and "True)" in line]
+    waits = [i for i, line in enumerate(bwd) if "dist_wait(" in line]
+    assert starts and len(waits) == len(starts) and max(starts) < min(waits)
+    assert any("matmul(" in line for line in bwd[min(starts):max(starts)])  # overlapped with computation
     # one all_gather and one reduce_scatter per parameter (6), or per Linear (3) with bucketing="module"
     gathers = [line for line in forward.splitlines() if "dist_all_gather(" in line and not line.lstrip().startswith("#")]
     assert len(gathers) == (3 if bucketing == "module" else 6)

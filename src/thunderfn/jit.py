@@ -54,7 +54,7 @@ from thunderfn.module import jit_module
 from thunderfn.torch.autocast import autocast_state
 from thunderfn.torch.optim import StepChangesOptimizerState
 from thunderfn.transforms.ddp import DataParallel, bucketed_all_reduce
-from thunderfn.transforms.fsdp import Sharded, regather_in_backward
+from thunderfn.transforms.fsdp import Sharded, gather_where_needed, reduce_scatter_async, regather_in_backward
 from thunderfn.transforms.executor_lower import lower_trace
 from thunderfn.transforms.autograd_split import CompiledSplit, try_split
 from thunderfn.transforms.rematerialize import rematerialize
@@ -171,6 +171,8 @@ class JitState:
         progress.stage("optimizing the trace")
         traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
         traces.append(timed_pass(CSE, cse, traces[-1]))
+        if isinstance(self.distributed, Sharded):
+            traces.append(gather_where_needed(traces[-1]))
         split = None
         if not self.disable_torch_autograd and _is_grad_enabled():
             progress.stage("differentiating: the forward and backward traces")
@@ -206,10 +208,12 @@ class JitState:
                 split = dataclasses.replace(split, backward=bucketed_all_reduce(
                     split.backward, range(self.distributed.n_params), self.distributed))
                 backward.append(split.backward)
-            elif isinstance(self.distributed, Sharded) and self.distributed.strategy == "FULL_SHARD":
-                progress.stage("fsdp: gathering parameters again in the backward")
-                split = regather_in_backward(split)
-                traces.append(split.forward)
+            elif isinstance(self.distributed, Sharded):
+                progress.stage("fsdp: where parameters are gathered, when gradients are reduce-scattered")
+                if self.distributed.strategy == "FULL_SHARD":
+                    split = regather_in_backward(split)
+                    traces.append(split.forward)
+                split = dataclasses.replace(split, backward=reduce_scatter_async(split.backward))
                 backward.append(split.backward)
             traces.append(timed_pass(CSE, cse, split.forward))
             progress.stage("lowering onto executors, code generation")

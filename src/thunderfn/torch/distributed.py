@@ -51,39 +51,42 @@ def world_size(gid: int) -> int:
 
 class Pending:
     """What an async collective returns when the compiled function runs: its tensor, written by
-    torch.distributed until `wait` says it is done."""
-    __slots__ = ("tensor", "work")
+    torch.distributed until `wait` says it is done, and the input it reads meanwhile (held here
+    too, so the trace's `del` of the input cannot free memory the collective still reads)."""
+    __slots__ = ("tensor", "work", "source")
 
-    def __init__(self, tensor: torch.Tensor, work):
-        self.tensor, self.work = tensor, work
+    def __init__(self, tensor: torch.Tensor, work, source: torch.Tensor):
+        self.tensor, self.work, self.source = tensor, work, source
 
 
-def _finish(tensor, work, async_op: bool):
-    return Pending(tensor, work) if async_op else tensor
+def _finish(tensor, work, async_op: bool, source):
+    return Pending(tensor, work, source) if async_op else tensor
 
 
 def _all_reduce(x, op: str = "sum", gid: int = 0, async_op: bool = False):
     out = x.clone(memory_format=torch.contiguous_format)
-    return _finish(out, dist.all_reduce(out, op=_OPS[op], group=_groups[gid], async_op=async_op), async_op)
+    return _finish(out, dist.all_reduce(out, op=_OPS[op], group=_groups[gid], async_op=async_op), async_op, out)
 
 
 def _all_gather(x, gid: int = 0, async_op: bool = False):
     """Every rank's x, concatenated along dim 0, in rank order."""
     out = x.new_empty((world_size(gid) * x.shape[0], *x.shape[1:]))
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return _finish(out, gather(out, x.contiguous(), group=_groups[gid], async_op=async_op), async_op)
+    source = x.contiguous()
+    return _finish(out, gather(out, source, group=_groups[gid], async_op=async_op), async_op, source)
 
 
 def _reduce_scatter(x, op: str = "sum", gid: int = 0, async_op: bool = False):
     """This rank's 1/world of dim 0 of the reduction of every rank's x."""
     out = x.new_empty((x.shape[0] // world_size(gid), *x.shape[1:]))
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return _finish(out, scatter(out, x.contiguous(), op=_OPS[op], group=_groups[gid], async_op=async_op), async_op)
+    source = x.contiguous()
+    return _finish(out, scatter(out, source, op=_OPS[op], group=_groups[gid], async_op=async_op), async_op, source)
 
 
 def _broadcast(x, src: int = 0, gid: int = 0, async_op: bool = False):
     out = x.clone(memory_format=torch.contiguous_format)
-    return _finish(out, dist.broadcast(out, src, group=_groups[gid], async_op=async_op), async_op)
+    return _finish(out, dist.broadcast(out, src, group=_groups[gid], async_op=async_op), async_op, out)
 
 
 def _wait(pending):

@@ -14,6 +14,15 @@ may keep between the two halves:
   dies after its last use in the forward (the trace's `del`), and the backward gathers it
   again right before its first use there, from the shard it keeps instead. Whole parameters
   then live one stretch of the program at a time, at the price of a second all_gather each.
+
+Two schedules make that true and overlap the communication:
+- `gather_where_needed` (on the traced program, before the split): each gather moves to
+  right before the first use of what it gathers, so the forward holds one layer's whole
+  parameters at a time (the module's forward asked for them all up front), and the
+  backward, which mirrors the forward, reduce-scatters each layer's gradients as soon as
+  they are complete;
+- `reduce_scatter_async` (on the backward): each reduce-scatter starts asynchronously where
+  it was and is waited on at the return, so it overlaps the rest of the backward.
 """
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ import dataclasses
 import time
 
 from thunderfn.core.passes import dce
+from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.trace import stamp_provenance
 from thunderfn.torch import distributed as collectives
 from thunderfn.transforms.autograd_split import Split
@@ -81,3 +91,70 @@ def regather_in_backward(split: Split) -> Split:
     provenance = "FSDP: parameters gathered again in the backward (FULL_SHARD)"
     return dataclasses.replace(split, forward=stamp_provenance(new_fwd, provenance, start),
                                backward=stamp_provenance(new_bwd, provenance, start))
+
+
+_GATHERS = (collectives.unshard, collectives.unshard_bucket)
+
+
+def gather_where_needed(trc):
+    """trc with each parameter gather moved to just before the first use of what it gathers."""
+    start = time.perf_counter_ns()
+    gathers = [b for b in trc.bound_symbols if b.sym in _GATHERS]
+    if not gathers:
+        return trc
+    waiting = {o.name: g for g in gathers for o in g.proxy_outs()}
+    body, placed = [], set()
+    for bsym in trc.bound_symbols:
+        if bsym.sym in _GATHERS:
+            continue
+        for p in bsym.proxy_args():
+            gather = waiting.get(p.name)
+            if gather is not None and id(gather) not in placed:
+                placed.add(id(gather))
+                body.append(gather)
+        body.append(bsym)
+    body += [g for g in gathers if id(g) not in placed]  # (returned as they are)
+    return stamp_provenance(trc.derive("", body), "FSDP: parameters gathered where first used", start)
+
+
+def reduce_scatter_async(bwd):
+    """bwd with each reduce-scatter started asynchronously where it is, and waited on at the end
+    together with what only cuts its result into the gradients returned (a bucket's shards); where
+    the backward reads a result sooner, the wait comes right before that read."""
+    start = time.perf_counter_ns()
+    body, waits = [], []
+    for bsym in bwd.bound_symbols:
+        if bsym.sym is collectives.reduce_scatter and not (len(bsym.args) > 3 and bsym.args[3]):
+            x, op, gid = (list(bsym.args) + ["sum", 0])[:3]
+            pending = TensorProxy(bwd.names.take(prefix="pending"), shape=bsym.output.shape, dtype=bsym.output.dtype,
+                                  device=bsym.output.device)
+            body.append(collectives.reduce_scatter.bind(x, op, gid, True, output=pending))
+            waits.append(collectives.wait.bind(pending, output=bsym.output))
+        else:
+            body.append(bsym)
+    if not waits:
+        return bwd
+    deferred = {w.output.name for w in waits}  # names available only after the waits
+    now, later = [], []
+    for bsym in body:
+        if any(p.name in deferred for p in bsym.proxy_args()):
+            later.append(bsym)
+            deferred.update(o.name for o in bsym.proxy_outs())
+        else:
+            now.append(bsym)
+    if any(p.name in deferred for b in now for p in b.proxy_args()):  # read sooner: wait where first read
+        return stamp_provenance(bwd.derive("", _wait_before_first_read(body, waits)),
+                                "FSDP: reduce-scatters overlapped with the backward", start)
+    return stamp_provenance(bwd.derive("", now + waits + later), "FSDP: reduce-scatters overlapped with the backward",
+                            start)
+
+
+def _wait_before_first_read(body, waits) -> list:
+    pending = {w.output.name: w for w in waits}
+    out = []
+    for bsym in body:
+        for p in bsym.proxy_args():
+            if p.name in pending:
+                out.append(pending.pop(p.name))
+        out.append(bsym)
+    return out + list(pending.values())
