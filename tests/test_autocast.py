@@ -125,3 +125,18 @@ def test_multihead_attention_under_autocast_traces_torchs_python_op_by_op():
 def test_the_policy_table_follows_torchs_lists(func, device, expected):
     # (the cuda rows only read the table: no GPU is needed)
     assert tf_autocast.policy(func, (), {}, device) == expected
+
+
+def test_backward_called_inside_an_autocast_region_casts_as_eagers_backward_does():
+    # eager's backward ops are autocast too when backward() runs inside a region (here the forward ran
+    # outside it: its matmul was float32, the backward's are bfloat16); the compiled backward's torch
+    # ops meet the same autocast, so the gradients are eager's, not those of a backward run outside
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
+    f = lambda x, w: (x @ w).sin().sum()  # noqa: E731
+    eager_loss, jit_loss = f(x, w), tf.jit(f)(x, w)
+    with torch.autocast(**BF16):
+        (want,), (got,) = torch.autograd.grad(eager_loss, w), torch.autograd.grad(jit_loss, w)
+    outside, = torch.autograd.grad(f(x, w), w)
+    assert (want - outside).abs().max() > 1e-3  # the region changed eager's gradient
+    torch.testing.assert_close(got, want)

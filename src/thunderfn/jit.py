@@ -52,6 +52,7 @@ from thunderfn.executors.torch_rewrites import (UnlessFunctorch, lift_number_ope
                                                 records_no_autograd, reuse_dead_buffers)
 from thunderfn.module import jit_module
 from thunderfn.torch.autocast import autocast_state
+from thunderfn.torch.autocast import switched_off as autocast_switched_off
 from thunderfn.torch.optim import StepChangesOptimizerState
 from thunderfn.transforms.ddp import DataParallel, bucketed_all_reduce
 from thunderfn.transforms.fsdp import Sharded, gather_where_needed, reduce_scatter_async, regather_in_backward
@@ -225,9 +226,8 @@ class JitState:
             backward += passes
             fn = CompiledSplit(split, forward_fn, backward_fn)
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
-        autocast = autocast_state()
-        if autocast:  # the trace holds autocast's casts: running it under autocast would cast again
-            fn = _without_autocast(fn, [device_type for device_type, _ in autocast])
+        if autocast_state():  # the trace holds autocast's casts: running it under autocast would cast again
+            fn = _without_autocast(fn)
         return CacheEntry(guarded(fn, traces[0]), traces, backward, positions, recorder.guards)
 
     def lookup(self, key, leaves):
@@ -417,11 +417,9 @@ def _execution_passes(trc: Trace, executors, *, no_autograd: bool, no_grad: bool
     return traces, fn
 
 
-def _without_autocast(fn, device_types):
+def _without_autocast(fn):
     def run(*tensors):
-        with contextlib.ExitStack() as stack:
-            for device_type in device_types:
-                stack.enter_context(torch.autocast(device_type, enabled=False))
+        with autocast_switched_off():
             return fn(*tensors)
 
     return run

@@ -20,6 +20,7 @@ decomposition then runs in the dtypes the cast gave it, as torch's kernels do.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import types
 
@@ -212,6 +213,17 @@ def autocast_state() -> tuple:
     if not torch._C._is_any_autocast_enabled():
         return ()
     return tuple((d, torch.get_autocast_dtype(d)) for d in _DEVICE_TYPES if torch.is_autocast_enabled(d))
+
+
+@contextlib.contextmanager
+def switched_off():
+    """Every enabled autocast switched off inside the block: what runs a trace whose casts are
+    already explicit (a compiled entry traced under autocast, a backward called inside a region)."""
+    enabled = [d for d, _ in autocast_state()]
+    with contextlib.ExitStack() as stack:
+        for device_type in enabled:
+            stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield
 
 
 def _device_types() -> tuple:
