@@ -98,3 +98,19 @@ def register_alias(torch_fn: Callable, fn: Callable) -> None:
     """Route a torch callable to a Python function of torch-language symbols
     (reflected operators, methods whose semantics are another op's)."""
     register_handler(torch_fn, fn)
+
+
+def stand_in_front(owner, name: str, rewrite: Callable) -> None:
+    """Replace torch's `owner.name` (a module's function, or a class's method) by one that calls
+    `rewrite(original, *args, **kwargs)`, once: a second call leaves it. For torch Python code that
+    tracing must see differently (each rewrite falls back to `original` outside its case)."""
+    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    if getattr(original, "__thunderfn_original__", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def in_front(*args, **kwargs):
+        return rewrite(original, *args, **kwargs)
+
+    in_front.__thunderfn_original__ = original
+    setattr(owner, name, in_front)

@@ -10,28 +10,20 @@
   Outside a trace, and on other threads, torch's own answer is returned.
 - **"Is this a tensor?"** A proxy is not a `torch.Tensor` instance, so torch's Python helpers
   that test `isinstance(x, torch.Tensor)` before reading metadata would refuse it. Each one
-  listed in `_PROXY_AWARE` answers for proxies from their metadata and calls torch's own
-  otherwise.
+  rewritten below answers for proxies from their metadata and calls torch's own otherwise.
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.nn.functional as F
 
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
-
-_original_is_compiling = torch.compiler.is_compiling
-
-
-@functools.wraps(_original_is_compiling)
-def is_compiling() -> bool:
-    return context.current_trace() is not None or _original_is_compiling()
+from thunderfn.torch.base import stand_in_front
 
 
-is_compiling.__thunderfn_original__ = _original_is_compiling
+def _is_compiling(original) -> bool:
+    return context.current_trace() is not None or original()
 
 
 def _none_or_dtype(original, input):
@@ -39,29 +31,5 @@ def _none_or_dtype(original, input):
     return input.dtype if isinstance(input, TensorProxy) else original(input)
 
 
-# (module, function name, proxy-aware version taking torch's function first)
-_PROXY_AWARE = [
-    (F, "_none_or_dtype", _none_or_dtype),
-]
-
-
-def _wrap(original, aware):
-    @functools.wraps(original)
-    def wrapper(*args, **kwargs):
-        return aware(original, *args, **kwargs)
-
-    wrapper.__thunderfn_original__ = original
-    return wrapper
-
-
-def install() -> None:
-    """Answer these questions for thunderfn's traces (idempotent)."""
-    if getattr(torch.compiler.is_compiling, "__thunderfn_original__", None) is None:
-        torch.compiler.is_compiling = is_compiling
-    for module, name, aware in _PROXY_AWARE:
-        original = getattr(module, name)
-        if getattr(original, "__thunderfn_original__", None) is None:
-            setattr(module, name, _wrap(original, aware))
-
-
-install()
+stand_in_front(torch.compiler, "is_compiling", _is_compiling)
+stand_in_front(F, "_none_or_dtype", _none_or_dtype)  # (more of torch's isinstance helpers go here)

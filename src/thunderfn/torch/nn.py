@@ -3,7 +3,6 @@ cross_entropy, scaled_dot_product_attention and dropout, decomposed so that the
 transforms and fusion executors see their insides."""
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -18,7 +17,7 @@ from thunderfn.core.statements import emit_runtime_check
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
-from thunderfn.torch.base import register_alias, torchsymbol
+from thunderfn.torch.base import register_alias, stand_in_front, torchsymbol
 from thunderfn.torch.aten_backward import native_layer_norm, nll_loss_forward
 from thunderfn.torch.opaque import opaque_symbol
 from thunderfn.torch.elementwise import logsigmoid, mul, neg, rsub, sub
@@ -605,23 +604,17 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
     return reduction_sum(loss) if reduction == "sum" else loss
 
 
-def _route_every_argument(original):
+def _every_argument(original, *args, **kwargs):
     """torch 2.13's F.l1_loss leaves `weight` out of its __torch_function__ call, so a traced
     call would silently lose it. Standing in front of it: while tracing, dispatch the call with
-    every argument (to the symbol, registered for the original); otherwise, torch's own function, untouched."""
-    @functools.wraps(original)
-    def routed(*args, **kwargs):
-        trc = context.current_trace()
-        if trc is None or trc.symbol_depth:
-            return original(*args, **kwargs)
-        return dispatch(original, args, kwargs)
-
-    routed.__thunderfn_original__ = original
-    return routed
+    every argument (to the symbol, registered for the original); otherwise, torch's own function."""
+    trc = context.current_trace()
+    if trc is None or trc.symbol_depth:
+        return original(*args, **kwargs)
+    return dispatch(original, args, kwargs)
 
 
-if not hasattr(F.l1_loss, "__thunderfn_original__"):
-    F.l1_loss = _route_every_argument(F.l1_loss)
+stand_in_front(F, "l1_loss", _every_argument)
 
 
 def _float_loss(name, kernel, input, target):

@@ -11,13 +11,12 @@ covers; otherwise torch's forward runs.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from thunderfn.core import context
+from thunderfn.torch.base import stand_in_front
 
 
 def _batch_norm_cumulative_average(original, self, input):
@@ -30,27 +29,4 @@ def _batch_norm_cumulative_average(original, self, input):
     return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, True, factor, self.eps)
 
 
-# (class, method name, rewrite taking torch's method first)
-_REWRITES = [
-    (_BatchNorm, "forward", _batch_norm_cumulative_average),
-]
-
-
-def install() -> None:
-    """Route the methods above through their rewrites (idempotent)."""
-    for cls, name, rewrite in _REWRITES:
-        original = cls.__dict__[name]
-        if getattr(original, "__thunderfn_original__", None) is None:
-            setattr(cls, name, _method(original, rewrite))
-
-
-def _method(original, rewrite):
-    @functools.wraps(original)
-    def method(self, *args, **kwargs):
-        return rewrite(original, self, *args, **kwargs)
-
-    method.__thunderfn_original__ = original
-    return method
-
-
-install()
+stand_in_front(_BatchNorm, "forward", _batch_norm_cumulative_average)
