@@ -285,8 +285,7 @@ def arg_paths(fn, args, kwargs) -> tuple:
 
 
 def proxify_inputs(trc: Trace, fn, args, kwargs):
-    """Replace every tensor leaf of (args, kwargs) by a named input proxy of trc: (args, kwargs,
-    their flat leaves, their structure)."""
+    """Replace every tensor leaf of (args, kwargs) by a named input proxy of trc."""
     names = arg_paths(fn, args, kwargs)
     paths, leaves, spec = tree_flatten_with_path((tuple(args), dict(kwargs)))
     new_leaves = []
@@ -303,7 +302,7 @@ def proxify_inputs(trc: Trace, fn, args, kwargs):
         else:
             new_leaves.append(leaf)
     p_args, p_kwargs = tree_unflatten(spec, new_leaves)
-    return p_args, p_kwargs, new_leaves, spec
+    return p_args, p_kwargs
 
 
 def _lift_output(trc: Trace, x):
@@ -368,7 +367,9 @@ def trace(fn, *args, **kwargs) -> Trace:
     rng_before = trc.rng_at_start = _rng_fingerprint()
     try:
         with tracing(trc):
-            p_args, p_kwargs, given, given_spec = proxify_inputs(trc, fn, args, kwargs)
+            p_args, p_kwargs = proxify_inputs(trc, fn, args, kwargs)
+            # what fn receives, flattened again: a registered unflatten may build new leaves from the proxies
+            given, given_spec = tree_flatten((p_args, p_kwargs))
             out = fn(*p_args, **p_kwargs)
             _refuse_changed_containers(trc.fn_name, given, given_spec, (p_args, p_kwargs))
             adopt_torch_registrations()  # a container type registered with torch while fn ran
