@@ -32,6 +32,14 @@ def _llama():
     return transformers.LlamaForCausalLM(cfg)
 
 
+@pytest.fixture
+def llama_for_inference():
+    """A tiny Llama in eval mode, and it jitted."""
+    torch.manual_seed(0)
+    model = _llama().eval()
+    return model, tf.jit(model)
+
+
 def _assert_outputs_equal(got, want):
     """Same pytree (ModelOutput fields, cache layers) and equal tensors, requires_grad included."""
     (got_leaves, got_spec), (want_leaves, want_spec) = tree_flatten(got), tree_flatten(want)
@@ -77,10 +85,8 @@ def test_hugging_face_causal_lm_trains_under_jit_like_eager(make, options):
 
 
 @needs_transformers
-def test_a_hugging_face_cache_comes_back_as_a_cache_and_refuses_to_be_grown_in_place():
-    torch.manual_seed(0)
-    model = _llama().eval()
-    jitted = tf.jit(model)
+def test_a_hugging_face_cache_comes_back_as_a_cache_and_refuses_to_be_grown_in_place(llama_for_inference):
+    model, jitted = llama_for_inference
     ids = torch.randint(0, 128, (2, 6))
     with torch.no_grad():
         want, got = model(ids, use_cache=True), jitted(ids, use_cache=True)
@@ -150,10 +156,8 @@ def test_ctc_loss_and_its_gradient_match_eager(lengths):
 
 
 @needs_transformers
-def test_generate_on_a_jitted_model_says_once_that_it_runs_eagerly_and_gives_eagers_tokens():
-    torch.manual_seed(0)
-    model = _llama().eval()
-    jitted = tf.jit(model)
+def test_generate_on_a_jitted_model_says_once_that_it_runs_eagerly_and_gives_eagers_tokens(llama_for_inference):
+    model, jitted = llama_for_inference
     ids = torch.randint(3, 128, (1, 5))
     want = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
     with pytest.warns(UserWarning, match="LlamaForCausalLM.generate runs eagerly"):

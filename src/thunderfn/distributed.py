@@ -95,15 +95,27 @@ def ddp(module: torch.nn.Module, *, bucket_size_in_mb: float = 25.0, broadcast_f
     rank `broadcast_from`'s parameters and buffers to the others, and returns the module
     itself, marked; `tf.jit(module)` then averages its parameters' gradients over the ranks
     in the backward, in buckets of about `bucket_size_in_mb`."""
-    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
-        raise DistributedError("tf.distributed.ddp takes the model itself, not one wrapped in DistributedDataParallel")
-    if isinstance(module, ThunderModule):
-        raise DistributedError("tf.distributed.ddp goes inside tf.jit: write tf.jit(tf.distributed.ddp(model))")
-    if module.__dict__.get("_thunderfn_fsdp") is not None or module.__dict__.get("_thunderfn_data_parallel"):
-        raise DistributedError("this module is prepared for tf.distributed already (ddp or fsdp): prepare it once")
     if not bucket_size_in_mb > 0:
         raise ValueError(f"bucket_size_in_mb must be positive, got {bucket_size_in_mb}")
-    _require_process_group("tf.distributed.ddp")
+    world = _prepare(module, "ddp", broadcast_from, process_group)
+    module._thunderfn_data_parallel = DataParallel(
+        group_id=collectives.group_id(process_group), world_size=world, bucket_bytes=int(bucket_size_in_mb * 2**20),
+        n_params=len(list(module.named_parameters())))
+    return module
+
+
+def _prepare(module: torch.nn.Module, what: str, broadcast_from: int, process_group) -> int:
+    """What ddp and fsdp check and do first, on every rank (a collective): the module is a plain one,
+    prepared once; the process group exists; every rank holds the same parameters; rank
+    `broadcast_from`'s parameters and buffers are copied to the others. The world size."""
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        raise DistributedError(f"tf.distributed.{what} takes the model itself, not one wrapped in "
+                               f"DistributedDataParallel")
+    if isinstance(module, ThunderModule):
+        raise DistributedError(f"tf.distributed.{what} goes inside tf.jit: write tf.jit(tf.distributed.{what}(model))")
+    if module.__dict__.get("_thunderfn_fsdp") is not None or module.__dict__.get("_thunderfn_data_parallel"):
+        raise DistributedError("this module is prepared for tf.distributed already (ddp or fsdp): prepare it once")
+    _require_process_group(f"tf.distributed.{what}")
     world = dist.get_world_size(process_group)
     if not 0 <= broadcast_from < world:
         raise ValueError(f"broadcast_from={broadcast_from} is not a rank of a group of {world}")
@@ -111,14 +123,16 @@ def ddp(module: torch.nn.Module, *, bucket_size_in_mb: float = 25.0, broadcast_f
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
             dist.broadcast(tensor, broadcast_from, group=process_group)
-    module._thunderfn_data_parallel = DataParallel(
-        group_id=collectives.group_id(process_group), world_size=world, bucket_bytes=int(bucket_size_in_mb * 2**20),
-        n_params=len(list(module.named_parameters())))
-    return module
+    return world
+
+
+def _inner(module: torch.nn.Module) -> torch.nn.Module:
+    """The module tf.distributed prepared, given it or the jitted module around it."""
+    return module.module if isinstance(module, ThunderModule) else module
 
 
 def _config(module) -> DataParallel:
-    inner = module.module if isinstance(module, ThunderModule) else module
+    inner = _inner(module)
     config = inner.__dict__.get("_thunderfn_data_parallel")
     if config is None:
         raise DistributedError("no_sync() is for a module prepared with tf.distributed.ddp")
@@ -141,7 +155,7 @@ def no_sync(module: torch.nn.Module):
         config.sync = was_syncing
         if was_syncing:
             group = collectives._groups[config.group_id]
-            inner = module.module if isinstance(module, ThunderModule) else module
+            inner = _inner(module)
             with torch.no_grad():
                 for p in inner.parameters():
                     if p.grad is not None:
@@ -168,17 +182,10 @@ def fsdp(module: torch.nn.Module, *, sharding_strategy: str = "FULL_SHARD", buck
         raise ValueError(f"sharding_strategy must be one of {STRATEGIES}, got {sharding_strategy!r}")
     if bucketing not in BUCKETING:
         raise ValueError(f"bucketing must be one of {BUCKETING}, got {bucketing!r}")
-    if isinstance(module, ThunderModule):
-        raise DistributedError("tf.distributed.fsdp goes inside tf.jit: write tf.jit(tf.distributed.fsdp(model))")
-    if module.__dict__.get("_thunderfn_fsdp") is not None or module.__dict__.get("_thunderfn_data_parallel"):
-        raise DistributedError("this module is prepared for tf.distributed already (ddp or fsdp): prepare it once")
-    _require_process_group("tf.distributed.fsdp")
-    world, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
-    _check_same_parameters(module, process_group)
+    world = _prepare(module, "fsdp", broadcast_from, process_group)
+    rank = dist.get_rank(process_group)
     shapes, sharded, owners = [], {}, []
     with torch.no_grad():
-        for tensor in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(tensor, broadcast_from, group=process_group)
         for name, param in list(module.named_parameters()):
             shapes.append(tuple(param.shape))
             if id(param) not in sharded:  # a parameter shared by two modules: one shard, shared too
@@ -212,7 +219,7 @@ def _share_tied(module: torch.nn.Module, sharded: dict) -> None:
 
 
 def _sharding(module) -> tuple[torch.nn.Module, Sharded]:
-    inner = module.module if isinstance(module, ThunderModule) else module
+    inner = _inner(module)
     config = inner.__dict__.get("_thunderfn_fsdp")
     if config is None:
         raise DistributedError("this is for a module prepared with tf.distributed.fsdp")

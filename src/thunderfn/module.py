@@ -92,7 +92,6 @@ class ThunderModule(torch.nn.Module):
         self._thunderfn_slots = None
         # a module prepared by tf.distributed.ddp: a jitted forward per sync mode (no_sync() switches)
         self._thunderfn_by_sync = {}
-        self._thunderfn_synced = None
 
     @property
     def module(self) -> torch.nn.Module:
@@ -104,25 +103,25 @@ class ThunderModule(torch.nn.Module):
 
     def _jitted(self):
         with _creating:  # threads making their first call at once share one jitted forward
-            parallel = self.module.__dict__.get("_thunderfn_data_parallel")
-            if parallel is not None and self._thunderfn_synced is not parallel.sync:
-                self._thunderfn_synced = parallel.sync
-                self._thunderfn_forward = self._thunderfn_by_sync.get(parallel.sync)
-            return self._thunderfn_forward or self._make_jitted()
+            return self._current() or self._make_jitted()
+
+    def _current(self):
+        """The jitted forward for this call, if made: the one for the sync mode of a ddp module."""
+        parallel = self.module.__dict__.get("_thunderfn_data_parallel")
+        return self._thunderfn_forward if parallel is None else self._thunderfn_by_sync.get(parallel.sync)
 
     def _make_jitted(self):
         module = self.module
         options = dict(self._thunderfn_options)
         parallel = module.__dict__.get("_thunderfn_data_parallel")
+        sharded = module.__dict__.get("_thunderfn_fsdp")
         if parallel is not None and parallel.sync:  # gradients all-reduced in the backward (transforms/ddp.py)
             options["distributed"] = dataclasses.replace(parallel)
-        if module.__dict__.get("_thunderfn_fsdp") is not None:
-            options["distributed"] = module.__dict__["_thunderfn_fsdp"]
+        if sharded is not None:
+            options["distributed"] = sharded
         slots = self._slots()
         param_names = [n for n, _ in module.named_parameters()]
         buffer_names = [n for n, _ in module.named_buffers()]
-
-        sharded = module.__dict__.get("_thunderfn_fsdp")
 
         def forward(*state_and_args, **kwargs):
             state = state_and_args[:len(slots)]
@@ -160,10 +159,7 @@ class ThunderModule(torch.nn.Module):
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
-        jitted = self._thunderfn_forward
-        parallel = self.module.__dict__.get("_thunderfn_data_parallel")
-        if parallel is not None and parallel.sync is not self._thunderfn_synced:
-            jitted = None  # no_sync() entered or left: the forward for the other mode
+        jitted = self._current()
         if jitted is None:
             if _has_uninitialized_parameters(self.module):
                 # Lazy modules (nn.LazyLinear, ...) create their parameters in their first call, from
@@ -204,7 +200,7 @@ class ThunderModule(torch.nn.Module):
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_thunderfn_forward"] = state["_thunderfn_slots"] = None
-        state["_thunderfn_by_sync"], state["_thunderfn_synced"] = {}, None
+        state["_thunderfn_by_sync"] = {}
         return state
 
     def __setstate__(self, state):

@@ -126,8 +126,11 @@ def _never(args, kwargs) -> bool:
 
 def policy(func, args, kwargs, device_type: str) -> torch.dtype | str | None:
     """The dtype func's floating inputs are cast to under autocast on device_type ("promote"
-    for the widest among them), or None for an op autocast leaves alone."""
+    for the widest among them, "round output" for a LOWER_PRECISION_OUTPUT composite), or None
+    for an op autocast leaves alone."""
     short = torch_name(func).rsplit(".", 1)[-1]
+    if short in LOWER_PRECISION_OUTPUT.get(device_type, ()):
+        return "round output"
     if short in LOWER_PRECISION.get(device_type, ()) or _LOWER_WHEN.get((device_type, short), _never)(args, kwargs):
         return torch.get_autocast_dtype(device_type)
     if short in FLOAT32.get(device_type, ()) or _FLOAT32_WHEN.get((device_type, short), _never)(args, kwargs):
@@ -149,13 +152,13 @@ def cast_arguments(func, args, kwargs):
     device_type = _device_type(leaves)
     if device_type is None or not torch.is_autocast_enabled(device_type):
         return args, kwargs, _unchanged
-    if torch_name(func).rsplit(".", 1)[-1] in LOWER_PRECISION_OUTPUT.get(device_type, ()):
-        low = torch.get_autocast_dtype(device_type)
-        return args, kwargs, lambda result: tree_map(
-            lambda x: clang.maybe_convert_to_dtype(x, low) if _eligible(x) else x, result)
     target = policy(func, args, kwargs, device_type)
     if target is None:
         return args, kwargs, _unchanged
+    if target == "round output":
+        low = torch.get_autocast_dtype(device_type)
+        return args, kwargs, lambda result: tree_map(
+            lambda x: clang.maybe_convert_to_dtype(x, low) if _eligible(x) else x, result)
     if target == "promote":
         floating = [x.dtype for x in leaves if _eligible(x)]
         if len(set(floating)) < 2:
@@ -217,8 +220,8 @@ def autocast_state() -> tuple:
 
 @contextlib.contextmanager
 def switched_off():
-    """Every enabled autocast switched off inside the block: what runs a trace whose casts are
-    already explicit (a compiled entry traced under autocast, a backward called inside a region)."""
+    """Every enabled autocast switched off inside the block: how a compiled entry traced under
+    autocast runs, since its casts are already explicit in its trace."""
     enabled = [d for d, _ in autocast_state()]
     with contextlib.ExitStack() as stack:
         for device_type in enabled:

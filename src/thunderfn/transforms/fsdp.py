@@ -36,6 +36,7 @@ from thunderfn.torch import distributed as collectives
 from thunderfn.transforms.autograd_split import Split
 
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP")
+_GATHERS = (collectives.unshard, collectives.unshard_bucket)
 BUCKETING = ("none", "module")
 
 
@@ -49,6 +50,21 @@ class Sharded:
     buckets: list  # lists of parameter positions gathered by one all_gather (one each, or one per module)
 
 
+def _before_first_read(body: list, pending: list) -> list:
+    """body with each bound symbol of `pending` (not in body) put right before the first one that
+    reads one of its outputs; those nothing reads (returned as they are) at the end."""
+    waiting = {o.name: b for b in pending for o in b.proxy_outs()}
+    out, placed = [], set()
+    for bsym in body:
+        for p in bsym.proxy_args():
+            b = waiting.get(p.name)
+            if b is not None and id(b) not in placed:
+                placed.add(id(b))
+                out.append(b)
+        out.append(bsym)
+    return out + [b for b in pending if id(b) not in placed]
+
+
 def _shards(gather) -> list:
     """The shard proxies an unshard or unshard_bucket call gathers."""
     first = gather.args[0]
@@ -60,8 +76,7 @@ def regather_in_backward(split: Split) -> Split:
     which the forward keeps instead (see the module docstring)."""
     start = time.perf_counter_ns()
     fwd, bwd = split.forward, split.backward
-    gathered_by = {o.name: b for b in fwd.bound_symbols if b.sym in (collectives.unshard, collectives.unshard_bucket)
-                   for o in b.proxy_outs()}
+    gathered_by = {o.name: b for b in fwd.bound_symbols if b.sym in _GATHERS for o in b.proxy_outs()}
     outputs, residuals = fwd.output
     if not any(r.name in gathered_by for r in residuals):
         return split
@@ -72,16 +87,8 @@ def regather_in_backward(split: Split) -> Split:
             if keep.name not in names:
                 names.add(keep.name)
                 kept.append(keep)
-    regather = {r.name: gathered_by[r.name] for r in residuals if r.name in gathered_by}
-    body, placed = [], set()
-    for bsym in bwd.bound_symbols:
-        for p in bsym.proxy_args():
-            gather = regather.get(p.name)
-            if gather is not None and id(gather) not in placed:  # right before the first use of what it gathers
-                placed.add(id(gather))
-                body.append(gather)
-        body.append(bsym)
-    body += [g for g in {id(g): g for g in regather.values()}.values() if id(g) not in placed]  # read only as outputs
+    regather = list({id(gathered_by[r.name]): gathered_by[r.name] for r in residuals if r.name in gathered_by}.values())
+    body = _before_first_read(bwd.bound_symbols, regather)
     new_fwd = fwd.derive("")
     new_fwd.output = (outputs, tuple(kept))
     new_fwd = dce(new_fwd)
@@ -93,27 +100,13 @@ def regather_in_backward(split: Split) -> Split:
                                backward=stamp_provenance(new_bwd, provenance, start))
 
 
-_GATHERS = (collectives.unshard, collectives.unshard_bucket)
-
-
 def gather_where_needed(trc):
     """trc with each parameter gather moved to just before the first use of what it gathers."""
     start = time.perf_counter_ns()
     gathers = [b for b in trc.bound_symbols if b.sym in _GATHERS]
     if not gathers:
         return trc
-    waiting = {o.name: g for g in gathers for o in g.proxy_outs()}
-    body, placed = [], set()
-    for bsym in trc.bound_symbols:
-        if bsym.sym in _GATHERS:
-            continue
-        for p in bsym.proxy_args():
-            gather = waiting.get(p.name)
-            if gather is not None and id(gather) not in placed:
-                placed.add(id(gather))
-                body.append(gather)
-        body.append(bsym)
-    body += [g for g in gathers if id(g) not in placed]  # (returned as they are)
+    body = _before_first_read([b for b in trc.bound_symbols if b.sym not in _GATHERS], gathers)
     return stamp_provenance(trc.derive("", body), "FSDP: parameters gathered where first used", start)
 
 
@@ -143,18 +136,8 @@ def reduce_scatter_async(bwd):
         else:
             now.append(bsym)
     if any(p.name in deferred for b in now for p in b.proxy_args()):  # read sooner: wait where first read
-        return stamp_provenance(bwd.derive("", _wait_before_first_read(body, waits)),
+        return stamp_provenance(bwd.derive("", _before_first_read(body, waits)),
                                 "FSDP: reduce-scatters overlapped with the backward", start)
     return stamp_provenance(bwd.derive("", now + waits + later), "FSDP: reduce-scatters overlapped with the backward",
                             start)
 
-
-def _wait_before_first_read(body, waits) -> list:
-    pending = {w.output.name: w for w in waits}
-    out = []
-    for bsym in body:
-        for p in bsym.proxy_args():
-            if p.name in pending:
-                out.append(pending.pop(p.name))
-        out.append(bsym)
-    return out + list(pending.values())
