@@ -189,9 +189,7 @@ def fsdp(module: torch.nn.Module, *, sharding_strategy: str = "FULL_SHARD", buck
         for name, param in list(module.named_parameters()):
             shapes.append(tuple(param.shape))
             if id(param) not in sharded:  # a parameter shared by two modules: one shard, shared too
-                per_rank = collectives.shard_numel(param.numel(), world)
-                flat = torch.nn.functional.pad(param.detach().reshape(-1), (0, per_rank * world - param.numel()))
-                sharded[id(param)] = torch.nn.Parameter(flat[rank * per_rank:(rank + 1) * per_rank].clone(),
+                sharded[id(param)] = torch.nn.Parameter(_shard_of(param.detach(), world, rank).clone(),
                                                         requires_grad=param.requires_grad)
             owner_name, _, attr = name.rpartition(".")
             owner = module.get_submodule(owner_name) if owner_name else module
@@ -208,6 +206,14 @@ def fsdp(module: torch.nn.Module, *, sharding_strategy: str = "FULL_SHARD", buck
     module._thunderfn_fsdp = Sharded(group_id=collectives.group_id(process_group), world_size=world,
                                      strategy=sharding_strategy, shapes=shapes, buckets=buckets)
     return module
+
+
+def _shard_of(whole: torch.Tensor, world: int, rank: int) -> torch.Tensor:
+    """Rank `rank`'s part of `whole`: flattened, padded with zeros to a multiple of world, cut in
+    world equal parts (ltorch.unshard puts them back together)."""
+    per_rank = collectives.shard_numel(whole.numel(), world)
+    flat = torch.nn.functional.pad(whole.reshape(-1), (0, per_rank * world - whole.numel()))
+    return flat[rank * per_rank:(rank + 1) * per_rank]
 
 
 def _share_tied(module: torch.nn.Module, sharded: dict) -> None:
@@ -254,9 +260,7 @@ def load_full_state_dict(module: torch.nn.Module, state_dict: dict) -> None:
             if tuple(whole.shape) != tuple(shape):
                 raise ValueError(f"load_full_state_dict: {name} is {tuple(whole.shape)} in the state_dict but "
                                  f"{tuple(shape)} in the model")
-            per_rank = shard.numel()
-            flat = torch.nn.functional.pad(whole.reshape(-1), (0, per_rank * config.world_size - whole.numel()))
-            shard.copy_(flat[rank * per_rank:(rank + 1) * per_rank])
+            shard.copy_(_shard_of(whole, config.world_size, rank))
         for name, buffer in inner.named_buffers():
             if name in state_dict:
                 buffer.copy_(state_dict[name])
