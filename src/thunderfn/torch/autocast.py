@@ -140,21 +140,17 @@ def policy(func, args, kwargs, device_type: str) -> torch.dtype | str | None:
     return None
 
 
-def _unchanged(result):
-    return result
-
-
 def cast_arguments(func, args, kwargs):
     """(args, kwargs, finish): the arguments as autocast would hand them to func, each eligible
-    floating tensor converted (recorded in the trace), and what to do to func's result (usually
+    floating tensor converted (recorded in the trace), and what to do to func's result (None:
     nothing). Called while tracing, for a call made while some autocast is enabled."""
     leaves, spec = tree_flatten((args, kwargs))
     device_type = _device_type(leaves)
     if device_type is None or not torch.is_autocast_enabled(device_type):
-        return args, kwargs, _unchanged
+        return args, kwargs, None
     target = policy(func, args, kwargs, device_type)
     if target is None:
-        return args, kwargs, _unchanged
+        return args, kwargs, None
     if target == "round output":
         low = torch.get_autocast_dtype(device_type)
         return args, kwargs, lambda result: tree_map(
@@ -162,10 +158,10 @@ def cast_arguments(func, args, kwargs):
     if target == "promote":
         floating = [x.dtype for x in leaves if _eligible(x)]
         if len(set(floating)) < 2:
-            return args, kwargs, _unchanged
+            return args, kwargs, None
         target = max(floating, key=lambda d: torch.finfo(d).bits)
     leaves = [clang.maybe_convert_to_dtype(x, target) if _eligible(x) else x for x in leaves]
-    return (*tree_unflatten(spec, leaves), _unchanged)
+    return (*tree_unflatten(spec, leaves), None)
 
 
 # -- torch's Python composites ----------------------------------------------------------------
