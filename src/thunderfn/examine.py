@@ -19,15 +19,16 @@ import dataclasses
 import torch
 from torch.overrides import TorchFunctionMode
 
-from thunderfn.core.interception import handlers, is_metadata_query, torch_name
+from thunderfn.core.interception import handler_for, is_metadata_query, lookup, torch_name
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import trace
 from thunderfn.module import jit_module
 from thunderfn.torch.inplace import is_in_place
 from thunderfn.torch.opaque import _to_meta_tensor_tree, probe_opaque
 
-_VALUE_READS = {torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.tolist, torch.Tensor.__int__,
-                torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.__complex__}
+_VALUE_READS = dict.fromkeys((torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.tolist, torch.Tensor.__int__,
+                              torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.numpy,
+                              torch.Tensor.__complex__), True)
 
 
 @dataclasses.dataclass
@@ -68,11 +69,11 @@ class Examination:
 
 
 def _classify(func, args, kwargs) -> tuple[str, str]:
-    if func in _VALUE_READS:
+    if lookup(_VALUE_READS, func):
         return "needs a value", "reads a tensor's value: keep it a tensor (torch.where), or pass it as a static argument"
     if is_in_place(func):
         return "in-place", "functionalized (written back if it mutates an input or captured tensor)"
-    handler = handlers.get(func)
+    handler = handler_for(func)
     if isinstance(handler, Symbol):
         return "symbol", handler.print_name
     if handler is not None:

@@ -23,7 +23,7 @@ import torch
 
 from thunderfn import clang, prims
 from thunderfn.core import context, interception
-from thunderfn.core.interception import handlers, torch_name
+from thunderfn.core.interception import handler_for, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.errors import UnsupportedOpError
@@ -261,7 +261,7 @@ def run_in_place(func, args, kwargs):
     name = torch_name(func)
     short = name.rsplit(".", 1)[-1]
     if short.startswith("_foreach_"):  # one in-place op per tensor of the lists (torch/foreach.py)
-        return interception.handlers[func](*args, **kwargs)
+        return handler_for(func)(*args, **kwargs)
     target = args[0]
     if not isinstance(target, TensorProxy):
         raise UnsupportedOpError(f"{name} mutates {type(target).__name__}, not a tensor")
@@ -363,5 +363,3 @@ def mark_stale_views(proxy: TensorProxy, because: str, keep=None) -> None:
             _alias(view).stale_because = because
     proxy.alias.views = [keep] if keep is not None else []
 
-
-del handlers
