@@ -184,3 +184,197 @@ def test_norm_training_updates_running_statistics_as_eager_does(make, shape):
         torch.testing.assert_close(jitted(x), eager(x))
     for name, _ in eager.named_buffers():
         torch.testing.assert_close(getattr(traced, name), getattr(eager, name))
+
+
+# -- views: a write through a view reaches its base, a write into a base reaches every view ----------
+# Each view of a (3, 4) tensor, and whether eager lets one write through it.
+VIEWS = {
+    "select": (lambda y: y[1], True),
+    "select_method": (lambda y: y.select(1, 2), True),
+    "slice_with_step": (lambda y: y[:, ::2], True),
+    "narrow": (lambda y: y.narrow(1, 1, 2), True),
+    "transpose": (lambda y: y.t(), True),
+    "permute_T": (lambda y: y.T, True),
+    "movedim": (lambda y: y.movedim(0, 1), True),
+    "view": (lambda y: y.view(2, 6), True),
+    "reshape": (lambda y: y.reshape(4, 3), True),
+    "flatten": (lambda y: y.flatten(), True),
+    "unsqueeze": (lambda y: y.unsqueeze(0), True),
+    "diagonal": (lambda y: y.diagonal(), True),
+    "diagonal_offset": (lambda y: y.diagonal(1), True),
+    "unbind": (lambda y: y.unbind(1)[2], True),
+    "split": (lambda y: y.split(2, dim=1)[1], True),
+    "chunk": (lambda y: y.chunk(3)[1], True),
+    "unfold": (lambda y: y.unfold(1, 2, 2), True),
+    "view_of_transpose": (lambda y: y.t()[1:, 0], True),
+    "view_of_view": (lambda y: y[1:][:, 1::2].unsqueeze(-1), True),
+    "same_tensor": (lambda y: y.to(y.dtype), True),
+    "expand": (lambda y: y[0].expand(2, 4), False),  # read only: its elements share memory
+}
+WRITABLE = {name: view for name, (view, writable) in VIEWS.items() if writable}
+
+
+def _base_written_then_view_returned(view):
+    def fn(x):
+        y = x.clone()
+        v = view(y)
+        y.sin_()
+        return v  # eager: v shows the new values
+    return fn
+
+
+def _base_written_then_view_read(view):
+    def fn(x):
+        y = x * 2
+        v = view(y)
+        y[0, 1:] = x[2, :3]
+        y.mul_(x)
+        return v * 1.5 + y[2, 0]
+    return fn
+
+
+def _view_written_then_base_returned(view):
+    def fn(x):
+        y = x.clone()
+        v = view(y)
+        v.mul_(v + 1)
+        return y, v
+    return fn
+
+
+def _view_written_then_sibling_read(view):
+    def fn(x):
+        y = x.clone()
+        sibling = y.t()[:, 1:]
+        v = view(y)
+        v.add_(torch.ones_like(v))
+        return sibling.exp(), y
+    return fn
+
+
+def _input_written_through_view(view):
+    def fn(x):
+        view(x).mul_(3)
+        return x.sum(0)
+    return fn
+
+
+PROGRAMS = {"base written, view returned": (_base_written_then_view_returned, VIEWS),
+            "base written, view read": (_base_written_then_view_read, VIEWS),
+            "view written, base returned": (_view_written_then_base_returned, WRITABLE),
+            "view written, sibling read": (_view_written_then_sibling_read, WRITABLE)}
+CASES = [pytest.param(program(v if callable(v) else v[0]), id=f"{name}: {view_name}")
+         for name, (program, views) in PROGRAMS.items() for view_name, v in views.items()]
+
+
+@pytest.mark.parametrize("fn", CASES)
+def test_writes_through_views_and_into_bases_match_eager_under_jit(fn):
+    x = torch.randn(3, 4, dtype=torch.float64)
+    torch.testing.assert_close(tf.jit(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("view", WRITABLE.values(), ids=WRITABLE.keys())
+def test_writing_an_input_through_a_view_writes_the_callers_tensor(view):
+    fn = _input_written_through_view(view)
+    x = torch.randn(3, 4)
+    eager_x, jit_x = x.clone(), x.clone()
+    torch.testing.assert_close(tf.jit(fn)(jit_x), fn(eager_x))
+    torch.testing.assert_close(jit_x, eager_x)
+
+
+@pytest.mark.parametrize("fn", CASES)
+def test_gradients_through_views_written_in_place_match_torch_autograd(fn):
+    x = torch.randn(3, 4, dtype=torch.float64)
+    weights = None
+
+    def loss(x):
+        nonlocal weights
+        out = torch.cat([o.reshape(-1) for o in torch.utils._pytree.tree_leaves(fn(x))])
+        if weights is None:
+            weights = torch.randn(out.shape, dtype=out.dtype)
+        return (out * weights).sum()
+
+    eager_x = x.clone().requires_grad_()
+    try:
+        loss(eager_x).backward()
+    except RuntimeError as e:  # eager autograd refuses writes into views of split/unbind/chunk
+        assert "function that returns multiple views" in str(e)
+        return
+    torch.testing.assert_close(tf.grad(loss)(x), eager_x.grad)
+    jit_x = x.clone().requires_grad_()
+    tf.jit(loss)(jit_x).backward()
+    torch.testing.assert_close(jit_x.grad, eager_x.grad)
+
+
+@pytest.mark.parametrize("fn", CASES)
+def test_tangents_through_views_written_in_place_match_torch_func(fn):
+    x, t = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    expected = torch.func.jvp(fn, (x,), (t,))
+    got = tf.jvp(fn, (x,), (t,))
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("fn", CASES)
+def test_views_written_in_place_batch_like_torch_func(fn):
+    xs = torch.randn(2, 3, 4, dtype=torch.float64)
+    torch.testing.assert_close(tf.vmap(fn)(xs), torch.func.vmap(fn)(xs))
+
+
+def test_writing_columns_of_an_input_under_jvp_keeps_the_other_columns_tangent():
+    """jvp of a function writing into x[:, ::2]: the columns it does not write keep x's own tangent."""
+    def fn(x, y):
+        x[:, ::2].copy_(y)
+        return x
+
+    x, y = torch.randn(2, 4), torch.randn(2, 2)
+    tx, ty = torch.randn(2, 4), torch.randn(2, 2)
+    expected = torch.func.jvp(fn, (x.clone(), y), (tx, ty))
+    torch.testing.assert_close(tf.jvp(fn, (x.clone(), y), (tx, ty)), expected)
+
+
+def test_gradient_of_a_function_writing_its_input_is_taken_at_the_value_passed_in():
+    """tf.grad(f)(x) where f writes into x first: the derivative is with respect to x as passed,
+    not to its value after the write (d/dx (3x)^2 = 18x)."""
+    def fn(x):
+        x.mul_(3)
+        return (x * x).sum()
+
+    x = torch.randn(4, dtype=torch.float64)
+    torch.testing.assert_close(tf.grad(fn)(x.clone()), 18 * x)
+
+
+def test_output_argument_that_is_a_view_writes_its_base():
+    def fn(a, b):
+        y = torch.zeros(3, 4)
+        torch.add(a, b, out=y[1])
+        return y
+
+    a, b = torch.randn(4), torch.randn(4)
+    torch.testing.assert_close(tf.jit(fn)(a, b), fn(a, b))
+
+
+def test_writing_an_expanded_view_raises_torchs_error():
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        tf.jit(lambda x: x.clone()[0].expand(2, 4).add_(1))(torch.randn(3, 4))
+
+
+def test_transforms_inside_jit_read_a_view_whose_base_changed_as_updated():
+    def fn(x, differentiate):
+        y = x.clone()
+        row = y[0]
+        y.mul_(2)  # eager: row shows the doubled values
+        return (tf.grad(lambda r: (r * r).sum())(row), tf.vmap(torch.sin)(row),
+                tf.jvp(torch.sin, (row,), (torch.ones(2),))[1]) if differentiate else (2 * row, row.sin(), row.cos())
+
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(tf.jit(fn, static_argnums=1)(x, True), fn(x, False))
+
+
+def test_vmap_writing_its_input_writes_through_a_view_to_the_base():
+    def fn(x, vmap):
+        y = x.clone()
+        vmap(lambda r: r.mul_(2))(y[0:2])
+        return y
+
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(tf.jit(fn, static_argnums=1)(x, tf.vmap), fn(x, torch.func.vmap))

@@ -370,7 +370,7 @@ def trace(fn, *args, **kwargs) -> Trace:
             p_args, p_kwargs = proxify_inputs(trc, fn, args, kwargs)
             # what fn receives, flattened again: a registered unflatten may build new leaves from the proxies
             given, given_spec = tree_flatten((p_args, p_kwargs))
-            out = fn(*p_args, **p_kwargs)
+            out = up_to_date(fn(*p_args, **p_kwargs))
             _refuse_changed_containers(trc.fn_name, given, given_spec, (p_args, p_kwargs))
             adopt_torch_registrations()  # a container type registered with torch while fn ran
             trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
@@ -508,6 +508,17 @@ def _find_proxy(obj, where: str, seen: set, depth: int = 0) -> str | None:
         if found is not None:
             return found
     return None
+
+
+def up_to_date(tree):
+    """tree, with each view among its proxies brought up to date: a view whose base was written in
+    place after the view's value was computed is recomputed when read (torch/inplace.py keeps the
+    views, as `proxy.alias`, and says how); called on what traced code returns to a transform."""
+    if context.current_trace().rebinds:
+        for p in optree.tree_leaves(tree, namespace="thunderfn"):
+            if isinstance(p, TensorProxy) and p.alias is not None:
+                p.alias.refresh(p)
+    return tree
 
 
 def _refuse_unknowable_outputs(output) -> None:

@@ -33,6 +33,7 @@ from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled
+from thunderfn.core.trace import up_to_date
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.torch.opaque import autograd_connections, torch_vjp_op
 from thunderfn.torch.random import get_rng_state_op
@@ -212,11 +213,11 @@ class _Tape:
         self.rng_state: dict = {}  # id(bound symbol) -> proxy of torch.get_rng_state() before it
 
 
-def _record_forward(region: list, primals, tape: _Tape) -> list:
+def _record_forward(region: list, primal_names: list, tape: _Tape) -> list:
     """The forward as emitted: for each opaque op that depends on the inputs, the generator
     state is read just before it."""
     trc = context.current_trace()
-    tape.active = {p.name for p in tree_leaves(primals) if isinstance(p, TensorProxy)}
+    tape.active = {name for name in primal_names if name is not None}
     emitted = []
     for bsym in region:
         if any(isinstance(a, TensorProxy) and a.name in tape.active for a in bsym.flat_args()):
@@ -248,12 +249,15 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
         # which f's caller cannot hand to tf.grad, so jit announces them for the trace it builds.
         executors = context.current_executors()
     trc = context.current_trace()
-    primals = as_trace_values(primals)
+    primals = as_trace_values(up_to_date(primals))
     start_mode = torch.is_grad_enabled()
+    # the primals' names before fn runs: fn may write into a primal in place, after which the same proxy
+    # object names its new value (torch/inplace.py); the derivative is with respect to the value passed in
+    primal_names = [p.name if isinstance(p, TensorProxy) else None for p in tree_leaves(primals)]
     with trc.scope() as recorded:
-        out = fn(*primals)
+        out = up_to_date(fn(*primals))
     tape = _Tape(executors)
-    region = _record_forward(_with_residuals(recorded, executors), primals, tape)
+    region = _record_forward(_with_residuals(recorded, executors), primal_names, tape)
     for bsym in region:
         trc.emit(bsym)
     modes = _grad_modes(region, start_mode)
@@ -274,7 +278,7 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
         for bsym, enabled in zip(reversed(region), reversed(modes)):
             if enabled:
                 _backprop(bsym, cts, tape)
-        return [cts.get(p.name) if isinstance(p, TensorProxy) else None for p in tree_leaves(primals)]
+        return [cts.get(name) if name is not None else None for name in primal_names]
 
     return out, backward
 

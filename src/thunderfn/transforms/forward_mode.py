@@ -16,10 +16,11 @@ import torch
 
 from thunderfn import clang
 from thunderfn.core import context, dtypes
-from thunderfn.core.interception import tensors_by_position
+from thunderfn.core.interception import lift_constants, tensors_by_position
 from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
+from thunderfn.core.trace import up_to_date
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.torch.opaque import _meta
 from thunderfn.transforms.autodiff import _compiled, _carries_gradient, _grad_modes, as_trace_values, value_without_aux
@@ -101,19 +102,22 @@ def trace_jvp(fn: Callable, primals, tangents):
     """While a trace is being built: fn(*primals) traced into it, and the tangent of its output
     for these tangents of the primals' leaves (a pytree like the output)."""
     trc = context.current_trace()
-    primals = as_trace_values(primals)
+    primals = as_trace_values(up_to_date(primals))
+    tangents = lift_constants(tangents)  # real tensors (tf.jvp called inside a traced function) read as constants
     start_mode = torch.is_grad_enabled()
-    with trc.scope() as recorded:
-        out = fn(*primals)
-    region = _flattened(recorded)
-    for bsym in region:
-        trc.emit(bsym)
     env: dict = {}
     for p, t in zip(tree_leaves(primals), tree_leaves(tangents)):
         if _carries_gradient(p) and t is not None:
             if tuple(t.shape) != tuple(p.shape):
                 raise ValueError(f"jvp: a tangent has shape {tuple(t.shape)} where its primal has {tuple(p.shape)}")
+            # keyed by the name the primal has now: fn may write into it in place, after which the same
+            # proxy object names its new value (torch/inplace.py), whose tangent the rules compute
             env[p.name] = clang.maybe_convert_to_dtype(t, p.dtype)
+    with trc.scope() as recorded:
+        out = up_to_date(fn(*primals))
+    region = _flattened(recorded)
+    for bsym in region:
+        trc.emit(bsym)
     for bsym, enabled in zip(region, _grad_modes(region, start_mode)):
         if enabled:
             _push_forward(bsym, env)
