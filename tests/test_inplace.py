@@ -5,6 +5,21 @@ import torch
 import torch.nn.functional as F
 
 import thunderfn as tf
+from thunderfn.executors import FusionExecutor, OperatorExecutor
+
+
+class RunsRegionsWithTorch(FusionExecutor):
+    """A stand-in fusion executor: fuses every candidate but indexing (which checks its indices
+    when it runs), and runs a region's ops with torch."""
+
+    def __init__(self):
+        super().__init__("inplace_regions")
+
+    def can_fuse(self, bsym):
+        return "gather" not in bsym.sym.name and "index" not in bsym.sym.name
+
+    def compile_region(self, region):
+        return region.unfused
 
 
 def _iadd(a, b):
@@ -378,3 +393,86 @@ def test_vmap_writing_its_input_writes_through_a_view_to_the_base():
 
     x = torch.randn(3, 2)
     torch.testing.assert_close(tf.jit(fn, static_argnums=1)(x, tf.vmap), fn(x, torch.func.vmap))
+
+
+# -- an error after in-place writes: the writes that completed stay, as in eager -----------------------
+def _eager_and_jitted_after_failure(fn, make_args, **jit_options):
+    """(eager's arguments after fn raised on them, the jitted function's): both must raise."""
+    eager_args, jit_args = make_args(), make_args()
+    with pytest.raises(Exception) as eager_error:
+        fn(*eager_args)
+    jitted = tf.jit(fn, **jit_options)
+    jitted(*make_args(valid=True))  # compile with arguments that work
+    with pytest.raises(type(eager_error.value)):
+        jitted(*jit_args)
+    return eager_args, jit_args
+
+
+def _index_args(valid=False):
+    return torch.zeros(3), torch.tensor([0, 1 if valid else 5]), torch.ones(2)
+
+
+def _writes_then_gathers(x, index, w):
+    x.add_(1)
+    w.mul_(2)
+    y = torch.gather(x, 0, index)  # index out of range: raises when it runs
+    w.add_(y.sum())
+    return y
+
+
+@pytest.mark.parametrize("executors", [None, [RunsRegionsWithTorch()]], ids=["torch", "fusion"])
+def test_an_error_after_in_place_writes_leaves_the_completed_writes_as_eager_does(executors):
+    eager_args, jit_args = _eager_and_jitted_after_failure(_writes_then_gathers, _index_args, executors=executors)
+    torch.testing.assert_close(jit_args, eager_args)
+
+
+def test_an_error_after_in_place_writes_keeps_the_last_completed_write_of_each_tensor():
+    def fn(x, index, w):
+        x.add_(1)
+        x.mul_(3)  # written twice before the error: the second value stays
+        picked = torch.index_select(w, 0, index)
+        x.add_(100)  # never runs in eager
+        return x, picked
+
+    eager_args, jit_args = _eager_and_jitted_after_failure(fn, _index_args)
+    torch.testing.assert_close(jit_args, eager_args)
+
+
+def test_an_error_in_a_user_executor_op_after_a_buffer_update_keeps_the_update():
+    ex = OperatorExecutor("raises_at_run_time")
+
+    def checked_double(a):
+        if bool((a < 0).any()):
+            raise ValueError("negative input")
+        return a * 2
+
+    double = ex.register_operator("checked_double", like=lambda a: a, fn=checked_double)
+
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x):
+            self.calls += 1
+            return double(x)
+
+    module = Counting()
+    jitted = tf.jit(module, executors=[ex])
+    jitted(torch.ones(2))
+    with pytest.raises(ValueError, match="negative input"):
+        jitted(-torch.ones(2))
+    assert module.calls.item() == 2  # eager counts the failed call too
+
+
+def test_an_error_after_an_optimizer_style_update_of_a_parameter_keeps_the_update():
+    def fn(p, y, index):
+        with torch.no_grad():
+            p.sub_(0.5)
+        return torch.gather(y, 0, index).sum()
+
+    def make_args(valid=False):
+        return torch.ones(3, requires_grad=True), torch.ones(3), torch.tensor([0, 1 if valid else 7])
+
+    eager_args, jit_args = _eager_and_jitted_after_failure(fn, make_args)
+    torch.testing.assert_close(jit_args[0], eager_args[0])

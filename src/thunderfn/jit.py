@@ -43,7 +43,7 @@ from thunderfn.core import artifacts, context, progress
 from thunderfn.core.call_time import Guarded, guarded
 from thunderfn.core.guards import GuardRecorder
 from thunderfn.core.interception import is_numpy_scalar
-from thunderfn.core.passes import cse, dce, del_last_used
+from thunderfn.core.passes import cse, dce, del_last_used, write_back_on_failure_pass
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.errors import UnsupportedOpError
@@ -403,6 +403,7 @@ def _execution_passes(trc: Trace, executors, *, no_autograd: bool, no_grad: bool
         if isinstance(ex, FusionExecutor):
             traces.append(timed_pass(f"Fusion ({ex.name})", ex.fuse, traces[-1]))
     lifted = timed_pass("Lift number operands", lift_number_operands, traces[-1])
+    lifted = timed_pass("Write back on failure", write_back_on_failure_pass, lifted)
     traces += [lifted] if lifted is not traces[-1] else []
     reused = timed_pass("Reuse dead buffers", reuse_dead_buffers, lifted) if no_autograd else lifted
     traces += [reused] if reused is not lifted else []

@@ -49,6 +49,7 @@ class Trace:
         self.default_dtype = torch.get_default_dtype()  # and default dtype
         self.mutated: dict = {}  # id(live proxy) -> (frozen original, live proxy): inputs/captures written in place
         self.write_modes: dict = {}  # id(live proxy) -> the grad modes its in-place writes ran under
+        self.versions: dict = {}  # id(live proxy) -> the names of the values its in-place writes left, in order
         self.rebinds = 0  # in-place operations traced so far
         # What the compiled function reads or checks when called (core/call_time.py): `.grad`s read while
         # tracing (key -> GradRead), and guards (callables returning why the trace went stale, or None).
@@ -154,6 +155,7 @@ class Trace:
             self.mutated[id(proxy)] = (frozen, proxy)
         if id(proxy) in self.mutated:
             self._note_write_mode(proxy, because)
+            self.versions.setdefault(id(proxy), []).append(value.name)
         self.args = [frozen if a is proxy else a for a in self.args]
         self.rebinds += 1
         # In eager an in-place op never makes a tensor stop requiring grad (a leaf written under no_grad stays one)
@@ -200,8 +202,9 @@ class Trace:
             # (mixed modes are refused above for tensors that require grad; for others only a value that
             # requires grad could tell the modes apart, and that takes grad mode)
             mode = any(self.write_modes.get(id(live), {self.grad_enabled}))
+            # (versions: what the input held after each write, for core/passes.py's write_back_on_failure_pass)
             self.bound_symbols.append(write_back.bind(frozen, live, None if mode == self.grad_enabled else mode,
-                                                      output=None))
+                                                      output=None, versions=tuple(self.versions.get(id(live), ()))))
             live_to_frozen[id(live)] = frozen
         self.output = optree.tree_map(lambda x: live_to_frozen.get(id(x), x), self.output, none_is_leaf=True,
                                       namespace="thunderfn")
