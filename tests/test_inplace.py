@@ -329,7 +329,9 @@ def test_tangents_through_views_written_in_place_match_torch_func(fn):
     torch.testing.assert_close(got, expected)
 
 
-@pytest.mark.parametrize("fn", CASES)
+# (under vmap an example's layout is not known: a reshape or flatten of it, a view or a copy in eager
+# depending on it, is refused when written, as is reading it after its base was written)
+@pytest.mark.parametrize("fn", [c for c in CASES if not c.id.endswith((": reshape", ": flatten"))])
 def test_views_written_in_place_batch_like_torch_func(fn):
     xs = torch.randn(2, 3, 4, dtype=torch.float64)
     torch.testing.assert_close(tf.vmap(fn)(xs), torch.func.vmap(fn)(xs))
@@ -476,3 +478,10 @@ def test_an_error_after_an_optimizer_style_update_of_a_parameter_keeps_the_updat
 
     eager_args, jit_args = _eager_and_jitted_after_failure(fn, make_args)
     torch.testing.assert_close(jit_args[0], eager_args[0])
+
+
+def test_a_write_through_a_reshape_of_a_tensor_of_unknown_layout_is_refused_by_name():
+    """Under vmap an example's layout is not known, so whether its reshape is a view or a copy is not either."""
+    fn = _view_written_then_base_returned(lambda y: y.reshape(4, 3))
+    with pytest.raises(tf.UnsupportedOpError, match="memory layout at run time"):
+        tf.vmap(fn)(torch.randn(2, 3, 4))

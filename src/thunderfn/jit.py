@@ -69,7 +69,7 @@ CSE = "Common Subexpression Elimination"
 
 
 class CacheEntry:
-    __slots__ = ("fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit")
+    __slots__ = ("fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit", "layout")
 
     def __init__(self, fn, traces, backward_traces, tensor_positions, guards):
         self.fn, self.traces, self.backward_traces = fn, traces, backward_traces
@@ -77,16 +77,30 @@ class CacheEntry:
         self.guards = guards
         self.guards_hold = guards.compile()  # None: nothing to check
         self.fast_hit = None  # its check-and-call function for the fast path (see JitState.fast_hit), once made
+        # (tensor number, what, get, value): layout facts the trace relies on (Trace.rely_on_layout), part of
+        # the signature of the inputs they are about (most traces have none)
+        self.layout = tuple((position, what, get, value) for position, facts in traces[0].layout_reads.items()
+                            for (what, get), value in facts.items())
 
     def valid(self, leaves) -> bool:
-        """Whether this entry may run a call with these flattened arguments: its guards hold, and
-        the state read at call time (core/call_time.py: .grad, optimizer hyperparameters) fits."""
+        """Whether this entry may run a call with these flattened arguments: the input layouts it relies
+        on are these, its guards hold, and the state read at call time (core/call_time.py: .grad,
+        optimizer hyperparameters) fits."""
+        if self.layout and self.layout_changed(leaves) is not None:
+            return False
         if self.guards_hold is not None and not self.guards_hold():
             return False
         return not isinstance(self.fn, Guarded) or self.fn.guard([leaves[i] for i in self.tensor_positions]) is None
 
+    def layout_changed(self, leaves) -> str | None:
+        for position, what, get, value in self.layout:
+            now = get(leaves[self.tensor_positions[position]])
+            if now != value:
+                return f"tensor argument {position}'s {what} changed: {value} -> {now}"
+        return None
+
     def why_invalid(self, leaves) -> str:
-        reason = self.guards.failure()
+        reason = self.layout_changed(leaves) or self.guards.failure()
         if reason is None and isinstance(self.fn, Guarded):
             reason = self.fn.guard([leaves[i] for i in self.tensor_positions])
         return reason or "a guard failed"
@@ -302,7 +316,7 @@ class JitState:
         the entry; anything else returns MISS. Generated Python, made once per entry: comparing
         with constants costs less than building and hashing a key."""
         if entry.fast_hit is None:
-            entry.fast_hit = _hit_function(key, entry.fn, entry.guards_hold, self.stats)
+            entry.fast_hit = _hit_function(key, entry.fn, entry.guards_hold, self.stats, entry.layout)
         return entry.fast_hit
 
     def why_miss(self, key, args, kwargs, leaves) -> str | None:
@@ -457,7 +471,7 @@ def _miss(*tensors):
     return _MISS
 
 
-def _hit_function(key: tuple, fn, guards_hold, stats):
+def _hit_function(key: tuple, fn, guards_hold, stats, layout=()):
     """A check-and-call function for one cache entry (see JitState.fast_hit); key is the
     entry's cache key for a call with positional tensors only."""
     names = [f"a{i}" for i in range(len(key) - 4)]
@@ -470,6 +484,9 @@ def _hit_function(key: tuple, fn, guards_hold, stats):
         # a CPU tensor's device is always torch.device("cpu"), without an index
         on_device = f"{a}.is_cpu" if device.type == "cpu" else f"{a}.device == device{i}"
         checks += [f"{a}.dtype is dtype{i}", f"{a}.shape == shape{i}", f"{a}.requires_grad is {requires_grad}", on_device]
+    for k, (position, _, get, value) in enumerate(layout):  # the input layouts the trace relies on
+        namespace[f"layout_get{k}"], namespace[f"layout_value{k}"] = get, value
+        checks.append(f"layout_get{k}(a{position}) == layout_value{k}")
     # (entries traced under autocast never take this path: see call_slow)
     checks += [f"is_grad_enabled() is {key[1]}", "get_default_dtype() is default_dtype", "not tracing.stack",
                "not any_autocast()"]

@@ -50,12 +50,21 @@ class Trace:
         self.mutated: dict = {}  # id(live proxy) -> (frozen original, live proxy): inputs/captures written in place
         self.write_modes: dict = {}  # id(live proxy) -> the grad modes its in-place writes ran under
         self.versions: dict = {}  # id(live proxy) -> the names of the values its in-place writes left, in order
+        self.rebound: set = set()  # id(proxy) of every proxy written in place (its name is its new value's)
+        # view ops traced before the first in-place write, tracked when one happens (torch/inplace.py); None after
+        self.views_to_track: list | None = []
+        self.producers: dict = {}  # id(proxy) -> the top-level bound symbol that computed it (see `producer`)
+        self.layouts: dict = {}  # id(proxy) -> (meta tensor laid out as eager would, facts), torch/inplace.py's
         self.rebinds = 0  # in-place operations traced so far
         # What the compiled function reads or checks when called (core/call_time.py): `.grad`s read while
         # tracing (key -> GradRead), and guards (callables returning why the trace went stale, or None).
         self.grad_reads: dict = {}
         self.guards: list = []
         self.input_tensors: dict = {}  # input proxy name -> the tensor it stands for, while tracing only
+        self._inputs_by_proxy: dict = {}  # id(input proxy object) -> (its position, the tensor), while tracing only
+        # Layout facts about input tensors the trace relies on (whether x.contiguous() is x or a copy):
+        # position -> {(what, get): value}, checked by jit on every call with the cache key (jit.py's CacheEntry)
+        self.layout_reads: dict = {}
         # Called as f(trc, failed) when tracing ends, to undo or guard Python state the traced code
         # touched (torch/optim.py); finish_data holds their bookkeeping, by owner.
         self.finishers: list = []
@@ -97,6 +106,8 @@ class Trace:
         bsym = sym.bind(*args, output=out, subsymbols=subsymbols, **kwargs)
         _inherit_origin(bsym)
         self._scopes[-1].append(bsym)
+        if not self.symbol_depth:
+            self._note_producer(bsym)
         return out
 
     def sync_grad_mode(self) -> None:
@@ -115,6 +126,18 @@ class Trace:
 
     def emit(self, bsym) -> None:
         self._scopes[-1].append(bsym)
+        if not self.symbol_depth:
+            self._note_producer(bsym)
+
+    def _note_producer(self, bsym) -> None:
+        for o in bsym.proxy_outs():
+            self.producers[id(o)] = bsym
+
+    def producer(self, proxy: TensorProxy):
+        """The bound symbol recorded at the top level of this trace that computed proxy (None: an
+        input, a constant, or a value made inside a decomposition)."""
+        bsym = self.producers.get(id(proxy))
+        return bsym if bsym is not None and any(o is proxy for o in bsym.proxy_outs()) else None
 
     @contextlib.contextmanager
     def scope(self):
@@ -142,6 +165,29 @@ class Trace:
             entry = self._constants[id(tensor)] = (tensor, proxy)
         return entry[1]
 
+    def real_tensor(self, proxy: TensorProxy):
+        """The tensor an input or captured proxy stands for, while tracing (whatever was written into
+        it since: its memory layout is the tensor's); None for a value the traced code computed."""
+        found = self._inputs_by_proxy.get(id(proxy))
+        if found is not None:
+            return found[1]
+        for tensor, captured in self._constants.values():
+            if captured is proxy:
+                return tensor
+        return None
+
+    def rely_on_layout(self, proxy: TensorProxy, what: str, get, value) -> None:
+        """The trace relies on `get(tensor) == value` for the tensor proxy stands for (`what` says it in
+        words: "is_contiguous()"): a fact jit checks on every call of an input (a call where it differs
+        compiles anew), and a guard of a captured tensor."""
+        found = self._inputs_by_proxy.get(id(proxy))
+        if found is not None:
+            self.layout_reads.setdefault(found[0], {})[(what, get)] = value
+            return
+        tensor, name = self.real_tensor(proxy), proxy.name
+        self.guards.append(lambda: None if get(tensor) == value else
+                           f"the captured tensor {name}'s {what} was {value} when traced and is {get(tensor)} now")
+
     def rebind(self, proxy: TensorProxy, value: TensorProxy, *, because: str) -> None:
         """Make the proxy object user code holds denote `value` from now on: the
         functional form of an in-place operation (torch/inplace.py, which also marks
@@ -158,6 +204,7 @@ class Trace:
             self.versions.setdefault(id(proxy), []).append(value.name)
         self.args = [frozen if a is proxy else a for a in self.args]
         self.rebinds += 1
+        self.rebound.add(id(proxy))
         # In eager an in-place op never makes a tensor stop requiring grad (a leaf written under no_grad stays one)
         proxy.name, proxy.requires_grad, proxy.constant, proxy.origin = (
             value.name, proxy.requires_grad or value.requires_grad, None, value.origin)
@@ -299,6 +346,7 @@ def proxify_inputs(trc: Trace, fn, args, kwargs):
             proxy = TensorProxy(trc.names.take(preferred, prefix="a"), shape=leaf.shape, dtype=leaf.dtype,
                                 device=leaf.device, requires_grad=leaf.requires_grad,
                                 origin=f"argument '{preferred or top}'")
+            trc._inputs_by_proxy[id(proxy)] = (len(trc.args), leaf)
             trc.args.append(proxy)
             trc.input_tensors[proxy.name] = leaf
             new_leaves.append(proxy)
@@ -389,7 +437,7 @@ def trace(fn, *args, **kwargs) -> Trace:
             raise _unbound_tensor_method(e, trc.fn_name) from None
         raise
     finally:
-        trc.input_tensors = {}  # the trace must not keep the caller's tensors alive
+        trc.input_tensors, trc._inputs_by_proxy = {}, {}  # the trace must not keep the caller's tensors alive
     for finish in trc.finishers:
         finish(trc, False)
     if _reseeded_by_tracing(rng_before):

@@ -102,6 +102,11 @@ class Alias:
     # safe when nothing reads the input afterwards
     layout_dependent: bool = False
     stale_message: str | None = None  # why reading this tensor is refused
+    # Layout facts about inputs (root, what, get, value; see _view_in_eager) that decided whether this
+    # tensor, or one it was made from, is a view or a copy: relied on (Trace.rely_on_layout) once the
+    # answer matters, when it is written or read after its base changed; and, for a copy, its source
+    copy_of: TensorProxy | None = None
+    facts: tuple = ()
     # expanded (x.expand(3, 4) of a (4,) x): several elements share one memory location, and
     # torch refuses to write into it in place
     overlapping: bool = False
@@ -120,6 +125,8 @@ def _alias(p: TensorProxy) -> Alias:
 # View ops whose inverse is a reshape of the written value (same elements in the same order),
 # and those that only reorder dimensions (inverse: the inverse permutation)
 _RESHAPING = {"view", "reshape", "view_as", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze"}
+# View ops that copy instead when their input's strides do not allow a view (x.t().reshape(-1))
+_VIEW_OR_COPY = {"reshape", "reshape_as", "flatten"}
 # (H and mH conjugate only complex tensors, which the torch language refuses there)
 _PERMUTING = {"transpose", "swapaxes", "swapdims", "permute", "t", "T", "mT", "H", "mH", "movedim", "moveaxis"}
 # Views whose elements are not the base's elements, one for one: writing through them is refused
@@ -142,15 +149,37 @@ def is_view_op(func) -> bool:
 
 def track_views(func, args, kwargs, out) -> None:
     """After a view op, or an op that returned its input unchanged while tracing: remember
-    which outputs share storage with which input, and how to make them again."""
-    identities = context.current_trace().identities
+    which outputs share storage with which input, and how to make them again. Until the traced
+    code first writes in place nothing can tell a view from a copy, so the calls are kept and
+    tracked then (`settle_views`): a function without in-place writes pays nothing for views."""
+    trc = context.current_trace()
+    identities = {}
+    for o in tree_leaves(out):
+        entry = trc.identities.pop(id(o), None) if trc.identities and isinstance(o, TensorProxy) else None
+        if entry is not None and entry[0] is o:
+            identities[id(o)] = entry
+    if trc.views_to_track is not None:
+        trc.views_to_track.append((func, args, kwargs, out, identities))
+        return
+    _track_views(func, args, kwargs, out, identities)
+
+
+def settle_views() -> None:
+    """Track the views made before the traced code's first in-place write (called before each
+    write; from then on views are tracked as they are made)."""
+    trc = context.current_trace()
+    made, trc.views_to_track = trc.views_to_track, None
+    for call in made or ():
+        _track_views(*call)
+
+
+def _track_views(func, args, kwargs, out, identities: dict) -> None:
     tracked = set()
-    if identities:
-        for o in tree_leaves(out):
-            entry = identities.pop(id(o), None) if isinstance(o, TensorProxy) else None
-            if entry is not None and entry[0] is o:
-                _track_identity(func, kwargs, o, entry[1])
-                tracked.add(id(o))
+    for o in tree_leaves(out):
+        entry = identities.get(id(o)) if isinstance(o, TensorProxy) else None
+        if entry is not None:
+            _track_identity(func, args, kwargs, o, entry[1])
+            tracked.add(id(o))
     source = args[0] if args else None
     if not is_view_op(func) or not isinstance(source, TensorProxy):
         return
@@ -160,6 +189,20 @@ def track_views(func, args, kwargs, out) -> None:
         return  # x[[0, 2]], x[True]: eager copies
     root, steps = _root_and_steps(source)
     outs = [o for o in tree_leaves(out) if isinstance(o, TensorProxy)]
+    facts = source.alias.facts if source.alias is not None else ()
+    if short in _VIEW_OR_COPY:
+        is_view, fact = _view_in_eager(func, args, kwargs, root, steps)
+        if is_view is None:  # an intermediate's layout, which tracing does not know
+            for o in outs:
+                if o is not source and o is not root and id(o) not in tracked:
+                    o.alias = Alias(base=root, made_by=torch_name(func), seen=_alias(root).version,
+                                    layout_dependent=True)
+            return
+        facts += fact
+        if not is_view:  # eager copies
+            for o in outs:
+                o.alias = Alias(copy_of=root, seen=_alias(root).version, facts=facts)
+            return
     for index, o in enumerate(outs):
         if o is source or o is root or id(o) in tracked:
             continue
@@ -169,7 +212,7 @@ def track_views(func, args, kwargs, out) -> None:
         o.alias = Alias(base=root, steps=steps + (step,) if made_by is None else None, made_by=made_by,
                         seen=_alias(root).version,
                         key=key if root is source and key is not None and _is_basic_key(key) else None,
-                        overlapping=_overlapping(short, source, o, args, kwargs))
+                        overlapping=_overlapping(short, source, o, args, kwargs), facts=facts)
 
 
 def _overlapping(short, source, view, args, kwargs) -> bool:
@@ -190,11 +233,137 @@ def _root_and_steps(source: TensorProxy):
     return info.base, None if info.layout_dependent else info.steps
 
 
+def _view_in_eager(func, args, kwargs, root, steps) -> tuple:
+    """(whether func(*args), a view op that copies when strides forbid a view or x.contiguous(),
+    returns in eager a view of root or root itself; the layout fact that says so). Decided on a
+    meta tensor laid out as the input or captured tensor root stands for, replaying the view steps
+    to args[0]; the fact is relied on (`_rely`) only where the answer changes a result. (None, None)
+    when root is a value the traced code computed, whose layout tracing does not know."""
+    trc = context.current_trace()
+    facts: list = []
+    probe = _eager_layout(trc, root, facts) if steps is not None else None
+    if probe is None:
+        return None, None
+    try:
+        with torch._C.DisableTorchFunction():  # meta tensors, not traced
+            value = probe
+            for step in steps:
+                if step.func is not None:
+                    out = step.func(value, *_meta_args(step.args), **dict(_meta_args(step.kwargs)))
+                    value = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)][step.index]
+            result = func(value, *_meta_args(tuple(args[1:])), **_meta_kwargs(kwargs))
+        result = [o for o in tree_leaves(result) if isinstance(o, torch.Tensor)][0]
+    except Exception:  # noqa: BLE001 (an op meta tensors do not support: the layout stays unknown)
+        return None, None
+    if short_name(func) == "contiguous" and not steps and len(facts) == 1 and facts[0][0] is root:  # an input's
+        fmt = kwargs.get("memory_format", torch.contiguous_format)
+        facts = [(root, f"is_contiguous(memory_format={fmt})", _is_contiguous_as[fmt], probe.is_contiguous(memory_format=fmt))]
+    return result is probe or result._base is probe, tuple(facts)
+
+
+_LAYOUT_DEPTH = 8  # how many ops back a computed tensor's layout is worked out from its inputs'
+
+
+def _eager_layout(trc, proxy, facts: list, depth: int = 0):
+    """A meta tensor laid out as the tensor proxy denotes is in eager, or None when unknown: an
+    input's or captured tensor's own layout (its strides join `facts`), or, for a value the traced
+    code computed with a torch op (not written in place since), that op's meta kernel applied to its
+    inputs' layouts (x.clone() keeps x's strides, torch.zeros(...) is contiguous)."""
+    known = trc.layouts.get(id(proxy))
+    if known is None or known[2] is not proxy:
+        own: list = []
+        known = trc.layouts[id(proxy)] = (_work_out_layout(trc, proxy, own, depth), tuple(own), proxy)
+    facts.extend(known[1])
+    return known[0]
+
+
+def _work_out_layout(trc, proxy, facts: list, depth: int):
+    tensor = trc.real_tensor(proxy)
+    if tensor is not None:
+        facts.append((proxy, "stride()", torch.Tensor.stride, tensor.stride()))
+        with torch._C.DisableTorchFunction():
+            return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+    if depth >= _LAYOUT_DEPTH or id(proxy) in trc.rebound:
+        return None
+    producer = trc.producer(proxy)
+    if producer is None or producer.sym.torch_fn is None or "opaque" in producer.sym.tags:
+        return None
+    ok = True
+
+    def meta(x):
+        nonlocal ok
+        if isinstance(x, TensorProxy):
+            probe = _eager_layout(trc, x, facts, depth + 1)
+            ok = ok and probe is not None
+            return probe
+        if isinstance(x, (tuple, list)):
+            return type(x)(meta(v) for v in x)
+        return x
+
+    args, kwargs = meta(producer.args), {k: meta(v) for k, v in producer.kwargs.items()}
+    if not ok:
+        return None
+    if not any(isinstance(a, torch.Tensor) for a in tree_leaves((args, kwargs))):
+        kwargs["device"] = "meta"  # a factory: made where the probes live
+    try:
+        with torch._C.DisableTorchFunction():
+            out = producer.sym.torch_fn(*args, **kwargs)
+        outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
+        index = next(i for i, o in enumerate(producer.proxy_outs()) if o is proxy)
+        return outs[index] if outs[index].device.type == "meta" else None
+    except Exception:  # noqa: BLE001 (an op or arguments meta tensors do not take: the layout stays unknown)
+        return None
+
+
+def _rely(info: Alias) -> None:
+    """The tensor's view-or-copy answer now changes a result: the layout facts it came from join
+    the trace's signature (once)."""
+    if info is not None and info.facts:
+        trc = context.current_trace()
+        for fact in info.facts:
+            trc.rely_on_layout(*fact)
+        info.facts = ()
+
+
+def _contiguous_as(fmt):
+    def is_contiguous(t):
+        return t.is_contiguous(memory_format=fmt)
+
+    is_contiguous.__name__ = f"is_contiguous_{fmt}"
+    return is_contiguous
+
+
+# one function per memory format (jit's cache compares facts by function)
+_is_contiguous_as = {fmt: (torch.Tensor.is_contiguous if fmt is torch.contiguous_format else _contiguous_as(fmt))
+                     for fmt in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d,
+                                 torch.preserve_format)}
+
+
+def _meta_args(values):
+    """values with each proxy replaced by an empty meta tensor of its metadata (view_as(other) reads its shape)."""
+    def meta(x):
+        if isinstance(x, TensorProxy):
+            return torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
+        if isinstance(x, (tuple, list)):
+            return type(x)(meta(v) for v in x)
+        return x
+
+    return meta(values)
+
+
+def _meta_kwargs(kwargs) -> dict:
+    return {k: _meta_args(v) for k, v in kwargs.items()}
+
+
+def short_name(func) -> str:
+    return torch_name(func).rsplit(".", 1)[-1]
+
+
 def _has_tensor(key) -> bool:
     return any(isinstance(k, TensorProxy) for k in (key if isinstance(key, tuple) else (key,)))
 
 
-def _track_identity(func, kwargs, out: TensorProxy, source: TensorProxy) -> None:
+def _track_identity(func, args, kwargs, out: TensorProxy, source: TensorProxy) -> None:
     """out has source's value: in eager it is source itself or a view of all of it (so an
     in-place write through it writes all of source), a copy, or one of the two depending on
     source's layout at run time (any op not known to be one of the others)."""
@@ -205,10 +374,19 @@ def _track_identity(func, kwargs, out: TensorProxy, source: TensorProxy) -> None
     key = source.alias.key if source.alias is not None and source.alias.base is not None else Ellipsis
     exact = (short in _VIEW_NAMES or short in _RETURN_INPUT) and kwargs.get("memory_format") in (
         None, torch.preserve_format)
+    facts = source.alias.facts if source.alias is not None else ()
+    if not exact and args and args[0] is source:  # x.contiguous(): x itself or a copy, as x's layout says
+        is_view, fact = _view_in_eager(func, args, kwargs, root, steps)
+        if is_view is not None:
+            facts += fact
+            if not is_view:
+                out.alias = Alias(copy_of=root, seen=_alias(root).version, facts=facts)
+                return
+            exact = True
     made_by = None if steps is not None else source.alias.made_by
     out.alias = Alias(base=root, steps=steps + (_SAME,) if steps is not None and exact else None,
                       made_by=made_by if exact else torch_name(func), seen=_alias(root).version, key=key,
-                      layout_dependent=not exact)
+                      layout_dependent=not exact, facts=facts)
 
 
 def refresh(view: TensorProxy) -> None:
@@ -216,9 +394,19 @@ def refresh(view: TensorProxy) -> None:
     base was written (directly or through another view) since the view's value was computed.
     Called for every tensor traced code reads after some in-place write, and for its outputs."""
     info = view.alias
+    if info is not None and info.stale_message:  # whether it changed cannot be known (_write_layout_dependent)
+        raise UnsupportedOpError(info.stale_message)
+    if info is not None and info.copy_of is not None:  # a copy of a tensor written since: its value would differ
+        if info.seen != _alias(info.copy_of).version:  # if it were a view, so the layout that said so matters
+            _rely(info)
+            info.seen = _alias(info.copy_of).version
+        return
     if info is None or info.base is None or info.seen == _alias(info.base).version:
         return
     base = info.base
+    _rely(info)
+    if base.alias.stale_message:
+        raise UnsupportedOpError(base.alias.stale_message)
     if info.steps is None:
         raise UnsupportedOpError(
             f"tensor {view.name} is a view of {base.name}, which was modified in place after the view was made; in "
@@ -356,6 +544,7 @@ def _cast_like_target(value, target, what: str):
 
 def run_in_place(func, args, kwargs):
     """Trace an in-place torch call on a proxy (or a call with out=/inplace=True)."""
+    settle_views()
     trc = context.current_trace()
     name = torch_name(func)
     short = name.rsplit(".", 1)[-1]
@@ -381,13 +570,14 @@ def run_in_place(func, args, kwargs):
 
 
 def _write_layout_dependent(trc, func, name, short, args, kwargs):
-    """An in-place write into x.contiguous() (or the like), which in eager writes into x or
-    into a copy depending on x's layout at run time. Into a copy of an input the caller would
-    see no change, into x itself they would: refused. For a tensor made inside the function,
-    the write goes to the result, and x may not be read afterwards."""
+    """An in-place write into x.contiguous() (or x.reshape(...), ...) where x is a tensor the
+    function computed, whose layout tracing does not know: in eager the write goes into x or into
+    a copy. The write goes to the result, and neither x nor its views may be read afterwards. (For
+    an input or a captured tensor the layout is known, and relied on: see _view_in_eager; this
+    refuses only where that probe could not run.)"""
     target = args[0]
     root = target.alias.base
-    if any(a is root for a in trc.args) or root.constant is not None:
+    if trc.real_tensor(root) is not None:
         raise UnsupportedOpError(
             f"{name} mutates {target.name}, which in eager is {root.name} itself or a copy of it depending on "
             f"{root.name}'s memory layout at run time (x.contiguous(), x.reshape(...)); {root.name} is an input of "
@@ -400,11 +590,14 @@ def _write_layout_dependent(trc, func, name, short, args, kwargs):
         f"depending on {root.name}'s memory layout at run time (x.contiguous(), x.reshape(...)), so whether "
         f"{root.name} changed cannot be known while tracing. Mutate {root.name}.clone() instead, or read "
         f"{target.name}.")
+    _alias(root).version += 1  # its views are out of date too, and refuse to be read (refresh); not target
+    target.alias.seen = root.alias.version
     return target if short != "__setitem__" else None
 
 
 def run_with_output_argument(handler, func, args, kwargs, out):
     """`torch.add(a, b, out=c)`: compute, then write into c as c.copy_ would (same dtype rules)."""
+    settle_views()
     if not isinstance(out, TensorProxy):
         raise UnsupportedOpError(f"{torch_name(func)}(out=...) with a non-tensor out")
     kwargs = {k: v for k, v in kwargs.items() if k != "out"}
@@ -424,6 +617,7 @@ def run_with_output_argument(handler, func, args, kwargs, out):
 
 def run_with_inplace_flag(handler, func, args, kwargs):
     """`F.relu(x, inplace=True)`: the out-of-place op, then x rebound to its result."""
+    settle_views()
     kwargs = dict(kwargs, inplace=False)
     target = args[0]
     check_fresh(args, kwargs)
@@ -446,6 +640,8 @@ def check_writable(view: TensorProxy, what: str) -> None:
     if info.layout_dependent:
         return
     base = info.base
+    if base.alias.stale_message:
+        raise UnsupportedOpError(base.alias.stale_message)
     if info.steps is None:
         raise UnsupportedOpError(
             f"{what} mutates {view.name}, a view of {base.name} made by {info.made_by}, which "
@@ -490,8 +686,10 @@ def rebind(proxy: TensorProxy, value: TensorProxy, *, because: str) -> None:
     """An in-place write into proxy, traced: it denotes value from now on (Trace.rebind). A view
     written into writes its base (step by step back from the view), whose other views are then
     out of date until read (`refresh`)."""
+    settle_views()
     trc = context.current_trace()
     info = proxy.alias
+    _rely(info)  # written: whether it is a view (of an input) or a copy now changes what the caller sees
     if info is not None and info.base is not None and not info.layout_dependent:
         check_writable(proxy, because)
         base = info.base
