@@ -1,0 +1,155 @@
+"""The sdpa executor on CUDA (executors/sdpa.py, sdpa_choice.py, torch/sdp_state.py): when thunderfn
+differentiates attention it uses the kernel pair of the backend torch would pick under the user's
+`sdpa_kernel` context and `enable_*_sdp` switches, and a trace of CUDA attention retraces when those
+switches change. Without a GPU: the choice on CUDA proxies (torch's CUDA gate is emulated here), the
+forward/backward wiring traced on CUDA proxies, and each kernel wrapper run on meta tensors against
+the installed torch's aten schemas and meta kernels. benchmarks/gpu_check.py runs the real kernels."""
+import itertools
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import thunderfn as tf
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.trace import Trace, tracing
+from thunderfn.executors import sdpa, sdpa_choice
+from thunderfn.executors.sdpa import sdpa_ex
+from thunderfn.torch import nn as tnn
+from thunderfn.torch import sdp_state
+
+_names = itertools.count()
+
+if torch.cuda.is_available():
+    pytest.skip("these tests emulate torch's CUDA gate, which a GPU machine asks torch for instead",
+                allow_module_level=True)
+
+
+def _cuda(*shape, dtype=torch.bfloat16, requires_grad=True):
+    return TensorProxy(f"t{next(_names)}", shape=shape, dtype=dtype, device="cuda:0", requires_grad=requires_grad)
+
+
+def _qkv(L=16, S=16, E=64, dtype=torch.bfloat16, heads=4, kv_heads=4):
+    return _cuda(2, heads, L, E, dtype=dtype), _cuda(2, kv_heads, S, E, dtype=dtype), _cuda(2, kv_heads, S, E, dtype=dtype)
+
+
+@pytest.mark.parametrize("backends, case, kernel", [
+    (None, {}, "flash"),  # torch's default priority: flash first
+    (None, {"is_causal": True}, "flash"),
+    (None, {"dtype": torch.float32}, "efficient"),  # flash is fp16/bf16 only
+    (None, {"mask": True}, "efficient"),  # flash takes no mask
+    (None, {"E": 264}, "efficient"),  # over flash's 256 head dims
+    (None, {"is_causal": True, "L": 8}, "efficient"),  # flash refuses causal with L != S
+    ([SDPBackend.EFFICIENT_ATTENTION], {}, "efficient"),
+    ([SDPBackend.CUDNN_ATTENTION], {}, "cudnn"),
+    ([SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION], {"mask": True}, "efficient"),
+    ([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH], {"dtype": torch.float32}, None),  # math: torch runs it
+    ([SDPBackend.MATH], {}, None),
+])
+def test_cuda_kernel_is_the_one_torch_would_pick_under_its_switches(backends, case, kernel):
+    q, k, v = _qkv(L=case.get("L", 16), E=case.get("E", 64), dtype=case.get("dtype", torch.bfloat16))
+    mask = _cuda(16, 16, dtype=q.dtype, requires_grad=False) if case.get("mask") else None
+    is_causal = case.get("is_causal", False)
+    with sdpa_kernel(backends) if backends else _nothing():
+        assert sdpa.cuda_kernel(q, k, v, mask, is_causal) == kernel
+        assert sdpa.sdpa_checker(q, k, v, mask, 0.0, is_causal) is (kernel is not None)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_priority_order_set_by_sdpa_kernel_is_followed():
+    q, k, v = _qkv()
+    if not hasattr(torch._C, "_set_sdp_priority_order"):
+        pytest.skip("this torch has no SDPA priority order")
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
+        assert sdpa.cuda_kernel(q, k, v) == "cudnn"
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION], set_priority=True):
+        assert sdpa.cuda_kernel(q, k, v) == "flash"
+
+
+def test_the_cpu_path_ignores_the_cuda_switches():
+    q = TensorProxy("cpu_q", shape=(2, 4, 16, 64), dtype=torch.float32, device="cpu")
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert sdpa.sdpa_checker(q, q, q)
+
+
+@pytest.mark.parametrize("backends, fwd, bwd", [
+    (None, "sdpa_flash_cuda_fwd", "sdpa_flash_cuda_bwd"),
+    ([SDPBackend.EFFICIENT_ATTENTION], "sdpa_efficient_cuda_fwd", "sdpa_efficient_cuda_bwd"),
+    ([SDPBackend.CUDNN_ATTENTION], "sdpa_cudnn_cuda_fwd", "sdpa_cudnn_cuda_bwd"),
+])
+def test_vjp_on_cuda_runs_the_chosen_pair_and_saves_no_attention_matrix(backends, fwd, bwd):
+    q, k, v = _qkv(L=16, S=16)
+    trc = Trace("attention")
+    with tracing(trc), sdpa_kernel(backends) if backends else _nothing():
+        out, residuals = sdpa_ex.vjp_fwd(q, k, v, is_causal=True)
+        grads = sdpa_ex.vjp_bwd(residuals, _cuda(*out.shape, requires_grad=False))
+    names = [b.sym.name for b in trc.bound_symbols]
+    assert fwd in names and bwd in names, names
+    assert tuple(out.shape) == (2, 4, 16, 64) and len(grads) == 3
+    assert [tuple(g.shape) for g in grads] == [(2, 4, 16, 64)] * 3
+    shapes = {tuple(o.shape) for b in trc.bound_symbols for o in b.proxy_outs()}
+    assert not any(len(s) == 4 and s[-2:] == (16, 16) for s in shapes), shapes
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+@pytest.mark.parametrize("kernel, meta", [("flash", sdpa._flash_fwd_meta), ("efficient", sdpa._efficient_fwd_meta),
+                                          ("cudnn", sdpa._cudnn_fwd_meta)])
+def test_each_cuda_pair_calls_torchs_aten_ops_as_their_schemas_and_meta_kernels_say(kernel, meta):
+    """The wrappers run on meta tensors: torch parses their arguments against the installed schemas and
+    its meta kernels give the outputs, whose shapes and dtypes the operators' metas must declare."""
+    fwd, bwd = {"flash": (sdpa.sdpa_flash_cuda_fwd, sdpa.sdpa_flash_cuda_bwd),
+                "efficient": (sdpa.sdpa_efficient_cuda_fwd, sdpa.sdpa_efficient_cuda_bwd),
+                "cudnn": (sdpa.sdpa_cudnn_cuda_fwd, sdpa.sdpa_cudnn_cuda_bwd)}[kernel]
+    q, k, v = _meta(2, 4, 40, 64), _meta(2, 4, 48, 64), _meta(2, 4, 48, 64)
+    results = fwd(q, k, v, None, False, 0.125)
+    with tracing(Trace("metas")):
+        declared = meta(*(TensorProxy.like(t, device="cuda:0") for t in (q, k, v)), None, False, 0.125)
+    assert [(tuple(r.shape), r.dtype) for r in results] == [(tuple(d.shape), d.dtype) for d in declared]
+    grads = bwd(_meta(2, 4, 40, 64), q, k, v, *results, None, False, 0.125)
+    assert [tuple(g.shape) for g in grads] == [(2, 4, 40, 64), (2, 4, 48, 64), (2, 4, 48, 64)]
+
+
+def test_tracing_cuda_attention_guards_the_trace_by_the_switches():
+    q, k, v = _qkv()
+    trc = Trace("attention")
+    with tracing(trc):
+        tnn.scaled_dot_product_attention(q, k, v)
+        tnn.scaled_dot_product_attention(q, k, v, is_causal=True)
+    guards = [g for g in trc.guards if getattr(g, "func", None) is sdp_state.why_changed]
+    assert len(guards) == 1  # one per trace
+    assert guards[0]() is None
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+        assert "SDPA backend switches changed" in guards[0]()
+    assert guards[0]() is None
+
+
+def test_a_jitted_function_whose_trace_read_the_switches_retraces_when_they_change():
+    def f(x):
+        sdp_state.guard_trace()  # what tracing attention on CUDA does
+        return x * 2
+
+    jitted, x = tf.jit(f), torch.randn(3)
+    jitted(x)
+    jitted(x)
+    with sdpa_kernel([SDPBackend.MATH]):
+        jitted(x)
+    info = tf.cache_info(jitted)
+    assert info["entries"] == 2 and info["hits"] == 1
+    assert "SDPA backend switches changed" in info["recompiles"][-1]
+
+
+def test_emulated_gates_match_torch_on_the_cpu_flash_kernel_signature():
+    # the choice module answers NONE where no enabled backend takes the call
+    q, k, v = _qkv(dtype=torch.float32)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        assert sdpa_choice.emulated_choice(q, k, v) == sdpa_choice.NONE
