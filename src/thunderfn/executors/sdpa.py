@@ -114,8 +114,8 @@ def sdpa_flash_cuda_fwd(query, key, value, attn_mask, is_causal, scale):
 def sdpa_flash_cuda_bwd(grad_out, query, key, value, out, logsumexp, rng_a, rng_b, attn_mask, is_causal, scale):
     # dense inputs: no cumulative sequence lengths (None, as the forward returned them), max lengths L and S
     q, k, v = map(_last_dim_contiguous, (query, key, value))
-    return tuple(aten._scaled_dot_product_flash_attention_backward(
-        grad_out.contiguous(), q, k, v, out, logsumexp, None, None, q.shape[2], k.shape[2], 0.0, is_causal,
+    return tuple(aten._scaled_dot_product_flash_attention_backward(  # it makes grad_out contiguous itself
+        grad_out, q, k, v, out, logsumexp, None, None, q.shape[2], k.shape[2], 0.0, is_causal,
         rng_a, rng_b, scale=scale))
 
 
