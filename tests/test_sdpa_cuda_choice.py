@@ -20,9 +20,8 @@ from thunderfn.torch import sdp_state
 
 _names = itertools.count()
 
-if torch.cuda.is_available():
-    pytest.skip("these tests emulate torch's CUDA gate, which a GPU machine asks torch for instead",
-                allow_module_level=True)
+emulated = pytest.mark.skipif(torch.cuda.is_available(), reason="emulates torch's CUDA gate, which a GPU machine "
+                                                                  "asks torch for instead")
 
 
 def _cuda(*shape, dtype=torch.bfloat16, requires_grad=True):
@@ -33,6 +32,7 @@ def _qkv(L=16, S=16, E=64, dtype=torch.bfloat16, heads=4, kv_heads=4):
     return _cuda(2, heads, L, E, dtype=dtype), _cuda(2, kv_heads, S, E, dtype=dtype), _cuda(2, kv_heads, S, E, dtype=dtype)
 
 
+@emulated
 @pytest.mark.parametrize("backends, case, kernel", [
     (None, {}, "flash"),  # torch's default priority: flash first
     (None, {"is_causal": True}, "flash"),
@@ -63,6 +63,7 @@ class _nothing:
         return False
 
 
+@emulated
 def test_priority_order_set_by_sdpa_kernel_is_followed():
     q, k, v = _qkv()
     if not hasattr(torch._C, "_set_sdp_priority_order"):
@@ -79,6 +80,7 @@ def test_the_cpu_path_ignores_the_cuda_switches():
         assert sdpa.sdpa_checker(q, q, q)
 
 
+@emulated
 @pytest.mark.parametrize("backends, fwd, bwd", [
     (None, "sdpa_flash_cuda_fwd", "sdpa_flash_cuda_bwd"),
     ([SDPBackend.EFFICIENT_ATTENTION], "sdpa_efficient_cuda_fwd", "sdpa_efficient_cuda_bwd"),
@@ -148,8 +150,22 @@ def test_a_jitted_function_whose_trace_read_the_switches_retraces_when_they_chan
     assert "SDPA backend switches changed" in info["recompiles"][-1]
 
 
-def test_emulated_gates_match_torch_on_the_cpu_flash_kernel_signature():
+@emulated
+def test_no_backend_is_none():
     # the choice module answers NONE where no enabled backend takes the call
     q, k, v = _qkv(dtype=torch.float32)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         assert sdpa_choice.emulated_choice(q, k, v) == sdpa_choice.NONE
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's CUDA gate runs only where there is a GPU")
+def test_on_a_gpu_torch_itself_is_asked_and_follows_the_switches():
+    q, k, v = _qkv(L=128, S=128)
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+        assert sdpa_choice._ask_torch(q, k, v, None, True, None, False, True) == sdp_state.EFFICIENT
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert sdpa_choice._ask_torch(q, k, v, None, True, None, False, True) == sdp_state.MATH
+        assert sdpa.cuda_kernel(q, k, v, is_causal=True) is None
+    if torch.cuda.get_device_capability() >= (8, 0):
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            assert sdpa.cuda_kernel(q, k, v, is_causal=True) == "flash"
