@@ -28,6 +28,7 @@ Without CUDA it says so; with --dry-run it then checks that every path imports a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import re
@@ -41,6 +42,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import thunderfn as tf
 from thunderfn.examples.gpt import GPT, GPTConfig
+from thunderfn.executors import triton_crossentropy
 from thunderfn.executors.triton_crossentropy import triton_cross_entropy
 
 
@@ -58,6 +60,8 @@ class Case:
     target: str = ""
     tolerance: float = 2e-2
     profiled: bool = False  # also measure the GPU's kernel time per step (torch.profiler)
+    setting: object = None  # a context manager factory thunderfn's side also runs under
+    grad_tolerance: float = 2e-2  # the gradients' relative error (norm of the difference / norm of torch's)
 
 
 def _ce_inputs(device, small):
@@ -85,6 +89,16 @@ def _ce_kernels(logits, targets):
     return triton_cross_entropy(logits, targets, -100, "mean")
 
 
+@contextlib.contextmanager
+def _plain_ce_loop():
+    """The Triton cross-entropy kernels without their aligned-blocks variant (the plain masked loop)."""
+    before, triton_crossentropy.ALIGNED_BLOCKS = triton_crossentropy.ALIGNED_BLOCKS, False
+    try:
+        yield
+    finally:
+        triton_crossentropy.ALIGNED_BLOCKS = before
+
+
 def _causal_attention(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -104,7 +118,10 @@ def cases() -> list[Case]:
                 target="within 1.5x of the memory-bandwidth floor"),
            Case("triton cross-entropy kernels alone (no jit) fwd+bwd [2048, 50257] bf16", _ce_kernels, _ce_inputs,
                 None, needs=("triton_crossentropy",), reference=_ce, bytes_moved=ce_bytes, profiled=True,
-                target="within 1.5x of the memory-bandwidth floor")]
+                target="within 1.5x of the memory-bandwidth floor"),
+           Case("triton cross-entropy kernels alone, plain loop (no aligned blocks) [2048, 50257] bf16", _ce_kernels,
+                _ce_inputs, None, needs=("triton_crossentropy",), reference=_ce, bytes_moved=ce_bytes, profiled=True,
+                setting=_plain_ce_loop)]
     backends = {"default": None, "flash": "FLASH_ATTENTION", "memory-efficient": "EFFICIENT_ATTENTION",
                 "cuDNN": "CUDNN_ATTENTION"}
     for dtype in (torch.bfloat16, torch.float16):
@@ -128,6 +145,15 @@ def _step(fn, inputs):
     out = fn(*inputs)
     if isinstance(out, torch.Tensor) and out.requires_grad:
         out.float().sum().backward()
+
+
+def _value_and_grads(fn, inputs):
+    """fn's output on copies of the inputs, and the gradients of its sum for those that require grad."""
+    leaves = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    out = fn(*leaves)
+    wrt = [t for t in leaves if t.requires_grad]
+    grads = torch.autograd.grad(out.float().sum(), wrt) if wrt and out.requires_grad else ()
+    return out.detach(), grads
 
 
 def _timed(fn, inputs, reps: int) -> float:
@@ -191,18 +217,24 @@ def run_case(case: Case, reps: int, bandwidth: float) -> dict:
         return {"case": case.name, "status": "skipped", "why": "; ".join(f"{k}: {v}" for k, v in missing.items())}
     inputs = case.make_inputs("cuda", False)
     reference = case.reference or case.fn
-    with _under(case.jit_backend):
+    with _under(case.jit_backend), (case.setting or _nothing)():
         ours = tf.jit(case.fn, executors=case.executors) if case.executors is not None else case.fn
-        got = ours(*inputs)
+        got, got_grads = _value_and_grads(ours, inputs)
         jit_ms = _timed(ours, inputs, reps)
         jit_device_ms = _device_ms(ours, inputs) if case.profiled else None
     with _under(case.backend):
-        want = reference(*inputs)
+        want, want_grads = _value_and_grads(reference, inputs)
         torch_ms = _timed(reference, inputs, reps)
         torch_device_ms = _device_ms(reference, inputs) if case.profiled else None
     torch.testing.assert_close(got.float(), want.float(), atol=case.tolerance, rtol=case.tolerance)
+    grad_errors = [float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+                   for a, b in zip(got_grads, want_grads)]
+    if any(e > case.grad_tolerance for e in grad_errors):
+        raise AssertionError(f"gradients differ from torch's: relative errors {[f'{e:.3g}' for e in grad_errors]}")
     row = {"case": case.name, "status": "ok", "thunderfn_ms": jit_ms, "torch_ms": torch_ms,
-           "speedup": torch_ms / jit_ms, "target": case.target}
+           "speedup": torch_ms / jit_ms, "target": case.target, "grad_rel_errors": grad_errors}
+    if case.needs == ("triton_crossentropy",) and triton_crossentropy._aligned_failed:
+        row["why"] = f"aligned-blocks variant failed to compile: {triton_crossentropy._aligned_failed[:200]}"
     if case.executors is not None:
         row["kernels"] = _kernels_ran(ours)
         row["claimed"] = bool(row["kernels"]) or any(
