@@ -15,6 +15,8 @@ are guarded by the switches (thunderfn/torch/sdp_state.py).
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode  # private, but in every torch with fused attention
 
@@ -32,11 +34,23 @@ def torch_choice(query, key, value, attn_mask=None, is_causal=False, scale=None,
     if torch.cuda.is_available():
         try:
             return _ask_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, requires_grad)
-        except Exception:  # noqa: BLE001 (a probe: any failure of it leaves the choice to the emulation)
+        except Exception as e:  # noqa: BLE001 (a probe: any failure of it leaves the choice to the emulation)
             # a torch whose fake tensors cannot ask: the emulation decides with the same switches
+            _warn_once(f"asking torch which attention backend it would pick failed ({type(e).__name__}: {e}); "
+                       f"the sdpa executor follows its own copy of torch's gates instead")
             return emulated_choice(query, key, value, attn_mask, is_causal, enable_gqa,
                                    torch.cuda.get_device_capability(query.device))
     return emulated_choice(query, key, value, attn_mask, is_causal, enable_gqa)
+
+
+_warned = False
+
+
+def _warn_once(message: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def _ask_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, requires_grad) -> int:
