@@ -129,10 +129,10 @@ def cases() -> list[Case]:
             name = f"vs torch {label} attention fwd+bwd {str(dtype)[6:]}"
             # sdpa follows torch's backend selection: jitted and run under the same switches as torch
             out.append(Case(f"sdpa {name}", _causal_attention, _attention_inputs(dtype), ["sdpa"], needs=("sdpa",),
-                            backend=backend, jit_backend=backend, profiled=backend is None))
+                            backend=backend, jit_backend=backend, profiled=backend is None, grad_tolerance=5e-2))
             # cudnn_sdpa picks cuDNN itself: its side runs outside the switches torch's side runs under
             out.append(Case(f"cudnn_sdpa {name}", _causal_attention, _attention_inputs(dtype), ["cudnn_sdpa"],
-                            needs=("cudnn_sdpa",), backend=backend, profiled=backend is None,
+                            needs=("cudnn_sdpa",), backend=backend, profiled=backend is None, grad_tolerance=5e-2,
                             target="cuDNN no slower than torch's default" if backend is None else ""))
     for ex in ("inductor", "nvfuser"):
         out.append(Case(f"{ex} fusion, elementwise chain on 16M floats", _chain, _chain_inputs, [ex], needs=(ex,)))
@@ -229,12 +229,13 @@ def run_case(case: Case, reps: int, bandwidth: float) -> dict:
     torch.testing.assert_close(got.float(), want.float(), atol=case.tolerance, rtol=case.tolerance)
     grad_errors = [float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
                    for a, b in zip(got_grads, want_grads)]
-    if any(e > case.grad_tolerance for e in grad_errors):
-        raise AssertionError(f"gradients differ from torch's: relative errors {[f'{e:.3g}' for e in grad_errors]}")
     row = {"case": case.name, "status": "ok", "thunderfn_ms": jit_ms, "torch_ms": torch_ms,
            "speedup": torch_ms / jit_ms, "target": case.target, "grad_rel_errors": grad_errors}
+    if any(e > case.grad_tolerance for e in grad_errors):  # a failure, with its timings kept
+        row.update(status="FAILED", why=f"gradients differ from torch's: relative errors "
+                                        f"{[f'{e:.3g}' for e in grad_errors]} (tolerance {case.grad_tolerance})")
     if case.needs == ("triton_crossentropy",) and triton_crossentropy._aligned_failed:
-        row["why"] = f"aligned-blocks variant failed to compile: {triton_crossentropy._aligned_failed[:200]}"
+        row["why"] = row.get("why", "") + f"aligned-blocks variant failed to compile: {triton_crossentropy._aligned_failed[:200]}"
     if case.executors is not None:
         row["kernels"] = _kernels_ran(ours)
         row["claimed"] = bool(row["kernels"]) or any(
