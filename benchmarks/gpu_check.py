@@ -28,7 +28,6 @@ Without CUDA it says so; with --dry-run it then checks that every path imports a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import re
@@ -42,7 +41,6 @@ from torch.profiler import ProfilerActivity, profile
 
 import thunderfn as tf
 from thunderfn.examples.gpt import GPT, GPTConfig
-from thunderfn.executors import triton_crossentropy
 from thunderfn.executors.triton_crossentropy import triton_cross_entropy
 
 
@@ -60,7 +58,6 @@ class Case:
     target: str = ""
     tolerance: float = 2e-2
     profiled: bool = False  # also measure the GPU's kernel time per step (torch.profiler)
-    setting: object = None  # a context manager factory thunderfn's side also runs under
     grad_tolerance: float = 2e-2  # the gradients' relative error (norm of the difference / norm of torch's)
 
 
@@ -89,16 +86,6 @@ def _ce_kernels(logits, targets):
     return triton_cross_entropy(logits, targets, -100, "mean")
 
 
-@contextlib.contextmanager
-def _plain_ce_loop():
-    """The Triton cross-entropy kernels without their aligned-blocks variant (the plain masked loop)."""
-    before, triton_crossentropy.ALIGNED_BLOCKS = triton_crossentropy.ALIGNED_BLOCKS, False
-    try:
-        yield
-    finally:
-        triton_crossentropy.ALIGNED_BLOCKS = before
-
-
 def _causal_attention(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -118,10 +105,7 @@ def cases() -> list[Case]:
                 target="within 1.5x of the memory-bandwidth floor"),
            Case("triton cross-entropy kernels alone (no jit) fwd+bwd [2048, 50257] bf16", _ce_kernels, _ce_inputs,
                 None, needs=("triton_crossentropy",), reference=_ce, bytes_moved=ce_bytes, profiled=True,
-                target="within 1.5x of the memory-bandwidth floor"),
-           Case("triton cross-entropy kernels alone, plain loop (no aligned blocks) [2048, 50257] bf16", _ce_kernels,
-                _ce_inputs, None, needs=("triton_crossentropy",), reference=_ce, bytes_moved=ce_bytes, profiled=True,
-                setting=_plain_ce_loop)]
+                target="within 1.5x of the memory-bandwidth floor")]
     backends = {"default": None, "flash": "FLASH_ATTENTION", "memory-efficient": "EFFICIENT_ATTENTION",
                 "cuDNN": "CUDNN_ATTENTION"}
     for dtype in (torch.bfloat16, torch.float16):
@@ -217,7 +201,7 @@ def run_case(case: Case, reps: int, bandwidth: float) -> dict:
         return {"case": case.name, "status": "skipped", "why": "; ".join(f"{k}: {v}" for k, v in missing.items())}
     inputs = case.make_inputs("cuda", False)
     reference = case.reference or case.fn
-    with _under(case.jit_backend), (case.setting or _nothing)():
+    with _under(case.jit_backend):
         ours = tf.jit(case.fn, executors=case.executors) if case.executors is not None else case.fn
         got, got_grads = _value_and_grads(ours, inputs)
         jit_ms = _timed(ours, inputs, reps)
@@ -234,8 +218,6 @@ def run_case(case: Case, reps: int, bandwidth: float) -> dict:
     if any(e > case.grad_tolerance for e in grad_errors):  # a failure, with its timings kept
         row.update(status="FAILED", why=f"gradients differ from torch's: relative errors "
                                         f"{[f'{e:.3g}' for e in grad_errors]} (tolerance {case.grad_tolerance})")
-    if case.needs == ("triton_crossentropy",) and triton_crossentropy._aligned_failed:
-        row["why"] = row.get("why", "") + f"aligned-blocks variant failed to compile: {triton_crossentropy._aligned_failed[:200]}"
     if case.executors is not None:
         row["kernels"] = _kernels_ran(ours)
         row["claimed"] = bool(row["kernels"]) or any(

@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import thunderfn as tf
@@ -20,8 +21,8 @@ from thunderfn.torch import sdp_state
 
 _names = itertools.count()
 
-emulated = pytest.mark.skipif(torch.cuda.is_available(), reason="emulates torch's CUDA gate, which a GPU machine "
-                                                                  "asks torch for instead")
+emulated = pytest.mark.skipif(torch.cuda.is_available(), reason="the copied gates for a GPU of capability 9.0, "
+                                                                  "what a machine without one assumes")
 
 
 def _cuda(*shape, dtype=torch.bfloat16, requires_grad=True):
@@ -158,14 +159,69 @@ def test_no_backend_is_none():
         assert sdpa_choice.emulated_choice(q, k, v) == sdpa_choice.NONE
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's CUDA gate runs only where there is a GPU")
-def test_on_a_gpu_torch_itself_is_asked_and_follows_the_switches():
-    q, k, v = _qkv(L=128, S=128)
-    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
-        assert sdpa_choice._ask_torch(q, k, v, None, True, None, False, True) == sdp_state.EFFICIENT
-    with sdpa_kernel([SDPBackend.MATH]):
-        assert sdpa_choice._ask_torch(q, k, v, None, True, None, False, True) == sdp_state.MATH
-        assert sdpa.cuda_kernel(q, k, v, is_causal=True) is None
-    if torch.cuda.get_device_capability() >= (8, 0):
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-            assert sdpa.cuda_kernel(q, k, v, is_causal=True) == "flash"
+# -- on a GPU: the copied gates against torch's own, on real tensors ---------------------------------
+_on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="compares with torch's CUDA gate, which runs "
+                                                                    "only where there is a GPU")
+_CONTEXTS = {"default": None, "flash": [SDPBackend.FLASH_ATTENTION], "efficient": [SDPBackend.EFFICIENT_ATTENTION],
+             "cudnn": [SDPBackend.CUDNN_ATTENTION], "math": [SDPBackend.MATH],
+             "flash+efficient": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION],
+             "cudnn+efficient": [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION],
+             "flash+math": [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]}
+_GPU_CASES = [(c, d, m, e) for c in _CONTEXTS for d in ("float16", "bfloat16", "float32")
+              for m in ("none", "causal", "mask") for e in (64, 128, 72)]
+
+
+def _real(dtype, mode, E):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 64, E, generator=g).to("cuda", getattr(torch, dtype)).requires_grad_()
+               for _ in range(3))
+    mask = torch.randn(64, 64, generator=g).to("cuda", getattr(torch, dtype)) if mode == "mask" else None
+    return q, k, v, mask, mode == "causal"
+
+
+def _torchs_pick(q, k, v, mask, is_causal) -> int:
+    try:
+        return int(torch._fused_sdp_choice(q, k, v, mask, 0.0, is_causal))
+    except RuntimeError:  # "No available kernel": no enabled backend takes the call
+        return sdpa_choice.NONE
+
+
+@_on_gpu
+@pytest.mark.parametrize("context, dtype, mode, E", _GPU_CASES)
+def test_on_a_gpu_the_copied_gates_never_pick_a_fused_backend_torch_would_not(context, dtype, mode, E):
+    """Where the copy picks flash or cuDNN, torch picks it too; the copy may be narrower (memory-efficient
+    where torch runs flash or cuDNN, or torch left to run the call), never wider."""
+    q, k, v, mask, is_causal = _real(dtype, mode, E)
+    with sdpa_kernel(_CONTEXTS[context]) if _CONTEXTS[context] else _nothing():
+        ours = sdpa_choice.torch_choice(q, k, v, mask, is_causal, requires_grad=True)
+        theirs = _torchs_pick(q, k, v, mask, is_causal)
+    names = {**sdp_state.NAMES, sdpa_choice.NONE: "none"}
+    narrower = ours in (sdp_state.MATH, sdpa_choice.NONE) or (
+        ours == sdp_state.EFFICIENT and theirs in (sdp_state.FLASH, sdp_state.CUDNN))
+    assert ours == theirs or narrower, f"copied gates chose {names[ours]}, torch {names[theirs]}"
+
+
+@_on_gpu
+@pytest.mark.parametrize("context, dtype, mode, E", _GPU_CASES)
+def test_on_a_gpu_differentiated_attention_runs_the_chosen_kernels_and_matches_torch(context, dtype, mode, E):
+    q, k, v, mask, is_causal = _real(dtype, mode, E)
+    with sdpa_kernel(_CONTEXTS[context]) if _CONTEXTS[context] else _nothing():
+        if _torchs_pick(q, k, v, mask, is_causal) == sdpa_choice.NONE:
+            pytest.skip("torch has no kernel for this call under these switches")
+        kernel = sdpa.cuda_kernel(q, k, v, mask, is_causal)
+        f = tf.jit(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal),
+                   executors=["sdpa"])
+        out = f(q, k, v)
+        got = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+        want_out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+        want = torch.autograd.grad(want_out.float().square().sum(), (q, k, v))
+    forward, backward = str(tf.last_traces(f)[-1]), str(tf.last_backward_traces(f)[-1])
+    if kernel is None:  # not claimed: torch's own call in the forward (its backward is thunderfn's math rule)
+        assert "sdpa_" not in forward and "scaled_dot_product_attention" in forward, forward
+    else:
+        assert f"sdpa_{kernel}_cuda_fwd(" in forward, forward
+        assert f"sdpa_{kernel}_cuda_bwd(" in backward, backward
+    tol = 1e-5 if dtype == "float32" else 5e-2
+    torch.testing.assert_close(out.float(), want_out.float(), atol=tol * 10, rtol=tol * 10)
+    for a, b in zip(got, want):
+        assert float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)) < tol * 10

@@ -8,12 +8,12 @@ is; anything else falls to the next executor (torch runs it, or its decompositio
   differentiating saves out + logsumexp instead of the L x S attention matrix.
 - CUDA: `F.scaled_dot_product_attention`, which picks flash, memory-efficient or
   cuDNN itself. When thunderfn differentiates, the kernel pair of the backend torch
-  would pick for the call (executors/sdpa_choice.py asks torch, under the user's
+  would pick for the call (executors/sdpa_choice.py applies copies of torch's gates,
+  no wider than torch's, for the GPU's compute capability, under the user's
   `sdpa_kernel` context and `enable_*_sdp` switches): flash
   (`_scaled_dot_product_flash_attention` and its backward), cuDNN
   (`_scaled_dot_product_cudnn_attention` and its backward, without a mask) or
-  memory-efficient (`_scaled_dot_product_efficient_attention` and its backward; also
-  when torch would pick cuDNN for a masked call, which that pair does not take here).
+  memory-efficient (`_scaled_dot_product_efficient_attention` and its backward).
   Each saves out + its logsumexp (+ the kernel's dropout seed/offset tensors, unused
   without dropout but part of the backward's signature), never the L x S matrix. Where
   torch would run math attention (only math enabled, or no fused gate passes) the call
@@ -269,9 +269,9 @@ def cuda_kernel(query, key, value, attn_mask=None, is_causal=False, scale=None, 
         return "flash"
     if choice == sdp_state.CUDNN and attn_mask is None and all(hasattr(aten, n) for n in cudnn_sdpa._OPS):
         return "cudnn"
-    if choice == sdp_state.EFFICIENT or choice == sdp_state.CUDNN and sdp_state.enabled()[sdp_state.EFFICIENT]:
-        return "efficient"  # cuDNN with a mask: the pair here takes none, the memory-efficient one does
-    return None
+    if choice == sdp_state.EFFICIENT:
+        return "efficient"
+    return None  # math, or no backend: torch runs the call (sdpa_choice's cuDNN gate takes no mask)
 
 
 # -- the mask's gradient, which no fused kernel returns ----------------------------------------------

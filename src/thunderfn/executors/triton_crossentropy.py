@@ -40,7 +40,6 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
-import warnings
 
 import torch
 
@@ -70,50 +69,22 @@ def _build_kernels():
     import triton
     import triton.language as tl
 
-    # ALIGNED (CUDA, contiguous rows): a row's columns before its first 16-byte boundary (`head`, < VEC) and
-    # after its last full block are masked steps; the full blocks between are unmasked loads and stores at
-    # offsets Triton is told are VEC-aligned and contiguous, so they compile to 16-byte vector accesses (a
-    # row of an odd vocabulary like 50257 starts anywhere; masked or unaligned, every access is scalar).
-    # Its loop bounds are runtime values, which only compiled Triton takes; the interpreter runs the plain loop.
     @triton.jit
     def cross_entropy_fwd_kernel(logits_ptr, target_ptr, stats_ptr, lse_ptr, row_stride, ignore_index, n_rows,
-                                 N_COLS: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
-                                 VEC: tl.constexpr):
+                                 N_COLS: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        row_off = row * row_stride
-        row_ptr = logits_ptr + row_off
+        row_ptr = logits_ptr + row * row_stride
         target = tl.load(target_ptr + row)
         ignored = target == ignore_index
         in_range = (target >= 0) & (target < N_COLS)
         running_max = tl.full((), -float("inf"), tl.float32)  # loop-carried values keep one type: float32
         running_sum = tl.full((), 0.0, tl.float32)
-        if ALIGNED:
-            head = (VEC - row_off % VEC) % VEC
-            n_full = (N_COLS - head) // BLOCK
-            cols = tl.arange(0, VEC)
-            x = tl.load(row_ptr + cols, mask=cols < head, other=-float("inf")).to(tl.float32)
-            running_max = tl.max(x, 0)  # -inf when head is 0: the sum stays 0 (no exp(-inf - -inf))
-            running_sum = tl.sum(tl.where(cols < head, tl.exp(x - running_max), 0.0), 0)
-            for k in range(0, n_full):
-                offs = row_off + head + k * BLOCK + tl.arange(0, BLOCK)
-                offs = tl.max_contiguous(tl.multiple_of(offs, VEC), BLOCK)
-                x = tl.load(logits_ptr + offs).to(tl.float32)
-                new_max = tl.maximum(running_max, tl.max(x, 0))
-                running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(x - new_max), 0)
-                running_max = new_max
-            for start in range(head + n_full * BLOCK, N_COLS, BLOCK):  # the tail: at most one step
-                cols = start + tl.arange(0, BLOCK)
-                x = tl.load(row_ptr + cols, mask=cols < N_COLS, other=-float("inf")).to(tl.float32)
-                new_max = tl.maximum(running_max, tl.max(x, 0))
-                running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(x - new_max), 0)
-                running_max = new_max
-        else:
-            for start in range(0, N_COLS, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                x = tl.load(row_ptr + cols, mask=cols < N_COLS, other=-float("inf")).to(tl.float32)
-                new_max = tl.maximum(running_max, tl.max(x, 0))
-                running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(x - new_max), 0)
-                running_max = new_max
+        for start in range(0, N_COLS, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(row_ptr + cols, mask=cols < N_COLS, other=-float("inf")).to(tl.float32)
+            new_max = tl.maximum(running_max, tl.max(x, 0))
+            running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(x - new_max), 0)
+            running_max = new_max
         lse = running_max + tl.log(running_sum)
         picked = tl.load(row_ptr + target, mask=in_range, other=0.0).to(tl.float32)  # never read past the row
         counted = in_range & (target != ignore_index)
@@ -125,10 +96,9 @@ def _build_kernels():
     @triton.jit
     def cross_entropy_bwd_kernel(logits_ptr, target_ptr, lse_ptr, grad_loss_ptr, grad_loss_stride, counted_ptr,
                                  grad_ptr, row_stride, ignore_index, N_COLS: tl.constexpr, MEAN: tl.constexpr,
-                                 BLOCK: tl.constexpr, ALIGNED: tl.constexpr, VEC: tl.constexpr):
+                                 BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        row_off = row * row_stride  # ALIGNED: row_stride == N_COLS, so the gradient's rows sit at the same offsets
-        row_ptr = logits_ptr + row_off
+        row_ptr = logits_ptr + row * row_stride
         grad_row_ptr = grad_ptr + row * N_COLS
         target = tl.load(target_ptr + row)
         lse = tl.load(lse_ptr + row)
@@ -136,63 +106,15 @@ def _build_kernels():
         if MEAN:
             g = g / tl.load(counted_ptr)
         g = tl.where(target == ignore_index, 0.0, g)
-        if ALIGNED:
-            head = (VEC - row_off % VEC) % VEC
-            n_full = (N_COLS - head) // BLOCK
-            cols = tl.arange(0, VEC)
-            x = tl.load(row_ptr + cols, mask=cols < head, other=0.0).to(tl.float32)
+        for start in range(0, N_COLS, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            in_row = cols < N_COLS
+            x = tl.load(row_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
             d = (tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)) * g
-            tl.store(grad_row_ptr + cols, d.to(grad_ptr.dtype.element_ty), mask=cols < head)
-            for k in range(0, n_full):
-                start = head + k * BLOCK
-                cols = start + tl.arange(0, BLOCK)
-                offs = tl.max_contiguous(tl.multiple_of(row_off + cols, VEC), BLOCK)
-                x = tl.load(logits_ptr + offs).to(tl.float32)
-                d = (tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)) * g
-                tl.store(grad_ptr + offs, d.to(grad_ptr.dtype.element_ty))
-            for start in range(head + n_full * BLOCK, N_COLS, BLOCK):  # the tail: at most one step
-                cols = start + tl.arange(0, BLOCK)
-                in_row = cols < N_COLS
-                x = tl.load(row_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
-                d = (tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)) * g
-                tl.store(grad_row_ptr + cols, d.to(grad_ptr.dtype.element_ty), mask=in_row)
-        else:
-            for start in range(0, N_COLS, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                in_row = cols < N_COLS
-                x = tl.load(row_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
-                d = (tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)) * g
-                tl.store(grad_row_ptr + cols, d.to(grad_ptr.dtype.element_ty), mask=in_row)
+            tl.store(grad_row_ptr + cols, d.to(grad_ptr.dtype.element_ty), mask=in_row)
 
     _kernels = (cross_entropy_fwd_kernel, cross_entropy_bwd_kernel)
     return _kernels
-
-
-ALIGNED_BLOCKS = None  # the aligned-blocks variant of the kernels: None = where it can run (compiled, on CUDA)
-_aligned_failed = None  # why compiling the aligned variant failed, once it has (then the plain loop runs)
-
-
-def _aligned(logits, *others) -> bool:
-    """Whether this launch takes the aligned variant: contiguous rows, 16-byte aligned buffers,
-    a row at least two blocks long, and compiled Triton (or ALIGNED_BLOCKS set, for tests)."""
-    wanted = ALIGNED_BLOCKS if ALIGNED_BLOCKS is not None else (logits.is_cuda and not _interpreting())
-    n_cols = logits.shape[1]
-    return (wanted and _aligned_failed is None and logits.stride(0) == n_cols and n_cols >= 2 * _MAX_BLOCK
-            and all(t.data_ptr() % 16 == 0 for t in (logits, *others)))
-
-
-def _launch(kernel, n_rows, args, aligned: bool, **constants):
-    """One program per row; the aligned variant if asked, the plain loop if it fails to compile."""
-    global _aligned_failed
-    vec = 16 // args[0].element_size()
-    if aligned:
-        try:
-            return kernel[(n_rows,)](*args, ALIGNED=True, VEC=vec, **constants)
-        except Exception as e:  # noqa: BLE001 (a Triton that cannot compile the hints: the plain loop is as exact)
-            _aligned_failed = f"{type(e).__name__}: {e}"
-            warnings.warn(f"triton_crossentropy: the aligned-blocks kernel failed to compile ({_aligned_failed[:200]}); "
-                          f"running the plain loop", RuntimeWarning, stacklevel=3)
-    return kernel[(n_rows,)](*args, ALIGNED=False, VEC=vec, **constants)
 
 
 def launch_config(n_cols: int) -> dict:
@@ -212,8 +134,8 @@ def cross_entropy_fwd(logits, target, ignore_index, reduction):
     stats = torch.empty((3, n_rows), dtype=torch.float32, device=logits.device)  # loss, counted, bad target
     lse = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
     if n_rows:
-        _launch(fwd, n_rows, (logits, target, stats, lse, logits.stride(0), ignore_index, n_rows), _aligned(logits),
-                N_COLS=n_cols, **launch_config(n_cols))
+        fwd[(n_rows,)](logits, target, stats, lse, logits.stride(0), ignore_index, n_rows,
+                       N_COLS=n_cols, **launch_config(n_cols))
     total, counted, bad = stats.sum(1).unbind()
     # torch raises on an out-of-range class; _assert_async does not wait for the GPU (a device-side
     # assert there; an immediate error on CPU)
@@ -233,9 +155,8 @@ def cross_entropy_bwd(grad_loss, logits, target, lse, counted, ignore_index, red
     grad = torch.empty((n_rows, n_cols), dtype=logits.dtype, device=logits.device)
     if n_rows:
         g_stride = grad_loss.stride(0) if reduction == "none" else 0
-        _launch(bwd, n_rows, (logits, target.contiguous(), lse, grad_loss, g_stride, counted, grad, logits.stride(0),
-                              ignore_index), _aligned(logits, grad),
-                N_COLS=n_cols, MEAN=reduction == "mean", **launch_config(n_cols))
+        bwd[(n_rows,)](logits, target.contiguous(), lse, grad_loss, g_stride, counted, grad, logits.stride(0),
+                       ignore_index, N_COLS=n_cols, MEAN=reduction == "mean", **launch_config(n_cols))
     return grad
 
 
