@@ -159,6 +159,29 @@ def test_no_backend_is_none():
         assert sdpa_choice.emulated_choice(q, k, v) == sdpa_choice.NONE
 
 
+@pytest.mark.parametrize("capability, backends, kernel", [
+    ((9, 0), None, "flash"),
+    ((8, 0), None, "flash"),
+    ((7, 5), None, "efficient"),  # flash runs on sm80 and newer (float16 here; bfloat16 needs sm80 too)
+    ((7, 5), [SDPBackend.EFFICIENT_ATTENTION], "efficient"),
+    ((9, 0), [SDPBackend.CUDNN_ATTENTION], "cudnn"),
+    ((8, 0), [SDPBackend.CUDNN_ATTENTION], None),  # cuDNN copied for Hopper only: torch runs the call
+    ((10, 0), [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION], "efficient"),  # unknown GPU: no flash
+])
+def test_the_choice_on_a_gpu_machine_follows_that_gpus_capability(monkeypatch, capability, backends, kernel):
+    """With a GPU present the copied gates decide for its compute capability (no fake-tensor probe, whose
+    meta kernel answered math for every call, so attention was never claimed)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    q, k, v = _qkv(dtype=torch.float16)
+    with sdpa_kernel(backends) if backends else _nothing():
+        assert sdpa.cuda_kernel(q, k, v) == kernel
+        assert sdpa.sdpa_checker(q, k, v) is (kernel is not None)
+    if capability < (8, 0):  # no bfloat16 kernel before sm80: torch runs the call (as math attention)
+        assert sdpa.cuda_kernel(*_qkv(dtype=torch.bfloat16)) is None
+
+
 # -- on a GPU: the copied gates against torch's own, on real tensors ---------------------------------
 _on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="compares with torch's CUDA gate, which runs "
                                                                     "only where there is a GPU")
