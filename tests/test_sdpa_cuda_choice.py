@@ -255,7 +255,8 @@ def test_on_a_gpu_differentiated_attention_runs_the_chosen_kernels_and_matches_t
     else:
         assert f"sdpa_{kernel}_cuda_fwd(" in forward, forward
         assert f"sdpa_{kernel}_cuda_bwd(" in backward, backward
-    tol = 1e-5 if dtype == "float32" else 5e-2
-    torch.testing.assert_close(out.float(), want_out.float(), atol=tol * 10, rtol=tol * 10)
-    for a, b in zip(got, want):
-        assert float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)) < tol * 10
+    # half precision: two different kernels' roundings (torch may run another backend than the one chosen)
+    tol = 1e-4 if dtype == "float32" else 2e-2
+    torch.testing.assert_close(out.float(), want_out.float(), atol=tol, rtol=tol)
+    errors = [float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)) for a, b in zip(got, want)]
+    assert max(errors) < (1e-4 if dtype == "float32" else 5e-2), errors
