@@ -179,6 +179,9 @@ class _Batching:
         """A tf.custom_vjp function batched as a custom_vjp whose fwd and bwd are vmapped (JAX's rule):
         batched through its decomposition, its hand-written VJP would be lost under grad(vmap(f))."""
         original = bsym.sym.fn.__self__
+        if original.vmap_rule is not None:  # a user Function's vmap staticmethod, or its refusal
+            original.vmap_rule(self, bsym)
+            return
         if any(isinstance(v, TensorProxy) for v in tree_leaves(bsym.kwargs)):
             raise BatchingError(f"vmap cannot batch {bsym.sym.print_name}, a tf.custom_vjp function called with a "
                                 f"tensor by keyword, yet; pass its tensors by position")
