@@ -492,3 +492,41 @@ def test_examine_reports_user_functions_and_custom_ops(capsys):
     found = {c.name: c for c in report.by_status("user gradient")}
     assert any("WrongSquare" in name for name in found), report
     assert any("wrong_cube" in name for name in found), report
+
+
+# -- real code ----------------------------------------------------------------------------------
+def test_in_place_true_division_is_traced_as_a_division():
+    """`x /= y` reaches tracing as torch.Tensor.__idiv__ (torch's __itruediv__ is that method):
+    functionalized like `x += y`, not an opaque op whose gradient torch.func refuses."""
+    def f(x):
+        y = x * 1
+        y /= 2
+        return y
+
+    x = torch.ones(3, requires_grad=True)
+    assert "__idiv__" not in str(tf.trace(f, x))
+    tf.jit(f)(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 0.5))
+
+
+def test_hugging_face_mixtral_moe_fallback_gradients_match_eager():
+    """Mixtral's experts on CPU run transformers' grouped_mm_fallback custom op, whose gradient is
+    registered with register_autograd (its backward is another custom op)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
+                                        num_experts_per_tok=2, max_position_embeddings=32)
+    model = transformers.MixtralForCausalLM(config)
+    ids = torch.randint(0, 64, (2, 8))
+    expected_loss = model(ids, labels=ids).loss
+    expected_loss.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    jitted = tf.jit(model)
+    loss = jitted(ids, labels=ids).loss
+    loss.backward()
+    assert "grouped_mm_fallback" in str(tf.last_traces(jitted)[-1])
+    torch.testing.assert_close(loss, expected_loss)
+    for name, grad in expected.items():
+        torch.testing.assert_close(model.get_parameter(name).grad, grad, atol=1e-5, rtol=1e-4)

@@ -376,6 +376,15 @@ class UserFunction(custom_vjp):
                 batching.bind(o, v, d)
 
 
+def differentiable_outputs(bsym) -> set:
+    """The names of a recorded user gradient call's outputs that carry gradient (not marked
+    non-differentiable, floating): what requires grad after it in eager."""
+    out, residuals = bsym.output
+    info = residuals[3]
+    outputs = (out,) if info.single else out
+    return {o.name for o, meta in zip(outputs, info.outputs) if isinstance(o, TensorProxy) and meta is not None}
+
+
 class _WeakJVP:
     """A UserFunction's tangent rule in jvp_rules, called while the UserFunction is alive."""
 
@@ -526,6 +535,22 @@ def custom_op_spec(opdef) -> Spec:
     return Spec(f"custom op '{opdef._qualname}'", forward, opdef._backward_fn, generate_vmap_rule=True)
 
 
+def _custom_op_arguments(op, args, kwargs):
+    """(args, kwargs) with every argument that is not keyword-only at its position, defaults filled
+    in: setup_context reads its inputs by position, and the backward gives one gradient per position."""
+    args, kwargs = list(args), dict(kwargs)
+    for i, a in enumerate(op._schema.arguments):
+        if a.kwarg_only or i < len(args):
+            continue
+        if a.name in kwargs:
+            args.append(kwargs.pop(a.name))
+        elif a.has_default_value():
+            args.append(a.default_value)
+        else:
+            break  # a required argument is missing: the op's own check raises
+    return tuple(args), kwargs
+
+
 def _custom_op_handler(func):
     opdef = custom_op_definition(func)
     if opdef is None:
@@ -535,7 +560,8 @@ def _custom_op_handler(func):
         return None  # an op that mutates its arguments stays opaque (its in-place write is traced as such)
 
     def handler(*args, **kwargs):
-        return apply(custom_op_spec(opdef), tuple(args), dict(kwargs))
+        args, kwargs = _custom_op_arguments(op, args, kwargs)
+        return apply(custom_op_spec(opdef), args, kwargs)
 
     return handler
 
