@@ -2,8 +2,11 @@
 the user's backward is the gradient (eager values and gradients under tf.jit + backward(), tf.grad,
 tf.vjp, grad of grad), ctx means what it means in eager, vmap and jvp follow torch.func's rules,
 and what cannot be transformed is a named error, never a dropped backward."""
+import types
+
 import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
 import thunderfn as tf
 from thunderfn.errors import BatchingError, UserGradientError
@@ -319,6 +322,21 @@ def test_mark_dirty_is_refused_by_name():
         tf.jit(lambda x: AddOneInPlace.apply(x * 1))(torch.randn(3))
 
 
+def test_a_tensor_hidden_in_an_object_on_ctx_is_a_named_error():
+    class Hidden(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.box = types.SimpleNamespace(t=x.sin())
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.box.t
+
+    with pytest.raises(UserGradientError, match="SimpleNamespace"):
+        tf.grad(lambda x: Hidden.apply(x).sum())(torch.randn(3))
+
+
 def test_a_backward_returning_too_few_gradients_is_a_named_error():
     class Bad(torch.autograd.Function):
         @staticmethod
@@ -530,3 +548,16 @@ def test_hugging_face_mixtral_moe_fallback_gradients_match_eager():
     torch.testing.assert_close(loss, expected_loss)
     for name, grad in expected.items():
         torch.testing.assert_close(model.get_parameter(name).grad, grad, atol=1e-5, rtol=1e-4)
+
+
+def test_reentrant_checkpoint_is_traced_as_its_function():
+    """torch.utils.checkpoint(use_reentrant=True) is an autograd.Function whose backward runs
+    torch.autograd: traced as the function it checkpoints, so the gradient is that function's."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 3)
+    x = torch.randn(2, 3, requires_grad=True)
+    lin(x).sin().sum().backward()
+    expected = x.grad.clone(), lin.weight.grad.clone()
+    x.grad = lin.weight.grad = lin.bias.grad = None
+    tf.jit(lambda x: checkpoint(lambda x: lin(x).sin(), x, use_reentrant=True).sum())(x).backward()
+    torch.testing.assert_close((x.grad, lin.weight.grad), expected)

@@ -38,6 +38,7 @@ import weakref
 
 import optree
 import torch
+import torch.utils.checkpoint
 from torch._library import custom_ops as _torch_custom_ops
 from torch._library import utils as _torch_library_utils
 
@@ -167,7 +168,25 @@ class CallInfo:
 
 
 def _residuals(ctx: TracedCtx, info: CallInfo):
-    return (tuple(ctx._saved), tuple(ctx._saved_for_forward), ctx.attributes(), info)
+    attributes = ctx.attributes()
+    for leaf in tree_leaves(attributes):
+        if not isinstance(leaf, TensorProxy) and _holds_proxy(leaf):
+            raise UserGradientError(
+                f"{ctx._name} stores a tensor on ctx inside a {type(leaf).__name__} object, which thunderfn cannot "
+                f"look into to keep it for the backward: store the tensor itself (ctx.t = t), in a tuple, list or "
+                f"dict, or save it with ctx.save_for_backward.")
+    return (tuple(ctx._saved), tuple(ctx._saved_for_forward), attributes, info)
+
+
+def _holds_proxy(obj, depth: int = 0) -> bool:
+    """Whether a traced tensor hides in obj's attributes (a few levels deep)."""
+    if isinstance(obj, TensorProxy):
+        return True
+    if depth > 3 or isinstance(obj, (type, torch.nn.Module)):
+        return False
+    attributes = getattr(obj, "__dict__", None)
+    values = attributes.values() if isinstance(attributes, dict) else obj if isinstance(obj, (set, frozenset)) else ()
+    return any(_holds_proxy(v, depth + 1) for v in values)
 
 
 def _rebuilt_ctx(name: str, residuals, needs: tuple) -> TracedCtx:
@@ -467,6 +486,7 @@ def _bound_positionally(cls, args, kwargs):
 
 
 _original_apply = torch.autograd.Function.__dict__["apply"].__func__
+_CheckpointFunction = torch.utils.checkpoint.CheckpointFunction
 _watchers = threading.local()  # tf.examine's: called with each Function class applied outside tracing
 
 
@@ -475,6 +495,12 @@ def _apply(cls, *args, **kwargs):
     trc = context.current_trace()
     if trc is not None and (trc.symbol_depth == 0 or any(isinstance(x, TensorProxy)
                                                          for x in tree_leaves((args, kwargs)))):
+        if cls is _CheckpointFunction:
+            # torch.utils.checkpoint(use_reentrant=True): its backward recomputes the function under
+            # torch.autograd; the gradient it computes is the function's own, so the function is traced
+            # (what the trace recomputes in the backward is the rematerialization pass's choice)
+            run_function, _preserve_rng_state, *rest = args
+            return run_function(*rest)
         args, kwargs = _bound_positionally(cls, args, kwargs)
         return apply(function_spec(cls), args, kwargs)
     for watch in getattr(_watchers, "stack", ()):
