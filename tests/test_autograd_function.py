@@ -365,6 +365,21 @@ def test_a_broadcast_gradient_is_summed_to_the_input_shape_as_torch_does():
     torch.testing.assert_close(tf.grad(lambda b: Expand.apply(b).sum())(b), torch.full((3,), 4.0, dtype=b.dtype))
 
 
+def test_a_backward_returning_a_captured_tensor_uses_it():
+    const = torch.full((3,), 2.0)
+
+    class ConstantGradient(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 5
+
+        @staticmethod
+        def backward(ctx, g):
+            return const
+
+    torch.testing.assert_close(tf.grad(lambda x: ConstantGradient.apply(x).sum())(torch.ones(3)), const)
+
+
 def test_keyword_arguments_of_apply():
     class Scale(torch.autograd.Function):
         @staticmethod

@@ -45,7 +45,7 @@ from torch._library import utils as _torch_library_utils
 import thunderfn.torch as ltorch
 from thunderfn import prims
 from thunderfn.core import context, dtypes
-from thunderfn.core.interception import register_handler_finder
+from thunderfn.core.interception import lift_constants, register_handler_finder
 from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.errors import BatchingError, UserGradientError
@@ -304,6 +304,7 @@ class UserFunction(custom_vjp):
                 f"{self.spec.name}: backward returned {len(result)} gradients, but forward took {n} inputs: return "
                 f"one per input of forward (None for inputs that get none)")
         cts = []
+        result = lift_constants(tuple(result))  # a tensor the backward captured (returned as is) is a constant
         for i, (meta, ct) in enumerate(zip(info.args, result[:n])):
             if ct is None or meta is None:
                 if ct is not None and _is_tensor(ct):
@@ -364,12 +365,14 @@ class UserFunction(custom_vjp):
         if any(isinstance(r, TensorProxy) for r in tree_leaves(residuals)):
             # a backward recorded already (vmap of a gradient) reads the residuals: batch them through the
             # forward's recorded ops; the outputs come from the user's rule below
+            values, dims = dict(batching.values), dict(batching.dims)
             with trc.scope() as tried:
                 try:
                     for sub in bsym.subsymbols:
                         batching.run(sub)
-                except BatchingError:
+                except BatchingError:  # not batchable op by op (why the Function has a vmap rule): left out
                     tried.clear()
+                    batching.values, batching.dims = values, dims
             for b in tried:
                 trc.emit(b)
         args = tuple(optree.tree_map(lambda v: batching.values.get(v.name, v) if isinstance(v, TensorProxy) else v,
