@@ -82,6 +82,7 @@ class Spec:
     jvp: object = None
     vmap: object = None
     generate_vmap_rule: bool = False
+    note: str = ""  # appended to refusals (torch.func's own requirement an old-style Function misses)
 
 
 def _overrides(cls, name: str) -> bool:
@@ -107,7 +108,10 @@ def function_spec(cls) -> Spec:
     return Spec(f"autograd.Function '{cls.__qualname__}'", forward, cls.backward,
                 jvp=cls.jvp if _overrides(cls, "jvp") else None,
                 vmap=cls.vmap if _overrides(cls, "vmap") else None,
-                generate_vmap_rule=bool(getattr(cls, "generate_vmap_rule", False)))
+                generate_vmap_rule=bool(getattr(cls, "generate_vmap_rule", False)),
+                note="" if _has_setup_context(cls) else (
+                    " (torch.func also requires the new style for this: forward without ctx, and a setup_context "
+                    "staticmethod)"))
 
 
 # -- ctx -----------------------------------------------------------------------------------------
@@ -334,7 +338,7 @@ class UserFunction(custom_vjp):
             raise UserGradientError(
                 f"tf.jvp / tf.jacfwd of {self.spec.name}: it defines no jvp staticmethod, and its backward does not "
                 f"give forward-mode derivatives. Define `jvp(ctx, *input_tangents)` (save what it needs with "
-                f"ctx.save_for_forward), or differentiate in reverse mode (tf.grad, tf.vjp, tf.jacrev).")
+                f"ctx.save_for_forward), or differentiate in reverse mode (tf.grad, tf.vjp, tf.jacrev).{self.spec.note}")
         info = residuals[3]
         filled = tuple(t if t is not None else (ltorch.full(a[0], 0, device=arg.device, dtype=a[1])
                                                 if a is not None and dtypes.is_inexact(a[1]) else None)
@@ -359,7 +363,7 @@ class UserFunction(custom_vjp):
                 f"vmap cannot batch {self.spec.name}: it defines no vmap staticmethod and does not set "
                 f"generate_vmap_rule = True (torch.func.vmap refuses it too). Set `generate_vmap_rule = True` on the "
                 f"class when its forward and backward are torch operations vmap can batch, or define "
-                f"`vmap(info, in_dims, *args)`.")
+                f"`vmap(info, in_dims, *args)`.{self.spec.note}")
         trc = context.current_trace()
         out, residuals = bsym.output
         if any(isinstance(r, TensorProxy) for r in tree_leaves(residuals)):
