@@ -520,6 +520,41 @@ def test_custom_op_with_register_autograd_under_grad_and_jit():
     torch.testing.assert_close(out, wrong_cube(x, 2.0).sum())
 
 
+def test_custom_op_under_vmap_and_grad_of_vmap():
+    xs = _rand(4, 3)
+    torch.testing.assert_close(tf.vmap(lambda x: wrong_cube(x, 2.0))(xs), xs ** 3 * 2)
+    torch.testing.assert_close(tf.grad(lambda xs: tf.vmap(lambda x: wrong_cube(x, 2.0))(xs).sum())(xs), 10 * xs)
+
+
+def test_custom_op_under_jvp_is_a_named_error():
+    with pytest.raises(UserGradientError, match="wrong_cube"):
+        tf.jvp(lambda x: wrong_cube(x, 2.0), (_rand(3),), (_rand(3),))
+
+
+def test_the_trace_records_the_call_as_one_user_function():
+    text = str(tf.trace(lambda x: WrongSquare.apply(x).sum(), torch.ones(2)))
+    assert "user_function_WrongSquare" in text
+    assert "set_grad_enabled" not in text
+
+
+def test_function_in_a_module_under_grad_of_functional_call():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 2).double()
+
+        def forward(self, x):
+            return WrongSquare.apply(self.lin(x)).sum()
+
+    torch.manual_seed(0)
+    net, x = Net(), _rand(4, 3)
+    net(x).backward()
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    grads = tf.grad(lambda p: tf.functional_call(net, p, (x,)))(params)
+    for name, p in net.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad)
+
+
 def test_examine_reports_user_functions_and_custom_ops(capsys):
     report = tf.examine(lambda x: WrongSquare.apply(wrong_cube(x, 2.0)).sum(), torch.randn(3))
     found = {c.name: c for c in report.by_status("user gradient")}

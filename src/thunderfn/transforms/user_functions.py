@@ -77,6 +77,7 @@ class Spec:
     fills ctx; `backward(ctx, *grads)`; `jvp(ctx, *tangents)` or None; `vmap(info, in_dims, *args)`
     or None; `generate_vmap_rule`: batch forward and backward by vmapping them."""
     name: str  # how errors name it: "autograd.Function 'Sq'", "custom op 'mylib::cube'"
+    label: str  # how the trace names its calls: user_function_<label>
     forward: object
     backward: object
     jvp: object = None
@@ -105,7 +106,7 @@ def function_spec(cls) -> Spec:
     else:
         def forward(ctx, args, kwargs):
             return cls.forward(ctx, *args, **kwargs)
-    return Spec(f"autograd.Function '{cls.__qualname__}'", forward, cls.backward,
+    return Spec(f"autograd.Function '{cls.__qualname__}'", cls.__name__, forward, cls.backward,
                 jvp=cls.jvp if _overrides(cls, "jvp") else None,
                 vmap=cls.vmap if _overrides(cls, "vmap") else None,
                 generate_vmap_rule=bool(getattr(cls, "generate_vmap_rule", False)),
@@ -234,11 +235,10 @@ class UserFunction(custom_vjp):
         def forward_only(*args, **kwargs):
             return self.fwd(*args, **kwargs)[0]
 
-        forward_only.__name__ = spec.name.split("'")[1] if "'" in spec.name else "user_function"
+        forward_only.__name__ = "".join(c if c.isalnum() else "_" for c in spec.label)
         super().__init__(forward_only)
         self.defvjp(self._fwd, self._bwd)
-        label = "".join(c if c.isalnum() else "_" for c in forward_only.__name__)
-        self._symbol.name = self._symbol.print_name = f"user_function_{label}"
+        self._symbol.name = self._symbol.print_name = f"user_function_{forward_only.__name__}"
         self._symbol.tags = self._symbol.tags | {"user_function"}
         register_jvp(self._symbol.id, JVPRule(_WeakJVP(self)))
         weakref.finalize(self, unregister_jvp, self._symbol.id)
@@ -565,7 +565,8 @@ def custom_op_spec(opdef) -> Spec:
         return out
 
     # a custom op's vmap is torch's (register_vmap), applied by torch.func.vmap to the batched forward
-    return Spec(f"custom op '{opdef._qualname}'", forward, opdef._backward_fn, generate_vmap_rule=True)
+    return Spec(f"custom op '{opdef._qualname}'", opdef._qualname, forward, opdef._backward_fn,
+                generate_vmap_rule=True)
 
 
 def _custom_op_arguments(op, args, kwargs):
