@@ -492,7 +492,8 @@ def _bound_positionally(cls, args, kwargs):
     return tuple(bound.args), dict(bound.kwargs)
 
 
-_original_apply = torch.autograd.Function.__dict__["apply"].__func__
+_installed = torch.autograd.Function.__dict__["apply"].__func__
+_original_apply = getattr(_installed, "__thunderfn_original__", _installed)  # torch's, even if this module reloads
 _CheckpointFunction = torch.utils.checkpoint.CheckpointFunction
 _watchers = threading.local()  # tf.examine's: called with each Function class applied outside tracing
 
@@ -518,9 +519,8 @@ def _apply(cls, *args, **kwargs):
 # Function.apply is a classmethod torch calls without a torch-function hook: it is replaced, once,
 # by one that traces the call when a trace is being built and is torch's own otherwise. (Dynamo
 # recognizes a Function's `apply` by its name, which the wrapper keeps.)
-if getattr(torch.autograd.Function.__dict__["apply"].__func__, "__thunderfn_original__", None) is None:
-    _apply.__thunderfn_original__ = _original_apply
-    torch.autograd.Function.apply = classmethod(_apply)
+_apply.__thunderfn_original__ = _original_apply
+torch.autograd.Function.apply = classmethod(_apply)
 
 
 @contextlib.contextmanager
