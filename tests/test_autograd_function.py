@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 import thunderfn as tf
 from thunderfn.errors import BatchingError, UserGradientError
+from thunderfn.transforms import user_functions
 
 
 # -- Functions used below ------------------------------------------------------------------------
@@ -518,6 +519,34 @@ def test_custom_op_with_register_autograd_under_grad_and_jit():
     out.backward()
     torch.testing.assert_close(xj.grad, xe.grad)
     torch.testing.assert_close(out, wrong_cube(x, 2.0).sum())
+
+
+_lib = torch.library.Library("thunderfn_test_lib", "DEF")
+_lib.define("twice(Tensor x) -> Tensor")
+_lib.impl("twice", lambda x: x * 2, "CPU")
+torch.library.register_fake("thunderfn_test_lib::twice", lambda x: torch.empty_like(x), lib=_lib)
+torch.library.register_autograd("thunderfn_test_lib::twice", lambda ctx, g: g * 7, lib=_lib)
+
+
+def test_register_autograd_on_a_library_defined_op_is_its_gradient():
+    x = _rand(3)
+    xe = x.clone().requires_grad_()
+    torch.ops.thunderfn_test_lib.twice(xe).sum().backward()
+    torch.testing.assert_close(tf.grad(lambda x: torch.ops.thunderfn_test_lib.twice(x).sum())(x), xe.grad)
+    torch.testing.assert_close(xe.grad, torch.full((3,), 7.0, dtype=x.dtype))
+
+
+def test_a_formula_thunderfn_did_not_see_registered_is_a_named_error_not_zeros():
+    """torch.func refuses a Python autograd formula it finds inside an opaque op (one registered
+    before thunderfn was imported, simulated by hiding the record): a named error, never zeros."""
+    lib = torch.library.Library("thunderfn_test_hidden", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "CPU")
+    torch.library.register_fake("thunderfn_test_hidden::twice", lambda x: torch.empty_like(x), lib=lib)
+    torch.library.register_autograd("thunderfn_test_hidden::twice", lambda ctx, g: g * 7, lib=lib)
+    user_functions._library_gradients.pop(torch.ops.thunderfn_test_hidden.twice.default)
+    with pytest.raises(UserGradientError, match="register_autograd"):
+        tf.grad(lambda x: torch.ops.thunderfn_test_hidden.twice(x).sum())(torch.ones(3))
 
 
 def test_custom_op_under_vmap_and_grad_of_vmap():

@@ -28,7 +28,7 @@ from thunderfn.core.trace import trace
 from thunderfn.module import jit_module
 from thunderfn.torch.inplace import is_in_place
 from thunderfn.torch.opaque import _to_meta_tensor_tree, probe_opaque
-from thunderfn.transforms.user_functions import custom_op_definition, function_spec, watching_functions
+from thunderfn.transforms.user_functions import function_spec, registered_gradient, watching_functions
 
 _VALUE_READS = {torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.tolist, torch.Tensor.__int__,
                 torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.__complex__}
@@ -72,7 +72,7 @@ class Examination:
 
 
 def _classify(func, args, kwargs) -> tuple[str, str]:
-    if custom_op_definition(func) is not None:
+    if registered_gradient(func) is not None:
         return "user gradient", ("custom op with register_autograd: its backward is the gradient; vmap by torch's "
                                  "vmap of the op and the backward; no jvp")
     if func in _VALUE_READS:

@@ -18,9 +18,10 @@ sight). It becomes a tf.custom_vjp call, one per call site and trace (`UserFunct
   forward and backward vmapped (a custom_vjp's batching), else a BatchingError (torch.func
   refuses alike); under jvp/jacfwd: its `jvp` staticmethod, else a UserGradientError.
 
-A custom op (`torch.library.custom_op`) with `register_autograd` is the same with the op
-(run by torch, shapes from its registered fake) as the forward, its setup_context and its
-registered backward. Dispatch finds it through `register_handler_finder`.
+A torch.library operator with `register_autograd` (made by `torch.library.custom_op`, or
+defined with `torch.library.define` and registered after thunderfn is imported) is the same
+with the op (run by torch, shapes from its registered fake) as the forward, its setup_context
+and its registered backward. Dispatch finds it through `register_handler_finder`.
 
 Nothing is dropped silently: what cannot be transformed raises UserGradientError (or
 BatchingError under vmap), a subclass of RuntimeError, naming the Function and why.
@@ -38,6 +39,7 @@ import weakref
 
 import optree
 import torch
+import torch._library.autograd
 import torch.utils.checkpoint
 from torch._library import custom_ops as _torch_custom_ops
 from torch._library import utils as _torch_library_utils
@@ -501,8 +503,11 @@ _watchers = threading.local()  # tf.examine's: called with each Function class a
 @functools.wraps(_original_apply)
 def _apply(cls, *args, **kwargs):
     trc = context.current_trace()
-    if trc is not None and (trc.symbol_depth == 0 or any(isinstance(x, TensorProxy)
-                                                         for x in tree_leaves((args, kwargs)))):
+    # Traced: a call on traced tensors, or one user code makes on real tensors (captured ones) at the
+    # top of the trace. Not a call thunderfn's own machinery makes on real or meta tensors while
+    # tracing (an opaque op's shapes and autograd connections), which runs with torch functions off.
+    if trc is not None and (any(isinstance(x, TensorProxy) for x in tree_leaves((args, kwargs))) or (
+            trc.symbol_depth == 0 and torch._C._is_torch_function_enabled())):
         if cls is _CheckpointFunction:
             # torch.utils.checkpoint(use_reentrant=True): its backward recomputes the function under
             # torch.autograd; the gradient it computes is the function's own, so the function is traced
@@ -537,35 +542,66 @@ def watching_functions(callback):
 
 
 # -- custom ops ----------------------------------------------------------------------------------
-def custom_op_definition(func):
-    """The torch.library.custom_op definition behind an op overload (or packet) with a backward
-    registered by register_autograd, or None."""
+@dataclasses.dataclass(frozen=True)
+class RegisteredGradient:
+    """The gradient torch.library.register_autograd gave an operator."""
+    op: object  # the OpOverload
+    name: str  # its qualified name, "mylib::cube"
+    backward: object
+    setup_context: object  # or None
+
+
+# register_autograd on an operator that torch.library.custom_op did not make (one defined with
+# torch.library.define) keeps its formula only inside the autograd kernel it registers: recorded here
+# as torch makes that kernel, by op. (Formulas registered before thunderfn was imported are not seen;
+# torch.func then refuses the op when it is differentiated, torch/opaque.py's torch_vjp.)
+_library_gradients: dict = {}
+_make_autograd_impl = torch._library.autograd.make_autograd_impl
+
+
+@functools.wraps(_make_autograd_impl)
+def _recording_make_autograd_impl(op, info):
+    if not isinstance(info, _torch_custom_ops.CustomOpDef):
+        _library_gradients[op] = info
+    return _make_autograd_impl(op, info)
+
+
+if getattr(_make_autograd_impl, "__wrapped__", None) is None:
+    torch._library.autograd.make_autograd_impl = _recording_make_autograd_impl
+
+
+def registered_gradient(func) -> RegisteredGradient | None:
+    """The gradient registered with torch.library.register_autograd for an operator (an overload,
+    or a packet's default), or None."""
     if isinstance(func, torch._ops.OpOverloadPacket):
         func = getattr(func, "default", None)
     if not isinstance(func, torch._ops.OpOverload):
         return None
     opdef = _torch_custom_ops.OPDEFS.get(func._schema.name)
-    if opdef is None or opdef._backward_fn is None or opdef._opoverload is not func:
-        return None
-    return opdef
+    if opdef is not None and opdef._opoverload is func and opdef._backward_fn is not None:
+        return RegisteredGradient(func, opdef._qualname, opdef._backward_fn, opdef._setup_context_fn)
+    info = _library_gradients.get(func)
+    if info is not None and info._backward_fn is not None:
+        return RegisteredGradient(func, func._schema.name, info._backward_fn, info._setup_context_fn)
+    return None
 
 
-def custom_op_spec(opdef) -> Spec:
-    op = opdef._opoverload
+def custom_op_spec(registered: RegisteredGradient) -> Spec:
+    op, setup_context = registered.op, registered.setup_context
     kwarg_only = _torch_library_utils.has_kwarg_only_args(op._schema)
 
     def forward(ctx, args, kwargs):
         out = run_opaque(op, args, kwargs)
-        if opdef._setup_context_fn is not None:
+        if setup_context is not None:
             inputs, keyword_only = _torch_library_utils.fill_defaults(op._schema, args, kwargs)
             if kwarg_only:
-                opdef._setup_context_fn(ctx=ctx, inputs=inputs, keyword_only_inputs=keyword_only, output=out)
+                setup_context(ctx=ctx, inputs=inputs, keyword_only_inputs=keyword_only, output=out)
             else:
-                opdef._setup_context_fn(ctx=ctx, inputs=inputs, output=out)
+                setup_context(ctx=ctx, inputs=inputs, output=out)
         return out
 
     # a custom op's vmap is torch's (register_vmap), applied by torch.func.vmap to the batched forward
-    return Spec(f"custom op '{opdef._qualname}'", opdef._qualname, forward, opdef._backward_fn,
+    return Spec(f"custom op '{registered.name}'", registered.name, forward, registered.backward,
                 generate_vmap_rule=True)
 
 
@@ -586,16 +622,16 @@ def _custom_op_arguments(op, args, kwargs):
 
 
 def _custom_op_handler(func):
-    opdef = custom_op_definition(func)
-    if opdef is None:
+    registered = registered_gradient(func)
+    if registered is None:
         return None
-    op = opdef._opoverload
+    op = registered.op
     if any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
         return None  # an op that mutates its arguments stays opaque (its in-place write is traced as such)
 
     def handler(*args, **kwargs):
         args, kwargs = _custom_op_arguments(op, args, kwargs)
-        return apply(custom_op_spec(opdef), args, kwargs)
+        return apply(custom_op_spec(registered), args, kwargs)
 
     return handler
 
