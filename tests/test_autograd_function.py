@@ -640,3 +640,22 @@ def test_reentrant_checkpoint_is_traced_as_its_function():
     x.grad = lin.weight.grad = lin.bias.grad = None
     tf.jit(lambda x: checkpoint(lambda x: lin(x).sin(), x, use_reentrant=True).sum())(x).backward()
     torch.testing.assert_close((x.grad, lin.weight.grad), expected)
+
+
+def test_an_input_returned_and_marked_non_differentiable_gets_no_gradient():
+    class PassMarked(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.mark_non_differentiable(x)
+            return x, x * 2
+
+        @staticmethod
+        def backward(ctx, g_x, g_twice):
+            return 2 * g_twice
+
+    x = _rand(3)
+    xe = x.clone().requires_grad_()
+    a, b = PassMarked.apply(xe)
+    (a.sum() + b.sum()).backward() if a.requires_grad else b.sum().backward()
+    got = tf.grad(lambda x: sum(o.sum() for o in PassMarked.apply(x)))(x)
+    torch.testing.assert_close(got, xe.grad)

@@ -260,7 +260,6 @@ class UserFunction(custom_vjp):
                     f"trace: return a new tensor instead (x.clone().mul_(2), or x * 2).")
             inputs = {id(p) for p, _ in proxies}
             single = not isinstance(out, tuple)
-            out = _fresh(out, inputs) if single else tuple(_fresh(o, inputs) for o in out)
             non_diff = {id(t) for t in ctx._non_differentiable}
             outputs = (out,) if single else out
             info = CallInfo(
@@ -268,6 +267,7 @@ class UserFunction(custom_vjp):
                 outputs=tuple((tuple(o.shape), o.dtype, o.device)
                               if _differentiable(o) and id(o) not in non_diff else None for o in outputs),
                 single=single, materialize=ctx._materialize)
+            out = _fresh(out, inputs) if single else tuple(_fresh(o, inputs) for o in out)
         return out, _residuals(ctx, info)
 
     # backward
@@ -352,9 +352,9 @@ class UserFunction(custom_vjp):
         result = (result,) if info.single else tuple(result)
         outputs = (out,) if info.single else out
         flat = []
-        for o, t in zip(outputs, result):
+        for o, t, meta in zip(outputs, result, info.outputs):  # no tangent for a non-differentiable output
             leaves = _leaves(o)
-            flat.extend([t] if len(leaves) == 1 and isinstance(o, TensorProxy) else [None] * len(leaves))
+            flat.extend([t] if isinstance(o, TensorProxy) and meta is not None else [None] * len(leaves))
         return tuple(flat) + (None,) * len(_leaves(residuals))
 
     # vmap
