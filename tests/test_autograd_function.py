@@ -659,3 +659,14 @@ def test_an_input_returned_and_marked_non_differentiable_gets_no_gradient():
     (a.sum() + b.sum()).backward() if a.requires_grad else b.sum().backward()
     got = tf.grad(lambda x: sum(o.sum() for o in PassMarked.apply(x)))(x)
     torch.testing.assert_close(got, xe.grad)
+
+
+def test_a_function_applied_under_no_grad_passes_no_gradient():
+    x = _rand(3)
+
+    def f(x):
+        with torch.no_grad():
+            y = WrongSquare.apply(x)
+        return (y * x).sum()
+
+    torch.testing.assert_close(tf.grad(f)(x), x * x)

@@ -250,7 +250,9 @@ class UserFunction(custom_vjp):
     # forward
     def _fwd(self, *args, **kwargs):
         with _as_user_code():
-            needs = tuple(_differentiable(a) for a in args)  # torch's answer for a tensor that requires grad
+            # which inputs are differentiated is known only when the backward is traced (_backward):
+            # here every floating tensor may be, so a forward saving only what some gradient needs saves enough
+            needs = tuple(_differentiable(a) for a in args)
             ctx = TracedCtx(self.spec.name, needs)
             proxies = [(a, a.name) for a in tree_leaves((args, kwargs)) if isinstance(a, TensorProxy)]
             out = self.spec.forward(ctx, args, kwargs)
@@ -283,7 +285,7 @@ class UserFunction(custom_vjp):
     def _bwd(self, residuals, g, needs=None):
         info = residuals[3]
         if needs is None:  # vmapped: which arguments the caller differentiates is not known here
-            needs = tuple(a is not None and a[1].is_floating_point or False for a in info.args)
+            needs = tuple(a is not None and dtypes.is_inexact(a[1]) for a in info.args)
         grads = []
         g_outputs = (g,) if info.single else tuple(g)
         for o, ct in zip(info.outputs, g_outputs):
