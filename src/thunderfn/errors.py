@@ -31,3 +31,10 @@ class EscapedProxyError(ThunderFnError, TypeError):
 class DistributedError(ThunderFnError, RuntimeError):
     """A distributed setup thunderfn cannot train with: no process group, ranks whose
     models differ. The message says what to fix."""
+
+
+class UserGradientError(ThunderFnError, RuntimeError):
+    """A user-defined gradient (a torch.autograd.Function, a torch.library custom op with
+    register_autograd) cannot be used as asked: differentiated twice through @once_differentiable,
+    forward mode without a jvp staticmethod, an input modified in place in its forward, a backward
+    that returns the wrong number or shape of gradients. The message names it and says what to do."""

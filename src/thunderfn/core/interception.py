@@ -37,6 +37,26 @@ def register_handler(torch_fn, handler) -> None:
     handlers[torch_fn] = handler
 
 
+# Callables that are made at run time and cannot be listed in `handlers` beforehand (a user's
+# torch.library custom op): finder(func) -> a handler for func, or None (transforms/user_functions.py)
+handler_finders: list = []
+
+
+def register_handler_finder(finder) -> None:
+    handler_finders.append(finder)
+
+
+def find_handler(func):
+    """The handler tracing uses for func: its entry in `handlers`, or what a finder gives."""
+    handler = handlers.get(func)
+    if handler is None:
+        for finder in handler_finders:
+            handler = finder(func)
+            if handler is not None:
+                break
+    return handler
+
+
 # Metadata functions called on a proxy: answered from its metadata at trace time.
 handlers.update({
     torch.numel: lambda a: a.numel(),

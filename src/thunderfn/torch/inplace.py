@@ -36,6 +36,7 @@ __all__ = ["setitem"]
 
 _IN_PLACE_DUNDERS = {
     "__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__", "__itruediv__": "__truediv__",
+    "__idiv__": "__truediv__",  # torch.Tensor.__itruediv__ is __idiv__: `x /= y` reaches tracing by that name
     "__ifloordiv__": "__floordiv__", "__imod__": "__mod__", "__ipow__": "__pow__", "__iand__": "__and__",
     "__ior__": "__or__", "__ixor__": "__xor__", "__ilshift__": "__lshift__", "__irshift__": "__rshift__",
     "__imatmul__": "__matmul__",

@@ -23,7 +23,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import check_rng_untouched
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.errors import UnsupportedOpError, UserGradientError
 
 _symbols: dict = {}  # torch callable -> its opaque symbol, made once
 
@@ -226,6 +226,7 @@ def torch_vjp(fn, args, kwargs, cotangents, wrt, rng_state):
         try:
             _, pullback = torch.func.vjp(call, *[leaves[i] for i in wrt])
         except RuntimeError as e:
+            named_functorch_refusal(fn, e)
             if "storage" not in str(e):
                 raise
             # a kernel that reads its inputs' memory directly (CPU ctc_loss) cannot see through
@@ -234,6 +235,20 @@ def torch_vjp(fn, args, kwargs, cotangents, wrt, rng_state):
                 torch.set_rng_state(rng_state)
             return _autograd_vjp(call, [leaves[i] for i in wrt], cotangents)
     return pullback(tuple(cotangents))
+
+
+def named_functorch_refusal(fn, e: RuntimeError) -> None:
+    """Raise a UserGradientError for torch.func's refusal of a Python autograd formula inside an
+    opaque op (a torch.autograd.Function without setup_context: what torch.library.register_autograd
+    registers); return for any other error."""
+    if "must override the setup_context staticmethod" not in str(e):
+        return
+    raise UserGradientError(
+        f"thunderfn runs {torch_name(fn)} as an opaque op, transformed by torch.func, which refuses the Python "
+        f"autograd formula inside it (a torch.autograd.Function without setup_context, as "
+        f"torch.library.register_autograd makes). Import thunderfn before registering the formula (thunderfn then "
+        f"uses the registered backward), define the op with torch.library.custom_op, or call it outside the "
+        f"transformed function.") from None
 
 
 def _autograd_vjp(call, primals, cotangents):

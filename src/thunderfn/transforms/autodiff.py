@@ -21,6 +21,7 @@ jit registers, and reads the executors it differentiates for from its caller).
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Callable, Sequence
 
 import optree
@@ -209,7 +210,28 @@ class _Tape:
     def __init__(self, executors):
         self.executors = executors
         self.active: set = set()
+        self.seen: set = set()  # every value of the region (read or made at its top level)
         self.rng_state: dict = {}  # id(bound symbol) -> proxy of torch.get_rng_state() before it
+
+
+class _Backwards(threading.local):
+    def __init__(self):
+        self.tapes: list = []  # the tapes whose backward is being traced, innermost last
+
+
+_backwards = _Backwards()
+
+
+def wants_gradient(x) -> bool:
+    """Whether the backward being traced needs a cotangent for x: it depends on a differentiated
+    input (a user Function's ctx.needs_input_grad). True where that is not known (x made inside
+    a symbol's decomposition, or no backward running)."""
+    if not _carries_gradient(x):
+        return False
+    tapes = _backwards.tapes
+    if not tapes:
+        return True
+    return x.name in tapes[-1].active or x.name not in tapes[-1].seen
 
 
 def _record_forward(region: list, primals, tape: _Tape) -> list:
@@ -217,8 +239,10 @@ def _record_forward(region: list, primals, tape: _Tape) -> list:
     state is read just before it."""
     trc = context.current_trace()
     tape.active = {p.name for p in tree_leaves(primals) if isinstance(p, TensorProxy)}
+    tape.seen = set(tape.active)
     emitted = []
     for bsym in region:
+        tape.seen.update(p.name for p in bsym.proxies())
         if any(isinstance(a, TensorProxy) and a.name in tape.active for a in bsym.flat_args()):
             tape.active.update(o.name for o in bsym.proxy_outs())
             if "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
@@ -271,9 +295,13 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
         for o, c in zip(out_leaves, ct_leaves):
             if isinstance(o, TensorProxy) and c is not None:
                 _accumulate(cts, o, c)
-        for bsym, enabled in zip(reversed(region), reversed(modes)):
-            if enabled:
-                _backprop(bsym, cts, tape)
+        _backwards.tapes.append(tape)
+        try:
+            for bsym, enabled in zip(reversed(region), reversed(modes)):
+                if enabled:
+                    _backprop(bsym, cts, tape)
+        finally:
+            _backwards.tapes.pop()
         return [cts.get(p.name) if isinstance(p, TensorProxy) else None for p in tree_leaves(primals)]
 
     return out, backward

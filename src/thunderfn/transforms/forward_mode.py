@@ -21,7 +21,7 @@ from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import UnsupportedOpError
-from thunderfn.torch.opaque import _meta
+from thunderfn.torch.opaque import _meta, named_functorch_refusal
 from thunderfn.transforms.autodiff import _compiled, _carries_gradient, _grad_modes, as_trace_values, value_without_aux
 from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, jvp_rules
 
@@ -75,7 +75,11 @@ def torch_jvp(fn, args, kwargs, tangents):
     positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and dtypes.is_inexact(x.dtype)]
     call = of_leaves(fn, leaves, spec, positions)
 
-    _, out_tangent = torch.func.jvp(call, tuple(leaves[i] for i in positions), tuple(tangents))
+    try:
+        _, out_tangent = torch.func.jvp(call, tuple(leaves[i] for i in positions), tuple(tangents))
+    except RuntimeError as e:
+        named_functorch_refusal(fn, e)
+        raise
     return out_tangent
 
 

@@ -31,7 +31,7 @@ from thunderfn.core.pytree import of_leaves, tree_flatten, tree_flatten_with_pat
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import BatchingError
 from thunderfn import clang, prims
-from thunderfn.torch.opaque import _meta
+from thunderfn.torch.opaque import _meta, named_functorch_refusal
 from thunderfn.transforms.autodiff import _compiled
 from thunderfn.transforms import batching_rules_torch  # noqa: F401  (registers the torch-language rules)
 from thunderfn.transforms.batching_rules import batching_rules, move_batch_dim
@@ -55,6 +55,7 @@ def torch_vmap(fn, in_dims, args, kwargs, randomness="error", batch_size=None):
         return torch.func.vmap(call, in_dims=tuple(in_dims[i] for i in positions), randomness=randomness)(
             *(leaves[i] for i in positions))
     except RuntimeError as e:  # torch.func's own refusals, named as ours (an op drawing random numbers inside)
+        named_functorch_refusal(fn, e)
         if str(e).startswith("vmap:") or "atching rule" in str(e) or "batched tensor" in str(e):
             raise BatchingError(f"vmap cannot batch {getattr(fn, '__name__', fn)} (an opaque torch op, batched by "
                                 f"torch.func.vmap): {str(e).splitlines()[0]}") from None
@@ -179,6 +180,9 @@ class _Batching:
         """A tf.custom_vjp function batched as a custom_vjp whose fwd and bwd are vmapped (JAX's rule):
         batched through its decomposition, its hand-written VJP would be lost under grad(vmap(f))."""
         original = bsym.sym.fn.__self__
+        if original.vmap_rule is not None:  # a user Function's vmap staticmethod, or its refusal
+            original.vmap_rule(self, bsym)
+            return
         if any(isinstance(v, TensorProxy) for v in tree_leaves(bsym.kwargs)):
             raise BatchingError(f"vmap cannot batch {bsym.sym.print_name}, a tf.custom_vjp function called with a "
                                 f"tensor by keyword, yet; pass its tensors by position")
