@@ -119,6 +119,77 @@ def test_no_grad_block_stops_the_gradient():
     torch.testing.assert_close(tf.grad(f)(x), torch.full((3,), x.sum().item(), dtype=torch.float64))
 
 
+# -- an outer torch.no_grad() does not reach a transform (torch.func and JAX compute the derivative) --
+_SIN_SUM = lambda t: (torch.sin(t) * t).sum()  # noqa: E731
+_UNDER_NO_GRAD = {
+    "grad": (lambda x: tf.grad(_SIN_SUM)(x), lambda x: torch.func.grad(_SIN_SUM)(x)),
+    "value_and_grad": (lambda x: tf.value_and_grad(_SIN_SUM)(x), lambda x: torch.func.grad_and_value(_SIN_SUM)(x)[::-1]),
+    "vjp": (lambda x: tf.vjp(torch.sin, x)[1](torch.ones_like(x)), lambda x: torch.func.vjp(torch.sin, x)[1](torch.ones_like(x))),
+    "jacrev": (lambda x: tf.jacrev(torch.sin)(x), lambda x: torch.func.jacrev(torch.sin)(x)),
+    "jacfwd": (lambda x: tf.jacfwd(torch.sin)(x), lambda x: torch.func.jacfwd(torch.sin)(x)),
+    "hessian": (lambda x: tf.hessian(_SIN_SUM)(x), lambda x: torch.func.hessian(_SIN_SUM)(x)),
+    "jvp": (lambda x: tf.jvp(torch.sin, (x,), (torch.ones_like(x),)),
+            lambda x: torch.func.jvp(torch.sin, (x,), (torch.ones_like(x),))),
+    "jit_of_grad": (lambda x: tf.jit(tf.grad(_SIN_SUM))(x), lambda x: torch.func.grad(_SIN_SUM)(x)),
+}
+
+
+@pytest.mark.parametrize("name", _UNDER_NO_GRAD)
+def test_transforms_differentiate_under_an_outer_no_grad_as_torch_func(name):
+    ours, theirs = _UNDER_NO_GRAD[name]
+    x = torch.tensor([0.5, 1.0, -2.0], dtype=torch.float64)
+    with torch.no_grad():
+        got, expected = ours(x), theirs(x)
+        assert not torch.is_grad_enabled()  # the caller's mode is back
+    torch.testing.assert_close(got, expected)
+    assert any(t.abs().sum() > 0 for t in torch.utils._pytree.tree_leaves(got))
+
+
+def test_no_grad_around_a_transform_inside_a_function_is_seen_by_the_enclosing_transform():
+    def g(grad, x):
+        with torch.no_grad():  # the inner gradient is a constant for the outer grad (torch.func's levels)
+            a = grad(_SIN_SUM)(x)
+        return (a * x).sum() + grad(_SIN_SUM)(x).sum()
+
+    x = torch.tensor([0.5, 1.0], dtype=torch.float64)
+    expected = torch.func.grad(lambda x: g(torch.func.grad, x))(x)
+    torch.testing.assert_close(tf.grad(lambda x: g(tf.grad, x))(x), expected)
+    torch.testing.assert_close(tf.jit(tf.grad(lambda x: g(tf.grad, x)))(x), expected)
+
+
+def test_no_grad_block_inside_the_function_still_stops_the_gradient_under_an_outer_no_grad():
+    def f(t):
+        with torch.no_grad():
+            y = torch.sin(t)
+        return (t * y).sum()
+
+    x = torch.tensor([0.5, 1.0], dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(tf.grad(f)(x), torch.func.grad(f)(x))
+
+
+def test_grad_inside_a_jitted_no_grad_block_is_computed_and_not_tracked():
+    def h(x):
+        with torch.no_grad():
+            return tf.grad(_SIN_SUM)(x)
+
+    x = torch.tensor([0.5, 1.0], dtype=torch.float64, requires_grad=True)
+    out = tf.jit(h)(x)
+    torch.testing.assert_close(out, torch.func.grad(_SIN_SUM)(x.detach()))
+    assert not out.requires_grad and torch.is_grad_enabled()
+
+
+def test_an_error_inside_a_transform_gives_back_the_callers_grad_mode():
+    with torch.no_grad():
+        with pytest.raises(tf.ConcretizationError):
+            tf.grad(lambda t: t.sum() * t.sum().item())(torch.ones(2))
+        assert not torch.is_grad_enabled()
+        with pytest.raises(tf.ConcretizationError):
+            tf.jvp(lambda t: t * t.sum().item(), (torch.ones(2),), (torch.ones(2),))
+        assert not torch.is_grad_enabled()
+    assert torch.is_grad_enabled()
+
+
 def test_opaque_op_is_differentiated_by_torch_at_run_time():
     x = torch.randn(1, 2, 8, dtype=torch.float64)
     f = lambda t: F.max_pool1d(t, 2).pow(2).sum()  # noqa: E731  (max_pool1d has no thunderfn symbol)

@@ -20,6 +20,7 @@ jit registers, and reads the executors it differentiates for from its caller).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Callable, Sequence
 
@@ -229,6 +230,28 @@ def _record_forward(region: list, primals, tape: _Tape) -> list:
     return emitted
 
 
+@contextlib.contextmanager
+def differentiating(trc):
+    """trc.scope(), with torch's grad mode on while the transform traces the function it
+    differentiates: a functional transform computes its derivative whatever the mode outside it
+    (torch.func and JAX do), so `with torch.no_grad(): tf.grad(f)(x)` is f's gradient. The switch is
+    the transform's, not the compiled function's: nothing is recorded for it, so a region under
+    an outer no_grad stays one for an enclosing transform (as torch.func's levels see it). A
+    `torch.no_grad()` block inside the function still stops gradients there (recorded as switches,
+    see _grad_modes); the caller's mode comes back when the block ends, also on an error."""
+    trc.sync_grad_mode()  # a no_grad block just entered by the caller, recorded before the region
+    outside = trc.grad_enabled
+    with trc.scope() as recorded, torch.enable_grad():
+        trc.grad_enabled = True
+        try:
+            yield recorded
+        finally:
+            switches = [b for b in recorded if b.sym is set_grad_enabled]
+            if (bool(switches[-1].args[0]) if switches else outside) != outside:  # the compiled function's mode back
+                recorded.append(set_grad_enabled.bind(outside, output=None))
+            trc.grad_enabled = outside
+
+
 def as_trace_values(primals):
     """primals with each real tensor (one the traced function captured and differentiates with
     respect to, `tf.grad(f)(w)` inside a jitted function) replaced by a copy made in the trace:
@@ -249,14 +272,13 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
         executors = context.current_executors()
     trc = context.current_trace()
     primals = as_trace_values(primals)
-    start_mode = torch.is_grad_enabled()
-    with trc.scope() as recorded:
+    with differentiating(trc) as recorded:
         out = fn(*primals)
     tape = _Tape(executors)
     region = _record_forward(_with_residuals(recorded, executors), primals, tape)
     for bsym in region:
         trc.emit(bsym)
-    modes = _grad_modes(region, start_mode)
+    modes = _grad_modes(region, True)
 
     def backward(cotangents):
         """cotangents: a pytree with out's structure; None (or anything, for an integer or boolean

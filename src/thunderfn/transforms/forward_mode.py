@@ -22,7 +22,8 @@ from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unf
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.torch.opaque import _meta
-from thunderfn.transforms.autodiff import _compiled, _carries_gradient, _grad_modes, as_trace_values, value_without_aux
+from thunderfn.transforms.autodiff import (_compiled, _carries_gradient, _grad_modes, as_trace_values, differentiating,
+                                          value_without_aux)
 from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, jvp_rules
 
 
@@ -102,8 +103,7 @@ def trace_jvp(fn: Callable, primals, tangents):
     for these tangents of the primals' leaves (a pytree like the output)."""
     trc = context.current_trace()
     primals = as_trace_values(primals)
-    start_mode = torch.is_grad_enabled()
-    with trc.scope() as recorded:
+    with differentiating(trc) as recorded:  # whatever the grad mode outside, as reverse mode
         out = fn(*primals)
     region = _flattened(recorded)
     for bsym in region:
@@ -114,7 +114,7 @@ def trace_jvp(fn: Callable, primals, tangents):
             if tuple(t.shape) != tuple(p.shape):
                 raise ValueError(f"jvp: a tangent has shape {tuple(t.shape)} where its primal has {tuple(p.shape)}")
             env[p.name] = clang.maybe_convert_to_dtype(t, p.dtype)
-    for bsym, enabled in zip(region, _grad_modes(region, start_mode)):
+    for bsym, enabled in zip(region, _grad_modes(region, True)):
         if enabled:
             _push_forward(bsym, env)
     out_leaves, out_spec = tree_flatten(out)
