@@ -101,6 +101,79 @@ def test_vjp_inside_jit():
     torch.testing.assert_close(jitted(x, ct), torch.exp(x) * ct)
 
 
+# -- vjp_fn is the derivative of the forward tf.vjp ran (JAX's residuals), not a re-run of fn --------
+def test_vjp_fn_closes_over_the_forward_not_the_closure_at_call_time():
+    s = [2.0]
+    x = torch.ones(3)
+    out, vjp_fn = tf.vjp(lambda t: t * s[0], x)
+    s[0] = 5.0
+    torch.testing.assert_close(vjp_fn(torch.ones(3))[0], torch.full((3,), 2.0))
+    torch.testing.assert_close(out, torch.full((3,), 2.0))
+
+
+def test_vjp_fn_does_not_call_the_function_again():
+    calls = []
+
+    def f(t):
+        calls.append(1)
+        return torch.sin(t) * t
+
+    x = torch.randn(3, dtype=torch.float64)
+    _, vjp_fn = tf.vjp(f, x)
+    n = len(calls)
+    vjp_fn(torch.ones(3, dtype=torch.float64))
+    vjp_fn(torch.ones(3, dtype=torch.float64))
+    assert len(calls) == n
+
+
+def test_vjp_fn_of_a_random_function_uses_the_forwards_draws():
+    torch.manual_seed(0)
+    out, vjp_fn = tf.vjp(lambda t: F.dropout(t, 0.5), torch.ones(1000))
+    torch.randn(10)  # the generator moves on; the mask does not
+    torch.testing.assert_close(vjp_fn(torch.ones(1000))[0], out)
+
+
+_F = lambda t: torch.sin(t) * t.exp()  # noqa: E731
+_COMPOSED_WITH_VJP_FN = {  # (thunderfn's, torch.func's), each given (vjp_fn, cotangent)
+    "vjp_of_vjp_fn": (lambda v, c: tf.vjp(v, c)[1]((c,)), lambda v, c: torch.func.vjp(v, c)[1]((c,))),
+    "grad_of_vjp_fn": (lambda v, c: tf.grad(lambda u: v(u)[0].pow(2).sum())(c),
+                       lambda v, c: torch.func.grad(lambda u: v(u)[0].pow(2).sum())(c)),
+    "jvp_of_vjp_fn": (lambda v, c: tf.jvp(v, (c,), (c,))[1], lambda v, c: torch.func.jvp(v, (c,), (c,))[1]),
+    "vmap_of_vjp_fn": (lambda v, c: tf.vmap(v)(torch.stack([c, 2 * c])), lambda v, c: torch.func.vmap(v)(torch.stack([c, 2 * c]))),
+    "jit_of_vjp_fn": (lambda v, c: tf.jit(v)(c), lambda v, c: v(c)),
+}
+
+
+@pytest.mark.parametrize("name", _COMPOSED_WITH_VJP_FN)
+def test_vjp_fn_is_a_function_every_transform_takes(name):
+    ours, theirs = _COMPOSED_WITH_VJP_FN[name]
+    x, ct = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    torch.testing.assert_close(ours(tf.vjp(_F, x)[1], ct), theirs(torch.func.vjp(_F, x)[1], ct))
+
+
+def test_second_derivative_through_vjp_inside_grad():
+    x, ct = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    got = tf.grad(lambda t: tf.vjp(_F, t)[1](ct)[0].sum())(x)
+    torch.testing.assert_close(got, torch.func.grad(lambda t: torch.func.vjp(_F, t)[1](ct)[0].sum())(x))
+
+
+def test_vjp_fn_refuses_values_modified_in_place_after_vjp():
+    w = torch.ones(3, dtype=torch.float64)
+    _, vjp_fn = tf.vjp(lambda t: t * w, torch.randn(3, dtype=torch.float64))
+    w.mul_(3)
+    with pytest.raises(tf.errors.SavedTensorModifiedError, match="modified by an in-place operation"):
+        vjp_fn(torch.ones(3, dtype=torch.float64))
+
+
+def test_vjp_fn_cotangent_mismatches_are_named():
+    out, vjp_fn = tf.vjp(lambda t: (t * 2, t.sum()), torch.randn(3))
+    with pytest.raises(tf.errors.CotangentError, match="shape"):
+        vjp_fn((torch.ones(4), torch.ones(())))
+    with pytest.raises(tf.errors.CotangentError, match="structure"):
+        vjp_fn(torch.ones(3))
+    torch.testing.assert_close(vjp_fn((None, torch.ones(()))), (torch.ones(3),))
+
+
 def test_unused_input_gets_zero_gradient():
     x, y = torch.randn(2, dtype=torch.float64), torch.randn(2, dtype=torch.float64)
     gx, gy = tf.grad(lambda a, b: a.sum(), argnums=(0, 1))(x, y)
