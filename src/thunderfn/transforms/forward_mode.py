@@ -20,15 +20,20 @@ from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.errors import ForwardModeError, UnsupportedOpError
 from thunderfn.torch.opaque import _meta
 from thunderfn.transforms.autodiff import (_compiled, _carries_gradient, _grad_modes, as_trace_values, differentiating,
                                           value_without_aux)
+from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, jvp_rules
 
 
+def _is_custom_vjp(bsym) -> bool:
+    return isinstance(getattr(bsym.sym.fn, "__self__", None), custom_vjp)
+
+
 def _keep_whole(bsym) -> bool:
-    return (bsym.sym.id in jvp_rules or bsym.sym.id in NON_DIFFERENTIABLE or bsym.sym.printer is not None
+    return (bsym.sym.id in jvp_rules or _is_custom_vjp(bsym) or bsym.sym.id in NON_DIFFERENTIABLE or bsym.sym.printer is not None
             or not bsym.subsymbols or not any(_carries_gradient(a) for a in bsym.flat_args())
             or not any(_carries_gradient(o) for o in bsym.flat_outs()))
 
@@ -48,6 +53,12 @@ def _push_forward(bsym, tangents: dict) -> None:
     if (bsym.sym.printer is not None or bsym.sym.id in NON_DIFFERENTIABLE
             or not any(_carries_gradient(o) for o in bsym.flat_outs())):  # comparisons, argmax: nothing to push
         return
+    if _is_custom_vjp(bsym):  # its fwd's own derivative is not the rule: a silent wrong tangent, so refused
+        name = bsym.sym.fn.__self__._name
+        raise ForwardModeError(
+            f"forward mode (tf.jvp, tf.jacfwd, tf.hessian) reached '{name}', a tf.custom_vjp function: its rule is "
+            f"reverse-mode only, and differentiating its body instead would ignore it. Define it with tf.custom_jvp "
+            f"(whose rule both modes use), or use reverse mode (tf.jacrev, tf.jacrev(tf.jacrev(f)) for a Hessian).")
     rule = jvp_rules.get(bsym.sym.id)
     if rule is not None:
         args, kwargs = bsym.args, bsym.kwargs

@@ -91,7 +91,7 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
         blocks = [[_blocks(g, sizes) for g in grads] for grads in pulled]  # [primal][its leaf][output leaf]
         per_out = []
         for k, o in enumerate(out_leaves):
-            per_primal = [tree_unflatten(spec, [leaf_blocks[k].reshape(*o.shape, *p.shape)
+            per_primal = [tree_unflatten(spec, [leaf_blocks[k].reshape((*o.shape, *p.shape))
                                                 for leaf_blocks, p in zip(primal_blocks, leaves)])
                           for (leaves, spec), primal_blocks in zip(primal_leaves, blocks)]
             per_out.append(per_primal[0] if single else tuple(per_primal))
@@ -121,7 +121,7 @@ def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
         aux = result[2] if has_aux else None
         per_out = []
         for o, t in zip(out_leaves, pushed_leaves):
-            blocks = [b.movedim(0, -1).reshape(*o.shape, *p.shape) for b, p in zip(_blocks(t, sizes), flat)]
+            blocks = [b.movedim(0, -1).reshape((*o.shape, *p.shape)) for b, p in zip(_blocks(t, sizes), flat)]
             per_primal = tree_unflatten(spec, blocks)  # a tuple over argnums
             per_out.append(per_primal[0] if single else per_primal)
         jac = tree_unflatten(out_spec, per_out)

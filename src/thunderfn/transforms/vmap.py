@@ -6,7 +6,7 @@ value carries a batch dimension (an int) or None (the same for every example). A
 symbol none of whose arguments is batched is kept as it is, once for the whole batch; one
 with a batched argument is replaced by what its rule in `batching_rules`
 (transforms/batching_rules.py) emits; a tf.custom_vjp function becomes a custom_vjp of its
-vmapped fwd and bwd; a symbol without a rule is batched through its decomposition (its
+vmapped fwd and bwd, a tf.custom_jvp one a custom_jvp of its vmapped function and rule; a symbol without a rule is batched through its decomposition (its
 subsymbols); an opaque torch op through torch.func.vmap when the compiled function runs; any
 other raises BatchingError. So the batched program is itself a trace, with no loop over the
 examples, and every other transform applies to it: jit(vmap(f)), grad(vmap(f)),
@@ -35,6 +35,7 @@ from thunderfn.torch.opaque import _meta
 from thunderfn.transforms.autodiff import _compiled
 from thunderfn.transforms import batching_rules_torch  # noqa: F401  (registers the torch-language rules)
 from thunderfn.transforms.batching_rules import batching_rules, move_batch_dim
+from thunderfn.transforms.custom_jvp import custom_jvp, primal_of, spec_of
 from thunderfn.transforms.custom_vjp import custom_vjp
 
 RANDOMNESS = ("error", "different", "same")
@@ -141,6 +142,9 @@ class _Batching:
         if isinstance(getattr(bsym.sym.fn, "__self__", None), custom_vjp):
             self._custom_vjp(bsym)
             return
+        if primal_of(bsym.sym) is not None:
+            self._custom_jvp(bsym)
+            return
         rule = batching_rules.get(bsym.sym.id)
         if rule is None and bsym.sym.executor is not None:  # an executor's operator may carry its rule
             rule = getattr(bsym.sym.executor, "batch_rules", {}).get(bsym.sym.name)
@@ -191,6 +195,17 @@ class _Batching:
             if isinstance(o, TensorProxy) and o.name not in passed_through:  # an unbatched input stays unbatched
                 self.bind(o, v, 0)
 
+    def _custom_jvp(self, bsym) -> None:
+        """A tf.custom_jvp function batched as a custom_jvp of its vmapped function and vmapped rule
+        (JAX's rule), so that its derivative stays the rule's under grad(vmap(f)) and jvp(vmap(f))."""
+        axes = tuple(entry_by_name(x, self.dims) for x in bsym.args)  # its arguments are flat leaves
+        batched = _batched_custom_jvp(primal_of(bsym.sym), spec_of(bsym.sym), axes, bsym.output)
+        out = batched(*_batched(bsym.args, self.values))
+        passed_through = {x.name for x in bsym.args if isinstance(x, TensorProxy) and x.name not in self.dims}
+        for o, v in zip(tree_leaves(bsym.output), tree_leaves(out)):
+            if isinstance(o, TensorProxy) and o.name not in passed_through:
+                self.bind(o, v, 0)
+
     def _opaque(self, bsym) -> None:
         if bsym.sym.name in _READS_MEMORY_LAYOUT:
             raise BatchingError(
@@ -234,6 +249,30 @@ def _batched_custom_vjp(original: custom_vjp, arg_axes, example_output) -> custo
 
     batched = custom_vjp(vmap(original.fn, in_axes=arg_axes), nondiff_argnums=nondiff)
     batched.defvjp(vmap(original.fwd, in_axes=arg_axes, out_axes=out_axes), bwd)
+    forms[key] = batched
+    return batched
+
+
+def _batched_custom_jvp(original: custom_jvp, spec, axes: tuple, example_output) -> custom_jvp:
+    """original over the flat argument leaves (a call's arguments, structured by spec) batched at
+    axes: its function and its rule vmapped (a tangent is batched where its primal is)."""
+    out_axes = optree.tree_map(lambda o: 0 if isinstance(o, TensorProxy) else None, example_output,
+                               none_is_leaf=True, namespace="thunderfn")
+    key = repr((spec, axes, out_axes))
+    forms = _batched_forms.setdefault(original, {})
+    if key in forms:
+        return forms[key]
+
+    def per_example(*leaves):
+        return original.fn(*tree_unflatten(spec, list(leaves)))
+
+    def per_example_rule(primals, tangents):
+        nondiff, diff_primals = original.split_args(tree_unflatten(spec, list(primals)))
+        _, diff_tangents = original.split_args(tree_unflatten(spec, list(tangents)))
+        return original.jvp(*nondiff, diff_primals, diff_tangents)
+
+    batched = custom_jvp(vmap(per_example, in_axes=axes))
+    batched.defjvp(vmap(per_example_rule, in_axes=(axes, axes), out_axes=(out_axes, out_axes)))
     forms[key] = batched
     return batched
 
