@@ -49,6 +49,13 @@ def torch_vmap(fn, in_dims, args, kwargs, randomness="error", batch_size=None):
     tensor it ignores, since torch.func.vmap needs one batched input to know the batch size."""
     leaves, spec = tree_flatten((args, kwargs))
     positions = [i for i, d in enumerate(in_dims) if d is not None]
+    if not positions and randomness == "different":
+        # shared tensor inputs, a draw per example: each is given to every example as a batched (expanded)
+        # tensor, which its draws then fill per example (torch.func refuses an in-place draw into a shared
+        # tensor, as F.dropout's mask, drawn into empty_like(x), would be)
+        positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        in_dims = [0 if i in positions else None for i in range(len(leaves))]
+        leaves = [x.expand(batch_size, *x.shape) if i in positions else x for i, x in enumerate(leaves)]
     call = of_leaves(fn, leaves, spec, positions)
     try:
         if not positions:
@@ -67,7 +74,8 @@ def _torch_vmap_meta(fn, in_dims, args, kwargs, randomness="error", batch_size=N
     example = tree_unflatten(tree_flatten((args, kwargs))[1], [
         TensorProxy.like(leaf, shape=leaf.shape[:d] + leaf.shape[d + 1:]) if d is not None else leaf
         for leaf, d in zip(tree_leaves((args, kwargs)), in_dims)])
-    out = _meta(fn, example[0], example[1])
+    # a vmap inside vmap batches the inner one's torch_vmap call, whose outputs its own meta knows
+    out = _torch_vmap_meta(*example[0], **example[1]) if fn is torch_vmap else _meta(fn, example[0], example[1])
     return tree_unflatten(tree_flatten(out)[1], [TensorProxy(shape=(batch,) + tuple(o.shape), dtype=o.dtype, device=o.device)
                                                  for o in tree_leaves(out)])
 
@@ -120,22 +128,26 @@ class _Batching:
 
     def run(self, bsym) -> None:
         trc = context.current_trace()
-        if "random" in bsym.sym.tags:
+        if _draws_random(bsym):  # a random op, or a composite that draws inside (F.dropout): the mode decides
             if self.randomness == "error":
                 raise BatchingError(
                     f"vmap: called random operation {bsym.sym.print_name} while in randomness error mode. Please either "
                     f"use the 'same' or 'different' randomness flags on vmap or perform the randomness operation out "
                     f"of vmap")
-            # "different": every draw is per example, even one whose inputs are shared; "same": a draw
-            # with shared inputs is made once, one with batched inputs as torch.func.vmap makes it
-            if self.randomness == "different" or self.is_batched(bsym):
-                self._opaque(bsym)
-                return
-            if self.chunked:  # traced once per chunk, it would draw once per chunk
+            if self.randomness == "same" and self.chunked:  # traced once per chunk, it would draw once per chunk
                 raise BatchingError(
                     f"vmap: randomness='same' with a chunk_size smaller than the batch would draw "
                     f"{bsym.sym.print_name}'s values once per chunk, not once for the batch; leave chunk_size None, "
                     f"or draw the values outside vmap and pass them in with in_axes None")
+            # "different": every draw is per example, even one whose inputs are shared; "same": a draw
+            # with shared inputs is made once, one with batched inputs as torch.func.vmap makes it
+            if "random" in bsym.sym.tags and (self.randomness == "different" or self.is_batched(bsym)):
+                self._opaque(bsym)
+                return
+            if "random" not in bsym.sym.tags and self.randomness == "different" and not self.is_batched(bsym):
+                for sub in bsym.subsymbols:  # shared inputs, but its draws inside are per example
+                    self.run(sub)
+                return
         if not self.is_batched(bsym):  # the same for every example: computed once
             trc.emit(bsym)
             return
@@ -221,6 +233,11 @@ class _Batching:
         for o, v in zip(bsym.flat_outs(), tree_leaves(out)):
             if isinstance(o, TensorProxy):
                 self.bind(o, v, 0)
+
+
+def _draws_random(bsym) -> bool:
+    """Whether bsym draws from torch's generator: a random op, or a composite with one in its decomposition."""
+    return "random" in bsym.sym.tags or any(_draws_random(sub) for sub in bsym.subsymbols)
 
 
 # Each custom_vjp's batched forms, by in_axes: kept alive with it, since vjp_rules holds a
