@@ -385,3 +385,26 @@ def test_differentiating_with_respect_to_a_captured_tensor_inside_jit_is_not_zer
         "grad": lambda t: tf.grad(lambda z: f(z).sum())(x) * t,
     }[how]
     torch.testing.assert_close(tf.jit(body)(torch.ones(3, dtype=torch.float64)), 3 * torch.cos(x))
+
+
+# -- where torch.func answers, so does thunderfn ---------------------------------------------------
+@pytest.mark.parametrize("constant", [lambda t: torch.tensor(1.0), lambda t: torch.ones(()), lambda t: t.detach().sum()],
+                         ids=["torch_tensor", "ones", "detached"])
+def test_grad_of_a_scalar_that_ignores_the_input_is_zeros(constant):
+    for x in (torch.tensor(0.5), torch.ones(3)):
+        torch.testing.assert_close(tf.grad(constant)(x), torch.func.grad(constant)(x))
+        torch.testing.assert_close(tf.vjp(constant, x)[1](torch.tensor(1.0)), torch.func.vjp(constant, x)[1](torch.tensor(1.0)))
+
+
+@pytest.mark.parametrize("transform", [tf.grad, tf.value_and_grad])
+def test_argnums_out_of_range_is_a_named_error_as_torch_func(transform):
+    f = lambda a, b: a * b  # noqa: E731
+    x = torch.tensor(0.5)
+    with pytest.raises(RuntimeError, match="Got argnum=-3, but only 2 positional inputs"):
+        torch.func.grad(f, argnums=-3)(x, x)
+    for bad in (-3, 2, (0, 5)):
+        with pytest.raises(tf.errors.TransformArgumentError, match=r"Got argnum=-?\d, but only 2 positional inputs"):
+            transform(f, argnums=bad)(x, x)
+    got = tf.grad(f, argnums=-1)(x, 2 * x)
+    torch.testing.assert_close(got, torch.func.grad(f, argnums=-1)(x, 2 * x))
+    assert tf.grad(lambda a, s: a * s ** 2, argnums=-1)(x, 3.0).item() == 3.0  # a float at a negative argnum

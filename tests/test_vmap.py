@@ -1,6 +1,7 @@
 """vmap: the batched program computes every example as the function does alone, agrees with
 torch.func.vmap, composes with jit, grad and itself, prints as one batched trace (no loop
 over examples), and refuses what it cannot batch with an error naming the argument or op."""
+import optree
 import pytest
 import torch
 import torch.nn.functional as F
@@ -410,3 +411,17 @@ def test_per_example_gradients_of_a_module_through_functional_call_match_torch_f
                                in_dims=(None, 0, 0))(params, xs, ys)
     for name in params:
         torch.testing.assert_close(got[name], expected[name])
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.tensor(1.0), lambda x: (x, torch.ones(2)), lambda x: _CAPTURED],
+                         ids=["torch_tensor", "factory", "captured"])
+@pytest.mark.parametrize("chunk_size", [None, 2])
+def test_an_output_the_same_for_every_example_is_broadcast_as_torch_func(fn, chunk_size):
+    x = torch.ones(3, 2)
+    got = tf.vmap(fn, chunk_size=chunk_size)(x)
+    torch.testing.assert_close(got, torch.func.vmap(fn, chunk_size=chunk_size)(x))
+    for i in range(3):  # vmap(f)(x)[i] == f(x[i])
+        torch.testing.assert_close(optree.tree_map(lambda t: t[i], got), fn(x[i]))
+
+
+_CAPTURED = torch.tensor([1.0, -2.0])

@@ -33,9 +33,10 @@ class DistributedError(ThunderFnError, RuntimeError):
     models differ. The message says what to fix."""
 
 
-class ArgnumsError(ThunderFnError, RuntimeError, TypeError):
-    """A transform's argnums names a positional argument the call does not have (argnums=-3 for
-    two arguments). RuntimeError as torch.func raises it, and TypeError as a bad call is."""
+class TransformArgumentError(ThunderFnError, RuntimeError, TypeError):
+    """A transform was called with arguments it cannot differentiate as asked: argnums naming a
+    positional argument the call does not have (argnums=-3 for two arguments), a complex input
+    to jacrev/jacfwd/hessian. RuntimeError as torch.func raises both, TypeError as a bad call is."""
 
 
 class SavedTensorModifiedError(ThunderFnError, RuntimeError):

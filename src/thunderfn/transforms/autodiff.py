@@ -34,7 +34,7 @@ from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled
-from thunderfn.errors import CotangentError, SavedTensorModifiedError, UnsupportedOpError
+from thunderfn.errors import CotangentError, SavedTensorModifiedError, TransformArgumentError, UnsupportedOpError
 from thunderfn.torch.opaque import autograd_connections, torch_vjp_op
 from thunderfn.torch.random import get_rng_state_op
 from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' rules join vjp_rules)
@@ -280,7 +280,7 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
     trc = context.current_trace()
     primals = as_trace_values(primals)
     with differentiating(trc) as recorded:
-        out = fn(*primals)
+        out = as_trace_constants(fn(*primals))  # a tensor made outside torch's hooks (torch.tensor(1.)): a constant
     tape = _Tape(executors)
     region = _record_forward(_with_residuals(recorded, executors), primals, tape)
     for bsym in region:
@@ -348,6 +348,18 @@ def _compiled(transformed, prepare=None):
     return wrapper
 
 
+def positional_argnums(fn, nums: tuple, n_args: int) -> tuple:
+    """nums (argnums as a tuple; negative counts from the end, as torch.func and JAX read it) as
+    positions among n_args positional arguments, or TransformArgumentError naming the bad one."""
+    for i in nums:
+        if not -n_args <= i < n_args:
+            raise TransformArgumentError(
+                f"Got argnum={i}, but only {n_args} positional inputs: differentiating '{getattr(fn, '__name__', fn)}' "
+                f"with respect to argument {i}, but it was called with {n_args} positional arguments. Pass that "
+                f"argument by position, or change argnums.")
+    return tuple(i % n_args for i in nums)
+
+
 def _float_as_tensor(x):
     """A Python float differentiated with respect to becomes a 0-d tensor of the default dtype
     (torch promotes the two alike), so its derivative is one too, as JAX returns a 0-d array;
@@ -361,7 +373,8 @@ def _float_as_tensor(x):
 
 
 def _floats_as_tensors(args, nums):
-    return tuple(tree_map(_float_as_tensor, a) if i in nums else a for i, a in enumerate(args))
+    n = len(args)
+    return tuple(tree_map(_float_as_tensor, a) if i in nums or i - n in nums else a for i, a in enumerate(args))
 
 
 def _check_inexact(leaves, what: str, fn) -> None:
@@ -390,16 +403,13 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
     nums = (argnums,) if single else tuple(argnums)
 
     def transformed(*args, **kwargs):
-        for i in nums:
-            if i >= len(args):
-                raise TypeError(f"differentiating with respect to argument {i} of '{getattr(fn, '__name__', fn)}', "
-                                f"but it was called with {len(args)} positional arguments")
-        diff = [args[i] for i in nums]
+        nums_here = positional_argnums(fn, nums, len(args))
+        diff = [args[i] for i in nums_here]
         _check_inexact(tree_leaves(diff), "grad", fn)
 
         def with_diff(*d):
             full = list(args)
-            for i, v in zip(nums, d):
+            for i, v in zip(nums_here, d):
                 full[i] = v
             return fn(*full, **kwargs)
 

@@ -22,8 +22,8 @@ from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unf
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import ForwardModeError, UnsupportedOpError
 from thunderfn.torch.opaque import _meta
-from thunderfn.transforms.autodiff import (_compiled, _carries_gradient, _grad_modes, as_trace_values, differentiating,
-                                          value_without_aux)
+from thunderfn.transforms.autodiff import (_compiled, _carries_gradient, _grad_modes, as_trace_constants, as_trace_values,
+                                          differentiating, value_without_aux)
 from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, jvp_rules
 
@@ -115,7 +115,7 @@ def trace_jvp(fn: Callable, primals, tangents):
     trc = context.current_trace()
     primals = as_trace_values(primals)
     with differentiating(trc) as recorded:  # whatever the grad mode outside, as reverse mode
-        out = fn(*primals)
+        out = as_trace_constants(fn(*primals))  # a constant output gets a zero tangent
     region = _flattened(recorded)
     for bsym in region:
         trc.emit(bsym)

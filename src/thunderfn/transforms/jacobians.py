@@ -20,19 +20,22 @@ import optree
 import torch
 
 from thunderfn.core.pytree import NAMESPACE, tree_flatten, tree_unflatten
-from thunderfn.transforms.autodiff import _compiled, vjp
+from thunderfn.errors import TransformArgumentError
+from thunderfn.transforms.autodiff import _compiled, positional_argnums, vjp
 from thunderfn.transforms.forward_mode import jvp
 from thunderfn.transforms.vmap import vmap
 
 
-def _argnums(fn, argnums, args) -> tuple[tuple, bool]:
+def _argnums(fn, argnums, args, transform: str) -> tuple[tuple, bool]:
     single = isinstance(argnums, int)
-    nums = (argnums,) if single else tuple(argnums)
-    for i in nums:
-        if not -len(args) <= i < len(args):
-            raise TypeError(f"differentiating with respect to argument {i} of '{getattr(fn, '__name__', fn)}', "
-                            f"but it was called with {len(args)} positional arguments")
-    return tuple(i % len(args) for i in nums), single
+    nums = positional_argnums(fn, (argnums,) if single else tuple(argnums), len(args))
+    for k, leaf in enumerate(tree_flatten(tuple(args[i] for i in nums))[0]):
+        if getattr(leaf, "dtype", None) is not None and leaf.dtype.is_complex:
+            raise TransformArgumentError(
+                f"{transform}: Expected all inputs to be real but received complex tensor at flattened input idx: {k} "
+                f"(as torch.func). Differentiate with respect to its real and imaginary parts as two real tensors "
+                f"(torch.view_as_real), or use tf.vjp with a cotangent you choose.")
+    return nums, single
 
 
 def _with_primals(fn, args, nums):
@@ -72,7 +75,7 @@ def _blocks(batched, sizes):
 def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | None = None):
     """The Jacobian of fn with respect to the positional args in argnums, by reverse mode."""
     def jacobian(*args):
-        nums, single = _argnums(fn, argnums, args)
+        nums, single = _argnums(fn, argnums, args, "jacrev")
         primals = tuple(args[i] for i in nums)
         result = vjp(_with_primals(fn, args, nums), *primals, has_aux=has_aux)
         out, vjp_fn = result[0], result[1]
@@ -105,7 +108,7 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
 def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
     """The Jacobian of fn with respect to the positional args in argnums, by forward mode."""
     def jacobian(*args):
-        nums, single = _argnums(fn, argnums, args)
+        nums, single = _argnums(fn, argnums, args, "jacfwd")
         primals = tuple(args[i] for i in nums)
         flat, spec = tree_flatten(primals)
         sizes = [p.numel() for p in flat]

@@ -32,7 +32,7 @@ from thunderfn.core.symbol import Symbol
 from thunderfn.errors import BatchingError
 from thunderfn import clang, prims
 from thunderfn.torch.opaque import _meta
-from thunderfn.transforms.autodiff import _compiled
+from thunderfn.transforms.autodiff import _compiled, as_trace_constants
 from thunderfn.transforms import batching_rules_torch  # noqa: F401  (registers the torch-language rules)
 from thunderfn.transforms.batching_rules import batching_rules, move_batch_dim
 from thunderfn.transforms.custom_jvp import custom_jvp, primal_of, spec_of
@@ -327,7 +327,7 @@ def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, random
         examples.append(example)
     names = [x.name if isinstance(x, TensorProxy) else None for x in examples]  # an in-place op renames
     with trc.scope() as recorded:
-        out = fn(*tree_unflatten(spec, examples))
+        out = as_trace_constants(fn(*tree_unflatten(spec, examples)))  # a constant output: the same for every example
     for bsym in recorded:
         batching.run(bsym)
     updates = _in_place_updates(trc, batching, leaves, examples, names, in_dims)
