@@ -252,6 +252,36 @@ def test_grad_inside_a_jitted_no_grad_block_is_computed_and_not_tracked():
     assert not out.requires_grad and torch.is_grad_enabled()
 
 
+def test_torch_funcs_no_grad_cases_nested_and_with_vjp():
+    """torch.func's own tests of grad mode around and inside transforms (test_eager_transforms.py)."""
+    def f(x):
+        with torch.no_grad():
+            shift = x ** 3
+        return x ** 3 - shift
+
+    def g(x):  # only grad(f)'s first use is differentiable
+        r1 = tf.grad(f)(x)
+        with torch.no_grad():
+            shift = tf.grad(f)(x)
+        return r1 - shift
+
+    x = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    y = tf.grad(g)(x)
+    torch.testing.assert_close(y, 6 * x.detach())
+    torch.testing.assert_close(torch.autograd.grad(y, x)[0], torch.tensor(6.0, dtype=torch.float64))
+
+    h = lambda t: t ** 2  # noqa: E731
+    with torch.no_grad():
+        out, vjp_fn = tf.vjp(h, x)
+    (gx,) = vjp_fn(torch.tensor(1.0, dtype=torch.float64))  # called under grad mode: differentiable, as torch.func's
+    assert not out.requires_grad and gx.requires_grad
+    torch.testing.assert_close(torch.autograd.grad(gx, x)[0], torch.tensor(2.0, dtype=torch.float64))
+    out, vjp_fn = tf.vjp(h, x)
+    with torch.no_grad():
+        (gx,) = vjp_fn(torch.tensor(1.0, dtype=torch.float64))
+    assert out.requires_grad and not gx.requires_grad
+
+
 def test_an_error_inside_a_transform_gives_back_the_callers_grad_mode():
     with torch.no_grad():
         with pytest.raises(tf.ConcretizationError):
@@ -408,3 +438,11 @@ def test_argnums_out_of_range_is_a_named_error_as_torch_func(transform):
     got = tf.grad(f, argnums=-1)(x, 2 * x)
     torch.testing.assert_close(got, torch.func.grad(f, argnums=-1)(x, 2 * x))
     assert tf.grad(lambda a, s: a * s ** 2, argnums=-1)(x, 3.0).item() == 3.0  # a float at a negative argnum
+
+
+def test_vjp_fn_result_is_differentiable_by_torch_autograd_as_torch_funcs():
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    ct = torch.randn(3, dtype=torch.float64)
+    ours = tf.vjp(_F, x)[1](ct)[0]
+    theirs = torch.func.vjp(_F, x)[1](ct)[0]
+    torch.testing.assert_close(torch.autograd.grad(ours.sum(), x)[0], torch.autograd.grad(theirs.sum(), x)[0])

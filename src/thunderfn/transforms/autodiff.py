@@ -531,9 +531,9 @@ class _Pullback:
     def bind(self, computed) -> Callable:
         computed = iter(computed)
         values = [p.constant if p.constant is not None else next(computed) for p in self.residuals]
-        # detach shares the version counter: an in-place write into an input, an output or a captured
-        # tensor after tf.vjp shows, and is refused as torch.autograd refuses it
-        values = [v.detach() if isinstance(v, torch.Tensor) else v for v in values]
+        # kept as they are (an input that requires grad stays connected, so vjp_fn's result is differentiable
+        # by torch.autograd as torch.func's is); an in-place write into an input, an output or a captured
+        # tensor after tf.vjp shows in its version, and is refused as torch.autograd refuses it
         versions = [v._version if isinstance(v, torch.Tensor) else None for v in values]
         run = context.jit_evicting(self._replay)
 
