@@ -29,7 +29,10 @@ from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATE
 
 
 def _is_custom_vjp(bsym) -> bool:
-    return isinstance(getattr(bsym.sym.fn, "__self__", None), custom_vjp)
+    """A user's tf.custom_vjp function (an executor's vjp= pair, whose fwd is the symbol's own kernel, is
+    differentiated through fwd instead)."""
+    owner = getattr(bsym.sym.fn, "__self__", None)
+    return isinstance(owner, custom_vjp) and not getattr(owner, "fwd_is_primal", False)
 
 
 def _keep_whole(bsym) -> bool:
