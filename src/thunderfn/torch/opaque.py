@@ -39,11 +39,15 @@ _DETERMINISTIC = ("pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native
 
 def _aten_seeded(short: str) -> bool:
     """Whether torch tags the aten operator of this name as drawing from a generator
-    (torch._standard_gamma, torch.binomial, torch._sample_dirichlet: no telling word in their names)."""
+    (torch._standard_gamma, torch.binomial, torch._sample_dirichlet: no telling word in their names),
+    other than through a dropout argument (lstm, gru, the attention kernels draw only when it is
+    nonzero, which a name cannot tell; under vmap, torch.func.vmap checks those calls itself)."""
     packet = getattr(torch.ops.aten, short, None) if short.isidentifier() else None
     if not isinstance(packet, torch._ops.OpOverloadPacket):
         return False
-    return any(torch.Tag.nondeterministic_seeded in getattr(packet, o).tags for o in packet.overloads())
+    overloads = [getattr(packet, o) for o in packet.overloads()]
+    return any(torch.Tag.nondeterministic_seeded in o.tags for o in overloads) and not any(
+        a.name in ("dropout", "dropout_p") for o in overloads for a in o._schema.arguments)
 
 
 def is_random(fn) -> bool:
