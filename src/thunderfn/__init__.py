@@ -13,6 +13,7 @@ from thunderfn import torch  # noqa: F401  (the torch language: tf.torch.mul, ..
 # the built-in kernel executors register vjp= pairs on import, which become custom_vjp functions
 # (core/context.py).
 from thunderfn.transforms.custom_vjp import custom_vjp
+from thunderfn.transforms.custom_jvp import custom_jvp
 # torch.autograd.Function and custom ops with register_autograd keep their backward when traced
 from thunderfn.transforms import user_functions  # noqa: F401
 from thunderfn import executors  # noqa: F401
@@ -35,7 +36,7 @@ from thunderfn.transforms.jacobians import hessian, jacfwd, jacrev
 __version__ = "0.1.0"
 
 __all__ = [
-    "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "trace", "last_traces", "last_backward_traces", "cache_info", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
+    "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "custom_jvp", "trace", "last_traces", "last_backward_traces", "cache_info", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
     "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "EscapedProxyError", "UserGradientError", "prims", "clang", "torch",
     "executors", "errors",
 ]

@@ -37,10 +37,24 @@ _DETERMINISTIC = ("pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native
                   "native_dropout_backward")
 
 
+def _aten_seeded(short: str) -> bool:
+    """Whether torch tags the aten operator of this name as drawing from a generator
+    (torch._standard_gamma, torch.binomial, torch._sample_dirichlet: no telling word in their names),
+    other than through a dropout argument (lstm, gru, the attention kernels draw only when it is
+    nonzero, which a name cannot tell; under vmap, torch.func.vmap checks those calls itself)."""
+    packet = getattr(torch.ops.aten, short, None) if short.isidentifier() else None
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return False
+    overloads = [getattr(packet, o) for o in packet.overloads()]
+    return any(torch.Tag.nondeterministic_seeded in o.tags for o in overloads) and not any(
+        a.name in ("dropout", "dropout_p") for o in overloads for a in o._schema.arguments)
+
+
 def is_random(fn) -> bool:
-    """Whether fn's name says it draws from (or reseeds) torch's generator."""
+    """Whether fn draws from (or reseeds) torch's generator: its name says so, or torch's
+    aten operator of that name is tagged nondeterministic_seeded."""
     short = torch_name(fn).rsplit(".", 1)[-1].rsplit("::", 1)[-1]  # torch.nn.functional.x, torch._ops.aten.aten::x
-    return short not in _DETERMINISTIC and any(w in short for w in _RANDOM_WORDS)
+    return short not in _DETERMINISTIC and (any(w in short for w in _RANDOM_WORDS) or _aten_seeded(short))
 
 
 def _printed(fn) -> str | None:
@@ -120,10 +134,23 @@ def _ctc_loss_shape(log_probs, targets, input_lengths, target_lengths, blank=0, 
     return TensorProxy(shape=shape, dtype=log_probs.dtype, device=log_probs.device)
 
 
+def _binomial_shape(count, prob, generator=None):
+    # no meta kernel: one draw per element of count and prob broadcast, in count's dtype
+    shape = torch.broadcast_shapes(tuple(count.shape), tuple(prob.shape))
+    return TensorProxy(shape=tuple(shape), dtype=count.dtype, device=count.device)
+
+
+def _like_first_shape(x, *args, **kwargs):
+    # no meta kernel: a draw of x's shape and dtype (torch._sample_dirichlet: one simplex per row)
+    return TensorProxy(shape=tuple(x.shape), dtype=x.dtype, device=x.device)
+
+
 # Ops whose meta kernel reads tensor values (lengths) although their outputs' shapes do not
-# depend on them: the shapes, from the arguments' shapes.
+# depend on them, or that have no meta kernel at all: the shapes, from the arguments' shapes.
 _SHAPE_RULES = {
     torch.nn.functional.ctc_loss: _ctc_loss_shape,
+    torch.binomial: _binomial_shape,
+    torch._sample_dirichlet: _like_first_shape,
 }
 
 

@@ -57,6 +57,11 @@ def register_jvp(symbol_id, rule: JVPRule) -> None:
     jvp_rules[symbol_id] = rule
 
 
+def unregister_jvp(symbol_id) -> None:
+    """Drop symbol_id's rule, if it has one (a custom_jvp that went away)."""
+    jvp_rules.pop(symbol_id, None)
+
+
 # differentiable in principle, but without a forward rule here (the same prims as vjp_rules)
 NOT_DIFFERENTIATED = dict(_vjp.NOT_DIFFERENTIATED)
 
