@@ -101,6 +101,79 @@ def test_vjp_inside_jit():
     torch.testing.assert_close(jitted(x, ct), torch.exp(x) * ct)
 
 
+# -- vjp_fn is the derivative of the forward tf.vjp ran (JAX's residuals), not a re-run of fn --------
+def test_vjp_fn_closes_over_the_forward_not_the_closure_at_call_time():
+    s = [2.0]
+    x = torch.ones(3)
+    out, vjp_fn = tf.vjp(lambda t: t * s[0], x)
+    s[0] = 5.0
+    torch.testing.assert_close(vjp_fn(torch.ones(3))[0], torch.full((3,), 2.0))
+    torch.testing.assert_close(out, torch.full((3,), 2.0))
+
+
+def test_vjp_fn_does_not_call_the_function_again():
+    calls = []
+
+    def f(t):
+        calls.append(1)
+        return torch.sin(t) * t
+
+    x = torch.randn(3, dtype=torch.float64)
+    _, vjp_fn = tf.vjp(f, x)
+    n = len(calls)
+    vjp_fn(torch.ones(3, dtype=torch.float64))
+    vjp_fn(torch.ones(3, dtype=torch.float64))
+    assert len(calls) == n
+
+
+def test_vjp_fn_of_a_random_function_uses_the_forwards_draws():
+    torch.manual_seed(0)
+    out, vjp_fn = tf.vjp(lambda t: F.dropout(t, 0.5), torch.ones(1000))
+    torch.randn(10)  # the generator moves on; the mask does not
+    torch.testing.assert_close(vjp_fn(torch.ones(1000))[0], out)
+
+
+_F = lambda t: torch.sin(t) * t.exp()  # noqa: E731
+_COMPOSED_WITH_VJP_FN = {  # (thunderfn's, torch.func's), each given (vjp_fn, cotangent)
+    "vjp_of_vjp_fn": (lambda v, c: tf.vjp(v, c)[1]((c,)), lambda v, c: torch.func.vjp(v, c)[1]((c,))),
+    "grad_of_vjp_fn": (lambda v, c: tf.grad(lambda u: v(u)[0].pow(2).sum())(c),
+                       lambda v, c: torch.func.grad(lambda u: v(u)[0].pow(2).sum())(c)),
+    "jvp_of_vjp_fn": (lambda v, c: tf.jvp(v, (c,), (c,))[1], lambda v, c: torch.func.jvp(v, (c,), (c,))[1]),
+    "vmap_of_vjp_fn": (lambda v, c: tf.vmap(v)(torch.stack([c, 2 * c])), lambda v, c: torch.func.vmap(v)(torch.stack([c, 2 * c]))),
+    "jit_of_vjp_fn": (lambda v, c: tf.jit(v)(c), lambda v, c: v(c)),
+}
+
+
+@pytest.mark.parametrize("name", _COMPOSED_WITH_VJP_FN)
+def test_vjp_fn_is_a_function_every_transform_takes(name):
+    ours, theirs = _COMPOSED_WITH_VJP_FN[name]
+    x, ct = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    torch.testing.assert_close(ours(tf.vjp(_F, x)[1], ct), theirs(torch.func.vjp(_F, x)[1], ct))
+
+
+def test_second_derivative_through_vjp_inside_grad():
+    x, ct = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    got = tf.grad(lambda t: tf.vjp(_F, t)[1](ct)[0].sum())(x)
+    torch.testing.assert_close(got, torch.func.grad(lambda t: torch.func.vjp(_F, t)[1](ct)[0].sum())(x))
+
+
+def test_vjp_fn_refuses_values_modified_in_place_after_vjp():
+    w = torch.ones(3, dtype=torch.float64)
+    _, vjp_fn = tf.vjp(lambda t: t * w, torch.randn(3, dtype=torch.float64))
+    w.mul_(3)
+    with pytest.raises(tf.errors.SavedTensorModifiedError, match="modified by an in-place operation"):
+        vjp_fn(torch.ones(3, dtype=torch.float64))
+
+
+def test_vjp_fn_cotangent_mismatches_are_named():
+    out, vjp_fn = tf.vjp(lambda t: (t * 2, t.sum()), torch.randn(3))
+    with pytest.raises(tf.errors.CotangentError, match="shape"):
+        vjp_fn((torch.ones(4), torch.ones(())))
+    with pytest.raises(tf.errors.CotangentError, match="structure"):
+        vjp_fn(torch.ones(3))
+    torch.testing.assert_close(vjp_fn((None, torch.ones(()))), (torch.ones(3),))
+
+
 def test_unused_input_gets_zero_gradient():
     x, y = torch.randn(2, dtype=torch.float64), torch.randn(2, dtype=torch.float64)
     gx, gy = tf.grad(lambda a, b: a.sum(), argnums=(0, 1))(x, y)
@@ -117,6 +190,107 @@ def test_no_grad_block_stops_the_gradient():
         return (t * scale).sum()
 
     torch.testing.assert_close(tf.grad(f)(x), torch.full((3,), x.sum().item(), dtype=torch.float64))
+
+
+# -- an outer torch.no_grad() does not reach a transform (torch.func and JAX compute the derivative) --
+_SIN_SUM = lambda t: (torch.sin(t) * t).sum()  # noqa: E731
+_UNDER_NO_GRAD = {
+    "grad": (lambda x: tf.grad(_SIN_SUM)(x), lambda x: torch.func.grad(_SIN_SUM)(x)),
+    "value_and_grad": (lambda x: tf.value_and_grad(_SIN_SUM)(x), lambda x: torch.func.grad_and_value(_SIN_SUM)(x)[::-1]),
+    "vjp": (lambda x: tf.vjp(torch.sin, x)[1](torch.ones_like(x)), lambda x: torch.func.vjp(torch.sin, x)[1](torch.ones_like(x))),
+    "jacrev": (lambda x: tf.jacrev(torch.sin)(x), lambda x: torch.func.jacrev(torch.sin)(x)),
+    "jacfwd": (lambda x: tf.jacfwd(torch.sin)(x), lambda x: torch.func.jacfwd(torch.sin)(x)),
+    "hessian": (lambda x: tf.hessian(_SIN_SUM)(x), lambda x: torch.func.hessian(_SIN_SUM)(x)),
+    "jvp": (lambda x: tf.jvp(torch.sin, (x,), (torch.ones_like(x),)),
+            lambda x: torch.func.jvp(torch.sin, (x,), (torch.ones_like(x),))),
+    "jit_of_grad": (lambda x: tf.jit(tf.grad(_SIN_SUM))(x), lambda x: torch.func.grad(_SIN_SUM)(x)),
+}
+
+
+@pytest.mark.parametrize("name", _UNDER_NO_GRAD)
+def test_transforms_differentiate_under_an_outer_no_grad_as_torch_func(name):
+    ours, theirs = _UNDER_NO_GRAD[name]
+    x = torch.tensor([0.5, 1.0, -2.0], dtype=torch.float64)
+    with torch.no_grad():
+        got, expected = ours(x), theirs(x)
+        assert not torch.is_grad_enabled()  # the caller's mode is back
+    torch.testing.assert_close(got, expected)
+    assert any(t.abs().sum() > 0 for t in torch.utils._pytree.tree_leaves(got))
+
+
+def test_no_grad_around_a_transform_inside_a_function_is_seen_by_the_enclosing_transform():
+    def g(grad, x):
+        with torch.no_grad():  # the inner gradient is a constant for the outer grad (torch.func's levels)
+            a = grad(_SIN_SUM)(x)
+        return (a * x).sum() + grad(_SIN_SUM)(x).sum()
+
+    x = torch.tensor([0.5, 1.0], dtype=torch.float64)
+    expected = torch.func.grad(lambda x: g(torch.func.grad, x))(x)
+    torch.testing.assert_close(tf.grad(lambda x: g(tf.grad, x))(x), expected)
+    torch.testing.assert_close(tf.jit(tf.grad(lambda x: g(tf.grad, x)))(x), expected)
+
+
+def test_no_grad_block_inside_the_function_still_stops_the_gradient_under_an_outer_no_grad():
+    def f(t):
+        with torch.no_grad():
+            y = torch.sin(t)
+        return (t * y).sum()
+
+    x = torch.tensor([0.5, 1.0], dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(tf.grad(f)(x), torch.func.grad(f)(x))
+
+
+def test_grad_inside_a_jitted_no_grad_block_is_computed_and_not_tracked():
+    def h(x):
+        with torch.no_grad():
+            return tf.grad(_SIN_SUM)(x)
+
+    x = torch.tensor([0.5, 1.0], dtype=torch.float64, requires_grad=True)
+    out = tf.jit(h)(x)
+    torch.testing.assert_close(out, torch.func.grad(_SIN_SUM)(x.detach()))
+    assert not out.requires_grad and torch.is_grad_enabled()
+
+
+def test_torch_funcs_no_grad_cases_nested_and_with_vjp():
+    """torch.func's own tests of grad mode around and inside transforms (test_eager_transforms.py)."""
+    def f(x):
+        with torch.no_grad():
+            shift = x ** 3
+        return x ** 3 - shift
+
+    def g(x):  # only grad(f)'s first use is differentiable
+        r1 = tf.grad(f)(x)
+        with torch.no_grad():
+            shift = tf.grad(f)(x)
+        return r1 - shift
+
+    x = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    y = tf.grad(g)(x)
+    torch.testing.assert_close(y, 6 * x.detach())
+    torch.testing.assert_close(torch.autograd.grad(y, x)[0], torch.tensor(6.0, dtype=torch.float64))
+
+    h = lambda t: t ** 2  # noqa: E731
+    with torch.no_grad():
+        out, vjp_fn = tf.vjp(h, x)
+    (gx,) = vjp_fn(torch.tensor(1.0, dtype=torch.float64))  # called under grad mode: differentiable, as torch.func's
+    assert not out.requires_grad and gx.requires_grad
+    torch.testing.assert_close(torch.autograd.grad(gx, x)[0], torch.tensor(2.0, dtype=torch.float64))
+    out, vjp_fn = tf.vjp(h, x)
+    with torch.no_grad():
+        (gx,) = vjp_fn(torch.tensor(1.0, dtype=torch.float64))
+    assert out.requires_grad and not gx.requires_grad
+
+
+def test_an_error_inside_a_transform_gives_back_the_callers_grad_mode():
+    with torch.no_grad():
+        with pytest.raises(tf.ConcretizationError):
+            tf.grad(lambda t: t.sum() * t.sum().item())(torch.ones(2))
+        assert not torch.is_grad_enabled()
+        with pytest.raises(tf.ConcretizationError):
+            tf.jvp(lambda t: t * t.sum().item(), (torch.ones(2),), (torch.ones(2),))
+        assert not torch.is_grad_enabled()
+    assert torch.is_grad_enabled()
 
 
 def test_opaque_op_is_differentiated_by_torch_at_run_time():
@@ -241,3 +415,34 @@ def test_differentiating_with_respect_to_a_captured_tensor_inside_jit_is_not_zer
         "grad": lambda t: tf.grad(lambda z: f(z).sum())(x) * t,
     }[how]
     torch.testing.assert_close(tf.jit(body)(torch.ones(3, dtype=torch.float64)), 3 * torch.cos(x))
+
+
+# -- where torch.func answers, so does thunderfn ---------------------------------------------------
+@pytest.mark.parametrize("constant", [lambda t: torch.tensor(1.0), lambda t: torch.ones(()), lambda t: t.detach().sum()],
+                         ids=["torch_tensor", "ones", "detached"])
+def test_grad_of_a_scalar_that_ignores_the_input_is_zeros(constant):
+    for x in (torch.tensor(0.5), torch.ones(3)):
+        torch.testing.assert_close(tf.grad(constant)(x), torch.func.grad(constant)(x))
+        torch.testing.assert_close(tf.vjp(constant, x)[1](torch.tensor(1.0)), torch.func.vjp(constant, x)[1](torch.tensor(1.0)))
+
+
+@pytest.mark.parametrize("transform", [tf.grad, tf.value_and_grad])
+def test_argnums_out_of_range_is_a_named_error_as_torch_func(transform):
+    f = lambda a, b: a * b  # noqa: E731
+    x = torch.tensor(0.5)
+    with pytest.raises(RuntimeError, match="Got argnum=-3, but only 2 positional inputs"):
+        torch.func.grad(f, argnums=-3)(x, x)
+    for bad in (-3, 2, (0, 5)):
+        with pytest.raises(tf.errors.TransformArgumentError, match=r"Got argnum=-?\d, but only 2 positional inputs"):
+            transform(f, argnums=bad)(x, x)
+    got = tf.grad(f, argnums=-1)(x, 2 * x)
+    torch.testing.assert_close(got, torch.func.grad(f, argnums=-1)(x, 2 * x))
+    assert tf.grad(lambda a, s: a * s ** 2, argnums=-1)(x, 3.0).item() == 3.0  # a float at a negative argnum
+
+
+def test_vjp_fn_result_is_differentiable_by_torch_autograd_as_torch_funcs():
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    ct = torch.randn(3, dtype=torch.float64)
+    ours = tf.vjp(_F, x)[1](ct)[0]
+    theirs = torch.func.vjp(_F, x)[1](ct)[0]
+    torch.testing.assert_close(torch.autograd.grad(ours.sum(), x)[0], torch.autograd.grad(theirs.sum(), x)[0])

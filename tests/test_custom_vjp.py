@@ -103,3 +103,15 @@ def test_calling_before_defvjp_is_refused_while_tracing():
     f = tf.custom_vjp(lambda x: x * 2)
     with pytest.raises(TypeError, match="defvjp"):
         tf.jit(f)(torch.randn(2))
+
+
+@pytest.mark.parametrize("transform", ["jvp", "jacfwd", "hessian"])
+def test_forward_mode_refuses_a_custom_vjp_and_points_to_custom_jvp(transform):
+    """JAX refuses too: differentiating fwd's body would silently ignore the rule (jacfwd != jacrev)."""
+    x = torch.tensor([0.3, 0.7], dtype=torch.float64)
+    run = {"jvp": lambda: tf.jvp(sin_times, (x,), (x,)), "jacfwd": lambda: tf.jacfwd(sin_times)(x),
+           "hessian": lambda: tf.hessian(lambda t: sin_times(t).sum())(x)}[transform]
+    with pytest.raises(tf.errors.ForwardModeError, match=r"'_sin_times', a tf.custom_vjp function.*tf.custom_jvp") as e:
+        run()
+    assert isinstance(e.value, TypeError)
+    tf.jacrev(tf.jacrev(lambda t: sin_times(t).sum()))(x)  # the reverse-mode Hessian it suggests works

@@ -75,3 +75,11 @@ def test_jvp_argument_errors():
         tf.jvp(torch.sin, torch.randn(2), torch.randn(2))
     with pytest.raises(ValueError, match="same structure"):
         tf.jvp(lambda a, b: a + b, (torch.randn(2), torch.randn(2)), (torch.randn(2),))
+
+
+@pytest.mark.parametrize("constant", [lambda t: torch.tensor(1.0), lambda t: (torch.ones(2), t)], ids=["tensor", "tuple"])
+def test_jvp_of_an_output_that_ignores_the_input_is_zeros_not_none(constant):
+    x = torch.tensor(0.5)
+    got = tf.jvp(constant, (x,), (torch.ones(()),))
+    expected = torch.func.jvp(constant, (x,), (torch.ones(()),))
+    torch.testing.assert_close(got, expected)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import thunderfn as tf
 from thunderfn.core import interception
-from thunderfn.core.interception import handler_for
+from thunderfn.core.interception import find_handler
 
 X = torch.randn(2, 3)
 W = torch.randn(3, 4)
@@ -267,7 +267,7 @@ def test_l1_loss_weight_reaches_the_traced_symbol():
 def test_a_wrapped_torch_function_is_traced_by_its_handler(monkeypatch):
     original = F.silu
     monkeypatch.setattr(F, "silu", functools.wraps(original)(lambda *a, **k: original(*a, **k)))
-    assert handler_for(F.silu) is handler_for(original)
+    assert find_handler(F.silu) is find_handler(original)
     trc = tf.trace(lambda x: F.silu(x), X)  # silu's handle_torch_function names the wrapper
     assert _names(trc) == ["silu"]
     torch.testing.assert_close(tf.jit(lambda x: F.silu(x))(X), original(X))
@@ -283,7 +283,7 @@ def test_registering_a_wrapper_registers_the_function_it_wraps(monkeypatch):
         return x
 
     interception.register_handler(functools.wraps(inner)(lambda x: inner(x)), handler)
-    assert handler_for(inner) is handler
+    assert find_handler(inner) is handler
 
 
 def test_metadata_queries_through_a_wrapper_are_answered_at_trace_time():

@@ -97,3 +97,48 @@ def test_law_jacrev_equals_jacfwd(program, inputs):
     except RuntimeError:  # a drawn program that does not fit its shapes raises in eager too
         return
     torch.testing.assert_close(tf.jacrev(program)(x), tf.jacfwd(program)(x), equal_nan=True)
+
+
+# -- where torch.func answers, so does thunderfn (the cases that crashed) -------------------------
+_JACOBIAN_TRANSFORMS = {"jacrev": (tf.jacrev, torch.func.jacrev), "jacfwd": (tf.jacfwd, torch.func.jacfwd),
+                        "hessian": (tf.hessian, torch.func.hessian)}
+
+
+@pytest.mark.parametrize("name", _JACOBIAN_TRANSFORMS)
+def test_jacobians_of_a_zero_dim_input_match_torch_func(name):
+    ours, theirs = _JACOBIAN_TRANSFORMS[name]
+    x = torch.tensor(0.5, dtype=torch.float64)
+    torch.testing.assert_close(ours(torch.sin)(x), theirs(torch.sin)(x))
+    f = lambda a, b: a * b.sum() ** 2  # noqa: E731  (0-d and 1-d arguments together)
+    y = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    torch.testing.assert_close(ours(f, argnums=(0, 1))(x, y), theirs(f, argnums=(0, 1))(x, y))
+
+
+@pytest.mark.parametrize("constant", [lambda t: torch.ones(2), lambda t: torch.tensor(2.0)], ids=["ones", "tensor"])
+@pytest.mark.parametrize("name", ["jacrev", "jacfwd"])
+def test_jacobian_of_an_output_that_ignores_the_input_is_zeros(name, constant):
+    ours, theirs = _JACOBIAN_TRANSFORMS[name]
+    for x in (torch.ones(3), torch.tensor(0.5)):
+        torch.testing.assert_close(ours(constant)(x), theirs(constant)(x))
+
+
+@pytest.mark.parametrize("name", _JACOBIAN_TRANSFORMS)
+def test_complex_input_to_a_jacobian_is_refused_by_name_as_torch_func(name):
+    ours, theirs = _JACOBIAN_TRANSFORMS[name]
+    z = torch.tensor([1 + 2j, 3j])
+    with pytest.raises(RuntimeError, match="Expected all inputs to be real"):
+        theirs(lambda t: t.abs().sum())(z)
+    with pytest.raises(tf.errors.TransformArgumentError, match="Expected all inputs to be real .* idx: 0"):
+        ours(lambda t: t.abs().sum())(z)
+
+
+@pytest.mark.parametrize("name", _JACOBIAN_TRANSFORMS)
+def test_argnums_out_of_range_is_a_named_error_and_negative_argnums_count_from_the_end(name):
+    ours, theirs = _JACOBIAN_TRANSFORMS[name]
+    f = lambda a, b: (a * b).sum()  # noqa: E731
+    x, y = torch.tensor([0.5, 1.0], dtype=torch.float64), torch.tensor([2.0, 3.0], dtype=torch.float64)
+    with pytest.raises(tf.errors.TransformArgumentError, match="Got argnum=-3, but only 2 positional inputs") as e:
+        ours(f, argnums=-3)(x, y)
+    assert isinstance(e.value, RuntimeError) and isinstance(e.value, TypeError)
+    # (torch.func.jacfwd with argnums=-1 gives zeros on torch 2.13: compared with argnums=1, its meaning)
+    torch.testing.assert_close(ours(f, argnums=-1)(x, y), theirs(f, argnums=1)(x, y))

@@ -21,7 +21,7 @@ import thunderfn as tf
 from thunderfn.executors import register_executor
 from thunderfn.executors.apex_crossentropy import ApexCrossEntropyExecutor, apex_crossentropy_ex
 from thunderfn.executors.sdpa import sdpa_ex
-from thunderfn.executors.triton_crossentropy import triton_crossentropy_ex
+from thunderfn.executors.triton_crossentropy import launch_config, triton_crossentropy_ex
 
 for _ex in (sdpa_ex, triton_crossentropy_ex, apex_crossentropy_ex):
     register_executor(_ex, replace=True)  # until executors/__init__.py registers them itself
@@ -221,7 +221,20 @@ def test_triton_crossentropy_availability_says_why_not(monkeypatch):
 # and must not leak into other tests (inductor, for one, may use triton).
 TRITON_CHECKS = r'''
 import torch, torch.nn.functional as F
+import triton.runtime.interpreter as interpreter
 import thunderfn as tf
+
+# Triton's interpreter before 3.9 turned a runtime scalar used as an index (a loop bound) into an int with
+# int() of a shape-(1,) array, which NumPy >= 2.4 refuses: the kernels must not need that, so it is
+# restored here whatever the installed Triton does.
+if hasattr(interpreter, "_patch_lang_tensor"):
+    _patch = interpreter._patch_lang_tensor
+
+    def _patch_as_before_3_9(tensor, scope):
+        _patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
+
+    interpreter._patch_lang_tensor = _patch_as_before_3_9
 from thunderfn.executors.triton_crossentropy import triton_crossentropy_ex as ex, triton_cross_entropy
 
 def execution(j):
@@ -237,7 +250,9 @@ cases = [  # (logits, targets, kwargs): tiny shapes, the interpreter runs ~1 ms 
     (torch.randn(2, 5, 3, generator=g), torch.tensor([[0, 4, 1], [2, 3, 3]]), {}),
     (torch.randn(3, 40, generator=g).to(torch.bfloat16), torch.tensor([0, 39, 5]), {}),
     (torch.randn(3, 40, generator=g).to(torch.float16), torch.tensor([0, 39, -100]), {"reduction": "sum"}),
-    (torch.randn(2, 5000, generator=g), torch.tensor([4999, 3]), {}),  # several column blocks per row
+    (torch.randn(2, 5000, generator=g), torch.tensor([4999, 3]), {}),  # one column block, partly masked
+    (torch.randn(3, 20000, generator=g).to(torch.bfloat16), torch.tensor([19999, -100, 8192]), {}),  # 3 blocks
+    (torch.randn(3, 20000, generator=g), torch.tensor([0, 16383, 5]), {"reduction": "none"}),
 ]
 for x, t, kw in cases:
     name = f"{tuple(x.shape)} {x.dtype} {kw}"
@@ -300,6 +315,45 @@ def test_triton_crossentropy_matches_torch_values_and_gradients_under_the_interp
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "all triton checks passed" in done.stdout
+
+
+# Rows of several blocks (a 50k vocabulary is 7): odd lengths, so rows start at every misalignment, and
+# targets in the first block, the full blocks and the masked tail. One kernel, a plain masked loop.
+TRITON_MULTI_BLOCK_CHECKS = r'''
+import torch, torch.nn.functional as F
+import thunderfn.executors.triton_crossentropy as mod
+
+g = torch.Generator().manual_seed(0)
+for dtype, n_cols in ((torch.float32, 20001), (torch.bfloat16, 16389)):
+    x = torch.randn(9, n_cols, generator=g).to(dtype)
+    t = torch.tensor([0, 1, 7, n_cols - 1, 8192, -100, 3, n_cols - 2, 16385])
+    for reduction in ("mean", "none"):
+        xr = x.detach().clone().requires_grad_()
+        loss = mod.triton_cross_entropy(xr, t, -100, reduction)
+        got, = torch.autograd.grad((loss.float() * 1.5).sum(), xr)
+        xe = x.detach().clone().requires_grad_()
+        want_loss = F.cross_entropy(xe.float(), t, reduction=reduction)
+        want, = torch.autograd.grad((want_loss * 1.5).sum(), xe)
+        tol = dict(atol=2e-2, rtol=2e-2) if dtype is torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(loss.float(), want_loss, **tol)
+        torch.testing.assert_close(got.float(), want.to(dtype).float(), **tol)
+print("multi-block triton checks passed")
+'''
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_triton_crossentropy_rows_of_several_blocks_match_torch_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(TRITON_MULTI_BLOCK_CHECKS)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "multi-block triton checks passed" in done.stdout
+
+
+def test_triton_crossentropy_loops_over_large_rows_in_blocks_of_8192_on_16_warps():
+    assert launch_config(50257) == {"BLOCK": 8192, "num_warps": 16}  # 7 steps a row, 16 values a thread
+    assert launch_config(8) == {"BLOCK": 16, "num_warps": 4}
+    assert launch_config(3000) == {"BLOCK": 4096, "num_warps": 8}
 
 
 # -- apex_crossentropy, against a stand-in for apex.contrib.xentropy ------------------------------------

@@ -1,6 +1,7 @@
 """vmap: the batched program computes every example as the function does alone, agrees with
 torch.func.vmap, composes with jit, grad and itself, prints as one batched trace (no loop
 over examples), and refuses what it cannot batch with an error naming the argument or op."""
+import optree
 import pytest
 import torch
 import torch.nn.functional as F
@@ -267,6 +268,81 @@ def test_randomness_draws_what_torch_func_vmap_draws_under_a_seed(fn, randomness
     assert rows_equal == (randomness == "same")  # x's rows are equal: only the draws differ
 
 
+_RANDOM_OPS = {  # every random op follows vmap's randomness: the dropout family and the samplers
+    "dropout": (lambda x: F.dropout(x, 0.5), (3, 4, 5)),
+    "dropout1d": (lambda x: F.dropout1d(x, 0.5), (3, 4)),
+    "dropout2d": (lambda x: F.dropout2d(x, 0.5), (3, 4, 5)),
+    "dropout3d": (lambda x: F.dropout3d(x, 0.5), (3, 4, 5, 6)),
+    "alpha_dropout": (lambda x: F.alpha_dropout(x, 0.5, True), (3, 4, 5)),
+    "feature_alpha_dropout": (lambda x: F.feature_alpha_dropout(x, 0.5, True), (3, 4, 5)),
+    "standard_gamma": (lambda x: torch._standard_gamma(x + 1), (3, 4, 5)),
+    "binomial": (lambda x: torch.binomial(x + 4, torch.full_like(x, 0.5)), (3, 4, 5)),
+    "sample_dirichlet": (lambda x: torch._sample_dirichlet(x + 1), (3, 4, 5)),
+}
+
+
+def _vmapped(vmap, op, shape, randomness, shared):
+    """op over a batch of 4: of a batched input, or of one shared by every example (in_axes None)."""
+    if shared:
+        return vmap(lambda _, z: op(z), in_dims=(0, None), randomness=randomness)(torch.ones(4), torch.ones(shape))
+    return vmap(op, randomness=randomness)(torch.ones(4, *shape))
+
+
+def _tf_vmap(fn, in_dims=0, randomness="error"):
+    return tf.vmap(fn, in_axes=in_dims, randomness=randomness)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["batched", "shared"])
+@pytest.mark.parametrize("name", _RANDOM_OPS)
+def test_every_random_op_follows_randomness_as_torch_func(name, shared):
+    op, shape = _RANDOM_OPS[name]
+    with pytest.raises(BatchingError, match="random operation .*randomness error mode"):
+        _vmapped(_tf_vmap, op, shape, "error", shared)
+    with pytest.raises(RuntimeError):
+        _vmapped(torch.func.vmap, op, shape, "error", shared)
+    for randomness in ("different", "same"):
+        torch.manual_seed(0)
+        try:
+            expected = _vmapped(torch.func.vmap, op, shape, randomness, shared)
+        except RuntimeError:  # torch.func refuses 'same' with a batched input to a sampler: so does vmap
+            with pytest.raises(BatchingError, match="same randomness"):
+                _vmapped(_tf_vmap, op, shape, randomness, shared)
+            continue
+        torch.manual_seed(0)
+        got = _vmapped(_tf_vmap, op, shape, randomness, shared)
+        torch.testing.assert_close(got, expected)  # the same draws under a seed
+        rows_equal = all(torch.equal(got[0], got[i]) for i in range(1, 4))
+        assert rows_equal == (randomness == "same")  # every example's input is the same: only draws differ
+
+
+@pytest.mark.parametrize("name", ["standard_gamma", "binomial", "sample_dirichlet"])
+def test_samplers_run_under_jit_with_eagers_draws(name):
+    op, shape = _RANDOM_OPS[name]
+    x = torch.ones(shape)
+    torch.manual_seed(3)
+    expected = op(x)
+    torch.manual_seed(3)
+    torch.testing.assert_close(tf.jit(op)(x), expected)
+
+
+@pytest.mark.parametrize("fn", [lambda x: F.dropout(x, 0.5), lambda x: x + torch.rand(()),
+                                lambda x: torch.bernoulli(torch.full((3,), 0.5)) * x],
+                         ids=["dropout_of_batched", "rand_shared", "bernoulli_shared"])
+def test_chunk_size_with_same_randomness_refuses_rather_than_draw_per_chunk(fn):
+    with pytest.raises(BatchingError, match="randomness='same' with a chunk_size .* once per chunk"):
+        tf.vmap(fn, randomness="same", chunk_size=2)(torch.ones(4, 3))
+    out = tf.vmap(fn, randomness="same", chunk_size=4)(torch.ones(4, 3))  # one chunk: the whole batch, one draw
+    assert all(torch.equal(out[0], out[i]) for i in range(4))
+
+
+def test_nested_vmap_of_a_factory_draw_with_different_randomness():
+    inner = tf.vmap(lambda x: torch.randn(()), randomness="different")
+    out = tf.vmap(inner, randomness="different")(torch.ones(2, 3))
+    assert out.shape == (2, 3) and len(set(out.flatten().tolist())) == 6
+    same = tf.vmap(tf.vmap(lambda x: torch.randn(()), randomness="same"), randomness="same")(torch.ones(2, 3))
+    assert len(set(same.flatten().tolist())) == 1
+
+
 def test_per_example_gradients_through_dropout_with_different_randomness_match_torch_func():
     def loss(w, x):
         return F.dropout(x * w, 0.5).sum()
@@ -335,3 +411,17 @@ def test_per_example_gradients_of_a_module_through_functional_call_match_torch_f
                                in_dims=(None, 0, 0))(params, xs, ys)
     for name in params:
         torch.testing.assert_close(got[name], expected[name])
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.tensor(1.0), lambda x: (x, torch.ones(2)), lambda x: _CAPTURED],
+                         ids=["torch_tensor", "factory", "captured"])
+@pytest.mark.parametrize("chunk_size", [None, 2])
+def test_an_output_the_same_for_every_example_is_broadcast_as_torch_func(fn, chunk_size):
+    x = torch.ones(3, 2)
+    got = tf.vmap(fn, chunk_size=chunk_size)(x)
+    torch.testing.assert_close(got, torch.func.vmap(fn, chunk_size=chunk_size)(x))
+    for i in range(3):  # vmap(f)(x)[i] == f(x[i])
+        torch.testing.assert_close(optree.tree_map(lambda t: t[i], got), fn(x[i]))
+
+
+_CAPTURED = torch.tensor([1.0, -2.0])

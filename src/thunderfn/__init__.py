@@ -13,6 +13,9 @@ from thunderfn import torch  # noqa: F401  (the torch language: tf.torch.mul, ..
 # the built-in kernel executors register vjp= pairs on import, which become custom_vjp functions
 # (core/context.py).
 from thunderfn.transforms.custom_vjp import custom_vjp
+from thunderfn.transforms.custom_jvp import custom_jvp
+# torch.autograd.Function and custom ops with register_autograd keep their backward when traced
+from thunderfn.transforms import user_functions  # noqa: F401
 from thunderfn import executors  # noqa: F401
 from thunderfn import extend  # noqa: F401  (the executor API under Thunder's name)
 from thunderfn import distributed  # noqa: F401  (tf.distributed: ddp on torch.distributed)
@@ -20,7 +23,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import register_pytree_node
 from thunderfn.core.symbol import BoundSymbol, Symbol
 from thunderfn.core.trace import Trace, trace
-from thunderfn.errors import ConcretizationError, EscapedProxyError, ThunderFnError, UnsupportedOpError
+from thunderfn.errors import ConcretizationError, EscapedProxyError, ThunderFnError, UnsupportedOpError, UserGradientError
 from thunderfn.examine import Examination, examine
 from thunderfn.jit import cache_info, jit, last_backward_traces, last_traces
 from thunderfn.module import functional_call
@@ -33,7 +36,7 @@ from thunderfn.transforms.jacobians import hessian, jacfwd, jacrev
 __version__ = "0.1.0"
 
 __all__ = [
-    "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "trace", "last_traces", "last_backward_traces", "cache_info", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
-    "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "EscapedProxyError", "prims", "clang", "torch",
+    "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "custom_jvp", "trace", "last_traces", "last_backward_traces", "cache_info", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
+    "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "EscapedProxyError", "UserGradientError", "prims", "clang", "torch",
     "executors", "errors",
 ]

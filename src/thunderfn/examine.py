@@ -9,7 +9,10 @@ classified the way tracing would treat it:
 - opaque: no symbol; runs as an opaque torch op (torch executes it, shapes from meta);
 - in-place: functionalized (see torch/inplace.py);
 - unsupported: refused, with the reason (data-dependent output shape, no meta kernel);
-- needs a value: reads a tensor's value (`.item()`, `bool(t)`), a ConcretizationError under jit.
+- needs a value: reads a tensor's value (`.item()`, `bool(t)`), a ConcretizationError under jit;
+- user gradient: a torch.autograd.Function, or a torch.library custom op with register_autograd,
+  whose backward is its VJP rule (transforms/user_functions.py); the detail says how vmap and
+  jvp treat it.
 """
 from __future__ import annotations
 
@@ -19,12 +22,13 @@ import dataclasses
 import torch
 from torch.overrides import TorchFunctionMode
 
-from thunderfn.core.interception import handler_for, is_metadata_query, lookup, torch_name
+from thunderfn.core.interception import find_handler, is_metadata_query, lookup, torch_name
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import trace
 from thunderfn.module import jit_module
 from thunderfn.torch.inplace import is_in_place
 from thunderfn.torch.opaque import _to_meta_tensor_tree, probe_opaque
+from thunderfn.transforms.user_functions import function_spec, registered_gradient, watching_functions
 
 _VALUE_READS = dict.fromkeys((torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.tolist, torch.Tensor.__int__,
                               torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.numpy,
@@ -57,7 +61,7 @@ class Examination:
     def __str__(self) -> str:
         width = max([len(c.name) for c in self.calls] + [14])
         lines = [f"thunderfn.examine({self.fn_name}): {len(self.calls)} distinct torch calls"]
-        order = ("symbol", "opaque", "in-place", "unsupported", "needs a value")
+        order = ("symbol", "user gradient", "opaque", "in-place", "unsupported", "needs a value")
         for status in order:
             for c in sorted(self.by_status(status), key=lambda c: c.name):
                 lines.append(f"  {c.name:<{width}}  x{c.count:<4} {c.status:<13} {c.detail}")
@@ -69,11 +73,14 @@ class Examination:
 
 
 def _classify(func, args, kwargs) -> tuple[str, str]:
+    if registered_gradient(func) is not None:
+        return "user gradient", ("custom op with register_autograd: its backward is the gradient; vmap by torch's "
+                                 "vmap of the op and the backward; no jvp")
     if lookup(_VALUE_READS, func):
         return "needs a value", "reads a tensor's value: keep it a tensor (torch.where), or pass it as a static argument"
     if is_in_place(func):
         return "in-place", "functionalized (written back if it mutates an input or captured tensor)"
-    handler = handler_for(func)
+    handler = find_handler(func)
     if isinstance(handler, Symbol):
         return "symbol", handler.print_name
     if handler is not None:
@@ -87,6 +94,19 @@ class _Recorder(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.calls: dict = {}
+
+    def function_applied(self, cls) -> None:
+        """A torch.autograd.Function applied by the examined code (user_functions.watching_functions)."""
+        name = f"{cls.__module__}.{cls.__qualname__}.apply"
+        call = self.calls.get(name)
+        if call is None:
+            spec = function_spec(cls)
+            vmap = ("its vmap staticmethod" if spec.vmap is not None else
+                    "generate_vmap_rule" if spec.generate_vmap_rule else "refused (no vmap, no generate_vmap_rule)")
+            call = self.calls[name] = Call(name, "user gradient",
+                                           f"autograd.Function: its backward is the gradient; vmap: {vmap}; jvp: "
+                                           f"{'its jvp staticmethod' if spec.jvp is not None else 'refused (no jvp)'}")
+        call.count += 1
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -106,7 +126,7 @@ def examine(fn, *args, **kwargs) -> Examination:
     Prints the report and returns it (an Examination: `.calls`, `.by_status(s)`,
     `.jit_ready`). Arguments are used as given: clone tensors that fn modifies."""
     recorder = _Recorder()
-    with torch.no_grad(), recorder:
+    with torch.no_grad(), recorder, watching_functions(recorder.function_applied):
         fn(*args, **kwargs)
     report = Examination(getattr(fn, "__name__", type(fn).__name__), list(recorder.calls.values()),
                          _trace_error(fn, args, kwargs))

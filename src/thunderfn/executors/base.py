@@ -169,7 +169,11 @@ def _as_custom_vjp(ex: Executor, symbol_or_id, vjp):
         raise RuntimeError(f"the vjp executor '{ex.name}' registered for {name} is used only while differentiating")
 
     primal.__name__ = f"{ex.name}_{name}"
-    return custom_vjp(primal).defvjp(*vjp)
+    made = custom_vjp(primal).defvjp(*vjp)
+    # fwd computes the symbol itself (the executor's kernel), no user rule: forward mode may differentiate
+    # fwd's body rather than refuse the function as it refuses a user's custom_vjp (transforms/forward_mode.py)
+    made.fwd_is_primal = True
+    return made
 
 
 def _meta_from_like(like: Callable) -> Callable:

@@ -7,10 +7,18 @@ is; anything else falls to the next executor (torch runs it, or its decompositio
   (`..._for_cpu_backward`) needs only those two besides the inputs, so
   differentiating saves out + logsumexp instead of the L x S attention matrix.
 - CUDA: `F.scaled_dot_product_attention`, which picks flash, memory-efficient or
-  cuDNN itself; when thunderfn differentiates, the memory-efficient pair
-  (`_scaled_dot_product_efficient_attention` and its backward), again saving out +
-  logsumexp. The CUDA path is written against torch's documented schemas and has
-  not been run on a GPU yet.
+  cuDNN itself. When thunderfn differentiates, the kernel pair of the backend torch
+  would pick for the call (executors/sdpa_choice.py applies copies of torch's gates,
+  no wider than torch's, for the GPU's compute capability, under the user's
+  `sdpa_kernel` context and `enable_*_sdp` switches): flash
+  (`_scaled_dot_product_flash_attention` and its backward), cuDNN
+  (`_scaled_dot_product_cudnn_attention` and its backward, without a mask) or
+  memory-efficient (`_scaled_dot_product_efficient_attention` and its backward).
+  Each saves out + its logsumexp (+ the kernel's dropout seed/offset tensors, unused
+  without dropout but part of the backward's signature), never the L x S matrix. Where
+  torch would run math attention (only math enabled, or no fused gate passes) the call
+  is not claimed: torch runs it. The pair is chosen while lowering, so traces of CUDA
+  attention retrace when the switches change (thunderfn/torch/sdp_state.py).
 The gates mirror torch's own (aten/src/ATen/native/transformers/sdp_utils_cpp.h):
 4-d inputs, equal batch sizes (the CPU kernel reads out of bounds when key/value
 broadcast over the batch), equal head dims, non-empty sequences, no dropout, a 2-d
@@ -26,12 +34,15 @@ import torch
 from thunderfn import clang, prims
 from thunderfn.core import dtypes
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.executors import cudnn_sdpa, sdpa_choice
 from thunderfn.executors.base import OperatorExecutor
 from thunderfn.torch import nn as tnn
+from thunderfn.torch import sdp_state
 
 aten = torch.ops.aten
 _CPU_OPS = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward")
 _CUDA_OPS = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward")
+_FLASH_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward")
 _CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CUDA_ALIGNMENT = 16  # the memory-efficient kernel wants the bias's rows 16-element aligned
@@ -92,25 +103,70 @@ def sdpa_efficient_cuda_bwd(grad_out, query, key, value, out, logsumexp, attn_ma
     return dq, dk, dv
 
 
+def sdpa_flash_cuda_fwd(query, key, value, attn_mask, is_causal, scale):
+    """(out, logsumexp (B, H, L) float32, and the two rng-state tensors the backward takes)."""
+    q, k, v = map(_last_dim_contiguous, (query, key, value))
+    out, lse, _cum_q, _cum_k, _max_q, _max_k, rng_a, rng_b, _debug = aten._scaled_dot_product_flash_attention(
+        q, k, v, 0.0, is_causal, False, scale=scale)
+    return out, lse, rng_a, rng_b
+
+
+def sdpa_flash_cuda_bwd(grad_out, query, key, value, out, logsumexp, rng_a, rng_b, attn_mask, is_causal, scale):
+    # dense inputs: no cumulative sequence lengths (None, as the forward returned them), max lengths L and S
+    q, k, v = map(_last_dim_contiguous, (query, key, value))
+    return tuple(aten._scaled_dot_product_flash_attention_backward(  # it makes grad_out contiguous itself
+        grad_out, q, k, v, out, logsumexp, None, None, q.shape[2], k.shape[2], 0.0, is_causal,
+        rng_a, rng_b, scale=scale))
+
+
+def sdpa_cudnn_cuda_fwd(query, key, value, attn_mask, is_causal, scale):
+    return cudnn_sdpa.cudnn_sdpa_fwd(*map(_last_dim_contiguous, (query, key, value)), is_causal, scale)
+
+
+def sdpa_cudnn_cuda_bwd(grad_out, query, key, value, out, logsumexp, seed, offset, attn_mask, is_causal, scale):
+    return cudnn_sdpa.cudnn_sdpa_bwd(grad_out, *map(_last_dim_contiguous, (query, key, value)), out, logsumexp,
+                                     seed, offset, is_causal, scale)
+
+
 # -- metadata for the operators ------------------------------------------------------------------
 def _out_meta(query, key, value, attn_mask, is_causal, scale):
     return TensorProxy.like(query, shape=(*query.shape[:-1], value.shape[-1]), requires_grad=False)
 
 
-def _lse_shape(query) -> tuple:
-    b, h, L = query.shape[:3]
-    if query.device.type == "cuda":  # the memory-efficient kernel pads its logsumexp rows to 32
-        return (b, h, math.ceil(L / 32) * 32)
-    return (b, h, L)
-
-
 def _fwd_meta(query, key, value, attn_mask, is_causal, scale):
+    """(out, logsumexp) of the CPU flash kernel: the logsumexp (B, H, L) in the kernel's accumulation type."""
     out = _out_meta(query, key, value, attn_mask, is_causal, scale)
-    lse_dtype = torch.float64 if query.dtype is torch.float64 else torch.float32  # the kernels' accumulation type
-    return out, TensorProxy.like(query, shape=_lse_shape(query), dtype=lse_dtype, requires_grad=False)
+    lse_dtype = torch.float64 if query.dtype is torch.float64 else torch.float32
+    return out, TensorProxy.like(query, shape=tuple(query.shape[:3]), dtype=lse_dtype, requires_grad=False)
 
 
-def _bwd_meta(grad_out, query, key, value, out, logsumexp, attn_mask, is_causal, scale):
+def _lse(query, shape):
+    return TensorProxy.like(query, shape=shape, dtype=torch.float32, requires_grad=False)
+
+
+def _efficient_fwd_meta(query, key, value, attn_mask, is_causal, scale):
+    b, h, L = query.shape[:3]  # the memory-efficient kernel pads its logsumexp rows to 32
+    return _out_meta(query, key, value, attn_mask, is_causal, scale), _lse(query, (b, h, math.ceil(L / 32) * 32))
+
+
+def _on_meta(t):
+    return torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+
+
+def _flash_fwd_meta(query, key, value, attn_mask, is_causal, scale):
+    # the rng-state tensors' shape and dtype changed across torch versions: torch's own meta kernel says
+    with torch._C.DisableTorchFunction():  # a torch call of our own, not one for tracing to record
+        rng = aten._scaled_dot_product_flash_attention(*map(_on_meta, (query, key, value)), 0.0, is_causal, False,
+                                                       scale=scale)[6:8]
+    return (_out_meta(query, key, value, attn_mask, is_causal, scale), _lse(query, tuple(query.shape[:3])),
+            *(TensorProxy(shape=tuple(r.shape), dtype=r.dtype, device=query.device) for r in rng))
+
+
+def _cudnn_fwd_meta(query, key, value, attn_mask, is_causal, scale):
+    return cudnn_sdpa._fwd_meta(query, key, value, is_causal, scale)
+
+
+def _bwd_meta(grad_out, query, key, value, out, logsumexp, *rng_mask_is_causal_scale):
     return tuple(TensorProxy.like(t, requires_grad=False) for t in (query, key, value))
 
 
@@ -138,21 +194,26 @@ def _fold_mask(mask, dim, batch: int, heads_batch: int):
     return prims.reshape(m, (batch * heads_batch, *m.shape[2:]))
 
 
-def _batch_folded(operators: dict, operator: str, n_tensors: int):
+def _batch_folded(operators: dict, operator: str, n_tensors: int, n_rng: int = 0, n_batched_out: int | None = None):
     """The batch rule of the operator named `operator` (in `operators`, an executor's), whose first n_tensors arguments are
-    (batch, heads, ...) tensors (the logsumexp (batch, heads, L) too), then (attn_mask,
-    is_causal, scale): one call on the vmapped batch times the kernel's batch."""
+    (batch, heads, ...) tensors (the logsumexp (batch, heads, L) too), then n_rng rng-state tensors,
+    then (attn_mask, is_causal, scale): one call on the vmapped batch times the kernel's batch. Its
+    first n_batched_out results (all if None) are per example; the rest (rng state) are shared."""
     def rule(args, dims, kwargs, out):
         tensors, tensor_dims = args[:n_tensors], dims[:n_tensors]
         batch = next(t.shape[d] for t, d in zip(args, dims) if d is not None)
         if any((t.ndim - (d is not None)) < 3 for t, d in zip(tensors, tensor_dims)):  # (b, h, L[, E]) each
             return NotImplemented
-        mask, is_causal, scale = args[n_tensors:]
+        if any(d is not None for d in dims[n_tensors:n_tensors + n_rng]):
+            return NotImplemented  # a batch of rng states: not what one kernel call takes
+        rng = args[n_tensors:n_tensors + n_rng]
+        mask, is_causal, scale = args[n_tensors + n_rng:]
         folded = [_fold(t, d, batch) for t, d in zip(tensors, tensor_dims)]
-        mask = _fold_mask(mask, dims[n_tensors], batch, folded[0].shape[0] // batch)
-        results = operators[operator](*folded, mask, is_causal, scale)
-        unfolded = tuple(prims.reshape(r, (batch, r.shape[0] // batch, *r.shape[1:])) for r in results)
-        return unfolded, (0,) * len(unfolded)
+        mask = _fold_mask(mask, dims[n_tensors + n_rng], batch, folded[0].shape[0] // batch)
+        results = operators[operator](*folded, *rng, mask, is_causal, scale)
+        n = len(results) if n_batched_out is None else n_batched_out
+        unfolded = tuple(prims.reshape(r, (batch, r.shape[0] // batch, *r.shape[1:])) for r in results[:n])
+        return unfolded + tuple(results[n:]), (0,) * n + (None,) * (len(results) - n)
 
     return rule
 
@@ -194,7 +255,23 @@ def sdpa_checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
         return False  # the CPU kernel requires one head size for q, k and v
     if device == "cuda" and (E % 8 or Ev % 8):
         return False  # the efficient kernel's alignment (torch pads otherwise; we let torch do that)
-    return _mask_ok(attn_mask, query, key)
+    if not _mask_ok(attn_mask, query, key):
+        return False
+    return device == "cpu" or cuda_kernel(query, key, value, attn_mask, is_causal, scale, enable_gqa) is not None
+
+
+def cuda_kernel(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False) -> str | None:
+    """The kernel pair ("flash", "cudnn", "efficient") that differentiates this CUDA call: the one of
+    the backend torch would pick under the current switches; None where torch would run math attention."""
+    requires_grad = any(t.requires_grad for t in (query, key, value))
+    choice = sdpa_choice.torch_choice(query, key, value, attn_mask, is_causal, scale, enable_gqa, requires_grad)
+    if choice == sdp_state.FLASH and attn_mask is None and all(hasattr(aten, n) for n in _FLASH_OPS):
+        return "flash"
+    if choice == sdp_state.CUDNN and attn_mask is None and all(hasattr(aten, n) for n in cudnn_sdpa._OPS):
+        return "cudnn"
+    if choice == sdp_state.EFFICIENT:
+        return "efficient"
+    return None  # math, or no backend: torch runs the call (sdpa_choice's cuDNN gate takes no mask)
 
 
 # -- the mask's gradient, which no fused kernel returns ----------------------------------------------
@@ -216,6 +293,8 @@ def _mask_grad(g, query, key, value, out, lse, mask, scale):
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = clang.add(clang.mul(prims.matmul(q, clang.transpose(k, -2, -1)), scale),
                        clang.maybe_convert_to_dtype(mask, compute))
+    if lse.shape[-1] != q.shape[-2]:  # the memory-efficient kernel's rows padded to 32
+        lse = clang.slice_in_dim(lse, 0, q.shape[-2], dim=lse.ndim - 1)
     lse = clang.unsqueeze(clang.maybe_convert_to_dtype(lse, compute), -1)
     probs = clang.where(clang.eq(scores, -float("inf")), 0.0, clang.exp(clang.sub(scores, lse)))
     row_dot = clang.unsqueeze(prims.sum(clang.mul(g, out), (g.ndim - 1,)), -1)
@@ -239,14 +318,19 @@ class SDPAExecutor(OperatorExecutor):
         super().__init__("sdpa", torch.__version__)
         self.cpu = self.register_operator("sdpa_flash_cpu", meta=_out_meta, fn=sdpa_flash_cpu)
         self.cuda = self.register_operator("sdpa_fused_cuda", meta=_out_meta, fn=sdpa_fused_cuda)
-        # the forward and backward of thunderfn's vjp: vmap(grad(f)) folds the batch into their calls
-        for name, meta, fn, n_tensors in (("sdpa_flash_cpu_fwd", _fwd_meta, sdpa_flash_cpu_fwd, 3),
-                                          ("sdpa_flash_cpu_bwd", _bwd_meta, sdpa_flash_cpu_bwd, 6),
-                                          ("sdpa_efficient_cuda_fwd", _fwd_meta, sdpa_efficient_cuda_fwd, 3),
-                                          ("sdpa_efficient_cuda_bwd", _bwd_meta, sdpa_efficient_cuda_bwd, 6)):
-            self.register_operator(name, meta=meta, fn=fn, batch_rule=_batch_folded(self.operators, name, n_tensors))
-        self.cpu_fwd, self.cpu_bwd = self.operators["sdpa_flash_cpu_fwd"], self.operators["sdpa_flash_cpu_bwd"]
-        self.cuda_fwd, self.cuda_bwd = self.operators["sdpa_efficient_cuda_fwd"], self.operators["sdpa_efficient_cuda_bwd"]
+        # the forward and backward of thunderfn's vjp, per kernel: vmap(grad(f)) folds the batch into their calls
+        self.pairs = {}
+        for kernel, fwd_meta, fwd, bwd, n_rng in (
+                ("flash_cpu", _fwd_meta, sdpa_flash_cpu_fwd, sdpa_flash_cpu_bwd, 0),
+                ("efficient_cuda", _efficient_fwd_meta, sdpa_efficient_cuda_fwd, sdpa_efficient_cuda_bwd, 0),
+                ("flash_cuda", _flash_fwd_meta, sdpa_flash_cuda_fwd, sdpa_flash_cuda_bwd, 2),
+                ("cudnn_cuda", _cudnn_fwd_meta, sdpa_cudnn_cuda_fwd, sdpa_cudnn_cuda_bwd, 2)):
+            names = f"sdpa_{kernel}_fwd", f"sdpa_{kernel}_bwd"
+            self.register_operator(names[0], meta=fwd_meta, fn=fwd,
+                                   batch_rule=_batch_folded(self.operators, names[0], 3, 0, 2))
+            self.register_operator(names[1], meta=_bwd_meta, fn=bwd,
+                                   batch_rule=_batch_folded(self.operators, names[1], 6, n_rng))
+            self.pairs[kernel] = tuple(self.operators[n] for n in names)
         self.register_lowering(tnn.scaled_dot_product_attention, checker=sdpa_checker, lower=self.lower,
                                vjp=(self.vjp_fwd, self.vjp_bwd))
 
@@ -256,12 +340,17 @@ class SDPAExecutor(OperatorExecutor):
             return False, f"torch {torch.__version__} has no aten.{missing[0]} (needs torch >= 2.3)"
         return True, ""
 
-    def _ops(self, query):
-        return (self.cpu, self.cpu_fwd, self.cpu_bwd) if query.device.type == "cpu" else (
-            self.cuda, self.cuda_fwd, self.cuda_bwd)
-
     def lower(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        return self._ops(query)[0](query, key, value, _float_mask(attn_mask, query), is_causal, scale)
+        op = self.cpu if query.device.type == "cpu" else self.cuda  # on CUDA torch picks the kernel at run time
+        return op(query, key, value, _float_mask(attn_mask, query), is_causal, scale)
+
+    def _pair(self, query, key, value, attn_mask, is_causal, scale, enable_gqa):
+        if query.device.type == "cpu":
+            return self.pairs["flash_cpu"]
+        kernel = cuda_kernel(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+        # None only where the checker saw inputs not requiring grad and torch would differentiate with
+        # math attention; the memory-efficient pair takes every call the checker accepts on CUDA
+        return self.pairs[f"{kernel or 'efficient'}_cuda"]
 
     # custom_vjp's conventions: fwd(*args, **kwargs) -> (out, residuals); bwd(residuals, g) -> one
     # cotangent per positional argument the symbol was called with (so fwd records how many)
@@ -270,13 +359,14 @@ class SDPAExecutor(OperatorExecutor):
         query, key, value = a["query"], a["key"], a["value"]
         mask = _float_mask(a.get("attn_mask"), query)
         is_causal, scale = a.get("is_causal", False), a.get("scale")
-        out, lse = self._ops(query)[1](query, key, value, mask, is_causal, scale)
+        fwd, bwd = self._pair(query, key, value, a.get("attn_mask"), is_causal, scale, a.get("enable_gqa", False))
+        out, lse, *rng = fwd(query, key, value, mask, is_causal, scale)
         float_mask = mask is not None and mask is a.get("attn_mask")  # a bool mask has no gradient
-        return out, (query, key, value, mask, float_mask, is_causal, scale, out, lse, len(args))
+        return out, (bwd, query, key, value, mask, float_mask, is_causal, scale, out, lse, tuple(rng), len(args))
 
     def vjp_bwd(self, residuals, g):
-        query, key, value, mask, float_mask, is_causal, scale, out, lse, n_positional = residuals
-        dq, dk, dv = self._ops(query)[2](g, query, key, value, out, lse, mask, is_causal, scale)
+        bwd, query, key, value, mask, float_mask, is_causal, scale, out, lse, rng, n_positional = residuals
+        dq, dk, dv = bwd(g, query, key, value, out, lse, *rng, mask, is_causal, scale)
         d_mask = _mask_grad(g, query, key, value, out, lse, mask, scale) if float_mask else None
         return ((dq, dk, dv, d_mask) + (None,) * n_positional)[:n_positional]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from thunderfn.core import context
-from thunderfn.core.interception import (contains_tensor, handler_for, is_metadata_query, lift_constants,
+from thunderfn.core.interception import (contains_tensor, find_handler, is_metadata_query, lift_constants,
                                          stand_in_metadata, tensors_by_position, torch_name)
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
@@ -26,7 +26,7 @@ _any_autocast = torch._C._is_any_autocast_enabled
 
 def dispatch(func, args, kwargs):
     """Trace one torch call. Called only while a trace is being built."""
-    handler = handler_for(func)
+    handler = find_handler(func)
     trc = context.current_trace()
     if trc is None:
         raise RuntimeError(f"{torch_name(func)} was called on a thunderfn proxy outside of tracing")

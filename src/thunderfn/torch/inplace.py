@@ -28,7 +28,7 @@ import torch
 
 from thunderfn import clang, prims
 from thunderfn.core import context, interception
-from thunderfn.core.interception import handler_for, torch_name
+from thunderfn.core.interception import find_handler, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.errors import UnsupportedOpError
@@ -42,6 +42,7 @@ __all__ = ["setitem"]
 
 _IN_PLACE_DUNDERS = {
     "__iadd__": "__add__", "__isub__": "__sub__", "__imul__": "__mul__", "__itruediv__": "__truediv__",
+    "__idiv__": "__truediv__",  # torch.Tensor.__itruediv__ is __idiv__: `x /= y` reaches tracing by that name
     "__ifloordiv__": "__floordiv__", "__imod__": "__mod__", "__ipow__": "__pow__", "__iand__": "__and__",
     "__ior__": "__or__", "__ixor__": "__xor__", "__ilshift__": "__lshift__", "__irshift__": "__rshift__",
     "__imatmul__": "__matmul__",
@@ -424,7 +425,7 @@ def _replay(step: ViewStep, parent):
     if step.func is None:
         return parent
     trc = context.current_trace()
-    handler = handler_for(step.func)
+    handler = find_handler(step.func)
     args, kwargs = (parent, *step.args), dict(step.kwargs)
     out = handler(*args, **kwargs) if handler is not None else run_opaque(step.func, args, kwargs)
     value = [o for o in tree_leaves(out) if isinstance(o, TensorProxy)][step.index]
@@ -549,7 +550,7 @@ def run_in_place(func, args, kwargs):
     name = torch_name(func)
     short = name.rsplit(".", 1)[-1]
     if short.startswith("_foreach_"):  # one in-place op per tensor of the lists (torch/foreach.py)
-        return handler_for(func)(*args, **kwargs)
+        return find_handler(func)(*args, **kwargs)
     target = args[0]
     if not isinstance(target, TensorProxy):
         raise UnsupportedOpError(f"{name} mutates {type(target).__name__}, not a tensor")

@@ -23,7 +23,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import check_rng_untouched
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.errors import UnsupportedOpError, UserGradientError
 
 _symbols: dict = {}  # torch callable -> its opaque symbol, made once
 
@@ -37,10 +37,24 @@ _DETERMINISTIC = ("pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native
                   "native_dropout_backward")
 
 
+def _aten_seeded(short: str) -> bool:
+    """Whether torch tags the aten operator of this name as drawing from a generator
+    (torch._standard_gamma, torch.binomial, torch._sample_dirichlet: no telling word in their names),
+    other than through a dropout argument (lstm, gru, the attention kernels draw only when it is
+    nonzero, which a name cannot tell; under vmap, torch.func.vmap checks those calls itself)."""
+    packet = getattr(torch.ops.aten, short, None) if short.isidentifier() else None
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return False
+    overloads = [getattr(packet, o) for o in packet.overloads()]
+    return any(torch.Tag.nondeterministic_seeded in o.tags for o in overloads) and not any(
+        a.name in ("dropout", "dropout_p") for o in overloads for a in o._schema.arguments)
+
+
 def is_random(fn) -> bool:
-    """Whether fn's name says it draws from (or reseeds) torch's generator."""
+    """Whether fn draws from (or reseeds) torch's generator: its name says so, or torch's
+    aten operator of that name is tagged nondeterministic_seeded."""
     short = torch_name(fn).rsplit(".", 1)[-1].rsplit("::", 1)[-1]  # torch.nn.functional.x, torch._ops.aten.aten::x
-    return short not in _DETERMINISTIC and any(w in short for w in _RANDOM_WORDS)
+    return short not in _DETERMINISTIC and (any(w in short for w in _RANDOM_WORDS) or _aten_seeded(short))
 
 
 def _printed(fn) -> str | None:
@@ -120,10 +134,23 @@ def _ctc_loss_shape(log_probs, targets, input_lengths, target_lengths, blank=0, 
     return TensorProxy(shape=shape, dtype=log_probs.dtype, device=log_probs.device)
 
 
+def _binomial_shape(count, prob, generator=None):
+    # no meta kernel: one draw per element of count and prob broadcast, in count's dtype
+    shape = torch.broadcast_shapes(tuple(count.shape), tuple(prob.shape))
+    return TensorProxy(shape=tuple(shape), dtype=count.dtype, device=count.device)
+
+
+def _like_first_shape(x, *args, **kwargs):
+    # no meta kernel: a draw of x's shape and dtype (torch._sample_dirichlet: one simplex per row)
+    return TensorProxy(shape=tuple(x.shape), dtype=x.dtype, device=x.device)
+
+
 # Ops whose meta kernel reads tensor values (lengths) although their outputs' shapes do not
-# depend on them: the shapes, from the arguments' shapes.
+# depend on them, or that have no meta kernel at all: the shapes, from the arguments' shapes.
 _SHAPE_RULES = {
     torch.nn.functional.ctc_loss: _ctc_loss_shape,
+    torch.binomial: _binomial_shape,
+    torch._sample_dirichlet: _like_first_shape,
 }
 
 
@@ -226,6 +253,7 @@ def torch_vjp(fn, args, kwargs, cotangents, wrt, rng_state):
         try:
             _, pullback = torch.func.vjp(call, *[leaves[i] for i in wrt])
         except RuntimeError as e:
+            named_functorch_refusal(fn, e)
             if "storage" not in str(e):
                 raise
             # a kernel that reads its inputs' memory directly (CPU ctc_loss) cannot see through
@@ -234,6 +262,20 @@ def torch_vjp(fn, args, kwargs, cotangents, wrt, rng_state):
                 torch.set_rng_state(rng_state)
             return _autograd_vjp(call, [leaves[i] for i in wrt], cotangents)
     return pullback(tuple(cotangents))
+
+
+def named_functorch_refusal(fn, e: RuntimeError) -> None:
+    """Raise a UserGradientError for torch.func's refusal of a Python autograd formula inside an
+    opaque op (a torch.autograd.Function without setup_context: what torch.library.register_autograd
+    registers); return for any other error."""
+    if "must override the setup_context staticmethod" not in str(e):
+        return
+    raise UserGradientError(
+        f"thunderfn runs {torch_name(fn)} as an opaque op, transformed by torch.func, which refuses the Python "
+        f"autograd formula inside it (a torch.autograd.Function without setup_context, as "
+        f"torch.library.register_autograd makes). Import thunderfn before registering the formula (thunderfn then "
+        f"uses the registered backward), define the op with torch.library.custom_op, or call it outside the "
+        f"transformed function.") from None
 
 
 def _autograd_vjp(call, primals, cotangents):

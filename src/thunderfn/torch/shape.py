@@ -41,6 +41,8 @@ def _shape_args(shape):
 
 @torchsymbol(T.reshape, torch.reshape)
 def reshape(a, *shape):
+    # x.reshape() is torch's error, which the compiled call would raise (x.reshape(()) is the 0-dim shape)
+    check(len(shape) > 0, lambda: 'reshape() missing 1 required positional arguments: "shape"', TypeError)
     return clang.reshape(a, _shape_args(shape))
 
 
@@ -142,6 +144,7 @@ def unsqueeze(a, dim):
 
 @torchsymbol(T.expand)
 def expand(a, *shape):
+    check(len(shape) > 0, lambda: 'expand() missing 1 required positional arguments: "size"', TypeError)
     shape = _shape_args(shape)
     check(len(shape) >= a.ndim,
           lambda: f"expand({clang.legacy_type_name(a)}{{[{', '.join(map(str, a.shape))}]}}, size=[{', '.join(map(str, shape))}]): the number of sizes "

@@ -20,7 +20,9 @@ jit registers, and reads the executors it differentiates for from its caller).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 from typing import Callable, Sequence
 
 import optree
@@ -34,7 +36,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled
 from thunderfn.core.trace import up_to_date
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.errors import CotangentError, SavedTensorModifiedError, TransformArgumentError, UnsupportedOpError
 from thunderfn.torch.opaque import autograd_connections, torch_vjp_op
 from thunderfn.torch.random import get_rng_state_op
 from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' rules join vjp_rules)
@@ -210,7 +212,28 @@ class _Tape:
     def __init__(self, executors):
         self.executors = executors
         self.active: set = set()
+        self.seen: set = set()  # every value of the region (read or made at its top level)
         self.rng_state: dict = {}  # id(bound symbol) -> proxy of torch.get_rng_state() before it
+
+
+class _Backwards(threading.local):
+    def __init__(self):
+        self.tapes: list = []  # the tapes whose backward is being traced, innermost last
+
+
+_backwards = _Backwards()
+
+
+def wants_gradient(x) -> bool:
+    """Whether the backward being traced needs a cotangent for x: it depends on a differentiated
+    input (a user Function's ctx.needs_input_grad). True where that is not known (x made inside
+    a symbol's decomposition, or no backward running)."""
+    if not _carries_gradient(x):
+        return False
+    tapes = _backwards.tapes
+    if not tapes:
+        return True
+    return x.name in tapes[-1].active or x.name not in tapes[-1].seen
 
 
 def _record_forward(region: list, primal_names: list, tape: _Tape) -> list:
@@ -218,8 +241,10 @@ def _record_forward(region: list, primal_names: list, tape: _Tape) -> list:
     state is read just before it."""
     trc = context.current_trace()
     tape.active = {name for name in primal_names if name is not None}
+    tape.seen = set(tape.active)
     emitted = []
     for bsym in region:
+        tape.seen.update(p.name for p in bsym.proxies())
         if any(isinstance(a, TensorProxy) and a.name in tape.active for a in bsym.flat_args()):
             tape.active.update(o.name for o in bsym.proxy_outs())
             if "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
@@ -228,6 +253,35 @@ def _record_forward(region: list, primal_names: list, tape: _Tape) -> list:
                 emitted.extend(state_read)
         emitted.append(bsym)
     return emitted
+
+
+@contextlib.contextmanager
+def differentiating(trc):
+    """trc.scope(), with torch's grad mode on while the transform traces the function it
+    differentiates: a functional transform computes its derivative whatever the mode outside it
+    (torch.func and JAX do), so `with torch.no_grad(): tf.grad(f)(x)` is f's gradient. The switch is
+    the transform's, not the compiled function's: nothing is recorded for it, so a region under
+    an outer no_grad stays one for an enclosing transform (as torch.func's levels see it). A
+    `torch.no_grad()` block inside the function still stops gradients there (recorded as switches,
+    see _grad_modes); the caller's mode comes back when the block ends, also on an error."""
+    trc.sync_grad_mode()  # a no_grad block just entered by the caller, recorded before the region
+    outside = trc.grad_enabled
+    with trc.scope() as recorded, torch.enable_grad():
+        trc.grad_enabled = True
+        try:
+            yield recorded
+        finally:
+            switches = [b for b in recorded if b.sym is set_grad_enabled]
+            if (bool(switches[-1].args[0]) if switches else outside) != outside:  # the compiled function's mode back
+                recorded.append(set_grad_enabled.bind(outside, output=None))
+            trc.grad_enabled = outside
+
+
+def as_trace_constants(tree):
+    """tree with each real tensor (one a traced function captured) as the trace's proxy for it."""
+    trc = context.current_trace()
+    return tree_map(lambda x: trc.constant(x) if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy) else x,
+                    tree)
 
 
 def as_trace_values(primals):
@@ -250,17 +304,16 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
         executors = context.current_executors()
     trc = context.current_trace()
     primals = as_trace_values(up_to_date(primals))
-    start_mode = torch.is_grad_enabled()
     # the primals' names before fn runs: fn may write into a primal in place, after which the same proxy
     # object names its new value (torch/inplace.py); the derivative is with respect to the value passed in
     primal_names = [p.name if isinstance(p, TensorProxy) else None for p in tree_leaves(primals)]
-    with trc.scope() as recorded:
-        out = up_to_date(fn(*primals))
+    with differentiating(trc) as recorded:
+        out = as_trace_constants(up_to_date(fn(*primals)))  # a tensor made outside torch's hooks (torch.tensor(1.)): a constant
     tape = _Tape(executors)
     region = _record_forward(_with_residuals(recorded, executors), primal_names, tape)
     for bsym in region:
         trc.emit(bsym)
-    modes = _grad_modes(region, start_mode)
+    modes = _grad_modes(region, True)
 
     def backward(cotangents):
         """cotangents: a pytree with out's structure; None (or anything, for an integer or boolean
@@ -269,15 +322,19 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
         try:
             ct_leaves = out_spec.flatten_up_to(cotangents)
         except (ValueError, TypeError) as e:
-            raise TypeError(f"the cotangents must have the structure of the function's output, {out_spec}, with "
+            raise CotangentError(f"the cotangents must have the structure of the function's output, {out_spec}, with "
                             f"None for outputs that get none; got {tree_flatten(cotangents)[1]} ({e})") from None
         cts: dict = {}
         for o, c in zip(out_leaves, ct_leaves):
             if isinstance(o, TensorProxy) and c is not None:
                 _accumulate(cts, o, c)
-        for bsym, enabled in zip(reversed(region), reversed(modes)):
-            if enabled:
-                _backprop(bsym, cts, tape)
+        _backwards.tapes.append(tape)
+        try:
+            for bsym, enabled in zip(reversed(region), reversed(modes)):
+                if enabled:
+                    _backprop(bsym, cts, tape)
+        finally:
+            _backwards.tapes.pop()
         return [cts.get(name) if name is not None else None for name in primal_names]
 
     return out, backward
@@ -323,6 +380,18 @@ def _compiled(transformed, prepare=None):
     return wrapper
 
 
+def positional_argnums(fn, nums: tuple, n_args: int) -> tuple:
+    """nums (argnums as a tuple; negative counts from the end, as torch.func and JAX read it) as
+    positions among n_args positional arguments, or TransformArgumentError naming the bad one."""
+    for i in nums:
+        if not -n_args <= i < n_args:
+            raise TransformArgumentError(
+                f"Got argnum={i}, but only {n_args} positional inputs: differentiating '{getattr(fn, '__name__', fn)}' "
+                f"with respect to argument {i}, but it was called with {n_args} positional arguments. Pass that "
+                f"argument by position, or change argnums.")
+    return tuple(i % n_args for i in nums)
+
+
 def _float_as_tensor(x):
     """A Python float differentiated with respect to becomes a 0-d tensor of the default dtype
     (torch promotes the two alike), so its derivative is one too, as JAX returns a 0-d array;
@@ -336,7 +405,8 @@ def _float_as_tensor(x):
 
 
 def _floats_as_tensors(args, nums):
-    return tuple(tree_map(_float_as_tensor, a) if i in nums else a for i, a in enumerate(args))
+    n = len(args)
+    return tuple(tree_map(_float_as_tensor, a) if i in nums or i - n in nums else a for i, a in enumerate(args))
 
 
 def _check_inexact(leaves, what: str, fn) -> None:
@@ -365,16 +435,13 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
     nums = (argnums,) if single else tuple(argnums)
 
     def transformed(*args, **kwargs):
-        for i in nums:
-            if i >= len(args):
-                raise TypeError(f"differentiating with respect to argument {i} of '{getattr(fn, '__name__', fn)}', "
-                                f"but it was called with {len(args)} positional arguments")
-        diff = [args[i] for i in nums]
+        nums_here = positional_argnums(fn, nums, len(args))
+        diff = [args[i] for i in nums_here]
         _check_inexact(tree_leaves(diff), "grad", fn)
 
         def with_diff(*d):
             full = list(args)
-            for i, v in zip(nums, d):
+            for i, v in zip(nums_here, d):
                 full[i] = v
             return fn(*full, **kwargs)
 
@@ -439,6 +506,7 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
         return value, (aux_box[0] if aux_box else None), backward
 
     def cotangents_for(backward, cotangents, primals):
+        cotangents = as_trace_constants(cotangents)  # a real tensor passed while tracing: captured
         flat_cts = _zeros_for_none(backward(cotangents), tree_leaves(primals))
         grads, offset = [], 0
         for p in primals:
@@ -453,25 +521,112 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
         def vjp_fn(cotangents):
             return cotangents_for(backward, cotangents, primals)
     else:
-        cuda_devices = sorted({t.device.index or 0 for t in tree_leaves(primals)
-                               if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
-        rng_states = (torch.random.get_rng_state(), [torch.cuda.get_rng_state(d) for d in cuda_devices])
-        value, aux = context.jit_evicting(lambda p: split(p)[:2])(primals)
+        pullback = _Pullback()
 
-        def joint(primals, cotangents):
-            _, _, backward = split(primals)
-            return cotangents_for(backward, cotangents, primals)
+        def forward(primals):
+            value, aux, backward = split(primals)
+            return value, aux, pullback.build(value, lambda cts: cotangents_for(backward, cts, primals))
 
-        compiled_joint = context.jit_evicting(joint)
+        value, aux, residuals = context.jit_evicting(forward)(primals)
+        vjp_fn = pullback.bind(residuals)
+    return (value, vjp_fn, aux) if has_aux else (value, vjp_fn)
+
+
+# -- the pullback of an eager vjp: residuals computed by the forward, no re-run of fn ------------
+class _Pullback:
+    """What tf.vjp's vjp_fn runs when tf.vjp was called with real tensors, JAX's way: the forward
+    (compiled) returns, besides the output, the residuals its backward reads; vjp_fn runs the
+    recorded backward on those residuals and the cotangents. So the pullback is the derivative
+    of the forward that ran when tf.vjp was called: the user's function is not called again (a
+    closure changed in between, or a random op, changes nothing), and a vjp_fn is itself an
+    ordinary function of its cotangents that every transform (tf.vjp, tf.grad, jit) can trace."""
+
+    def build(self, value, backward) -> tuple:
+        """While the forward is traced: record backward(stand-in cotangents) aside, and return the
+        values it reads from the forward (the residuals, the forward's extra outputs)."""
+        trc = context.current_trace()
+        out_leaves, self.out_spec = tree_flatten(value)
+        self.outputs = [(tuple(o.shape), o.dtype, o.device) if _carries_gradient(o) else None for o in out_leaves]
+        self.cotangents = [TensorProxy(shape=m[0], dtype=m[1], device=m[2]) if m is not None else None
+                           for m in self.outputs]
+        with trc.scope() as recorded:
+            self.grads = backward(tree_unflatten(self.out_spec, self.cotangents))
+        self.bsyms = recorded
+        defined = {c.name for c in self.cotangents if c is not None}
+        defined |= {o.name for b in recorded for o in b.proxy_outs()}
+        read = [p for b in recorded for p in b.proxy_args()] + [p for p in tree_leaves(self.grads)
+                                                                  if isinstance(p, TensorProxy)]
+        self.residuals = list({p.name: p for p in read if p.name not in defined}.values())
+        # a captured tensor is read as it is now (as torch.autograd saves it); the rest, as computed
+        return tuple(p for p in self.residuals if p.constant is None)
+
+    def bind(self, computed) -> Callable:
+        computed = iter(computed)
+        values = [p.constant if p.constant is not None else next(computed) for p in self.residuals]
+        # kept as they are (an input that requires grad stays connected, so vjp_fn's result is differentiable
+        # by torch.autograd as torch.func's is); an in-place write into an input, an output or a captured
+        # tensor after tf.vjp shows in its version, and is refused as torch.autograd refuses it
+        versions = [v._version if isinstance(v, torch.Tensor) else None for v in values]
+        run = context.jit_evicting(self._replay)
 
         def vjp_fn(cotangents):
-            # The compiled backward recomputes the forward values it needs, from the generator
-            # state the forward started with: random ops draw what they drew for `value`.
-            with torch.random.fork_rng(devices=cuda_devices):
-                torch.random.set_rng_state(rng_states[0])
-                for d, state in zip(cuda_devices, rng_states[1]):
-                    torch.cuda.set_rng_state(state, d)
-                return compiled_joint(primals, cotangents)
+            for p, v, version in zip(self.residuals, values, versions):
+                if version is not None and v._version != version:
+                    raise SavedTensorModifiedError(
+                        f"one of the values vjp_fn needs ({p.origin[0] if p.origin else 'an intermediate'}, "
+                        f"{TensorProxy.type_string(v)}) was modified by an in-place operation after tf.vjp ran, so the "
+                        f"gradient would not be the forward's. Call tf.vjp again after the change, or clone the "
+                        f"tensor before modifying it.")
+            return run(values, self._checked(cotangents))
 
-        vjp_fn._thunderfn_state = compiled_joint._thunderfn_state
-    return (value, vjp_fn, aux) if has_aux else (value, vjp_fn)
+        vjp_fn._thunderfn_state = run._thunderfn_state
+        return vjp_fn
+
+    def _checked(self, cotangents) -> list:
+        """One cotangent per differentiable output (zeros for None), of its shape and dtype."""
+        try:
+            leaves = self.out_spec.flatten_up_to(cotangents)
+        except (ValueError, TypeError) as e:
+            raise CotangentError(f"the cotangents must have the structure of the function's output, {self.out_spec}, with "
+                            f"None for outputs that get none; got {tree_flatten(cotangents)[1]} ({e})") from None
+        cts = []
+        for i, (c, meta) in enumerate(zip(leaves, self.outputs)):
+            if meta is None:
+                continue
+            shape, dtype, device = meta
+            if c is None:
+                c = torch.zeros(shape, dtype=dtype, device=device)
+            if tuple(c.shape) != shape:
+                raise CotangentError(f"vjp_fn: the cotangent of output {i} has shape {tuple(c.shape)}, but that output has "
+                                 f"shape {shape}; pass one cotangent of each output's shape (None for zeros)")
+            cts.append(c if c.dtype == dtype else c.to(dtype))
+        return cts
+
+    def _replay(self, residuals, cotangents):
+        """The recorded backward again, on these residuals and cotangents, into the trace being
+        built: each bound symbol called anew (fresh names; an enclosing transform sees its ops)."""
+        trc = context.current_trace()
+        env = {p.name: v for p, v in zip(self.residuals, as_trace_constants(list(residuals)))}
+        env.update((p.name, c) for p, c in zip((c for c in self.cotangents if c is not None), cotangents))
+
+        def value(x):
+            return env.get(x.name, x) if isinstance(x, TensorProxy) else x
+
+        with torch.set_grad_enabled(torch.is_grad_enabled()):  # the caller's mode back after replayed switches
+            self._replay_into(trc, env, value)
+        return optree.tree_map(value, self.grads, none_is_leaf=True, namespace="thunderfn")
+
+    def _replay_into(self, trc, env, value) -> None:
+        for bsym in self.bsyms:
+            args, kwargs = optree.tree_map(value, (bsym.args, bsym.kwargs), none_is_leaf=True, namespace="thunderfn")
+            if bsym.sym is set_grad_enabled:  # a no_grad block in a recomputed forward: switched, and so recorded
+                torch._C._set_grad_enabled(bool(args[0]))
+                continue
+            if bsym.sym.printer is not None:
+                trc.emit(bsym.sym.bind(*args, output=bsym.output, **kwargs))
+                continue
+            out = bsym.sym(*args, **kwargs)
+            for o, r in zip(optree.tree_leaves(bsym.output, none_is_leaf=True, namespace="thunderfn"),
+                            optree.tree_leaves(out, none_is_leaf=True, namespace="thunderfn")):
+                if isinstance(o, TensorProxy):
+                    env[o.name] = r

@@ -38,6 +38,10 @@ _ids = itertools.count()
 class custom_vjp:
     """Give fn a hand-written vector-Jacobian product (see module docstring)."""
 
+    # How vmap batches a call: None vmaps fwd and bwd (JAX's rule); a user Function
+    # (transforms/user_functions.py) sets its own, vmap_rule(batching, bsym)
+    vmap_rule = None
+
     def __init__(self, fn, nondiff_argnums=()):
         functools.update_wrapper(self, fn)
         self.fn = fn

@@ -21,14 +21,23 @@ from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import up_to_date
-from thunderfn.errors import UnsupportedOpError
-from thunderfn.torch.opaque import _meta
-from thunderfn.transforms.autodiff import _compiled, _carries_gradient, _grad_modes, as_trace_values, value_without_aux
+from thunderfn.errors import ForwardModeError, UnsupportedOpError
+from thunderfn.torch.opaque import _meta, named_functorch_refusal
+from thunderfn.transforms.autodiff import (_compiled, _carries_gradient, _grad_modes, as_trace_constants, as_trace_values,
+                                          differentiating, value_without_aux)
+from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, jvp_rules
 
 
+def _is_custom_vjp(bsym) -> bool:
+    """A user's tf.custom_vjp function (an executor's vjp= pair, whose fwd is the symbol's own kernel, is
+    differentiated through fwd instead)."""
+    owner = getattr(bsym.sym.fn, "__self__", None)
+    return isinstance(owner, custom_vjp) and not getattr(owner, "fwd_is_primal", False)
+
+
 def _keep_whole(bsym) -> bool:
-    return (bsym.sym.id in jvp_rules or bsym.sym.id in NON_DIFFERENTIABLE or bsym.sym.printer is not None
+    return (bsym.sym.id in jvp_rules or _is_custom_vjp(bsym) or bsym.sym.id in NON_DIFFERENTIABLE or bsym.sym.printer is not None
             or not bsym.subsymbols or not any(_carries_gradient(a) for a in bsym.flat_args())
             or not any(_carries_gradient(o) for o in bsym.flat_outs()))
 
@@ -49,6 +58,14 @@ def _push_forward(bsym, tangents: dict) -> None:
             or not any(_carries_gradient(o) for o in bsym.flat_outs())):  # comparisons, argmax: nothing to push
         return
     rule = jvp_rules.get(bsym.sym.id)
+    # a custom_vjp with no tangent rule of its own (a user Function's jvp staticmethod is one): its fwd's
+    # derivative is not the rule, a silent wrong tangent, so refused
+    if rule is None and _is_custom_vjp(bsym):
+        name = bsym.sym.fn.__self__._name
+        raise ForwardModeError(
+            f"forward mode (tf.jvp, tf.jacfwd, tf.hessian) reached '{name}', a tf.custom_vjp function: its rule is "
+            f"reverse-mode only, and differentiating its body instead would ignore it. Define it with tf.custom_jvp "
+            f"(whose rule both modes use), or use reverse mode (tf.jacrev, tf.jacrev(tf.jacrev(f)) for a Hessian).")
     if rule is not None:
         args, kwargs = bsym.args, bsym.kwargs
         if kwarg_tangents and bsym.sym.fn is not None:  # rules take tangents by position: no tensor by keyword
@@ -76,7 +93,11 @@ def torch_jvp(fn, args, kwargs, tangents):
     positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and dtypes.is_inexact(x.dtype)]
     call = of_leaves(fn, leaves, spec, positions)
 
-    _, out_tangent = torch.func.jvp(call, tuple(leaves[i] for i in positions), tuple(tangents))
+    try:
+        _, out_tangent = torch.func.jvp(call, tuple(leaves[i] for i in positions), tuple(tangents))
+    except RuntimeError as e:
+        named_functorch_refusal(fn, e)
+        raise
     return out_tangent
 
 
@@ -104,7 +125,6 @@ def trace_jvp(fn: Callable, primals, tangents):
     trc = context.current_trace()
     primals = as_trace_values(up_to_date(primals))
     tangents = lift_constants(tangents)  # real tensors (tf.jvp called inside a traced function) read as constants
-    start_mode = torch.is_grad_enabled()
     env: dict = {}
     for p, t in zip(tree_leaves(primals), tree_leaves(tangents)):
         if _carries_gradient(p) and t is not None:
@@ -113,12 +133,12 @@ def trace_jvp(fn: Callable, primals, tangents):
             # keyed by the name the primal has now: fn may write into it in place, after which the same
             # proxy object names its new value (torch/inplace.py), whose tangent the rules compute
             env[p.name] = clang.maybe_convert_to_dtype(t, p.dtype)
-    with trc.scope() as recorded:
-        out = up_to_date(fn(*primals))
+    with differentiating(trc) as recorded:  # whatever the grad mode outside, as reverse mode
+        out = as_trace_constants(up_to_date(fn(*primals)))  # a constant output gets a zero tangent
     region = _flattened(recorded)
     for bsym in region:
         trc.emit(bsym)
-    for bsym, enabled in zip(region, _grad_modes(region, start_mode)):
+    for bsym, enabled in zip(region, _grad_modes(region, True)):
         if enabled:
             _push_forward(bsym, env)
     out_leaves, out_spec = tree_flatten(out)

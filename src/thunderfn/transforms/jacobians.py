@@ -20,19 +20,22 @@ import optree
 import torch
 
 from thunderfn.core.pytree import NAMESPACE, tree_flatten, tree_unflatten
-from thunderfn.transforms.autodiff import _compiled, vjp
+from thunderfn.errors import TransformArgumentError
+from thunderfn.transforms.autodiff import _compiled, positional_argnums, vjp
 from thunderfn.transforms.forward_mode import jvp
 from thunderfn.transforms.vmap import vmap
 
 
-def _argnums(fn, argnums, args) -> tuple[tuple, bool]:
+def _argnums(fn, argnums, args, transform: str) -> tuple[tuple, bool]:
     single = isinstance(argnums, int)
-    nums = (argnums,) if single else tuple(argnums)
-    for i in nums:
-        if not -len(args) <= i < len(args):
-            raise TypeError(f"differentiating with respect to argument {i} of '{getattr(fn, '__name__', fn)}', "
-                            f"but it was called with {len(args)} positional arguments")
-    return tuple(i % len(args) for i in nums), single
+    nums = positional_argnums(fn, (argnums,) if single else tuple(argnums), len(args))
+    for k, leaf in enumerate(tree_flatten(tuple(args[i] for i in nums))[0]):
+        if getattr(leaf, "dtype", None) is not None and leaf.dtype.is_complex:
+            raise TransformArgumentError(
+                f"{transform}: Expected all inputs to be real but received complex tensor at flattened input idx: {k} "
+                f"(as torch.func). Differentiate with respect to its real and imaginary parts as two real tensors "
+                f"(torch.view_as_real), or use tf.vjp with a cotangent you choose.")
+    return nums, single
 
 
 def _with_primals(fn, args, nums):
@@ -72,7 +75,7 @@ def _blocks(batched, sizes):
 def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | None = None):
     """The Jacobian of fn with respect to the positional args in argnums, by reverse mode."""
     def jacobian(*args):
-        nums, single = _argnums(fn, argnums, args)
+        nums, single = _argnums(fn, argnums, args, "jacrev")
         primals = tuple(args[i] for i in nums)
         result = vjp(_with_primals(fn, args, nums), *primals, has_aux=has_aux)
         out, vjp_fn = result[0], result[1]
@@ -91,7 +94,7 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
         blocks = [[_blocks(g, sizes) for g in grads] for grads in pulled]  # [primal][its leaf][output leaf]
         per_out = []
         for k, o in enumerate(out_leaves):
-            per_primal = [tree_unflatten(spec, [leaf_blocks[k].reshape(*o.shape, *p.shape)
+            per_primal = [tree_unflatten(spec, [leaf_blocks[k].reshape((*o.shape, *p.shape))
                                                 for leaf_blocks, p in zip(primal_blocks, leaves)])
                           for (leaves, spec), primal_blocks in zip(primal_leaves, blocks)]
             per_out.append(per_primal[0] if single else tuple(per_primal))
@@ -105,7 +108,7 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
 def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
     """The Jacobian of fn with respect to the positional args in argnums, by forward mode."""
     def jacobian(*args):
-        nums, single = _argnums(fn, argnums, args)
+        nums, single = _argnums(fn, argnums, args, "jacfwd")
         primals = tuple(args[i] for i in nums)
         flat, spec = tree_flatten(primals)
         sizes = [p.numel() for p in flat]
@@ -121,7 +124,7 @@ def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
         aux = result[2] if has_aux else None
         per_out = []
         for o, t in zip(out_leaves, pushed_leaves):
-            blocks = [b.movedim(0, -1).reshape(*o.shape, *p.shape) for b, p in zip(_blocks(t, sizes), flat)]
+            blocks = [b.movedim(0, -1).reshape((*o.shape, *p.shape)) for b, p in zip(_blocks(t, sizes), flat)]
             per_primal = tree_unflatten(spec, blocks)  # a tuple over argnums
             per_out.append(per_primal[0] if single else per_primal)
         jac = tree_unflatten(out_spec, per_out)

@@ -45,11 +45,21 @@ class JVPRule:
 jvp_rules: dict = {}  # symbol id -> JVPRule; entered only through register_jvp
 
 
+def unregister_jvp(symbol_id) -> None:
+    """Drop symbol_id's rule, if it has one (a user Function's call whose trace went away)."""
+    jvp_rules.pop(symbol_id, None)
+
+
 def register_jvp(symbol_id, rule: JVPRule) -> None:
     """The one way a rule enters jvp_rules: defjvp and the rules derived from VJP rules wrap it."""
     if not isinstance(rule, JVPRule):
         raise TypeError(f"the JVP rule for {_vjp._rule_name(symbol_id)} must be a JVPRule, got {type(rule).__name__}")
     jvp_rules[symbol_id] = rule
+
+
+def unregister_jvp(symbol_id) -> None:
+    """Drop symbol_id's rule, if it has one (a custom_jvp that went away)."""
+    jvp_rules.pop(symbol_id, None)
 
 
 # differentiable in principle, but without a forward rule here (the same prims as vjp_rules)

@@ -6,7 +6,7 @@ value carries a batch dimension (an int) or None (the same for every example). A
 symbol none of whose arguments is batched is kept as it is, once for the whole batch; one
 with a batched argument is replaced by what its rule in `batching_rules`
 (transforms/batching_rules.py) emits; a tf.custom_vjp function becomes a custom_vjp of its
-vmapped fwd and bwd; a symbol without a rule is batched through its decomposition (its
+vmapped fwd and bwd, a tf.custom_jvp one a custom_jvp of its vmapped function and rule; a symbol without a rule is batched through its decomposition (its
 subsymbols); an opaque torch op through torch.func.vmap when the compiled function runs; any
 other raises BatchingError. So the batched program is itself a trace, with no loop over the
 examples, and every other transform applies to it: jit(vmap(f)), grad(vmap(f)),
@@ -33,10 +33,11 @@ from thunderfn.core.trace import up_to_date
 from thunderfn.errors import BatchingError
 from thunderfn import clang, prims
 from thunderfn.torch import inplace
-from thunderfn.torch.opaque import _meta
-from thunderfn.transforms.autodiff import _compiled
+from thunderfn.torch.opaque import _meta, named_functorch_refusal
+from thunderfn.transforms.autodiff import _compiled, as_trace_constants
 from thunderfn.transforms import batching_rules_torch  # noqa: F401  (registers the torch-language rules)
 from thunderfn.transforms.batching_rules import batching_rules, move_batch_dim
+from thunderfn.transforms.custom_jvp import custom_jvp, primal_of, spec_of
 from thunderfn.transforms.custom_vjp import custom_vjp
 
 RANDOMNESS = ("error", "different", "same")
@@ -50,6 +51,13 @@ def torch_vmap(fn, in_dims, args, kwargs, randomness="error", batch_size=None):
     tensor it ignores, since torch.func.vmap needs one batched input to know the batch size."""
     leaves, spec = tree_flatten((args, kwargs))
     positions = [i for i, d in enumerate(in_dims) if d is not None]
+    if not positions and randomness == "different":
+        # shared tensor inputs, a draw per example: each is given to every example as a batched (expanded)
+        # tensor, which its draws then fill per example (torch.func refuses an in-place draw into a shared
+        # tensor, as F.dropout's mask, drawn into empty_like(x), would be)
+        positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        in_dims = [0 if i in positions else None for i in range(len(leaves))]
+        leaves = [x.expand(batch_size, *x.shape) if i in positions else x for i, x in enumerate(leaves)]
     call = of_leaves(fn, leaves, spec, positions)
     try:
         if not positions:
@@ -57,6 +65,7 @@ def torch_vmap(fn, in_dims, args, kwargs, randomness="error", batch_size=None):
         return torch.func.vmap(call, in_dims=tuple(in_dims[i] for i in positions), randomness=randomness)(
             *(leaves[i] for i in positions))
     except RuntimeError as e:  # torch.func's own refusals, named as ours (an op drawing random numbers inside)
+        named_functorch_refusal(fn, e)
         if str(e).startswith("vmap:") or "atching rule" in str(e) or "batched tensor" in str(e):
             raise BatchingError(f"vmap cannot batch {getattr(fn, '__name__', fn)} (an opaque torch op, batched by "
                                 f"torch.func.vmap): {str(e).splitlines()[0]}") from None
@@ -68,7 +77,8 @@ def _torch_vmap_meta(fn, in_dims, args, kwargs, randomness="error", batch_size=N
     example = tree_unflatten(tree_flatten((args, kwargs))[1], [
         TensorProxy.like(leaf, shape=leaf.shape[:d] + leaf.shape[d + 1:]) if d is not None else leaf
         for leaf, d in zip(tree_leaves((args, kwargs)), in_dims)])
-    out = _meta(fn, example[0], example[1])
+    # a vmap inside vmap batches the inner one's torch_vmap call, whose outputs its own meta knows
+    out = _torch_vmap_meta(*example[0], **example[1]) if fn is torch_vmap else _meta(fn, example[0], example[1])
     return tree_unflatten(tree_flatten(out)[1], [TensorProxy(shape=(batch,) + tuple(o.shape), dtype=o.dtype, device=o.device)
                                                  for o in tree_leaves(out)])
 
@@ -121,27 +131,34 @@ class _Batching:
 
     def run(self, bsym) -> None:
         trc = context.current_trace()
-        if "random" in bsym.sym.tags:
+        if _draws_random(bsym):  # a random op, or a composite that draws inside (F.dropout): the mode decides
             if self.randomness == "error":
                 raise BatchingError(
                     f"vmap: called random operation {bsym.sym.print_name} while in randomness error mode. Please either "
                     f"use the 'same' or 'different' randomness flags on vmap or perform the randomness operation out "
                     f"of vmap")
-            # "different": every draw is per example, even one whose inputs are shared; "same": a draw
-            # with shared inputs is made once, one with batched inputs as torch.func.vmap makes it
-            if self.randomness == "different" or self.is_batched(bsym):
-                self._opaque(bsym)
-                return
-            if self.chunked:  # traced once per chunk, it would draw once per chunk
+            if self.randomness == "same" and self.chunked:  # traced once per chunk, it would draw once per chunk
                 raise BatchingError(
                     f"vmap: randomness='same' with a chunk_size smaller than the batch would draw "
                     f"{bsym.sym.print_name}'s values once per chunk, not once for the batch; leave chunk_size None, "
                     f"or draw the values outside vmap and pass them in with in_axes None")
+            # "different": every draw is per example, even one whose inputs are shared; "same": a draw
+            # with shared inputs is made once, one with batched inputs as torch.func.vmap makes it
+            if "random" in bsym.sym.tags and (self.randomness == "different" or self.is_batched(bsym)):
+                self._opaque(bsym)
+                return
+            if "random" not in bsym.sym.tags and self.randomness == "different" and not self.is_batched(bsym):
+                for sub in bsym.subsymbols:  # shared inputs, but its draws inside are per example
+                    self.run(sub)
+                return
         if not self.is_batched(bsym):  # the same for every example: computed once
             trc.emit(bsym)
             return
         if isinstance(getattr(bsym.sym.fn, "__self__", None), custom_vjp):
             self._custom_vjp(bsym)
+            return
+        if primal_of(bsym.sym) is not None:
+            self._custom_jvp(bsym)
             return
         rule = batching_rules.get(bsym.sym.id)
         if rule is None and bsym.sym.executor is not None:  # an executor's operator may carry its rule
@@ -181,6 +198,9 @@ class _Batching:
         """A tf.custom_vjp function batched as a custom_vjp whose fwd and bwd are vmapped (JAX's rule):
         batched through its decomposition, its hand-written VJP would be lost under grad(vmap(f))."""
         original = bsym.sym.fn.__self__
+        if original.vmap_rule is not None:  # a user Function's vmap staticmethod, or its refusal
+            original.vmap_rule(self, bsym)
+            return
         if any(isinstance(v, TensorProxy) for v in tree_leaves(bsym.kwargs)):
             raise BatchingError(f"vmap cannot batch {bsym.sym.print_name}, a tf.custom_vjp function called with a "
                                 f"tensor by keyword, yet; pass its tensors by position")
@@ -191,6 +211,17 @@ class _Batching:
         passed_through = {x.name for x in leaves if isinstance(x, TensorProxy) and x.name not in self.dims}
         for o, v in zip(tree_leaves(bsym.output), tree_leaves(out)):
             if isinstance(o, TensorProxy) and o.name not in passed_through:  # an unbatched input stays unbatched
+                self.bind(o, v, 0)
+
+    def _custom_jvp(self, bsym) -> None:
+        """A tf.custom_jvp function batched as a custom_jvp of its vmapped function and vmapped rule
+        (JAX's rule), so that its derivative stays the rule's under grad(vmap(f)) and jvp(vmap(f))."""
+        axes = tuple(entry_by_name(x, self.dims) for x in bsym.args)  # its arguments are flat leaves
+        batched = _batched_custom_jvp(primal_of(bsym.sym), spec_of(bsym.sym), axes, bsym.output)
+        out = batched(*_batched(bsym.args, self.values))
+        passed_through = {x.name for x in bsym.args if isinstance(x, TensorProxy) and x.name not in self.dims}
+        for o, v in zip(tree_leaves(bsym.output), tree_leaves(out)):
+            if isinstance(o, TensorProxy) and o.name not in passed_through:
                 self.bind(o, v, 0)
 
     def _opaque(self, bsym) -> None:
@@ -208,6 +239,11 @@ class _Batching:
         for o, v in zip(bsym.flat_outs(), tree_leaves(out)):
             if isinstance(o, TensorProxy):
                 self.bind(o, v, 0)
+
+
+def _draws_random(bsym) -> bool:
+    """Whether bsym draws from torch's generator: a random op, or a composite with one in its decomposition."""
+    return "random" in bsym.sym.tags or any(_draws_random(sub) for sub in bsym.subsymbols)
 
 
 # Each custom_vjp's batched forms, by in_axes: kept alive with it, since vjp_rules holds a
@@ -236,6 +272,30 @@ def _batched_custom_vjp(original: custom_vjp, arg_axes, example_output) -> custo
 
     batched = custom_vjp(vmap(original.fn, in_axes=arg_axes), nondiff_argnums=nondiff)
     batched.defvjp(vmap(original.fwd, in_axes=arg_axes, out_axes=out_axes), bwd)
+    forms[key] = batched
+    return batched
+
+
+def _batched_custom_jvp(original: custom_jvp, spec, axes: tuple, example_output) -> custom_jvp:
+    """original over the flat argument leaves (a call's arguments, structured by spec) batched at
+    axes: its function and its rule vmapped (a tangent is batched where its primal is)."""
+    out_axes = optree.tree_map(lambda o: 0 if isinstance(o, TensorProxy) else None, example_output,
+                               none_is_leaf=True, namespace="thunderfn")
+    key = repr((spec, axes, out_axes))
+    forms = _batched_forms.setdefault(original, {})
+    if key in forms:
+        return forms[key]
+
+    def per_example(*leaves):
+        return original.fn(*tree_unflatten(spec, list(leaves)))
+
+    def per_example_rule(primals, tangents):
+        nondiff, diff_primals = original.split_args(tree_unflatten(spec, list(primals)))
+        _, diff_tangents = original.split_args(tree_unflatten(spec, list(tangents)))
+        return original.jvp(*nondiff, diff_primals, diff_tangents)
+
+    batched = custom_jvp(vmap(per_example, in_axes=axes))
+    batched.defjvp(vmap(per_example_rule, in_axes=(axes, axes), out_axes=(out_axes, out_axes)))
     forms[key] = batched
     return batched
 
@@ -273,7 +333,8 @@ def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, random
         examples.append(example)
     names = [x.name if isinstance(x, TensorProxy) else None for x in examples]  # an in-place op renames
     with trc.scope() as recorded:
-        out = up_to_date(fn(*tree_unflatten(spec, examples)))
+        # a constant output: the same for every example
+        out = as_trace_constants(up_to_date(fn(*tree_unflatten(spec, examples))))
     for bsym in recorded:
         batching.run(bsym)
     updates = _in_place_updates(trc, batching, leaves, examples, names, in_dims)
