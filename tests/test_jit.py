@@ -456,6 +456,41 @@ def test_parameter_named_like_a_generated_code_global_still_works(name, x):
     assert "torch" not in [a.arg for a in fn.args.args]
 
 
+KEYWORD_TRANSFORMS = {
+    "jit": lambda g: tf.jit(g), "grad": lambda g: tf.grad(g), "value_and_grad": lambda g: tf.value_and_grad(g),
+    "jacrev": lambda g: tf.jacrev(g), "jacfwd": lambda g: tf.jacfwd(g), "hessian": lambda g: tf.hessian(g),
+    "jit_of_grad": lambda g: tf.jit(tf.grad(g)), "grad_of_jit": lambda g: tf.grad(tf.jit(g)),
+    "vmap": lambda g: lambda x, *a, **kw: tf.vmap(g)(x[None], *(t[None] for t in a), **kw)[0],
+}
+
+
+# names thunderfn's own functions use for their parameters (trace(fn, ...), Symbol.__call__(self, ...),
+# the transforms' options): a user keyword argument of the same name reaches the user's function
+@pytest.mark.parametrize("name", ["fn", "self", "args", "kwargs", "name", "trc", "argnums", "has_aux", "primals",
+                                  "executors", "in_axes", "static_argnums"])
+@pytest.mark.parametrize("transform", KEYWORD_TRANSFORMS.values(), ids=KEYWORD_TRANSFORMS.keys())
+def test_a_keyword_argument_named_like_an_internal_parameter_reaches_the_function(name, transform, x):
+    ns = {}
+    exec(f"def g(x, {name}):\n    return (x * {name}).sum()", ns)
+    other = torch.randn(3)
+    torch.testing.assert_close(transform(ns["g"])(x, **{name: other}), transform(ns["g"])(x, other))
+
+
+@pytest.mark.parametrize("name", ["fn", "self", "args"])
+def test_a_keyword_argument_named_like_an_internal_parameter_reaches_trace_examine_and_modules(name, x):
+    ns = {}
+    exec(f"def g(x, {name}):\n    return x * {name}", ns)
+    assert [b.sym.name for b in tf.trace(ns["g"], x, **{name: x}).bound_symbols] == ["mul"]
+    assert tf.examine(ns["g"], x, **{name: x}).jit_ready
+
+    class Scale(torch.nn.Module):
+        def forward(self, x, **kw):
+            return x * kw[name]
+
+    if name != "self":  # torch's own Module.__call__(self, ...) takes no keyword 'self', in eager too
+        torch.testing.assert_close(tf.jit(Scale())(x, **{name: x}), x * x)
+
+
 def test_tensor_made_at_trace_time_is_a_fresh_tensor_on_every_call(x):
     f = tf.jit(lambda a: (a + 1, torch.tensor([1.0, 2.0])))
     first = f(x)[1]

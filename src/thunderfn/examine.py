@@ -99,7 +99,7 @@ class _Recorder(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def examine(fn, *args, **kwargs) -> Examination:
+def examine(fn, /, *args, **kwargs) -> Examination:
     """Run fn once eagerly and report how thunderfn would treat each torch call it makes.
 
     Prints the report and returns it (an Examination: `.calls`, `.by_status(s)`,

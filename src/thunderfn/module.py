@@ -151,14 +151,14 @@ class ThunderModule(torch.nn.Module):
                                      _state_slots(module, module.named_buffers))
         return self._thunderfn_slots
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         # The module's own call (inside the trace) runs its hooks and torch's global ones, as
         # eager does; the wrapper runs only hooks registered on the wrapper itself.
         if self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks:
             return self._call_impl(*args, **kwargs)
         return self.forward(*args, **kwargs)
 
-    def forward(self, *args, **kwargs):
+    def forward(self, /, *args, **kwargs):
         jitted = self._current()
         if jitted is None:
             if _has_uninitialized_parameters(self.module):

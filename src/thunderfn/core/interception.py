@@ -329,7 +329,7 @@ def _proxy_grad(self):
 def _operator(name):
     torch_fn = getattr(torch.Tensor, name)
 
-    def op(self, *args, **kwargs):
+    def op(self, /, *args, **kwargs):
         return dispatch(torch_fn, (self, *args), kwargs)
 
     op.__name__ = name

@@ -57,7 +57,7 @@ class Symbol:
     def __repr__(self):
         return f"[Symbol name={self.print_name}]"
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         trc = context.current_trace()
         if trc is None:
             if self.is_prim:

@@ -357,7 +357,7 @@ def _unbound_tensor_method(e: TypeError, fn_name: str) -> UnsupportedOpError:
         f"torch.* ({e})")
 
 
-def trace(fn, *args, **kwargs) -> Trace:
+def trace(fn, /, *args, **kwargs) -> Trace:
     """The computation trace of fn applied to these arguments (like jax.make_jaxpr).
 
     Tensors anywhere in the argument pytrees become inputs; other values are baked in.
@@ -430,7 +430,7 @@ def _run_decomposition(sym: Symbol, args, kwargs):
 set_eager_composite(_run_decomposition)
 
 
-def timed_pass(name: str, fn, trc: Trace, *args, **kwargs) -> Trace:
+def timed_pass(name: str, fn, trc: Trace, /, *args, **kwargs) -> Trace:
     start = time.perf_counter_ns()
     new = fn(trc, *args, **kwargs)
     if new is not trc:  # a pass that changes nothing returns its input, whose provenance stays

@@ -88,7 +88,7 @@ def _fresh_outputs(fn: Callable) -> Callable:
     return body
 
 
-def _as_opaque_op(torch_fn, *args, **kwargs):
+def _as_opaque_op(torch_fn, /, *args, **kwargs):
     """A torch symbol's fallback where its body has no decomposition (DecompositionUnavailable):
     the torch function it mirrors, recorded as an opaque op that torch runs."""
     return opaque_symbol(torch_fn)(*args, **kwargs)

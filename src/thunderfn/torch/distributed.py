@@ -94,7 +94,7 @@ def _wait(pending):
     return pending.tensor
 
 
-def _same_meta(x, *args, **kwargs):
+def _same_meta(x, /, *args, **kwargs):
     return TensorProxy.like(x, requires_grad=False)
 
 

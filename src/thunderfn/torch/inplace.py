@@ -182,7 +182,7 @@ def copy_into(dst, src):
     return clang.expand_to(value, dst.shape)
 
 
-def fresh_random_like(like: torch.Tensor, method: str, *args, **kwargs) -> torch.Tensor:
+def fresh_random_like(like: torch.Tensor, method: str, /, *args, **kwargs) -> torch.Tensor:
     """`like.<method>(...)` drawn into a new tensor: the functional form of a random fill."""
     return getattr(torch.empty_like(like), method)(*args, **kwargs)
 

@@ -62,14 +62,14 @@ class custom_vjp:
         return getattr(self.fn, "__name__", repr(self.fn))
 
     # -- forward: fwd, recorded as this function's symbol ------------------------------------------
-    def _forward(self, *args, **kwargs):
+    def _forward(self, /, *args, **kwargs):
         result = self.fwd(*args, **kwargs)
         if not (isinstance(result, tuple) and len(result) == 2):
             raise TypeError(f"custom_vjp '{self._name}': fwd must return a pair (output, residuals), got "
                             f"{type(result).__name__}")
         return result
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         if context.current_trace() is None:
             if self._symbol is not None and torch.is_grad_enabled() and any(
                     isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves((args, kwargs))):

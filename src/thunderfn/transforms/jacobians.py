@@ -35,13 +35,14 @@ def _argnums(fn, argnums, args) -> tuple[tuple, bool]:
     return tuple(i % len(args) for i in nums), single
 
 
-def _with_primals(fn, args, nums):
-    """fn as a function of the differentiated arguments only, the others fixed at args."""
+def _with_primals(fn, args, kwargs, nums):
+    """fn as a function of the differentiated arguments only, the others fixed at args and kwargs
+    (keyword arguments are passed through and never differentiated, as in JAX)."""
     def of_primals(*primals):
         full = list(args)
         for i, p in zip(nums, primals):
             full[i] = p
-        return fn(*full)
+        return fn(*full, **kwargs)
 
     return of_primals
 
@@ -71,10 +72,10 @@ def _blocks(batched, sizes):
 
 def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | None = None):
     """The Jacobian of fn with respect to the positional args in argnums, by reverse mode."""
-    def jacobian(*args):
+    def jacobian(*args, **kwargs):
         nums, single = _argnums(fn, argnums, args)
         primals = tuple(args[i] for i in nums)
-        result = vjp(_with_primals(fn, args, nums), *primals, has_aux=has_aux)
+        result = vjp(_with_primals(fn, args, kwargs, nums), *primals, has_aux=has_aux)
         out, vjp_fn = result[0], result[1]
         out_leaves, out_spec = tree_flatten(out)
         sizes = [o.numel() for o in out_leaves]
@@ -104,12 +105,12 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
 
 def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
     """The Jacobian of fn with respect to the positional args in argnums, by forward mode."""
-    def jacobian(*args):
+    def jacobian(*args, **kwargs):
         nums, single = _argnums(fn, argnums, args)
         primals = tuple(args[i] for i in nums)
         flat, spec = tree_flatten(primals)
         sizes = [p.numel() for p in flat]
-        of_primals = _with_primals(fn, args, nums)
+        of_primals = _with_primals(fn, args, kwargs, nums)
 
         def push_forward(*tangent_leaves):
             return jvp(of_primals, primals, tree_unflatten(spec, list(tangent_leaves)), has_aux=has_aux)
