@@ -1,6 +1,9 @@
 """Errors (errors.py, core/proxies.py, core/interception.py): each failure kind has one
 error class, a subclass of the builtin a torch user would catch, and a message that
 names the operation, the function, where the value came from and what to do."""
+import re
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,6 +21,69 @@ def test_error_classes_subclass_the_builtin_a_torch_user_catches():
     assert issubclass(ConcretizationError, TypeError) and issubclass(ConcretizationError, tf.ThunderFnError)
     assert issubclass(UnsupportedOpError, NotImplementedError) and issubclass(UnsupportedOpError, tf.ThunderFnError)
     assert tf.errors.ConcretizationError is tf.ConcretizationError
+
+
+MISUSES = {  # name: (call, the builtin it is also, the thunderfn kind)
+    "grad-of-non-scalar": (lambda: tf.grad(torch.sin)(torch.randn(3)), RuntimeError, tf.errors.OutputError),
+    "vmap-in_axes-too-long": (lambda: tf.vmap(torch.sin, in_axes=(0, 0))(torch.randn(2, 3)), ValueError,
+                              tf.errors.InvalidArgumentError),
+    "vmap-in_axes-out-of-range": (lambda: tf.vmap(torch.sin, in_axes=3)(torch.randn(2, 3)), ValueError,
+                                  tf.errors.InvalidArgumentError),
+    "vmap-in_axes-a-string": (lambda: tf.vmap(torch.sin, in_axes="0")(torch.randn(2, 3)), TypeError,
+                              tf.errors.InvalidArgumentError),
+    "vmap-randomness": (lambda: tf.vmap(torch.sin, randomness="sometimes"), ValueError, tf.errors.InvalidArgumentError),
+    "grad-argnums-past-the-arguments": (lambda: tf.grad(lambda a: a.sum(), argnums=2)(torch.randn(3)), TypeError,
+                                        tf.errors.InvalidArgumentError),
+    "jacrev-argnums-past-the-arguments": (lambda: tf.jacrev(torch.sin, argnums=1)(torch.randn(3)), TypeError,
+                                          tf.errors.InvalidArgumentError),
+    "grad-of-an-integer": (lambda: tf.grad(lambda a: a.sum())(torch.arange(3)), TypeError,
+                           tf.errors.InvalidArgumentError),
+    "jvp-tangent-shape": (lambda: tf.jvp(torch.sin, (torch.randn(3),), (torch.randn(4),)), ValueError,
+                          tf.errors.InvalidArgumentError),
+    "vjp-cotangent-shape": (lambda: tf.vjp(torch.sin, torch.randn(3))[1](torch.randn(4)), RuntimeError,
+                            tf.errors.InvalidArgumentError),
+    "jit-not-callable": (lambda: tf.jit(3), TypeError, tf.errors.InvalidArgumentError),
+    "jit-cache_size_limit": (lambda: tf.jit(torch.sin, cache_size_limit=0), ValueError, tf.errors.InvalidArgumentError),
+    "jit-static-tensor": (lambda: tf.jit(lambda a, n: a * n, static_argnums=1)(torch.ones(1), torch.ones(1)),
+                          TypeError, tf.errors.InvalidArgumentError),
+    "jit-unknown-executor": (lambda: tf.jit(torch.sin, executors=["nope"])(torch.ones(1)), ValueError,
+                             tf.errors.InvalidArgumentError),
+    "last_traces-before-a-call": (lambda: tf.last_traces(tf.jit(torch.sin)), RuntimeError, tf.errors.NoTraceError),
+    "custom_vjp-without-rule": (lambda: tf.grad(lambda a: tf.custom_vjp(lambda t: t * 2)(a).sum())(torch.ones(2)),
+                                TypeError, tf.errors.InvalidArgumentError),
+    "shape-mismatch": (lambda: tf.jit(lambda a: a + torch.ones(4))(torch.ones(3)), RuntimeError,
+                       tf.errors.InvalidArgumentError),
+    "dim-out-of-range": (lambda: tf.jit(lambda a: a.sum(3))(torch.ones(3)), IndexError, tf.errors.InvalidArgumentError),
+}
+
+
+@pytest.mark.parametrize("call, builtin, kind", MISUSES.values(), ids=MISUSES.keys())
+def test_every_misuse_is_a_thunderfn_error_of_its_kind_and_of_the_builtin_it_was(call, builtin, kind):
+    with pytest.raises(builtin) as raised:
+        call()
+    assert isinstance(raised.value, tf.ThunderFnError) and isinstance(raised.value, kind), repr(raised.value)
+
+
+def test_thunderfn_raises_no_bare_builtin_of_its_own():
+    """Every `raise` of a builtin error in thunderfn's source is one of its own classes (the scan
+    that keeps item 'every error is a ThunderFnError' true as code is added). AttributeError stays
+    Python's own: hasattr() and module __getattr__ rely on exactly it. The example model and the
+    test helpers are user-level code."""
+    root = Path(tf.__file__).parent
+    bare = re.compile(r"raise (RuntimeError|ValueError|TypeError|IndexError|KeyError|NotImplementedError|"
+                      r"AssertionError|ZeroDivisionError|LookupError|Exception)\b")
+    found = [f"{path.relative_to(root)}:{n}: {line.strip()}"
+             for path in sorted(root.rglob("*.py")) if path.parts[len(root.parts)] not in ("examples", "testing")
+             for n, line in enumerate(path.read_text().splitlines(), 1) if bare.search(line)]
+    assert not found, "\n".join(found)
+
+
+def test_invalid_argument_errors_keep_the_builtin_and_add_the_kind():
+    for builtin in (TypeError, ValueError, IndexError, RuntimeError, NotImplementedError, ZeroDivisionError):
+        cls = tf.errors.invalid_argument(builtin)
+        assert issubclass(cls, builtin) and issubclass(cls, tf.errors.InvalidArgumentError)
+        assert issubclass(cls, tf.ThunderFnError) and tf.errors.invalid_argument(builtin) is cls
+    assert tf.errors.invalid_argument(tf.errors.BatchingError) is tf.errors.BatchingError
 
 
 # -- value-dependent control flow --------------------------------------------------------------
@@ -183,7 +249,8 @@ def test_meta_error_has_torchs_exception_type_and_wording(fn, x):
         fn(x)
     with pytest.raises(Exception) as traced:
         tf.jit(fn)(x)
-    assert type(traced.value) is type(eager.value)
+    # torch's builtin (so `except RuntimeError` catches both alike) and thunderfn's kind
+    assert isinstance(traced.value, type(eager.value)) and isinstance(traced.value, tf.errors.InvalidArgumentError)
     assert str(traced.value) == str(eager.value)
 
 

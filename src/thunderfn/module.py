@@ -25,7 +25,7 @@ import torch
 
 from thunderfn.core import context
 from thunderfn.core.context import to_identifier
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.errors import ArgumentValueError, UnsupportedOpError
 from thunderfn.torch import distributed as collectives
 
 
@@ -261,7 +261,7 @@ def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=
     named.update(module.named_buffers(remove_duplicate=False))
     unknown = set(parameters_and_buffers) - set(named)
     if unknown:
-        raise ValueError(f"functional_call: {type(module).__name__} has no parameters or buffers named {sorted(unknown)}")
+        raise ArgumentValueError(f"functional_call: {type(module).__name__} has no parameters or buffers named {sorted(unknown)}")
     pairs = [(named[name], value if not isinstance(value, torch.Tensor) else trc.constant(value))
              for name, value in parameters_and_buffers.items()]
     with context.standing_in(pairs):

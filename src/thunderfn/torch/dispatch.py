@@ -20,6 +20,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
 from thunderfn.torch import autocast, inplace
 from thunderfn.torch.opaque import is_random, run_opaque
+from thunderfn.errors import ProxyOutsideTraceError
 
 _any_autocast = torch._C._is_any_autocast_enabled
 
@@ -29,7 +30,7 @@ def dispatch(func, args, kwargs):
     handler = handlers.get(func)
     trc = context.current_trace()
     if trc is None:
-        raise RuntimeError(f"{torch_name(func)} was called on a thunderfn proxy outside of tracing")
+        raise ProxyOutsideTraceError(f"{torch_name(func)} was called on a thunderfn proxy outside of tracing")
     if handler is None:
         if is_metadata_query(func):
             if not any(isinstance(a, TensorProxy) for a in args):

@@ -33,7 +33,7 @@ from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.errors import ArgumentRuntimeError, ArgumentTypeError, OutputError, UnsupportedOpError
 from thunderfn.torch.opaque import autograd_connections, torch_vjp_op
 from thunderfn.torch.random import get_rng_state_op
 from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' rules join vjp_rules)
@@ -53,7 +53,7 @@ def _accumulate(cts: dict, proxy: TensorProxy, ct) -> None:
     if isinstance(ct, TensorProxy) and ct.dtype != proxy.dtype:
         ct = ltorch.to(ct, proxy.dtype)
     if tuple(ct.shape) != tuple(proxy.shape):
-        raise RuntimeError(f"internal: cotangent of {proxy.name} has shape {tuple(ct.shape)}, expected {tuple(proxy.shape)}")
+        raise ArgumentRuntimeError(f"internal: cotangent of {proxy.name} has shape {tuple(ct.shape)}, expected {tuple(proxy.shape)}")
     previous = cts.get(proxy.name)
     cts[proxy.name] = ct if previous is None else ltorch.add(previous, ct)
 
@@ -265,7 +265,7 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
         try:
             ct_leaves = out_spec.flatten_up_to(cotangents)
         except (ValueError, TypeError) as e:
-            raise TypeError(f"the cotangents must have the structure of the function's output, {out_spec}, with "
+            raise ArgumentTypeError(f"the cotangents must have the structure of the function's output, {out_spec}, with "
                             f"None for outputs that get none; got {tree_flatten(cotangents)[1]} ({e})") from None
         cts: dict = {}
         for o, c in zip(out_leaves, ct_leaves):
@@ -338,11 +338,11 @@ def _floats_as_tensors(args, nums):
 def _check_inexact(leaves, what: str, fn) -> None:
     for leaf in leaves:
         if type(leaf) in (int, bool):
-            raise TypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point inputs to "
+            raise ArgumentTypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point inputs to "
                             f"differentiate, but got the Python {type(leaf).__name__} {leaf!r}. Pass a float "
                             f"(2.0) or a floating tensor, or leave it out of argnums.")
         if isinstance(leaf, TensorProxy) and not dtypes.is_inexact(leaf.dtype):
-            raise TypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point (or complex) inputs to "
+            raise ArgumentTypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point (or complex) inputs to "
                             f"differentiate, but got a {leaf.dtype} tensor. Pass it as an argument you do not "
                             f"differentiate with respect to (argnums), or convert it with .float().")
 
@@ -363,7 +363,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
     def transformed(*args, **kwargs):
         for i in nums:
             if i >= len(args):
-                raise TypeError(f"differentiating with respect to argument {i} of '{getattr(fn, '__name__', fn)}', "
+                raise ArgumentTypeError(f"differentiating with respect to argument {i} of '{getattr(fn, '__name__', fn)}', "
                                 f"but it was called with {len(args)} positional arguments")
         diff = [args[i] for i in nums]
         _check_inexact(tree_leaves(diff), "grad", fn)
@@ -378,7 +378,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
         value, aux = out if has_aux else (out, None)
         if not (isinstance(value, TensorProxy) and value.numel() == 1):
             shape = tuple(value.shape) if isinstance(value, TensorProxy) else type(value).__name__
-            raise RuntimeError(f"grad of '{getattr(fn, '__name__', fn)}' requires a scalar output, but it returned "
+            raise OutputError(f"grad of '{getattr(fn, '__name__', fn)}' requires a scalar output, but it returned "
                                f"{shape}. Reduce it first (out.sum()), or use tf.vjp / tf.jacrev for non-scalar outputs.")
         ones = ltorch.full(tuple(value.shape), 1, device=value.device, dtype=value.dtype)
         flat_cts = backward((ones, tree_map(lambda _: None, aux)) if has_aux else ones)

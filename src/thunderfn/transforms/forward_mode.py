@@ -20,7 +20,7 @@ from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError, UnsupportedOpError
 from thunderfn.torch.opaque import _meta
 from thunderfn.transforms.autodiff import _compiled, _carries_gradient, _grad_modes, as_trace_values, value_without_aux
 from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, jvp_rules
@@ -112,7 +112,7 @@ def trace_jvp(fn: Callable, primals, tangents):
     for p, t in zip(tree_leaves(primals), tree_leaves(tangents)):
         if _carries_gradient(p) and t is not None:
             if tuple(t.shape) != tuple(p.shape):
-                raise ValueError(f"jvp: a tangent has shape {tuple(t.shape)} where its primal has {tuple(p.shape)}")
+                raise ArgumentValueError(f"jvp: a tangent has shape {tuple(t.shape)} where its primal has {tuple(p.shape)}")
             env[p.name] = clang.maybe_convert_to_dtype(t, p.dtype)
     for bsym, enabled in zip(region, _grad_modes(region, start_mode)):
         if enabled:
@@ -129,10 +129,10 @@ def jvp(fn: Callable, primals, tangents, has_aux: bool = False):
     """(out, tangent_out), or (out, tangent_out, aux): the Jacobian-vector product of fn at
     primals (a tuple) with tangents (a tuple of the same structure)."""
     if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
-        raise TypeError(f"jvp expects primals and tangents as tuples, got {type(primals).__name__} and "
+        raise ArgumentTypeError(f"jvp expects primals and tangents as tuples, got {type(primals).__name__} and "
                         f"{type(tangents).__name__}")
     if tree_flatten(primals)[1] != tree_flatten(tangents)[1]:
-        raise ValueError("jvp: primals and tangents must have the same structure, got "
+        raise ArgumentValueError("jvp: primals and tangents must have the same structure, got "
                          f"{tree_flatten(primals)[1]} and {tree_flatten(tangents)[1]}")
 
     def transformed(primals, tangents):

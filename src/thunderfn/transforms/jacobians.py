@@ -23,6 +23,7 @@ from thunderfn.core.pytree import NAMESPACE, tree_flatten, tree_unflatten
 from thunderfn.transforms.autodiff import _compiled, vjp
 from thunderfn.transforms.forward_mode import jvp
 from thunderfn.transforms.vmap import vmap
+from thunderfn.errors import ArgumentTypeError
 
 
 def _argnums(fn, argnums, args) -> tuple[tuple, bool]:
@@ -30,7 +31,7 @@ def _argnums(fn, argnums, args) -> tuple[tuple, bool]:
     nums = (argnums,) if single else tuple(argnums)
     for i in nums:
         if not -len(args) <= i < len(args):
-            raise TypeError(f"differentiating with respect to argument {i} of '{getattr(fn, '__name__', fn)}', "
+            raise ArgumentTypeError(f"differentiating with respect to argument {i} of '{getattr(fn, '__name__', fn)}', "
                             f"but it was called with {len(args)} positional arguments")
     return tuple(i % len(args) for i in nums), single
 
