@@ -284,3 +284,77 @@ def test_last_traces_of_a_plain_function_is_a_type_error():
 def test_last_traces_before_the_first_call_says_so():
     with pytest.raises(RuntimeError, match="not been called"):
         tf.last_traces(tf.jit(lambda a: a))
+
+
+# -- messages that say what to do -----------------------------------------------------------------
+def test_a_cotangent_of_the_wrong_shape_names_the_output_and_both_shapes():
+    _, vjp_fn = tf.vjp(lambda a: (a.sin(), a.sum()), torch.randn(3))
+    with pytest.raises(RuntimeError, match=r"cotangent for output 1 .* has shape \(2,\), but that output has "
+                                           r"shape \(\)") as raised:
+        vjp_fn((torch.ones(3), torch.ones(2)))
+    assert "internal" not in str(raised.value) and isinstance(raised.value, tf.errors.InvalidArgumentError)
+    _, vjp_fn = tf.vjp(torch.sin, torch.randn(3))
+    with pytest.raises(RuntimeError, match=r"cotangent for the output has shape \(4,\), but that output has shape \(3,\)"):
+        vjp_fn(torch.ones(4))
+
+
+@pytest.mark.parametrize("transform", [
+    lambda f: tf.grad(f, has_aux=True), lambda f: tf.value_and_grad(f, has_aux=True),
+    lambda f: lambda a: tf.vjp(f, a, has_aux=True), lambda f: lambda a: tf.jvp(f, (a,), (a,), has_aux=True),
+    lambda f: tf.jacrev(f, has_aux=True), lambda f: tf.jacfwd(f, has_aux=True)],
+    ids=["grad", "value_and_grad", "vjp", "jvp", "jacrev", "jacfwd"])
+def test_has_aux_with_a_function_returning_one_value_says_it_must_return_a_pair(transform):
+    def total(a):
+        return a.sin().sum()
+
+    with pytest.raises(tf.errors.OutputError, match=r"has_aux=True\) of 'total': the function must return a pair "
+                                                    r"\(output, aux\), but it returned one tensor of shape \(\)"):
+        transform(total)(torch.randn(3))
+
+
+def test_torch_func_functional_call_under_grad_and_vmap_is_traced_as_torch_func_computes_it():
+    model = torch.nn.Linear(3, 2)
+    params, x = dict(model.named_parameters()), torch.randn(4, 3)
+
+    def loss(p, x):
+        return torch.func.functional_call(model, p, (x,)).pow(2).sum()
+
+    got, expected = tf.grad(loss)(params, x), torch.func.grad(loss)(params, x)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name])
+    batched = tf.vmap(lambda p, row: torch.func.functional_call(model, p, row), in_axes=(None, 0))(params, x)
+    torch.testing.assert_close(batched, model(x))
+    with pytest.raises(RuntimeError, match=r"unexpected key\(s\) \['nope'\]"):
+        tf.grad(lambda p: torch.func.functional_call(model, {**p, "nope": x}, (x,), strict=True).sum())(params)
+    assert model.weight is params["weight"]  # the module's own tensors are back
+
+
+def test_a_thunder_name_from_thunderfn_extend_gives_the_porting_hint_in_a_from_import_too():
+    with pytest.raises(ImportError, match="thunderfn.extend has no get_grad, Thunder's name; use tf.custom_vjp"):
+        from thunderfn.extend import get_grad  # noqa: F401
+    import thunderfn.extend
+    assert not hasattr(thunderfn.extend, "get_grad") and getattr(thunderfn.extend, "put_grads", None) is None
+    with pytest.raises(AttributeError, match="use tf.custom_vjp"):
+        thunderfn.extend.get_grad  # noqa: B018
+    with pytest.raises(ImportError, match="cannot import name 'no_such_name'"):
+        from thunderfn.extend import no_such_name  # noqa: F401
+
+
+def test_a_batching_error_for_an_operator_suggests_its_batch_rule_registration():
+    ex = tf.executors.OperatorExecutor("batchless")
+    op = ex.register_operator("opaque_double", meta=lambda a: tf.TensorProxy(shape=a.shape, dtype=a.dtype, device=a.device),
+                              fn=lambda a: a * 2)
+    with pytest.raises(tf.errors.BatchingError, match=r"batchless.register_operator\('opaque_double', \.\.\., "
+                                                      r"batch_rule=rule\)") as raised:
+        tf.vmap(lambda a: op(a))(torch.ones(2, 3))
+    assert "defbatch" not in str(raised.value)
+
+
+def test_the_cache_limit_warning_after_shape_changes_says_what_changed_and_what_to_do():
+    jitted = tf.jit(lambda a: a * 2, cache_size_limit=2)
+    with pytest.warns(UserWarning) as caught:
+        for n in range(1, 5):
+            jitted(torch.ones(n))
+    (message,) = [str(w.message) for w in caught if "cache_size_limit" in str(w.message)]
+    assert "shape (2,) -> (3,)" in message and "dynamic shapes are not available yet" in message
+    assert "pad or bucket" in message and "raise cache_size_limit" in message and "pass them as tensors" not in message

@@ -337,12 +337,25 @@ class JitState:
         if self.warned_limit:
             return
         self.warned_limit = True
-        recent = "; ".join(self.recompile_reasons[-3:] + ([reason] if reason else []))
+        reasons = self.recompile_reasons[-3:] + ([reason] if reason else [])
         warnings.warn(
             f"thunderfn.jit: '{_fn_name(self.fn)}' reached cache_size_limit ({self.cache_size_limit}) and now runs "
-            f"eagerly for calls that match none of its compiled entries. Last recompiles: {recent}. Raise "
-            f"cache_size_limit, or keep the changing values out of the function (pass them as tensors).",
-            stacklevel=4)
+            f"eagerly for calls that match none of its compiled entries. Last recompiles: {'; '.join(reasons)}. "
+            f"{_limit_advice(reasons)}", stacklevel=4)
+
+
+def _limit_advice(reasons: list) -> str:
+    """What to do about the recompiles that filled the cache, by what changed in them."""
+    advice = []
+    if any(" shape " in r for r in reasons):
+        advice.append("Each new input shape compiles anew (shapes are static: dynamic shapes are not available yet): "
+                      "call it with fewer distinct shapes, e.g. pad or bucket inputs to a few sizes.")
+    if any(" changed from " in r for r in reasons):
+        advice.append("Each new value of a Python argument (a number, a string) compiles anew: pass a changing "
+                      "number as a tensor (torch.tensor(x)), which is an input and not baked in.")
+    if not advice:
+        advice.append("Each change listed compiles anew: keep it the same between calls where you can.")
+    return " ".join(advice) + " Or raise cache_size_limit (tf.jit(fn, cache_size_limit=n)) to keep more entries."
 
 
 def _describe_path(path) -> str:

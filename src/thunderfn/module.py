@@ -249,20 +249,13 @@ def jit_module(module: torch.nn.Module, jit, **jit_options) -> ThunderModule:
 
 def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=(), kwargs=None):
     """`module(*args, **kwargs)` with the given tensors in place of its parameters and buffers
-    (by name; the rest are the module's own), as torch.func.functional_call, which refuses
-    thunderfn's proxies: use this one inside functions you trace, grad or vmap. Tied
-    weights (one tensor under several names) all take the value given for any of them."""
-    args = args if isinstance(args, tuple) else (args,)
-    kwargs = kwargs or {}
-    trc = context.current_trace()
-    if trc is None:
-        return torch.func.functional_call(module, parameters_and_buffers, args, kwargs)
-    named = dict(module.named_parameters(remove_duplicate=False))
-    named.update(module.named_buffers(remove_duplicate=False))
-    unknown = set(parameters_and_buffers) - set(named)
+    (by name; the rest are the module's own): torch.func.functional_call, which thunderfn traces
+    (torch/nn_modules.py), except that a name the module does not have is an error, not ignored.
+    Tied weights (one tensor under several names) all take the value given for any of them."""
+    named = {name for name, _ in module.named_parameters(remove_duplicate=False)}
+    named.update(name for name, _ in module.named_buffers(remove_duplicate=False))
+    unknown = set(parameters_and_buffers) - named
     if unknown:
         raise ArgumentValueError(f"functional_call: {type(module).__name__} has no parameters or buffers named {sorted(unknown)}")
-    pairs = [(named[name], value if not isinstance(value, torch.Tensor) else trc.constant(value))
-             for name, value in parameters_and_buffers.items()]
-    with context.standing_in(pairs):
-        return module(*args, **kwargs)
+    return torch.func.functional_call(module, parameters_and_buffers, args if isinstance(args, tuple) else (args,),
+                                      kwargs or {})

@@ -136,7 +136,7 @@ def jvp(fn: Callable, primals, tangents, has_aux: bool = False):
                          f"{tree_flatten(primals)[1]} and {tree_flatten(tangents)[1]}")
 
     def transformed(primals, tangents):
-        value_only, aux_box = value_without_aux(fn, has_aux)
+        value_only, aux_box = value_without_aux(fn, has_aux, "jvp")
         out, tangent_out = trace_jvp(value_only, primals, tangents)
         return (out, tangent_out, aux_box[0]) if has_aux else (out, tangent_out)
 

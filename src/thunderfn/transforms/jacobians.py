@@ -45,6 +45,7 @@ def _with_primals(fn, args, kwargs, nums):
             full[i] = p
         return fn(*full, **kwargs)
 
+    of_primals.__name__ = getattr(fn, "__name__", "fn")  # errors name the user's function
     return of_primals
 
 

@@ -152,10 +152,15 @@ class _Batching:
         elif "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
             self._opaque(bsym)
         else:
+            if bsym.sym.executor is not None:  # an executor's operator: its rule comes with its registration
+                how = (f"register it with one: {bsym.sym.executor.name}.register_operator('{bsym.sym.name}', ..., "
+                       f"batch_rule=rule)")
+            else:
+                how = "register one with @thunderfn.transforms.batching_rules.defbatch(symbol id)"
             raise BatchingError(
                 f"vmap cannot batch {bsym.sym.print_name}: it has no batching rule, no decomposition and no torch "
-                f"function to batch with torch.func.vmap. Give it a rule (thunderfn.transforms.batching_rules."
-                f"defbatch), or call it outside the vmapped function.")
+                f"function to batch with torch.func.vmap. Give it a rule (docs/vmap.md): {how}; or call it outside "
+                f"the vmapped function.")
 
     def _apply(self, rule, bsym) -> bool:
         """Batch bsym by its rule; False where the rule declines the call (NotImplemented)."""
