@@ -103,3 +103,13 @@ def test_calling_before_defvjp_is_refused_while_tracing():
     f = tf.custom_vjp(lambda x: x * 2)
     with pytest.raises(TypeError, match="defvjp"):
         tf.jit(f)(torch.randn(2))
+
+
+def test_custom_vjp_with_options_is_a_decorator_too():
+    @tf.custom_vjp(nondiff_argnums=(0,))
+    def scaled(factor, x):
+        return x * 1.0
+
+    scaled.defvjp(lambda factor, x: (x * 1.0, None), lambda factor, residuals, g: (g * factor,))
+    assert isinstance(scaled, tf.custom_vjp) and scaled.nondiff_argnums == (0,)
+    torch.testing.assert_close(tf.grad(lambda x: scaled(5.0, x).sum())(torch.ones(2)), torch.full((2,), 5.0))

@@ -225,6 +225,34 @@ def test_tensor_passed_as_static_argument_is_a_type_error(options, call, x):
         call(f, x)
 
 
+def test_jit_with_options_is_a_decorator_too(x):
+    @tf.jit(static_argnums=1)
+    def power(a, n):
+        return a ** n if n > 1 else a  # Python control flow on the static argument
+
+    torch.testing.assert_close(power(x, 3), x ** 3)
+    torch.testing.assert_close(power(x, 1), x)
+    assert tf.cache_info(power)["misses"] == 2
+
+    @tf.jit
+    def plain(a):
+        return a + 1
+
+    torch.testing.assert_close(plain(x), x + 1)
+
+
+@pytest.mark.parametrize("decorated, call, expected", [
+    (lambda f: tf.grad(argnums=1)(f), lambda g, a, b: g(a, b), lambda a, b: a),
+    (lambda f: tf.value_and_grad(argnums=(0, 1))(f), lambda g, a, b: g(a, b)[1][1], lambda a, b: a),
+    (lambda f: tf.jacrev(argnums=1)(f), lambda g, a, b: g(a, b), lambda a, b: a),
+    (lambda f: tf.jacfwd(argnums=1)(f), lambda g, a, b: g(a, b), lambda a, b: a),
+    (lambda f: tf.vmap(in_axes=(0, None))(f), lambda g, a, b: g(a[None], b)[0], lambda a, b: (a * b).sum()),
+], ids=["grad", "value_and_grad", "jacrev", "jacfwd", "vmap"])
+def test_transforms_with_options_are_decorators_too(decorated, call, expected):
+    a, b = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(call(decorated(lambda a, b: (a * b).sum()), a, b), expected(a, b))
+
+
 # -- non-tensor arguments --------------------------------------------------------------------
 class Unhashable:
     __hash__ = None

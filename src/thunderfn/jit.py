@@ -46,6 +46,7 @@ from thunderfn.core.interception import is_numpy_scalar
 from thunderfn.core.passes import cse, dce, del_last_used
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
+from thunderfn.core.decorators import with_options_form
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError, UnsupportedOpError
 from thunderfn.executors.fusion import FusionExecutor
 from thunderfn.executors.torch_rewrites import (UnlessFunctorch, lift_number_operands,
@@ -559,6 +560,7 @@ def _fn_name(fn) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
+@with_options_form
 def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = True, static_argnums=(),
         static_argnames=(), disable_torch_autograd: bool = False, cache_size_limit: int = DEFAULT_CACHE_SIZE_LIMIT,
         rematerialize: bool | None = None, cache_dir: str | os.PathLike | None = None, distributed=None):

@@ -33,6 +33,7 @@ from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled
+from thunderfn.core.decorators import with_options_form
 from thunderfn.errors import ArgumentRuntimeError, ArgumentTypeError, InternalError, OutputError, UnsupportedOpError
 from thunderfn.torch.opaque import autograd_connections, torch_vjp_op
 from thunderfn.torch.random import get_rng_state_op
@@ -368,6 +369,7 @@ def _zeros_for_none(cts, primal_leaves):
             for c, p in zip(cts, primal_leaves)]
 
 
+@with_options_form
 def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
     """(value, gradient) of a scalar-output fn with respect to the positional args in argnums
     (an int, or a tuple giving a tuple of gradients); each arg may be a pytree of tensors.
@@ -410,6 +412,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
     return _compiled(transformed, prepare=lambda args: _floats_as_tensors(args, nums))
 
 
+@with_options_form
 def grad(fn: Callable, argnums=0, has_aux: bool = False):
     """The gradient of a scalar-output fn (see value_and_grad); with has_aux, (gradient, aux)."""
     both = value_and_grad(fn, argnums, has_aux)

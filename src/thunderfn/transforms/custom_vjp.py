@@ -39,6 +39,11 @@ _ids = itertools.count()
 class custom_vjp:
     """Give fn a hand-written vector-Jacobian product (see module docstring)."""
 
+    def __new__(cls, fn=None, nondiff_argnums=()):
+        if fn is None:  # @tf.custom_vjp(nondiff_argnums=...) above a def: the decorator with these options
+            return functools.partial(cls, nondiff_argnums=nondiff_argnums)
+        return super().__new__(cls)
+
     def __init__(self, fn, nondiff_argnums=()):
         functools.update_wrapper(self, fn)
         self.fn = fn

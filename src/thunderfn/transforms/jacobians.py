@@ -20,6 +20,7 @@ import optree
 import torch
 
 from thunderfn.core.pytree import NAMESPACE, tree_flatten, tree_unflatten
+from thunderfn.core.decorators import with_options_form
 from thunderfn.transforms.autodiff import _compiled, vjp
 from thunderfn.transforms.forward_mode import jvp
 from thunderfn.transforms.vmap import vmap
@@ -72,6 +73,7 @@ def _blocks(batched, sizes):
     return out
 
 
+@with_options_form
 def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | None = None):
     """The Jacobian of fn with respect to the positional args in argnums, by reverse mode."""
     def jacobian(*args, **kwargs):
@@ -105,6 +107,7 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
     return _compiled(jacobian)  # called with tensors: traced once per signature and cached, as grad is
 
 
+@with_options_form
 def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
     """The Jacobian of fn with respect to the positional args in argnums, by forward mode."""
     def jacobian(*args, **kwargs):
@@ -134,6 +137,7 @@ def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
     return _compiled(jacobian)
 
 
+@with_options_form
 def hessian(fn: Callable, argnums=0):
     """The Hessian of a scalar-output fn: jacfwd of jacrev (forward-over-reverse)."""
     return jacfwd(jacrev(fn, argnums), argnums)

@@ -29,6 +29,7 @@ from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.symbol import Symbol
+from thunderfn.core.decorators import with_options_form
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, BatchingError
 from thunderfn import clang, prims
 from thunderfn.torch.opaque import _meta
@@ -401,6 +402,7 @@ def _output(leaf, out_axis, path: str, batch_size: int):
     return move_batch_dim(value, dim, axis)
 
 
+@with_options_form
 def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chunk_size=None):
     """fn mapped over a batch dimension of its inputs, as one batched computation (no loop).
 
