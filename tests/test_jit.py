@@ -2,6 +2,8 @@
 modules, nesting, and generated code that user-chosen names cannot break."""
 import ast
 import collections
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -525,6 +527,28 @@ def test_tensor_made_at_trace_time_is_a_fresh_tensor_on_every_call(x):
     first.add_(10)  # the caller owns what it gets back, as in eager
     torch.testing.assert_close(f(x)[1], torch.tensor([1.0, 2.0]))
     assert f(x)[1] is not f(x)[1]
+
+
+# -- torch.compile over jit -------------------------------------------------------------------
+def test_torch_compile_of_a_jitted_function_runs_it_as_one_call_with_eager_values():
+    def f(a):
+        return a.sin() * 2
+
+    a = torch.randn(3, requires_grad=True)
+    out = torch.compile(tf.jit(f))(a)
+    torch.testing.assert_close(out, f(a))
+    out.sum().backward()
+    torch.testing.assert_close(a.grad, 2 * a.detach().cos())
+    model = torch.nn.Linear(3, 2)
+    jitted = tf.jit(model)
+    calls_it = torch.compile(lambda x: jitted(x).relu() + 1)  # a graph break around the jitted call
+    torch.testing.assert_close(calls_it(a.detach()), model(a.detach()).relu() + 1)
+
+
+def test_importing_thunderfn_does_not_import_dynamo():
+    code = "import sys, thunderfn; assert 'torch._dynamo' not in sys.modules, 'thunderfn imported torch._dynamo'"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 # -- torch state changed by the traced code ---------------------------------------------------

@@ -47,6 +47,7 @@ from thunderfn.core.passes import cse, dce, del_last_used
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.core.decorators import with_options_form
+from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError, UnsupportedOpError
 from thunderfn.executors.fusion import FusionExecutor
 from thunderfn.executors.torch_rewrites import (UnlessFunctorch, lift_number_operands,
@@ -617,7 +618,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
 
     functools.update_wrapper(jitted, fn)
     jitted._thunderfn_state = state
-    return jitted
+    return opaque_to_dynamo(jitted)  # torch.compile runs it as one call (core/dynamo_opaque.py)
 
 
 def jit_evicting(fn: Callable, **options):

@@ -23,6 +23,7 @@ import warnings
 
 import torch
 
+from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.core import context
 from thunderfn.core.context import to_identifier
 from thunderfn.errors import ArgumentValueError, UnsupportedOpError
@@ -158,6 +159,7 @@ class ThunderModule(torch.nn.Module):
             return self._call_impl(*args, **kwargs)
         return self.forward(*args, **kwargs)
 
+    @opaque_to_dynamo  # torch.compile(tf.jit(model)) runs the compiled forward as one call
     def forward(self, /, *args, **kwargs):
         jitted = self._current()
         if jitted is None:
