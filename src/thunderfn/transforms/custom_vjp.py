@@ -26,9 +26,10 @@ import weakref
 import torch
 
 import thunderfn.torch as ltorch
+from thunderfn import prims
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
+from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, unregister_vjp
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
@@ -73,7 +74,14 @@ class custom_vjp:
         if not (isinstance(result, tuple) and len(result) == 2):
             raise ArgumentTypeError(f"custom_vjp '{self._name}': fwd must return a pair (output, residuals), got "
                             f"{type(result).__name__}")
-        return result
+        out, residuals = result
+        # An output that is an argument itself (fwd returns x: a straight-through or a gradient
+        # clipping identity) becomes a new value: were it the argument, the gradient reaching the
+        # output would also reach the argument directly, besides through the rule.
+        inputs = {id(x) for x in tree_leaves((args, kwargs)) if isinstance(x, TensorProxy)}
+        out = tree_map(lambda o: prims.reshape(o, tuple(o.shape)) if isinstance(o, TensorProxy) and id(o) in inputs
+                       else o, out)
+        return out, residuals
 
     def __call__(self, /, *args, **kwargs):
         if context.current_trace() is None:
