@@ -74,6 +74,13 @@ def _refusing_writes_under(monkeypatch, root):
     monkeypatch.setattr(os, "mkdir", refuse(real_mkdir))
 
 
+def _without_kernel_cache_settings(monkeypatch):
+    """Unset for the test, and afterwards as they were (set first, so that the undo restores them)."""
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.setenv(variable, "unset by the test")
+        monkeypatch.delenv(variable)
+
+
 @pytest.mark.parametrize("when", ["from the start", "between calls"])
 def test_an_unwritable_cache_dir_warns_once_and_compiling_goes_on(tmp_path, monkeypatch, when):
     root = tmp_path / "cache"
@@ -85,6 +92,16 @@ def test_an_unwritable_cache_dir_warns_once_and_compiling_goes_on(tmp_path, monk
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per directory
         torch.testing.assert_close(tf.jit(lambda x: x - 1, cache_dir=root)(torch.ones(2)), torch.zeros(2))
+
+
+def test_kernel_caches_are_not_pointed_into_a_cache_dir_that_cannot_be_written(tmp_path, monkeypatch):
+    _without_kernel_cache_settings(monkeypatch)
+    root = tmp_path / "read_only"
+    root.mkdir(mode=0o700)
+    _refusing_writes_under(monkeypatch, root)
+    with artifacts.writing_to(root), pytest.warns(UserWarning, match="cannot write to cache_dir .*default locations"):
+        artifacts.point_kernel_caches()
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ and "TRITON_CACHE_DIR" not in os.environ
 
 
 def test_a_symlink_planted_in_a_shared_cache_dir_is_never_written_through(tmp_path):
@@ -118,8 +135,7 @@ def test_a_file_is_created_new_never_reused(tmp_path):
 
 @pytest.mark.parametrize("mode", [0o770, 0o707, 0o777])
 def test_kernel_caches_are_not_pointed_into_a_cache_dir_others_can_write(tmp_path, monkeypatch, mode):
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    _without_kernel_cache_settings(monkeypatch)
     shared = tmp_path / f"shared{mode:o}"
     shared.mkdir()
     shared.chmod(mode)
@@ -136,7 +152,7 @@ def test_kernel_caches_are_not_pointed_into_a_cache_dir_others_can_write(tmp_pat
 
 
 def test_kernel_caches_are_not_pointed_into_a_symlink_or_another_users_directory(tmp_path, monkeypatch):
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    _without_kernel_cache_settings(monkeypatch)
     own = tmp_path / "own"
     own.mkdir(mode=0o700)
     link = tmp_path / "link"

@@ -141,5 +141,13 @@ def point_kernel_caches() -> None:
                       f"They load and run the code found there, so cache_dir must be a directory only you can write "
                       f"(chmod 700). They keep their default locations.", stacklevel=2)
         return
+    try:  # Inductor and Triton fail on a cache they cannot write: leave them their defaults then
+        for sub in ("inductor", "triton"):
+            os.makedirs(os.path.join(root, sub), mode=0o700, exist_ok=True)
+    except OSError as e:
+        _not_own.add(directory())
+        warnings.warn(f"thunderfn: cannot write to cache_dir {root!r} ({e}); Inductor's and Triton's kernel caches "
+                      f"keep their default locations.", stacklevel=2)
+        return
     for variable, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
         os.environ.setdefault(variable, os.path.join(root, sub))
