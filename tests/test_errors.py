@@ -358,3 +358,12 @@ def test_the_cache_limit_warning_after_shape_changes_says_what_changed_and_what_
     (message,) = [str(w.message) for w in caught if "cache_size_limit" in str(w.message)]
     assert "shape (2,) -> (3,)" in message and "dynamic shapes are not available yet" in message
     assert "pad or bucket" in message and "raise cache_size_limit" in message and "pass them as tensors" not in message
+
+
+def test_a_traced_tensor_used_after_its_trace_is_a_named_error_saying_so():
+    kept = []
+    tf.jit(lambda a: kept.append(a) or a + 1)(torch.ones(2))
+    with pytest.raises(RuntimeError, match="kept past its trace") as raised:
+        kept[0] + 1
+    assert isinstance(raised.value, tf.errors.ProxyOutsideTraceError)
+    assert isinstance(raised.value, tf.errors.EscapedProxyError)
