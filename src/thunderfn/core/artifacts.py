@@ -98,7 +98,8 @@ def write_source(name: str, source: str) -> str | None:
     safe = re.sub(r"[^\w.-]", "_", name)
     try:
         with _lock:
-            path = os.path.join(_private_folder(root), f"{safe}_{next(_numbers)}.py")
+            # the pid: a forked child shares the folder, and must not replace its parent's files
+            path = os.path.join(_private_folder(root), f"{safe}_{os.getpid()}_{next(_numbers)}.py")
         _write_new(path, source)
     except OSError as e:  # read-only, full, or taken away: compiled code does not need the file
         _unwritable.add(root)
