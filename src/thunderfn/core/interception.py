@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from thunderfn.core import context, dtypes
 from thunderfn.core.call_time import read_grad
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.errors import InternalError, UnsupportedOpError
 
 # torch callable -> callable taking the same arguments with proxies in place of tensors
 handlers: dict = {}
@@ -276,7 +276,7 @@ def tensors_by_position(symbol, args, kwargs):
 
 # -- dispatch: the torch language's -------------------------------------------------------
 def _torch_language_missing(func, args, kwargs):
-    raise RuntimeError(f"{torch_name(func)} was called while tracing, but the torch language (thunderfn.torch), "
+    raise InternalError(f"{torch_name(func)} was called while tracing, but the torch language (thunderfn.torch), "
                        f"which traces torch calls, is not imported; import thunderfn")
 
 
@@ -349,7 +349,7 @@ def _proxy_grad(self):
 def _operator(name):
     torch_fn = getattr(torch.Tensor, name)
 
-    def op(self, *args, **kwargs):
+    def op(self, /, *args, **kwargs):
         return dispatch(torch_fn, (self, *args), kwargs)
 
     op.__name__ = name
