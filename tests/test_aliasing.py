@@ -138,10 +138,39 @@ def test_in_place_writes_through_aliases_reach_what_eager_reaches():
     torch.testing.assert_close(x, before)
 
 
-def test_in_place_write_into_contiguous_of_an_input_is_refused_by_name():
-    """Eager writes into x when it is contiguous and into a copy otherwise; the trace does not know which."""
-    with pytest.raises(tf.errors.UnsupportedOpError, match="memory layout at run time"):
-        tf.jit(lambda x: x.contiguous().add_(1))(torch.randn(3, 4))
+LAYOUTS = {
+    "contiguous": lambda: torch.randn(3, 4),
+    "transposed": lambda: torch.randn(4, 3).t(),
+    "strided": lambda: torch.randn(3, 8)[:, ::2],
+    "channels_last": lambda: torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+}
+# In eager each is the input itself (or a view of it) for some layouts and a copy for others.
+LAYOUT_DEPENDENT_WRITES = {
+    "contiguous": lambda x: x.contiguous().mul_(2),
+    "contiguous_channels_last": lambda x: x.contiguous(memory_format=torch.channels_last).add_(1)
+    if x.ndim == 4 else x.contiguous().add_(1),
+    "reshape": lambda x: x.reshape(-1).add_(1),
+    "flatten": lambda x: x.flatten().sub_(1),
+    "reshape_of_a_view": lambda x: x.transpose(0, 1).reshape(-1).mul_(3),
+}
+
+
+@pytest.mark.parametrize("write", LAYOUT_DEPENDENT_WRITES.values(), ids=LAYOUT_DEPENDENT_WRITES.keys())
+def test_in_place_write_into_a_view_or_copy_of_an_input_matches_eager_for_every_layout(write):
+    """Eager writes into x when x's layout lets the op return x (or a view of it) and into a copy
+    otherwise: the trace knows which from the input's layout, which is part of its signature."""
+    def fn(x):
+        y = write(x)
+        return y * 1, x * 1
+
+    jitted = tf.jit(fn)
+    for make in LAYOUTS.values():
+        torch.manual_seed(0)
+        eager_x = make()
+        torch.manual_seed(0)
+        jit_x = make()
+        torch.testing.assert_close(jitted(jit_x), fn(eager_x))
+        torch.testing.assert_close(jit_x, eager_x)
 
 
 def test_in_place_write_into_contiguous_of_an_intermediate_matches_eager():
@@ -154,12 +183,21 @@ def test_in_place_write_into_contiguous_of_an_intermediate_matches_eager():
     torch.testing.assert_close(tf.jit(fn)(x), fn(x))
 
     def reads_the_source_after(x):
-        t = x * 2
+        t = x * 2  # laid out as x: the layout of an op's result is worked out from its inputs'
         t.contiguous().add_(1)
-        return t  # eager: t + 1 here (t is contiguous), t for a non-contiguous t
+        return t  # eager: t + 1 for a contiguous x, t for a non-contiguous one
+
+    jitted = tf.jit(reads_the_source_after)
+    for x in (torch.randn(3, 4), torch.randn(4, 3).t()):
+        torch.testing.assert_close(jitted(x), reads_the_source_after(x))
+
+    def layout_unknown(x):
+        t = torch.special.erfcx(x)  # an opaque op: its result's layout is not worked out
+        t.contiguous().add_(1)
+        return t
 
     with pytest.raises(tf.errors.UnsupportedOpError, match="is read after"):
-        tf.jit(reads_the_source_after)(x)
+        tf.jit(layout_unknown)(x)
 
 
 def test_prims_decomposition_of_aliasing_ops_stays_functional():
@@ -214,3 +252,21 @@ def test_in_place_writes_into_expanded_tensors_raise_torchs_error():
 def test_in_place_shape_changes_are_refused_by_name():
     with pytest.raises(tf.errors.UnsupportedOpError, match="resize_"):
         tf.jit(lambda x: x.resize_(2, 6))(torch.randn(3, 4))
+
+
+@pytest.mark.parametrize("make_alias", [lambda x: x.contiguous(), lambda x: x.reshape(-1), lambda x: x.flatten()],
+                         ids=["contiguous", "reshape", "flatten"])
+def test_reading_a_view_or_copy_of_an_input_after_the_input_changed_matches_eager_for_every_layout(make_alias):
+    def fn(x):
+        y = make_alias(x)
+        x.add_(1)  # y shows it when y is x or a view of x
+        return y * 1
+
+    jitted = tf.jit(fn)
+    for make in LAYOUTS.values():
+        torch.manual_seed(0)
+        eager_x = make()
+        torch.manual_seed(0)
+        jit_x = make()
+        torch.testing.assert_close(jitted(jit_x), fn(eager_x))
+        torch.testing.assert_close(jit_x, eager_x)

@@ -276,3 +276,43 @@ def test_storing_a_traced_tensor_on_the_module_is_refused_and_leaves_no_proxy():
     with pytest.raises(tf.UnsupportedOpError, match=r"stored a tensor it computed in 'KeepsActivation.last'"):
         tf.jit(model)(torch.randn(2, 3))
     assert model.last is None
+
+
+# -- input layout: part of the signature where the trace relies on it ------------------------------
+def _contiguous_doubled_in_place(x):
+    y = x.contiguous()  # x itself when x is contiguous, else a copy
+    y.mul_(2)
+    return y
+
+
+def test_input_contiguity_a_trace_relies_on_is_part_of_its_signature():
+    jitted = tf.jit(_contiguous_doubled_in_place)
+    for _ in range(2):
+        for make in (lambda: torch.ones(2, 3), lambda: torch.ones(3, 2).t()):
+            x = make()
+            jitted(x)
+            assert torch.equal(x, torch.full((2, 3), 2.0 if x.is_contiguous() else 1.0))  # as eager
+    info = tf.cache_info(jitted)
+    assert (info["misses"], info["hits"]) == (2, 2)
+    assert info["recompiles"] == ["tensor argument 0's is_contiguous(memory_format=torch.contiguous_format) "
+                                  "changed: True -> False"]
+
+
+def test_input_layout_is_not_part_of_the_signature_of_a_trace_that_does_not_rely_on_it():
+    jitted = tf.jit(lambda x: x.contiguous() * 2)  # no write: view or copy gives the same values
+    jitted(torch.ones(2, 3))
+    jitted(torch.ones(3, 2).t())
+    assert tf.cache_info(jitted)["misses"] == 1
+
+
+def test_input_strides_a_reshape_relies_on_are_part_of_the_signature():
+    def flattened_bumped(x):
+        x.reshape(-1).add_(1)  # writes x when the reshape is a view
+        return x * 1
+
+    jitted = tf.jit(flattened_bumped)
+    for make in (lambda: torch.zeros(2, 3), lambda: torch.zeros(3, 2).t(), lambda: torch.zeros(2, 3)):
+        x, expected = make(), make()
+        flattened_bumped(expected)
+        torch.testing.assert_close(jitted(x), expected)
+    assert tf.cache_info(jitted)["misses"] == 2

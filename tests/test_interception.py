@@ -1,10 +1,14 @@
 """Interception (core/interception.py, core/proxies.py): every way user code calls torch
 reaches thunderfn while tracing, and metadata questions are answered without tracing."""
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import thunderfn as tf
+from thunderfn.core import interception
+from thunderfn.core.interception import handler_for
 
 X = torch.randn(2, 3)
 W = torch.randn(3, 4)
@@ -253,3 +257,35 @@ def test_every_functional_that_drops_arguments_in_dispatch_is_routed_around():
 def test_l1_loss_weight_reaches_the_traced_symbol():
     x, y, w = torch.randn(4), torch.randn(4), torch.rand(4)
     torch.testing.assert_close(tf.jit(lambda a, b, c: F.l1_loss(a, b, weight=c))(x, y, w), F.l1_loss(x, y, weight=w))
+
+
+# -- wrappers in front of torch's functions ------------------------------------------------------
+# torch._dynamo's import wraps torch.manual_seed, deprecation decorators and libraries wrap functions
+# with functools.wraps, and torch's Python functions pass their module-level name (the wrapper, once
+# replaced) to __torch_function__: the handler is found through the wrapper chain (tests/test_import_order.py
+# checks the import orders themselves).
+def test_a_wrapped_torch_function_is_traced_by_its_handler(monkeypatch):
+    original = F.silu
+    monkeypatch.setattr(F, "silu", functools.wraps(original)(lambda *a, **k: original(*a, **k)))
+    assert handler_for(F.silu) is handler_for(original)
+    trc = tf.trace(lambda x: F.silu(x), X)  # silu's handle_torch_function names the wrapper
+    assert _names(trc) == ["silu"]
+    torch.testing.assert_close(tf.jit(lambda x: F.silu(x))(X), original(X))
+
+
+def test_registering_a_wrapper_registers_the_function_it_wraps(monkeypatch):
+    monkeypatch.setattr(interception, "handlers", dict(interception.handlers))
+
+    def inner(x):
+        return x
+
+    def handler(x):
+        return x
+
+    interception.register_handler(functools.wraps(inner)(lambda x: inner(x)), handler)
+    assert handler_for(inner) is handler
+
+
+def test_metadata_queries_through_a_wrapper_are_answered_at_trace_time():
+    size = functools.wraps(torch.Tensor.size)(lambda t, *a: torch.Tensor.size(t, *a))
+    assert interception.is_metadata_query(size)

@@ -22,7 +22,7 @@ import dataclasses
 import torch
 from torch.overrides import TorchFunctionMode
 
-from thunderfn.core.interception import handlers, is_metadata_query, torch_name
+from thunderfn.core.interception import handler_for, is_metadata_query, lookup, torch_name
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import trace
 from thunderfn.module import jit_module
@@ -30,8 +30,9 @@ from thunderfn.torch.inplace import is_in_place
 from thunderfn.torch.opaque import _to_meta_tensor_tree, probe_opaque
 from thunderfn.transforms.user_functions import function_spec, registered_gradient, watching_functions
 
-_VALUE_READS = {torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.tolist, torch.Tensor.__int__,
-                torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.__complex__}
+_VALUE_READS = dict.fromkeys((torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.tolist, torch.Tensor.__int__,
+                              torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.numpy,
+                              torch.Tensor.__complex__), True)
 
 
 @dataclasses.dataclass
@@ -78,11 +79,11 @@ def _classify(func, args, kwargs) -> tuple[str, str]:
     if registered_gradient(func) is not None:
         return "user gradient", ("custom op with register_autograd: its backward is the gradient; vmap by torch's "
                                  "vmap of the op and the backward; no jvp")
-    if func in _VALUE_READS:
+    if lookup(_VALUE_READS, func):
         return "needs a value", "reads a tensor's value: keep it a tensor (torch.where), or pass it as a static argument"
     if is_in_place(func):
         return "in-place", "functionalized (written back if it mutates an input or captured tensor)"
-    handler = handlers.get(func)
+    handler = handler_for(func)
     if isinstance(handler, Symbol):
         return "symbol", handler.print_name
     if handler is not None:

@@ -43,7 +43,7 @@ from thunderfn.core import artifacts, context, progress
 from thunderfn.core.call_time import Guarded, guarded
 from thunderfn.core.guards import GuardRecorder
 from thunderfn.core.interception import is_numpy_scalar
-from thunderfn.core.passes import cse, dce, del_last_used
+from thunderfn.core.passes import cse, dce, del_last_used, write_back_on_failure_pass
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.core.decorators import with_options_form
@@ -71,7 +71,7 @@ CSE = "Common Subexpression Elimination"
 
 
 class CacheEntry:
-    __slots__ = ("fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit")
+    __slots__ = ("fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit", "layout")
 
     def __init__(self, fn, traces, backward_traces, tensor_positions, guards):
         self.fn, self.traces, self.backward_traces = fn, traces, backward_traces
@@ -79,16 +79,30 @@ class CacheEntry:
         self.guards = guards
         self.guards_hold = guards.compile()  # None: nothing to check
         self.fast_hit = None  # its check-and-call function for the fast path (see JitState.fast_hit), once made
+        # (tensor number, what, get, value): layout facts the trace relies on (Trace.rely_on_layout), part of
+        # the signature of the inputs they are about (most traces have none)
+        self.layout = tuple((position, what, get, value) for position, facts in traces[0].layout_reads.items()
+                            for (what, get), value in facts.items())
 
     def valid(self, leaves) -> bool:
-        """Whether this entry may run a call with these flattened arguments: its guards hold, and
-        the state read at call time (core/call_time.py: .grad, optimizer hyperparameters) fits."""
+        """Whether this entry may run a call with these flattened arguments: the input layouts it relies
+        on are these, its guards hold, and the state read at call time (core/call_time.py: .grad,
+        optimizer hyperparameters) fits."""
+        if self.layout and self.layout_changed(leaves) is not None:
+            return False
         if self.guards_hold is not None and not self.guards_hold():
             return False
         return not isinstance(self.fn, Guarded) or self.fn.guard([leaves[i] for i in self.tensor_positions]) is None
 
+    def layout_changed(self, leaves) -> str | None:
+        for position, what, get, value in self.layout:
+            now = get(leaves[self.tensor_positions[position]])
+            if now != value:
+                return f"tensor argument {position}'s {what} changed: {value} -> {now}"
+        return None
+
     def why_invalid(self, leaves) -> str:
-        reason = self.guards.failure()
+        reason = self.layout_changed(leaves) or self.guards.failure()
         if reason is None and isinstance(self.fn, Guarded):
             reason = self.fn.guard([leaves[i] for i in self.tensor_positions])
         return reason or "a guard failed"
@@ -304,7 +318,7 @@ class JitState:
         the entry; anything else returns MISS. Generated Python, made once per entry: comparing
         with constants costs less than building and hashing a key."""
         if entry.fast_hit is None:
-            entry.fast_hit = _hit_function(key, entry.fn, entry.guards_hold, self.stats)
+            entry.fast_hit = _hit_function(key, entry.fn, entry.guards_hold, self.stats, entry.layout)
         return entry.fast_hit
 
     def why_miss(self, key, args, kwargs, leaves) -> str | None:
@@ -418,6 +432,7 @@ def _execution_passes(trc: Trace, executors, *, no_autograd: bool, no_grad: bool
         if isinstance(ex, FusionExecutor):
             traces.append(timed_pass(f"Fusion ({ex.name})", ex.fuse, traces[-1]))
     lifted = timed_pass("Lift number operands", lift_number_operands, traces[-1])
+    lifted = timed_pass("Write back on failure", write_back_on_failure_pass, lifted)
     traces += [lifted] if lifted is not traces[-1] else []
     reused = timed_pass("Reuse dead buffers", reuse_dead_buffers, lifted) if no_autograd else lifted
     traces += [reused] if reused is not lifted else []
@@ -471,7 +486,7 @@ def _miss(*tensors):
     return _MISS
 
 
-def _hit_function(key: tuple, fn, guards_hold, stats):
+def _hit_function(key: tuple, fn, guards_hold, stats, layout=()):
     """A check-and-call function for one cache entry (see JitState.fast_hit); key is the
     entry's cache key for a call with positional tensors only."""
     names = [f"a{i}" for i in range(len(key) - 4)]
@@ -484,6 +499,9 @@ def _hit_function(key: tuple, fn, guards_hold, stats):
         # a CPU tensor's device is always torch.device("cpu"), without an index
         on_device = f"{a}.is_cpu" if device.type == "cpu" else f"{a}.device == device{i}"
         checks += [f"{a}.dtype is dtype{i}", f"{a}.shape == shape{i}", f"{a}.requires_grad is {requires_grad}", on_device]
+    for k, (position, _, get, value) in enumerate(layout):  # the input layouts the trace relies on
+        namespace[f"layout_get{k}"], namespace[f"layout_value{k}"] = get, value
+        checks.append(f"layout_get{k}(a{position}) == layout_value{k}")
     # (entries traced under autocast never take this path: see call_slow)
     checks += [f"is_grad_enabled() is {key[1]}", "get_default_dtype() is default_dtype", "not tracing.stack",
                "not any_autocast()"]

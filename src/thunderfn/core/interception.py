@@ -33,8 +33,52 @@ from thunderfn.errors import InternalError, UnsupportedOpError
 handlers: dict = {}
 
 
+def unwrapped(fn) -> list:
+    """fn, then each function it wraps (functools.wraps's `__wrapped__`), outermost first.
+
+    torch's callables are not always the objects thunderfn saw when it registered them: importing
+    torch._dynamo (torch.testing, many libraries do) replaces torch.manual_seed by a wrapper that
+    turns Dynamo off, deprecation decorators wrap functions, and thunderfn's own stand_in_front
+    (torch/base.py) puts a function in front of F.l1_loss, whose handle_torch_function then names
+    the wrapper. Every table keyed by torch callables is entered and read through this chain, so
+    the import order and such wrappers never change which handler a call reaches."""
+    chain = [fn]
+    while len(chain) < 16:  # a cycle of __wrapped__ (never seen) must not hang tracing
+        try:
+            inner = getattr(chain[-1], "__wrapped__", None)
+        except Exception:  # objects whose attribute access raises
+            inner = None
+        if inner is None or not callable(inner) or any(inner is c for c in chain):
+            break
+        chain.append(inner)
+    return chain
+
+
+def lookup(table, fn):
+    """table[fn], or the entry of the nearest function fn wraps; None if none has one."""
+    try:
+        found = table.get(fn)
+    except TypeError:  # unhashable
+        return None
+    if found is None and hasattr(fn, "__wrapped__"):
+        for inner in unwrapped(fn)[1:]:
+            found = table.get(inner)
+            if found is not None:
+                break
+    return found
+
+
 def register_handler(torch_fn, handler) -> None:
+    """handler traces torch_fn, and every function torch_fn wraps that has no handler of its own
+    (torch's handle_torch_function may name the inner one: see `unwrapped`)."""
     handlers[torch_fn] = handler
+    for inner in unwrapped(torch_fn)[1:]:
+        handlers.setdefault(inner, handler)
+
+
+def handler_for(func):
+    """The handler that traces func (None: func has none)."""
+    return lookup(handlers, func)
 
 
 # Callables that are made at run time and cannot be listed in `handlers` beforehand (a user's
@@ -47,8 +91,8 @@ def register_handler_finder(finder) -> None:
 
 
 def find_handler(func):
-    """The handler tracing uses for func: its entry in `handlers`, or what a finder gives."""
-    handler = handlers.get(func)
+    """The handler tracing uses for func: its entry in `handlers` (through wrappers), or what a finder gives."""
+    handler = handler_for(func)
     if handler is None:
         for finder in handler_finders:
             handler = finder(func)
@@ -166,6 +210,7 @@ _metadata_methods = {
                  "__deepcopy__", "is_signed", "has_names", "__dlpack_device__", "dim_order")
     if hasattr(torch.Tensor, name)
 }
+_METADATA_QUERIES = dict.fromkeys(_metadata_getters | _metadata_methods, True)  # read through `lookup`
 
 
 # Of those, the ones a stand-in proxy answers for the tensor it stands for (core/context.py's
@@ -181,7 +226,7 @@ _SHAPE_QUERIES = {torch.Tensor.shape.__get__: ("shape", False), torch.Tensor.ndi
 def stand_in_metadata(func, args, kwargs):
     """The answer to a shape query about a real tensor some proxy stands in for, from the proxy;
     NotImplemented when func is not such a query or args[0] has no stand-in."""
-    query = _SHAPE_QUERIES.get(func)
+    query = lookup(_SHAPE_QUERIES, func)
     stood = context.stand_in(args[0]) if query is not None and args and isinstance(args[0], torch.Tensor) else None
     if stood is None:
         return NotImplemented
@@ -195,7 +240,7 @@ def stand_in_metadata(func, args, kwargs):
 def is_metadata_query(func) -> bool:
     """A question about a tensor's metadata (x.shape, x.size(), x.is_contiguous()), answered
     eagerly for a real tensor while tracing: it does not depend on values that change between calls."""
-    return func in _metadata_getters or func in _metadata_methods
+    return lookup(_METADATA_QUERIES, func) is not None
 
 
 def contains_tensor(tree) -> bool:

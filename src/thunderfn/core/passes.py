@@ -5,7 +5,8 @@ import optree
 
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
-from thunderfn.core.statements import check_inputs_do_not_alias, python_alias, python_del, runtime_check
+from thunderfn.core.statements import (check_inputs_do_not_alias, no_writes_yet, python_alias, python_del, runtime_check,
+                                       write_back, write_back_on_failure, written)
 from thunderfn.core.symbol import BoundSymbol
 
 
@@ -167,3 +168,31 @@ def del_last_used(trc):
     if unused_inputs:
         body.insert(0, python_del.bind(*unused_inputs, output=None))
     return trc.derive("Delete Last Used", body)
+
+
+def write_back_on_failure_pass(trc):
+    """trc, made to leave its inputs as eager would when an op raises part way: eager has by then
+    done the in-place writes before the op, so each input or captured tensor the trace writes back
+    is written back on the way out too, with the value of its last write that completed (`written`
+    after each value an input held; write_back's `versions` name them). A value computed inside a
+    fusion region is there once the region ran (executors/fusion.py outputs what is needed)."""
+    write_backs = [b for b in trc.bound_symbols if b.sym is write_back]
+    if not write_backs:
+        return trc
+    slot_of = {}
+    for slot, b in enumerate(write_backs):
+        for name in (*b.kwargs.get("versions", ()), b.args[1].name):
+            slot_of[name] = slot
+    slot_of_write_back = {id(b): slot for slot, b in enumerate(write_backs)}
+    body = [no_writes_yet.bind(len(write_backs), output=None)]
+    for bsym in trc.bound_symbols:
+        body.append(bsym)
+        if bsym.sym is write_back:  # done: nothing left to write on the way out
+            body.append(written.bind(slot_of_write_back[id(bsym)], None, output=None))
+            continue
+        for o in bsym.proxy_outs():
+            if o.name in slot_of:
+                body.append(written.bind(slot_of[o.name], o, output=None))
+    body += [write_back_on_failure.bind(slot, b.args[0], b.args[2] if len(b.args) > 2 else None, output=None)
+             for slot, b in enumerate(write_backs)]
+    return trc.derive("Write back on failure", body)

@@ -280,7 +280,14 @@ def _format_block(items: list, ns: Namespace, indent: int, modes: dict) -> tuple
 def format_body(bsyms: list, ns: Namespace, indent: int = 1) -> list[str]:
     """The statements of a function body, with the traced code's scoped changes of global
     state (grad mode, default dtype, RNG state) printed as try/finally blocks that undo them
-    on the way out."""
+    on the way out. Statements tagged `on_exit` run on the way out whatever happens: a
+    `finally` enclosing the statements after the first one (which sets up what they read)."""
+    on_exit = [b for b in bsyms if "on_exit" in b.sym.tags]
+    if on_exit:
+        first, rest = bsyms[0], [b for b in bsyms[1:] if "on_exit" not in b.sym.tags]
+        pad = "  " * indent
+        return [*format_bsym(first, indent, ns), f"{pad}try:", *(format_body(rest, ns, indent + 1) or [f"{pad}  pass"]),
+                f"{pad}finally:", *(line for b in on_exit for line in format_bsym(b, indent + 1, ns))]
     entry = {}  # each mode's value when the function starts: what its first switch replaced
     for b in bsyms:
         switch = _switch(b)

@@ -89,6 +89,40 @@ def _print_check_aliasing(bsym, ns) -> str:
 # (`with torch.no_grad(): p.copy_(t5)` for an optimizer's update of a parameter).
 write_back = Symbol("write_back", "python.write_back", is_prim=True, printer=_print_write_back,
                     tags=frozenset({"no_dce"}))
+
+
+# When an op raises after some writes into inputs completed, eager leaves those inputs written: the
+# compiled code keeps, per written input, the value its last completed write left (`_written0 = t3`,
+# `_written0 = None` once the write-back ran), and a `finally` enclosing the body writes it back
+# (core/passes.py's write_back_on_failure puts them in; core/printing.py prints `on_exit` in the finally).
+def _print_written(bsym, ns) -> str:
+    slot, value = bsym.args
+    return f"_written{slot} = {format_value(value, ns)}"
+
+
+def _print_no_writes(bsym, ns) -> str:
+    return " = ".join(f"_written{slot}" for slot in range(bsym.args[0])) + " = None"
+
+
+def copy_under_grad_mode(grad_mode: bool, target, value) -> None:
+    with torch.set_grad_enabled(grad_mode):
+        target.copy_(value)
+
+
+def _print_write_back_on_failure(bsym, ns) -> str:
+    slot, target, grad_mode = bsym.args
+    statement = f"{format_value(target, ns)}.copy_(_written{slot})"
+    if grad_mode is not None:  # (one line: `if ...: with ...:` is not Python)
+        ns["copy_under_grad_mode"] = copy_under_grad_mode
+        statement = f"copy_under_grad_mode({grad_mode}, {format_value(target, ns)}, _written{slot})"
+    return f"if _written{slot} is not None: {statement}"
+
+
+written = Symbol("written", "python.written", is_prim=True, printer=_print_written, tags=frozenset({"no_dce"}))
+no_writes_yet = Symbol("no_writes_yet", "python.no_writes_yet", is_prim=True, printer=_print_no_writes,
+                       tags=frozenset({"no_dce"}))
+write_back_on_failure = Symbol("write_back_on_failure", "python.write_back_on_failure", is_prim=True,
+                               printer=_print_write_back_on_failure, tags=frozenset({"no_dce", "on_exit"}))
 check_inputs_do_not_alias = Symbol("inputs_do_not_alias", "python.inputs_do_not_alias", is_prim=True,
                                    printer=_print_check_aliasing, eager=inputs_do_not_alias, tags=frozenset({"no_dce"}))
 

@@ -49,12 +49,22 @@ class Trace:
         self.default_dtype = torch.get_default_dtype()  # and default dtype
         self.mutated: dict = {}  # id(live proxy) -> (frozen original, live proxy): inputs/captures written in place
         self.write_modes: dict = {}  # id(live proxy) -> the grad modes its in-place writes ran under
+        self.versions: dict = {}  # id(live proxy) -> the names of the values its in-place writes left, in order
+        self.rebound: set = set()  # id(proxy) of every proxy written in place (its name is its new value's)
+        # view ops traced before the first in-place write, tracked when one happens (torch/inplace.py); None after
+        self.views_to_track: list | None = []
+        self.producers: dict = {}  # id(proxy) -> the top-level bound symbol that computed it (see `producer`)
+        self.layouts: dict = {}  # id(proxy) -> (meta tensor laid out as eager would, facts), torch/inplace.py's
         self.rebinds = 0  # in-place operations traced so far
         # What the compiled function reads or checks when called (core/call_time.py): `.grad`s read while
         # tracing (key -> GradRead), and guards (callables returning why the trace went stale, or None).
         self.grad_reads: dict = {}
         self.guards: list = []
         self.input_tensors: dict = {}  # input proxy name -> the tensor it stands for, while tracing only
+        self._inputs_by_proxy: dict = {}  # id(input proxy object) -> (its position, the tensor), while tracing only
+        # Layout facts about input tensors the trace relies on (whether x.contiguous() is x or a copy):
+        # position -> {(what, get): value}, checked by jit on every call with the cache key (jit.py's CacheEntry)
+        self.layout_reads: dict = {}
         # Called as f(trc, failed) when tracing ends, to undo or guard Python state the traced code
         # touched (torch/optim.py); finish_data holds their bookkeeping, by owner.
         self.finishers: list = []
@@ -96,6 +106,8 @@ class Trace:
         bsym = sym.bind(*args, output=out, subsymbols=subsymbols, **kwargs)
         _inherit_origin(bsym)
         self._scopes[-1].append(bsym)
+        if not self.symbol_depth:
+            self._note_producer(bsym)
         return out
 
     def sync_grad_mode(self) -> None:
@@ -114,6 +126,18 @@ class Trace:
 
     def emit(self, bsym) -> None:
         self._scopes[-1].append(bsym)
+        if not self.symbol_depth:
+            self._note_producer(bsym)
+
+    def _note_producer(self, bsym) -> None:
+        for o in bsym.proxy_outs():
+            self.producers[id(o)] = bsym
+
+    def producer(self, proxy: TensorProxy):
+        """The bound symbol recorded at the top level of this trace that computed proxy (None: an
+        input, a constant, or a value made inside a decomposition)."""
+        bsym = self.producers.get(id(proxy))
+        return bsym if bsym is not None and any(o is proxy for o in bsym.proxy_outs()) else None
 
     @contextlib.contextmanager
     def scope(self):
@@ -141,6 +165,29 @@ class Trace:
             entry = self._constants[id(tensor)] = (tensor, proxy)
         return entry[1]
 
+    def real_tensor(self, proxy: TensorProxy):
+        """The tensor an input or captured proxy stands for, while tracing (whatever was written into
+        it since: its memory layout is the tensor's); None for a value the traced code computed."""
+        found = self._inputs_by_proxy.get(id(proxy))
+        if found is not None:
+            return found[1]
+        for tensor, captured in self._constants.values():
+            if captured is proxy:
+                return tensor
+        return None
+
+    def rely_on_layout(self, proxy: TensorProxy, what: str, get, value) -> None:
+        """The trace relies on `get(tensor) == value` for the tensor proxy stands for (`what` says it in
+        words: "is_contiguous()"): a fact jit checks on every call of an input (a call where it differs
+        compiles anew), and a guard of a captured tensor."""
+        found = self._inputs_by_proxy.get(id(proxy))
+        if found is not None:
+            self.layout_reads.setdefault(found[0], {})[(what, get)] = value
+            return
+        tensor, name = self.real_tensor(proxy), proxy.name
+        self.guards.append(lambda: None if get(tensor) == value else
+                           f"the captured tensor {name}'s {what} was {value} when traced and is {get(tensor)} now")
+
     def rebind(self, proxy: TensorProxy, value: TensorProxy, *, because: str) -> None:
         """Make the proxy object user code holds denote `value` from now on: the
         functional form of an in-place operation (torch/inplace.py, which also marks
@@ -154,8 +201,10 @@ class Trace:
             self.mutated[id(proxy)] = (frozen, proxy)
         if id(proxy) in self.mutated:
             self._note_write_mode(proxy, because)
+            self.versions.setdefault(id(proxy), []).append(value.name)
         self.args = [frozen if a is proxy else a for a in self.args]
         self.rebinds += 1
+        self.rebound.add(id(proxy))
         # In eager an in-place op never makes a tensor stop requiring grad (a leaf written under no_grad stays one)
         proxy.name, proxy.requires_grad, proxy.constant, proxy.origin = (
             value.name, proxy.requires_grad or value.requires_grad, None, value.origin)
@@ -200,8 +249,9 @@ class Trace:
             # (mixed modes are refused above for tensors that require grad; for others only a value that
             # requires grad could tell the modes apart, and that takes grad mode)
             mode = any(self.write_modes.get(id(live), {self.grad_enabled}))
+            # (versions: what the input held after each write, for core/passes.py's write_back_on_failure_pass)
             self.bound_symbols.append(write_back.bind(frozen, live, None if mode == self.grad_enabled else mode,
-                                                      output=None))
+                                                      output=None, versions=tuple(self.versions.get(id(live), ()))))
             live_to_frozen[id(live)] = frozen
         self.output = optree.tree_map(lambda x: live_to_frozen.get(id(x), x), self.output, none_is_leaf=True,
                                       namespace="thunderfn")
@@ -296,6 +346,7 @@ def proxify_inputs(trc: Trace, fn, args, kwargs):
             proxy = TensorProxy(trc.names.take(preferred, prefix="a"), shape=leaf.shape, dtype=leaf.dtype,
                                 device=leaf.device, requires_grad=leaf.requires_grad,
                                 origin=f"argument '{preferred or top}'")
+            trc._inputs_by_proxy[id(proxy)] = (len(trc.args), leaf)
             trc.args.append(proxy)
             trc.input_tensors[proxy.name] = leaf
             new_leaves.append(proxy)
@@ -370,7 +421,7 @@ def trace(fn, /, *args, **kwargs) -> Trace:
             p_args, p_kwargs = proxify_inputs(trc, fn, args, kwargs)
             # what fn receives, flattened again: a registered unflatten may build new leaves from the proxies
             given, given_spec = tree_flatten((p_args, p_kwargs))
-            out = fn(*p_args, **p_kwargs)
+            out = up_to_date(fn(*p_args, **p_kwargs))
             _refuse_changed_containers(trc.fn_name, given, given_spec, (p_args, p_kwargs))
             adopt_torch_registrations()  # a container type registered with torch while fn ran
             trc.output = optree.tree_map(lambda x: _lift_output(trc, x), out, none_is_leaf=True, namespace="thunderfn")
@@ -386,7 +437,7 @@ def trace(fn, /, *args, **kwargs) -> Trace:
             raise _unbound_tensor_method(e, trc.fn_name) from None
         raise
     finally:
-        trc.input_tensors = {}  # the trace must not keep the caller's tensors alive
+        trc.input_tensors, trc._inputs_by_proxy = {}, {}  # the trace must not keep the caller's tensors alive
     for finish in trc.finishers:
         finish(trc, False)
     if _reseeded_by_tracing(rng_before):
@@ -508,6 +559,17 @@ def _find_proxy(obj, where: str, seen: set, depth: int = 0) -> str | None:
         if found is not None:
             return found
     return None
+
+
+def up_to_date(tree):
+    """tree, with each view among its proxies brought up to date: a view whose base was written in
+    place after the view's value was computed is recomputed when read (torch/inplace.py keeps the
+    views, as `proxy.alias`, and says how); called on what traced code returns to a transform."""
+    if context.current_trace().rebinds:
+        for p in optree.tree_leaves(tree, namespace="thunderfn"):
+            if isinstance(p, TensorProxy) and p.alias is not None:
+                p.alias.refresh(p)
+    return tree
 
 
 def _refuse_unknowable_outputs(output) -> None:

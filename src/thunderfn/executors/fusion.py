@@ -220,10 +220,25 @@ def _node_preds(bsyms) -> list[set]:
     return preds
 
 
-def _groups(bsyms, fusible: list[bool]) -> list[_Group]:
+def _written_values(bsyms) -> dict:
+    """Each value an input or captured tensor held after an in-place write -> the next one (None
+    after the last): write_back's `versions` and what it writes."""
+    chains = [(*b.kwargs.get("versions", ()), b.args[1].name) for b in bsyms if b.sym is write_back]
+    return {name: nxt for chain in chains for name, nxt in zip(chain, (*chain[1:], None))}
+
+
+def _groups(bsyms, fusible: list[bool], written: dict | None = None) -> list[_Group]:
     groups = [_Group(i, f, frozenset(str(p.device) for p in b.proxies()))
               for i, (b, f) in enumerate(zip(bsyms, fusible))]
-    for i, ps in enumerate(_node_preds(bsyms)):
+    preds = _node_preds(bsyms)
+    # An op fusion leaves to others may raise when it runs (an index out of range): eager has done
+    # the in-place writes before it by then, and so must the compiled code (core/passes.py's
+    # write_back_on_failure_pass), so no write moves past it into a later region.
+    writes = [i for i, b in enumerate(bsyms) if any(o.name in (written or {}) for o in b.proxy_outs())]
+    for j, f in enumerate(fusible):
+        if not f:
+            preds[j].update(i for i in writes if i < j)
+    for i, ps in enumerate(preds):
         for p in ps:
             groups[i].preds.add(groups[p])
             groups[p].succs.add(groups[i])
@@ -320,7 +335,7 @@ def form_regions(trc, ex: FusionExecutor) -> list[tuple[list[int], bool]]:
     trc.bound_symbols of one group's members, whether the group is fusible); a bound symbol
     that is not a fusion candidate is a group of its own."""
     bsyms = trc.bound_symbols
-    groups = _groups(bsyms, [fusion_candidate(ex, b) for b in bsyms])
+    groups = _groups(bsyms, [fusion_candidate(ex, b) for b in bsyms], _written_values(bsyms))
     _grow_regions(groups)
     return [(sorted(g.members), g.fusible) for g in _schedule(groups)]
 
@@ -329,13 +344,18 @@ def fuse_regions(trc, ex: FusionExecutor):
     """trc with every region `ex` finds worth fusing replaced by one call of its compiled region."""
     bsyms = trc.bound_symbols
     returned = {p.name for p in tree_leaves(trc.output) if isinstance(p, TensorProxy)}
+    # each value an input held after a write -> the next one: a region that computes the first and not
+    # the next outputs it, so that an error after the region writes back what eager had written by then
+    # (core/passes.py's write_back_on_failure_pass)
+    next_version = {name: nxt for name, nxt in _written_values(bsyms).items() if nxt is not None}
     readers: dict[str, set] = {}
     for i, b in enumerate(bsyms):
         for a in b.proxy_args():
             readers.setdefault(a.name, set()).add(i)
     out = []
     for members, fusible in form_regions(trc, ex):
-        region = _region(trc, ex, [bsyms[i] for i in members], set(members), readers, returned) if fusible else None
+        region = (_region(trc, ex, [bsyms[i] for i in members], set(members), readers, returned, next_version)
+                  if fusible else None)
         if region is None or not ex.worth_fusing(region):
             out += [bsyms[i] for i in members]
             continue
@@ -343,7 +363,7 @@ def fuse_regions(trc, ex: FusionExecutor):
     return trc.derive(f"Fusion ({ex.name})", out)
 
 
-def _region(trc, ex, members: list, positions: set, readers: dict, returned: set) -> Region | None:
+def _region(trc, ex, members: list, positions: set, readers: dict, returned: set, next_version: dict) -> Region | None:
     produced = {o.name for b in members for o in b.proxy_outs()}
     inputs, seen = [], set()
     for b in members:
@@ -352,7 +372,8 @@ def _region(trc, ex, members: list, positions: set, readers: dict, returned: set
                 seen.add(a.name)
                 inputs.append(a)
     outputs = [o for b in members for o in b.proxy_outs()
-               if o.name in returned or readers.get(o.name, set()) - positions]
+               if o.name in returned or readers.get(o.name, set()) - positions
+               or (o.name in next_version and next_version[o.name] not in produced)]
     if not outputs:
         return None
     return Region(trc.names.take(prefix=f"{ex.name}_fusion_"), members, inputs, outputs)

@@ -544,7 +544,7 @@ def index_put_key(a, key, value, accumulate=False):
 
 
 # -- view scatters: the functional writes through a slice, a select or a diagonal --------------
-def _scatter_into_view(a, view, src):
+def scatter_into_view(a, view, src):
     """a with src written over the elements view(a) picks: view picks from a's positions,
     and one flat scatter writes there (src converted to a's dtype, as torch does)."""
     n = a.numel()
@@ -564,7 +564,7 @@ def slice_scatter(a, src, dim=0, start=None, end=None, step=1):
     check(step > 0, lambda: "slice step must be positive")
     d = prims.canonical_dim(dim, a.ndim)
     first, stop, _ = slice(start, end, step).indices(a.shape[d])
-    return _scatter_into_view(a, lambda p: clang.slice_in_dim(p, first, max(first, stop), step, d), src)
+    return scatter_into_view(a, lambda p: clang.slice_in_dim(p, first, max(first, stop), step, d), src)
 
 
 @torchsymbol(torch.select_scatter, T.select_scatter)
@@ -574,12 +574,12 @@ def select_scatter(a, src, dim, index):
     check(-n <= index < n, lambda: f"select(): index {index} out of range for tensor of size {list(a.shape)} at dimension {d}",
           IndexError)
     i = index % n
-    return _scatter_into_view(a, lambda p: clang.squeeze(clang.slice_in_dim(p, i, i + 1, 1, d), (d,)), src)
+    return scatter_into_view(a, lambda p: clang.squeeze(clang.slice_in_dim(p, i, i + 1, 1, d), (d,)), src)
 
 
 @torchsymbol(torch.diagonal_scatter, T.diagonal_scatter)
 def diagonal_scatter(a, src, offset=0, dim1=0, dim2=1):
-    return _scatter_into_view(a, lambda p: diagonal(p, offset, dim1, dim2), src)
+    return scatter_into_view(a, lambda p: diagonal(p, offset, dim1, dim2), src)
 
 
 _SCATTER_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")

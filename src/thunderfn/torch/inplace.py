@@ -9,11 +9,16 @@ Mutating an input or a captured tensor is visible to the caller, as in eager: th
 compiled function ends with `x.copy_(<final value>)` and returns the caller's
 tensor where the traced function returned it.
 
-Views are where functional and eager semantics part, so they are tracked: a view
-made by basic indexing (`x[:, 0]`) can be mutated in place, which also writes into
-its base (`x[..., 0] += 1` works); any other view mutated in place is refused; and
-a view whose base was mutated after the view was made is refused when it is next
-used (in eager it would show the new values). Never a silently different answer.
+Views are where functional and eager semantics part, so they are tracked: each view
+remembers its base (the tensor that owns the memory) and the view ops that lead from
+the base to it (`ViewStep`s). A write through a view is written into the base (each
+step's inverse: a setitem, a reshape, a permute, or a scatter into the positions the
+view picks); a write into the base, directly or through any view, makes every other
+view of it out of date, and such a view is recomputed from the base's new value
+when it is next read (as an argument, or as an output of the traced function), so
+it shows what eager's view shows. The few views that cannot be replayed or written
+through (`as_strided`, a tensor index, `detach()`, reinterpretations such as
+`view(dtype)` and `view_as_real`) are refused by name. Never a silently different answer.
 """
 from __future__ import annotations
 
@@ -23,12 +28,13 @@ import torch
 
 from thunderfn import clang, prims
 from thunderfn.core import context, interception
-from thunderfn.core.interception import handlers, torch_name
+from thunderfn.core.interception import handler_for, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.errors import ArgumentRuntimeError, UnsupportedOpError
 from thunderfn.torch.base import torchsymbol
-from thunderfn.torch.indexing import index_put_key
+from thunderfn.torch.indexing import index_put_key, scatter_into_view
+from thunderfn.torch.shape import permute, reshape
 from thunderfn.torch.opaque import opaque_symbol, run_opaque
 
 T = torch.Tensor
@@ -65,28 +71,70 @@ _ALWAYS_COPY = {"cat", "concat", "concatenate", "stack", "hstack", "vstack", "fl
                 "cumsum", "cumprod", "rot90", "roll", "tile", "repeat", "pad", "tril", "triu"}
 
 
+@dataclasses.dataclass(frozen=True)
+class ViewStep:
+    """One view op between a tensor and its view: `func(parent, *args, **kwargs)`, the leaf
+    `index` of its tensor outputs (split, unbind and chunk return several views); func None
+    is the tensor itself (x.to(x.dtype), x[...])."""
+    func: object
+    args: tuple = ()
+    kwargs: tuple = ()  # (name, value) pairs
+    index: int = 0
+
+
+_SAME = ViewStep(None)
+
+
 @dataclasses.dataclass
 class Alias:
-    """Storage sharing of a proxy: the base it views (with the basic-indexing key that
-    made it, when known), the views made of it, and whether it went stale."""
+    """Storage sharing of a proxy. On a view: its base and the steps that make it from the
+    base (None: a view that cannot be replayed, refused when written through or read after
+    the base changed), and the base's version its value was computed from. On a base: its
+    version, counting the writes into it."""
     base: TensorProxy | None = None
+    steps: tuple | None = None
+    made_by: str | None = None  # what made a view that cannot be replayed (as_strided, a tensor index)
+    seen: int = 0
+    version: int = 0
+    # the basic-indexing key when the view is base[key] (x[k] += 1 writes back through it)
     key: object = None
-    views: list = dataclasses.field(default_factory=list)
-    stale_because: str | None = None
     # made by an op that returns its input or a copy depending on the input's memory layout at
     # run time (x.contiguous()), which traces do not know: an in-place write through it is only
     # safe when nothing reads the input afterwards
     layout_dependent: bool = False
-    stale_message: str | None = None  # why reading this tensor is refused, when not as a stale view
+    stale_message: str | None = None  # why reading this tensor is refused
+    # Layout facts about inputs (root, what, get, value; see _view_in_eager) that decided whether this
+    # tensor, or one it was made from, is a view or a copy: relied on (Trace.rely_on_layout) once the
+    # answer matters, when it is written or read after its base changed; and, for a copy, its source
+    copy_of: TensorProxy | None = None
+    facts: tuple = ()
     # expanded (x.expand(3, 4) of a (4,) x): several elements share one memory location, and
     # torch refuses to write into it in place
     overlapping: bool = False
+
+    def refresh(self, proxy: TensorProxy) -> None:
+        """Called by core (core/trace.py's `up_to_date`) on what traced code returns."""
+        refresh(proxy)
 
 
 def _alias(p: TensorProxy) -> Alias:
     if p.alias is None:
         p.alias = Alias()
     return p.alias
+
+
+# View ops whose inverse is a reshape of the written value (same elements in the same order),
+# and those that only reorder dimensions (inverse: the inverse permutation)
+_RESHAPING = {"view", "reshape", "view_as", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze"}
+# View ops that copy instead when their input's strides do not allow a view (x.t().reshape(-1))
+_VIEW_OR_COPY = {"reshape", "reshape_as", "flatten"}
+# (H and mH conjugate only complex tensors, which the torch language refuses there)
+_PERMUTING = {"transpose", "swapaxes", "swapdims", "permute", "t", "T", "mT", "H", "mH", "movedim", "moveaxis"}
+# Views whose elements are not the base's elements, one for one: writing through them is refused
+_NOT_WRITABLE = {"as_strided": "picks storage positions by stride", "real": "reinterprets a complex tensor",
+                 "imag": "reinterprets a complex tensor", "view_as_real": "reinterprets a complex tensor",
+                 "view_as_complex": "reinterprets a real tensor"}
+_NOT_REPLAYABLE = {"as_strided"}  # its strides are the storage's, which traces do not know
 
 
 _is_view_cache: dict = {}
@@ -102,49 +150,292 @@ def is_view_op(func) -> bool:
 
 def track_views(func, args, kwargs, out) -> None:
     """After a view op, or an op that returned its input unchanged while tracing: remember
-    which outputs share storage with which input."""
-    identities = context.current_trace().identities
+    which outputs share storage with which input, and how to make them again. Until the traced
+    code first writes in place nothing can tell a view from a copy, so the calls are kept and
+    tracked then (`settle_views`): a function without in-place writes pays nothing for views."""
+    trc = context.current_trace()
+    identities = {}
+    for o in tree_leaves(out):
+        entry = trc.identities.pop(id(o), None) if trc.identities and isinstance(o, TensorProxy) else None
+        if entry is not None and entry[0] is o:
+            identities[id(o)] = entry
+    if trc.views_to_track is not None:
+        trc.views_to_track.append((func, args, kwargs, out, identities))
+        return
+    _track_views(func, args, kwargs, out, identities)
+
+
+def settle_views() -> None:
+    """Track the views made before the traced code's first in-place write (called before each
+    write; from then on views are tracked as they are made)."""
+    trc = context.current_trace()
+    made, trc.views_to_track = trc.views_to_track, None
+    for call in made or ():
+        _track_views(*call)
+
+
+def _track_views(func, args, kwargs, out, identities: dict) -> None:
     tracked = set()
-    if identities:
-        for o in tree_leaves(out):
-            entry = identities.pop(id(o), None) if isinstance(o, TensorProxy) else None
-            if entry is not None and entry[0] is o:
-                _track_identity(func, kwargs, o, entry[1])
-                tracked.add(id(o))
+    for o in tree_leaves(out):
+        entry = identities.get(id(o)) if isinstance(o, TensorProxy) else None
+        if entry is not None:
+            _track_identity(func, args, kwargs, o, entry[1])
+            tracked.add(id(o))
     source = args[0] if args else None
     if not is_view_op(func) or not isinstance(source, TensorProxy):
         return
     short = torch_name(func).rsplit(".", 1)[-1]
-    root = source.alias.base if source.alias is not None and source.alias.base is not None else source
-    key = None
-    if torch_name(func) == "torch.Tensor.__getitem__" and root is source and _is_basic_key(args[1]):
-        key = args[1]
-    for o in tree_leaves(out):
-        if isinstance(o, TensorProxy) and o is not source and o is not root and id(o) not in tracked:
-            o.alias = Alias(base=root, key=key, overlapping=short in _EXPANDING and o.numel() > source.numel())
-            _alias(root).views.append(o)
+    key = args[1] if short == "__getitem__" else None
+    if key is not None and not _is_basic_key(key) and not _has_tensor(key):
+        return  # x[[0, 2]], x[True]: eager copies
+    root, steps = _root_and_steps(source)
+    outs = [o for o in tree_leaves(out) if isinstance(o, TensorProxy)]
+    facts = source.alias.facts if source.alias is not None else ()
+    if short in _VIEW_OR_COPY:
+        is_view, fact = _view_in_eager(func, args, kwargs, root, steps)
+        if is_view is None:  # an intermediate's layout, which tracing does not know
+            for o in outs:
+                if o is not source and o is not root and id(o) not in tracked:
+                    o.alias = Alias(base=root, made_by=torch_name(func), seen=_alias(root).version,
+                                    layout_dependent=True)
+            return
+        facts += fact
+        if not is_view:  # eager copies
+            for o in outs:
+                o.alias = Alias(copy_of=root, seen=_alias(root).version, facts=facts)
+            return
+    for index, o in enumerate(outs):
+        if o is source or o is root or id(o) in tracked:
+            continue
+        step = ViewStep(func, tuple(args[1:]), tuple(kwargs.items()), index)
+        made_by = (source.alias.made_by if steps is None else torch_name(func) if short in _NOT_REPLAYABLE
+                   else "a tensor index" if key is not None and not _is_basic_key(key) else None)
+        o.alias = Alias(base=root, steps=steps + (step,) if made_by is None else None, made_by=made_by,
+                        seen=_alias(root).version,
+                        key=key if root is source and key is not None and _is_basic_key(key) else None,
+                        overlapping=_overlapping(short, source, o, args, kwargs), facts=facts)
 
 
-def _track_identity(func, kwargs, out: TensorProxy, source: TensorProxy) -> None:
+def _overlapping(short, source, view, args, kwargs) -> bool:
+    if short in _EXPANDING:
+        return view.numel() > source.numel()
+    if short == "unfold":  # windows overlap when they are longer than their step
+        size, step = (tuple(args[2:4]) + (kwargs.get("size"), kwargs.get("step")))[:2]
+        return view.numel() > source.numel() or (size is not None and step is not None and size > step)
+    return False
+
+
+def _root_and_steps(source: TensorProxy):
+    """(the tensor that owns source's memory, the view steps from it to source; None when they
+    cannot be replayed)."""
+    info = source.alias
+    if info is None or info.base is None:
+        return source, ()
+    return info.base, None if info.layout_dependent else info.steps
+
+
+def _view_in_eager(func, args, kwargs, root, steps) -> tuple:
+    """(whether func(*args), a view op that copies when strides forbid a view or x.contiguous(),
+    returns in eager a view of root or root itself; the layout fact that says so). Decided on a
+    meta tensor laid out as the input or captured tensor root stands for, replaying the view steps
+    to args[0]; the fact is relied on (`_rely`) only where the answer changes a result. (None, None)
+    when root is a value the traced code computed, whose layout tracing does not know."""
+    trc = context.current_trace()
+    facts: list = []
+    probe = _eager_layout(trc, root, facts) if steps is not None else None
+    if probe is None:
+        return None, None
+    try:
+        with torch._C.DisableTorchFunction():  # meta tensors, not traced
+            value = probe
+            for step in steps:
+                if step.func is not None:
+                    out = step.func(value, *_meta_args(step.args), **dict(_meta_args(step.kwargs)))
+                    value = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)][step.index]
+            result = func(value, *_meta_args(tuple(args[1:])), **_meta_kwargs(kwargs))
+        result = [o for o in tree_leaves(result) if isinstance(o, torch.Tensor)][0]
+    except Exception:  # noqa: BLE001 (an op meta tensors do not support: the layout stays unknown)
+        return None, None
+    if short_name(func) == "contiguous" and not steps and len(facts) == 1 and facts[0][0] is root:  # an input's
+        fmt = kwargs.get("memory_format", torch.contiguous_format)
+        facts = [(root, f"is_contiguous(memory_format={fmt})", _is_contiguous_as[fmt], probe.is_contiguous(memory_format=fmt))]
+    return result is probe or result._base is probe, tuple(facts)
+
+
+_LAYOUT_DEPTH = 8  # how many ops back a computed tensor's layout is worked out from its inputs'
+
+
+def _eager_layout(trc, proxy, facts: list, depth: int = 0):
+    """A meta tensor laid out as the tensor proxy denotes is in eager, or None when unknown: an
+    input's or captured tensor's own layout (its strides join `facts`), or, for a value the traced
+    code computed with a torch op (not written in place since), that op's meta kernel applied to its
+    inputs' layouts (x.clone() keeps x's strides, torch.zeros(...) is contiguous)."""
+    known = trc.layouts.get(id(proxy))
+    if known is None or known[2] is not proxy:
+        own: list = []
+        known = trc.layouts[id(proxy)] = (_work_out_layout(trc, proxy, own, depth), tuple(own), proxy)
+    facts.extend(known[1])
+    return known[0]
+
+
+def _work_out_layout(trc, proxy, facts: list, depth: int):
+    tensor = trc.real_tensor(proxy)
+    if tensor is not None:
+        facts.append((proxy, "stride()", torch.Tensor.stride, tensor.stride()))
+        with torch._C.DisableTorchFunction():
+            return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+    if depth >= _LAYOUT_DEPTH or id(proxy) in trc.rebound:
+        return None
+    producer = trc.producer(proxy)
+    if producer is None or producer.sym.torch_fn is None or "opaque" in producer.sym.tags:
+        return None
+    ok = True
+
+    def meta(x):
+        nonlocal ok
+        if isinstance(x, TensorProxy):
+            probe = _eager_layout(trc, x, facts, depth + 1)
+            ok = ok and probe is not None
+            return probe
+        if isinstance(x, (tuple, list)):
+            return type(x)(meta(v) for v in x)
+        return x
+
+    args, kwargs = meta(producer.args), {k: meta(v) for k, v in producer.kwargs.items()}
+    if not ok:
+        return None
+    if not any(isinstance(a, torch.Tensor) for a in tree_leaves((args, kwargs))):
+        kwargs["device"] = "meta"  # a factory: made where the probes live
+    try:
+        with torch._C.DisableTorchFunction():
+            out = producer.sym.torch_fn(*args, **kwargs)
+        outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
+        index = next(i for i, o in enumerate(producer.proxy_outs()) if o is proxy)
+        return outs[index] if outs[index].device.type == "meta" else None
+    except Exception:  # noqa: BLE001 (an op or arguments meta tensors do not take: the layout stays unknown)
+        return None
+
+
+def _rely(info: Alias) -> None:
+    """The tensor's view-or-copy answer now changes a result: the layout facts it came from join
+    the trace's signature (once)."""
+    if info is not None and info.facts:
+        trc = context.current_trace()
+        for fact in info.facts:
+            trc.rely_on_layout(*fact)
+        info.facts = ()
+
+
+def _contiguous_as(fmt):
+    def is_contiguous(t):
+        return t.is_contiguous(memory_format=fmt)
+
+    is_contiguous.__name__ = f"is_contiguous_{fmt}"
+    return is_contiguous
+
+
+# one function per memory format (jit's cache compares facts by function)
+_is_contiguous_as = {fmt: (torch.Tensor.is_contiguous if fmt is torch.contiguous_format else _contiguous_as(fmt))
+                     for fmt in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d,
+                                 torch.preserve_format)}
+
+
+def _meta_args(values):
+    """values with each proxy replaced by an empty meta tensor of its metadata (view_as(other) reads its shape)."""
+    def meta(x):
+        if isinstance(x, TensorProxy):
+            return torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
+        if isinstance(x, (tuple, list)):
+            return type(x)(meta(v) for v in x)
+        return x
+
+    return meta(values)
+
+
+def _meta_kwargs(kwargs) -> dict:
+    return {k: _meta_args(v) for k, v in kwargs.items()}
+
+
+def short_name(func) -> str:
+    return torch_name(func).rsplit(".", 1)[-1]
+
+
+def _has_tensor(key) -> bool:
+    return any(isinstance(k, TensorProxy) for k in (key if isinstance(key, tuple) else (key,)))
+
+
+def _track_identity(func, args, kwargs, out: TensorProxy, source: TensorProxy) -> None:
     """out has source's value: in eager it is source itself or a view of all of it (so an
     in-place write through it writes all of source), a copy, or one of the two depending on
     source's layout at run time (any op not known to be one of the others)."""
     short = torch_name(func).rsplit(".", 1)[-1]
     if short in _ALWAYS_COPY:
         return
-    if source.alias is not None and source.alias.base is not None:
-        root, key = source.alias.base, source.alias.key
-    else:
-        root, key = source, Ellipsis
+    root, steps = _root_and_steps(source)
+    key = source.alias.key if source.alias is not None and source.alias.base is not None else Ellipsis
     exact = (short in _VIEW_NAMES or short in _RETURN_INPUT) and kwargs.get("memory_format") in (
         None, torch.preserve_format)
-    out.alias = Alias(base=root, key=key, layout_dependent=not exact)
-    _alias(root).views.append(out)
+    facts = source.alias.facts if source.alias is not None else ()
+    if not exact and args and args[0] is source:  # x.contiguous(): x itself or a copy, as x's layout says
+        is_view, fact = _view_in_eager(func, args, kwargs, root, steps)
+        if is_view is not None:
+            facts += fact
+            if not is_view:
+                out.alias = Alias(copy_of=root, seen=_alias(root).version, facts=facts)
+                return
+            exact = True
+    made_by = None if steps is not None else source.alias.made_by
+    out.alias = Alias(base=root, steps=steps + (_SAME,) if steps is not None and exact else None,
+                      made_by=made_by if exact else torch_name(func), seen=_alias(root).version, key=key,
+                      layout_dependent=not exact, facts=facts)
+
+
+def refresh(view: TensorProxy) -> None:
+    """Bring a view up to date with its base: recomputed from the base's current value when the
+    base was written (directly or through another view) since the view's value was computed.
+    Called for every tensor traced code reads after some in-place write, and for its outputs."""
+    info = view.alias
+    if info is not None and info.stale_message:  # whether it changed cannot be known (_write_layout_dependent)
+        raise UnsupportedOpError(info.stale_message)
+    if info is not None and info.copy_of is not None:  # a copy of a tensor written since: its value would differ
+        if info.seen != _alias(info.copy_of).version:  # if it were a view, so the layout that said so matters
+            _rely(info)
+            info.seen = _alias(info.copy_of).version
+        return
+    if info is None or info.base is None or info.seen == _alias(info.base).version:
+        return
+    base = info.base
+    _rely(info)
+    if base.alias.stale_message:
+        raise UnsupportedOpError(base.alias.stale_message)
+    if info.steps is None:
+        raise UnsupportedOpError(
+            f"tensor {view.name} is a view of {base.name}, which was modified in place after the view was made; in "
+            f"eager the view would show the new values, and this view (made by {info.made_by}) cannot be "
+            f"recomputed from them. Take the view again after the in-place operation, or clone() it before.")
+    value = base
+    for step in info.steps:
+        value = _replay(step, value)
+    context.current_trace().rebind(view, value, because=f"a write into {base.name}")
+    info.seen = _alias(base).version
+
+
+def _replay(step: ViewStep, parent):
+    """step's view of parent, traced (parent is a new value: the view's base after a write)."""
+    if step.func is None:
+        return parent
+    trc = context.current_trace()
+    handler = handler_for(step.func)
+    args, kwargs = (parent, *step.args), dict(step.kwargs)
+    out = handler(*args, **kwargs) if handler is not None else run_opaque(step.func, args, kwargs)
+    value = [o for o in tree_leaves(out) if isinstance(o, TensorProxy)][step.index]
+    trc.identities.pop(id(value), None)  # a replay is not the user's call: torch/base.py's note is not wanted
+    return value
 
 
 def check_fresh(args, kwargs) -> None:
-    """Refuse to read a view whose base was mutated after the view was made, and a tensor requiring
-    grad under grad mode after it was written under no_grad."""
+    """Bring views whose base was written since up to date (`refresh`); refuse a tensor requiring
+    grad read under grad mode after it was written under no_grad."""
     trc = context.current_trace()
     grad_enabled = torch.is_grad_enabled()
     for a in tree_leaves((args, kwargs)):
@@ -152,11 +443,7 @@ def check_fresh(args, kwargs) -> None:
             continue
         if a.alias is not None and a.alias.stale_message:
             raise UnsupportedOpError(a.alias.stale_message)
-        if a.alias is not None and a.alias.stale_because:
-            raise UnsupportedOpError(
-                f"tensor {a.name} is a view of another tensor that was modified in place ({a.alias.stale_because}) "
-                f"after the view was made; in eager the view would show the new values, which thunderfn does not "
-                f"track yet. Take the view again after the in-place operation, or clone() it before.")
+        refresh(a)
         if grad_enabled and trc.written_without_grad(a):
             # In eager the tensor is still a leaf that requires grad, now holding the new value; in the trace its
             # new value was computed under no_grad, so autograd would not reach the tensor through this use.
@@ -258,11 +545,12 @@ def _cast_like_target(value, target, what: str):
 
 def run_in_place(func, args, kwargs):
     """Trace an in-place torch call on a proxy (or a call with out=/inplace=True)."""
+    settle_views()
     trc = context.current_trace()
     name = torch_name(func)
     short = name.rsplit(".", 1)[-1]
     if short.startswith("_foreach_"):  # one in-place op per tensor of the lists (torch/foreach.py)
-        return interception.handlers[func](*args, **kwargs)
+        return handler_for(func)(*args, **kwargs)
     target = args[0]
     if not isinstance(target, TensorProxy):
         raise UnsupportedOpError(f"{name} mutates {type(target).__name__}, not a tensor")
@@ -276,29 +564,21 @@ def run_in_place(func, args, kwargs):
     if info is not None and info.layout_dependent:
         return _write_layout_dependent(trc, func, name, short, args, kwargs)
     if info is not None and info.base is not None:
-        if info.key is None:
-            raise UnsupportedOpError(
-                f"{name} mutates {target.name}, a view of {info.base.name} not made by basic indexing; writing the "
-                f"change back into {info.base.name} is not supported yet. Clone the view, or mutate "
-                f"{info.base.name} through indexing (x[..., 0] += 1).")
-        new_value = _cast_like_target(_functional(func, short, args, kwargs), target, name)
-        base = info.base
-        rebind(base, setitem(base, info.key, new_value), because=f"{name} on its view {target.name}", keep=target)
-        rebind(target, new_value, because=name)
-        return target if short != "__setitem__" else None
+        check_writable(target, name)
     new_value = _cast_like_target(_functional(func, short, args, kwargs), target, name)
     rebind(target, new_value, because=name)
     return target if short != "__setitem__" else None
 
 
 def _write_layout_dependent(trc, func, name, short, args, kwargs):
-    """An in-place write into x.contiguous() (or the like), which in eager writes into x or
-    into a copy depending on x's layout at run time. Into a copy of an input the caller would
-    see no change, into x itself they would: refused. For a tensor made inside the function,
-    the write goes to the result, and x may not be read afterwards."""
+    """An in-place write into x.contiguous() (or x.reshape(...), ...) where x is a tensor the
+    function computed, whose layout tracing does not know: in eager the write goes into x or into
+    a copy. The write goes to the result, and neither x nor its views may be read afterwards. (For
+    an input or a captured tensor the layout is known, and relied on: see _view_in_eager; this
+    refuses only where that probe could not run.)"""
     target = args[0]
     root = target.alias.base
-    if any(a is root for a in trc.args) or root.constant is not None:
+    if trc.real_tensor(root) is not None:
         raise UnsupportedOpError(
             f"{name} mutates {target.name}, which in eager is {root.name} itself or a copy of it depending on "
             f"{root.name}'s memory layout at run time (x.contiguous(), x.reshape(...)); {root.name} is an input of "
@@ -311,11 +591,14 @@ def _write_layout_dependent(trc, func, name, short, args, kwargs):
         f"depending on {root.name}'s memory layout at run time (x.contiguous(), x.reshape(...)), so whether "
         f"{root.name} changed cannot be known while tracing. Mutate {root.name}.clone() instead, or read "
         f"{target.name}.")
+    _alias(root).version += 1  # its views are out of date too, and refuse to be read (refresh); not target
+    target.alias.seen = root.alias.version
     return target if short != "__setitem__" else None
 
 
 def run_with_output_argument(handler, func, args, kwargs, out):
     """`torch.add(a, b, out=c)`: compute, then write into c as c.copy_ would (same dtype rules)."""
+    settle_views()
     if not isinstance(out, TensorProxy):
         raise UnsupportedOpError(f"{torch_name(func)}(out=...) with a non-tensor out")
     kwargs = {k: v for k, v in kwargs.items() if k != "out"}
@@ -327,19 +610,21 @@ def run_with_output_argument(handler, func, args, kwargs, out):
     check_fresh((out,), {})
     if out.alias is not None and out.alias.overlapping:
         raise ArgumentRuntimeError(_OVERLAP_MESSAGE)
+    if out.alias is not None and out.alias.base is not None:
+        check_writable(out, f"{torch_name(func)}(out=...)")
     rebind(out, _cast_like_target(result, out, torch_name(func)), because=f"{torch_name(func)}(out=...)")
     return out
 
 
 def run_with_inplace_flag(handler, func, args, kwargs):
     """`F.relu(x, inplace=True)`: the out-of-place op, then x rebound to its result."""
+    settle_views()
     kwargs = dict(kwargs, inplace=False)
     target = args[0]
     check_fresh(args, kwargs)
-    result = handler(*args, **kwargs)
     if target.alias is not None and target.alias.base is not None:
-        raise UnsupportedOpError(f"{torch_name(func)}(inplace=True) on {target.name}, a view of another tensor, is "
-                                 f"not supported yet; use inplace=False")
+        check_writable(target, f"{torch_name(func)}(inplace=True)")
+    result = handler(*args, **kwargs)
     rebind(target, _cast_like_target(result, target, torch_name(func)), because=f"{torch_name(func)}(inplace=True)")
     return target
 
@@ -349,20 +634,76 @@ def is_in_place(func) -> bool:
     return (short.endswith("_") and not short.startswith("__")) or short in _IN_PLACE_DUNDERS or short == "__setitem__"
 
 
-def rebind(proxy: TensorProxy, value: TensorProxy, *, because: str, keep=None) -> None:
-    """An in-place write into proxy, traced: it denotes value from now on (Trace.rebind), and
-    the views made of it before (except `keep`, the view written through) go stale."""
-    context.current_trace().rebind(proxy, value, because=because)
-    mark_stale_views(proxy, because, keep)
-
-
-def mark_stale_views(proxy: TensorProxy, because: str, keep=None) -> None:
-    if proxy.alias is None:
+def check_writable(view: TensorProxy, what: str) -> None:
+    """Refuse, before anything is written, a write through a view that cannot be written back
+    into its base (layout-dependent views are _write_layout_dependent's)."""
+    info = view.alias
+    if info.layout_dependent:
         return
-    for view in proxy.alias.views:
-        if view is not keep:
-            _alias(view).stale_because = because
-    proxy.alias.views = [keep] if keep is not None else []
+    base = info.base
+    if base.alias.stale_message:
+        raise UnsupportedOpError(base.alias.stale_message)
+    if info.steps is None:
+        raise UnsupportedOpError(
+            f"{what} mutates {view.name}, a view of {base.name} made by {info.made_by}, which "
+            f"{_NOT_WRITABLE.get(info.made_by.rpartition('.')[2], 'tracing cannot replay')}; writing the change back "
+            f"into {base.name} is not supported. Write into {base.name} itself, or into a clone() of the view.")
+    for step in info.steps:
+        short = torch_name(step.func).rsplit(".", 1)[-1] if step.func is not None else ""
+        if short in _NOT_WRITABLE or (short == "view" and any(isinstance(a, torch.dtype) for a in step.args)):
+            why = _NOT_WRITABLE.get(short, "reinterprets the bits")
+            raise UnsupportedOpError(
+                f"{what} mutates {view.name}, a view of {base.name} made by {torch_name(step.func)}, which {why}; "
+                f"writing the change back into {base.name} is not supported. Write into {base.name} itself, or "
+                f"into a clone() of the view.")
 
 
-del handlers
+def _written_back(parent, step: ViewStep, value):
+    """parent with value written over the elements step's view of it picks."""
+    if step.func is None:
+        return value
+    short = torch_name(step.func).rsplit(".", 1)[-1]
+    if short == "__getitem__" and _is_basic_key(step.args[0]):
+        return setitem(parent, step.args[0], value)
+    if short in _RESHAPING:
+        return reshape(value, tuple(parent.shape))
+    if short in _PERMUTING:
+        order = _permutation(step, parent)
+        return permute(value, tuple(order.index(d) for d in range(len(order))))
+    return scatter_into_view(parent, lambda positions: _replay(step, positions), value)
+
+
+def _permutation(step: ViewStep, parent) -> list:
+    """The dimension order a dimension-permuting view op makes: read off its strides on a meta
+    tensor whose dimensions all have different strides."""
+    with torch._C.DisableTorchFunction():  # a real (meta) tensor, not traced
+        probe = torch.empty(tuple(range(2, parent.ndim + 2)), device="meta")
+        out = step.func(probe, *step.args, **dict(step.kwargs))
+    strides = probe.stride()
+    return [strides.index(s) for s in out.stride()]
+
+
+def rebind(proxy: TensorProxy, value: TensorProxy, *, because: str) -> None:
+    """An in-place write into proxy, traced: it denotes value from now on (Trace.rebind). A view
+    written into writes its base (step by step back from the view), whose other views are then
+    out of date until read (`refresh`)."""
+    settle_views()
+    trc = context.current_trace()
+    info = proxy.alias
+    _rely(info)  # written: whether it is a view (of an input) or a copy now changes what the caller sees
+    if info is not None and info.base is not None and not info.layout_dependent:
+        check_writable(proxy, because)
+        base = info.base
+        parents = [base]
+        for step in info.steps[:-1]:
+            parents.append(_replay(step, parents[-1]))
+        new_base = value
+        for step, parent in zip(reversed(info.steps), reversed(parents)):
+            new_base = _written_back(parent, step, new_base)
+        rebind(base, new_base, because=f"{because} on its view {proxy.name}")
+        trc.rebind(proxy, value, because=because)
+        info.seen = _alias(base).version
+        return
+    trc.rebind(proxy, value, because=because)
+    if info is not None:
+        info.version += 1

@@ -20,9 +20,10 @@ import functools
 
 import torch
 import torch.cuda.random
+from torch.jit._builtins import _find_builtin, _register_builtin
 
 from thunderfn.core import context
-from thunderfn.core.interception import lift_constants
+from thunderfn.core.interception import lift_constants, unwrapped
 from thunderfn.core.printing import format_value
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
@@ -85,19 +86,20 @@ def _tracing():
     return trc if trc is not None and not trc.symbol_depth else None
 
 
-def _recording(name, record, reseeds: bool):
-    original = _original[name]
+def _recording(name, record, reseeds: bool, current):
+    """A function that records `name` while this thread traces and calls `current` (what the
+    home held: torch's function, or a wrapper of it) otherwise."""
 
-    @functools.wraps(original)
+    @functools.wraps(current)
     def wrapper(*args, **kwargs):
         trc = _tracing()
         if trc is None:
             if reseeds:  # lets a trace in another thread tell this reseed from its own (core/trace.py)
                 context.note_rng_reseed()
-            return original(*args, **kwargs)
+            return current(*args, **kwargs)
         return record(trc, *args, **kwargs)
 
-    wrapper.__thunderfn_original__ = original
+    wrapper.__thunderfn_original__ = _original[name]
     return wrapper
 
 
@@ -168,16 +170,28 @@ _RECORDERS = {  # name -> (record, reseeds)
 
 def install() -> None:
     """Route torch's seeding functions through the recording wrappers (idempotent), under
-    every name they are exported as: torch.random.x and torch.x, torch.cuda.random.x and torch.cuda.x."""
+    every name they are exported as: torch.random.x and torch.x, torch.cuda.random.x and torch.cuda.x.
+
+    A name may hold a wrapper of torch's function rather than the function itself: importing
+    torch._dynamo before thunderfn replaces torch.manual_seed by a wrapper that turns Dynamo off,
+    which calls the original directly. The recording wrapper goes in front of whatever the name
+    holds, so seeding is recorded in either import order and the wrapper's own effect is kept."""
     for prefix, names in _INTERCEPTED.items():
         homes = (_HOMES[prefix], torch if prefix == "" else torch.cuda)
         for name in names:
-            if hasattr(getattr(homes[0], name), "__thunderfn_original__"):
-                continue
-            wrapper = _recording(prefix + name, *_RECORDERS[prefix + name])
+            original, made = _original[prefix + name], {}
             for home in homes:
-                if getattr(home, name, None) is _original[prefix + name]:
-                    setattr(home, name, wrapper)
+                current = getattr(home, name, None)
+                chain = unwrapped(current) if current is not None else []
+                if (any(getattr(f, "__thunderfn_original__", None) is original for f in chain)
+                        or not any(f is original for f in chain)):
+                    continue  # already recorded through this name, or the name holds something else
+                if id(current) not in made:
+                    made[id(current)] = _recording(prefix + name, *_RECORDERS[prefix + name], current)
+                    if current is not original and _find_builtin(current) is not None:
+                        # torch._dynamo registers its wrapper for TorchScript: so must the one in front of it
+                        _register_builtin(made[id(current)], _find_builtin(current))
+                setattr(home, name, made[id(current)])
 
 
 install()

@@ -36,6 +36,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled
 from thunderfn.core.decorators import with_options_form
+from thunderfn.core.trace import up_to_date
 from thunderfn.errors import (ArgumentRuntimeError, ArgumentTypeError, CotangentError, InternalError, OutputError,
                               SavedTensorModifiedError, TransformArgumentError, UnsupportedOpError)
 from thunderfn.torch.opaque import autograd_connections, torch_vjp_op
@@ -238,11 +239,11 @@ def wants_gradient(x) -> bool:
     return x.name in tapes[-1].active or x.name not in tapes[-1].seen
 
 
-def _record_forward(region: list, primals, tape: _Tape) -> list:
+def _record_forward(region: list, primal_names: list, tape: _Tape) -> list:
     """The forward as emitted: for each opaque op that depends on the inputs, the generator
     state is read just before it."""
     trc = context.current_trace()
-    tape.active = {p.name for p in tree_leaves(primals) if isinstance(p, TensorProxy)}
+    tape.active = {name for name in primal_names if name is not None}
     tape.seen = set(tape.active)
     emitted = []
     for bsym in region:
@@ -305,11 +306,15 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
         # which f's caller cannot hand to tf.grad, so jit announces them for the trace it builds.
         executors = context.current_executors()
     trc = context.current_trace()
-    primals = as_trace_values(primals)
+    primals = as_trace_values(up_to_date(primals))
+    # the primals' names before fn runs: fn may write into a primal in place, after which the same proxy
+    # object names its new value (torch/inplace.py); the derivative is with respect to the value passed in
+    primal_names = [p.name if isinstance(p, TensorProxy) else None for p in tree_leaves(primals)]
     with differentiating(trc) as recorded:
-        out = as_trace_constants(fn(*primals))  # a tensor made outside torch's hooks (torch.tensor(1.)): a constant
+        # a tensor made outside torch's hooks (torch.tensor(1.)): a constant
+        out = as_trace_constants(up_to_date(fn(*primals)))
     tape = _Tape(executors)
-    region = _record_forward(_with_residuals(recorded, executors), primals, tape)
+    region = _record_forward(_with_residuals(recorded, executors), primal_names, tape)
     for bsym in region:
         trc.emit(bsym)
     modes = _grad_modes(region, True)
@@ -335,7 +340,7 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
                     _backprop(bsym, cts, tape)
         finally:
             _backwards.tapes.pop()
-        return [cts.get(p.name) if isinstance(p, TensorProxy) else None for p in tree_leaves(primals)]
+        return [cts.get(name) if name is not None else None for name in primal_names]
 
     return out, backward
 

@@ -16,10 +16,11 @@ import torch
 
 from thunderfn import clang
 from thunderfn.core import context, dtypes
-from thunderfn.core.interception import tensors_by_position
+from thunderfn.core.interception import lift_constants, tensors_by_position
 from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
+from thunderfn.core.trace import up_to_date
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, ForwardModeError, UnsupportedOpError
 from thunderfn.torch.opaque import _meta, named_functorch_refusal
 from thunderfn.transforms.autodiff import (_compiled, _carries_gradient, _grad_modes, as_trace_constants, as_trace_values,
@@ -122,18 +123,21 @@ def trace_jvp(fn: Callable, primals, tangents):
     """While a trace is being built: fn(*primals) traced into it, and the tangent of its output
     for these tangents of the primals' leaves (a pytree like the output)."""
     trc = context.current_trace()
-    primals = as_trace_values(primals)
-    with differentiating(trc) as recorded:  # whatever the grad mode outside, as reverse mode
-        out = as_trace_constants(fn(*primals))  # a constant output gets a zero tangent
-    region = _flattened(recorded)
-    for bsym in region:
-        trc.emit(bsym)
+    primals = as_trace_values(up_to_date(primals))
+    tangents = lift_constants(tangents)  # real tensors (tf.jvp called inside a traced function) read as constants
     env: dict = {}
     for p, t in zip(tree_leaves(primals), tree_leaves(tangents)):
         if _carries_gradient(p) and t is not None:
             if tuple(t.shape) != tuple(p.shape):
                 raise ArgumentValueError(f"jvp: a tangent has shape {tuple(t.shape)} where its primal has {tuple(p.shape)}")
+            # keyed by the name the primal has now: fn may write into it in place, after which the same
+            # proxy object names its new value (torch/inplace.py), whose tangent the rules compute
             env[p.name] = clang.maybe_convert_to_dtype(t, p.dtype)
+    with differentiating(trc) as recorded:  # whatever the grad mode outside, as reverse mode
+        out = as_trace_constants(up_to_date(fn(*primals)))  # a constant output gets a zero tangent
+    region = _flattened(recorded)
+    for bsym in region:
+        trc.emit(bsym)
     for bsym, enabled in zip(region, _grad_modes(region, True)):
         if enabled:
             _push_forward(bsym, env)

@@ -30,8 +30,10 @@ from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.decorators import with_options_form
+from thunderfn.core.trace import up_to_date
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, BatchingError
 from thunderfn import clang, prims
+from thunderfn.torch import inplace
 from thunderfn.torch.opaque import _meta, named_functorch_refusal
 from thunderfn.transforms.autodiff import _compiled, as_trace_constants
 from thunderfn.transforms import batching_rules_torch  # noqa: F401  (registers the torch-language rules)
@@ -337,7 +339,7 @@ def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, random
         examples.append(example)
     names = [x.name if isinstance(x, TensorProxy) else None for x in examples]  # an in-place op renames
     with trc.scope() as recorded:
-        out = as_trace_constants(fn(*tree_unflatten(spec, examples)))  # a constant output: the same for every example
+        out = as_trace_constants(up_to_date(fn(*tree_unflatten(spec, examples))))  # a constant output: the same for every example
     for bsym in recorded:
         batching.run(bsym)
     updates = _in_place_updates(trc, batching, leaves, examples, names, in_dims)
@@ -495,15 +497,15 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
 
     def transformed(*args, **kwargs):
         trc = context.current_trace()  # a real tensor passed in while tracing (one captured by the caller) is a constant
-        args = tree_map(lambda x: trc.constant(x) if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy)
-                        else x, args)
+        args = up_to_date(tree_map(lambda x: trc.constant(x) if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy)
+                                   else x, args))
         dims, batch_size = _in_dims(in_axes, args)
         body = functools.partial(fn, **kwargs) if kwargs else fn
         leaves, arg_spec = tree_flatten(args)
         if chunk_size is None or chunk_size >= batch_size:
             placed, _, spec, updates = batched(body, args, dims, batch_size)
             for i, value in updates.items():
-                trc.rebind(leaves[i], value, because="an in-place operation inside vmap")
+                inplace.rebind(leaves[i], value, because="an in-place operation inside vmap")
             return optree.tree_unflatten(spec, placed)
         # Bounded memory: the batch in chunks of chunk_size examples, each one batched program over
         # its slice of the inputs, the outputs concatenated along their out_axes (no loop per example).
@@ -517,7 +519,7 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
         for i in sorted(set().union(*(updates for *_, updates in chunks))):
             pieces = [updates[i] if i in updates else clang.slice_in_dim(leaves[i], start, stop, dim=dims[i])
                       for (*_, updates), (start, stop) in zip(chunks, bounds)]
-            trc.rebind(leaves[i], prims.cat(pieces, dims[i]), because="an in-place operation inside vmap")
+            inplace.rebind(leaves[i], prims.cat(pieces, dims[i]), because="an in-place operation inside vmap")
         _, axes, spec, _ = chunks[0]
         joined = []
         for i, axis in enumerate(axes):
