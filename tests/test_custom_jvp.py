@@ -126,3 +126,18 @@ def test_a_rule_of_the_wrong_shape_or_form_is_named(xy):
     no_rule = tf.custom_jvp(lambda t: t * 2)
     with pytest.raises(TypeError, match="has no rule yet"):
         tf.grad(lambda t: no_rule(t).sum())(x)
+
+
+def test_custom_jvp_with_options_is_a_decorator_too():
+    @tf.custom_jvp(nondiff_argnums=(0,))
+    def scaled(factor, x):
+        return x * factor
+
+    @scaled.defjvp
+    def scaled_jvp(factor, primals, tangents):
+        return scaled(factor, primals[0]), 3.0 * tangents[0]  # deliberately not the body's derivative
+
+    assert isinstance(scaled, tf.custom_jvp) and scaled.nondiff_argnums == (0,)
+    x = torch.ones(2)
+    torch.testing.assert_close(tf.jvp(lambda t: scaled(5.0, t), (x,), (x,))[1], torch.full((2,), 3.0))
+    torch.testing.assert_close(tf.grad(lambda t: scaled(5.0, t).sum())(x), torch.full((2,), 3.0))

@@ -115,3 +115,32 @@ def test_forward_mode_refuses_a_custom_vjp_and_points_to_custom_jvp(transform):
         run()
     assert isinstance(e.value, TypeError)
     tf.jacrev(tf.jacrev(lambda t: sin_times(t).sum()))(x)  # the reverse-mode Hessian it suggests works
+
+
+def test_custom_vjp_with_options_is_a_decorator_too():
+    @tf.custom_vjp(nondiff_argnums=(0,))
+    def scaled(factor, x):
+        return x * 1.0
+
+    scaled.defvjp(lambda factor, x: (x * 1.0, None), lambda factor, residuals, g: (g * factor,))
+    assert isinstance(scaled, tf.custom_vjp) and scaled.nondiff_argnums == (0,)
+    torch.testing.assert_close(tf.grad(lambda x: scaled(5.0, x).sum())(torch.ones(2)), torch.full((2,), 5.0))
+
+
+@pytest.mark.parametrize("transform", ["grad", "jit-backward"])
+def test_a_rule_for_an_identity_is_the_only_gradient_that_reaches_the_argument(transform):
+    # fwd returns its argument itself (gradient clipping, straight-through): only the rule differentiates it
+    @tf.custom_vjp(nondiff_argnums=(0,))
+    def clip_gradient(limit, x):
+        return x
+
+    clip_gradient.defvjp(lambda limit, x: (x, None), lambda limit, residuals, g: (g.clamp(-limit, limit),))
+    loss = lambda x: (clip_gradient(0.5, x) * 3).sum()  # noqa: E731
+    x = torch.ones(2)
+    if transform == "grad":
+        got = tf.grad(loss)(x)
+    else:
+        x.requires_grad_()
+        tf.jit(loss)(x).backward()
+        got = x.grad
+    torch.testing.assert_close(got, torch.full((2,), 0.5))

@@ -19,6 +19,7 @@ import re
 import shlex
 from pathlib import Path
 
+import hypothesis
 import pytest
 import torch
 
@@ -145,6 +146,15 @@ def test_readme_has_demo_and_test_commands():
     assert "python -m pytest tests" in commands, "README.md lost its test command"
     for command in commands.values():
         assert "torch==2.13.0" in command, f"an unpinned torch would download gigabytes: {command}"
+
+
+def test_the_readme_test_command_draws_the_same_property_examples_on_every_run():
+    # without HYPOTHESIS_PROFILE the derandomized profile is loaded (tests/conftest.py), so the command
+    # is green or red alike on every run; HYPOTHESIS_PROFILE=dev explores with fresh examples
+    if "HYPOTHESIS_PROFILE" in os.environ:
+        pytest.skip(f"HYPOTHESIS_PROFILE={os.environ['HYPOTHESIS_PROFILE']} chose the profile")
+    assert hypothesis.settings.default.derandomize
+    assert "HYPOTHESIS_PROFILE=dev" in (ROOT / "README.md").read_text()
 
 
 def test_ci_runs_the_readme_test_command():

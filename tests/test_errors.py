@@ -1,6 +1,9 @@
 """Errors (errors.py, core/proxies.py, core/interception.py): each failure kind has one
 error class, a subclass of the builtin a torch user would catch, and a message that
 names the operation, the function, where the value came from and what to do."""
+import re
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,6 +21,69 @@ def test_error_classes_subclass_the_builtin_a_torch_user_catches():
     assert issubclass(ConcretizationError, TypeError) and issubclass(ConcretizationError, tf.ThunderFnError)
     assert issubclass(UnsupportedOpError, NotImplementedError) and issubclass(UnsupportedOpError, tf.ThunderFnError)
     assert tf.errors.ConcretizationError is tf.ConcretizationError
+
+
+MISUSES = {  # name: (call, the builtin it is also, the thunderfn kind)
+    "grad-of-non-scalar": (lambda: tf.grad(torch.sin)(torch.randn(3)), RuntimeError, tf.errors.OutputError),
+    "vmap-in_axes-too-long": (lambda: tf.vmap(torch.sin, in_axes=(0, 0))(torch.randn(2, 3)), ValueError,
+                              tf.errors.InvalidArgumentError),
+    "vmap-in_axes-out-of-range": (lambda: tf.vmap(torch.sin, in_axes=3)(torch.randn(2, 3)), ValueError,
+                                  tf.errors.InvalidArgumentError),
+    "vmap-in_axes-a-string": (lambda: tf.vmap(torch.sin, in_axes="0")(torch.randn(2, 3)), TypeError,
+                              tf.errors.InvalidArgumentError),
+    "vmap-randomness": (lambda: tf.vmap(torch.sin, randomness="sometimes"), ValueError, tf.errors.InvalidArgumentError),
+    "grad-argnums-past-the-arguments": (lambda: tf.grad(lambda a: a.sum(), argnums=2)(torch.randn(3)), TypeError,
+                                        tf.errors.InvalidArgumentError),
+    "jacrev-argnums-past-the-arguments": (lambda: tf.jacrev(torch.sin, argnums=1)(torch.randn(3)), TypeError,
+                                          tf.errors.InvalidArgumentError),
+    "grad-of-an-integer": (lambda: tf.grad(lambda a: a.sum())(torch.arange(3)), TypeError,
+                           tf.errors.InvalidArgumentError),
+    "jvp-tangent-shape": (lambda: tf.jvp(torch.sin, (torch.randn(3),), (torch.randn(4),)), ValueError,
+                          tf.errors.InvalidArgumentError),
+    "vjp-cotangent-shape": (lambda: tf.vjp(torch.sin, torch.randn(3))[1](torch.randn(4)), RuntimeError,
+                            tf.errors.InvalidArgumentError),
+    "jit-not-callable": (lambda: tf.jit(3), TypeError, tf.errors.InvalidArgumentError),
+    "jit-cache_size_limit": (lambda: tf.jit(torch.sin, cache_size_limit=0), ValueError, tf.errors.InvalidArgumentError),
+    "jit-static-tensor": (lambda: tf.jit(lambda a, n: a * n, static_argnums=1)(torch.ones(1), torch.ones(1)),
+                          TypeError, tf.errors.InvalidArgumentError),
+    "jit-unknown-executor": (lambda: tf.jit(torch.sin, executors=["nope"])(torch.ones(1)), ValueError,
+                             tf.errors.InvalidArgumentError),
+    "last_traces-before-a-call": (lambda: tf.last_traces(tf.jit(torch.sin)), RuntimeError, tf.errors.NoTraceError),
+    "custom_vjp-without-rule": (lambda: tf.grad(lambda a: tf.custom_vjp(lambda t: t * 2)(a).sum())(torch.ones(2)),
+                                TypeError, tf.errors.InvalidArgumentError),
+    "shape-mismatch": (lambda: tf.jit(lambda a: a + torch.ones(4))(torch.ones(3)), RuntimeError,
+                       tf.errors.InvalidArgumentError),
+    "dim-out-of-range": (lambda: tf.jit(lambda a: a.sum(3))(torch.ones(3)), IndexError, tf.errors.InvalidArgumentError),
+}
+
+
+@pytest.mark.parametrize("call, builtin, kind", MISUSES.values(), ids=MISUSES.keys())
+def test_every_misuse_is_a_thunderfn_error_of_its_kind_and_of_the_builtin_it_was(call, builtin, kind):
+    with pytest.raises(builtin) as raised:
+        call()
+    assert isinstance(raised.value, tf.ThunderFnError) and isinstance(raised.value, kind), repr(raised.value)
+
+
+def test_thunderfn_raises_no_bare_builtin_of_its_own():
+    """Every `raise` of a builtin error in thunderfn's source is one of its own classes (the scan
+    that keeps item 'every error is a ThunderFnError' true as code is added). AttributeError stays
+    Python's own: hasattr() and module __getattr__ rely on exactly it. The example model and the
+    test helpers are user-level code."""
+    root = Path(tf.__file__).parent
+    bare = re.compile(r"raise (RuntimeError|ValueError|TypeError|IndexError|KeyError|NotImplementedError|"
+                      r"AssertionError|ZeroDivisionError|LookupError|Exception)\b")
+    found = [f"{path.relative_to(root)}:{n}: {line.strip()}"
+             for path in sorted(root.rglob("*.py")) if path.parts[len(root.parts)] not in ("examples", "testing")
+             for n, line in enumerate(path.read_text().splitlines(), 1) if bare.search(line)]
+    assert not found, "\n".join(found)
+
+
+def test_invalid_argument_errors_keep_the_builtin_and_add_the_kind():
+    for builtin in (TypeError, ValueError, IndexError, RuntimeError, NotImplementedError, ZeroDivisionError):
+        cls = tf.errors.invalid_argument(builtin)
+        assert issubclass(cls, builtin) and issubclass(cls, tf.errors.InvalidArgumentError)
+        assert issubclass(cls, tf.ThunderFnError) and tf.errors.invalid_argument(builtin) is cls
+    assert tf.errors.invalid_argument(tf.errors.BatchingError) is tf.errors.BatchingError
 
 
 # -- value-dependent control flow --------------------------------------------------------------
@@ -186,7 +252,8 @@ def test_meta_error_has_torchs_exception_type_and_wording(fn, x):
         fn(x)
     with pytest.raises(Exception) as traced:
         tf.jit(fn)(x)
-    assert type(traced.value) is type(eager.value)
+    # torch's builtin (so `except RuntimeError` catches both alike) and thunderfn's kind
+    assert isinstance(traced.value, type(eager.value)) and isinstance(traced.value, tf.errors.InvalidArgumentError)
     assert str(traced.value) == str(eager.value)
 
 
@@ -220,3 +287,86 @@ def test_last_traces_of_a_plain_function_is_a_type_error():
 def test_last_traces_before_the_first_call_says_so():
     with pytest.raises(RuntimeError, match="not been called"):
         tf.last_traces(tf.jit(lambda a: a))
+
+
+# -- messages that say what to do -----------------------------------------------------------------
+def test_a_cotangent_of_the_wrong_shape_names_the_output_and_both_shapes():
+    _, vjp_fn = tf.vjp(lambda a: (a.sin(), a.sum()), torch.randn(3))
+    with pytest.raises(RuntimeError, match=r"cotangent (of|for) output 1 .*has shape \(2,\), but that output has "
+                                           r"shape \(\)") as raised:
+        vjp_fn((torch.ones(3), torch.ones(2)))
+    assert "internal" not in str(raised.value) and isinstance(raised.value, tf.errors.InvalidArgumentError)
+    _, vjp_fn = tf.vjp(torch.sin, torch.randn(3))
+    with pytest.raises(RuntimeError, match=r"cotangent (for the output|of output 0) has shape \(4,\), but that output has shape \(3,\)"):
+        vjp_fn(torch.ones(4))
+
+
+@pytest.mark.parametrize("transform", [
+    lambda f: tf.grad(f, has_aux=True), lambda f: tf.value_and_grad(f, has_aux=True),
+    lambda f: lambda a: tf.vjp(f, a, has_aux=True), lambda f: lambda a: tf.jvp(f, (a,), (a,), has_aux=True),
+    lambda f: tf.jacrev(f, has_aux=True), lambda f: tf.jacfwd(f, has_aux=True)],
+    ids=["grad", "value_and_grad", "vjp", "jvp", "jacrev", "jacfwd"])
+def test_has_aux_with_a_function_returning_one_value_says_it_must_return_a_pair(transform):
+    def total(a):
+        return a.sin().sum()
+
+    with pytest.raises(tf.errors.OutputError, match=r"has_aux=True\) of 'total': the function must return a pair "
+                                                    r"\(output, aux\), but it returned one tensor of shape \(\)"):
+        transform(total)(torch.randn(3))
+
+
+def test_torch_func_functional_call_under_grad_and_vmap_is_traced_as_torch_func_computes_it():
+    model = torch.nn.Linear(3, 2)
+    params, x = dict(model.named_parameters()), torch.randn(4, 3)
+
+    def loss(p, x):
+        return torch.func.functional_call(model, p, (x,)).pow(2).sum()
+
+    got, expected = tf.grad(loss)(params, x), torch.func.grad(loss)(params, x)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name])
+    batched = tf.vmap(lambda p, row: torch.func.functional_call(model, p, row), in_axes=(None, 0))(params, x)
+    torch.testing.assert_close(batched, model(x))
+    with pytest.raises(RuntimeError, match=r"unexpected key\(s\) \['nope'\]"):
+        tf.grad(lambda p: torch.func.functional_call(model, {**p, "nope": x}, (x,), strict=True).sum())(params)
+    assert model.weight is params["weight"]  # the module's own tensors are back
+
+
+def test_a_thunder_name_from_thunderfn_extend_gives_the_porting_hint_in_a_from_import_too():
+    with pytest.raises(ImportError, match="thunderfn.extend has no get_grad, Thunder's name; use tf.custom_vjp"):
+        from thunderfn.extend import get_grad  # noqa: F401
+    import thunderfn.extend
+    assert not hasattr(thunderfn.extend, "get_grad") and getattr(thunderfn.extend, "put_grads", None) is None
+    with pytest.raises(AttributeError, match="use tf.custom_vjp"):
+        thunderfn.extend.get_grad  # noqa: B018
+    with pytest.raises(ImportError, match="cannot import name 'no_such_name'"):
+        from thunderfn.extend import no_such_name  # noqa: F401
+
+
+def test_a_batching_error_for_an_operator_suggests_its_batch_rule_registration():
+    ex = tf.executors.OperatorExecutor("batchless")
+    op = ex.register_operator("opaque_double", meta=lambda a: tf.TensorProxy(shape=a.shape, dtype=a.dtype, device=a.device),
+                              fn=lambda a: a * 2)
+    with pytest.raises(tf.errors.BatchingError, match=r"batchless.register_operator\('opaque_double', \.\.\., "
+                                                      r"batch_rule=rule\)") as raised:
+        tf.vmap(lambda a: op(a))(torch.ones(2, 3))
+    assert "defbatch" not in str(raised.value)
+
+
+def test_the_cache_limit_warning_after_shape_changes_says_what_changed_and_what_to_do():
+    jitted = tf.jit(lambda a: a * 2, cache_size_limit=2)
+    with pytest.warns(UserWarning) as caught:
+        for n in range(1, 5):
+            jitted(torch.ones(n))
+    (message,) = [str(w.message) for w in caught if "cache_size_limit" in str(w.message)]
+    assert "shape (2,) -> (3,)" in message and "dynamic shapes are not available yet" in message
+    assert "pad or bucket" in message and "raise cache_size_limit" in message and "pass them as tensors" not in message
+
+
+def test_a_traced_tensor_used_after_its_trace_is_a_named_error_saying_so():
+    kept = []
+    tf.jit(lambda a: kept.append(a) or a + 1)(torch.ones(2))
+    with pytest.raises(RuntimeError, match="kept past its trace") as raised:
+        kept[0] + 1
+    assert isinstance(raised.value, tf.errors.ProxyOutsideTraceError)
+    assert isinstance(raised.value, tf.errors.EscapedProxyError)

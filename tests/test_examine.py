@@ -24,8 +24,11 @@ def test_examine_classifies_symbol_opaque_in_place_unsupported_and_value_reads(c
     assert status["torch.Tensor.item"] == "needs a value"
     assert "in-place" in status.values()
     assert not report.jit_ready
-    printed = capsys.readouterr().out
-    assert "torch.nonzero" in printed and "not ready for tf.jit" in printed
+    assert "torch.nonzero" in str(report) and "not ready for tf.jit" in str(report)
+    assert capsys.readouterr().out == ""  # examine prints nothing itself: print(report) shows it once
+    print(report)
+    assert capsys.readouterr().out.count("distinct torch calls") == 1
+    assert repr(report) == str(report)  # what a prompt or notebook shows
 
 
 def test_examine_agrees_with_jit_on_a_ready_function():

@@ -414,6 +414,23 @@ def test_executors_are_named_by_string_or_passed_as_objects():
         tf.jit(lambda a: a, executors=["nope"])(A)
 
 
+
+def test_one_executor_alone_is_a_list_of_one_not_one_executor_per_letter():
+    ex, _ = multimul_executor("alone")
+    register_executor(ex)
+    for executors in ("alone", ex, ("alone",)):
+        jfn = tf.jit(lambda a, b: a * b, executors=executors)
+        torch.testing.assert_close(jfn(A, B), A * B)
+        assert calls(jfn, "multimul") == 1
+        lowered = tf.executor_lower(lambda a, b: a * b, executors)
+        torch.testing.assert_close(lowered(A, B), A * B)
+        assert calls(lowered, "multimul") == 1
+    with pytest.raises(ValueError, match="no executor named 'nope'"):  # the name, not its letter 'n'
+        tf.jit(lambda a: a, executors="nope")(A)
+    with pytest.raises(tf.errors.ArgumentTypeError, match="executors must be an executor .* or a list of them"):
+        tf.jit(lambda a: a, executors=3)
+
+
 # -- docs/extending.md ------------------------------------------------------------------------------
 def test_page_multimul_runs_as_the_operator(page):
     assert calls(page.cfoo, "multimul") == 1

@@ -2,6 +2,8 @@
 modules, nesting, and generated code that user-chosen names cannot break."""
 import ast
 import collections
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -223,6 +225,34 @@ def test_tensor_passed_as_static_argument_is_a_type_error(options, call, x):
     f = tf.jit(lambda a, n=1: a, **options)
     with pytest.raises(TypeError, match="static argument"):
         call(f, x)
+
+
+def test_jit_with_options_is_a_decorator_too(x):
+    @tf.jit(static_argnums=1)
+    def power(a, n):
+        return a ** n if n > 1 else a  # Python control flow on the static argument
+
+    torch.testing.assert_close(power(x, 3), x ** 3)
+    torch.testing.assert_close(power(x, 1), x)
+    assert tf.cache_info(power)["misses"] == 2
+
+    @tf.jit
+    def plain(a):
+        return a + 1
+
+    torch.testing.assert_close(plain(x), x + 1)
+
+
+@pytest.mark.parametrize("decorated, call, expected", [
+    (lambda f: tf.grad(argnums=1)(f), lambda g, a, b: g(a, b), lambda a, b: a),
+    (lambda f: tf.value_and_grad(argnums=(0, 1))(f), lambda g, a, b: g(a, b)[1][1], lambda a, b: a),
+    (lambda f: tf.jacrev(argnums=1)(f), lambda g, a, b: g(a, b), lambda a, b: a),
+    (lambda f: tf.jacfwd(argnums=1)(f), lambda g, a, b: g(a, b), lambda a, b: a),
+    (lambda f: tf.vmap(in_axes=(0, None))(f), lambda g, a, b: g(a[None], b)[0], lambda a, b: (a * b).sum()),
+], ids=["grad", "value_and_grad", "jacrev", "jacfwd", "vmap"])
+def test_transforms_with_options_are_decorators_too(decorated, call, expected):
+    a, b = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(call(decorated(lambda a, b: (a * b).sum()), a, b), expected(a, b))
 
 
 # -- non-tensor arguments --------------------------------------------------------------------
@@ -456,12 +486,69 @@ def test_parameter_named_like_a_generated_code_global_still_works(name, x):
     assert "torch" not in [a.arg for a in fn.args.args]
 
 
+KEYWORD_TRANSFORMS = {
+    "jit": lambda g: tf.jit(g), "grad": lambda g: tf.grad(g), "value_and_grad": lambda g: tf.value_and_grad(g),
+    "jacrev": lambda g: tf.jacrev(g), "jacfwd": lambda g: tf.jacfwd(g), "hessian": lambda g: tf.hessian(g),
+    "jit_of_grad": lambda g: tf.jit(tf.grad(g)), "grad_of_jit": lambda g: tf.grad(tf.jit(g)),
+    "vmap": lambda g: lambda x, *a, **kw: tf.vmap(g)(x[None], *(t[None] for t in a), **kw)[0],
+}
+
+
+# names thunderfn's own functions use for their parameters (trace(fn, ...), Symbol.__call__(self, ...),
+# the transforms' options): a user keyword argument of the same name reaches the user's function
+@pytest.mark.parametrize("name", ["fn", "self", "args", "kwargs", "name", "trc", "argnums", "has_aux", "primals",
+                                  "executors", "in_axes", "static_argnums"])
+@pytest.mark.parametrize("transform", KEYWORD_TRANSFORMS.values(), ids=KEYWORD_TRANSFORMS.keys())
+def test_a_keyword_argument_named_like_an_internal_parameter_reaches_the_function(name, transform, x):
+    ns = {}
+    exec(f"def g(x, {name}):\n    return (x * {name}).sum()", ns)
+    other = torch.randn(3)
+    torch.testing.assert_close(transform(ns["g"])(x, **{name: other}), transform(ns["g"])(x, other))
+
+
+@pytest.mark.parametrize("name", ["fn", "self", "args"])
+def test_a_keyword_argument_named_like_an_internal_parameter_reaches_trace_examine_and_modules(name, x):
+    ns = {}
+    exec(f"def g(x, {name}):\n    return x * {name}", ns)
+    assert [b.sym.name for b in tf.trace(ns["g"], x, **{name: x}).bound_symbols] == ["mul"]
+    assert tf.examine(ns["g"], x, **{name: x}).jit_ready
+
+    class Scale(torch.nn.Module):
+        def forward(self, x, **kw):
+            return x * kw[name]
+
+    if name != "self":  # torch's own Module.__call__(self, ...) takes no keyword 'self', in eager too
+        torch.testing.assert_close(tf.jit(Scale())(x, **{name: x}), x * x)
+
+
 def test_tensor_made_at_trace_time_is_a_fresh_tensor_on_every_call(x):
     f = tf.jit(lambda a: (a + 1, torch.tensor([1.0, 2.0])))
     first = f(x)[1]
     first.add_(10)  # the caller owns what it gets back, as in eager
     torch.testing.assert_close(f(x)[1], torch.tensor([1.0, 2.0]))
     assert f(x)[1] is not f(x)[1]
+
+
+# -- torch.compile over jit -------------------------------------------------------------------
+def test_torch_compile_of_a_jitted_function_runs_it_as_one_call_with_eager_values():
+    def f(a):
+        return a.sin() * 2
+
+    a = torch.randn(3, requires_grad=True)
+    out = torch.compile(tf.jit(f))(a)
+    torch.testing.assert_close(out, f(a))
+    out.sum().backward()
+    torch.testing.assert_close(a.grad, 2 * a.detach().cos())
+    model = torch.nn.Linear(3, 2)
+    jitted = tf.jit(model)
+    calls_it = torch.compile(lambda x: jitted(x).relu() + 1)  # a graph break around the jitted call
+    torch.testing.assert_close(calls_it(a.detach()), model(a.detach()).relu() + 1)
+
+
+def test_importing_thunderfn_does_not_import_dynamo():
+    code = "import sys, thunderfn; assert 'torch._dynamo' not in sys.modules, 'thunderfn imported torch._dynamo'"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 # -- torch state changed by the traced code ---------------------------------------------------

@@ -22,6 +22,13 @@ REMAT = "Constructed by Rematerialization"
 
 # -- helpers -------------------------------------------------------------------------------------
 
+def _has_backward(jf) -> bool:
+    """False where the last compile made no forward/backward split: no output is computed from an
+    input that requires grad (an output that is an input itself reaches torch.autograd as the
+    caller's tensor), so nothing is saved and the last trace returns the outputs alone."""
+    return any("Forward and backward split" in t.provenance for t in tf.last_traces(jf))
+
+
 def _forward(jf):
     """The forward trace whose output is ((outputs...), (residuals...)) as compiled."""
     return tf.last_traces(jf)[-1]
@@ -29,6 +36,8 @@ def _forward(jf):
 
 def _saved_bytes(jf) -> int:
     """Bytes of the residuals that are neither inputs nor outputs: what the split keeps alive."""
+    if not _has_backward(jf):
+        return 0
     fwd = _forward(jf)
     outputs, residuals = fwd.output
     alive = {p.name for p in fwd.args} | {p.name for p in outputs}
@@ -37,6 +46,8 @@ def _saved_bytes(jf) -> int:
 
 def _residual_cost(jf) -> int:
     """What rematerialization minimizes: bytes of the residuals, inputs included, outputs free."""
+    if not _has_backward(jf):
+        return 0
     outputs, residuals = _forward(jf).output
     return sum(nbytes(p) for p in residuals if p.name not in {o.name for o in outputs})
 
@@ -351,6 +362,19 @@ def test_remat_of_random_programs_gives_eager_gradients_and_saves_no_more(progra
             else:
                 torch.testing.assert_close(g, e, equal_nan=True)
     assert _residual_cost(remat) <= _residual_cost(plain)
+
+
+def test_remat_of_a_program_returning_its_input_gives_its_gradient_and_saves_nothing():
+    # the program hypothesis found: v2 = transpose(v0) is v0 itself for a 1-d v0
+    program = tst.Program(steps=(("reshape", "transpose", (0,)),), n_inputs=2)
+    inputs = [torch.tensor([1.5]).requires_grad_(), torch.tensor([2.5]).requires_grad_()]
+    for rematerialize in (False, True):
+        jf = tf.jit(program, rematerialize=rematerialize)
+        out, grads = _grads(jf, inputs)
+        assert not _has_backward(jf) and _residual_cost(jf) == 0
+        torch.testing.assert_close(out, inputs[0].detach())
+        torch.testing.assert_close(grads[0], torch.ones(1))
+        assert grads[1] is None
 
 
 @given(tst.programs(in_place=True), tst.program_inputs())

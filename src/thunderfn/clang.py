@@ -22,6 +22,7 @@ from thunderfn import prims
 from thunderfn.core import dtypes
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import canonical_dim, canonical_dims, check
+from thunderfn.errors import ArgumentRuntimeError, ArgumentTypeError
 
 _this_module = sys.modules[__name__]
 
@@ -77,7 +78,7 @@ def broadcast_shapes(*shapes) -> tuple:
         a, b = (1,) * (ndim - len(out)) + out, (1,) * (ndim - len(s)) + s
         for j in reversed(range(ndim)):
             if a[j] != b[j] and a[j] != 1 and b[j] != 1:
-                raise RuntimeError(f"The size of tensor a ({a[j]}) must match the size of tensor b ({b[j]}) "
+                raise ArgumentRuntimeError(f"The size of tensor a ({a[j]}) must match the size of tensor b ({b[j]}) "
                                    f"at non-singleton dimension {j}")
         out = tuple(y if x == 1 else x for x, y in zip(a, b))
     return out
@@ -136,7 +137,7 @@ def _elementwise(prim, *args, kind: Promotion = Promotion.DEFAULT, **kwargs):
     compute, result = promoted_dtypes(*args, kind=kind)
     args = broadcast(*(maybe_convert_to_dtype(a, compute) for a in args))
     if not any(is_tensor(a) for a in args):
-        raise TypeError(f"{prim.name}: expected at least one tensor argument")
+        raise ArgumentTypeError(f"{prim.name}: expected at least one tensor argument")
     out = prim(*args, **kwargs)
     if kind is not Promotion.ALWAYS_BOOL:
         out = maybe_convert_to_dtype(out, result)

@@ -29,7 +29,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from thunderfn.errors import DistributedError
+from thunderfn.errors import ArgumentValueError, DistributedError
 from thunderfn.module import ThunderModule
 from thunderfn.torch import distributed as collectives
 from thunderfn.transforms.ddp import DataParallel
@@ -96,7 +96,7 @@ def ddp(module: torch.nn.Module, *, bucket_size_in_mb: float = 25.0, broadcast_f
     itself, marked; `tf.jit(module)` then averages its parameters' gradients over the ranks
     in the backward, in buckets of about `bucket_size_in_mb`."""
     if not bucket_size_in_mb > 0:
-        raise ValueError(f"bucket_size_in_mb must be positive, got {bucket_size_in_mb}")
+        raise ArgumentValueError(f"bucket_size_in_mb must be positive, got {bucket_size_in_mb}")
     world = _prepare(module, "ddp", broadcast_from, process_group)
     module._thunderfn_data_parallel = DataParallel(
         group_id=collectives.group_id(process_group), world_size=world, bucket_bytes=int(bucket_size_in_mb * 2**20),
@@ -118,7 +118,7 @@ def _prepare(module: torch.nn.Module, what: str, broadcast_from: int, process_gr
     _require_process_group(f"tf.distributed.{what}")
     world = dist.get_world_size(process_group)
     if not 0 <= broadcast_from < world:
-        raise ValueError(f"broadcast_from={broadcast_from} is not a rank of a group of {world}")
+        raise ArgumentValueError(f"broadcast_from={broadcast_from} is not a rank of a group of {world}")
     _check_same_parameters(module, process_group)
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
@@ -179,9 +179,9 @@ def fsdp(module: torch.nn.Module, *, sharding_strategy: str = "FULL_SHARD", buck
     for all the parameters each submodule holds itself (a Linear's weight and bias): fewer,
     larger collectives. The module computes only under tf.jit from then on."""
     if sharding_strategy not in STRATEGIES:
-        raise ValueError(f"sharding_strategy must be one of {STRATEGIES}, got {sharding_strategy!r}")
+        raise ArgumentValueError(f"sharding_strategy must be one of {STRATEGIES}, got {sharding_strategy!r}")
     if bucketing not in BUCKETING:
-        raise ValueError(f"bucketing must be one of {BUCKETING}, got {bucketing!r}")
+        raise ArgumentValueError(f"bucketing must be one of {BUCKETING}, got {bucketing!r}")
     world = _prepare(module, "fsdp", broadcast_from, process_group)
     rank = dist.get_rank(process_group)
     shapes, sharded, owners = [], {}, []
@@ -258,7 +258,7 @@ def load_full_state_dict(module: torch.nn.Module, state_dict: dict) -> None:
         for (name, shard), shape in zip(inner.named_parameters(), config.shapes):
             whole = state_dict[name]
             if tuple(whole.shape) != tuple(shape):
-                raise ValueError(f"load_full_state_dict: {name} is {tuple(whole.shape)} in the state_dict but "
+                raise ArgumentValueError(f"load_full_state_dict: {name} is {tuple(whole.shape)} in the state_dict but "
                                  f"{tuple(shape)} in the model")
             shard.copy_(_shard_of(whole, config.world_size, rank))
         for name, buffer in inner.named_buffers():

@@ -33,6 +33,77 @@ class DistributedError(ThunderFnError, RuntimeError):
     models differ. The message says what to fix."""
 
 
+# -- bad input: one kind, with the builtin a torch (or Python) user would catch for the same mistake ---
+class InvalidArgumentError(ThunderFnError):
+    """thunderfn's own checks refused an argument: an option of a transform or of jit (argnums,
+    in_axes, executors, ...), a registration, a tangent or cotangent, or an operand of a torch
+    operation while tracing (a shape, dtype or dimension; the message then mirrors torch's).
+    Catch this to catch them all; each is raised as one of the classes below, which adds the
+    builtin a PyTorch user would catch for the same mistake."""
+
+
+class ArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type (or a call with the wrong arguments), as Python's TypeError."""
+
+
+class ArgumentValueError(InvalidArgumentError, ValueError):
+    """An argument of the right type and a wrong value, as Python's ValueError."""
+
+
+class ArgumentIndexError(InvalidArgumentError, IndexError):
+    """A dimension or index out of range, as torch's IndexError."""
+
+
+class ArgumentRuntimeError(InvalidArgumentError, RuntimeError):
+    """Operands torch refuses with a RuntimeError (sizes that do not broadcast, a cotangent whose
+    shape is not its output's), with torch's wording where torch has one."""
+
+
+class ArgumentNotImplementedError(InvalidArgumentError, NotImplementedError):
+    """A dtype torch does not implement the operation for ('"sin" not implemented for 'Long'')."""
+
+
+_INVALID_ARGUMENT = {TypeError: ArgumentTypeError, ValueError: ArgumentValueError, IndexError: ArgumentIndexError,
+                     RuntimeError: ArgumentRuntimeError, NotImplementedError: ArgumentNotImplementedError}
+
+
+def invalid_argument(builtin: type) -> type:
+    """The InvalidArgumentError class that is also `builtin` (a meta function raises the builtin
+    torch raises for the same operands: prims.check). A class that is a ThunderFnError already is itself."""
+    if issubclass(builtin, ThunderFnError):
+        return builtin
+    if builtin not in _INVALID_ARGUMENT:  # a rarer builtin torch raises (ZeroDivisionError, AssertionError)
+        _INVALID_ARGUMENT[builtin] = type(f"Argument{builtin.__name__}", (InvalidArgumentError, builtin),
+                                          {"__module__": __name__, "__doc__": f"An InvalidArgumentError that is a {builtin.__name__}."})
+    return _INVALID_ARGUMENT[builtin]
+
+
+class OutputError(ThunderFnError, RuntimeError):
+    """A transformed function returned what its transform cannot use: a non-scalar output under
+    grad, a single value with has_aux=True (it must return (output, aux)). RuntimeError, as
+    torch.func raises for the same."""
+
+
+class ExecutorError(ThunderFnError, RuntimeError):
+    """No executor can run a symbol, a requested executor cannot run on this machine, or an
+    executor's checker or lowering failed. The message names the executor and the symbol."""
+
+
+class NoTraceError(ThunderFnError, RuntimeError):
+    """tf.last_traces / tf.last_backward_traces asked for traces a function does not have (it
+    was not called yet, or its last compile has no backward)."""
+
+
+class ProxyOutsideTraceError(EscapedProxyError, RuntimeError):
+    """A traced tensor (a proxy) was used after its trace was built: kept in a global, a closure
+    or an attribute while tracing and used later. Only real tensors live outside a trace."""
+
+
+class InternalError(ThunderFnError, RuntimeError):
+    """A check of thunderfn's own consistency failed: a bug in thunderfn, never a wrong answer.
+    Please report it with the message."""
+
+
 class UserGradientError(ThunderFnError, RuntimeError):
     """A user-defined gradient (a torch.autograd.Function, a torch.library custom op with
     register_autograd) cannot be used as asked: differentiated twice through @once_differentiable,
@@ -40,7 +111,7 @@ class UserGradientError(ThunderFnError, RuntimeError):
     that returns the wrong number or shape of gradients. The message names it and says what to do."""
 
 
-class TransformArgumentError(ThunderFnError, RuntimeError, TypeError):
+class TransformArgumentError(InvalidArgumentError, RuntimeError, TypeError):
     """A transform was called with arguments it cannot differentiate as asked: argnums naming a
     positional argument the call does not have (argnums=-3 for two arguments), a complex input
     to jacrev/jacfwd/hessian. RuntimeError as torch.func raises both, TypeError as a bad call is."""
@@ -58,7 +129,7 @@ class ForwardModeError(ThunderFnError, TypeError):
     both modes use) for a function that forward mode must see through its own rule."""
 
 
-class CotangentError(ThunderFnError, RuntimeError, TypeError):
+class CotangentError(InvalidArgumentError, RuntimeError, TypeError):
     """A vjp_fn was given cotangents that do not match the function's output: another structure,
     or a leaf of another shape. RuntimeError as torch.autograd's shape check, TypeError as a
     structure mismatch was before."""

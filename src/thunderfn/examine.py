@@ -58,6 +58,9 @@ class Examination:
         """Whether tf.jit traces fn: the verdict of tracing it, not of the table."""
         return self.trace_error is None
 
+    def __repr__(self) -> str:  # a prompt or a notebook shows the table, as print does
+        return str(self)
+
     def __str__(self) -> str:
         width = max([len(c.name) for c in self.calls] + [14])
         lines = [f"thunderfn.examine({self.fn_name}): {len(self.calls)} distinct torch calls"]
@@ -120,17 +123,18 @@ class _Recorder(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def examine(fn, *args, **kwargs) -> Examination:
+def examine(fn, /, *args, **kwargs) -> Examination:
     """Run fn once eagerly and report how thunderfn would treat each torch call it makes.
 
-    Prints the report and returns it (an Examination: `.calls`, `.by_status(s)`,
-    `.jit_ready`). Arguments are used as given: clone tensors that fn modifies."""
+    Returns the report (an Examination: `.calls`, `.by_status(s)`, `.jit_ready`), which prints
+    as the table: `print(tf.examine(fn, x))`, or the bare call at a prompt or in a notebook.
+    Nothing is printed otherwise, so the report never appears twice. Arguments are used as
+    given: clone tensors that fn modifies."""
     recorder = _Recorder()
     with torch.no_grad(), recorder, watching_functions(recorder.function_applied):
         fn(*args, **kwargs)
     report = Examination(getattr(fn, "__name__", type(fn).__name__), list(recorder.calls.values()),
                          _trace_error(fn, args, kwargs))
-    print(report)
     return report
 
 

@@ -7,6 +7,9 @@ counterpart here raise an AttributeError that says what to use instead
 """
 from __future__ import annotations
 
+import dis
+import sys
+
 from thunderfn.executors import (Executor, FusionExecutor, OperatorExecutor, add_default_executor,  # noqa: F401
                                  add_operator_executor, available, deregister_executor, get_all_executors,
                                  get_default_executors, get_executor, register_executor, remove_default_executor,
@@ -31,8 +34,24 @@ _INSTEAD = {
 }
 
 
+def _called_by_from_import() -> bool:
+    """Whether the code that asked for the attribute is a `from thunderfn.extend import name`.
+    CPython's IMPORT_FROM looks the name up with an AttributeError-swallowing lookup and then
+    raises its own bare "cannot import name" ImportError, so an AttributeError's hint never
+    reaches a from-import. Only there is an ImportError raised instead (hasattr and getattr with
+    a default need the AttributeError)."""
+    try:
+        caller = sys._getframe(2)  # 0: this function, 1: __getattr__, 2: the code that imports
+        return dis.opname[caller.f_code.co_code[caller.f_lasti]] == "IMPORT_FROM"
+    except (AttributeError, IndexError, ValueError):  # another Python implementation: the AttributeError
+        return False
+
+
 def __getattr__(name: str):
     if name in _INSTEAD:
-        raise AttributeError(f"thunderfn.extend has no {name}, Thunder's name; use {_INSTEAD[name]}. "
-                             f"docs/porting-from-thunder.md lists every Thunder name and its thunderfn equivalent.")
+        hint = (f"thunderfn.extend has no {name}, Thunder's name; use {_INSTEAD[name]}. "
+                f"docs/porting-from-thunder.md lists every Thunder name and its thunderfn equivalent.")
+        if _called_by_from_import():
+            raise ImportError(hint, name=__name__, path=__file__)
+        raise AttributeError(hint)
     raise AttributeError(f"module 'thunderfn.extend' has no attribute '{name}'")

@@ -46,7 +46,9 @@ from thunderfn.core.interception import is_numpy_scalar
 from thunderfn.core.passes import cse, dce, del_last_used, write_back_on_failure_pass
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.core.decorators import with_options_form
+from thunderfn.core.dynamo_opaque import opaque_to_dynamo
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError, UnsupportedOpError
 from thunderfn.executors.fusion import FusionExecutor
 from thunderfn.executors.torch_rewrites import (UnlessFunctorch, lift_number_operands,
                                                 records_no_autograd, reuse_dead_buffers)
@@ -121,7 +123,7 @@ class JitState:
         self.static_argnames = tuple(static_argnames)
         self.disable_torch_autograd = disable_torch_autograd
         if not (isinstance(cache_size_limit, int) and cache_size_limit >= 1):
-            raise ValueError(f"cache_size_limit must be a positive int, got {cache_size_limit!r}")
+            raise ArgumentValueError(f"cache_size_limit must be a positive int, got {cache_size_limit!r}")
         self.cache_size_limit = cache_size_limit
         self.lock = threading.RLock()
         self.fast_cache: dict = {}  # fast key -> the entry's check-and-call function (see fast_hit)
@@ -155,7 +157,7 @@ class JitState:
                 try:
                     hash(leaf)
                 except TypeError:
-                    raise TypeError(
+                    raise ArgumentTypeError(
                         f"{type(leaf).__name__} argument to the jitted function '{_fn_name(self.fn)}' is not hashable. "
                         f"thunderfn bakes non-tensor arguments into the compiled function and keys its cache on their "
                         f"values: pass tensors, pytrees of tensors, or hashable values.") from None
@@ -165,11 +167,11 @@ class JitState:
     def validate_static(self, args, kwargs):
         for i in self.static_argnums:
             if i < len(args) and any(isinstance(x, Tensor) for x in tree_flatten(args[i])[0]):
-                raise TypeError(f"static argument {i} of '{_fn_name(self.fn)}' holds a tensor; static arguments are "
+                raise ArgumentTypeError(f"static argument {i} of '{_fn_name(self.fn)}' holds a tensor; static arguments are "
                                 f"baked into the compiled function, so they must not contain tensors")
         for name in self.static_argnames:
             if name in kwargs and any(isinstance(x, Tensor) for x in tree_flatten(kwargs[name])[0]):
-                raise TypeError(f"static argument '{name}' of '{_fn_name(self.fn)}' holds a tensor")
+                raise ArgumentTypeError(f"static argument '{name}' of '{_fn_name(self.fn)}' holds a tensor")
 
     def compile(self, args, kwargs, leaves) -> CacheEntry:
         progress.stage("choosing executors")
@@ -351,12 +353,25 @@ class JitState:
         if self.warned_limit:
             return
         self.warned_limit = True
-        recent = "; ".join(self.recompile_reasons[-3:] + ([reason] if reason else []))
+        reasons = self.recompile_reasons[-3:] + ([reason] if reason else [])
         warnings.warn(
             f"thunderfn.jit: '{_fn_name(self.fn)}' reached cache_size_limit ({self.cache_size_limit}) and now runs "
-            f"eagerly for calls that match none of its compiled entries. Last recompiles: {recent}. Raise "
-            f"cache_size_limit, or keep the changing values out of the function (pass them as tensors).",
-            stacklevel=4)
+            f"eagerly for calls that match none of its compiled entries. Last recompiles: {'; '.join(reasons)}. "
+            f"{_limit_advice(reasons)}", stacklevel=4)
+
+
+def _limit_advice(reasons: list) -> str:
+    """What to do about the recompiles that filled the cache, by what changed in them."""
+    advice = []
+    if any(" shape " in r for r in reasons):
+        advice.append("Each new input shape compiles anew (shapes are static: dynamic shapes are not available yet): "
+                      "call it with fewer distinct shapes, e.g. pad or bucket inputs to a few sizes.")
+    if any(" changed from " in r for r in reasons):
+        advice.append("Each new value of a Python argument (a number, a string) compiles anew: pass a changing "
+                      "number as a tensor (torch.tensor(x)), which is an input and not baked in.")
+    if not advice:
+        advice.append("Each change listed compiles anew: keep it the same between calls where you can.")
+    return " ".join(advice) + " Or raise cache_size_limit (tf.jit(fn, cache_size_limit=n)) to keep more entries."
 
 
 def _describe_path(path) -> str:
@@ -564,6 +579,7 @@ def _fn_name(fn) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
+@with_options_form
 def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = True, static_argnums=(),
         static_argnames=(), disable_torch_autograd: bool = False, cache_size_limit: int = DEFAULT_CACHE_SIZE_LIMIT,
         rematerialize: bool | None = None, cache_dir: str | os.PathLike | None = None, distributed=None):
@@ -593,13 +609,15 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     module's gradients are synchronized: transforms/ddp.py, transforms/fsdp.py), not by users.
     """
     if rematerialize is not None and not isinstance(rematerialize, bool):  # checked here: a module jits its forward later
-        raise ValueError(f"rematerialize must be None (on where a fusion executor is used), True or False, "
+        raise ArgumentValueError(f"rematerialize must be None (on where a fusion executor is used), True or False, "
                          f"got {rematerialize!r}")
+    if executors is not None:  # one executor alone ("inductor") is a list of one
+        executors = _executors.as_priority_list(executors)
     if isinstance(fn, torch.nn.Module):
         return jit_module(fn, jit, executors=executors, fallback=fallback, disable_torch_autograd=disable_torch_autograd,
                           cache_size_limit=cache_size_limit, rematerialize=rematerialize, cache_dir=cache_dir)
     if not callable(fn):
-        raise TypeError(f"jit expects a callable or an nn.Module, got {type(fn).__name__}")
+        raise ArgumentTypeError(f"jit expects a callable or an nn.Module, got {type(fn).__name__}")
     if isinstance(static_argnums, int):
         static_argnums = (static_argnums,)
     if isinstance(static_argnames, str):
@@ -618,7 +636,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
 
     functools.update_wrapper(jitted, fn)
     jitted._thunderfn_state = state
-    return jitted
+    return opaque_to_dynamo(jitted)  # torch.compile runs it as one call (core/dynamo_opaque.py)
 
 
 def jit_evicting(fn: Callable, **options):
@@ -636,10 +654,10 @@ context.register_jit(jit, jit_evicting)
 def _compiled_state(fn, what: str) -> JitState:
     state = getattr(fn, "_thunderfn_state", None)
     if state is None:
-        raise TypeError(f"{what} expects a function returned by thunderfn.jit (or another thunderfn transform), "
+        raise ArgumentTypeError(f"{what} expects a function returned by thunderfn.jit (or another thunderfn transform), "
                         f"got {_fn_name(fn)}")
     if not state.last_traces:
-        raise RuntimeError(f"'{_fn_name(fn)}' has not been called yet, so it has no traces")
+        raise NoTraceError(f"'{_fn_name(fn)}' has not been called yet, so it has no traces")
     return state
 
 
@@ -654,7 +672,7 @@ def last_backward_traces(fn) -> list[Trace]:
     grad under grad mode (see docs/autodiff.md)."""
     state = _compiled_state(fn, "last_backward_traces")
     if not state.last_backward_traces:
-        raise RuntimeError(f"'{_fn_name(fn)}' has no backward trace: {state.why_no_backward}")
+        raise NoTraceError(f"'{_fn_name(fn)}' has no backward trace: {state.why_no_backward}")
     return list(state.last_backward_traces)
 
 
@@ -665,6 +683,6 @@ def cache_info(fn) -> dict:
     compile after the first in words (like jax_explain_cache_misses)."""
     state = getattr(fn, "_thunderfn_state", None)  # a jitted module's is its forward's
     if state is None:
-        raise TypeError(f"cache_info expects a function returned by thunderfn.jit, got {_fn_name(fn)}")
+        raise ArgumentTypeError(f"cache_info expects a function returned by thunderfn.jit, got {_fn_name(fn)}")
     return {"entries": state.n_entries, "hits": state.stats[0], "misses": state.stats[1],
             "cache_size_limit": state.cache_size_limit, "recompiles": list(state.recompile_reasons)}

@@ -23,9 +23,10 @@ import warnings
 
 import torch
 
+from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.core import context
 from thunderfn.core.context import to_identifier
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.errors import ArgumentValueError, UnsupportedOpError
 from thunderfn.torch import distributed as collectives
 
 
@@ -151,14 +152,15 @@ class ThunderModule(torch.nn.Module):
                                      _state_slots(module, module.named_buffers))
         return self._thunderfn_slots
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         # The module's own call (inside the trace) runs its hooks and torch's global ones, as
         # eager does; the wrapper runs only hooks registered on the wrapper itself.
         if self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks:
             return self._call_impl(*args, **kwargs)
         return self.forward(*args, **kwargs)
 
-    def forward(self, *args, **kwargs):
+    @opaque_to_dynamo  # torch.compile(tf.jit(model)) runs the compiled forward as one call
+    def forward(self, /, *args, **kwargs):
         jitted = self._current()
         if jitted is None:
             if _has_uninitialized_parameters(self.module):
@@ -249,20 +251,13 @@ def jit_module(module: torch.nn.Module, jit, **jit_options) -> ThunderModule:
 
 def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=(), kwargs=None):
     """`module(*args, **kwargs)` with the given tensors in place of its parameters and buffers
-    (by name; the rest are the module's own), as torch.func.functional_call, which refuses
-    thunderfn's proxies: use this one inside functions you trace, grad or vmap. Tied
-    weights (one tensor under several names) all take the value given for any of them."""
-    args = args if isinstance(args, tuple) else (args,)
-    kwargs = kwargs or {}
-    trc = context.current_trace()
-    if trc is None:
-        return torch.func.functional_call(module, parameters_and_buffers, args, kwargs)
-    named = dict(module.named_parameters(remove_duplicate=False))
-    named.update(module.named_buffers(remove_duplicate=False))
-    unknown = set(parameters_and_buffers) - set(named)
+    (by name; the rest are the module's own): torch.func.functional_call, which thunderfn traces
+    (torch/nn_modules.py), except that a name the module does not have is an error, not ignored.
+    Tied weights (one tensor under several names) all take the value given for any of them."""
+    named = {name for name, _ in module.named_parameters(remove_duplicate=False)}
+    named.update(name for name, _ in module.named_buffers(remove_duplicate=False))
+    unknown = set(parameters_and_buffers) - named
     if unknown:
-        raise ValueError(f"functional_call: {type(module).__name__} has no parameters or buffers named {sorted(unknown)}")
-    pairs = [(named[name], value if not isinstance(value, torch.Tensor) else trc.constant(value))
-             for name, value in parameters_and_buffers.items()]
-    with context.standing_in(pairs):
-        return module(*args, **kwargs)
+        raise ArgumentValueError(f"functional_call: {type(module).__name__} has no parameters or buffers named {sorted(unknown)}")
+    return torch.func.functional_call(module, parameters_and_buffers, args if isinstance(args, tuple) else (args,),
+                                      kwargs or {})

@@ -26,6 +26,7 @@ from thunderfn import prims_eager
 from thunderfn.core import dtypes
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError, invalid_argument
 
 _this_module = sys.modules[__name__]
 
@@ -73,7 +74,7 @@ def make_prim(id, name: str, *, meta: Callable, tags: Sequence = ()) -> Symbol:
     """Define a prim: `id` (a PrimIDs member or any hashable), `name` (an identifier,
     printed as prims.<name>), `meta` (proxies in, output proxies out)."""
     if not (isinstance(name, str) and name.isidentifier()):
-        raise ValueError(f"a prim's name must be a Python identifier, got {name!r}")
+        raise ArgumentValueError(f"a prim's name must be a Python identifier, got {name!r}")
     sym = Symbol(name, id, meta=meta, is_prim=True, print_name=f"prims.{name}",
                  namespace={"prims": _this_module}, tags=frozenset(tags))
     setattr(_this_module, name, sym)
@@ -82,8 +83,10 @@ def make_prim(id, name: str, *, meta: Callable, tags: Sequence = ()) -> Symbol:
 
 # -- checks shared by the meta functions -----------------------------------------------
 def check(cond: bool, msg: Callable[[], str], exc: type = RuntimeError) -> None:
+    """Raise `exc`, the builtin torch raises for the same operands, as thunderfn's InvalidArgumentError
+    of that builtin (both `except RuntimeError` and `except tf.errors.InvalidArgumentError` catch it)."""
     if not cond:
-        raise exc(msg())
+        raise invalid_argument(exc)(msg())
 
 
 def check_tensor(a, opname: str, argname: str = "input") -> None:
@@ -430,7 +433,7 @@ make_prim(PrimIDs.TAKE_ALONG_AXIS, "take_along_axis", meta=_take_along_axis_meta
 def _convert_element_type_meta(a, dtype):
     check(isinstance(dtype, torch.dtype), lambda: f"prims.convert_element_type: expected a torch.dtype, got {dtype!r}", TypeError)
     if isinstance(a, numbers.Number):
-        raise TypeError("prims.convert_element_type converts tensors; convert numbers in Python")
+        raise ArgumentTypeError("prims.convert_element_type converts tensors; convert numbers in Python")
     check_tensor(a, "prims.convert_element_type")
     return _out(a, dtype=dtype)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 
 import torch
+from thunderfn.errors import ArgumentIndexError
 
 Tensor = torch.Tensor
 
@@ -83,7 +84,7 @@ def take(a, index, dim):
         # index_select reports an index out of range as IndexError on some dims and RuntimeError on
         # others; take always raises IndexError, as torch's indexing does
         if "out of DATA bounds" in str(e):
-            raise IndexError(f"index out of range in self ({e})") from None
+            raise ArgumentIndexError(f"index out of range in self ({e})") from None
         raise
 
 

@@ -14,6 +14,7 @@ import threading
 import unicodedata
 
 import torch
+from thunderfn.errors import InternalError
 
 class _TracingState(threading.local):
     def __init__(self):
@@ -157,7 +158,7 @@ def is_safe_name(name) -> bool:
 def new_name(preferred: str | None = None, prefix: str = "t") -> str:
     trc = current_trace()
     if trc is None:
-        raise RuntimeError("proxies can only be created while a trace is being built")
+        raise InternalError("proxies can only be created while a trace is being built")
     return trc.names.take(preferred, prefix)
 
 
@@ -178,7 +179,7 @@ def register_jit(jit, jit_evicting) -> None:
 def _registered(name: str):
     fn = _jit_functions.get(name)
     if fn is None:
-        raise RuntimeError("a transformed function called with real tensors runs through thunderfn.jit, which is not "
+        raise InternalError("a transformed function called with real tensors runs through thunderfn.jit, which is not "
                            "imported; import thunderfn")
     return fn
 
@@ -210,6 +211,6 @@ def register_custom_vjp(custom_vjp) -> None:
 def custom_vjp():
     """The tf.custom_vjp class, as registered by transforms/custom_vjp.py."""
     if not _custom_vjp:
-        raise RuntimeError("an executor's vjp= becomes a tf.custom_vjp function, and transforms/custom_vjp.py is "
+        raise InternalError("an executor's vjp= becomes a tf.custom_vjp function, and transforms/custom_vjp.py is "
                            "not imported; import thunderfn")
     return _custom_vjp[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numbers
 
 import torch
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 
 short_names = {
     torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
@@ -69,7 +70,7 @@ def scalar_dtype(value) -> torch.dtype:
         return torch.get_default_dtype()
     if isinstance(value, numbers.Complex):
         return to_complex(torch.get_default_dtype())
-    raise TypeError(f"expected a tensor or a Python number, got {type(value).__name__}")
+    raise ArgumentTypeError(f"expected a tensor or a Python number, got {type(value).__name__}")
 
 
 def _promote(a, b):
@@ -111,7 +112,7 @@ def result_type(*args) -> torch.dtype:
             dim_result = _promote(dim_result, dtype)
     result = _combine(dim_result, _combine(zero_result, wrapped_result))
     if result is None:
-        raise ValueError("result_type needs at least one tensor or number")
+        raise ArgumentValueError("result_type needs at least one tensor or number")
     return result
 
 

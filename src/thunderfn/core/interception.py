@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from thunderfn.core import context, dtypes
 from thunderfn.core.call_time import read_grad
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.errors import InternalError, UnsupportedOpError
 
 # torch callable -> callable taking the same arguments with proxies in place of tensors
 handlers: dict = {}
@@ -76,6 +76,11 @@ def register_handler(torch_fn, handler) -> None:
         handlers.setdefault(inner, handler)
 
 
+def handler_for(func):
+    """The handler that traces func (None: func has none)."""
+    return lookup(handlers, func)
+
+
 # Callables that are made at run time and cannot be listed in `handlers` beforehand (a user's
 # torch.library custom op): finder(func) -> a handler for func, or None (transforms/user_functions.py)
 handler_finders: list = []
@@ -86,9 +91,8 @@ def register_handler_finder(finder) -> None:
 
 
 def find_handler(func):
-    """The handler tracing uses for func: its entry in `handlers` (through wrappers: see `lookup`), or
-    what a finder gives; None when it has none."""
-    handler = lookup(handlers, func)
+    """The handler tracing uses for func: its entry in `handlers` (through wrappers), or what a finder gives."""
+    handler = handler_for(func)
     if handler is None:
         for finder in handler_finders:
             handler = finder(func)
@@ -317,7 +321,7 @@ def tensors_by_position(symbol, args, kwargs):
 
 # -- dispatch: the torch language's -------------------------------------------------------
 def _torch_language_missing(func, args, kwargs):
-    raise RuntimeError(f"{torch_name(func)} was called while tracing, but the torch language (thunderfn.torch), "
+    raise InternalError(f"{torch_name(func)} was called while tracing, but the torch language (thunderfn.torch), "
                        f"which traces torch calls, is not imported; import thunderfn")
 
 
@@ -390,7 +394,7 @@ def _proxy_grad(self):
 def _operator(name):
     torch_fn = getattr(torch.Tensor, name)
 
-    def op(self, *args, **kwargs):
+    def op(self, /, *args, **kwargs):
         return dispatch(torch_fn, (self, *args), kwargs)
 
     op.__name__ = name

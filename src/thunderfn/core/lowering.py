@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any, Callable
 
 from thunderfn.core.symbol import Symbol
+from thunderfn.errors import ArgumentTypeError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,5 +46,5 @@ class Lowering:
 
     def __post_init__(self):
         if not isinstance(self.action, LoweringAction):
-            raise TypeError(f"a Lowering's action is TraceInPlace, RunAsOperator, RunAsItself or RunWithTorch, got "
+            raise ArgumentTypeError(f"a Lowering's action is TraceInPlace, RunAsOperator, RunAsItself or RunWithTorch, got "
                             f"{type(self.action).__name__}")

@@ -20,6 +20,7 @@ import torch
 from thunderfn.core import artifacts
 from thunderfn.core.proxies import CAPTURED, TensorProxy
 from thunderfn.core.pytree import NAMESPACE
+from thunderfn.errors import ArgumentValueError
 
 ARGS_LIST = "args_list"  # the one parameter of a function whose trace has args_in_list (a reserved name)
 
@@ -95,14 +96,14 @@ def format_call(bsym, ns: Namespace) -> str:
     parts = [format_value(a, ns) for a in bsym.args]
     for k in bsym.kwargs:
         if not (isinstance(k, str) and k.isidentifier()):
-            raise ValueError(f"keyword argument name {k!r} of {bsym.sym.print_name} is not an identifier")
+            raise ArgumentValueError(f"keyword argument name {k!r} of {bsym.sym.print_name} is not an identifier")
     parts += [f"{k}={format_value(v, ns)}" for k, v in bsym.kwargs.items()]
     if not all(part.isidentifier() for part in bsym.sym.print_name.split(".")):
         # generated code is compiled: a name that is not a dotted identifier would be code, not a name
-        raise ValueError(f"{bsym.sym.name!r} prints as {bsym.sym.print_name!r}, which is not a (dotted) Python name")
+        raise ArgumentValueError(f"{bsym.sym.name!r} prints as {bsym.sym.print_name!r}, which is not a (dotted) Python name")
     for name, value in bsym.sym.namespace.items():  # an executor's operator named like a helper must not replace it
         if ns.setdefault(name, value) is not value:
-            raise ValueError(f"generated code would bind '{name}' to two different objects ({bsym.sym.print_name} and "
+            raise ArgumentValueError(f"generated code would bind '{name}' to two different objects ({bsym.sym.print_name} and "
                              f"an earlier name); rename the operator (register_operator's name)")
     return f"{bsym.sym.print_name}({', '.join(parts)})"
 

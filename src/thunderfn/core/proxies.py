@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from thunderfn.core import context, dtypes
-from thunderfn.errors import ConcretizationError
+from thunderfn.errors import ArgumentIndexError, ArgumentTypeError, ConcretizationError
 
 
 def _device_str(device: torch.device) -> str:
@@ -91,7 +91,7 @@ class TensorProxy(Proxy):
 
     def __len__(self) -> int:
         if not self.shape:
-            raise TypeError("len() of a 0-d tensor")
+            raise ArgumentTypeError("len() of a 0-d tensor")
         return self.shape[0]
 
     @property
@@ -201,7 +201,7 @@ def _describe_origin(origin: tuple) -> str:
 def _wrap_dim(dim: int, ndim: int) -> int:
     n = max(ndim, 1)
     if not -n <= dim < n:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+        raise ArgumentIndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
     return dim % n
 
 

@@ -12,6 +12,7 @@ import torch
 from thunderfn.core import context
 from thunderfn.core.printing import format_value
 from thunderfn.core.symbol import Symbol
+from thunderfn.errors import ArgumentRuntimeError, InternalError, invalid_argument
 
 
 def _print_del(bsym, ns) -> str:
@@ -72,7 +73,7 @@ def inputs_do_not_alias(*tensors) -> None:
             continue
         ptr = t.untyped_storage().data_ptr()
         if ptr in seen:
-            raise RuntimeError(
+            raise ArgumentRuntimeError(
                 f"inputs {seen[ptr]} and {i} of a jitted function that modifies its inputs in place share memory; "
                 f"thunderfn traced them as independent tensors. Pass separate tensors (clone one of them).")
         seen[ptr] = i
@@ -133,7 +134,7 @@ def check_value(condition, error: str, message: str) -> None:
     """Raise error(message) unless the 0-dim bool tensor `condition` holds: a check on
     values, which tracing cannot do, made when the compiled function runs."""
     if not bool(condition):
-        raise _CHECK_ERRORS[error](message)
+        raise invalid_argument(_CHECK_ERRORS[error])(message)
 
 
 def _print_check_value(bsym, ns) -> str:
@@ -149,5 +150,5 @@ runtime_check = Symbol("check_value", "python.check_value", is_prim=True, printe
 def emit_runtime_check(condition, error: str, message: str) -> None:
     """Record a value check (condition: a 0-dim bool proxy) in the trace being built."""
     if error not in _CHECK_ERRORS:
-        raise ValueError(f"runtime checks raise one of {sorted(_CHECK_ERRORS)}, not {error}")
+        raise InternalError(f"runtime checks raise one of {sorted(_CHECK_ERRORS)}, not {error}")
     context.current_trace().emit(runtime_check.bind(condition, error, message, output=None))

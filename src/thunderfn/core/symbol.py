@@ -21,6 +21,7 @@ import optree
 from thunderfn.core import context
 from thunderfn.core.printing import format_bsym
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.errors import InternalError
 
 
 class DecompositionUnavailable(Exception):
@@ -57,12 +58,12 @@ class Symbol:
     def __repr__(self):
         return f"[Symbol name={self.print_name}]"
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         trc = context.current_trace()
         if trc is None:
             if self.is_prim:
                 if self.eager is None:
-                    raise RuntimeError(f"{self.print_name} has no eager implementation")
+                    raise InternalError(f"{self.print_name} has no eager implementation")
                 return self.eager(*args, **kwargs)
             return _eager_composite(self, args, kwargs)
         return trc.record(self, args, kwargs)
@@ -72,7 +73,7 @@ class Symbol:
 
 
 def _trace_missing(sym: Symbol, args, kwargs):
-    raise RuntimeError(f"{sym.print_name} is a composite: running it on tensors traces it, and core/trace.py "
+    raise InternalError(f"{sym.print_name} is a composite: running it on tensors traces it, and core/trace.py "
                        f"is not imported; import thunderfn")
 
 

@@ -24,7 +24,7 @@ from thunderfn.core.proxies import CAPTURED, TensorProxy
 from thunderfn.core.statements import check_inputs_do_not_alias, set_default_dtype, set_grad_enabled, write_back
 from thunderfn.core.symbol import DecompositionUnavailable, Symbol, set_eager_composite
 from thunderfn.core.pytree import adopt_torch_registrations, tree_flatten, tree_flatten_with_path, tree_unflatten
-from thunderfn.errors import EscapedProxyError, UnsupportedOpError
+from thunderfn.errors import ArgumentRuntimeError, EscapedProxyError, UnsupportedOpError
 
 
 class Trace:
@@ -219,7 +219,7 @@ class Trace:
         if grad_enabled and captured is not None and captured.requires_grad and captured.is_leaf:
             # torch's own error, raised where eager raises it (an input's is_leaf is not known while tracing:
             # its write-back raises this when it runs)
-            raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+            raise ArgumentRuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
         modes = self.write_modes.setdefault(id(live), set())
         modes.add(grad_enabled)
         if len(modes) > 1 and frozen.requires_grad:
@@ -408,7 +408,7 @@ def _unbound_tensor_method(e: TypeError, fn_name: str) -> UnsupportedOpError:
         f"torch.* ({e})")
 
 
-def trace(fn, *args, **kwargs) -> Trace:
+def trace(fn, /, *args, **kwargs) -> Trace:
     """The computation trace of fn applied to these arguments (like jax.make_jaxpr).
 
     Tensors anywhere in the argument pytrees become inputs; other values are baked in.
@@ -481,7 +481,7 @@ def _run_decomposition(sym: Symbol, args, kwargs):
 set_eager_composite(_run_decomposition)
 
 
-def timed_pass(name: str, fn, trc: Trace, *args, **kwargs) -> Trace:
+def timed_pass(name: str, fn, trc: Trace, /, *args, **kwargs) -> Trace:
     start = time.perf_counter_ns()
     new = fn(trc, *args, **kwargs)
     if new is not trc:  # a pass that changes nothing returns its input, whose provenance stays

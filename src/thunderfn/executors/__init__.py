@@ -12,6 +12,7 @@ from thunderfn.executors.base import (Executor, Lowering, OperatorExecutor, RunA
                                      TraceInPlace)
 from thunderfn.executors.fusion import FusionExecutor, Region
 from thunderfn.executors.torch_executor import torch_ex, torch_prims_ex
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError, ExecutorError
 
 __all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Region", "Lowering", "TraceInPlace", "RunAsOperator", "RunAsItself",
            "RunWithTorch", "register_executor", "get_executor", "get_default_executors", "set_default_executors",
@@ -24,7 +25,7 @@ _defaults: list[Executor] = []
 
 def register_executor(ex: Executor, *, replace: bool = False) -> Executor:
     if ex.name in _registry and _registry[ex.name] is not ex and not replace:
-        raise ValueError(f"an executor named '{ex.name}' is already registered (pass replace=True to replace it)")
+        raise ArgumentValueError(f"an executor named '{ex.name}' is already registered (pass replace=True to replace it)")
     _registry[ex.name] = ex
     return ex
 
@@ -33,7 +34,7 @@ def get_executor(name: str) -> Executor:
     try:
         return _registry[name]
     except KeyError:
-        raise ValueError(f"no executor named '{name}'; registered: {sorted(_registry)}") from None
+        raise ArgumentValueError(f"no executor named '{name}'; registered: {sorted(_registry)}") from None
 
 
 def deregister_executor(ex) -> None:
@@ -52,7 +53,7 @@ def get_default_executors() -> list[Executor]:
 
 
 def set_default_executors(executors) -> None:
-    _defaults[:] = [resolve_one(e) for e in executors]
+    _defaults[:] = [resolve_one(e) for e in as_priority_list(executors)]
 
 
 def add_default_executor(ex) -> None:
@@ -88,7 +89,7 @@ def _symbol_with_id(symbol_id) -> Symbol:
     for sym in (*vars(prims).values(), *ltorch.symbols.values()):
         if isinstance(sym, Symbol) and sym.id == symbol_id:
             return sym
-    raise ValueError(f"no prim or torch-language symbol has the id {symbol_id!r}")
+    raise ArgumentValueError(f"no prim or torch-language symbol has the id {symbol_id!r}")
 
 
 def resolve_one(ex) -> Executor:
@@ -96,17 +97,29 @@ def resolve_one(ex) -> Executor:
         return ex
     if isinstance(ex, str):
         return get_executor(ex)
-    raise TypeError(f"an executor is an Executor or a registered name, got {type(ex).__name__}")
+    raise ArgumentTypeError(f"an executor is an Executor or a registered name, got {type(ex).__name__}")
+
+
+def as_priority_list(executors) -> list:
+    """`executors` as jit and executor_lower take it: a list of names or Executors, or one of
+    them alone (executors="inductor" means ["inductor"], not one executor per letter)."""
+    if isinstance(executors, (str, Executor)):
+        return [executors]
+    try:
+        return list(executors)
+    except TypeError:
+        raise ArgumentTypeError(f"executors must be an executor (a registered name or an Executor) or a list of "
+                                f"them in priority order, got {type(executors).__name__}") from None
 
 
 def resolve(executors, *, fallback: bool = True) -> tuple[Executor, ...]:
-    """The priority list a jitted function lowers onto: the given executors (None means
-    the defaults), then the torch executor unless fallback is False."""
-    chosen = get_default_executors() if executors is None else [resolve_one(e) for e in executors]
+    """The priority list a jitted function lowers onto: the given executors (one, or a list;
+    None means the defaults), then the torch executor unless fallback is False."""
+    chosen = get_default_executors() if executors is None else [resolve_one(e) for e in as_priority_list(executors)]
     for ex in chosen:
         ok, why = ex.availability()
         if not ok:
-            raise RuntimeError(f"executor '{ex.name}' cannot run here: {why}")
+            raise ExecutorError(f"executor '{ex.name}' cannot run here: {why}")
     if fallback and torch_ex not in chosen:
         chosen.append(torch_ex)
     return tuple(chosen)

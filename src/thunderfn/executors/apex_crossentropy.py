@@ -30,6 +30,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.executors.base import OperatorExecutor
 from thunderfn.executors.triton_crossentropy import class_rows, per_positional, unrows
 from thunderfn.torch import nn as tnn
+from thunderfn.errors import ExecutorError
 
 _DTYPES = (torch.float32, torch.float16)
 _MODULE = "apex.contrib.xentropy"
@@ -57,7 +58,7 @@ def _extension(module):
     if ext is None:
         ext = getattr(sys.modules.get(module.SoftmaxCrossEntropyLoss.__module__), "xentropy_cuda", None)
     if ext is None:
-        raise RuntimeError("apex_crossentropy: cannot find apex's xentropy_cuda extension next to "
+        raise ExecutorError("apex_crossentropy: cannot find apex's xentropy_cuda extension next to "
                            "SoftmaxCrossEntropyLoss")
     return ext
 

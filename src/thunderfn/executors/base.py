@@ -18,11 +18,12 @@ from thunderfn.core import context
 # the rule types live in core: executor_lower (a transform) reads them, and transforms do not import executors
 from thunderfn.core.lowering import Lowering, LoweringAction, RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace  # noqa: F401
 from thunderfn.core.symbol import Symbol
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError, ExecutorError
 
 
 def check_identifier(kind: str, name) -> str:
     if not context.is_safe_name(name):
-        raise ValueError(f"{kind} name must be a Python identifier that thunderfn does not reserve, got {name!r}")
+        raise ArgumentValueError(f"{kind} name must be a Python identifier that thunderfn does not reserve, got {name!r}")
     return name
 
 
@@ -31,7 +32,7 @@ class Executor:
 
     def __init__(self, name: str, version=None):
         if not (isinstance(name, str) and name.isidentifier() and name.isascii() and not keyword.iskeyword(name)):
-            raise ValueError(f"an executor's name must be an ASCII Python identifier (not a keyword), got {name!r}")
+            raise ArgumentValueError(f"an executor's name must be an ASCII Python identifier (not a keyword), got {name!r}")
         self.name = name
         self.version = version
 
@@ -67,9 +68,9 @@ class OperatorExecutor(Executor):
         return NotImplemented for a call it does not handle)."""
         check_identifier("an operator's", name)
         if (like is None) == (meta is None):
-            raise TypeError(f"register_operator('{name}'): give exactly one of like= or meta=")
+            raise ArgumentTypeError(f"register_operator('{name}'): give exactly one of like= or meta=")
         if name in self.operators and not replace:
-            raise ValueError(f"executor '{self.name}' already has an operator '{name}' (pass replace=True to replace it)")
+            raise ArgumentValueError(f"executor '{self.name}' already has an operator '{name}' (pass replace=True to replace it)")
         if meta is None:
             meta = _meta_from_like(like)
         sym = Symbol(name, f"{self.name}.{name}", meta=meta, is_prim=True, print_name=name, namespace={name: fn},
@@ -88,7 +89,7 @@ class OperatorExecutor(Executor):
         conventions or a `tf.custom_vjp` function, is how reverse mode differentiates the
         symbol wherever this executor claims it."""
         if checker is not None and not callable(checker):
-            raise TypeError(f"executor '{self.name}': the checker for {_symbol_name(symbol_or_id)} must be callable")
+            raise ArgumentTypeError(f"executor '{self.name}': the checker for {_symbol_name(symbol_or_id)} must be callable")
         action = self._action(symbol_or_id, lower)
         self.add_lowering(symbol_or_id, Lowering(checker, action, _as_custom_vjp(self, symbol_or_id, vjp)),
                           replace=replace)
@@ -97,10 +98,10 @@ class OperatorExecutor(Executor):
         """The one way a rule enters this executor's table: register_lowering, register_implementation
         and executors.add_operator_executor wrap it."""
         if not isinstance(lowering, Lowering):
-            raise TypeError(f"executor '{self.name}': the rule for {_symbol_name(symbol_or_id)} must be a Lowering, "
+            raise ArgumentTypeError(f"executor '{self.name}': the rule for {_symbol_name(symbol_or_id)} must be a Lowering, "
                             f"got {type(lowering).__name__}")
         if _key(symbol_or_id) in self.lowerings and not replace:
-            raise ValueError(f"executor '{self.name}' already has a lowering for {_symbol_name(symbol_or_id)} "
+            raise ArgumentValueError(f"executor '{self.name}' already has a lowering for {_symbol_name(symbol_or_id)} "
                              f"(pass replace=True to replace it)")
         self.lowerings[_key(symbol_or_id)] = lowering
 
@@ -113,7 +114,7 @@ class OperatorExecutor(Executor):
             return TraceInPlace(lower)
         own = next((op for op in self.operators.values() if op.id == _key(symbol_or_id)), None)
         if own is None:
-            raise TypeError(f"executor '{self.name}': give lower= for {_symbol_name(symbol_or_id)} (a function traced "
+            raise ArgumentTypeError(f"executor '{self.name}': give lower= for {_symbol_name(symbol_or_id)} (a function traced "
                             f"in its place, or one of this executor's operators); only the executor's own operators "
                             f"run as themselves")
         return RunAsOperator(own)
@@ -150,23 +151,23 @@ def _as_custom_vjp(ex: Executor, symbol_or_id, vjp):
     custom_vjp = context.custom_vjp()  # tf.custom_vjp, a transform: executors do not import transforms
     if vjp is None or isinstance(vjp, custom_vjp):
         if vjp is not None and vjp.fwd is None:
-            raise TypeError(f"executor '{ex.name}': the custom_vjp function given as vjp for "
+            raise ArgumentTypeError(f"executor '{ex.name}': the custom_vjp function given as vjp for "
                             f"{_symbol_name(symbol_or_id)} has no rule yet; call its defvjp(fwd, bwd) first")
         return vjp
     if callable(vjp):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"executor '{ex.name}': the grad_transform/vjp for {_symbol_name(symbol_or_id)} is one function; thunderfn "
             f"takes the forward and the backward separately, as a (fwd, bwd) pair: fwd(*args) -> (output, residuals) "
             f"and bwd(residuals, grad_output) -> one gradient per argument (None for zero), or a tf.custom_vjp "
             f"function. A Thunder grad_transform's get_grad(out) is bwd's grad_output and its put_grads(args, grads) "
             f"is bwd's return value: see docs/porting-from-thunder.md.")
     if not (isinstance(vjp, tuple) and len(vjp) == 2 and all(callable(f) for f in vjp)):
-        raise TypeError(f"executor '{ex.name}': vjp for {_symbol_name(symbol_or_id)} must be a (fwd, bwd) pair of "
+        raise ArgumentTypeError(f"executor '{ex.name}': vjp for {_symbol_name(symbol_or_id)} must be a (fwd, bwd) pair of "
                         f"functions or a tf.custom_vjp function, got {type(vjp).__name__}")
     name = symbol_or_id.name if isinstance(symbol_or_id, Symbol) else str(symbol_or_id)
 
     def primal(*args, **kwargs):  # only ever called while tracing, where custom_vjp records fwd instead
-        raise RuntimeError(f"the vjp executor '{ex.name}' registered for {name} is used only while differentiating")
+        raise ExecutorError(f"the vjp executor '{ex.name}' registered for {name} is used only while differentiating")
 
     primal.__name__ = f"{ex.name}_{name}"
     made = custom_vjp(primal).defvjp(*vjp)

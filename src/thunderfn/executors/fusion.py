@@ -42,6 +42,7 @@ from thunderfn.core.symbol import BoundSymbol, Symbol
 from thunderfn.core.trace import Trace
 from thunderfn.executors.base import Executor
 from thunderfn.executors.torch_executor import TorchExecutor
+from thunderfn.errors import ArgumentNotImplementedError, InternalError
 
 # Statements nothing may move across: grad mode and default dtype change what every later op
 # does; write-backs and the aliasing check must see the inputs before and after every read.
@@ -92,11 +93,11 @@ class FusionExecutor(Executor):
     min_region_size = 2  # one op gains nothing from a fusing compiler, and costs a compile
 
     def can_fuse(self, bsym) -> bool:
-        raise NotImplementedError(f"{type(self).__name__} subclasses FusionExecutor but does not implement "
+        raise ArgumentNotImplementedError(f"{type(self).__name__} subclasses FusionExecutor but does not implement "
                                   f"can_fuse(bsym) -> bool")
 
     def compile_region(self, region: Region) -> Callable:
-        raise NotImplementedError(f"{type(self).__name__} subclasses FusionExecutor but does not implement "
+        raise ArgumentNotImplementedError(f"{type(self).__name__} subclasses FusionExecutor but does not implement "
                                   f"compile_region(region) -> callable")
 
     def worth_fusing(self, region: Region) -> bool:
@@ -323,7 +324,7 @@ def _schedule(groups: list[_Group]) -> list[_Group]:
             if not waiting[id(s)]:
                 heapq.heappush(ready, s)
     if len(order) != len(alive):
-        raise AssertionError("fusion made a cycle between regions: a bug in thunderfn/executors/fusion.py")
+        raise InternalError("fusion made a cycle between regions: a bug in thunderfn/executors/fusion.py")
     return order
 
 

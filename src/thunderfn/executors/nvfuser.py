@@ -40,6 +40,7 @@ import torch
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.executors.fusion import CompiledCache, FusionExecutor, Region, positional_signature
 from thunderfn.prims import PrimIDs
+from thunderfn.errors import ExecutorError
 
 FRONTENDS = ("nvfuser_direct", "nvfuser")  # the current module first; the legacy one was removed in 2026
 
@@ -229,7 +230,7 @@ class NvFuserExecutor(FusionExecutor):
         if self._frontend is None:
             name = _frontend_name()
             if name is None:
-                raise RuntimeError(f"executor '{self.name}' cannot run here: {_availability()[1]}")
+                raise ExecutorError(f"executor '{self.name}' cannot run here: {_availability()[1]}")
             self._frontend = importlib.import_module(name)
             self.version = getattr(self._frontend, "__version__", None)
         return self._frontend

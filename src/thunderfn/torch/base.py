@@ -21,6 +21,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves, tree_map
 from thunderfn.core.symbol import Symbol
 from thunderfn.torch.opaque import opaque_symbol
+from thunderfn.errors import ArgumentValueError
 
 # The package, thunderfn.torch, which is importing this module: symbols are its attributes.
 _package = sys.modules[__name__.rpartition(".")[0]]
@@ -37,7 +38,7 @@ def torchsymbol(*torch_fns: Callable, name: str | None = None, id=None, tags=())
     def decorator(fn: Callable) -> Symbol:
         sym_name = name or fn.__name__
         if not sym_name.isidentifier():
-            raise ValueError(f"a torch symbol's name must be a Python identifier, got {sym_name!r}")
+            raise ArgumentValueError(f"a torch symbol's name must be a Python identifier, got {sym_name!r}")
         torch_fn = torch_fns[0] if torch_fns else None
         sym = Symbol(sym_name, id if id is not None else f"torch.{sym_name}", fn=_fresh_outputs(fn),
                      print_name=f"ltorch.{sym_name}",
@@ -88,7 +89,7 @@ def _fresh_outputs(fn: Callable) -> Callable:
     return body
 
 
-def _as_opaque_op(torch_fn, *args, **kwargs):
+def _as_opaque_op(torch_fn, /, *args, **kwargs):
     """A torch symbol's fallback where its body has no decomposition (DecompositionUnavailable):
     the torch function it mirrors, recorded as an opaque op that torch runs."""
     return opaque_symbol(torch_fn)(*args, **kwargs)

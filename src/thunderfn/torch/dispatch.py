@@ -20,6 +20,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
 from thunderfn.torch import autocast, inplace
 from thunderfn.torch.opaque import is_random, run_opaque
+from thunderfn.errors import ProxyOutsideTraceError
 
 _any_autocast = torch._C._is_any_autocast_enabled
 
@@ -29,7 +30,10 @@ def dispatch(func, args, kwargs):
     handler = find_handler(func)
     trc = context.current_trace()
     if trc is None:
-        raise RuntimeError(f"{torch_name(func)} was called on a thunderfn proxy outside of tracing")
+        raise ProxyOutsideTraceError(
+            f"{torch_name(func)} was called on a thunderfn proxy outside of tracing: a traced tensor was kept past its "
+            f"trace (in a global, a closure, an attribute, or a Trace's .output) and used later. Only real tensors "
+            f"live outside a trace: return what you need from the traced function instead.")
     if handler is None:
         if is_metadata_query(func):
             if not any(isinstance(a, TensorProxy) for a in args):

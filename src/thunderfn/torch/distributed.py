@@ -27,6 +27,7 @@ import torch.distributed as dist
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
 from thunderfn.torch.shape import cat, narrow, reshape
+from thunderfn.errors import ArgumentValueError
 
 _groups: list = [None]  # group id -> process group; None is torch's default group
 
@@ -94,7 +95,7 @@ def _wait(pending):
     return pending.tensor
 
 
-def _same_meta(x, *args, **kwargs):
+def _same_meta(x, /, *args, **kwargs):
     return TensorProxy.like(x, requires_grad=False)
 
 
@@ -105,7 +106,7 @@ def _gathered_meta(x, gid: int = 0, async_op: bool = False):
 def _scattered_meta(x, op: str = "sum", gid: int = 0, async_op: bool = False):
     world = world_size(gid)
     if x.shape[0] % world:
-        raise ValueError(f"reduce_scatter: dim 0 of a {tuple(x.shape)} tensor does not split into {world} equal shards")
+        raise ArgumentValueError(f"reduce_scatter: dim 0 of a {tuple(x.shape)} tensor does not split into {world} equal shards")
     return TensorProxy(shape=(x.shape[0] // world, *x.shape[1:]), dtype=x.dtype, device=x.device)
 
 

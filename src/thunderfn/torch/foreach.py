@@ -19,7 +19,7 @@ import torch
 from thunderfn.core import dtypes
 from thunderfn.core.interception import dispatch, register_handler
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.errors import ArgumentRuntimeError, UnsupportedOpError
 from thunderfn.torch.opaque import run_opaque
 
 __all__: list = []
@@ -38,7 +38,7 @@ def _per_tensor_args(base: str, args: tuple, i: int, n: int) -> tuple:
     for position, a in enumerate(args):
         if isinstance(a, (list, tuple)):
             if len(a) != n:
-                raise RuntimeError(f"Tensor lists must have the same number of tensors, got {n} and {len(a)}")
+                raise ArgumentRuntimeError(f"Tensor lists must have the same number of tensors, got {n} and {len(a)}")
             out.append(a[i])
         elif position == 3 and base in _KEYWORD_ONLY and isinstance(a, (TensorProxy, torch.Tensor)):
             out.append(a[i])  # the `scalars` tensor: one value per position

@@ -20,7 +20,7 @@ from thunderfn.clang import maybe_convert_to_dtype
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import DecompositionUnavailable
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.errors import ArgumentIndexError, ArgumentRuntimeError, UnsupportedOpError
 from thunderfn.prims import check
 from thunderfn.torch.base import torchsymbol
 from thunderfn.torch.shape import _zero, diagonal
@@ -145,7 +145,7 @@ def _advanced_index(a, indices, dims):
     try:
         index_shape = clang.broadcast_shapes(*(i.shape for i in indices))
     except RuntimeError:
-        raise IndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
+        raise ArgumentIndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
                          + ", ".join(str(list(i.shape)) for i in indices)) from None
     linear = in_range = None
     merged = torch.Size(sizes).numel()
@@ -398,7 +398,7 @@ def index_put_entries(a, indices, values, accumulate=False):
     try:
         index_shape = clang.broadcast_shapes(*(i.shape for i in tensors))
     except RuntimeError:
-        raise IndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
+        raise ArgumentIndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
                          + ", ".join(str(list(i.shape)) for i in tensors)) from None
     adjacent = dims == list(range(dims[0], dims[0] + len(dims)))
     perm = list(range(a.ndim)) if adjacent else dims + [k for k in range(a.ndim) if k not in dims]
@@ -425,7 +425,7 @@ def index_put_entries(a, indices, values, accumulate=False):
         values = clang.expand_to(values, clang.broadcast_shapes(values.shape, result_shape))
         check(tuple(values.shape) == result_shape, lambda: "")
     except RuntimeError:
-        raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing "
+        raise ArgumentRuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing "
                            f"result of shape {list(result_shape)}") from None
     k = linear.numel()
     flat = clang.reshape(moved, pre + (merged,) + post)
@@ -533,7 +533,7 @@ def index_put_key(a, key, value, accumulate=False):
         value = clang.expand_to(value, clang.broadcast_shapes(value.shape, target.shape))
         check(tuple(value.shape) == tuple(target.shape), lambda: "")
     except RuntimeError:
-        raise RuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} cannot be broadcast to indexing "
+        raise ArgumentRuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} cannot be broadcast to indexing "
                            f"result of shape {list(target.shape)}") from None
     k = target.numel()
     if k == 0:

@@ -31,7 +31,7 @@ from thunderfn.core import context, interception
 from thunderfn.core.interception import find_handler, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.errors import ArgumentRuntimeError, UnsupportedOpError
 from thunderfn.torch.base import torchsymbol
 from thunderfn.torch.indexing import index_put_key, scatter_into_view
 from thunderfn.torch.shape import permute, reshape
@@ -470,7 +470,7 @@ def copy_into(dst, src):
     return clang.expand_to(value, dst.shape)
 
 
-def fresh_random_like(like: torch.Tensor, method: str, *args, **kwargs) -> torch.Tensor:
+def fresh_random_like(like: torch.Tensor, method: str, /, *args, **kwargs) -> torch.Tensor:
     """`like.<method>(...)` drawn into a new tensor: the functional form of a random fill."""
     return getattr(torch.empty_like(like), method)(*args, **kwargs)
 
@@ -532,13 +532,13 @@ def _cast_like_target(value, target, what: str):
     if not isinstance(value, TensorProxy):
         raise UnsupportedOpError(f"{what} did not produce a tensor")
     if not torch.can_cast(value.dtype, target.dtype):
-        raise RuntimeError(f"result type {prims.scalar_type_name(value.dtype)} can't be cast to the desired output "
+        raise ArgumentRuntimeError(f"result type {prims.scalar_type_name(value.dtype)} can't be cast to the desired output "
                            f"type {prims.scalar_type_name(target.dtype)}")
     if tuple(value.shape) != tuple(target.shape):
         try:
             value = clang.expand_to(value, target.shape)
         except RuntimeError:
-            raise RuntimeError(f"output with shape {list(target.shape)} doesn't match the broadcast shape "
+            raise ArgumentRuntimeError(f"output with shape {list(target.shape)} doesn't match the broadcast shape "
                                f"{list(value.shape)}") from None
     return clang.maybe_convert_to_dtype(value, target.dtype)
 
@@ -557,7 +557,7 @@ def run_in_place(func, args, kwargs):
     check_fresh(args, kwargs)
     info = target.alias
     if info is not None and info.overlapping and short != "__setitem__":
-        raise RuntimeError(_OVERLAP_MESSAGE)
+        raise ArgumentRuntimeError(_OVERLAP_MESSAGE)
     if short == "__setitem__" and isinstance(args[2], TensorProxy) and args[2].alias is not None and (
             args[2].alias.base is target and args[2].alias.key == args[1]):
         return None  # x[k] = v where v is x[k], already written back when v was mutated: nothing to do
@@ -609,7 +609,7 @@ def run_with_output_argument(handler, func, args, kwargs, out):
         raise UnsupportedOpError(f"{torch_name(func)}(out=...) with several outputs is not supported; use the result")
     check_fresh((out,), {})
     if out.alias is not None and out.alias.overlapping:
-        raise RuntimeError(_OVERLAP_MESSAGE)
+        raise ArgumentRuntimeError(_OVERLAP_MESSAGE)
     if out.alias is not None and out.alias.base is not None:
         check_writable(out, f"{torch_name(func)}(out=...)")
     rebind(out, _cast_like_target(result, out, torch_name(func)), because=f"{torch_name(func)}(out=...)")

@@ -605,7 +605,7 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
     return reduction_sum(loss) if reduction == "sum" else loss
 
 
-def _every_argument(original, *args, **kwargs):
+def _every_argument(original, /, *args, **kwargs):
     """torch 2.13's F.l1_loss leaves `weight` out of its __torch_function__ call, so a traced
     call would silently lose it. Standing in front of it: while tracing, dispatch the call with
     every argument (to the symbol, registered for the original); otherwise, torch's own function."""

@@ -6,6 +6,13 @@ computation kept in tensors.
   While traced, the factor stays a 0-dim float64 tensor (the double eager's float() gives),
   and the running statistics are updated with it as eager's kernel does.
 
+- **torch.func.functional_call** (and torch.nn.utils.stateless.functional_call) swaps tensors
+  into a module's parameters with checks that refuse anything but a torch.Tensor, so a traced
+  tensor (tf.grad of a function of the parameters) never gets in. While traced, the given
+  values stand in for the module's own tensors for the call instead (core/context.py's
+  standing_in), torch's semantics kept: tied weights take the value given for any of their
+  names, unknown names are ignored unless strict=True.
+
 Each rewrite applies only while this thread traces and the module is in the case it
 covers; otherwise torch's forward runs.
 """
@@ -16,6 +23,7 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from thunderfn.core import context
+from thunderfn.errors import ArgumentRuntimeError, UnsupportedOpError
 from thunderfn.torch.base import stand_in_front
 
 
@@ -30,3 +38,30 @@ def _batch_norm_cumulative_average(original, self, input):
 
 
 stand_in_front(_BatchNorm, "forward", _batch_norm_cumulative_average)
+
+
+def _functional_call_traced(original, module, parameters_and_buffers, args=None, kwargs=None, *, tie_weights=True,
+                            strict=False):
+    trc = context.current_trace()
+    if trc is None:
+        return original(module, parameters_and_buffers, args, kwargs, tie_weights=tie_weights, strict=strict)
+    named = dict(module.named_parameters(remove_duplicate=False))
+    named.update(module.named_buffers(remove_duplicate=False))
+    if strict:
+        missing, unexpected = sorted(set(named) - set(parameters_and_buffers)), sorted(set(parameters_and_buffers) - set(named))
+        if missing or unexpected:
+            raise ArgumentRuntimeError(f"Error(s) in reparametrizing for {type(module).__name__}: missing key(s) {missing}, "
+                                       f"unexpected key(s) {unexpected}")
+    given = {name: value for name, value in parameters_and_buffers.items() if name in named}
+    if not tie_weights and any(named[a] is named[b] for a in given for b in named if a != b):
+        raise UnsupportedOpError("functional_call(tie_weights=False) on a module with tied weights is not traced: "
+                                 "the given tensor would stand in under every name of the tied weight. Pass the value "
+                                 "for every name of it, or use tie_weights=True.")
+    args = () if args is None else args if isinstance(args, tuple) else (args,)
+    pairs = [(named[name], trc.constant(value) if isinstance(value, torch.Tensor) else value)
+             for name, value in given.items()]
+    with context.standing_in(pairs):
+        return module(*args, **(kwargs or {}))
+
+
+stand_in_front(torch.nn.utils.stateless, "_functional_call", _functional_call_traced)

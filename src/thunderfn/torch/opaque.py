@@ -23,7 +23,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import check_rng_untouched
-from thunderfn.errors import UnsupportedOpError, UserGradientError
+from thunderfn.errors import ArgumentValueError, UnsupportedOpError, UserGradientError
 
 _symbols: dict = {}  # torch callable -> its opaque symbol, made once
 
@@ -128,7 +128,7 @@ def _ctc_loss_shape(log_probs, targets, input_lengths, target_lengths, blank=0, 
                     zero_infinity=False):
     # one loss per sequence (none of it unbatched) or their reduction: only the lengths' values are data
     if reduction not in ("none", "mean", "sum"):
-        raise ValueError(f"{reduction} is not a valid value for reduction")
+        raise ArgumentValueError(f"{reduction} is not a valid value for reduction")
     batched = log_probs.ndim == 3
     shape = (log_probs.shape[1],) if reduction == "none" and batched else ()
     return TensorProxy(shape=shape, dtype=log_probs.dtype, device=log_probs.device)

@@ -123,7 +123,7 @@ def _record_cuda_manual_seed_all(trc, seed):
 
 
 def _refuse(name, why):
-    def record(trc, *args, **kwargs):
+    def record(trc, /, *args, **kwargs):
         raise UnsupportedOpError(f"'{trc.fn_name}' calls torch.{name}(), which {why}, so the compiled function "
                                  f"could not do it again on later calls. Call it outside the jitted function.")
 

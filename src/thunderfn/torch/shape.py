@@ -17,7 +17,7 @@ from thunderfn.clang import maybe_convert_to_dtype
 from thunderfn.core import dtypes
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import DecompositionUnavailable
-from thunderfn.errors import UnsupportedOpError
+from thunderfn.errors import ArgumentTypeError, UnsupportedOpError
 from thunderfn.prims import canonical_dim, check
 from thunderfn.torch.base import register_alias, torchsymbol
 
@@ -348,7 +348,7 @@ def _to_args(a, args, kwargs):
         elif isinstance(arg, bool):
             continue  # non_blocking / copy positionals
         else:
-            raise TypeError(f"to() received an invalid combination of arguments - got ({type(arg).__name__})")
+            raise ArgumentTypeError(f"to() received an invalid combination of arguments - got ({type(arg).__name__})")
     return device, dtype, copy
 
 

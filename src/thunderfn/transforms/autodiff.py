@@ -35,8 +35,10 @@ from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled
+from thunderfn.core.decorators import with_options_form
 from thunderfn.core.trace import up_to_date
-from thunderfn.errors import CotangentError, SavedTensorModifiedError, TransformArgumentError, UnsupportedOpError
+from thunderfn.errors import (ArgumentRuntimeError, ArgumentTypeError, CotangentError, InternalError, OutputError,
+                              SavedTensorModifiedError, TransformArgumentError, UnsupportedOpError)
 from thunderfn.torch.opaque import autograd_connections, torch_vjp_op
 from thunderfn.torch.random import get_rng_state_op
 from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' rules join vjp_rules)
@@ -55,8 +57,9 @@ def _accumulate(cts: dict, proxy: TensorProxy, ct) -> None:
         return
     if isinstance(ct, TensorProxy) and ct.dtype != proxy.dtype:
         ct = ltorch.to(ct, proxy.dtype)
-    if tuple(ct.shape) != tuple(proxy.shape):
-        raise RuntimeError(f"internal: cotangent of {proxy.name} has shape {tuple(ct.shape)}, expected {tuple(proxy.shape)}")
+    if tuple(ct.shape) != tuple(proxy.shape):  # the caller's cotangents are checked in trace_vjp's backward
+        raise InternalError(f"a VJP rule gave {proxy.name} a cotangent of shape {tuple(ct.shape)}, but it has shape "
+                            f"{tuple(proxy.shape)}")
     previous = cts.get(proxy.name)
     cts[proxy.name] = ct if previous is None else ltorch.add(previous, ct)
 
@@ -308,7 +311,8 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
     # object names its new value (torch/inplace.py); the derivative is with respect to the value passed in
     primal_names = [p.name if isinstance(p, TensorProxy) else None for p in tree_leaves(primals)]
     with differentiating(trc) as recorded:
-        out = as_trace_constants(up_to_date(fn(*primals)))  # a tensor made outside torch's hooks (torch.tensor(1.)): a constant
+        # a tensor made outside torch's hooks (torch.tensor(1.)): a constant
+        out = as_trace_constants(up_to_date(fn(*primals)))
     tape = _Tape(executors)
     region = _record_forward(_with_residuals(recorded, executors), primal_names, tape)
     for bsym in region:
@@ -325,8 +329,9 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
             raise CotangentError(f"the cotangents must have the structure of the function's output, {out_spec}, with "
                             f"None for outputs that get none; got {tree_flatten(cotangents)[1]} ({e})") from None
         cts: dict = {}
-        for o, c in zip(out_leaves, ct_leaves):
+        for i, (o, c) in enumerate(zip(out_leaves, ct_leaves)):
             if isinstance(o, TensorProxy) and c is not None:
+                _check_cotangent(c, o, i, len(out_leaves))
                 _accumulate(cts, o, c)
         _backwards.tapes.append(tape)
         try:
@@ -338,6 +343,19 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
         return [cts.get(name) if name is not None else None for name in primal_names]
 
     return out, backward
+
+
+def _check_cotangent(ct, out: TensorProxy, position: int, n_outputs: int) -> None:
+    """A caller's cotangent for one output: a tensor of that output's shape (torch.autograd's
+    'Mismatch in shape' as a RuntimeError; a non-tensor as a TypeError)."""
+    which = "the output" if n_outputs == 1 else f"output {position} (counting the output's tensors in order)"
+    if not isinstance(ct, TensorProxy):
+        raise ArgumentTypeError(f"vjp: the cotangent for {which} must be a tensor of its shape {tuple(out.shape)}, "
+                                f"got {type(ct).__name__}. Pass None where an output gets no cotangent.")
+    if tuple(ct.shape) != tuple(out.shape):
+        raise ArgumentRuntimeError(f"vjp: the cotangent for {which} has shape {tuple(ct.shape)}, but that output has "
+                                   f"shape {tuple(out.shape)}: give each output a cotangent of its own shape (for "
+                                   f"the gradient of out.sum(), torch.ones_like(out)).")
 
 
 # -- opaque torch ops: differentiated by torch when the compiled function runs ------------------
@@ -412,11 +430,11 @@ def _floats_as_tensors(args, nums):
 def _check_inexact(leaves, what: str, fn) -> None:
     for leaf in leaves:
         if type(leaf) in (int, bool):
-            raise TypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point inputs to "
+            raise ArgumentTypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point inputs to "
                             f"differentiate, but got the Python {type(leaf).__name__} {leaf!r}. Pass a float "
                             f"(2.0) or a floating tensor, or leave it out of argnums.")
         if isinstance(leaf, TensorProxy) and not dtypes.is_inexact(leaf.dtype):
-            raise TypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point (or complex) inputs to "
+            raise ArgumentTypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point (or complex) inputs to "
                             f"differentiate, but got a {leaf.dtype} tensor. Pass it as an argument you do not "
                             f"differentiate with respect to (argnums), or convert it with .float().")
 
@@ -427,6 +445,7 @@ def _zeros_for_none(cts, primal_leaves):
             for c, p in zip(cts, primal_leaves)]
 
 
+@with_options_form
 def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
     """(value, gradient) of a scalar-output fn with respect to the positional args in argnums
     (an int, or a tuple giving a tuple of gradients); each arg may be a pytree of tensors.
@@ -446,10 +465,10 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
             return fn(*full, **kwargs)
 
         out, backward = trace_vjp(with_diff, diff)
-        value, aux = out if has_aux else (out, None)
+        value, aux = output_and_aux(out, fn, "grad") if has_aux else (out, None)
         if not (isinstance(value, TensorProxy) and value.numel() == 1):
             shape = tuple(value.shape) if isinstance(value, TensorProxy) else type(value).__name__
-            raise RuntimeError(f"grad of '{getattr(fn, '__name__', fn)}' requires a scalar output, but it returned "
+            raise OutputError(f"grad of '{getattr(fn, '__name__', fn)}' requires a scalar output, but it returned "
                                f"{shape}. Reduce it first (out.sum()), or use tf.vjp / tf.jacrev for non-scalar outputs.")
         ones = ltorch.full(tuple(value.shape), 1, device=value.device, dtype=value.dtype)
         flat_cts = backward((ones, tree_map(lambda _: None, aux)) if has_aux else ones)
@@ -466,6 +485,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
     return _compiled(transformed, prepare=lambda args: _floats_as_tensors(args, nums))
 
 
+@with_options_form
 def grad(fn: Callable, argnums=0, has_aux: bool = False):
     """The gradient of a scalar-output fn (see value_and_grad); with has_aux, (gradient, aux)."""
     both = value_and_grad(fn, argnums, has_aux)
@@ -479,15 +499,30 @@ def grad(fn: Callable, argnums=0, has_aux: bool = False):
     return _compiled(transformed, prepare=lambda args: _floats_as_tensors(args, nums))
 
 
-def value_without_aux(fn: Callable, has_aux: bool):
+def output_and_aux(result, fn, transform: str) -> tuple:
+    """(output, aux) of what fn returned under has_aux=True, which must be a pair."""
+    if isinstance(result, (tuple, list)) and len(result) == 2:
+        return result[0], result[1]
+    if isinstance(result, TensorProxy):
+        got = f"one tensor of shape {tuple(result.shape)}"
+    elif isinstance(result, (tuple, list)):
+        got = f"a {type(result).__name__} of {len(result)}"
+    else:
+        got = f"a {type(result).__name__}"
+    raise OutputError(f"{transform}(has_aux=True) of '{getattr(fn, '__name__', fn)}': the function must return a pair "
+                      f"(output, aux), but it returned {got}. Return (output, aux), or leave out has_aux=True.")
+
+
+def value_without_aux(fn: Callable, has_aux: bool, transform: str = "vjp"):
     """(a function returning only fn's value, a list that receives its aux when called)."""
     aux_box: list = []
 
     def value_only(*args):
         result = fn(*args)
         if has_aux:
-            aux_box.append(result[1])
-            return result[0]
+            value, aux = output_and_aux(result, fn, transform)
+            aux_box.append(aux)
+            return value
         return result
 
     return value_only, aux_box

@@ -25,6 +25,7 @@ import torch
 from thunderfn import clang, prims
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import PrimIDs, canonical_dim
+from thunderfn.errors import InternalError
 
 batching_rules: dict = {}  # symbol id -> rule(args, dims, kwargs, out) -> (output, out dims)
 
@@ -46,7 +47,7 @@ def batch_size_of(args, dims) -> int:
             return batch_size_of(a, d)
         if d is not None:
             return a.shape[d]
-    raise AssertionError("internal: a batching rule was called with no batched argument")
+    raise InternalError("internal: a batching rule was called with no batched argument")
 
 
 def move_to_front(x: TensorProxy, dim: int) -> TensorProxy:

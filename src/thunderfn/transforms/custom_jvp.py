@@ -40,6 +40,7 @@ from thunderfn.core import context, dtypes
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 from thunderfn.transforms.autodiff import as_trace_constants, trace_vjp
 from thunderfn.transforms.jvp_rules import JVPRule, register_jvp, unregister_jvp
 from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, unregister_vjp
@@ -61,6 +62,11 @@ def _zeros_like(x):
 
 class custom_jvp:
     """Give fn a hand-written Jacobian-vector product (see the module docstring)."""
+
+    def __new__(cls, fn=None, nondiff_argnums=()):
+        if fn is None:  # @tf.custom_jvp(nondiff_argnums=...) above a def: the decorator with these options
+            return functools.partial(cls, nondiff_argnums=nondiff_argnums)
+        return super().__new__(cls)
 
     def __init__(self, fn, nondiff_argnums=()):
         functools.update_wrapper(self, fn)
@@ -101,7 +107,7 @@ class custom_jvp:
         if kwargs:  # keyword arguments by position, as JAX resolves them
             bound = inspect.signature(self.fn).bind(*args, **kwargs)
             if bound.kwargs:
-                raise TypeError(f"custom_jvp '{self._name}': keyword-only arguments ({sorted(bound.kwargs)}) have no "
+                raise ArgumentTypeError(f"custom_jvp '{self._name}': keyword-only arguments ({sorted(bound.kwargs)}) have no "
                                 f"tangent position; make them positional, or close over them")
             args = bound.args
         if context.current_trace() is None:
@@ -112,10 +118,10 @@ class custom_jvp:
                 return self._jitted(*args)
             return self.fn(*args)
         if self.jvp is None:
-            raise TypeError(f"custom_jvp '{self._name}' has no rule yet: call {self._name}.defjvp(jvp) first")
+            raise ArgumentTypeError(f"custom_jvp '{self._name}' has no rule yet: call {self._name}.defjvp(jvp) first")
         for i in self.nondiff_argnums:
             if i < len(args) and any(isinstance(x, TensorProxy) for x in tree_leaves(args[i])):
-                raise TypeError(f"custom_jvp '{self._name}': argument {i} is in nondiff_argnums but holds a traced "
+                raise ArgumentTypeError(f"custom_jvp '{self._name}': argument {i} is in nondiff_argnums but holds a traced "
                                 f"tensor. nondiff_argnums are for values derivatives never flow to (Python numbers, "
                                 f"functions); pass tensors as ordinary arguments.")
         leaves, spec = tree_flatten(as_trace_constants(args))  # a captured tensor: a value the rule gets a zero tangent for
@@ -135,14 +141,14 @@ class custom_jvp:
         _, tangents = self.split_args(tree_unflatten(spec, list(tangent_leaves)))
         result = self.jvp(*nondiff, primals, tangents)
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
-            raise TypeError(f"custom_jvp '{self._name}': the jvp rule must return a pair (primal_out, tangent_out), "
+            raise ArgumentTypeError(f"custom_jvp '{self._name}': the jvp rule must return a pair (primal_out, tangent_out), "
                             f"got {type(result).__name__}")
         tangent_out = result[1]
         out_spec = optree.tree_structure(out, none_is_leaf=True, namespace="thunderfn")
         try:
             t_leaves = out_spec.flatten_up_to(tangent_out)
         except (ValueError, TypeError):
-            raise TypeError(f"custom_jvp '{self._name}': the jvp rule's tangent_out has structure "
+            raise ArgumentTypeError(f"custom_jvp '{self._name}': the jvp rule's tangent_out has structure "
                             f"{optree.tree_structure(tangent_out, none_is_leaf=True, namespace='thunderfn')}, but the "
                             f"function's output has {out_spec}") from None
         checked = []
@@ -153,7 +159,7 @@ class custom_jvp:
             if t is None:
                 t = _zeros_like(o)
             if tuple(t.shape) != tuple(o.shape):
-                raise ValueError(f"custom_jvp '{self._name}': the jvp rule's tangent_out has a leaf of shape "
+                raise ArgumentValueError(f"custom_jvp '{self._name}': the jvp rule's tangent_out has a leaf of shape "
                                  f"{tuple(t.shape)} where the output has {tuple(o.shape)}")
             checked.append(t if t.dtype == o.dtype else ltorch.to(t, o.dtype))
         return checked

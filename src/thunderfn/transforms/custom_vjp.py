@@ -26,17 +26,24 @@ import weakref
 import torch
 
 import thunderfn.torch as ltorch
+from thunderfn import prims
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
+from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, unregister_vjp
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 
 _ids = itertools.count()
 
 
 class custom_vjp:
     """Give fn a hand-written vector-Jacobian product (see module docstring)."""
+
+    def __new__(cls, fn=None, nondiff_argnums=()):
+        if fn is None:  # @tf.custom_vjp(nondiff_argnums=...) above a def: the decorator with these options
+            return functools.partial(cls, nondiff_argnums=nondiff_argnums)
+        return super().__new__(cls)
 
     # How vmap batches a call: None vmaps fwd and bwd (JAX's rule); a user Function
     # (transforms/user_functions.py) sets its own, vmap_rule(batching, bsym)
@@ -66,14 +73,21 @@ class custom_vjp:
         return getattr(self.fn, "__name__", repr(self.fn))
 
     # -- forward: fwd, recorded as this function's symbol ------------------------------------------
-    def _forward(self, *args, **kwargs):
+    def _forward(self, /, *args, **kwargs):
         result = self.fwd(*args, **kwargs)
         if not (isinstance(result, tuple) and len(result) == 2):
-            raise TypeError(f"custom_vjp '{self._name}': fwd must return a pair (output, residuals), got "
+            raise ArgumentTypeError(f"custom_vjp '{self._name}': fwd must return a pair (output, residuals), got "
                             f"{type(result).__name__}")
-        return result
+        out, residuals = result
+        # An output that is an argument itself (fwd returns x: a straight-through or a gradient
+        # clipping identity) becomes a new value: were it the argument, the gradient reaching the
+        # output would also reach the argument directly, besides through the rule.
+        inputs = {id(x) for x in tree_leaves((args, kwargs)) if isinstance(x, TensorProxy)}
+        out = tree_map(lambda o: prims.reshape(o, tuple(o.shape)) if isinstance(o, TensorProxy) and id(o) in inputs
+                       else o, out)
+        return out, residuals
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         if context.current_trace() is None:
             if self._symbol is not None and torch.is_grad_enabled() and any(
                     isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves((args, kwargs))):
@@ -82,10 +96,10 @@ class custom_vjp:
                 return self._with_rule()(*args, **kwargs)
             return self.fn(*args, **kwargs)
         if self._symbol is None:
-            raise TypeError(f"custom_vjp '{self._name}' has no rule yet: call {self._name}.defvjp(fwd, bwd) first")
+            raise ArgumentTypeError(f"custom_vjp '{self._name}' has no rule yet: call {self._name}.defvjp(fwd, bwd) first")
         for i in self.nondiff_argnums:
             if i < len(args) and any(isinstance(x, TensorProxy) for x in tree_leaves(args[i])):
-                raise TypeError(f"custom_vjp '{self._name}': argument {i} is in nondiff_argnums but holds a traced "
+                raise ArgumentTypeError(f"custom_vjp '{self._name}': argument {i} is in nondiff_argnums but holds a traced "
                                 f"tensor. nondiff_argnums are for values gradients never flow to (Python numbers, "
                                 f"functions); pass tensors as ordinary arguments (bwd may return None for them).")
         out, _residuals = self._symbol(*args, **kwargs)
@@ -110,10 +124,10 @@ class custom_vjp:
         diff_positions = [i for i in range(len(args)) if i not in self.nondiff_argnums]
         cts = self.bwd(*nondiff, residuals, g_out)
         if not isinstance(cts, tuple):
-            raise TypeError(f"custom_vjp '{self._name}': bwd must return a tuple with one entry per differentiable "
+            raise ArgumentTypeError(f"custom_vjp '{self._name}': bwd must return a tuple with one entry per differentiable "
                             f"argument ({len(diff_positions)}), got {type(cts).__name__}")
         if len(cts) != len(diff_positions):
-            raise TypeError(f"custom_vjp '{self._name}': bwd returned {len(cts)} cotangents, but the function has "
+            raise ArgumentTypeError(f"custom_vjp '{self._name}': bwd returned {len(cts)} cotangents, but the function has "
                             f"{len(diff_positions)} differentiable arguments (positions {diff_positions})")
         result = [None] * len(args)
         for position, ct in zip(diff_positions, cts):
@@ -126,11 +140,11 @@ class custom_vjp:
         arg_leaves, arg_spec = tree_flatten(arg)
         ct_leaves, ct_spec = tree_flatten(ct)
         if ct_spec != arg_spec:
-            raise TypeError(f"custom_vjp '{self._name}': the cotangent bwd returned for argument {position} has "
+            raise ArgumentTypeError(f"custom_vjp '{self._name}': the cotangent bwd returned for argument {position} has "
                             f"structure {ct_spec}, but the argument has {arg_spec}")
         for a, c in zip(arg_leaves, ct_leaves):
             if isinstance(a, TensorProxy) and isinstance(c, TensorProxy) and tuple(a.shape) != tuple(c.shape):
-                raise ValueError(f"custom_vjp '{self._name}': the cotangent bwd returned for argument {position} has "
+                raise ArgumentValueError(f"custom_vjp '{self._name}': the cotangent bwd returned for argument {position} has "
                                  f"shape {tuple(c.shape)}, but the argument has shape {tuple(a.shape)}")
         return ct
 

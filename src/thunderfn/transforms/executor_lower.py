@@ -26,6 +26,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import python_alias
 from thunderfn.core.symbol import BoundSymbol, Symbol
 from thunderfn.core.trace import tracing
+from thunderfn.errors import ExecutorError
 
 
 def _accepts(ex, bsym):
@@ -36,7 +37,7 @@ def _accepts(ex, bsym):
     try:
         ok = rule.checker(*bsym.args, **bsym.kwargs)
     except Exception as e:
-        raise RuntimeError(f"the checker executor '{ex.name}' registered for {bsym.sym.print_name} raised "
+        raise ExecutorError(f"the checker executor '{ex.name}' registered for {bsym.sym.print_name} raised "
                            f"{type(e).__name__}: {e}") from e
     return rule if ok else None
 
@@ -86,7 +87,7 @@ def trace_in_place_of(bsym, fn, who: str) -> list:
     new_leaves, _ = tree_flatten(result)
     old_leaves, _ = tree_flatten(bsym.output)
     if len(new_leaves) != len(old_leaves):
-        raise RuntimeError(f"{who} for {bsym.sym.print_name} returned {len(new_leaves)} values where the symbol has "
+        raise ExecutorError(f"{who} for {bsym.sym.print_name} returned {len(new_leaves)} values where the symbol has "
                            f"{len(old_leaves)}")
     inputs = {p.name for p in bsym.proxy_args()}
     mapping, aliases = {}, []
@@ -140,7 +141,7 @@ def lower_bsyms(bsyms, executors) -> list:
             out.extend(lower_bsyms(bsym.subsymbols, executors))
             continue
         tried = ", ".join(ex.name for ex in executors) or "none"
-        raise RuntimeError(f"Could not find executor for bound symbol:\n  {bsym}\nExecutors tried (in priority order): "
+        raise ExecutorError(f"Could not find executor for bound symbol:\n  {bsym}\nExecutors tried (in priority order): "
                            f"{tried}. Add an executor that implements {bsym.sym.print_name}, or keep the torch "
                            f"executor as the fallback (fallback=True).")
     return out
@@ -156,5 +157,7 @@ def lower_trace(trc, executors):
 def executor_lower(fn, executors):
     """The lowering transform on its own: fn, run on exactly these executors (in
     priority order, no torch fallback), jitted; past the cache size limit it drops its
-    oldest entry rather than run anywhere else."""
-    return context.jit_evicting(fn, executors=list(executors), fallback=False)
+    oldest entry rather than run anywhere else. `executors`: one executor (a name or an Executor)
+    or a list of them, as jit's."""
+    executors = list(executors) if isinstance(executors, (list, tuple)) else executors  # a copy: later edits not seen
+    return context.jit_evicting(fn, executors=executors, fallback=False)

@@ -21,7 +21,7 @@ from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import up_to_date
-from thunderfn.errors import ForwardModeError, UnsupportedOpError
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError, ForwardModeError, UnsupportedOpError
 from thunderfn.torch.opaque import _meta, named_functorch_refusal
 from thunderfn.transforms.autodiff import (_compiled, _carries_gradient, _grad_modes, as_trace_constants, as_trace_values,
                                           differentiating, value_without_aux)
@@ -129,7 +129,7 @@ def trace_jvp(fn: Callable, primals, tangents):
     for p, t in zip(tree_leaves(primals), tree_leaves(tangents)):
         if _carries_gradient(p) and t is not None:
             if tuple(t.shape) != tuple(p.shape):
-                raise ValueError(f"jvp: a tangent has shape {tuple(t.shape)} where its primal has {tuple(p.shape)}")
+                raise ArgumentValueError(f"jvp: a tangent has shape {tuple(t.shape)} where its primal has {tuple(p.shape)}")
             # keyed by the name the primal has now: fn may write into it in place, after which the same
             # proxy object names its new value (torch/inplace.py), whose tangent the rules compute
             env[p.name] = clang.maybe_convert_to_dtype(t, p.dtype)
@@ -153,14 +153,14 @@ def jvp(fn: Callable, primals, tangents, has_aux: bool = False):
     """(out, tangent_out), or (out, tangent_out, aux): the Jacobian-vector product of fn at
     primals (a tuple) with tangents (a tuple of the same structure)."""
     if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
-        raise TypeError(f"jvp expects primals and tangents as tuples, got {type(primals).__name__} and "
+        raise ArgumentTypeError(f"jvp expects primals and tangents as tuples, got {type(primals).__name__} and "
                         f"{type(tangents).__name__}")
     if tree_flatten(primals)[1] != tree_flatten(tangents)[1]:
-        raise ValueError("jvp: primals and tangents must have the same structure, got "
+        raise ArgumentValueError("jvp: primals and tangents must have the same structure, got "
                          f"{tree_flatten(primals)[1]} and {tree_flatten(tangents)[1]}")
 
     def transformed(primals, tangents):
-        value_only, aux_box = value_without_aux(fn, has_aux)
+        value_only, aux_box = value_without_aux(fn, has_aux, "jvp")
         out, tangent_out = trace_jvp(value_only, primals, tangents)
         return (out, tangent_out, aux_box[0]) if has_aux else (out, tangent_out)
 

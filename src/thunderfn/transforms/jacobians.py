@@ -20,10 +20,12 @@ import optree
 import torch
 
 from thunderfn.core.pytree import NAMESPACE, tree_flatten, tree_unflatten
+from thunderfn.core.decorators import with_options_form
 from thunderfn.errors import TransformArgumentError
 from thunderfn.transforms.autodiff import _compiled, positional_argnums, vjp
 from thunderfn.transforms.forward_mode import jvp
 from thunderfn.transforms.vmap import vmap
+from thunderfn.errors import ArgumentTypeError
 
 
 def _argnums(fn, argnums, args, transform: str) -> tuple[tuple, bool]:
@@ -38,14 +40,16 @@ def _argnums(fn, argnums, args, transform: str) -> tuple[tuple, bool]:
     return nums, single
 
 
-def _with_primals(fn, args, nums):
-    """fn as a function of the differentiated arguments only, the others fixed at args."""
+def _with_primals(fn, args, kwargs, nums):
+    """fn as a function of the differentiated arguments only, the others fixed at args and kwargs
+    (keyword arguments are passed through and never differentiated, as in JAX)."""
     def of_primals(*primals):
         full = list(args)
         for i, p in zip(nums, primals):
             full[i] = p
-        return fn(*full)
+        return fn(*full, **kwargs)
 
+    of_primals.__name__ = getattr(fn, "__name__", "fn")  # errors name the user's function
     return of_primals
 
 
@@ -72,12 +76,13 @@ def _blocks(batched, sizes):
     return out
 
 
+@with_options_form
 def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | None = None):
     """The Jacobian of fn with respect to the positional args in argnums, by reverse mode."""
-    def jacobian(*args):
+    def jacobian(*args, **kwargs):
         nums, single = _argnums(fn, argnums, args, "jacrev")
         primals = tuple(args[i] for i in nums)
-        result = vjp(_with_primals(fn, args, nums), *primals, has_aux=has_aux)
+        result = vjp(_with_primals(fn, args, kwargs, nums), *primals, has_aux=has_aux)
         out, vjp_fn = result[0], result[1]
         out_leaves, out_spec = tree_flatten(out)
         sizes = [o.numel() for o in out_leaves]
@@ -105,14 +110,15 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
     return _compiled(jacobian)  # called with tensors: traced once per signature and cached, as grad is
 
 
+@with_options_form
 def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
     """The Jacobian of fn with respect to the positional args in argnums, by forward mode."""
-    def jacobian(*args):
+    def jacobian(*args, **kwargs):
         nums, single = _argnums(fn, argnums, args, "jacfwd")
         primals = tuple(args[i] for i in nums)
         flat, spec = tree_flatten(primals)
         sizes = [p.numel() for p in flat]
-        of_primals = _with_primals(fn, args, nums)
+        of_primals = _with_primals(fn, args, kwargs, nums)
 
         def push_forward(*tangent_leaves):
             return jvp(of_primals, primals, tree_unflatten(spec, list(tangent_leaves)), has_aux=has_aux)
@@ -134,6 +140,7 @@ def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
     return _compiled(jacobian)
 
 
+@with_options_form
 def hessian(fn: Callable, argnums=0):
     """The Hessian of a scalar-output fn: jacfwd of jacrev (forward-over-reverse)."""
     return jacfwd(jacrev(fn, argnums), argnums)

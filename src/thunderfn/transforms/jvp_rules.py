@@ -33,6 +33,7 @@ from thunderfn.transforms import vjp_rules as _vjp
 from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' VJP rules, read below)
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, Residuals  # noqa: F401  (re-exported for the driver)
 from thunderfn.transforms.vjp_rules import _is_float_tensor, _expand, _reduced, _scalar, _sq, _to, _zeros, refuse_complex
+from thunderfn.errors import ArgumentTypeError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +54,7 @@ def unregister_jvp(symbol_id) -> None:
 def register_jvp(symbol_id, rule: JVPRule) -> None:
     """The one way a rule enters jvp_rules: defjvp and the rules derived from VJP rules wrap it."""
     if not isinstance(rule, JVPRule):
-        raise TypeError(f"the JVP rule for {_vjp._rule_name(symbol_id)} must be a JVPRule, got {type(rule).__name__}")
+        raise ArgumentTypeError(f"the JVP rule for {_vjp._rule_name(symbol_id)} must be a JVPRule, got {type(rule).__name__}")
     jvp_rules[symbol_id] = rule
 
 

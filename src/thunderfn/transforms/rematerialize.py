@@ -55,6 +55,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import write_back
 from thunderfn.core.trace import stamp_provenance
 from thunderfn.prims import PrimIDs
+from thunderfn.errors import InternalError
 
 # Primitives that are cheap to compute again, besides the elementwise ones and the
 # shape/view ones: a dtype conversion, and factories (which read nothing).
@@ -215,7 +216,7 @@ def min_cut_saved(values: Iterable[str], cost: dict, arguments: dict, fixed: set
             graph.add_edge(node_in(v) + 1, sink, infinite)
     flow = graph.max_flow(source, sink)
     if flow >= infinite:  # cannot happen for a well-formed problem (saving all of `needed` is finite)
-        raise ValueError("no finite cut: a needed value depends on something that can be neither saved nor recomputed")
+        raise InternalError("no finite cut: a needed value depends on something that can be neither saved nor recomputed")
     sink_side = graph.reaching(sink)
     saved = [v for v in values if node_in(v) not in sink_side and node_in(v) + 1 in sink_side]
     # the values to recompute: what `needed` reads, back to the saved values
@@ -225,7 +226,7 @@ def min_cut_saved(values: Iterable[str], cost: dict, arguments: dict, fixed: set
         if v in recomputed:
             continue
         if v in fixed or v not in arguments:
-            raise AssertionError(f"min cut left {v} neither saved nor recomputable")  # a bug here, never a wrong answer
+            raise InternalError(f"min cut left {v} neither saved nor recomputable")  # a bug here, never a wrong answer
         recomputed.add(v)
         stack.extend(a for a in arguments[v] if a not in saved_set)
     return Cut(saved, recomputed, sum(cost[v] for v in saved))

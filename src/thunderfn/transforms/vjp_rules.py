@@ -36,6 +36,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import PrimIDs, canonical_dim, canonical_dims
 from thunderfn.prims import torch_impls as prim_impls
 from thunderfn.torch.opaque import torch_vjp_op
+from thunderfn.errors import ArgumentTypeError, UnsupportedOpError
 
 
 class Residuals(NamedTuple):
@@ -63,7 +64,7 @@ vjp_rules: dict = {}  # symbol id -> VJPRule; entered only through register_vjp
 def register_vjp(symbol_id, rule: VJPRule) -> None:
     """The one way a rule enters vjp_rules: defvjp and custom_vjp's defvjp wrap it."""
     if not isinstance(rule, VJPRule):
-        raise TypeError(f"the VJP rule for {_rule_name(symbol_id)} must be a VJPRule, got {type(rule).__name__}")
+        raise ArgumentTypeError(f"the VJP rule for {_rule_name(symbol_id)} must be a VJPRule, got {type(rule).__name__}")
     vjp_rules[symbol_id] = rule
 
 
@@ -107,7 +108,7 @@ def refuse_complex(mode: str, prim_id, args) -> None:
     """Complex autodiff needs a conjugate prim we do not have: refused, naming the prim."""
     for a in _tensors_in(args):
         if a.dtype.is_complex:
-            raise NotImplementedError(
+            raise UnsupportedOpError(
                 f"{mode} of {_rule_name(prim_id)}: complex tensors are not supported "
                 f"(got an argument of dtype {a.dtype}); differentiate real and imaginary parts separately")
 

@@ -29,6 +29,7 @@ from thunderfn.torch.nn import _legacy_reduction, _repeat_heads
 from thunderfn.torch import distributed as collectives
 from thunderfn.torch.reductions import _correction, _var_args
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, defvjp
+from thunderfn.errors import InternalError, UnsupportedOpError
 
 
 def _to(x, dtype):
@@ -366,7 +367,7 @@ def _embedding_vjp(res, g):  # eager's kernel: the rows of g summed into zeros a
     indices, weight = res.args[:2]
     if _argument(res, 2, "padding_idx", None) is not None or _argument(res, 5, "scale_grad_by_freq", False):
         # embedding's decomposition refuses these when weight is differentiated (torch runs it, opaque)
-        raise RuntimeError("internal: embedding's rule met padding_idx or scale_grad_by_freq")
+        raise InternalError("internal: embedding's rule met padding_idx or scale_grad_by_freq")
     return (None, ltorch.embedding_dense_backward(g, indices, weight.shape[0], -1, False)) + (None,) * (len(res.args) - 2)
 
 
@@ -608,7 +609,7 @@ defvjp(ltorch.min.id)(lambda res, g: _max_or_min_vjp(res, g, clang.gt))
 # -- collectives (torch/distributed.py): each one's transpose, over the same group --------------
 def _synchronous(res, name: str) -> None:
     if _argument(res, 3 if name != "all_gather" else 2, "async_op", False):
-        raise NotImplementedError(f"vjp of an asynchronous {name}: differentiate its synchronous form (the async "
+        raise UnsupportedOpError(f"vjp of an asynchronous {name}: differentiate its synchronous form (the async "
                                   f"ones are placed by transforms, after differentiation)")
 
 
@@ -623,7 +624,7 @@ def _all_gather_vjp(res, g):
 def _reduce_scatter_vjp(res, g):
     _synchronous(res, "reduce_scatter")
     if _argument(res, 1, "op", "sum") != "sum":
-        raise NotImplementedError("vjp of a reduce_scatter other than a sum")
+        raise UnsupportedOpError("vjp of a reduce_scatter other than a sum")
     return (collectives.all_gather(g, _argument(res, 2, "gid", 0)),) + (None,) * (len(res.args) - 1)
 
 
@@ -631,7 +632,7 @@ def _reduce_scatter_vjp(res, g):
 def _all_reduce_vjp(res, g):
     _synchronous(res, "all_reduce")
     if _argument(res, 1, "op", "sum") != "sum":
-        raise NotImplementedError("vjp of an all_reduce other than a sum")
+        raise UnsupportedOpError("vjp of an all_reduce other than a sum")
     return (collectives.all_reduce(g, "sum", _argument(res, 2, "gid", 0)),) + (None,) * (len(res.args) - 1)
 
 

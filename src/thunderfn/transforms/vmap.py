@@ -29,8 +29,9 @@ from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.symbol import Symbol
+from thunderfn.core.decorators import with_options_form
 from thunderfn.core.trace import up_to_date
-from thunderfn.errors import BatchingError
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError, BatchingError
 from thunderfn import clang, prims
 from thunderfn.torch import inplace
 from thunderfn.torch.opaque import _meta, named_functorch_refusal
@@ -171,10 +172,15 @@ class _Batching:
         elif "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
             self._opaque(bsym)
         else:
+            if bsym.sym.executor is not None:  # an executor's operator: its rule comes with its registration
+                how = (f"register it with one: {bsym.sym.executor.name}.register_operator('{bsym.sym.name}', ..., "
+                       f"batch_rule=rule)")
+            else:
+                how = "register one with @thunderfn.transforms.batching_rules.defbatch(symbol id)"
             raise BatchingError(
                 f"vmap cannot batch {bsym.sym.print_name}: it has no batching rule, no decomposition and no torch "
-                f"function to batch with torch.func.vmap. Give it a rule (thunderfn.transforms.batching_rules."
-                f"defbatch), or call it outside the vmapped function.")
+                f"function to batch with torch.func.vmap. Give it a rule (docs/vmap.md): {how}; or call it outside "
+                f"the vmapped function.")
 
     def _apply(self, rule, bsym) -> bool:
         """Batch bsym by its rule; False where the rule declines the call (NotImplemented)."""
@@ -333,8 +339,7 @@ def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, random
         examples.append(example)
     names = [x.name if isinstance(x, TensorProxy) else None for x in examples]  # an in-place op renames
     with trc.scope() as recorded:
-        # a constant output: the same for every example
-        out = as_trace_constants(up_to_date(fn(*tree_unflatten(spec, examples))))
+        out = as_trace_constants(up_to_date(fn(*tree_unflatten(spec, examples))))  # a constant output: the same for every example
     for bsym in recorded:
         batching.run(bsym)
     updates = _in_place_updates(trc, batching, leaves, examples, names, in_dims)
@@ -383,14 +388,14 @@ def _prefix_leaves(spec, tree, path: str, what: str) -> list:
                 for keys, leaf in zip(*tree_flatten_with_path(tree)[:2])]
     if isinstance(spec, (tuple, list)) and not hasattr(spec, "_fields"):
         if not isinstance(tree, (tuple, list)) or len(tree) != len(spec):
-            raise ValueError(f"vmap: {what} at {path or 'the top level'} is a {type(spec).__name__} of {len(spec)} "
+            raise ArgumentValueError(f"vmap: {what} at {path or 'the top level'} is a {type(spec).__name__} of {len(spec)} "
                              f"entries, which does not match the value there "
                              f"({type(tree).__name__}{f' of {len(tree)}' if isinstance(tree, (tuple, list)) else ''}); "
                              f"give one entry per element, or one int/None for all of it")
         return [x for i, (s, t) in enumerate(zip(spec, tree)) for x in _prefix_leaves(s, t, f"{path}[{i}]", what)]
     if isinstance(spec, dict):
         if not isinstance(tree, dict) or set(tree) != set(spec):
-            raise ValueError(f"vmap: {what} at {path or 'the top level'} is a dict with keys {sorted(map(repr, spec))}, "
+            raise ArgumentValueError(f"vmap: {what} at {path or 'the top level'} is a dict with keys {sorted(map(repr, spec))}, "
                              f"which does not match the value there ({type(tree).__name__}"
                              f"{f' with keys {sorted(map(repr, tree))}' if isinstance(tree, dict) else ''})")
         try:  # the order optree flattens a dict in
@@ -398,7 +403,7 @@ def _prefix_leaves(spec, tree, path: str, what: str) -> list:
         except TypeError:
             keys = list(spec)
         return [x for k in keys for x in _prefix_leaves(spec[k], tree[k], f"{path}[{k!r}]", what)]
-    raise TypeError(f"vmap: {what} at {path or 'the top level'} must be an int, None, or a tuple/list/dict of "
+    raise ArgumentTypeError(f"vmap: {what} at {path or 'the top level'} must be an int, None, or a tuple/list/dict of "
                     f"them matching the value's structure, got {spec!r}")
 
 
@@ -407,7 +412,7 @@ def _in_dims(in_axes, args: tuple) -> tuple[list, int]:
     if isinstance(in_axes, list):
         in_axes = tuple(in_axes)
     if isinstance(in_axes, tuple) and len(in_axes) != len(args):
-        raise ValueError(f"vmap: in_axes is a tuple of {len(in_axes)} entries but the function was called with "
+        raise ArgumentValueError(f"vmap: in_axes is a tuple of {len(in_axes)} entries but the function was called with "
                          f"{len(args)} positional arguments; give one entry per positional argument")
     spec = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
     dims, sizes = [], []
@@ -416,20 +421,20 @@ def _in_dims(in_axes, args: tuple) -> tuple[list, int]:
             dims.append(None)
             continue
         if not isinstance(leaf, TensorProxy):
-            raise ValueError(f"vmap: in_axes gives {path} the batch dim {axis}, but it is a {type(leaf).__name__}, "
+            raise ArgumentValueError(f"vmap: in_axes gives {path} the batch dim {axis}, but it is a {type(leaf).__name__}, "
                              f"not a tensor; only tensors can be batched: give it in_axes None")
         if not -leaf.ndim <= axis < leaf.ndim:
-            raise ValueError(f"vmap: in_axes gives {path} the batch dim {axis}, out of range for a tensor of "
+            raise ArgumentValueError(f"vmap: in_axes gives {path} the batch dim {axis}, out of range for a tensor of "
                              f"{leaf.ndim} dims (shape {tuple(leaf.shape)})")
         d = axis % leaf.ndim
         dims.append(d)
         sizes.append((path, leaf.shape[d]))
     if not sizes:
-        raise ValueError("vmap: no input is batched: in_axes is None for every tensor (or there are no tensor "
+        raise ArgumentValueError("vmap: no input is batched: in_axes is None for every tensor (or there are no tensor "
                          "inputs); give at least one tensor argument a batch dim")
     for path, size in sizes[1:]:
         if size != sizes[0][1]:
-            raise ValueError(f"vmap: inconsistent batch sizes: {sizes[0][0]} has {sizes[0][1]} along its batch dim "
+            raise ArgumentValueError(f"vmap: inconsistent batch sizes: {sizes[0][0]} has {sizes[0][1]} along its batch dim "
                              f"but {path} has {size}")
     return dims, sizes[0][1]
 
@@ -440,17 +445,17 @@ def _output(leaf, out_axis, path: str, batch_size: int):
     if not isinstance(leaf, BatchedValue):
         if out_axis is None:
             return leaf
-        raise ValueError(f"vmap: out_axes gives the output {path} the batch dim {out_axis}, but it is a "
+        raise ArgumentValueError(f"vmap: out_axes gives the output {path} the batch dim {out_axis}, but it is a "
                          f"{type(leaf).__name__}, not a tensor; give it out_axes None")
     value, dim = leaf.value, leaf.dim
     if out_axis is None:
         if dim is not None:
-            raise ValueError(f"vmap: out_axes is None for the output {path}, but it differs between examples "
+            raise ArgumentValueError(f"vmap: out_axes is None for the output {path}, but it differs between examples "
                              f"(it is batched); give it an int out_axes")
         return value
     rank = value.ndim + (dim is None)
     if not -rank <= out_axis < rank:
-        raise ValueError(f"vmap: out_axes gives the output {path} the batch dim {out_axis}, out of range for its "
+        raise ArgumentValueError(f"vmap: out_axes gives the output {path} the batch dim {out_axis}, out of range for its "
                          f"{rank} dims (with the batch dim)")
     axis = out_axis % rank
     if dim is None:  # the same for every example: repeated along the batch dim (an expand, no copy)
@@ -459,6 +464,7 @@ def _output(leaf, out_axis, path: str, batch_size: int):
     return move_batch_dim(value, dim, axis)
 
 
+@with_options_form
 def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chunk_size=None):
     """fn mapped over a batch dimension of its inputs, as one batched computation (no loop).
 
@@ -474,9 +480,9 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
     batch at once), or the number of examples batched together: the batch is split into chunks,
     each batched as one program, and the outputs concatenated, bounding peak memory."""
     if randomness not in RANDOMNESS:
-        raise ValueError(f"vmap: randomness must be one of {RANDOMNESS}, got {randomness!r}")
+        raise ArgumentValueError(f"vmap: randomness must be one of {RANDOMNESS}, got {randomness!r}")
     if chunk_size is not None and not (isinstance(chunk_size, int) and chunk_size > 0):
-        raise ValueError(f"vmap: chunk_size must be None or a positive int, got {chunk_size!r}")
+        raise ArgumentValueError(f"vmap: chunk_size must be None or a positive int, got {chunk_size!r}")
     name = getattr(fn, "__name__", "fn")
 
     def batched(fn, args, dims, batch_size, chunked=False):
