@@ -192,17 +192,18 @@ def _track_views(func, args, kwargs, out, identities: dict) -> None:
     outs = [o for o in tree_leaves(out) if isinstance(o, TensorProxy)]
     facts = source.alias.facts if source.alias is not None else ()
     if short in _VIEW_OR_COPY:
-        is_view, fact = _view_in_eager(func, args, kwargs, root, steps)
+        is_view, layout_facts = _view_in_eager(func, args, kwargs, root, steps)
         if is_view is None:  # an intermediate's layout, which tracing does not know
             for o in outs:
                 if o is not source and o is not root and id(o) not in tracked:
                     o.alias = Alias(base=root, made_by=torch_name(func), seen=_alias(root).version,
                                     layout_dependent=True)
             return
-        facts += fact
+        facts += layout_facts
         if not is_view:  # eager copies
             for o in outs:
-                o.alias = Alias(copy_of=root, seen=_alias(root).version, facts=facts)
+                if id(o) not in tracked:
+                    o.alias = Alias(copy_of=root, seen=_alias(root).version, facts=facts)
             return
     for index, o in enumerate(outs):
         if o is source or o is root or id(o) in tracked:
@@ -236,7 +237,7 @@ def _root_and_steps(source: TensorProxy):
 
 def _view_in_eager(func, args, kwargs, root, steps) -> tuple:
     """(whether func(*args), a view op that copies when strides forbid a view or x.contiguous(),
-    returns in eager a view of root or root itself; the layout fact that says so). Decided on a
+    returns in eager a view of root or root itself; the layout facts that say so). Decided on a
     meta tensor laid out as the input or captured tensor root stands for, replaying the view steps
     to args[0]; the fact is relied on (`_rely`) only where the answer changes a result. (None, None)
     when root is a value the traced code computed, whose layout tracing does not know."""
@@ -377,9 +378,9 @@ def _track_identity(func, args, kwargs, out: TensorProxy, source: TensorProxy) -
         None, torch.preserve_format)
     facts = source.alias.facts if source.alias is not None else ()
     if not exact and args and args[0] is source:  # x.contiguous(): x itself or a copy, as x's layout says
-        is_view, fact = _view_in_eager(func, args, kwargs, root, steps)
+        is_view, layout_facts = _view_in_eager(func, args, kwargs, root, steps)
         if is_view is not None:
-            facts += fact
+            facts += layout_facts
             if not is_view:
                 out.alias = Alias(copy_of=root, seen=_alias(root).version, facts=facts)
                 return
