@@ -42,6 +42,7 @@ from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 from thunderfn.transforms.autodiff import as_trace_constants, trace_vjp
+from thunderfn.transforms.custom_vjp import refuse_traced_nondiff_args
 from thunderfn.transforms.jvp_rules import JVPRule, register_jvp, unregister_jvp
 from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, unregister_vjp
 
@@ -119,11 +120,8 @@ class custom_jvp:
             return self.fn(*args)
         if self.jvp is None:
             raise ArgumentTypeError(f"custom_jvp '{self._name}' has no rule yet: call {self._name}.defjvp(jvp) first")
-        for i in self.nondiff_argnums:
-            if i < len(args) and any(isinstance(x, TensorProxy) for x in tree_leaves(args[i])):
-                raise ArgumentTypeError(f"custom_jvp '{self._name}': argument {i} is in nondiff_argnums but holds a traced "
-                                f"tensor. nondiff_argnums are for values derivatives never flow to (Python numbers, "
-                                f"functions); pass tensors as ordinary arguments.")
+        refuse_traced_nondiff_args("custom_jvp", self._name, self.nondiff_argnums, args,
+                                   "pass tensors as ordinary arguments")
         leaves, spec = tree_flatten(as_trace_constants(args))  # a captured tensor: a value the rule gets a zero tangent for
         return self._symbol_for(spec)(*leaves)
 

@@ -37,6 +37,16 @@ from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 _ids = itertools.count()
 
 
+def refuse_traced_nondiff_args(kind: str, name: str, nondiff_argnums, args, instead: str) -> None:
+    """nondiff_argnums hold values no derivative flows to (Python numbers, functions): a traced
+    tensor among them would silently get no gradient, so it is refused (custom_vjp, custom_jvp)."""
+    for i in nondiff_argnums:
+        if i < len(args) and any(isinstance(x, TensorProxy) for x in tree_leaves(args[i])):
+            raise ArgumentTypeError(f"{kind} '{name}': argument {i} is in nondiff_argnums but holds a traced tensor. "
+                                    f"nondiff_argnums are for values derivatives never flow to (Python numbers, "
+                                    f"functions); {instead}.")
+
+
 class custom_vjp:
     """Give fn a hand-written vector-Jacobian product (see module docstring)."""
 
@@ -97,11 +107,8 @@ class custom_vjp:
             return self.fn(*args, **kwargs)
         if self._symbol is None:
             raise ArgumentTypeError(f"custom_vjp '{self._name}' has no rule yet: call {self._name}.defvjp(fwd, bwd) first")
-        for i in self.nondiff_argnums:
-            if i < len(args) and any(isinstance(x, TensorProxy) for x in tree_leaves(args[i])):
-                raise ArgumentTypeError(f"custom_vjp '{self._name}': argument {i} is in nondiff_argnums but holds a traced "
-                                f"tensor. nondiff_argnums are for values gradients never flow to (Python numbers, "
-                                f"functions); pass tensors as ordinary arguments (bwd may return None for them).")
+        refuse_traced_nondiff_args("custom_vjp", self._name, self.nondiff_argnums, args,
+                                   "pass tensors as ordinary arguments (bwd may return None for them)")
         out, _residuals = self._symbol(*args, **kwargs)
         return out
 
