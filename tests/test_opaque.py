@@ -89,3 +89,28 @@ def test_symbol_without_a_decomposition_for_a_variant_falls_back_to_the_opaque_o
     finally:
         handlers.pop(torch.trace, None)
         ltorch.symbols.pop("trace_for_test", None)
+
+
+def test_the_forward_reads_the_generator_state_only_before_opaque_ops_that_may_draw():
+    # the backward runs an opaque op again (torch.func): only one that may draw needs the state it first ran
+    # from; reading it before a convolution would cost every training step a copy of the generator state
+    conv = torch.nn.Conv2d(3, 4, 3)
+    x = torch.randn(2, 3, 8, 8)
+    jitted = tf.jit(conv)
+    jitted(x).sum().backward()
+    assert "get_rng_state" not in str(tf.last_traces(jitted)[-1])
+    expected = torch.autograd.grad(conv(x).sum(), conv.weight)[0]
+    torch.testing.assert_close(conv.weight.grad, expected)
+
+
+def test_an_opaque_op_that_draws_inside_gets_the_gradient_of_its_own_draw():
+    def f(x):
+        return (torch.nn.functional.gumbel_softmax(x, tau=0.5) * torch.arange(5.0)).sum()
+
+    x = torch.randn(3, 5, requires_grad=True)
+    torch.manual_seed(0)
+    tf.jit(f)(x).backward()
+    got, x.grad = x.grad, None
+    torch.manual_seed(0)
+    f(x).backward()
+    torch.testing.assert_close(got, x.grad)

@@ -57,6 +57,30 @@ def is_random(fn) -> bool:
     return short not in _DETERMINISTIC and (any(w in short for w in _RANDOM_WORDS) or _aten_seeded(short))
 
 
+_may_draw: dict = {}
+
+
+def may_draw(fn) -> bool:
+    """Whether running fn again could draw other random numbers than its first run drew, so an
+    opaque op's backward (which runs it again under torch.func) must restore the generator state
+    first. Random by is_random, or an aten operator that may draw through a dropout argument (lstm,
+    the attention kernels); a function with no aten operator of its name (a Python composite such as
+    F.gumbel_softmax, which draws inside) may draw. Only an aten operator that neither is seeded nor
+    takes a dropout argument (convolution, embedding, the norms) is known not to."""
+    known = _may_draw.get(fn)
+    if known is None:
+        short = torch_name(fn).rsplit(".", 1)[-1].rsplit("::", 1)[-1]
+        packet = getattr(torch.ops.aten, short, None) if short.isidentifier() else None
+        if is_random(fn) or not isinstance(packet, torch._ops.OpOverloadPacket):
+            known = True
+        else:
+            overloads = [getattr(packet, o) for o in packet.overloads()]
+            known = any(torch.Tag.nondeterministic_seeded in o.tags or any("dropout" in a.name for a in o._schema.arguments)
+                        for o in overloads)
+        _may_draw[fn] = known
+    return known
+
+
 def _printed(fn) -> str | None:
     """The torch name when it resolves back to fn (so generated code can call it by that name)."""
     name = torch_name(fn)

@@ -39,7 +39,7 @@ from thunderfn.core.decorators import with_options_form
 from thunderfn.core.trace import up_to_date
 from thunderfn.errors import (ArgumentRuntimeError, ArgumentTypeError, CotangentError, InternalError, OutputError,
                               SavedTensorModifiedError, TransformArgumentError, UnsupportedOpError)
-from thunderfn.torch.opaque import autograd_connections, torch_vjp_op
+from thunderfn.torch.opaque import autograd_connections, may_draw, torch_vjp_op
 from thunderfn.torch.random import get_rng_state_op
 from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' rules join vjp_rules)
 from thunderfn.transforms.executor_lower import claiming_rule, claims_whole, trace_in_place_of
@@ -240,8 +240,8 @@ def wants_gradient(x) -> bool:
 
 
 def _record_forward(region: list, primal_names: list, tape: _Tape) -> list:
-    """The forward as emitted: for each opaque op that depends on the inputs, the generator
-    state is read just before it."""
+    """The forward as emitted: for each opaque op that depends on the inputs and may draw random
+    numbers, the generator state is read just before it."""
     trc = context.current_trace()
     tape.active = {name for name in primal_names if name is not None}
     tape.seen = set(tape.active)
@@ -250,7 +250,8 @@ def _record_forward(region: list, primal_names: list, tape: _Tape) -> list:
         tape.seen.update(p.name for p in bsym.proxies())
         if any(isinstance(a, TensorProxy) and a.name in tape.active for a in bsym.flat_args()):
             tape.active.update(o.name for o in bsym.proxy_outs())
-            if "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
+            # the backward runs an opaque op again: from the generator state it first ran with, where it may draw
+            if "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None and may_draw(bsym.sym.torch_fn):
                 with trc.scope() as state_read:
                     tape.rng_state[id(bsym)] = get_rng_state_op()
                 emitted.extend(state_read)
