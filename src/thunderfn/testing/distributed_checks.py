@@ -8,6 +8,7 @@ process on the whole batch.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import tempfile
 import traceback
@@ -175,6 +176,13 @@ def _worker(rank: int, world: int, scenario: str, rendezvous: str, results: str)
     except Exception:
         result = {"exception": traceback.format_exc()}
     finally:
+        # every rank's collectives done before any rank tears gloo down: a rank that leaves while its peer's
+        # gloo threads still talk to it can abort the peer ("terminate called without an active exception",
+        # seen once under load); bounded, since a rank whose scenario raised may never arrive
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+        except RuntimeError:
+            pass
         dist.destroy_process_group()
     torch.save(result, os.path.join(results, f"rank{rank}.pt"))
 
