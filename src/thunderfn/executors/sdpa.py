@@ -257,21 +257,22 @@ def sdpa_checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
         return False  # the efficient kernel's alignment (torch pads otherwise; we let torch do that)
     if not _mask_ok(attn_mask, query, key):
         return False
-    return device == "cpu" or cuda_kernel(query, key, value, attn_mask, is_causal, scale, enable_gqa) is not None
+    return device == "cpu" or cuda_kernel(query, key, value, attn_mask, is_causal) is not None
 
 
-def cuda_kernel(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False) -> str | None:
+def cuda_kernel(query, key, value, attn_mask=None, is_causal=False) -> str | None:
     """The kernel pair ("flash", "cudnn", "efficient") that differentiates this CUDA call: the one of
     the backend torch would pick under the current switches; None where torch would run math attention."""
     requires_grad = any(t.requires_grad for t in (query, key, value))
-    choice = sdpa_choice.torch_choice(query, key, value, attn_mask, is_causal, scale, enable_gqa, requires_grad)
-    if choice == sdp_state.FLASH and attn_mask is None and all(hasattr(aten, n) for n in _FLASH_OPS):
+    choice = sdpa_choice.torch_choice(query, key, value, attn_mask, is_causal, requires_grad)
+    # (the flash and cuDNN gates take no mask; an older torch may lack the kernels' aten ops)
+    if choice == sdp_state.FLASH and all(hasattr(aten, n) for n in _FLASH_OPS):
         return "flash"
-    if choice == sdp_state.CUDNN and attn_mask is None and all(hasattr(aten, n) for n in cudnn_sdpa._OPS):
+    if choice == sdp_state.CUDNN and all(hasattr(aten, n) for n in cudnn_sdpa._OPS):
         return "cudnn"
     if choice == sdp_state.EFFICIENT:
         return "efficient"
-    return None  # math, or no backend: torch runs the call (sdpa_choice's cuDNN gate takes no mask)
+    return None  # math, or no backend: torch runs the call
 
 
 # -- the mask's gradient, which no fused kernel returns ----------------------------------------------
@@ -347,7 +348,7 @@ class SDPAExecutor(OperatorExecutor):
     def _pair(self, query, key, value, attn_mask, is_causal, scale, enable_gqa):
         if query.device.type == "cpu":
             return self.pairs["flash_cpu"]
-        kernel = cuda_kernel(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+        kernel = cuda_kernel(query, key, value, attn_mask, is_causal)
         # None only where the checker saw inputs not requiring grad and torch would differentiate with
         # math attention; the memory-efficient pair takes every call the checker accepts on CUDA
         return self.pairs[f"{kernel or 'efficient'}_cuda"]

@@ -29,12 +29,10 @@ _HALF = (torch.float16, torch.bfloat16)
 _EMULATED_CAPABILITY = (9, 0)
 
 
-def torch_choice(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
-                 requires_grad=False) -> int:
+def torch_choice(query, key, value, attn_mask=None, is_causal=False, requires_grad=False) -> int:
     """The backend (sdp_state's values, NONE) torch would run this dropout-free call on, by the gates
     below for the GPU the query is on (a CUDA proxy on a machine without one: capability 9.0)."""
-    return emulated_choice(query, key, value, attn_mask, is_causal, enable_gqa, device_capability(query.device),
-                           requires_grad)
+    return emulated_choice(query, key, value, attn_mask, is_causal, device_capability(query.device), requires_grad)
 
 
 def device_capability(device) -> tuple:
@@ -80,10 +78,10 @@ def cudnn_gate(query, key, value, attn_mask, is_causal, capability, requires_gra
 _GATES = {FLASH: flash_gate, EFFICIENT: efficient_gate, CUDNN: cudnn_gate, MATH: lambda *a: True}
 
 
-def emulated_choice(query, key, value, attn_mask=None, is_causal=False, enable_gqa=False,
-                    capability=_EMULATED_CAPABILITY, requires_grad=False) -> int:
+def emulated_choice(query, key, value, attn_mask=None, is_causal=False, capability=_EMULATED_CAPABILITY,
+                    requires_grad=False) -> int:
     """torch's choice by the switches and the gates above: the first enabled backend in
-    priority order whose gate passes."""
+    priority order whose gate passes. (Grouped-query calls never pass: every gate wants equal heads.)"""
     on = sdp_state.enabled()
     capability = tuple(capability)
     for backend in sdp_state.priority():

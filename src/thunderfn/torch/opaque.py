@@ -42,18 +42,25 @@ def _aten_seeded(short: str) -> bool:
     (torch._standard_gamma, torch.binomial, torch._sample_dirichlet: no telling word in their names),
     other than through a dropout argument (lstm, gru, the attention kernels draw only when it is
     nonzero, which a name cannot tell; under vmap, torch.func.vmap checks those calls itself)."""
-    packet = getattr(torch.ops.aten, short, None) if short.isidentifier() else None
-    if not isinstance(packet, torch._ops.OpOverloadPacket):
-        return False
-    overloads = [getattr(packet, o) for o in packet.overloads()]
+    overloads = _aten_overloads(short) or []
     return any(torch.Tag.nondeterministic_seeded in o.tags for o in overloads) and not any(
         a.name in ("dropout", "dropout_p") for o in overloads for a in o._schema.arguments)
+
+
+def _aten_overloads(short: str) -> list | None:
+    """The overloads of the aten operator named `short` (None: there is none)."""
+    packet = getattr(torch.ops.aten, short, None) if short.isidentifier() else None
+    return [getattr(packet, o) for o in packet.overloads()] if isinstance(packet, torch._ops.OpOverloadPacket) else None
+
+
+def _short_name(fn) -> str:
+    return torch_name(fn).rsplit(".", 1)[-1].rsplit("::", 1)[-1]  # torch.nn.functional.x, torch._ops.aten.aten::x
 
 
 def is_random(fn) -> bool:
     """Whether fn draws from (or reseeds) torch's generator: its name says so, or torch's
     aten operator of that name is tagged nondeterministic_seeded."""
-    short = torch_name(fn).rsplit(".", 1)[-1].rsplit("::", 1)[-1]  # torch.nn.functional.x, torch._ops.aten.aten::x
+    short = _short_name(fn)
     return short not in _DETERMINISTIC and (any(w in short for w in _RANDOM_WORDS) or _aten_seeded(short))
 
 
@@ -69,14 +76,10 @@ def may_draw(fn) -> bool:
     takes a dropout argument (convolution, embedding, the norms) is known not to."""
     known = _may_draw.get(fn)
     if known is None:
-        short = torch_name(fn).rsplit(".", 1)[-1].rsplit("::", 1)[-1]
-        packet = getattr(torch.ops.aten, short, None) if short.isidentifier() else None
-        if is_random(fn) or not isinstance(packet, torch._ops.OpOverloadPacket):
-            known = True
-        else:
-            overloads = [getattr(packet, o) for o in packet.overloads()]
-            known = any(torch.Tag.nondeterministic_seeded in o.tags or any("dropout" in a.name for a in o._schema.arguments)
-                        for o in overloads)
+        overloads = _aten_overloads(_short_name(fn))
+        known = is_random(fn) or overloads is None or any(
+            torch.Tag.nondeterministic_seeded in o.tags or any("dropout" in a.name for a in o._schema.arguments)
+            for o in overloads)
         _may_draw[fn] = known
     return known
 

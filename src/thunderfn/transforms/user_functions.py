@@ -486,14 +486,10 @@ def _bound_positionally(cls, args, kwargs):
     new-style Function; an old-style forward takes ctx first)."""
     if not kwargs:
         return tuple(args), {}
-    signature = inspect.signature(cls.forward)
-    if not _has_setup_context(cls):
-        bound = signature.bind(None, *args, **kwargs)
-        bound.apply_defaults()
-        return tuple(bound.args[1:]), dict(bound.kwargs)
-    bound = signature.bind(*args, **kwargs)
+    ctx = () if _has_setup_context(cls) else (None,)  # a stand-in for an old-style forward's ctx
+    bound = inspect.signature(cls.forward).bind(*ctx, *args, **kwargs)
     bound.apply_defaults()
-    return tuple(bound.args), dict(bound.kwargs)
+    return tuple(bound.args[len(ctx):]), dict(bound.kwargs)
 
 
 _installed = torch.autograd.Function.__dict__["apply"].__func__
