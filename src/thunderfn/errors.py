@@ -118,9 +118,10 @@ class TransformArgumentError(InvalidArgumentError, RuntimeError, TypeError):
 
 
 class SavedTensorModifiedError(ThunderFnError, RuntimeError):
-    """A value a vjp_fn needs (an input, an output, a captured tensor) was modified in place
-    after tf.vjp ran, so the pullback would differentiate at a point the forward never saw;
-    torch.autograd's version check raises for the same reason."""
+    """A value a backward needs (an input, an output, a captured tensor) was modified in place
+    after the forward saved it (after tf.vjp ran; before loss.backward() of a jitted function), so
+    the gradient would be taken at a point the forward never saw; torch.autograd's version check
+    raises for the same reason."""
 
 
 class ForwardModeError(ThunderFnError, TypeError):

@@ -37,7 +37,7 @@ from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unfl
 from thunderfn.core.statements import set_grad_enabled
 from thunderfn.core.decorators import with_options_form
 from thunderfn.core.trace import up_to_date
-from thunderfn.errors import (ArgumentRuntimeError, ArgumentTypeError, CotangentError, InternalError, OutputError,
+from thunderfn.errors import (ArgumentTypeError, CotangentError, InternalError, OutputError,
                               SavedTensorModifiedError, TransformArgumentError, UnsupportedOpError)
 from thunderfn.torch.opaque import autograd_connections, may_draw, torch_vjp_op
 from thunderfn.torch.random import get_rng_state_op
@@ -324,15 +324,11 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
         """cotangents: a pytree with out's structure; None (or anything, for an integer or boolean
         output) where an output gets no cotangent. Every output keeps its position."""
         out_leaves, out_spec = tree_flatten(out)
-        try:
-            ct_leaves = out_spec.flatten_up_to(cotangents)
-        except (ValueError, TypeError) as e:
-            raise CotangentError(f"the cotangents must have the structure of the function's output, {out_spec}, with "
-                            f"None for outputs that get none; got {tree_flatten(cotangents)[1]} ({e})") from None
+        ct_leaves = cotangent_leaves(out_spec, cotangents)
         cts: dict = {}
         for i, (o, c) in enumerate(zip(out_leaves, ct_leaves)):
             if isinstance(o, TensorProxy) and c is not None:
-                _check_cotangent(c, o, i, len(out_leaves))
+                check_cotangent(c, tuple(o.shape), i, len(out_leaves))
                 _accumulate(cts, o, c)
         _backwards.tapes.append(tape)
         try:
@@ -346,17 +342,26 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
     return out, backward
 
 
-def _check_cotangent(ct, out: TensorProxy, position: int, n_outputs: int) -> None:
-    """A caller's cotangent for one output: a tensor of that output's shape (torch.autograd's
-    'Mismatch in shape' as a RuntimeError; a non-tensor as a TypeError)."""
+def cotangent_leaves(out_spec, cotangents) -> list:
+    """The caller's cotangents, one leaf per output leaf (None where an output gets none)."""
+    try:
+        return out_spec.flatten_up_to(cotangents)
+    except (ValueError, TypeError) as e:
+        raise CotangentError(f"the cotangents must have the structure of the function's output, {out_spec}, with "
+                             f"None for outputs that get none; got {tree_flatten(cotangents)[1]} ({e})") from None
+
+
+def check_cotangent(ct, shape: tuple, position: int, n_outputs: int) -> None:
+    """A caller's cotangent for one output: a tensor (traced or real) of that output's shape
+    (torch.autograd's 'Mismatch in shape' is a RuntimeError; CotangentError is one, and a TypeError)."""
     which = "the output" if n_outputs == 1 else f"output {position} (counting the output's tensors in order)"
-    if not isinstance(ct, TensorProxy):
-        raise ArgumentTypeError(f"vjp: the cotangent for {which} must be a tensor of its shape {tuple(out.shape)}, "
-                                f"got {type(ct).__name__}. Pass None where an output gets no cotangent.")
-    if tuple(ct.shape) != tuple(out.shape):
-        raise ArgumentRuntimeError(f"vjp: the cotangent for {which} has shape {tuple(ct.shape)}, but that output has "
-                                   f"shape {tuple(out.shape)}: give each output a cotangent of its own shape (for "
-                                   f"the gradient of out.sum(), torch.ones_like(out)).")
+    if not isinstance(ct, (TensorProxy, torch.Tensor)):
+        raise CotangentError(f"vjp: the cotangent for {which} must be a tensor of its shape {shape}, "
+                             f"got {type(ct).__name__}. Pass None where an output gets no cotangent.")
+    if tuple(ct.shape) != tuple(shape):
+        raise CotangentError(f"vjp: the cotangent for {which} has shape {tuple(ct.shape)}, but that output has "
+                             f"shape {tuple(shape)}: give each output a cotangent of its own shape (for "
+                             f"the gradient of out.sum(), torch.ones_like(out)).")
 
 
 # -- opaque torch ops: differentiated by torch when the compiled function runs ------------------
@@ -620,11 +625,7 @@ class _Pullback:
 
     def _checked(self, cotangents) -> list:
         """One cotangent per differentiable output (zeros for None), of its shape and dtype."""
-        try:
-            leaves = self.out_spec.flatten_up_to(cotangents)
-        except (ValueError, TypeError) as e:
-            raise CotangentError(f"the cotangents must have the structure of the function's output, {self.out_spec}, with "
-                            f"None for outputs that get none; got {tree_flatten(cotangents)[1]} ({e})") from None
+        leaves = cotangent_leaves(self.out_spec, cotangents)
         cts = []
         for i, (c, meta) in enumerate(zip(leaves, self.outputs)):
             if meta is None:
@@ -632,9 +633,7 @@ class _Pullback:
             shape, dtype, device = meta
             if c is None:
                 c = torch.zeros(shape, dtype=dtype, device=device)
-            if tuple(c.shape) != shape:
-                raise CotangentError(f"vjp_fn: the cotangent of output {i} has shape {tuple(c.shape)}, but that output has "
-                                 f"shape {shape}; pass one cotangent of each output's shape (None for zeros)")
+            check_cotangent(c, shape, i, len(leaves))
             cts.append(c if c.dtype == dtype else c.to(dtype))
         return cts
 

@@ -37,7 +37,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled, write_back
 from thunderfn.core.trace import Trace, stamp_provenance, tracing
-from thunderfn.errors import ArgumentRuntimeError, UnsupportedOpError
+from thunderfn.errors import ArgumentRuntimeError, SavedTensorModifiedError, UnsupportedOpError
 from thunderfn.torch.opaque import autograd_connections
 from thunderfn.transforms.autodiff import trace_vjp
 from thunderfn.transforms.user_functions import differentiable_outputs
@@ -270,7 +270,7 @@ class ThunderFunction(torch.autograd.Function):
         compiled = ctx.compiled
         if compiled.modified_residuals:
             p = compiled.modified_residuals[0]
-            raise ArgumentRuntimeError(
+            raise SavedTensorModifiedError(
                 f"one of the variables needed for gradient computation has been modified by an inplace operation: "
                 f"[{p.type_string()}] ({p.origin[0] if p.origin else p.name}) was written in place by the jitted "
                 f"'{compiled.fn_name}' after a differentiable operation used it, as eager's autograd reports.")
