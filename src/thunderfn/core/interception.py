@@ -76,11 +76,6 @@ def register_handler(torch_fn, handler) -> None:
         handlers.setdefault(inner, handler)
 
 
-def handler_for(func):
-    """The handler that traces func (None: func has none)."""
-    return lookup(handlers, func)
-
-
 # Callables that are made at run time and cannot be listed in `handlers` beforehand (a user's
 # torch.library custom op): finder(func) -> a handler for func, or None (transforms/user_functions.py)
 handler_finders: list = []
@@ -92,7 +87,7 @@ def register_handler_finder(finder) -> None:
 
 def find_handler(func):
     """The handler tracing uses for func: its entry in `handlers` (through wrappers), or what a finder gives."""
-    handler = handler_for(func)
+    handler = lookup(handlers, func)
     if handler is None:
         for finder in handler_finders:
             handler = finder(func)
