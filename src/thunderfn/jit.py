@@ -582,7 +582,8 @@ def _fn_name(fn) -> str:
 @with_options_form
 def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = True, static_argnums=(),
         static_argnames=(), disable_torch_autograd: bool = False, cache_size_limit: int = DEFAULT_CACHE_SIZE_LIMIT,
-        rematerialize: bool | None = None, cache_dir: str | os.PathLike | None = None, distributed=None):
+        rematerialize: bool | None = None, cache_dir: str | os.PathLike | None = None, distributed=None,
+        fusion: bool | str = False):
     """Compile fn: trace it per input signature, lower it onto `executors` (priority
     order; None means the defaults; the torch executor is appended unless
     `fallback=False`), generate Python once and cache it.
@@ -605,13 +606,20 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     fusion executors' kernel caches); None means $THUNDERFN_CACHE_DIR, or nowhere on disk
     for thunderfn's own code (core/artifacts.py).
 
+    `fusion`: True adds the Inductor fusion executor after `executors` (the defaults when None), so it
+    compiles the regions nothing before it claims; a fusion executor's name ("nvfuser") picks that one.
+
     `distributed`: set by tf.distributed.ddp and fsdp on the modules they prepare (how the
     module's gradients are synchronized: transforms/ddp.py, transforms/fsdp.py), not by users.
     """
     if rematerialize is not None and not isinstance(rematerialize, bool):  # checked here: a module jits its forward later
         raise ArgumentValueError(f"rematerialize must be None (on where a fusion executor is used), True or False, "
                          f"got {rematerialize!r}")
-    if executors is not None:  # one executor alone ("inductor") is a list of one
+    if fusion is not False:
+        if not isinstance(fusion, (bool, str, FusionExecutor)):
+            raise ArgumentTypeError(f"fusion must be True, False or a fusion executor's name, got {type(fusion).__name__}")
+        executors = _executors.with_fusion(executors, fusion)
+    elif executors is not None:  # one executor alone ("inductor") is a list of one
         executors = _executors.as_priority_list(executors)
     if isinstance(fn, torch.nn.Module):
         return jit_module(fn, jit, executors=executors, fallback=fallback, disable_torch_autograd=disable_torch_autograd,

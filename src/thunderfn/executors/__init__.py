@@ -17,7 +17,7 @@ from thunderfn.errors import ArgumentTypeError, ArgumentValueError, ExecutorErro
 __all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Region", "Lowering", "TraceInPlace", "RunAsOperator", "RunAsItself",
            "RunWithTorch", "register_executor", "get_executor", "get_default_executors", "set_default_executors",
            "add_operator_executor", "add_default_executor", "remove_default_executor", "get_all_executors",
-           "deregister_executor", "available", "resolve", "torch_ex", "torch_prims_ex"]
+           "deregister_executor", "available", "resolve", "with_fusion", "torch_ex", "torch_prims_ex"]
 
 _registry: dict[str, Executor] = {}
 _defaults: list[Executor] = []
@@ -123,6 +123,18 @@ def resolve(executors, *, fallback: bool = True) -> tuple[Executor, ...]:
     if fallback and torch_ex not in chosen:
         chosen.append(torch_ex)
     return tuple(chosen)
+
+
+def with_fusion(executors, fusion) -> list:
+    """jit's `fusion=` option: the priority list `executors` (None: the defaults) with a fusion executor
+    last before the torch fallback. fusion=True picks Inductor, which runs on CPU and CUDA (nvFuser
+    is named explicitly: fusion="nvfuser"); a name or an Executor picks that one."""
+    chosen = get_default_executors() if executors is None else [resolve_one(e) for e in as_priority_list(executors)]
+    fusion_ex = resolve_one("inductor" if fusion is True else fusion)
+    if not isinstance(fusion_ex, FusionExecutor):
+        raise ArgumentValueError(f"fusion= takes True or a fusion executor (inductor, nvfuser, ...), got '{fusion_ex.name}', "
+                                 f"which is not one; list it in executors= instead")
+    return [*(e for e in chosen if e is not fusion_ex), fusion_ex]
 
 
 def available() -> dict[str, str]:

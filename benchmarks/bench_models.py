@@ -1,0 +1,378 @@
+"""Real models, one training step each: eager, thunderfn.jit, thunderfn.jit with fusion and
+torch.compile side by side, in one process per model, with interleaved timing rounds.
+
+    python benchmarks/bench_models.py                       # every model whose library is installed
+    python benchmarks/bench_models.py --models hf-gpt2 timm-resnet18 --no-compile
+    python benchmarks/bench_models.py --list                # the models, and why any are skipped
+
+Each model is a tiny random configuration from transformers, timm, torchvision or litgpt, in
+training mode with dropout off (so every variant computes the same numbers), fp32, batch 2. A step
+is: gradients cleared, forward, loss, backward. Per model and variant it prints
+- `ok` or the largest gradient error against eager (loss and every parameter's gradient),
+- aten ops per step: top-level aten calls that torch.profiler records during one step (what the
+  Python code and torch.autograd ask the dispatcher for; the CPU analogue of kernel launches),
+- the median step time and its ratio to eager's in the same rounds,
+- the first step's time (tracing and compiling included; after earlier variants warmed up
+  Inductor in the same process unless `--cold`),
+- peak memory of a step (CPU: the running sum of the profiler's allocation events).
+Benchmarks are not tests: nothing here asserts a time.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import thunderfn as tf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_training import cpu_peak_bytes  # noqa: E402  (a sibling script, not a package)
+
+BATCH = 2
+_DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout",
+                   "activation_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout",
+                   "dropout_rate", "hidden_dropout", "classifier_dropout", "embed_dropout", "layerdrop",
+                   "encoder_layerdrop", "decoder_layerdrop", "resid_dropout", "emb_dropout")
+
+
+def _without_dropout(config):
+    for field in _DROPOUT_FIELDS:
+        if isinstance(getattr(config, field, None), float):
+            setattr(config, field, 0.0)
+    for sub in ("text_config", "vision_config"):
+        if getattr(config, sub, None) is not None:
+            _without_dropout(getattr(config, sub))
+    return config
+
+
+def _hf_causal_lm(config_name, **fields):
+    def build():
+        import transformers
+        config = _without_dropout(getattr(transformers, config_name)(**fields))
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        ids = torch.randint(0, config.vocab_size, (BATCH, 32))
+        return model, lambda m: m(input_ids=ids, labels=ids).loss
+    return build
+
+
+_LLAMA_LIKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
+
+
+def _hf_masked_lm(config_name):
+    def build():
+        import transformers
+        config = _without_dropout(getattr(transformers, config_name)(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=256,
+            max_position_embeddings=130))
+        model = transformers.AutoModelForMaskedLM.from_config(config)
+        ids = torch.randint(3, config.vocab_size, (BATCH, 32))
+        return model, lambda m: m(input_ids=ids, labels=ids).loss
+    return build
+
+
+def _hf_t5():
+    import transformers
+    config = _without_dropout(transformers.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                                                    vocab_size=256))
+    model = transformers.T5ForConditionalGeneration(config)
+    ids, labels = torch.randint(0, 256, (BATCH, 32)), torch.randint(0, 256, (BATCH, 16))
+    return model, lambda m: m(input_ids=ids, labels=labels).loss
+
+
+def _hf_vit():
+    import transformers
+    config = _without_dropout(transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                     intermediate_size=128, image_size=32, patch_size=8,
+                                                     num_labels=10))
+    model = transformers.ViTForImageClassification(config)
+    pixels, labels = torch.randn(BATCH, 3, 32, 32), torch.randint(0, 10, (BATCH,))
+    return model, lambda m: m(pixel_values=pixels, labels=labels).loss
+
+
+def _hf_whisper():
+    import transformers
+    config = _without_dropout(transformers.WhisperConfig(
+        d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16, max_source_positions=32,
+        max_target_positions=32, vocab_size=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=1))
+    model = transformers.WhisperForConditionalGeneration(config)
+    features, labels = torch.randn(BATCH, 16, 64), torch.randint(3, 256, (BATCH, 16))
+    return model, lambda m: m(input_features=features, labels=labels).loss
+
+
+def _hf_clip():
+    import transformers
+    config = _without_dropout(transformers.CLIPConfig(
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         vocab_size=256, max_position_embeddings=32),
+        vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=32, patch_size=8),
+        projection_dim=32))
+    model = transformers.CLIPModel(config)
+    ids, pixels = torch.randint(0, 256, (BATCH, 16)), torch.randn(BATCH, 3, 32, 32)
+    return model, lambda m: m(input_ids=ids, pixel_values=pixels, return_loss=True).loss
+
+
+def _classifier(make_model, image_size):
+    def build():
+        model = make_model()
+        images, labels = torch.randn(BATCH, 3, image_size, image_size), torch.randint(0, 10, (BATCH,))
+        return model, lambda m: F.cross_entropy(m(images), labels)
+    return build
+
+
+def _timm(name, image_size=64, **kwargs):
+    def make():
+        import timm
+        return timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
+    return _classifier(make, image_size)
+
+
+def _import_torchvision():
+    """torchvision 0.28's compiled extension is a CUDA build that a CPU torch cannot load; its Python
+    side then fails at import, registering fakes for `torchvision::nms` and `qnms`. Declaring those two
+    schemas first lets the models (pure torch) import; detection ops stay unavailable."""
+    try:
+        import torchvision
+    except ImportError:
+        return None
+    except RuntimeError:
+        library = torch.library.Library("torchvision", "DEF")  # noqa: F841  (kept alive by the registry)
+        library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        for name in [m for m in sys.modules if m.startswith("torchvision")]:
+            del sys.modules[name]
+        import torchvision
+    return torchvision
+
+
+def _torchvision(make_model, image_size=64):
+    return _classifier(lambda: make_model(_import_torchvision().models), image_size)
+
+
+def _litgpt(name, **fields):
+    def build():
+        from litgpt import GPT, Config
+        config = Config.from_name(name, n_layer=2, n_embd=64, n_head=4, block_size=64, padded_vocab_size=256,
+                                  vocab_size=256, **fields)
+        model = GPT(config)
+        ids = torch.randint(0, 256, (BATCH, 32))
+        return model, lambda m: F.cross_entropy(m(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+    return build
+
+
+MODELS = {
+    "hf-bert": ("transformers", _hf_masked_lm("BertConfig")),
+    "hf-roberta": ("transformers", _hf_masked_lm("RobertaConfig")),
+    "hf-t5": ("transformers", _hf_t5),
+    "hf-gpt2": ("transformers", _hf_causal_lm("GPT2Config", n_layer=2, n_embd=64, n_head=4, vocab_size=256,
+                                              n_positions=128)),
+    "hf-gpt-neox": ("transformers", _hf_causal_lm("GPTNeoXConfig", hidden_size=64, intermediate_size=128,
+                                                  num_hidden_layers=2, num_attention_heads=4, vocab_size=256,
+                                                  max_position_embeddings=128)),
+    "hf-llama": ("transformers", _hf_causal_lm("LlamaConfig", **_LLAMA_LIKE)),
+    "hf-mistral": ("transformers", _hf_causal_lm("MistralConfig", **_LLAMA_LIKE)),
+    "hf-qwen2": ("transformers", _hf_causal_lm("Qwen2Config", **_LLAMA_LIKE)),
+    "hf-phi3": ("transformers", _hf_causal_lm("Phi3Config", **_LLAMA_LIKE, pad_token_id=0)),
+    "hf-gemma": ("transformers", _hf_causal_lm("GemmaConfig", **_LLAMA_LIKE, head_dim=16)),
+    "hf-vit": ("transformers", _hf_vit),
+    "hf-whisper": ("transformers", _hf_whisper),
+    "hf-clip": ("transformers", _hf_clip),
+    "timm-resnet18": ("timm", _timm("resnet18")),
+    "timm-convnext": ("timm", _timm("convnext_atto")),
+    "timm-vit": ("timm", _timm("vit_tiny_patch16_224", image_size=32, img_size=32, patch_size=8, depth=2)),
+    "timm-swin": ("timm", _timm("swin_tiny_patch4_window7_224", image_size=56, img_size=56, window_size=7,
+                                depths=(2, 2), num_heads=(2, 4), embed_dim=32)),
+    "timm-mobilenetv3": ("timm", _timm("mobilenetv3_small_050")),
+    "torchvision-resnet18": ("torchvision", _torchvision(lambda models: models.resnet18(num_classes=10))),
+    "torchvision-vit": ("torchvision", _torchvision(lambda models: models.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128, num_classes=10),
+        image_size=32)),
+    "torchvision-swin": ("torchvision", _torchvision(lambda models: models.SwinTransformer(
+        patch_size=[4, 4], embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=[4, 4], num_classes=10))),
+    "litgpt-pythia": ("litgpt", _litgpt("pythia-14m")),
+    "litgpt-llama": ("litgpt", _litgpt("Llama-3.2-1B", n_query_groups=2, intermediate_size=128)),
+}
+
+
+def why_unavailable(library: str) -> str | None:
+    try:
+        _import_torchvision()  # timm, litgpt and transformers import it when it is installed
+        __import__(library)
+    except Exception as e:  # an optional library: any failure to import means its models are skipped
+        return f"{library} is not importable ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
+    return None
+
+
+def _fusion(model):
+    return tf.jit(model, fusion=True)
+
+
+VARIANTS = {
+    "eager": lambda model: model,
+    "thunderfn": tf.jit,
+    "thunderfn+fusion": _fusion,
+    "torch.compile": torch.compile,
+}
+
+
+def step(model, loss_of):
+    for p in model.parameters():
+        p.grad = None
+    loss = loss_of(model)
+    loss.backward()
+    return loss
+
+
+def aten_ops_per_step(model, loss_of) -> int:
+    """Top-level aten calls in one step: profiler events named aten::* with no aten::* event above
+    them (an aten op's own internal calls are not counted; autograd's backward nodes are not ops)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step(model, loss_of)
+    count = 0
+    for event in prof.events():
+        if not event.name.startswith("aten::"):
+            continue
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        count += parent is None
+    return count
+
+
+def gradient_error(model, reference) -> float:
+    """The largest |g - g_eager| / (1 + |g_eager|) over every parameter's gradient."""
+    worst = 0.0
+    for (name, p), ref in zip(model.named_parameters(), reference):
+        if (p.grad is None) != (ref is None):
+            return float("inf")
+        if ref is not None:
+            worst = max(worst, ((p.grad - ref).abs() / (1 + ref.abs())).max().item())
+    return worst
+
+
+def run_one(name: str, variants: list[str], rounds: int, calls: int) -> list[dict]:
+    why_unavailable(MODELS[name][0])  # imports the library, torchvision made importable first
+    torch.manual_seed(0)
+    base, loss_of = MODELS[name][1]()
+    base.train()
+    rows, ready, reference = [], {}, None
+    for variant in variants:
+        row = {"model": name, "variant": variant}
+        rows.append(row)
+        try:
+            model = VARIANTS[variant](copy.deepcopy(base))
+            start = time.perf_counter()
+            loss = step(model, loss_of)  # the first step: tracing and compiling included
+            row["first_s"] = time.perf_counter() - start
+            grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+            if reference is None:
+                reference = grads
+            row["error"] = gradient_error(model, reference)
+            row["loss"] = loss.item()
+            row["ops"] = aten_ops_per_step(model, loss_of)
+            row["peak_mib"] = cpu_peak_bytes(lambda: step(model, loss_of)) / 2**20
+            ready[variant] = model
+        except Exception as e:  # a variant that cannot run a model is reported, not fatal
+            row["failure"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:100] if str(e).strip() else ''}"
+    times = {variant: [] for variant in ready}
+    for _ in range(rounds):
+        for variant, model in ready.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                step(model, loss_of)
+            times[variant].append((time.perf_counter() - start) / calls * 1e3)
+    for row in rows:
+        if row["variant"] in times:
+            row["step_ms"] = statistics.median(times[row["variant"]])
+    return rows
+
+
+def _format(rows: list[dict]) -> list[tuple]:
+    eager = {r["model"]: r for r in rows if r["variant"] == "eager" and "step_ms" in r}
+    out = []
+    for r in rows:
+        if "failure" in r:
+            out.append((r["model"], r["variant"], "FAILED", r["failure"], "", "", "", ""))
+            continue
+        if "step_ms" not in r:
+            out.append((r["model"], r["variant"], "skipped", r.get("skip", ""), "", "", "", ""))
+            continue
+        e = eager.get(r["model"])
+        correct = "ok" if r["error"] <= 1e-4 else f"err {r['error']:.1e}"
+        out.append((r["model"], r["variant"], correct, f"{r['ops']}" + (f" ({r['ops'] / e['ops']:.2f}x)" if e else ""),
+                    f"{r['step_ms']:.2f}", f"{r['step_ms'] / e['step_ms']:.2f}x" if e else "",
+                    f"{r['first_s']:.2f}", f"{r['peak_mib']:.1f}"))
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=None, help="model names (default: all); see --list")
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--no-compile", action="store_true", help="leave out torch.compile and thunderfn+fusion")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cold", action="store_true", help="give each model's process an empty Inductor cache")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # run one model in this process, print JSON rows
+    args = parser.parse_args(argv)
+    variants = [v for v in args.variants if not (args.no_compile and v in ("torch.compile", "thunderfn+fusion"))]
+    torch.set_num_threads(args.threads)
+    if args.one:
+        print(json.dumps(run_one(args.one, variants, args.rounds, args.calls)))
+        return
+    names = args.models or list(MODELS)
+    unknown = sorted(set(names) - set(MODELS))
+    if unknown:
+        parser.error(f"unknown models {unknown}; choose from {list(MODELS)}")
+    skipped = {lib: why_unavailable(lib) for lib in {MODELS[n][0] for n in names}}
+    if args.list:
+        for n in names:
+            print(f"{n:24} {skipped[MODELS[n][0]] or 'available'}")
+        return
+    print(f"torch {torch.__version__}, thunderfn {tf.__version__}, intra-op threads {args.threads}, "
+          f"batch {BATCH}, fp32, CPU")
+    rows = []
+    for n in names:
+        if skipped[MODELS[n][0]]:
+            rows.append({"model": n, "variant": "all", "skip": skipped[MODELS[n][0]]})
+            continue
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, **({"TORCHINDUCTOR_CACHE_DIR": cache} if args.cold else {}))
+            command = [sys.executable, __file__, "--one", n, "--rounds", str(args.rounds), "--calls", str(args.calls),
+                       "--threads", str(args.threads), "--variants", *variants]
+            done = subprocess.run(command, env=env, capture_output=True, text=True)
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1][:100]
+            rows.append({"model": n, "variant": "all", "failure": f"process failed: {last}"})
+        else:
+            rows.extend(json.loads(lines[-1]))
+        print(f"  done {n}", file=sys.stderr, flush=True)
+    header = ("model", "variant", "vs eager", "aten ops/step", "step ms", "step ratio", "first step s", "peak MiB")
+    table = _format(rows)
+    widths = [max(len(str(r[i])) for r in table + [header]) for i in range(len(header))]
+    for row in [header] + table:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
