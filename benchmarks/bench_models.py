@@ -14,7 +14,9 @@ is: gradients cleared, forward, loss, backward. Per model and variant it prints
 - the median step time and its ratio to eager's in the same rounds,
 - the first step's time (tracing and compiling included; after earlier variants warmed up
   Inductor in the same process unless `--cold`),
-- peak memory of a step (CPU: the running sum of the profiler's allocation events).
+- peak memory of a step (CUDA: torch's peak counter; CPU: the running sum of the profiler's
+  allocation events).
+On a machine with CUDA the models run there (`--device cpu` to stay on the CPU).
 Benchmarks are not tests: nothing here asserts a time.
 """
 from __future__ import annotations
@@ -263,11 +265,27 @@ def gradient_error(model, reference) -> float:
     return worst
 
 
-def run_one(name: str, variants: list[str], rounds: int, calls: int) -> list[dict]:
+def _synchronized(device):
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def peak_mib(model, loss_of, device) -> float:
+    if device.type != "cuda":
+        return cpu_peak_bytes(lambda: step(model, loss_of)) / 2**20
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step(model, loss_of)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
+def run_one(name: str, variants: list[str], rounds: int, calls: int, device: torch.device) -> list[dict]:
     why_unavailable(MODELS[name][0])  # imports the library, torchvision made importable first
     torch.manual_seed(0)
-    base, loss_of = MODELS[name][1]()
+    with device:  # parameters and inputs made on the device
+        base, loss_of = MODELS[name][1]()
     base.train()
+    sync = _synchronized(device)
     rows, ready, reference = [], {}, None
     for variant in variants:
         row = {"model": name, "variant": variant}
@@ -276,6 +294,7 @@ def run_one(name: str, variants: list[str], rounds: int, calls: int) -> list[dic
             model = VARIANTS[variant](copy.deepcopy(base))
             start = time.perf_counter()
             loss = step(model, loss_of)  # the first step: tracing and compiling included
+            sync()
             row["first_s"] = time.perf_counter() - start
             grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
             if reference is None:
@@ -283,7 +302,7 @@ def run_one(name: str, variants: list[str], rounds: int, calls: int) -> list[dic
             row["error"] = gradient_error(model, reference)
             row["loss"] = loss.item()
             row["ops"] = aten_ops_per_step(model, loss_of)
-            row["peak_mib"] = cpu_peak_bytes(lambda: step(model, loss_of)) / 2**20
+            row["peak_mib"] = peak_mib(model, loss_of, device)
             ready[variant] = model
         except Exception as e:  # a variant that cannot run a model is reported, not fatal
             row["failure"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:100] if str(e).strip() else ''}"
@@ -293,6 +312,7 @@ def run_one(name: str, variants: list[str], rounds: int, calls: int) -> list[dic
             start = time.perf_counter()
             for _ in range(calls):
                 step(model, loss_of)
+            sync()
             times[variant].append((time.perf_counter() - start) / calls * 1e3)
     for row in rows:
         if row["variant"] in times:
@@ -327,6 +347,7 @@ def main(argv=None):
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cold", action="store_true", help="give each model's process an empty Inductor cache")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # run one model in this process, print JSON rows
@@ -334,7 +355,7 @@ def main(argv=None):
     variants = [v for v in args.variants if not (args.no_compile and v in ("torch.compile", "thunderfn+fusion"))]
     torch.set_num_threads(args.threads)
     if args.one:
-        print(json.dumps(run_one(args.one, variants, args.rounds, args.calls)))
+        print(json.dumps(run_one(args.one, variants, args.rounds, args.calls, torch.device(args.device))))
         return
     names = args.models or list(MODELS)
     unknown = sorted(set(names) - set(MODELS))
@@ -345,8 +366,8 @@ def main(argv=None):
         for n in names:
             print(f"{n:24} {skipped[MODELS[n][0]] or 'available'}")
         return
-    print(f"torch {torch.__version__}, thunderfn {tf.__version__}, intra-op threads {args.threads}, "
-          f"batch {BATCH}, fp32, CPU")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, intra-op threads {args.threads}"
+    print(f"torch {torch.__version__}, thunderfn {tf.__version__}, {where}, batch {BATCH}, fp32")
     rows = []
     for n in names:
         if skipped[MODELS[n][0]]:
@@ -355,7 +376,7 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as cache:
             env = dict(os.environ, **({"TORCHINDUCTOR_CACHE_DIR": cache} if args.cold else {}))
             command = [sys.executable, __file__, "--one", n, "--rounds", str(args.rounds), "--calls", str(args.calls),
-                       "--threads", str(args.threads), "--variants", *variants]
+                       "--threads", str(args.threads), "--device", args.device, "--variants", *variants]
             done = subprocess.run(command, env=env, capture_output=True, text=True)
         lines = done.stdout.strip().splitlines()
         if done.returncode != 0 or not lines:
