@@ -320,6 +320,30 @@ def run_one(name: str, variants: list[str], rounds: int, calls: int, device: tor
     return rows
 
 
+COMPILING = ("thunderfn+fusion", "torch.compile")
+
+
+def first_step_only(name: str, variant: str, device: torch.device) -> dict:
+    why_unavailable(MODELS[name][0])
+    torch.manual_seed(0)
+    with device:
+        base, loss_of = MODELS[name][1]()
+    model = VARIANTS[variant](base.train())
+    start = time.perf_counter()
+    step(model, loss_of)
+    _synchronized(device)()
+    return {"first_s": time.perf_counter() - start}
+
+
+def _run_json(command, env=None):
+    """The JSON a --one process printed last, or why it failed."""
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return "process failed: " + (done.stderr.strip().splitlines() or ["no output"])[-1][:100]
+    return json.loads(lines[-1])
+
+
 def _format(rows: list[dict]) -> list[tuple]:
     eager = {r["model"]: r for r in rows if r["variant"] == "eager" and "step_ms" in r}
     out = []
@@ -334,7 +358,9 @@ def _format(rows: list[dict]) -> list[tuple]:
         correct = "ok" if r["error"] <= 1e-4 else f"err {r['error']:.1e}"
         out.append((r["model"], r["variant"], correct, f"{r['ops']}" + (f" ({r['ops'] / e['ops']:.2f}x)" if e else ""),
                     f"{r['step_ms']:.2f}", f"{r['step_ms'] / e['step_ms']:.2f}x" if e else "",
-                    f"{r['first_s']:.2f}", f"{r['peak_mib']:.1f}"))
+                    f"{r['first_s']:.2f}" + (f" (cold {r['cold_first_s']:.1f})" if isinstance(r.get("cold_first_s"), float)
+                                             else f" ({r['cold_first_s']})" if "cold_first_s" in r else ""),
+                    f"{r['peak_mib']:.1f}"))
     return out
 
 
@@ -346,14 +372,20 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--cold", action="store_true", help="give each model's process an empty Inductor cache")
+    parser.add_argument("--cold", action="store_true",
+                        help="time the first step of thunderfn+fusion and torch.compile each in a new process with an "
+                             "empty Inductor cache (a cold compile, which a first step after other variants is not)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # run one model in this process, print JSON rows
+    parser.add_argument("--first-step-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     variants = [v for v in args.variants if not (args.no_compile and v in ("torch.compile", "thunderfn+fusion"))]
     torch.set_num_threads(args.threads)
+    if args.one and args.first_step_only:
+        print(json.dumps(first_step_only(args.one, variants[0], torch.device(args.device))))
+        return
     if args.one:
         print(json.dumps(run_one(args.one, variants, args.rounds, args.calls, torch.device(args.device))))
         return
@@ -373,17 +405,19 @@ def main(argv=None):
         if skipped[MODELS[n][0]]:
             rows.append({"model": n, "variant": "all", "skip": skipped[MODELS[n][0]]})
             continue
-        with tempfile.TemporaryDirectory() as cache:
-            env = dict(os.environ, **({"TORCHINDUCTOR_CACHE_DIR": cache} if args.cold else {}))
-            command = [sys.executable, __file__, "--one", n, "--rounds", str(args.rounds), "--calls", str(args.calls),
-                       "--threads", str(args.threads), "--device", args.device, "--variants", *variants]
-            done = subprocess.run(command, env=env, capture_output=True, text=True)
-        lines = done.stdout.strip().splitlines()
-        if done.returncode != 0 or not lines:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1][:100]
-            rows.append({"model": n, "variant": "all", "failure": f"process failed: {last}"})
-        else:
-            rows.extend(json.loads(lines[-1]))
+        common = ["--threads", str(args.threads), "--device", args.device]
+        done = _run_json([sys.executable, __file__, "--one", n, "--rounds", str(args.rounds), "--calls", str(args.calls),
+                          *common, "--variants", *variants])
+        if isinstance(done, str):
+            rows.append({"model": n, "variant": "all", "failure": done})
+            continue
+        rows.extend(done)
+        for row in done:
+            if args.cold and row["variant"] in COMPILING and "first_s" in row:
+                with tempfile.TemporaryDirectory() as cache:
+                    cold = _run_json([sys.executable, __file__, "--one", n, "--first-step-only", *common, "--variants",
+                                      row["variant"]], env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache))
+                row["cold_first_s"] = cold if isinstance(cold, str) else cold["first_s"]
         print(f"  done {n}", file=sys.stderr, flush=True)
     header = ("model", "variant", "vs eager", "aten ops/step", "step ms", "step ratio", "first step s", "peak MiB")
     table = _format(rows)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 import thunderfn as tf
 import thunderfn.torch as ltorch
 from thunderfn.executors import FusionExecutor, OperatorExecutor, inductor
+from thunderfn.examples.gpt import Block, GPTConfig
 from thunderfn.executors.fusion import CompiledCache
 from thunderfn.testing.fusion_checks import (INDUCTOR_OK, INDUCTOR_WHY, assert_falls_back_once,
                                              assert_training_step_matches_eager, needs_inductor)
@@ -142,6 +143,41 @@ def test_an_operator_executor_claim_splits_a_region():
     _, execution = run(f, torch.randn(3), torch.randn(3), executors=[ex, RunsRegionsWithTorch()])
     names = ops(execution)
     assert names == ["torchregions_fusion_0", "mul_kernel", "torchregions_fusion_1"]
+
+
+class AbsorbsTraceableOperators(RunsRegionsWithTorch):
+    absorbs_traceable_operators = True
+
+
+def _mul_kernel_executor(*, traceable):
+    ex = OperatorExecutor("mul_kernel_ex")
+    mul_kernel = ex.register_operator("mul_kernel", like=lambda a, b: a * b, fn=lambda a, b: a * b,
+                                      traceable=traceable)
+    ex.register_lowering(ltorch.mul, lower=mul_kernel)
+    return ex
+
+
+@pytest.mark.parametrize("traceable", [True, False])
+def test_a_traceable_operator_joins_a_region_only_where_the_fusion_executor_absorbs_them(traceable):
+    def f(x, y):
+        u = torch.cos(torch.exp(x))
+        return torch.tanh(torch.sin(u * y))
+
+    _, execution = run(f, torch.randn(3), torch.randn(3),
+                       executors=[_mul_kernel_executor(traceable=traceable), AbsorbsTraceableOperators()])
+    if traceable:  # the kernel is still the operator executor's: the region calls it
+        assert ops(execution) == ["torchregions_fusion_0"]
+        assert "mul_kernel" in regions_of_ops(execution)["torchregions_fusion_0"]
+    else:
+        assert ops(execution) == ["torchregions_fusion_0", "mul_kernel", "torchregions_fusion_1"]
+    _, execution = run(f, torch.randn(3), torch.randn(3),
+                       executors=[_mul_kernel_executor(traceable=True), RunsRegionsWithTorch()])
+    assert ops(execution) == ["torchregions_fusion_0", "mul_kernel", "torchregions_fusion_1"]
+
+
+def regions_of_ops(trace) -> dict:
+    """{region name: [short names of its fused ops]}."""
+    return {b.sym.name: [short(s) for s in b.subsymbols] for b in trace.bound_symbols if "_fusion_" in b.sym.name}
 
 
 def test_statements_random_draws_and_opaque_ops_stay_outside_regions():
@@ -286,6 +322,28 @@ def test_a_training_step_of_a_jitted_module_on_inductor_matches_eager_gradients(
         assert_training_step_matches_eager(model, jitted, torch.randn(5, 8), torch.randn(5, 4))
     assert "inductor_fusion_" in str(tf.last_traces(jitted)[-1])
     assert "inductor_fusion_" in str(tf.last_backward_traces(jitted)[-1])
+
+
+@needs_inductor
+def test_fusion_true_adds_inductor_after_the_defaults_and_attention_joins_its_regions():
+    """tf.jit(model, fusion=True): Inductor after the default executors (sdpa), whose attention kernels
+    its regions call, so a transformer block's forward and backward are one region each."""
+    torch.manual_seed(0)
+    model = Block(GPTConfig(n_embd=32, n_head=2, block_size=16))
+    jitted = tf.jit(model, fusion=True)
+    assert_training_step_matches_eager(model, jitted, torch.randn(2, 16, 32), torch.randn(2, 16, 32))
+    for trace in (tf.last_traces(jitted)[-1], tf.last_backward_traces(jitted)[-1]):
+        assert [b.sym.name for b in trace.bound_symbols if "_fusion_" in b.sym.name or "sdpa" in b.sym.name] == \
+            [next(b.sym.name for b in trace.bound_symbols if "inductor_fusion_" in b.sym.name)]
+        assert any("sdpa_flash_cpu" in short(s) for b in trace.bound_symbols if "_fusion_" in b.sym.name
+                   for s in b.subsymbols)
+
+
+def test_fusion_option_checks_its_value():
+    with pytest.raises(ValueError, match="not one"):
+        tf.jit(lambda x: x, fusion="sdpa")
+    with pytest.raises(TypeError, match="fusion must be"):
+        tf.jit(lambda x: x, fusion=1.5)
 
 
 def test_a_region_inductor_fails_on_runs_unfused_after_one_warning(monkeypatch):

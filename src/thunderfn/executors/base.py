@@ -57,7 +57,8 @@ class OperatorExecutor(Executor):
         self.batch_rules: dict[str, Callable] = {}  # operator name -> how tf.vmap batches it
 
     def register_operator(self, name: str, *, like: Callable | None = None, meta: Callable | None = None,
-                          fn: Callable, replace: bool = False, batch_rule: Callable | None = None) -> Symbol:
+                          fn: Callable, replace: bool = False, batch_rule: Callable | None = None,
+                          traceable: bool = False) -> Symbol:
         """A symbol that runs `fn` on real tensors. Exactly one of `like` or `meta` says what
         it returns: `like` is a function in torch or thunderfn's languages computing the same
         thing, traced for output metadata and differentiated in the operator's place; `meta`
@@ -65,7 +66,10 @@ class OperatorExecutor(Executor):
         registered for it (`register_lowering(operator, vjp=(fwd, bwd))`). `batch_rule(args,
         dims, kwargs, out) -> (output, out dims)`, with the conventions of
         thunderfn/transforms/batching_rules.py, is how tf.vmap batches the operator (it may
-        return NotImplemented for a call it does not handle)."""
+        return NotImplemented for a call it does not handle). `traceable`: fn is torch code
+        without side effects that a tracing compiler can follow (torch operators, no data-dependent
+        Python), so a fusion executor that calls such operators (Inductor) may run it inside a
+        region instead of ending the region at it."""
         check_identifier("an operator's", name)
         if (like is None) == (meta is None):
             raise ArgumentTypeError(f"register_operator('{name}'): give exactly one of like= or meta=")
@@ -74,7 +78,7 @@ class OperatorExecutor(Executor):
         if meta is None:
             meta = _meta_from_like(like)
         sym = Symbol(name, f"{self.name}.{name}", meta=meta, is_prim=True, print_name=name, namespace={name: fn},
-                     eager=fn, executor=self, like=like)
+                     eager=fn, executor=self, like=like, tags=frozenset({"traceable"} if traceable else ()))
         self.operators[name] = sym
         if batch_rule is not None:
             self.batch_rules[name] = batch_rule

@@ -11,7 +11,9 @@ this module is shared by every fusion executor (Inductor, nvFuser):
    write into inputs (`set_grad_enabled`, `set_default_dtype`, `write_back`,
    `inputs_do_not_alias`) and collectives are barriers: everything before one runs before it, everything
    after it after. Other effects (random draws, RNG state, value checks) keep their
-   order among themselves. None of them, nor opaque ops or aliases, is ever fused.
+   order among themselves. None of them, nor opaque ops or aliases, is ever fused. Another
+   executor's operators split regions, except those registered as traceable where the
+   fusion executor absorbs them (`absorbs_traceable_operators`: Inductor calls sdpa's kernels).
 2. Regions, grown by merging groups of fusible nodes: each producer into its consumers
    first, then groups that do not depend on each other (siblings), until nothing
    merges. A merge of A and B is legal only if no path leads from one to the other
@@ -91,6 +93,10 @@ class FusionExecutor(Executor):
     (`compile_region(region) -> callable(*region.inputs) -> sequence of region.outputs`)."""
 
     min_region_size = 2  # one op gains nothing from a fusing compiler, and costs a compile
+    # Whether regions may take in other executors' operators registered as traceable (sdpa's attention
+    # kernels): a compiler that traces torch code (Inductor) calls them as external kernels, so a
+    # transformer's forward is one region instead of one per stretch between attention calls.
+    absorbs_traceable_operators = False
 
     def can_fuse(self, bsym) -> bool:
         raise ArgumentNotImplementedError(f"{type(self).__name__} subclasses FusionExecutor but does not implement "
@@ -162,9 +168,16 @@ def runs_on_torch(bsym) -> bool:
     return isinstance(bsym.sym.executor, TorchExecutor) and bool(bsym.subsymbols)
 
 
+def absorbable(ex: FusionExecutor, bsym) -> bool:
+    """Whether bsym is another executor's operator that ex may call inside a region: one registered
+    as traceable (executors/base.py), where ex says its compiler calls such operators. The kernel
+    stays the one that executor chose; only the region boundary around it goes."""
+    return ex.absorbs_traceable_operators and "traceable" in bsym.sym.tags
+
+
 def fusion_candidate(ex: FusionExecutor, bsym) -> bool:
     outs = bsym.flat_outs()
-    return (runs_on_torch(bsym) and not has_effects(bsym) and bool(outs)
+    return ((runs_on_torch(bsym) or absorbable(ex, bsym)) and not has_effects(bsym) and bool(outs)
             and all(isinstance(o, TensorProxy) for o in outs) and ex.can_fuse(bsym))
 
 

@@ -51,6 +51,8 @@ class InductorExecutor(FusionExecutor):
     function. The first call then costs what an unfused one does instead of seconds, at the price
     of results that depend on timing (fused and unfused code round differently)."""
 
+    absorbs_traceable_operators = True  # attention kernels become Inductor's extern calls, as under torch.compile
+
     def __init__(self, name: str = "inductor", *, compile_in_background: bool = False):
         super().__init__(name, torch.__version__)
         self._availability = None

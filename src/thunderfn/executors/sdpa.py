@@ -317,7 +317,7 @@ class SDPAExecutor(OperatorExecutor):
 
     def __init__(self):
         super().__init__("sdpa", torch.__version__)
-        self.cpu = self.register_operator("sdpa_flash_cpu", meta=_out_meta, fn=sdpa_flash_cpu)
+        self.cpu = self.register_operator("sdpa_flash_cpu", meta=_out_meta, fn=sdpa_flash_cpu, traceable=True)
         self.cuda = self.register_operator("sdpa_fused_cuda", meta=_out_meta, fn=sdpa_fused_cuda)
         # the forward and backward of thunderfn's vjp, per kernel: vmap(grad(f)) folds the batch into their calls
         self.pairs = {}
@@ -327,9 +327,10 @@ class SDPAExecutor(OperatorExecutor):
                 ("flash_cuda", _flash_fwd_meta, sdpa_flash_cuda_fwd, sdpa_flash_cuda_bwd, 2),
                 ("cudnn_cuda", _cudnn_fwd_meta, sdpa_cudnn_cuda_fwd, sdpa_cudnn_cuda_bwd, 2)):
             names = f"sdpa_{kernel}_fwd", f"sdpa_{kernel}_bwd"
-            self.register_operator(names[0], meta=fwd_meta, fn=fwd,
+            # traceable: aten calls only, so Inductor regions call them as extern kernels (executors/fusion.py)
+            self.register_operator(names[0], meta=fwd_meta, fn=fwd, traceable=True,
                                    batch_rule=_batch_folded(self.operators, names[0], 3, 0, 2))
-            self.register_operator(names[1], meta=_bwd_meta, fn=bwd,
+            self.register_operator(names[1], meta=_bwd_meta, fn=bwd, traceable=True,
                                    batch_rule=_batch_folded(self.operators, names[1], 6, n_rng))
             self.pairs[kernel] = tuple(self.operators[n] for n in names)
         self.register_lowering(tnn.scaled_dot_product_attention, checker=sdpa_checker, lower=self.lower,
