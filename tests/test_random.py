@@ -19,6 +19,8 @@ RANDOM_FNS = {
     "dropout": lambda x: F.dropout(x, 0.4, training=True),
     "dropout_module": lambda x: torch.nn.Dropout(0.4).train()(x),
     "sdpa_dropout": lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None], dropout_p=0.3),
+    # stochastic depth as timm's DropPath writes it: a per-row mask drawn in place into new_empty
+    "stochastic_depth": lambda x: x * x.new_empty((x.shape[0], 1)).bernoulli_(0.6).div_(0.6),
     "unused_draw_still_consumed": lambda x: (torch.rand(5), x + torch.rand(3))[1],
 }
 
