@@ -4,6 +4,7 @@ gradients are eager's bit for bit, present where eager's are (None for an input 
 bias); second derivatives, vmap and jvp still work (through torch.func), and calls the rules do not cover
 still differentiate, through torch.func."""
 import collections
+import copy
 import re
 
 import pytest
@@ -248,3 +249,22 @@ def test_complex_convolution_differentiates_through_torch_func():
     fn = lambda x, w: F.conv1d(x, w).abs().sum()  # noqa: E731
     (_, grads), (_, expected) = _step(tf.jit(fn), [x, w]), _step(fn, [x, w])
     torch.testing.assert_close(grads, expected)
+
+
+def test_under_autocast_gradients_are_eagers_from_the_backward_kernels():
+    """Under torch.autocast tracing records F.adaptive_avg_pool2d's inner torch._C._nn call: it has the rule too."""
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(2, 3, 8, 8)
+    jitted = tf.jit(copy.deepcopy(net))
+
+    def step(model):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        out.float().backward()
+        return out, [p.grad for p in model.parameters()]
+
+    (expected_out, expected), (out, grads) = step(net), step(jitted)
+    torch.testing.assert_close(out, expected_out, rtol=0, atol=0)
+    torch.testing.assert_close(grads, expected, rtol=0, atol=0)
+    backward = str(tf.last_backward_traces(jitted)[-1])
+    assert "torch_vjp" not in backward and "aten_convolution_backward" in backward

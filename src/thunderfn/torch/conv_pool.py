@@ -55,6 +55,10 @@ transposed_convolutions = {1: opaque_symbol(torch.conv_transpose1d), 2: opaque_s
 avg_pools = {1: opaque_symbol(F.avg_pool1d), 2: opaque_symbol(F.avg_pool2d), 3: opaque_symbol(F.avg_pool3d)}
 adaptive_avg_pools = {1: opaque_symbol(F.adaptive_avg_pool1d), 2: opaque_symbol(F.adaptive_avg_pool2d),
                       3: opaque_symbol(F.adaptive_avg_pool3d)}
+# Under torch.autocast tracing runs F.adaptive_avg_pool2d's Python body (torch/autocast.py): what it records is the
+# torch._C._nn function the body calls, with the output size completed.
+autocast_adaptive_avg_pools = {2: opaque_symbol(torch._C._nn.adaptive_avg_pool2d),
+                               3: opaque_symbol(torch._C._nn.adaptive_avg_pool3d)}
 
 # -- max pooling: the forward computes the indices its backward reads --------------------------------
 # (opaque ops: torch runs them, and they return (values, indices) whatever return_indices says)

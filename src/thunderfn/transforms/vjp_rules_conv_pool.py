@@ -189,5 +189,6 @@ def _adaptive_max_pool_rule(dims: int):
 for _dims in (1, 2, 3):
     defvjp(kernels.max_pool_with_indices[_dims].id, applies=_covered)(_max_pool_rule(_dims))
     defvjp(kernels.avg_pools[_dims].id, applies=_covered)(_avg_pool_rule(_dims))
-    defvjp(kernels.adaptive_avg_pools[_dims].id, applies=_covered)(_adaptive_avg_pool_rule(_dims))
+    defvjp(*[table[_dims].id for table in (kernels.adaptive_avg_pools, kernels.autocast_adaptive_avg_pools)
+             if _dims in table], applies=_covered)(_adaptive_avg_pool_rule(_dims))
     defvjp(kernels.adaptive_max_pool_with_indices[_dims].id, applies=_covered)(_adaptive_max_pool_rule(_dims))
