@@ -14,7 +14,7 @@ FUNCTIONS = {
     "softmax": lambda a: F.softmax(a, -1).sum(0),
     "layer_norm": lambda a: F.layer_norm(a, (a.shape[-1],)),
     "matmul": lambda a: a @ a.T,
-    "opaque_max_pool": lambda a: F.max_pool1d(a[None], 2),  # no symbol: torch.func.jvp at run time
+    "opaque_max_pool": lambda a: F.max_pool1d(a[None], 2),  # an opaque op inside: torch.func.jvp at run time
     "indexing": lambda a: a[1:, ::2].cumsum(0),
 }
 

@@ -8,7 +8,7 @@ import thunderfn as tf
 OPAQUE_CALLS = {
     "searchsorted": lambda x: torch.searchsorted(torch.sort(x, dim=-1).values, x),
     "bucketize": lambda x: torch.bucketize(x, torch.tensor([-1.0, 0.0, 1.0])),
-    "max_pool1d": lambda x: F.max_pool1d(x.unsqueeze(0), 2),
+    "interpolate": lambda x: F.interpolate(x.unsqueeze(0), scale_factor=2),
     "conv1d": lambda x: F.conv1d(x.unsqueeze(0), torch.ones(2, 3, 2)),
     "linalg_svd": lambda x: torch.linalg.svd(x @ x.mT)[1],
     "kthvalue_named_tuple": lambda x: torch.kthvalue(x, 2, dim=1).values,
@@ -114,3 +114,18 @@ def test_an_opaque_op_that_draws_inside_gets_the_gradient_of_its_own_draw():
     torch.manual_seed(0)
     f(x).backward()
     torch.testing.assert_close(got, x.grad)
+
+
+def test_an_opaque_op_returning_none_is_batched_and_differentiated_forward():
+    """torch.func takes tensors only: the Nones an op returns (gradients not asked for) are set aside."""
+    w = torch.randn(4, 3, 3, 3, dtype=torch.float64)
+
+    def weight_grad(g, x):
+        mask = [False, True, False]  # (grad_input, grad_weight, grad_bias): two Nones around the weight's
+        return torch.ops.aten.convolution_backward.default(g, x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                                           mask)[1]
+
+    g, x = torch.randn(5, 2, 4, 6, 6, dtype=torch.float64), torch.randn(5, 2, 3, 8, 8, dtype=torch.float64)
+    torch.testing.assert_close(tf.vmap(weight_grad)(g, x), torch.func.vmap(weight_grad)(g, x))
+    torch.testing.assert_close(tf.jvp(weight_grad, (g[0], x[0]), (g[1], x[1])),
+                               torch.func.jvp(weight_grad, (g[0], x[0]), (g[1], x[1])))

@@ -147,7 +147,7 @@ def test_vmap_composes_with_jvp_both_ways_and_grad_through_an_opaque_op():
     _, expected = torch.func.jvp(torch.func.vmap(f), (a,), (t,))
     torch.testing.assert_close(tf.jvp(tf.vmap(f), (a,), (t,))[1], expected)
     torch.testing.assert_close(tf.vmap(lambda x, v: tf.jvp(f, (x,), (v,))[1])(a, t), expected)
-    pooled = lambda x: F.max_pool1d(x[None], 2).sum()  # noqa: E731  (opaque: torch.func.vmap, then torch.func.vjp)
+    pooled = lambda x: F.max_pool1d(x[None], 2).sum()  # noqa: E731  (an opaque op inside: torch.func.vmap, then torch.func.vjp)
     torch.testing.assert_close(tf.grad(lambda x: tf.vmap(pooled)(x).sum())(a),
                                torch.func.grad(lambda x: torch.func.vmap(pooled)(x).sum())(a))
 

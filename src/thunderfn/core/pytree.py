@@ -136,6 +136,21 @@ def of_leaves(fn, leaves, spec, positions):
     return call
 
 
+def output_leaves(fn):
+    """(leaves_of, rebuild): leaves_of(*args, **kwargs) is the tuple of fn's output's leaves, None left
+    out (torch.func's transforms take tensors only, and an op may return None: convolution_backward for
+    a gradient it was not asked for); rebuild(leaves) puts leaves, one per leaf of the last output,
+    back into that output's structure."""
+    specs = []
+
+    def leaves_of(*args, **kwargs):
+        leaves, spec = tree_flatten(fn(*args, **kwargs))
+        specs[:] = [spec]
+        return tuple(leaves)
+
+    return leaves_of, lambda leaves: tree_unflatten(specs[0], list(leaves))
+
+
 def register_pytree_node(cls, flatten, unflatten):
     """Make instances of cls traversable: `flatten(obj) -> (children, aux)`,
     `unflatten(aux, children) -> obj`."""

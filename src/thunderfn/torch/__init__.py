@@ -33,6 +33,7 @@ from thunderfn.torch import optim as _optim  # noqa: E402,F401  (optimizer steps
 from thunderfn.torch import distributed as _distributed  # noqa: E402,F401  (collectives: tf.distributed)
 from thunderfn.torch.statistics import *  # noqa: E402,F401,F403
 from thunderfn.torch.aten_backward import *  # noqa: E402,F401,F403
+from thunderfn.torch.conv_pool import *  # noqa: E402,F401,F403
 from thunderfn.torch import dispatch as _dispatch  # noqa: E402
 
 # Core traces every torch call it intercepts with the torch language's dispatcher (core/interception.py).

@@ -23,6 +23,7 @@ from thunderfn.clang import maybe_convert_to_dtype
 from thunderfn.core import dtypes
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
 from thunderfn.torch.base import torchsymbol
+from thunderfn.torch.opaque import aten_call
 
 aten = torch.ops.aten
 __all__ = ["gelu_backward", "softmax_backward_data", "log_softmax_backward_data", "native_layer_norm",
@@ -33,12 +34,7 @@ __all__ = ["gelu_backward", "softmax_backward_data", "log_softmax_backward_data"
 def _aten(op):
     """The symbol's torch callables: a named function around op, which the torch executor calls, then op itself
     (routed to the symbol while tracing)."""
-    def run(*args, **kwargs):
-        return op(*args, **kwargs)
-
-    run.__name__ = run.__qualname__ = "aten_" + op.__name__.split(".")[0].lstrip("_")
-    run.__doc__ = f"torch.ops.aten.{op.__name__}"
-    return run, op
+    return aten_call(op), op
 
 
 def _float_args(opname, *tensors):

@@ -14,6 +14,7 @@ May import: core/.
 from __future__ import annotations
 
 import numbers
+from typing import Callable
 
 import torch
 
@@ -104,6 +105,28 @@ def opaque_symbol(fn) -> Symbol:
                      torch_fn=fn, tags=frozenset(tags))
         _symbols[fn] = sym
     return sym
+
+
+def aten_call(op) -> Callable:
+    """A plain function that calls the aten operator op (an OpOverload), named aten_<op>
+    (aten_convolution_backward): the torch executor names an operator after its callable, and an
+    OpOverload's own name (convolution_backward.default) is no identifier, so two of them in one
+    execution trace would both print as torch_op and clash."""
+    def run(*args, **kwargs):
+        return op(*args, **kwargs)
+
+    run.__name__ = run.__qualname__ = "aten_" + op.__name__.split(".")[0].lstrip("_")
+    run.__doc__ = f"torch.ops.aten.{op.__name__}"
+    return run
+
+
+def aten_kernel(op) -> Symbol:
+    """The aten operator op as an opaque op, called through aten_call(op): a kernel that reverse-mode
+    rules call (convolution_backward) and that has no decomposition. Whether it may draw is op's
+    answer, not the plain function's (which has no aten operator of its name)."""
+    run = aten_call(op)
+    _may_draw[run] = may_draw(op)
+    return opaque_symbol(run)
 
 
 def _to_meta(x):

@@ -1,6 +1,6 @@
 """Transforms: functions from functions to functions. Each is an interpreter over a
-trace plus a rule table keyed by symbol: reverse mode (autodiff.py with vjp_rules.py and
-vjp_rules_torch.py), forward mode (forward_mode.py with jvp_rules.py), batching (vmap.py
+trace plus a rule table keyed by symbol: reverse mode (autodiff.py with vjp_rules.py,
+vjp_rules_torch.py and vjp_rules_conv_pool.py), forward mode (forward_mode.py with jvp_rules.py), batching (vmap.py
 with batching_rules.py), custom_vjp, the split of a differentiated trace for
 torch.autograd (autograd_split.py), and lowering onto executors (executor_lower.py).
 

@@ -18,7 +18,7 @@ from thunderfn import clang
 from thunderfn.core import context, dtypes
 from thunderfn.core.interception import lift_constants, tensors_by_position
 from thunderfn.core.proxies import TensorProxy, entry_by_name
-from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
+from thunderfn.core.pytree import of_leaves, output_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import up_to_date
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, ForwardModeError, UnsupportedOpError
@@ -91,14 +91,14 @@ def torch_jvp(fn, args, kwargs, tangents):
     """The output tangent(s) of fn(*args, **kwargs) for tangents of its floating tensor arguments."""
     leaves, spec = tree_flatten((args, kwargs))
     positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and dtypes.is_inexact(x.dtype)]
-    call = of_leaves(fn, leaves, spec, positions)
+    call, rebuild = output_leaves(of_leaves(fn, leaves, spec, positions))
 
     try:
         _, out_tangent = torch.func.jvp(call, tuple(leaves[i] for i in positions), tuple(tangents))
     except RuntimeError as e:
         named_functorch_refusal(fn, e)
         raise
-    return out_tangent
+    return rebuild(out_tangent)
 
 
 def _torch_jvp_meta(fn, args, kwargs, tangents):

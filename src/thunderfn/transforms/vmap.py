@@ -27,7 +27,7 @@ import torch
 from thunderfn.core import context
 from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy, entry_by_name
-from thunderfn.core.pytree import of_leaves, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
+from thunderfn.core.pytree import of_leaves, output_leaves, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.decorators import with_options_form
 from thunderfn.core.trace import up_to_date
@@ -59,12 +59,12 @@ def torch_vmap(fn, in_dims, args, kwargs, randomness="error", batch_size=None):
         positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         in_dims = [0 if i in positions else None for i in range(len(leaves))]
         leaves = [x.expand(batch_size, *x.shape) if i in positions else x for i, x in enumerate(leaves)]
-    call = of_leaves(fn, leaves, spec, positions)
+    call, rebuild = output_leaves(of_leaves(fn, leaves, spec, positions))
     try:
         if not positions:
-            return torch.func.vmap(lambda _: call(), randomness=randomness)(torch.empty(batch_size, 0))
-        return torch.func.vmap(call, in_dims=tuple(in_dims[i] for i in positions), randomness=randomness)(
-            *(leaves[i] for i in positions))
+            return rebuild(torch.func.vmap(lambda _: call(), randomness=randomness)(torch.empty(batch_size, 0)))
+        return rebuild(torch.func.vmap(call, in_dims=tuple(in_dims[i] for i in positions), randomness=randomness)(
+            *(leaves[i] for i in positions)))
     except RuntimeError as e:  # torch.func's own refusals, named as ours (an op drawing random numbers inside)
         named_functorch_refusal(fn, e)
         if str(e).startswith("vmap:") or "atching rule" in str(e) or "batched tensor" in str(e):
@@ -242,7 +242,7 @@ class _Batching:
         # the mode goes to every op: an opaque op may draw random numbers inside (a fractional max pool)
         op = random_torch_vmap_op if "random" in bsym.sym.tags else torch_vmap_op
         out = op(bsym.sym.torch_fn, in_dims, args, kwargs, self.randomness, self.batch_size)
-        for o, v in zip(bsym.flat_outs(), tree_leaves(out)):
+        for o, v in zip(tree_leaves(bsym.output), tree_leaves(out)):  # (an output None has no leaf on either side)
             if isinstance(o, TensorProxy):
                 self.bind(o, v, 0)
 
