@@ -38,6 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import thunderfn as tf
+from thunderfn.testing.optional_libraries import import_torchvision, why_unavailable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_training import cpu_peak_bytes  # noqa: E402  (a sibling script, not a package)
@@ -158,26 +159,8 @@ def _timm(name, image_size=64, **kwargs):
     return _classifier(make, image_size)
 
 
-def _import_torchvision():
-    """torchvision 0.28's compiled extension is a CUDA build that a CPU torch cannot load; its Python
-    side then fails at import, registering fakes for `torchvision::nms` and `qnms`. Declaring those two
-    schemas first lets the models (pure torch) import; detection ops stay unavailable."""
-    try:
-        import torchvision
-    except ImportError:
-        return None
-    except RuntimeError:
-        library = torch.library.Library("torchvision", "DEF")  # noqa: F841  (kept alive by the registry)
-        library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        for name in [m for m in sys.modules if m.startswith("torchvision")]:
-            del sys.modules[name]
-        import torchvision
-    return torchvision
-
-
 def _torchvision(make_model, image_size=64):
-    return _classifier(lambda: make_model(_import_torchvision().models), image_size)
+    return _classifier(lambda: make_model(import_torchvision().models), image_size)
 
 
 def _litgpt(name, **fields):
@@ -225,15 +208,6 @@ MODELS = {
     "litgpt-pythia": ("litgpt", _litgpt("pythia-14m")),
     "litgpt-llama": ("litgpt", _litgpt("Llama-3.2-1B", n_query_groups=2, intermediate_size=128)),
 }
-
-
-def why_unavailable(library: str) -> str | None:
-    try:
-        _import_torchvision()  # timm, litgpt and transformers import it when it is installed
-        __import__(library)
-    except Exception as e:  # an optional library: any failure to import means its models are skipped
-        return f"{library} is not importable ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
-    return None
 
 
 def _fusion(model):

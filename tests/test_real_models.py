@@ -10,15 +10,17 @@ import torch.nn.functional as F
 import thunderfn as tf
 from thunderfn.core.pytree import tree_flatten
 
-try:  # the Hugging Face tests skip without it; the rest of this file runs
+from thunderfn.testing.optional_libraries import why_unavailable
+
+# the Hugging Face tests skip without it; the rest of this file runs
+_NO_TRANSFORMERS = why_unavailable("transformers")
+if _NO_TRANSFORMERS is None:
     import transformers
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
-except ImportError:
-    transformers = None
 
 needs_transformers = pytest.mark.skipif(
-    transformers is None, reason="transformers is not installed (pip install transformers; .ci/run installs it)")
+    _NO_TRANSFORMERS is not None, reason=f"{_NO_TRANSFORMERS} (pip install transformers; .ci/run installs it)")
 
 
 def _gpt2():
