@@ -2,6 +2,7 @@
 the user's backward is the gradient (eager values and gradients under tf.jit + backward(), tf.grad,
 tf.vjp, grad of grad), ctx means what it means in eager, vmap and jvp follow torch.func's rules,
 and what cannot be transformed is a named error, never a dropped backward."""
+import importlib
 import types
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import thunderfn as tf
+from thunderfn.testing.optional_libraries import why_unavailable
 from thunderfn.errors import BatchingError, UserGradientError
 from thunderfn.transforms import user_functions
 
@@ -599,7 +601,10 @@ def test_in_place_true_division_is_traced_as_a_division():
 def test_hugging_face_mixtral_moe_fallback_gradients_match_eager():
     """Mixtral's experts on CPU run transformers' grouped_mm_fallback custom op, whose gradient is
     registered with register_autograd (its backward is another custom op)."""
-    transformers = pytest.importorskip("transformers")
+    why = why_unavailable("transformers")
+    if why is not None:
+        pytest.skip(why)
+    transformers = importlib.import_module("transformers")
     torch.manual_seed(0)
     config = transformers.MixtralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                         num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
