@@ -177,8 +177,9 @@ def absorbable(ex: FusionExecutor, bsym) -> bool:
 
 def fusion_candidate(ex: FusionExecutor, bsym) -> bool:
     outs = bsym.flat_outs()
-    return ((runs_on_torch(bsym) or absorbable(ex, bsym)) and not has_effects(bsym) and bool(outs)
-            and all(isinstance(o, TensorProxy) for o in outs) and ex.can_fuse(bsym))
+    # (an output may be None where the op skips it: convolution_backward's bias gradient when there is no bias)
+    return ((runs_on_torch(bsym) or absorbable(ex, bsym)) and not has_effects(bsym) and bool(bsym.proxy_outs())
+            and all(isinstance(o, TensorProxy) or o is None for o in outs) and ex.can_fuse(bsym))
 
 
 def _effect_kind(bsym) -> str | None:

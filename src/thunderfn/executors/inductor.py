@@ -220,6 +220,8 @@ def _callable_name(bsym) -> str:
 
 
 def _bind(env: dict, graph, out, node) -> None:
+    if out is None:  # an output the op skips (convolution_backward's bias gradient without a bias)
+        return
     if isinstance(out, TensorProxy):
         env[out.name] = node
         return
@@ -228,10 +230,11 @@ def _bind(env: dict, graph, out, node) -> None:
 
 
 def _tensor_outputs(out) -> bool:
-    """A proxy, or tuples/lists of them (named tuples included): what an FX node's outputs can be indexed as."""
+    """A proxy, or tuples/lists of proxies and Nones (named tuples included): what an FX node's outputs can be
+    indexed as."""
     if isinstance(out, TensorProxy):
         return True
-    return isinstance(out, (tuple, list)) and len(out) > 0 and all(_tensor_outputs(o) for o in out)
+    return isinstance(out, (tuple, list)) and len(out) > 0 and all(o is None or _tensor_outputs(o) for o in out)
 
 
 def _availability() -> tuple[bool, str]:

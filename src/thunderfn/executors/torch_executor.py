@@ -45,15 +45,15 @@ class TorchExecutor(Executor):
         self._ops: dict = {}  # callable -> operator symbol, made once
 
     def op(self, fn, name: str | None = None, tags: frozenset = frozenset()) -> Symbol:
-        """The operator that calls fn; `no_dce` carries over from what it lowers (random draws
-        must run even when unused, so the generator advances as in eager)."""
-        keep = "no_dce" in tags
-        sym = self._ops.get((fn, keep))
+        """The operator that calls fn. `no_dce` carries over from what it lowers (random draws
+        must run even when unused, so the generator advances as in eager), and so does
+        `traceable` (an opaque op that fusion regions may call: torch/opaque.py's mark_traceable)."""
+        kept = frozenset(tags & {"no_dce", "traceable"})
+        sym = self._ops.get((fn, kept))
         if sym is None:
-            sym = self._ops[(fn, keep)] = _operator_for(fn, name)
+            sym = self._ops[(fn, kept)] = _operator_for(fn, name)
             sym.executor = self
-            if keep:
-                sym.tags = frozenset({"no_dce"})
+            sym.tags = sym.tags | kept
         return sym
 
     def register_prim(self, prim: Symbol, fn) -> None:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from thunderfn.core.interception import register_handler
 from thunderfn.torch.base import torchsymbol
-from thunderfn.torch.opaque import aten_kernel, opaque_symbol
+from thunderfn.torch.opaque import aten_kernel, mark_traceable, opaque_symbol
 
 aten = torch.ops.aten
 __all__ = ["convolution_backward", "max_pool2d_with_indices_backward", "max_pool3d_with_indices_backward",
@@ -67,6 +67,17 @@ max_pool_with_indices = {1: opaque_symbol(F.max_pool1d_with_indices), 2: opaque_
 adaptive_max_pool_with_indices = {1: opaque_symbol(F.adaptive_max_pool1d_with_indices),
                                   2: opaque_symbol(F.adaptive_max_pool2d_with_indices),
                                   3: opaque_symbol(F.adaptive_max_pool3d_with_indices)}
+
+# Each of these is one torch call without effects, which a compiler that traces torch code can call
+# inside a compiled graph (Inductor makes convolution and pooling its extern kernels, as under
+# torch.compile): fusion regions take them in instead of ending at every convolution (executors/fusion.py).
+for _sym in (convolution_backward, max_pool2d_with_indices_backward, max_pool3d_with_indices_backward,
+             avg_pool2d_backward, avg_pool3d_backward, adaptive_avg_pool2d_backward, adaptive_avg_pool3d_backward,
+             adaptive_max_pool2d_backward, adaptive_max_pool3d_backward, *convolutions.values(),
+             *transposed_convolutions.values(), *avg_pools.values(), *adaptive_avg_pools.values(),
+             *autocast_adaptive_avg_pools.values(), *max_pool_with_indices.values(),
+             *adaptive_max_pool_with_indices.values()):
+    mark_traceable(_sym)
 
 
 def _max_pool(dims, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices):

@@ -129,6 +129,12 @@ def aten_kernel(op) -> Symbol:
     return opaque_symbol(run)
 
 
+def mark_traceable(sym: Symbol) -> None:
+    """Say that an opaque op is one torch call without effects that a tracing compiler can call inside
+    a compiled graph: fusion executors that call such ops (Inductor) take it into their regions."""
+    sym.tags = sym.tags | {"traceable"}
+
+
 def _to_meta(x):
     if isinstance(x, TensorProxy):
         return torch.empty(x.shape, dtype=x.dtype, device="meta")
