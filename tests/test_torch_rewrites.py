@@ -174,3 +174,55 @@ def test_a_commutative_op_writes_into_its_dead_second_argument_when_the_first_is
     for got, expected in zip(jc(xc, yc), f(xc, yc)):
         assert torch.equal(got, expected)
     assert not in_place_calls(tf.last_traces(jc)[-1])
+
+
+def _reshapes(trace) -> list[str]:
+    return [b.output.name for b in trace.bound_symbols if "reshape" in b.sym.name]
+
+
+def test_a_reshape_to_the_same_shape_is_dropped_and_a_reshape_of_a_reshape_reads_the_first_input():
+    def f(x):
+        y = x.reshape(4, 6).reshape(2, 12) * 2  # a chain: one reshape of x
+        z = (x + 1).reshape(2, 3, 4)  # its own shape: no call at all
+        return y, z.sin()
+
+    jf = tf.jit(f)
+    x = torch.randn(2, 3, 4)
+    for got, want in zip(jf(x), f(x)):
+        torch.testing.assert_close(got, want)
+    execution = tf.last_traces(jf)[-1]
+    (chain,) = [b for b in execution.bound_symbols if "reshape" in b.sym.name]
+    assert chain.args[0].name == "x" and tuple(chain.output.shape) == (2, 12)
+
+
+def test_a_returned_reshape_stays_a_tensor_of_its_own():
+    jf = tf.jit(lambda x: (x, x.reshape(x.shape)))
+    x = torch.randn(3)
+    a, b = jf(x)
+    assert a is x and b is not x and torch.equal(b, x)
+
+
+def test_linear_layers_backward_makes_no_reshape_eager_does_not():
+    """addmm's backward is eager's two matmuls, and a linear layer's rank-folding reshapes collapse: a
+    GPT-2-style Conv1D (addmm on folded rows) trains in no more aten ops than eager."""
+    w, b = torch.randn(8, 16, requires_grad=True), torch.randn(16, requires_grad=True)
+
+    def conv1d(x):
+        return torch.addmm(b, x.view(-1, 8), w).view(2, 5, 16).relu().sum()
+
+    jitted = tf.jit(conv1d)
+    x = torch.randn(2, 5, 8)
+
+    def aten_ops(fn):
+        w.grad = b.grad = None
+        fn(x).backward()
+        grads = (w.grad, b.grad)
+        with torch.profiler.profile() as prof:
+            fn(x).backward()
+        return grads, sum(e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+                          for e in prof.events())
+
+    (want, eager_ops), (got, jit_ops) = aten_ops(conv1d), aten_ops(jitted)
+    for g, ref in zip(got, want):
+        torch.testing.assert_close(g, ref)
+    assert jit_ops <= eager_ops

@@ -50,7 +50,7 @@ from thunderfn.core.decorators import with_options_form
 from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError, UnsupportedOpError
 from thunderfn.executors.fusion import FusionExecutor
-from thunderfn.executors.torch_rewrites import (UnlessFunctorch, lift_number_operands,
+from thunderfn.executors.torch_rewrites import (UnlessFunctorch, collapse_reshapes, lift_number_operands,
                                                 records_no_autograd, reuse_dead_buffers)
 from thunderfn.module import jit_module
 from thunderfn.torch.autocast import autocast_state
@@ -428,6 +428,8 @@ def _execution_passes(trc: Trace, executors, *, no_autograd: bool, no_grad: bool
     with `no_autograd` recording; see executors/torch_rewrites.py), insert `del`s."""
     traces = [timed_pass("Transform for execution", lower_trace, trc, executors)]
     traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
+    collapsed = timed_pass("Collapse reshapes", collapse_reshapes, traces[-1])
+    traces += [collapsed] if collapsed is not traces[-1] else []
     for ex in executors:
         if isinstance(ex, FusionExecutor):
             traces.append(timed_pass(f"Fusion ({ex.name})", ex.fuse, traces[-1]))

@@ -8,6 +8,11 @@ Eager PyTorch pays, on every call, for two things a compiled trace knows how to 
   compiles, and passes it instead: `torch.mul(x, c0)`. It does so only where torch
   gives the same result for the tensor as for the number (see `_same_as_number`),
   which is checked bit for bit over dtypes in tests/test_torch_rewrites.py.
+- **Reverse-mode rules reshape what is already in shape.** A rule written for any rank folds and
+  unfolds batch dims (`reshape(g, (rows, n))`, then back), which for the ranks at hand is often the
+  shape the tensor has, or a reshape of a reshape. Each is one more torch call per step that eager's
+  backward does not make. `collapse_reshapes` drops a reshape to a tensor's own shape and makes a
+  reshape of a reshape one reshape of the first tensor.
 - **Every op allocates its output.** `reuse_dead_buffers` writes an elementwise op's
   result into its first argument when that argument is a fresh intermediate the
   trace never reads again (`torch.sin(t1)` becomes `torch.Tensor.sin_(t1)`): no
@@ -28,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from thunderfn.core.context import functorch_active
-from thunderfn.core.passes import output_names, value_key
+from thunderfn.core.passes import dce, output_names, value_key
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import BoundSymbol
 from thunderfn.executors.torch_executor import TorchExecutor, torch_ex
@@ -114,6 +119,38 @@ _FRESH = set(_IN_PLACE) | {
 }
 # Where a op b == b op a bit for bit (real dtypes: one rounding, no reassociation), the result may go into b.
 _COMMUTATIVE = {torch.add, torch.mul}
+
+
+_RESHAPES = {torch.reshape, torch.Tensor.reshape}
+
+
+def collapse_reshapes(trc):
+    """trc without reshapes to a tensor's own shape (their readers read the tensor) and with each
+    reshape of a reshape's result reshaping the first one's input instead (the middle one then goes
+    where nothing else reads it). A reshape the trace returns stays: the caller gets a tensor of its
+    own, as from eager. Values are the same either way; a reshape may return a view or a copy, and
+    nothing after lowering writes into a reshape's result (reuse_dead_buffers leaves views alone)."""
+    returned = output_names(trc)
+    origin: dict = {}  # a kept reshape's output -> the tensor its chain started from
+    renamed: dict = {}  # a dropped reshape's output -> what its readers read instead
+    out, changed = [], False
+    for bsym in trc.bound_symbols:
+        if renamed:
+            bsym = bsym.swap(renamed)
+        if _torch_fn(bsym) not in _RESHAPES or not isinstance(bsym.output, TensorProxy) or bsym.kwargs:
+            out.append(bsym)
+            continue
+        y, x = bsym.output, origin.get(bsym.args[0].name, bsym.args[0])
+        if tuple(x.shape) == tuple(y.shape) and x.dtype == y.dtype and y.name not in returned:
+            renamed[y.name] = x
+            changed = True
+            continue
+        if x is not bsym.args[0]:
+            bsym = BoundSymbol(bsym.sym, (x, *bsym.args[1:]), bsym.kwargs, y, bsym.subsymbols)
+            changed = True
+        origin[y.name] = x
+        out.append(bsym)
+    return dce(trc.derive("Collapse reshapes", out)) if changed else trc
 
 
 def reuse_dead_buffers(trc):

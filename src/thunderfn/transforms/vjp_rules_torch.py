@@ -160,6 +160,15 @@ def _linear_vjp(res, g):  # out = x @ w.T + b; w is (out, in), or (in,) for a do
     return (dx, dw, db) + (None,) * (len(res.args) - 3)
 
 
+@defvjp(ltorch.addmm.id)
+def _addmm_vjp(res, g):  # out = beta * input + alpha * mat1 @ mat2: eager's AddmmBackward, one mm per matrix
+    input, mat1, mat2 = res.args[:3]
+    beta, alpha = res.kwargs.get("beta", 1), res.kwargs.get("alpha", 1)
+    scaled = g if alpha == 1 else ltorch.mul(g, alpha)
+    d_input = _sum_to(g if beta == 1 else ltorch.mul(g, beta), input.shape)
+    return d_input, ltorch.matmul(scaled, _matrix_t(mat2)), ltorch.matmul(_matrix_t(mat1), scaled)
+
+
 # eager's kernel: the forward saved the input
 defvjp(ltorch.gelu.id)(lambda res, g: _only_input(res, ltorch.gelu_backward(g, res.args[0], approximate=_argument(
     res, 1, "approximate", "none"))))
