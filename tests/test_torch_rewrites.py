@@ -226,3 +226,18 @@ def test_linear_layers_backward_makes_no_reshape_eager_does_not():
     for g, ref in zip(got, want):
         torch.testing.assert_close(g, ref)
     assert jit_ops <= eager_ops
+
+
+def test_a_sum_reshaped_to_keep_its_dims_is_one_sum_with_keepdim_and_a_returned_reshape_of_an_intermediate_goes():
+    def f(x):
+        s = torch.sum(x * 2, (0, 2)).reshape(1, 3, 1)  # sum then keepdim reshape: one call
+        t = torch.sum(x, (0, 1)).reshape(4)  # returned, its input an intermediate: the sum is returned
+        return s + 1, t
+
+    jf = tf.jit(f)
+    x = torch.randn(2, 3, 4)
+    for got, want in zip(jf(x), f(x)):
+        torch.testing.assert_close(got, want)
+    execution = tf.last_traces(jf)[-1]
+    assert not [b for b in execution.bound_symbols if "reshape" in b.sym.name]
+    assert [b.kwargs for b in execution.bound_symbols if b.sym.name.endswith("sum")] == [{"keepdim": True}, {}]

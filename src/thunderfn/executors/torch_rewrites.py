@@ -35,6 +35,7 @@ import torch
 from thunderfn.core.context import functorch_active
 from thunderfn.core.passes import dce, output_names, value_key
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import tree_leaves, tree_map
 from thunderfn.core.symbol import BoundSymbol
 from thunderfn.executors.torch_executor import TorchExecutor, torch_ex
 from thunderfn.torch import aten_backward
@@ -125,32 +126,59 @@ _RESHAPES = {torch.reshape, torch.Tensor.reshape}
 
 
 def collapse_reshapes(trc):
-    """trc without reshapes to a tensor's own shape (their readers read the tensor) and with each
-    reshape of a reshape's result reshaping the first one's input instead (the middle one then goes
-    where nothing else reads it). A reshape the trace returns stays: the caller gets a tensor of its
-    own, as from eager. Values are the same either way; a reshape may return a view or a copy, and
-    nothing after lowering writes into a reshape's result (reuse_dead_buffers leaves views alone)."""
+    """trc without reshapes to a tensor's own shape (their readers read the tensor), with each reshape
+    of a reshape's result reshaping the first one's input instead (the middle one then goes where
+    nothing else reads it), and with a sum whose only reader reshapes it to keep the reduced dims
+    made a sum with keepdim=True. A reshape the trace returns is dropped only where its input is an
+    intermediate nothing else returns: the caller never gets one tensor twice, nor an input back as a
+    new value. Values are the same either way; a reshape may return a view or a copy, and nothing
+    after lowering writes into a reshape's result (reuse_dead_buffers leaves views alone)."""
     returned = output_names(trc)
+    inputs = {p.name for p in tree_leaves(trc.args) if isinstance(p, TensorProxy)}
+    readers: dict = {}
+    for b in trc.bound_symbols:
+        for a in b.proxy_args():
+            readers[a.name] = readers.get(a.name, 0) + 1
     origin: dict = {}  # a kept reshape's output -> the tensor its chain started from
     renamed: dict = {}  # a dropped reshape's output -> what its readers read instead
-    out, changed = [], False
+    summed: dict = {}  # a sum's output -> its position in `out`
+    out = []
     for bsym in trc.bound_symbols:
         if renamed:
             bsym = bsym.swap(renamed)
-        if _torch_fn(bsym) not in _RESHAPES or not isinstance(bsym.output, TensorProxy) or bsym.kwargs:
+        fn = _torch_fn(bsym)
+        if fn is torch.sum and isinstance(bsym.output, TensorProxy) and len(bsym.args) == 2 and not bsym.kwargs:
+            summed[bsym.output.name] = len(out)
+        if fn not in _RESHAPES or not isinstance(bsym.output, TensorProxy) or bsym.kwargs:
             out.append(bsym)
             continue
         y, x = bsym.output, origin.get(bsym.args[0].name, bsym.args[0])
-        if tuple(x.shape) == tuple(y.shape) and x.dtype == y.dtype and y.name not in returned:
+        if tuple(x.shape) == tuple(y.shape) and x.dtype == y.dtype and (y.name not in returned or (
+                x.name not in returned and x.name not in inputs and x.name not in origin)):
             renamed[y.name] = x
-            changed = True
+            returned |= {x.name} if y.name in returned else set()
+            continue
+        position = summed.get(x.name)
+        if position is not None and readers.get(x.name) == 1 and tuple(y.shape) == _keepdim_shape(out[position]):
+            total = out[position]
+            out[position] = BoundSymbol(total.sym, total.args, {"keepdim": True}, y, total.subsymbols)
             continue
         if x is not bsym.args[0]:
             bsym = BoundSymbol(bsym.sym, (x, *bsym.args[1:]), bsym.kwargs, y, bsym.subsymbols)
-            changed = True
         origin[y.name] = x
         out.append(bsym)
-    return dce(trc.derive("Collapse reshapes", out)) if changed else trc
+    if len(out) == len(trc.bound_symbols) and all(a is b for a, b in zip(out, trc.bound_symbols)):
+        return trc
+    collapsed = trc.derive("Collapse reshapes", out)
+    collapsed.output = tree_map(lambda p: renamed.get(p.name, p) if isinstance(p, TensorProxy) else p, trc.output)
+    return dce(collapsed)
+
+
+def _keepdim_shape(total) -> tuple:
+    """The shape of `torch.sum(x, dims)` with keepdim=True."""
+    x, dims = total.args
+    dims = {d % x.ndim for d in ((dims,) if isinstance(dims, int) else dims)} if dims not in (None, ()) else set(range(x.ndim))
+    return tuple(1 if i in dims else n for i, n in enumerate(x.shape))
 
 
 def reuse_dead_buffers(trc):
