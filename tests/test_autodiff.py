@@ -446,3 +446,20 @@ def test_vjp_fn_result_is_differentiable_by_torch_autograd_as_torch_funcs():
     ours = tf.vjp(_F, x)[1](ct)[0]
     theirs = torch.func.vjp(_F, x)[1](ct)[0]
     torch.testing.assert_close(torch.autograd.grad(ours.sum(), x)[0], torch.autograd.grad(theirs.sum(), x)[0])
+
+
+def test_an_empty_slice_adds_no_zeros_to_the_backward_and_gradients_stay_eagers():
+    """Rotary embeddings rotate x[..., :n] and cat x[..., n:] back, which is empty when n is the
+    head size: the cotangent through the empty piece is zero, and costs no narrow, pad or add."""
+    def rope_like(x):
+        rotated, rest = x[..., :4] * 2, x[..., 4:]
+        return torch.cat((rotated, rest), -1).sin().sum()
+
+    x = torch.randn(2, 4, requires_grad=True)
+    jitted = tf.jit(rope_like)
+    jitted(x).backward()
+    got, x.grad = x.grad, None
+    rope_like(x).backward()
+    torch.testing.assert_close(got, x.grad)
+    backward = str(tf.last_backward_traces(jitted)[-1])
+    assert "pad" not in backward and "narrow" not in backward

@@ -52,16 +52,40 @@ def _carries_gradient(x) -> bool:
 
 
 # -- the driver -------------------------------------------------------------------------------
+class _Zero:
+    """A cotangent known to be zero: all that reached a value through tensors without elements
+    (x[..., n:] of an x of n, as rotary embeddings' cat takes). It costs nothing while nothing else
+    reaches that value, and becomes zeros only where the backward returns it (an input gets zeros
+    there, as in eager, not None)."""
+    __slots__ = ()
+
+
+_ZERO = _Zero()
+
+
 def _accumulate(cts: dict, proxy: TensorProxy, ct) -> None:
     if ct is None or not _carries_gradient(proxy):
         return
+    previous = cts.get(proxy.name)
+    if ct is _ZERO or (isinstance(ct, TensorProxy) and ct.numel() == 0):
+        if previous is None:
+            cts[proxy.name] = _ZERO
+        return
+    if previous is _ZERO:
+        previous = None
     if isinstance(ct, TensorProxy) and ct.dtype != proxy.dtype:
         ct = ltorch.to(ct, proxy.dtype)
     if tuple(ct.shape) != tuple(proxy.shape):  # the caller's cotangents are checked in trace_vjp's backward
         raise InternalError(f"a VJP rule gave {proxy.name} a cotangent of shape {tuple(ct.shape)}, but it has shape "
                             f"{tuple(proxy.shape)}")
-    previous = cts.get(proxy.name)
     cts[proxy.name] = ct if previous is None else ltorch.add(previous, ct)
+
+
+def _materialized(ct, proxy):
+    """A cotangent as the backward returns it: a known zero made zeros of proxy's shape."""
+    if ct is _ZERO:
+        return ltorch.full(tuple(proxy.shape), 0, device=proxy.device, dtype=proxy.dtype)
+    return ct
 
 
 def _grad_modes(region: list, enabled: bool) -> list:
@@ -80,6 +104,15 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
     out_cts = [cts.get(o.name) if isinstance(o, TensorProxy) else None for o in outs]
     if all(c is None for c in out_cts) or bsym.sym.printer is not None or bsym.sym.id in NON_DIFFERENTIABLE:
         return
+    if all(c is None or c is _ZERO for c in out_cts):
+        if all(a.numel() for a in bsym.proxy_args() if _carries_gradient(a)):
+            for a in bsym.proxy_args():  # its inputs' cotangents are zeros too
+                _accumulate(cts, a, _ZERO)
+            return
+        # an input without elements: whether it gets a cotangent (eager: an empty tensor) or None
+        # (view_as's `other`) is the rule's to say, given the cotangents as tensors
+        out_cts = [_materialized(c, o) for c, o in zip(out_cts, outs)]
+    out_cts = [None if c is _ZERO else c for c in out_cts]
     rule = rule_for(bsym)
     if rule is not None:
         g = out_cts[0] if isinstance(bsym.output, TensorProxy) else tuple(out_cts)
@@ -311,6 +344,7 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
     # the primals' names before fn runs: fn may write into a primal in place, after which the same proxy
     # object names its new value (torch/inplace.py); the derivative is with respect to the value passed in
     primal_names = [p.name if isinstance(p, TensorProxy) else None for p in tree_leaves(primals)]
+    primal_proxies = [p if isinstance(p, TensorProxy) else None for p in tree_leaves(primals)]
     with differentiating(trc) as recorded:
         # a tensor made outside torch's hooks (torch.tensor(1.)): a constant
         out = as_trace_constants(up_to_date(fn(*primals)))
@@ -337,7 +371,8 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
                     _backprop(bsym, cts, tape)
         finally:
             _backwards.tapes.pop()
-        return [cts.get(name) if name is not None else None for name in primal_names]
+        return [_materialized(cts.get(name), proxy) if name is not None else None
+                for name, proxy in zip(primal_names, primal_proxies)]
 
     return out, backward
 
