@@ -126,7 +126,7 @@ _RESHAPES = {torch.reshape, torch.Tensor.reshape}
 
 
 def collapse_reshapes(trc):
-    """trc without reshapes to a tensor's own shape (their readers read the tensor), with each reshape
+    """trc without reshapes (and narrows) to a tensor's own shape (their readers read the tensor), with each reshape
     of a reshape's result reshaping the first one's input instead (the middle one then goes where
     nothing else reads it), and with a sum whose only reader reshapes it to keep the reduced dims
     made a sum with keepdim=True. A reshape the trace returns is dropped only where its input is an
@@ -147,6 +147,9 @@ def collapse_reshapes(trc):
         if renamed:
             bsym = bsym.swap(renamed)
         fn = _torch_fn(bsym)
+        if fn is torch.narrow and _keeps_everything(bsym) and bsym.output.name not in returned:
+            renamed[bsym.output.name] = bsym.args[0]  # a narrow to the whole length (cat's backward, one piece)
+            continue
         if fn is torch.sum and isinstance(bsym.output, TensorProxy) and len(bsym.args) == 2 and not bsym.kwargs:
             summed[bsym.output.name] = len(out)
         if fn not in _RESHAPES or not isinstance(bsym.output, TensorProxy) or bsym.kwargs:
@@ -172,6 +175,11 @@ def collapse_reshapes(trc):
     collapsed = trc.derive("Collapse reshapes", out)
     collapsed.output = tree_map(lambda p: renamed.get(p.name, p) if isinstance(p, TensorProxy) else p, trc.output)
     return dce(collapsed)
+
+
+def _keeps_everything(bsym) -> bool:
+    x, out = bsym.args[0], bsym.output
+    return isinstance(out, TensorProxy) and tuple(x.shape) == tuple(out.shape) and x.dtype == out.dtype
 
 
 def _keepdim_shape(total) -> tuple:
