@@ -199,6 +199,62 @@ def test_batch_norm_training_matches_eager_gradients_and_running_statistics():
         torch.testing.assert_close(a, b)
 
 
+# name -> (module, input shape): batch norm's forms, each as eager runs it (native_batch_norm forward,
+# native_batch_norm_backward backward, the running statistics written in place by the forward kernel)
+BATCH_NORMS = {
+    "1d": (lambda: torch.nn.BatchNorm1d(3), (6, 3)),
+    "1d-length": (lambda: torch.nn.BatchNorm1d(3), (4, 3, 5)),
+    "2d": (lambda: torch.nn.BatchNorm2d(3), (2, 3, 4, 4)),
+    "3d": (lambda: torch.nn.BatchNorm3d(3), (2, 3, 2, 3, 2)),
+    "2d-not-affine": (lambda: torch.nn.BatchNorm2d(3, affine=False), (2, 3, 4, 4)),
+    "2d-no-running-stats": (lambda: torch.nn.BatchNorm2d(3, track_running_stats=False), (2, 3, 4, 4)),
+    "2d-momentum-0.5": (lambda: torch.nn.BatchNorm2d(3, momentum=0.5), (2, 3, 4, 4)),
+    "2d-cumulative-average": (lambda: torch.nn.BatchNorm2d(3, momentum=None), (2, 3, 4, 4)),
+    "2d-eval": (lambda: torch.nn.BatchNorm2d(3).eval(), (2, 3, 4, 4)),
+}
+# momentum=None: the factor 1 / num_batches_tracked is a tensor in the trace (torch/nn_modules.py), so the running
+# statistics are updated by their decomposition (in float64), not by aten's kernel: equal up to rounding
+STATISTICS_ROUNDED = {"2d-cumulative-average"}
+
+
+@pytest.mark.parametrize("name", BATCH_NORMS)
+def test_batch_norm_gradients_and_running_statistics_are_eagers_bit_for_bit(name):
+    make, shape = BATCH_NORMS[name]
+    exact = {} if name in STATISTICS_ROUNDED else {"rtol": 0, "atol": 0}
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(make(), torch.nn.Tanh())
+    with torch.no_grad():  # statistics and parameters that are not the defaults
+        for name, t in eager.named_buffers():
+            if t.is_floating_point():
+                t.copy_(torch.rand_like(t) + 0.5)
+        for p in eager.parameters():
+            p.copy_(torch.randn_like(p))
+    traced = copy.deepcopy(eager)
+    jitted = tf.jit(traced)
+    for step in range(3):
+        x = torch.randn(shape)
+        (xe, xj) = (x.clone().requires_grad_(), x.clone().requires_grad_())
+        out_e, out_j = eager(xe), jitted(xj)
+        weights = torch.randn(out_e.shape)
+        (out_e * weights).sum().backward()
+        (out_j * weights).sum().backward()
+        torch.testing.assert_close(out_j, out_e, rtol=0, atol=0)
+        torch.testing.assert_close(xj.grad, xe.grad, rtol=0, atol=0, msg=lambda m: f"step {step}, input: {m}")
+        for (param, p), q in zip(traced.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=lambda m: f"step {step}, {param}: {m}")
+        for (buffer, a), b in zip(traced.named_buffers(), eager.buffers()):
+            torch.testing.assert_close(a, b, **exact, msg=lambda m: f"step {step}, {buffer}: {m}")
+    assert tf.cache_info(jitted)["misses"] == 1
+
+
+def test_a_frozen_batch_norms_backward_asks_eagers_kernel_for_the_input_gradient_only():
+    bn = torch.nn.BatchNorm1d(3)
+    bn.requires_grad_(False)
+    jitted = tf.jit(bn)
+    jitted(torch.randn(4, 3, requires_grad=True)).sum().backward()
+    assert "[True, False, False]" in str(tf.last_backward_traces(jitted)[-1])
+
+
 def test_writing_into_an_input_that_requires_grad_keeps_torchs_autograd_wiring():
     def f(x):
         x.mul_(2)

@@ -58,6 +58,34 @@ def native_layer_norm_backward_samples(device, dtype):
     yield SampleInput((g, x, [4], mean, rstd, None, None, [True, False, False]), name="input only")
 
 
+def _batch_norm_inputs(device, dtype):
+    x = make_tensor((4, 3, 5), device=device, dtype=dtype)
+    w, b = make_tensor((3,), device=device, dtype=dtype), make_tensor((3,), device=device, dtype=dtype)
+    mean, var = make_tensor((3,), device=device, dtype=dtype), make_tensor((3,), device=device, dtype=dtype, low=0.5, high=2)
+    return x, w, b, mean, var
+
+
+def native_batch_norm_samples(device, dtype):
+    x, w, b, mean, var = _batch_norm_inputs(device, dtype)
+    yield SampleInput((x, w, b, None, None, True, 0.1, 1e-5), name="training")
+    yield SampleInput((x, w, b, mean, var, False, 0.1, 1e-5), name="evaluation")
+    yield SampleInput((x[:, :, 0], None, None, None, None, True, 0.1, 1e-3), name="training, 2-D, no weight, no bias")
+
+
+def _native_batch_norm_output(*args):
+    return aten.native_batch_norm.default(*args)[0]
+
+
+def native_batch_norm_backward_samples(device, dtype):
+    x, w, b, mean, var = _batch_norm_inputs(device, dtype)
+    g = make_tensor(x.shape, device=device, dtype=dtype)
+    _, save_mean, save_invstd = aten.native_batch_norm.default(x, w, b, None, None, True, 0.1, 1e-5)
+    yield SampleInput((g, x, w, None, None, save_mean, save_invstd, True, 1e-5, [True, True, True]), name="training")
+    yield SampleInput((g, x, w, mean, var, None, None, False, 1e-5, [True, True, True]), name="evaluation")
+    yield SampleInput((g, x, None, None, None, save_mean, save_invstd, True, 1e-5, [True, False, False]),
+                      name="training, input only")
+
+
 def _nll_inputs(device, dtype):
     x = make_tensor((5, 4), device=device, dtype=dtype).log_softmax(1)
     target = torch.tensor([0, 3, -100, 1, 3], device=device)
@@ -101,6 +129,10 @@ opinfos = [
     OpInfo("aten.native_layer_norm", _native_layer_norm_output, native_layer_norm_samples, DTYPES),
     OpInfo("aten.native_layer_norm_backward", aten.native_layer_norm_backward.default,
            native_layer_norm_backward_samples, DTYPES),
+    # the output only, as for layer norm; save_mean and save_invstd are checked in tests/test_backward_symbols.py
+    OpInfo("aten.native_batch_norm", _native_batch_norm_output, native_batch_norm_samples, DTYPES),
+    OpInfo("aten.native_batch_norm_backward", aten.native_batch_norm_backward.default,
+           native_batch_norm_backward_samples, DTYPES),
     OpInfo("aten.nll_loss_forward", aten.nll_loss_forward.default, nll_loss_forward_samples, DTYPES),
     OpInfo("aten.nll_loss_backward", aten.nll_loss_backward.default, nll_loss_backward_samples, DTYPES),
     OpInfo("aten.embedding_dense_backward", aten.embedding_dense_backward.default, embedding_dense_backward_samples,
