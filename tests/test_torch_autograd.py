@@ -286,6 +286,38 @@ def test_a_frozen_batch_norms_backward_asks_eagers_kernel_for_the_input_gradient
     assert "[True, False, False]" in str(tf.last_backward_traces(jitted)[-1])
 
 
+GROUP_NORM_INPUTS = {
+    "4d": lambda: torch.randn(2, 6, 4, 4),
+    "channels-last": lambda: torch.randn(2, 4, 4, 6).permute(0, 3, 1, 2),  # eager's kernel keeps the layout
+    "transposed": lambda: torch.randn(6, 2, 5).transpose(0, 1),  # made contiguous, as eager's group_norm does
+    "2d": lambda: torch.randn(3, 6),
+}
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "not-affine"])
+@pytest.mark.parametrize("make_input", GROUP_NORM_INPUTS.values(), ids=GROUP_NORM_INPUTS.keys())
+def test_group_norm_runs_eagers_kernels_with_eagers_gradients_bit_for_bit(make_input, affine):
+    torch.manual_seed(0)
+    eager = torch.nn.GroupNorm(3, 6, affine=affine)
+    if affine:
+        with torch.no_grad():
+            eager.weight.normal_(), eager.bias.normal_()
+    traced = copy.deepcopy(eager)
+    jitted = tf.jit(traced)
+    x = make_input()
+    xe, xj = x.clone().requires_grad_(), x.clone().requires_grad_()
+    weights = torch.randn(x.shape)
+    out_e, out_j = eager(xe), jitted(xj)
+    (out_e * weights).sum().backward()
+    jitted_ops = _top_level_aten_ops(lambda: (out_j * weights).sum().backward())
+    torch.testing.assert_close(out_j, out_e, rtol=0, atol=0)
+    torch.testing.assert_close(xj.grad, xe.grad, rtol=0, atol=0)
+    for p, q in zip(traced.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
+    assert jitted_ops["aten::native_group_norm_backward"] == 1 and "aten::var_mean" not in jitted_ops
+    assert "aten_native_group_norm(" in str(tf.last_traces(jitted)[-1])
+
+
 def test_writing_into_an_input_that_requires_grad_keeps_torchs_autograd_wiring():
     def f(x):
         x.mul_(2)

@@ -29,7 +29,7 @@ from thunderfn.torch.shape import detach
 aten = torch.ops.aten
 __all__ = ["gelu_backward", "softmax_backward_data", "log_softmax_backward_data", "native_layer_norm",
            "native_layer_norm_backward", "native_batch_norm", "native_batch_norm_legit_functional",
-           "native_batch_norm_backward", "nll_loss_forward", "nll_loss_backward", "embedding_dense_backward",
+           "native_batch_norm_backward", "native_group_norm", "native_group_norm_backward", "nll_loss_forward", "nll_loss_backward", "embedding_dense_backward",
            "tanh_backward", "sigmoid_backward", "threshold_backward"]
 
 
@@ -202,7 +202,7 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
 
 
 # -- batch norm ------------------------------------------------------------------------------------
-def per_channel(t, ndim, compute):
+def _per_channel(t, ndim, compute):
     """A (C,) tensor shaped to broadcast along dim 1 of an ndim-dim (N, C, ...) tensor, in the computation dtype."""
     return clang.reshape(maybe_convert_to_dtype(t, compute), (t.shape[0],) + (1,) * (ndim - 2))
 
@@ -229,10 +229,10 @@ def normalize_channels(input, stats_dims, running_mean, running_var, weight, bia
         var, mean = prims.var_mean(x, stats_dims, correction=0)
         mean, var = clang.keepdim_reshape(mean, x, stats_dims), clang.keepdim_reshape(var, x, stats_dims)
     else:
-        mean, var = per_channel(running_mean, input.ndim, compute), per_channel(running_var, input.ndim, compute)
+        mean, var = _per_channel(running_mean, input.ndim, compute), _per_channel(running_var, input.ndim, compute)
     invstd = clang.reciprocal(clang.sqrt(clang.add(var, eps)))
-    w = None if weight is None else per_channel(weight, input.ndim, compute)
-    b = None if bias is None else per_channel(bias, input.ndim, compute)
+    w = None if weight is None else _per_channel(weight, input.ndim, compute)
+    b = None if bias is None else _per_channel(bias, input.ndim, compute)
     if batch_stats and stats_rounded:
         mean, invstd = (maybe_convert_to_dtype(maybe_convert_to_dtype(t, input.dtype), compute) for t in (mean, invstd))
         out = clang.mul(clang.sub(x, mean), invstd)
@@ -347,19 +347,19 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
     if train:
         check(save_mean is not None and save_invstd is not None,
               lambda: "native_batch_norm_backward(train=True) needs save_mean and save_invstd")
-        mean, invstd = per_channel(save_mean, input.ndim, compute), per_channel(save_invstd, input.ndim, compute)
+        mean, invstd = _per_channel(save_mean, input.ndim, compute), _per_channel(save_invstd, input.ndim, compute)
     else:
         check(running_mean is not None and running_var is not None,
               lambda: "native_batch_norm_backward(train=False) needs running_mean and running_var")
-        mean = per_channel(running_mean, input.ndim, compute)
-        invstd = clang.reciprocal(clang.sqrt(clang.add(per_channel(running_var, input.ndim, compute), eps)))
+        mean = _per_channel(running_mean, input.ndim, compute)
+        invstd = clang.reciprocal(clang.sqrt(clang.add(_per_channel(running_var, input.ndim, compute), eps)))
     xc = clang.sub(x, mean)
     sum_dy = prims.sum(dy, dims)
     dot = prims.sum(clang.mul(dy, xc), dims)
     param_dtype = input.dtype if weight is None else weight.dtype
     grad_input = grad_weight = grad_bias = None
     if want_input:
-        scale = invstd if weight is None else clang.mul(invstd, per_channel(weight, input.ndim, compute))
+        scale = invstd if weight is None else clang.mul(invstd, _per_channel(weight, input.ndim, compute))
         if train:
             n = torch.Size([input.shape[d] for d in dims]).numel()
             mean_dy = clang.keepdim_reshape(clang.true_divide(sum_dy, n), x, dims)
@@ -372,6 +372,107 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
         grad_weight = maybe_convert_to_dtype(clang.mul(dot, clang.reshape(invstd, (input.shape[1],))), param_dtype)
     if want_bias:
         grad_bias = maybe_convert_to_dtype(sum_dy, param_dtype)
+    return grad_input, grad_weight, grad_bias
+
+
+# -- group norm ------------------------------------------------------------------------------------
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def _kernel_layout(t):
+    """The memory format aten's group norm kernels take t in: channels-last where t is laid out so (what
+    suggest_memory_format, which Python does not see, says for such a tensor), else contiguous."""
+    channels_last = _CHANNELS_LAST.get(t.ndim)
+    if channels_last is not None and not t.is_contiguous() and t.is_contiguous(memory_format=channels_last):
+        return channels_last
+    return torch.contiguous_format
+
+
+def _laid_out(t, fmt):
+    return t if t.is_contiguous(memory_format=fmt) else t.contiguous(memory_format=fmt)
+
+
+def aten_native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    """torch.ops.aten.native_group_norm on the input laid out as its kernel requires, as aten's group_norm passes
+    it (a contiguous input goes as it is: no copy, no extra op)."""
+    return aten.native_group_norm.default(_laid_out(input, _kernel_layout(input)), weight, bias, N, C, HxW, group, eps)
+
+
+def aten_native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
+    """torch.ops.aten.native_group_norm_backward with grad_out and input laid out as the input's kernel takes it, as
+    eager's derivative formula passes them."""
+    fmt = _kernel_layout(input)
+    return aten.native_group_norm_backward.default(_laid_out(grad_out, fmt), _laid_out(input, fmt), mean, rstd, weight,
+                                                   N, C, HxW, group, output_mask)
+
+
+def _group_norm_blocks(input, weight, N, C, HxW, group):
+    """aten's checks, then the computation dtype and the shape (N, group, C / group, HxW) the input is viewed as."""
+    check(group > 0 and C % group == 0, lambda: f"Expected number of channels in input to be divisible by num_groups, "
+                                                f"but got input of shape {list(input.shape)} and num_groups={group}")
+    check(input.numel() == N * C * HxW, lambda: f"Expected input to have {N * C * HxW} elements (N * C * HxW), got "
+                                                f"{input.numel()}")
+    check(weight is None or weight.numel() == C, lambda: f"Expected weight to be a vector of size equal to the number "
+                                                         f"of channels in input, but got weight of shape "
+                                                         f"{list(weight.shape)} and input of shape {list(input.shape)}")
+    check_dtype_supported(dtypes.is_float(input.dtype), "GroupNormKernelImpl", input.dtype)
+    return dtypes.computation_dtype(input.dtype), (N, group, C // group, HxW)
+
+
+def _per_group(t, blocks, compute):
+    """(N, group) statistics, or a (C,) parameter, shaped to broadcast against the (N, group, C / group, HxW) blocks."""
+    shape = (blocks[0], blocks[1], 1, 1) if t.ndim == 2 else (1, blocks[1], blocks[2], 1)
+    return clang.reshape(maybe_convert_to_dtype(t, compute), shape)
+
+
+@torchsymbol(aten_native_group_norm, aten.native_group_norm.default)
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    """(output, mean, rstd): group_norm's output and each sample's and group's mean and 1 / std, (N, group), which its
+    backward reads; float32 for a half-precision input with float32 parameters, else in the input's dtype."""
+    compute, blocks = _group_norm_blocks(input, weight, N, C, HxW, group)
+    check(bias is None or bias.numel() == C, lambda: f"Expected bias to be a vector of size equal to the number of "
+                                                     f"channels in input, but got bias of shape {list(bias.shape)} and "
+                                                     f"input of shape {list(input.shape)}")
+    x = clang.reshape(maybe_convert_to_dtype(input, compute), blocks)
+    var, mean = prims.var_mean(clang.reshape(x, (N, group, blocks[2] * HxW)), (2,), correction=0)
+    rstd = clang.rsqrt(clang.add(var, eps))
+    # (x - mean) * (rstd * weight) + bias: closer to torch's kernels than x * alpha + beta for small groups
+    scale = _per_group(rstd, blocks, compute)
+    scale = scale if weight is None else clang.mul(scale, _per_group(weight, blocks, compute))
+    out = clang.mul(clang.sub(x, _per_group(mean, blocks, compute)), scale)
+    out = out if bias is None else clang.add(out, _per_group(bias, blocks, compute))
+    stats_dtype = _batch_norm_stats_dtype(input, weight, bias)
+    return (maybe_convert_to_dtype(clang.reshape(out, tuple(input.shape)), input.dtype),
+            maybe_convert_to_dtype(mean, stats_dtype), maybe_convert_to_dtype(rstd, stats_dtype))
+
+
+@torchsymbol(aten_native_group_norm_backward, aten.native_group_norm_backward.default)
+def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
+    """(grad_input, grad_weight, grad_bias), each None where output_mask says so (as aten gives them): per sample and
+    group, dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * weight; dweight = sum(dy *
+    xhat), dbias = sum(dy) over the samples and the spatial dims. mean and rstd are native_group_norm's."""
+    check(len(output_mask) == 3, lambda: f"output_mask must hold 3 bools, got {list(output_mask)}")
+    want_input, want_weight, want_bias = (bool(m) for m in output_mask)
+    # aten writes grad_weight and grad_bias into tensors like the weight
+    check(not (want_weight or want_bias) or weight is not None,
+          lambda: "native_group_norm_backward: output_mask[1] and [2] (grad_weight, grad_bias) need weight; pass weight "
+                  "or set them to False")
+    compute, blocks = _group_norm_blocks(input, weight, N, C, HxW, group)
+    x, dy = (clang.reshape(maybe_convert_to_dtype(t, compute), blocks) for t in (input, grad_out))
+    xhat = clang.mul(clang.sub(x, _per_group(mean, blocks, compute)), _per_group(rstd, blocks, compute))
+    grad_input = grad_weight = grad_bias = None
+    if want_input:
+        n = blocks[2] * HxW
+        dxhat = dy if weight is None else clang.mul(dy, _per_group(weight, blocks, compute))
+        mean_dxhat = clang.true_divide(_row_sum(dxhat, (2, 3)), n)
+        mean_dxhat_xhat = clang.true_divide(_row_sum(clang.mul(dxhat, xhat), (2, 3)), n)
+        dx = clang.mul(_per_group(rstd, blocks, compute),
+                       clang.sub(clang.sub(dxhat, mean_dxhat), clang.mul(xhat, mean_dxhat_xhat)))
+        grad_input = maybe_convert_to_dtype(clang.reshape(dx, tuple(input.shape)), input.dtype)
+    if want_weight:
+        grad_weight = maybe_convert_to_dtype(clang.reshape(prims.sum(clang.mul(dy, xhat), (0, 3)), (C,)), weight.dtype)
+    if want_bias:
+        grad_bias = maybe_convert_to_dtype(clang.reshape(prims.sum(dy, (0, 3)), (C,)), weight.dtype)
     return grad_input, grad_weight, grad_bias
 
 

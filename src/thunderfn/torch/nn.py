@@ -18,8 +18,9 @@ from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
 from thunderfn.torch.base import register_alias, stand_in_front, torchsymbol
-from thunderfn.torch.aten_backward import (native_batch_norm, native_batch_norm_legit_functional, native_layer_norm,
-                                           nll_loss_forward, normalize_channels, per_channel, updated_running_stats)
+from thunderfn.torch.aten_backward import (native_batch_norm, native_batch_norm_legit_functional, native_group_norm,
+                                           native_layer_norm, nll_loss_forward, normalize_channels,
+                                           updated_running_stats)
 from thunderfn.torch.opaque import opaque_symbol
 from thunderfn.torch.elementwise import logsigmoid, mul, neg, rsub, sub
 from thunderfn.torch.inplace import rebind
@@ -309,22 +310,8 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
                       f"of shape {list(p.shape)} and input of shape {list(input.shape)}")
     check_dtype_supported(dtypes.is_float(input.dtype), "GroupNormKernelImpl", input.dtype)
     _check_norm_params(input, weight, bias)
-    compute = dtypes.computation_dtype(input.dtype)
-    x = maybe_convert_to_dtype(input, compute)
-    grouped_x = clang.reshape(x, (n, num_groups, c // num_groups * torch.Size(input.shape[2:]).numel()))
-    var, mean = prims.var_mean(grouped_x, (2,), correction=0)
-    rstd = clang.rsqrt(clang.add(var, eps))
-
-    def each_channel(t):  # (N, G) -> (N, C, 1, ...), each group's value for each of its channels
-        t = clang.expand_to(clang.unsqueeze(t, 2), (n, num_groups, c // num_groups))
-        return clang.reshape(t, (n, c) + (1,) * (input.ndim - 2))
-
-    w = None if weight is None else per_channel(weight, input.ndim, compute)
-    b = None if bias is None else per_channel(bias, input.ndim, compute)
-    # (x - mean) * (rstd * weight) + bias: closer to torch's kernels than x * alpha + beta for small groups
-    scale = each_channel(rstd) if w is None else clang.mul(each_channel(rstd), w)
-    out = clang.mul(clang.sub(x, each_channel(mean)), scale)
-    return maybe_convert_to_dtype(out if b is None else clang.add(out, b), input.dtype)
+    # aten's native_group_norm also returns the mean and rstd its backward reads: reverse mode saves them
+    return native_group_norm(input, weight, bias, n, c, torch.Size(input.shape[2:]).numel(), num_groups, eps)[0]
 
 
 @torchsymbol(F.embedding)

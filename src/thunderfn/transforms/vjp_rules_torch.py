@@ -283,6 +283,41 @@ defvjp(ltorch.native_batch_norm.id)(lambda res, g: _batch_norm_vjp(res, *g))
 defvjp(ltorch.native_batch_norm_legit_functional.id)(lambda res, g: _batch_norm_vjp(res, *g[:3]))
 
 
+_GROUP_NORM_ARGS = ("input", "weight", "bias", "N", "C", "HxW", "group", "eps")
+
+
+@defvjp(ltorch.native_group_norm.id)
+def _native_group_norm_vjp(res, g):
+    """eager's kernel, native_group_norm_backward, for the output's cotangent (output_mask: the arguments the
+    backward wants; aten computes grad_bias only beside grad_weight, so without a weight the bias's is a sum here),
+    plus the input's through the saved mean and rstd, which a second derivative reaches."""
+    x, weight, bias, n, c, hxw, group, _ = (_argument(res, i, name, None) for i, name in enumerate(_GROUP_NORM_ARGS))
+    mean, rstd = res.out[1:]
+    g_out, g_mean, g_rstd = g
+    dx = dw = db = None
+    if g_out is not None:
+        mask = [wants_gradient(x), weight is not None and wants_gradient(weight),
+                weight is not None and bias is not None and wants_gradient(bias)]
+        if any(mask):
+            dx, dw, db = ltorch.native_group_norm_backward(g_out, x, mean, rstd, weight, n, c, hxw, group, mask)
+        if weight is None and bias is not None and wants_gradient(bias):
+            db = _to(ltorch.sum(ltorch.reshape(g_out, (n, c, hxw)), (0, 2)), bias.dtype)
+    if g_mean is not None or g_rstd is not None:
+        size = c // group * hxw
+        xc, mean_c, rstd_c = _computed(ltorch.reshape(x, (n, group, size)), mean, rstd)
+        extra = None
+        if g_mean is not None:  # mean = sum(x) / size per sample and group
+            extra = ltorch.unsqueeze(ltorch.div(_to(g_mean, xc.dtype), size), 2)
+        if g_rstd is not None:  # rstd = (var + eps) ** -1/2, var = sum((x - mean)^2) / size
+            cubed = ltorch.mul(rstd_c, ltorch.mul(rstd_c, rstd_c))
+            d = ltorch.mul(ltorch.unsqueeze(ltorch.mul(_to(g_rstd, xc.dtype), cubed), 2),
+                           ltorch.div(ltorch.sub(xc, ltorch.unsqueeze(mean_c, 2)), -size))
+            extra = d if extra is None else ltorch.add(extra, d)
+        extra = _to(ltorch.reshape(ltorch.expand(extra, (n, group, size)), tuple(x.shape)), x.dtype)
+        dx = extra if dx is None else ltorch.add(dx, extra)
+    return (dx, dw, db) + (None,) * max(0, len(res.args) - 3)
+
+
 def _constant_or_none(t) -> bool:
     return t is None or not isinstance(t, TensorProxy) or t.constant is not None
 
