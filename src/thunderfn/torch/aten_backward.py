@@ -288,9 +288,8 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
     dims = _batch_norm_dims(input, weight, bias, running_mean, running_var)
     out, mean, invstd = normalize_channels(input, dims if training else None, running_mean, running_var, weight, bias,
                                            eps, stats_rounded=stats_dtype in dtypes.low_precision)
-    if not training:
-        empty = clang.full((0,), 0.0, device=input.device, dtype=stats_dtype)
-        return out, empty, empty
+    if not training:  # two tensors, as aten's
+        return (out, *(clang.full((0,), 0.0, device=input.device, dtype=stats_dtype) for _ in range(2)))
     channels = (input.shape[1],)
     return (out, maybe_convert_to_dtype(clang.reshape(mean, channels), stats_dtype),
             maybe_convert_to_dtype(clang.reshape(invstd, channels), stats_dtype))

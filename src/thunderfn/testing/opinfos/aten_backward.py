@@ -90,12 +90,16 @@ def native_group_norm_samples(device, dtype):
     x = make_tensor((2, 6, 3, 2), device=device, dtype=dtype)
     w, b = make_tensor((6,), device=device, dtype=dtype), make_tensor((6,), device=device, dtype=dtype)
     yield SampleInput((x, w, b, 2, 6, 6, 3, 1e-5))
-    # (aten's kernel takes contiguous inputs only: aten's group_norm makes them so)
-    yield SampleInput((x[:, :, :, 0].contiguous(), None, None, 2, 6, 3, 2, 1e-3), name="3-D, no weight, no bias")
+    yield SampleInput((x[:, :, :, 0], None, None, 2, 6, 3, 2, 1e-3), name="3-D, no weight, no bias")
 
 
-def _native_group_norm_output(*args):
-    return aten.native_group_norm.default(*args)[0]
+# aten's group norm kernels take their tensors contiguous only: aten's group_norm and its derivative make them so
+def _native_group_norm_output(input, *args):
+    return aten.native_group_norm.default(input.contiguous(), *args)[0]
+
+
+def _native_group_norm_backward(grad_out, input, *args):
+    return aten.native_group_norm_backward.default(grad_out.contiguous(), input.contiguous(), *args)
 
 
 def native_group_norm_backward_samples(device, dtype):
@@ -154,8 +158,7 @@ opinfos = [
     OpInfo("aten.native_batch_norm_backward", aten.native_batch_norm_backward.default,
            native_batch_norm_backward_samples, DTYPES),
     OpInfo("aten.native_group_norm", _native_group_norm_output, native_group_norm_samples, DTYPES),
-    OpInfo("aten.native_group_norm_backward", aten.native_group_norm_backward.default,
-           native_group_norm_backward_samples, DTYPES),
+    OpInfo("aten.native_group_norm_backward", _native_group_norm_backward, native_group_norm_backward_samples, DTYPES),
     OpInfo("aten.nll_loss_forward", aten.nll_loss_forward.default, nll_loss_forward_samples, DTYPES),
     OpInfo("aten.nll_loss_backward", aten.nll_loss_backward.default, nll_loss_backward_samples, DTYPES),
     OpInfo("aten.embedding_dense_backward", aten.embedding_dense_backward.default, embedding_dense_backward_samples,
