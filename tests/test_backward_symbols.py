@@ -8,6 +8,7 @@ import types
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import thunderfn as tf
 import thunderfn.torch as ltorch
@@ -19,6 +20,10 @@ EAGER = types.SimpleNamespace(
     softmax_backward_data=aten._softmax_backward_data.default,
     log_softmax_backward_data=aten._log_softmax_backward_data.default,
     native_layer_norm=aten.native_layer_norm.default, native_layer_norm_backward=aten.native_layer_norm_backward.default,
+    native_batch_norm=aten.native_batch_norm.default,
+    native_batch_norm_legit_functional=aten._native_batch_norm_legit_functional.default,
+    native_batch_norm_backward=aten.native_batch_norm_backward.default,
+    native_group_norm=aten.native_group_norm.default, native_group_norm_backward=aten.native_group_norm_backward.default,
     nll_loss_forward=aten.nll_loss_forward.default, nll_loss_backward=aten.nll_loss_backward.default,
     embedding_dense_backward=aten.embedding_dense_backward.default,
 )
@@ -113,6 +118,75 @@ case("native_layer_norm_backward-no-weight-no-bias", "native_layer_norm_backward
 case("native_layer_norm_backward-parameters-only", "native_layer_norm_backward",
      lambda ops, g, x, m, r, w, b: ops.native_layer_norm_backward(g, x, [4, 5], m, r, w, b, [False, True, True]),
      lambda d: _ln_backward_args(d, (4, 5)))
+
+
+
+def _bn_args(d, *shape, params=True):
+    x = randn(*shape, dtype=d, seed=0) * 2 + 1
+    c = shape[1]
+    w, b = (randn(c, dtype=d, seed=1), randn(c, dtype=d, seed=2)) if params else (None, None)
+    return x, w, b, randn(c, dtype=d, seed=3), randn(c, dtype=d, seed=4).abs() + 0.5
+
+
+def bn_stats(x, w=None, b=None):
+    return aten.native_batch_norm.default(x, w, b, None, None, True, 0.1, 1e-5)[1:]
+
+
+case("native_batch_norm-training", "native_batch_norm",
+     lambda ops, x, w, b, m, v: ops.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5),
+     lambda d: _bn_args(d, 4, 3, 5))
+case("native_batch_norm-training-4d-no-weight-no-bias", "native_batch_norm",
+     lambda ops, x, w, b, m, v: ops.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-3),
+     lambda d: _bn_args(d, 2, 3, 2, 4, params=False))
+case("native_batch_norm-evaluation", "native_batch_norm",
+     lambda ops, x, w, b, m, v: ops.native_batch_norm(x, w, b, m, v, False, 0.1, 1e-5), lambda d: _bn_args(d, 4, 3))
+case("native_batch_norm_legit_functional-training", "native_batch_norm_legit_functional",
+     lambda ops, x, w, b, m, v: ops.native_batch_norm_legit_functional(x, w, b, m, v, True, 0.1, 1e-5),
+     lambda d: _bn_args(d, 4, 3, 5))
+case("native_batch_norm_legit_functional-training-no-weight-momentum-1", "native_batch_norm_legit_functional",
+     lambda ops, x, w, b, m, v: ops.native_batch_norm_legit_functional(x, None, b, m, v, True, 1.0, 1e-3),
+     lambda d: _bn_args(d, 6, 3))
+case("native_batch_norm_legit_functional-evaluation", "native_batch_norm_legit_functional",
+     lambda ops, x, w, b, m, v: ops.native_batch_norm_legit_functional(x, w, b, m, v, False, 0.1, 1e-5),
+     lambda d: _bn_args(d, 4, 3, 5))
+case("native_batch_norm_backward-training", "native_batch_norm_backward",
+     lambda ops, g, x, w, sm, si: ops.native_batch_norm_backward(g, x, w, None, None, sm, si, True, 1e-5,
+                                                                 [True, True, True]),
+     lambda d: (randn(4, 3, 5, dtype=d, seed=5), *_bn_args(d, 4, 3, 5)[:2], *bn_stats(*_bn_args(d, 4, 3, 5)[:3])))
+case("native_batch_norm_backward-training-input-only-no-weight", "native_batch_norm_backward",
+     lambda ops, g, x, sm, si: ops.native_batch_norm_backward(g, x, None, None, None, sm, si, True, 1e-5,
+                                                              [True, False, False]),
+     lambda d: (randn(2, 3, 2, 2, dtype=d, seed=5), _bn_args(d, 2, 3, 2, 2)[0], *bn_stats(_bn_args(d, 2, 3, 2, 2)[0])))
+case("native_batch_norm_backward-training-parameters-only", "native_batch_norm_backward",
+     lambda ops, g, x, w, sm, si: ops.native_batch_norm_backward(g, x, w, None, None, sm, si, True, 1e-5,
+                                                                 [False, True, True]),
+     lambda d: (randn(4, 3, 5, dtype=d, seed=5), *_bn_args(d, 4, 3, 5)[:2], *bn_stats(*_bn_args(d, 4, 3, 5)[:3])))
+case("native_batch_norm_backward-evaluation", "native_batch_norm_backward",
+     lambda ops, g, x, w, m, v: ops.native_batch_norm_backward(g, x, w, m, v, None, None, False, 1e-5,
+                                                               [True, True, True]),
+     lambda d: (randn(4, 3, dtype=d, seed=5), *_bn_args(d, 4, 3)[:2], *_bn_args(d, 4, 3)[3:]))
+
+
+
+def _gn_args(d, params=True):
+    x = randn(2, 6, 3, 2, dtype=d, seed=0) * 2 + 1
+    return (x, randn(6, dtype=d, seed=1), randn(6, dtype=d, seed=2)) if params else (x, None, None)
+
+
+def gn_stats(x, w=None, b=None, groups=3):
+    return aten.native_group_norm.default(x, w, b, 2, 6, 6, groups, 1e-5)[1:]
+
+
+case("native_group_norm", "native_group_norm", lambda ops, x, w, b: ops.native_group_norm(x, w, b, 2, 6, 6, 3, 1e-5),
+     _gn_args)
+case("native_group_norm-no-weight-no-bias-one-group", "native_group_norm",
+     lambda ops, x, w, b: ops.native_group_norm(x, w, b, 2, 6, 6, 1, 1e-3), lambda d: _gn_args(d, params=False))
+case("native_group_norm_backward", "native_group_norm_backward",
+     lambda ops, g, x, w, m, r: ops.native_group_norm_backward(g, x, m, r, w, 2, 6, 6, 3, [True, True, True]),
+     lambda d: (randn(2, 6, 3, 2, dtype=d, seed=5), *_gn_args(d)[:2], *gn_stats(*_gn_args(d))))
+case("native_group_norm_backward-input-only-no-weight", "native_group_norm_backward",
+     lambda ops, g, x, m, r: ops.native_group_norm_backward(g, x, m, r, None, 2, 6, 6, 3, [True, False, False]),
+     lambda d: (randn(2, 6, 3, 2, dtype=d, seed=5), _gn_args(d)[0], *gn_stats(_gn_args(d)[0])))
 
 for _reduction, _rname in ((NONE, "none"), (MEAN, "mean"), (SUM, "sum")):
     case(f"nll_loss_forward-{_rname}-ignored-rows", "nll_loss_forward",
@@ -262,6 +336,34 @@ GRAD_CASES: dict = {
         lambda ops, g, x: ops.native_layer_norm_backward(
             g, x, [4, 5], *ops.native_layer_norm(x, [4, 5], None, None, 1e-5)[1:], None, None, [True, False, False]),
         lambda: (randn(3, 4, 5, dtype=F64, seed=3), randn(3, 4, 5, dtype=F64, seed=0)), (0, 1)),
+    # torch treats save_mean and save_invstd as outputs without a gradient, and refuses to differentiate the running
+    # statistics: evaluation mode differentiates input, weight and bias
+    "native_batch_norm-training": (lambda ops, x, w, b: ops.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5)[0],
+                                   lambda: _bn_args(F64, 4, 3, 5)[:3], (0, 1, 2)),
+    "native_batch_norm-evaluation": (
+        lambda ops, x, w, b, m, v: ops.native_batch_norm(x, w, b, m, v, False, 0.1, 1e-5)[0],
+        lambda: _bn_args(F64, 4, 3, 5), (0, 1, 2)),
+    "native_batch_norm_legit_functional": (
+        lambda ops, x, w, b, m, v: ops.native_batch_norm_legit_functional(x, w, b, m, v, True, 0.1, 1e-5)[0],
+        lambda: _bn_args(F64, 4, 3, 5), (0, 1, 2)),
+    # batch norm's double backward: the statistics recomputed from the input, as autograd sees them
+    "native_batch_norm_backward-training": (
+        lambda ops, g, x, w, b: ops.native_batch_norm_backward(
+            g, x, w, None, None, *ops.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5)[1:], True, 1e-5,
+            [True, True, True]),
+        lambda: (randn(4, 3, 5, dtype=F64, seed=5), *_bn_args(F64, 4, 3, 5)[:3]), (0, 1, 2)),
+    "native_batch_norm_backward-training-no-weight": (
+        lambda ops, g, x: ops.native_batch_norm_backward(
+            g, x, None, None, None, *ops.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5)[1:], True, 1e-5,
+            [True, False, False]),
+        lambda: (randn(2, 3, 2, 2, dtype=F64, seed=5), _bn_args(F64, 2, 3, 2, 2)[0]), (0, 1)),
+    "native_batch_norm_backward-evaluation": (
+        lambda ops, g, x, w, m, v: ops.native_batch_norm_backward(g, x, w, m, v, None, None, False, 1e-5,
+                                                                  [True, True, True]),
+        lambda: (randn(4, 3, 5, dtype=F64, seed=5), *_bn_args(F64, 4, 3, 5)[:2], *_bn_args(F64, 4, 3, 5)[3:]),
+        (0, 1, 2)),
+    "native_group_norm": (lambda ops, x, w, b: ops.native_group_norm(x, w, b, 2, 6, 6, 3, 1e-5)[0],
+                          lambda: _gn_args(F64), (0, 1, 2)),
     "nll_loss_forward-mean-weight": (lambda ops, x, t, w: ops.nll_loss_forward(x, t, w, MEAN, -100)[0],
                                      lambda: CASES["nll_loss_forward-mean-weight"][2](F64), (0,)),
     "nll_loss_forward-none-ignored-rows": (lambda ops, x, t: ops.nll_loss_forward(x, t, None, NONE, -100)[0],
@@ -299,3 +401,30 @@ def test_embedding_dense_backward_scaled_by_frequency_differentiates_to_the_scal
     counts = torch.bincount(INDICES.flatten(), minlength=7)[INDICES]
     expected = cot[INDICES] / counts.unsqueeze(-1) * (INDICES != 1).unsqueeze(-1)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+
+
+def test_group_norm_second_derivative_is_that_of_its_formula():
+    """Eager autograd has no double backward for native_group_norm_backward: the reference is group norm written
+    with torch ops, differentiated twice by eager autograd."""
+    def by_formula(x, w, b):
+        rows = x.reshape(2, 3, -1)
+        xhat = ((rows - rows.mean(2, keepdim=True)) / (rows.var(2, unbiased=False, keepdim=True) + 1e-5).sqrt())
+        return xhat.reshape(x.shape) * w.reshape(6, 1, 1) + b.reshape(6, 1, 1)
+
+    def first_derivative_weighted(norm, x, w, b, grad):
+        g = grad(lambda x, w: (norm(x, w, b) * weights[0]).sum(), (x, w))
+        return (g[0] * weights[1]).sum() + (g[1] * weights[2]).sum()
+
+    x, w, b = _gn_args(F64)
+    weights = [randn(*t.shape, dtype=F64, seed=10 + i) for i, t in enumerate((x, x, w))]
+
+    def eager_grad(f, args):
+        return torch.autograd.grad(f(*args), args, create_graph=True)
+
+    leaves = [t.detach().requires_grad_() for t in (x, w)]
+    expected = torch.autograd.grad(first_derivative_weighted(by_formula, *leaves, b, eager_grad), leaves)
+    got = tf.grad(lambda x, w: first_derivative_weighted(
+        lambda x, w, b: F.group_norm(x, 3, w, b), x, w, b, lambda f, args: tf.grad(f, argnums=(0, 1))(*args)),
+        argnums=(0, 1))(x, w)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-7, atol=1e-7)

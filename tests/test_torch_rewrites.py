@@ -2,6 +2,8 @@
 once, and elementwise results written into dead intermediates, change nothing a caller sees."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from hypothesis import given, strategies as st
@@ -241,3 +243,107 @@ def test_a_sum_reshaped_to_keep_its_dims_is_one_sum_with_keepdim_and_a_returned_
     execution = tf.last_traces(jf)[-1]
     assert not [b for b in execution.bound_symbols if "reshape" in b.sym.name]
     assert [b.kwargs for b in execution.bound_symbols if b.sym.name.endswith("sum")] == [{"keepdim": True}, {}]
+
+
+# -- writing into the inputs a trace writes back ---------------------------------------------------
+def copies(trc) -> list[str]:
+    return [ln for ln in lines(trc) if ".copy_(" in ln]
+
+
+def test_an_input_updated_in_place_is_computed_into_it_not_copied_back():
+    def f(x, count):
+        count.add_(1)
+        x.mul_(2)
+        return x + count
+
+    args = [torch.randn(4), torch.zeros((), dtype=torch.int64)]
+    eager_args = [a.clone() for a in args]
+    jf = tf.jit(f)
+    torch.testing.assert_close(jf(*args), f(*eager_args), rtol=0, atol=0)
+    assert all(torch.equal(a, e) for a, e in zip(args, eager_args))
+    trc = tf.last_traces(jf)[-1]
+    assert [c.split("(")[0].split("= ")[1] for c in in_place_calls(trc)] == ["torch.Tensor.add_", "torch.Tensor.mul_"]
+    assert not copies(trc)
+
+
+@pytest.mark.parametrize("read_before", [lambda x: torch.sin(x), lambda x: x[1], lambda x: x.view(2, 2)],
+                         ids=["new-value", "view", "reshaped-view"])
+def test_an_input_read_after_its_update_reads_what_eager_reads(read_before):
+    """A value computed from the old input keeps the old value; a view of it shows the new one (as in eager)."""
+    def f(x):
+        before = read_before(x)
+        x.add_(1)
+        return before * 1
+
+    x = torch.randn(4)
+    x_eager = x.clone()
+    torch.testing.assert_close(tf.jit(f)(x), f(x_eager), rtol=0, atol=0)
+    torch.testing.assert_close(x, x_eager, rtol=0, atol=0)
+
+
+def test_an_input_returned_after_its_update_is_eagers_value():
+    def f(x):
+        x.add_(1)
+        return x
+
+    x = torch.randn(4)
+    expected = x + 1
+    out = tf.jit(f)(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(x, expected, rtol=0, atol=0)
+
+
+def test_batch_norm_updates_its_running_statistics_in_its_kernel_each_call_of_a_module_used_twice():
+    torch.manual_seed(0)
+    eager = torch.nn.BatchNorm1d(3)
+    traced = copy.deepcopy(eager)
+
+    def twice(bn):
+        return lambda x: bn(bn(x) * 2)
+
+    jf = tf.jit(twice(traced))
+    for _ in range(2):
+        x = torch.randn(5, 3)
+        torch.testing.assert_close(jf(x), twice(eager)(x), rtol=0, atol=0)
+    for a, b in zip(traced.buffers(), eager.buffers()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    trc = tf.last_traces(jf)[-1]
+    assert str(trc).count("native_batch_norm_into_running_stats(") == 2 and not copies(trc)
+
+
+def test_batch_norm_statistics_returned_or_read_later_are_eagers():
+    torch.manual_seed(0)
+    eager = torch.nn.BatchNorm1d(3)
+    traced = copy.deepcopy(eager)
+
+    def f(bn):
+        def run(x):
+            old = bn.running_mean * 1
+            out = bn(x)
+            return out, old, bn.running_mean, bn.running_var + 0
+        return run
+
+    x = torch.randn(5, 3)
+    for got, want in zip(tf.jit(f(traced))(x), f(eager)(x)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for a, b in zip(traced.buffers(), eager.buffers()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_an_error_after_batch_norm_leaves_its_running_statistics_updated_as_eager_does():
+    torch.manual_seed(0)
+    eager = torch.nn.BatchNorm1d(3)
+    traced = copy.deepcopy(eager)
+
+    def f(bn):
+        return lambda x, index: bn(x)[index]
+
+    x, index = torch.randn(5, 3), torch.tensor([0, 4])
+    jf = tf.jit(f(traced))
+    torch.testing.assert_close(jf(x, index), f(eager)(x, index), rtol=0, atol=0)
+    bad = torch.tensor([0, 7])
+    for fn in (jf, f(eager)):
+        with pytest.raises(IndexError):
+            fn(x, bad)
+    for a, b in zip(traced.buffers(), eager.buffers()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

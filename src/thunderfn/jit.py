@@ -51,7 +51,8 @@ from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError, UnsupportedOpError
 from thunderfn.executors.fusion import FusionExecutor
 from thunderfn.executors.torch_rewrites import (UnlessFunctorch, collapse_reshapes, lift_number_operands,
-                                                records_no_autograd, reuse_dead_buffers)
+                                                records_no_autograd, reuse_dead_buffers,
+                                                write_into_written_back_inputs)
 from thunderfn.module import jit_module
 from thunderfn.torch.autocast import autocast_state
 from thunderfn.torch.autocast import switched_off as autocast_switched_off
@@ -424,8 +425,8 @@ def _rematerializes(option, executors) -> bool:
 def _execution_passes(trc: Trace, executors, *, no_autograd: bool, no_grad: bool = False) -> tuple[list[Trace], Callable]:
     """The passes from a transformed trace to the one that runs, and the function it compiles to
     (run under torch.no_grad() with `no_grad`): lower onto the executors, drop what lowering made
-    unused, fuse, lift Python numbers, write into dead intermediates (only where the trace runs
-    with `no_autograd` recording; see executors/torch_rewrites.py), insert `del`s."""
+    unused, fuse, lift Python numbers, write into written-back inputs and dead intermediates (only where
+    the trace runs with `no_autograd` recording; see executors/torch_rewrites.py), insert `del`s."""
     traces = [timed_pass("Transform for execution", lower_trace, trc, executors)]
     traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
     collapsed = timed_pass("Collapse reshapes", collapse_reshapes, traces[-1])
@@ -436,8 +437,13 @@ def _execution_passes(trc: Trace, executors, *, no_autograd: bool, no_grad: bool
     lifted = timed_pass("Lift number operands", lift_number_operands, traces[-1])
     lifted = timed_pass("Write back on failure", write_back_on_failure_pass, lifted)
     traces += [lifted] if lifted is not traces[-1] else []
-    reused = timed_pass("Reuse dead buffers", reuse_dead_buffers, lifted) if no_autograd else lifted
-    traces += [reused] if reused is not lifted else []
+    reused = lifted
+    if no_autograd:
+        for name, rewrite in (("Write into written-back inputs", write_into_written_back_inputs),
+                              ("Reuse dead buffers", reuse_dead_buffers)):
+            rewritten = timed_pass(name, rewrite, reused)
+            traces += [rewritten] if rewritten is not reused else []
+            reused = rewritten
     traces.append(timed_pass("Delete Last Used", del_last_used, traces[-1]))
     def compiled(t: Trace) -> Callable:
         fn = t.python_callable()

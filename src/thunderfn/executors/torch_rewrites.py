@@ -19,9 +19,17 @@ Eager PyTorch pays, on every call, for two things a compiled trace knows how to 
   allocation, and for large tensors no page faults on new memory, as Inductor's
   buffer reuse does.
 
+- **A new value of an input is computed, then copied into it.** A function that updates an
+  input (or captured tensor) in place is traced functionally: the new value is computed into
+  new memory and written back at the end (`x.copy_(t5)`). `write_into_written_back_inputs`
+  lets the call that computes it write into the input itself, as eager's in-place op does,
+  where nothing reads the old value afterwards: `torch.add(n, 1)` then `n.copy_(t1)` becomes
+  `n.add_(1)`, and batch norm's functional form with the running statistics becomes aten's
+  `native_batch_norm`, which updates them inside its kernel as eager's batch norm does.
+
 Writing in place is only correct where nothing records the old value: torch.autograd
 saves an op's inputs for its backward, and torch.func.vmap refuses to write a batched
-value into an unbatched tensor. So jit applies `reuse_dead_buffers` only to traces that
+value into an unbatched tensor. So jit applies both rewrites only to traces that
 run without autograd recording (the halves of a forward/backward split, or a trace in
 which nothing requires grad), and `UnlessFunctorch` keeps the unrewritten trace for
 calls made under torch.func's transforms.
@@ -36,6 +44,7 @@ from thunderfn.core.context import functorch_active
 from thunderfn.core.passes import dce, output_names, value_key
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves, tree_map
+from thunderfn.core.statements import no_writes_yet, write_back, write_back_on_failure, written
 from thunderfn.core.symbol import BoundSymbol
 from thunderfn.executors.torch_executor import TorchExecutor, torch_ex
 from thunderfn.torch import aten_backward
@@ -223,6 +232,85 @@ def reuse_dead_buffers(trc):
             out[i] = BoundSymbol(torch_ex.op(in_place), args, b.kwargs, b.output, b.subsymbols)
             changed = True
     return trc.derive("Reuse dead buffers", out) if changed else trc
+
+
+# -- writing into the inputs a trace writes back -------------------------------------------------
+
+def native_batch_norm_into_running_stats(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """native_batch_norm_legit_functional's five results as eager's batch norm computes them: aten's
+    native_batch_norm writes the new running statistics into running_mean and running_var themselves."""
+    out, save_mean, save_invstd = torch.native_batch_norm(input, weight, bias, running_mean, running_var, training,
+                                                          momentum, eps)
+    return out, save_mean, save_invstd, running_mean, running_var
+
+
+# A torch call and the call that computes the same into its arguments: that call, and for each output written so,
+# the position of the argument it is written into (an elementwise op writes its result into its first argument).
+_WRITES_INTO = {
+    aten_backward.native_batch_norm_legit_functional.torch_fn: (native_batch_norm_into_running_stats, {3: 3, 4: 4}),
+    **{fn: (in_place, {0: 0}) for fn, in_place in _IN_PLACE.items()},
+}
+# Calls whose outputs are new memory: reading a value with one of them makes no view of it.
+_READS_WITHOUT_VIEWS = _FRESH | set(_WRITES_INTO)
+_WRITE_BACKS = (write_back, write_back_on_failure)
+
+
+def write_into_written_back_inputs(trc):
+    """trc with each torch call that computes the new value of an input or captured tensor (one the trace
+    writes back) from its old value, read there for the last time, made to write it into that tensor, and
+    the write-back of that value dropped (see the module docstring for when this is legal: the trace must not
+    run under autograd recording). A chain of such calls writes into the same tensor each time."""
+    bsyms = trc.bound_symbols
+    written_back = {b.args[0].name: i for i, b in enumerate(bsyms)
+                    if b.sym is write_back and (len(b.args) < 3 or b.args[2] is None) and not b.args[0].requires_grad}
+    if not written_back:
+        return trc
+    readers: dict = {}  # name -> indices of the bound symbols that read it (a write-back's target is written, not read)
+    for i, b in enumerate(bsyms):
+        read = b.proxy_args()[1:] if b.sym in _WRITE_BACKS else b.proxy_args()
+        for a in {a.name for a in read}:
+            readers.setdefault(a, []).append(i)
+    outputs = output_names(trc)
+    lives_in = {name: name for name in written_back}  # value -> the written-back tensor whose memory holds it
+
+    def no_view_escapes(j: int) -> bool:  # reading there makes no alias that could be read later
+        b = bsyms[j]
+        return _torch_fn(b) in _READS_WITHOUT_VIEWS or b.sym in _WRITE_BACKS or not b.proxy_outs()
+
+    def writable(a, o, i: int) -> bool:
+        """May call i write its output o into a's memory: a is read for the last time there, by nothing that may
+        have made a view of it, and o is read afterwards without views before its tensor is written back."""
+        target = lives_in.get(a.name) if isinstance(a, TensorProxy) else None
+        if (target is None or not isinstance(o, TensorProxy) or a.name in outputs or o.name in outputs
+                or tuple(o.shape) != tuple(a.shape) or o.dtype != a.dtype or o.device != a.device
+                or [p.name for p in bsyms[i].proxy_args()].count(a.name) != 1):
+            return False
+        if any(j > i or (j < i and not no_view_escapes(j)) for j in readers.get(a.name, ())):
+            return False
+        return all(i < j <= written_back[target] and no_view_escapes(j) for j in readers.get(o.name, ()))
+
+    out, changed = list(bsyms), False
+    for i, b in enumerate(bsyms):
+        entry = _WRITES_INTO.get(_torch_fn(b))
+        if entry is None:
+            continue
+        in_place, positions = entry
+        outs = b.flat_outs()
+        pairs = [(b.args[arg] if arg < len(b.args) else None, outs[pos]) for pos, arg in positions.items()]
+        if all(writable(a, o, i) for a, o in pairs):
+            out[i] = BoundSymbol(torch_ex.op(in_place), b.args, b.kwargs, b.output, b.subsymbols)
+            lives_in.update((o.name, lives_in[a.name]) for a, o in pairs)
+            changed = True
+    if not changed:
+        return trc
+    done = {b.args[0].name for b in out if b.sym is write_back and lives_in.get(b.args[1].name) == b.args[0].name}
+    # what write_back_on_failure_pass added for those tensors: a failure leaves them written as eager's ops do
+    slots = {b.args[0] for b in out if b.sym is write_back_on_failure and b.args[1].name in done}
+    out = [b for b in out if not (b.sym in _WRITE_BACKS and b.args[0 if b.sym is write_back else 1].name in done
+                                  or b.sym is written and b.args[0] in slots)]
+    if not any(b.sym is write_back_on_failure for b in out):
+        out = [b for b in out if b.sym is not no_writes_yet]
+    return trc.derive("Write into written-back inputs", out)
 
 
 def _torch_fn(bsym):

@@ -21,13 +21,16 @@ import torch
 from thunderfn import clang, prims
 from thunderfn.clang import maybe_convert_to_dtype
 from thunderfn.core import dtypes
+from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
 from thunderfn.torch.base import torchsymbol
 from thunderfn.torch.opaque import aten_call
+from thunderfn.torch.shape import detach
 
 aten = torch.ops.aten
 __all__ = ["gelu_backward", "softmax_backward_data", "log_softmax_backward_data", "native_layer_norm",
-           "native_layer_norm_backward", "nll_loss_forward", "nll_loss_backward", "embedding_dense_backward",
+           "native_layer_norm_backward", "native_batch_norm", "native_batch_norm_legit_functional",
+           "native_batch_norm_backward", "native_group_norm", "native_group_norm_backward", "nll_loss_forward", "nll_loss_backward", "embedding_dense_backward",
            "tanh_backward", "sigmoid_backward", "threshold_backward"]
 
 
@@ -191,6 +194,280 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
         grad_weight = over_batch(clang.mul(dy, xhat), weight)
     if want_bias:
         grad_bias = over_batch(dy, bias)
+    return grad_input, grad_weight, grad_bias
+
+
+# -- batch norm ------------------------------------------------------------------------------------
+def _per_channel(t, ndim, compute):
+    """A (C,) tensor shaped to broadcast along dim 1 of an ndim-dim (N, C, ...) tensor, in the computation dtype."""
+    return clang.reshape(maybe_convert_to_dtype(t, compute), (t.shape[0],) + (1,) * (ndim - 2))
+
+
+def _scale_shift(x, mean, invstd, weight, bias):
+    """x * alpha + beta with alpha = invstd * weight and beta = bias - mean * alpha: torch's CPU batch norm
+    kernel's arithmetic (all operands broadcastable to x)."""
+    alpha = invstd if weight is None else clang.mul(invstd, weight)
+    shift = clang.mul(mean, alpha)
+    beta = clang.neg(shift) if bias is None else clang.sub(bias, shift)
+    return clang.add(clang.mul(x, alpha), beta)
+
+
+def normalize_channels(input, stats_dims, running_mean, running_var, weight, bias, eps, *, stats_rounded: bool):
+    """Batch and instance norm: (output, mean, invstd), input normalized per channel (dim 1) with the statistics over
+    stats_dims, or with the running statistics when stats_dims is None; mean and invstd are in the computation dtype,
+    shaped to broadcast against the input. torch keeps batch statistics in the parameters' dtype: with
+    `stats_rounded` (a half-precision input without float32 parameters) mean and 1/std are rounded to half before
+    normalizing, in float32, with them."""
+    compute = dtypes.computation_dtype(input.dtype)
+    x = maybe_convert_to_dtype(input, compute)
+    batch_stats = stats_dims is not None
+    if batch_stats:
+        var, mean = prims.var_mean(x, stats_dims, correction=0)
+        mean, var = clang.keepdim_reshape(mean, x, stats_dims), clang.keepdim_reshape(var, x, stats_dims)
+    else:
+        mean, var = _per_channel(running_mean, input.ndim, compute), _per_channel(running_var, input.ndim, compute)
+    invstd = clang.reciprocal(clang.sqrt(clang.add(var, eps)))
+    w = None if weight is None else _per_channel(weight, input.ndim, compute)
+    b = None if bias is None else _per_channel(bias, input.ndim, compute)
+    if batch_stats and stats_rounded:
+        mean, invstd = (maybe_convert_to_dtype(maybe_convert_to_dtype(t, input.dtype), compute) for t in (mean, invstd))
+        out = clang.mul(clang.sub(x, mean), invstd)
+        out = out if w is None else clang.mul(out, w)
+        out = out if b is None else clang.add(out, b)
+    else:
+        out = _scale_shift(x, mean, invstd, w, b)
+    return maybe_convert_to_dtype(out, input.dtype), mean, invstd
+
+
+def updated_running_stats(input, running_mean, running_var, stats_dims, momentum, *, per_instance: bool):
+    """torch's update of running statistics, in double as its CPU kernel accumulates:
+    momentum * batch + (1 - momentum) * running, with the unbiased batch variance. Instance
+    norm (torch's batch norm on (1, N*C, ...)) first averages the N per-instance statistics.
+    Detached: torch's kernel writes them outside autograd, so no gradient reaches them, in reverse or
+    forward mode."""
+    check(running_mean is not None and running_var is not None,
+          lambda: "running statistics: pass both running_mean and running_var, or neither")
+    input, running_mean, running_var = detach(input), detach(running_mean), detach(running_var)
+    n = torch.Size([input.shape[d] for d in stats_dims]).numel()
+    var, mean = prims.var_mean(maybe_convert_to_dtype(input, torch.float64), stats_dims, correction=0)
+    unbiased = clang.mul(var, n / (n - 1)) if n > 1 else var
+
+    def updated(running, batch):
+        if per_instance:
+            batch = clang.true_divide(prims.sum(batch, (0,)), input.shape[0])
+        value = clang.add(clang.mul(batch, momentum),
+                          clang.mul(maybe_convert_to_dtype(running, torch.float64), 1 - momentum))
+        return maybe_convert_to_dtype(value, running.dtype)
+
+    return updated(running_mean, mean), updated(running_var, unbiased)
+
+
+def _batch_norm_stats_dtype(input, *params):
+    """The dtype of aten's saved statistics: float32 for a half-precision input whose parameters (those given) are all
+    float32, else the input's (CPU's rule; CUDA's kernels agree for the dtypes both take)."""
+    given = [p for p in params if p is not None]
+    mixed = input.dtype in dtypes.low_precision and bool(given) and all(p.dtype is torch.float32 for p in given)
+    return torch.float32 if mixed else input.dtype
+
+
+def _batch_norm_dims(input, *params):
+    check(input.ndim >= 2, lambda: f"batch_norm: expected an input of at least 2 dims (N, C, ...), got {input.ndim}")
+    channels = input.shape[1]
+    for p in params:
+        check(p is None or p.numel() == channels, lambda: f"batch_norm: expected {channels} elements per channel "
+                                                          f"parameter, got {p.numel()}")
+    check_dtype_supported(dtypes.is_float(input.dtype), "batch_norm", input.dtype)
+    return (0, *range(2, input.ndim))
+
+
+def _native_batch_norm(input, weight, bias, running_mean, running_var, training, eps, stats_dtype):
+    dims = _batch_norm_dims(input, weight, bias, running_mean, running_var)
+    out, mean, invstd = normalize_channels(input, dims if training else None, running_mean, running_var, weight, bias,
+                                           eps, stats_rounded=stats_dtype in dtypes.low_precision)
+    if not training:  # two tensors, as aten's
+        return (out, *(clang.full((0,), 0.0, device=input.device, dtype=stats_dtype) for _ in range(2)))
+    channels = (input.shape[1],)
+    return (out, maybe_convert_to_dtype(clang.reshape(mean, channels), stats_dtype),
+            maybe_convert_to_dtype(clang.reshape(invstd, channels), stats_dtype))
+
+
+@torchsymbol(_aten(aten.native_batch_norm.default)[0])  # not the OpOverload: torch/nn.py routes it (it may write)
+def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """(output, save_mean, save_invstd): batch norm's output and the (C,) statistics its backward reads, the batch's
+    mean and 1 / sqrt(var + eps) in training mode, empty (0,) tensors in evaluation mode (normalized with the
+    running statistics). In training mode aten also writes new running statistics into running_mean and
+    running_var: that form is native_batch_norm_legit_functional, so here they must be None."""
+    check(not (training and (running_mean is not None or running_var is not None)),
+          lambda: "native_batch_norm(training=True) with running statistics updates them in place; thunderfn records "
+                  "that as native_batch_norm_legit_functional (torch.ops.aten.native_batch_norm and F.batch_norm "
+                  "called while tracing are recorded so)", UnsupportedOpError)
+    check(training or running_mean is not None and running_var is not None,
+          lambda: "running_mean and running_var must be defined in evaluation mode")
+    return _native_batch_norm(input, weight, bias, running_mean, running_var, training, eps,
+                              _batch_norm_stats_dtype(input, weight, bias, running_mean, running_var))
+
+
+@torchsymbol(*_aten(aten._native_batch_norm_legit_functional.default), name="native_batch_norm_legit_functional")
+def native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """(output, save_mean, save_invstd, new running_mean, new running_var): native_batch_norm with running
+    statistics as a function, the statistics it would write returned instead (for training=False, the given ones).
+    Under jit, where the new statistics are written back into the tensors they came from, the torch executor runs
+    native_batch_norm, which writes them there in place as eager does (executors/torch_rewrites.py)."""
+    check(running_mean is not None and running_var is not None,
+          lambda: "native_batch_norm_legit_functional: running_mean and running_var must be tensors")
+    _batch_norm_dims(input, weight, bias, running_mean, running_var)
+    stats_dtype = _batch_norm_stats_dtype(input, weight, bias, running_mean, running_var)
+    if not training:
+        return (*_native_batch_norm(input, weight, bias, running_mean, running_var, False, eps, stats_dtype),
+                clang.add(detach(running_mean), 0), clang.add(detach(running_var), 0))
+    out, save_mean, save_invstd = _native_batch_norm(input, weight, bias, None, None, True, eps, stats_dtype)
+    return (out, save_mean, save_invstd, *updated_running_stats(input, running_mean, running_var,
+                                                                (0, *range(2, input.ndim)), momentum,
+                                                                per_instance=False))
+
+
+@torchsymbol(*_aten(aten.native_batch_norm_backward.default))
+def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                               output_mask):
+    """(grad_input, grad_weight, grad_bias), each None where output_mask says so (as aten gives them). With
+    train, from the batch statistics native_batch_norm saved: dx = invstd * weight * (dy - mean(dy) -
+    xc * invstd^2 * mean(dy * xc)), xc = x - mean; without, from the running statistics: dx = dy * invstd *
+    weight, invstd = 1 / sqrt(running_var + eps). dweight = sum(dy * xc) * invstd, dbias = sum(dy), over every
+    dim but the channels (1)."""
+    check(len(output_mask) == 3, lambda: f"output_mask must hold 3 bools, got {list(output_mask)}")
+    dims = _batch_norm_dims(input, weight, running_mean, running_var, *((save_mean, save_invstd) if train else ()))
+    want_input, want_weight, want_bias = (bool(m) for m in output_mask)
+    compute = dtypes.computation_dtype(input.dtype)
+    x, dy = maybe_convert_to_dtype(input, compute), maybe_convert_to_dtype(grad_out, compute)
+    if train:
+        check(save_mean is not None and save_invstd is not None,
+              lambda: "native_batch_norm_backward(train=True) needs save_mean and save_invstd")
+        mean, invstd = _per_channel(save_mean, input.ndim, compute), _per_channel(save_invstd, input.ndim, compute)
+    else:
+        check(running_mean is not None and running_var is not None,
+              lambda: "native_batch_norm_backward(train=False) needs running_mean and running_var")
+        mean = _per_channel(running_mean, input.ndim, compute)
+        invstd = clang.reciprocal(clang.sqrt(clang.add(_per_channel(running_var, input.ndim, compute), eps)))
+    xc = clang.sub(x, mean)
+    sum_dy = prims.sum(dy, dims)
+    dot = prims.sum(clang.mul(dy, xc), dims)
+    param_dtype = input.dtype if weight is None else weight.dtype
+    grad_input = grad_weight = grad_bias = None
+    if want_input:
+        scale = invstd if weight is None else clang.mul(invstd, _per_channel(weight, input.ndim, compute))
+        if train:
+            n = torch.Size([input.shape[d] for d in dims]).numel()
+            mean_dy = clang.keepdim_reshape(clang.true_divide(sum_dy, n), x, dims)
+            projection = clang.mul(clang.keepdim_reshape(clang.true_divide(dot, n), x, dims), clang.mul(invstd, invstd))
+            dx = clang.mul(clang.sub(clang.sub(dy, mean_dy), clang.mul(xc, projection)), scale)
+        else:
+            dx = clang.mul(dy, scale)
+        grad_input = maybe_convert_to_dtype(dx, input.dtype)
+    if want_weight:
+        grad_weight = maybe_convert_to_dtype(clang.mul(dot, clang.reshape(invstd, (input.shape[1],))), param_dtype)
+    if want_bias:
+        grad_bias = maybe_convert_to_dtype(sum_dy, param_dtype)
+    return grad_input, grad_weight, grad_bias
+
+
+# -- group norm ------------------------------------------------------------------------------------
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def _kernel_layout(t):
+    """The memory format aten's group norm kernels take t in: channels-last where t is laid out so (what
+    suggest_memory_format, which Python does not see, says for such a tensor), else contiguous."""
+    channels_last = _CHANNELS_LAST.get(t.ndim)
+    if channels_last is not None and not t.is_contiguous() and t.is_contiguous(memory_format=channels_last):
+        return channels_last
+    return torch.contiguous_format
+
+
+def _laid_out(t, fmt):
+    return t if t.is_contiguous(memory_format=fmt) else t.contiguous(memory_format=fmt)
+
+
+def aten_native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    """torch.ops.aten.native_group_norm on the input laid out as its kernel requires, as aten's group_norm passes
+    it (a contiguous input goes as it is: no copy, no extra op)."""
+    return aten.native_group_norm.default(_laid_out(input, _kernel_layout(input)), weight, bias, N, C, HxW, group, eps)
+
+
+def aten_native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
+    """torch.ops.aten.native_group_norm_backward with grad_out and input laid out as the input's kernel takes it, as
+    eager's derivative formula passes them."""
+    fmt = _kernel_layout(input)
+    return aten.native_group_norm_backward.default(_laid_out(grad_out, fmt), _laid_out(input, fmt), mean, rstd, weight,
+                                                   N, C, HxW, group, output_mask)
+
+
+def _group_norm_blocks(input, weight, N, C, HxW, group):
+    """aten's checks, then the computation dtype and the shape (N, group, C / group, HxW) the input is viewed as."""
+    check(group > 0 and C % group == 0, lambda: f"Expected number of channels in input to be divisible by num_groups, "
+                                                f"but got input of shape {list(input.shape)} and num_groups={group}")
+    check(input.numel() == N * C * HxW, lambda: f"Expected input to have {N * C * HxW} elements (N * C * HxW), got "
+                                                f"{input.numel()}")
+    check(weight is None or weight.numel() == C, lambda: f"Expected weight to be a vector of size equal to the number "
+                                                         f"of channels in input, but got weight of shape "
+                                                         f"{list(weight.shape)} and input of shape {list(input.shape)}")
+    check_dtype_supported(dtypes.is_float(input.dtype), "GroupNormKernelImpl", input.dtype)
+    return dtypes.computation_dtype(input.dtype), (N, group, C // group, HxW)
+
+
+def _per_group(t, blocks, compute):
+    """(N, group) statistics, or a (C,) parameter, shaped to broadcast against the (N, group, C / group, HxW) blocks."""
+    shape = (blocks[0], blocks[1], 1, 1) if t.ndim == 2 else (1, blocks[1], blocks[2], 1)
+    return clang.reshape(maybe_convert_to_dtype(t, compute), shape)
+
+
+@torchsymbol(aten_native_group_norm, aten.native_group_norm.default)
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    """(output, mean, rstd): group_norm's output and each sample's and group's mean and 1 / std, (N, group), which its
+    backward reads; float32 for a half-precision input with float32 parameters, else in the input's dtype."""
+    compute, blocks = _group_norm_blocks(input, weight, N, C, HxW, group)
+    check(bias is None or bias.numel() == C, lambda: f"Expected bias to be a vector of size equal to the number of "
+                                                     f"channels in input, but got bias of shape {list(bias.shape)} and "
+                                                     f"input of shape {list(input.shape)}")
+    x = clang.reshape(maybe_convert_to_dtype(input, compute), blocks)
+    var, mean = prims.var_mean(clang.reshape(x, (N, group, blocks[2] * HxW)), (2,), correction=0)
+    rstd = clang.rsqrt(clang.add(var, eps))
+    # (x - mean) * (rstd * weight) + bias: closer to torch's kernels than x * alpha + beta for small groups
+    scale = _per_group(rstd, blocks, compute)
+    scale = scale if weight is None else clang.mul(scale, _per_group(weight, blocks, compute))
+    out = clang.mul(clang.sub(x, _per_group(mean, blocks, compute)), scale)
+    out = out if bias is None else clang.add(out, _per_group(bias, blocks, compute))
+    stats_dtype = _batch_norm_stats_dtype(input, weight, bias)
+    return (maybe_convert_to_dtype(clang.reshape(out, tuple(input.shape)), input.dtype),
+            maybe_convert_to_dtype(mean, stats_dtype), maybe_convert_to_dtype(rstd, stats_dtype))
+
+
+@torchsymbol(aten_native_group_norm_backward, aten.native_group_norm_backward.default)
+def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
+    """(grad_input, grad_weight, grad_bias), each None where output_mask says so (as aten gives them): per sample and
+    group, dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * weight; dweight = sum(dy *
+    xhat), dbias = sum(dy) over the samples and the spatial dims. mean and rstd are native_group_norm's."""
+    check(len(output_mask) == 3, lambda: f"output_mask must hold 3 bools, got {list(output_mask)}")
+    want_input, want_weight, want_bias = (bool(m) for m in output_mask)
+    # aten writes grad_weight and grad_bias into tensors like the weight
+    check(not (want_weight or want_bias) or weight is not None,
+          lambda: "native_group_norm_backward: output_mask[1] and [2] (grad_weight, grad_bias) need weight; pass weight "
+                  "or set them to False")
+    compute, blocks = _group_norm_blocks(input, weight, N, C, HxW, group)
+    x, dy = (clang.reshape(maybe_convert_to_dtype(t, compute), blocks) for t in (input, grad_out))
+    xhat = clang.mul(clang.sub(x, _per_group(mean, blocks, compute)), _per_group(rstd, blocks, compute))
+    grad_input = grad_weight = grad_bias = None
+    if want_input:
+        n = blocks[2] * HxW
+        dxhat = dy if weight is None else clang.mul(dy, _per_group(weight, blocks, compute))
+        mean_dxhat = clang.true_divide(_row_sum(dxhat, (2, 3)), n)
+        mean_dxhat_xhat = clang.true_divide(_row_sum(clang.mul(dxhat, xhat), (2, 3)), n)
+        dx = clang.mul(_per_group(rstd, blocks, compute),
+                       clang.sub(clang.sub(dxhat, mean_dxhat), clang.mul(xhat, mean_dxhat_xhat)))
+        grad_input = maybe_convert_to_dtype(clang.reshape(dx, tuple(input.shape)), input.dtype)
+    if want_weight:
+        grad_weight = maybe_convert_to_dtype(clang.reshape(prims.sum(clang.mul(dy, xhat), (0, 3)), (C,)), weight.dtype)
+    if want_bias:
+        grad_bias = maybe_convert_to_dtype(clang.reshape(prims.sum(dy, (0, 3)), (C,)), weight.dtype)
     return grad_input, grad_weight, grad_bias
 
 

@@ -18,7 +18,9 @@ from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
 from thunderfn.torch.base import register_alias, stand_in_front, torchsymbol
-from thunderfn.torch.aten_backward import native_layer_norm, nll_loss_forward
+from thunderfn.torch.aten_backward import (native_batch_norm, native_batch_norm_legit_functional, native_group_norm,
+                                           native_layer_norm, nll_loss_forward, normalize_channels,
+                                           updated_running_stats)
 from thunderfn.torch.opaque import opaque_symbol
 from thunderfn.torch.elementwise import logsigmoid, mul, neg, rsub, sub
 from thunderfn.torch.inplace import rebind
@@ -149,45 +151,13 @@ def _check_norm_params(input, *params):
           lambda: "mixed dtype (CPU): expect parameter to have scalar type of Float")
 
 
-def _per_channel(t, ndim, compute):
-    """A (C,) tensor shaped to broadcast along dim 1 of an ndim-dim (N, C, ...) tensor, in the computation dtype."""
-    return clang.reshape(maybe_convert_to_dtype(t, compute), (t.shape[0],) + (1,) * (ndim - 2))
-
-
-def _scale_shift(x, mean, invstd, weight, bias):
-    """x * alpha + beta with alpha = invstd * weight and beta = bias - mean * alpha: torch's CPU batch norm
-    kernel's arithmetic (all operands broadcastable to x)."""
-    alpha = invstd if weight is None else clang.mul(invstd, weight)
-    shift = clang.mul(mean, alpha)
-    beta = clang.neg(shift) if bias is None else clang.sub(bias, shift)
-    return clang.add(clang.mul(x, alpha), beta)
-
-
-def _normalize_channels(input, stats_dims, running_mean, running_var, weight, bias, eps):
-    """Batch and instance norm: input normalized per channel (dim 1) with the statistics over stats_dims, or with
-    the running statistics when stats_dims is None. torch keeps batch statistics in the parameters' dtype: a
-    half-precision input with half-precision (or no) parameters rounds mean and 1/std to half before normalizing,
-    in float32, with them."""
-    compute = dtypes.computation_dtype(input.dtype)
-    x = maybe_convert_to_dtype(input, compute)
-    batch_stats = stats_dims is not None
-    if batch_stats:
-        var, mean = prims.var_mean(x, stats_dims, correction=0)
-        mean, var = keepdim_reshape(mean, x, stats_dims), keepdim_reshape(var, x, stats_dims)
-    else:
-        mean, var = _per_channel(running_mean, input.ndim, compute), _per_channel(running_var, input.ndim, compute)
-    invstd = clang.reciprocal(clang.sqrt(clang.add(var, eps)))
-    w = None if weight is None else _per_channel(weight, input.ndim, compute)
-    b = None if bias is None else _per_channel(bias, input.ndim, compute)
+def _instance_norm_channels(input, stats_dims, running_mean, running_var, weight, bias, eps):
+    """Instance norm's output: torch runs batch norm on the input viewed as (1, N*C, ...); its statistics are
+    rounded to half precision unless the parameters (weight, bias) are float32."""
     params = [p for p in (weight, bias) if p is not None]
-    if batch_stats and input.dtype in dtypes.low_precision and not (params and params[0].dtype is torch.float32):
-        mean, invstd = (maybe_convert_to_dtype(maybe_convert_to_dtype(t, input.dtype), compute) for t in (mean, invstd))
-        out = clang.mul(clang.sub(x, mean), invstd)
-        out = out if w is None else clang.mul(out, w)
-        out = out if b is None else clang.add(out, b)
-    else:
-        out = _scale_shift(x, mean, invstd, w, b)
-    return maybe_convert_to_dtype(out, input.dtype)
+    stats_rounded = input.dtype in dtypes.low_precision and not (params and params[0].dtype is torch.float32)
+    return normalize_channels(input, stats_dims, running_mean, running_var, weight, bias, eps,
+                              stats_rounded=stats_rounded)[0]
 
 
 def _check_more_than_one_value(input, count_dims, what, shape_text):
@@ -195,14 +165,10 @@ def _check_more_than_one_value(input, count_dims, what, shape_text):
     check(count != 1, lambda: f"Expected more than 1 {what} when training, got input size {shape_text}", ValueError)
 
 
-@torchsymbol(F.batch_norm)  # not torch.batch_norm: its arguments come in another order
-def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+def _check_batch_norm(input, running_mean, running_var, weight, bias, training):
+    """F.batch_norm's and torch's checks, in their order."""
     if training:  # F.batch_norm's own check, before torch's
         _check_more_than_one_value(input, (0, *range(2, input.ndim)), "value per channel", f"torch.Size({list(input.shape)})")
-    check(not training or running_mean is None and running_var is None,
-          lambda: "batch_norm(training=True) with running_mean/running_var updates running_mean/running_var in place, "
-                  "which thunderfn does not trace yet; pass running_mean=None and running_var=None to normalize with "
-                  "batch statistics only", UnsupportedOpError)
     if not training:
         check(running_mean is not None, lambda: "running_mean must be defined in evaluation mode")
         check(running_var is not None, lambda: "running_var must be defined in evaluation mode")
@@ -212,41 +178,20 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     canonical_dim(1, input.ndim)
     check_dtype_supported(dtypes.is_float(input.dtype), "batch_norm", input.dtype)
     _check_norm_params(input, running_mean, running_var, weight, bias)
-    stats_dims = (0, *range(2, input.ndim)) if training else None
-    return _normalize_channels(input, stats_dims, running_mean, running_var, weight, bias, eps)
 
 
-def batch_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps):
-    """Training-mode batch norm as a function: (output, new running_mean, new running_var).
-    The torch executor runs this; its decomposition below is the symbol's body."""
-    new_mean, new_var = running_mean.clone(), running_var.clone()
-    return F.batch_norm(input, new_mean, new_var, weight, bias, True, momentum, eps), new_mean, new_var
-
-
-@torchsymbol(batch_norm_running_update, name="batch_norm_running_update")
-def _batch_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps):
-    out = batch_norm(input, None, None, weight, bias, True, momentum, eps)
-    return (out, *_updated_running_stats(input, running_mean, running_var, (0, *range(2, input.ndim)), momentum,
-                                         per_instance=False))
-
-
-def _updated_running_stats(input, running_mean, running_var, stats_dims, momentum, *, per_instance: bool):
-    """torch's update of running statistics, in double as its CPU kernel computes it:
-    momentum * batch + (1 - momentum) * running, with the unbiased batch variance. Instance
-    norm (torch's batch norm on (1, N*C, ...)) first averages the N per-instance statistics."""
-    check(running_mean is not None and running_var is not None,
-          lambda: "running statistics: pass both running_mean and running_var, or neither")
-    n = torch.Size([input.shape[d] for d in stats_dims]).numel()
-    var, mean = prims.var_mean(maybe_convert_to_dtype(input, torch.float64), stats_dims, correction=0)
-    unbiased = clang.mul(var, n / (n - 1)) if n > 1 else var
-
-    def updated(running, batch):
-        if per_instance:
-            batch = clang.true_divide(prims.sum(batch, (0,)), input.shape[0])
-        value = clang.add(clang.mul(batch, momentum), clang.mul(maybe_convert_to_dtype(running, torch.float64), 1 - momentum))
-        return maybe_convert_to_dtype(value, running.dtype)
-
-    return updated(running_mean, mean), updated(running_var, unbiased)
+@torchsymbol(F.batch_norm)  # not torch.batch_norm: its arguments come in another order
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """Batch norm without a write: in evaluation mode, or in training mode without running statistics
+    (_batch_norm_entry records the writing form). Its decomposition is aten's kernel, whose rule runs
+    native_batch_norm_backward."""
+    check(not training or running_mean is None and running_var is None,
+          lambda: "batch_norm(training=True) with running_mean/running_var updates running_mean/running_var in place: "
+                  "call F.batch_norm, which thunderfn records as native_batch_norm_legit_functional",
+          UnsupportedOpError)
+    _check_batch_norm(input, running_mean, running_var, weight, bias, training)
+    # momentum is unused here (and may be None, or the tensor of nn.BatchNorm's cumulative average)
+    return native_batch_norm(input, weight, bias, running_mean, running_var, training, 0.0, eps)[0]
 
 
 def _rebind_running_stats(running_mean, running_var, new_mean, new_var, because: str) -> None:
@@ -256,25 +201,47 @@ def _rebind_running_stats(running_mean, running_var, new_mean, new_var, because:
     rebind(running_var, new_var, because=because)
 
 
+def _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps, because: str):
+    """Training-mode batch norm that writes new running statistics, as aten's kernel does: recorded as
+    native_batch_norm_legit_functional and a rebinding of the statistics; with nn.BatchNorm's
+    cumulative average (momentum a tensor, torch/nn_modules.py) the update is decomposed."""
+    check(running_mean is not None and running_var is not None,
+          lambda: "running statistics: pass both running_mean and running_var, or neither")
+    if isinstance(momentum, TensorProxy):
+        out = batch_norm(input, None, None, weight, bias, True, 0.0, eps)
+        new_mean, new_var = updated_running_stats(input, running_mean, running_var, (0, *range(2, input.ndim)),
+                                                  momentum, per_instance=False)
+        _rebind_running_stats(running_mean, running_var, new_mean, new_var, because)
+        return out, None, None
+    out, save_mean, save_invstd, new_mean, new_var = native_batch_norm_legit_functional(
+        input, weight, bias, running_mean, running_var, True, momentum, eps)
+    _rebind_running_stats(running_mean, running_var, new_mean, new_var, because)
+    return out, save_mean, save_invstd
+
+
 def _batch_norm_entry(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     """F.batch_norm while tracing: in training mode with running statistics, torch's in-place
     update of them, functionalized."""
     if not (training and (running_mean is not None or running_var is not None)):
         return batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
-    _check_more_than_one_value(input, (0, *range(2, input.ndim)), "value per channel", f"torch.Size({list(input.shape)})")
+    _check_batch_norm(input, running_mean, running_var, weight, bias, training)
     check(momentum is not None, lambda: "batch_norm(momentum=None) needs the number of batches seen as a Python value; "
                                         "pass a float momentum", UnsupportedOpError)
-    if isinstance(momentum, TensorProxy):  # nn.BatchNorm's cumulative average while traced (torch/nn_modules.py)
-        out = batch_norm(input, None, None, weight, bias, True, 0.0, eps)
-        new_mean, new_var = _updated_running_stats(input, running_mean, running_var, (0, *range(2, input.ndim)),
-                                                   momentum, per_instance=False)
-    else:
-        out, new_mean, new_var = _batch_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps)
-    _rebind_running_stats(running_mean, running_var, new_mean, new_var, "batch_norm(training=True)")
-    return out
+    return _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps,
+                                   "batch_norm(training=True)")[0]
+
+
+def _native_batch_norm_entry(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """torch.ops.aten.native_batch_norm while tracing: in training mode with running statistics it writes
+    them, functionalized as for F.batch_norm."""
+    if not (training and (running_mean is not None or running_var is not None)):
+        return native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    return _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps,
+                                   "native_batch_norm(training=True)")
 
 
 register_alias(F.batch_norm, _batch_norm_entry)
+register_alias(torch.ops.aten.native_batch_norm.default, _native_batch_norm_entry)
 
 
 @torchsymbol(F.instance_norm)  # not torch.instance_norm: its arguments come in another order
@@ -295,7 +262,7 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     check_dtype_supported(dtypes.is_float(input.dtype), "batch_norm", input.dtype)
     _check_norm_params(input, running_mean, running_var, weight, bias)
     stats_dims = tuple(range(2, input.ndim)) if use_input_stats else None
-    return _normalize_channels(input, stats_dims, running_mean, running_var, weight, bias, eps)
+    return _instance_norm_channels(input, stats_dims, running_mean, running_var, weight, bias, eps)
 
 
 def instance_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps):
@@ -307,8 +274,8 @@ def instance_norm_running_update(input, running_mean, running_var, weight, bias,
 @torchsymbol(instance_norm_running_update, name="instance_norm_running_update")
 def _instance_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps):
     out = instance_norm(input, None, None, weight, bias, True, momentum, eps)
-    return (out, *_updated_running_stats(input, running_mean, running_var, tuple(range(2, input.ndim)), momentum,
-                                         per_instance=True))
+    return (out, *updated_running_stats(input, running_mean, running_var, tuple(range(2, input.ndim)), momentum,
+                                        per_instance=True))
 
 
 def _instance_norm_entry(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
@@ -343,22 +310,8 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
                       f"of shape {list(p.shape)} and input of shape {list(input.shape)}")
     check_dtype_supported(dtypes.is_float(input.dtype), "GroupNormKernelImpl", input.dtype)
     _check_norm_params(input, weight, bias)
-    compute = dtypes.computation_dtype(input.dtype)
-    x = maybe_convert_to_dtype(input, compute)
-    grouped_x = clang.reshape(x, (n, num_groups, c // num_groups * torch.Size(input.shape[2:]).numel()))
-    var, mean = prims.var_mean(grouped_x, (2,), correction=0)
-    rstd = clang.rsqrt(clang.add(var, eps))
-
-    def per_channel(t):  # (N, G) -> (N, C, 1, ...), each group's value for each of its channels
-        t = clang.expand_to(clang.unsqueeze(t, 2), (n, num_groups, c // num_groups))
-        return clang.reshape(t, (n, c) + (1,) * (input.ndim - 2))
-
-    w = None if weight is None else _per_channel(weight, input.ndim, compute)
-    b = None if bias is None else _per_channel(bias, input.ndim, compute)
-    # (x - mean) * (rstd * weight) + bias: closer to torch's kernels than x * alpha + beta for small groups
-    scale = per_channel(rstd) if w is None else clang.mul(per_channel(rstd), w)
-    out = clang.mul(clang.sub(x, per_channel(mean)), scale)
-    return maybe_convert_to_dtype(out if b is None else clang.add(out, b), input.dtype)
+    # aten's native_group_norm also returns the mean and rstd its backward reads: reverse mode saves them
+    return native_group_norm(input, weight, bias, n, c, torch.Size(input.shape[2:]).numel(), num_groups, eps)[0]
 
 
 @torchsymbol(F.embedding)

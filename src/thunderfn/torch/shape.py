@@ -14,7 +14,7 @@ import torch
 
 from thunderfn import clang, prims
 from thunderfn.clang import maybe_convert_to_dtype
-from thunderfn.core import dtypes
+from thunderfn.core import context, dtypes
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import ArgumentTypeError, UnsupportedOpError
@@ -318,8 +318,11 @@ def contiguous(a, memory_format=torch.contiguous_format):
 
 @torchsymbol(torch.detach, T.detach)
 def detach(a):
-    # the value itself; differentiation stops here (vjp_rules_torch.py), and torch runs detach (a view)
-    return a
+    # the value itself; differentiation stops here (vjp_rules_torch.py), and torch runs detach (a view). Inside a
+    # decomposition (running statistics computed from a batch) it must be a value of its own, or the transforms
+    # would follow the input's name through it: a reshape to its own shape.
+    trc = context.current_trace()
+    return a if trc is None or trc.symbol_depth <= 1 else prims.reshape(a, tuple(a.shape))
 
 
 @torchsymbol(torch.clone, T.clone)

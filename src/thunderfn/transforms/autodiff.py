@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 from typing import Callable, Sequence
 
 import optree
@@ -43,7 +42,7 @@ from thunderfn.torch.opaque import autograd_connections, may_draw, torch_vjp_op
 from thunderfn.torch.random import get_rng_state_op
 from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' rules join vjp_rules)
 from thunderfn.transforms.executor_lower import claiming_rule, claims_whole, trace_in_place_of
-from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, rule_for
+from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, backwards, rule_for
 
 
 def _carries_gradient(x) -> bool:
@@ -252,26 +251,6 @@ class _Tape:
         self.rng_state: dict = {}  # id(bound symbol) -> proxy of torch.get_rng_state() before it
 
 
-class _Backwards(threading.local):
-    def __init__(self):
-        self.tapes: list = []  # the tapes whose backward is being traced, innermost last
-
-
-_backwards = _Backwards()
-
-
-def wants_gradient(x) -> bool:
-    """Whether the backward being traced needs a cotangent for x: it depends on a differentiated
-    input (a user Function's ctx.needs_input_grad). True where that is not known (x made inside
-    a symbol's decomposition, or no backward running)."""
-    if not _carries_gradient(x):
-        return False
-    tapes = _backwards.tapes
-    if not tapes:
-        return True
-    return x.name in tapes[-1].active or x.name not in tapes[-1].seen
-
-
 def _record_forward(region: list, primal_names: list, tape: _Tape) -> list:
     """The forward as emitted: for each opaque op that depends on the inputs and may draw random
     numbers, the generator state is read just before it."""
@@ -364,13 +343,13 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
             if isinstance(o, TensorProxy) and c is not None:
                 check_cotangent(c, tuple(o.shape), i, len(out_leaves))
                 _accumulate(cts, o, c)
-        _backwards.tapes.append(tape)
+        backwards.tapes.append(tape)
         try:
             for bsym, enabled in zip(reversed(region), reversed(modes)):
                 if enabled:
                     _backprop(bsym, cts, tape)
         finally:
-            _backwards.tapes.pop()
+            backwards.tapes.pop()
         return [_materialized(cts.get(name), proxy) if name is not None else None
                 for name, proxy in zip(primal_names, primal_proxies)]
 

@@ -52,9 +52,9 @@ from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.errors import BatchingError, UserGradientError
 from thunderfn.torch.opaque import run_opaque
-from thunderfn.transforms.autodiff import wants_gradient
 from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn.transforms.jvp_rules import JVPRule, register_jvp, unregister_jvp
+from thunderfn.transforms.vjp_rules import wants_gradient
 
 _NAMESPACE = "thunderfn"
 

@@ -26,12 +26,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import threading
 from typing import Callable, NamedTuple
 
 import torch
 
 from thunderfn import prims
 import thunderfn.torch as ltorch
+from thunderfn.core import dtypes
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import PrimIDs, canonical_dim, canonical_dims
 from thunderfn.prims import torch_impls as prim_impls
@@ -136,6 +138,26 @@ def rule_for(bsym) -> VJPRule | None:
     """The VJP rule that differentiates this bound symbol, or None (then its decomposition does)."""
     rule = vjp_rules.get(bsym.sym.id)
     return rule if rule is not None and rule.applies_to(bsym) else None
+
+
+class _Backwards(threading.local):
+    def __init__(self):
+        self.tapes: list = []  # the tapes (transforms/autodiff.py) whose backward is being traced, innermost last
+
+
+backwards = _Backwards()
+
+
+def wants_gradient(x) -> bool:
+    """Whether the backward being traced needs a cotangent for x: it depends on a differentiated
+    input (a user Function's ctx.needs_input_grad, an aten backward kernel's output_mask). True
+    where that is not known (x made inside a symbol's decomposition, or no backward running)."""
+    if not (isinstance(x, TensorProxy) and dtypes.is_inexact(x.dtype)):
+        return False
+    tapes = backwards.tapes
+    if not tapes:
+        return True
+    return x.name in tapes[-1].active or x.name not in tapes[-1].seen
 
 
 def _tensors_in(args):

@@ -26,8 +26,7 @@ import math
 import thunderfn.torch as ltorch
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.torch import conv_pool as kernels
-from thunderfn.transforms.autodiff import wants_gradient
-from thunderfn.transforms.vjp_rules import defvjp
+from thunderfn.transforms.vjp_rules import defvjp, wants_gradient
 
 
 def _bound(args, kwargs, params) -> dict:

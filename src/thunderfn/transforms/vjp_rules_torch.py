@@ -28,7 +28,7 @@ from thunderfn.torch.elementwise import _SELU_ALPHA, _SELU_SCALE
 from thunderfn.torch.nn import _legacy_reduction, _repeat_heads
 from thunderfn.torch import distributed as collectives
 from thunderfn.torch.reductions import _correction, _var_args
-from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, defvjp
+from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, defvjp, wants_gradient
 from thunderfn.errors import InternalError, UnsupportedOpError
 
 
@@ -222,6 +222,109 @@ def _native_layer_norm_vjp(res, g):
         extra = _to(ltorch.expand(extra, tuple(x.shape)), x.dtype)
         dx = extra if dx is None else ltorch.add(dx, extra)
     return dx, None, dw, db, None
+
+
+_BATCH_NORM_ARGS = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps")
+
+
+def _batch_norm_args(res) -> tuple:
+    """native_batch_norm's (and native_batch_norm_legit_functional's) arguments by position, given either way."""
+    return tuple(_argument(res, i, name, None) for i, name in enumerate(_BATCH_NORM_ARGS))
+
+
+def _batch_norm_statistics_cotangent(x, save_mean, save_invstd, g_mean, g_invstd):
+    """The input's cotangent through batch norm's saved (C,) statistics, which a second derivative reaches (the
+    first backward reads both): mean = sum(x) / n and invstd = (var + eps) ** -1/2, var = sum((x - mean)^2) / n,
+    over every dim but the channels."""
+    n = x.numel() // x.shape[1]
+    shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    xc, mean_c, invstd_c = _computed(x, save_mean, save_invstd)
+    extra = None
+    if g_mean is not None:
+        extra = ltorch.reshape(ltorch.div(_to(g_mean, xc.dtype), n), shape)
+    if g_invstd is not None:
+        cubed = ltorch.mul(invstd_c, ltorch.mul(invstd_c, invstd_c))
+        d = ltorch.mul(ltorch.reshape(ltorch.mul(_to(g_invstd, xc.dtype), cubed), shape),
+                       ltorch.div(ltorch.sub(xc, ltorch.reshape(mean_c, shape)), -n))
+        extra = d if extra is None else ltorch.add(extra, d)
+    return _to(ltorch.expand(extra, tuple(x.shape)), x.dtype)
+
+
+def _batch_norm_running_stats_cotangents(x, weight, running_mean, running_var, eps, g_out):
+    """Evaluation mode's cotangents of the running statistics, which aten does not differentiate (torch refuses a
+    running_mean that requires grad): out = (x - running_mean) * invstd * weight + bias with
+    invstd = (running_var + eps) ** -1/2."""
+    dims = (0, *range(2, x.ndim))
+    shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    xc, g, mean, var, w = _computed(x, g_out, running_mean, running_var, weight)
+    invstd = ltorch.rsqrt(ltorch.add(var, eps))
+    scale = invstd if w is None else ltorch.mul(invstd, w)
+    d_mean = ltorch.neg(ltorch.mul(ltorch.sum(g, dims), scale))
+    dot = ltorch.sum(ltorch.mul(g, ltorch.sub(xc, ltorch.reshape(mean, shape))), dims)
+    d_var = ltorch.mul(ltorch.mul(dot, ltorch.mul(scale, ltorch.mul(invstd, invstd))), -0.5)
+    return _to(d_mean, running_mean.dtype), _to(d_var, running_var.dtype)
+
+
+def _batch_norm_vjp(res, g_out, g_mean, g_invstd) -> tuple:
+    """Cotangents of native_batch_norm's tensors: eager's kernel, native_batch_norm_backward, for the output's
+    (output_mask: the arguments the backward wants), plus those through the saved statistics, and in evaluation
+    mode the running statistics' where wanted."""
+    x, weight, bias, running_mean, running_var, training, _, eps = _batch_norm_args(res)
+    save_mean, save_invstd = res.out[1:3]
+    dx = dw = db = d_mean = d_var = None
+    if g_out is not None:
+        mask = [wants_gradient(x), weight is not None and wants_gradient(weight),
+                bias is not None and wants_gradient(bias)]
+        if any(mask):  # (training mode reads the saved statistics only: the running ones are not kept for it)
+            stats = (None, None) if training else (running_mean, running_var)
+            dx, dw, db = ltorch.native_batch_norm_backward(g_out, x, weight, *stats, save_mean, save_invstd, training,
+                                                           eps, mask)
+        if not training and (wants_gradient(running_mean) or wants_gradient(running_var)):
+            d_mean, d_var = _batch_norm_running_stats_cotangents(x, weight, running_mean, running_var, eps, g_out)
+    if training and (g_mean is not None or g_invstd is not None):
+        extra = _batch_norm_statistics_cotangent(x, save_mean, save_invstd, g_mean, g_invstd)
+        dx = extra if dx is None else ltorch.add(dx, extra)
+    return (dx, dw, db, d_mean, d_var) + (None,) * max(0, len(res.args) - 5)
+
+
+defvjp(ltorch.native_batch_norm.id)(lambda res, g: _batch_norm_vjp(res, *g))
+# the new running statistics carry no gradient: eager writes them in place, outside autograd
+defvjp(ltorch.native_batch_norm_legit_functional.id)(lambda res, g: _batch_norm_vjp(res, *g[:3]))
+
+
+_GROUP_NORM_ARGS = ("input", "weight", "bias", "N", "C", "HxW", "group", "eps")
+
+
+@defvjp(ltorch.native_group_norm.id)
+def _native_group_norm_vjp(res, g):
+    """eager's kernel, native_group_norm_backward, for the output's cotangent (output_mask: the arguments the
+    backward wants; aten computes grad_bias only beside grad_weight, so without a weight the bias's is a sum here),
+    plus the input's through the saved mean and rstd, which a second derivative reaches."""
+    x, weight, bias, n, c, hxw, group, _ = (_argument(res, i, name, None) for i, name in enumerate(_GROUP_NORM_ARGS))
+    mean, rstd = res.out[1:]
+    g_out, g_mean, g_rstd = g
+    dx = dw = db = None
+    if g_out is not None:
+        mask = [wants_gradient(x), weight is not None and wants_gradient(weight),
+                weight is not None and bias is not None and wants_gradient(bias)]
+        if any(mask):
+            dx, dw, db = ltorch.native_group_norm_backward(g_out, x, mean, rstd, weight, n, c, hxw, group, mask)
+        if weight is None and bias is not None and wants_gradient(bias):
+            db = _to(ltorch.sum(ltorch.reshape(g_out, (n, c, hxw)), (0, 2)), bias.dtype)
+    if g_mean is not None or g_rstd is not None:
+        size = c // group * hxw
+        xc, mean_c, rstd_c = _computed(ltorch.reshape(x, (n, group, size)), mean, rstd)
+        extra = None
+        if g_mean is not None:  # mean = sum(x) / size per sample and group
+            extra = ltorch.unsqueeze(ltorch.div(_to(g_mean, xc.dtype), size), 2)
+        if g_rstd is not None:  # rstd = (var + eps) ** -1/2, var = sum((x - mean)^2) / size
+            cubed = ltorch.mul(rstd_c, ltorch.mul(rstd_c, rstd_c))
+            d = ltorch.mul(ltorch.unsqueeze(ltorch.mul(_to(g_rstd, xc.dtype), cubed), 2),
+                           ltorch.div(ltorch.sub(xc, ltorch.unsqueeze(mean_c, 2)), -size))
+            extra = d if extra is None else ltorch.add(extra, d)
+        extra = _to(ltorch.reshape(ltorch.expand(extra, (n, group, size)), tuple(x.shape)), x.dtype)
+        dx = extra if dx is None else ltorch.add(dx, extra)
+    return (dx, dw, db) + (None,) * max(0, len(res.args) - 3)
 
 
 def _constant_or_none(t) -> bool:

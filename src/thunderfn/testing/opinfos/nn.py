@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.testing.opinfo import ALL, FLOATS, OpInfo, SampleInput, make_tensor
 from thunderfn.testing.opinfos.shape import SOME, err, method
-from thunderfn.torch.nn import batch_norm_running_update, instance_norm_running_update
+from thunderfn.torch.nn import instance_norm_running_update
 
 MATMUL_DTYPES = FLOATS + (torch.int64, torch.int32)
 HALF = (torch.bfloat16, torch.float16)
@@ -424,6 +424,14 @@ def gaussian_nll_loss_errors(device):
     yield err((x, x, -1.0), ValueError, "var has negative entry/entries")
     yield err((x, x, make_tensor((2, 2), device=device, low=0.1, high=1)), ValueError, "var is of incorrect size")
     yield err((x, x, make_tensor((4, 3), device=device, low=0.1, high=1)), ValueError, "max is not valid", {"reduction": "max"})
+
+
+def batch_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps):
+    """Training-mode batch norm with running statistics as a function (aten's functional form, which tracing
+    records as ltorch.native_batch_norm_legit_functional): the output and both new statistics."""
+    out, _, _, new_mean, new_var = torch.ops.aten._native_batch_norm_legit_functional.default(
+        input, weight, bias, running_mean, running_var, True, momentum, eps)
+    return out, new_mean, new_var
 
 
 def batch_norm_running_update_samples(device, dtype):
