@@ -31,7 +31,8 @@ aten = torch.ops.aten
 __all__ = ["gelu_backward", "softmax_backward_data", "log_softmax_backward_data", "native_layer_norm",
            "native_layer_norm_backward", "native_batch_norm", "native_batch_norm_legit_functional",
            "native_batch_norm_backward", "native_group_norm", "native_group_norm_backward", "nll_loss_forward", "nll_loss_backward", "embedding_dense_backward",
-           "tanh_backward", "sigmoid_backward", "threshold_backward"]
+           "tanh_backward", "sigmoid_backward", "threshold_backward", "silu_backward", "hardswish_backward",
+           "hardsigmoid_backward", "hardtanh_backward"]
 
 
 def _aten(op):
@@ -92,6 +93,38 @@ def threshold_backward(grad_output, self, threshold):
     """relu's backward (threshold 0): grad_output where self > threshold, else 0."""
     dtype = dtypes.result_type(grad_output, self)
     return clang.where(clang.le(self, threshold), 0, maybe_convert_to_dtype(grad_output, dtype))
+
+
+@torchsymbol(*_aten(aten.silu_backward.default))
+def silu_backward(grad_output, self):
+    """dy * s * (1 + x * (1 - s)) with s = sigmoid(x), in the computation dtype (-0 where exp(-x) overflows)."""
+    (dy, x), dtype = _float_args("silu_backward_cpu", grad_output, self)
+    s = clang.reciprocal(clang.add(clang.exp(clang.neg(x)), 1.0))  # sigmoid, in x's (computation) dtype
+    return maybe_convert_to_dtype(clang.mul(dy, clang.mul(s, clang.add(clang.mul(x, clang.sub(1.0, s)), 1.0))), dtype)
+
+
+@torchsymbol(*_aten(aten.hardswish_backward.default))
+def hardswish_backward(grad_output, self):
+    """0 for x <= -3, dy * (x / 3 + 1/2) inside, dy for x >= 3 (torch 2.13's boundaries)."""
+    (dy, x), dtype = _float_args("hardswish_backward_cpu", grad_output, self)
+    inside = clang.mul(dy, clang.add(clang.true_divide(x, 3.0), 0.5))
+    return maybe_convert_to_dtype(clang.where(clang.le(x, -3.0), 0.0, clang.where(clang.lt(x, 3.0), inside, dy)), dtype)
+
+
+@torchsymbol(*_aten(aten.hardsigmoid_backward.default))
+def hardsigmoid_backward(grad_output, self):
+    """dy / 6 strictly inside (-3, 3), else 0."""
+    (dy, x), dtype = _float_args("hardsigmoid_backward_cpu", grad_output, self)
+    inside = clang.bitwise_and(clang.gt(x, -3.0), clang.lt(x, 3.0))
+    return maybe_convert_to_dtype(clang.where(inside, clang.mul(dy, 1 / 6), 0.0), dtype)
+
+
+@torchsymbol(*_aten(aten.hardtanh_backward.default))
+def hardtanh_backward(grad_output, self, min_val, max_val):
+    """dy strictly inside (min_val, max_val), else 0 (relu6 is hardtanh(0, 6))."""
+    dtype = dtypes.result_type(grad_output, self)
+    inside = clang.bitwise_and(clang.gt(self, min_val), clang.lt(self, max_val))
+    return clang.where(inside, maybe_convert_to_dtype(grad_output, dtype), 0)
 
 
 # -- softmax family ----------------------------------------------------------------------------

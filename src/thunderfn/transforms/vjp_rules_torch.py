@@ -66,21 +66,15 @@ defvjp(ltorch.threshold_backward.id)(lambda res, g: (ltorch.threshold_backward(g
                                                                dtype=res.args[1].dtype), None))
 
 
-@defvjp(ltorch.hardtanh.id)
-def _hardtanh_vjp(res, g):
-    x = res.args[0]
-    return _only_input(res, _inside(x, _argument(res, 1, "min_val", -1.0), _argument(res, 2, "max_val", 1.0), g))
-
-
-defvjp(ltorch.relu6.id)(lambda res, g: _only_input(res, _inside(res.args[0], 0.0, 6.0, g)))
-defvjp(ltorch.hardsigmoid.id)(lambda res, g: _only_input(res, ltorch.mul(_inside(res.args[0], -3.0, 3.0, g), 1 / 6)))
-
-
-@defvjp(ltorch.hardswish.id)
-def _hardswish_vjp(res, g):  # torch: 0 for x <= -3, g * (x / 3 + 1/2) inside, g for x >= 3
-    x = res.args[0]
-    inside = ltorch.mul(g, ltorch.add(ltorch.div(x, 3.0), 0.5))
-    return _only_input(res, ltorch.where(ltorch.le(x, -3.0), 0.0, ltorch.where(ltorch.lt(x, 3.0), inside, g)))
+# eager's kernels, one call each (torch/aten_backward.py has their formulas)
+defvjp(ltorch.hardtanh.id)(lambda res, g: _only_input(res, ltorch.hardtanh_backward(
+    g, res.args[0], _argument(res, 1, "min_val", -1.0), _argument(res, 2, "max_val", 1.0))))
+defvjp(ltorch.relu6.id)(lambda res, g: _only_input(res, ltorch.hardtanh_backward(g, res.args[0], 0.0, 6.0)))
+defvjp(ltorch.hardsigmoid.id)(lambda res, g: _only_input(res, ltorch.hardsigmoid_backward(g, res.args[0])))
+defvjp(ltorch.hardswish.id)(lambda res, g: _only_input(res, ltorch.hardswish_backward(g, res.args[0])))
+# like threshold_backward: linear in its gradient; its `self` gets zeros (torch's formula), not None
+defvjp(ltorch.hardtanh_backward.id)(lambda res, g: (ltorch.hardtanh_backward(g, *res.args[1:4]), ltorch.full(
+    res.args[1].shape, 0, device=res.args[1].device, dtype=res.args[1].dtype), None, None))
 
 
 @defvjp(ltorch.softplus.id)
@@ -96,11 +90,7 @@ def _softplus_vjp(res, g):  # torch: g past the threshold, else g * z / (z + 1) 
 defvjp(ltorch.logsigmoid.id)(lambda res, g: _only_input(res, ltorch.mul(g, ltorch.sigmoid(ltorch.neg(res.args[0])))))
 
 
-@defvjp(ltorch.silu.id)
-def _silu_vjp(res, g):  # torch: g * s * (1 + x * (1 - s)), s = sigmoid(x): -0 where exp(-x) overflows
-    x = res.args[0]
-    s = ltorch.sigmoid(x)
-    return _only_input(res, ltorch.mul(g, ltorch.mul(s, ltorch.add(ltorch.mul(x, ltorch.sub(1.0, s)), 1.0))))
+defvjp(ltorch.silu.id)(lambda res, g: _only_input(res, ltorch.silu_backward(g, res.args[0])))
 
 
 def _elu_backward(res, g, alpha: float, scale: float, input_scale: float):

@@ -31,6 +31,19 @@ def threshold_backward_samples(device, dtype):
     yield SampleInput((g, x, 0.5))
 
 
+def input_samples(device, dtype):
+    """(grad, x) with x on both sides of the kinks at -3, 0 and 3, and on them."""
+    g, x = _pair(device, dtype, (3, 5))
+    x[0] = torch.tensor([-3.0, 0.0, 3.0, -6.0, 6.0], device=device, dtype=dtype)
+    yield SampleInput((g, x))
+
+
+def hardtanh_backward_samples(device, dtype):
+    g, x = next(input_samples(device, dtype)).args
+    yield SampleInput((g, x, -1.0, 1.0))
+    yield SampleInput((g, x, 0.0, 6.0), name="relu6")
+
+
 def softmax_backward_samples(fn):
     def samples(device, dtype):
         g, x = _pair(device, dtype, (2, 3, 4))
@@ -144,6 +157,10 @@ opinfos = [
     OpInfo("aten.tanh_backward", aten.tanh_backward.default, output_samples(torch.tanh), DTYPES),
     OpInfo("aten.sigmoid_backward", aten.sigmoid_backward.default, output_samples(torch.sigmoid), DTYPES),
     OpInfo("aten.threshold_backward", aten.threshold_backward.default, threshold_backward_samples, DTYPES),
+    OpInfo("aten.silu_backward", aten.silu_backward.default, input_samples, DTYPES),
+    OpInfo("aten.hardswish_backward", aten.hardswish_backward.default, input_samples, DTYPES),
+    OpInfo("aten.hardsigmoid_backward", aten.hardsigmoid_backward.default, input_samples, DTYPES),
+    OpInfo("aten.hardtanh_backward", aten.hardtanh_backward.default, hardtanh_backward_samples, DTYPES),
     OpInfo("aten._softmax_backward_data", aten._softmax_backward_data.default, softmax_backward_samples(torch.softmax),
            DTYPES),
     OpInfo("aten._log_softmax_backward_data", aten._log_softmax_backward_data.default,
