@@ -512,6 +512,15 @@ def _norm_backward(g, x, ord, norm, dims):
     return ltorch.mul(scaled, ltorch.where(zero, 0.0, ltorch.div(g, ltorch.pow(_nonzero(norm), ord - 1))))
 
 
+@defvjp(ltorch.mean.id)
+def _mean_vjp(res, g):  # eager's MeanBackward: g expanded back over the reduced dims, divided by their size
+    x = res.args[0]
+    dims, keepdim = clang.reduction_dims(x, _argument(res, 1, "dim", None)), _argument(res, 2, "keepdim", False)
+    n = math.prod(x.shape[d] for d in dims)
+    spread = ltorch.expand(g if g.ndim == 0 else _kept(g, x, dims, keepdim), tuple(x.shape))  # (a 0-d g expands as it is)
+    return _only_input(res, _to(ltorch.div(spread, n), x.dtype) if dtypes.is_inexact(x.dtype) else None)
+
+
 @defvjp(ltorch.vector_norm.id)
 def _vector_norm_vjp(res, g):  # torch.norm and torch.linalg.norm of a vector reach it as a subsymbol
     x, ord = res.args[0], _argument(res, 1, "ord", 2)
