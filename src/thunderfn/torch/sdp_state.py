@@ -1,12 +1,13 @@
 """torch's scaled-dot-product-attention backend switches, as a trace depends on them.
 
-Which fused attention kernel torch runs on CUDA depends on global state: the
+Which fused attention kernel torch runs depends on global state: the
 `torch.backends.cuda.enable_{flash,mem_efficient,cudnn,math}_sdp` flags (what the
-`torch.nn.attention.sdpa_kernel` context sets) and torch's priority order among the
-backends. An executor that picks one kernel pair when it lowers attention (the sdpa
-executor does, to differentiate with the kernel torch would use) bakes that state into
-the compiled function, so a trace of attention on CUDA is guarded by it: a call under
-other switches traces again (the guard says which changed).
+`torch.nn.attention.sdpa_kernel` context sets; despite the name, the flash and math
+flags decide CPU attention too) and torch's priority order among the backends. An
+executor that picks one kernel pair when it lowers attention (the sdpa executor does, to
+differentiate with the kernel torch would use) bakes that state into the compiled
+function, so a trace of attention is guarded by it: a call under other switches traces
+again (the guard says which changed).
 """
 from __future__ import annotations
 
