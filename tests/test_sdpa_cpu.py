@@ -15,6 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import thunderfn as tf
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.executors import sdpa, sdpa_choice
+from thunderfn.jit import _MISS as MISS
 from thunderfn.torch import sdp_state
 
 FLASH_BACKWARD = "ScaledDotProductFlashAttentionForCpuBackward0"
@@ -183,6 +184,22 @@ def test_a_trace_follows_the_sdpa_kernel_switches():
         assert "sdpa_flash_cpu" not in str(tf.last_traces(jitted)[-1])
     jitted(q, k, v)
     assert "sdpa_flash_cpu(" in str(tf.last_traces(jitted)[-1])
+
+
+def test_the_switch_guard_keeps_attention_on_the_fast_path():
+    """The guard on the switches is the trace's own (Trace.guards); an entry with such guards and no
+    call-time inputs is checked by the fast path's one generated function, not by the slow path's key."""
+    q, k, v = qkv()
+    jitted = tf.jit(lambda q, k, v: F.scaled_dot_product_attention(q, k, v))
+    jitted(q, k, v)
+    state = jitted._thunderfn_state
+    assert len(state.fast_cache) == 1
+    hit = next(iter(state.fast_cache.values()))
+    assert hit(q, k, v) is not MISS and tf.cache_info(jitted)["hits"] == 1
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert hit(q, k, v) is MISS and tf.cache_info(jitted)["hits"] == 1  # the guard failed
+        jitted(q, k, v)
+    assert tf.cache_info(jitted)["misses"] == 2
 
 
 # -- second derivatives: math attention's (eager has none through the flash kernels) ----------------------

@@ -294,7 +294,7 @@ class JitState:
         """Call a cache entry, and make it the fast path's for calls like this one."""
         self.last_traces, self.last_backward_traces = entry.traces, entry.backward_traces
         if not kwargs and not self.static_argnums and not key[3] and len(entry.tensor_positions) == len(args) and all(
-                isinstance(a, Tensor) for a in args) and not isinstance(entry.fn, Guarded):
+                isinstance(a, Tensor) for a in args) and not (isinstance(entry.fn, Guarded) and entry.fn.grad_reads):
             # (an entry reading .grad at call time takes extra inputs: it stays on this path)
             self.fast_cache[_fast_key(args)] = self.fast_hit(entry, key)
         return entry.fn(*[leaves[i] for i in entry.tensor_positions])
@@ -505,6 +505,11 @@ def _hit_function(key: tuple, fn, guards_hold, stats, layout=()):
     # (entries traced under autocast never take this path: see call_slow)
     checks += [f"is_grad_enabled() is {key[1]}", "get_default_dtype() is default_dtype", "not tracing.stack",
                "not any_autocast()"]
+    if isinstance(fn, Guarded):  # guards of the trace's own (torch's SDPA switches, an optimizer's settings)
+        for k, guard in enumerate(fn.guards):
+            namespace[f"trace_guard{k}"] = guard
+            checks.append(f"trace_guard{k}() is None")
+        fn = namespace["fn"] = fn.fn
     choose = []
     if isinstance(fn, UnlessFunctorch):  # its choice made here, not in one more call (a hit either way)
         namespace.update(fn=fn.rewritten, unless_functorch=fn, functorch_active=context.functorch_active)
