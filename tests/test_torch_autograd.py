@@ -299,6 +299,27 @@ def test_backward_makes_no_zero_cotangents_for_residuals_and_zeros_for_an_unused
     torch.testing.assert_close(eager_w, w.grad)
 
 
+def test_outside_torch_func_the_residuals_are_saved_in_forward_not_returned():
+    """Each tensor an autograd.Function returns costs torch.autograd a wrapping; outside torch.func the
+    residuals are saved by forward itself, so torch's node has only the user's outputs (under torch.func,
+    the residuals travel as outputs to setup_context, and the gradients are the same)."""
+    w = torch.randn(8, 8, requires_grad=True, dtype=torch.float64)
+
+    def f(x):
+        h = torch.tanh(x @ w)
+        return (h * torch.sin(h)).sum()
+
+    x = torch.randn(4, 8, dtype=torch.float64)
+    jf = tf.jit(f)
+    out = jf(x)
+    if hasattr(out.grad_fn, "_input_metadata"):  # (torch's record of the node's forward outputs)
+        assert len(out.grad_fn._input_metadata) == 1
+    (plain,) = torch.autograd.grad(out, w)
+    (eager,) = torch.autograd.grad(f(x), w)
+    torch.testing.assert_close(plain, eager)
+    torch.testing.assert_close(torch.func.grad(jf)(x), torch.func.grad(f)(x))
+
+
 def test_compiled_backward_takes_its_arguments_in_a_list_it_empties():
     """So that the caller holds no reference and each residual is freed after its last use."""
     w = torch.randn(8, 8, requires_grad=True)

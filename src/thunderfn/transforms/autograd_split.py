@@ -199,6 +199,72 @@ def split_forward_backward(computation: Trace, executors) -> Split:
     return Split(fwd, bwd, differentiable, leaf_plan, out_spec, tuple(p.constant for p in captured), constants)
 
 
+def _fresh(tensors, inputs) -> list:
+    """tensors, each a new object: torch's own ops return their input itself at run time where eager
+    does (x.float() of a float x); an autograd.Function returns a view of it instead, and each object once."""
+    seen = {id(t) for t in inputs if isinstance(t, torch.Tensor)}
+    fresh = []
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            if id(t) in seen:
+                t = t.view_as(t)
+            seen.add(id(t))
+        fresh.append(t)
+    return fresh
+
+
+def _keep_for_backward(ctx, compiled, inputs, outputs, new_residuals) -> None:
+    """What both Functions below keep for the backward: the residuals (each an input, an output or a
+    new tensor, per compiled.residual_plan), and what the backward needs to know of the outputs."""
+    ctx.compiled = compiled
+    ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]  # for zero cotangents (not the tensors)
+    new = iter(new_residuals)
+    saved = [inputs[i] if kind == "input" else outputs[i] if kind == "output" else next(new)
+             for kind, i in compiled.residual_plan]
+    # A backward taken with create_graph=True ties its gradients through _NoSecondDerivative to an input
+    # that requires grad: a saved input if there is one (most often a weight), else one saved for that
+    ctx.anchor_at = next((k for k, (kind, _) in enumerate(compiled.residual_plan)
+                          if kind == "input" and saved[k].requires_grad), None)
+    if ctx.anchor_at is None:
+        tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+        saved.append(next((t for t in tensors if t.requires_grad), tensors[0]))  # (torch.func passes unwrapped inputs)
+    ctx.save_for_backward(*saved)
+    # torch would hand backward a tensor of zeros for every output without a gradient, the residuals
+    # included (as big as the activations); backward makes zeros only where the compiled backward reads one
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, *cotangents):
+    """Both Functions' backward: the compiled backward trace, on the residuals and the cotangents."""
+    compiled = ctx.compiled
+    if compiled.modified_residuals:
+        p = compiled.modified_residuals[0]
+        raise SavedTensorModifiedError(
+            f"one of the variables needed for gradient computation has been modified by an inplace operation: "
+            f"[{p.type_string()}] ({p.origin[0] if p.origin else p.name}) was written in place by the jitted "
+            f"'{compiled.fn_name}' after a differentiable operation used it, as eager's autograd reports.")
+    residuals = list(ctx.saved_tensors)
+    # torch's own nodes free what they saved once their backward has run; ours go as the backward uses
+    # them: ctx lets go of them here (unless retain_graph=True), and the compiled backward empties the
+    # list it is given, so its `del`s free each residual after its last use
+    ctx.maybe_clear_saved_tensors()
+    if ctx.anchor_at is None:
+        anchor = residuals.pop()
+    else:
+        anchor = residuals[ctx.anchor_at]
+    residuals += [c if c is not None else torch.zeros(shape, dtype=dtype, device=device)
+                  for c, (shape, dtype, device), d in zip(cotangents, ctx.output_meta, compiled.differentiable) if d]
+    if not torch.is_grad_enabled():
+        return (None, *compiled.backward(residuals))
+    # create_graph=True (torch.func.grad and vjp always ask for it, so that they nest): give the first
+    # derivative, and make differentiating it again raise instead of silently stopping at the residuals.
+    with torch.no_grad():
+        grads = compiled.backward(residuals)
+    present = [g for g in grads if g is not None]
+    it = iter(_NoSecondDerivative.apply(compiled.fn_name, anchor, *present) if present else ())
+    return (None, *(next(it) if g is not None else None for g in grads))
+
+
 class ThunderFunction(torch.autograd.Function):
     """Runs a compiled forward, saves its residuals, and runs the compiled backward
     from torch's backward pass.
@@ -207,7 +273,9 @@ class ThunderFunction(torch.autograd.Function):
     the compiled traces are torch ops that vmap batches), so torch.func.grad, vjp,
     jacrev and vmap over a jitted function work. The residuals travel as extra outputs
     marked non-differentiable, the way torch.func's autograd.Function docs pass
-    intermediates to setup_context.
+    intermediates to setup_context. Outside torch.func, `_PlainThunderFunction` runs
+    instead: the same forward and backward, the residuals saved in forward itself, so
+    torch wraps only the outputs (each returned tensor costs torch.autograd ~0.3 us).
 
     torch does not see the backward's own ops as a function of the inputs (the residuals
     were computed without autograd), so a second derivative through torch (plain
@@ -221,39 +289,14 @@ class ThunderFunction(torch.autograd.Function):
     def forward(compiled, *inputs):
         outputs, residuals = compiled.forward(*inputs)
         # a residual that is an input or an output is saved as that (torch refuses a tensor returned twice)
-        returned = (*outputs, *(r for r, (kind, _) in zip(residuals, compiled.residual_plan) if kind == "new"))
-        # torch's own ops return their input itself at run time where eager does (x.float() of a float x);
-        # an autograd.Function returns a view of it instead, and each object once
-        seen = {id(t) for t in inputs if isinstance(t, torch.Tensor)}
-        fresh = []
-        for t in returned:
-            if isinstance(t, torch.Tensor):
-                if id(t) in seen:
-                    t = t.view_as(t)
-                seen.add(id(t))
-            fresh.append(t)
-        return tuple(fresh)
+        return tuple(_fresh((*outputs, *(r for r, (kind, _) in zip(residuals, compiled.residual_plan)
+                                         if kind == "new")), inputs))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         compiled = inputs[0]
         n = len(compiled.differentiable)
-        ctx.compiled = compiled
-        ctx.output_meta = [(o.shape, o.dtype, o.device) for o in output[:n]]  # for zero cotangents (not the tensors)
-        new = iter(output[n:])
-        saved = [inputs[1 + i] if kind == "input" else output[i] if kind == "output" else next(new)
-                 for kind, i in compiled.residual_plan]
-        # A backward taken with create_graph=True ties its gradients through _NoSecondDerivative to an input
-        # that requires grad: a saved input if there is one (most often a weight), else one saved for that
-        ctx.anchor_at = next((k for k, (kind, _) in enumerate(compiled.residual_plan)
-                              if kind == "input" and saved[k].requires_grad), None)
-        if ctx.anchor_at is None:
-            tensors = [t for t in inputs[1:] if isinstance(t, torch.Tensor)]
-            saved.append(next((t for t in tensors if t.requires_grad), tensors[0]))  # (torch.func passes unwrapped inputs)
-        ctx.save_for_backward(*saved)
-        # torch would hand backward a tensor of zeros for every output without a gradient, the residuals
-        # included (as big as the activations); backward makes zeros only where the compiled backward reads one
-        ctx.set_materialize_grads(False)
+        _keep_for_backward(ctx, compiled, inputs[1:], output[:n], output[n:])
         ctx.mark_non_differentiable(*(o for o, d in zip(output[:n], compiled.differentiable) if not d),
                                     *output[n:])
 
@@ -265,35 +308,23 @@ class ThunderFunction(torch.autograd.Function):
             f"forward-mode rule for torch. Use thunderfn's transforms (tf.jvp(tf.grad(f), ...)), or torch.func on "
             f"the function without tf.jit.")
 
+    backward = staticmethod(_backward)
+
+
+class _PlainThunderFunction(torch.autograd.Function):
+    """ThunderFunction for plain torch.autograd (no torch.func transform active): forward saves the
+    residuals itself, and returns only the outputs."""
+
     @staticmethod
-    def backward(ctx, *cotangents):
-        compiled = ctx.compiled
-        if compiled.modified_residuals:
-            p = compiled.modified_residuals[0]
-            raise SavedTensorModifiedError(
-                f"one of the variables needed for gradient computation has been modified by an inplace operation: "
-                f"[{p.type_string()}] ({p.origin[0] if p.origin else p.name}) was written in place by the jitted "
-                f"'{compiled.fn_name}' after a differentiable operation used it, as eager's autograd reports.")
-        residuals = list(ctx.saved_tensors)
-        # torch's own nodes free what they saved once their backward has run; ours go as the backward uses
-        # them: ctx lets go of them here (unless retain_graph=True), and the compiled backward empties the
-        # list it is given, so its `del`s free each residual after its last use
-        ctx.maybe_clear_saved_tensors()
-        if ctx.anchor_at is None:
-            anchor = residuals.pop()
-        else:
-            anchor = residuals[ctx.anchor_at]
-        residuals += [c if c is not None else torch.zeros(shape, dtype=dtype, device=device)
-                      for c, (shape, dtype, device), d in zip(cotangents, ctx.output_meta, compiled.differentiable) if d]
-        if not torch.is_grad_enabled():
-            return (None, *compiled.backward(residuals))
-        # create_graph=True (torch.func.grad and vjp always ask for it, so that they nest): give the first
-        # derivative, and make differentiating it again raise instead of silently stopping at the residuals.
-        with torch.no_grad():
-            grads = compiled.backward(residuals)
-        present = [g for g in grads if g is not None]
-        it = iter(_NoSecondDerivative.apply(compiled.fn_name, anchor, *present) if present else ())
-        return (None, *(next(it) if g is not None else None for g in grads))
+    def forward(ctx, compiled, *inputs):
+        outputs, residuals = compiled.forward(*inputs)
+        outputs = _fresh(outputs, inputs)
+        _keep_for_backward(ctx, compiled, inputs, outputs,
+                           [r for r, (kind, _) in zip(residuals, compiled.residual_plan) if kind == "new"])
+        ctx.mark_non_differentiable(*(o for o, d in zip(outputs, compiled.differentiable) if not d))
+        return tuple(outputs)
+
+    backward = staticmethod(_backward)
 
 
 class _NoSecondDerivative(torch.autograd.Function):
@@ -358,12 +389,12 @@ class CompiledSplit:
             # what Function.apply does here, less binding the arguments to forward's signature
             # with inspect on every call (forward has no defaults): most of a small call's cost
             outs = _apply_thunder_function(self, *_unwrap_dead_wrappers(inputs))
-        outs = outs[:len(self.differentiable)]  # the rest are residuals
+        outs = outs[:len(self.differentiable)]  # (ThunderFunction's rest are residuals)
         leaves = [outs[i] if kind == "out" else inputs[i] if kind == "input" else i for kind, i in self.leaf_plan]
         return tree_unflatten(self.out_spec, leaves)
 
 
-_apply_thunder_function = super(torch.autograd.Function, ThunderFunction).apply
+_apply_thunder_function = super(torch.autograd.Function, _PlainThunderFunction).apply
 
 
 def try_split(computation: Trace, executors):
