@@ -202,7 +202,7 @@ def split_forward_backward(computation: Trace, executors) -> Split:
 def _fresh(tensors, inputs) -> list:
     """tensors, each a new object: torch's own ops return their input itself at run time where eager
     does (x.float() of a float x); an autograd.Function returns a view of it instead, and each object once."""
-    seen = {id(t) for t in inputs if isinstance(t, torch.Tensor)}
+    seen = set(map(id, inputs))  # (a number among them is never one of the tensors)
     fresh = []
     for t in tensors:
         if isinstance(t, torch.Tensor):
@@ -215,16 +215,14 @@ def _fresh(tensors, inputs) -> list:
 
 def _keep_for_backward(ctx, compiled, inputs, outputs, new_residuals) -> None:
     """What both Functions below keep for the backward: the residuals (each an input, an output or a
-    new tensor, per compiled.residual_plan), and what the backward needs to know of the outputs."""
+    new tensor, per compiled.saved_from), and what the backward needs to know of the outputs."""
     ctx.compiled = compiled
     ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]  # for zero cotangents (not the tensors)
-    new = iter(new_residuals)
-    saved = [inputs[i] if kind == "input" else outputs[i] if kind == "output" else next(new)
-             for kind, i in compiled.residual_plan]
+    source = (*inputs, *outputs, *new_residuals)
+    saved = [source[i] for i in compiled.saved_from]
     # A backward taken with create_graph=True ties its gradients through _NoSecondDerivative to an input
     # that requires grad: a saved input if there is one (most often a weight), else one saved for that
-    ctx.anchor_at = next((k for k, (kind, _) in enumerate(compiled.residual_plan)
-                          if kind == "input" and saved[k].requires_grad), None)
+    ctx.anchor_at = next((k for k in compiled.saved_inputs if saved[k].requires_grad), None)
     if ctx.anchor_at is None:
         tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
         saved.append(next((t for t in tensors if t.requires_grad), tensors[0]))  # (torch.func passes unwrapped inputs)
@@ -289,8 +287,7 @@ class ThunderFunction(torch.autograd.Function):
     def forward(compiled, *inputs):
         outputs, residuals = compiled.forward(*inputs)
         # a residual that is an input or an output is saved as that (torch refuses a tensor returned twice)
-        return tuple(_fresh((*outputs, *(r for r, (kind, _) in zip(residuals, compiled.residual_plan)
-                                         if kind == "new")), inputs))
+        return tuple(_fresh((*outputs, *(residuals[k] for k in compiled.new_residuals)), inputs))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -319,8 +316,7 @@ class _PlainThunderFunction(torch.autograd.Function):
     def forward(ctx, compiled, *inputs):
         outputs, residuals = compiled.forward(*inputs)
         outputs = _fresh(outputs, inputs)
-        _keep_for_backward(ctx, compiled, inputs, outputs,
-                           [r for r, (kind, _) in zip(residuals, compiled.residual_plan) if kind == "new"])
+        _keep_for_backward(ctx, compiled, inputs, outputs, [residuals[k] for k in compiled.new_residuals])
         ctx.mark_non_differentiable(*(o for o, d in zip(outputs, compiled.differentiable) if not d))
         return tuple(outputs)
 
@@ -370,9 +366,17 @@ class CompiledSplit:
         written = {b.args[0].name: b.args[0] for b in split.forward.bound_symbols if b.sym is write_back}
         read = [*split.forward.output[1], *(p for b in split.backward.bound_symbols for p in b.proxy_args())]
         self.modified_residuals = list({p.name: written[p.name] for p in read if p.name in written}.values())
-        self.residual_plan = [("input", inputs[r.name]) if r.name in inputs else
-                              ("output", outputs[r.name]) if r.name in outputs else ("new", None)
-                              for r in split.forward.output[1]]
+        residual_plan = [("input", inputs[r.name]) if r.name in inputs else
+                         ("output", outputs[r.name]) if r.name in outputs else ("new", None)
+                         for r in split.forward.output[1]]
+        # what the Functions save, as positions in (*inputs, *outputs, *new residuals): an input or an output
+        # is saved as that (torch refuses a tensor returned twice), a new residual as itself
+        self.new_residuals = [k for k, (kind, _) in enumerate(residual_plan) if kind == "new"]
+        self.saved_inputs = [k for k, (kind, _) in enumerate(residual_plan) if kind == "input"]
+        n_in, n_out = len(split.forward.args), len(split.forward.output[0])
+        at_new = {k: n_in + n_out + j for j, k in enumerate(self.new_residuals)}
+        self.saved_from = [i if kind == "input" else n_in + i if kind == "output" else at_new[k]
+                           for k, (kind, i) in enumerate(residual_plan)]
 
     def __call__(self, *inputs):
         for t in self.constants:
@@ -388,13 +392,23 @@ class CompiledSplit:
         else:
             # what Function.apply does here, less binding the arguments to forward's signature
             # with inspect on every call (forward has no defaults): most of a small call's cost
-            outs = _apply_thunder_function(self, *_unwrap_dead_wrappers(inputs))
+            outs = _apply_thunder_function(self, *_unwrapped_if_dead(inputs))
         outs = outs[:len(self.differentiable)]  # (ThunderFunction's rest are residuals)
         leaves = [outs[i] if kind == "out" else inputs[i] if kind == "input" else i for kind, i in self.leaf_plan]
         return tree_unflatten(self.out_spec, leaves)
 
 
 _apply_thunder_function = super(torch.autograd.Function, _PlainThunderFunction).apply
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
+
+def _unwrapped_if_dead(inputs) -> tuple:
+    """torch's unwrap_dead_wrappers (what Function.apply does first: a tensor left over from a finished
+    torch.func transform becomes the tensor it wrapped), one C call per tensor."""
+    try:
+        return tuple(map(_unwrap_if_dead, inputs))
+    except TypeError:  # something not a tensor among them
+        return _unwrap_dead_wrappers(inputs)
 
 
 def try_split(computation: Trace, executors):
