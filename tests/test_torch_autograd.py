@@ -320,6 +320,19 @@ def test_outside_torch_func_the_residuals_are_saved_in_forward_not_returned():
     torch.testing.assert_close(torch.func.grad(jf)(x), torch.func.grad(f)(x))
 
 
+def test_the_backward_of_indexing_pads_without_an_alias_op():
+    """x[:, 0]'s backward pads the gradient (no crop): one constant_pad_nd, not an alias of it first."""
+    x = torch.randn(3, 4, 5, requires_grad=True)
+    jf = tf.jit(lambda x: (x[:, 1] * 2).sum())
+    jf(x).backward()
+    assert "pad_prim" in str(tf.last_backward_traces(jf)[-1])
+    x.grad = None
+    assert _aten_calls_during(lambda: jf(x).backward(), "aten::alias") == 0
+    expected = torch.zeros(3, 4, 5)
+    expected[:, 1] = 2
+    torch.testing.assert_close(x.grad, expected)
+
+
 def test_compiled_backward_takes_its_arguments_in_a_list_it_empties():
     """So that the caller holds no reference and each residual is freed after its last use."""
     w = torch.randn(8, 8, requires_grad=True)
