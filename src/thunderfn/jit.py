@@ -242,10 +242,19 @@ class JitState:
             # both halves run without autograd recording (torch.autograd.Function's forward and backward)
             passes, forward_fn = _execution_passes(traces[-1], executors, no_autograd=True)
             traces += passes
+            # a backward for calls where some outputs get no gradient, made when one first comes: from the
+            # split as it is (rematerialization and the distributed transforms rewrite the backward: then
+            # the absent gradients are zeros)
+            plain = len(backward) == 1 and split.backward_without is not None
+
+            def backward_without(absent, split=split):
+                trc = split.backward_without(absent)
+                return None if trc is None else _execution_passes(cse(trc), executors, no_autograd=True)[1]
+
             backward.append(timed_pass(CSE, cse, split.backward))
             passes, backward_fn = _execution_passes(backward[-1], executors, no_autograd=True)
             backward += passes
-            fn = CompiledSplit(split, forward_fn, backward_fn)
+            fn = CompiledSplit(split, forward_fn, backward_fn, backward_without if plain else None)
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
         if autocast_state():  # the trace holds autocast's casts: running it under autocast would cast again
             fn = _without_autocast(fn)

@@ -53,6 +53,10 @@ class Split:
     out_spec: object
     captured: tuple  # captured tensors requiring grad, passed after the inputs (see _lift_captured)
     constants: tuple  # captured tensors that did not require grad
+    # backward_without(absent) -> the backward trace for calls where the differentiable outputs at these
+    # positions get no gradient (torch passes None: the user did not use them), with the same arguments (those
+    # cotangents unread); None where that backward would read a value the forward does not save
+    backward_without: object = None
 
 
 def why_not_split(computation: Trace) -> str | None:
@@ -176,27 +180,47 @@ def split_forward_backward(computation: Trace, executors) -> Split:
         grads = backward([next(it) if d else None for d in differentiable])
     grad_of = {p.name: g for p, g in zip(wrt, grads)}
 
-    bwd = Trace(computation.fn_name, names=computation.names)
-    bwd.def_name = "backward"
-    bwd.bound_symbols = joint.bound_symbols[n_forward:]
-    bwd.output = [grad_of.get(p.name) for p in inputs]
-    bwd = dce(bwd)
-    defined = {o.name for b in bwd.bound_symbols for o in b.proxy_outs()} | {c.name for c in cotangents}
-    residuals, seen = [], set()
-    used = [p for b in bwd.bound_symbols for p in b.proxy_args()] + [g for g in bwd.output if g is not None]
-    for p in used:
-        if p.name not in defined and p.name not in seen and p.constant is None:
-            seen.add(p.name)
-            residuals.append(p)
+    def backward_trace(bsyms, grad_of):
+        trc = Trace(computation.fn_name, names=computation.names)
+        trc.def_name = "backward"
+        trc.bound_symbols = bsyms
+        trc.output = [grad_of.get(p.name) for p in inputs]
+        return dce(trc)
+
+    def reads(trc):
+        defined = {o.name for b in trc.bound_symbols for o in b.proxy_outs()} | {c.name for c in cotangents}
+        used = [p for b in trc.bound_symbols for p in b.proxy_args()] + [g for g in trc.output if g is not None]
+        return [p for p in used if p.name not in defined and p.constant is None]
+
+    bwd = backward_trace(joint.bound_symbols[n_forward:], grad_of)
+    residuals = list({p.name: p for p in reads(bwd)}.values())
     bwd.args = residuals + cotangents
     bwd.args_in_list = True  # ThunderFunction.backward hands over its only references: residuals die as they are used
+
+    def backward_without(absent: frozenset):
+        """The backward differentiated again with no cotangent at the absent positions (of the differentiable
+        outputs), which the VJP rules then skip: eager's autograd does no work for an output nobody used."""
+        began = time.perf_counter_ns()
+        with tracing(joint):
+            start_at = len(joint.bound_symbols)
+            it = iter(c if i not in absent else None for i, c in enumerate(cotangents))
+            grads_now = backward([next(it) if d else None for d in differentiable])
+            bsyms = joint.bound_symbols[start_at:]
+            del joint.bound_symbols[start_at:]
+        trc = backward_trace(bsyms, {p.name: g for p, g in zip(wrt, grads_now)})
+        if not {p.name for p in reads(trc)} <= {p.name for p in residuals}:
+            return None
+        trc.args, trc.args_in_list = residuals + cotangents, True
+        stamp_provenance(trc, "Backward without the gradients of unused outputs", began)
+        return trc
 
     fwd = computation.derive("", [b for b in joint.bound_symbols[:n_forward] if b.sym is not set_grad_enabled])
     fwd.output = (tuple(outputs), tuple(residuals))
     fwd = dce(fwd)
     stamp_provenance(fwd, "Forward and backward split", start)
     stamp_provenance(bwd, "Forward and backward split", start)
-    return Split(fwd, bwd, differentiable, leaf_plan, out_spec, tuple(p.constant for p in captured), constants)
+    return Split(fwd, bwd, differentiable, leaf_plan, out_spec, tuple(p.constant for p in captured), constants,
+                 backward_without)
 
 
 def _fresh(tensors, inputs) -> list:
@@ -250,14 +274,15 @@ def _backward(ctx, *cotangents):
         anchor = residuals.pop()
     else:
         anchor = residuals[ctx.anchor_at]
-    residuals += [c if c is not None else torch.zeros(shape, dtype=dtype, device=device)
-                  for c, (shape, dtype, device), d in zip(cotangents, ctx.output_meta, compiled.differentiable) if d]
+    backward, given = compiled.backward_for([c for c, d in zip(cotangents, compiled.differentiable) if d],
+                                            [m for m, d in zip(ctx.output_meta, compiled.differentiable) if d])
+    residuals += given
     if not torch.is_grad_enabled():
-        return (None, *compiled.backward(residuals))
+        return (None, *backward(residuals))
     # create_graph=True (torch.func.grad and vjp always ask for it, so that they nest): give the first
     # derivative, and make differentiating it again raise instead of silently stopping at the residuals.
     with torch.no_grad():
-        grads = compiled.backward(residuals)
+        grads = backward(residuals)
     present = [g for g in grads if g is not None]
     it = iter(_NoSecondDerivative.apply(compiled.fn_name, anchor, *present) if present else ())
     return (None, *(next(it) if g is not None else None for g in grads))
@@ -352,8 +377,12 @@ def _second_derivative_message(fn_name: str) -> str:
 class CompiledSplit:
     """A split, compiled: call it with the input tensors to get the user's output structure."""
 
-    def __init__(self, split: Split, forward, backward):
+    def __init__(self, split: Split, forward, backward, backward_without=None):
         self.forward, self.backward = forward, backward
+        # absent -> the backward for calls whose differentiable outputs at those positions get no gradient
+        # (None: the full backward, with zeros for them), made by backward_without(absent) on first use
+        self.backward_without = backward_without
+        self.backward_by_absent: dict = {}
         self.fn_name = split.forward.fn_name
         self.differentiable = split.differentiable
         self.leaf_plan, self.out_spec, self.captured = split.leaf_plan, split.out_spec, split.captured
@@ -377,6 +406,21 @@ class CompiledSplit:
         at_new = {k: n_in + n_out + j for j, k in enumerate(self.new_residuals)}
         self.saved_from = [i if kind == "input" else n_in + i if kind == "output" else at_new[k]
                            for k, (kind, i) in enumerate(residual_plan)]
+
+    def backward_for(self, cotangents, metas) -> tuple:
+        """(the backward to run, the cotangents to give it), for the differentiable outputs' cotangents and
+        (shape, dtype, device)s: where outputs got no gradient, the backward that skips them if it can be
+        made (those cotangents unread), else the full one with zeros there."""
+        absent = frozenset(i for i, c in enumerate(cotangents) if c is None)
+        backward = self.backward
+        if absent and self.backward_without is not None:
+            if absent not in self.backward_by_absent:
+                self.backward_by_absent[absent] = self.backward_without(absent)
+            backward = self.backward_by_absent[absent] or self.backward
+        if backward is self.backward:
+            cotangents = [c if c is not None else torch.zeros(shape, dtype=dtype, device=device)
+                          for c, (shape, dtype, device) in zip(cotangents, metas)]
+        return backward, cotangents
 
     def __call__(self, *inputs):
         for t in self.constants:
