@@ -50,6 +50,34 @@ def test_custom_vjp_composes_with_jit_and_grad_of_grad():
     torch.testing.assert_close(second, 2 * torch.cos(x) - torch.sin(x) * x)
 
 
+def test_grad_of_grad_differentiates_residuals_fwd_computed():
+    """bwd reads cos(x), which fwd computed: the second derivative flows through it back into fwd (a
+    residual's cotangent was once dropped, giving 0 here), and a residual that is an output or an
+    argument itself is counted once."""
+    @tf.custom_vjp
+    def sin(x, scale):
+        return torch.sin(x) * scale
+
+    def fwd(x, scale):
+        out = torch.sin(x) * scale
+        return out, (torch.cos(x) * scale, out, x, scale)
+
+    sin.defvjp(fwd, lambda res, g: (g * res[0], (g * res[1] / res[3]).sum()))
+    x, scale = torch.randn(3, dtype=torch.float64), torch.tensor(1.5, dtype=torch.float64)
+
+    def first(x, scale):
+        dx, dscale = tf.grad(lambda x, s: sin(x, s).sum(), argnums=(0, 1))(x, scale)
+        return (dx * dx).sum() + dscale * x.sum()
+
+    def reference(x, scale):
+        dx, dscale = torch.autograd.grad((torch.sin(x) * scale).sum(), (x, scale), create_graph=True)
+        return (dx * dx).sum() + dscale * x.sum()
+
+    got = tf.grad(first, argnums=(0, 1))(x, scale)
+    leaves = [x.clone().requires_grad_(), scale.clone().requires_grad_()]
+    torch.testing.assert_close(got, torch.autograd.grad(reference(*leaves), leaves))
+
+
 def test_nondiff_argnums_are_passed_to_bwd_first():
     @tf.custom_vjp
     def apply(activation, x):

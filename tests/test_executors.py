@@ -151,11 +151,37 @@ def test_registering_a_name_again_is_an_error_unless_it_says_replace():
     assert get_executor(ex.name) is ex
 
 
-def test_register_operator_takes_exactly_one_of_like_and_meta():
-    with pytest.raises(TypeError, match="exactly one of like= or meta="):
+def test_register_operator_needs_like_or_meta():
+    with pytest.raises(TypeError, match=r"give like= or meta= \(or both\)"):
         OperatorExecutor("ex").register_operator("op", fn=torch.neg)
-    with pytest.raises(TypeError, match="exactly one of like= or meta="):
-        OperatorExecutor("ex").register_operator("op", like=torch.neg, meta=torch.neg, fn=torch.neg)
+
+
+def test_an_operator_with_meta_and_like_takes_its_outputs_from_meta_and_its_derivative_from_like():
+    """meta says what it returns (like is not traced for that); like is differentiated in its place, in
+    reverse and forward mode, and may give None for an output without a derivative."""
+    like_calls = []
+
+    def sin_and_index_like(x):
+        like_calls.append(x)
+        return torch.sin(x), None
+
+    ex = OperatorExecutor("sin_meta_like")
+    op = ex.register_operator(
+        "sin_and_index", meta=lambda x: (tf.TensorProxy.like(x), tf.TensorProxy(shape=(), dtype=torch.int64, device=x.device)),
+        like=sin_and_index_like, fn=lambda x: (torch.sin(x), torch.tensor(7)))
+    x = torch.randn(5, dtype=torch.float64)
+
+    def f(x):
+        return op(x)[0] * 2
+
+    jitted = tf.jit(f)
+    torch.testing.assert_close(jitted(x), 2 * torch.sin(x))
+    assert "sin_and_index(" in str(tf.last_traces(jitted)[-1]) and not like_calls
+    torch.testing.assert_close(tf.grad(lambda x: f(x).sum())(x), 2 * torch.cos(x))
+    assert like_calls
+    torch.testing.assert_close(tf.grad(lambda x: tf.grad(lambda x: f(x).sum())(x).sum())(x), -2 * torch.sin(x))
+    _, tangent = tf.jvp(f, (x,), (torch.ones_like(x),))
+    torch.testing.assert_close(tangent, 2 * torch.cos(x))
 
 
 def test_bad_lowering_registrations_are_refused():

@@ -127,6 +127,25 @@ def test_closed_over_number_is_guarded():
     assert jf(x).tolist() == [5.0] * 3
 
 
+def test_a_closed_over_float_is_guarded_by_type_and_value_and_nan_stays_nan():
+    def make(scale):
+        def f(x):
+            return x * scale
+
+        def set_scale(v):
+            nonlocal scale
+            scale = v
+
+        return f, set_scale
+
+    f, set_scale = make(2.0)
+    jf, x = tf.jit(f), torch.ones(3)
+    for value, misses in ((2.0, 1), (2, 2), (2.0, 2), (3.5, 3), (float("nan"), 4), (float("nan"), 4), (True, 5)):
+        set_scale(value)
+        torch.testing.assert_close(jf(x), x * value, equal_nan=True)
+        assert tf.cache_info(jf)["misses"] == misses, (value, tf.cache_info(jf))
+
+
 def test_closed_over_number_under_grad_is_guarded():
     scale = [2.0]
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import thunderfn as tf
+from thunderfn.jit import _MISS as MISS
 
 Pair = collections.namedtuple("Pair", "a b")
 
@@ -100,6 +101,32 @@ def test_alternating_signatures_each_run_their_own_entry_and_count_as_hits():
                 assert not jitted(a, b).requires_grad
     info = tf.cache_info(jitted)
     assert (info["entries"], info["misses"], info["hits"]) == (8, 8, 16)
+
+
+def test_calls_with_tensors_by_keyword_take_the_fast_path_and_still_find_their_entry():
+    """A Hugging Face model is called model(input_ids=..., labels=...): such a call is checked by one
+    generated function (the tensors found by position and by name), not keyed through the slow path."""
+    def f(a, b=None, *, scale=None):
+        return a * b + (0 if scale is None else scale)
+
+    jitted = tf.jit(f)
+    state = jitted._thunderfn_state
+    a, b, s = torch.randn(3), torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(jitted(a, b=b), a * b)
+    assert list(state.keyword_cache) == [(1, "b")]
+    hit = state.keyword_cache[(1, "b")]
+    for _ in range(2):
+        torch.testing.assert_close(jitted(a, b=b), a * b)
+    torch.testing.assert_close(hit((a,), {"b": s}), a * s)  # the same entry, through the hit function itself
+    torch.testing.assert_close(jitted(b=b, a=a), a * b)  # a by name too: another structure, another entry
+    torch.testing.assert_close(jitted(a=a, b=b), a * b)  # keyword order: the same entry, a hit
+    torch.testing.assert_close(jitted(a, b=b, scale=s), a * b + s)  # another set of names: another entry
+    torch.testing.assert_close(jitted(a, b=b.double()), a * b.double())  # another dtype: a miss, retraced
+    torch.testing.assert_close(jitted(a.reshape(3, 1), b=b), a.reshape(3, 1) * b)
+    info = tf.cache_info(jitted)
+    assert (info["entries"], info["misses"], info["hits"]) == (5, 5, 4), info
+    assert hit((a, b), {"b": b}) is MISS and hit((), {"a": a, "b": b}) is MISS and hit((a,), {"c": b}) is MISS
+    assert hit((a,), {"b": 1.0}) is MISS  # not a tensor
 
 
 def test_returning_to_a_requires_grad_input_gives_a_differentiable_result(x):

@@ -93,6 +93,9 @@ SDPA_CLAIMED = {
     "gqa": (qkv(h=4, hk=2), {"enable_gqa": True}),
     "float64": (qkv(dtype=torch.float64), {"is_causal": True}),
     "bfloat16": (qkv(dtype=torch.bfloat16), {"attn_mask": torch.randn(5, 6)}),
+    "float16": (qkv(dtype=torch.float16), {"is_causal": True}),
+    "mask_and_causal": (qkv(), {"attn_mask": torch.randn(5, 6), "is_causal": True}),  # torch's CPU flash takes both
+    "bool_mask_and_causal": (qkv(L=7, S=7), {"attn_mask": bool_mask(seed=3, L=7, S=7), "is_causal": True}),
 }
 
 
@@ -103,14 +106,13 @@ def test_sdpa_claims_attention_the_cpu_flash_kernel_takes_and_matches_torch(case
     out = jitted(q, k, v)
     assert "sdpa_flash_cpu(" in execution(jitted)
     expected = F.scaled_dot_product_attention(q, k, v, **kwargs)
-    tol = 2e-2 if q.dtype is torch.bfloat16 else 1e-6
+    tol = 2e-2 if q.dtype in (torch.bfloat16, torch.float16) else 1e-6
     torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
 
 
 SDPA_REFUSED = {
     "3d_inputs": (tuple(t[0] for t in qkv()), {}),
     "dropout": (qkv(), {"dropout_p": 0.5}),
-    "mask_and_causal": (qkv(), {"attn_mask": torch.randn(5, 6), "is_causal": True}),
     "key_value_broadcast_over_batch": ((qkv()[0], qkv(b=1)[1], qkv(b=1)[2]), {}),
     "value_head_dim_differs": (qkv(ev=7), {}),
     "3d_mask": (qkv(), {"attn_mask": torch.randn(3, 5, 6)}),

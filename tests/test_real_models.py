@@ -127,6 +127,87 @@ def test_multihead_attention_with_masks_matches_eager(mask):
     torch.testing.assert_close(gq, wq)
 
 
+MHA_CASES = {  # nn.MultiheadAttention options, call options
+    "self_attention_no_weights": ({}, {"need_weights": False}),
+    "weights_averaged": ({}, {}),
+    "weights_per_head": ({}, {"average_attn_weights": False}),
+    "batch_first": ({"batch_first": True}, {"need_weights": False}),
+    "causal": ({}, {"need_weights": False, "is_causal": True, "attn_mask": "causal"}),
+    "float_mask_3d": ({}, {"need_weights": False, "attn_mask": "float_3d"}),
+    "key_padding_and_bool_mask": ({}, {"need_weights": False, "attn_mask": "bool", "key_padding_mask": True}),
+    "separate_kv_dims": ({"kdim": 6, "vdim": 5}, {"need_weights": False}),
+    "bias_kv_and_zero_attn": ({"add_bias_kv": True, "add_zero_attn": True}, {"attn_mask": "bool"}),
+    "unbatched": ({}, {"need_weights": False, "unbatched": True}),
+}
+
+
+@pytest.mark.parametrize("case", MHA_CASES)
+def test_multihead_attention_is_traced_through_and_trains_like_eager(case):
+    """torch's F.multi_head_attention_forward is traced through (its linears and attention are thunderfn's),
+    not run as one opaque op: outputs, attention weights and every gradient are eager's."""
+    module_options, call = MHA_CASES[case]
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, dtype=torch.float64, **module_options)
+    L, S, N = 3, 4, 2
+    kv_len = L if call.get("attn_mask") == "causal" else S
+
+    def sequence(length, dim):
+        if call.get("unbatched"):
+            return torch.randn(length, dim, dtype=torch.float64)
+        return torch.randn(*((N, length) if module_options.get("batch_first") else (length, N)), dim, dtype=torch.float64)
+
+    q = sequence(L, 8).requires_grad_()
+    k, v = sequence(kv_len, module_options.get("kdim", 8)), sequence(kv_len, module_options.get("vdim", 8))
+    kwargs = {key: value for key, value in call.items() if key not in ("unbatched", "attn_mask", "key_padding_mask")}
+    masks = {"causal": torch.nn.Transformer.generate_square_subsequent_mask(L, dtype=torch.float64),
+             "float_3d": torch.randn(N * 2, L, S, dtype=torch.float64),
+             "bool": torch.tensor([[False, True, False, False], [False, False, True, False], [False, False, False, True]])}
+    if "attn_mask" in call:
+        kwargs["attn_mask"] = masks[call["attn_mask"]]
+    if call.get("key_padding_mask"):
+        kwargs["key_padding_mask"] = torch.tensor([[False, False, False, True], [False, False, False, False]])
+    jitted = tf.jit(mha)
+    got, want = jitted(q, k, v, **kwargs), mha(q, k, v, **kwargs)
+    assert (got[1] is None) == (want[1] is None)
+    for g, w in zip(got, want):
+        if w is not None:
+            torch.testing.assert_close(g, w)
+    assert "multi_head_attention_forward" not in str(tf.last_traces(jitted)[-1])
+    params = [q] + list(mha.parameters())
+    weights = torch.linspace(-1, 1, got[0].numel(), dtype=torch.float64).reshape(got[0].shape)
+    got_grads = torch.autograd.grad((got[0] * weights).sum(), params)
+    want_grads = torch.autograd.grad((want[0] * weights).sum(), params)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w)
+
+
+def test_multihead_attention_training_step_runs_attention_once_as_eager_does():
+    """As one opaque op torch.func ran F.multi_head_attention_forward again to differentiate it: attention,
+    the projections and all, twice per step. Traced through, the step runs eager's aten calls."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+    x = torch.randn(2, 5, 16)
+    jitted = tf.jit(layer)
+
+    def step(module):
+        module.zero_grad(set_to_none=True)
+        module(x).square().sum().backward()
+
+    def counts(module):
+        step(module)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step(module)
+        names = [e.name for e in prof.events() if e.name.startswith("aten::")]
+        return {n: names.count(n) for n in ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                                            "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                                            "aten::linear", "aten::addmm")}
+
+    eager_counts, jit_counts = counts(layer), counts(jitted)
+    assert jit_counts["aten::_scaled_dot_product_flash_attention_for_cpu"] == 1, jit_counts
+    assert jit_counts["aten::_scaled_dot_product_flash_attention_for_cpu_backward"] == 1, jit_counts
+    assert jit_counts["aten::linear"] <= eager_counts["aten::linear"], (jit_counts, eager_counts)
+
+
 def test_batch_norm_cumulative_average_momentum_none_matches_eager_over_steps():
     torch.manual_seed(0)
     eager = torch.nn.BatchNorm2d(3, momentum=None)

@@ -75,12 +75,6 @@ def test_priority_order_set_by_sdpa_kernel_is_followed():
         assert sdpa.cuda_kernel(q, k, v) == "flash"
 
 
-def test_the_cpu_path_ignores_the_cuda_switches():
-    q = TensorProxy("cpu_q", shape=(2, 4, 16, 64), dtype=torch.float32, device="cpu")
-    with sdpa_kernel([SDPBackend.MATH]):
-        assert sdpa.sdpa_checker(q, q, q)
-
-
 @emulated
 @pytest.mark.parametrize("backends, fwd, bwd", [
     (None, "sdpa_flash_cuda_fwd", "sdpa_flash_cuda_bwd"),

@@ -398,24 +398,68 @@ def _aten_calls_during(fn, name: str) -> int:
     return sum(1 for e in prof.events() if e.name == name)
 
 
-def test_backward_makes_no_zero_cotangents_for_residuals_and_zeros_for_an_unused_output():
-    """The residuals travel as extra outputs of the autograd.Function; torch would hand backward a
-    tensor of zeros for each (as big as the activations). Only an output the user returned and did
-    not differentiate gets zeros, as eager's gradient treats it."""
-    w = torch.randn(64, 64, requires_grad=True)
+def test_backward_makes_no_zero_cotangents_and_does_no_work_for_an_output_nobody_used():
+    """torch hands backward None for each output without a gradient. Where one of the user's outputs got
+    none, the backward run is one differentiated without it (made on first use, per set of such outputs):
+    no zeros as big as that output, and none of its backward's work, as eager's autograd does none."""
+    w = torch.randn(64, 64, requires_grad=True, dtype=torch.float64)
 
     def f(x):
         h = torch.tanh(x @ w)  # tanh's backward reads its output: a residual
-        return (h * h).sum(), h.exp()
+        return (h * h).sum(), h.exp() @ w
 
-    x = torch.randn(32, 64)
+    x = torch.randn(32, 64, dtype=torch.float64)
     jf = tf.jit(f)
     loss, unused = jf(x)
-    assert _aten_calls_during(lambda: loss.backward(), "aten::zeros") == 1  # the unused output's cotangent
-    eager_w = w.grad.clone()
-    w.grad = None
-    f(x)[0].backward()
-    torch.testing.assert_close(eager_w, w.grad)
+    counts = _aten_counts_during(lambda: torch.autograd.grad(loss, w, retain_graph=True))
+    assert counts["aten::zeros"] == 0 and counts["aten::mm"] == 1, counts  # x^T @ dh only
+    eager_loss, eager_unused = f(x)
+    for got, want in ((loss, eager_loss), (unused.sum(), eager_unused.sum()), (loss + unused.sum(), None)):
+        want = eager_loss + eager_unused.sum() if want is None else want
+        torch.testing.assert_close(torch.autograd.grad(got, w, retain_graph=True),
+                                   torch.autograd.grad(want, w, retain_graph=True))
+    compiled = tf.last_backward_traces(jf)  # the full backward is the one shown; the others are made as needed
+    assert compiled and "g1" in str(compiled[-1])
+
+
+def _aten_counts_during(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return collections.Counter(e.name for e in prof.events() if e.name.startswith("aten::"))
+
+
+def test_outside_torch_func_the_residuals_are_saved_in_forward_not_returned():
+    """Each tensor an autograd.Function returns costs torch.autograd a wrapping; outside torch.func the
+    residuals are saved by forward itself, so torch's node has only the user's outputs (under torch.func,
+    the residuals travel as outputs to setup_context, and the gradients are the same)."""
+    w = torch.randn(8, 8, requires_grad=True, dtype=torch.float64)
+
+    def f(x):
+        h = torch.tanh(x @ w)
+        return (h * torch.sin(h)).sum()
+
+    x = torch.randn(4, 8, dtype=torch.float64)
+    jf = tf.jit(f)
+    out = jf(x)
+    if hasattr(out.grad_fn, "_input_metadata"):  # (torch's record of the node's forward outputs)
+        assert len(out.grad_fn._input_metadata) == 1
+    (plain,) = torch.autograd.grad(out, w)
+    (eager,) = torch.autograd.grad(f(x), w)
+    torch.testing.assert_close(plain, eager)
+    torch.testing.assert_close(torch.func.grad(jf)(x), torch.func.grad(f)(x))
+
+
+def test_the_backward_of_indexing_pads_without_an_alias_op():
+    """x[:, 0]'s backward pads the gradient (no crop): one constant_pad_nd, not an alias of it first."""
+    x = torch.randn(3, 4, 5, requires_grad=True)
+    jf = tf.jit(lambda x: (x[:, 1] * 2).sum())
+    jf(x).backward()
+    assert "pad_prim" in str(tf.last_backward_traces(jf)[-1])
+    x.grad = None
+    assert _aten_calls_during(lambda: jf(x).backward(), "aten::alias") == 0
+    expected = torch.zeros(3, 4, 5)
+    expected[:, 1] = 2
+    torch.testing.assert_close(x.grad, expected)
 
 
 def test_compiled_backward_takes_its_arguments_in_a_list_it_empties():

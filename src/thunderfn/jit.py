@@ -72,7 +72,8 @@ CSE = "Common Subexpression Elimination"
 
 
 class CacheEntry:
-    __slots__ = ("fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit", "layout")
+    __slots__ = ("fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit",
+                 "keyword_hit", "layout")
 
     def __init__(self, fn, traces, backward_traces, tensor_positions, guards):
         self.fn, self.traces, self.backward_traces = fn, traces, backward_traces
@@ -80,6 +81,7 @@ class CacheEntry:
         self.guards = guards
         self.guards_hold = guards.compile()  # None: nothing to check
         self.fast_hit = None  # its check-and-call function for the fast path (see JitState.fast_hit), once made
+        self.keyword_hit = None  # the same for a call with keyword tensors (see JitState.keyword_hit)
         # (tensor number, what, get, value): layout facts the trace relies on (Trace.rely_on_layout), part of
         # the signature of the inputs they are about (most traces have none)
         self.layout = tuple((position, what, get, value) for position, facts in traces[0].layout_reads.items()
@@ -128,6 +130,9 @@ class JitState:
         self.cache_size_limit = cache_size_limit
         self.lock = threading.RLock()
         self.fast_cache: dict = {}  # fast key -> the entry's check-and-call function (see fast_hit)
+        # (number of positional tensors, keyword names in the call's order) -> the check-and-call function
+        # of the entry that last ran such a call (see keyword_hit)
+        self.keyword_cache: dict = {}
         self.dispatcher_globals: dict | None = None  # the fast dispatcher's, which name each arity's hot entry
         self.cache: dict = {}  # key -> [CacheEntry], newest last
         self.n_entries = 0
@@ -238,10 +243,19 @@ class JitState:
             # both halves run without autograd recording (torch.autograd.Function's forward and backward)
             passes, forward_fn = _execution_passes(traces[-1], executors, no_autograd=True)
             traces += passes
+            # a backward for calls where some outputs get no gradient, made when one first comes: from the
+            # split as it is (rematerialization and the distributed transforms rewrite the backward: then
+            # the absent gradients are zeros)
+            plain = len(backward) == 1 and split.backward_without is not None
+
+            def backward_without(absent, split=split):
+                trc = split.backward_without(absent)
+                return None if trc is None else _execution_passes(cse(trc), executors, no_autograd=True)[1]
+
             backward.append(timed_pass(CSE, cse, split.backward))
             passes, backward_fn = _execution_passes(backward[-1], executors, no_autograd=True)
             backward += passes
-            fn = CompiledSplit(split, forward_fn, backward_fn)
+            fn = CompiledSplit(split, forward_fn, backward_fn, backward_without if plain else None)
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
         if autocast_state():  # the trace holds autocast's casts: running it under autocast would cast again
             fn = _without_autocast(fn)
@@ -294,10 +308,14 @@ class JitState:
     def run(self, entry: CacheEntry, key: tuple, args, kwargs, leaves):
         """Call a cache entry, and make it the fast path's for calls like this one."""
         self.last_traces, self.last_backward_traces = entry.traces, entry.backward_traces
-        if not kwargs and not self.static_argnums and not key[3] and len(entry.tensor_positions) == len(args) and all(
-                isinstance(a, Tensor) for a in args) and not isinstance(entry.fn, Guarded):
+        if (not self.static_argnums and not key[3] and len(entry.tensor_positions) == len(args) + len(kwargs)
+                and all(isinstance(a, Tensor) for a in args) and all(isinstance(v, Tensor) for v in kwargs.values())
+                and not (isinstance(entry.fn, Guarded) and entry.fn.grad_reads)):
             # (an entry reading .grad at call time takes extra inputs: it stays on this path)
-            self.fast_cache[_fast_key(args)] = self.fast_hit(entry, key)
+            if kwargs:
+                self.keyword_cache[(len(args), *kwargs)] = self.keyword_hit(entry, key, kwargs)
+            else:
+                self.fast_cache[_fast_key(args)] = self.fast_hit(entry, key)
         return entry.fn(*[leaves[i] for i in entry.tensor_positions])
 
     def evict_oldest(self) -> None:
@@ -307,7 +325,8 @@ class JitState:
         if not entries:
             del self.cache[key]
         self.n_entries -= 1
-        self.fast_cache.clear()  # it may point at the evicted entry; refilled by the next calls
+        self.fast_cache.clear()  # they may point at the evicted entry; refilled by the next calls
+        self.keyword_cache.clear()
         if self.dispatcher_globals is not None:
             for name in self.dispatcher_globals["hot_names"]:
                 self.dispatcher_globals[name] = _miss
@@ -321,6 +340,15 @@ class JitState:
         if entry.fast_hit is None:
             entry.fast_hit = _hit_function(key, entry.fn, entry.guards_hold, self.stats, entry.layout)
         return entry.fast_hit
+
+    def keyword_hit(self, entry: CacheEntry, key: tuple, kwargs: dict):
+        """fast_hit's function for a call with tensors by keyword too (a Hugging Face model's
+        `model(input_ids=..., labels=...)`), called with (args, kwargs): it finds each tensor by
+        position or by name, in the order the cache key flattened them (keywords sorted)."""
+        if entry.keyword_hit is None:
+            entry.keyword_hit = _hit_function(key, entry.fn, entry.guards_hold, self.stats, entry.layout,
+                                              keywords=tuple(sorted(kwargs)))
+        return entry.keyword_hit
 
     def why_miss(self, key, args, kwargs, leaves) -> str | None:
         """Why this call cannot use a cached entry, in words (None for the first compile)."""
@@ -494,9 +522,10 @@ def _miss(*tensors):
     return _MISS
 
 
-def _hit_function(key: tuple, fn, guards_hold, stats, layout=()):
+def _hit_function(key: tuple, fn, guards_hold, stats, layout=(), keywords=()):
     """A check-and-call function for one cache entry (see JitState.fast_hit); key is the
-    entry's cache key for a call with positional tensors only."""
+    entry's cache key for a call with tensors only, by position, then by the keywords
+    given (sorted, as the key flattened them): then it is called with (args, kwargs)."""
     names = [f"a{i}" for i in range(len(key) - 4)]
     namespace = {"fn": fn, "guards_hold": guards_hold, "stats": stats, "MISS": _MISS, "tracing": context._local,
                  "is_grad_enabled": _is_grad_enabled, "get_default_dtype": _get_default_dtype, "default_dtype": key[2],
@@ -513,6 +542,11 @@ def _hit_function(key: tuple, fn, guards_hold, stats, layout=()):
     # (entries traced under autocast never take this path: see call_slow)
     checks += [f"is_grad_enabled() is {key[1]}", "get_default_dtype() is default_dtype", "not tracing.stack",
                "not any_autocast()"]
+    if isinstance(fn, Guarded):  # guards of the trace's own (torch's SDPA switches, an optimizer's settings)
+        for k, guard in enumerate(fn.guards):
+            namespace[f"trace_guard{k}"] = guard
+            checks.append(f"trace_guard{k}() is None")
+        fn = namespace["fn"] = fn.fn
     choose = []
     if isinstance(fn, UnlessFunctorch):  # its choice made here, not in one more call (a hit either way)
         namespace.update(fn=fn.rewritten, unless_functorch=fn, functorch_active=context.functorch_active)
@@ -520,12 +554,23 @@ def _hit_function(key: tuple, fn, guards_hold, stats, layout=()):
     if guards_hold is not None:
         checks.append("guards_hold()")
     args = ", ".join(names)
+    if keywords:  # the tensors taken out of (args, kwargs), each where the cache key had it
+        n_positional = len(names) - len(keywords)
+        namespace.update({f"name{j}": k for j, k in enumerate(keywords)})
+        unpack = [f"        if len(args) != {n_positional} or len(kwargs) != {len(keywords)}:",
+                  "            return MISS",
+                  *([f"        {', '.join(names[:n_positional])}, = args"] if n_positional else []),
+                  *(f"        {a} = kwargs[name{j}]" for j, a in enumerate(names[n_positional:]))]
+        header, missing = "def hit(args, kwargs):", "(AttributeError, KeyError)"
+    else:
+        unpack, header, missing = [], f"def hit({args}):", "AttributeError"
     # only the checks are in the try: an AttributeError raised by the user's function is the user's,
     # not a miss (which would run the function a second time, through the slow path)
-    lines = [f"def hit({args}):",
+    lines = [header,
              "    try:",
+             *unpack,
              f"        ours = {' and '.join(checks)}",
-             "    except AttributeError:  # not a tensor",
+             f"    except {missing}:  # not a tensor (or not this call's keywords)",
              "        return MISS",
              "    if not ours:",
              "        return MISS",
@@ -536,13 +581,14 @@ def _hit_function(key: tuple, fn, guards_hold, stats, layout=()):
     return namespace["hit"]
 
 
-def _fast_dispatcher(arities, fast_cache, call_slow):
+def _fast_dispatcher(arities, fast_cache, keyword_cache, call_slow):
     """The jitted function, and its globals. For each arity fn accepts, a branch first calls
     that arity's hot entry (the last one that ran: a check-and-call function, see
     JitState.fast_hit), which is one call on a cache hit; otherwise it builds the cache key
     inline as one flat tuple (no per-argument tuples, no comprehension) and looks it up, and
-    the entry found becomes hot. Other calls take a generic branch; anything that is not
-    all-positional-tensors takes the slow path."""
+    the entry found becomes hot. Other calls take a generic branch; a call with keywords tries
+    the entry that last ran a call with those names (JitState.keyword_hit); anything else takes
+    the slow path."""
     hot_names = [f"hot{n}" for n in arities]
     lines = ["def jitted(*args, **kwargs):"]
     if hot_names:
@@ -575,8 +621,15 @@ def _fast_dispatcher(arities, fast_cache, call_slow):
               "            out = hit(*args)",
               "            if out is not MISS:",
               "                return out",
+              "        return call_slow(args, kwargs)",
+              "    hit = keyword_cache.get((len(args), *kwargs))",  # tensors by keyword: one entry per set of names
+              "    if hit is not None:",
+              "        out = hit(args, kwargs)",
+              "        if out is not MISS:",
+              "            return out",
               "    return call_slow(args, kwargs)"]
-    namespace = {"fast_cache": fast_cache, "call_slow": call_slow, "is_grad_enabled": _is_grad_enabled,
+    namespace = {"fast_cache": fast_cache, "keyword_cache": keyword_cache, "call_slow": call_slow,
+                 "is_grad_enabled": _is_grad_enabled,
                  "get_default_dtype": _get_default_dtype, "fast_key": _fast_key, "MISS": _MISS,
                  "hot_names": hot_names, **{name: _miss for name in hot_names}}
     exec(compile("\n".join(lines) + "\n", "<thunderfn jit dispatcher>", "exec"), namespace)
@@ -645,7 +698,8 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     use_fast_path = not static_argnums and not static_argnames
 
     if use_fast_path:
-        jitted, state.dispatcher_globals = _fast_dispatcher(_positional_arities(fn), fast_cache, call_slow)
+        jitted, state.dispatcher_globals = _fast_dispatcher(_positional_arities(fn), fast_cache, state.keyword_cache,
+                                                            call_slow)
     else:
         def jitted(*args, **kwargs):
             return call_slow(args, kwargs)

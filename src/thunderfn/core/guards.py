@@ -198,7 +198,7 @@ class GuardSet:
                 terms.append(f"not h{i}" if not expected else f"tuple(h{i}) == v{i}")
             elif type(expected) in (bool, type(None)) or isinstance(expected, enum.Enum):
                 terms.append(f"{read} is v{i}")
-            elif type(expected) in (int, str):
+            elif type(expected) in (int, str) or type(expected) is float and expected == expected:
                 terms.append(f"type(x{i} := {read}) is {type(expected).__name__} and x{i} == v{i}")
             else:
                 terms.append(f"same({read}, v{i})")

@@ -59,11 +59,13 @@ class OperatorExecutor(Executor):
     def register_operator(self, name: str, *, like: Callable | None = None, meta: Callable | None = None,
                           fn: Callable, replace: bool = False, batch_rule: Callable | None = None,
                           traceable: bool = False) -> Symbol:
-        """A symbol that runs `fn` on real tensors. Exactly one of `like` or `meta` says what
-        it returns: `like` is a function in torch or thunderfn's languages computing the same
-        thing, traced for output metadata and differentiated in the operator's place; `meta`
-        (proxies in, output proxies out) makes a new primitive, differentiable once a vjp is
-        registered for it (`register_lowering(operator, vjp=(fwd, bwd))`). `batch_rule(args,
+        """A symbol that runs `fn` on real tensors. `like`, `meta` or both say what it returns:
+        `like` is a function in torch or thunderfn's languages computing the same thing,
+        differentiated in the operator's place (reverse and forward mode) and, without `meta`,
+        traced for output metadata; `meta` alone (proxies in, output proxies out) makes a new
+        primitive, differentiable once a vjp is registered for it (`register_lowering(operator,
+        vjp=(fwd, bwd))`). Given both, `meta` says the outputs (no tracing of `like` per call),
+        and `like` may give None for an output that carries no derivative. `batch_rule(args,
         dims, kwargs, out) -> (output, out dims)`, with the conventions of
         thunderfn/transforms/batching_rules.py, is how tf.vmap batches the operator (it may
         return NotImplemented for a call it does not handle). `traceable`: fn is torch code
@@ -71,8 +73,8 @@ class OperatorExecutor(Executor):
         Python), so a fusion executor that calls such operators (Inductor) may run it inside a
         region instead of ending the region at it."""
         check_identifier("an operator's", name)
-        if (like is None) == (meta is None):
-            raise ArgumentTypeError(f"register_operator('{name}'): give exactly one of like= or meta=")
+        if like is None and meta is None:
+            raise ArgumentTypeError(f"register_operator('{name}'): give like= or meta= (or both)")
         if name in self.operators and not replace:
             raise ArgumentValueError(f"executor '{self.name}' already has an operator '{name}' (pass replace=True to replace it)")
         if meta is None:

@@ -5,7 +5,9 @@ is; anything else falls to the next executor (torch runs it, or its decompositio
 - CPU: aten's flash kernel (`_scaled_dot_product_flash_attention_for_cpu`), which
   returns the output and the row logsumexp; its backward
   (`..._for_cpu_backward`) needs only those two besides the inputs, so
-  differentiating saves out + logsumexp instead of the L x S attention matrix.
+  differentiating saves out + logsumexp instead of the L x S attention matrix. Claimed
+  exactly where torch's CPU dispatch picks flash (sdpa_choice.cpu_choice: its gate and the
+  `sdpa_kernel` switches, which guard the trace); elsewhere math attention runs, as in eager.
 - CUDA: `F.scaled_dot_product_attention`, which picks flash, memory-efficient or
   cuDNN itself. When thunderfn differentiates, the kernel pair of the backend torch
   would pick for the call (executors/sdpa_choice.py applies copies of torch's gates,
@@ -23,6 +25,10 @@ The gates mirror torch's own (aten/src/ATen/native/transformers/sdp_utils_cpp.h)
 4-d inputs, equal batch sizes (the CPU kernel reads out of bounds when key/value
 broadcast over the batch), equal head dims, non-empty sequences, no dropout, a 2-d
 or 4-d mask that does not require grad, grouped-query heads only with enable_gqa.
+
+No kernel here has a derivative of its own (eager raises for a second derivative through
+them): each operator is registered like= the kernel's formula in clang and prims, which a
+second derivative (grad of grad, jvp of grad) differentiates; the first stays the kernels'.
 """
 from __future__ import annotations
 
@@ -43,7 +49,6 @@ aten = torch.ops.aten
 _CPU_OPS = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward")
 _CUDA_OPS = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward")
 _FLASH_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward")
-_CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CUDA_ALIGNMENT = 16  # the memory-efficient kernel wants the bias's rows 16-element aligned
 
@@ -238,26 +243,24 @@ def sdpa_checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     device = query.device.type
     if device not in ("cpu", "cuda") or any(t.device != query.device for t in qkv):
         return False
-    if device == "cuda" and not all(hasattr(aten, n) for n in _CUDA_OPS):
+    if any(0 in t.shape for t in qkv):
+        return False  # eager answers empty inputs itself, before it chooses a kernel
+    if device == "cpu":  # the flash kernel exactly where torch's CPU dispatch picks it, math attention elsewhere
+        return sdpa_choice.cpu_choice(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) == sdp_state.FLASH
+    if not all(hasattr(aten, n) for n in _CUDA_OPS):
         return False
-    if any(t.ndim != 4 for t in qkv) or not (query.dtype == key.dtype == value.dtype):
-        return False
-    if query.dtype not in (_CPU_DTYPES if device == "cpu" else _CUDA_DTYPES):
+    if any(t.ndim != 4 for t in qkv) or not (query.dtype == key.dtype == value.dtype) or query.dtype not in _CUDA_DTYPES:
         return False
     (B, H, L, E), (Bk, Hk, S, Ek), (Bv, Hv, Sv, Ev) = query.shape, key.shape, value.shape
-    if not (B == Bk == Bv) or S != Sv or E != Ek or 0 in (B, H, L, E, Hk, S, Ev):
-        return False  # empty inputs: the fused kernels refuse zero-length sequences (and Hk=0 has no groups)
+    if not (B == Bk == Bv) or S != Sv or E != Ek or H != Hk or Hk != Hv:
+        return False  # (grouped-query heads: the efficient CUDA kernel takes none)
     if attn_mask is not None and is_causal:
-        return False  # torch refuses the pair; the decomposition defines it, so it runs there
-    if Hk != Hv or not (H == Hk or enable_gqa and device == "cpu" and H % Hk == 0):
-        return False  # grouped-query heads: the CPU kernel handles them, the efficient CUDA one does not
-    if device == "cpu" and E != Ev:
-        return False  # the CPU kernel requires one head size for q, k and v
-    if device == "cuda" and (E % 8 or Ev % 8):
+        return False  # the CUDA kernels' gates refuse the pair; the decomposition defines it, so it runs there
+    if E % 8 or Ev % 8:
         return False  # the efficient kernel's alignment (torch pads otherwise; we let torch do that)
     if not _mask_ok(attn_mask, query, key):
         return False
-    return device == "cpu" or cuda_kernel(query, key, value, attn_mask, is_causal) is not None
+    return cuda_kernel(query, key, value, attn_mask, is_causal) is not None
 
 
 def cuda_kernel(query, key, value, attn_mask=None, is_causal=False) -> str | None:
@@ -275,32 +278,110 @@ def cuda_kernel(query, key, value, attn_mask=None, is_causal=False) -> str | Non
     return None  # math, or no backend: torch runs the call
 
 
-# -- the mask's gradient, which no fused kernel returns ----------------------------------------------
+# -- the kernels' formulas in clang and prims: the mask's gradient, which no kernel returns, and what a
+#    second derivative differentiates in each kernel's place (the aten kernels have no derivative) -------
 def _sum_to_shape(x, shape):
     lead = x.ndim - len(shape)
     dims = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and x.shape[lead + i] != 1)
     return clang.reshape(prims.sum(x, dims), tuple(shape)) if dims else x
 
 
-def _mask_grad(g, query, key, value, out, lse, mask, scale):
-    """d loss / d mask for an additive mask: dS = P * (g v^T - rowsum(g * out)), summed to the
-    mask's shape, with P recomputed from the logsumexp. It is L x S, but only computed when
-    something reads it: differentiating with respect to the mask is rare, and otherwise dead
-    code elimination drops these ops and the backward stays free of L x S tensors."""
+def _scores(query, key, mask, is_causal, scale):
+    """(q k^T * scale + mask in the computation dtype, where a position is ruled out by the mask or
+    causality, as a bool tensor), with key's heads repeated for grouped-query attention."""
     compute = dtypes.computation_dtype(query.dtype)
-    q, k, v, g, out = (clang.maybe_convert_to_dtype(t, compute) for t in (query, key, value, g, out))
-    if k.shape[-3] != q.shape[-3]:  # grouped-query heads, as the decomposition repeats them
-        k, v = (tnn._repeat_heads(t, q.shape[-3] // t.shape[-3]) for t in (k, v))
+    q, k = (clang.maybe_convert_to_dtype(t, compute) for t in (query, key))
+    k = tnn._repeat_heads(k, q.shape[-3] // k.shape[-3])
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = clang.add(clang.mul(prims.matmul(q, clang.transpose(k, -2, -1)), scale),
-                       clang.maybe_convert_to_dtype(mask, compute))
-    if lse.shape[-1] != q.shape[-2]:  # the memory-efficient kernel's rows padded to 32
-        lse = clang.slice_in_dim(lse, 0, q.shape[-2], dim=lse.ndim - 1)
-    lse = clang.unsqueeze(clang.maybe_convert_to_dtype(lse, compute), -1)
-    probs = clang.where(clang.eq(scores, -float("inf")), 0.0, clang.exp(clang.sub(scores, lse)))
+    scores = clang.mul(prims.matmul(q, clang.transpose(k, -2, -1)), scale)
+    if mask is not None:
+        scores = clang.add(scores, clang.maybe_convert_to_dtype(mask, compute))
+    ruled_out = clang.eq(scores, -float("inf"))
+    if is_causal:  # torch's causal mask: row i sees columns 0..i
+        rows = clang.unsqueeze(clang.arange(0, q.shape[-2], 1, device=q.device, dtype=torch.int64), 1)
+        cols = clang.unsqueeze(clang.arange(0, k.shape[-2], 1, device=q.device, dtype=torch.int64), 0)
+        ruled_out = clang.bitwise_or(ruled_out, clang.lt(rows, cols))
+        scores = clang.where(ruled_out, -float("inf"), scores)
+    return scores, ruled_out
+
+
+def _logsumexp(scores):
+    """Per row, -inf on a row ruled out entirely; written so that its derivative there is 0, not nan."""
+    last = (scores.ndim - 1,)
+    top = prims.amax(scores, last)
+    top = clang.where(clang.eq(top, -float("inf")), 0.0, top)
+    total = prims.sum(clang.exp(clang.sub(scores, clang.unsqueeze(top, -1))), last)
+    empty = clang.eq(total, 0.0)
+    return clang.where(empty, -float("inf"), clang.add(clang.log(clang.where(empty, 1.0, total)), top))
+
+
+def _lse_rows(lse, query):
+    """A kernel's logsumexp as (B, H, L): cuDNN's has a trailing 1, the memory-efficient kernel's rows padded to 32."""
+    if lse.ndim == 4:
+        lse = clang.reshape(lse, tuple(lse.shape[:3]))
+    return clang.slice_in_dim(lse, 0, query.shape[-2], dim=2) if lse.shape[-1] != query.shape[-2] else lse
+
+
+def _kernel_grads(g, query, key, value, out, lse, mask, is_causal, scale):
+    """The flash backward, op by op: P = exp(S - lse) (0 where ruled out), dS = P * (g v^T - rowsum(g * out)),
+    dq = scale dS k, dk = scale dS^T q, dv = P^T g (summed per group of grouped-query heads). Returns
+    (dq, dk, dv) in the inputs' dtypes and dS in the computation dtype, repeated heads unsummed."""
+    compute = dtypes.computation_dtype(query.dtype)
+    scores, ruled_out = _scores(query, key, mask, is_causal, scale)
+    q, k, v, g, out = (clang.maybe_convert_to_dtype(t, compute) for t in (query, key, value, g, out))
+    reps = q.shape[-3] // k.shape[-3]
+    k, v = tnn._repeat_heads(k, reps), tnn._repeat_heads(v, reps)
+    lse = clang.unsqueeze(clang.maybe_convert_to_dtype(_lse_rows(lse, query), compute), -1)
+    # exp of -inf, not of scores - lse, where a row is all ruled out (lse -inf): no nan for a second derivative
+    probs = clang.exp(clang.where(ruled_out, -float("inf"), clang.sub(scores, lse)))
     row_dot = clang.unsqueeze(prims.sum(clang.mul(g, out), (g.ndim - 1,)), -1)
     d_scores = clang.mul(probs, clang.sub(prims.matmul(g, clang.transpose(v, -2, -1)), row_dot))
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    dq = clang.mul(prims.matmul(d_scores, k), scale)
+    dk = clang.mul(prims.matmul(clang.transpose(d_scores, -2, -1), q), scale)
+    dv = prims.matmul(clang.transpose(probs, -2, -1), g)
+
+    def per_group(d, like):  # the repeated heads' gradients summed back onto the shared one
+        if reps == 1:
+            return clang.maybe_convert_to_dtype(d, like.dtype)
+        shape = tuple(d.shape)
+        grouped = prims.reshape(d, shape[:1] + (like.shape[1], reps) + shape[2:])
+        return clang.maybe_convert_to_dtype(prims.sum(grouped, (2,)), like.dtype)
+
+    return (clang.maybe_convert_to_dtype(dq, query.dtype), per_group(dk, key), per_group(dv, value)), d_scores
+
+
+def _mask_grad(g, query, key, value, out, lse, mask, is_causal, scale):
+    """d loss / d mask for an additive mask: the backward's dS summed to the mask's shape. It is L x S,
+    but only computed when something reads it: differentiating with respect to the mask is rare, and
+    otherwise dead code elimination drops these ops and the backward stays free of L x S tensors."""
+    d_scores = _kernel_grads(g, query, key, value, out, lse, mask, is_causal, scale)[1]
     return clang.maybe_convert_to_dtype(_sum_to_shape(d_scores, mask.shape), mask.dtype)
+
+
+def _fwd_like(fwd_meta):
+    """What a forward kernel computes, as a function thunderfn differentiates: math attention's output and
+    the row logsumexp in the kernel's layout; the rng-state outputs (integers) carry no derivative."""
+    def like(query, key, value, attn_mask, is_causal, scale):
+        metas = fwd_meta(query, key, value, attn_mask, is_causal, scale)
+        out = tnn.scaled_dot_product_attention(query, key, value, attn_mask, 0.0, is_causal, scale,
+                                               enable_gqa=query.shape[1] != key.shape[1])
+        lse = clang.maybe_convert_to_dtype(_logsumexp(_scores(query, key, attn_mask, is_causal, scale)[0]),
+                                           metas[1].dtype)
+        if metas[1].ndim == 4:  # cuDNN's (B, H, L, 1)
+            lse = clang.unsqueeze(lse, -1)
+        elif metas[1].shape[-1] != lse.shape[-1]:  # the memory-efficient kernel's padded rows (never read)
+            pad = (*lse.shape[:-1], metas[1].shape[-1] - lse.shape[-1])
+            lse = clang.cat([lse, clang.full(pad, 0.0, device=lse.device, dtype=lse.dtype)], -1)
+        return (out, lse) + (None,) * (len(metas) - 2)
+
+    return like
+
+
+def _bwd_like(grad_out, query, key, value, out, logsumexp, *rng_mask_is_causal_scale):
+    """What a backward kernel computes, as a function thunderfn differentiates."""
+    mask, is_causal, scale = rng_mask_is_causal_scale[-3:]
+    return _kernel_grads(grad_out, query, key, value, out, logsumexp, mask, is_causal, scale)[0]
 
 
 # -- the lowering -----------------------------------------------------------------------------------
@@ -327,10 +408,11 @@ class SDPAExecutor(OperatorExecutor):
                 ("flash_cuda", _flash_fwd_meta, sdpa_flash_cuda_fwd, sdpa_flash_cuda_bwd, 2),
                 ("cudnn_cuda", _cudnn_fwd_meta, sdpa_cudnn_cuda_fwd, sdpa_cudnn_cuda_bwd, 2)):
             names = f"sdpa_{kernel}_fwd", f"sdpa_{kernel}_bwd"
+            # like=: a second derivative (grad of grad, jvp of grad) differentiates the kernels' formulas;
             # traceable: aten calls only, so Inductor regions call them as extern kernels (executors/fusion.py)
-            self.register_operator(names[0], meta=fwd_meta, fn=fwd, traceable=True,
+            self.register_operator(names[0], meta=fwd_meta, like=_fwd_like(fwd_meta), fn=fwd, traceable=True,
                                    batch_rule=_batch_folded(self.operators, names[0], 3, 0, 2))
-            self.register_operator(names[1], meta=_bwd_meta, fn=bwd, traceable=True,
+            self.register_operator(names[1], meta=_bwd_meta, like=_bwd_like, fn=bwd, traceable=True,
                                    batch_rule=_batch_folded(self.operators, names[1], 6, n_rng))
             self.pairs[kernel] = tuple(self.operators[n] for n in names)
         self.register_lowering(tnn.scaled_dot_product_attention, checker=sdpa_checker, lower=self.lower,
@@ -369,7 +451,7 @@ class SDPAExecutor(OperatorExecutor):
     def vjp_bwd(self, residuals, g):
         bwd, query, key, value, mask, float_mask, is_causal, scale, out, lse, rng, n_positional = residuals
         dq, dk, dv = bwd(g, query, key, value, out, lse, *rng, mask, is_causal, scale)
-        d_mask = _mask_grad(g, query, key, value, out, lse, mask, scale) if float_mask else None
+        d_mask = _mask_grad(g, query, key, value, out, lse, mask, is_causal, scale) if float_mask else None
         return ((dq, dk, dv, d_mask) + (None,) * n_positional)[:n_positional]
 
 

@@ -1,4 +1,8 @@
-"""Which CUDA attention backend torch would run a call on, decided at lowering time.
+"""Which attention backend torch would run a call on, decided at lowering time.
+
+On CPU torch has one fused kernel, flash attention, behind one gate (`cpu_choice`, a copy of
+aten/src/ATen/native/transformers/sdp_utils_cpp.{h,cpp}'s `use_flash_attention_cpp`, asked
+of proxies); every other call runs math attention. On CUDA:
 
 torch's `F.scaled_dot_product_attention` picks flash, memory-efficient, cuDNN or math
 attention per call: by the backends enabled (`torch.backends.cuda.enable_*_sdp`, the
@@ -29,6 +33,47 @@ _HALF = (torch.float16, torch.bfloat16)
 _EMULATED_CAPABILITY = (9, 0)
 
 
+# -- CPU: torch's select_sdp_backend_cpp --------------------------------------------------------------
+_CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def cpu_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False) -> int:
+    """FLASH, MATH or NONE, as torch picks for these CPU tensors (or proxies) under the switches now:
+    flash where it is enabled and its gate passes, else math where enabled. (is_causal does not enter.)"""
+    on = sdp_state.enabled()
+    if on[FLASH] and cpu_flash_gate(query, key, value, attn_mask, dropout_p, enable_gqa):
+        return FLASH
+    return MATH if on[MATH] else NONE
+
+
+def cpu_flash_gate(query, key, value, attn_mask=None, dropout_p=0.0, enable_gqa=False) -> bool:
+    """torch's use_flash_attention_cpp, but for the stride of the head dim, which torch wants to be 1 and
+    proxies do not carry (the executor makes it 1; eager would run math attention on such an input)."""
+    if not (query.ndim == key.ndim == value.ndim == 4) or dropout_p > 0.0:
+        return False
+    (B, H, L, E), (Bk, Hk, S, Ek), (Bv, Hv, _, Ev) = query.shape, key.shape, value.shape
+    if not B == Bk == Bv:
+        return False
+    if enable_gqa:  # grouped-query heads: key and value alike, a divisor of the query's
+        if not (Hk == Hv and Hk != 0 and H % Hk == 0):
+            return False
+    elif not H == Hk == Hv:
+        return False
+    return (_cpu_mask_ok(attn_mask, B, H, L, S) and E == Ek == Ev and L != 0 and S != 0
+            and query.dtype == key.dtype == value.dtype and query.dtype in _CPU_FLASH_DTYPES)
+
+
+def _cpu_mask_ok(mask, B, H, L, S) -> bool:
+    """torch's check_attn_mask_shape: no gradient, 2-d (L or 1, S or 1) or 4-d with batch and heads 1 or full."""
+    if mask is None:
+        return True
+    if mask.requires_grad or mask.ndim not in (2, 4):
+        return False
+    wanted = (L, S) if mask.ndim == 2 else (B, H, L, S)
+    return all(m in (1, w) for m, w in zip(mask.shape, wanted))
+
+
+# -- CUDA ------------------------------------------------------------------------------------------------
 def torch_choice(query, key, value, attn_mask=None, is_causal=False, requires_grad=False) -> int:
     """The backend (sdp_state's values, NONE) torch would run this dropout-free call on, by the gates
     below for the GPU the query is on (a CUDA proxy on a machine without one: capability 9.0)."""

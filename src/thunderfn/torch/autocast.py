@@ -165,11 +165,15 @@ def cast_arguments(func, args, kwargs):
 
 
 # -- torch's Python composites ----------------------------------------------------------------
-# A torch function written in Python with no thunderfn symbol (F.multi_head_attention_forward,
-# F.linear_cross_entropy) runs as one opaque op; under autocast eager casts inside it, op by op,
-# which one opaque call cannot reproduce. So under autocast its body is traced instead: a copy
-# of the function whose own __torch_function__ check says no, so that it runs its Python, and
-# each torch call it makes is dispatched (and cast) as the user's own would be.
+# A torch function written in Python with no thunderfn symbol (F.linear_cross_entropy) runs as one
+# opaque op; under autocast eager casts inside it, op by op, which one opaque call cannot reproduce.
+# So under autocast its body is traced instead: a copy of the function whose own __torch_function__
+# check says no, so that it runs its Python, and each torch call it makes is dispatched (and cast)
+# as the user's own would be. Those in ALWAYS_TRACED are traced so everywhere: as one opaque op,
+# nn.MultiheadAttention's F.multi_head_attention_forward would run twice per training step (torch.func
+# runs it again to differentiate it), where its body is linears and scaled_dot_product_attention,
+# which thunderfn runs as eager does (the fused attention kernel pair) and transforms see through.
+ALWAYS_TRACED = frozenset({torch.nn.functional.multi_head_attention_forward})
 _NO_TORCH_FUNCTION = {name: (lambda *args: False)
                       for name in ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic")}
 _bodies: dict = {}
@@ -184,6 +188,10 @@ def run_python_body(func, body, args, kwargs):
     except TypeError as e:
         if "TensorProxy" not in str(e):
             raise
+        if func in ALWAYS_TRACED:
+            raise UnsupportedOpError(
+                f"{torch_name(func)}: thunderfn traces its Python, which passed a traced tensor to code that needs a "
+                f"real one ({e}). Call it outside the jitted function.") from None
         raise UnsupportedOpError(
             f"{torch_name(func)} under torch.autocast: eager casts inside it op by op, so thunderfn traces its Python, "
             f"which passed a traced tensor to code that needs a real one ({e}). Call it outside the autocast region, "

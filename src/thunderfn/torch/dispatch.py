@@ -71,10 +71,12 @@ def dispatch(func, args, kwargs):
     if kwargs and isinstance(handler, Symbol) and handler.fn is not None:
         args, kwargs = tensors_by_position(handler, args, kwargs)
     finish = None
-    if _any_autocast():  # the casts eager's autocast makes around this op, recorded (torch/autocast.py)
-        body = autocast.python_body(func) if handler is None else None
+    # torch's Python composites: traced through under autocast, and some always (torch/autocast.py)
+    if handler is None and (func in autocast.ALWAYS_TRACED or _any_autocast()):
+        body = autocast.python_body(func)
         if body is not None:
             return autocast.run_python_body(func, body, args, kwargs)
+    if _any_autocast():  # the casts eager's autocast makes around this op, recorded (torch/autocast.py)
         args, kwargs, finish = autocast.cast_arguments(func, args, kwargs)
     # A symbol, or the fallback ladder's second rung: torch runs it, meta tensors give its shapes.
     result = handler(*args, **kwargs) if handler is not None else run_opaque(func, args, kwargs)

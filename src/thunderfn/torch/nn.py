@@ -720,8 +720,8 @@ def _cpp_name(dtype):
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     check(0.0 <= dropout_p <= 1.0, lambda: f"dropout probability has to be between 0 and 1, but got {dropout_p}", ValueError)
-    if isinstance(query, TensorProxy) and query.device.type == "cuda":
-        sdp_state.guard_trace()  # executors lower CUDA attention by torch's backend switches (torch/sdp_state.py)
+    if isinstance(query, TensorProxy):
+        sdp_state.guard_trace()  # executors lower attention by torch's backend switches (torch/sdp_state.py)
     check(query.ndim >= 2 and key.ndim >= 2 and value.ndim >= 2,
           lambda: f"Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: {query.ndim} "
                   f"key.dim: {key.ndim} and value.dim: {value.ndim} instead.")

@@ -1,12 +1,13 @@
 """torch's scaled-dot-product-attention backend switches, as a trace depends on them.
 
-Which fused attention kernel torch runs on CUDA depends on global state: the
+Which fused attention kernel torch runs depends on global state: the
 `torch.backends.cuda.enable_{flash,mem_efficient,cudnn,math}_sdp` flags (what the
-`torch.nn.attention.sdpa_kernel` context sets) and torch's priority order among the
-backends. An executor that picks one kernel pair when it lowers attention (the sdpa
-executor does, to differentiate with the kernel torch would use) bakes that state into
-the compiled function, so a trace of attention on CUDA is guarded by it: a call under
-other switches traces again (the guard says which changed).
+`torch.nn.attention.sdpa_kernel` context sets; despite the name, the flash and math
+flags decide CPU attention too) and torch's priority order among the backends. An
+executor that picks one kernel pair when it lowers attention (the sdpa executor does, to
+differentiate with the kernel torch would use) bakes that state into the compiled
+function, so a trace of attention is guarded by it: a call under other switches traces
+again (the guard says which changed).
 """
 from __future__ import annotations
 
@@ -22,22 +23,27 @@ NAMES = {MATH: "math", FLASH: "flash", EFFICIENT: "memory-efficient", CUDNN: "cu
 _DEFAULT_PRIORITY = (FLASH, EFFICIENT, MATH, CUDNN)
 
 
+# torch's getters, called directly: a jitted function with attention reads them on every call (its guard)
+_cuda = torch.backends.cuda
+_flash = getattr(torch._C, "_get_flash_sdp_enabled", _cuda.flash_sdp_enabled)
+_efficient = getattr(torch._C, "_get_mem_efficient_sdp_enabled", _cuda.mem_efficient_sdp_enabled)
+_cudnn = getattr(torch._C, "_get_cudnn_sdp_enabled", _cuda.cudnn_sdp_enabled)
+_math = getattr(torch._C, "_get_math_sdp_enabled", _cuda.math_sdp_enabled)
+_order = getattr(torch._C, "_get_sdp_priority_order", lambda: _DEFAULT_PRIORITY)
+
+
 def enabled() -> dict:
     """{backend: whether torch may use it}, read from torch's switches now."""
-    cuda = torch.backends.cuda
-    return {FLASH: cuda.flash_sdp_enabled(), EFFICIENT: cuda.mem_efficient_sdp_enabled(),
-            CUDNN: cuda.cudnn_sdp_enabled(), MATH: cuda.math_sdp_enabled()}
+    return {FLASH: _flash(), EFFICIENT: _efficient(), CUDNN: _cudnn(), MATH: _math()}
 
 
 def priority() -> tuple:
     """The order in which torch tries the backends (torch >= 2.5 lets sdpa_kernel change it)."""
-    get = getattr(torch._C, "_get_sdp_priority_order", None)
-    order = tuple(get()) if get is not None else _DEFAULT_PRIORITY
-    return tuple(b for b in order if b in NAMES)
+    return tuple(b for b in _order() if b in NAMES)
 
 
 def snapshot() -> tuple:
-    return tuple(sorted(enabled().items())), priority()
+    return ((MATH, _math()), (FLASH, _flash()), (EFFICIENT, _efficient()), (CUDNN, _cudnn())), tuple(_order())
 
 
 def why_changed(before: tuple) -> str | None:
@@ -49,7 +55,7 @@ def why_changed(before: tuple) -> str | None:
 
 def _show(snap: tuple) -> str:
     on, order = snap
-    return (f"enabled {[NAMES[b] for b, ok in on if ok]}, priority {[NAMES[b] for b in order]}")
+    return f"enabled {[NAMES[b] for b, ok in on if ok]}, priority {[NAMES[b] for b in order if b in NAMES]}"
 
 
 def guard_trace() -> None:

@@ -53,6 +53,10 @@ class Split:
     out_spec: object
     captured: tuple  # captured tensors requiring grad, passed after the inputs (see _lift_captured)
     constants: tuple  # captured tensors that did not require grad
+    # backward_without(absent) -> the backward trace for calls where the differentiable outputs at these
+    # positions get no gradient (torch passes None: the user did not use them), with the same arguments (those
+    # cotangents unread); None where that backward would read a value the forward does not save
+    backward_without: object = None
 
 
 def why_not_split(computation: Trace) -> str | None:
@@ -176,27 +180,112 @@ def split_forward_backward(computation: Trace, executors) -> Split:
         grads = backward([next(it) if d else None for d in differentiable])
     grad_of = {p.name: g for p, g in zip(wrt, grads)}
 
-    bwd = Trace(computation.fn_name, names=computation.names)
-    bwd.def_name = "backward"
-    bwd.bound_symbols = joint.bound_symbols[n_forward:]
-    bwd.output = [grad_of.get(p.name) for p in inputs]
-    bwd = dce(bwd)
-    defined = {o.name for b in bwd.bound_symbols for o in b.proxy_outs()} | {c.name for c in cotangents}
-    residuals, seen = [], set()
-    used = [p for b in bwd.bound_symbols for p in b.proxy_args()] + [g for g in bwd.output if g is not None]
-    for p in used:
-        if p.name not in defined and p.name not in seen and p.constant is None:
-            seen.add(p.name)
-            residuals.append(p)
+    def backward_trace(bsyms, grad_of):
+        trc = Trace(computation.fn_name, names=computation.names)
+        trc.def_name = "backward"
+        trc.bound_symbols = bsyms
+        trc.output = [grad_of.get(p.name) for p in inputs]
+        return dce(trc)
+
+    def reads(trc):
+        defined = {o.name for b in trc.bound_symbols for o in b.proxy_outs()} | {c.name for c in cotangents}
+        used = [p for b in trc.bound_symbols for p in b.proxy_args()] + [g for g in trc.output if g is not None]
+        return [p for p in used if p.name not in defined and p.constant is None]
+
+    bwd = backward_trace(joint.bound_symbols[n_forward:], grad_of)
+    residuals = list({p.name: p for p in reads(bwd)}.values())
     bwd.args = residuals + cotangents
     bwd.args_in_list = True  # ThunderFunction.backward hands over its only references: residuals die as they are used
+
+    def backward_without(absent: frozenset):
+        """The backward differentiated again with no cotangent at the absent positions (of the differentiable
+        outputs), which the VJP rules then skip: eager's autograd does no work for an output nobody used."""
+        began = time.perf_counter_ns()
+        with tracing(joint):
+            start_at = len(joint.bound_symbols)
+            it = iter(c if i not in absent else None for i, c in enumerate(cotangents))
+            grads_now = backward([next(it) if d else None for d in differentiable])
+            bsyms = joint.bound_symbols[start_at:]
+            del joint.bound_symbols[start_at:]
+        trc = backward_trace(bsyms, {p.name: g for p, g in zip(wrt, grads_now)})
+        if not {p.name for p in reads(trc)} <= {p.name for p in residuals}:
+            return None
+        trc.args, trc.args_in_list = residuals + cotangents, True
+        stamp_provenance(trc, "Backward without the gradients of unused outputs", began)
+        return trc
 
     fwd = computation.derive("", [b for b in joint.bound_symbols[:n_forward] if b.sym is not set_grad_enabled])
     fwd.output = (tuple(outputs), tuple(residuals))
     fwd = dce(fwd)
     stamp_provenance(fwd, "Forward and backward split", start)
     stamp_provenance(bwd, "Forward and backward split", start)
-    return Split(fwd, bwd, differentiable, leaf_plan, out_spec, tuple(p.constant for p in captured), constants)
+    return Split(fwd, bwd, differentiable, leaf_plan, out_spec, tuple(p.constant for p in captured), constants,
+                 backward_without)
+
+
+def _fresh(tensors, inputs) -> list:
+    """tensors, each a new object: torch's own ops return their input itself at run time where eager
+    does (x.float() of a float x); an autograd.Function returns a view of it instead, and each object once."""
+    seen = set(map(id, inputs))  # (a number among them is never one of the tensors)
+    fresh = []
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            if id(t) in seen:
+                t = t.view_as(t)
+            seen.add(id(t))
+        fresh.append(t)
+    return fresh
+
+
+def _keep_for_backward(ctx, compiled, inputs, outputs, new_residuals) -> None:
+    """What both Functions below keep for the backward: the residuals (each an input, an output or a
+    new tensor, per compiled.saved_from), and what the backward needs to know of the outputs."""
+    ctx.compiled = compiled
+    ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]  # for zero cotangents (not the tensors)
+    source = (*inputs, *outputs, *new_residuals)
+    saved = [source[i] for i in compiled.saved_from]
+    # A backward taken with create_graph=True ties its gradients through _NoSecondDerivative to an input
+    # that requires grad: a saved input if there is one (most often a weight), else one saved for that
+    ctx.anchor_at = next((k for k in compiled.saved_inputs if saved[k].requires_grad), None)
+    if ctx.anchor_at is None:
+        tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+        saved.append(next((t for t in tensors if t.requires_grad), tensors[0]))  # (torch.func passes unwrapped inputs)
+    ctx.save_for_backward(*saved)
+    # torch would hand backward a tensor of zeros for every output without a gradient, the residuals
+    # included (as big as the activations); backward makes zeros only where the compiled backward reads one
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, *cotangents):
+    """Both Functions' backward: the compiled backward trace, on the residuals and the cotangents."""
+    compiled = ctx.compiled
+    if compiled.modified_residuals:
+        p = compiled.modified_residuals[0]
+        raise SavedTensorModifiedError(
+            f"one of the variables needed for gradient computation has been modified by an inplace operation: "
+            f"[{p.type_string()}] ({p.origin[0] if p.origin else p.name}) was written in place by the jitted "
+            f"'{compiled.fn_name}' after a differentiable operation used it, as eager's autograd reports.")
+    residuals = list(ctx.saved_tensors)
+    # torch's own nodes free what they saved once their backward has run; ours go as the backward uses
+    # them: ctx lets go of them here (unless retain_graph=True), and the compiled backward empties the
+    # list it is given, so its `del`s free each residual after its last use
+    ctx.maybe_clear_saved_tensors()
+    if ctx.anchor_at is None:
+        anchor = residuals.pop()
+    else:
+        anchor = residuals[ctx.anchor_at]
+    backward, given = compiled.backward_for([c for c, d in zip(cotangents, compiled.differentiable) if d],
+                                            [m for m, d in zip(ctx.output_meta, compiled.differentiable) if d])
+    residuals += given
+    if not torch.is_grad_enabled():
+        return (None, *backward(residuals))
+    # create_graph=True (torch.func.grad and vjp always ask for it, so that they nest): give the first
+    # derivative, and make differentiating it again raise instead of silently stopping at the residuals.
+    with torch.no_grad():
+        grads = backward(residuals)
+    present = [g for g in grads if g is not None]
+    it = iter(_NoSecondDerivative.apply(compiled.fn_name, anchor, *present) if present else ())
+    return (None, *(next(it) if g is not None else None for g in grads))
 
 
 class ThunderFunction(torch.autograd.Function):
@@ -207,7 +296,9 @@ class ThunderFunction(torch.autograd.Function):
     the compiled traces are torch ops that vmap batches), so torch.func.grad, vjp,
     jacrev and vmap over a jitted function work. The residuals travel as extra outputs
     marked non-differentiable, the way torch.func's autograd.Function docs pass
-    intermediates to setup_context.
+    intermediates to setup_context. Outside torch.func, `_PlainThunderFunction` runs
+    instead: the same forward and backward, the residuals saved in forward itself, so
+    torch wraps only the outputs (each returned tensor costs torch.autograd ~0.3 us).
 
     torch does not see the backward's own ops as a function of the inputs (the residuals
     were computed without autograd), so a second derivative through torch (plain
@@ -221,39 +312,13 @@ class ThunderFunction(torch.autograd.Function):
     def forward(compiled, *inputs):
         outputs, residuals = compiled.forward(*inputs)
         # a residual that is an input or an output is saved as that (torch refuses a tensor returned twice)
-        returned = (*outputs, *(r for r, (kind, _) in zip(residuals, compiled.residual_plan) if kind == "new"))
-        # torch's own ops return their input itself at run time where eager does (x.float() of a float x);
-        # an autograd.Function returns a view of it instead, and each object once
-        seen = {id(t) for t in inputs if isinstance(t, torch.Tensor)}
-        fresh = []
-        for t in returned:
-            if isinstance(t, torch.Tensor):
-                if id(t) in seen:
-                    t = t.view_as(t)
-                seen.add(id(t))
-            fresh.append(t)
-        return tuple(fresh)
+        return tuple(_fresh((*outputs, *(residuals[k] for k in compiled.new_residuals)), inputs))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         compiled = inputs[0]
         n = len(compiled.differentiable)
-        ctx.compiled = compiled
-        ctx.output_meta = [(o.shape, o.dtype, o.device) for o in output[:n]]  # for zero cotangents (not the tensors)
-        new = iter(output[n:])
-        saved = [inputs[1 + i] if kind == "input" else output[i] if kind == "output" else next(new)
-                 for kind, i in compiled.residual_plan]
-        # A backward taken with create_graph=True ties its gradients through _NoSecondDerivative to an input
-        # that requires grad: a saved input if there is one (most often a weight), else one saved for that
-        ctx.anchor_at = next((k for k, (kind, _) in enumerate(compiled.residual_plan)
-                              if kind == "input" and saved[k].requires_grad), None)
-        if ctx.anchor_at is None:
-            tensors = [t for t in inputs[1:] if isinstance(t, torch.Tensor)]
-            saved.append(next((t for t in tensors if t.requires_grad), tensors[0]))  # (torch.func passes unwrapped inputs)
-        ctx.save_for_backward(*saved)
-        # torch would hand backward a tensor of zeros for every output without a gradient, the residuals
-        # included (as big as the activations); backward makes zeros only where the compiled backward reads one
-        ctx.set_materialize_grads(False)
+        _keep_for_backward(ctx, compiled, inputs[1:], output[:n], output[n:])
         ctx.mark_non_differentiable(*(o for o, d in zip(output[:n], compiled.differentiable) if not d),
                                     *output[n:])
 
@@ -265,35 +330,22 @@ class ThunderFunction(torch.autograd.Function):
             f"forward-mode rule for torch. Use thunderfn's transforms (tf.jvp(tf.grad(f), ...)), or torch.func on "
             f"the function without tf.jit.")
 
+    backward = staticmethod(_backward)
+
+
+class _PlainThunderFunction(torch.autograd.Function):
+    """ThunderFunction for plain torch.autograd (no torch.func transform active): forward saves the
+    residuals itself, and returns only the outputs."""
+
     @staticmethod
-    def backward(ctx, *cotangents):
-        compiled = ctx.compiled
-        if compiled.modified_residuals:
-            p = compiled.modified_residuals[0]
-            raise SavedTensorModifiedError(
-                f"one of the variables needed for gradient computation has been modified by an inplace operation: "
-                f"[{p.type_string()}] ({p.origin[0] if p.origin else p.name}) was written in place by the jitted "
-                f"'{compiled.fn_name}' after a differentiable operation used it, as eager's autograd reports.")
-        residuals = list(ctx.saved_tensors)
-        # torch's own nodes free what they saved once their backward has run; ours go as the backward uses
-        # them: ctx lets go of them here (unless retain_graph=True), and the compiled backward empties the
-        # list it is given, so its `del`s free each residual after its last use
-        ctx.maybe_clear_saved_tensors()
-        if ctx.anchor_at is None:
-            anchor = residuals.pop()
-        else:
-            anchor = residuals[ctx.anchor_at]
-        residuals += [c if c is not None else torch.zeros(shape, dtype=dtype, device=device)
-                      for c, (shape, dtype, device), d in zip(cotangents, ctx.output_meta, compiled.differentiable) if d]
-        if not torch.is_grad_enabled():
-            return (None, *compiled.backward(residuals))
-        # create_graph=True (torch.func.grad and vjp always ask for it, so that they nest): give the first
-        # derivative, and make differentiating it again raise instead of silently stopping at the residuals.
-        with torch.no_grad():
-            grads = compiled.backward(residuals)
-        present = [g for g in grads if g is not None]
-        it = iter(_NoSecondDerivative.apply(compiled.fn_name, anchor, *present) if present else ())
-        return (None, *(next(it) if g is not None else None for g in grads))
+    def forward(ctx, compiled, *inputs):
+        outputs, residuals = compiled.forward(*inputs)
+        outputs = _fresh(outputs, inputs)
+        _keep_for_backward(ctx, compiled, inputs, outputs, [residuals[k] for k in compiled.new_residuals])
+        ctx.mark_non_differentiable(*(o for o, d in zip(outputs, compiled.differentiable) if not d))
+        return tuple(outputs)
+
+    backward = staticmethod(_backward)
 
 
 class _NoSecondDerivative(torch.autograd.Function):
@@ -325,8 +377,12 @@ def _second_derivative_message(fn_name: str) -> str:
 class CompiledSplit:
     """A split, compiled: call it with the input tensors to get the user's output structure."""
 
-    def __init__(self, split: Split, forward, backward):
+    def __init__(self, split: Split, forward, backward, backward_without=None):
         self.forward, self.backward = forward, backward
+        # absent -> the backward for calls whose differentiable outputs at those positions get no gradient
+        # (None: the full backward, with zeros for them), made by backward_without(absent) on first use
+        self.backward_without = backward_without
+        self.backward_by_absent: dict = {}
         self.fn_name = split.forward.fn_name
         self.differentiable = split.differentiable
         self.leaf_plan, self.out_spec, self.captured = split.leaf_plan, split.out_spec, split.captured
@@ -339,9 +395,32 @@ class CompiledSplit:
         written = {b.args[0].name: b.args[0] for b in split.forward.bound_symbols if b.sym is write_back}
         read = [*split.forward.output[1], *(p for b in split.backward.bound_symbols for p in b.proxy_args())]
         self.modified_residuals = list({p.name: written[p.name] for p in read if p.name in written}.values())
-        self.residual_plan = [("input", inputs[r.name]) if r.name in inputs else
-                              ("output", outputs[r.name]) if r.name in outputs else ("new", None)
-                              for r in split.forward.output[1]]
+        residual_plan = [("input", inputs[r.name]) if r.name in inputs else
+                         ("output", outputs[r.name]) if r.name in outputs else ("new", None)
+                         for r in split.forward.output[1]]
+        # what the Functions save, as positions in (*inputs, *outputs, *new residuals): an input or an output
+        # is saved as that (torch refuses a tensor returned twice), a new residual as itself
+        self.new_residuals = [k for k, (kind, _) in enumerate(residual_plan) if kind == "new"]
+        self.saved_inputs = [k for k, (kind, _) in enumerate(residual_plan) if kind == "input"]
+        n_in, n_out = len(split.forward.args), len(split.forward.output[0])
+        at_new = {k: n_in + n_out + j for j, k in enumerate(self.new_residuals)}
+        self.saved_from = [i if kind == "input" else n_in + i if kind == "output" else at_new[k]
+                           for k, (kind, i) in enumerate(residual_plan)]
+
+    def backward_for(self, cotangents, metas) -> tuple:
+        """(the backward to run, the cotangents to give it), for the differentiable outputs' cotangents and
+        (shape, dtype, device)s: where outputs got no gradient, the backward that skips them if it can be
+        made (those cotangents unread), else the full one with zeros there."""
+        absent = frozenset(i for i, c in enumerate(cotangents) if c is None)
+        backward = self.backward
+        if absent and self.backward_without is not None:
+            if absent not in self.backward_by_absent:
+                self.backward_by_absent[absent] = self.backward_without(absent)
+            backward = self.backward_by_absent[absent] or self.backward
+        if backward is self.backward:
+            cotangents = [c if c is not None else torch.zeros(shape, dtype=dtype, device=device)
+                          for c, (shape, dtype, device) in zip(cotangents, metas)]
+        return backward, cotangents
 
     def __call__(self, *inputs):
         for t in self.constants:
@@ -357,13 +436,23 @@ class CompiledSplit:
         else:
             # what Function.apply does here, less binding the arguments to forward's signature
             # with inspect on every call (forward has no defaults): most of a small call's cost
-            outs = _apply_thunder_function(self, *_unwrap_dead_wrappers(inputs))
-        outs = outs[:len(self.differentiable)]  # the rest are residuals
+            outs = _apply_thunder_function(self, *_unwrapped_if_dead(inputs))
+        outs = outs[:len(self.differentiable)]  # (ThunderFunction's rest are residuals)
         leaves = [outs[i] if kind == "out" else inputs[i] if kind == "input" else i for kind, i in self.leaf_plan]
         return tree_unflatten(self.out_spec, leaves)
 
 
-_apply_thunder_function = super(torch.autograd.Function, ThunderFunction).apply
+_apply_thunder_function = super(torch.autograd.Function, _PlainThunderFunction).apply
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
+
+def _unwrapped_if_dead(inputs) -> tuple:
+    """torch's unwrap_dead_wrappers (what Function.apply does first: a tensor left over from a finished
+    torch.func transform becomes the tensor it wrapped), one C call per tensor."""
+    try:
+        return tuple(map(_unwrap_if_dead, inputs))
+    except TypeError:  # something not a tensor among them
+        return _unwrap_dead_wrappers(inputs)
 
 
 def try_split(computation: Trace, executors):

@@ -23,6 +23,7 @@ import functools
 import itertools
 import weakref
 
+import optree
 import torch
 
 import thunderfn.torch as ltorch
@@ -31,6 +32,7 @@ from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.symbol import Symbol
+from thunderfn.transforms.autodiff import trace_vjp
 from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, unregister_vjp
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 
@@ -139,7 +141,37 @@ class custom_vjp:
         result = [None] * len(args)
         for position, ct in zip(diff_positions, cts):
             result[position] = self._checked(position, args[position], ct)
+        through = self._through_residuals(res, g)
+        if through:
+            for position in diff_positions:
+                result[position] = _plus(result[position], args[position], through)
         return tuple(result)
+
+    def _through_residuals(self, res, g) -> dict:
+        """{argument leaf's name: cotangent} that the residuals' own cotangents give. Only a derivative of
+        bwd gives them one (grad of grad): bwd reads the residuals, which fwd computed from the arguments,
+        so they flow back through fwd, recomputed (as JAX differentiates a custom_vjp's fwd). A residual
+        that is an argument or an output itself gets its cotangent where that one does."""
+        out, residuals = res.out
+        flat_g = list(g) if isinstance(g, tuple) else [g]
+        n_out = len(optree.tree_leaves(out, none_is_leaf=True, namespace="thunderfn"))
+        res_leaves = optree.tree_leaves(residuals, none_is_leaf=True, namespace="thunderfn")
+        own = {p.name for p in tree_leaves((res.args, out)) if isinstance(p, TensorProxy)}
+        wanted, names = [], set()
+        for i, (leaf, ct) in enumerate(zip(res_leaves, flat_g[n_out:])):
+            if isinstance(leaf, TensorProxy) and ct is not None and leaf.name not in own | names:
+                wanted.append(i)
+                names.add(leaf.name)
+        if not wanted:
+            return {}
+
+        def wanted_residuals(*args):
+            leaves = optree.tree_leaves(self.fwd(*args, **res.kwargs)[1], none_is_leaf=True, namespace="thunderfn")
+            return tuple(leaves[i] for i in wanted)
+
+        _, backward = trace_vjp(wanted_residuals, res.args)
+        arg_cts = backward(tuple(flat_g[n_out + i] for i in wanted))
+        return {a.name: ct for a, ct in zip(tree_leaves(res.args), arg_cts) if isinstance(a, TensorProxy) and ct is not None}
 
     def _checked(self, position, arg, ct):
         if ct is None:
@@ -168,6 +200,18 @@ class _WeakBackward:
 
 # Executors make their vjp= pairs into custom_vjp functions (executors/base.py), through core.
 context.register_custom_vjp(custom_vjp)
+
+
+def _plus(ct, arg, extra: dict):
+    """ct (an argument's cotangent: None, a tensor, or a pytree like the argument) plus extra's entries
+    for the argument's tensors."""
+    arg_leaves, spec = tree_flatten(arg)
+    ct_leaves = [None] * len(arg_leaves) if ct is None else spec.flatten_up_to(ct)
+    summed = []
+    for a, c in zip(arg_leaves, ct_leaves):
+        e = extra.get(a.name) if isinstance(a, TensorProxy) else None
+        summed.append(c if e is None else e if c is None else ltorch.add(c, e))
+    return tree_unflatten(spec, summed) if any(c is not None for c in summed) else None
 
 
 def _zeros_like(p):

@@ -72,6 +72,8 @@ def _push_forward(bsym, tangents: dict) -> None:
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
             arg_tangents = tuple(entry_by_name(a, tangents) for a in args)
         out_tangent = rule.fwd(Residuals(args, kwargs, bsym.output), arg_tangents)
+    elif bsym.sym.like is not None:  # an executor's operator defined like= a function: that function's tangent
+        out_tangent = _like_tangent(bsym, tangents)
     elif "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
         out_tangent = _opaque_tangent(bsym, tangents)
     else:
@@ -84,6 +86,18 @@ def _push_forward(bsym, tangents: dict) -> None:
     for o, t in zip(outs, out_tangents):
         if isinstance(o, TensorProxy) and t is not None and _carries_gradient(o):
             tangents[o.name] = clang.maybe_convert_to_dtype(t, o.dtype)
+
+
+def _like_tangent(bsym, tangents):
+    """The tangent of the operator's like= function at its arguments (which it recomputes, as reverse mode does)."""
+    leaves, spec = tree_flatten((bsym.args, bsym.kwargs))
+    moving = [i for i, x in enumerate(leaves) if isinstance(x, TensorProxy) and tangents.get(x.name) is not None]
+
+    def like_of_moving(*moved):
+        args, kwargs = tree_unflatten(spec, [moved[moving.index(i)] if i in moving else x for i, x in enumerate(leaves)])
+        return bsym.sym.like(*args, **kwargs)
+
+    return trace_jvp(like_of_moving, tuple(leaves[i] for i in moving), tuple(tangents[leaves[i].name] for i in moving))[1]
 
 
 # -- opaque torch ops: torch computes their tangent when the compiled function runs -------------
