@@ -338,7 +338,7 @@ def run_one(name: str, variants: list[str], rounds: int, calls: int,
             sync()
             times[variant].append((time.perf_counter() - start) / calls * 1e3)
     for row in rows:
-        if row["variant"] in times:
+        if times.get(row["variant"]):  # (rounds=0: correctness and op counts only)
             row["step_ms"] = statistics.median(times[row["variant"]])
     return rows
 
