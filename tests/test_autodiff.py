@@ -355,13 +355,22 @@ def test_opaque_op_is_only_differentiated_with_respect_to_what_depends_on_the_in
     torch.testing.assert_close(tf.grad(f)(x), _torch_grad(f, x)[0])
 
 
-@pytest.mark.parametrize("options", [{"padding_idx": 1}, {"scale_grad_by_freq": True}], ids=["padding_idx", "scale_grad_by_freq"])
-def test_embedding_gradient_options_match_torch(options):
-    """These options only change embedding's gradient, which differentiating its gather would not give."""
+@pytest.mark.parametrize("options", [{"padding_idx": 1}, {"padding_idx": -1}, {"scale_grad_by_freq": True},
+                                     {"padding_idx": 0, "scale_grad_by_freq": True}],
+                         ids=["padding_idx", "negative padding_idx", "scale_grad_by_freq", "both"])
+def test_embedding_gradient_options_match_torch_in_one_backward_kernel(options):
+    """These options only change embedding's gradient, which differentiating its gather would not give:
+    the backward is aten's embedding_dense_backward with them, not embedding run again by torch.func."""
     w = torch.randn(4, 3, dtype=torch.float64)
     idx = torch.tensor([0, 1, 1, 3])
     f = lambda weight: F.embedding(idx, weight, **options).pow(2).sum()  # noqa: E731
     torch.testing.assert_close(tf.grad(f)(w), _torch_grad(f, w)[0])
+    jitted = tf.jit(f)
+    weight = w.clone().requires_grad_()
+    jitted(weight).backward()
+    torch.testing.assert_close(weight.grad, _torch_grad(f, w)[0])
+    backward = str(tf.last_backward_traces(jitted)[-1])
+    assert "aten_embedding_dense_backward" in backward and "torch_vjp" not in backward
 
 
 TORCH_CONVENTIONS = {  # points where torch's backward formula picks a value a decomposition would not

@@ -14,7 +14,6 @@ from thunderfn.core import context, dtypes
 from thunderfn.core.interception import dispatch
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import emit_runtime_check
-from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
 from thunderfn.torch.base import register_alias, stand_in_front, torchsymbol
@@ -324,10 +323,9 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     check(input.dtype in (torch.int64, torch.int32),
           lambda: f"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but got "
                   f"{clang.legacy_type_name(input)} instead (while checking arguments for embedding)")
-    if (padding_idx is not None or scale_grad_by_freq) and _differentiable_proxy(weight):
-        # both only change the gradient (a zero row for padding_idx, counts for scale_grad_by_freq), which
-        # differentiating a gather does not give: torch runs it, and differentiates it (an opaque op)
-        raise DecompositionUnavailable("embedding's padding_idx / scale_grad_by_freq gradient")
+    # padding_idx and scale_grad_by_freq only shape the gradient (a zero row, counts), which differentiating
+    # this gather does not give: reverse mode always takes embedding's rule (aten's embedding_dense_backward,
+    # transforms/vjp_rules_torch.py); forward mode's derivative, like torch's, ignores both
     flat = prims.take(weight, clang.reshape(input, (input.numel(),)), 0)
     return clang.reshape(flat, tuple(input.shape) + (weight.shape[1],))
 

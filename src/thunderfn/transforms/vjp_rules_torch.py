@@ -29,7 +29,7 @@ from thunderfn.torch.nn import _legacy_reduction, _repeat_heads
 from thunderfn.torch import distributed as collectives
 from thunderfn.torch.reductions import _correction, _var_args
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, defvjp, wants_gradient
-from thunderfn.errors import InternalError, UnsupportedOpError
+from thunderfn.errors import UnsupportedOpError
 
 
 def _to(x, dtype):
@@ -467,10 +467,10 @@ def _split_vjp(res, g):  # eager's: one cat of the pieces' cotangents (zeros for
 @defvjp(ltorch.embedding.id)
 def _embedding_vjp(res, g):  # eager's kernel: the rows of g summed into zeros at the indices
     indices, weight = res.args[:2]
-    if _argument(res, 2, "padding_idx", None) is not None or _argument(res, 5, "scale_grad_by_freq", False):
-        # embedding's decomposition refuses these when weight is differentiated (torch runs it, opaque)
-        raise InternalError("internal: embedding's rule met padding_idx or scale_grad_by_freq")
-    return (None, ltorch.embedding_dense_backward(g, indices, weight.shape[0], -1, False)) + (None,) * (len(res.args) - 2)
+    padding_idx, scale_grad_by_freq = _argument(res, 2, "padding_idx", None), _argument(res, 5, "scale_grad_by_freq", False)
+    padding_idx = -1 if padding_idx is None else padding_idx % weight.shape[0]  # F.embedding's normalization
+    return (None, ltorch.embedding_dense_backward(g, indices, weight.shape[0], padding_idx, scale_grad_by_freq)) + (
+        None,) * (len(res.args) - 2)
 
 
 # -- torch's conventions at edge points: norms, std, losses, max and min -----------------------------------
