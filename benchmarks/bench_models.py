@@ -38,6 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import thunderfn as tf
+from thunderfn.testing.op_counts import top_level_aten_ops
 from thunderfn.testing.optional_libraries import import_torchvision, why_unavailable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -231,19 +232,8 @@ def step(model, loss_of):
 
 
 def aten_ops_per_step(model, loss_of) -> int:
-    """Top-level aten calls in one step: profiler events named aten::* with no aten::* event above
-    them (an aten op's own internal calls are not counted; autograd's backward nodes are not ops)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        step(model, loss_of)
-    count = 0
-    for event in prof.events():
-        if not event.name.startswith("aten::"):
-            continue
-        parent = event.cpu_parent
-        while parent is not None and not parent.name.startswith("aten::"):
-            parent = parent.cpu_parent
-        count += parent is None
-    return count
+    """Top-level aten calls in one step (thunderfn/testing/op_counts.py)."""
+    return sum(top_level_aten_ops(lambda: step(model, loss_of)).values())
 
 
 def gradients(model) -> list:

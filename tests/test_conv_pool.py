@@ -3,7 +3,6 @@ training step runs the forward op once and one of eager's backward kernels, with
 gradients are eager's bit for bit, present where eager's are (None for an input that needs none, a missing
 bias); second derivatives, vmap and jvp still work (through torch.func), and calls the rules do not cover
 still differentiate, through torch.func."""
-import collections
 import copy
 import re
 
@@ -12,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import thunderfn as tf
+from thunderfn.testing.op_counts import top_level_aten_ops
 
 
 
@@ -126,19 +126,6 @@ def test_gradients_are_eagers_bit_for_bit_from_one_backward_kernel(id):
     assert "torch_vjp" not in backward and not re.search(r"(conv|pool)\w*[123]d(_with_indices)?\(", backward)
 
 
-def _top_level_aten_ops(step) -> collections.Counter:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        step()
-    counts = collections.Counter()
-    for e in prof.events():
-        parent = e.cpu_parent
-        while parent is not None and not parent.name.startswith("aten::"):
-            parent = parent.cpu_parent
-        if e.name.startswith("aten::") and parent is None:
-            counts[e.name] += 1
-    return counts
-
-
 class _Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -159,7 +146,7 @@ def test_a_training_step_runs_each_convolution_and_pool_once_and_eagers_backward
 
     def steps(model):
         model(x).backward()
-        return _top_level_aten_ops(lambda: model(x).backward())
+        return top_level_aten_ops(lambda: model(x).backward())
 
     eager, jit = steps(net), steps(jitted)
     for op in ("aten::conv2d", "aten::convolution_backward", "aten::avg_pool2d", "aten::avg_pool2d_backward",

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from hypothesis import assume, given
 
 import thunderfn as tf
+from thunderfn.testing.op_counts import top_level_aten_ops
 from thunderfn.testing import strategies as tst
 
 
@@ -248,20 +249,6 @@ def test_batch_norm_gradients_and_running_statistics_are_eagers_bit_for_bit(name
     assert tf.cache_info(jitted)["misses"] == 1
 
 
-def _top_level_aten_ops(fn) -> collections.Counter:
-    """The aten ops fn calls, not counting those an aten op calls inside itself."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
-    counts = collections.Counter()
-    for e in prof.events():
-        parent = e.cpu_parent
-        while parent is not None and not parent.name.startswith("aten::"):
-            parent = parent.cpu_parent
-        if e.name.startswith("aten::") and parent is None:
-            counts[e.name] += 1
-    return counts
-
-
 @pytest.mark.parametrize("track_running_stats", [True, False], ids=["running-stats", "no-running-stats"])
 def test_a_batch_norm_training_step_runs_eagers_two_kernels_and_nothing_else(track_running_stats):
     """Forward native_batch_norm (which updates the running statistics itself), backward
@@ -271,8 +258,8 @@ def test_a_batch_norm_training_step_runs_eagers_two_kernels_and_nothing_else(tra
     jitted = tf.jit(copy.deepcopy(eager))
     x = torch.randn(2, 3, 4, 4, requires_grad=True)
     for _ in range(2):  # the second call is the one measured: compiled, cache hit
-        jitted_ops = _top_level_aten_ops(lambda: jitted(x).sum().backward())
-    eager_ops = _top_level_aten_ops(lambda: eager(x).sum().backward())
+        jitted_ops = top_level_aten_ops(lambda: jitted(x).sum().backward())
+    eager_ops = top_level_aten_ops(lambda: eager(x).sum().backward())
     assert jitted_ops["aten::native_batch_norm"] == 1 and jitted_ops["aten::native_batch_norm_backward"] == 1
     assert not {"aten::var_mean", "aten::copy_", "aten::_native_batch_norm_legit_functional"} & set(jitted_ops)
     assert sum(jitted_ops.values()) <= sum(eager_ops.values()), (jitted_ops, eager_ops)
@@ -309,7 +296,7 @@ def test_group_norm_runs_eagers_kernels_with_eagers_gradients_bit_for_bit(make_i
     weights = torch.randn(x.shape)
     out_e, out_j = eager(xe), jitted(xj)
     (out_e * weights).sum().backward()
-    jitted_ops = _top_level_aten_ops(lambda: (out_j * weights).sum().backward())
+    jitted_ops = top_level_aten_ops(lambda: (out_j * weights).sum().backward())
     torch.testing.assert_close(out_j, out_e, rtol=0, atol=0)
     torch.testing.assert_close(xj.grad, xe.grad, rtol=0, atol=0)
     for p, q in zip(traced.parameters(), eager.parameters()):

@@ -1,0 +1,25 @@
+"""Counting what a step asks the dispatcher for: the aten ops torch.profiler records, each counted where
+Python code or torch.autograd called it (an aten op's own calls inside it are not counted). The CPU
+analogue of kernel launches, used by tests and benchmarks/bench_models.py to hold a jitted step to no
+more ops than eager's."""
+from __future__ import annotations
+
+import collections
+
+import torch
+
+
+def top_level_aten_ops(fn) -> collections.Counter:
+    """{aten op name: how many times} over one call of fn(), counting each op no aten op called."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    counts = collections.Counter()
+    for event in prof.events():
+        if not event.name.startswith("aten::"):
+            continue
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        if parent is None:
+            counts[event.name] += 1
+    return counts
