@@ -345,3 +345,15 @@ def test_an_error_after_batch_norm_leaves_its_running_statistics_updated_as_eage
             fn(x, bad)
     for a, b in zip(traced.buffers(), eager.buffers()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_returned_sum_keeps_its_shape_when_a_reshape_of_it_keeps_the_dims():
+    def f(x):
+        s = torch.sum(x, (0,))
+        return s, s.reshape(1, 4) * 2
+
+    jf = tf.jit(f)
+    x = torch.randn(3, 4)
+    for got, want in zip(jf(x), f(x)):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)

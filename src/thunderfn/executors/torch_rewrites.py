@@ -171,7 +171,8 @@ def collapse_reshapes(trc):
             returned |= {x.name} if y.name in returned else set()
             continue
         position = summed.get(x.name)
-        if position is not None and readers.get(x.name) == 1 and tuple(y.shape) == _keepdim_shape(out[position]):
+        if (position is not None and readers.get(x.name) == 1 and x.name not in returned
+                and tuple(y.shape) == _keepdim_shape(out[position])):
             total = out[position]
             out[position] = BoundSymbol(total.sym, total.args, {"keepdim": True}, y, total.subsymbols)
             continue
