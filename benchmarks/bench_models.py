@@ -27,7 +27,6 @@ import argparse
 import copy
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,7 @@ from thunderfn.testing.op_counts import top_level_aten_ops
 from thunderfn.testing.optional_libraries import import_torchvision, why_unavailable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_training import cpu_peak_bytes  # noqa: E402  (a sibling script, not a package)
+from bench_training import cpu_peak_bytes, interleaved_medians  # noqa: E402  (a sibling script, not a package)
 
 BATCH = 2
 SEED = 0
@@ -319,17 +318,10 @@ def run_one(name: str, variants: list[str], rounds: int, calls: int,
         for row in rows if exact is not None else ():
             if row["variant"] in first_grads:
                 row["error_fp64"] = gradient_error(first_grads[row["variant"]], exact)
-    times = {variant: [] for variant in ready}
-    for _ in range(rounds):
-        for variant, model in ready.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                step(model, loss_of)
-            sync()
-            times[variant].append((time.perf_counter() - start) / calls * 1e3)
+    medians = interleaved_medians(ready, loss_of, device, rounds, calls) if rounds else {}  # (0: correctness only)
     for row in rows:
-        if times.get(row["variant"]):  # (rounds=0: correctness and op counts only)
-            row["step_ms"] = statistics.median(times[row["variant"]])
+        if row["variant"] in medians:
+            row["step_ms"] = medians[row["variant"]]
     return rows
 
 

@@ -677,8 +677,6 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
         raise ArgumentValueError(f"rematerialize must be None (on where a fusion executor is used), True or False, "
                          f"got {rematerialize!r}")
     if fusion is not False:
-        if not isinstance(fusion, (bool, str, FusionExecutor)):
-            raise ArgumentTypeError(f"fusion must be True, False or a fusion executor's name, got {type(fusion).__name__}")
         executors = _executors.with_fusion(executors, fusion)
     elif executors is not None:  # one executor alone ("inductor") is a list of one
         executors = _executors.as_priority_list(executors)

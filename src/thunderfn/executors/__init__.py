@@ -129,6 +129,8 @@ def with_fusion(executors, fusion) -> list:
     """jit's `fusion=` option: the priority list `executors` (None: the defaults) with a fusion executor
     last before the torch fallback. fusion=True picks Inductor, which runs on CPU and CUDA (nvFuser
     is named explicitly: fusion="nvfuser"); a name or an Executor picks that one."""
+    if not isinstance(fusion, (bool, str, FusionExecutor)):
+        raise ArgumentTypeError(f"fusion must be True, False or a fusion executor's name, got {type(fusion).__name__}")
     chosen = get_default_executors() if executors is None else [resolve_one(e) for e in as_priority_list(executors)]
     fusion_ex = resolve_one("inductor" if fusion is True else fusion)
     if not isinstance(fusion_ex, FusionExecutor):

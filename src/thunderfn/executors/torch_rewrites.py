@@ -168,7 +168,8 @@ def collapse_reshapes(trc):
         if tuple(x.shape) == tuple(y.shape) and x.dtype == y.dtype and (y.name not in returned or (
                 x.name not in returned and x.name not in inputs and x.name not in origin)):
             renamed[y.name] = x
-            returned |= {x.name} if y.name in returned else set()
+            if y.name in returned:  # x is returned in its place now
+                returned.add(x.name)
             continue
         position = summed.get(x.name)
         if (position is not None and readers.get(x.name) == 1 and x.name not in returned

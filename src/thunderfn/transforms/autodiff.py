@@ -42,7 +42,7 @@ from thunderfn.torch.opaque import autograd_connections, may_draw, torch_vjp_op
 from thunderfn.torch.random import get_rng_state_op
 from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' rules join vjp_rules)
 from thunderfn.transforms.executor_lower import claiming_rule, claims_whole, trace_in_place_of
-from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, backwards, rule_for
+from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, _zeros, backwards, rule_for
 
 
 def _carries_gradient(x) -> bool:
@@ -82,9 +82,7 @@ def _accumulate(cts: dict, proxy: TensorProxy, ct) -> None:
 
 def _materialized(ct, proxy):
     """A cotangent as the backward returns it: a known zero made zeros of proxy's shape."""
-    if ct is _ZERO:
-        return ltorch.full(tuple(proxy.shape), 0, device=proxy.device, dtype=proxy.dtype)
-    return ct
+    return _zeros(proxy) if ct is _ZERO else ct
 
 
 def _grad_modes(region: list, enabled: bool) -> list:

@@ -28,7 +28,7 @@ from thunderfn.torch.elementwise import _SELU_ALPHA, _SELU_SCALE
 from thunderfn.torch.nn import _legacy_reduction, _repeat_heads
 from thunderfn.torch import distributed as collectives
 from thunderfn.torch.reductions import _correction, _var_args
-from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, defvjp, wants_gradient
+from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, _zeros, defvjp, wants_gradient
 from thunderfn.errors import UnsupportedOpError
 
 
@@ -62,8 +62,7 @@ NON_DIFFERENTIABLE.add(ltorch.detach.id)  # its output does not require grad, in
 defvjp(ltorch.relu.id)(lambda res, g: _only_input(res, ltorch.threshold_backward(g, res.out, 0)))
 # relu's backward is differentiable in its gradient; its `self` gets zeros (torch's formula), not None
 defvjp(ltorch.threshold_backward.id)(lambda res, g: (ltorch.threshold_backward(g, res.args[1], res.args[2]),
-                                                    ltorch.full(res.args[1].shape, 0, device=res.args[1].device,
-                                                               dtype=res.args[1].dtype), None))
+                                                    _zeros(res.args[1]), None))
 
 
 # eager's kernels, one call each (torch/aten_backward.py has their formulas)
@@ -73,8 +72,8 @@ defvjp(ltorch.relu6.id)(lambda res, g: _only_input(res, ltorch.hardtanh_backward
 defvjp(ltorch.hardsigmoid.id)(lambda res, g: _only_input(res, ltorch.hardsigmoid_backward(g, res.args[0])))
 defvjp(ltorch.hardswish.id)(lambda res, g: _only_input(res, ltorch.hardswish_backward(g, res.args[0])))
 # like threshold_backward: linear in its gradient; its `self` gets zeros (torch's formula), not None
-defvjp(ltorch.hardtanh_backward.id)(lambda res, g: (ltorch.hardtanh_backward(g, *res.args[1:4]), ltorch.full(
-    res.args[1].shape, 0, device=res.args[1].device, dtype=res.args[1].dtype), None, None))
+defvjp(ltorch.hardtanh_backward.id)(lambda res, g: (ltorch.hardtanh_backward(g, *res.args[1:4]), _zeros(res.args[1]),
+                                                   None, None))
 
 
 @defvjp(ltorch.softplus.id)
@@ -460,7 +459,7 @@ def _scaled_dot_product_attention_vjp(res, g):
 def _split_vjp(res, g):  # eager's: one cat of the pieces' cotangents (zeros for the unused), not a pad per piece
     a = res.args[0]
     dim = canonical_dim(_argument(res, 2, "dim", 0), a.ndim)
-    pieces = [c if c is not None else ltorch.full(o.shape, 0, device=o.device, dtype=o.dtype) for c, o in zip(g, res.out)]
+    pieces = [c if c is not None else _zeros(o) for c, o in zip(g, res.out)]
     return (ltorch.cat(pieces, dim),) + (None,) * (len(res.args) - 1)
 
 
