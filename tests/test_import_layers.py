@@ -34,7 +34,7 @@ LAYERS = [
     ("transforms", ("thunderfn.transforms",)),
     ("executors", ("thunderfn.executors",)),
     ("api", ("thunderfn.jit", "thunderfn.module", "thunderfn.examine", "thunderfn.extend", "thunderfn.distributed",
-             "thunderfn")),
+             "thunderfn.dynamo", "thunderfn")),
     # users of the api: the OpInfo database and test helpers, the demo and the example model it runs
     ("tools", ("thunderfn.testing", "thunderfn.examples", "thunderfn.__main__")),
 ]

@@ -281,29 +281,46 @@ class JitState:
             return self.run(entry, key, args, kwargs, leaves)
         # told on stderr if it takes long (core/progress.py); artifacts written where configured (core/artifacts.py)
         with progress.compiling(_fn_name(self.fn)), artifacts.writing_to(self.cache_dir):
-            with self.lock:  # one compile per signature, however many threads arrive at once
-                entry = self.lookup(key, leaves)
-                if entry is None:
-                    reason = self.why_miss(key, args, kwargs, leaves)
-                    if self.n_entries >= self.cache_size_limit:
-                        if not self.evict_past_limit:
-                            self.warn_limit(reason)
-                            self.stats[1] += 1
-                            return self.fn(*args, **kwargs)
-                        self.evict_oldest()
-                    self.stats[1] += 1
-                    try:
-                        entry = self.compile(args, kwargs, leaves)
-                    except StepChangesOptimizerState:  # an optimizer's first step creates its state: run it as eager does
-                        return self.fn(*args, **kwargs)
-                    if reason is not None:
-                        self.recompile_reasons.append(reason)
-                    self.cache.setdefault(key, []).append(entry)
-                    self.n_entries += 1
-                else:
-                    self.stats[0] += 1
+            entry = self.compiled_entry(key, args, kwargs, leaves)
+            if entry is None:
+                return self.fn(*args, **kwargs)
             progress.stage("first run (where fusion executors compile their regions)")
             return self.run(entry, key, args, kwargs, leaves)
+
+    def compiled_entry(self, key, args, kwargs, leaves) -> CacheEntry | None:
+        """The entry for this call, compiled and cached if there is none yet (counted as a miss);
+        None where the call runs eagerly instead (past cache_size_limit, an optimizer's first step)."""
+        with self.lock:  # one compile per signature, however many threads arrive at once
+            entry = self.lookup(key, leaves)
+            if entry is not None:
+                self.stats[0] += 1
+                return entry
+            reason = self.why_miss(key, args, kwargs, leaves)
+            if self.n_entries >= self.cache_size_limit:
+                if not self.evict_past_limit:
+                    self.warn_limit(reason)
+                    self.stats[1] += 1
+                    return None
+                self.evict_oldest()
+            self.stats[1] += 1
+            try:
+                entry = self.compile(args, kwargs, leaves)
+            except StepChangesOptimizerState:  # an optimizer's first step creates its state: run it as eager does
+                return None
+            if reason is not None:
+                self.recompile_reasons.append(reason)
+            self.cache.setdefault(key, []).append(entry)
+            self.n_entries += 1
+            return entry
+
+    def precompile(self, args, kwargs) -> None:
+        """Compile and cache the entry for a call like this one without running it (the torch.compile
+        backend compiles each graph when Dynamo hands it over, with Dynamo's example inputs)."""
+        leaves, spec = tree_flatten((args, kwargs))
+        with progress.compiling(_fn_name(self.fn)), artifacts.writing_to(self.cache_dir):
+            entry = self.compiled_entry(self.key(leaves, spec), args, kwargs, leaves)
+        if entry is not None:  # (counted as the miss it is: the first call is then a hit)
+            self.last_traces, self.last_backward_traces = entry.traces, entry.backward_traces
 
     def run(self, entry: CacheEntry, key: tuple, args, kwargs, leaves):
         """Call a cache entry, and make it the fast path's for calls like this one."""

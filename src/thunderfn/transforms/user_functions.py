@@ -209,12 +209,17 @@ def _rebuilt_ctx(name: str, residuals, needs: tuple) -> TracedCtx:
 def _as_user_code():
     """Run user code inside a symbol's body as if at the top of the trace: every torch call it
     makes is traced (a factory or random call without a traced argument too, which a symbol's
-    body would otherwise run once, at trace time)."""
+    body would otherwise run once, at trace time). It ends in the grad mode it began in, as a
+    Function's forward and backward do in eager: a switch the user code made and did not undo
+    (Dynamo's captured forward ends with one) is undone and recorded so, inside the body."""
     trc = context.current_trace()
     depth, trc.symbol_depth = trc.symbol_depth, 0
+    mode = torch.is_grad_enabled()
     try:
         yield
     finally:
+        torch._C._set_grad_enabled(mode)
+        trc.sync_grad_mode()
         trc.symbol_depth = depth
 
 

@@ -1,0 +1,185 @@
+"""The torch.compile backend: what thunderfn does with each graph Dynamo hands it.
+
+Dynamo calls `backend(gm, example_inputs)` once per graph it captures, between graph breaks,
+and calls what the backend returns every time its guards say that graph runs. For each graph:
+
+1. thunderfn compiles the whole graph with tf.jit (graph_runner.graph_function, compiled
+   with Dynamo's example inputs right away, so the first call runs compiled code);
+2. where that fails, one checking trace finds every node thunderfn cannot take and why
+   (splitting.py); the graph is cut around them, thunderfn compiles the pieces it can take,
+   and the others run eagerly (or through Inductor, `unsupported="inductor"`);
+3. what happened is recorded for `explain` (report.py): the graph, why Dynamo ended it, the
+   pieces, the reasons.
+
+Dynamo's guards decide when a graph is new; the jitted function of a graph keeps thunderfn's
+cache only for what Dynamo passes as values (the sizes of a dynamic-shape graph: thunderfn
+specializes on each until it has symbolic shapes) and for grad mode, which both key on.
+
+The api layer. It never imports torch._dynamo: Dynamo imports it when it calls the backend.
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+import warnings
+
+import torch
+import torch.fx
+
+from thunderfn.dynamo.graph_runner import graph_function
+from thunderfn.dynamo.report import GraphRecord, Piece, Records
+from thunderfn.dynamo.splitting import KnownOnlyAtRunTime, concrete, example_value, split_around, unsupported_nodes
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError
+from thunderfn.jit import jit
+
+# A Dynamo graph that Dynamo runs with changing sizes (dynamic shapes) compiles once per size
+# here, so it gets more entries than tf.jit's default before it runs eagerly.
+DEFAULT_GRAPH_CACHE_SIZE_LIMIT = 64
+UNSUPPORTED_RUNNERS = ("eager", "inductor")
+_JIT_OPTIONS = frozenset(inspect.signature(inspect.unwrap(jit)).parameters) - {"fn", "distributed"}
+
+
+def _checked_options(options: dict, where: str) -> dict:
+    unknown = sorted(set(options) - _JIT_OPTIONS - {"unsupported"})
+    if unknown:
+        raise ArgumentValueError(f"Unexpected optimization option {', '.join(map(repr, unknown))} for the thunderfn "
+                                 f"backend ({where}); known options: {', '.join(sorted(_JIT_OPTIONS | {'unsupported'}))}")
+    runner = options.get("unsupported", "eager")
+    if runner not in UNSUPPORTED_RUNNERS:
+        raise ArgumentValueError(f"unsupported must be one of {UNSUPPORTED_RUNNERS} (what runs the graph pieces "
+                                 f"thunderfn cannot take), got {runner!r}")
+    return options
+
+
+class Backend:
+    """A torch.compile backend that compiles Dynamo's graphs with thunderfn (see module docstring).
+    `options` are tf.jit's (executors, fusion, rematerialize, cache_dir, cache_size_limit, ...),
+    plus `unsupported`: what runs graph pieces thunderfn cannot take, "eager" or "inductor"."""
+
+    def __init__(self, **options):
+        self.options = _checked_options(options, "tf.dynamo.backend")
+        self.records = Records()
+        self.__name__ = "thunderfn"
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return f"thunderfn.dynamo.backend({shown})"
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None):
+        if not isinstance(gm, torch.fx.GraphModule):
+            raise ArgumentTypeError(f"the thunderfn backend expects a torch.fx.GraphModule (Dynamo's graph), got "
+                                    f"{type(gm).__name__}")
+        settings = {**self.options, **_checked_options(dict(options or {}), "torch.compile(options=...)")}
+        runner = settings.pop("unsupported", "eager")
+        settings.setdefault("cache_size_limit", DEFAULT_GRAPH_CACHE_SIZE_LIMIT)
+        record = GraphRecord.of(gm, mode)
+        self.records.add(_compiling_wrapper(), record)
+        return compile_graph(gm, list(example_inputs), settings, runner, record)
+
+    def reset(self) -> None:  # torch._dynamo.reset() calls it: the graphs it forgets leave the report too
+        self.records.clear()
+
+
+def _compiling_wrapper():
+    """The torch.compile(...) call's backend wrapper calling this backend (torch's _TorchCompileWrapper):
+    the report keeps each compiled object's graphs apart by it. None where torch calls us otherwise."""
+    frame = sys._getframe(2)
+    caller = frame.f_locals.get("self") if frame.f_code.co_name == "__call__" else None
+    return caller if caller is not None and hasattr(caller, "compiler_fn") else None
+
+
+def _compile_piece(gm: torch.fx.GraphModule, examples: list | None, settings: dict):
+    """gm compiled by tf.jit, its entry for these inputs compiled now (not at its first call; at
+    its first call where an input's size is known only then)."""
+    jitted = jit(graph_function(gm), **settings)
+    if examples is not None:
+        jitted._thunderfn_state.precompile(tuple(concrete(x) for x in examples), {})
+    return jitted
+
+
+def _run_elsewhere(gm: torch.fx.GraphModule, examples: list | None, runner: str):
+    if runner == "inductor" and examples is not None:
+        from torch._inductor.compile_fx import compile_fx  # Inductor only when asked for: it costs seconds to import
+        return compile_fx(gm, [concrete(x) for x in examples])
+    return gm.forward
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, settings: dict, runner: str, record: GraphRecord):
+    """The callable Dynamo runs for gm (see module docstring)."""
+    try:
+        jitted = _compile_piece(gm, example_inputs, settings)
+    except Exception as whole_error:  # noqa: BLE001  (the check below says which nodes, or the graph runs elsewhere)
+        try:
+            unsupported = unsupported_nodes(gm, [concrete(x) for x in example_inputs])
+        except Exception as check_error:  # noqa: BLE001
+            unsupported = []
+            whole_error = check_error
+        if not unsupported:
+            record.pieces.append(Piece(runner, gm, _count_nodes(gm), error=f"{type(whole_error).__name__}: {whole_error}"))
+            warnings.warn(f"thunderfn's torch.compile backend runs the graph ending at {record.where} "
+                          f"{'eagerly' if runner == 'eager' else 'through Inductor'}: thunderfn could not compile it "
+                          f"({type(whole_error).__name__}: {whole_error}). tf.dynamo.explain(compiled) lists it.",
+                          stacklevel=2)
+            return _run_elsewhere(gm, example_inputs, runner)
+        return _compile_split(gm, example_inputs, settings, runner, record, unsupported)
+    record.pieces.append(Piece("thunderfn", gm, _count_nodes(gm), fn=jitted))
+    return jitted
+
+
+def _count_nodes(gm) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr"))
+
+
+def _compile_split(gm, example_inputs, settings, runner, record, unsupported):
+    for u in unsupported:
+        if u.higher_order_op is not None:
+            warnings.warn(f"thunderfn's torch.compile backend runs torch.ops.higher_order.{u.higher_order_op} "
+                          f"{'eagerly' if runner == 'eager' else 'through Inductor'} (node {u.node} of the graph "
+                          f"ending at {record.where}): {u.reason}", stacklevel=3)
+    split, takes = split_around(gm, {u.node for u in unsupported})
+    originals = {n.name: n for n in gm.graph.nodes}
+    inputs = {n.name: x for n, x in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)}
+    reasons = {u.node: u for u in unsupported}
+    for node in list(split.graph.nodes):
+        if node.op != "call_module":
+            continue
+        piece_gm = getattr(split, node.target)
+        ours = takes[int(node.target.rpartition("_")[2])]
+        try:
+            examples = [inputs[p.target] if p.target in inputs else example_value(originals[p.target].meta["example_value"])
+                        for p in piece_gm.graph.nodes if p.op == "placeholder"]
+        except KnownOnlyAtRunTime:  # a data-dependent size: compiled at the first call
+            examples = None
+        n_nodes = _count_nodes(piece_gm)
+        if ours:
+            try:
+                fn = _compile_piece(piece_gm, examples, settings)
+                record.pieces.append(Piece("thunderfn", piece_gm, n_nodes, fn=fn))
+            except Exception as e:  # noqa: BLE001
+                fn = _run_elsewhere(piece_gm, examples, runner)
+                record.pieces.append(Piece(runner, piece_gm, n_nodes, error=f"{type(e).__name__}: {e}"))
+        else:
+            fn = _run_elsewhere(piece_gm, examples, runner)
+            why = [reasons[n.name] for n in piece_gm.graph.nodes if n.name in reasons]
+            record.pieces.append(Piece(runner, piece_gm, n_nodes, unsupported=why))
+        # the split graph calls `self.submod_k(...)`: a plain attribute now, the piece's callable
+        del split._modules[node.target]
+        object.__setattr__(split, node.target, fn)
+    return split.forward
+
+
+def find_backend(compiled) -> tuple[Backend | None, object]:
+    """(the thunderfn Backend, the torch.compile wrapper) behind what torch.compile returned."""
+    if isinstance(compiled, Backend):
+        return compiled, None
+    context = getattr(compiled, "dynamo_ctx", None)  # a compiled nn.Module
+    if context is None and getattr(compiled, "__closure__", None):  # a compiled function: its wrapper's closure
+        context = inspect.getclosurevars(compiled).nonlocals.get("self")
+    # Dynamo's callback wraps the backend in debugging wrappers, around torch.compile's wrapper, around ours
+    wrapper, obj = None, getattr(getattr(context, "callback", None), "_torchdynamo_orig_backend", None)
+    for _ in range(8):
+        if obj is None or isinstance(obj, Backend):
+            break
+        wrapper, obj = obj, getattr(obj, "_torchdynamo_orig_backend", None) or getattr(obj, "compiler_fn", None)
+    return (obj if isinstance(obj, Backend) else None), wrapper
+

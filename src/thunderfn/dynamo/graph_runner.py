@@ -1,0 +1,154 @@
+"""Running a Dynamo FX graph under a thunderfn trace, node by node.
+
+thunderfn compiles each graph Dynamo hands the backend by tracing a function that interprets
+the graph (`graph_function`): every `call_function`/`call_method` node makes the torch call
+the user's code made, which the trace records as it records user code (the same rules, the
+same executors), so nothing is translated twice. What Dynamo adds that user code never calls,
+its higher-order operators (a subgraph and how to run it), is the rule table below, keyed by
+the operator's name:
+
+- `wrap`, `invoke_subgraph`: the subgraph, inlined;
+- `tag_activation_checkpoint` (torch.utils.checkpoint): the subgraph, inlined; which forward
+  values the backward recomputes is the rematerialization pass's choice, as for a checkpointed
+  function traced by tf.jit;
+- `autograd_function_apply` (a user's torch.autograd.Function): a Function whose forward
+  runs the forward subgraph and whose backward runs the backward subgraph, traced by
+  transforms/user_functions.py as any Function is (the backward subgraph is the VJP rule);
+- `cond` on a Python or constant predicate: the branch it picks; `map`: unrolled over the
+  leading dimension and stacked.
+
+Any other higher-order operator, and `cond` on a traced tensor, raises
+UnsupportedHigherOrderOp: the splitter (dynamo/splitting.py) runs that node outside thunderfn.
+
+The api layer: the torch.compile backend's machinery. It never imports torch._dynamo.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.fx
+
+from thunderfn.core import context
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.errors import UnsupportedOpError
+
+
+class UnsupportedHigherOrderOp(UnsupportedOpError):
+    """A Dynamo higher-order operator thunderfn does not trace (the node runs eagerly)."""
+
+    def __init__(self, name: str, why: str = "thunderfn has no rule for it"):
+        self.op_name = name
+        super().__init__(f"torch.ops.higher_order.{name}: {why}")
+
+
+class GraphInterpreter(torch.fx.Interpreter):
+    """Runs a GraphModule's nodes in order; torch calls on traced tensors are recorded by the
+    trace being built. `stand_in(node, error, env)`, when given, is called for a node that raised,
+    and its result takes the node's place (the support check: dynamo/splitting.py)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, stand_in=None):
+        super().__init__(gm, garbage_collect_values=True)
+        self.stand_in = stand_in
+
+    def run_node(self, n):
+        if self.stand_in is None or n.op in ("placeholder", "output"):
+            return super().run_node(n)
+        try:
+            return super().run_node(n)
+        except Exception as e:  # noqa: BLE001  (any failure makes the node unsupported; stand_in records why)
+            return self.stand_in(n, e, self.env)
+
+    def call_function(self, target, args, kwargs):
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            rule = HIGHER_ORDER_RULES.get(target.name())
+            if rule is None:
+                raise UnsupportedHigherOrderOp(target.name())
+            return rule(*args, **kwargs)
+        return target(*args, **kwargs)
+
+
+def run_graph(gm: torch.fx.GraphModule, args) -> object:
+    return GraphInterpreter(gm).run(*args, enable_io_processing=False)
+
+
+def graph_function(gm: torch.fx.GraphModule):
+    """The function tf.jit compiles for a graph: traced, it interprets the graph's nodes; called
+    on tensors outside a trace (tf.jit runs a call eagerly past its cache_size_limit), it is
+    the graph's own forward."""
+    forward = gm.forward
+
+    def graph(*args):
+        if context.current_trace() is None:
+            return forward(*args)
+        return run_graph(gm, args)
+
+    graph.__name__ = graph.__qualname__ = "dynamo_graph"
+    graph.__signature__ = inspect.signature(forward)  # a fixed arity: jit's fast path for it
+    return graph
+
+
+# -- the higher-order operators' rules -----------------------------------------------------------------
+
+def _inline(body, *args, **_options):
+    return run_graph(body, args)
+
+
+def _invoke_subgraph(body, _identifier, *args):
+    return run_graph(body, args)
+
+
+def _cond(pred, true_fn, false_fn, operands):
+    if isinstance(pred, TensorProxy):
+        raise UnsupportedHigherOrderOp("cond", "its predicate is a traced tensor (a value known only when the "
+                                              "graph runs)")
+    return run_graph(true_fn if bool(pred) else false_fn, tuple(operands))
+
+
+def _map(body, xs, pos_args):
+    xs = list(xs)
+    n = xs[0].shape[0]
+    results = [run_graph(body, (*(x[i] for x in xs), *pos_args)) for i in range(n)]
+    if not results:
+        raise UnsupportedHigherOrderOp("map", "it maps over an empty leading dimension")
+    first = results[0]
+    if isinstance(first, (tuple, list)):
+        return type(first)(torch.stack([r[j] for r in results]) for j in range(len(first)))
+    return torch.stack(results)
+
+
+def _autograd_function_apply(fwd, bwd, *args, non_differentiable_idx=(), saved_for_backward_idx=(), dirty_idx=(),
+                             **_options):
+    """A user's torch.autograd.Function as Dynamo captured it: fwd(*args) returns (outputs, saved
+    values); bwd(*grads, *saved values) returns one gradient per argument."""
+    if dirty_idx:
+        raise UnsupportedHigherOrderOp("autograd_function_apply", "the Function writes into its inputs "
+                                                                  "(ctx.mark_dirty)")
+    non_differentiable = set(non_differentiable_idx)
+
+    class CapturedFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            output, saved = run_graph(fwd, inputs)
+            ctx.saved_values = tuple(saved)  # a residual, as any attribute set on ctx
+            if non_differentiable:
+                outputs = output if isinstance(output, (tuple, list)) else (output,)
+                ctx.mark_non_differentiable(*(o for i, o in enumerate(outputs) if i in non_differentiable))
+            return output
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return tuple(run_graph(bwd, (*grads, *ctx.saved_values)))
+
+    CapturedFunction.__name__ = CapturedFunction.__qualname__ = f"autograd_function_{fwd.__class__.__name__}"
+    return CapturedFunction.apply(*args)
+
+
+HIGHER_ORDER_RULES = {
+    "wrap": _inline,
+    "tag_activation_checkpoint": _inline,
+    "invoke_subgraph": _invoke_subgraph,
+    "autograd_function_apply": _autograd_function_apply,
+    "cond": _cond,
+    "map_impl": _map,
+}
