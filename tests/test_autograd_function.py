@@ -141,6 +141,37 @@ def test_a_mixed_path_keeps_the_functions_contribution():
     torch.testing.assert_close(tf.grad(f)(w), grads_e[0])
 
 
+class LeavesGradModeOn(torch.autograd.Function):
+    """A forward that switches grad mode off, computes, and leaves it on (as Dynamo's captured
+    forwards do): in eager, apply gives the caller its own mode back."""
+
+    @staticmethod
+    def forward(ctx, x):
+        torch._C._set_grad_enabled(False)
+        y = x * 2
+        torch._C._set_grad_enabled(True)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def test_a_grad_mode_switch_left_by_a_functions_forward_ends_with_it():
+    def f(x):
+        y = LeavesGradModeOn.apply(x)
+        with torch.no_grad():
+            z = y * 3  # under no_grad, after the Function: no gradient flows through z
+        return (y + z).sum()
+
+    x, xe = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    with torch.no_grad():
+        xe.copy_(x)
+    tf.jit(f)(x).backward()
+    f(xe).backward()
+    torch.testing.assert_close(x.grad, xe.grad)
+
+
 def test_gradient_reversal_gives_the_negated_scaled_gradient():
     x = _rand(4)
     got = tf.grad(lambda x: (GradReverse.apply(x, 0.5) * x).sum())(x)

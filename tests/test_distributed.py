@@ -29,6 +29,13 @@ def test_torchs_distributed_data_parallel_around_a_jitted_model_trains_like_one_
     _assert_rank_results_match_one_process(checks.run("torch_ddp_of_jit"))
 
 
+def test_torchs_distributed_data_parallel_around_a_model_compiled_with_the_thunderfn_backend_trains_like_one_process():
+    results = checks.run("torch_ddp_of_compiled")
+    _assert_rank_results_match_one_process(results)
+    report = results[0]["sgd_report"]  # thunderfn compiled the model's graph, whole
+    assert "graph 0:" in report and "eager " not in report, report
+
+
 def test_tf_ddp_trains_like_one_process_with_bucketed_async_all_reduces_in_the_backward_trace():
     results = checks.run("tf_ddp")
     _assert_rank_results_match_one_process(results)  # from different initial weights: rank 0's were broadcast

@@ -89,6 +89,17 @@ def _torch_ddp_of_jit(rank, world):
     return out
 
 
+def _torch_ddp_of_compiled(rank, world):
+    """torch's DistributedDataParallel around a model compiled by torch.compile with the thunderfn backend."""
+    out = {}
+    for kind in ("sgd", "adamw"):
+        torch._dynamo.reset()
+        compiled = torch.compile(make_model(seed=0), backend="thunderfn")
+        out[kind] = _train(torch.nn.parallel.DistributedDataParallel(compiled), kind, rank, world)
+        out[kind + "_report"] = str(tf.dynamo.explain(compiled))
+    return out
+
+
 def _tf_ddp(rank, world):
     out = {}
     for kind in ("sgd", "adamw"):
@@ -161,7 +172,7 @@ def _collectives_under_transforms(rank, world):
             "jit_grad": tf.jit(tf.grad(gathered_sum_of_squares))(x)}
 
 
-SCENARIOS = {"torch_ddp_of_jit": _torch_ddp_of_jit, "tf_ddp": _tf_ddp, "tf_ddp_no_sync": _tf_ddp_no_sync,
+SCENARIOS = {"torch_ddp_of_jit": _torch_ddp_of_jit, "torch_ddp_of_compiled": _torch_ddp_of_compiled, "tf_ddp": _tf_ddp, "tf_ddp_no_sync": _tf_ddp_no_sync,
              "different_models": _different_models, "refusals": _refusals, "collectives_under_transforms": _collectives_under_transforms, "fused_with_inductor": _fused_with_inductor,
              "fsdp_full_shard": _fsdp("FULL_SHARD"), "fsdp_shard_grad_op": _fsdp("SHARD_GRAD_OP"),
              "fsdp_full_shard_by_module": _fsdp("FULL_SHARD", "module"),

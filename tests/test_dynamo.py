@@ -1,0 +1,208 @@
+"""thunderfn as a torch.compile backend (docs/torch_compile.md): Dynamo captures graphs and breaks
+them around what it cannot capture; thunderfn compiles each graph, splitting it around nodes it
+cannot take. The law for every test: the compiled function gives eager's outputs and gradients
+(presence included), and the report says what ran where and why."""
+import copy
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch._dynamo
+import torch.utils.checkpoint
+
+import thunderfn as tf
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _inputs(*shapes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g).requires_grad_() for s in shapes]
+
+
+def assert_like_eager(fn, *shapes, backend="thunderfn", **compile_options):
+    """fn compiled with the backend gives eager's outputs and gradients; returns the compiled fn."""
+    compiled = torch.compile(fn, backend=backend, **compile_options)
+    args, expected_args = _inputs(*shapes), _inputs(*shapes)
+    got, expected = compiled(*args), fn(*expected_args)
+    torch.testing.assert_close(got, expected)
+    sum(o.float().sum() for o in torch.utils._pytree.tree_leaves(got) if o.requires_grad).backward()
+    sum(o.float().sum() for o in torch.utils._pytree.tree_leaves(expected) if o.requires_grad).backward()
+    for a, e in zip(args, expected_args):
+        torch.testing.assert_close(a.grad, e.grad)
+    return compiled
+
+
+def test_the_backend_is_found_by_name_through_the_entry_point_without_thunderfn_importing_dynamo():
+    code = ("import sys, torch, thunderfn; assert 'torch._dynamo' not in sys.modules; "
+            "f = torch.compile(lambda x: x.sin() * 2, backend='thunderfn'); x = torch.randn(3); "
+            "torch.testing.assert_close(f(x), x.sin() * 2); "
+            "assert 'thunderfn runs 2 of 2 nodes' in str(thunderfn.dynamo.explain(f))")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_model_trains_like_eager_and_its_graph_runs_on_thunderfn():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="thunderfn")
+    x = torch.randn(5, 4)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), reference(x))
+        compiled(x).square().sum().backward()
+        reference(x).square().sum().backward()
+        for p, r in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, r.grad)
+    report = tf.dynamo.explain(compiled)
+    assert len(report.graphs) == 1 and not report.splits and not report.graph_breaks
+    (fn,) = report.thunderfn_functions
+    assert "torch.nn.functional.gelu" in str(tf.last_traces(fn)[-1]) or "gelu" in str(tf.last_traces(fn)[-1])
+    assert tf.last_backward_traces(fn)  # joined torch.autograd through thunderfn's backward
+    assert tf.cache_info(fn)["entries"] == 1  # compiled once, when Dynamo handed the graph over
+
+
+def test_graph_breaks_at_item_nonzero_and_print_are_reported_with_dynamos_reasons(capsys):
+    def f(x, w):
+        y = (x @ w).tanh()
+        scale = y.sum().item()  # a graph break (capture_scalar_outputs is off)
+        picked = y[y.nonzero(as_tuple=True)]  # data-dependent: a graph break
+        print("between")  # a graph break
+        return picked * scale + y.mean()
+
+    compiled = assert_like_eager(f, (3, 4), (4, 4))
+    assert "between" in capsys.readouterr().out
+    report = tf.dynamo.explain(compiled)
+    assert len(report.graph_breaks) >= 2, str(report)
+    assert any("item" in b for b in report.graph_breaks), report.graph_breaks
+    assert all(p.runner == "thunderfn" for g in report.graphs for p in g.pieces)
+
+
+def test_a_data_dependent_node_inside_a_graph_is_split_out_and_runs_eagerly():
+    def f(x):
+        y = x.sin() * 2
+        nz = y.nonzero()  # captured: Dynamo gives its length an unbacked size
+        return y.cos() + nz.shape[0], nz
+
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled = torch.compile(f, backend="thunderfn")
+        x = torch.randn(6, requires_grad=True)
+        out, nz = compiled(x)
+        ex = x.detach().clone().requires_grad_()
+        out_e, nz_e = f(ex)
+    torch.testing.assert_close(out, out_e)
+    torch.testing.assert_close(nz, nz_e)
+    out.sum().backward()
+    out_e.sum().backward()
+    torch.testing.assert_close(x.grad, ex.grad)
+    report = tf.dynamo.explain(compiled)
+    (split_nonzero,) = [u for u in report.splits if "nonzero" in u.target]
+    assert "depends on tensor values" in split_nonzero.reason
+    runners = [p.runner for p in report.graphs[0].pieces]
+    assert runners[0] == "thunderfn" and "eager" in runners, runners
+    assert "did not take" in str(report) and split_nonzero.node in str(report)
+
+
+class ScaledGradient(torch.autograd.Function):
+    """x * w forward; a backward that is deliberately not the derivative (3x the true gradient for x)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return 3 * g * w, g * x
+
+
+def test_a_user_autograd_function_keeps_its_own_backward():
+    def f(x, w):
+        y = ScaledGradient.apply(x, w)
+        with torch.no_grad():
+            z = y * 2  # a no_grad region right after the Function: no gradient through z
+        return (y.sin() + z).sum()
+
+    compiled = assert_like_eager(f, (3, 3), (3, 3))
+    (fn,) = tf.dynamo.explain(compiled).thunderfn_functions
+    assert "user_function" in str(tf.last_traces(fn)[0])  # the Function is one call with its own rule
+
+
+def test_activation_checkpointing_is_inlined_and_gradients_are_exact():
+    def block(x, w):
+        return (x @ w).relu().sin()
+
+    def f(x, w):
+        y = torch.utils.checkpoint.checkpoint(block, x, w, use_reentrant=False)
+        return torch.utils.checkpoint.checkpoint(block, y, w, use_reentrant=False).sum()
+
+    compiled = assert_like_eager(f, (4, 4), (4, 4))
+    graph = tf.dynamo.explain(compiled).graphs[0].graph
+    assert "tag_activation_checkpoint" in graph.code  # Dynamo's op, which thunderfn took
+    assert not tf.dynamo.explain(compiled).splits
+
+
+def test_dynamic_shapes_from_dynamo_are_specialized_per_size_and_exact():
+    def f(x):
+        return x.view(x.shape[0], -1).softmax(-1) * x.shape[1]
+
+    compiled = torch.compile(f, backend="thunderfn", dynamic=True)
+    for rows in (3, 5, 7):
+        x = torch.randn(rows, 4, 2)
+        torch.testing.assert_close(compiled(x), f(x))
+    report = tf.dynamo.explain(compiled)
+    (record,) = report.graphs  # one Dynamo graph for every size: its sizes are inputs (SymInts)
+    assert any(isinstance(n.meta.get("example_value"), torch.SymInt) for n in record.graph.graph.nodes
+               if n.op == "placeholder")
+    (fn,) = report.thunderfn_functions
+    assert tf.cache_info(fn)["entries"] == 3  # thunderfn compiled each size once
+
+
+def test_a_higher_order_op_without_a_rule_runs_eagerly_with_a_warning_naming_it():
+    def f(x):
+        y = x.sin()
+        return torch.cond(y.sum() > 0, lambda a: a.cos(), lambda a: a.exp(), (y,)) * 2
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = assert_like_eager(f, (5,))
+    assert any("torch.ops.higher_order.cond" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    report = tf.dynamo.explain(compiled)
+    assert [u.higher_order_op for u in report.splits] == ["cond"]
+    assert [p.runner for p in report.graphs[0].pieces] == ["thunderfn", "eager", "thunderfn"]
+
+
+def test_backend_options_reach_tf_jit_and_unknown_ones_are_refused():
+    compiled = torch.compile(lambda x: x.exp() + 1, backend=tf.dynamo.backend(executors=["torch"],
+                                                                                cache_size_limit=3))
+    compiled(torch.randn(3))
+    (fn,) = tf.dynamo.explain(compiled).thunderfn_functions
+    assert tf.cache_info(fn)["cache_size_limit"] == 3
+    with pytest.raises(tf.errors.ArgumentValueError, match="Unexpected optimization option 'fusoin'"):
+        tf.dynamo.backend(fusoin=True)
+    with pytest.raises(Exception, match="Unexpected optimization option 'fusoin'"):
+        torch.compile(lambda x: x + 1, backend="thunderfn", options={"fusoin": True})(torch.randn(2))
+    with pytest.raises(tf.errors.ArgumentValueError, match="unsupported must be one of"):
+        tf.dynamo.backend(unsupported="cpu")
+
+
+def test_explain_refuses_what_the_backend_did_not_compile():
+    with pytest.raises(tf.errors.ArgumentTypeError, match="tf.dynamo.explain expects"):
+        tf.dynamo.explain(torch.compile(lambda x: x, backend="eager"))
+
+
+def test_torch_compile_of_a_jitted_function_runs_it_as_one_call():
+    def f(x):
+        return x.sin().cos()
+
+    jitted = tf.jit(f)
+    compiled = torch.compile(lambda x: jitted(x) * 2, backend="thunderfn")
+    x = torch.randn(4)
+    torch.testing.assert_close(compiled(x), f(x) * 2)
