@@ -29,8 +29,12 @@ class Piece:
         lines = [f"  {self.runner:9s} {self.n_nodes} node{'s' if self.n_nodes != 1 else ''}"]
         if self.runner == "thunderfn":
             lines[0] += "  (tf.last_traces(piece.fn) shows its traces)"
-        for u in self.unsupported:
+        causes = [u for u in self.unsupported if u.because_of is None]
+        following = [u.node for u in self.unsupported if u.because_of is not None]
+        for u in causes:
             lines.append(f"      {u.node} = {u.target}(...): {u.reason}")
+        if following:
+            lines.append(f"      and what uses their results: {', '.join(dict.fromkeys(following))}")
         if self.error:
             lines.append(f"      thunderfn could not compile it: {self.error}")
         return lines

@@ -30,6 +30,7 @@ class Unsupported:
     target: str  # what it calls
     reason: str
     higher_order_op: str | None = None  # set for a higher-order operator without a rule
+    because_of: str | None = None  # the unsupported node whose result this one uses (all its reason is that)
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -105,7 +106,7 @@ def unsupported_nodes(gm: torch.fx.GraphModule, example_inputs) -> list[Unsuppor
         else:
             reason = f"{type(error).__name__}: {error}"
         hop = error.op_name if isinstance(error, UnsupportedHigherOrderOp) else None
-        found.append(Unsupported(node.name, _target_name(node), reason, hop))
+        found.append(Unsupported(node.name, _target_name(node), reason, hop, producer))
         if "example_value" not in node.meta:
             return UNKNOWN
         try:
