@@ -313,7 +313,7 @@ class JitState:
             self.n_entries += 1
             return entry
 
-    def precompile(self, args, kwargs) -> None:
+    def precompile(self, args, kwargs) -> CacheEntry | None:
         """Compile and cache the entry for a call like this one without running it (the torch.compile
         backend compiles each graph when Dynamo hands it over, with Dynamo's example inputs)."""
         leaves, spec = tree_flatten((args, kwargs))
@@ -321,6 +321,7 @@ class JitState:
             entry = self.compiled_entry(self.key(leaves, spec), args, kwargs, leaves)
         if entry is not None:  # (counted as the miss it is: the first call is then a hit)
             self.last_traces, self.last_backward_traces = entry.traces, entry.backward_traces
+        return entry
 
     def run(self, entry: CacheEntry, key: tuple, args, kwargs, leaves):
         """Call a cache entry, and make it the fast path's for calls like this one."""

@@ -26,6 +26,7 @@ import warnings
 import torch
 import torch.fx
 
+from thunderfn.core.call_time import Guarded
 from thunderfn.dynamo.graph_runner import graph_function
 from thunderfn.dynamo.report import GraphRecord, Piece, Records
 from thunderfn.dynamo.splitting import KnownOnlyAtRunTime, concrete, example_value, split_around, unsupported_nodes
@@ -89,12 +90,24 @@ def _compiling_wrapper():
 
 
 def _compile_piece(gm: torch.fx.GraphModule, examples: list | None, settings: dict):
-    """gm compiled by tf.jit, its entry for these inputs compiled now (not at its first call; at
-    its first call where an input's size is known only then)."""
+    """(gm compiled by tf.jit, what Dynamo calls). The entry for these inputs is compiled now, not
+    at the first call (then, where an input's size is known only at run time).
+
+    Dynamo calls a graph only where its guards hold: the same grad mode, autocast state and
+    default dtype, and for a graph with static shapes each input's shape, strides, dtype, device
+    and requires_grad. Such a graph's compiled entry is what Dynamo calls, without thunderfn's
+    check of the same facts (about a microsecond per input: a model's parameters are inputs),
+    unless the entry relies on more (guards on Python state, input layouts, state read per call).
+    A graph with sizes among its inputs (dynamic shapes) keeps tf.jit's cache, one entry per size."""
     jitted = jit(graph_function(gm), **settings)
-    if examples is not None:
-        jitted._thunderfn_state.precompile(tuple(concrete(x) for x in examples), {})
-    return jitted
+    if examples is None:
+        return jitted, jitted
+    examples = tuple(concrete(x) for x in examples)
+    entry = jitted._thunderfn_state.precompile(examples, {})
+    static = all(isinstance(x, torch.Tensor) for x in examples)
+    if entry is None or not static or entry.guards_hold is not None or entry.layout or isinstance(entry.fn, Guarded):
+        return jitted, jitted
+    return jitted, entry.fn
 
 
 def _run_elsewhere(gm: torch.fx.GraphModule, examples: list | None, runner: str):
@@ -107,7 +120,7 @@ def _run_elsewhere(gm: torch.fx.GraphModule, examples: list | None, runner: str)
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, settings: dict, runner: str, record: GraphRecord):
     """The callable Dynamo runs for gm (see module docstring)."""
     try:
-        jitted = _compile_piece(gm, example_inputs, settings)
+        jitted, call = _compile_piece(gm, example_inputs, settings)
     except Exception as whole_error:  # noqa: BLE001  (the check below says which nodes, or the graph runs elsewhere)
         try:
             unsupported = unsupported_nodes(gm, [concrete(x) for x in example_inputs])
@@ -123,7 +136,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, settings: dict
             return _run_elsewhere(gm, example_inputs, runner)
         return _compile_split(gm, example_inputs, settings, runner, record, unsupported)
     record.pieces.append(Piece("thunderfn", gm, _count_nodes(gm), fn=jitted))
-    return jitted
+    return call
 
 
 def _count_nodes(gm) -> int:
@@ -153,8 +166,8 @@ def _compile_split(gm, example_inputs, settings, runner, record, unsupported):
         n_nodes = _count_nodes(piece_gm)
         if ours:
             try:
-                fn = _compile_piece(piece_gm, examples, settings)
-                record.pieces.append(Piece("thunderfn", piece_gm, n_nodes, fn=fn))
+                jitted, fn = _compile_piece(piece_gm, examples, settings)
+                record.pieces.append(Piece("thunderfn", piece_gm, n_nodes, fn=jitted))
             except Exception as e:  # noqa: BLE001
                 fn = _run_elsewhere(piece_gm, examples, runner)
                 record.pieces.append(Piece(runner, piece_gm, n_nodes, error=f"{type(e).__name__}: {e}"))
