@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch._dynamo
 import torch.utils.checkpoint
+from torch._higher_order_ops.map import map as map_over_leading_dim
 
 import thunderfn as tf
 
@@ -206,3 +207,19 @@ def test_torch_compile_of_a_jitted_function_runs_it_as_one_call():
     compiled = torch.compile(lambda x: jitted(x) * 2, backend="thunderfn")
     x = torch.randn(4)
     torch.testing.assert_close(compiled(x), f(x) * 2)
+
+
+def test_map_is_unrolled_and_a_nested_compile_region_inlined():
+    def f(xs, y):
+        return map_over_leading_dim(lambda x, y: (x * y).sin(), xs, y).sum(0) * 2
+
+    compiled = assert_like_eager(f, (3, 4), (4,))
+    assert "map_impl" in tf.dynamo.explain(compiled).graphs[0].graph.code and not tf.dynamo.explain(compiled).splits
+
+    @torch.compiler.nested_compile_region
+    def region(x):
+        return x.cos() * 3
+
+    compiled = assert_like_eager(lambda x: region(x) + region(x * 2), (4,))
+    assert "invoke_subgraph" in tf.dynamo.explain(compiled).graphs[0].graph.code
+    assert not tf.dynamo.explain(compiled).splits
