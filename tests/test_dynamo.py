@@ -14,6 +14,7 @@ import torch.utils.checkpoint
 from torch._higher_order_ops.map import map as map_over_leading_dim
 
 import thunderfn as tf
+from thunderfn.testing.fusion_checks import needs_inductor
 
 
 @pytest.fixture(autouse=True)
@@ -178,6 +179,18 @@ def test_a_higher_order_op_without_a_rule_runs_eagerly_with_a_warning_naming_it(
     report = tf.dynamo.explain(compiled)
     assert [u.higher_order_op for u in report.splits] == ["cond"]
     assert [p.runner for p in report.graphs[0].pieces] == ["thunderfn", "eager", "thunderfn"]
+
+
+@needs_inductor
+def test_pieces_thunderfn_cannot_take_run_through_inductor_when_asked():
+    def f(x):
+        y = x.sin()
+        return torch.cond(y.sum() > 0, lambda a: a.cos(), lambda a: a.exp(), (y,)) * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the warning naming cond: tested above
+        compiled = assert_like_eager(f, (5,), backend=tf.dynamo.backend(unsupported="inductor"))
+    assert [p.runner for p in tf.dynamo.explain(compiled).graphs[0].pieces] == ["thunderfn", "inductor", "thunderfn"]
 
 
 def test_backend_options_reach_tf_jit_and_unknown_ones_are_refused():
