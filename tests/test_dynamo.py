@@ -236,3 +236,17 @@ def test_map_is_unrolled_and_a_nested_compile_region_inlined():
     compiled = assert_like_eager(lambda x: region(x) + region(x * 2), (4,))
     assert "invoke_subgraph" in tf.dynamo.explain(compiled).graphs[0].graph.code
     assert not tf.dynamo.explain(compiled).splits
+
+
+def test_a_graph_split_inside_no_grad_and_autocast_regions_keeps_eagers_modes_and_gradients():
+    def f(x):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ x.t()
+            z = torch.cond(y.sum() > 0, lambda a: a.cos(), lambda a: a.exp(), (y,))  # fails to trace here
+        return z.float() * x.sum()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = assert_like_eager(f, (3, 3))  # (the gradient through x.sum(), after the no_grad region)
+    assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+    assert [p.runner for p in tf.dynamo.explain(compiled).graphs[0].pieces] == ["thunderfn", "eager", "thunderfn"]

@@ -28,6 +28,7 @@ import inspect
 
 import torch
 import torch.fx
+from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
@@ -51,6 +52,19 @@ class GraphInterpreter(torch.fx.Interpreter):
         super().__init__(gm, garbage_collect_values=True)
         self.stand_in = stand_in
 
+    def run(self, *args, **kwargs):
+        # The graph switches grad mode and autocast with calls, not with-blocks: where tracing it
+        # fails half way, the caller's modes come back here.
+        grad_mode = torch.is_grad_enabled()
+        self.autocasts = []
+        try:
+            return super().run(*args, **kwargs)
+        except BaseException:
+            while self.autocasts:
+                self.autocasts.pop().__exit__(None, None, None)
+            torch._C._set_grad_enabled(grad_mode)
+            raise
+
     def run_node(self, n):
         if self.stand_in is None or n.op in ("placeholder", "output"):
             return super().run_node(n)
@@ -65,7 +79,12 @@ class GraphInterpreter(torch.fx.Interpreter):
             if rule is None:
                 raise UnsupportedHigherOrderOp(target.name())
             return rule(*args, **kwargs)
-        return target(*args, **kwargs)
+        out = target(*args, **kwargs)
+        if target is _enter_autocast:
+            self.autocasts.append(out)
+        elif target is _exit_autocast and self.autocasts and self.autocasts[-1] is args[0]:
+            self.autocasts.pop()
+        return out
 
 
 def run_graph(gm: torch.fx.GraphModule, args) -> object:
