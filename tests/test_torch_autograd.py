@@ -85,6 +85,20 @@ def test_outputs_that_do_not_depend_on_grad_inputs_do_not_require_grad():
     assert same is x  # an input returned as is is the caller's tensor, as in eager
 
 
+def test_a_function_called_under_no_grad_that_switches_grad_on_is_differentiated_and_leaves_it_on():
+    def f(x):
+        torch._C._set_grad_enabled(True)  # what a piece of a graph torch.compile split can do
+        return (x * 2).sin()
+
+    x = torch.randn(3, requires_grad=True)
+    with torch.no_grad():
+        y = tf.jit(f)(x)
+        assert torch.is_grad_enabled()  # as eager leaves it
+        torch._C._set_grad_enabled(False)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, 2 * torch.cos(2 * x.detach()))
+
+
 def test_no_grad_around_a_call_builds_no_graph_and_no_backward():
     x = torch.randn(3, requires_grad=True)
     jf = tf.jit(lambda x: x * 2)

@@ -186,6 +186,7 @@ class JitState:
         # tf.grad & co. called inside the function differentiate for these executors (the VJPs they
         # register): jit's argument, which they cannot be handed otherwise (core/context.py)
         progress.stage("tracing")
+        called_with_grad = _is_grad_enabled()
         with context.active_executors(executors):
             # With disable_torch_autograd the function runs under no_grad: traced so too, or a
             # torch.enable_grad() block inside it would switch grad back on from the recorded mode.
@@ -256,6 +257,10 @@ class JitState:
             passes, backward_fn = _execution_passes(backward[-1], executors, no_autograd=True)
             backward += passes
             fn = CompiledSplit(split, forward_fn, backward_fn, backward_without if plain else None)
+            if not called_with_grad:
+                # called under no_grad, the function switched grad on and left it on (a piece of a graph
+                # torch.compile split): eager would record the rest for torch.autograd and leave the mode on
+                fn = _switching_grad_on(fn)
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
         if autocast_state():  # the trace holds autocast's casts: running it under autocast would cast again
             fn = _without_autocast(fn)
@@ -499,6 +504,14 @@ def _execution_passes(trc: Trace, executors, *, no_autograd: bool, no_grad: bool
     if reused is not lifted:  # torch.func's transforms get the trace without in-place writes
         fn = UnlessFunctorch(fn, lambda: compiled(del_last_used(lifted)))
     return traces, fn
+
+
+def _switching_grad_on(fn):
+    def run(*tensors):
+        torch._C._set_grad_enabled(True)
+        return fn(*tensors)
+
+    return run
 
 
 def _without_autocast(fn):
