@@ -154,12 +154,9 @@ def _compile_split(gm, example_inputs, settings, runner, record, unsupported):
     inputs = {n.name: x for n, x in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)}
     reasons = {u.node: u for u in unsupported}
     # Grad mode flows from piece to piece: split_module starts each piece of a no_grad region with
-    # the switch but leaves the switch a piece makes for the next one, as eager code would. The mode
-    # each piece starts in is known here (Dynamo guards the mode the graph is called in), so each
-    # thunderfn piece is compiled for it, and where the graph switches modes each piece is called in
-    # it and the graph ends in the mode its own last switch leaves: a compiled piece that switches
-    # grad on and is differentiated by torch.autograd leaves the switch to torch.autograd's call.
-    switches_modes = any(n.target is torch._C._set_grad_enabled for n in gm.graph.nodes)
+    # the switch but leaves the switch a piece makes for the next one, as eager code would (and
+    # compiled code does). The mode each piece starts in is known here (Dynamo guards the mode the
+    # graph is called in): each thunderfn piece is compiled for it (tf.jit keys on the mode).
     grad_mode = torch.is_grad_enabled()
     for node in list(split.graph.nodes):
         if node.op != "call_module":
@@ -185,37 +182,17 @@ def _compile_split(gm, example_inputs, settings, runner, record, unsupported):
             fn = _run_elsewhere(piece_gm, examples, runner)
             why = [reasons[n.name] for n in piece_gm.graph.nodes if n.name in reasons]
             record.pieces.append(Piece(runner, piece_gm, n_nodes, unsupported=why))
-        if switches_modes:
-            fn = _called_in_grad_mode(fn, grad_mode)
         grad_mode = _mode_after(piece_gm, grad_mode)
         # the split graph calls `self.submod_k(...)`: a plain attribute now, the piece's callable
         del split._modules[node.target]
         object.__setattr__(split, node.target, fn)
-    if not switches_modes:
-        return split.forward
-    forward, end_mode = split.forward, _mode_after(gm, torch.is_grad_enabled())
-
-    def split_graph(*args):
-        try:
-            return forward(*args)
-        finally:
-            torch._C._set_grad_enabled(end_mode)
-
-    return split_graph
+    return split.forward
 
 
 def _mode_after(gm: torch.fx.GraphModule, mode: bool) -> bool:
     """The grad mode gm leaves when called in `mode`: its last switch's."""
     switches = [n.args[0] for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
     return bool(switches[-1]) if switches else mode
-
-
-def _called_in_grad_mode(fn, mode: bool):
-    def in_grad_mode(*args):
-        torch._C._set_grad_enabled(mode)
-        return fn(*args)
-
-    return in_grad_mode
 
 
 def find_backend(compiled) -> tuple[Backend | None, object]:
