@@ -156,7 +156,7 @@ def _compile_split(gm, example_inputs, settings, runner, record, unsupported):
     # Grad mode flows from piece to piece: split_module starts each piece of a no_grad region with
     # the switch but leaves the switch a piece makes for the next one, as eager code would (and
     # compiled code does). The mode each piece starts in is known here (Dynamo guards the mode the
-    # graph is called in): each thunderfn piece is compiled for it (tf.jit keys on the mode).
+    # graph is called in): each thunderfn piece is compiled for it, and is called in it.
     grad_mode = torch.is_grad_enabled()
     for node in list(split.graph.nodes):
         if node.op != "call_module":
@@ -172,8 +172,7 @@ def _compile_split(gm, example_inputs, settings, runner, record, unsupported):
         if ours:
             try:
                 with torch.set_grad_enabled(grad_mode):
-                    jitted, _ = _compile_piece(piece_gm, examples, settings)
-                fn = jitted  # (keyed on grad mode: see below)
+                    jitted, fn = _compile_piece(piece_gm, examples, settings)
                 record.pieces.append(Piece("thunderfn", piece_gm, n_nodes, fn=jitted))
             except Exception as e:  # noqa: BLE001
                 fn = _run_elsewhere(piece_gm, examples, runner)
