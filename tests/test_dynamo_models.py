@@ -68,6 +68,13 @@ def test_a_graph_that_concatenates_onto_a_tensor_it_creates_stays_whole():
     assert tf.dynamo.explain(compiled).splits == []
 
 
+def test_a_configured_backend_is_deep_copied_as_itself():
+    """Lightning (which litgpt imports) replaces torch.compile by a wrapper that deep-copies its keyword
+    arguments: a backend made by tf.dynamo.backend is copied as the same object, its report shared."""
+    backend = tf.dynamo.backend(fusion=True)
+    assert copy.deepcopy({"backend": backend})["backend"] is backend
+
+
 def test_gpt2_trains_through_the_backend_as_eager_with_every_node_taken():
     explanation = tf.dynamo.explain(_trains_as_eager("hf-gpt2"))
     assert explanation.splits == [], str(explanation)
