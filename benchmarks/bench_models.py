@@ -1,8 +1,10 @@
-"""Real models, one training step each: eager, thunderfn.jit, thunderfn.jit with fusion and
-torch.compile side by side, in one process per model, with interleaved timing rounds.
+"""Real models, one training step each: eager, thunderfn.jit, thunderfn.jit with fusion, thunderfn as
+torch.compile's backend (with and without fusion) and torch.compile side by side, in one process per
+model, with interleaved timing rounds.
 
     python benchmarks/bench_models.py                       # every model whose library is installed
     python benchmarks/bench_models.py --models hf-gpt2 timm-resnet18 --no-compile
+    python benchmarks/bench_models.py --models hf-bert --variants eager thunderfn thunderfn-backend torch.compile
     python benchmarks/bench_models.py --list                # the models, and why any are skipped
 
 Each model is a tiny random configuration from transformers, timm, torchvision or litgpt, in
@@ -10,7 +12,8 @@ training mode with dropout and stochastic depth off (so every variant computes t
 batch 2; the random generator is reseeded before each variant's first step all the same. A step is:
 gradients cleared, forward, loss, backward. Per model and variant it prints
 - `ok` or the largest gradient error against eager (every parameter's gradient); `ok (fp64)` where a
-  variant differs from eager in fp32 but matches eager run in fp64 (see _ROUNDING_NOTE),
+  variant differs from eager in fp32 but matches eager run in fp64 (see _ROUNDING_NOTE); `refused` and
+  the named error where tf.jit cannot trace a model, as JIT_REFUSES expects (the mixtures of experts),
 - aten ops per step: top-level aten calls that torch.profiler records during one step (what the
   Python code and torch.autograd ask the dispatcher for; the CPU analogue of kernel launches),
 - the median step time and its ratio to eager's in the same rounds,
@@ -82,6 +85,14 @@ def _hf_causal_lm(config_name, **fields):
 
 _LLAMA_LIKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
+
+
+def _hf_mixtral():
+    # experts_implementation="eager": the reference routing (a loop over the experts hit, each taking its
+    # tokens by torch.where), not the sorted grouped matmul transformers picks where it can
+    return _hf_causal_lm("MixtralConfig", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,
+                         num_local_experts=4, num_experts_per_tok=2, experts_implementation="eager")()
 
 
 def _hf_masked_lm(config_name):
@@ -207,6 +218,11 @@ MODELS = {
         stochastic_depth_prob=0.0))),
     "litgpt-pythia": ("litgpt", _litgpt("pythia-14m")),
     "litgpt-llama": ("litgpt", _litgpt("Llama-3.2-1B", n_query_groups=2, intermediate_size=128)),
+    # mixtures of experts: each expert takes the tokens routed to it by torch.where(mask), a size known
+    # only when the step runs
+    "litgpt-llama-moe": ("litgpt", _litgpt("Llama-3.2-1B", n_query_groups=2, mlp_class_name="LLaMAMoE", n_expert=4,
+                                           n_expert_per_token=2, intermediate_size=128, moe_intermediate_size=64)),
+    "hf-mixtral": ("transformers", _hf_mixtral),
 }
 
 
@@ -214,12 +230,42 @@ def _fusion(model):
     return tf.jit(model, fusion=True)
 
 
+def _backend(model):
+    return torch.compile(model, backend="thunderfn")
+
+
+def _backend_fusion(model):
+    return torch.compile(model, backend=tf.dynamo.backend(fusion=True))
+
+
 VARIANTS = {
     "eager": lambda model: model,
     "thunderfn": tf.jit,
     "thunderfn+fusion": _fusion,
+    # thunderfn as torch.compile's backend: Dynamo captures the graphs, thunderfn compiles each
+    "thunderfn-backend": _backend,
+    "thunderfn-backend+fusion": _backend_fusion,
     "torch.compile": torch.compile,
 }
+JITTING = ("thunderfn", "thunderfn+fusion")  # the variants that trace the whole model with tf.jit
+# what --no-compile leaves out: the variants that run Inductor or Dynamo
+COMPILING = ("thunderfn+fusion", "thunderfn-backend", "thunderfn-backend+fusion", "torch.compile")
+INDUCTOR = ("thunderfn+fusion", "thunderfn-backend+fusion", "torch.compile")  # what --cold times cold
+
+# Models tf.jit alone cannot trace, with the named error it stops at: each expert takes the tokens routed to it
+# by torch.where(mask) (Mixtral: the experts hit, by nonzero()), sizes known only when the step runs. Through
+# the thunderfn backend, Dynamo ends a graph there (or, with capture_dynamic_output_shape_ops, thunderfn
+# splits the graph around those nodes, which run eagerly).
+JIT_REFUSES = {
+    "litgpt-llama-moe": "UnsupportedOpError",
+    "hf-mixtral": "UnsupportedOpError",
+}
+
+
+def refused(row: dict) -> bool:
+    """Whether a row's failure is tf.jit refusing a model it cannot trace, as JIT_REFUSES expects."""
+    expected = JIT_REFUSES.get(row["model"])
+    return expected is not None and row["variant"] in JITTING and row.get("failure", "").startswith(expected + ":")
 
 
 def step(model, loss_of):
@@ -325,9 +371,6 @@ def run_one(name: str, variants: list[str], rounds: int, calls: int,
     return rows
 
 
-COMPILING = ("thunderfn+fusion", "torch.compile")
-
-
 def first_step_only(name: str, variant: str, device: torch.device) -> dict:
     why_unavailable(MODELS[name][0])
     torch.manual_seed(SEED)
@@ -354,7 +397,7 @@ def _format(rows: list[dict]) -> list[tuple]:
     out = []
     for r in rows:
         if "failure" in r:
-            out.append((r["model"], r["variant"], "FAILED", r["failure"], "", "", "", ""))
+            out.append((r["model"], r["variant"], "refused" if refused(r) else "FAILED", r["failure"], "", "", "", ""))
             continue
         if "step_ms" not in r:
             out.append((r["model"], r["variant"], "skipped", r.get("skip", ""), "", "", "", ""))
@@ -374,20 +417,21 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=None, help="model names (default: all); see --list")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--no-compile", action="store_true", help="leave out torch.compile and thunderfn+fusion")
+    parser.add_argument("--no-compile", action="store_true",
+                        help=f"leave out the variants that run Dynamo or Inductor ({', '.join(COMPILING)})")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cold", action="store_true",
-                        help="time the first step of thunderfn+fusion and torch.compile each in a new process with an "
-                             "empty Inductor cache (a cold compile, which a first step after other variants is not)")
+                        help=f"time the first step of {', '.join(INDUCTOR)} each in a new process with an empty "
+                             f"Inductor cache (a cold compile, which a first step after other variants is not)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # run one model in this process, print JSON rows
     parser.add_argument("--first-step-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    variants = [v for v in args.variants if not (args.no_compile and v in ("torch.compile", "thunderfn+fusion"))]
+    variants = [v for v in args.variants if not (args.no_compile and v in COMPILING)]
     torch.set_num_threads(args.threads)
     if args.one and args.first_step_only:
         print(json.dumps(first_step_only(args.one, variants[0], torch.device(args.device))))
@@ -419,7 +463,7 @@ def main(argv=None):
             continue
         rows.extend(done)
         for row in done:
-            if args.cold and row["variant"] in COMPILING and "first_s" in row:
+            if args.cold and row["variant"] in INDUCTOR and "first_s" in row:
                 with tempfile.TemporaryDirectory() as cache:
                     cold = _run_json([sys.executable, __file__, "--one", n, "--first-step-only", *common, "--variants",
                                       row["variant"]], env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache))

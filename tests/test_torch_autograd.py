@@ -131,6 +131,25 @@ def test_gradient_flows_into_a_non_leaf_input_and_backward_twice_with_retain_gra
     torch.testing.assert_close(a.grad, 2 * (6 * 3 * a.detach()))
 
 
+def test_an_input_the_backward_does_not_need_may_be_written_in_place_before_backward_as_in_eager():
+    """y[idx]'s backward needs only idx: eager lets y be written in place afterwards (an MoE loop adding each
+    expert's output into y[token_idx]); the jitted function's backward must not check y's version either."""
+    def step(index):
+        w = torch.randn(6, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        y = w * 2
+        out = index(y, torch.tensor([0, 2]))
+        y[torch.tensor([1])] = 5.0
+        (out.sum() * 3 + y.sum()).backward()
+        return w.grad
+
+    torch.testing.assert_close(step(tf.jit(lambda y, i: y[i])), step(lambda y, i: y[i]))
+    # and a second derivative through torch is still refused, not silently zero
+    x = torch.randn(6, 4, requires_grad=True)
+    (first,) = torch.autograd.grad(tf.jit(lambda y, i: y[i])(x * 1, torch.tensor([0, 2])).sum(), x, create_graph=True)
+    with pytest.raises(tf.UnsupportedOpError, match="create_graph=True"):
+        first.sum().backward()
+
+
 def test_torch_double_backward_is_refused_and_thunderfn_grad_of_grad_is_the_way():
     x = torch.randn(3, requires_grad=True)
     # create_graph=True gives the first derivative (torch.func always asks for it); differentiating it again refuses

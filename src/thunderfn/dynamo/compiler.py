@@ -80,6 +80,11 @@ class Backend:
     def reset(self) -> None:  # torch._dynamo.reset() calls it: the graphs it forgets leave the report too
         self.records.clear()
 
+    def __deepcopy__(self, memo):
+        # One backend, as a function is one: Lightning (imported by litgpt) wraps torch.compile to deep-copy its
+        # keyword arguments and replay them later, and the report's lock cannot be copied.
+        return self
+
 
 def _compiling_wrapper():
     """The torch.compile(...) call's backend wrapper calling this backend (torch's _TorchCompileWrapper):

@@ -29,6 +29,7 @@ import inspect
 import torch
 import torch.fx
 from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
@@ -73,6 +74,13 @@ class GraphInterpreter(torch.fx.Interpreter):
         except Exception as e:  # noqa: BLE001  (any failure makes the node unsupported; stand_in records why)
             return self.stand_in(n, e, self.env)
 
+    def fetch_args_kwargs_from_env(self, n):
+        # FX hands a node's list arguments over as its immutable_list (dicts as immutable_dict), which
+        # thunderfn's tracing reads as opaque objects, not containers: torch.cat([a real tensor, a
+        # traced one]) would not see the real one to lift it as a constant. User code passes plain lists.
+        args, kwargs = super().fetch_args_kwargs_from_env(n)
+        return _plain(args), _plain(kwargs)
+
     def call_function(self, target, args, kwargs):
         if isinstance(target, torch._ops.HigherOrderOperator):
             rule = HIGHER_ORDER_RULES.get(target.name())
@@ -85,6 +93,17 @@ class GraphInterpreter(torch.fx.Interpreter):
         elif target is _exit_autocast and self.autocasts and self.autocasts[-1] is args[0]:
             self.autocasts.pop()
         return out
+
+
+def _plain(value):
+    """value with FX's immutable lists and dicts (at any depth) as plain lists and dicts."""
+    if isinstance(value, immutable_list):
+        return [_plain(v) for v in value]
+    if isinstance(value, immutable_dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if type(value) is tuple:
+        return tuple(_plain(v) for v in value)
+    return value
 
 
 def run_graph(gm: torch.fx.GraphModule, args) -> object:

@@ -23,7 +23,12 @@ from thunderfn.torch.base import stand_in_front
 
 
 def _is_compiling(original) -> bool:
-    return context.current_trace() is not None or original()
+    # Dynamo answers True for torch.compiler.is_compiling by identity, from two tables it fills at different
+    # times: with torch._dynamo imported before thunderfn, one holds torch's function and one this stand-in,
+    # so Dynamo traces into this function and neither `original` nor the thread-local read folds to a constant
+    # (a graph break, after which Hugging Face's is_tracing() probes CUDA stream capture and fails on CPU).
+    # is_dynamo_compiling, which thunderfn leaves alone, Dynamo folds to True; outside Dynamo it is False.
+    return torch.compiler.is_dynamo_compiling() or original() or context.current_trace() is not None
 
 
 def _none_or_dtype(original, input):

@@ -237,7 +237,7 @@ def _fresh(tensors, inputs) -> list:
     return fresh
 
 
-def _keep_for_backward(ctx, compiled, inputs, outputs, new_residuals) -> None:
+def _keep_for_backward(ctx, compiled, inputs, outputs, new_residuals, *, anchor_saved: bool) -> None:
     """What both Functions below keep for the backward: the residuals (each an input, an output or a
     new tensor, per compiled.saved_from), and what the backward needs to know of the outputs."""
     ctx.compiled = compiled
@@ -245,11 +245,19 @@ def _keep_for_backward(ctx, compiled, inputs, outputs, new_residuals) -> None:
     source = (*inputs, *outputs, *new_residuals)
     saved = [source[i] for i in compiled.saved_from]
     # A backward taken with create_graph=True ties its gradients through _NoSecondDerivative to an input
-    # that requires grad: a saved input if there is one (most often a weight), else one saved for that
+    # that requires grad: a saved input if there is one (most often a weight), else one kept for that
     ctx.anchor_at = next((k for k in compiled.saved_inputs if saved[k].requires_grad), None)
+    ctx.anchor = None
     if ctx.anchor_at is None:
         tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
-        saved.append(next((t for t in tensors if t.requires_grad), tensors[0]))  # (torch.func passes unwrapped inputs)
+        anchor = next((t for t in tensors if t.requires_grad), tensors[0])  # (torch.func passes unwrapped inputs)
+        if anchor_saved:  # torch.func unwraps saved tensors to the level the backward runs at: saved it must be
+            saved.append(anchor)
+        else:
+            # Its value is never read, only its place in the graph: not saved, so an in-place write into it
+            # after this call (y[i] = v on a y this call only indexed), which eager allows since its backward
+            # does not need y, does not fail the backward's version check.
+            ctx.anchor = anchor
     ctx.save_for_backward(*saved)
     # torch would hand backward a tensor of zeros for every output without a gradient, the residuals
     # included (as big as the activations); backward makes zeros only where the compiled backward reads one
@@ -270,10 +278,14 @@ def _backward(ctx, *cotangents):
     # them: ctx lets go of them here (unless retain_graph=True), and the compiled backward empties the
     # list it is given, so its `del`s free each residual after its last use
     ctx.maybe_clear_saved_tensors()
-    if ctx.anchor_at is None:
-        anchor = residuals.pop()
-    else:
+    if ctx.anchor_at is not None:
         anchor = residuals[ctx.anchor_at]
+    elif ctx.anchor is not None:
+        anchor = ctx.anchor
+        if not torch._C._autograd._get_current_graph_task_keep_graph():
+            ctx.anchor = None  # let go of it as of the saved tensors (unless retain_graph=True)
+    else:
+        anchor = residuals.pop()
     backward, given = compiled.backward_for([c for c, d in zip(cotangents, compiled.differentiable) if d],
                                             [m for m, d in zip(ctx.output_meta, compiled.differentiable) if d])
     residuals += given
@@ -318,7 +330,7 @@ class ThunderFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         compiled = inputs[0]
         n = len(compiled.differentiable)
-        _keep_for_backward(ctx, compiled, inputs[1:], output[:n], output[n:])
+        _keep_for_backward(ctx, compiled, inputs[1:], output[:n], output[n:], anchor_saved=True)
         ctx.mark_non_differentiable(*(o for o, d in zip(output[:n], compiled.differentiable) if not d),
                                     *output[n:])
 
@@ -341,7 +353,8 @@ class _PlainThunderFunction(torch.autograd.Function):
     def forward(ctx, compiled, *inputs):
         outputs, residuals = compiled.forward(*inputs)
         outputs = _fresh(outputs, inputs)
-        _keep_for_backward(ctx, compiled, inputs, outputs, [residuals[k] for k in compiled.new_residuals])
+        _keep_for_backward(ctx, compiled, inputs, outputs, [residuals[k] for k in compiled.new_residuals],
+                           anchor_saved=False)
         ctx.mark_non_differentiable(*(o for o, d in zip(outputs, compiled.differentiable) if not d))
         return tuple(outputs)
 
