@@ -33,9 +33,6 @@ from thunderfn.dynamo.splitting import KnownOnlyAtRunTime, concrete, example_val
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 from thunderfn.jit import jit
 
-# A Dynamo graph that Dynamo runs with changing sizes (dynamic shapes) compiles once per size
-# here, so it gets more entries than tf.jit's default before it runs eagerly.
-DEFAULT_GRAPH_CACHE_SIZE_LIMIT = 64
 UNSUPPORTED_RUNNERS = ("eager", "inductor")
 _JIT_OPTIONS = frozenset(inspect.signature(inspect.unwrap(jit)).parameters) - {"fn", "distributed"}
 
@@ -72,7 +69,6 @@ class Backend:
                                     f"{type(gm).__name__}")
         settings = {**self.options, **_checked_options(dict(options or {}), "torch.compile(options=...)")}
         runner = settings.pop("unsupported", "eager")
-        settings.setdefault("cache_size_limit", DEFAULT_GRAPH_CACHE_SIZE_LIMIT)
         record = GraphRecord.of(gm, mode)
         self.records.add(_compiling_wrapper(), record)
         return compile_graph(gm, list(example_inputs), settings, runner, record)
