@@ -250,3 +250,12 @@ def test_a_graph_split_inside_no_grad_and_autocast_regions_keeps_eagers_modes_an
         compiled = assert_like_eager(f, (3, 3))  # (the gradient through x.sum(), after the no_grad region)
     assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
     assert [p.runner for p in tf.dynamo.explain(compiled).graphs[0].pieces] == ["thunderfn", "eager", "thunderfn"]
+
+
+def test_the_report_forgets_what_dynamo_forgets():
+    backend = tf.dynamo.backend()
+    compiled = torch.compile(lambda x: x.sin() + 1, backend=backend)
+    compiled(torch.randn(3))
+    assert len(tf.dynamo.explain(backend).graphs) == 1 == len(tf.dynamo.explain(compiled).graphs)
+    torch._dynamo.reset()  # Dynamo drops its compiled graphs; the report drops their records
+    assert tf.dynamo.explain(backend).graphs == [] == tf.dynamo.explain(compiled).graphs

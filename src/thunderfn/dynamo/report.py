@@ -10,6 +10,7 @@ The api layer.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import weakref
 
@@ -73,23 +74,27 @@ class GraphRecord:
 
 class Records:
     """A backend's graph records, kept apart by the torch.compile call that compiled them (its
-    wrapper object, held weakly by id: torch's wrapper defines __eq__, so it does not hash)."""
+    wrapper object, held weakly by id: torch's wrapper defines __eq__, so it does not hash). A
+    compiled object's records go when it goes: the backend "thunderfn" lives as long as the process,
+    and must not keep every graph it ever compiled alive."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._all: list[GraphRecord] = []
+        self._lock = threading.RLock()  # (a wrapper's weakref callback may run while add holds it)
+        self._order = itertools.count()
+        self._unattributed: list[tuple[int, GraphRecord]] = []  # compiled where no torch.compile wrapper called
         self._by_wrapper: dict[int, tuple[weakref.ref, list]] = {}
 
     def add(self, wrapper, record: GraphRecord) -> None:
         with self._lock:
-            self._all.append(record)
+            entry = (next(self._order), record)
             if wrapper is None:
+                self._unattributed.append(entry)
                 return
             held = self._by_wrapper.get(id(wrapper))
             if held is None or held[0]() is not wrapper:
                 key = id(wrapper)
                 held = self._by_wrapper[key] = (weakref.ref(wrapper, lambda _, key=key: self._forget(key)), [])
-            held[1].append(record)
+            held[1].append(entry)
 
     def _forget(self, key: int) -> None:
         with self._lock:
@@ -97,15 +102,18 @@ class Records:
 
     def clear(self) -> None:
         with self._lock:
-            self._all.clear()
+            self._unattributed.clear()
             self._by_wrapper.clear()
 
     def of(self, wrapper) -> list[GraphRecord]:
+        """The records of the torch.compile call with this wrapper; with None, all of them, in order."""
         with self._lock:
             if wrapper is None:
-                return list(self._all)
-            held = self._by_wrapper.get(id(wrapper))
-            return list(held[1]) if held is not None and held[0]() is wrapper else []
+                entries = [*self._unattributed, *(e for _, held in self._by_wrapper.values() for e in held)]
+            else:
+                held = self._by_wrapper.get(id(wrapper))
+                entries = held[1] if held is not None and held[0]() is wrapper else []
+            return [record for _, record in sorted(entries, key=lambda e: e[0])]
 
 
 @dataclasses.dataclass
