@@ -78,8 +78,9 @@ def _mismatch(eager, jitted) -> str | None:
     return None
 
 
-def run_entry(module_info, inputs: int):
-    """('pass'|'wrong'|'error'|'skip', detail)."""
+def run_entry(module_info, inputs: int, compile=tf.jit):
+    """('pass'|'wrong'|'error'|'skip', detail); `compile(module)` is what runs the module under test
+    (moduledb_dynamo_coverage.py gives torch.compile's)."""
     from torch.testing._internal.common_modules import ModuleInfo  # noqa: F401 (torch's test helpers)
 
     cases = []
@@ -111,7 +112,7 @@ def run_entry(module_info, inputs: int):
         return "skip", "no module inputs"
     for k, (training, module, args, kwargs, eager) in enumerate(cases):
         try:
-            got = _step(tf.jit(module), _detached(args), _detached(kwargs))
+            got = _step(compile(module), _detached(args), _detached(kwargs))
         except Timeout:
             raise
         except tf.ThunderFnError as e:
