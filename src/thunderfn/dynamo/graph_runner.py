@@ -28,6 +28,7 @@ import inspect
 
 import torch
 import torch.fx
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
@@ -59,6 +60,12 @@ class GraphInterpreter(torch.fx.Interpreter):
         except Exception as e:  # noqa: BLE001  (any failure makes the node unsupported; stand_in records why)
             return self.stand_in(n, e, self.env)
 
+    def fetch_args_kwargs_from_env(self, n):
+        # FX hands a node's list and dict arguments over as its immutable_list/immutable_dict, types a
+        # trace would keep as opaque constants (torch.cat([a, b]) would hold the list, not a and b)
+        args, kwargs = super().fetch_args_kwargs_from_env(n)
+        return _as_plain(args), _as_plain(kwargs)
+
     def call_function(self, target, args, kwargs):
         if isinstance(target, torch._ops.HigherOrderOperator):
             rule = HIGHER_ORDER_RULES.get(target.name())
@@ -66,6 +73,17 @@ class GraphInterpreter(torch.fx.Interpreter):
                 raise UnsupportedHigherOrderOp(target.name())
             return rule(*args, **kwargs)
         return target(*args, **kwargs)
+
+
+def _as_plain(value):
+    """value with FX's immutable lists and dicts (at any depth of lists, tuples and dicts) as plain ones."""
+    if type(value) in (list, immutable_list):
+        return [_as_plain(v) for v in value]
+    if type(value) is tuple:
+        return tuple(_as_plain(v) for v in value)
+    if type(value) in (dict, immutable_dict):
+        return {k: _as_plain(v) for k, v in value.items()}
+    return value
 
 
 def run_graph(gm: torch.fx.GraphModule, args) -> object:
