@@ -75,21 +75,22 @@ class ThunderfnBackend:
     With `reset_each=False`, Dynamo is reset only by `clear()` (once per entry): a later sample
     calls the code Dynamo compiled for an earlier one, whose guards fail on new sizes, and Dynamo
     recompiles it with those sizes dynamic (symbolic), as it does for a function called with new shapes.
+    `dynamic` is torch.compile's (True: every size symbolic from the first compile).
 
     `ran_elsewhere()` lists what the backend did not run with thunderfn since `clear()`: the nodes it
     split out and the graphs it could not compile (they ran eagerly), and says when Dynamo handed it
     no graph at all; a sample that matches eager only because nothing ran in thunderfn shows here."""
 
-    def __init__(self, reset_each: bool = True):
+    def __init__(self, reset_each: bool = True, dynamic: bool | None = None):
         self.backend = _RecordsKept()
-        self.reset_each = reset_each
+        self.reset_each, self.dynamic = reset_each, dynamic
         self.compiles = 0
 
     def compile(self, fn):
         if self.reset_each:
             torch._dynamo.reset()
         self.compiles += 1
-        return torch.compile(fn, backend=self.backend)
+        return torch.compile(fn, backend=self.backend, dynamic=self.dynamic)
 
     def clear(self) -> None:
         torch._dynamo.reset()

@@ -83,12 +83,13 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float32", help="the samples' dtype (torch.<dtype>)")
     parser.add_argument("--recompile", action="store_true",
                         help="reset Dynamo once per entry, not per sample: later samples recompile with dynamic sizes")
+    parser.add_argument("--dynamic", action="store_true", help="torch.compile(dynamic=True): every size symbolic")
     parser.add_argument("--timeout", type=int, default=120, help="seconds per entry (counts as an error)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     from torch.testing._internal.common_methods_invocations import op_db
 
-    backend = ThunderfnBackend(reset_each=not args.recompile)
+    backend = ThunderfnBackend(reset_each=not args.recompile, dynamic=args.dynamic or None)
     dtype = getattr(torch, args.dtype)
     entries = [(entry_name(o), o) for o in op_db if args.k in entry_name(o)]
     wrong = 0
