@@ -3,7 +3,7 @@ of op_db ops (float32 forward and gradients) and of module_db modules (training 
 outputs, gradients of inputs and parameters, buffers) matches eager, checked by the harnesses that
 benchmarks/opdb_dynamo_coverage.py and benchmarks/moduledb_dynamo_coverage.py run over the whole
 databases, and thunderfn runs every node Dynamo hands the backend (nothing split out to run eagerly,
-which would match eager without testing thunderfn)."""
+which would match eager without testing thunderfn); then the backend's fixes those runs led to."""
 import os
 import sys
 
@@ -82,4 +82,26 @@ def test_a_list_of_tensors_in_a_dynamo_graph_reaches_thunderfn_as_its_tensors():
     torch.testing.assert_close(grads, torch.autograd.grad(expected.sum(), [*xs, w]))
     explanation = tf.dynamo.explain(backend)
     assert explanation.splits == [] and len(explanation.thunderfn_functions) == 1
+    torch._dynamo.reset()
+
+
+def test_floats_dynamo_passes_as_tensors_are_read_in_one_eager_piece_before_thunderfns():
+    """Under dynamic shapes Dynamo passes a Python float as a 0-dim tensor read back with .item() where it is
+    used; thunderfn cannot read a value while tracing, so the reads run eagerly: all of them first, then one
+    thunderfn piece (split where they stood, they cut the graph into a piece per use)."""
+    backend = tf.dynamo.backend()
+    torch._dynamo.reset()
+
+    def f(x, a, b):
+        return (x * a).sin() * b + a
+
+    compiled = torch.compile(f, backend=backend, dynamic=True)
+    for a, b in [(0.5, 2.0), (1.5, -3.0)]:
+        x = torch.randn(4, 3, requires_grad=True)
+        out, expected = compiled(x, a, b), f(x, a, b)
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(torch.autograd.grad(out.sum(), x), torch.autograd.grad(expected.sum(), x))
+    (graph,) = tf.dynamo.explain(backend).graphs
+    assert [p.runner for p in graph.pieces] == ["eager", "thunderfn"]
+    assert {u.target for u in graph.splits} == {"Tensor.item"}
     torch._dynamo.reset()
