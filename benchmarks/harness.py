@@ -3,13 +3,19 @@ the outcome counts, and the list of failures.
 
 Each harness gives `run_all` its entries as (name, argument) pairs and a
 `run_entry(argument) -> (outcome, detail)` with outcome 'pass', 'wrong', 'error' or
-'skip'; an entry that runs past the limit counts as an error.
+'skip'; an entry that runs past the limit counts as an error. `ThunderfnBackend` is how the
+`*_dynamo_coverage.py` harnesses compile through torch.compile's thunderfn backend.
 """
 from __future__ import annotations
 
 import collections
 import signal
 import time
+
+import torch
+import torch._dynamo
+
+import thunderfn as tf
 
 
 class Timeout(BaseException):  # not Exception: no `except Exception` may swallow it
@@ -29,9 +35,9 @@ def entry_name(opinfo) -> str:
     return opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
 
 
-def run_all(entries, run_entry, *, verbose: bool, timeout: int = 0):
-    """(outcome counts, [(outcome, name, detail)] of wrong and error entries, [(seconds, name)] of
-    entries slower than 5 s)."""
+def run_all(entries, run_entry, *, verbose: bool, timeout: int = 0, keep_passes: bool = False):
+    """(outcome counts, [(outcome, name, detail)] of wrong and error entries (and of passes with a
+    detail, with keep_passes), [(seconds, name)] of entries slower than 5 s)."""
     use_alarm = hasattr(signal, "SIGALRM") and timeout > 0
     if use_alarm:
         signal.signal(signal.SIGALRM, _on_alarm)
@@ -51,7 +57,7 @@ def run_all(entries, run_entry, *, verbose: bool, timeout: int = 0):
         if elapsed > 5:
             slow.append((elapsed, name))
         results[outcome] += 1
-        if outcome in ("wrong", "error"):
+        if outcome in ("wrong", "error") or (keep_passes and outcome == "pass" and detail):
             failures.append((outcome, name, detail))
         if verbose:
             print(f"{outcome:6} {name:45} {elapsed:5.1f}s {detail}", flush=True)
@@ -61,3 +67,52 @@ def run_all(entries, run_entry, *, verbose: bool, timeout: int = 0):
 def print_failures(failures) -> None:
     for outcome, name, detail in sorted(failures):
         print(f"  {outcome:6} {name:40} {detail}")
+
+
+class ThunderfnBackend:
+    """`compile(fn)`: torch.compile(fn) through thunderfn's backend, Dynamo reset first, so each
+    sample compiles anew (no entry of an earlier sample is reused and no recompile limit is reached).
+    With `reset_each=False`, Dynamo is reset only by `clear()` (once per entry): a later sample
+    calls the code Dynamo compiled for an earlier one, whose guards fail on new sizes, and Dynamo
+    recompiles it with those sizes dynamic (symbolic), as it does for a function called with new shapes.
+    `dynamic` is torch.compile's (True: every size symbolic from the first compile).
+
+    `ran_elsewhere()` lists what the backend did not run with thunderfn since `clear()`: the nodes it
+    split out and the graphs it could not compile (they ran eagerly), and says when Dynamo handed it
+    no graph at all; a sample that matches eager only because nothing ran in thunderfn shows here."""
+
+    def __init__(self, reset_each: bool = True, dynamic: bool | None = None):
+        self.backend = _RecordsKept()
+        self.reset_each, self.dynamic = reset_each, dynamic
+        self.compiles = 0
+
+    def compile(self, fn):
+        if self.reset_each:
+            torch._dynamo.reset()
+        self.compiles += 1
+        return torch.compile(fn, backend=self.backend, dynamic=self.dynamic)
+
+    def clear(self) -> None:
+        torch._dynamo.reset()
+        self.backend.records.clear()
+        self.compiles = 0
+
+    def ran_elsewhere(self) -> list[str]:
+        graphs = self.backend.records.of(None)
+        notes = {}
+        for g in graphs:
+            for p in g.pieces:
+                for u in p.unsupported:
+                    notes.setdefault(f"split {u.target}: {u.reason.splitlines()[0][:120]}", None)
+                if p.error:
+                    notes.setdefault(f"graph ran eagerly: {p.error.splitlines()[0][:120]}", None)
+        if self.compiles and not graphs:
+            notes["Dynamo handed the backend no graph"] = None
+        return list(notes)
+
+
+class _RecordsKept(tf.dynamo.Backend):
+    # torch._dynamo.reset() calls a backend's reset(), which forgets its graph records; the harness
+    # resets Dynamo before each sample and reads the records of all of an entry's samples after them.
+    def reset(self) -> None:
+        pass

@@ -78,14 +78,15 @@ def _mismatch(eager, jitted) -> str | None:
     return None
 
 
-def run_entry(module_info, inputs: int):
-    """('pass'|'wrong'|'error'|'skip', detail)."""
+def run_entry(module_info, inputs: int, compile=tf.jit, dtype=torch.float64):
+    """('pass'|'wrong'|'error'|'skip', detail); `compile(module)` is what runs the module under test
+    (moduledb_dynamo_coverage.py gives torch.compile's)."""
     from torch.testing._internal.common_modules import ModuleInfo  # noqa: F401 (torch's test helpers)
 
     cases = []
     for training in (True, False):
         try:
-            module_inputs = module_info.module_inputs_func(module_info, device="cpu", dtype=torch.float64,
+            module_inputs = module_info.module_inputs_func(module_info, device="cpu", dtype=dtype,
                                                            requires_grad=True, training=training)[:inputs]
         except Exception as e:
             return "skip", f"module_inputs_func raised {type(e).__name__}"
@@ -95,7 +96,7 @@ def run_entry(module_info, inputs: int):
             c_args, c_kwargs = mi.constructor_input.args, mi.constructor_input.kwargs
             try:
                 torch.manual_seed(1)
-                module = module_info.module_cls(*c_args, **c_kwargs).to(torch.float64).train(training)
+                module = module_info.module_cls(*c_args, **c_kwargs).to(dtype).train(training)
                 args, kwargs = mi.forward_input.args, mi.forward_input.kwargs
                 twin = copy.deepcopy(module)
                 eager = _step(module, _detached(args), _detached(kwargs))
@@ -105,13 +106,13 @@ def run_entry(module_info, inputs: int):
             if _mismatch(eager, again) is not None:
                 return "skip", "eager is nondeterministic"
             torch.manual_seed(1)
-            fresh = module_info.module_cls(*c_args, **c_kwargs).to(torch.float64).train(training)
+            fresh = module_info.module_cls(*c_args, **c_kwargs).to(dtype).train(training)
             cases.append((training, fresh, args, kwargs, eager))
     if not cases:
         return "skip", "no module inputs"
     for k, (training, module, args, kwargs, eager) in enumerate(cases):
         try:
-            got = _step(tf.jit(module), _detached(args), _detached(kwargs))
+            got = _step(compile(module), _detached(args), _detached(kwargs))
         except Timeout:
             raise
         except tf.ThunderFnError as e:

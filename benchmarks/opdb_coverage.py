@@ -37,12 +37,17 @@ def _clone(x):
     return x
 
 
-def _same(a, b) -> bool:
+def _mismatch(a, b) -> str | None:
+    """None when a matches b, else the first words of how they differ."""
     try:
         torch.testing.assert_close(a, b, equal_nan=True, check_device=True)
-        return True
-    except (AssertionError, TypeError, ValueError, RuntimeError):
-        return False
+        return None
+    except (AssertionError, TypeError, ValueError, RuntimeError) as e:
+        return " ".join(str(e).split())[:200]
+
+
+def _same(a, b) -> bool:
+    return _mismatch(a, b) is None
 
 
 # Factories of uninitialized memory: any contents are correct, so values cannot be compared.
@@ -59,16 +64,17 @@ def first_samples(opinfo, dtype, count: int, *, requires_grad: bool) -> list:
     return chosen
 
 
-def run_entry(opinfo, samples: int):
-    """('pass'|'wrong'|'error'|'skip', detail)."""
+def run_entry(opinfo, samples: int, compile=tf.jit, dtype=torch.float32):
+    """('pass'|'wrong'|'error'|'skip', detail); `compile(fn)` is what runs the op under test
+    (opdb_dynamo_coverage.py gives torch.compile's)."""
     if opinfo.name in UNSPECIFIED_CONTENTS:
         return "skip", "contents unspecified (uninitialized memory)"
     try:
-        sample_list = first_samples(opinfo, torch.float32, samples, requires_grad=False)
+        sample_list = first_samples(opinfo, dtype, samples, requires_grad=False)
     except Exception as e:
         return "skip", f"sample_inputs raised {type(e).__name__}"
     if not sample_list:
-        return "skip", "no float32 samples"
+        return "skip", f"no {str(dtype).removeprefix('torch.')} samples"
     op = opinfo.op
     for s in sample_list:
         args = (s.input, *s.args)
@@ -82,15 +88,16 @@ def run_entry(opinfo, samples: int):
         if not _same(expected, again):
             return "skip", "eager is nondeterministic"
         try:
-            jitted = tf.jit(lambda *a, **k: op(*a, **k))
+            jitted = compile(lambda *a, **k: op(*a, **k))
             torch.manual_seed(0)
             got = jitted(*_clone(args), **_clone(s.kwargs))
         except tf.ThunderFnError as e:
             return "error", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         except Exception as e:
             return "error", f"CRASH {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-        if not _same(got, expected):
-            return "wrong", f"sample {s}"[:200]
+        mismatch = _mismatch(got, expected)
+        if mismatch is not None:
+            return "wrong", f"{mismatch}; sample {s}"[:300]
     return "pass", ""
 
 

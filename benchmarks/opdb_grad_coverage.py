@@ -94,12 +94,19 @@ def _same(a, b, rtol, atol) -> str | None:
         return " ".join(str(e).split())[:200]
 
 
-def run_entry(opinfo, samples: int, rtol, atol):
-    """('pass'|'wrong'|'error'|'skip', detail)."""
-    if torch.float64 not in opinfo.dtypes:
-        return "skip", "no float64"
+def _tf_grad(fn, leaves) -> tuple:
+    g = tf.grad(fn, argnums=tuple(range(len(leaves))))
+    torch.manual_seed(0)
+    return tuple(g(*[x.detach().clone() for x in leaves]))
+
+
+def run_entry(opinfo, samples: int, rtol, atol, *, dtype=torch.float64, differentiate=_tf_grad):
+    """('pass'|'wrong'|'error'|'skip', detail); `differentiate(fn, leaves)` gives the gradients under
+    test (opdb_dynamo_coverage.py gives torch.autograd's through torch.compile)."""
+    if dtype not in opinfo.dtypes:
+        return "skip", f"no {str(dtype).removeprefix('torch.')}"
     try:
-        sample_list = first_samples(opinfo, torch.float64, samples, requires_grad=True)
+        sample_list = first_samples(opinfo, dtype, samples, requires_grad=True)
     except Exception as e:
         return "skip", f"sample_inputs raised {type(e).__name__}"
     op = opinfo.op
@@ -122,16 +129,13 @@ def run_entry(opinfo, samples: int, rtol, atol):
         return "skip", "no floating leaves or no floating output"
     for k, (s, fn, leaves, expected) in enumerate(cases):
         try:
-            g = tf.grad(fn, argnums=tuple(range(len(leaves))))
-            torch.manual_seed(0)
-            got = g(*[x.detach().clone() for x in leaves])
+            got = differentiate(fn, leaves)
         except Timeout:
             raise
         except tf.ThunderFnError as e:
             return "error", f"{type(e).__name__}: {first_line(e)}"
         except Exception as e:
             return "error", f"CRASH {type(e).__name__}: {first_line(e)}"
-        got = tuple(got)
         if len(got) != len(expected):
             return "wrong", f"sample {k}: {len(got)} gradients for {len(expected)} leaves"
         for j, (g, e) in enumerate(zip(got, expected)):

@@ -121,6 +121,8 @@ METADATA = {
     "torch.numel(p)": lambda p: torch.numel(p),
     "torch.is_floating_point(p)": lambda p: torch.is_floating_point(p),
     "torch.is_complex(p)": lambda p: torch.is_complex(p),
+    "torch.is_signed(p)": lambda p: torch.is_signed(p),
+    "is_signed()": lambda p: p.is_signed(),
     "torch.result_type(p, 1.0)": lambda p: torch.result_type(p, 1.0),
     "p.is_same_size(real)": lambda p: p.is_same_size(X),
     "get_device()": lambda p: p.get_device(),

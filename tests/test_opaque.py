@@ -38,6 +38,19 @@ def test_opaque_op_is_shown_under_its_torch_name():
     assert "t0 = torch.histc(x, bins=4)" in computation and "t0 = torch.histc(x, bins=4)" in execution
 
 
+def test_aten_operators_run_as_opaque_ops_are_named_by_operator_and_overload():
+    """torch.ops.aten overloads (as a torch.compile graph may hold them) have no identifier of their own: each
+    is named after its operator and overload, so two in one trace do not both print as torch_op and clash."""
+    fn = lambda x: torch.ops.aten.sum.dim_IntList(x, [1], True) + torch.ops.aten.view.default(x, [-1]).sum()  # noqa: E731
+    x = torch.randn(3, 4, requires_grad=True)
+    jf = tf.jit(fn)
+    out = jf(x)
+    torch.testing.assert_close(out, fn(x))
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), x), torch.autograd.grad(fn(x).sum(), x))
+    execution = str(tf.last_traces(jf)[-1])
+    assert "aten_sum_dim_IntList(" in execution and "aten_view_default(" in execution
+
+
 def test_opaque_op_output_metadata_comes_from_meta_kernels():
     trc = tf.trace(lambda x: torch.sort(x.to(torch.float64), 0), torch.randn(3, 2))
     values, indices = trc.bound_symbols[-1].output

@@ -282,6 +282,32 @@ def test_batch_norm_gradients_and_running_statistics_are_eagers_bit_for_bit(name
     assert tf.cache_info(jitted)["misses"] == 1
 
 
+@pytest.mark.parametrize("name", ["1d-length", "2d", "2d-not-affine", "2d-no-running-stats", "2d-cumulative-average",
+                                  "2d-eval"])
+def test_batch_norm_of_an_empty_batch_is_eagers(name):
+    """aten's batch_norm of an input with no elements computes no statistics (the running ones stay as they are,
+    where native_batch_norm raises) and gives input * weight[0] + bias[0]: zero gradients, not None."""
+    make, shape = BATCH_NORMS[name]
+    torch.manual_seed(0)
+    eager = make()
+    with torch.no_grad():
+        for t in eager.buffers():
+            if t.is_floating_point():
+                t.copy_(torch.rand_like(t) + 0.5)
+    jitted = tf.jit(copy.deepcopy(eager))
+    x = torch.randn(0, *shape[1:])
+    (xe, xj) = (x.clone().requires_grad_(), x.clone().requires_grad_())
+    out_e, out_j = eager(xe), jitted(xj)
+    out_e.sum().backward()
+    out_j.sum().backward()
+    assert out_j.shape == out_e.shape and out_j.requires_grad == out_e.requires_grad
+    assert xj.grad.shape == xe.grad.shape
+    for p, q in zip(jitted.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
+    for a, b in zip(jitted.buffers(), eager.buffers()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("track_running_stats", [True, False], ids=["running-stats", "no-running-stats"])
 def test_a_batch_norm_training_step_runs_eagers_two_kernels_and_nothing_else(track_running_stats):
     """Forward native_batch_norm (which updates the running statistics itself), backward

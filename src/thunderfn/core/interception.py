@@ -101,6 +101,8 @@ handlers.update({
     torch.numel: lambda a: a.numel(),
     torch.is_floating_point: lambda a: a.is_floating_point(),
     torch.is_complex: lambda a: a.is_complex(),
+    torch.is_signed: lambda a: a.dtype.is_signed,
+    torch.Tensor.is_signed: lambda a: a.dtype.is_signed,
     torch.Tensor.is_same_size: lambda a, b: a.shape == b.shape,
     torch.result_type: lambda a, b: dtypes.result_type(a, b),
 })

@@ -75,11 +75,11 @@ class GraphInterpreter(torch.fx.Interpreter):
             return self.stand_in(n, e, self.env)
 
     def fetch_args_kwargs_from_env(self, n):
-        # FX hands a node's list arguments over as its immutable_list (dicts as immutable_dict), which
-        # thunderfn's tracing reads as opaque objects, not containers: torch.cat([a real tensor, a
-        # traced one]) would not see the real one to lift it as a constant. User code passes plain lists.
+        # FX hands a node's list and dict arguments over as its immutable_list/immutable_dict, types a
+        # trace would keep as opaque constants (torch.cat([a, b]) would hold the list, not a and b;
+        # torch.cat([a real tensor, a traced one]) would not lift the real one as a constant)
         args, kwargs = super().fetch_args_kwargs_from_env(n)
-        return _plain(args), _plain(kwargs)
+        return _as_plain(args), _as_plain(kwargs)
 
     def call_function(self, target, args, kwargs):
         if isinstance(target, torch._ops.HigherOrderOperator):
@@ -95,14 +95,14 @@ class GraphInterpreter(torch.fx.Interpreter):
         return out
 
 
-def _plain(value):
-    """value with FX's immutable lists and dicts (at any depth) as plain lists and dicts."""
-    if isinstance(value, immutable_list):
-        return [_plain(v) for v in value]
-    if isinstance(value, immutable_dict):
-        return {k: _plain(v) for k, v in value.items()}
+def _as_plain(value):
+    """value with FX's immutable lists and dicts (at any depth of lists, tuples and dicts) as plain ones."""
+    if type(value) in (list, immutable_list):
+        return [_as_plain(v) for v in value]
     if type(value) is tuple:
-        return tuple(_plain(v) for v in value)
+        return tuple(_as_plain(v) for v in value)
+    if type(value) in (dict, immutable_dict):
+        return {k: _as_plain(v) for k, v in value.items()}
     return value
 
 

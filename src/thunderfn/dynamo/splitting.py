@@ -121,10 +121,28 @@ def unsupported_nodes(gm: torch.fx.GraphModule, example_inputs) -> list[Unsuppor
     return found
 
 
+def _hoist_input_items(gm: torch.fx.GraphModule, unsupported: set[str]) -> None:
+    """Move each `.item()` of a graph input that thunderfn does not take to the graph's start. Dynamo
+    passes a Python float it made dynamic (one that changed between calls, or any under dynamic=True)
+    as a 0-dim tensor and reads it back with .item() where it is used; split out where they stand,
+    those reads cut the graph at every use, and one eager piece before the rest does the same work."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    anchor = placeholders[-1] if placeholders else None
+    moved = False
+    for node in list(gm.graph.nodes):
+        if (anchor is not None and node.name in unsupported and node.op == "call_method" and node.target == "item"
+                and all(arg.op == "placeholder" for arg in node.all_input_nodes)):
+            anchor.append(node)  # (moves it: only graph inputs come before it, and .item() reads only them)
+            anchor, moved = node, True
+    if moved:
+        gm.recompile()
+
+
 def split_around(gm: torch.fx.GraphModule, unsupported: set[str]) -> tuple[torch.fx.GraphModule, list[bool]]:
     """gm cut into pieces (submodules submod_0, submod_1, ... called in order), each either all
     nodes thunderfn takes or all nodes it does not; the list says, per piece, whether thunderfn
     takes it."""
+    _hoist_input_items(gm, unsupported)
     piece_of: dict[str, int] = {}
     takes: list[bool] = []
     for node in gm.graph.nodes:

@@ -23,6 +23,17 @@ prim_impls = prims.torch_impls
 _number_impls = prims.number_impls
 
 
+def _operator_name(fn) -> str | None:
+    """aten_sum_dim_IntList for torch.ops.aten.sum.dim_IntList (aten_mul for the packet torch.ops.aten.mul): a
+    name per operator and overload, where their own (sum.dim_IntList) is no identifier and each would print as
+    torch_op, two of them clashing in one trace."""
+    if isinstance(fn, torch._ops.OpOverload):
+        return f"{fn.namespace}_{fn._opname}_{fn._overloadname}"
+    if isinstance(fn, torch._ops.OpOverloadPacket):
+        return fn._qualified_op_name.replace("::", "_")
+    return None
+
+
 def _operator_for(fn, name: str | None = None) -> Symbol:
     """The executor operator that calls fn. A torch function prints under its torch
     name when that name resolves to it; anything else is bound under its own name."""
@@ -31,7 +42,7 @@ def _operator_for(fn, name: str | None = None) -> Symbol:
     resolved = resolve_torch_name(printed)
     # torch.get_rng_state & co. are thunderfn's pass-through wrappers outside tracing (torch/random.py)
     if resolved is not fn and getattr(resolved, "__thunderfn_original__", None) is not fn:
-        printed = name or getattr(fn, "__name__", "torch_op")
+        printed = name or _operator_name(fn) or getattr(fn, "__name__", "torch_op")
         if not printed.isidentifier() or printed in ("torch",):
             printed = "torch_op"
         namespace = {printed: fn}

@@ -179,6 +179,8 @@ def index_select(a, dim, index):
 
 @torchsymbol(torch.gather, T.gather)
 def gather(a, dim, index, *, sparse_grad=False):
+    if index.numel() == 0:  # torch checks the index's dtype only when it has elements
+        index = maybe_convert_to_dtype(index, torch.int64)
     return prims.take_along_axis(a, index, dim)
 
 

@@ -21,12 +21,14 @@ from thunderfn.torch.aten_backward import (native_batch_norm, native_batch_norm_
                                            native_layer_norm, nll_loss_forward, normalize_channels,
                                            updated_running_stats)
 from thunderfn.torch.opaque import opaque_symbol
-from thunderfn.torch.elementwise import logsigmoid, mul, neg, rsub, sub
+from thunderfn.torch.elementwise import add, logsigmoid, mul, neg, rsub, sub
+from thunderfn.torch.indexing import getitem
 from thunderfn.torch.inplace import rebind
 from thunderfn.torch.reductions import log_softmax, softmax
 from thunderfn.torch.reductions import all as reduction_all
 from thunderfn.torch.reductions import mean as reduction_mean
 from thunderfn.torch.reductions import sum as reduction_sum
+from thunderfn.torch.shape import clone
 from thunderfn.torch import sdp_state
 
 T = torch.Tensor
@@ -218,9 +220,20 @@ def _batch_norm_with_update(input, weight, bias, running_mean, running_var, mome
     return out, save_mean, save_invstd
 
 
+def _empty_batch_norm(input, weight, bias):
+    """aten's batch_norm of an input with no elements: no statistics (the running ones stay as they are) and
+    input.clone() * weight[0] + bias[0], an empty output still wired to weight and bias (zero gradients, not None)."""
+    out = clone(input)
+    if weight is not None:
+        out = mul(out, getitem(weight, 0))
+    return out if bias is None else add(out, getitem(bias, 0))
+
+
 def _batch_norm_entry(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     """F.batch_norm while tracing: in training mode with running statistics, torch's in-place
     update of them, functionalized."""
+    if input.numel() == 0:  # (F.batch_norm's own check passes: there is no value at all; aten checks nothing)
+        return _empty_batch_norm(input, weight, bias)
     if not (training and (running_mean is not None or running_var is not None)):
         return batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
     _check_batch_norm(input, running_mean, running_var, weight, bias, training)

@@ -167,7 +167,7 @@ def expand_as(a, other):
 
 @torchsymbol(torch.broadcast_to, T.broadcast_to)
 def broadcast_to(a, size):
-    return expand(a, *size)
+    return expand(a, tuple(size))  # (one argument, so size () is a 0-dim target, not a missing size)
 
 
 def _check_tensor_list(tensors, name):

@@ -128,6 +128,7 @@ def gather_samples(device, dtype):
     yield SampleInput((mk(3, 4, 5), -1, randidx((3, 4, 7), 5, low=0, dtype=torch.int32)))
     yield SampleInput((mk(3, 4, noncontiguous=True), 0, randidx((5, 4), 3, low=0)))
     yield SampleInput((mk(3, 4, 5), 1, torch.zeros(3, 0, 5, dtype=torch.int64)))
+    yield SampleInput((mk(5), 0, torch.zeros(0, dtype=torch.uint8)))  # an empty index's dtype is not checked
     yield SampleInput((mk(), 0, torch.tensor(0)))
     yield SampleInput((mk(), 0, idx(0, 0)))  # torch reads a 0-dim input as 1-dim
     yield SampleInput((mk(3, 4), 1, randidx((3, 2), 4, low=0)), {"sparse_grad": False})

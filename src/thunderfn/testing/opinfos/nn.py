@@ -465,6 +465,8 @@ def batch_norm_samples(device, dtype):
     yield SampleInput((mk(6, 3), None, None, w, b, True), name="batch statistics, 2-D, affine")
     yield SampleInput((mk(2, 3, 2, 2), None, None, w, None, True, 0.1, 0.01), name="batch statistics, 4-D")
     yield SampleInput((mk(0, 3, 2), None, None), {"training": True}, "batch statistics, empty batch")
+    yield SampleInput((mk(0), None, None), {"training": True}, "batch statistics, empty 1-D input")  # aten checks nothing
+    yield SampleInput((mk(0), mk(0), mk(0)), name="eval, empty 1-D input")
     yield SampleInput((mk(4, 2, 3).transpose(1, 2), None, None, w, b, True), name="batch statistics, transposed")
     if dtype in HALF:  # float32 statistics and parameters with a half-precision input
         f32_mean, f32_var = _stats(3, torch.float32)

@@ -291,6 +291,7 @@ def broadcast_to_samples(device, dtype):
     yield SampleInput((mk(3, 1), [-1, 5]))
     yield SampleInput((mk(), (2,)))
     yield SampleInput((mk(1, 0), (3, 0)))
+    yield SampleInput((mk(), ()))
 
 
 def broadcast_to_errors(device):
