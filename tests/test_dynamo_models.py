@@ -98,12 +98,13 @@ def test_a_mixture_of_experts_trains_through_the_backend_as_eager_with_a_graph_b
     assert explanation.splits == [] and explanation.thunderfn_functions, str(explanation)
 
 
-def test_a_mixture_of_experts_captured_whole_is_split_around_its_router_and_trains_as_eager(monkeypatch):
+def test_a_mixture_of_experts_captured_whole_is_split_around_its_router_and_trains_as_eager():
     """With capture_dynamic_output_shape_ops Dynamo keeps torch.where(mask) in the graph: thunderfn splits the
     graph around it and what uses its data-dependent sizes, which run eagerly; between those pieces each
     expert's output is added into y[token_idx] in place, after a thunderfn piece indexed y."""
-    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
-    explanation = tf.dynamo.explain(_trains_as_eager("litgpt-llama-moe"))
+    # (config.patch, not monkeypatch: undoing a setattr on Dynamo's config module deletes the option)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        explanation = tf.dynamo.explain(_trains_as_eager("litgpt-llama-moe"))
     assert explanation.graph_breaks == [], str(explanation)
     refused = [u for u in explanation.splits if "UnsupportedOpError" in u.reason]
     assert refused and all(u.target == "torch._VariableFunctionsClass.where" for u in refused), str(explanation)
