@@ -19,10 +19,10 @@ from torch.testing._internal.common_modules import module_db  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import moduledb_coverage  # noqa: E402  (a script directory, not a package)
-from harness import ThunderfnBackend  # noqa: E402
+from harness import ThunderfnBackend, entry_name  # noqa: E402
 from opdb_dynamo_coverage import forward_entry, grad_entry  # noqa: E402
 
-OPS = {o.name + (f".{o.variant_test_name}" if o.variant_test_name else ""): o for o in op_db}
+OPS = {entry_name(o): o for o in op_db}
 MODULES = {m.name: m for m in module_db}
 
 # Elementwise, reductions, views, indexing, matmuls, normalization, losses, convolution, and the ops that

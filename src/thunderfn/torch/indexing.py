@@ -198,7 +198,8 @@ def take_along_dim(a, indices, dim=None):
     others = clang.broadcast_shapes(*(tuple(1 if i == d else s for i, s in enumerate(t.shape)) for t in (a, indices)))
     a_shape, i_shape = list(others), list(others)
     a_shape[d], i_shape[d] = a.shape[d], indices.shape[d]
-    return prims.take_along_axis(clang.expand_to(a, a_shape), clang.expand_to(indices, i_shape), d)
+    # along a dim torch counts a negative index from the end (gather does not, nor the backward's scatter_add)
+    return prims.take_along_axis(clang.expand_to(a, a_shape), _count_from_end(clang.expand_to(indices, i_shape), a.shape[d]), d)
 
 
 # -- functional writes: scatter, index_*, masked_fill, index_put, take, put -----------------

@@ -266,10 +266,12 @@ for _torch_fn, _symbol in ((torch.softmax, softmax), (T.softmax, softmax), (torc
 def logsumexp(a, dim, keepdim=False):
     dims = reduction_dims(a, dim)
     x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype) if dtypes.is_inexact(a.dtype) else torch.get_default_dtype())
-    if not dims or x.numel() == 0:
+    if x.numel() == 0:
         out = clang.log(prims.sum(clang.exp(x), dims))
     else:
-        m = prims.amax(x, dims)
+        # less the maximum (of a 0-dim tensor, itself), or exp overflows: logsumexp(1000.0) is 1000, and its
+        # gradient 1, not inf / inf
+        m = prims.amax(x, dims) if dims else x
         m = clang.where(clang.isfinite(m), m, 0.0)
         out = clang.add(clang.log(prims.sum(clang.exp(clang.sub(x, keepdim_reshape(m, x, dims))), dims)), m)
     return _finish(out, a, dims, keepdim, a.dtype if dtypes.is_inexact(a.dtype) else torch.get_default_dtype())

@@ -149,6 +149,7 @@ def take_along_dim_samples(device, dtype):
     yield SampleInput((mk(3, 4, 5), randidx((7,), 60, low=0)))
     yield SampleInput((mk(3, 4, 5), randidx((2, 3), 60, low=0)))
     yield SampleInput((mk(3, 4, 5), randidx((3, 2, 5), 4, low=0), 1))
+    yield SampleInput((mk(3, 4, 5), randidx((3, 2, 5), 4, low=-4), 1))  # along a dim, negative indices count from the end
     yield SampleInput((mk(3, 4, 5), randidx((1, 6, 1), 4, low=0), 1))  # index broadcasts over the other dims
     yield SampleInput((mk(1, 4, 1), randidx((3, 2, 5), 4, low=0), 1))  # input broadcasts over the other dims
     yield SampleInput((mk(3, 4, 5, noncontiguous=True), randidx((3, 4, 2), 5, low=0), -1))

@@ -218,6 +218,7 @@ def _logsumexp_samples(device, dtype):
     yield SampleInput((make((3, 4), noncontiguous=True), 0), name="noncontiguous")
     if dtype.is_floating_point:
         yield SampleInput((make((3, 4), low=-1000, high=1000), 1), name="large values")
+        yield SampleInput((torch.tensor(1000.0, device=device, dtype=dtype), 0), name="0-dim, large: exp overflows")
         special = torch.tensor([[1.0, NAN, 2.0], [INF, -1.0, 3.0], [-INF, -INF, -INF], [-INF, 0.0, 1.0]],
                                device=device, dtype=dtype)
         yield SampleInput((special, 1), name="NaN, inf and all -inf rows")
