@@ -130,8 +130,11 @@ def _hoist_input_items(gm: torch.fx.GraphModule, unsupported: set[str]) -> None:
     anchor = placeholders[-1] if placeholders else None
     moved = False
     for node in list(gm.graph.nodes):
+        # (only an input nothing else uses, as Dynamo's float inputs: an input written in place before
+        # its .item() would be read too early)
         if (anchor is not None and node.name in unsupported and node.op == "call_method" and node.target == "item"
-                and all(arg.op == "placeholder" for arg in node.all_input_nodes)):
+                and all(arg.op == "placeholder" and all(u.op == "call_method" and u.target == "item" for u in arg.users)
+                        for arg in node.all_input_nodes)):
             anchor.append(node)  # (moves it: only graph inputs come before it, and .item() reads only them)
             anchor, moved = node, True
     if moved:
