@@ -15,33 +15,24 @@ Needs `pip install expecttest` (torch's test helpers import it).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-import warnings
 
 import torch
 
 import moduledb_coverage
-from harness import ThunderfnBackend, run_all  # (run from benchmarks/ or the root)
-from opdb_dynamo_coverage import checked_by, report
+from harness import run_all  # (run from benchmarks/ or the root)
+from opdb_dynamo_coverage import backend_arguments, backend_for, checked_by, report
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true")
-    parser.add_argument("-k", default="", help="only entries whose name contains this")
+    parser = backend_arguments(__doc__.splitlines()[0])
     parser.add_argument("--inputs", type=int, default=3, help="module inputs per mode")
     parser.add_argument("--dtype", default="float64", help="the modules' and inputs' dtype (torch.<dtype>)")
-    parser.add_argument("--recompile", action="store_true",
-                        help="reset Dynamo once per entry, not per sample: later samples recompile with dynamic sizes")
-    parser.add_argument("--dynamic", action="store_true", help="torch.compile(dynamic=True): every size symbolic")
-    parser.add_argument("--timeout", type=int, default=120, help="seconds per entry (counts as an error)")
     args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore")
+    backend = backend_for(args)
     from torch.testing._internal.common_modules import module_db
 
-    backend = ThunderfnBackend(reset_each=not args.recompile, dynamic=args.dynamic or None)
     start = time.perf_counter()
     entries = [(m.name, m) for m in module_db if args.k in m.name]
     run = checked_by(backend, lambda m: moduledb_coverage.run_entry(

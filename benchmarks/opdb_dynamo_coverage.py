@@ -74,22 +74,32 @@ def report(title: str, results, failures, seconds: float) -> None:
     print_failures([f for f in failures if f[0] != "pass"])
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def backend_arguments(description: str) -> argparse.ArgumentParser:
+    """The options both database checks through the backend take (this one and moduledb_dynamo_coverage.py)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("-k", default="", help="only entries whose name contains this")
-    parser.add_argument("--samples", type=int, default=3)
-    parser.add_argument("--only", choices=("forward", "grad"), default=None)
-    parser.add_argument("--dtype", default="float32", help="the samples' dtype (torch.<dtype>)")
     parser.add_argument("--recompile", action="store_true",
                         help="reset Dynamo once per entry, not per sample: later samples recompile with dynamic sizes")
     parser.add_argument("--dynamic", action="store_true", help="torch.compile(dynamic=True): every size symbolic")
     parser.add_argument("--timeout", type=int, default=120, help="seconds per entry (counts as an error)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def backend_for(args) -> ThunderfnBackend:
     warnings.filterwarnings("ignore")
+    return ThunderfnBackend(reset_each=not args.recompile, dynamic=args.dynamic or None)
+
+
+def main(argv=None) -> int:
+    parser = backend_arguments(__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--only", choices=("forward", "grad"), default=None)
+    parser.add_argument("--dtype", default="float32", help="the samples' dtype (torch.<dtype>)")
+    args = parser.parse_args(argv)
+    backend = backend_for(args)
     from torch.testing._internal.common_methods_invocations import op_db
 
-    backend = ThunderfnBackend(reset_each=not args.recompile, dynamic=args.dynamic or None)
     dtype = getattr(torch, args.dtype)
     entries = [(entry_name(o), o) for o in op_db if args.k in entry_name(o)]
     wrong = 0

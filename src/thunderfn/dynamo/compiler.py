@@ -129,19 +129,15 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, settings: dict
             unsupported = []
             whole_error = check_error
         if not unsupported:
-            record.pieces.append(Piece(runner, gm, _count_nodes(gm), error=f"{type(whole_error).__name__}: {whole_error}"))
+            record.pieces.append(Piece(runner, gm, error=f"{type(whole_error).__name__}: {whole_error}"))
             warnings.warn(f"thunderfn's torch.compile backend runs the graph ending at {record.where} "
                           f"{'eagerly' if runner == 'eager' else 'through Inductor'}: thunderfn could not compile it "
                           f"({type(whole_error).__name__}: {whole_error}). tf.dynamo.explain(compiled) lists it.",
                           stacklevel=2)
             return _run_elsewhere(gm, example_inputs, runner)
         return _compile_split(gm, example_inputs, settings, runner, record, unsupported)
-    record.pieces.append(Piece("thunderfn", gm, _count_nodes(gm), fn=jitted))
+    record.pieces.append(Piece("thunderfn", gm, fn=jitted))
     return call
-
-
-def _count_nodes(gm) -> int:
-    return sum(1 for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr"))
 
 
 def _compile_split(gm, example_inputs, settings, runner, record, unsupported):
@@ -169,19 +165,18 @@ def _compile_split(gm, example_inputs, settings, runner, record, unsupported):
                         for p in piece_gm.graph.nodes if p.op == "placeholder"]
         except KnownOnlyAtRunTime:  # a data-dependent size: compiled at the first call
             examples = None
-        n_nodes = _count_nodes(piece_gm)
         if ours:
             try:
                 with torch.set_grad_enabled(grad_mode):
                     jitted, fn = _compile_piece(piece_gm, examples, settings)
-                record.pieces.append(Piece("thunderfn", piece_gm, n_nodes, fn=jitted))
+                record.pieces.append(Piece("thunderfn", piece_gm, fn=jitted))
             except Exception as e:  # noqa: BLE001
                 fn = _run_elsewhere(piece_gm, examples, runner)
-                record.pieces.append(Piece(runner, piece_gm, n_nodes, error=f"{type(e).__name__}: {e}"))
+                record.pieces.append(Piece(runner, piece_gm, error=f"{type(e).__name__}: {e}"))
         else:
             fn = _run_elsewhere(piece_gm, examples, runner)
             why = [reasons[n.name] for n in piece_gm.graph.nodes if n.name in reasons]
-            record.pieces.append(Piece(runner, piece_gm, n_nodes, unsupported=why))
+            record.pieces.append(Piece(runner, piece_gm, unsupported=why))
         grad_mode = _mode_after(piece_gm, grad_mode)
         # the split graph calls `self.submod_k(...)`: a plain attribute now, the piece's callable
         del split._modules[node.target]

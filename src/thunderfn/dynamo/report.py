@@ -16,15 +16,23 @@ import weakref
 
 import torch.fx
 
+def count_nodes(gm: torch.fx.GraphModule) -> int:
+    """The nodes of gm that compute (not its inputs, output or attribute reads)."""
+    return sum(1 for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr"))
+
+
 @dataclasses.dataclass
 class Piece:
     """A run of a graph's nodes and what runs it: "thunderfn", "eager" or "inductor"."""
     runner: str
     graph: torch.fx.GraphModule
-    n_nodes: int
     fn: object = None  # thunderfn's: the jitted function (tf.last_traces(piece.fn))
     unsupported: list = dataclasses.field(default_factory=list)  # splitting.Unsupported, for a piece not thunderfn's
     error: str | None = None  # why a piece thunderfn should have taken runs elsewhere
+
+    @property
+    def n_nodes(self) -> int:
+        return count_nodes(self.graph)
 
     def describe(self) -> list[str]:
         lines = [f"  {self.runner:9s} {self.n_nodes} node{'s' if self.n_nodes != 1 else ''}"]
@@ -64,7 +72,7 @@ class GraphRecord:
         return list({u.node: u for p in self.pieces for u in p.unsupported}.values())
 
     def describe(self, position: int) -> list[str]:
-        n = sum(1 for node in self.graph.graph.nodes if node.op not in ("placeholder", "output", "get_attr"))
+        n = count_nodes(self.graph)
         head = f"graph {position}: {n} nodes, "
         head += f"ended by a graph break at {self.where}: {self.graph_break.strip().splitlines()[0]}" \
             if self.graph_break else \
