@@ -27,6 +27,7 @@ from thunderfn.core.pytree import register_pytree_node
 from thunderfn.core.symbol import BoundSymbol, Symbol
 from thunderfn.core.trace import Trace, trace
 from thunderfn.errors import ConcretizationError, EscapedProxyError, ThunderFnError, UnsupportedOpError, UserGradientError
+from thunderfn.dynamic_shapes import mark_dynamic, mark_static
 from thunderfn.examine import Examination, examine
 from thunderfn.jit import cache_info, jit, last_backward_traces, last_traces
 from thunderfn.module import functional_call
@@ -39,7 +40,7 @@ from thunderfn.transforms.jacobians import hessian, jacfwd, jacrev
 __version__ = "0.1.0"
 
 __all__ = [
-    "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "custom_jvp", "trace", "last_traces", "last_backward_traces", "cache_info", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
+    "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "custom_jvp", "trace", "last_traces", "last_backward_traces", "cache_info", "mark_dynamic", "mark_static", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
     "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "EscapedProxyError", "UserGradientError", "prims", "clang", "torch",
     "executors", "errors", "dynamo",
 ]

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from thunderfn import prims
-from thunderfn.core import dtypes
+from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import canonical_dim, canonical_dims, check
 from thunderfn.errors import ArgumentRuntimeError, ArgumentTypeError
@@ -57,7 +57,7 @@ def promoted_dtypes(*args, kind: Promotion = Promotion.DEFAULT):
 def maybe_convert_to_dtype(a, dtype: torch.dtype):
     if is_tensor(a):
         return a if a.dtype == dtype else prims.convert_element_type(a, dtype)
-    if isinstance(a, numbers.Number):
+    if isinstance(a, symbolic.NUMBER_TYPES):
         if dtype is torch.bool:
             return bool(a)
         if dtypes.is_integer(dtype) and not isinstance(a, bool) and isinstance(a, numbers.Integral):
@@ -77,10 +77,12 @@ def broadcast_shapes(*shapes) -> tuple:
         ndim = max(len(out), len(s))
         a, b = (1,) * (ndim - len(out)) + out, (1,) * (ndim - len(s)) + s
         for j in reversed(range(ndim)):
-            if a[j] != b[j] and a[j] != 1 and b[j] != 1:
+            # (a symbolic size is asked only what the answer needs: broadcast against a bias, it is not
+            # guarded to differ from 1)
+            if not symbolic.broadcastable(a[j], b[j]):
                 raise ArgumentRuntimeError(f"The size of tensor a ({a[j]}) must match the size of tensor b ({b[j]}) "
-                                   f"at non-singleton dimension {j}")
-        out = tuple(y if x == 1 else x for x, y in zip(a, b))
+                                           f"at non-singleton dimension {j}")
+        out = tuple(symbolic.broadcast_size(x, y) for x, y in zip(a, b))
     return out
 
 
@@ -116,7 +118,7 @@ def legacy_type_name(a: TensorProxy, dtype: torch.dtype | None = None) -> str:
 def expand_to(a: TensorProxy, shape: Sequence[int]) -> TensorProxy:
     """Broadcast a to shape (torch's expand semantics for leading dims)."""
     shape = tuple(shape)
-    if tuple(a.shape) == shape:
+    if symbolic.same_shape(a.shape, shape):
         return a
     check(len(shape) >= a.ndim,
           lambda: f"expand({legacy_type_name(a)}{{{list(a.shape)}}}, size={list(shape)}): the number of sizes provided "
@@ -214,7 +216,7 @@ def where(pred, a, b):
 # -- shapes ----------------------------------------------------------------------------
 def reshape(a, shape):
     shape = infer_shape(shape, a.numel())
-    return a if tuple(a.shape) == shape else prims.reshape(a, shape)
+    return a if symbolic.same_shape(a.shape, shape) else prims.reshape(a, shape)
 
 
 def infer_shape(shape, numel: int) -> tuple:
@@ -234,7 +236,7 @@ def infer_shape(shape, numel: int) -> tuple:
                       f"dimension size -1 can be any value and is ambiguous")
         check(known != 0 and numel % known == 0, lambda: f"shape '{list(shape)}' is invalid for input of size {numel}")
         shape = tuple(numel // known if s == -1 else s for s in shape)
-    check(torch.Size(shape).numel() == numel, lambda: f"shape '{list(shape)}' is invalid for input of size {numel}")
+    check(symbolic.product(shape) == numel, lambda: f"shape '{list(shape)}' is invalid for input of size {numel}")
     return shape
 
 
@@ -298,7 +300,7 @@ def flatten(a, start_dim: int = 0, end_dim: int = -1):
     if a.ndim == 0:
         return reshape(a, (1,))
     check(s <= e, lambda: "flatten() has invalid args: start_dim cannot come after end_dim")
-    shape = tuple(a.shape[:s]) + (torch.Size(a.shape[s:e + 1]).numel(),) + tuple(a.shape[e + 1:])
+    shape = tuple(a.shape[:s]) + (symbolic.product(a.shape[s:e + 1]),) + tuple(a.shape[e + 1:])
     return reshape(a, shape)
 
 
@@ -352,7 +354,10 @@ def arange(start, end, step, *, device, dtype):
     check(step != 0, lambda: "step must be nonzero")
     check((end - start) / step >= 0 or start == end,
           lambda: "upper bound and lower bound inconsistent with step sign")
-    length = max(0, math.ceil((end - start) / step))
+    if all(symbolic.is_int(v) for v in (start, end, step)):  # exact in integers, and symbolic where a bound is
+        length = -((start - end) // step)
+    else:
+        length = max(0, math.ceil((end - start) / step))
     return prims.iota(length, start=start, step=step, device=torch.device(device), dtype=dtype)
 
 

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from thunderfn import executors as _executors
-from thunderfn.core import artifacts, context, progress
+from thunderfn.core import artifacts, context, progress, symbolic
 from thunderfn.core.call_time import Guarded, guarded
 from thunderfn.core.guards import GuardRecorder
 from thunderfn.core.interception import is_numpy_scalar
@@ -47,6 +47,7 @@ from thunderfn.core.passes import cse, dce, del_last_used, write_back_on_failure
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.core.decorators import with_options_form
+from thunderfn.dynamic_shapes import SymbolicSizes, check_option, is_tensor_part, open_dimensions
 from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError, UnsupportedOpError
 from thunderfn.executors.fusion import FusionExecutor
@@ -73,12 +74,13 @@ CSE = "Common Subexpression Elimination"
 
 class CacheEntry:
     __slots__ = ("fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit",
-                 "keyword_hit", "layout")
+                 "keyword_hit", "layout", "sizes")
 
-    def __init__(self, fn, traces, backward_traces, tensor_positions, guards):
+    def __init__(self, fn, traces, backward_traces, tensor_positions, guards, sizes=None):
         self.fn, self.traces, self.backward_traces = fn, traces, backward_traces
         self.tensor_positions = tensor_positions
         self.guards = guards
+        self.sizes = sizes  # SymbolicSizes where the trace has symbolic dimensions, else None
         self.guards_hold = guards.compile()  # None: nothing to check
         self.fast_hit = None  # its check-and-call function for the fast path (see JitState.fast_hit), once made
         self.keyword_hit = None  # the same for a call with keyword tensors (see JitState.keyword_hit)
@@ -93,6 +95,8 @@ class CacheEntry:
         optimizer hyperparameters) fits."""
         if self.layout and self.layout_changed(leaves) is not None:
             return False
+        if self.sizes is not None and not self.sizes.hold([leaves[i] for i in self.tensor_positions]):
+            return False
         if self.guards_hold is not None and not self.guards_hold():
             return False
         return not isinstance(self.fn, Guarded) or self.fn.guard([leaves[i] for i in self.tensor_positions]) is None
@@ -106,6 +110,8 @@ class CacheEntry:
 
     def why_invalid(self, leaves) -> str:
         reason = self.layout_changed(leaves) or self.guards.failure()
+        if reason is None and self.sizes is not None:
+            reason = self.sizes.failure([leaves[i] for i in self.tensor_positions])
         if reason is None and isinstance(self.fn, Guarded):
             reason = self.fn.guard([leaves[i] for i in self.tensor_positions])
         return reason or "a guard failed"
@@ -115,8 +121,11 @@ class JitState:
     """What a jitted function keeps: its caches, its statistics and its most recent compile's traces."""
 
     def __init__(self, fn, executors, *, fallback, static_argnums, static_argnames, disable_torch_autograd,
-                 cache_size_limit=DEFAULT_CACHE_SIZE_LIMIT, rematerialize=None, cache_dir=None, distributed=None):
+                 cache_size_limit=DEFAULT_CACHE_SIZE_LIMIT, rematerialize=None, cache_dir=None, distributed=None,
+                 dynamic=None):
         self.fn = fn
+        check_option(dynamic)
+        self.dynamic = dynamic  # None (automatic), True or False: see dynamic_shapes.py
         self.executors = executors
         self.cache_dir = cache_dir
         self.distributed = distributed  # DataParallel, Sharded or None
@@ -135,6 +144,7 @@ class JitState:
         self.keyword_cache: dict = {}
         self.dispatcher_globals: dict | None = None  # the fast dispatcher's, which name each arity's hot entry
         self.cache: dict = {}  # key -> [CacheEntry], newest last
+        self.symbolic_entries: list[CacheEntry] = []  # entries with symbolic dimensions, newest last
         self.n_entries = 0
         self.stats = [0, 0]  # [hits, misses]; the fast path counts its hits too
         self.recompile_reasons: list[str] = []
@@ -179,8 +189,11 @@ class JitState:
             if name in kwargs and any(isinstance(x, Tensor) for x in tree_flatten(kwargs[name])[0]):
                 raise ArgumentTypeError(f"static argument '{name}' of '{_fn_name(self.fn)}' holds a tensor")
 
-    def compile(self, args, kwargs, leaves) -> CacheEntry:
+    def compile(self, args, kwargs, leaves, key=None, open_dims=None, hints=None) -> CacheEntry:
+        """The entry for a call, compiled with the dimensions in open_dims (tensor number -> dims) symbolic,
+        traced at the sizes in hints ((tensor number, dim) -> size) where given."""
         progress.stage("choosing executors")
+        sizes = symbolic.SymbolicInputs(open_dims, hints) if open_dims else None
         executors = _executors.resolve(self.executors, fallback=self.fallback)
         recorder = GuardRecorder(self.fn)
         # tf.grad & co. called inside the function differentiate for these executors (the VJPs they
@@ -190,7 +203,8 @@ class JitState:
         with context.active_executors(executors):
             # With disable_torch_autograd the function runs under no_grad: traced so too, or a
             # torch.enable_grad() block inside it would switch grad back on from the recorded mode.
-            with recorder, (torch.no_grad() if self.disable_torch_autograd else contextlib.nullcontext()):
+            with recorder, (torch.no_grad() if self.disable_torch_autograd else contextlib.nullcontext()), \
+                    symbolic.opening(sizes):
                 traces = [trace(self.fn, *args, **kwargs)]
         progress.stage("optimizing the trace")
         traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
@@ -264,11 +278,28 @@ class JitState:
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
         if autocast_state():  # the trace holds autocast's casts: running it under autocast would cast again
             fn = _without_autocast(fn)
-        return CacheEntry(guarded(fn, traces[0]), traces, backward, positions, recorder.guards)
+        symbolic_sizes = SymbolicSizes(sizes, key) if sizes is not None and sizes.symbolic_dims else None
+        return CacheEntry(guarded(fn, traces[0]), traces, backward, positions, recorder.guards, symbolic_sizes)
+
+    def compile_symbolic(self, args, kwargs, leaves, key, open_dims, hints) -> CacheEntry:
+        """compile with open_dims symbolic; where tracing them fails, compiled with this call's sizes instead,
+        so an error (a view this size cannot take) names sizes as eager's does, and code that cannot run
+        symbolically still compiles for each size."""
+        if not open_dims:
+            return self.compile(args, kwargs, leaves, key)
+        try:
+            return self.compile(args, kwargs, leaves, key, open_dims, hints)
+        except StepChangesOptimizerState:
+            raise
+        except Exception:
+            return self.compile(args, kwargs, leaves, key)
 
     def lookup(self, key, leaves):
         for entry in reversed(self.cache.get(key, ())):
             if entry.valid(leaves):
+                return entry
+        for entry in reversed(self.symbolic_entries):
+            if entry.sizes.matches(key) and entry.valid(leaves):
                 return entry
         return None
 
@@ -301,6 +332,9 @@ class JitState:
                 self.stats[0] += 1
                 return entry
             reason = self.why_miss(key, args, kwargs, leaves)
+            tensors = [x for x in leaves if isinstance(x, Tensor)]
+            open_dims, hints = open_dimensions(self.dynamic, key, tensors,
+                                               [*self.cache, *(e.sizes.pattern for e in self.symbolic_entries)])
             if self.n_entries >= self.cache_size_limit:
                 if not self.evict_past_limit:
                     self.warn_limit(reason)
@@ -309,12 +343,24 @@ class JitState:
                 self.evict_oldest()
             self.stats[1] += 1
             try:
-                entry = self.compile(args, kwargs, leaves)
+                entry = self.compile_symbolic(args, kwargs, leaves, key, open_dims, hints)
+                if entry.sizes is not None and hints and not entry.sizes.hold(tensors):
+                    # traced at another size than this call's 1, the trace relied on something 1 breaks: the
+                    # entry stays for other sizes, and this call compiles with its size-1 dimensions static
+                    self.symbolic_entries.append(entry)
+                    self.n_entries += 1
+                    entry = self.compile(args, kwargs, leaves, key, _without(open_dims, hints))
             except StepChangesOptimizerState:  # an optimizer's first step creates its state: run it as eager does
                 return None
+            if entry.sizes is not None:
+                opened = ", ".join(f"{name} = {where}" for name, where in entry.sizes.described.items())
+                reason = f"{reason}: compiled with symbolic sizes {opened}" if reason else f"symbolic sizes {opened}"
             if reason is not None:
                 self.recompile_reasons.append(reason)
-            self.cache.setdefault(key, []).append(entry)
+            if entry.sizes is not None:
+                self.symbolic_entries.append(entry)
+            else:
+                self.cache.setdefault(key, []).append(entry)
             self.n_entries += 1
             return entry
 
@@ -342,11 +388,14 @@ class JitState:
         return entry.fn(*[leaves[i] for i in entry.tensor_positions])
 
     def evict_oldest(self) -> None:
-        key = next(iter(self.cache))
-        entries = self.cache[key]
-        entries.pop(0)  # everything it owns (code, traces, captured tensors) goes with it
-        if not entries:
-            del self.cache[key]
+        if self.cache:
+            key = next(iter(self.cache))
+            entries = self.cache[key]
+            entries.pop(0)  # everything it owns (code, traces, captured tensors) goes with it
+            if not entries:
+                del self.cache[key]
+        else:
+            self.symbolic_entries.pop(0)
         self.n_entries -= 1
         self.fast_cache.clear()  # they may point at the evicted entry; refilled by the next calls
         self.keyword_cache.clear()
@@ -361,7 +410,8 @@ class JitState:
         the entry; anything else returns MISS. Generated Python, made once per entry: comparing
         with constants costs less than building and hashing a key."""
         if entry.fast_hit is None:
-            entry.fast_hit = _hit_function(key, entry.fn, entry.guards_hold, self.stats, entry.layout)
+            entry.fast_hit = _hit_function(*_checked_key(entry, key), entry.fn, entry.guards_hold, self.stats,
+                                           entry.layout)
         return entry.fast_hit
 
     def keyword_hit(self, entry: CacheEntry, key: tuple, kwargs: dict):
@@ -369,19 +419,20 @@ class JitState:
         `model(input_ids=..., labels=...)`), called with (args, kwargs): it finds each tensor by
         position or by name, in the order the cache key flattened them (keywords sorted)."""
         if entry.keyword_hit is None:
-            entry.keyword_hit = _hit_function(key, entry.fn, entry.guards_hold, self.stats, entry.layout,
-                                              keywords=tuple(sorted(kwargs)))
+            entry.keyword_hit = _hit_function(*_checked_key(entry, key), entry.fn, entry.guards_hold, self.stats,
+                                              entry.layout, keywords=tuple(sorted(kwargs)))
         return entry.keyword_hit
 
     def why_miss(self, key, args, kwargs, leaves) -> str | None:
         """Why this call cannot use a cached entry, in words (None for the first compile)."""
-        same_key = self.cache.get(key)
+        same_key = self.cache.get(key) or [e for e in self.symbolic_entries if e.sizes.matches(key)]
         if same_key:
             return same_key[-1].why_invalid(leaves)
-        if not self.cache:
+        compiled = [*self.cache, *(e.sizes.pattern for e in self.symbolic_entries)]  # (a symbolic size: None)
+        if not compiled:
             return None
         # Described against the cached signature closest to this one (fewest differing fields; the newest of equals).
-        old = min(reversed(self.cache), key=lambda k: (len(k) != len(key), sum(map(_distance, k, key))))
+        old = min(reversed(compiled), key=lambda k: (len(k) != len(key), sum(map(_distance, k, key))))
         if old[0] != key[0]:
             return "the structure of the arguments changed (pytree, number of arguments or keywords)"
         if old[1] != key[1]:
@@ -394,9 +445,10 @@ class JitState:
         for path, before, now in zip(paths, old[4:], key[4:]):
             if before != now:
                 where = _describe_path(path)
-                if _is_tensor_part(now) and _is_tensor_part(before):
+                if is_tensor_part(now) and is_tensor_part(before):
                     fields = ("shape", "dtype", "device", "requires_grad")
-                    changed = [f"{f} {_show(b)} -> {_show(n)}" for f, b, n in zip(fields, before, now) if b != n]
+                    changed = [f"{f} {_show(b)} -> {_show(n)}" for f, b, n in zip(fields, before, now)
+                               if not _same_field(b, n)]
                     return f"tensor {where} changed: {', '.join(changed)}"
                 return f"{where} changed from {_show_part(before)} to {_show_part(now)}"
         return "the arguments changed"
@@ -416,8 +468,11 @@ def _limit_advice(reasons: list) -> str:
     """What to do about the recompiles that filled the cache, by what changed in them."""
     advice = []
     if any(" shape " in r for r in reasons):
-        advice.append("Each new input shape compiles anew (shapes are static: dynamic shapes are not available yet): "
-                      "call it with fewer distinct shapes, e.g. pad or bucket inputs to a few sizes.")
+        advice.append("Each new input shape compiled anew: with dynamic=False every size is static, and a trace that "
+                      "relies on a size (a branch on it) is guarded to it. The default (dynamic=None) compiles a "
+                      "changed dimension once more as symbolic, and tf.mark_dynamic(tensor, dim) makes one symbolic "
+                      "from the first call (docs/jit.md, 'Dynamic shapes'); otherwise pad or bucket inputs to a few "
+                      "sizes.")
     if any(" changed from " in r for r in reasons):
         advice.append("Each new value of a Python argument (a number, a string) compiles anew: pass a changing "
                       "number as a tensor (torch.tensor(x)), which is an input and not baked in.")
@@ -436,18 +491,24 @@ def _describe_path(path) -> str:
     return "an argument"
 
 
-def _is_tensor_part(part) -> bool:
-    return isinstance(part, tuple) and len(part) == 4 and isinstance(part[1], torch.dtype)
-
-
 def _distance(a, b) -> int:
     """How many fields of one key part differ (a tensor's shape, dtype, ... count one each)."""
-    if _is_tensor_part(a) and _is_tensor_part(b):
-        return sum(x != y for x, y in zip(a, b))
+    if is_tensor_part(a) and is_tensor_part(b):
+        return sum(not _same_field(x, y) for x, y in zip(a, b))
     return int(a != b)
 
 
+def _same_field(before, now) -> bool:
+    """Whether a key field is the same; a symbolic entry's shape (None where a size is symbolic) is the same
+    as every shape it fits."""
+    if isinstance(before, tuple) and None in before:
+        return len(before) == len(now) and all(n is None or n == m for n, m in zip(before, now))
+    return before == now
+
+
 def _show(value) -> str:
+    if isinstance(value, tuple) and None in value:  # a symbolic entry's shape: its symbolic sizes are free
+        return "(" + ", ".join("*" if n is None else str(n) for n in value) + ("," if len(value) == 1 else "") + ")"
     return str(tuple(value)) if isinstance(value, torch.Size) else repr(value)
 
 
@@ -546,6 +607,27 @@ def _positional_arities(fn) -> tuple:
     return tuple(range(required, len(positional) + 1))[-4:]
 
 
+def _without(open_dims: dict, dims) -> dict:
+    """open_dims less the (tensor number, dim)s in dims."""
+    kept = {k: frozenset(d for d in ds if (k, d) not in dims) for k, ds in open_dims.items()}
+    return {k: ds for k, ds in kept.items() if ds}
+
+
+def _checked_key(entry: CacheEntry, key: tuple) -> tuple:
+    """(the key a check-and-call function compares a call with, the size guards it checks): an entry with
+    symbolic dimensions compares its pattern (those sizes free) and checks its trace's guards on sizes."""
+    if entry.sizes is None:
+        return key, None
+    return entry.sizes.pattern, entry.sizes.guard_code
+
+
+def _shape_check(a: str, i: int, shape, namespace: dict) -> list[str]:
+    if None not in shape:
+        namespace[f"shape{i}"] = shape
+        return [f"{a}.shape == shape{i}"]
+    return [f"len({a}.shape) == {len(shape)}", *(f"{a}.shape[{d}] == {n}" for d, n in enumerate(shape) if n is not None)]
+
+
 _MISS = object()  # what a check-and-call function returns when the call is not its entry's
 
 
@@ -553,7 +635,7 @@ def _miss(*tensors):
     return _MISS
 
 
-def _hit_function(key: tuple, fn, guards_hold, stats, layout=(), keywords=()):
+def _hit_function(key: tuple, size_guards, fn, guards_hold, stats, layout=(), keywords=()):
     """A check-and-call function for one cache entry (see JitState.fast_hit); key is the
     entry's cache key for a call with tensors only, by position, then by the keywords
     given (sorted, as the key flattened them): then it is called with (args, kwargs)."""
@@ -563,10 +645,14 @@ def _hit_function(key: tuple, fn, guards_hold, stats, layout=(), keywords=()):
                  "any_autocast": torch._C._is_any_autocast_enabled}
     checks = []
     for i, (a, (shape, dtype, device, requires_grad)) in enumerate(zip(names, key[4:])):
-        namespace[f"shape{i}"], namespace[f"dtype{i}"], namespace[f"device{i}"] = shape, dtype, device
+        namespace[f"dtype{i}"], namespace[f"device{i}"] = dtype, device
         # a CPU tensor's device is always torch.device("cpu"), without an index
         on_device = f"{a}.is_cpu" if device.type == "cpu" else f"{a}.device == device{i}"
-        checks += [f"{a}.dtype is dtype{i}", f"{a}.shape == shape{i}", f"{a}.requires_grad is {requires_grad}", on_device]
+        checks += [f"{a}.dtype is dtype{i}", *_shape_check(a, i, shape, namespace), f"{a}.requires_grad is {requires_grad}",
+                   on_device]
+    if size_guards is not None:  # the guards a trace with symbolic sizes recorded on them (dynamic_shapes.py)
+        namespace.update(symbolic.evaluation_namespace())
+        checks.append(f"({size_guards})")
     for k, (position, _, get, value) in enumerate(layout):  # the input layouts the trace relies on
         namespace[f"layout_get{k}"], namespace[f"layout_value{k}"] = get, value
         checks.append(f"layout_get{k}(a{position}) == layout_value{k}")
@@ -675,7 +761,7 @@ def _fn_name(fn) -> str:
 def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = True, static_argnums=(),
         static_argnames=(), disable_torch_autograd: bool = False, cache_size_limit: int = DEFAULT_CACHE_SIZE_LIMIT,
         rematerialize: bool | None = None, cache_dir: str | os.PathLike | None = None, distributed=None,
-        fusion: bool | str = False):
+        fusion: bool | str = False, dynamic: bool | None = None):
     """Compile fn: trace it per input signature, lower it onto `executors` (priority
     order; None means the defaults; the torch executor is appended unless
     `fallback=False`), generate Python once and cache it.
@@ -701,6 +787,12 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     `fusion`: True adds the Inductor fusion executor after `executors` (the defaults when None), so it
     compiles the regions nothing before it claims; a fusion executor's name ("nvfuser") picks that one.
 
+    `dynamic`: which sizes a compile leaves symbolic, torch.compile's meaning (dynamic_shapes.py,
+    docs/jit.md): None compiles the first call static and, when a later call differs from a
+    compiled signature only in some sizes, compiles once more with those dimensions symbolic; True
+    makes every dimension symbolic from the start; False compiles every new size anew.
+    `tf.mark_dynamic(t, dim)` and `tf.mark_static(t, dim)` decide for one tensor's dimension.
+
     `distributed`: set by tf.distributed.ddp and fsdp on the modules they prepare (how the
     module's gradients are synchronized: transforms/ddp.py, transforms/fsdp.py), not by users.
     """
@@ -711,9 +803,11 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
         executors = _executors.with_fusion(executors, fusion)
     elif executors is not None:  # one executor alone ("inductor") is a list of one
         executors = _executors.as_priority_list(executors)
+    check_option(dynamic)
     if isinstance(fn, torch.nn.Module):
         return jit_module(fn, jit, executors=executors, fallback=fallback, disable_torch_autograd=disable_torch_autograd,
-                          cache_size_limit=cache_size_limit, rematerialize=rematerialize, cache_dir=cache_dir)
+                          cache_size_limit=cache_size_limit, rematerialize=rematerialize, cache_dir=cache_dir,
+                          dynamic=dynamic)
     if not callable(fn):
         raise ArgumentTypeError(f"jit expects a callable or an nn.Module, got {type(fn).__name__}")
     if isinstance(static_argnums, int):
@@ -722,7 +816,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
         static_argnames = (static_argnames,)
     state = JitState(fn, executors, fallback=fallback, static_argnums=static_argnums, static_argnames=static_argnames,
                      disable_torch_autograd=disable_torch_autograd, cache_size_limit=cache_size_limit,
-                     rematerialize=rematerialize, cache_dir=cache_dir, distributed=distributed)
+                     rematerialize=rematerialize, cache_dir=cache_dir, distributed=distributed, dynamic=dynamic)
     fast_cache, call_slow = state.fast_cache, state.call_slow
     use_fast_path = not static_argnums and not static_argnames
 
@@ -778,10 +872,14 @@ def last_backward_traces(fn) -> list[Trace]:
 def cache_info(fn) -> dict:
     """A jitted function's cache: `entries` (compiled entries), `hits` and `misses` (calls
     that ran a compiled entry, and calls that did not: each compiled one, or ran eagerly
-    past cache_size_limit), `cache_size_limit`, and `recompiles`, the reason of each
-    compile after the first in words (like jax_explain_cache_misses)."""
+    past cache_size_limit), `cache_size_limit`, `recompiles`, the reason of each
+    compile after the first in words (like jax_explain_cache_misses), and `symbolic`: per entry
+    with symbolic dimensions, oldest first, each symbol's source (`{"s0": "argument 'x'.shape[1]"}`)
+    and `size_guards`, the facts about them its trace relied on."""
     state = getattr(fn, "_thunderfn_state", None)  # a jitted module's is its forward's
     if state is None:
         raise ArgumentTypeError(f"cache_info expects a function returned by thunderfn.jit, got {_fn_name(fn)}")
     return {"entries": state.n_entries, "hits": state.stats[0], "misses": state.stats[1],
-            "cache_size_limit": state.cache_size_limit, "recompiles": list(state.recompile_reasons)}
+            "cache_size_limit": state.cache_size_limit, "recompiles": list(state.recompile_reasons),
+            "symbolic": [dict(e.sizes.described) for e in state.symbolic_entries],
+            "size_guards": [list(e.sizes.facts) for e in state.symbolic_entries]}

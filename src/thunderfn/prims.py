@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import torch
 
 from thunderfn import prims_eager
-from thunderfn.core import dtypes
+from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, invalid_argument
@@ -175,7 +175,7 @@ def _binary_meta(name, supported=_ANY, out_dtype=None):
         tensors = [x for x in (a, b) if isinstance(x, TensorProxy)]
         check(bool(tensors), lambda: f"prims.{name}: expected at least one tensor input", TypeError)
         for x in (a, b):
-            check(isinstance(x, (TensorProxy, numbers.Number)),
+            check(isinstance(x, (TensorProxy, symbolic.NUMBER_TYPES)),
                   lambda: f"prims.{name}: expected a tensor or a number, got {type(x).__name__}", TypeError)
         if len(tensors) == 2:
             check(a.dtype == b.dtype,
@@ -305,7 +305,7 @@ def _broadcast_in_dim_meta(a, shape, broadcast_dimensions):
     check(all(0 <= d < len(shape) for d in bdims) and list(bdims) == sorted(set(bdims)),
           lambda: f"prims.broadcast_in_dim: broadcast_dimensions {bdims} must be increasing and within the {len(shape)}-d output")
     for i, d in enumerate(bdims):
-        check(a.shape[i] in (1, shape[d]),
+        check(symbolic.expands_to(a.shape[i], shape[d]),
               lambda: f"The expanded size of the tensor ({shape[d]}) must match the existing size ({a.shape[i]}) "
                       f"at non-singleton dimension {d}.  Target sizes: {list(shape)}.  Tensor sizes: {list(a.shape)}")
     return _out(a, shape=shape)
@@ -317,8 +317,8 @@ make_prim(PrimIDs.BROADCAST_IN_DIM, "broadcast_in_dim", meta=_broadcast_in_dim_m
 def _reshape_meta(a, shape):
     check_tensor(a, "prims.reshape")
     shape = tuple(shape)
-    check(all(isinstance(s, int) and s >= 0 for s in shape), lambda: f"prims.reshape: invalid shape {shape}")
-    check(torch.Size(shape).numel() == a.numel(), lambda: f"shape '{list(shape)}' is invalid for input of size {a.numel()}")
+    check(all(symbolic.is_int(s) and s >= 0 for s in shape), lambda: f"prims.reshape: invalid shape {shape}")
+    check(symbolic.product(shape) == a.numel(), lambda: f"shape '{list(shape)}' is invalid for input of size {a.numel()}")
     return _out(a, shape=shape)
 
 
@@ -432,7 +432,7 @@ make_prim(PrimIDs.TAKE_ALONG_AXIS, "take_along_axis", meta=_take_along_axis_meta
 # -- conversions -----------------------------------------------------------------------
 def _convert_element_type_meta(a, dtype):
     check(isinstance(dtype, torch.dtype), lambda: f"prims.convert_element_type: expected a torch.dtype, got {dtype!r}", TypeError)
-    if isinstance(a, numbers.Number):
+    if isinstance(a, symbolic.NUMBER_TYPES):
         raise ArgumentTypeError("prims.convert_element_type converts tensors; convert numbers in Python")
     check_tensor(a, "prims.convert_element_type")
     return _out(a, dtype=dtype)
@@ -454,9 +454,9 @@ def _broadcast_batch(a_batch, b_batch) -> list:
     ndim = max(len(a_batch), len(b_batch))
     a_batch, b_batch = (1,) * (ndim - len(a_batch)) + tuple(a_batch), (1,) * (ndim - len(b_batch)) + tuple(b_batch)
     for j, (x, y) in enumerate(zip(a_batch, b_batch)):
-        check(x == y or x == 1 or y == 1,
+        check(symbolic.broadcastable(x, y),
               lambda: f"The size of tensor a ({x}) must match the size of tensor b ({y}) at non-singleton dimension {j}")
-    return [y if x == 1 else x for x, y in zip(a_batch, b_batch)]
+    return [symbolic.broadcast_size(x, y) for x, y in zip(a_batch, b_batch)]
 
 
 def matmul_shape(a_shape, b_shape) -> tuple:
@@ -469,14 +469,14 @@ def matmul_shape(a_shape, b_shape) -> tuple:
         return ()
     a2 = (1, a_shape[0]) if an == 1 else tuple(a_shape)
     b2 = (b_shape[0], 1) if bn == 1 else tuple(b_shape)
-    rows = torch.Size(a2[:-1]).numel()
+    rows = symbolic.product(a2[:-1])
     if bn == 1:  # torch folds a's batch into rows: a matrix-vector product
         check(a2[-1] == b2[-2], lambda: f"size mismatch, got input ({rows}), mat ({rows}x{a2[-1]}), vec ({b_shape[0]})")
     elif bn == 2:  # a's batch folds into rows: one matrix product
         check(a2[-1] == b2[-2], lambda: f"mat1 and mat2 shapes cannot be multiplied ({rows if an > 2 else a2[-2]}x{a2[-1]} and {b2[-2]}x{b2[-1]})")
     batch = _broadcast_batch(a2[:-2], b2[:-2])
     if bn > 2:  # a batched matrix product over the broadcast batch
-        b = torch.Size(batch).numel()
+        b = symbolic.product(batch)
         check(a2[-1] == b2[-2], lambda: f"Expected size for first two dimensions of batch2 tensor to be: [{b}, {a2[-1]}] but got: [{b}, {b2[-2]}].")
     return tuple(batch + ([] if an == 1 else [a2[-2]]) + ([] if bn == 1 else [b2[-1]]))
 
@@ -494,9 +494,9 @@ make_prim(PrimIDs.MATMUL, "matmul", meta=_matmul_meta)
 
 # -- factories -------------------------------------------------------------------------
 def _full_meta(shape, fill_value, *, device, dtype):
-    check(all(isinstance(s, int) for s in shape), lambda: f"full(): shape must be a sequence of ints, got {shape}", TypeError)
+    check(all(symbolic.is_int(s) for s in shape), lambda: f"full(): shape must be a sequence of ints, got {shape}", TypeError)
     check(all(s >= 0 for s in shape), lambda: f"Trying to create tensor with negative dimension {min(shape)}: {list(shape)}")
-    check(isinstance(fill_value, numbers.Number), lambda: f"full(): fill_value must be a number, got {type(fill_value).__name__}", TypeError)
+    check(isinstance(fill_value, symbolic.NUMBER_TYPES), lambda: f"full(): fill_value must be a number, got {type(fill_value).__name__}", TypeError)
     return TensorProxy(shape=tuple(shape), dtype=dtype, device=torch.device(device))
 
 
@@ -504,7 +504,7 @@ make_prim(PrimIDs.FULL, "full", meta=_full_meta)
 
 
 def _iota_meta(length, *, start, step, device, dtype):
-    check(isinstance(length, int) and length >= 0, lambda: f"prims.iota: length must be a non-negative int, got {length}")
+    check(symbolic.is_int(length) and length >= 0, lambda: f"prims.iota: length must be a non-negative int, got {length}")
     return TensorProxy(shape=(length,), dtype=dtype, device=torch.device(device))
 
 
@@ -587,7 +587,7 @@ _scatter(PrimIDs.SCATTER_ADD, "scatter_add")
 
 def _pad_meta(a, padding_value, padding_config):
     check_tensor(a, "prims.pad")
-    check(isinstance(padding_value, numbers.Number),
+    check(isinstance(padding_value, symbolic.NUMBER_TYPES),
           lambda: f"prims.pad: padding_value must be a number, got {type(padding_value).__name__}", TypeError)
     config = tuple(tuple(c) for c in padding_config)
     check(len(config) == a.ndim and all(len(c) == 3 for c in config),

@@ -64,9 +64,9 @@ def scalar_dtype(value) -> torch.dtype:
     """The dtype torch gives a Python scalar wrapped as a number."""
     if isinstance(value, bool):
         return torch.bool
-    if isinstance(value, numbers.Integral):
+    if isinstance(value, (numbers.Integral, torch.SymInt)):  # (a symbolic size is an int)
         return torch.int64
-    if isinstance(value, numbers.Real):
+    if isinstance(value, (numbers.Real, torch.SymFloat)):
         return torch.get_default_dtype()
     if isinstance(value, numbers.Complex):
         return to_complex(torch.get_default_dtype())

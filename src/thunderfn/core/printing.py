@@ -17,10 +17,10 @@ import weakref
 import optree
 import torch
 
-from thunderfn.core import artifacts
+from thunderfn.core import artifacts, symbolic
 from thunderfn.core.proxies import CAPTURED, TensorProxy
 from thunderfn.core.pytree import NAMESPACE
-from thunderfn.errors import ArgumentValueError
+from thunderfn.errors import ArgumentValueError, InternalError
 
 ARGS_LIST = "args_list"  # the one parameter of a function whose trace has args_in_list (a reserved name)
 
@@ -40,6 +40,7 @@ class Namespace(dict):
     def __init__(self):
         super().__init__()
         self.origins: dict[str, str] = {}
+        self.symbols: set[str] = set()  # the symbolic sizes the code computes with (core/symbolic.py)
 
     def bind_object(self, obj, prefix: str = "_obj") -> str:
         for name, value in self.items():
@@ -59,6 +60,9 @@ def format_value(x, ns: Namespace) -> str:
         return x.name
     if x is None or isinstance(x, (bool, int, str)) and type(x) in (bool, int, str):
         return repr(x)
+    if isinstance(x, (torch.SymInt, torch.SymFloat)):  # a number computed from symbolic sizes: its expression
+        ns.symbols |= symbolic.symbols_in(x)
+        return symbolic.python(x)
     if type(x) is float:
         if math.isnan(x):
             return "float('nan')"
@@ -309,12 +313,30 @@ def render(trc) -> tuple[str, Namespace]:
     header += [line for name, line in _MODULE_IMPORTS.items() if _uses(body, name)]
     header += [f"# {name}: {_describe(value)} ({ns.origins.get(name, 'captured by the traced function')})"
                for name, value in ns.items() if isinstance(value, torch.Tensor)]
-    params = ", ".join(a.name for a in trc.args)
+    body = _symbol_bindings(trc, ns.symbols) + body
+    params = ", ".join([*(a.name for a in trc.args), *trc.size_args])
     if trc.args_in_list:  # the caller's list is its only reference to each tensor: emptied, each dies at its del
-        unpack = [f"  {params}{',' if len(trc.args) == 1 else ''} = {ARGS_LIST}", f"  {ARGS_LIST}.clear()"] if trc.args else []
+        n_params = len(trc.args) + len(trc.size_args)
+        unpack = [f"  {params}{',' if n_params == 1 else ''} = {ARGS_LIST}", f"  {ARGS_LIST}.clear()"] if n_params else []
         body, params = unpack + body, ARGS_LIST
     source = "\n".join(header + ["", f"def {trc.def_name}({params}):", *body]) + "\n"
     return source, ns
+
+
+def _symbol_bindings(trc, needed: set) -> list[str]:
+    """`s0 = x.shape[1]` for each symbolic size the code uses, from the first input holding it as a
+    dimension (the line says where the size comes from); the others are the trace's size parameters."""
+    lines, bound = [], set(trc.size_args)
+    for a in trc.args:
+        for d, n in enumerate(a.shape):
+            name = symbolic.bare_symbol(n)
+            if name in needed and name not in bound:
+                bound.add(name)
+                lines.append(f"  {name} = {a.name}.shape[{d}]")
+    if needed - bound:
+        raise InternalError(f"the trace of '{trc.fn_name}' computes with the symbolic sizes {sorted(needed - bound)}, "
+                            f"which none of its inputs holds as a dimension and it is not given")
+    return lines
 
 
 def _local_names(trc) -> set:

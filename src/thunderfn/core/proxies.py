@@ -1,20 +1,20 @@
 """TensorProxy: what traced code holds in place of a tensor.
 
 A proxy is not a torch.Tensor subclass. It carries metadata only (shapes are
-concrete, as in JAX), and every torch call made on it, as a function
+concrete, as in JAX, or symbolic where jit opened a dimension: core/symbolic.py), and every torch call made on it, as a function
 (`torch.add(p, q)`), a method (`p.view(2, 3)`) or an operator (`p @ q`), is traced
 by the symbol registered for that torch callable: core/interception.py, which
 imports this module, gives TensorProxy those entry points (`__torch_function__`,
 `__getattr__`, the operators, `.grad`). Asking for a value (`bool(p)`, `p.item()`)
 raises ConcretizationError, which says what to do instead.
 
-May import: core/context.py, core/dtypes.py, errors.py.
+May import: core/context.py, core/dtypes.py, core/symbolic.py, errors.py.
 """
 from __future__ import annotations
 
 import torch
 
-from thunderfn.core import context, dtypes
+from thunderfn.core import context, dtypes, symbolic
 from thunderfn.errors import ArgumentIndexError, ArgumentTypeError, ConcretizationError
 
 
@@ -76,7 +76,7 @@ class TensorProxy(Proxy):
         return self.shape[_wrap_dim(dim, self.ndim)]
 
     def numel(self) -> int:
-        return self.shape.numel()
+        return symbolic.product(self.shape)  # (torch.Size.numel would specialize a symbolic size)
 
     nelement = numel
 
@@ -126,7 +126,7 @@ class TensorProxy(Proxy):
         return -1 if self.device.type == "cpu" else (self.device.index or 0)
 
     def type_string(self) -> str:
-        dims = ", ".join(str(s) for s in self.shape)
+        dims = ", ".join(symbolic.python(s) if isinstance(s, torch.SymInt) else str(s) for s in self.shape)
         return f'"{_device_str(self.device)} {dtypes.short_names.get(self.dtype, str(self.dtype))}[{dims}]"'
 
     def __repr__(self) -> str:

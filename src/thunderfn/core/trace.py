@@ -17,7 +17,7 @@ import types
 import optree
 import torch
 
-from thunderfn.core import context
+from thunderfn.core import context, symbolic
 from thunderfn.core.interception import TracingMode, lift_constants
 from thunderfn.core.printing import compile_trace, format_trace
 from thunderfn.core.proxies import CAPTURED, TensorProxy
@@ -35,6 +35,9 @@ class Trace:
         # keeps no reference, and each tensor is freed at its `del` (a backward's residuals, so that
         # memory falls during the backward as in eager's)
         self.args_in_list = False
+        # names of symbolic sizes (core/symbolic.py) the generated function takes after its tensors, for
+        # sizes none of its inputs holds as a dimension (a backward's, given from the forward's inputs)
+        self.size_args: list[str] = []
         self.args: list[TensorProxy] = []  # flat tensor inputs, in call order
         self.bound_symbols: list = []
         self.output = None
@@ -259,7 +262,7 @@ class Trace:
     def derive(self, provenance: str, bound_symbols=None) -> "Trace":
         """A trace with the same inputs and outputs, built by a pass."""
         new = Trace(self.fn_name, names=self.names)
-        new.def_name, new.args_in_list = self.def_name, self.args_in_list
+        new.def_name, new.args_in_list, new.size_args = self.def_name, self.args_in_list, self.size_args
         new.args, new.output = self.args, self.output
         new.bound_symbols = list(self.bound_symbols if bound_symbols is None else bound_symbols)
         new._scopes = [new.bound_symbols]
@@ -335,15 +338,20 @@ def arg_paths(fn, args, kwargs) -> tuple:
 
 
 def proxify_inputs(trc: Trace, fn, args, kwargs):
-    """Replace every tensor leaf of (args, kwargs) by a named input proxy of trc."""
+    """Replace every tensor leaf of (args, kwargs) by a named input proxy of trc, with the symbolic
+    dimensions jit opened for this trace (core/symbolic.py), if any."""
     names = arg_paths(fn, args, kwargs)
+    open_dims = symbolic.current()
     paths, leaves, spec = tree_flatten_with_path((tuple(args), dict(kwargs)))
     new_leaves = []
     for path, leaf in zip(paths, leaves):
         if isinstance(leaf, torch.Tensor):
             top = names[path[1]] if path[0] == 0 else str(path[1])
             preferred = _path_name((top, *path[2:]))
-            proxy = TensorProxy(trc.names.take(preferred, prefix="a"), shape=leaf.shape, dtype=leaf.dtype,
+            shape = leaf.shape
+            if open_dims is not None:
+                shape = open_dims.shape(len(trc.args), shape, f"argument '{preferred or top}'")
+            proxy = TensorProxy(trc.names.take(preferred, prefix="a"), shape=shape, dtype=leaf.dtype,
                                 device=leaf.device, requires_grad=leaf.requires_grad,
                                 origin=f"argument '{preferred or top}'")
             trc._inputs_by_proxy[id(proxy)] = (len(trc.args), leaf)

@@ -36,6 +36,7 @@ import heapq
 import warnings
 from typing import Callable
 
+from thunderfn.core import symbolic
 from thunderfn.core.passes import del_last_used
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves, tree_map
@@ -178,7 +179,10 @@ def absorbable(ex: FusionExecutor, bsym) -> bool:
 def fusion_candidate(ex: FusionExecutor, bsym) -> bool:
     outs = bsym.flat_outs()
     # (an output may be None where the op skips it: convolution_backward's bias gradient when there is no bias)
+    # A call given a symbolic size (a reshape to (s0, 4)) stays outside: a region's compiled code holds its ops'
+    # arguments as constants and is compiled per concrete input layout, so only its tensors' sizes may vary.
     return ((runs_on_torch(bsym) or absorbable(ex, bsym)) and not has_effects(bsym) and bool(bsym.proxy_outs())
+            and not symbolic.has_symbols((bsym.args, bsym.kwargs))
             and all(isinstance(o, TensorProxy) or o is None for o in outs) and ex.can_fuse(bsym))
 
 

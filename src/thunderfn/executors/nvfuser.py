@@ -37,6 +37,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from thunderfn.core import symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.executors.fusion import CompiledCache, FusionExecutor, Region, positional_signature
 from thunderfn.prims import PrimIDs
@@ -243,7 +244,10 @@ class NvFuserExecutor(FusionExecutor):
         return _availability()
 
     def can_fuse(self, bsym) -> bool:
-        return translatable(bsym, self.device_type)
+        # A FusionDefinition is built per concrete input layout from the proxies' shapes: an op on tensors
+        # with symbolic sizes (core/symbolic.py) stays with the torch executor.
+        return translatable(bsym, self.device_type) and not any(
+            symbolic.has_symbols(p.shape) for p in bsym.proxies())
 
     def compile_region(self, region: Region):
         return NvFuserRegion(region, self)

@@ -38,7 +38,7 @@ import math
 import torch
 
 from thunderfn import clang, prims
-from thunderfn.core import dtypes
+from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.executors import cudnn_sdpa, sdpa_choice
 from thunderfn.executors.base import OperatorExecutor
@@ -281,8 +281,7 @@ def cuda_kernel(query, key, value, attn_mask=None, is_causal=False) -> str | Non
 # -- the kernels' formulas in clang and prims: the mask's gradient, which no kernel returns, and what a
 #    second derivative differentiates in each kernel's place (the aten kernels have no derivative) -------
 def _sum_to_shape(x, shape):
-    lead = x.ndim - len(shape)
-    dims = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and x.shape[lead + i] != 1)
+    dims = symbolic.broadcast_dims(x.shape, shape)
     return clang.reshape(prims.sum(x, dims), tuple(shape)) if dims else x
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import torch
 
+from thunderfn.core import symbolic
 from thunderfn.core.context import functorch_active
 from thunderfn.core.passes import dce, output_names, value_key
 from thunderfn.core.proxies import TensorProxy
@@ -165,7 +166,7 @@ def collapse_reshapes(trc):
             out.append(bsym)
             continue
         y, x = bsym.output, origin.get(bsym.args[0].name, bsym.args[0])
-        if tuple(x.shape) == tuple(y.shape) and x.dtype == y.dtype and (y.name not in returned or (
+        if symbolic.same_shape(x.shape, y.shape) and x.dtype == y.dtype and (y.name not in returned or (
                 x.name not in returned and x.name not in inputs and x.name not in origin)):
             renamed[y.name] = x
             if y.name in returned:  # x is returned in its place now
@@ -173,7 +174,7 @@ def collapse_reshapes(trc):
             continue
         position = summed.get(x.name)
         if (position is not None and readers.get(x.name) == 1 and x.name not in returned
-                and tuple(y.shape) == _keepdim_shape(out[position])):
+                and symbolic.same_shape(y.shape, _keepdim_shape(out[position]))):
             total = out[position]
             out[position] = BoundSymbol(total.sym, total.args, {"keepdim": True}, y, total.subsymbols)
             continue
@@ -190,7 +191,7 @@ def collapse_reshapes(trc):
 
 def _keeps_everything(bsym) -> bool:
     x, out = bsym.args[0], bsym.output
-    return isinstance(out, TensorProxy) and tuple(x.shape) == tuple(out.shape) and x.dtype == out.dtype
+    return isinstance(out, TensorProxy) and symbolic.same_shape(x.shape, out.shape) and x.dtype == out.dtype
 
 
 def _keepdim_shape(total) -> tuple:
@@ -218,7 +219,7 @@ def reuse_dead_buffers(trc):
 
     def reusable(t, i: int, result) -> bool:
         return (isinstance(t, TensorProxy) and t.name in fresh and t.name not in aliasable and last_read[t.name] == i
-                and isinstance(result, TensorProxy) and tuple(result.shape) == tuple(t.shape)
+                and isinstance(result, TensorProxy) and symbolic.same_shape(result.shape, t.shape)
                 and result.dtype == t.dtype and result.device == t.device)
 
     out, changed = list(bsyms), False
@@ -284,7 +285,7 @@ def write_into_written_back_inputs(trc):
         have made a view of it, and o is read afterwards without views before its tensor is written back."""
         target = lives_in.get(a.name) if isinstance(a, TensorProxy) else None
         if (target is None or not isinstance(o, TensorProxy) or a.name in outputs or o.name in outputs
-                or tuple(o.shape) != tuple(a.shape) or o.dtype != a.dtype or o.device != a.device
+                or not symbolic.same_shape(o.shape, a.shape) or o.dtype != a.dtype or o.device != a.device
                 or [p.name for p in bsyms[i].proxy_args()].count(a.name) != 1):
             return False
         if any(j > i or (j < i and not no_view_escapes(j)) for j in readers.get(a.name, ())):

@@ -28,6 +28,7 @@ import importlib.util
 import torch
 
 import thunderfn.torch as ltorch
+from thunderfn.core import symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.executors.base import OperatorExecutor
 
@@ -87,7 +88,7 @@ def te_linear_checker(input, weight, bias=None) -> bool:
     tensors = (input, weight) if bias is None else (input, weight, bias)
     if any(not isinstance(t, TensorProxy) or t.device.type != DEVICE or t.dtype is not input.dtype for t in tensors):
         return False
-    rows = input.shape[:-1].numel()
+    rows = symbolic.product(input.shape[:-1])
     return (input.dtype in _DTYPES and weight.shape[1] == input.shape[-1]
             and all(n % ALIGNMENT == 0 and n > 0 for n in (weight.shape[0], weight.shape[1], rows)))
 

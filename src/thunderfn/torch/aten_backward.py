@@ -20,7 +20,7 @@ import torch
 
 from thunderfn import clang, prims
 from thunderfn.clang import maybe_convert_to_dtype
-from thunderfn.core import dtypes
+from thunderfn.core import dtypes, symbolic
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
 from thunderfn.torch.base import torchsymbol
@@ -217,7 +217,7 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
 
     grad_input = grad_weight = grad_bias = None
     if want_input:
-        n = torch.Size([input.shape[d] for d in dims]).numel()
+        n = symbolic.product(input.shape[d] for d in dims)
         dxhat = dy if weight is None else clang.mul(dy, maybe_convert_to_dtype(weight, compute))
         mean_dxhat = clang.true_divide(_row_sum(dxhat, dims), n)
         mean_dxhat_xhat = clang.true_divide(_row_sum(clang.mul(dxhat, xhat), dims), n)
@@ -281,7 +281,7 @@ def updated_running_stats(input, running_mean, running_var, stats_dims, momentum
     check(running_mean is not None and running_var is not None,
           lambda: "running statistics: pass both running_mean and running_var, or neither")
     input, running_mean, running_var = detach(input), detach(running_mean), detach(running_var)
-    n = torch.Size([input.shape[d] for d in stats_dims]).numel()
+    n = symbolic.product([input.shape[d] for d in stats_dims])
     var, mean = prims.var_mean(maybe_convert_to_dtype(input, torch.float64), stats_dims, correction=0)
     unbiased = clang.mul(var, n / (n - 1)) if n > 1 else var
 
@@ -389,7 +389,7 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
     if want_input:
         scale = invstd if weight is None else clang.mul(invstd, _per_channel(weight, input.ndim, compute))
         if train:
-            n = torch.Size([input.shape[d] for d in dims]).numel()
+            n = symbolic.product([input.shape[d] for d in dims])
             mean_dy = clang.keepdim_reshape(clang.true_divide(sum_dy, n), x, dims)
             projection = clang.mul(clang.keepdim_reshape(clang.true_divide(dot, n), x, dims), clang.mul(invstd, invstd))
             dx = clang.mul(clang.sub(clang.sub(dy, mean_dy), clang.mul(xc, projection)), scale)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from thunderfn import clang, prims
 from thunderfn.clang import is_tensor, maybe_convert_to_dtype
-from thunderfn.core import dtypes
+from thunderfn.core import dtypes, symbolic
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import check, check_dtype_supported
 from thunderfn.torch.base import register_alias, torchsymbol
@@ -117,7 +117,7 @@ def _as_bool(a):
 def _check_operands(opname, a, b, *, number_input=True, number_other=True):
     """torch's argument parsing: which operands may be Python numbers; anything else is a TypeError."""
     for position, argname, x, number_ok in ((1, "input", a, number_input), (2, "other", b, number_other)):
-        check(is_tensor(x) or (number_ok and isinstance(x, numbers.Number)),
+        check(is_tensor(x) or (number_ok and isinstance(x, symbolic.NUMBER_TYPES)),
               lambda: f"{opname}(): argument '{argname}' (position {position}) must be Tensor, not {type(x).__name__}",
               TypeError)
     check(is_tensor(a) or is_tensor(b),
@@ -215,7 +215,7 @@ def pow(a, b):
     _check_operands("pow", a, b)
     # x**2 is x*x bit for bit in torch; no other exponent is special-cased, because torch's
     # own shortcuts differ by dtype (x**0.5 is sqrt for float32 but std::pow for float16)
-    if isinstance(b, numbers.Number) and not isinstance(b, bool) and b == 2 and is_tensor(a) and dtypes.is_inexact(a.dtype):
+    if isinstance(b, symbolic.NUMBER_TYPES) and not isinstance(b, bool) and b == 2 and is_tensor(a) and dtypes.is_inexact(a.dtype):
         return clang.mul(a, a)
     return clang.pow(a, b)
 
@@ -321,7 +321,7 @@ def clamp_max(a, max):
 
 @torchsymbol(torch.lerp, T.lerp)
 def lerp(start, end, weight):
-    check(is_tensor(end) and (is_tensor(weight) or isinstance(weight, numbers.Number)),
+    check(is_tensor(end) and (is_tensor(weight) or isinstance(weight, symbolic.NUMBER_TYPES)),
           lambda: f"lerp() received an invalid combination of arguments - got ({type(start).__name__}, "
                   f"{type(end).__name__}, {type(weight).__name__})", TypeError)
     dtype = dtypes.result_type(start, end)

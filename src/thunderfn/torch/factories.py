@@ -13,7 +13,7 @@ import torch
 
 from thunderfn import clang
 from thunderfn.clang import maybe_convert_to_dtype
-from thunderfn.core import dtypes
+from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import check
@@ -35,7 +35,7 @@ def _size(size: tuple, name: str) -> tuple:
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
     for s in size:
-        check(isinstance(s, int) and not isinstance(s, bool),
+        check(symbolic.is_int(s),
               lambda: f"{name}(): argument 'size' must be tuple of ints, but found element of type {type(s).__name__}", TypeError)
     check(all(s >= 0 for s in size), lambda: "zeros: Dimension size must be non-negative." if name == "zeros"
           else f"Trying to create tensor with negative dimension {min(size)}: {list(size)}")
@@ -135,16 +135,19 @@ def arange(start, end=None, step=1, *, out=None, dtype=None, layout=None, device
     _check_unsupported(layout, out)
     if end is None:
         start, end = 0, start
+    # a float computed from a symbolic size (x.shape[-1] / 2) is specialized: the length's rounding is the
+    # number's, and guarding its exact value keeps it right for every call the entry takes
+    start, end, step = (float(v) if isinstance(v, torch.SymFloat) else v for v in (start, end, step))
     for v in (start, end, step):
         if isinstance(v, TensorProxy):
             raise UnsupportedOpError("arange() with tensor bounds has a length that depends on their values, which "
                                      "thunderfn cannot trace; pass Python numbers (shapes such as x.shape[0] are numbers)")
-        check(isinstance(v, numbers.Real), lambda: f"arange(): argument 'end' must be Number, not {type(v).__name__}", TypeError)
-    integral = all(isinstance(v, numbers.Integral) for v in (start, end, step))
+        check(isinstance(v, (numbers.Real, torch.SymInt)), lambda: f"arange(): argument 'end' must be Number, not {type(v).__name__}", TypeError)
+    integral = all(isinstance(v, (numbers.Integral, torch.SymInt)) for v in (start, end, step))
     if dtype is None:
         dtype = torch.int64 if integral else torch.get_default_dtype()
     check(dtype is not torch.bool, lambda: "\"arange_cpu\" not implemented for 'Bool'", NotImplementedError)
-    check(math.isfinite(start) and math.isfinite(end), lambda: f"unsupported range: {start} -> {end}")
+    check(integral or math.isfinite(start) and math.isfinite(end), lambda: f"unsupported range: {start} -> {end}")
     if not dtypes.is_inexact(dtype):
         # torch truncates fractional bounds for integer dtypes but sizes the result differently per dtype
         check(integral, lambda: f"arange() with integer dtype {dtype} and fractional start, end or step rounds them in "

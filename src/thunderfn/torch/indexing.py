@@ -17,7 +17,7 @@ import torch
 
 from thunderfn import clang, prims
 from thunderfn.clang import maybe_convert_to_dtype
-from thunderfn.core import context
+from thunderfn.core import context, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import ArgumentIndexError, ArgumentRuntimeError, UnsupportedOpError
@@ -67,15 +67,15 @@ def _normalize_key(a, key) -> list:
     for k in key:
         if isinstance(k, TensorProxy) and k.dtype in (torch.bool, torch.uint8):  # torch reads uint8 indices as masks
             raise UnsupportedOpError(_MASK_MESSAGE)
-        check(k is None or k is Ellipsis or isinstance(k, (int, slice, TensorProxy, _BoolScalarIndex)),
+        check(k is None or k is Ellipsis or isinstance(k, (int, torch.SymInt, slice, TensorProxy, _BoolScalarIndex)),
               lambda: "only integers, slices (`:`), ellipsis (`...`), None and long or byte Variables are valid indices "
                       f"(got {type(k).__name__})", IndexError)
         if isinstance(k, TensorProxy):
             check(k.dtype in _INDEX_DTYPES, lambda: "tensors used as indices must be long, int, byte or bool tensors", IndexError)
         if isinstance(k, slice):
             check(k.step != 0, lambda: "slice step cannot be zero", ValueError)
-    consumed = sum(1 for k in key if isinstance(k, (int, slice, TensorProxy)))
-    check(a.ndim > 0 or not any(isinstance(k, int) for k in key),
+    consumed = sum(1 for k in key if isinstance(k, (int, torch.SymInt, slice, TensorProxy)))
+    check(a.ndim > 0 or not any(isinstance(k, (int, torch.SymInt)) for k in key),
           lambda: "invalid index of a 0-dim tensor. Use `tensor.item()` in Python or `tensor.item<T>()` in C++ to convert "
                   "a 0-dim tensor to a number", IndexError)
     check(consumed <= a.ndim, lambda: f"too many indices for tensor of dimension {a.ndim}", IndexError)
@@ -102,14 +102,14 @@ def getitem(a, key):
             dim += 1
             continue
         n = a.shape[dim]
-        if isinstance(k, int):
+        if isinstance(k, (int, torch.SymInt)):
             check(-n <= k < n, lambda: f"index {k} is out of bounds for dimension {dim} with size {n}", IndexError)
-            k = k % n
+            k = k + n if type(k) is int and k < 0 else k % n  # (x[:, -1] of a symbolic size: s0 - 1)
             starts.append(k), stops.append(k + 1), steps.append(1)
             squeeze_dims.append(dim)
         else:
             check(k.step is None or k.step > 0, lambda: "step must be greater than zero", ValueError)
-            start, stop, step = k.indices(n)
+            start, stop, step = symbolic.slice_indices(k, n)
             stop = max(start, stop)
             starts.append(start), stops.append(stop), steps.append(step)
         dim += 1
@@ -117,7 +117,7 @@ def getitem(a, key):
     if a.ndim and (any(starts) or list(stops) != list(a.shape) or any(s != 1 for s in steps)):
         out = prims.slice(a, tuple(starts), tuple(stops), tuple(steps))
     # Positions of the remaining entries (None and bools add a dim, ints removed one, tensors stay).
-    remaining = [k for k in key if not isinstance(k, int)]
+    remaining = [k for k in key if not isinstance(k, (int, torch.SymInt))]
     if squeeze_dims:
         out = prims.squeeze(out, tuple(squeeze_dims))
     if any(k is None or isinstance(k, _BoolScalarIndex) for k in remaining):
@@ -148,7 +148,7 @@ def _advanced_index(a, indices, dims):
         raise ArgumentIndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
                          + ", ".join(str(list(i.shape)) for i in indices)) from None
     linear = in_range = None
-    merged = torch.Size(sizes).numel()
+    merged = symbolic.product(sizes)
     for idx, size, d in zip(indices, sizes, dims):
         idx = maybe_convert_to_dtype(idx, torch.int64)
         idx = clang.where(clang.lt(idx, 0), clang.add(idx, size), idx)  # negative indices count from the end
@@ -248,7 +248,7 @@ def _check_scatter(a, dim, index, src, name):
 def _corner(src, shape):
     """The leading `shape` corner of src: the part of src torch's scatter kernels read."""
     shape = tuple(shape)
-    if tuple(src.shape) == shape:
+    if symbolic.same_shape(src.shape, shape):
         return src
     if src.ndim != len(shape):  # 0-dim and 1-element 1-dim tensors are interchangeable here
         src = clang.reshape(src, (1,) * len(shape))
@@ -408,14 +408,14 @@ def index_put_entries(a, indices, values, accumulate=False):
     moved = clang.permute(a, tuple(perm))
     first = dims[0] if adjacent else 0
     sizes = [a.shape[k] for k in dims]
-    merged = torch.Size(sizes).numel()
+    merged = symbolic.product(sizes)
     linear = in_range = None
     for idx, size, pos in zip(tensors, sizes, range(len(sizes))):
         idx = _count_from_end(idx, size)
         if len(tensors) > 1:  # out of range in one dim could land in range of the merged dim
             ok = clang.bitwise_and(clang.ge(idx, 0), clang.lt(idx, size))
             in_range = ok if in_range is None else clang.bitwise_and(in_range, ok)
-        stride = torch.Size(sizes[pos + 1:]).numel()
+        stride = symbolic.product(sizes[pos + 1:])
         term = clang.mul(idx, stride) if stride != 1 else idx
         linear = term if linear is None else clang.add(linear, term)
     if in_range is not None:
@@ -566,7 +566,7 @@ def scatter_into_view(a, view, src):
 def slice_scatter(a, src, dim=0, start=None, end=None, step=1):
     check(step > 0, lambda: "slice step must be positive")
     d = prims.canonical_dim(dim, a.ndim)
-    first, stop, _ = slice(start, end, step).indices(a.shape[d])
+    first, stop, _ = symbolic.slice_indices(slice(start, end, step), a.shape[d])
     return scatter_into_view(a, lambda p: clang.slice_in_dim(p, first, max(first, stop), step, d), src)
 
 

@@ -457,7 +457,7 @@ def check_fresh(args, kwargs) -> None:
 
 def _is_basic_key(key) -> bool:
     items = key if isinstance(key, tuple) else (key,)
-    return all(k is None or k is Ellipsis or isinstance(k, (int, slice)) and not isinstance(k, bool) for k in items)
+    return all(k is None or k is Ellipsis or isinstance(k, (int, torch.SymInt, slice)) and not isinstance(k, bool) for k in items)
 
 
 # -- functional forms ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 
 from thunderfn import clang, prims
 from thunderfn.clang import keepdim_reshape, maybe_convert_to_dtype
-from thunderfn.core import dtypes
+from thunderfn.core import dtypes, symbolic
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported, scalar_type_name
@@ -331,7 +331,7 @@ def tensordot(a, b, dims=2, out=None):
         dims_a, dims_b = ([d] if isinstance(d, numbers.Integral) else list(d) for d in dims)
         check(len(dims_a) == len(dims_b), lambda: "both dimension lists should have same length")
     for x, y in zip(dims_a, dims_b):
-        check(a.shape[x] == b.shape[y] or a.shape[x] == 1 or b.shape[y] == 1,
+        check(symbolic.broadcastable(a.shape[x], b.shape[y]),
               lambda: f"contracted dimensions need to match, but first has size {a.shape[x]} in "
                       f"dim {x} and second has size {b.shape[y]} in dim {y}")
         # torch broadcasts a size-1 contracted dim: the other side is summed over it first

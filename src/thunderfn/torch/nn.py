@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from thunderfn import clang, prims
 from thunderfn.clang import keepdim_reshape, maybe_convert_to_dtype
-from thunderfn.core import context, dtypes
+from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.interception import dispatch
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import emit_runtime_check
@@ -85,8 +85,8 @@ def linear(input, weight, bias=None):
     check(bias.dtype == input.dtype, lambda: f"self and mat2 must have the same dtype, but got "
                                              f"{clang.scalar_type_name(bias.dtype)} and {clang.scalar_type_name(weight.dtype)}")
     if bias.ndim <= 1:  # torch adds it to the output with input's batch dims folded into rows
-        rows, n_out, n = torch.Size(input.shape[:-1]).numel(), weight.shape[0], bias.shape[0] if bias.ndim else 1
-        check(n in (1, n_out), lambda: f"The expanded size of the tensor ({n_out}) must match the existing size ({n}) at "
+        rows, n_out, n = symbolic.product(input.shape[:-1]), weight.shape[0], bias.shape[0] if bias.ndim else 1
+        check(symbolic.expands_to(n, n_out), lambda: f"The expanded size of the tensor ({n_out}) must match the existing size ({n}) at "
                                        f"non-singleton dimension 1.  Target sizes: [{rows}, {n_out}].  Tensor sizes: [{n}]")
     # torch's fused kernel adds the bias before rounding a half-precision result once; so do we
     compute = dtypes.computation_dtype(input.dtype)
@@ -137,7 +137,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     if eps is None:  # torch's default: the epsilon of the dtype it computes in (float32 for half types)
         eps = torch.finfo(compute).eps
     x = maybe_convert_to_dtype(input, compute)
-    mean_square = clang.true_divide(prims.sum(clang.mul(x, x), dims), torch.Size([input.shape[d] for d in dims]).numel())
+    mean_square = clang.true_divide(prims.sum(clang.mul(x, x), dims), symbolic.product([input.shape[d] for d in dims]))
     out = clang.mul(x, clang.rsqrt(clang.add(keepdim_reshape(mean_square, x, dims), eps)))
     if weight is not None:  # torch's fused kernel scales in the computation dtype and rounds once, to input's dtype
         out = clang.mul(out, maybe_convert_to_dtype(weight, compute))
@@ -162,7 +162,7 @@ def _instance_norm_channels(input, stats_dims, running_mean, running_var, weight
 
 
 def _check_more_than_one_value(input, count_dims, what, shape_text):
-    count = torch.Size([input.shape[d] for d in count_dims]).numel()
+    count = symbolic.product([input.shape[d] for d in count_dims])
     check(count != 1, lambda: f"Expected more than 1 {what} when training, got input size {shape_text}", ValueError)
 
 
@@ -312,7 +312,7 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     n, c = input.shape[0], input.shape[1]
     # F.group_norm's own check, on the input viewed as (N*C/G, G, ...)
     grouped = [n * c // num_groups, num_groups, *input.shape[2:]]
-    check(torch.Size([grouped[0], *grouped[2:]]).numel() != 1,
+    check(symbolic.product([grouped[0], *grouped[2:]]) != 1,
           lambda: f"Expected more than 1 value per channel when training, got input size {grouped}", ValueError)
     check(c % num_groups == 0, lambda: f"Expected number of channels in input to be divisible by num_groups, but got input "
                                        f"of shape {list(input.shape)} and num_groups={num_groups}")
@@ -323,7 +323,7 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     check_dtype_supported(dtypes.is_float(input.dtype), "GroupNormKernelImpl", input.dtype)
     _check_norm_params(input, weight, bias)
     # aten's native_group_norm also returns the mean and rstd its backward reads: reverse mode saves them
-    return native_group_norm(input, weight, bias, n, c, torch.Size(input.shape[2:]).numel(), num_groups, eps)[0]
+    return native_group_norm(input, weight, bias, n, c, symbolic.product(input.shape[2:]), num_groups, eps)[0]
 
 
 @torchsymbol(F.embedding)
@@ -547,7 +547,7 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
     is a runtime check (a ValueError when the compiled function runs, as in eager)."""
     import numbers
 
-    if isinstance(var, numbers.Number):
+    if isinstance(var, symbolic.NUMBER_TYPES):
         check(var >= 0, lambda: "var has negative entry/entries", ValueError)
         var = clang.full(input.shape, float(var), device=input.device, dtype=input.dtype)
     else:
@@ -638,7 +638,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
                   "is deprecated. Please ensure they have the same size.", ValueError)
     if weight is not None:  # F.binary_cross_entropy expands weight to the target's shape
         for i in range(1, min(weight.ndim, target.ndim) + 1):
-            check(weight.shape[-i] in (1, target.shape[-i]),
+            check(symbolic.expands_to(weight.shape[-i], target.shape[-i]),
                   lambda: f"Attempting to broadcast a dimension of length {weight.shape[-i]} at {-i}! Mismatching argument "
                           f"at index 1 had {_torch_size(weight)}; but expected shape should be broadcastable to "
                           f"{list(target.shape)}")

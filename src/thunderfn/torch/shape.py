@@ -14,7 +14,7 @@ import torch
 
 from thunderfn import clang, prims
 from thunderfn.clang import maybe_convert_to_dtype
-from thunderfn.core import context, dtypes
+from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import ArgumentTypeError, UnsupportedOpError
@@ -33,7 +33,7 @@ def _shape_args(shape):
     if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
         shape = tuple(shape[0])
     for s in shape:
-        check(isinstance(s, int) and not isinstance(s, bool),
+        check(symbolic.is_int(s),
               lambda: f"reshape(): argument 'shape' must be tuple of ints, but found element of type {type(s).__name__}",
               TypeError)
     return tuple(shape)
@@ -154,7 +154,7 @@ def expand(a, *shape):
     check(all(s >= 0 for s in resolved), lambda: f"The expanded size of the tensor (-1) isn't allowed in a leading, non-existing dimension {shape.index(-1)}")
     for i in reversed(range(offset, len(shape))):  # torch checks from the last dimension, and names the first it finds
         n = a.shape[i - offset]
-        check(n in (1, resolved[i]), lambda: f"The expanded size of the tensor ({resolved[i]}) must match the existing size "
+        check(symbolic.expands_to(n, resolved[i]), lambda: f"The expanded size of the tensor ({resolved[i]}) must match the existing size "
                                              f"({n}) at non-singleton dimension {i}.  Target sizes: {list(shape)}.  "
                                              f"Tensor sizes: {list(a.shape)}")
     return clang.expand_to(a, resolved)
@@ -226,7 +226,7 @@ def split(a, split_size_or_sections, dim=0):
     check(a.ndim > 0, lambda: "split expects at least a 1-dimensional tensor")
     d = canonical_dim(dim, a.ndim)
     n = a.shape[d]
-    if isinstance(split_size_or_sections, int):
+    if symbolic.is_int(split_size_or_sections):
         size = split_size_or_sections
         check(size >= 0, lambda: f"split expects split_size be non-negative, but got split_size={size}")
         check(size > 0 or n == 0, lambda: f"split_size can only be 0 if dimension size is 0, but got dimension size of {n}")
@@ -235,7 +235,7 @@ def split(a, split_size_or_sections, dim=0):
     else:
         sizes = list(split_size_or_sections)
         for s in sizes:
-            check(isinstance(s, int) and not isinstance(s, bool),
+            check(symbolic.is_int(s),
                   lambda: f"split_with_sizes(): argument 'split_sizes' (position 2) must be tuple of ints, not {type(s).__name__}", TypeError)
         check(all(s >= 0 for s in sizes), lambda: f"split_with_sizes expects split_sizes have only non-negative entries, but got split_sizes={sizes}")
         check(sum(sizes) == n, lambda: f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at dimension {d}), but got split_sizes={sizes}")
@@ -295,7 +295,7 @@ def unflatten(a, dim, sizes):
     sizes = tuple(sizes)
     check(len(sizes) > 0, lambda: "unflatten: sizes must be non-empty")
     check(sizes.count(-1) <= 1, lambda: "unflatten got an unexpected error:\nonly one dimension can be inferred")
-    n, known = a.shape[d], torch.Size(s for s in sizes if s != -1).numel()
+    n, known = a.shape[d], symbolic.product(s for s in sizes if s != -1)
     check(n % known == 0 if -1 in sizes and known else known == n,
           lambda: f"unflatten: Provided sizes {list(sizes)} don't multiply up to the size of dim {dim} ({n}) in the input tensor")
     sizes = clang.infer_shape(sizes, a.shape[d])

@@ -6,7 +6,7 @@ import torch
 
 from thunderfn import clang, prims
 from thunderfn.clang import maybe_convert_to_dtype
-from thunderfn.core import dtypes
+from thunderfn.core import dtypes, symbolic
 from thunderfn.core.statements import emit_runtime_check
 from thunderfn.prims import check
 from thunderfn.torch.base import torchsymbol
@@ -50,7 +50,7 @@ def cov(input, *, correction=1, fweights=None, aweights=None):
             norm = clang.sub(w_sum, correction)
         else:
             norm = clang.sub(w_sum, clang.true_divide(clang.mul(prims.sum(clang.mul(w, aweights), (0,)), correction), w_sum))
-    if isinstance(norm, (int, float)):
+    if isinstance(norm, symbolic.NUMBER_TYPES):  # (a symbolic size's n - correction: guarded on its sign)
         norm = max(norm, 0)
     else:
         norm = clang.where(clang.le(norm, 0), 0.0, norm)

@@ -31,7 +31,7 @@ import optree
 import torch
 from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead_wrappers
 
-from thunderfn.core import context, dtypes
+from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.passes import dce
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_unflatten
@@ -57,6 +57,9 @@ class Split:
     # positions get no gradient (torch passes None: the user did not use them), with the same arguments (those
     # cotangents unread); None where that backward would read a value the forward does not save
     backward_without: object = None
+    # (input number, dim) of each symbolic size the backward takes after its tensors (Trace.size_args): the
+    # sizes of the forward's inputs no tensor the backward gets holds as a dimension (core/symbolic.py)
+    size_plan: tuple = ()
 
 
 def why_not_split(computation: Trace) -> str | None:
@@ -196,6 +199,7 @@ def split_forward_backward(computation: Trace, executors) -> Split:
     residuals = list({p.name: p for p in reads(bwd)}.values())
     bwd.args = residuals + cotangents
     bwd.args_in_list = True  # ThunderFunction.backward hands over its only references: residuals die as they are used
+    size_plan = _sizes_for_backward(computation.args, bwd)
 
     def backward_without(absent: frozenset):
         """The backward differentiated again with no cotangent at the absent positions (of the differentiable
@@ -210,7 +214,7 @@ def split_forward_backward(computation: Trace, executors) -> Split:
         trc = backward_trace(bsyms, {p.name: g for p, g in zip(wrt, grads_now)})
         if not {p.name for p in reads(trc)} <= {p.name for p in residuals}:
             return None
-        trc.args, trc.args_in_list = residuals + cotangents, True
+        trc.args, trc.args_in_list, trc.size_args = residuals + cotangents, True, bwd.size_args
         stamp_provenance(trc, "Backward without the gradients of unused outputs", began)
         return trc
 
@@ -220,7 +224,22 @@ def split_forward_backward(computation: Trace, executors) -> Split:
     stamp_provenance(fwd, "Forward and backward split", start)
     stamp_provenance(bwd, "Forward and backward split", start)
     return Split(fwd, bwd, differentiable, leaf_plan, out_spec, tuple(p.constant for p in captured), constants,
-                 backward_without)
+                 backward_without, size_plan)
+
+
+def _sizes_for_backward(inputs: list, bwd: Trace) -> tuple:
+    """Make the backward take, after its tensors, each symbolic size of the inputs that none of its own
+    tensors holds as a dimension (its code computes with the forward's sizes: expand's VJP sums to an input's
+    shape); the (input number, dim) each is read from at call time, in that order."""
+    held = {symbolic.bare_symbol(n) for p in bwd.args for n in p.shape}
+    plan = {}
+    for i, p in enumerate(inputs):
+        for d, n in enumerate(p.shape):
+            name = symbolic.bare_symbol(n)
+            if name is not None and name not in held and name not in plan:
+                plan[name] = (i, d)
+    bwd.size_args = list(plan)
+    return tuple(plan.values())
 
 
 def _fresh(tensors, inputs) -> list:
@@ -241,6 +260,7 @@ def _keep_for_backward(ctx, compiled, inputs, outputs, new_residuals, *, anchor_
     """What both Functions below keep for the backward: the residuals (each an input, an output or a
     new tensor, per compiled.saved_from), and what the backward needs to know of the outputs."""
     ctx.compiled = compiled
+    ctx.sizes = [inputs[i].shape[d] for i, d in compiled.size_plan]  # (the backward's size parameters)
     ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]  # for zero cotangents (not the tensors)
     source = (*inputs, *outputs, *new_residuals)
     saved = [source[i] for i in compiled.saved_from]
@@ -289,6 +309,7 @@ def _backward(ctx, *cotangents):
     backward, given = compiled.backward_for([c for c, d in zip(cotangents, compiled.differentiable) if d],
                                             [m for m, d in zip(ctx.output_meta, compiled.differentiable) if d])
     residuals += given
+    residuals += ctx.sizes
     if not torch.is_grad_enabled():
         return (None, *backward(residuals))
     # create_graph=True (torch.func.grad and vjp always ask for it, so that they nest): give the first
@@ -399,6 +420,7 @@ class CompiledSplit:
         self.fn_name = split.forward.fn_name
         self.differentiable = split.differentiable
         self.leaf_plan, self.out_spec, self.captured = split.leaf_plan, split.out_spec, split.captured
+        self.size_plan = split.size_plan
         self.constants = split.constants
         # per residual: ("input", i) / ("output", i) when it is one of those, else ("new", None)
         inputs = {p.name: i for i, p in enumerate(split.forward.args)}

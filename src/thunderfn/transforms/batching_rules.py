@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from thunderfn import clang, prims
+from thunderfn.core import symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import PrimIDs, canonical_dim
 from thunderfn.errors import InternalError
@@ -65,7 +66,7 @@ def batched_front(x, dim, batch_size: int) -> TensorProxy:
 
 def reshaped(x: TensorProxy, shape: tuple) -> TensorProxy:
     """x reshaped, or x itself when it has that shape already (keeps traces free of no-op reshapes)."""
-    return x if tuple(x.shape) == tuple(shape) else prims.reshape(x, tuple(shape))
+    return x if symbolic.same_shape(x.shape, shape) else prims.reshape(x, tuple(shape))
 
 
 def as_vectors(tensors, dims, batch_size: int) -> list:

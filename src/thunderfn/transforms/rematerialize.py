@@ -50,6 +50,7 @@ import dataclasses
 import time
 from typing import Callable, Iterable
 
+from thunderfn.core import symbolic
 from thunderfn.core.passes import dce, makes_new_memory
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import write_back
@@ -67,7 +68,8 @@ _REDUCTION_SHRINK_LIMIT = 4
 
 
 def nbytes(p: TensorProxy) -> int:
-    return p.numel() * p.dtype.itemsize
+    """Its size in bytes, for the cost model only: a symbolic size counts as the size this compile has."""
+    return symbolic.hint(p.numel()) * p.dtype.itemsize
 
 
 def cheap_to_recompute(bsym) -> bool:

@@ -46,7 +46,7 @@ from torch._library import utils as _torch_library_utils
 
 import thunderfn.torch as ltorch
 from thunderfn import prims
-from thunderfn.core import context, dtypes
+from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.interception import lift_constants, register_handler_finder
 from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import tree_leaves
@@ -439,11 +439,10 @@ def _expandable(shape: tuple, to: tuple) -> bool:
 
 
 def _sum_to(x, shape: tuple):
-    lead = x.ndim - len(shape)
-    dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1)
+    dims = symbolic.broadcast_dims(x.shape, shape)
     if dims:
         x = ltorch.sum(x, dims)
-    return x if tuple(x.shape) == shape else ltorch.reshape(x, shape)
+    return x if symbolic.same_shape(x.shape, shape) else ltorch.reshape(x, shape)
 
 
 # -- @once_differentiable ------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import torch
 
 from thunderfn import prims
 import thunderfn.torch as ltorch
-from thunderfn.core import dtypes
+from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import PrimIDs, canonical_dim, canonical_dims
 from thunderfn.prims import torch_impls as prim_impls
@@ -204,11 +204,10 @@ def _sum_to(x, shape):
     """Undo numpy-style broadcasting of something of `shape` to x's shape: sum the leading
     dims and the size-1 dims that were expanded, then reshape."""
     shape = tuple(shape)
-    lead = x.ndim - len(shape)
-    dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1)
+    dims = symbolic.broadcast_dims(x.shape, shape)
     if dims:
         x = ltorch.sum(x, dims)
-    return x if tuple(x.shape) == shape else ltorch.reshape(x, shape)
+    return x if symbolic.same_shape(x.shape, shape) else ltorch.reshape(x, shape)
 
 
 def _unreduce(g, a, dims):
@@ -462,7 +461,7 @@ def _broadcast_in_dim_vjp(res, g):
     summed = [d for d in range(len(shape)) if d not in bdims]
     summed += [d for i, d in enumerate(bdims) if a.shape[i] == 1 and shape[d] != 1]
     s = ltorch.sum(g, tuple(sorted(summed))) if summed else g
-    return (s if tuple(s.shape) == tuple(a.shape) else ltorch.reshape(s, tuple(a.shape))), None, None
+    return (s if symbolic.same_shape(s.shape, a.shape) else ltorch.reshape(s, tuple(a.shape))), None, None
 
 
 defvjp(PrimIDs.RESHAPE)(lambda res, g: (_ct(ltorch.reshape(g, tuple(res.args[0].shape)), res.args[0]), None))

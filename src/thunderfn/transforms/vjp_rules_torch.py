@@ -21,7 +21,7 @@ import torch
 
 from thunderfn import clang
 import thunderfn.torch as ltorch
-from thunderfn.core import dtypes
+from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import canonical_dim
 from thunderfn.torch.elementwise import _SELU_ALPHA, _SELU_SCALE
@@ -121,8 +121,7 @@ def _computed(*tensors):
 def _sum_to(x, shape):
     """Undo the broadcasting of something of `shape` to x's shape."""
     shape = tuple(shape)
-    lead = x.ndim - len(shape)
-    dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1)
+    dims = symbolic.broadcast_dims(x.shape, shape)
     return ltorch.reshape(ltorch.sum(x, dims) if dims else x, shape)
 
 
@@ -134,7 +133,7 @@ def _matrix_t(x):
 def _linear_vjp(res, g):  # out = x @ w.T + b; w is (out, in), or (in,) for a dot product over the last dim
     x, w = res.args[:2]
     b = _argument(res, 2, "bias", None)
-    rows = torch.Size(x.shape[:-1]).numel()
+    rows = symbolic.product(x.shape[:-1])
     if w.ndim == 1:
         dx = ltorch.mul(ltorch.unsqueeze(g, -1) if g.ndim else g, w)
         dw = ltorch.mul(g, x) if x.ndim == 1 else ltorch.matmul(ltorch.reshape(g, (rows,)), ltorch.reshape(x, (rows, w.shape[0])))

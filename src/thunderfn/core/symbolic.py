@@ -1,0 +1,330 @@
+"""Symbolic dimensions: one trace for every size of a dimension (dynamic shapes).
+
+A dimension jit decides to leave open (jit.py: `dynamic=`, `tf.mark_dynamic`) enters the
+trace as a `torch.SymInt` of torch's own `ShapeEnv` (torch.fx.experimental.symbolic_shapes),
+the machinery torch.compile guards with: sizes computed from it are SymInts too (`2*s0`,
+`s0 // 2`), and wherever traced code asks a question of one (`if x.shape[1] > 128`, a
+broadcast's `a == b`, a reshape's divisibility), the ShapeEnv answers from the size this
+call has and records the answer as a guard. A compiled entry checks those guards on every
+call (`guard_code`); a call that breaks one compiles anew, it never runs a trace whose
+decisions do not hold for it. `int(s)` and `range(s)` specialize the size (guarded equal).
+
+Code reading shapes may meet a SymInt wherever it met an int (`is_int`); a decision made only
+for speed (a heuristic, never a result) reads the size this call has without guarding (`hint`).
+
+Generated code binds each symbol it uses from an input's shape (`s0 = x.shape[1]`, printed
+first in the function: where the symbol comes from) or from a trailing size parameter where
+no input holds it bare (a backward given the forward's sizes).
+
+Imported by the core; torch's symbolic_shapes (sympy, 0.4 s) is imported on the first dynamic compile.
+May import: errors.py.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import numbers
+import re
+import threading
+import weakref
+
+import torch
+
+from thunderfn.errors import InternalError
+
+SymInt = torch.SymInt
+INT_TYPES = (int, torch.SymInt)  # what a size may be while tracing
+NUMBER_TYPES = (numbers.Number, torch.SymInt, torch.SymFloat)  # a Python number, or one computed from sizes
+
+
+def is_int(x) -> bool:
+    """An int or a symbolic size (not a bool)."""
+    return isinstance(x, INT_TYPES) and not isinstance(x, bool)
+
+
+def is_symbolic(x) -> bool:
+    return isinstance(x, torch.SymInt)
+
+
+def hint(x):
+    """The size this compile's call has, without recording a guard: for heuristics only."""
+    if isinstance(x, torch.SymInt):
+        return x.node.hint if x.node.hint is not None else x.node.shape_env.size_hint(x.node.expr)
+    return x
+
+
+def hints(shape) -> tuple:
+    return tuple(hint(s) for s in shape)
+
+
+def has_symbols(tree) -> bool:
+    """Whether a value (an argument of a recorded call: nested lists, tuples, dicts) holds a SymInt."""
+    if isinstance(tree, torch.SymInt):
+        return True
+    if isinstance(tree, (list, tuple, torch.Size)):
+        return any(has_symbols(x) for x in tree)
+    if isinstance(tree, dict):
+        return any(has_symbols(x) for x in tree.values())
+    return False
+
+
+def product(shape):
+    """The number of elements of a shape, symbolic where the shape is (torch.Size.numel specializes)."""
+    n = 1
+    for s in shape:
+        n = n * s
+    return n
+
+
+def expands_to(n, target) -> bool:
+    """Whether a size n broadcasts to target (n == 1 or n == target), asking a symbolic size only what the
+    answer needs: a static 1 or the same symbol first, so expanding a 1 to s0 does not guard s0 != 1."""
+    if n is target or _static_one(n):
+        return True
+    return n == target or n == 1
+
+
+def broadcastable(x, y) -> bool:
+    """Whether two sizes broadcast together, in the same order of questions as expands_to."""
+    if x is y or _static_one(x) or _static_one(y):
+        return True
+    return x == y or x == 1 or y == 1
+
+
+def broadcast_size(x, y):
+    """The size two broadcastable sizes broadcast to (see broadcastable)."""
+    if x is y or _static_one(y):
+        return x
+    if _static_one(x):
+        return y
+    if x == y:  # (the same expression computed twice: answered without a guard)
+        return x
+    return y if x == 1 else x
+
+
+def broadcast_dims(from_shape, to_shape) -> tuple:
+    """The dimensions of from_shape that broadcasting to_shape made (the leading ones, and those where
+    to_shape has a 1 that was expanded): what a gradient sums over to return to to_shape. A static 1 is
+    summed over whatever the size it was expanded to (summing a size-1 dimension changes nothing), so a
+    symbolic size is not guarded to differ from 1."""
+    lead = len(from_shape) - len(to_shape)
+    dims = list(range(lead))
+    for i, n in enumerate(to_shape):
+        m = from_shape[lead + i]
+        if n is m or _static_one(m):
+            continue
+        if _static_one(n) or n == 1 and m != 1:
+            dims.append(lead + i)
+    return tuple(dims)
+
+
+def same_shape(a, b) -> bool:
+    """Whether two shapes are provably the same, without guarding: for "is this reshape a no-op" questions,
+    whose other answer (reshape anyway) is right too. A symbolic size equals a number or another symbolic
+    size only where the ShapeEnv knows it already; asking would guard this trace to sizes that differ."""
+    a, b = tuple(a), tuple(b)
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x is y:
+            continue
+        if type(x) is int and type(y) is int:
+            if x != y:
+                return False
+        elif not _shapes().statically_known_true(x == y):
+            return False
+    return True
+
+
+def _static_one(n) -> bool:
+    return type(n) is int and n == 1
+
+
+def slice_indices(k: slice, n) -> tuple:
+    """slice.indices(n) where n or the bounds may be symbolic: Python's clamping, each comparison a guard
+    only where a symbolic size takes part (slice.indices itself would specialize n)."""
+    if not any(isinstance(v, torch.SymInt) for v in (k.start, k.stop, k.step, n)):
+        return k.indices(n)
+    step = 1 if k.step is None else k.step
+    if step > 0:
+        start = 0 if k.start is None else _clamped(k.start, n, 0, n)
+        stop = n if k.stop is None else _clamped(k.stop, n, 0, n)
+    else:
+        start = n - 1 if k.start is None else _clamped(k.start, n, -1, n - 1)
+        stop = -1 if k.stop is None else _clamped(k.stop, n, -1, n - 1)
+    return start, stop, step
+
+
+def _clamped(i, n, low, high):
+    if i < 0:
+        i = i + n
+        return low if i < low else i
+    return high if i > high else i
+
+
+@functools.cache
+def _shapes():
+    return importlib.import_module("torch.fx.experimental.symbolic_shapes")
+
+
+@functools.cache
+def _sources():
+    return importlib.import_module("torch._dynamo.source")
+
+
+@functools.cache
+def _printer():
+    return importlib.import_module("torch.utils._sympy.printers").PythonPrinter()
+
+
+class SymbolicInputs:
+    """The symbols of one compile's input dimensions.
+
+    `plan` maps a tensor input's number (its place among the call's tensors) to the dimensions
+    left open. Sizes 0 stay static (an empty tensor takes other paths in many ops); a size of 1
+    becomes a symbol too, traced at the size `hints` gives, so a length-1 call can share the trace unless
+    the trace branched on it.""" 
+
+    def __init__(self, plan: dict, hints: dict | None = None):
+        shapes = _shapes()
+        self.plan = plan
+        # (tensor number, dim) -> the size to trace a symbol at instead of the call's (see jit's dynamic_shapes.py)
+        self.hints = hints or {}
+        self.env = shapes.ShapeEnv(specialize_zero_one=False)
+        self.placeholders: list = []  # every dimension of every tensor input, in order (int or SymInt)
+        self.access: list[tuple[int, int]] = []  # (tensor number, dim) of each placeholder
+        self.names: dict = {}  # sympy symbol -> "s0": the printed name, in order of creation
+        self.described: dict = {}  # "s0" -> "argument 'x'.shape[1]"
+        _registry[self.env] = self
+
+    def shape(self, number: int, shape, described: str) -> torch.Size:
+        open_dims = self.plan.get(number, ())
+        dims = []
+        for d, n in enumerate(shape):
+            self.access.append((number, d))
+            if d in open_dims and n >= 1:
+                source = _sources().LocalSource(f"t{len(self.placeholders)}")
+                at = self.hints.get((number, d), n)
+                expr = self.env.create_symbol(at, source, dynamic_dim=_shapes().DimDynamic.DUCK,
+                                              do_not_specialize_zero_one=True)
+                n = self.env.create_symintnode(expr, hint=at, source=source)
+                if expr not in self.names:
+                    self.names[expr] = f"s{len(self.names)}"
+                    self.described[self.names[expr]] = f"{described}.shape[{d}]"
+            self.placeholders.append(n)
+            dims.append(n)
+        return torch.Size(dims)
+
+    @property
+    def symbolic_dims(self) -> dict:
+        """tensor number -> the dimensions that are symbolic in this compile."""
+        out: dict = {}
+        for (number, d), n in zip(self.access, self.placeholders):
+            if isinstance(n, torch.SymInt) and not self.env.simplify(n.node.expr).is_number:  # (not specialized)
+                out.setdefault(number, []).append(d)
+        return {k: tuple(v) for k, v in out.items()}
+
+    def still_symbolic(self) -> dict:
+        """"s0" -> where it comes from, for the symbols no guard specialized to a number."""
+        names = {python(n) for n in self.placeholders if isinstance(n, torch.SymInt)}
+        return {name: where for name, where in self.described.items() if name in names}
+
+    def guard_code(self, tensor_names: list[str]) -> str | None:
+        """A Python expression over the call's tensors (named `tensor_names`, in input order) that holds
+        exactly when every fact the trace relied on holds for their sizes, or None when there is none.
+        Static dimensions are not in it: the cache key compares them."""
+        code = self.env.produce_guards_expression(self.placeholders, ignore_static=True)
+        if code is None:
+            return None
+
+        def access(m):
+            number, d = self.access[int(m.group(1))]
+            return f"{tensor_names[number]}.shape[{d}]"
+
+        return re.sub(r"L\['t(\d+)'\]", access, code)
+
+    def guards_in_words(self) -> list[str]:
+        """The facts the trace relied on, over the symbols' printed names (for cache_info and errors)."""
+        words = []
+        for guard in self.env.guards:
+            expr = self.env.simplify(guard.expr)
+            if expr is not True and str(expr) != "True":
+                words.append(python(expr, self))
+        return words
+
+
+# every live ShapeEnv of ours -> its SymbolicInputs, for printing a SymInt by its names
+_registry: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def inputs_of(x) -> SymbolicInputs | None:
+    return _registry.get(x.node.shape_env) if isinstance(x, (torch.SymInt, torch.SymFloat)) else None
+
+
+def python(x, inputs: SymbolicInputs | None = None) -> str:
+    """Python source computing a size (an int, a SymInt or a sympy expression of ours) from its symbols."""
+    if isinstance(x, int):
+        return repr(x)
+    if isinstance(x, (torch.SymInt, torch.SymFloat)):
+        inputs = inputs_of(x)
+        x = inputs.env.simplify(x.node.expr) if inputs is not None else x.node.expr
+    if inputs is None:
+        raise InternalError(f"a symbolic size {x} of no jit compile reached code generation")
+    if x.is_number:
+        return repr(int(x)) if x.is_integer else repr(float(x))
+    named = x.xreplace({s: _named_symbol(inputs.names.get(s, str(s))) for s in x.free_symbols})
+    return _printer().doprint(named)
+
+
+@functools.cache
+def _named_symbol(name: str):
+    return importlib.import_module("sympy").Symbol(name, integer=True)
+
+
+def symbols_in(x) -> set[str]:
+    """The printed names of the symbols a size's source uses."""
+    if not isinstance(x, (torch.SymInt, torch.SymFloat)):
+        return set()
+    inputs = inputs_of(x)
+    if inputs is None:
+        return set()
+    expr = inputs.env.simplify(x.node.expr)
+    return {inputs.names.get(s, str(s)) for s in expr.free_symbols}
+
+
+def bare_symbol(x) -> str | None:
+    """The printed name of x when x is exactly one symbol (so generated code can bind it from a shape)."""
+    if not isinstance(x, torch.SymInt):
+        return None
+    inputs = inputs_of(x)
+    if inputs is None:
+        return None
+    expr = inputs.env.simplify(x.node.expr)
+    return inputs.names.get(expr) if expr.is_Symbol else None
+
+
+def evaluation_namespace() -> dict:
+    """What a guard expression needs besides the tensors (sympy's functions as Python)."""
+    return dict(_shapes().SYMPY_INTERP)
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def opening(inputs: SymbolicInputs | None):
+    """Trace inputs with the symbolic dimensions of `inputs` (core/trace.py's proxify_inputs asks `current`)."""
+    previous = getattr(_local, "inputs", None)
+    _local.inputs = inputs
+    try:
+        yield inputs
+    finally:
+        _local.inputs = previous
+
+
+def current() -> SymbolicInputs | None:
+    """The symbolic inputs of the trace being started on this thread, consumed by the outermost trace."""
+    inputs = getattr(_local, "inputs", None)
+    _local.inputs = None  # inner traces (a transform's inside jit) take their inputs' shapes as given
+    return inputs

@@ -1,0 +1,180 @@
+"""Dynamic shapes for jit: which dimensions a compile leaves symbolic, and what its entry checks.
+
+`tf.jit(fn, dynamic=...)` has torch.compile's meaning:
+- None (the default): the first call compiles with every size as it is. A later call that
+  differs from a compiled signature only in some sizes compiles once more with those
+  dimensions symbolic (torch.compile's "automatic dynamic"); the dimensions seen changing are
+  remembered, so each is opened once.
+- True: every dimension of every tensor input is symbolic from the first compile.
+- False: every size is static; each new size compiles anew.
+`mark_dynamic(t, dim)` opens a dimension from the first compile whatever `dynamic` says, and
+`mark_static(t, dim)` keeps one static whatever it says (torch._dynamo's functions).
+
+An entry with symbolic dimensions (`SymbolicSizes`) matches a call by a pattern of its cache
+key, where each symbolic dimension is free, and then checks the guards its trace recorded on
+the sizes (core/symbolic.py): relations between dimensions, divisibility, the ranges a branch
+needed. A call that breaks one compiles anew. Python numbers stay static: they are values in the
+cache key (docs/sharp_bits.md).
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from thunderfn.core import symbolic
+from thunderfn.errors import ArgumentIndexError, ArgumentTypeError, ArgumentValueError
+
+_generated = itertools.count()
+DYNAMIC_DIMS = "_thunderfn_dynamic_dims"
+STATIC_DIMS = "_thunderfn_static_dims"
+
+
+def mark_dynamic(t: torch.Tensor, dim) -> None:
+    """Compile every jitted function `t` is passed to with dimension `dim` (an int or a list of them)
+    symbolic from the first call, as torch._dynamo.mark_dynamic does."""
+    _mark(t, dim, DYNAMIC_DIMS, "mark_dynamic")
+
+
+def mark_static(t: torch.Tensor, dim) -> None:
+    """Keep dimension `dim` (an int or a list) of `t` static in every jitted function it is passed to,
+    even with dynamic=True or after its size changed (torch._dynamo.mark_static)."""
+    _mark(t, dim, STATIC_DIMS, "mark_static")
+
+
+def _mark(t, dim, attribute: str, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentTypeError(f"{what}() expects a tensor, got {type(t).__name__}")
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    marked = set(getattr(t, attribute, ()))
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise ArgumentTypeError(f"{what}() expects dim to be an int or a list of ints, got {type(d).__name__}")
+        if not -max(t.ndim, 1) <= d < max(t.ndim, 1):
+            raise ArgumentIndexError(f"Dimension out of range (expected to be in range of [{-max(t.ndim, 1)}, "
+                                     f"{max(t.ndim, 1) - 1}], but got {d})")
+        marked.add(d % max(t.ndim, 1))
+    setattr(t, attribute, marked)
+
+
+def check_option(dynamic) -> None:
+    if dynamic not in (None, True, False):
+        raise ArgumentValueError(f"dynamic must be None (automatic), True or False, got {dynamic!r}")
+
+
+def is_tensor_part(part) -> bool:
+    """Whether a cache key part is a tensor's (shape, dtype, device, requires_grad)."""
+    return isinstance(part, tuple) and len(part) == 4 and isinstance(part[1], torch.dtype)
+
+
+def open_dimensions(dynamic, key: tuple, tensors: list, compiled_keys) -> tuple[dict, dict]:
+    """(tensor number -> the dimensions a compile for this call leaves symbolic (empty: a static compile),
+    (tensor number, dim) -> the size to trace an open dimension of size 1 with).
+
+    key is the call's cache key (tensors' parts in order), compiled_keys the keys (or patterns) compiled
+    so far: with dynamic=None, a dimension is opened when some compiled signature differs from this
+    call's in that dimension's size and nowhere but in sizes.
+
+    A size of 1 is where broadcasting and many library branches (`if seq_len == 1`) decide differently: a
+    trace made at 1 would be guarded to 1 and serve no other size. An open dimension of size 1 is traced at
+    the size it had in the signature compiled before (at least 2); its entry runs the call at 1 only where
+    none of its guards distinguishes 1, and otherwise 1 compiles an entry of its own."""
+    parts = [p for p in key[4:] if is_tensor_part(p)]
+    opened: dict = {}
+    seen: dict = {}  # (tensor number, dim) -> a size it had in a compiled signature
+    if dynamic is True:
+        opened = {k: set(range(len(p[0]))) for k, p in enumerate(parts)}
+    elif dynamic is None:
+        for old in compiled_keys:
+            changed = _changed_sizes(old, key)
+            for k, dims in (changed or {}).items():
+                opened.setdefault(k, set()).update(dims)
+                olds = [p for p in old[4:] if is_tensor_part(p)][k][0]
+                seen.update({(k, d): olds[d] for d in dims if olds[d] is not None and olds[d] >= 2})
+    for k, t in enumerate(tensors):
+        opened.setdefault(k, set()).update(getattr(t, DYNAMIC_DIMS, ()))
+        opened[k] -= set(getattr(t, STATIC_DIMS, ()))
+    opened = {k: frozenset(dims) for k, dims in opened.items() if dims}
+    hints = {(k, d): seen.get((k, d), 2) for k, dims in opened.items() for d in dims if parts[k][0][d] == 1}
+    return opened, hints
+
+
+def _changed_sizes(old: tuple, key: tuple) -> dict | None:
+    """tensor number -> the dimensions whose size differs between two keys, when they differ in sizes only
+    (the same structure, modes, dtypes, devices, ranks and other arguments); else None."""
+    if len(old) != len(key) or old[:4] != key[:4]:
+        return None
+    changed, k = {}, 0
+    for a, b in zip(old[4:], key[4:]):
+        if is_tensor_part(a) != is_tensor_part(b):
+            return None
+        if not is_tensor_part(a):
+            if a != b:
+                return None
+            continue
+        if a[1:] != b[1:] or len(a[0]) != len(b[0]):
+            return None
+        dims = {d for d, (x, y) in enumerate(zip(a[0], b[0])) if x != y}
+        if dims:
+            changed[k] = dims
+        k += 1
+    return changed
+
+
+class SymbolicSizes:
+    """What an entry compiled with symbolic dimensions checks: its key pattern (the compiling call's key
+    with each symbolic size free: None) and the guards its trace recorded on the sizes."""
+
+    def __init__(self, inputs: symbolic.SymbolicInputs, key: tuple):
+        self.dims = inputs.symbolic_dims  # tensor number -> its symbolic dimensions
+        self.described = inputs.still_symbolic()  # "s0" -> "argument 'x'.shape[1]"
+        self.facts = inputs.guards_in_words()
+        parts, k = list(key[:4]), 0
+        for part in key[4:]:
+            if is_tensor_part(part):
+                open_dims = self.dims.get(k, ())
+                parts.append((tuple(None if d in open_dims else n for d, n in enumerate(part[0])), *part[1:]))
+                k += 1
+            else:
+                parts.append(part)
+        self.pattern = tuple(parts)
+        n_tensors = k
+        # tensors are named a0, a1, ... in the order of the call's tensors, as jit's check-and-call functions name them
+        names = [f"a{i}" for i in range(n_tensors)]
+        self.guard_code = self.check_code(names, inputs.guard_code(names))
+        source = (f"def hold(tensors):\n    {', '.join(names)}{',' if n_tensors == 1 else ''} = tensors\n"
+                  f"    return {self.guard_code}\n")
+        namespace = symbolic.evaluation_namespace()
+        exec(compile(source, f"<thunderfn size guards {next(_generated)}>", "exec"), namespace)
+        self.hold = namespace["hold"]
+
+    def check_code(self, names: list[str], guards: str | None = None) -> str:
+        """A Python expression over the tensors (named `names`) that holds when the symbolic sizes fit: each
+        at least 1 (an empty tensor compiles its own entry) and the trace's guards."""
+        terms = [f"{names[k]}.shape[{d}] >= 1" for k, dims in self.dims.items() for d in dims]
+        terms += [f"({guards})"] if guards else []
+        return " and ".join(terms) or "True"
+
+    def matches(self, key: tuple) -> bool:
+        """Whether a call's cache key fits the pattern (everything equal but the symbolic sizes)."""
+        pattern = self.pattern
+        if len(pattern) != len(key) or pattern[:4] != key[:4]:
+            return False
+        for p, part in zip(pattern[4:], key[4:]):
+            if is_tensor_part(p):
+                if not is_tensor_part(part) or p[1:] != part[1:] or len(p[0]) != len(part[0]):
+                    return False
+                if any(n is not None and n != m for n, m in zip(p[0], part[0])):
+                    return False
+            elif p != part:
+                return False
+        return True
+
+    def failure(self, tensors) -> str | None:
+        if self.hold(tensors):
+            return None
+        facts = "; ".join(self.facts) or "every symbolic size is at least 1"
+        return f"the sizes of this call break what the trace relied on ({facts}; {self.in_words()})"
+
+    def in_words(self) -> str:
+        return ", ".join(f"{name} = {where}" for name, where in self.described.items())

@@ -1,0 +1,219 @@
+"""Dynamic shapes: one trace for every size of a dimension, guarded by what the trace relied on."""
+import random
+import warnings
+
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import thunderfn as tf
+from thunderfn.testing import strategies as tst
+
+
+def _block(x, w, b):
+    """Reshapes of computed sizes, broadcasting against a bias, a reduction, softmax, slicing: a small
+    attention-like block over a sequence of any length."""
+    n, t, d = x.shape
+    h = torch.tanh(x @ w + b)  # (n, t, d)
+    heads = h.reshape(n, t, 2, d // 2).transpose(1, 2)  # (n, 2, t, d/2)
+    scores = (heads @ heads.transpose(-1, -2)) / (d // 2) ** 0.5  # (n, 2, t, t)
+    mixed = scores.softmax(-1) @ heads
+    out = mixed.transpose(1, 2).reshape(n, t, d) + x
+    return out[:, -1].sum() + out.mean() + x[:, : t - 1].sum() * 0.1
+
+
+def _check_grads(jitted, fn, *args):
+    out, ref = jitted(*args), fn(*args)
+    torch.testing.assert_close(out, ref)
+    inputs = [a for a in args if a.requires_grad]
+    got = torch.autograd.grad(out, inputs)
+    want = torch.autograd.grad(ref, inputs)
+    torch.testing.assert_close(got, want)
+
+
+def test_fifty_lengths_compile_at_most_twice_and_match_eager_forward_and_backward():
+    w = torch.randn(8, 8, requires_grad=True)
+    b = torch.randn(8, requires_grad=True)
+    jitted = tf.jit(_block)
+    lengths = random.Random(0).sample(range(1, 513), 50)
+    for t in lengths:
+        _check_grads(jitted, _block, torch.randn(2, t, 8, requires_grad=True), w, b)
+    info = tf.cache_info(jitted)
+    assert info["misses"] <= 2, info["recompiles"]
+    assert info["symbolic"] and "argument 'x'.shape[1]" in info["symbolic"][-1].values()
+
+
+def test_a_module_over_lengths_one_to_many_compiles_at_most_twice():
+    layer = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+    jitted = tf.jit(layer)
+    for t in [5, 1, 9, 17, 2, 33]:
+        x = torch.randn(3, t, 8)
+        torch.testing.assert_close(jitted(x), layer(x))
+    assert tf.cache_info(jitted)["misses"] <= 2, tf.cache_info(jitted)["recompiles"]
+
+
+def test_trace_names_symbols_and_binds_them_from_the_inputs():
+    def f(x):
+        return x.sum(1) / (x.shape[0] * x.shape[1])
+
+    jitted = tf.jit(f, dynamic=True)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(jitted(x), f(x))
+    source = str(tf.last_traces(jitted)[-1])
+    assert "s0 = x.shape[0]" in source and "s1 = x.shape[1]" in source
+    assert '"cpu f32[s0, s1]"' in source or "f32[s0, s1]" in source
+    assert tf.cache_info(jitted)["symbolic"] == [{"s0": "argument 'x'.shape[0]", "s1": "argument 'x'.shape[1]"}]
+    for shape in [(3, 5), (7, 2), (1, 9)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(jitted(x), f(x))
+    assert tf.cache_info(jitted)["misses"] == 1
+
+
+def test_backward_computes_with_a_size_no_saved_tensor_holds():
+    """x.sum()'s backward expands to x's shape: the backward is given the forward's size."""
+    def f(x):
+        return (x.sum() * 2).exp()
+
+    jitted = tf.jit(f, dynamic=True)
+    for n in [3, 8]:
+        x = torch.randn(n, 4, requires_grad=True) * 0.1
+        _check_grads(jitted, f, x)
+    assert tf.cache_info(jitted)["misses"] == 1
+    assert "s0" in str(tf.last_backward_traces(jitted)[-1])
+
+
+def test_a_branch_on_a_size_is_guarded_and_recompiles_when_it_flips():
+    def f(x):
+        if x.shape[0] > 8:
+            return x * 2
+        return x * 3
+
+    jitted = tf.jit(f, dynamic=True)
+    for n in [4, 12, 6, 20]:
+        x = torch.randn(n)
+        torch.testing.assert_close(jitted(x), f(x))
+    info = tf.cache_info(jitted)
+    assert info["misses"] == 2
+    assert any("s0 > 8" in fact or "8 < s0" in fact or "s0 <= 8" in fact for facts in info["size_guards"]
+               for fact in facts), info["size_guards"]
+
+
+def test_a_relation_between_inputs_is_guarded():
+    """x + y with equal symbolic lengths relies on them being equal; lengths that differ (broadcasting a 1,
+    or an error) are never run by that trace."""
+    def f(x, y):
+        return x + y
+
+    jitted = tf.jit(f, dynamic=True)
+    torch.testing.assert_close(jitted(torch.ones(5), torch.ones(5)), torch.full((5,), 2.0))
+    torch.testing.assert_close(jitted(torch.ones(7), torch.ones(7)), torch.full((7,), 2.0))
+    assert tf.cache_info(jitted)["misses"] == 1
+    torch.testing.assert_close(jitted(torch.ones(4), torch.ones(1) * 3), torch.full((4,), 4.0))
+    with pytest.raises(RuntimeError, match="must match the size"):
+        jitted(torch.ones(4), torch.ones(3))
+
+
+def test_divisibility_a_view_relied_on_is_guarded():
+    def f(x):
+        return x.view(-1, 4).sum(1)
+
+    jitted = tf.jit(f)
+    for n in [8, 12, 16]:
+        x = torch.randn(n)
+        torch.testing.assert_close(jitted(x), f(x))
+    with pytest.raises(RuntimeError, match="invalid for input of size 10"):
+        jitted(torch.randn(10))
+
+
+def test_dynamic_false_compiles_every_size():
+    jitted = tf.jit(lambda x: x * 2, dynamic=False)
+    for n in [2, 3, 4]:
+        jitted(torch.randn(n))
+    info = tf.cache_info(jitted)
+    assert info["misses"] == 3 and info["symbolic"] == []
+
+
+def test_mark_dynamic_and_mark_static():
+    def f(x):
+        return x.sum(0)
+
+    jitted = tf.jit(f, dynamic=False)
+    x = torch.randn(5, 3)
+    tf.mark_dynamic(x, 0)
+    jitted(x)
+    assert tf.cache_info(jitted)["symbolic"] == [{"s0": "argument 'x'.shape[0]"}]
+    y = torch.randn(9, 3)
+    torch.testing.assert_close(jitted(y), f(y))  # an unmarked tensor of another length fits the pattern
+    assert tf.cache_info(jitted)["misses"] == 1
+
+    everything = tf.jit(f, dynamic=True)
+    z = torch.randn(5, 3)
+    tf.mark_static(z, 1)
+    everything(z)
+    assert tf.cache_info(everything)["symbolic"] == [{"s0": "argument 'x'.shape[0]"}]
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        tf.mark_dynamic(z, 2)
+    with pytest.raises(TypeError, match="expects a tensor"):
+        tf.mark_dynamic([1, 2], 0)
+
+
+def test_python_numbers_stay_static():
+    """A changing Python number is a value in the signature (docs/sharp_bits.md), not a symbol."""
+    def f(x, scale):
+        return x * scale
+
+    jitted = tf.jit(f)
+    for scale in [1, 2, 3]:
+        torch.testing.assert_close(jitted(torch.ones(2), scale), torch.full((2,), float(scale)))
+    assert tf.cache_info(jitted)["misses"] == 3
+
+
+def test_the_recompile_reason_names_the_dimension_made_symbolic():
+    jitted = tf.jit(lambda x: x + 1)
+    jitted(torch.randn(2, 3))
+    jitted(torch.randn(2, 5))
+    (reason,) = tf.cache_info(jitted)["recompiles"]
+    assert "shape (2, 3) -> (2, 5)" in reason and "s0 = argument 'x'.shape[1]" in reason
+
+
+def test_dynamic_option_is_checked():
+    with pytest.raises(ValueError, match="dynamic must be None"):
+        tf.jit(lambda x: x, dynamic="yes")
+
+
+def test_fusion_keeps_symbolic_arguments_outside_regions():
+    """Inductor compiles a region per concrete layout; a reshape to a symbolic size runs on torch."""
+    def f(x):
+        return (x.sin() * 2).reshape(x.shape[0] * 2, -1).cos()
+
+    jitted = tf.jit(f, fusion=True, dynamic=True)
+    for n in [2, 3]:
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(jitted(x), f(x))
+    assert tf.cache_info(jitted)["misses"] == 1
+    source = str(tf.last_traces(jitted)[-1])
+    assert "reshape" in source and "s0" in source
+
+
+@given(tst.programs(), tst.program_inputs(), st.integers(1, 3))
+def test_dynamic_jit_of_program_equals_program_at_every_size(program, inputs, grow):
+    """jit(f, dynamic=True)(x) == f(x), for the drawn inputs and for inputs grown along their first dimension."""
+    expected = _eager_or_none(program, *inputs)
+    assume(expected is not None)
+    jitted = tf.jit(program, dynamic=True)
+    torch.testing.assert_close(jitted(*inputs), expected, equal_nan=True)
+    grown = tuple(torch.cat([x] * (grow + 1)) for x in inputs)
+    expected = _eager_or_none(program, *grown)
+    if expected is None:
+        with pytest.raises(RuntimeError):
+            jitted(*grown)
+    else:
+        torch.testing.assert_close(jitted(*grown), expected, equal_nan=True)
+
+
+def _eager_or_none(fn, *args):
+    try:
+        return fn(*args)
+    except RuntimeError:
+        return None
