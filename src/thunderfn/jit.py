@@ -352,9 +352,9 @@ class JitState:
                     entry = self.compile(args, kwargs, leaves, key, _without(open_dims, hints))
             except StepChangesOptimizerState:  # an optimizer's first step creates its state: run it as eager does
                 return None
-            if entry.sizes is not None:
+            if entry.sizes is not None and reason is not None:
                 opened = ", ".join(f"{name} = {where}" for name, where in entry.sizes.described.items())
-                reason = f"{reason}: compiled with symbolic sizes {opened}" if reason else f"symbolic sizes {opened}"
+                reason = f"{reason}: compiled with symbolic sizes {opened}"
             if reason is not None:
                 self.recompile_reasons.append(reason)
             if entry.sizes is not None:

@@ -313,7 +313,7 @@ def render(trc) -> tuple[str, Namespace]:
     header += [line for name, line in _MODULE_IMPORTS.items() if _uses(body, name)]
     header += [f"# {name}: {_describe(value)} ({ns.origins.get(name, 'captured by the traced function')})"
                for name, value in ns.items() if isinstance(value, torch.Tensor)]
-    body = _symbol_bindings(trc, ns.symbols) + body
+    body[len(trc.args):len(trc.args)] = _symbol_bindings(trc, ns.symbols)  # after the inputs' comments
     params = ", ".join([*(a.name for a in trc.args), *trc.size_args])
     if trc.args_in_list:  # the caller's list is its only reference to each tensor: emptied, each dies at its del
         n_params = len(trc.args) + len(trc.size_args)

@@ -194,6 +194,7 @@ class SymbolicInputs:
         self.env = shapes.ShapeEnv(specialize_zero_one=False)
         self.placeholders: list = []  # every dimension of every tensor input, in order (int or SymInt)
         self.access: list[tuple[int, int]] = []  # (tensor number, dim) of each placeholder
+        self.shared: list[str] = []  # "argument 'k'.shape[1] == s0": dimensions given an earlier one's symbol
         self.names: dict = {}  # sympy symbol -> "s0": the printed name, in order of creation
         self.described: dict = {}  # "s0" -> "argument 'x'.shape[1]"
         _registry[self.env] = self
@@ -212,6 +213,8 @@ class SymbolicInputs:
                 if expr not in self.names:
                     self.names[expr] = f"s{len(self.names)}"
                     self.described[self.names[expr]] = f"{described}.shape[{d}]"
+                else:  # the same size as an earlier dimension at this call: one symbol, guarded equal (duck sizing)
+                    self.shared.append(f"{described}.shape[{d}] == {self.names[expr]}")
             self.placeholders.append(n)
             dims.append(n)
         return torch.Size(dims)
@@ -246,7 +249,7 @@ class SymbolicInputs:
 
     def guards_in_words(self) -> list[str]:
         """The facts the trace relied on, over the symbols' printed names (for cache_info and errors)."""
-        words = []
+        words = list(self.shared)
         for guard in self.env.guards:
             expr = self.env.simplify(guard.expr)
             if expr is not True and str(expr) != "True":

@@ -114,7 +114,9 @@ def getitem(a, key):
             starts.append(start), stops.append(stop), steps.append(step)
         dim += 1
     out = a
-    if a.ndim and (any(starts) or list(stops) != list(a.shape) or any(s != 1 for s in steps)):
+    # (a symbolic bound is sliced rather than asked whether it makes a no-op, which would guard it)
+    if a.ndim and (not symbolic.same_shape(starts, [0] * len(starts)) or not symbolic.same_shape(stops, a.shape)
+                   or any(s != 1 for s in steps)):
         out = prims.slice(a, tuple(starts), tuple(stops), tuple(steps))
     # Positions of the remaining entries (None and bools add a dim, ints removed one, tensors stay).
     remaining = [k for k in key if not isinstance(k, (int, torch.SymInt))]
