@@ -151,7 +151,7 @@ def test_activation_checkpointing_is_inlined_and_gradients_are_exact():
     assert not tf.dynamo.explain(compiled).splits
 
 
-def test_dynamic_shapes_from_dynamo_are_specialized_per_size_and_exact():
+def test_dynamic_shapes_from_dynamo_are_symbolic_in_thunderfn_too_and_exact():
     def f(x):
         return x.view(x.shape[0], -1).softmax(-1) * x.shape[1]
 
@@ -164,7 +164,23 @@ def test_dynamic_shapes_from_dynamo_are_specialized_per_size_and_exact():
     assert any(isinstance(n.meta.get("example_value"), torch.SymInt) for n in record.graph.graph.nodes
                if n.op == "placeholder")
     (fn,) = report.thunderfn_functions
-    assert tf.cache_info(fn)["entries"] == 3  # thunderfn compiled each size once
+    info = tf.cache_info(fn)
+    # the sizes Dynamo passes are the tensor's dimensions: read from it, symbolic, one entry for every size
+    assert info["entries"] == 1 and "s0" in info["symbolic"][0]
+    x = torch.randn(4, 3, 2)  # another size of the second dimension too: still the same entry
+    torch.testing.assert_close(compiled(x), f(x))
+    assert tf.cache_info(fn)["entries"] == 1
+
+
+def test_a_size_dynamo_passes_that_no_tensor_holds_stays_a_value_per_call():
+    def f(x):
+        n = int(x.sum().item() > 0) + x.shape[0]  # (a graph break: the size after it is a value)
+        return torch.ones(n) * x.shape[0]
+
+    compiled = torch.compile(f, backend="thunderfn", dynamic=True)
+    for rows in (3, 5):
+        x = torch.ones(rows)
+        torch.testing.assert_close(compiled(x), f(x))
 
 
 def test_a_higher_order_op_without_a_rule_runs_eagerly_with_a_warning_naming_it():

@@ -249,3 +249,24 @@ def test_generate_on_a_jitted_model_says_once_that_it_runs_eagerly_and_gives_eag
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         jitted.generate  # said once
+
+
+@needs_transformers
+@pytest.mark.parametrize("make", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_training_on_batches_of_varying_length_compiles_twice(make):
+    """Variable-length batches: the second length compiles the sequence dimension symbolic, and that entry
+    trains every later length exactly like eager (loss and every parameter's gradient)."""
+    torch.manual_seed(0)
+    model = make().eval()  # (dropout off: eager and jit draw alike anyway, but the comparison is then exact)
+    jitted = tf.jit(model)
+    for length in [7, 12, 3, 29, 16, 64]:
+        ids = torch.randint(0, 128, (2, length))
+        loss = jitted(input_ids=ids, labels=ids).loss
+        want = model(input_ids=ids, labels=ids).loss
+        torch.testing.assert_close(loss, want)
+        got = torch.autograd.grad(loss, list(model.parameters()))
+        expected = torch.autograd.grad(want, list(model.parameters()))
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    info = tf.cache_info(jitted)
+    assert info["misses"] == 2, info["recompiles"]
+    assert list(info["symbolic"][-1].values()) == ["argument 'input_ids'.shape[1]"]

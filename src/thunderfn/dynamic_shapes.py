@@ -67,13 +67,14 @@ def is_tensor_part(part) -> bool:
     return isinstance(part, tuple) and len(part) == 4 and isinstance(part[1], torch.dtype)
 
 
-def open_dimensions(dynamic, key: tuple, tensors: list, compiled_keys) -> tuple[dict, dict]:
+def open_dimensions(dynamic, key: tuple, tensors: list, compiled_keys, marked: dict | None = None) -> tuple[dict, dict]:
     """(tensor number -> the dimensions a compile for this call leaves symbolic (empty: a static compile),
     (tensor number, dim) -> the size to trace an open dimension of size 1 with).
 
     key is the call's cache key (tensors' parts in order), compiled_keys the keys (or patterns) compiled
     so far: with dynamic=None, a dimension is opened when some compiled signature differs from this
-    call's in that dimension's size and nowhere but in sizes.
+    call's in that dimension's size and nowhere but in sizes. `marked` (tensor number -> dims) opens
+    dimensions as tf.mark_dynamic does, for every call (the torch.compile backend: the dims Dynamo made symbolic).
 
     A size of 1 is where broadcasting and many library branches (`if seq_len == 1`) decide differently: a
     trace made at 1 would be guarded to 1 and serve no other size. An open dimension of size 1 is traced at
@@ -91,6 +92,8 @@ def open_dimensions(dynamic, key: tuple, tensors: list, compiled_keys) -> tuple[
                 opened.setdefault(k, set()).update(dims)
                 olds = [p for p in old[4:] if is_tensor_part(p)][k][0]
                 seen.update({(k, d): olds[d] for d in dims if olds[d] is not None and olds[d] >= 2})
+    for k, dims in (marked or {}).items():
+        opened.setdefault(k, set()).update(dims)
     for k, t in enumerate(tensors):
         opened.setdefault(k, set()).update(getattr(t, DYNAMIC_DIMS, ()))
         opened[k] -= set(getattr(t, STATIC_DIMS, ()))

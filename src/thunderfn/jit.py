@@ -126,6 +126,9 @@ class JitState:
         self.fn = fn
         check_option(dynamic)
         self.dynamic = dynamic  # None (automatic), True or False: see dynamic_shapes.py
+        # tensor number -> dimensions symbolic in every compile, as if marked with tf.mark_dynamic on every call
+        # (set by the torch.compile backend for the dimensions Dynamo made symbolic)
+        self.marked_dynamic: dict = {}
         self.executors = executors
         self.cache_dir = cache_dir
         self.distributed = distributed  # DataParallel, Sharded or None
@@ -334,7 +337,8 @@ class JitState:
             reason = self.why_miss(key, args, kwargs, leaves)
             tensors = [x for x in leaves if isinstance(x, Tensor)]
             open_dims, hints = open_dimensions(self.dynamic, key, tensors,
-                                               [*self.cache, *(e.sizes.pattern for e in self.symbolic_entries)])
+                                               [*self.cache, *(e.sizes.pattern for e in self.symbolic_entries)],
+                                               self.marked_dynamic)
             if self.n_entries >= self.cache_size_limit:
                 if not self.evict_past_limit:
                     self.warn_limit(reason)

@@ -16,7 +16,8 @@ Generated code binds each symbol it uses from an input's shape (`s0 = x.shape[1]
 first in the function: where the symbol comes from) or from a trailing size parameter where
 no input holds it bare (a backward given the forward's sizes).
 
-Imported by the core; torch's symbolic_shapes (sympy, 0.4 s) is imported on the first dynamic compile.
+Imported by the core; torch's symbolic_shapes is imported on the first dynamic compile (with sympy and
+torch._dynamo, which ShapeEnv imports: seconds, once per process), never by a static one.
 May import: errors.py.
 """
 from __future__ import annotations

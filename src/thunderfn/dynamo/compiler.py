@@ -99,7 +99,13 @@ def _compile_piece(gm: torch.fx.GraphModule, examples: list | None, settings: di
     and requires_grad. Such a graph's compiled entry is what Dynamo calls, without thunderfn's
     check of the same facts (about a microsecond per input: a model's parameters are inputs),
     unless the entry relies on more (guards on Python state, input layouts, state read per call).
-    A graph with sizes among its inputs (dynamic shapes) keeps tf.jit's cache, one entry per size."""
+    A graph with sizes among its inputs (Dynamo's dynamic shapes) is compiled with those dimensions
+    symbolic, once for every size, where each size input is a dimension of a tensor input (see
+    _sizes_read_from_tensors); otherwise it keeps tf.jit's cache, one entry per size."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    sizes = _sizes_read_from_tensors(placeholders) if examples is not None else None
+    if sizes:
+        return _compile_symbolic_piece(gm, examples, [_recorded(n) for n in placeholders], settings, sizes)
     jitted = jit(graph_function(gm), **settings)
     if examples is None:
         return jitted, jitted
@@ -109,6 +115,68 @@ def _compile_piece(gm: torch.fx.GraphModule, examples: list | None, settings: di
     if entry is None or not static or entry.guards_hold is not None or entry.layout or isinstance(entry.fn, Guarded):
         return jitted, jitted
     return jitted, entry.fn
+
+
+def _recorded(placeholder: torch.fx.Node):
+    """What Dynamo recorded for a graph input: a fake tensor (its sizes symbolic where Dynamo made them so), a
+    SymInt, or None."""
+    return placeholder.meta.get("example_value", placeholder.meta.get("val"))
+
+
+def _sizes_read_from_tensors(placeholders: list) -> dict | None:
+    """{position of a size input: (position of a tensor input, dim)} where every size Dynamo passes (a SymInt
+    input) is exactly a dimension of a tensor it passes too (`s0` and `x` of shape (s0, 8)), or unused by the
+    graph (then None: Dynamo passes sizes a piece does not read); else None."""
+    examples = [_recorded(n) for n in placeholders]
+    if not any(isinstance(x, torch.SymInt) for x in examples):
+        return None
+    dims = {}
+    for j, x in enumerate(examples):
+        if isinstance(x, torch.Tensor):
+            for d, n in enumerate(x.shape):
+                if isinstance(n, torch.SymInt):
+                    dims.setdefault(n.node.expr, (j, d))
+    sizes = {}
+    for i, (x, node) in enumerate(zip(examples, placeholders)):
+        if isinstance(x, torch.SymInt) and not node.users:
+            sizes[i] = None
+        elif isinstance(x, torch.SymInt):
+            if x.node.expr not in dims:
+                return None  # a size no tensor holds (an unbacked one, say): passed as a value
+            sizes[i] = dims[x.node.expr]
+        elif isinstance(x, (torch.SymFloat, torch.SymBool)):
+            return None
+    return sizes
+
+
+def _compile_symbolic_piece(gm: torch.fx.GraphModule, examples: list, recorded: list, settings: dict, sizes: dict):
+    """(the jitted graph, what Dynamo calls) for a graph whose size inputs are dimensions of its tensor inputs:
+    the jitted function takes the other inputs and reads each size from its tensor, and the dimensions Dynamo
+    made symbolic are symbolic in thunderfn's trace (tf.jit's dynamic shapes), so one entry serves every size."""
+    run_graph = graph_function(gm)
+    kept = [i for i in range(len(examples)) if i not in sizes]
+    at = {i: k for k, i in enumerate(kept)}
+
+    def size(i, args):
+        if sizes[i] is None:
+            return 0  # (an input the graph does not read)
+        j, d = sizes[i]
+        return args[at[j]].shape[d]
+
+    def with_sizes_from_tensors(*args):
+        return run_graph(*[size(i, args) if i in sizes else args[at[i]] for i in range(len(examples))])
+
+    with_sizes_from_tensors.__name__ = getattr(run_graph, "__name__", "graph")
+    jitted = jit(with_sizes_from_tensors, **settings)
+    tensors = [recorded[i] for i in kept if isinstance(recorded[i], torch.Tensor)]
+    jitted._thunderfn_state.marked_dynamic = {
+        k: frozenset(d for d, n in enumerate(t.shape) if isinstance(n, torch.SymInt)) for k, t in enumerate(tensors)}
+    jitted._thunderfn_state.precompile(tuple(concrete(examples[i]) for i in kept), {})
+
+    def call(*args):
+        return jitted(*[args[i] for i in kept])
+
+    return jitted, call
 
 
 def _run_elsewhere(gm: torch.fx.GraphModule, examples: list | None, runner: str):
