@@ -487,3 +487,16 @@ def test_gpu_check_dry_run_imports_and_traces_every_gpu_path():
     for path in ("triton cross-entropy", "cudnn_sdpa vs torch cuDNN attention", "inductor fusion", "GPT block"):
         assert path in done.stdout
     assert "FAILED" not in done.stdout
+
+
+def test_apex_crossentropy_claims_cross_entropy_with_symbolic_sizes(apex_ex):
+    """The checker's questions on symbolic sizes (target's shape is the input's rows) become guards: one
+    compiled entry for every batch size, each call running apex and matching torch."""
+    jitted = tf.jit(lambda x, t: F.cross_entropy(x, t) * 1.5, dynamic=True, executors=[apex_ex])
+    for n in (4, 7):
+        x, t = torch.randn(n, 8), torch.randint(0, 8, (n,))
+        got, = backward_of(jitted, (x, t), forward_op="apex_xentropy_forward(", backward_op="apex_xentropy_backward(",
+                           n_diff=1)
+        expected, = torch_grads(lambda x, t: F.cross_entropy(x, t) * 1.5, (x, t), 1)
+        torch.testing.assert_close(got, expected)
+    assert tf.cache_info(jitted)["misses"] == 1

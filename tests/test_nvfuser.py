@@ -374,3 +374,17 @@ def test_every_op_decomposed_into_nvfuser_definitions_matches_its_unfused_trace(
             got = fused(*sample.args, **sample.kwargs)
         torch.testing.assert_close(got, unfused(*sample.args, **sample.kwargs), equal_nan=True,
                                    msg=lambda m, s=sample: f"{op.name} on {s}:\n{m}")
+
+
+def test_symbolic_sizes_stay_with_torch_and_match_eager_at_every_size(ex, frontend):
+    """A definition is built per concrete layout, so can_fuse refuses ops on symbolic sizes: under
+    dynamic=True the function runs on torch, once compiled for every size, and nothing is defined."""
+    jf = tf.jit(norm_and_gate, dynamic=True, executors=[ex])
+    for n in (5, 9):
+        args = (torch.randn(n, 8, requires_grad=True), torch.randn(8, requires_grad=True), torch.randn(8))
+        out = jf(*args)
+        torch.testing.assert_close(out, norm_and_gate(*args))
+        torch.testing.assert_close(torch.autograd.grad(out.sum(), args[:2]),
+                                   torch.autograd.grad(norm_and_gate(*args).sum(), args[:2]))
+    assert tf.cache_info(jf)["misses"] == 1
+    assert not fused_calls(tf.last_traces(jf)[-1]) and not frontend.built

@@ -84,3 +84,16 @@ def test_gradients_flow_through_te_linear_as_through_linear(standin):
     want = torch.autograd.grad(F.linear(x, w, b).square().sum(), (x, w, b))
     for a, e in zip(got, want):
         torch.testing.assert_close(a, e)
+
+
+def test_te_linear_claims_linears_with_symbolic_rows(standin):
+    """The checker asks whether the rows are a multiple of 16 (TE's FP8 GEMMs need it): with symbolic rows
+    that is a guard, so calls of 16 and 32 rows share one compiled entry running te_linear."""
+    torch.manual_seed(0)
+    w, b = torch.randn(16, 32), torch.randn(16)
+    jitted = tf.jit(lambda x: F.linear(x, w, b), dynamic=True, executors=[standin])
+    for rows in (16, 32):
+        x = torch.randn(rows, 32)
+        torch.testing.assert_close(jitted(x), F.linear(x, w, b))
+    assert tf.cache_info(jitted)["misses"] == 1
+    assert "te_linear(" in str(tf.last_traces(jitted)[-1])

@@ -70,6 +70,17 @@ def has_symbols(tree) -> bool:
     return False
 
 
+def symbolic_leaves(tree) -> list:
+    """The SymInts a value (nested lists, tuples, dicts) holds, in order."""
+    if isinstance(tree, torch.SymInt):
+        return [tree]
+    if isinstance(tree, (list, tuple, torch.Size)):
+        return [s for x in tree for s in symbolic_leaves(x)]
+    if isinstance(tree, dict):
+        return [s for x in tree.values() for s in symbolic_leaves(x)]
+    return []
+
+
 def product(shape):
     """The number of elements of a shape, symbolic where the shape is (torch.Size.numel specializes)."""
     n = 1
@@ -306,6 +317,18 @@ def bare_symbol(x) -> str | None:
         return None
     expr = inputs.env.simplify(x.node.expr)
     return inputs.names.get(expr) if expr.is_Symbol else None
+
+
+def free_symbols(x) -> dict:
+    """printed name -> a SymInt that is exactly that symbol, for each symbol a size's source uses (so code can
+    take the symbols as parameters and compute the size from them)."""
+    inputs = inputs_of(x)
+    if inputs is None:
+        return {}
+    env = inputs.env
+    values = getattr(env, "backed_var_to_val", None) or env.var_to_val  # (renamed in torch 2.12)
+    return {inputs.names.get(s, str(s)): env.create_symintnode(s, hint=int(values[s]))
+            for s in env.simplify(x.node.expr).free_symbols}
 
 
 def evaluation_namespace() -> dict:

@@ -36,6 +36,8 @@ import heapq
 import warnings
 from typing import Callable
 
+import torch
+
 from thunderfn.core import symbolic
 from thunderfn.core.passes import del_last_used
 from thunderfn.core.proxies import TensorProxy
@@ -55,11 +57,25 @@ _BARRIERS = {s.id for s in (set_grad_enabled, set_default_dtype, write_back, che
 @dataclasses.dataclass
 class Region:
     """A set of bound symbols that run as one call: `inputs` are the proxies they read from
-    outside, `outputs` those they produce that something outside reads (or the trace returns)."""
+    outside, `outputs` those they produce that something outside reads (or the trace returns).
+    `sizes`: where its ops take symbolic sizes as arguments (a reshape to (2*s0, 4)), the symbols
+    those use, each a SymInt that is exactly one symbol, in name order: the call passes their
+    values after the tensors, so the region computes the sizes itself."""
     name: str
     bsyms: list
     inputs: list
     outputs: list
+    sizes: list = dataclasses.field(default_factory=list)
+
+    @property
+    def size_names(self) -> list[str]:
+        """The printed names of `sizes` ("s0"): the region function's parameters after its tensors."""
+        return [symbolic.python(s) for s in self.sizes]
+
+    @property
+    def symbolic(self) -> bool:
+        """Whether a size of an input, or an argument of an op, is symbolic (core/symbolic.py)."""
+        return bool(self.sizes) or any(symbolic.has_symbols(p.shape) for p in self.inputs)
 
     def unfused_trace(self) -> Trace:
         """The region's bound symbols as a trace of their own: what runs when nothing fuses them."""
@@ -69,6 +85,7 @@ class Region:
         trc = Trace(self.name)
         trc.def_name = self.name
         trc.args = [params.get(p.name, p) for p in self.inputs]
+        trc.size_args = self.size_names
         trc.output = tuple(self.outputs)
         trc.bound_symbols[:] = [b.swap(params) for b in self.bsyms]
         return del_last_used(trc)
@@ -98,6 +115,9 @@ class FusionExecutor(Executor):
     # kernels): a compiler that traces torch code (Inductor) calls them as external kernels, so a
     # transformer's forward is one region instead of one per stretch between attention calls.
     absorbs_traceable_operators = False
+    # Whether regions may hold ops given symbolic sizes as arguments (a reshape to (s0, 4)): the region then
+    # takes those sizes' symbols as int inputs after its tensors (Region.sizes), which its compiler must accept.
+    accepts_symbolic_arguments = False
 
     def can_fuse(self, bsym) -> bool:
         raise ArgumentNotImplementedError(f"{type(self).__name__} subclasses FusionExecutor but does not implement "
@@ -179,10 +199,10 @@ def absorbable(ex: FusionExecutor, bsym) -> bool:
 def fusion_candidate(ex: FusionExecutor, bsym) -> bool:
     outs = bsym.flat_outs()
     # (an output may be None where the op skips it: convolution_backward's bias gradient when there is no bias)
-    # A call given a symbolic size (a reshape to (s0, 4)) stays outside: a region's compiled code holds its ops'
-    # arguments as constants and is compiled per concrete input layout, so only its tensors' sizes may vary.
+    # A call given a symbolic size (a reshape to (s0, 4)) stays outside unless the executor takes sizes as
+    # inputs (accepts_symbolic_arguments): compiled code holding its ops' arguments as constants would bake one size.
     return ((runs_on_torch(bsym) or absorbable(ex, bsym)) and not has_effects(bsym) and bool(bsym.proxy_outs())
-            and not symbolic.has_symbols((bsym.args, bsym.kwargs))
+            and (ex.accepts_symbolic_arguments or not symbolic.has_symbols((bsym.args, bsym.kwargs)))
             and all(isinstance(o, TensorProxy) or o is None for o in outs) and ex.can_fuse(bsym))
 
 
@@ -394,7 +414,12 @@ def _region(trc, ex, members: list, positions: set, readers: dict, returned: set
                or (o.name in next_version and next_version[o.name] not in produced)]
     if not outputs:
         return None
-    return Region(trc.names.take(prefix=f"{ex.name}_fusion_"), members, inputs, outputs)
+    sizes = {}
+    for b in members:
+        for size in symbolic.symbolic_leaves((b.args, b.kwargs)):
+            sizes.update(symbolic.free_symbols(size))
+    return Region(trc.names.take(prefix=f"{ex.name}_fusion_"), members, inputs, outputs,
+                  [sizes[name] for name in sorted(sizes)])
 
 
 def region_call(ex: FusionExecutor, region: Region, fn: Callable) -> BoundSymbol:
@@ -403,7 +428,7 @@ def region_call(ex: FusionExecutor, region: Region, fn: Callable) -> BoundSymbol
     sym = Symbol(region.name, f"{ex.name}.{region.name}", is_prim=True, print_name=region.name,
                  namespace={region.name: fn}, eager=fn, executor=ex)
     shown = tuple(BoundSymbol(b.sym, b.args, b.kwargs, b.output, ()) for b in region.bsyms)
-    return sym.bind(*region.inputs, output=tuple(region.outputs), subsymbols=shown)
+    return sym.bind(*region.inputs, *region.sizes, output=tuple(region.outputs), subsymbols=shown)
 
 
 def positional_signature(region: Region, ops: list, op_name: Callable) -> str:
@@ -414,9 +439,11 @@ def positional_signature(region: Region, ops: list, op_name: Callable) -> str:
     names = {p.name: f"i{k}" for k, p in enumerate(region.inputs)}
 
     def positional(x):
+        if isinstance(x, (torch.SymInt, torch.SymFloat)):  # by its source ("2*s0"), as the trace prints it
+            return _Positional(symbolic.python(x))
         return _Positional(names[x.name]) if isinstance(x, TensorProxy) else x
 
-    lines = [f"{names[p.name]}: {p.dtype} {tuple(p.shape)}" for p in region.inputs]
+    lines = [f"{names[p.name]}: {p.dtype} {tree_map(positional, tuple(p.shape))!r}" for p in region.inputs]
     for op in ops:
         for p in op.proxy_outs():
             names.setdefault(p.name, f"v{len(names)}")

@@ -9,17 +9,37 @@ assume the input strides they were compiled for and a trace knows only shapes; e
 region keeps one compiled function per input layout (shape, strides, dtype, device,
 requires_grad, grad mode), and a process-wide cache shares them between regions with the
 same ops. A region Inductor cannot compile warns once, naming the region, and runs its
-ops unfused.
+ops unfused. A region compiles for at most LAYOUT_LIMIT layouts (jit's cache_size_limit's
+default); a layout past that warns once and runs unfused rather than compiling forever.
+
+With symbolic sizes (jit's dynamic shapes, core/symbolic.py): a region whose inputs have
+symbolic dimensions, or whose ops take symbolic sizes as arguments (a reshape to (2*s0, 4);
+the region then takes those symbols' values as int inputs after its tensors, see
+fusion.Region.sizes), is compiled once for every size, as torch.compile(dynamic=True) would:
+compile_fx is given fake example inputs of a ShapeEnv of its own, where each dimension
+symbolic in the trace is a symbol (sized like the call's, duck-shaped: equal sizes share
+one) and each size input a symbolic int. Inductor then generates code that reads the sizes
+from its inputs; whatever it assumed about them (divisibility, a bound, equal sizes, the
+strides of dense inputs in terms of their sizes) is a guard of that ShapeEnv, and the
+region keeps the compiled function with its guards as one Python check over the inputs
+(ShapeEnv.produce_guards_expression, static sizes and strides included), asked on every
+call; a call that breaks it compiles again (LAYOUT_LIMIT bounds these too). Chosen over
+torch.compile(gm, dynamic=True) on the region's graph: no Dynamo re-tracing Python we
+generated, no second guard system and recompile limit of Dynamo's own, and sizes are
+symbolic exactly where the trace's are (Dynamo would also make static ones symbolic).
+Static regions take the per-layout path above, unchanged.
 
 Not a default executor: a first call pays seconds of compilation per region (see
 docs/executors.md). Ask for it with `tf.jit(fn, executors=["inductor"])`.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import operator
 import os
 import queue
+import re
 import shutil
 import threading
 import warnings
@@ -27,7 +47,7 @@ import warnings
 import torch
 import torch.fx
 
-from thunderfn.core import artifacts, progress
+from thunderfn.core import artifacts, progress, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_map
 from thunderfn.executors.fusion import CompiledCache, FusionExecutor, Region, positional_signature
@@ -36,6 +56,8 @@ from thunderfn.executors.fusion import CompiledCache, FusionExecutor, Region, po
 # time (threads calling the same new region wait for its compile instead of compiling it again)
 _compiled = CompiledCache()
 _compile_lock = threading.RLock()
+# the most layouts one region is compiled for (symbolic regions: compiles, each guarded to the sizes it takes)
+LAYOUT_LIMIT = 8
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list):
@@ -52,6 +74,7 @@ class InductorExecutor(FusionExecutor):
     of results that depend on timing (fused and unfused code round differently)."""
 
     absorbs_traceable_operators = True  # attention kernels become Inductor's extern calls, as under torch.compile
+    accepts_symbolic_arguments = True  # symbolic regions take their ops' size symbols as int inputs (module docstring)
 
     def __init__(self, name: str = "inductor", *, compile_in_background: bool = False):
         super().__init__(name, torch.__version__)
@@ -75,6 +98,8 @@ class InductorExecutor(FusionExecutor):
                 and all(d.type == "cpu" or (d.type == "cuda" and _triton_imports()) for d in devices))
 
     def compile_region(self, region: Region):
+        if region.symbolic:
+            return SymbolicRegion(region, background=self.compile_in_background)
         return CompiledRegion(region, background=self.compile_in_background)
 
 
@@ -92,6 +117,7 @@ class CompiledRegion:
         # the grad mode), so only strides can differ between its calls. Checking those alone costs a
         # quarter of the whole layout on a region of many inputs.
         self.last_strides, self.last_fn = None, None
+        self.warned_limit = False
 
     def __call__(self, *tensors):
         strides = (torch.is_grad_enabled(), tuple(map(torch.Tensor.stride, tensors)))
@@ -105,6 +131,8 @@ class CompiledRegion:
         return fn(*tensors)
 
     def first_call(self, layout, tensors):
+        if len(self.by_layout) >= LAYOUT_LIMIT:
+            return over_limit(self, tensors)
         key = (self.signature, layout)
         if self.background:
             return self.compile_later(layout, key, tensors)
@@ -161,6 +189,148 @@ class CompiledRegion:
         return self.region.unfused
 
 
+def over_limit(compiled, args):
+    """A call of a region compiled for LAYOUT_LIMIT layouts already, with another: unfused, warned once."""
+    if not compiled.warned_limit:
+        compiled.warned_limit = True
+        region = compiled.region
+        warnings.warn(f"thunderfn: Inductor compiled {region.name} for {LAYOUT_LIMIT} input layouts already "
+                      f"(inductor.LAYOUT_LIMIT); its {len(region.bsyms)} ops run unfused for new ones", stacklevel=4)
+    return compiled.region.unfused(*args)
+
+
+class SymbolicRegion:
+    """A region with symbolic sizes' callable (module docstring): called with the region's tensors and then
+    its size symbols' values, it runs the first compiled function whose guards the call meets, compiling
+    one on a call that meets none."""
+
+    warned_limit = False
+
+    def __init__(self, region: Region, *, background: bool = False):
+        self.region = region
+        self.signature = region_signature(region)
+        self.n_tensors = len(region.inputs)
+        self.background = background
+        # which dimensions of each input are symbolic in the trace (the others are its cache key's)
+        self.dynamic_dims = [[symbolic.is_symbolic(n) for n in p.shape] for p in region.inputs]
+        self.by_pattern: dict = {}  # grad mode -> [(check, fn)], shared with regions of the same ops
+        self.pending: set = set()  # grad modes with a background compile queued
+        # the last call's grad mode, and the compiled function it ran with its check (a region belongs to one
+        # compiled trace, whose cache key fixes its inputs' dtypes, devices and requires_grad given the grad mode)
+        self.last_grad, self.last_check, self.last_fn = None, None, None
+
+    def __call__(self, *args):
+        grad = torch.is_grad_enabled()
+        if grad is self.last_grad and self.last_check(args):
+            return self.last_fn(*args)
+        return self.find(grad, args)
+
+    def entries(self, grad, tensors) -> list:
+        """The compiled functions for calls in this grad mode, with their checks (shared process-wide by
+        regions of the same ops and inputs of the same dtypes, devices and requires_grad)."""
+        found = self.by_pattern.get(grad)
+        if found is None:
+            key = (self.signature, grad, *[(t.dtype, t.device, t.requires_grad) for t in tensors])
+            found = _compiled.get(key)
+            if found is None:
+                found = []
+                _compiled.keep(key, found)
+            self.by_pattern[grad] = found
+        return found
+
+    def find(self, grad, args):
+        entries = self.entries(grad, args[:self.n_tensors])
+        for check, fn in entries:
+            if check(args):
+                self.last_grad, self.last_check, self.last_fn = grad, check, fn
+                return fn(*args)
+        if len(entries) >= LAYOUT_LIMIT:
+            return over_limit(self, args)
+        if self.background:
+            return self.compile_later(grad, entries, args)
+        with _compile_lock:
+            check, fn = self.compile(args)
+            entries.append((check, fn))
+        self.last_grad, self.last_check, self.last_fn = grad, check, fn
+        try:
+            return fn(*args)
+        except Exception as e:  # a compiled function failing on its first call: the region runs unfused
+            entries[entries.index((check, fn))] = (check, self.fall_back(e))
+            return self.region.unfused(*args)
+
+    def compile(self, args):
+        """(check, fn): Inductor's function for every call whose sizes and strides meet its guards, and
+        those as a check over the call's arguments; where Inductor fails, the unfused function for all."""
+        progress.stage(f"Inductor compiling fusion region {self.region.name} with symbolic sizes "
+                       f"({len(self.region.bsyms)} ops)")
+        artifacts.point_kernel_caches()
+        try:
+            env, examples = symbolic_examples(args[:self.n_tensors], args[self.n_tensors:], self.dynamic_dims)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fn = compile_graph(region_graph(self.region), examples)
+            return guard_check(env, examples), fn
+        except Exception as e:
+            return _always, self.fall_back(e)
+
+    def compile_later(self, grad, entries, args):
+        """Run unfused now; compile on the background thread for calls to come (see InductorExecutor)."""
+        if grad not in self.pending:
+            self.pending.add(grad)
+            artifacts.point_kernel_caches()
+            examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).requires_grad_(
+                t.requires_grad) for t in args[:self.n_tensors]]
+            _background.put((self, grad, entries, [*examples, *args[self.n_tensors:]]))
+            _start_background_thread()
+        return self.region.unfused(*args)
+
+    def finish_background_compile(self, grad, entries, examples):
+        with _compile_lock, torch.set_grad_enabled(grad):
+            entries.append(self.compile(examples))
+        self.pending.discard(grad)
+
+    def fall_back(self, error: Exception):
+        self.region.warn_unfused("Inductor could not compile", error, stacklevel=5)
+        return self.region.unfused
+
+
+def _always(args) -> bool:
+    return True
+
+
+def symbolic_examples(tensors, sizes, dynamic_dims) -> tuple:
+    """(a ShapeEnv of this compile's own, fake example inputs on it): each tensor like its call's, with the
+    dimensions the trace has symbolic as symbols, then each size value as a symbolic int."""
+    shapes = _symbolic_shapes()
+    fake_tensor = importlib.import_module("torch._subclasses.fake_tensor")
+    local_source = importlib.import_module("torch._dynamo.source").LocalSource
+    env = shapes.ShapeEnv()
+    mode = fake_tensor.FakeTensorMode(shape_env=env)
+    duck, static = shapes.DimDynamic.DUCK, shapes.DimDynamic.STATIC
+    examples = []
+    for i, (t, dims) in enumerate(zip(tensors, dynamic_dims)):
+        context = shapes.StatelessSymbolicContext(dynamic_sizes=[duck if d else static for d in dims])
+        examples.append(mode.from_tensor(t, source=local_source(f"t{i}"), symbolic_context=context))
+    for j, n in enumerate(sizes):
+        source = local_source(f"t{len(tensors) + j}")
+        examples.append(env.create_symintnode(env.create_symbol(n, source, duck), hint=n, source=source))
+    return env, examples
+
+
+def guard_check(env, examples):
+    """A function of the call's arguments that holds exactly when every guard of env holds for them: their
+    sizes, strides and storage offsets, static ones included (the compiled code assumes those too)."""
+    code = env.produce_guards_expression(examples, ignore_static=False)
+    if code is None:
+        return _always
+    body = re.sub(r"L\['t(\d+)'\]", r"a[\1]", code)
+    return eval(f"lambda a: {body}", dict(_symbolic_shapes().SYMPY_INTERP))  # noqa: S307 (torch's own guard code)
+
+
+def _symbolic_shapes():
+    return importlib.import_module("torch.fx.experimental.symbolic_shapes")
+
+
 # -- compiling in the background ---------------------------------------------------------------
 # One daemon thread takes compiles from a queue, one at a time (Inductor compiles are not run
 # concurrently; a process exiting does not wait for one).
@@ -190,7 +360,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def _compile_queued() -> None:
     while True:
-        region, *job = _background.get()
+        region, *job = _background.get()  # (a CompiledRegion's or a SymbolicRegion's job)
         try:
             region.finish_background_compile(*job)
         finally:
@@ -204,11 +374,26 @@ def wait_for_background_compiles() -> None:
 
 def region_graph(region: Region) -> torch.fx.GraphModule:
     """The region as an FX graph: one call_function node per fused op, calling what the torch
-    executor calls (the torch function a torch symbol mirrors, a prim's torch implementation)."""
+    executor calls (the torch function a torch symbol mirrors, a prim's torch implementation).
+    Its size symbols are placeholders after the tensors; a symbolic argument is a node computing
+    it from them (its source, as the trace prints it)."""
     graph = torch.fx.Graph()
     env = {p.name: graph.placeholder(p.name) for p in region.inputs}
+    symbols = {name: graph.placeholder(name) for name in region.size_names}
+    computed = {}  # source of a symbolic argument -> its node
+
+    def size_node(x):
+        source = symbolic.python(x)
+        if source in symbols:
+            return symbols[source]
+        if source not in computed:
+            used = sorted(symbolic.symbols_in(x))
+            computed[source] = graph.call_function(size_function(used, source), tuple(symbols[n] for n in used))
+        return computed[source]
 
     def node_for(x):
+        if isinstance(x, torch.SymInt):
+            return size_node(x)
         return env[x.name] if isinstance(x, TensorProxy) else x
 
     for bsym in region.bsyms:
@@ -216,6 +401,14 @@ def region_graph(region: Region) -> torch.fx.GraphModule:
         _bind(env, graph, bsym.output, graph.call_function(bsym.sym.eager, tuple(args), dict(kwargs)))
     graph.output(tuple(env[p.name] for p in region.outputs))
     return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def size_function(names: list[str], source: str):
+    """A function of the symbols `names` computing the size whose source is `source` ("2*s0")."""
+    fn = eval(f"lambda {', '.join(names)}: {source}", symbolic.evaluation_namespace())  # noqa: S307 (our printer's)
+    fn.__name__ = fn.__qualname__ = "size"
+    fn.__module__ = __name__  # (FX names a node's function by its module)
+    return fn
 
 
 def region_signature(region: Region) -> str:
