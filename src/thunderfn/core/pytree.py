@@ -68,6 +68,12 @@ def _subclasses(cls: type) -> list[type]:
 _by_attributes: set[type] = set()
 
 
+def is_attribute_container(value) -> bool:
+    """Whether value is a container of its attributes (register_by_attributes): a state-holding
+    object such as a key/value cache, which code it is passed to may change."""
+    return type(value) in _by_attributes
+
+
 def register_by_attributes(cls: type) -> type:
     """Make instances of cls containers of their attributes (`vars(obj)`): flattened into the
     attribute values, rebuilt without calling __init__. For plain state-holding objects (caches)."""
