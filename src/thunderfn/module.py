@@ -8,7 +8,10 @@ input proxy *stands in* for its tensor (core/context.py), so nothing the user's
 module holds is ever replaced and other threads can use it eagerly meanwhile.
 What forward reads besides its tensors (every submodule's `training` flag, hooks,
 attributes) is guarded (core/guards.py). Everything else (parameters(),
-state_dict(), attribute access) is the original module's, unprefixed.
+state_dict(), attribute access) is the original module's, unprefixed. A key/value
+cache passed to forward changes as in eager (the trace changes a copy whose state comes
+back), and `generate` runs the original module's loop with each forward through the
+jitted one (see the sections below).
 
 The api layer, below thunderfn/jit.py: jit imports this module for nn.Modules, so the
 function jit a ThunderModule compiles its forward with is handed to it (`jit_module`).
@@ -319,7 +322,7 @@ def _generate(jitted: ThunderModule, generate, /, *args, **kwargs):
         warnings.warn(
             f"{type(module).__name__}.generate runs eagerly: the module has {hooks}. generate calls the module "
             f"through nn.Module.__call__, which runs them around forward; through the jitted forward they would run "
-            f"a second time inside the trace. Remove them to generate through tf.jit.", stacklevel=3)
+            f"a second time inside the trace. Remove them to generate through tf.jit.", stacklevel=2)
         return generate(*args, **kwargs)
     if hasattr(module, "generation_config"):
         # Hugging Face's own generate would torch.compile forward where the cache is static (on GPU);
