@@ -251,10 +251,12 @@ class ThunderModule(torch.nn.Module):
 def _state_arguments(args, kwargs) -> tuple:
     """Where (an argument index or a keyword) the call passes a state-holding object: a container
     of its attributes (pytree.register_by_attributes: the caches). Asked at call time and again
-    at trace time, of the copies the trace is given, with the same answer."""
-    pytree.adopt_torch_registrations()  # transformers' caches are registered on first sight
-    held = tuple(i for i, a in enumerate(args) if pytree.is_attribute_container(a))
-    return held + tuple(k for k, v in kwargs.items() if pytree.is_attribute_container(v))
+    at trace time, of the copies the trace is given, with the same answer. On every call: kept cheap."""
+    kinds = pytree.attribute_container_types()
+    if not kinds:
+        return ()
+    return (tuple(i for i, a in enumerate(args) if type(a) in kinds) +
+            tuple(k for k, v in kwargs.items() if type(v) in kinds))
 
 
 def _argument(args, kwargs, where):
@@ -293,7 +295,7 @@ def _update_attributes(into, new) -> None:
 
 
 def _merged(current, value):
-    if type(current) is type(value) and pytree.is_attribute_container(value):
+    if type(current) is type(value) and type(value) in pytree.attribute_container_types():
         _update_attributes(current, value)
         return current
     if type(current) is list and type(value) is list:

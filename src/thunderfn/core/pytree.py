@@ -68,10 +68,12 @@ def _subclasses(cls: type) -> list[type]:
 _by_attributes: set[type] = set()
 
 
-def is_attribute_container(value) -> bool:
-    """Whether value is a container of its attributes (register_by_attributes): a state-holding
-    object such as a key/value cache, which code it is passed to may change."""
-    return type(value) in _by_attributes
+def attribute_container_types() -> set[type]:
+    """The classes whose instances are containers of their attributes (register_by_attributes):
+    state-holding objects such as key/value caches, which code they are passed to may change.
+    Adopts torch's registrations first, which registers transformers' caches once imported."""
+    adopt_torch_registrations()
+    return _by_attributes
 
 
 def register_by_attributes(cls: type) -> type:
