@@ -337,3 +337,13 @@ def test_input_strides_a_reshape_relies_on_are_part_of_the_signature():
         flattened_bumped(expected)
         torch.testing.assert_close(jitted(x), expected)
     assert tf.cache_info(jitted)["misses"] == 2
+
+
+def test_a_symbolic_compile_records_no_guards_in_the_code_torchs_shape_machinery_runs():
+    """A symbolic trace runs thousands of sympy (ShapeEnv) and networkx functions; watched, each added
+    guards on sympy's objects (10,000 for one reshape), checked on every call of the entry."""
+    jitted = tf.jit(lambda x: (x * 2).reshape(-1, 2).sum(0), dynamic=True)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(jitted(x), (x * 2).reshape(-1, 2).sum(0))
+    (entry,) = jitted._thunderfn_state.symbolic_entries
+    assert len(entry.guards) < 100, len(entry.guards)

@@ -8,7 +8,10 @@ input proxy *stands in* for its tensor (core/context.py), so nothing the user's
 module holds is ever replaced and other threads can use it eagerly meanwhile.
 What forward reads besides its tensors (every submodule's `training` flag, hooks,
 attributes) is guarded (core/guards.py). Everything else (parameters(),
-state_dict(), attribute access) is the original module's, unprefixed.
+state_dict(), attribute access) is the original module's, unprefixed. A key/value
+cache passed to forward changes as in eager (the trace changes a copy whose state comes
+back), and `generate` runs the original module's loop with each forward through the
+jitted one (see the sections below).
 
 The api layer, below thunderfn/jit.py: jit imports this module for nn.Modules, so the
 function jit a ThunderModule compiles its forward with is handed to it (`jit_module`).
@@ -17,6 +20,7 @@ May import: core/ (and anything below the api layer).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import threading
 import warnings
@@ -26,6 +30,7 @@ import torch
 from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.core import context
 from thunderfn.core.context import to_identifier
+from thunderfn.core import pytree
 from thunderfn.errors import ArgumentValueError, UnsupportedOpError
 from thunderfn.torch import distributed as collectives
 
@@ -134,9 +139,14 @@ class ThunderModule(torch.nn.Module):
                              collectives.unshard_bucket(shards, shapes, sharded.group_id))
                     for i, w in zip(bucket, whole):
                         state[i] = w
+            args = state_and_args[len(slots):]
+            held = _state_arguments(args, kwargs)
+            if held:  # the model changes a copy, whose new state is returned (see _state_arguments)
+                args, kwargs = _with_copies(args, kwargs, held)
             # read at trace time: the very tensors the caller just passed as inputs
             with context.standing_in(zip([table[key] for table, key in slots], state)):
-                return module(*state_and_args[len(slots):], **kwargs)
+                out = module(*args, **kwargs)
+            return (out, tuple(_argument(args, kwargs, where) for where in held)) if held else out
 
         forward.__name__ = forward.__qualname__ = f"{type(module).__name__}.forward"  # named in error messages
         forward.__signature__ = _forward_signature(module, param_names + buffer_names)
@@ -168,7 +178,14 @@ class ThunderModule(torch.nn.Module):
                 # its inputs' shapes: that call runs eagerly, as it would without jit.
                 return self.module(*args, **kwargs)
             jitted = self._jitted()
-        return jitted(*[table[key] for table, key in self._thunderfn_slots], *args, **kwargs)
+        held = _state_arguments(args, kwargs)
+        out = jitted(*[table[key] for table, key in self._thunderfn_slots], *args, **kwargs)
+        if not held:
+            return out
+        out, new_states = out
+        for where, new in zip(held, new_states):
+            out = _carry_state(_argument(args, kwargs, where), new, out)
+        return out
 
     def named_parameters(self, *args, **kwargs):
         return self.module.named_parameters(*args, **kwargs)
@@ -215,20 +232,176 @@ class ThunderModule(torch.nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            if name == "generate" and not self.__dict__.get("_thunderfn_warned_generate"):
-                _warn_generate_runs_eagerly(self)
-            return getattr(self._thunderfn_module, name)
+            value = getattr(self._thunderfn_module, name)
+            if name == "generate" and inspect.ismethod(value) and value.__self__ is self._thunderfn_module:
+                return functools.wraps(value)(functools.partial(_generate, self, value))
+            return value
 
 
-def _warn_generate_runs_eagerly(jitted: ThunderModule) -> None:
-    """Hugging Face's generate is the original module's method: it calls the original forward, eagerly.
-    Said once per jitted module, since a user calling it on the jitted module expects jit."""
-    object.__setattr__(jitted, "_thunderfn_warned_generate", True)
-    warnings.warn(
-        f"{type(jitted.module).__name__}.generate runs eagerly: tf.jit compiles forward, and generate calls the "
-        f"original module's. Under jit each generated token would be a new input shape (a recompile) and its key/value "
-        f"cache grows in place, which a compiled function refuses (docs/jit.md, 'Models from libraries'). Call "
-        f"forward through the jitted module for training and scoring.", stacklevel=3)
+# -- arguments that hold state: key/value caches --------------------------------------------------
+# A Hugging Face cache is passed to forward and changed by it: a DynamicCache's layers grow by
+# torch.cat and are stored back on the layer objects, a StaticCache allocates its tensors on first
+# use. Eager changes the caller's object. A traced function may not change a container it was
+# passed (core/trace.py refuses: the compiled code would not), so the jitted forward hands the model
+# a copy of each such argument and returns the copy (its new tensors) beside the output, and the
+# call moves that state into the caller's object on every call. The copy's tensors are the
+# argument's, so in-place writes (StaticCache's index_copy_) are written back to the caller's tensors
+# as for any input. A growing cache is a changing input size: symbolic after one recompile.
+
+def _state_arguments(args, kwargs) -> tuple:
+    """Where (an argument index or a keyword) the call passes a state-holding object: a container
+    of its attributes (pytree.register_by_attributes: the caches). Asked at call time and again
+    at trace time, of the copies the trace is given, with the same answer. On every call: kept cheap."""
+    kinds = pytree.attribute_container_types()
+    if not kinds:
+        return ()
+    return (tuple(i for i, a in enumerate(args) if type(a) in kinds) +
+            tuple(k for k, v in kwargs.items() if type(v) in kinds))
+
+
+def _argument(args, kwargs, where):
+    return args[where] if isinstance(where, int) else kwargs[where]
+
+
+def _with_copies(args, kwargs, held):
+    """args and kwargs with a fresh copy (the same leaves, new containers) of each held object."""
+    args, kwargs = list(args), dict(kwargs)
+    for where in held:
+        leaves, spec = pytree.tree_flatten(_argument(args, kwargs, where))
+        (args if isinstance(where, int) else kwargs)[where] = pytree.tree_unflatten(spec, leaves)
+    return tuple(args), kwargs
+
+
+def _carry_state(into, new, out):
+    """Give the caller's object `into` the state the model left in its copy `new`, keeping the
+    caller's own inner objects (a cache's layers) where the copy has one of the same type, as
+    eager changes them in place; an output entry that is the copy becomes the caller's object,
+    as eager returns the cache it was given."""
+    _update_attributes(into, new)
+    if isinstance(out, dict):  # a ModelOutput: setting an item sets its attribute too
+        for key, value in list(out.items()):
+            if type(value) is type(into):
+                out[key] = into
+    elif type(out) is tuple:
+        out = tuple(into if type(v) is type(into) else v for v in out)
+    return out
+
+
+def _update_attributes(into, new) -> None:
+    for name in [n for n in vars(into) if n not in vars(new)]:
+        delattr(into, name)
+    for name, value in vars(new).items():
+        into.__dict__[name] = _merged(into.__dict__.get(name), value)
+
+
+def _merged(current, value):
+    if type(current) is type(value) and type(value) in pytree.attribute_container_types():
+        _update_attributes(current, value)
+        return current
+    if type(current) is list and type(value) is list:
+        current[:] = [_merged(current[i] if i < len(current) else None, v) for i, v in enumerate(value)]
+        return current
+    return value
+
+
+# -- generate: the original module's loop, each forward through the jitted one -------------------
+# generate (Hugging Face's GenerationMixin, or any method of that name) is the original module's
+# method and calls `self(**inputs)`, which nn.Module's __call__ sends to `self.forward`. For the
+# duration of the call an instance attribute `forward` on the original module sends the calls of
+# this thread to the jitted forward (prefill, then decode steps: a handful of compiled entries, the
+# cache length symbolic after one recompile). The trace's own call of the module, other threads and
+# nested calls get the module's own forward. Removed when the last generate on the module returns.
+
+_routes_lock = threading.Lock()
+_routes: dict = {}  # id(original module) -> [forward it had before, number of generate calls running]
+_generating = threading.local()  # .jitted: {id(original module): its jitted module} for this thread's generate
+
+
+def _generate(jitted: ThunderModule, generate, /, *args, **kwargs):
+    module = jitted.module
+    hooks = _top_level_hooks(module)
+    if hooks:
+        warnings.warn(
+            f"{type(module).__name__}.generate runs eagerly: the module has {hooks}. generate calls the module "
+            f"through nn.Module.__call__, which runs them around forward; through the jitted forward they would run "
+            f"a second time inside the trace. Remove them to generate through tf.jit.", stacklevel=2)
+        return generate(*args, **kwargs)
+    if hasattr(module, "generation_config"):
+        # Hugging Face's own generate would torch.compile forward where the cache is static (on GPU);
+        # thunderfn compiles it here
+        kwargs.setdefault("disable_compile", True)
+    _route_forward(module)
+    mine = _generating.__dict__.setdefault("jitted", {})
+    outer = mine.get(id(module))
+    mine[id(module)] = jitted
+    try:
+        return generate(*args, **kwargs)
+    finally:
+        if outer is None:
+            del mine[id(module)]
+        else:
+            mine[id(module)] = outer
+        _unroute_forward(module)
+
+
+def _route_forward(module: torch.nn.Module) -> None:
+    with _routes_lock:
+        route = _routes.get(id(module))
+        if route is not None:
+            route[1] += 1
+            return
+        own = module.forward  # its class's (bound), or an instance attribute some library set
+
+        @functools.wraps(own)  # generate reads forward's signature (to decide whether to pass position_ids)
+        def forward(*args, **kwargs):
+            jitted = _generating.__dict__.get("jitted", {}).pop(id(module), None)
+            if jitted is None:  # another thread, or the trace's own call of the module
+                return own(*args, **kwargs)
+            try:
+                _refuse_prepared_masks(module, args, kwargs)
+                return jitted.forward(*args, **kwargs)
+            finally:
+                _generating.jitted[id(module)] = jitted
+
+        _routes[id(module)] = [module.__dict__.get("forward"), 1]
+        module.__dict__["forward"] = forward
+
+
+def _unroute_forward(module: torch.nn.Module) -> None:
+    with _routes_lock:
+        route = _routes[id(module)]
+        route[1] -= 1
+        if route[1]:
+            return
+        del _routes[id(module)]
+        if route[0] is None:
+            del module.__dict__["forward"]
+        else:
+            module.__dict__["forward"] = route[0]
+
+
+def _refuse_prepared_masks(module, args, kwargs) -> None:
+    """A compileable cache (StaticCache: cache_implementation="static") makes Hugging Face's generate
+    prepare a 4D attention mask outside the model, which the model's masking code recognizes by
+    `isinstance(mask, torch.Tensor)`: a traced tensor is not one, so the mask would be read as a
+    2D padding mask (an error at best). Refused by name before anything is traced."""
+    for where in _state_arguments(args, kwargs):
+        cache = _argument(args, kwargs, where)
+        if getattr(cache, "is_compileable", False) and not all(getattr(cache, "is_linear", [False])):
+            raise UnsupportedOpError(
+                f"{type(module).__name__}.generate through tf.jit cannot use a {type(cache).__name__}: with a "
+                f"compileable cache Hugging Face's generate passes forward a prepared 4D attention mask, which the "
+                f"model recognizes with isinstance(mask, torch.Tensor), false for a traced tensor. Use the default "
+                f"dynamic cache (leave cache_implementation unset): its growing length is compiled once, symbolically.")
+
+
+def _top_level_hooks(module: torch.nn.Module) -> str:
+    """The forward hooks nn.Module.__call__ runs around this module's forward, named; '' if none."""
+    own = [name for name in ("_forward_hooks", "_forward_pre_hooks") if getattr(module, name, None)]
+    everywhere = [name for name in ("_global_forward_hooks", "_global_forward_pre_hooks")
+                  if getattr(torch.nn.modules.module, name, None)]
+    return " and ".join([f"{n.lstrip('_').replace('_', ' ')} of its own" for n in own] +
+                        [f"torch's {n.lstrip('_').replace('_', ' ')}" for n in everywhere])
 
 
 def _has_uninitialized_parameters(module: torch.nn.Module) -> bool:

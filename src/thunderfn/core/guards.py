@@ -49,7 +49,11 @@ _TORCH_LAYERS_DIR = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
 _TORCH_MODULE_MACHINERY = os.path.join(_TORCH_LAYERS_DIR, "module.py")
 _STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
 _SITE_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib")})
-_UNWATCHED_PACKAGES = tuple(os.sep + name + os.sep for name in ("optree", "numpy", "_pytest", "pluggy", "hypothesis"))
+# sympy, mpmath, networkx, filelock, triton: what torch's ShapeEnv, partitioner and Inductor run (often
+# imported for the first time) while a trace is built; their state is never a model's, and a symbolic trace
+# runs thousands of their functions, each of which would add guards checked on every call
+_UNWATCHED_PACKAGES = tuple(os.sep + name + os.sep for name in ("optree", "numpy", "_pytest", "pluggy", "hypothesis",
+                                                                "sympy", "mpmath", "networkx", "filelock", "triton"))
 
 # Scalars whose value a trace bakes in: compared by value.
 _VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size,

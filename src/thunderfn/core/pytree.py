@@ -68,6 +68,14 @@ def _subclasses(cls: type) -> list[type]:
 _by_attributes: set[type] = set()
 
 
+def attribute_container_types() -> set[type]:
+    """The classes whose instances are containers of their attributes (register_by_attributes):
+    state-holding objects such as key/value caches, which code they are passed to may change.
+    Adopts torch's registrations first, which registers transformers' caches once imported."""
+    adopt_torch_registrations()
+    return _by_attributes
+
+
 def register_by_attributes(cls: type) -> type:
     """Make instances of cls containers of their attributes (`vars(obj)`): flattened into the
     attribute values, rebuilt without calling __init__. For plain state-holding objects (caches)."""
