@@ -225,6 +225,16 @@ class SymbolicInputs:
                 out.setdefault(number, []).append(d)
         return {k: tuple(v) for k, v in out.items()}
 
+    def pinned(self) -> list[str]:
+        """The symbols a guard specialized to a number, in words ("s0 = argument 'x'.shape[1] == 3"): the
+        trace relied on that size, so the entry's key holds it as a static size."""
+        out = []
+        for expr, name in self.names.items():
+            value = self.env.simplify(expr)
+            if value.is_number:
+                out.append(f"{name} = {self.described[name]} == {int(value)}")
+        return out
+
     def still_symbolic(self) -> dict:
         """"s0" -> where it comes from, for the symbols no guard specialized to a number."""
         names = {python(n) for n in self.placeholders if isinstance(n, torch.SymInt)}
