@@ -217,3 +217,74 @@ def _eager_or_none(fn, *args):
         return fn(*args)
     except RuntimeError:
         return None
+
+
+# -- the op library under symbolic sizes (benchmarks/opdb_dynamic_coverage.py found each) ----------------------
+def _loss_grads(fn, *args):
+    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    out = fn(*leaves)
+    return out, torch.autograd.grad(out, [x for x in leaves if x.requires_grad])
+
+
+ONE_ENTRY_AT_EVERY_SIZE = {
+    # the VJP's 2 / (n - 1) is a float computed from the sizes: CSE hashed it, which guarded its value
+    "std backward": (lambda x: x.std().exp(), [(2, 3, 4), (2, 7, 4), (3, 5, 2)]),
+    # the mean reduction's 1 / numel was float(numel), which pinned every size
+    "mse_loss backward": (lambda x, y: torch.nn.functional.mse_loss(x, y), [(2, 3), (2, 6), (5, 9)]),
+    "smooth_l1_loss backward": (lambda x, y: torch.nn.functional.smooth_l1_loss(x, y), [(2, 3), (2, 6), (5, 9)]),
+    # min/max of the sizes guarded which was smaller
+    "diagonal with an offset": (lambda x: torch.diagonal(x * 1.5, 2).sum(), [(4, 5), (4, 8), (9, 3), (3, 9)]),
+    # 1 / math.sqrt(E) pinned the head dimension
+    "scaled_dot_product_attention": (
+        lambda q: torch.nn.functional.scaled_dot_product_attention(q, q * 0.5, q.cos()).sum(),
+        [(2, 3, 4, 8), (2, 3, 5, 11), (1, 2, 7, 3)]),
+    # arange(numel) asked the sign of a float quotient of the sizes
+    "arange over a symbolic count": (lambda x: (torch.arange(x.numel(), dtype=x.dtype).reshape(x.shape) * x).sum(),
+                                     [(2, 3), (4, 5), (3, 7)]),
+}
+
+
+@pytest.mark.parametrize("name", list(ONE_ENTRY_AT_EVERY_SIZE))
+def test_op_is_one_exact_entry_at_every_size(name):
+    fn, shapes = ONE_ENTRY_AT_EVERY_SIZE[name]
+    n_args = fn.__code__.co_argcount
+    jitted = tf.jit(fn, dynamic=True)
+    for k, shape in enumerate(shapes):
+        g = torch.Generator().manual_seed(k)
+        args = [torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(n_args)]
+        got, expected = _loss_grads(jitted, *args), _loss_grads(fn, *args)
+        torch.testing.assert_close(got, expected)
+    info = tf.cache_info(jitted)
+    assert info["misses"] == 1 and not info["pinned"] and not info["static_fallbacks"], info
+
+
+def test_a_size_one_that_broadcasts_stays_static_and_the_rest_symbolic():
+    """A size-1 dimension is traced at another size; where the 1 broadcast against a size, that trace fails and
+    the compile keeps the 1 static and the other dimensions symbolic (cache_info says which), not every size."""
+    def f(a, b):
+        return a + b
+
+    jitted = tf.jit(f, dynamic=True)
+    for n in [3, 5, 8]:
+        a, b = torch.randn(n, 1), torch.randn(n, 4)
+        torch.testing.assert_close(jitted(a, b), f(a, b))
+    info = tf.cache_info(jitted)
+    assert info["misses"] == 1 and not info["static_fallbacks"], info
+    assert info["pinned"] == ["tensor 0's dimension 1 == 1 (its trace at size 2 could not take 1)"]
+    assert "argument 'a'.shape[0]" in info["symbolic"][0].values()
+
+
+def test_a_symbolic_compile_that_fails_falls_back_static_and_says_why():
+    """Code that cannot run with a symbolic size still compiles, per size, and cache_info says why."""
+    def f(x):
+        n = x.shape[0]
+        assert isinstance(n, int), "wants a Python int"
+        return x * n
+
+    jitted = tf.jit(f, dynamic=True)
+    for n in [2, 3]:
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(jitted(x), f(x))
+    info = tf.cache_info(jitted)
+    assert info["misses"] == 2 and info["symbolic"] == []
+    assert info["static_fallbacks"] == ["AssertionError: wants a Python int"] * 2

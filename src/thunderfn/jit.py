@@ -296,19 +296,32 @@ class JitState:
         another size): that compile is tried again with those dimensions static before every size is."""
         if not open_dims:
             return self.compile(args, kwargs, leaves, key)
-        attempts = [(open_dims, hints)]
-        if hints and _without(open_dims, hints):
-            attempts.append((_without(open_dims, hints), None))
         failure = None
-        for dims, at in attempts:
+        try:
+            return self.compile(args, kwargs, leaves, key, open_dims, hints)
+        except StepChangesOptimizerState:
+            raise
+        except Exception as e:  # noqa: BLE001 (compiled again below; the reason is kept)
+            failure = e
+        if hints:  # the size-1 dimensions static, the others still symbolic
+            narrowed = _without(open_dims, hints)
+            ones = [f"tensor {k}'s dimension {d} == 1 (its trace at size {at} could not take 1)"
+                    for (k, d), at in hints.items()]
+            if not narrowed:  # every open dimension had size 1: the static compile is the answer (or the error)
+                entry = self.compile(args, kwargs, leaves, key)
+                self.pinned_sizes += ones
+                return entry
             try:
-                return self.compile(args, kwargs, leaves, key, dims, at)
+                entry = self.compile(args, kwargs, leaves, key, narrowed)
+                self.pinned_sizes += ones
+                return entry
             except StepChangesOptimizerState:
                 raise
-            except Exception as e:  # noqa: BLE001 (compiled statically below; the reason is kept)
-                failure = failure or e
-        self.static_fallbacks.append(f"{type(failure).__name__}: {str(failure).strip().splitlines()[0][:300]}"
-                                     if str(failure).strip() else type(failure).__name__)
+            except Exception:  # noqa: BLE001 (the first failure is the one reported)
+                pass
+        text = str(failure).strip()
+        self.static_fallbacks.append(f"{type(failure).__name__}: {text.splitlines()[0][:300]}" if text
+                                     else type(failure).__name__)
         return self.compile(args, kwargs, leaves, key)
 
     def lookup(self, key, leaves):

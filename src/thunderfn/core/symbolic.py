@@ -112,7 +112,7 @@ def broadcast_dims(from_shape, to_shape) -> tuple:
     dims = list(range(lead))
     for i, n in enumerate(to_shape):
         m = from_shape[lead + i]
-        if n is m or _static_one(m):
+        if n is m or _static_one(m) or known_equal(n, m):
             continue
         if _static_one(n) or n == 1 and m != 1:
             dims.append(lead + i)
@@ -135,6 +135,13 @@ def same_shape(a, b) -> bool:
         elif not _shapes().statically_known_true(x == y):
             return False
     return True
+
+
+def known_equal(x, y) -> bool:
+    """Whether two sizes are the same without guarding (the same expression computed twice; equal ints)."""
+    if type(x) is int and type(y) is int:
+        return x == y
+    return _shapes().statically_known_true(x == y)
 
 
 def _static_one(n) -> bool:

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from thunderfn.core import dtypes
+from thunderfn.core import dtypes, symbolic
 from thunderfn.core.interception import resolve_torch_name, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
@@ -135,9 +135,10 @@ def mark_traceable(sym: Symbol) -> None:
     sym.tags = sym.tags | {"traceable"}
 
 
-def _to_meta(x):
+def _to_meta(x, sizes=tuple):
+    """A meta tensor for a proxy (its sizes made by `sizes` from the proxy's shape); other values as they are."""
     if isinstance(x, TensorProxy):
-        return torch.empty(x.shape, dtype=x.dtype, device="meta")
+        return torch.empty(sizes(x.shape), dtype=x.dtype, device="meta")
     return x
 
 
@@ -245,7 +246,9 @@ def autograd_connections(bsym):
     try:
         # (called while a trace is built: thunderfn's torch-function mode must not see these calls)
         with torch.enable_grad(), torch._C.DisableTorchFunction():
-            meta = [_to_meta(x) for x in leaves]
+            # at this call's sizes: which inputs reach which outputs does not depend on the sizes, and torch's
+            # backward kernels asking about symbolic ones would guard the trace on them
+            meta = [_to_meta(x, symbolic.hints) for x in leaves]
             for i in floating:
                 meta[i].requires_grad_()
             args, kwargs = tree_unflatten(spec, meta)
