@@ -49,7 +49,10 @@ _TORCH_LAYERS_DIR = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
 _TORCH_MODULE_MACHINERY = os.path.join(_TORCH_LAYERS_DIR, "module.py")
 _STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
 _SITE_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib")})
-_UNWATCHED_PACKAGES = tuple(os.sep + name + os.sep for name in ("optree", "numpy", "_pytest", "pluggy", "hypothesis"))
+# (sympy and mpmath: the ShapeEnv's arithmetic on symbolic sizes, which reads no user state; watched, each sympy
+# expression a frame was handed had its attributes guarded, and a new expression at the next size recompiled)
+_UNWATCHED_PACKAGES = tuple(os.sep + name + os.sep for name in ("optree", "numpy", "_pytest", "pluggy", "hypothesis",
+                                                               "sympy", "mpmath"))
 
 # Scalars whose value a trace bakes in: compared by value.
 _VALUE_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size,

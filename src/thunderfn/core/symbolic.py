@@ -213,7 +213,10 @@ class SymbolicInputs:
             if d in open_dims and n >= 1:
                 source = _sources().LocalSource(f"t{len(self.placeholders)}")
                 at = self.hints.get((number, d), n)
-                expr = self.env.create_symbol(at, source, dynamic_dim=_shapes().DimDynamic.DUCK,
+                # a symbol of its own, even where another dimension has the same size now (no duck sizing: two
+                # sizes equal by chance would be one symbol, and a size of a weight or a Python number the
+                # trace compares one with would pin the other too); equalities the trace relies on are guards
+                expr = self.env.create_symbol(at, source, dynamic_dim=_shapes().DimDynamic.DYNAMIC,
                                               do_not_specialize_zero_one=True)
                 n = self.env.create_symintnode(expr, hint=at, source=source)
                 if expr not in self.names:
