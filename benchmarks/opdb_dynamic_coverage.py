@@ -6,8 +6,13 @@ Per op, the first N samples (--samples) of its first floating dtype (float32 whe
   of one size v (every dimension of that size, so sizes the op needs equal stay equal) made v + 3, or
   else 2v (a view's divisibility); the first growth eager accepts. Both against eager.
 - backward (where the sample has floating positional tensors, a floating output and eager can
-  differentiate it): the same with `tf.jit(fn, dynamic=True)` of sum(output * weight) (the weights
-  inputs too) and torch.autograd.grad through it, against eager's gradients.
+  differentiate it): the same with `tf.jit(fn, dynamic=True)` of sum(output * weight) (the weights a
+  fixed pattern computed from the output's shape) and torch.autograd.grad through it (the VJP rules),
+  against eager's gradients;
+- jvp: `tf.jit(lambda: tf.jvp(op, leaves, tangents), dynamic=True)` (the JVP rules) against torch.func.jvp
+  (where they differ, central differences in float64 decide: "known" where they agree with thunderfn);
+- vmap: `tf.jit(tf.vmap(op), dynamic=True)` over two examples (the positional tensors stacked; the
+  batching rules) against the op on each example, stacked.
 
 Each sample's jitted function is classified by what its two calls did:
 - symbolic: one entry served both sizes (exact: both match eager);
@@ -46,6 +51,7 @@ ORDER = ("WRONG", "error", "static", "specialized", "known", "symbolic", "ungrow
 # Factories of uninitialized memory: any contents are correct, so values cannot be compared.
 UNSPECIFIED_CONTENTS = {"empty", "empty_like", "new_empty", "empty_strided", "torch.empty", "Tensor.new_empty"}
 THUNDERFN_SOURCE = os.path.dirname(tf.__file__)
+DYNAMIC = [True]  # jit's dynamic= for every compile here (--static: False, to tell a wrong result at any size)
 # (op, part) -> why eager is not the reference there: counted "differs (known)", not WRONG
 KNOWN_DIFFERENT = {
     ("aten.embedding_dense_backward", "backward"):
@@ -236,7 +242,7 @@ def _same_type_and_value(got, expected) -> str | None:
 
 
 def forward(op, sample):
-    jitted = tf.jit(lambda *a, **k: op.op(*a, **k), dynamic=True)
+    jitted = tf.jit(lambda *a, **k: op.op(*a, **k), dynamic=DYNAMIC[0])
 
     def call_jitted(args, kwargs):
         torch.manual_seed(0)
@@ -305,7 +311,7 @@ def backward(op, sample):
         return "skip", "eager cannot differentiate it"
     if grads is None:
         return "skip", "the output does not depend on the floating inputs"
-    jitted = tf.jit(case, dynamic=True)
+    jitted = tf.jit(case, dynamic=DYNAMIC[0])
 
     def call(fn):
         return lambda args, kwargs: _value_and_grads(fn, *case.split(args))
@@ -321,6 +327,119 @@ def backward(op, sample):
                          unchecked=op.name.startswith("aten."))
 
 
+def _tangents(leaves):
+    """A fixed direction for each leaf, computed from it (so it grows with it)."""
+    return tuple((x * 1.3 + 0.2).sin() for x in leaves)
+
+
+def forward_mode(op, sample):
+    """tf.jvp of the op's floating outputs in its floating positional tensors, jitted, against torch.func.jvp."""
+    case = _Differentiated(op, sample)
+    leaves, others = case.split((sample.args, sample.kwargs))
+    if not leaves:
+        return "skip", "no floating positional tensor"
+
+    def of(jvp):
+        def fn(leaves, others):
+            return jvp(lambda *xs: tuple(case.outputs(xs, others)), tuple(leaves), _tangents(leaves))
+        return fn
+
+    try:
+        if not case.outputs(leaves, others):
+            return "skip", "no floating output"
+        of(torch.func.jvp)(leaves, others)
+    except Exception:  # noqa: BLE001
+        return "skip", "torch.func.jvp cannot differentiate it"
+    jitted = tf.jit(of(tf.jvp), dynamic=DYNAMIC[0])
+
+    def call(fn):
+        def run(args, kwargs):
+            torch.manual_seed(0)
+            return fn(*case.split(args))
+        return run
+
+    try:
+        return run_two_sizes(jitted, call(jitted), call(of(torch.func.jvp)), (sample.args, sample.kwargs), {},
+                             _mismatch, unchecked=op.name.startswith("aten."))
+    except Outcome as o:
+        if o.kind != "WRONG" or not _finite_differences_agree(case, leaves, others):
+            raise
+        return "known", f"torch.func.jvp is not the derivative here: central differences in float64 agree with thunderfn's; {o.detail}"
+
+
+def _finite_differences_agree(case, leaves, others) -> bool:
+    """Whether thunderfn's JVP (float64, uncompiled) matches central differences where torch.func.jvp does not:
+    torch's forward-mode formulas treat some inputs as constants (nll_loss's weight, the *_backward ops')."""
+    leaves = [x.double() for x in leaves]
+    others = [x.double() if x.is_floating_point() else x for x in others]
+
+    def f(*xs):
+        torch.manual_seed(0)
+        return tuple(case.outputs(xs, others))
+
+    tangents, eps = _tangents(leaves), 1e-6
+    try:
+        plus = f(*[x + eps * t for x, t in zip(leaves, tangents)])
+        minus = f(*[x - eps * t for x, t in zip(leaves, tangents)])
+        differences = [(a - b) / (2 * eps) for a, b in zip(plus, minus)]
+        ours = tf.jvp(f, tuple(leaves), tangents)[1]
+        theirs = torch.func.jvp(f, tuple(leaves), tangents)[1]
+    except Exception:  # noqa: BLE001
+        return False
+    close = lambda got: _mismatch([g.double() for g in got], differences) is None  # noqa: E731
+    return close(ours) and not close(theirs)
+
+
+def batched(op, sample):
+    """tf.vmap of the op over two examples (its positional tensors stacked; keyword tensors shared), jitted,
+    against torch.func.vmap."""
+    flat, spec = tree_flatten((sample.args, sample.kwargs))
+    n_positional = len(tree_flatten(sample.args)[0])
+    tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+    in_dims = tuple(0 if i < n_positional else None for i in tensor_pos)
+    if 0 not in in_dims:
+        return "skip", "no positional tensor"
+
+    def fn(*tensors):
+        full = list(flat)
+        for i, t in zip(tensor_pos, tensors):
+            full[i] = t
+        args, kwargs = tree_unflatten(full, spec)
+        return op.op(*args, **kwargs)
+
+    def examples(tree):
+        tensors = [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+        return [torch.stack([t, t * 0.5 + 0.25 if t.is_floating_point() else t]) if d == 0 else t.clone()
+                for t, d in zip(tensors, in_dims)]
+
+    def call(vmap):
+        mapped = vmap(fn)
+
+        def run(args, kwargs):
+            torch.manual_seed(0)
+            return mapped(*examples(args))
+        return run
+
+    def per_example(f):
+        """vmap's definition: f on each example, the outputs stacked (torch.func.vmap's batching rules have
+        their own bugs: argmax(keepdim=True) without a dim, index_select with a 0-dim index)."""
+        def mapped(*tensors):
+            outs = [f(*(t[i] if d == 0 else t for t, d in zip(tensors, in_dims))) for i in range(2)]
+            flat = [tree_flatten(o) for o in outs]
+            if not all(isinstance(x, torch.Tensor) for x in flat[0][0]):
+                raise TypeError("vmap returns tensors only")
+            return tree_unflatten([torch.stack(xs) for xs in zip(flat[0][0], flat[1][0])], flat[0][1])
+        return mapped
+
+    try:
+        call(per_example)((sample.args, sample.kwargs), {})
+    except Exception:  # noqa: BLE001
+        return "skip", "eager raises on an example, or returns a non-tensor"
+    jitted = tf.jit(tf.vmap(fn, in_axes=in_dims), dynamic=DYNAMIC[0])
+    return run_two_sizes(jitted, call(lambda f: jitted), call(per_example), (sample.args, sample.kwargs), {},
+                         _same_type_and_value, unchecked=op.name.startswith("aten."))
+
+
 def run_op(op, samples: int, only: str | None):
     """[(part, class, detail)] for the op's first `samples` samples."""
     if op.name in UNSPECIFIED_CONTENTS:
@@ -332,8 +451,8 @@ def run_op(op, samples: int, only: str | None):
         return [("forward", "skip", f"sample_inputs raised {type(e).__name__}")]
     results = []
     for sample in chosen:
-        for part, check in (("forward", forward), ("backward", backward)):
-            if only and part != only:
+        for part, check in (("forward", forward), ("backward", backward), ("jvp", forward_mode), ("vmap", batched)):
+            if only and part not in only:
                 continue
             if part == "forward":
                 try:
@@ -361,9 +480,13 @@ def main(argv=None) -> int:
                         "that is not symbolic")
     parser.add_argument("-k", default="", help="only ops whose name contains this")
     parser.add_argument("--samples", type=int, default=3)
-    parser.add_argument("--only", choices=("forward", "backward"), default=None)
+    parser.add_argument("--static", action="store_true", help="compile with dynamic=False: whether a WRONG is "
+                        "wrong at static sizes too (not a symbolic-size bug)")
+    parser.add_argument("--only", nargs="+", choices=("forward", "backward", "jvp", "vmap"), default=None,
+                        help="the parts to run (default: all)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
+    DYNAMIC[0] = not args.static
     torch.set_num_threads(1)  # a child forked by _survives must not inherit a thread pool (it would hang)
     start = time.perf_counter()
     per_op, per_sample = {}, collections.Counter()
@@ -383,11 +506,12 @@ def main(argv=None) -> int:
                 if kind not in ("symbolic", "no sizes", "skip"):
                     print(f"    {kind:11} {part:8} {detail[:1200]}")
     classes = collections.Counter(kind for _, kind, _ in per_op.values())
-    print(f"\nthunderfn op database under tf.jit(dynamic=True): {len(per_op)} ops, {args.samples} samples each "
+    print(f"\nthunderfn op database under tf.jit(dynamic={DYNAMIC[0]}): {len(per_op)} ops, {args.samples} samples each "
           f"[{time.perf_counter() - start:.0f} s]")
-    print(f"{'class':12} {'ops':>5} {'fwd samples':>12} {'bwd samples':>12}")
+    parts = ("forward", "backward", "jvp", "vmap")
+    print(f"{'class':12} {'ops':>5}" + "".join(f" {p + ' samples':>16}" for p in parts))
     for kind in ORDER:
-        print(f"{kind:12} {classes[kind]:5} {per_sample['forward', kind]:12} {per_sample['backward', kind]:12}")
+        print(f"{kind:12} {classes[kind]:5}" + "".join(f" {per_sample[p, kind]:16}" for p in parts))
     for kind in ("WRONG", "error", "static", "specialized", "known", "ungrown"):
         names = sorted(n for n, (_, k, _) in per_op.items() if k == kind)
         if names:
