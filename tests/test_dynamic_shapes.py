@@ -292,3 +292,32 @@ def test_a_symbolic_compile_that_fails_falls_back_static_and_says_why():
     info = tf.cache_info(jitted)
     assert info["misses"] == 2 and info["symbolic"] == []
     assert info["static_fallbacks"] == ["AssertionError: wants a Python int"] * 2
+
+
+@given(tst.programs(), tst.program_inputs(), st.integers(1, 3))
+def test_dynamic_jit_of_grad_of_program_equals_grad_at_every_size(program, inputs, grow):
+    """jit(grad(f), dynamic=True) == grad(f) (torch.autograd's), for the drawn inputs and for inputs grown along
+    their first dimension: one trace of the derivative for every size, where the sizes fit it."""
+    def loss(*xs):
+        return program(*xs).sum()
+
+    def eager_grads(*xs):
+        leaves = [x.detach().clone().requires_grad_() for x in xs]
+        try:
+            out = loss(*leaves)
+        except RuntimeError:
+            return None
+        grads = torch.autograd.grad(out, leaves, allow_unused=True) if out.requires_grad else [None] * len(xs)
+        return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)]
+
+    expected = eager_grads(*inputs)
+    assume(expected is not None)
+    jitted = tf.jit(tf.grad(loss, argnums=tuple(range(len(inputs)))), dynamic=True)
+    torch.testing.assert_close(list(jitted(*inputs)), expected, equal_nan=True)
+    grown = tuple(torch.cat([x] * (grow + 1)) for x in inputs)
+    expected = eager_grads(*grown)
+    if expected is None:
+        with pytest.raises(RuntimeError):
+            jitted(*grown)
+    else:
+        torch.testing.assert_close(list(jitted(*grown)), expected, equal_nan=True)
