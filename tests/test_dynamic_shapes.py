@@ -321,3 +321,22 @@ def test_dynamic_jit_of_grad_of_program_equals_grad_at_every_size(program, input
             jitted(*grown)
     else:
         torch.testing.assert_close(list(jitted(*grown)), expected, equal_nan=True)
+
+
+shape = (2, 3)  # a global sharing its name with the attribute the function below reads (x.shape)
+
+
+def test_an_attribute_named_like_a_global_does_not_guard_the_global():
+    """The guard recorder read the names a function's code uses (co_names, attributes among them): `x.shape`
+    guarded this module's global `shape`, so a loop rebinding it recompiled every call."""
+    global shape
+
+    def f(x):
+        return x.reshape(x.shape[0], -1).sum() * 2
+
+    jitted = tf.jit(f)
+    for shape in [(2, 3), (2, 6), (2, 9), (2, 12)]:  # noqa: B007 (rebinding the global is the point)
+        x = torch.randn(shape)
+        torch.testing.assert_close(jitted(x), f(x))
+    info = tf.cache_info(jitted)
+    assert info["misses"] == 2 and not any("global" in r for r in info["recompiles"]), info["recompiles"]
