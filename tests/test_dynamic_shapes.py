@@ -241,6 +241,15 @@ ONE_ENTRY_AT_EVERY_SIZE = {
     # the size guards' sympy expressions reached the guard recorder, which guarded their attributes
     "max_pool2d over two symbolic sizes": (lambda x: torch.nn.functional.max_pool2d(x, 3).sum(),
                                            [(2, 3, 7, 7), (2, 3, 10, 10), (1, 2, 13, 9)]),
+    # a shift and a k computed from a size were refused (isinstance(k, int)): the compile fell back static
+    "roll by a symbolic shift": (lambda x: (torch.roll(x, x.shape[0] // 2, 0) * x.cos()).sum(),
+                                 [(6, 3), (10, 4), (9, 5)]),
+    "topk of a symbolic k": (lambda x: torch.topk(x, x.shape[-1] // 2).values.exp().sum(), [(3, 6), (4, 10), (2, 9)]),
+    # an op without a symbol runs torch's meta kernel, which failed on plain meta tensors of symbolic sizes
+    "unfold (an opaque op)": (lambda x: (x.unfold(0, 2, 1) ** 2).sum(), [(6, 3), (10, 4), (9, 5)]),
+    # a factory without a symbol was run at trace time and baked, which pinned its size
+    "eye of a symbolic size": (lambda x: (torch.eye(x.shape[0], dtype=x.dtype) @ x).sin().sum(),
+                               [(6, 3), (10, 4), (9, 5)]),
     # arange(numel) asked the sign of a float quotient of the sizes
     "arange over a symbolic count": (lambda x: (torch.arange(x.numel(), dtype=x.dtype).reshape(x.shape) * x).sum(),
                                      [(2, 3), (4, 5), (3, 7)]),

@@ -203,6 +203,7 @@ class SymbolicInputs:
         self.access: list[tuple[int, int]] = []  # (tensor number, dim) of each placeholder
         self.names: dict = {}  # sympy symbol -> "s0": the printed name, in order of creation
         self.described: dict = {}  # "s0" -> "argument 'x'.shape[1]"
+        self.fake_mode = None  # a FakeTensorMode on env, made when first needed (fake_tensor_mode)
         _registry[self.env] = self
 
     def shape(self, number: int, shape, described: str) -> torch.Size:
@@ -322,6 +323,20 @@ def bare_symbol(x) -> str | None:
         return None
     expr = inputs.env.simplify(x.node.expr)
     return inputs.names.get(expr) if expr.is_Symbol else None
+
+
+def fake_tensor_mode(values):
+    """A FakeTensorMode on the ShapeEnv of the first symbolic number among values, or None where none is: torch's
+    meta kernels run on tensors of symbolic sizes only under it (a plain meta tensor of symbolic sizes fails in
+    many: 'dispatch_on_subclass called with NO overloaded args')."""
+    for v in values:
+        inputs = inputs_of(v)
+        if inputs is not None:
+            if inputs.fake_mode is None:
+                fake = importlib.import_module("torch._subclasses.fake_tensor")
+                inputs.fake_mode = fake.FakeTensorMode(shape_env=inputs.env, allow_non_fake_inputs=True)
+            return inputs.fake_mode
+    return None
 
 
 def evaluation_namespace() -> dict:

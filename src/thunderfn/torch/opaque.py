@@ -13,6 +13,7 @@ May import: core/.
 """
 from __future__ import annotations
 
+import contextlib
 import numbers
 from typing import Callable
 
@@ -218,11 +219,14 @@ def _meta(fn, args, kwargs):
     if fn in _SHAPE_RULES:
         return _SHAPE_RULES[fn](*args, **kwargs)
     leaves, spec = tree_flatten((args, kwargs))
-    meta_args, meta_kwargs = tree_unflatten(spec, [_to_meta(x) for x in leaves])
-    if kwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves):
-        # a factory: it must build on meta too, or shape inference would draw real random numbers
-        meta_kwargs = dict(meta_kwargs, device="meta")
-    out = _run_on_meta(fn, name, meta_args, meta_kwargs)
+    # symbolic sizes: the meta tensors are fake tensors of the trace's ShapeEnv, where torch's kernels can run
+    fake = symbolic.fake_tensor_mode(n for x in leaves for n in (x.shape if isinstance(x, TensorProxy) else (x,)))
+    with fake if fake is not None else contextlib.nullcontext():
+        meta_args, meta_kwargs = tree_unflatten(spec, [_to_meta(x) for x in leaves])
+        if kwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves):
+            # a factory: it must build on meta too, or shape inference would draw real random numbers
+            meta_kwargs = dict(meta_kwargs, device="meta")
+        out = _run_on_meta(fn, name, meta_args, meta_kwargs)
     _check_outputs(name, out)
     device = _device_of(leaves, kwargs)
     out_leaves, out_spec = tree_flatten(out)

@@ -490,7 +490,7 @@ def rot90(a, k=1, dims=(0, 1)):
 
 @torchsymbol(torch.roll, T.roll)
 def roll(a, shifts, dims=()):
-    shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    shifts = (shifts,) if symbolic.is_int(shifts) else tuple(shifts)  # (a shift may be computed from a size)
     dims = () if dims is None else (dims,) if isinstance(dims, int) else tuple(dims)
     check(len(shifts) > 0, lambda: "`shifts` required")
     if not dims:
