@@ -218,3 +218,135 @@ def _eager_or_none(fn, *args):
         return fn(*args)
     except RuntimeError:
         return None
+
+
+# -- the op library under symbolic sizes (benchmarks/opdb_dynamic_coverage.py found each) ----------------------
+def _loss_grads(fn, *args):
+    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    out = fn(*leaves)
+    return out, torch.autograd.grad(out, [x for x in leaves if x.requires_grad])
+
+
+ONE_ENTRY_AT_EVERY_SIZE = {
+    # the VJP's 2 / (n - 1) is a float computed from the sizes: CSE hashed it, which guarded its value
+    "std backward": (lambda x: x.std().exp(), [(2, 3, 4), (2, 7, 4), (3, 5, 2)]),
+    # the mean reduction's 1 / numel was float(numel), which pinned every size
+    "mse_loss backward": (lambda x, y: torch.nn.functional.mse_loss(x, y), [(2, 3), (2, 6), (5, 9)]),
+    "smooth_l1_loss backward": (lambda x, y: torch.nn.functional.smooth_l1_loss(x, y), [(2, 3), (2, 6), (5, 9)]),
+    # min/max of the sizes guarded which was smaller
+    "diagonal with an offset": (lambda x: torch.diagonal(x * 1.5, 2).sum(), [(4, 5), (4, 8), (9, 3), (3, 9)]),
+    # 1 / math.sqrt(E) pinned the head dimension
+    "scaled_dot_product_attention": (
+        lambda q: torch.nn.functional.scaled_dot_product_attention(q, q * 0.5, q.cos()).sum(),
+        [(2, 3, 4, 8), (2, 3, 5, 11), (1, 2, 7, 3)]),
+    # the size guards' sympy expressions reached the guard recorder, which guarded their attributes
+    "max_pool2d over two symbolic sizes": (lambda x: torch.nn.functional.max_pool2d(x, 3).sum(),
+                                           [(2, 3, 7, 7), (2, 3, 10, 10), (1, 2, 13, 9)]),
+    # a shift and a k computed from a size were refused (isinstance(k, int)): the compile fell back static
+    "roll by a symbolic shift": (lambda x: (torch.roll(x, x.shape[0] // 2, 0) * x.cos()).sum(),
+                                 [(6, 3), (10, 4), (9, 5)]),
+    "topk of a symbolic k": (lambda x: torch.topk(x, x.shape[-1] // 2).values.exp().sum(), [(3, 6), (4, 10), (2, 9)]),
+    # an op without a symbol runs torch's meta kernel, which failed on plain meta tensors of symbolic sizes
+    "unfold (an opaque op)": (lambda x: (x.unfold(0, 2, 1) ** 2).sum(), [(6, 3), (10, 4), (9, 5)]),
+    # a factory without a symbol was run at trace time and baked, which pinned its size
+    "eye of a symbolic size": (lambda x: (torch.eye(x.shape[0], dtype=x.dtype) @ x).sin().sum(),
+                               [(6, 3), (10, 4), (9, 5)]),
+    # arange(numel) asked the sign of a float quotient of the sizes
+    "arange over a symbolic count": (lambda x: (torch.arange(x.numel(), dtype=x.dtype).reshape(x.shape) * x).sum(),
+                                     [(2, 3), (4, 5), (3, 7)]),
+}
+
+
+@pytest.mark.parametrize("name", list(ONE_ENTRY_AT_EVERY_SIZE))
+def test_op_is_one_exact_entry_at_every_size(name):
+    fn, shapes = ONE_ENTRY_AT_EVERY_SIZE[name]
+    n_args = fn.__code__.co_argcount
+    jitted = tf.jit(fn, dynamic=True)
+    for k, shape in enumerate(shapes):
+        g = torch.Generator().manual_seed(k)
+        args = [torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(n_args)]
+        got, expected = _loss_grads(jitted, *args), _loss_grads(fn, *args)
+        torch.testing.assert_close(got, expected)
+    info = tf.cache_info(jitted)
+    assert info["misses"] == 1 and not info["pinned"] and not info["static_fallbacks"], info
+
+
+def test_a_size_one_that_broadcasts_stays_static_and_the_rest_symbolic():
+    """A size-1 dimension is traced at another size; where the 1 broadcast against a size, that trace fails and
+    the compile keeps the 1 static and the other dimensions symbolic (cache_info says which), not every size."""
+    def f(a, b):
+        return a + b
+
+    jitted = tf.jit(f, dynamic=True)
+    for n in [3, 5, 8]:
+        a, b = torch.randn(n, 1), torch.randn(n, 4)
+        torch.testing.assert_close(jitted(a, b), f(a, b))
+    info = tf.cache_info(jitted)
+    assert info["misses"] == 1 and not info["static_fallbacks"], info
+    assert info["pinned"] == ["tensor 0's dimension 1 == 1 (its trace at size 2 could not take 1)"]
+    # (a's and b's first sizes are one symbol, named after either: the addition guarded them equal)
+    assert {"argument 'a'.shape[0]", "argument 'b'.shape[0]"} & set(info["symbolic"][0].values())
+
+
+def test_a_symbolic_compile_that_fails_falls_back_static_and_says_why():
+    """Code that cannot run with a symbolic size still compiles, per size, and cache_info says why."""
+    def f(x):
+        n = x.shape[0]
+        assert isinstance(n, int), "wants a Python int"
+        return x * n
+
+    jitted = tf.jit(f, dynamic=True)
+    for n in [2, 3]:
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(jitted(x), f(x))
+    info = tf.cache_info(jitted)
+    assert info["misses"] == 2 and info["symbolic"] == []
+    assert info["static_fallbacks"] == ["AssertionError: wants a Python int"] * 2
+
+
+@given(tst.programs(), tst.program_inputs(), st.integers(1, 3))
+def test_dynamic_jit_of_grad_of_program_equals_grad_at_every_size(program, inputs, grow):
+    """jit(grad(f), dynamic=True) == grad(f) (torch.autograd's), for the drawn inputs and for inputs grown along
+    their first dimension: one trace of the derivative for every size, where the sizes fit it."""
+    def loss(*xs):
+        return program(*xs).sum()
+
+    def eager_grads(*xs):
+        leaves = [x.detach().clone().requires_grad_() for x in xs]
+        try:
+            out = loss(*leaves)
+        except RuntimeError:
+            return None
+        grads = torch.autograd.grad(out, leaves, allow_unused=True) if out.requires_grad else [None] * len(xs)
+        return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs)]
+
+    expected = eager_grads(*inputs)
+    assume(expected is not None)
+    jitted = tf.jit(tf.grad(loss, argnums=tuple(range(len(inputs)))), dynamic=True)
+    torch.testing.assert_close(list(jitted(*inputs)), expected, equal_nan=True)
+    grown = tuple(torch.cat([x] * (grow + 1)) for x in inputs)
+    expected = eager_grads(*grown)
+    if expected is None:
+        with pytest.raises(RuntimeError):
+            jitted(*grown)
+    else:
+        torch.testing.assert_close(list(jitted(*grown)), expected, equal_nan=True)
+
+
+shape = (2, 3)  # a global sharing its name with the attribute the function below reads (x.shape)
+
+
+def test_an_attribute_named_like_a_global_does_not_guard_the_global():
+    """The guard recorder read the names a function's code uses (co_names, attributes among them): `x.shape`
+    guarded this module's global `shape`, so a loop rebinding it recompiled every call."""
+    global shape
+
+    def f(x):
+        return x.reshape(x.shape[0], -1).sum() * 2
+
+    jitted = tf.jit(f)
+    for shape in [(2, 3), (2, 6), (2, 9), (2, 12)]:  # noqa: B007 (rebinding the global is the point)
+        x = torch.randn(shape)
+        torch.testing.assert_close(jitted(x), f(x))
+    info = tf.cache_info(jitted)
+    assert info["misses"] == 2 and not any("global" in r for r in info["recompiles"]), info["recompiles"]

@@ -8,6 +8,7 @@ is compiled and how often without paying seconds per compile; one compiles for r
 """
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -67,7 +68,8 @@ def test_a_region_with_a_symbolic_reshape_compiles_once_for_every_length(compile
     (region,) = fused_calls(forward)
     assert [b.sym.name for b in forward.bound_symbols if b.sym.name not in ("del", "python_return")] == \
         [region.sym.name]  # the reshape is inside the region, which takes the symbols it uses
-    assert "inductor_fusion_0(x, w, s0, s1)" in str(forward)
+    # (x's second size and w's are one after broadcasting guarded them equal: printed as one symbol)
+    assert re.search(r"inductor_fusion_0\(x, w, s\d, s\d\)", str(forward)), str(forward)
     # the compile saw symbolic sizes: fake tensors whose sizes are symbols, then the symbols as ints
     assert all(isinstance(n, torch.SymInt) for n in compiles[0][0].shape)
     assert isinstance(compiles[0][-1], torch.SymInt)

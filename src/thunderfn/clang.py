@@ -290,7 +290,8 @@ def slice_in_dim(a, start: int, stop: int, step: int = 1, dim: int = 0):
     d = canonical_dim(dim, a.ndim)
     starts, stops, steps = [0] * a.ndim, list(a.shape), [1] * a.ndim
     starts[d], stops[d], steps[d] = start, stop, step
-    if start == 0 and stop == a.shape[d] and step == 1:
+    # (a no-op asked without guarding: a symbolic stop equal to the size only where known to be)
+    if symbolic.known_equal(start, 0) and symbolic.known_equal(stop, a.shape[d]) and symbolic.known_equal(step, 1):
         return a
     return prims.slice(a, tuple(starts), tuple(stops), tuple(steps))
 
@@ -352,9 +353,11 @@ def full_like(a, fill_value, *, device=None, dtype=None):
 
 def arange(start, end, step, *, device, dtype):
     check(step != 0, lambda: "step must be nonzero")
-    check((end - start) / step >= 0 or start == end,
+    integral = all(symbolic.is_int(v) for v in (start, end, step))
+    # (in integers where they are: a symbolic bound is asked end >= start, not a float quotient's sign)
+    check((end >= start if step > 0 else end <= start) if integral else (end - start) / step >= 0 or start == end,
           lambda: "upper bound and lower bound inconsistent with step sign")
-    if all(symbolic.is_int(v) for v in (start, end, step)):  # exact in integers, and symbolic where a bound is
+    if integral:  # exact in integers, and symbolic where a bound is
         length = -((start - end) // step)
     else:
         length = max(0, math.ceil((end - start) / step))

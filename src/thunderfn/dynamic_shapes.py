@@ -5,7 +5,9 @@
   differs from a compiled signature only in some sizes compiles once more with those
   dimensions symbolic (torch.compile's "automatic dynamic"); the dimensions seen changing are
   remembered, so each is opened once.
-- True: every dimension of every tensor input is symbolic from the first compile.
+- True: every dimension of every tensor input is symbolic from the first compile, but a parameter's
+  (torch.compile's force_parameter_static_shapes): a weight's sizes do not change between calls, and
+  as symbols each matmul would guard an input's size equal to one.
 - False: every size is static; each new size compiles anew.
 `mark_dynamic(t, dim)` opens a dimension from the first compile whatever `dynamic` says, and
 `mark_static(t, dim)` keeps one static whatever it says (torch._dynamo's functions).
@@ -83,8 +85,8 @@ def open_dimensions(dynamic, key: tuple, tensors: list, compiled_keys, marked: d
     parts = [p for p in key[4:] if is_tensor_part(p)]
     opened: dict = {}
     seen: dict = {}  # (tensor number, dim) -> a size it had in a compiled signature
-    if dynamic is True:
-        opened = {k: set(range(len(p[0]))) for k, p in enumerate(parts)}
+    if dynamic is True:  # (a module's parameters stay static, as torch.compile keeps them: see the docstring)
+        opened = {k: set(range(len(p[0]))) for k, p in enumerate(parts) if not isinstance(tensors[k], torch.nn.Parameter)}
     elif dynamic is None:
         for old in compiled_keys:
             changed = _changed_sizes(old, key)

@@ -151,6 +151,10 @@ class JitState:
         self.n_entries = 0
         self.stats = [0, 0]  # [hits, misses]; the fast path counts its hits too
         self.recompile_reasons: list[str] = []
+        # why each compile asked for symbolic sizes compiled with static ones instead (compile_symbolic), and
+        # the sizes symbolic compiles' traces pinned to a number (a guard `s0 == 3`): what cache_info reports
+        self.static_fallbacks: list[str] = []
+        self.pinned_sizes: list[str] = []
         self.warned_limit = False
         # tf.grad and the other transforms cannot run eagerly (they need a trace): past the
         # limit they drop their oldest entry instead (see jit_evicting).
@@ -282,20 +286,46 @@ class JitState:
         if autocast_state():  # the trace holds autocast's casts: running it under autocast would cast again
             fn = _without_autocast(fn)
         symbolic_sizes = SymbolicSizes(sizes, key) if sizes is not None and sizes.symbolic_dims else None
+        if sizes is not None:
+            self.pinned_sizes += sizes.pinned()
         return CacheEntry(guarded(fn, traces[0]), traces, backward, positions, recorder.guards, symbolic_sizes)
 
     def compile_symbolic(self, args, kwargs, leaves, key, open_dims, hints) -> CacheEntry:
         """compile with open_dims symbolic; where tracing them fails, compiled with this call's sizes instead,
         so an error (a view this size cannot take) names sizes as eager's does, and code that cannot run
-        symbolically still compiles for each size."""
+        symbolically still compiles for each size (the reason kept in static_fallbacks: cache_info).
+
+        A size-1 dimension traced at another size (hints) fails where the 1 mattered (it broadcast against
+        another size): that compile is tried again with those dimensions static before every size is."""
         if not open_dims:
             return self.compile(args, kwargs, leaves, key)
+        failure = None
         try:
             return self.compile(args, kwargs, leaves, key, open_dims, hints)
         except StepChangesOptimizerState:
             raise
-        except Exception:
-            return self.compile(args, kwargs, leaves, key)
+        except Exception as e:  # noqa: BLE001 (compiled again below; the reason is kept)
+            failure = e
+        if hints:  # the size-1 dimensions static, the others still symbolic
+            narrowed = _without(open_dims, hints)
+            ones = [f"tensor {k}'s dimension {d} == 1 (its trace at size {at} could not take 1)"
+                    for (k, d), at in hints.items()]
+            if not narrowed:  # every open dimension had size 1: the static compile is the answer (or the error)
+                entry = self.compile(args, kwargs, leaves, key)
+                self.pinned_sizes += ones
+                return entry
+            try:
+                entry = self.compile(args, kwargs, leaves, key, narrowed)
+                self.pinned_sizes += ones
+                return entry
+            except StepChangesOptimizerState:
+                raise
+            except Exception:  # noqa: BLE001 (the first failure is the one reported)
+                pass
+        text = str(failure).strip()
+        self.static_fallbacks.append(f"{type(failure).__name__}: {text.splitlines()[0][:300]}" if text
+                                     else type(failure).__name__)
+        return self.compile(args, kwargs, leaves, key)
 
     def lookup(self, key, leaves):
         for entry in reversed(self.cache.get(key, ())):
@@ -879,11 +909,14 @@ def cache_info(fn) -> dict:
     past cache_size_limit), `cache_size_limit`, `recompiles`, the reason of each
     compile after the first in words (like jax_explain_cache_misses), and `symbolic`: per entry
     with symbolic dimensions, oldest first, each symbol's source (`{"s0": "argument 'x'.shape[1]"}`)
-    and `size_guards`, the facts about them its trace relied on."""
+    and `size_guards`, the facts about them its trace relied on; `pinned`, the sizes a symbolic compile's trace
+    relied on being one number (so its entry holds them static: "s1 = argument 'x'.shape[1] == 3"), and
+    `static_fallbacks`, why each compile that asked for symbolic sizes compiled with static ones instead."""
     state = getattr(fn, "_thunderfn_state", None)  # a jitted module's is its forward's
     if state is None:
         raise ArgumentTypeError(f"cache_info expects a function returned by thunderfn.jit, got {_fn_name(fn)}")
     return {"entries": state.n_entries, "hits": state.stats[0], "misses": state.stats[1],
             "cache_size_limit": state.cache_size_limit, "recompiles": list(state.recompile_reasons),
             "symbolic": [dict(e.sizes.described) for e in state.symbolic_entries],
-            "size_guards": [list(e.sizes.facts) for e in state.symbolic_entries]}
+            "size_guards": [list(e.sizes.facts) for e in state.symbolic_entries],
+            "pinned": list(state.pinned_sizes), "static_fallbacks": list(state.static_fallbacks)}

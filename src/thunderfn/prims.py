@@ -544,7 +544,7 @@ def _topk_meta(a, k, dim, largest, sorted):
     d = canonical_dim(dim, a.ndim)
     check(a.dtype is not torch.bool, lambda: "topk does not support bool dtypes on CPU")
     n = a.shape[d] if a.ndim else 1
-    check(isinstance(k, int) and 0 <= k <= n, lambda: "selected index k out of range")
+    check(symbolic.is_int(k) and 0 <= k <= n, lambda: "selected index k out of range")  # (k may be a size's)
     shape = list(a.shape)
     if a.ndim:
         shape[d] = k

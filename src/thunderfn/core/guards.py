@@ -8,7 +8,7 @@ function is traced, a `GuardRecorder` watches the Python frames of the user's co
 (`sys.settrace`, this thread only: 'call' events, no line events) and records, for
 each frame:
 
-- the globals its code names (`co_names` found in its globals);
+- the globals its code reads (its global loads found in its globals);
 - the closure cells of the functions it can reach (jit's function, and the functions
   that function's closure and globals hold);
 - for each argument that is an `nn.Module` or a plain object: the attributes its code
@@ -27,7 +27,9 @@ are one dict lookup and an `is` or `==`), called on every call of the entry it g
 """
 from __future__ import annotations
 
+import dis
 import enum
+import functools
 import itertools
 import os
 import sys
@@ -82,6 +84,14 @@ def _is_watched(filename: str) -> bool:
     if path.startswith(_THUNDERFN_DIR) or any(p in path for p in _UNWATCHED_PACKAGES):
         return False
     return not (path.startswith(_STDLIB_DIRS) and not path.startswith(_SITE_DIRS))
+
+
+@functools.lru_cache(maxsize=4096)
+def _global_names(code) -> tuple:
+    """The names code reads as globals: co_names holds attribute names too, and an attribute sharing a global's
+    name (`x.shape` in a module with a global `shape`) guarded that global, recompiling when it changed."""
+    loads = ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS")
+    return tuple(dict.fromkeys(i.argval for i in dis.get_instructions(code) if i.opname in loads))
 
 
 def _is_stable(value) -> bool:
@@ -331,7 +341,7 @@ class GuardRecorder:
         if (code, None) not in self._seen:
             self._seen.add((code, None))
             f_globals = frame.f_globals
-            for name in names:
+            for name in _global_names(code):
                 if name in f_globals:
                     self._guard(f_globals, name, f"global '{name}' (read by {where})", names, depth=1)
             fn = self._closures.get(code)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import optree
+import torch
 
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
@@ -75,6 +76,9 @@ def value_key(x):
         return float, x.hex()
     if type(x) is complex:
         return complex, x.real.hex(), x.imag.hex()
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        # by its expression: hashing a symbolic number guards it equal to this call's value (pins the size)
+        return type(x), x.node.expr
     hash(x)  # unhashable: TypeError, and the call is not merged
     return type(x), x  # 1, 1.0 and True are equal but compute differently
 

@@ -124,7 +124,7 @@ def broadcast_dims(from_shape, to_shape) -> tuple:
     dims = list(range(lead))
     for i, n in enumerate(to_shape):
         m = from_shape[lead + i]
-        if n is m or _static_one(m):
+        if n is m or _static_one(m) or known_equal(n, m):
             continue
         if _static_one(n) or n == 1 and m != 1:
             dims.append(lead + i)
@@ -147,6 +147,13 @@ def same_shape(a, b) -> bool:
         elif not _shapes().statically_known_true(x == y):
             return False
     return True
+
+
+def known_equal(x, y) -> bool:
+    """Whether two sizes are the same without guarding (the same expression computed twice; equal ints)."""
+    if type(x) is int and type(y) is int:
+        return x == y
+    return _shapes().statically_known_true(x == y)
 
 
 def _static_one(n) -> bool:
@@ -206,9 +213,9 @@ class SymbolicInputs:
         self.env = shapes.ShapeEnv(specialize_zero_one=False)
         self.placeholders: list = []  # every dimension of every tensor input, in order (int or SymInt)
         self.access: list[tuple[int, int]] = []  # (tensor number, dim) of each placeholder
-        self.shared: list[str] = []  # "argument 'k'.shape[1] == s0": dimensions given an earlier one's symbol
         self.names: dict = {}  # sympy symbol -> "s0": the printed name, in order of creation
         self.described: dict = {}  # "s0" -> "argument 'x'.shape[1]"
+        self.fake_mode = None  # a FakeTensorMode on env, made when first needed (fake_tensor_mode)
         _registry[self.env] = self
 
     def shape(self, number: int, shape, described: str) -> torch.Size:
@@ -219,14 +226,14 @@ class SymbolicInputs:
             if d in open_dims and n >= 1:
                 source = _sources().LocalSource(f"t{len(self.placeholders)}")
                 at = self.hints.get((number, d), n)
-                expr = self.env.create_symbol(at, source, dynamic_dim=_shapes().DimDynamic.DUCK,
+                # a symbol of its own, even where another dimension has the same size now (no duck sizing: two
+                # sizes equal by chance would be one symbol, and a size of a weight or a Python number the
+                # trace compares one with would pin the other too); equalities the trace relies on are guards
+                expr = self.env.create_symbol(at, source, dynamic_dim=_shapes().DimDynamic.DYNAMIC,
                                               do_not_specialize_zero_one=True)
                 n = self.env.create_symintnode(expr, hint=at, source=source)
-                if expr not in self.names:
-                    self.names[expr] = f"s{len(self.names)}"
-                    self.described[self.names[expr]] = f"{described}.shape[{d}]"
-                else:  # the same size as an earlier dimension at this call: one symbol, guarded equal (duck sizing)
-                    self.shared.append(f"{described}.shape[{d}] == {self.names[expr]}")
+                self.names[expr] = f"s{len(self.names)}"
+                self.described[self.names[expr]] = f"{described}.shape[{d}]"
             self.placeholders.append(n)
             dims.append(n)
         return torch.Size(dims)
@@ -239,6 +246,16 @@ class SymbolicInputs:
             if isinstance(n, torch.SymInt) and not self.env.simplify(n.node.expr).is_number:  # (not specialized)
                 out.setdefault(number, []).append(d)
         return {k: tuple(v) for k, v in out.items()}
+
+    def pinned(self) -> list[str]:
+        """The symbols a guard specialized to a number, in words ("s0 = argument 'x'.shape[1] == 3"): the
+        trace relied on that size, so the entry's key holds it as a static size."""
+        out = []
+        for expr, name in self.names.items():
+            value = self.env.simplify(expr)
+            if value.is_number:
+                out.append(f"{name} = {self.described[name]} == {int(value)}")
+        return out
 
     def still_symbolic(self) -> dict:
         """"s0" -> where it comes from, for the symbols no guard specialized to a number."""
@@ -261,7 +278,7 @@ class SymbolicInputs:
 
     def guards_in_words(self) -> list[str]:
         """The facts the trace relied on, over the symbols' printed names (for cache_info and errors)."""
-        words = list(self.shared)
+        words = []
         for guard in self.env.guards:
             expr = self.env.simplify(guard.expr)
             if expr is not True and str(expr) != "True":
@@ -329,6 +346,20 @@ def free_symbols(x) -> dict:
     values = getattr(env, "backed_var_to_val", None) or env.var_to_val  # (renamed in torch 2.12)
     return {inputs.names.get(s, str(s)): env.create_symintnode(s, hint=int(values[s]))
             for s in env.simplify(x.node.expr).free_symbols}
+
+
+def fake_tensor_mode(values):
+    """A FakeTensorMode on the ShapeEnv of the first symbolic number among values, or None where none is: torch's
+    meta kernels run on tensors of symbolic sizes only under it (a plain meta tensor of symbolic sizes fails in
+    many: 'dispatch_on_subclass called with NO overloaded args')."""
+    for v in values:
+        inputs = inputs_of(v)
+        if inputs is not None:
+            if inputs.fake_mode is None:
+                fake = importlib.import_module("torch._subclasses.fake_tensor")
+                inputs.fake_mode = fake.FakeTensorMode(shape_env=inputs.env, allow_non_fake_inputs=True)
+            return inputs.fake_mode
+    return None
 
 
 def evaluation_namespace() -> dict:

@@ -291,7 +291,7 @@ def _scores(query, key, mask, is_causal, scale):
     compute = dtypes.computation_dtype(query.dtype)
     q, k = (clang.maybe_convert_to_dtype(t, compute) for t in (query, key))
     k = tnn._repeat_heads(k, q.shape[-3] // k.shape[-3])
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scale = 1 / torch.sym_sqrt(q.shape[-1]) if scale is None else scale  # (math.sqrt would pin a symbolic size)
     scores = clang.mul(prims.matmul(q, clang.transpose(k, -2, -1)), scale)
     if mask is not None:
         scores = clang.add(scores, clang.maybe_convert_to_dtype(mask, compute))
@@ -335,7 +335,7 @@ def _kernel_grads(g, query, key, value, out, lse, mask, is_causal, scale):
     probs = clang.exp(clang.where(ruled_out, -float("inf"), clang.sub(scores, lse)))
     row_dot = clang.unsqueeze(prims.sum(clang.mul(g, out), (g.ndim - 1,)), -1)
     d_scores = clang.mul(probs, clang.sub(prims.matmul(g, clang.transpose(v, -2, -1)), row_dot))
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scale = 1 / torch.sym_sqrt(q.shape[-1]) if scale is None else scale  # (math.sqrt would pin a symbolic size)
     dq = clang.mul(prims.matmul(d_scores, k), scale)
     dk = clang.mul(prims.matmul(clang.transpose(d_scores, -2, -1), q), scale)
     dv = prims.matmul(clang.transpose(probs, -2, -1), g)

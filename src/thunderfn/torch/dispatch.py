@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from thunderfn.core import context
+from thunderfn.core import context, symbolic
 from thunderfn.core.interception import (contains_tensor, find_handler, is_metadata_query, lift_constants,
                                          stand_in_metadata, tensors_by_position, torch_name)
 from thunderfn.core.proxies import TensorProxy
@@ -23,6 +23,11 @@ from thunderfn.torch.opaque import is_random, run_opaque
 from thunderfn.errors import ProxyOutsideTraceError
 
 _any_autocast = torch._C._is_any_autocast_enabled
+
+
+def _sizes_math(func) -> bool:
+    """torch.sym_float, torch.sym_max, torch._sym_sqrt, ...: functions of Python numbers and sizes."""
+    return getattr(func, "__module__", None) == "torch" and getattr(func, "__name__", "").lstrip("_").startswith("sym_")
 
 
 def dispatch(func, args, kwargs):
@@ -45,8 +50,10 @@ def dispatch(func, args, kwargs):
         has_tensor = contains_tensor(args) or contains_tensor(kwargs)
 
         # No handler and no tensor argument: run it now and bake the result in (right for
-        # torch.tensor([...]) or torch.eye(3)), unless it is random, which would freeze one draw.
-        if not has_tensor and not is_random(func):
+        # torch.tensor([...]) or torch.eye(3)), unless it is random, which would freeze one draw, or makes a
+        # tensor of a symbolic size (torch.eye(x.shape[0])), which baking would pin: those run as opaque ops
+        # (torch's arithmetic on sizes, torch.sym_float and the like, runs now: its result stays symbolic).
+        if not has_tensor and not is_random(func) and (not symbolic.has_symbols((args, kwargs)) or _sizes_math(func)):
             with torch._C.DisableTorchFunction():
                 result = func(*args, **kwargs)
             if isinstance(result, torch.Tensor):  # a fresh tensor on every eager call: see core/trace.py's trace()

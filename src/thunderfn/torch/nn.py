@@ -749,7 +749,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         check(heads % key.shape[-3] == 0 and heads % value.shape[-3] == 0,
               lambda: "Number of heads in key and value must divide the number of heads in ")
         key, value = _repeat_heads(key, heads // key.shape[-3]), _repeat_heads(value, heads // value.shape[-3])
-    scale_factor = 1 / math.sqrt(E) if scale is None else scale
+    scale_factor = 1 / torch.sym_sqrt(E) if scale is None else scale  # (math.sqrt would pin a symbolic E)
     compute = dtypes.computation_dtype(query.dtype)
     q, k = maybe_convert_to_dtype(query, compute), maybe_convert_to_dtype(key, compute)
     scores = clang.mul(prims.matmul(q, clang.transpose(k, -2, -1)), scale_factor)

@@ -13,12 +13,13 @@ May import: core/.
 """
 from __future__ import annotations
 
+import contextlib
 import numbers
 from typing import Callable
 
 import torch
 
-from thunderfn.core import dtypes
+from thunderfn.core import dtypes, symbolic
 from thunderfn.core.interception import resolve_torch_name, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
@@ -135,9 +136,10 @@ def mark_traceable(sym: Symbol) -> None:
     sym.tags = sym.tags | {"traceable"}
 
 
-def _to_meta(x):
+def _to_meta(x, sizes=tuple):
+    """A meta tensor for a proxy (its sizes made by `sizes` from the proxy's shape); other values as they are."""
     if isinstance(x, TensorProxy):
-        return torch.empty(x.shape, dtype=x.dtype, device="meta")
+        return torch.empty(sizes(x.shape), dtype=x.dtype, device="meta")
     return x
 
 
@@ -217,11 +219,14 @@ def _meta(fn, args, kwargs):
     if fn in _SHAPE_RULES:
         return _SHAPE_RULES[fn](*args, **kwargs)
     leaves, spec = tree_flatten((args, kwargs))
-    meta_args, meta_kwargs = tree_unflatten(spec, [_to_meta(x) for x in leaves])
-    if kwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves):
-        # a factory: it must build on meta too, or shape inference would draw real random numbers
-        meta_kwargs = dict(meta_kwargs, device="meta")
-    out = _run_on_meta(fn, name, meta_args, meta_kwargs)
+    # symbolic sizes: the meta tensors are fake tensors of the trace's ShapeEnv, where torch's kernels can run
+    fake = symbolic.fake_tensor_mode(n for x in leaves for n in (x.shape if isinstance(x, TensorProxy) else (x,)))
+    with fake if fake is not None else contextlib.nullcontext():
+        meta_args, meta_kwargs = tree_unflatten(spec, [_to_meta(x) for x in leaves])
+        if kwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves):
+            # a factory: it must build on meta too, or shape inference would draw real random numbers
+            meta_kwargs = dict(meta_kwargs, device="meta")
+        out = _run_on_meta(fn, name, meta_args, meta_kwargs)
     _check_outputs(name, out)
     device = _device_of(leaves, kwargs)
     out_leaves, out_spec = tree_flatten(out)
@@ -245,7 +250,9 @@ def autograd_connections(bsym):
     try:
         # (called while a trace is built: thunderfn's torch-function mode must not see these calls)
         with torch.enable_grad(), torch._C.DisableTorchFunction():
-            meta = [_to_meta(x) for x in leaves]
+            # at this call's sizes: which inputs reach which outputs does not depend on the sizes, and torch's
+            # backward kernels asking about symbolic ones would guard the trace on them
+            meta = [_to_meta(x, symbolic.hints) for x in leaves]
             for i in floating:
                 meta[i].requires_grad_()
             args, kwargs = tree_unflatten(spec, meta)

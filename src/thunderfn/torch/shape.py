@@ -433,8 +433,9 @@ def diagonal(a, offset=0, dim1=0, dim2=1):
     moved = movedim(a, (d1, d2), (-2, -1))
     n, m = moved.shape[-2], moved.shape[-1]
     batch = tuple(moved.shape[:-2])
-    length = max(min(n, m - offset) if offset >= 0 else min(n + offset, m), 0)
-    if length == 0:
+    # (sym_min and sym_max: Python's min and max would guard which of the sizes is smaller)
+    length = torch.sym_max(torch.sym_min(n, m - offset) if offset >= 0 else torch.sym_min(n + offset, m), 0)
+    if not symbolic.is_symbolic(length) and length == 0:  # (the slices below take a symbolic length of 0 too)
         return clang.full(batch + (0,), _zero(a.dtype), device=a.device, dtype=a.dtype)
     row, col = (0, offset) if offset >= 0 else (-offset, 0)
     square = prims.slice(moved, (0,) * len(batch) + (row, col), batch + (row + length, col + length))
@@ -489,7 +490,7 @@ def rot90(a, k=1, dims=(0, 1)):
 
 @torchsymbol(torch.roll, T.roll)
 def roll(a, shifts, dims=()):
-    shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    shifts = (shifts,) if symbolic.is_int(shifts) else tuple(shifts)  # (a shift may be computed from a size)
     dims = () if dims is None else (dims,) if isinstance(dims, int) else tuple(dims)
     check(len(shifts) > 0, lambda: "`shifts` required")
     if not dims:

@@ -29,7 +29,7 @@ import torch
 
 import thunderfn.torch as ltorch
 from thunderfn.prims import PrimIDs
-from thunderfn.core import context, dtypes
+from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
@@ -66,7 +66,8 @@ def _accumulate(cts: dict, proxy: TensorProxy, ct) -> None:
     if ct is None or not _carries_gradient(proxy):
         return
     previous = cts.get(proxy.name)
-    if ct is _ZERO or (isinstance(ct, TensorProxy) and ct.numel() == 0):
+    # (an empty cotangent only where known empty: a symbolic count is not guarded to be nonzero for a shortcut)
+    if ct is _ZERO or (isinstance(ct, TensorProxy) and symbolic.known_equal(ct.numel(), 0)):
         if previous is None:
             cts[proxy.name] = _ZERO
         return
@@ -74,7 +75,9 @@ def _accumulate(cts: dict, proxy: TensorProxy, ct) -> None:
         previous = None
     if isinstance(ct, TensorProxy) and ct.dtype != proxy.dtype:
         ct = ltorch.to(ct, proxy.dtype)
-    if tuple(ct.shape) != tuple(proxy.shape):  # the caller's cotangents are checked in trace_vjp's backward
+    # the caller's cotangents are checked in trace_vjp's backward; a rule's, at this call's sizes (an internal
+    # check must not guard symbolic sizes the rule computed another way equal)
+    if not symbolic.same_shape(ct.shape, proxy.shape) and symbolic.hints(ct.shape) != symbolic.hints(proxy.shape):
         raise InternalError(f"a VJP rule gave {proxy.name} a cotangent of shape {tuple(ct.shape)}, but it has shape "
                             f"{tuple(proxy.shape)}")
     cts[proxy.name] = ct if previous is None else ltorch.add(previous, ct)

@@ -19,6 +19,7 @@ from typing import Callable
 import optree
 import torch
 
+from thunderfn.core import symbolic
 from thunderfn.core.pytree import NAMESPACE, tree_flatten, tree_unflatten
 from thunderfn.core.decorators import with_options_form
 from thunderfn.errors import TransformArgumentError
@@ -61,10 +62,18 @@ def _one_hot_rows(leaves) -> list:
     for leaf, n in zip(leaves, sizes):
         key = (leaf.dtype, leaf.device)
         if key not in eyes:  # one identity per dtype and device, sliced for each leaf
-            eyes[key] = torch.eye(total, dtype=leaf.dtype, device=leaf.device)
+            eyes[key] = _identity(total, leaf.dtype, leaf.device)
         rows.append(eyes[key][:, offset:offset + n].reshape(total, *leaf.shape))
         offset += n
     return rows
+
+
+def _identity(n, dtype, device):
+    """torch.eye(n); of a symbolic n, computed (torch.eye, a constant made at trace time, would pin n)."""
+    if not symbolic.is_symbolic(n):
+        return torch.eye(n, dtype=dtype, device=device)
+    index = torch.arange(n, device=device)
+    return (index.unsqueeze(1) == index).to(dtype)
 
 
 def _blocks(batched, sizes):

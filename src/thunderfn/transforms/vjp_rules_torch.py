@@ -432,7 +432,7 @@ def _scaled_dot_product_attention_vjp(res, g):
     if _argument(res, 7, "enable_gqa", False) and query.ndim >= 3:
         k, v = _repeat_heads(k, q.shape[-3] // k.shape[-3]), _repeat_heads(v, q.shape[-3] // v.shape[-3])
     L, S = query.shape[-2], key.shape[-2]
-    scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scale = 1 / torch.sym_sqrt(query.shape[-1]) if scale is None else scale  # (math.sqrt would pin a symbolic size)
     scores = ltorch.mul(ltorch.matmul(q, _matrix_t(k)), scale)
     mask = attn_mask
     if is_causal:  # as the forward combines it with an explicit mask
@@ -589,7 +589,7 @@ def _std_mean_vjp(res, g):  # std's cotangent as std's rule gives it, plus the m
 
 def _loss_scale(g, reduction, numel):
     """The cotangent of each element of the unreduced loss: g, or for the mean g over the element count."""
-    return ltorch.div(g, float(numel)) if reduction == "mean" else g
+    return ltorch.div(g, numel) if reduction == "mean" else g  # (a symbolic count stays one: no float())
 
 
 def _difference(input, target):
