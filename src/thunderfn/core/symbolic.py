@@ -121,14 +121,16 @@ def broadcast_dims(from_shape, to_shape) -> tuple:
     summed over whatever the size it was expanded to (summing a size-1 dimension changes nothing), so a
     symbolic size is not guarded to differ from 1."""
     lead = len(from_shape) - len(to_shape)
-    dims = list(range(lead))
-    for i, n in enumerate(to_shape):
-        m = from_shape[lead + i]
-        if n is m or _static_one(m) or known_equal(n, m):
-            continue
-        if _static_one(n) or n == 1 and m != 1:
-            dims.append(lead + i)
-    return tuple(dims)
+    return tuple(range(lead)) + tuple(lead + i for i, n in enumerate(to_shape) if was_expanded(n, from_shape[lead + i]))
+
+
+def was_expanded(n, m) -> bool:
+    """Whether a size n broadcast to m was a 1 expanded (what a gradient sums over), asking a symbolic size only
+    what the answer needs: a static 1 counts as expanded whatever m is (summing a size-1 dimension changes
+    nothing), so expanding a bias's 1 to s0 does not guard s0 != 1."""
+    if n is m or _static_one(m) or known_equal(n, m):
+        return False
+    return _static_one(n) or n == 1 and m != 1
 
 
 def same_shape(a, b) -> bool:

@@ -263,12 +263,14 @@ def _einsum_pair(a, la, b, lb, keep):
     # a contracted label of size 1 on one side is summed out of the other side first, as torch does
     for x in contracted:
         na, nb = a.shape[la.index(x)], b.shape[lb.index(x)]
+        if symbolic.known_equal(na, nb):  # (not asked of symbolic sizes, which would guard them to differ from 1)
+            continue
         if na == 1 and nb != 1:
             b = _sum(b, (lb.index(x),), keepdim=True)
         elif nb == 1 and na != 1:
             a = _sum(a, (la.index(x),), keepdim=True)
     size = dict(zip(lb, b.shape))
-    size.update((x, n) for x, n in zip(la, a.shape) if size.get(x, 1) == 1)
+    size.update((x, n) for x, n in zip(la, a.shape) if x not in size or symbolic.was_expanded(size[x], n))
     # size-1 batch dims broadcast
     a = clang.expand_to(a, tuple(size[x] if x in batch else n for x, n in zip(la, a.shape)))
     b = clang.expand_to(b, tuple(size[x] if x in batch else n for x, n in zip(lb, b.shape)))
@@ -299,11 +301,11 @@ def einsum(equation, *operands):
         t, labels = _einsum_diagonal(t, labels, k)
         for label, n in zip(labels, t.shape):
             seen = sizes.get(label, 1)
-            check(n == 1 or seen == 1 or n == seen,
+            check(symbolic.broadcastable(n, seen),
                   lambda: f"einsum(): subscript {label} has size {n} for operand {k} which does not broadcast with "
                           f"previously seen size {seen}" if isinstance(label, str) else
                           f"einsum(): operands do not broadcast (an ellipsis dimension has sizes {seen} and {n})")
-            sizes[label] = n if seen == 1 else seen
+            sizes[label] = symbolic.broadcast_size(seen, n)
         tensors.append((t, labels))
     # contract left to right; each step first sums out what no later operand nor the output needs
     t, labels = _sum_out(*tensors[0], set(out).union(*(ls for _, ls in tensors[1:])))

@@ -459,7 +459,7 @@ def _broadcast_in_dim_vjp(res, g):
     if not _is_float_tensor(a):
         return None, None, None
     summed = [d for d in range(len(shape)) if d not in bdims]
-    summed += [d for i, d in enumerate(bdims) if a.shape[i] == 1 and shape[d] != 1]
+    summed += [d for i, d in enumerate(bdims) if symbolic.was_expanded(a.shape[i], shape[d])]
     s = ltorch.sum(g, tuple(sorted(summed))) if summed else g
     return (s if symbolic.same_shape(s.shape, a.shape) else ltorch.reshape(s, tuple(a.shape))), None, None
 
