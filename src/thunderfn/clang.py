@@ -222,20 +222,20 @@ def reshape(a, shape):
 def infer_shape(shape, numel: int) -> tuple:
     """Resolve one -1 in shape, with torch's messages."""
     shape = tuple(shape)
-    unknown = [i for i, s in enumerate(shape) if s == -1]
+    unknown = [i for i, s in enumerate(shape) if symbolic.is_minus_one(s)]
     check(len(unknown) <= 1, lambda: "only one dimension can be inferred")
     for i, s in enumerate(shape):
-        check(s >= -1, lambda: f"invalid shape dimension {s} at index {i} of shape {list(shape)}")
+        check(symbolic.is_size(s) or s >= -1, lambda: f"invalid shape dimension {s} at index {i} of shape {list(shape)}")
     if unknown:
         known = 1
-        for s in shape:
-            if s != -1:
+        for i, s in enumerate(shape):
+            if i not in unknown:
                 known *= s
         check(known != 0 or numel != 0,
               lambda: f"cannot reshape tensor of 0 elements into shape {list(shape)} because the unspecified "
                       f"dimension size -1 can be any value and is ambiguous")
         check(known != 0 and numel % known == 0, lambda: f"shape '{list(shape)}' is invalid for input of size {numel}")
-        shape = tuple(numel // known if s == -1 else s for s in shape)
+        shape = tuple(numel // known if i in unknown else s for i, s in enumerate(shape))
     check(symbolic.product(shape) == numel, lambda: f"shape '{list(shape)}' is invalid for input of size {numel}")
     return shape
 

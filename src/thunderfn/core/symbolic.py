@@ -158,6 +158,19 @@ def known_equal(x, y) -> bool:
     return _shapes().statically_known_true(x == y)
 
 
+def is_size(n) -> bool:
+    """Whether n is an input's symbolic size itself (a symbol, never negative): asked nothing about its sign."""
+    return isinstance(n, torch.SymInt) and n.node.expr.is_Symbol
+
+
+def is_minus_one(n) -> bool:
+    """Whether a requested size is -1 (infer it): a literal -1, or a computed size that is (guarded); an input's
+    size never is, and is not asked (each question of a symbolic size costs the ShapeEnv a solve)."""
+    if type(n) is int:
+        return n == -1
+    return not is_size(n) and n == -1
+
+
 def _static_one(n) -> bool:
     return type(n) is int and n == 1
 
@@ -217,6 +230,7 @@ class SymbolicInputs:
         self.access: list[tuple[int, int]] = []  # (tensor number, dim) of each placeholder
         self.names: dict = {}  # sympy symbol -> "s0": the printed name, in order of creation
         self.described: dict = {}  # "s0" -> "argument 'x'.shape[1]"
+        self.printed: dict = {}  # sympy expression -> its Python source (see python)
         self.fake_mode = None  # a FakeTensorMode on env, made when first needed (fake_tensor_mode)
         _registry[self.env] = self
 
@@ -307,8 +321,11 @@ def python(x, inputs: SymbolicInputs | None = None) -> str:
         raise InternalError(f"a symbolic size {x} of no jit compile reached code generation")
     if x.is_number:
         return repr(int(x)) if x.is_integer else repr(float(x))
-    named = x.xreplace({s: _named_symbol(inputs.names.get(s, str(s))) for s in x.free_symbols})
-    return _printer().doprint(named)
+    printed = inputs.printed.get(x)
+    if printed is None:  # (each trace line's annotation prints its sizes: printed once per expression)
+        named = x.xreplace({s: _named_symbol(inputs.names.get(s, str(s))) for s in x.free_symbols})
+        printed = inputs.printed[x] = _printer().doprint(named)
+    return printed
 
 
 @functools.cache
