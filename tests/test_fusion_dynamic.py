@@ -146,3 +146,31 @@ def test_sdpa_claims_attention_with_symbolic_lengths(compiles):
     assert tf.cache_info(jitted)["misses"] == 1
     assert "sdpa_flash_cpu_fwd(" in str(tf.last_traces(jitted)[-1])
     assert "sdpa_flash_cpu_bwd(" in str(tf.last_backward_traces(jitted)[-1])
+
+
+def test_a_region_graph_holds_no_symbolic_number_of_the_trace(monkeypatch):
+    """A torch.Size argument (a view to x's shape) and a number computed from sizes (a float count) reach the
+    region's graph as nodes computed from its size inputs, never as the trace's own SymInts, which Inductor's
+    shape environment does not know (it failed on them: "vr must not be None")."""
+    graphs = []
+
+    def compile_graph(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    monkeypatch.setattr(inductor, "compile_graph", compile_graph)
+    monkeypatch.setattr(inductor, "_compiled", CompiledCache())
+
+    def fn(x):
+        y = (x.sin() * 2).view(x.shape)
+        return y / (x.shape[0] * 2.0) + y.reshape(torch.Size([x.shape[1], x.shape[0]])).t()
+
+    jitted = tf.jit(fn, fusion=True, dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(jitted(x), fn(x))
+    assert graphs
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            leaves = torch.utils._pytree.tree_leaves((node.args, node.kwargs))
+            assert not any(isinstance(v, (torch.SymInt, torch.SymFloat)) for v in leaves), node.format_node()

@@ -60,8 +60,9 @@ def hints(shape) -> tuple:
 
 
 def has_symbols(tree) -> bool:
-    """Whether a value (an argument of a recorded call: nested lists, tuples, dicts) holds a SymInt."""
-    if isinstance(tree, torch.SymInt):
+    """Whether a value (an argument of a recorded call: nested lists, tuples, dicts) holds a SymInt or a number
+    computed from one (a SymFloat: a mean's count divided)."""
+    if isinstance(tree, (torch.SymInt, torch.SymFloat)):
         return True
     if isinstance(tree, (list, tuple, torch.Size)):
         return any(has_symbols(x) for x in tree)
@@ -71,8 +72,8 @@ def has_symbols(tree) -> bool:
 
 
 def symbolic_leaves(tree) -> list:
-    """The SymInts a value (nested lists, tuples, dicts) holds, in order."""
-    if isinstance(tree, torch.SymInt):
+    """The SymInts (and SymFloats) a value (nested lists, tuples, dicts) holds, in order."""
+    if isinstance(tree, (torch.SymInt, torch.SymFloat)):
         return [tree]
     if isinstance(tree, (list, tuple, torch.Size)):
         return [s for x in tree for s in symbolic_leaves(x)]

@@ -392,8 +392,10 @@ def region_graph(region: Region) -> torch.fx.GraphModule:
         return computed[source]
 
     def node_for(x):
-        if isinstance(x, torch.SymInt):
+        if isinstance(x, (torch.SymInt, torch.SymFloat)):  # (a float from sizes too: a count divided)
             return size_node(x)
+        if isinstance(x, torch.Size):  # a leaf of the pytree: its sizes one by one (a view to (s1, s0, 192))
+            return tuple(node_for(n) for n in x)
         return env[x.name] if isinstance(x, TensorProxy) else x
 
     for bsym in region.bsyms:
