@@ -20,6 +20,7 @@ cache key (docs/sharp_bits.md).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
@@ -160,20 +161,25 @@ class SymbolicSizes:
         terms += [f"({guards})"] if guards else []
         return " and ".join(terms) or "True"
 
-    def matches(self, key: tuple) -> bool:
-        """Whether a call's cache key fits the pattern (everything equal but the symbolic sizes)."""
+    @functools.cached_property
+    def matches(self):
+        """A function of a call's cache key: whether it fits the pattern (everything equal but the symbolic
+        sizes). Generated straight-line comparisons: a call whose arguments hold more than tensors (a key/value
+        cache object) asks it on every call."""
         pattern = self.pattern
-        if len(pattern) != len(key) or pattern[:4] != key[:4]:
-            return False
-        for p, part in zip(pattern[4:], key[4:]):
-            if is_tensor_part(p):
-                if not is_tensor_part(part) or p[1:] != part[1:] or len(p[0]) != len(part[0]):
-                    return False
-                if any(n is not None and n != m for n, m in zip(p[0], part[0])):
-                    return False
-            elif p != part:
-                return False
-        return True
+        namespace = {"pattern": pattern}
+        terms = [f"len(key) == {len(pattern)}", "key[:4] == pattern[:4]"]
+        for i, p in enumerate(pattern[4:], start=4):
+            if not is_tensor_part(p):
+                terms.append(f"key[{i}] == pattern[{i}]")
+                continue
+            # (a tensor's part against a non-tensor's: the comparisons below are False or raise TypeError)
+            terms += [f"key[{i}][1:] == pattern[{i}][1:]", f"len(key[{i}][0]) == {len(p[0])}"]
+            terms += [f"key[{i}][0][{d}] == {n}" for d, n in enumerate(p[0]) if n is not None]
+        source = "def matches(key):\n    try:\n        return (" + "\n                and ".join(terms) + \
+                 ")\n    except (TypeError, IndexError):\n        return False\n"
+        exec(compile(source, f"<thunderfn key pattern {next(_generated)}>", "exec"), namespace)
+        return namespace["matches"]
 
     def failure(self, tensors) -> str | None:
         if self.hold(tensors):
