@@ -26,6 +26,18 @@ def _on_alarm(signum, frame):
     raise Timeout()
 
 
+def clone(x):
+    """x with every tensor in it (nested lists, tuples, dicts) a detached copy: each run of an op gets inputs
+    of its own (ops write into their arguments)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, (list, tuple)):
+        return type(x)(clone(v) for v in x)
+    if isinstance(x, dict):
+        return {k: clone(v) for k, v in x.items()}
+    return x
+
+
 def first_line(e: BaseException) -> str:
     s = str(e)
     return s.splitlines()[0][:160] if s else ""

@@ -24,17 +24,7 @@ import warnings
 import torch
 
 import thunderfn as tf
-from harness import entry_name, print_failures, run_all  # (run from benchmarks/ or the repo root)
-
-
-def _clone(x):
-    if isinstance(x, torch.Tensor):
-        return x.detach().clone()
-    if isinstance(x, (list, tuple)):
-        return type(x)(_clone(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _clone(v) for k, v in x.items()}
-    return x
+from harness import clone, entry_name, print_failures, run_all  # (run from benchmarks/ or the repo root)
 
 
 def _mismatch(a, b) -> str | None:
@@ -80,9 +70,9 @@ def run_entry(opinfo, samples: int, compile=tf.jit, dtype=torch.float32):
         args = (s.input, *s.args)
         try:
             torch.manual_seed(0)
-            expected = op(*_clone(args), **_clone(s.kwargs))
+            expected = op(*clone(args), **clone(s.kwargs))
             torch.manual_seed(0)
-            again = op(*_clone(args), **_clone(s.kwargs))
+            again = op(*clone(args), **clone(s.kwargs))
         except Exception as e:
             return "skip", f"eager raised {type(e).__name__}"
         if not _same(expected, again):
@@ -90,7 +80,7 @@ def run_entry(opinfo, samples: int, compile=tf.jit, dtype=torch.float32):
         try:
             jitted = compile(lambda *a, **k: op(*a, **k))
             torch.manual_seed(0)
-            got = jitted(*_clone(args), **_clone(s.kwargs))
+            got = jitted(*clone(args), **clone(s.kwargs))
         except tf.ThunderFnError as e:
             return "error", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         except Exception as e:

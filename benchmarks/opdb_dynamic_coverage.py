@@ -45,6 +45,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 import thunderfn as tf
 from thunderfn.testing.opinfos import op_db
+from harness import clone  # (a sibling script: run from benchmarks/ or the repo root)
 
 DEVICE = torch.device("cpu")
 ORDER = ("WRONG", "error", "static", "specialized", "known", "symbolic", "ungrown", "no sizes", "skip")
@@ -94,16 +95,6 @@ symbolic_shapes.ShapeEnv._set_replacement = _logging_replacement
 
 
 # -- samples -------------------------------------------------------------------------------------------
-def _clone(x):
-    if isinstance(x, torch.Tensor):
-        return x.detach().clone()
-    if isinstance(x, (list, tuple)):
-        return type(x)(_clone(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _clone(v) for k, v in x.items()}
-    return x
-
-
 def _tensors(tree) -> list:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
 
@@ -161,7 +152,7 @@ class Outcome(Exception):
 
 def _eager(fn, args, kwargs):
     torch.manual_seed(0)
-    return fn(*_clone(args), **_clone(kwargs))
+    return fn(*clone(args), **clone(kwargs))
 
 
 def _classify(jitted, first_misses: int, grown_at) -> tuple[str, str]:
@@ -246,7 +237,7 @@ def forward(op, sample):
 
     def call_jitted(args, kwargs):
         torch.manual_seed(0)
-        return jitted(*_clone(args), **_clone(kwargs))
+        return jitted(*clone(args), **clone(kwargs))
 
     return run_two_sizes(jitted, call_jitted, lambda a, k: _eager(op.op, a, k), sample.args, sample.kwargs,
                          _same_type_and_value, unchecked=op.name.startswith("aten."))

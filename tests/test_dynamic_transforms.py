@@ -67,14 +67,17 @@ def test_grad_of_jit_is_one_entry_of_the_inner_function():
     assert tf.cache_info(grad)["misses"] <= 2
 
 
-def test_torch_autograd_through_a_jitted_function_is_one_entry():
-    jitted = tf.jit(_block, dynamic=True)
+def _torch_autograd_matches_in_one_entry(jitted, fn):
     for n in SIZES:
         args = [a.requires_grad_() for a in _inputs(n)]
         got = torch.autograd.grad(jitted(*args), args)
-        expected = torch.autograd.grad(_block(*args), args)
+        expected = torch.autograd.grad(fn(*args), args)
         torch.testing.assert_close(got, expected)
     _one_entry(jitted)
+
+
+def test_torch_autograd_through_a_jitted_function_is_one_entry():
+    _torch_autograd_matches_in_one_entry(tf.jit(_block, dynamic=True), _block)
 
 
 def test_vjp_is_one_entry():
@@ -176,13 +179,7 @@ def test_rematerialized_backward_is_one_entry():
         h = x @ w + b
         return (torch.tanh(h).sin() * h.sigmoid()).sum()
 
-    jitted = tf.jit(f, rematerialize=True, dynamic=True)
-    for n in SIZES:
-        args = [a.requires_grad_() for a in _inputs(n)]
-        got = torch.autograd.grad(jitted(*args), args)
-        expected = torch.autograd.grad(f(*args), args)
-        torch.testing.assert_close(got, expected)
-    _one_entry(jitted)
+    _torch_autograd_matches_in_one_entry(tf.jit(f, rematerialize=True, dynamic=True), f)
 
 
 def _model():

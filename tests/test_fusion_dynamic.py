@@ -27,13 +27,22 @@ def reshaping(x, w):
     return torch.tanh(y.reshape(x.shape[0] * 2, -1)).sum(0) * 2
 
 
+class _Compiles(list):
+    """The example inputs of each compile, and (`graphs`) each compiled graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.graphs = []
+
+
 @pytest.fixture
 def compiles(monkeypatch):
-    """Inductor's compile replaced by one that records its example inputs and returns the graph itself."""
-    calls = []
+    """Inductor's compile replaced by one that records its example inputs and graph and returns the graph itself."""
+    calls = _Compiles()
 
     def compile_graph(gm, example_inputs):
         calls.append(example_inputs)
+        calls.graphs.append(gm)
         return gm
 
     monkeypatch.setattr(inductor, "compile_graph", compile_graph)
@@ -148,19 +157,10 @@ def test_sdpa_claims_attention_with_symbolic_lengths(compiles):
     assert "sdpa_flash_cpu_bwd(" in str(tf.last_backward_traces(jitted)[-1])
 
 
-def test_a_region_graph_holds_no_symbolic_number_of_the_trace(monkeypatch):
+def test_a_region_graph_holds_no_symbolic_number_of_the_trace(compiles):
     """A torch.Size argument (a view to x's shape) and a number computed from sizes (a float count) reach the
     region's graph as nodes computed from its size inputs, never as the trace's own SymInts, which Inductor's
     shape environment does not know (it failed on them: "vr must not be None")."""
-    graphs = []
-
-    def compile_graph(gm, example_inputs):
-        graphs.append(gm)
-        return gm
-
-    monkeypatch.setattr(inductor, "compile_graph", compile_graph)
-    monkeypatch.setattr(inductor, "_compiled", CompiledCache())
-
     def fn(x):
         y = (x.sin() * 2).view(x.shape)
         return y / (x.shape[0] * 2.0) + y.reshape(torch.Size([x.shape[1], x.shape[0]])).t()
@@ -169,8 +169,8 @@ def test_a_region_graph_holds_no_symbolic_number_of_the_trace(monkeypatch):
     for n in (3, 5):
         x = torch.randn(n, 4)
         torch.testing.assert_close(jitted(x), fn(x))
-    assert graphs
-    for gm in graphs:
+    assert compiles.graphs
+    for gm in compiles.graphs:
         for node in gm.graph.nodes:
             leaves = torch.utils._pytree.tree_leaves((node.args, node.kwargs))
             assert not any(isinstance(v, (torch.SymInt, torch.SymFloat)) for v in leaves), node.format_node()
