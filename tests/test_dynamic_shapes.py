@@ -350,3 +350,14 @@ def test_an_attribute_named_like_a_global_does_not_guard_the_global():
         torch.testing.assert_close(jitted(x), f(x))
     info = tf.cache_info(jitted)
     assert info["misses"] == 2 and not any("global" in r for r in info["recompiles"]), info["recompiles"]
+
+
+def test_many_lengths_keep_the_fast_path_table_bounded():
+    """Each concrete size a symbolic entry serves is a key of the fast path's table: bounded, so a long
+    generation does not keep one per token; calls stay exact and the entry is still one."""
+    jitted = tf.jit(lambda x: x * 2, dynamic=True)
+    for n in range(1, 600):
+        jitted(torch.ones(n))
+    assert len(jitted._thunderfn_state.fast_cache) <= 256
+    torch.testing.assert_close(jitted(torch.ones(700)), torch.full((700,), 2.0))
+    assert tf.cache_info(jitted)["misses"] == 1

@@ -69,6 +69,7 @@ _is_grad_enabled = torch.is_grad_enabled
 _get_default_dtype = torch.get_default_dtype
 
 DEFAULT_CACHE_SIZE_LIMIT = 8  # torch.compile's recompile_limit
+_FAST_CACHE_LIMIT = 256  # concrete signatures the fast path keeps (see JitState.run)
 CSE = "Common Subexpression Elimination"
 
 
@@ -418,6 +419,10 @@ class JitState:
             if kwargs:
                 self.keyword_cache[(len(args), *kwargs)] = self.keyword_hit(entry, key, kwargs)
             else:
+                if len(self.fast_cache) >= _FAST_CACHE_LIMIT:
+                    # a symbolic entry serves every size, and each size is a key here: a generation of thousands
+                    # of tokens would keep thousands; the hot entry stays (the dispatcher holds it)
+                    self.fast_cache.clear()
                 self.fast_cache[_fast_key(args)] = self.fast_hit(entry, key)
         return entry.fn(*[leaves[i] for i in entry.tensor_positions])
 
