@@ -173,7 +173,7 @@ class SymbolicSizes:
             if not is_tensor_part(p):
                 terms.append(f"key[{i}] == pattern[{i}]")
                 continue
-            # (a tensor's part against a non-tensor's: the comparisons below are False or raise TypeError)
+            # (a tensor's part against a non-tensor's: the comparisons below are False, or fail as caught below)
             terms += [f"key[{i}][1:] == pattern[{i}][1:]", f"len(key[{i}][0]) == {len(p[0])}"]
             terms += [f"key[{i}][0][{d}] == {n}" for d, n in enumerate(p[0]) if n is not None]
         source = "def matches(key):\n    try:\n        return (" + "\n                and ".join(terms) + \
