@@ -34,7 +34,6 @@ import torch
 
 from thunderfn.errors import InternalError
 
-SymInt = torch.SymInt
 INT_TYPES = (int, torch.SymInt)  # what a size may be while tracing
 NUMBER_TYPES = (numbers.Number, torch.SymInt, torch.SymFloat)  # a Python number, or one computed from sizes
 
