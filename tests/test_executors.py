@@ -6,6 +6,7 @@ here too, and its claims about traces and values are asserted."""
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,9 +17,12 @@ import torch.nn.functional as F
 
 import thunderfn as tf
 import thunderfn.torch as ltorch
+from thunderfn.core import interception
+from thunderfn.core.interception import find_handler
 from thunderfn.executors import (OperatorExecutor, add_operator_executor, get_default_executors, get_executor,
                                  register_executor, set_default_executors)
 from thunderfn.testing.registries import RegistrySnapshot
+from thunderfn.transforms.executor_lower import contiguous as lowering_contiguous
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "extending.md"
 
@@ -521,3 +525,26 @@ def test_two_objects_printed_under_one_name_are_refused_not_confused():
     two, multimul_two = multimul_executor("two")
     with pytest.raises(ValueError, match="bind 'multimul' to two different objects"):
         tf.jit(lambda a, b: multimul_one(a, b, a, b)[0] + multimul_two(a, b, a, b)[0], executors=[one, two])(A, B)
+
+
+def test_a_lowerings_contiguous_copies_change_only_its_own_threads_tracing():
+    """While one thread lowers (an executor's lowering traced with x.contiguous() as a copy), another thread
+    tracing user code keeps x.contiguous()'s usual meaning: no global handler is swapped."""
+    usual = find_handler(torch.Tensor.contiguous)
+    inside, release, seen = threading.Event(), threading.Event(), {}
+
+    def lowering_thread():
+        with interception.handled_by(torch.Tensor.contiguous, lowering_contiguous):
+            seen["lowering"] = find_handler(torch.Tensor.contiguous)
+            inside.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=lowering_thread)
+    worker.start()
+    assert inside.wait(10)
+    seen["other"] = find_handler(torch.Tensor.contiguous)
+    release.set()
+    worker.join()
+    assert seen["lowering"] is lowering_contiguous
+    assert seen["other"] is usual and usual is not lowering_contiguous
+    assert find_handler(torch.Tensor.contiguous) is usual

@@ -16,9 +16,11 @@ May import: the rest of core/ (not core/trace.py, which imports this module), er
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import itertools
+import threading
 import warnings
 
 import torch
@@ -85,9 +87,41 @@ def register_handler_finder(finder) -> None:
     handler_finders.append(finder)
 
 
+class _Overrides(threading.local):
+    def __init__(self):
+        self.table: dict = {}  # torch callable -> the handler this thread traces it with for now
+
+
+_overrides = _Overrides()
+
+
+@contextlib.contextmanager
+def handled_by(torch_fn, handler):
+    """Trace torch_fn with handler instead of its usual one, on this thread only and inside the block (a
+    lowering traces x.contiguous() as a copy): `handlers` itself is never changed, so another thread
+    tracing at the same time keeps the usual meaning."""
+    table = _overrides.table
+    previous = table.get(torch_fn, _NONE)
+    table[torch_fn] = handler
+    try:
+        yield
+    finally:
+        if previous is _NONE:
+            del table[torch_fn]
+        else:
+            table[torch_fn] = previous
+
+
+_NONE = object()
+
+
 def find_handler(func):
-    """The handler tracing uses for func: its entry in `handlers` (through wrappers), or what a finder gives."""
-    handler = lookup(handlers, func)
+    """The handler tracing uses for func: this thread's override (handled_by), its entry in `handlers`
+    (through wrappers), or what a finder gives."""
+    overrides = _overrides.table
+    handler = overrides.get(func) if overrides else None
+    if handler is None:
+        handler = lookup(handlers, func)
     if handler is None:
         for finder in handler_finders:
             handler = finder(func)

@@ -14,12 +14,10 @@ compiles through core/context.py's jit, which jit registers).
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from thunderfn.core import context
-from thunderfn.core.interception import handlers
+from thunderfn.core.interception import handled_by
 from thunderfn.core.lowering import RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace
 from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.proxies import TensorProxy
@@ -107,16 +105,6 @@ contiguous = Symbol("contiguous", "executor_lower.contiguous", meta=lambda a, me
                     eager=torch.Tensor.contiguous)
 
 
-@contextlib.contextmanager
-def _contiguous_copies():
-    previous = handlers.get(torch.Tensor.contiguous)
-    handlers[torch.Tensor.contiguous] = contiguous
-    try:
-        yield
-    finally:
-        handlers[torch.Tensor.contiguous] = previous
-
-
 def lower_bsyms(bsyms, executors) -> list:
     out = []
     for bsym in bsyms:
@@ -133,7 +121,7 @@ def lower_bsyms(bsyms, executors) -> list:
                 case RunAsOperator(operator):
                     out.append(BoundSymbol(operator, bsym.args, bsym.kwargs, bsym.output, (bsym,)))
                 case TraceInPlace(fn):
-                    with _contiguous_copies():
+                    with handled_by(torch.Tensor.contiguous, contiguous):  # (this thread's tracing only)
                         lowered = trace_in_place_of(bsym, fn, f"executor '{ex.name}': the lowering")
                     out.extend(lower_bsyms(lowered, executors))
             continue
