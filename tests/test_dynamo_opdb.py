@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import thunderfn as tf
 
-pytest.importorskip("expecttest")  # torch's test helpers import it
+pytest.importorskip("expecttest", reason="torch's OpInfo test helpers import expecttest (the test extra installs it)")
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 from torch.testing._internal.common_modules import module_db  # noqa: E402
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import thunderfn as tf
-from thunderfn.jit import _MISS as MISS
+from thunderfn.fast_path import MISS
 
 Pair = collections.namedtuple("Pair", "a b")
 

@@ -15,7 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import thunderfn as tf
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.executors import sdpa, sdpa_choice
-from thunderfn.jit import _MISS as MISS
+from thunderfn.fast_path import MISS
 from thunderfn.torch import sdp_state
 
 FLASH_BACKWARD = "ScaledDotProductFlashAttentionForCpuBackward0"

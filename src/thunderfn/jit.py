@@ -16,7 +16,8 @@ tiny function), and the generated function returns the user's output structure
 itself. Each entry has a generated check-and-call function that compares the call with
 the entry's key field by field (and runs its guards), and the dispatcher calls the one
 for the entry that ran last first, so a repeated hit is one call that checks and runs;
-a call that alternates between entries adds building a tuple key and one dict lookup.
+a call that alternates between entries adds building a tuple key and one dict lookup
+(how they are generated: fast_path.py).
 Compiling holds a per-function lock, so threads calling one jitted function for the
 first time compile it once.
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import inspect
 import os
 import threading
 import warnings
@@ -48,6 +48,7 @@ from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.core.decorators import with_options_form
 from thunderfn.dynamic_shapes import SymbolicSizes, check_option, is_tensor_part, open_dimensions
+from thunderfn.fast_path import fast_dispatcher, fast_key, hit_function, miss, positional_arities
 from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError, UnsupportedOpError
 from thunderfn.executors.fusion import FusionExecutor
@@ -125,7 +126,6 @@ class JitState:
                  cache_size_limit=DEFAULT_CACHE_SIZE_LIMIT, rematerialize=None, cache_dir=None, distributed=None,
                  dynamic=None):
         self.fn = fn
-        check_option(dynamic)
         self.dynamic = dynamic  # None (automatic), True or False: see dynamic_shapes.py
         # tensor number -> dimensions symbolic in every compile, as if marked with tf.mark_dynamic on every call
         # (set by the torch.compile backend for the dimensions Dynamo made symbolic)
@@ -149,7 +149,6 @@ class JitState:
         self.dispatcher_globals: dict | None = None  # the fast dispatcher's, which name each arity's hot entry
         self.cache: dict = {}  # key -> [CacheEntry], newest last
         self.symbolic_entries: list[CacheEntry] = []  # entries with symbolic dimensions, newest last
-        self.n_entries = 0
         self.stats = [0, 0]  # [hits, misses]; the fast path counts its hits too
         self.recompile_reasons: list[str] = []
         # why each compile asked for symbolic sizes compiled with static ones instead (compile_symbolic), and
@@ -291,18 +290,22 @@ class JitState:
             self.pinned_sizes += sizes.pinned()
         return CacheEntry(guarded(fn, traces[0]), traces, backward, positions, recorder.guards, symbolic_sizes)
 
-    def compile_symbolic(self, args, kwargs, leaves, key, open_dims, hints) -> CacheEntry:
+    def compile_symbolic(self, args, kwargs, leaves, key, open_dims, hints, tensors) -> CacheEntry:
         """compile with open_dims symbolic; where tracing them fails, compiled with this call's sizes instead,
         so an error (a view this size cannot take) names sizes as eager's does, and code that cannot run
         symbolically still compiles for each size (the reason kept in static_fallbacks: cache_info).
 
-        A size-1 dimension traced at another size (hints) fails where the 1 mattered (it broadcast against
-        another size): that compile is tried again with those dimensions static before every size is."""
+        A size-1 dimension traced at another size (hints) may not take this call's 1: where the trace failed,
+        or its guards tell 1 apart (it broadcast against another size), the compile is tried again with those
+        dimensions static before every size is; an entry whose guards only exclude 1 is kept for other sizes."""
         if not open_dims:
             return self.compile(args, kwargs, leaves, key)
         failure = None
         try:
-            return self.compile(args, kwargs, leaves, key, open_dims, hints)
+            entry = self.compile(args, kwargs, leaves, key, open_dims, hints)
+            if not hints or entry.sizes is None or entry.sizes.hold(tensors):
+                return entry
+            self.keep(entry, key)
         except StepChangesOptimizerState:
             raise
         except Exception as e:  # noqa: BLE001 (compiled again below; the reason is kept)
@@ -321,8 +324,8 @@ class JitState:
                 return entry
             except StepChangesOptimizerState:
                 raise
-            except Exception:  # noqa: BLE001 (the first failure is the one reported)
-                pass
+            except Exception as e:  # noqa: BLE001 (the first failure is the one reported)
+                failure = failure or e
         text = str(failure).strip()
         self.static_fallbacks.append(f"{type(failure).__name__}: {text.splitlines()[0][:300]}" if text
                                      else type(failure).__name__)
@@ -378,13 +381,7 @@ class JitState:
                 self.evict_oldest()
             self.stats[1] += 1
             try:
-                entry = self.compile_symbolic(args, kwargs, leaves, key, open_dims, hints)
-                if entry.sizes is not None and hints and not entry.sizes.hold(tensors):
-                    # traced at another size than this call's 1, the trace relied on something 1 breaks: the
-                    # entry stays for other sizes, and this call compiles with its size-1 dimensions static
-                    self.symbolic_entries.append(entry)
-                    self.n_entries += 1
-                    entry = self.compile(args, kwargs, leaves, key, _without(open_dims, hints))
+                entry = self.compile_symbolic(args, kwargs, leaves, key, open_dims, hints, tensors)
             except StepChangesOptimizerState:  # an optimizer's first step creates its state: run it as eager does
                 return None
             if entry.sizes is not None and reason is not None:
@@ -392,12 +389,19 @@ class JitState:
                 reason = f"{reason}: compiled with symbolic sizes {opened}"
             if reason is not None:
                 self.recompile_reasons.append(reason)
-            if entry.sizes is not None:
-                self.symbolic_entries.append(entry)
-            else:
-                self.cache.setdefault(key, []).append(entry)
-            self.n_entries += 1
+            self.keep(entry, key)
             return entry
+
+    def keep(self, entry: CacheEntry, key) -> None:
+        """Cache an entry: with the others of its key, or among the symbolic entries (matched by pattern)."""
+        if entry.sizes is not None:
+            self.symbolic_entries.append(entry)
+        else:
+            self.cache.setdefault(key, []).append(entry)
+
+    @property
+    def n_entries(self) -> int:
+        return sum(map(len, self.cache.values())) + len(self.symbolic_entries)
 
     def precompile(self, args, kwargs) -> CacheEntry | None:
         """Compile and cache the entry for a call like this one without running it (the torch.compile
@@ -423,7 +427,7 @@ class JitState:
                     # a symbolic entry serves every size, and each size is a key here: a generation of thousands
                     # of tokens would keep thousands; the hot entry stays (the dispatcher holds it)
                     self.fast_cache.clear()
-                self.fast_cache[_fast_key(args)] = self.fast_hit(entry, key)
+                self.fast_cache[fast_key(args)] = self.fast_hit(entry, key)
         return entry.fn(*[leaves[i] for i in entry.tensor_positions])
 
     def evict_oldest(self) -> None:
@@ -435,12 +439,11 @@ class JitState:
                 del self.cache[key]
         else:
             self.symbolic_entries.pop(0)
-        self.n_entries -= 1
         self.fast_cache.clear()  # they may point at the evicted entry; refilled by the next calls
         self.keyword_cache.clear()
         if self.dispatcher_globals is not None:
             for name in self.dispatcher_globals["hot_names"]:
-                self.dispatcher_globals[name] = _miss
+                self.dispatcher_globals[name] = miss
 
     def fast_hit(self, entry: CacheEntry, key: tuple):
         """The fast path's function for entry, called with the positional tensors: it checks the
@@ -449,7 +452,7 @@ class JitState:
         the entry; anything else returns MISS. Generated Python, made once per entry: comparing
         with constants costs less than building and hashing a key."""
         if entry.fast_hit is None:
-            entry.fast_hit = _hit_function(*_checked_key(entry, key), entry.fn, entry.guards_hold, self.stats,
+            entry.fast_hit = hit_function(*_checked_key(entry, key), entry.fn, entry.guards_hold, self.stats,
                                            entry.layout)
         return entry.fast_hit
 
@@ -458,7 +461,7 @@ class JitState:
         `model(input_ids=..., labels=...)`), called with (args, kwargs): it finds each tensor by
         position or by name, in the order the cache key flattened them (keywords sorted)."""
         if entry.keyword_hit is None:
-            entry.keyword_hit = _hit_function(*_checked_key(entry, key), entry.fn, entry.guards_hold, self.stats,
+            entry.keyword_hit = hit_function(*_checked_key(entry, key), entry.fn, entry.guards_hold, self.stats,
                                               entry.layout, keywords=tuple(sorted(kwargs)))
         return entry.keyword_hit
 
@@ -626,26 +629,6 @@ def _show_autocast(state: tuple) -> str:
     return ", ".join(f"autocast('{d}', {dtype})" for d, dtype in state) or "no autocast"
 
 
-def _fast_key(args) -> tuple:
-    key = [_is_grad_enabled(), _get_default_dtype()]
-    for a in args:
-        key += (a.shape, a.dtype, a.device, a.requires_grad)
-    return tuple(key)
-
-
-def _positional_arities(fn) -> tuple:
-    """The numbers of positional arguments fn can be called with, when few and known."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return ()
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return ()
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = sum(1 for p in positional if p.default is p.empty)
-    return tuple(range(required, len(positional) + 1))[-4:]
-
-
 def _without(open_dims: dict, dims) -> dict:
     """open_dims less the (tensor number, dim)s in dims."""
     kept = {k: frozenset(d for d in ds if (k, d) not in dims) for k, ds in open_dims.items()}
@@ -658,138 +641,6 @@ def _checked_key(entry: CacheEntry, key: tuple) -> tuple:
     if entry.sizes is None:
         return key, None
     return entry.sizes.pattern, entry.sizes.guard_code
-
-
-def _shape_check(a: str, i: int, shape, namespace: dict) -> list[str]:
-    if None not in shape:
-        namespace[f"shape{i}"] = shape
-        return [f"{a}.shape == shape{i}"]
-    return [f"len({a}.shape) == {len(shape)}", *(f"{a}.shape[{d}] == {n}" for d, n in enumerate(shape) if n is not None)]
-
-
-_MISS = object()  # what a check-and-call function returns when the call is not its entry's
-
-
-def _miss(*tensors):
-    return _MISS
-
-
-def _hit_function(key: tuple, size_guards, fn, guards_hold, stats, layout=(), keywords=()):
-    """A check-and-call function for one cache entry (see JitState.fast_hit); key is the
-    entry's cache key for a call with tensors only, by position, then by the keywords
-    given (sorted, as the key flattened them): then it is called with (args, kwargs)."""
-    names = [f"a{i}" for i in range(len(key) - 4)]
-    namespace = {"fn": fn, "guards_hold": guards_hold, "stats": stats, "MISS": _MISS, "tracing": context._local,
-                 "is_grad_enabled": _is_grad_enabled, "get_default_dtype": _get_default_dtype, "default_dtype": key[2],
-                 "any_autocast": torch._C._is_any_autocast_enabled}
-    checks = []
-    for i, (a, (shape, dtype, device, requires_grad)) in enumerate(zip(names, key[4:])):
-        namespace[f"dtype{i}"], namespace[f"device{i}"] = dtype, device
-        # a CPU tensor's device is always torch.device("cpu"), without an index
-        on_device = f"{a}.is_cpu" if device.type == "cpu" else f"{a}.device == device{i}"
-        checks += [f"{a}.dtype is dtype{i}", *_shape_check(a, i, shape, namespace), f"{a}.requires_grad is {requires_grad}",
-                   on_device]
-    if size_guards is not None:  # the guards a trace with symbolic sizes recorded on them (dynamic_shapes.py)
-        namespace.update(symbolic.evaluation_namespace())
-        checks.append(f"({size_guards})")
-    for k, (position, _, get, value) in enumerate(layout):  # the input layouts the trace relies on
-        namespace[f"layout_get{k}"], namespace[f"layout_value{k}"] = get, value
-        checks.append(f"layout_get{k}(a{position}) == layout_value{k}")
-    # (entries traced under autocast never take this path: see call_slow)
-    checks += [f"is_grad_enabled() is {key[1]}", "get_default_dtype() is default_dtype", "not tracing.stack",
-               "not any_autocast()"]
-    if isinstance(fn, Guarded):  # guards of the trace's own (torch's SDPA switches, an optimizer's settings)
-        for k, guard in enumerate(fn.guards):
-            namespace[f"trace_guard{k}"] = guard
-            checks.append(f"trace_guard{k}() is None")
-        fn = namespace["fn"] = fn.fn
-    choose = []
-    if isinstance(fn, UnlessFunctorch):  # its choice made here, not in one more call (a hit either way)
-        namespace.update(fn=fn.rewritten, unless_functorch=fn, functorch_active=context.functorch_active)
-        choose = ["    if functorch_active():", f"        return unless_functorch({', '.join(names)})"]
-    if guards_hold is not None:
-        checks.append("guards_hold()")
-    args = ", ".join(names)
-    if keywords:  # the tensors taken out of (args, kwargs), each where the cache key had it
-        n_positional = len(names) - len(keywords)
-        namespace.update({f"name{j}": k for j, k in enumerate(keywords)})
-        unpack = [f"        if len(args) != {n_positional} or len(kwargs) != {len(keywords)}:",
-                  "            return MISS",
-                  *([f"        {', '.join(names[:n_positional])}, = args"] if n_positional else []),
-                  *(f"        {a} = kwargs[name{j}]" for j, a in enumerate(names[n_positional:]))]
-        header, missing = "def hit(args, kwargs):", "(AttributeError, KeyError)"
-    else:
-        unpack, header, missing = [], f"def hit({args}):", "AttributeError"
-    # only the checks are in the try: an AttributeError raised by the user's function is the user's,
-    # not a miss (which would run the function a second time, through the slow path)
-    lines = [header,
-             "    try:",
-             *unpack,
-             f"        ours = {' and '.join(checks)}",
-             f"    except {missing}:  # not a tensor (or not this call's keywords)",
-             "        return MISS",
-             "    if not ours:",
-             "        return MISS",
-             "    stats[0] += 1",
-             *choose,
-             f"    return fn({args})"]
-    exec(compile("\n".join(lines) + "\n", "<thunderfn jit cache entry>", "exec"), namespace)
-    return namespace["hit"]
-
-
-def _fast_dispatcher(arities, fast_cache, keyword_cache, call_slow):
-    """The jitted function, and its globals. For each arity fn accepts, a branch first calls
-    that arity's hot entry (the last one that ran: a check-and-call function, see
-    JitState.fast_hit), which is one call on a cache hit; otherwise it builds the cache key
-    inline as one flat tuple (no per-argument tuples, no comprehension) and looks it up, and
-    the entry found becomes hot. Other calls take a generic branch; a call with keywords tries
-    the entry that last ran a call with those names (JitState.keyword_hit); anything else takes
-    the slow path."""
-    hot_names = [f"hot{n}" for n in arities]
-    lines = ["def jitted(*args, **kwargs):"]
-    if hot_names:
-        lines.append(f"    global {', '.join(hot_names)}")
-    lines += ["    if not kwargs:", "        n = len(args)"]
-    for n in arities:
-        names = [f"a{i}" for i in range(n)]
-        call = ", ".join(names)
-        key = ", ".join(f"{a}.shape, {a}.dtype, {a}.device, {a}.requires_grad" for a in names)
-        lines += [f"        if n == {n}:",
-                  f"            {call + ',' if names else '_'} = args" if names else "            pass",
-                  f"            out = hot{n}({call})",
-                  "            if out is not MISS:",
-                  "                return out",
-                  "            try:",
-                  f"                hit = fast_cache.get((is_grad_enabled(), get_default_dtype(), {key}))",
-                  "            except (AttributeError, TypeError):",
-                  "                hit = None",
-                  "            if hit is not None:",
-                  f"                out = hit({call})",
-                  "                if out is not MISS:",
-                  f"                    hot{n} = hit",
-                  "                    return out",
-                  "            return call_slow(args, kwargs)"]
-    lines += ["        try:",
-              "            hit = fast_cache.get(fast_key(args))",
-              "        except (AttributeError, TypeError):",
-              "            hit = None",
-              "        if hit is not None:",
-              "            out = hit(*args)",
-              "            if out is not MISS:",
-              "                return out",
-              "        return call_slow(args, kwargs)",
-              "    hit = keyword_cache.get((len(args), *kwargs))",  # tensors by keyword: one entry per set of names
-              "    if hit is not None:",
-              "        out = hit(args, kwargs)",
-              "        if out is not MISS:",
-              "            return out",
-              "    return call_slow(args, kwargs)"]
-    namespace = {"fast_cache": fast_cache, "keyword_cache": keyword_cache, "call_slow": call_slow,
-                 "is_grad_enabled": _is_grad_enabled,
-                 "get_default_dtype": _get_default_dtype, "fast_key": _fast_key, "MISS": _MISS,
-                 "hot_names": hot_names, **{name: _miss for name in hot_names}}
-    exec(compile("\n".join(lines) + "\n", "<thunderfn jit dispatcher>", "exec"), namespace)
-    return namespace["jitted"], namespace
 
 
 def _fn_name(fn) -> str:
@@ -860,7 +711,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     use_fast_path = not static_argnums and not static_argnames
 
     if use_fast_path:
-        jitted, state.dispatcher_globals = _fast_dispatcher(_positional_arities(fn), fast_cache, state.keyword_cache,
+        jitted, state.dispatcher_globals = fast_dispatcher(positional_arities(fn), fast_cache, state.keyword_cache,
                                                             call_slow)
     else:
         def jitted(*args, **kwargs):

@@ -260,7 +260,8 @@ def _keep_for_backward(ctx, compiled, inputs, outputs, new_residuals, *, anchor_
     """What both Functions below keep for the backward: the residuals (each an input, an output or a
     new tensor, per compiled.saved_from), and what the backward needs to know of the outputs."""
     ctx.compiled = compiled
-    ctx.sizes = [inputs[i].shape[d] for i, d in compiled.size_plan]  # (the backward's size parameters)
+    # the backward's size parameters (only a trace with symbolic sizes has any)
+    ctx.sizes = [inputs[i].shape[d] for i, d in compiled.size_plan] if compiled.size_plan else ()
     ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]  # for zero cotangents (not the tensors)
     source = (*inputs, *outputs, *new_residuals)
     saved = [source[i] for i in compiled.saved_from]

@@ -1,0 +1,177 @@
+"""The cache-hit path of a jitted function: generated Python that checks a call against one cache entry
+and calls it (`hit_function`), and the jitted function itself, which tries the entry that ran last
+first (`fast_dispatcher`). jit.py (JitState.run) makes them; this module holds only how they are
+generated, the hot path every cached call takes.
+
+A check-and-call function compares a call with its entry's cache key field by field (grad mode,
+default dtype, each tensor's dtype, shape, requires_grad and device; an entry with symbolic sizes
+compares its key pattern and checks its size guards, dynamic_shapes.py), then the entry's guards,
+and returns MISS for any other call. Comparing with constants costs less than building and hashing
+a key; a repeated hit is one call that checks and runs.
+
+The api layer: imported by jit.py only.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from thunderfn.core import context, symbolic
+from thunderfn.core.call_time import Guarded
+from thunderfn.executors.torch_rewrites import UnlessFunctorch
+
+_is_grad_enabled = torch.is_grad_enabled
+_get_default_dtype = torch.get_default_dtype
+
+
+def fast_key(args) -> tuple:
+    key = [_is_grad_enabled(), _get_default_dtype()]
+    for a in args:
+        key += (a.shape, a.dtype, a.device, a.requires_grad)
+    return tuple(key)
+
+
+def positional_arities(fn) -> tuple:
+    """The numbers of positional arguments fn can be called with, when few and known."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return ()
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(1 for p in positional if p.default is p.empty)
+    return tuple(range(required, len(positional) + 1))[-4:]
+
+
+def _shape_check(a: str, i: int, shape, namespace: dict) -> list[str]:
+    if None not in shape:
+        namespace[f"shape{i}"] = shape
+        return [f"{a}.shape == shape{i}"]
+    return [f"len({a}.shape) == {len(shape)}", *(f"{a}.shape[{d}] == {n}" for d, n in enumerate(shape) if n is not None)]
+
+
+MISS = object()  # what a check-and-call function returns when the call is not its entry's
+
+
+def miss(*tensors):
+    return MISS
+
+
+def hit_function(key: tuple, size_guards, fn, guards_hold, stats, layout=(), keywords=()):
+    """A check-and-call function for one cache entry (see JitState.fast_hit); key is the
+    entry's cache key for a call with tensors only, by position, then by the keywords
+    given (sorted, as the key flattened them): then it is called with (args, kwargs)."""
+    names = [f"a{i}" for i in range(len(key) - 4)]
+    namespace = {"fn": fn, "guards_hold": guards_hold, "stats": stats, "MISS": MISS, "tracing": context._local,
+                 "is_grad_enabled": _is_grad_enabled, "get_default_dtype": _get_default_dtype, "default_dtype": key[2],
+                 "any_autocast": torch._C._is_any_autocast_enabled}
+    checks = []
+    for i, (a, (shape, dtype, device, requires_grad)) in enumerate(zip(names, key[4:])):
+        namespace[f"dtype{i}"], namespace[f"device{i}"] = dtype, device
+        # a CPU tensor's device is always torch.device("cpu"), without an index
+        on_device = f"{a}.is_cpu" if device.type == "cpu" else f"{a}.device == device{i}"
+        checks += [f"{a}.dtype is dtype{i}", *_shape_check(a, i, shape, namespace), f"{a}.requires_grad is {requires_grad}",
+                   on_device]
+    if size_guards is not None:  # the guards a trace with symbolic sizes recorded on them (dynamic_shapes.py)
+        namespace.update(symbolic.evaluation_namespace())
+        checks.append(f"({size_guards})")
+    for k, (position, _, get, value) in enumerate(layout):  # the input layouts the trace relies on
+        namespace[f"layout_get{k}"], namespace[f"layout_value{k}"] = get, value
+        checks.append(f"layout_get{k}(a{position}) == layout_value{k}")
+    # (entries traced under autocast never take this path: see call_slow)
+    checks += [f"is_grad_enabled() is {key[1]}", "get_default_dtype() is default_dtype", "not tracing.stack",
+               "not any_autocast()"]
+    if isinstance(fn, Guarded):  # guards of the trace's own (torch's SDPA switches, an optimizer's settings)
+        for k, guard in enumerate(fn.guards):
+            namespace[f"trace_guard{k}"] = guard
+            checks.append(f"trace_guard{k}() is None")
+        fn = namespace["fn"] = fn.fn
+    choose = []
+    if isinstance(fn, UnlessFunctorch):  # its choice made here, not in one more call (a hit either way)
+        namespace.update(fn=fn.rewritten, unless_functorch=fn, functorch_active=context.functorch_active)
+        choose = ["    if functorch_active():", f"        return unless_functorch({', '.join(names)})"]
+    if guards_hold is not None:
+        checks.append("guards_hold()")
+    args = ", ".join(names)
+    if keywords:  # the tensors taken out of (args, kwargs), each where the cache key had it
+        n_positional = len(names) - len(keywords)
+        namespace.update({f"name{j}": k for j, k in enumerate(keywords)})
+        unpack = [f"        if len(args) != {n_positional} or len(kwargs) != {len(keywords)}:",
+                  "            return MISS",
+                  *([f"        {', '.join(names[:n_positional])}, = args"] if n_positional else []),
+                  *(f"        {a} = kwargs[name{j}]" for j, a in enumerate(names[n_positional:]))]
+        header, missing = "def hit(args, kwargs):", "(AttributeError, KeyError)"
+    else:
+        unpack, header, missing = [], f"def hit({args}):", "AttributeError"
+    # only the checks are in the try: an AttributeError raised by the user's function is the user's,
+    # not a miss (which would run the function a second time, through the slow path)
+    lines = [header,
+             "    try:",
+             *unpack,
+             f"        ours = {' and '.join(checks)}",
+             f"    except {missing}:  # not a tensor (or not this call's keywords)",
+             "        return MISS",
+             "    if not ours:",
+             "        return MISS",
+             "    stats[0] += 1",
+             *choose,
+             f"    return fn({args})"]
+    exec(compile("\n".join(lines) + "\n", "<thunderfn jit cache entry>", "exec"), namespace)
+    return namespace["hit"]
+
+
+def fast_dispatcher(arities, fast_cache, keyword_cache, call_slow):
+    """The jitted function, and its globals. For each arity fn accepts, a branch first calls
+    that arity's hot entry (the last one that ran: a check-and-call function, see
+    JitState.fast_hit), which is one call on a cache hit; otherwise it builds the cache key
+    inline as one flat tuple (no per-argument tuples, no comprehension) and looks it up, and
+    the entry found becomes hot. Other calls take a generic branch; a call with keywords tries
+    the entry that last ran a call with those names (JitState.keyword_hit); anything else takes
+    the slow path."""
+    hot_names = [f"hot{n}" for n in arities]
+    lines = ["def jitted(*args, **kwargs):"]
+    if hot_names:
+        lines.append(f"    global {', '.join(hot_names)}")
+    lines += ["    if not kwargs:", "        n = len(args)"]
+    for n in arities:
+        names = [f"a{i}" for i in range(n)]
+        call = ", ".join(names)
+        key = ", ".join(f"{a}.shape, {a}.dtype, {a}.device, {a}.requires_grad" for a in names)
+        lines += [f"        if n == {n}:",
+                  f"            {call + ',' if names else '_'} = args" if names else "            pass",
+                  f"            out = hot{n}({call})",
+                  "            if out is not MISS:",
+                  "                return out",
+                  "            try:",
+                  f"                hit = fast_cache.get((is_grad_enabled(), get_default_dtype(), {key}))",
+                  "            except (AttributeError, TypeError):",
+                  "                hit = None",
+                  "            if hit is not None:",
+                  f"                out = hit({call})",
+                  "                if out is not MISS:",
+                  f"                    hot{n} = hit",
+                  "                    return out",
+                  "            return call_slow(args, kwargs)"]
+    lines += ["        try:",
+              "            hit = fast_cache.get(fast_key(args))",
+              "        except (AttributeError, TypeError):",
+              "            hit = None",
+              "        if hit is not None:",
+              "            out = hit(*args)",
+              "            if out is not MISS:",
+              "                return out",
+              "        return call_slow(args, kwargs)",
+              "    hit = keyword_cache.get((len(args), *kwargs))",  # tensors by keyword: one entry per set of names
+              "    if hit is not None:",
+              "        out = hit(args, kwargs)",
+              "        if out is not MISS:",
+              "            return out",
+              "    return call_slow(args, kwargs)"]
+    namespace = {"fast_cache": fast_cache, "keyword_cache": keyword_cache, "call_slow": call_slow,
+                 "is_grad_enabled": _is_grad_enabled,
+                 "get_default_dtype": _get_default_dtype, "fast_key": fast_key, "MISS": MISS,
+                 "hot_names": hot_names, **{name: miss for name in hot_names}}
+    exec(compile("\n".join(lines) + "\n", "<thunderfn jit dispatcher>", "exec"), namespace)
+    return namespace["jitted"], namespace
