@@ -169,23 +169,25 @@ def _check_var_dtype(a, name):
     check(dtypes.is_inexact(a.dtype), lambda: f"{name} only support floating point and complex dtypes")
 
 
-@torchsymbol(torch.var_mean)
-def var_mean(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
-    _check_var_dtype(a, "var_mean")
+def _var_and_mean(name, a, dim, unbiased, correction):
+    """var_mean and std_mean's shared start: the variance and mean over dims, in the computation dtype."""
+    _check_var_dtype(a, name)
     dim, unbiased = _var_args(dim, unbiased)
     dims = reduction_dims(a, dim)
     x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
-    v, m = prims.var_mean(x, dims, correction=_correction(unbiased, correction, "var_mean"))
+    v, m = prims.var_mean(x, dims, correction=_correction(unbiased, correction, name))
+    return v, m, dims
+
+
+@torchsymbol(torch.var_mean)
+def var_mean(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    v, m, dims = _var_and_mean("var_mean", a, dim, unbiased, correction)
     return _finish(v, a, dims, keepdim, dtypes.to_real(a.dtype)), _finish(m, a, dims, keepdim, a.dtype)
 
 
 @torchsymbol(torch.std_mean)
 def std_mean(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
-    _check_var_dtype(a, "std_mean")
-    dim, unbiased = _var_args(dim, unbiased)
-    dims = reduction_dims(a, dim)
-    x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
-    v, m = prims.var_mean(x, dims, correction=_correction(unbiased, correction, "std_mean"))
+    v, m, dims = _var_and_mean("std_mean", a, dim, unbiased, correction)
     return _finish(clang.sqrt(v), a, dims, keepdim, dtypes.to_real(a.dtype)), _finish(m, a, dims, keepdim, a.dtype)
 
 
