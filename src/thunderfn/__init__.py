@@ -7,6 +7,8 @@
 The api layer, on top of everything (docs/architecture.md draws the layers); nothing
 in the package imports it.
 """
+import importlib
+
 from thunderfn import clang, errors, prims  # noqa: F401  (the languages)
 from thunderfn import torch  # noqa: F401  (the torch language: tf.torch.mul, ...)
 # The layers in order (docs/architecture.md). Transforms come before executors:
@@ -37,10 +39,18 @@ from thunderfn.transforms.forward_mode import jvp
 from thunderfn.transforms.vmap import vmap
 from thunderfn.transforms.jacobians import hessian, jacfwd, jacrev
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it from here
+
+
+def __getattr__(name):
+    # tf.testing (check_grads, the strategies, the OpInfo database) sits above the api and imports
+    # it, so it is loaded when first asked for rather than by `import thunderfn`
+    if name == "testing":
+        return importlib.import_module("thunderfn.testing")
+    raise AttributeError(f"module 'thunderfn' has no attribute {name!r}")
 
 __all__ = [
     "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "custom_jvp", "trace", "last_traces", "last_backward_traces", "cache_info", "mark_dynamic", "mark_static", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
     "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "EscapedProxyError", "UserGradientError", "prims", "clang", "torch",
-    "executors", "errors", "dynamo",
+    "executors", "errors", "dynamo", "testing",
 ]

@@ -19,8 +19,10 @@ jit is jit's, registered there).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+import threading
 import weakref
 
 import optree
@@ -37,6 +39,14 @@ from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, unregister_vjp
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 
 _ids = itertools.count()
+
+
+class _RunningFwd(threading.local):
+    def __init__(self):
+        self.ids: set = set()  # id() of each custom_vjp whose fwd this thread is running
+
+
+_running_fwd = _RunningFwd()
 
 
 def refuse_traced_nondiff_args(kind: str, name: str, nondiff_argnums, args, instead: str) -> None:
@@ -86,7 +96,7 @@ class custom_vjp:
 
     # -- forward: fwd, recorded as this function's symbol ------------------------------------------
     def _forward(self, /, *args, **kwargs):
-        result = self.fwd(*args, **kwargs)
+        result = self._run_fwd(args, kwargs)
         if not (isinstance(result, tuple) and len(result) == 2):
             raise ArgumentTypeError(f"custom_vjp '{self._name}': fwd must return a pair (output, residuals), got "
                             f"{type(result).__name__}")
@@ -99,7 +109,26 @@ class custom_vjp:
                        else o, out)
         return out, residuals
 
+    def _run_fwd(self, args, kwargs):
+        """fwd(*args, **kwargs). A call of this function inside its own fwd (JAX's common
+        `def f_fwd(x): return f(x), x`) is its primal: recorded as this symbol again, whose body
+        is fwd, it would recurse without end."""
+        with self._inside_fwd():
+            return self.fwd(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _inside_fwd(self):
+        nested = id(self) in _running_fwd.ids
+        _running_fwd.ids.add(id(self))
+        try:
+            yield
+        finally:
+            if not nested:
+                _running_fwd.ids.discard(id(self))
+
     def __call__(self, /, *args, **kwargs):
+        if id(self) in _running_fwd.ids:  # inside our own fwd: the primal function (_run_fwd)
+            return self.fn(*args, **kwargs)
         if context.current_trace() is None:
             if self._symbol is not None and torch.is_grad_enabled() and any(
                     isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves((args, kwargs))):
@@ -166,7 +195,7 @@ class custom_vjp:
             return {}
 
         def wanted_residuals(*args):
-            leaves = optree.tree_leaves(self.fwd(*args, **res.kwargs)[1], none_is_leaf=True, namespace="thunderfn")
+            leaves = optree.tree_leaves(self._run_fwd(args, res.kwargs)[1], none_is_leaf=True, namespace="thunderfn")
             return tuple(leaves[i] for i in wanted)
 
         _, backward = trace_vjp(wanted_residuals, res.args)
