@@ -24,6 +24,7 @@ from thunderfn import executors  # noqa: F401
 from thunderfn import extend  # noqa: F401  (the executor API under Thunder's name)
 from thunderfn import distributed  # noqa: F401  (tf.distributed: ddp on torch.distributed)
 from thunderfn import dynamo  # noqa: F401  (tf.dynamo: the torch.compile backend)
+from thunderfn import debug  # noqa: F401  (tf.debug.print, tf.debug.breakpoint: values at run time)
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import register_pytree_node
 from thunderfn.core.symbol import BoundSymbol, Symbol
@@ -53,5 +54,5 @@ def __getattr__(name):
 __all__ = [
     "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "custom_jvp", "trace", "last_traces", "last_backward_traces", "cache_info", "visualize", "mark_dynamic", "mark_static", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
     "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "EscapedProxyError", "UserGradientError", "prims", "clang", "torch",
-    "executors", "errors", "dynamo", "testing",
+    "executors", "errors", "dynamo", "debug", "testing",
 ]
