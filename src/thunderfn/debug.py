@@ -16,7 +16,19 @@ from thunderfn.errors import ArgumentTypeError
 
 def print(fmt: str, *args, **kwargs) -> None:  # noqa: A001 (jax.debug.print's name)
     """Print `fmt.format(*args, **kwargs)` with the values of args (pytrees of tensors and numbers)
-    every time the compiled function runs; at once outside tracing."""
+    every time the compiled function runs; at once outside tracing.
+
+        >>> import torch, thunderfn as tf
+        >>> def f(x):
+        ...     y = torch.tanh(x)
+        ...     tf.debug.print("y sums to {:.2f}", y.sum())
+        ...     return y * 2
+        >>> jitted = tf.jit(f)
+        >>> _ = jitted(torch.zeros(3))
+        y sums to 0.00
+        >>> _ = jitted(torch.ones(3))
+        y sums to 2.28
+    """
     if not isinstance(fmt, str):
         raise ArgumentTypeError(f"tf.debug.print: fmt must be a format string, got {type(fmt).__name__}")
     leaves, spec = tree_flatten((args, kwargs))
@@ -29,7 +41,18 @@ def print(fmt: str, *args, **kwargs) -> None:  # noqa: A001 (jax.debug.print's n
 
 def breakpoint(*values) -> None:  # noqa: A001 (Python's builtin's name, as jax.debug.breakpoint)
     """Stop in Python's debugger every time the compiled function runs (at once outside tracing), in
-    a frame whose local `values` holds the given tensors' values on that call."""
+    a frame whose local `values` holds the given tensors' values on that call (Python's
+    `breakpoint()`: pdb, or what PYTHONBREAKPOINT names; `PYTHONBREAKPOINT=0` turns it off).
+
+        >>> import sys, torch, thunderfn as tf
+        >>> seen = []
+        >>> sys.breakpointhook = lambda: seen.append(sys._getframe(1).f_locals["values"])  # in place of pdb
+        >>> jitted = tf.jit(lambda x: (tf.debug.breakpoint(x.exp()), x + 1)[1])
+        >>> _ = jitted(torch.zeros(2)); _ = jitted(torch.ones(2))
+        >>> [v[0][0].item() for v in seen]
+        [1.0, 2.718281...]
+        >>> sys.breakpointhook = sys.__breakpointhook__
+    """
     trc = context.current_trace()
     if trc is None:
         break_into_debugger(*values)
