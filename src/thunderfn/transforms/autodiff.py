@@ -32,7 +32,7 @@ from thunderfn.prims import PrimIDs
 from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from thunderfn.core.pytree import of_positions, tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled
 from thunderfn.core.decorators import with_options_form
 from thunderfn.core.trace import up_to_date
@@ -478,14 +478,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
         nums_here = positional_argnums(fn, nums, len(args))
         diff = [args[i] for i in nums_here]
         _check_inexact(tree_leaves(diff), "grad", fn)
-
-        def with_diff(*d):
-            full = list(args)
-            for i, v in zip(nums_here, d):
-                full[i] = v
-            return fn(*full, **kwargs)
-
-        out, backward = trace_vjp(with_diff, diff)
+        out, backward = trace_vjp(of_positions(fn, args, nums_here, kwargs), diff)
         value, aux = output_and_aux(out, fn, "grad") if has_aux else (out, None)
         if not (isinstance(value, TensorProxy) and value.numel() == 1):
             shape = tuple(value.shape) if isinstance(value, TensorProxy) else type(value).__name__

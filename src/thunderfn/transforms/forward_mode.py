@@ -92,12 +92,8 @@ def _like_tangent(bsym, tangents):
     """The tangent of the operator's like= function at its arguments (which it recomputes, as reverse mode does)."""
     leaves, spec = tree_flatten((bsym.args, bsym.kwargs))
     moving = [i for i, x in enumerate(leaves) if isinstance(x, TensorProxy) and tangents.get(x.name) is not None]
-
-    def like_of_moving(*moved):
-        args, kwargs = tree_unflatten(spec, [moved[moving.index(i)] if i in moving else x for i, x in enumerate(leaves)])
-        return bsym.sym.like(*args, **kwargs)
-
-    return trace_jvp(like_of_moving, tuple(leaves[i] for i in moving), tuple(tangents[leaves[i].name] for i in moving))[1]
+    return trace_jvp(of_leaves(bsym.sym.like, leaves, spec, moving), tuple(leaves[i] for i in moving),
+                     tuple(tangents[leaves[i].name] for i in moving))[1]
 
 
 # -- opaque torch ops: torch computes their tangent when the compiled function runs -------------
