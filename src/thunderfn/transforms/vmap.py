@@ -161,9 +161,7 @@ class _Batching:
         if primal_of(bsym.sym) is not None:
             self._custom_jvp(bsym)
             return
-        rule = batching_rules.get(bsym.sym.id)
-        if rule is None and bsym.sym.executor is not None:  # an executor's operator may carry its rule
-            rule = getattr(bsym.sym.executor, "batch_rules", {}).get(bsym.sym.name)
+        rule = batching_rules.get(bsym.sym.id)  # an executor's operator's too, entered by register_operator
         if rule is not None and self._apply(rule, bsym):
             return
         if bsym.subsymbols and bsym.sym.printer is None:
@@ -188,7 +186,7 @@ class _Batching:
         if any(isinstance(v, TensorProxy) for v in tree_leaves(kwargs)) and bsym.sym.fn is not None:
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)  # rules take tensors by position
         dims = tuple(entry_by_name(a, self.dims) for a in args)
-        result = rule(_batched(args, self.values), dims, kwargs, bsym.output)
+        result = rule.batch(_batched(args, self.values), dims, kwargs, bsym.output)
         if result is NotImplemented:
             return False
         out, out_dims = result
