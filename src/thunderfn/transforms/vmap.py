@@ -9,9 +9,9 @@ with a batched argument is replaced by what its rule in `batching_rules`
 vmapped fwd and bwd, a tf.custom_jvp one a custom_jvp of its vmapped function and rule; a
 symbol without a rule is batched through its decomposition (its subsymbols); an opaque torch
 op through torch.func.vmap when the compiled function runs; any other raises BatchingError
-(transforms/resolve.py gives the order, the same in every transform). So the batched program is itself a trace, with no loop over the
-examples, and every other transform applies to it: jit(vmap(f)), grad(vmap(f)),
-vmap(grad(f)), vmap(vmap(f)), jvp(vmap(f)).
+(transforms/resolve.py gives the order, the same in every transform). So the batched program
+is itself a trace, with no loop over the examples, and every other transform applies to it:
+jit(vmap(f)), grad(vmap(f)), vmap(grad(f)), vmap(vmap(f)), jvp(vmap(f)).
 
 Called with real tensors, the transformed function jits its traced form (one trace per input
 signature, cached); called while an outer trace is being built, it emits into that trace.
