@@ -1,7 +1,7 @@
 """Undo what extending thunderfn registers, so a test (or a documentation page run as
 one) that adds executors, prims or torch-language symbols leaves the process as it found
 it: the executor registry and defaults, the interception table, the torch language's
-symbols, the prims module, the prims' torch implementations and the VJP/JVP rule tables.
+symbols, the prims module, the prims' torch implementations and the VJP/JVP/batching rule tables.
 Everything added in between is removed, including what a module first imported in between
 registers at import time: import such modules before taking the snapshot."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ import contextlib
 
 from thunderfn import executors, prims
 from thunderfn import torch as ltorch
+from thunderfn.core.batching import batching_rules
 from thunderfn.core.interception import handlers
 from thunderfn.transforms.jvp_rules import jvp_rules
 from thunderfn.transforms.vjp_rules import vjp_rules
@@ -17,7 +18,7 @@ from thunderfn.transforms.vjp_rules import vjp_rules
 
 def _tables():
     return ([executors._registry, executors._defaults, handlers, ltorch.symbols, prims.torch_impls, vjp_rules,
-             jvp_rules], [ltorch, prims])
+             jvp_rules, batching_rules], [ltorch, prims])
 
 
 class RegistrySnapshot:
