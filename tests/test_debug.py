@@ -39,6 +39,16 @@ def test_prints_under_transforms(transform, capsys):
     assert capsys.readouterr().out == printed(x)
 
 
+@pytest.mark.parametrize("in_axis", [0, 1])
+def test_under_vmap_it_prints_the_batched_values_with_the_batch_first(in_axis, capsys):
+    xs = torch.arange(6.0).reshape(2, 3)
+    tf.vmap(f, in_axes=in_axis)(xs if in_axis == 0 else xs.T.contiguous())
+    ys = xs.sin()
+    assert capsys.readouterr().out == f"y = {ys} total={ys.sum(1)}\n"  # one print for the batch, as jax's
+    tf.jit(tf.vmap(tf.grad(f)))(xs)
+    assert capsys.readouterr().out == f"y = {ys} total={ys.sum(1)}\n"
+
+
 def test_prints_once_per_call_when_torch_autograd_runs_the_backward(capsys):
     x = (torch.arange(3.0) + 0.5).requires_grad_()
     tf.jit(f)(x).backward()
