@@ -38,6 +38,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import PrimIDs, canonical_dim, canonical_dims
 from thunderfn.prims import torch_impls as prim_impls
 from thunderfn.torch.opaque import torch_vjp_op
+from thunderfn.torch.reductions import sum_to
 from thunderfn.errors import ArgumentTypeError, UnsupportedOpError
 
 
@@ -198,16 +199,6 @@ def _ct(g, arg):
     if g.device != arg.device:  # a CPU scalar tensor beside a CUDA tensor
         g = ltorch.to(g, arg.device)
     return _to(g, arg.dtype)
-
-
-def _sum_to(x, shape):
-    """Undo numpy-style broadcasting of something of `shape` to x's shape: sum the leading
-    dims and the size-1 dims that were expanded, then reshape."""
-    shape = tuple(shape)
-    dims = symbolic.broadcast_dims(x.shape, shape)
-    if dims:
-        x = ltorch.sum(x, dims)
-    return x if symbolic.same_shape(x.shape, shape) else ltorch.reshape(x, shape)
 
 
 def _unreduce(g, a, dims):
@@ -582,8 +573,8 @@ def _matmul_vjp(res, g):
     b2 = ltorch.reshape(b, (b.shape[0], 1)) if b.ndim == 1 else b
     batch = tuple(g.shape[:g.ndim - (a.ndim > 1) - (b.ndim > 1)])
     g2 = ltorch.reshape(g, batch + (a2.shape[-2], b2.shape[-1]))
-    da = _sum_to(ltorch.matmul(g2, _matrix_transpose(b2)), a2.shape)
-    db = _sum_to(ltorch.matmul(_matrix_transpose(a2), g2), b2.shape)
+    da = sum_to(ltorch.matmul(g2, _matrix_transpose(b2)), a2.shape)
+    db = sum_to(ltorch.matmul(_matrix_transpose(a2), g2), b2.shape)
     return ltorch.reshape(da, tuple(a.shape)), ltorch.reshape(db, tuple(b.shape))
 
 
