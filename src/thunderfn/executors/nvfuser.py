@@ -124,7 +124,7 @@ def _take_along_accepts(a, index, dim):
             and all(i == d or index.shape[i] == a.shape[i] for i in range(a.ndim)))
 
 
-def _elementwise_rule(op) -> Rule:
+def elementwise_rule(op) -> Rule:
     """The rule of an elementwise table entry (prims.py) with a same-named nvFuser op: taken for the
     dtype kinds op.nvfuser_kinds names (on integers floor and friends are identities torch runs
     without a kernel; nvFuser has no abs, neg or sign of bools)."""
@@ -136,7 +136,7 @@ def _elementwise_rule(op) -> Rule:
 
 
 translations: dict = {
-    **{op.prim.id: _elementwise_rule(op) for op in prims.elementwise_ops.values() if op.nvfuser is not None},
+    **{op.prim.id: elementwise_rule(op) for op in prims.elementwise_ops.values() if op.nvfuser is not None},
     PrimIDs.DIV: Rule(_div, lambda x, y, *, rounding_mode=None: rounding_mode in (None, "trunc")),
     PrimIDs.WHERE: Rule(_where),
     PrimIDs.SUM: _reduction("sum"),

@@ -47,7 +47,8 @@ def plain_symbol(op: prims.ElementwiseOp):
             _check_operands(op.name, a, b, number_input=spec.number_input, number_other=spec.number_other)
             return clang_fn(a, b)
 
-    return _export(torchsymbol(*_torch_callables(op.name, *spec.also), name=op.name)(body))
+    sym = plain[op.name] = _export(torchsymbol(*_torch_callables(op.name, *spec.also), name=op.name)(body))
+    return sym
 
 
 @torchsymbol(torch.neg, T.neg)
@@ -239,8 +240,11 @@ def nextafter(a, b):
 
 
 # ltorch.exp, ltorch.maximum, ltorch.eq, ...: the plain symbols of prims.py's elementwise table, also
-# by name here (`plain["tanh"]`) for the functions below that call one
-plain = {op.name: plain_symbol(op) for op in prims.elementwise_ops.values() if op.ltorch is not None}
+# by name in `plain` (plain["tanh"]) for the functions below that call one
+plain: dict = {}
+for _op in prims.elementwise_ops.values():
+    if _op.ltorch is not None:
+        plain_symbol(_op)
 
 
 @torchsymbol(torch.logical_and, T.logical_and)
