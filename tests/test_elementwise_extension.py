@@ -13,6 +13,7 @@ import test_ops_autodiff as autodiff_checks
 import thunderfn as tf
 import thunderfn.torch as ltorch
 from thunderfn import clang, prims
+from thunderfn.executors import nvfuser as nvfuser_executor
 from thunderfn.testing.opinfo import OpInfo, SampleInput, make_tensor
 from thunderfn.testing.registries import registries_restored
 from thunderfn.core.batching import batching_rules
@@ -118,6 +119,15 @@ def test_its_opinfo_passes_the_op_db_checks(ops):
         forward_checks._check_forward(op, dtype, forward_checks._decomposed(op))
     autodiff_checks.test_vjp_matches_torch_autograd(op)
     autodiff_checks.test_vjp_jvp_inner_product_identity(op)
+
+
+def test_an_nvfuser_name_gives_the_op_an_nvfuser_translation():
+    with registries_restored():
+        tf.extend.elementwise_op("my_exp", (prims.FLOAT,), prims.Promotion.INT_TO_FLOAT, impl=torch.exp,
+                                 partials=(lambda g, x, out: ltorch.mul(g, out),), nvfuser="exp")
+        pid = prims.my_exp.id
+        assert nvfuser_executor.translations[pid].accepts is None  # every dtype the prim takes
+    assert pid not in nvfuser_executor.translations and not hasattr(prims, "my_exp")
 
 
 def test_an_operand_count_other_than_one_or_two_is_refused():

@@ -17,13 +17,14 @@ from thunderfn.executors import (Executor, FusionExecutor, OperatorExecutor, add
                                  get_default_executors, get_executor, register_executor, remove_default_executor,
                                  set_default_executors)
 from thunderfn.errors import ArgumentValueError
-from thunderfn.executors import nvfuser
+from thunderfn.executors import nvfuser as nvfuser_executor
 from thunderfn.torch import elementwise as ltorch_elementwise
 from thunderfn.transforms import batching_rules, jvp_rules
 
 __all__ = ["Executor", "FusionExecutor", "OperatorExecutor", "add_default_executor", "add_operator_executor",
            "available", "deregister_executor", "get_all_executors", "get_default_executors", "get_executor",
            "register_executor", "remove_default_executor", "set_default_executors", "elementwise_op"]
+
 
 def elementwise_op(name: str, kinds: Sequence[str], promotion: prims.Promotion, *, impl: Callable,
                    partials: Sequence[Callable], ltorch: prims.TorchSymbol | None = prims.SYMBOL,
@@ -46,7 +47,7 @@ def elementwise_op(name: str, kinds: Sequence[str], promotion: prims.Promotion, 
     jvp_rules.defpartials(prim.id, *partials)
     batching_rules.defbatch_elementwise(prim)
     if op.nvfuser is not None:
-        nvfuser.translations[prim.id] = nvfuser.elementwise_rule(op)
+        nvfuser_executor.translations[prim.id] = nvfuser_executor.elementwise_rule(op)
     return prim if ltorch is None else ltorch_elementwise.plain_symbol(op)
 
 

@@ -5,8 +5,12 @@ checks its inputs, raising torch's exception type with torch-like wording, and
 returns output proxies. Prims do no broadcasting and no type promotion; clang does
 that before calling them.
 
-Every prim also computes on real tensors, with its torch implementation (`torch_impls`,
-at the end: torch's own function or one of prims_eager.py's): importing this module is
+The elementwise prims are one line each of the elementwise table (`exp = unary_op(...)`,
+`elementwise_ops`), from which clang, the torch language, the torch executor and nvFuser
+make their parts; their derivatives are transforms/vjp_rules.py's `partials`.
+
+Every prim also computes on real tensors, with its torch implementation (`torch_impls`:
+torch's own function or one of prims_eager.py's): importing this module is
 enough to call `prims.add(x, y)` on tensors. The torch executor runs prims with the
 same table (executors/torch_executor.py); other executors lower them their own way.
 

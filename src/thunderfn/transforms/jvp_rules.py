@@ -1,9 +1,10 @@
 """Forward-mode rules for prims: `jvp_rules[prim id].fwd(res, tangents)` is the tangent of the
 prim's output, given one tangent per positional argument. The forward twin of vjp_rules.
 
-Rules are written in prims (the unary derivatives, shared with vjp_rules.py, in the torch
-language), so they trace like any other function and can be differentiated again (jvp of jvp, grad of jvp). On real tensors they compute eagerly, which
-is how tests/test_jvp_rules.py checks each one against torch.func.jvp.
+Rules are written in prims; an elementwise prim's rule is the sum of its partial derivatives
+(vjp_rules.partials, in the torch language, shared with its VJP rule) at the tangents. Rules
+trace like any other function and can be differentiated again (jvp of jvp, grad of jvp). On
+real tensors they compute eagerly, which is how tests/test_jvp_rules.py checks each one against torch.func.jvp.
 
 Conventions (the driver relies on them):
 - `tangents` has one entry per positional argument: a tangent of that argument's shape and
@@ -47,7 +48,7 @@ jvp_rules: dict = {}  # symbol id -> JVPRule; entered only through register_jvp
 
 
 def unregister_jvp(symbol_id) -> None:
-    """Drop symbol_id's rule, if it has one (a user Function's call whose trace went away)."""
+    """Drop symbol_id's rule, if it has one (a custom_jvp, or a user Function's call whose trace, went away)."""
     jvp_rules.pop(symbol_id, None)
 
 
@@ -56,11 +57,6 @@ def register_jvp(symbol_id, rule: JVPRule) -> None:
     if not isinstance(rule, JVPRule):
         raise ArgumentTypeError(f"the JVP rule for {_vjp._rule_name(symbol_id)} must be a JVPRule, got {type(rule).__name__}")
     jvp_rules[symbol_id] = rule
-
-
-def unregister_jvp(symbol_id) -> None:
-    """Drop symbol_id's rule, if it has one (a custom_jvp that went away)."""
-    jvp_rules.pop(symbol_id, None)
 
 
 # differentiable in principle, but without a forward rule here (the same prims as vjp_rules)
