@@ -178,12 +178,6 @@ def _zeros(like):
     return ltorch.full(tuple(like.shape), 0.0, device=like.device, dtype=like.dtype)
 
 
-def _zeros_ct(arg):
-    """The cotangent torch gives an operand its formula ignores (`zeros_like`): zeros for a
-    floating tensor, so its .grad is a tensor as in eager; None for anything else."""
-    return _zeros(arg) if _is_float_tensor(arg) else None
-
-
 def _scalar(x, like):
     """A Python number as a 0-dim tensor of like's dtype, so rules can compute with it."""
     return ltorch.full((), x, device=like.device, dtype=like.dtype) if isinstance(x, numbers.Number) else x
@@ -242,8 +236,10 @@ def _rev_cumsum(x, dim):
 # A partial may return ZERO: the input's derivative is zero (reverse mode gives a tensor of zeros, as
 # torch does; forward mode adds nothing); a None in place of a partial: no derivative (None).
 # The table is keyed by prim id here, not written on prims.py's table lines, because partials are in
-# the torch language, which the prims layer cannot import; torch's conventions (pow at zero, ties of
-# maximum, atan2 at the origin) are in the partials themselves.
+# the torch language, which the prims layer cannot import. torch's conventions (pow at zero, ties of
+# maximum, atan2 at the origin) are in the partials themselves; where torch's forward mode differs from
+# its reverse mode (maximum and minimum at NaN, atan2 at the origin), jvp_rules.py says so and keeps
+# torch.func.jvp's formula.
 ZERO = object()
 _LN2, _LN10, _2_OVER_SQRT_PI = math.log(2.0), math.log(10.0), 2.0 / math.sqrt(math.pi)
 
@@ -254,7 +250,9 @@ def _times(derivative):
 
 
 def _zero(*args, **kwargs):
-    return ZERO  # piecewise constant, or torch gives this input no gradient: zeros, as torch gives
+    """The partial of an input whose derivative is zero (piecewise constant, or torch ignores it):
+    reverse mode gives it a tensor of zeros, as torch does (`zeros_like`), not None."""
+    return ZERO
 
 
 def _pow_da(g, a, b, y):
