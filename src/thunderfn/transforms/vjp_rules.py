@@ -189,7 +189,7 @@ def _ct(g, arg):
     if g is None or not _is_float_tensor(arg):
         return None
     if arg.ndim == 0 and g.ndim > 0:
-        g = ltorch.sum(g, tuple(range(g.ndim)))
+        g = sum_to(g, ())
     if g.device != arg.device:  # a CPU scalar tensor beside a CUDA tensor
         g = ltorch.to(g, arg.device)
     return _to(g, arg.dtype)
