@@ -128,6 +128,12 @@ for _sym in vars(prims).copy().values():
         register_batch(_sym.id, BatchRule(_elementwise(_sym)))
 
 
+def defbatch_elementwise(prim) -> None:
+    """Batch an elementwise prim made after this module (thunderfn.extend.elementwise_op) as the
+    library's are."""
+    register_batch(prim.id, BatchRule(_elementwise(prim)))
+
+
 def _same_layout(prim):
     """Ops that change each element alone and keep the shape: the batch dim stays where it is."""
     def rule(args, dims, kwargs, out):

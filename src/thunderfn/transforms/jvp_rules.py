@@ -1,9 +1,10 @@
 """Forward-mode rules for prims: `jvp_rules[prim id].fwd(res, tangents)` is the tangent of the
 prim's output, given one tangent per positional argument. The forward twin of vjp_rules.
 
-Rules are written in prims (the unary derivatives, shared with vjp_rules.py, in the torch
-language), so they trace like any other function and can be differentiated again (jvp of jvp, grad of jvp). On real tensors they compute eagerly, which
-is how tests/test_jvp_rules.py checks each one against torch.func.jvp.
+Rules are written in prims; an elementwise prim's rule is the sum of its partial derivatives
+(vjp_rules.partials, in the torch language, shared with its VJP rule) at the tangents. Rules
+trace like any other function and can be differentiated again (jvp of jvp, grad of jvp). On
+real tensors they compute eagerly, which is how tests/test_jvp_rules.py checks each one against torch.func.jvp.
 
 Conventions (the driver relies on them):
 - `tangents` has one entry per positional argument: a tangent of that argument's shape and
@@ -47,7 +48,7 @@ jvp_rules: dict = {}  # symbol id -> JVPRule; entered only through register_jvp
 
 
 def unregister_jvp(symbol_id) -> None:
-    """Drop symbol_id's rule, if it has one (a user Function's call whose trace went away)."""
+    """Drop symbol_id's rule, if it has one (a custom_jvp, or a user Function's call whose trace, went away)."""
     jvp_rules.pop(symbol_id, None)
 
 
@@ -56,11 +57,6 @@ def register_jvp(symbol_id, rule: JVPRule) -> None:
     if not isinstance(rule, JVPRule):
         raise ArgumentTypeError(f"the JVP rule for {_vjp._rule_name(symbol_id)} must be a JVPRule, got {type(rule).__name__}")
     jvp_rules[symbol_id] = rule
-
-
-def unregister_jvp(symbol_id) -> None:
-    """Drop symbol_id's rule, if it has one (a custom_jvp that went away)."""
-    jvp_rules.pop(symbol_id, None)
 
 
 # differentiable in principle, but without a forward rule here (the same prims as vjp_rules)
@@ -119,23 +115,44 @@ def _float_out(fwd):
     return rule
 
 
-# -- elementwise unary: t times d(out)/d(x), from the derivatives vjp_rules.py defines ------
-def _unary_jvp(prim_id, derivative):
+# -- elementwise: the sum of each input's partial at its tangent (vjp_rules.partials) --------
+def jvp_from_partials(fns) -> Callable:
+    """The JVP rule of an elementwise prim with these partials (one per positional input, as in
+    vjp_rules.partials): the sum over inputs of partial(tangent), a 0-dim operand's tangent broadcast
+    to the output first; None for a non-float output or where every term is zero."""
     def rule(res, t):
-        return prims.mul(t[0], derivative(res.args[0], res.out))
+        args, out = res.args, res.out
+        if not _is_float_tensor(out):
+            return None
+        total = None
+        for partial, ti in zip(fns, t):
+            if partial is None or ti is None:
+                continue
+            d = partial(_like(ti, out), *args, out, **res.kwargs)
+            total = _add(total, None if d is _vjp.ZERO else d)
+        return total
 
-    rule.__name__ = f"_{prim_id.name.lower()}_jvp"
     return rule
 
 
-for _prim_id, _derivative in _vjp.unary_derivatives.items():
-    defjvp(_prim_id)(_unary_jvp(_prim_id, _derivative))
-defjvp(PrimIDs.NEG)(lambda res, t: prims.neg(t[0]))
-# piecewise constant: zero tangent, as torch gives
-defjvp(PrimIDs.FLOOR, PrimIDs.CEIL, PrimIDs.ROUND, PrimIDs.TRUNC, PrimIDs.SIGN)(lambda res, t: None)
+def defpartials(prim_id, *fns) -> None:
+    """Give an elementwise prim its partial derivatives, one per positional input (vjp_rules.partials
+    says how they are written), and so both its VJP and its JVP rule: the one way in for a prim made
+    after these modules (thunderfn.extend.elementwise_op). jvp_rules imports vjp_rules, so the entry
+    that registers both directions lives here."""
+    _vjp.partials[prim_id] = tuple(fns)
+    _vjp.defvjp(prim_id)(_vjp.vjp_from_partials(fns))
+    defjvp(prim_id)(jvp_from_partials(fns))
 
 
-# -- elementwise binary: a, b = res.args; either may be a number or a 0-dim tensor ---------
+for _prim_id, _fns in _vjp.partials.items():
+    defjvp(_prim_id)(jvp_from_partials(_fns))
+
+
+# torch's forward-mode formulas for these differ from its reverse-mode ones at points the partials
+# cannot serve both ways, and forward mode matches torch.func.jvp: maximum and minimum with a NaN
+# operand give the tangent of b alone (reverse mode gives g to both), atan2 at (0, 0) is nan (reverse
+# mode zeroes it). Everywhere else these equal the sum of the partials.
 def _binary(prim_id, fwd):
     """fwd(a, b, ta, tb, out) on a and b as tensors (numbers made 0-dim tensors of out's dtype)
     and ta, tb as out-shaped tangents or None."""
@@ -147,48 +164,8 @@ def _binary(prim_id, fwd):
     defjvp(prim_id)(_float_out(rule))
 
 
-_binary(PrimIDs.ADD, lambda a, b, ta, tb, out: _add(ta, tb))
-_binary(PrimIDs.SUB, lambda a, b, ta, tb, out: _add(ta, None if tb is None else prims.neg(tb)))
-_binary(PrimIDs.MUL, lambda a, b, ta, tb, out: _add(_mul_or_none(ta, b), _mul_or_none(tb, a)))
 _binary(PrimIDs.ATAN2, lambda a, b, ta, tb, out: prims.div(
     _add(_mul_or_none(ta, b), None if tb is None else prims.neg(prims.mul(tb, a))), prims.add(_sq(a), _sq(b))))
-# nextafter(a, b) is a, one ulp towards b; torch gives a's tangent, 0 where a == b (the output is b)
-_binary(PrimIDs.NEXTAFTER, lambda a, b, ta, tb, out: None if ta is None else prims.where(_expand(prims.ne(a, b), out), ta, 0.0))
-# fmod and remainder are a - b * trunc(a / b) and a - b * floor(a / b)
-_binary(PrimIDs.FMOD, lambda a, b, ta, tb, out: _add(ta, _mul_or_none(tb, prims.neg(prims.div(a, b, rounding_mode="trunc")))))
-_binary(PrimIDs.REMAINDER, lambda a, b, ta, tb, out: _add(ta, _mul_or_none(tb, prims.neg(prims.div(a, b, rounding_mode="floor")))))
-# copysign: ta * sign(a) * sign(b) in torch's form, out / a, 0 where a == 0; b gets no tangent
-_binary(PrimIDs.COPYSIGN, lambda a, b, ta, tb, out: None if ta is None else
-        prims.mul(ta, prims.where(_expand(prims.eq(a, 0.0), out), 0.0, prims.div(out, a))))
-
-
-@defjvp(PrimIDs.DIV)
-@_float_out
-def _div_jvp(res, t):
-    """(ta - out * tb) / b; piecewise constant with a rounding mode."""
-    b, out = res.args[1], res.out
-    if res.kwargs.get("rounding_mode") is not None:
-        return None
-    ta, tb = _like(t[0], out), _like(t[1], out)
-    return prims.div(_add(ta, None if tb is None else prims.neg(prims.mul(out, tb))), _scalar(b, out))
-
-
-def _pow_fwd(a, b, ta, tb, out):
-    # torch's conventions: d/da is 0 where b == 0 (even at a == 0), d/db is 0 where a == 0 and b >= 0.
-    # The masked-out branch computes on a base of 1, so that its own derivative stays finite.
-    da = db = None
-    if ta is not None:
-        masked = _expand(prims.eq(b, 0.0), out)
-        base = prims.where(masked, 1.0, a)
-        da = prims.where(masked, 0.0, prims.mul(ta, prims.mul(b, prims.pow(base, prims.sub(b, 1.0)))))
-    if tb is not None:
-        masked = _expand(prims.bitwise_and(prims.eq(a, 0.0), prims.ge(b, 0.0)), out)
-        base = prims.where(masked, 1.0, a)
-        db = prims.where(masked, 0.0, prims.mul(tb, prims.mul(out, prims.log(base))))
-    return _add(da, db)
-
-
-_binary(PrimIDs.POW, _pow_fwd)
 
 
 def _extremum_fwd(a_wins):
@@ -202,15 +179,6 @@ def _extremum_fwd(a_wins):
 
 _binary(PrimIDs.MAXIMUM, _extremum_fwd(prims.gt))
 _binary(PrimIDs.MINIMUM, _extremum_fwd(prims.lt))
-
-
-@defjvp(PrimIDs.WHERE)
-def _where_jvp(res, t):
-    pred, a, b = res.args
-    ta, tb = t[1], t[2]
-    if not _is_float_tensor(res.out) or (ta is None and tb is None):
-        return None
-    return prims.where(pred, 0.0 if ta is None else _to(ta, res.out.dtype), 0.0 if tb is None else _to(tb, res.out.dtype))
 
 
 # -- reductions --------------------------------------------------------------------------

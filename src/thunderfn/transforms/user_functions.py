@@ -46,12 +46,13 @@ from torch._library import utils as _torch_library_utils
 
 import thunderfn.torch as ltorch
 from thunderfn import prims
-from thunderfn.core import context, dtypes, symbolic
+from thunderfn.core import context, dtypes
 from thunderfn.core.interception import lift_constants, register_handler_finder
 from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.errors import BatchingError, UserGradientError
 from thunderfn.torch.opaque import run_opaque
+from thunderfn.torch.reductions import sum_to
 from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn.transforms.jvp_rules import JVPRule, register_jvp, unregister_jvp
 from thunderfn.transforms.vjp_rules import wants_gradient
@@ -336,7 +337,7 @@ class UserFunction(custom_vjp):
                         f"{self.spec.name}: backward returned a gradient of shape {tuple(ct.shape)} for input {i}, "
                         f"whose shape is {shape} (torch.autograd: 'invalid gradient at index {i}'); return a "
                         f"gradient of the input's shape")
-                ct = _sum_to(ct, shape)
+                ct = sum_to(ct, shape)
             cts.append(ltorch.to(ct, dtype) if ct.dtype != dtype else ct)
         return tuple(cts)
 
@@ -436,13 +437,6 @@ def _expandable(shape: tuple, to: tuple) -> bool:
     if len(shape) > len(to):
         return False
     return all(s == t or s == 1 for s, t in zip(reversed(shape), reversed(to)))
-
-
-def _sum_to(x, shape: tuple):
-    dims = symbolic.broadcast_dims(x.shape, shape)
-    if dims:
-        x = ltorch.sum(x, dims)
-    return x if symbolic.same_shape(x.shape, shape) else ltorch.reshape(x, shape)
 
 
 # -- @once_differentiable ------------------------------------------------------------------------

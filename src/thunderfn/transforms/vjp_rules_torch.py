@@ -25,6 +25,7 @@ from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import canonical_dim
 from thunderfn.torch.elementwise import _SELU_ALPHA, _SELU_SCALE
+from thunderfn.torch.reductions import sum_to as _sum_to
 from thunderfn.torch.nn import _legacy_reduction, _repeat_heads
 from thunderfn.torch import distributed as collectives
 from thunderfn.torch.reductions import _correction, _var_args
@@ -116,13 +117,6 @@ def _computed(*tensors):
     """The tensors in the computation dtype of the first (float32 for half precision)."""
     compute = dtypes.computation_dtype(tensors[0].dtype)
     return tuple(None if t is None else _to(t, compute) for t in tensors)
-
-
-def _sum_to(x, shape):
-    """Undo the broadcasting of something of `shape` to x's shape."""
-    shape = tuple(shape)
-    dims = symbolic.broadcast_dims(x.shape, shape)
-    return ltorch.reshape(ltorch.sum(x, dims) if dims else x, shape)
 
 
 def _matrix_t(x):
