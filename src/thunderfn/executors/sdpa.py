@@ -252,7 +252,7 @@ def sdpa_checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
         return False
     if any(t.ndim != 4 for t in qkv) or not (query.dtype == key.dtype == value.dtype) or query.dtype not in _CUDA_DTYPES:
         return False
-    (B, H, L, E), (Bk, Hk, S, Ek), (Bv, Hv, Sv, Ev) = query.shape, key.shape, value.shape
+    (B, H, _, E), (Bk, Hk, S, Ek), (Bv, Hv, Sv, Ev) = query.shape, key.shape, value.shape
     if not (B == Bk == Bv) or S != Sv or E != Ek or H != Hk or Hk != Hv:
         return False  # (grouped-query heads: the efficient CUDA kernel takes none)
     if attn_mask is not None and is_causal:
