@@ -4,6 +4,7 @@ torch itself defines them so results match bit for bit)."""
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 import numbers
 import sys
@@ -341,12 +342,12 @@ def _float_kernel(kernel):
     """Decorator: run fn on a upcast to its computation dtype (f32 for f16/bf16), cast back once;
     like torch's kernel named `kernel` ("hardswish_cpu"), refuse integer and bool inputs."""
     def decorator(fn):
+        @functools.wraps(fn)  # the symbol's signature is fn's: rules read its arguments by name
         def wrapped(a, *args, **kwargs):
             check_dtype_supported(dtypes.is_inexact(a.dtype), kernel, a.dtype)
             x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
             return maybe_convert_to_dtype(fn(x, *args, **kwargs), a.dtype)
 
-        wrapped.__name__ = fn.__name__
         return wrapped
 
     return decorator

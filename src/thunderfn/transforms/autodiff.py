@@ -44,7 +44,7 @@ from thunderfn.torch.random import get_rng_state_op
 from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' rules join vjp_rules)
 from thunderfn.transforms.executor_lower import claiming_rule, claims_whole, trace_in_place_of
 from thunderfn.transforms.resolve import Transform, Way, resolve
-from thunderfn.transforms.vjp_rules import (NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, VJPRule, _zeros, backwards,
+from thunderfn.transforms.vjp_rules import (NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, RecordedCall, VJPRule, _zeros, backwards,
                                             rule_for, vjp_rules)
 
 
@@ -147,7 +147,7 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
         args, kwargs = bsym.args, bsym.kwargs
         if kwargs and bsym.sym.fn is not None:  # rules give cotangents by position: no tensor by keyword
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
-        in_cts = vjp_rules[bsym.sym.id].bwd(Residuals(args, kwargs, bsym.output), g)
+        in_cts = vjp_rules[bsym.sym.id].bwd(RecordedCall(bsym.sym, args, kwargs, bsym.output), g)
         for arg, ct in zip(args, in_cts):
             if ct is None:
                 continue

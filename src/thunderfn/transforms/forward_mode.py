@@ -28,7 +28,7 @@ from thunderfn.torch.opaque import _meta, named_functorch_refusal
 from thunderfn.transforms.autodiff import (_compiled, _carries_gradient, _grad_modes, as_trace_constants, as_trace_values,
                                           differentiating, value_without_aux)
 from thunderfn.transforms.custom_vjp import custom_vjp
-from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, jvp_rules
+from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, RecordedCall, jvp_rules
 from thunderfn.transforms.resolve import Transform, Way, resolve
 
 
@@ -89,7 +89,7 @@ def _push_forward(bsym, tangents: dict) -> None:
         if kwarg_tangents and bsym.sym.fn is not None:  # rules take tangents by position: no tensor by keyword
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
             arg_tangents = tuple(entry_by_name(a, tangents) for a in args)
-        out_tangent = jvp_rules[bsym.sym.id].fwd(Residuals(args, kwargs, bsym.output), arg_tangents)
+        out_tangent = jvp_rules[bsym.sym.id].fwd(RecordedCall(bsym.sym, args, kwargs, bsym.output), arg_tangents)
     elif way is Way.LIKE:  # an executor's operator defined like= a function: that function's tangent
         out_tangent = _like_tangent(bsym, tangents)
     elif way is Way.OPAQUE:

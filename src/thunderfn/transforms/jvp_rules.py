@@ -32,7 +32,7 @@ from thunderfn.clang import reduction_dims
 from thunderfn.prims import PrimIDs, canonical_dim
 from thunderfn.transforms import vjp_rules as _vjp
 from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' VJP rules, read below)
-from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, Residuals  # noqa: F401  (re-exported for the driver)
+from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, RecordedCall  # noqa: F401  (re-exported for the driver)
 from thunderfn.transforms.vjp_rules import _is_float_tensor, _expand, _reduced, _scalar, _sq, _to, _zeros, refuse_complex
 from thunderfn.errors import ArgumentTypeError
 
@@ -67,7 +67,7 @@ def defjvp(*prim_ids):
     """Register the decorated `fwd(res, tangents)` as the forward rule of each prim id,
     refusing complex arguments."""
     def register(fwd):
-        def checked(res: Residuals, tangents):
+        def checked(res: RecordedCall, tangents):
             refuse_complex("jvp", prim_ids[0], res.args)
             return fwd(res, tuple(tangents))
 
@@ -203,7 +203,7 @@ defjvp(PrimIDs.AMAX, PrimIDs.AMIN)(lambda res, t: _contract(
 def _var_jvp(res, var, t):
     """var' = sum(2 (a - mean) t) / (n - correction)."""
     a, dims = res.args
-    weights = _vjp._var_mean_vjp(a, dims, res.kwargs["correction"], _ones(var), None)
+    weights = _vjp._var_mean_vjp(a, dims, res.arg("correction"), _ones(var), None)
     return _contract(t, weights, _reduced(a, dims))
 
 
@@ -307,7 +307,7 @@ for _symbol in _elementwise_symbols():
     _diagonal_jvp_from_vjp(_symbol.id)
 
 
-def _reduction_jvp_from_vjp(symbol_id, dim_position: int):
+def _reduction_jvp_from_vjp(symbol_id):
     """A reduction whose every output element reads its own slice of the input (a norm, a std): the VJP
     rule at a cotangent of ones gives each input element's derivative, and the tangent is the sum over
     the slice of derivative times tangent. torch's masks (the norm of zero) come along."""
@@ -318,17 +318,16 @@ def _reduction_jvp_from_vjp(symbol_id, dim_position: int):
         if t is None:
             return None
         x, out = res.args[0], res.out
-        dim = res.args[dim_position] if len(res.args) > dim_position else res.kwargs.get("dim")
         d = vjp(res, prims.full(tuple(out.shape), 1.0, device=out.device, dtype=out.dtype))[0]
-        return prims.reshape(prims.sum(prims.mul(d, t), reduction_dims(x, dim)), tuple(out.shape))
+        return prims.reshape(prims.sum(prims.mul(d, t), reduction_dims(x, res.arg("dim"))), tuple(out.shape))
 
     fwd.__name__ = fwd.__qualname__ = f"{vjp.__name__}_as_jvp"
     register_jvp(symbol_id, JVPRule(fwd))
 
 
 def _reductions():
-    return ((ltorch.vector_norm, 2), (ltorch.std, 1))
+    return (ltorch.vector_norm, ltorch.std)
 
 
-for _symbol, _dim_position in _reductions():
-    _reduction_jvp_from_vjp(_symbol.id, _dim_position)
+for _symbol in _reductions():
+    _reduction_jvp_from_vjp(_symbol.id)

@@ -1,5 +1,6 @@
 """Reverse-mode rules for prims: `vjp_rules[prim id].bwd(res, g)` is the cotangent of each
-positional argument of the prim, given the cotangent `g` of its output.
+positional argument of the prim, given `res`, the prim's RecordedCall (its arguments and
+output), and the cotangent `g` of its output.
 
 Rules are written in the torch language (`ltorch.mul`, `ltorch.sum`, `ltorch.expand`), the
 vocabulary of the forward trace, so an executor that claims a torch symbol (a lowering on
@@ -24,6 +25,7 @@ Rules are for real floating dtypes; a complex tensor argument raises NotImplemen
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import numbers
 import threading
@@ -35,17 +37,36 @@ from thunderfn import prims
 import thunderfn.torch as ltorch
 from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.symbol import Symbol
 from thunderfn.prims import PrimIDs, canonical_dim, canonical_dims
 from thunderfn.prims import torch_impls as prim_impls
 from thunderfn.torch.opaque import torch_vjp_op
 from thunderfn.torch.reductions import sum_to
-from thunderfn.errors import ArgumentTypeError, UnsupportedOpError
+from thunderfn.errors import ArgumentTypeError, InternalError, UnsupportedOpError
 
 
-class Residuals(NamedTuple):
-    args: tuple    # the prim's positional args as called (proxies/tensors, numbers, tuples)
+class RecordedCall(NamedTuple):
+    """One call of a symbol as the trace recorded it, which its rule differentiates. `call.arg("is_causal")`
+    reads an argument by its name in the symbol's signature, wherever the call put it (by position or by
+    keyword), and its default there where the call left it out."""
+    symbol: Symbol
+    args: tuple    # the positional args as called (proxies/tensors, numbers, tuples); every tensor is among them
     kwargs: dict
-    out: object    # the prim's output (a tensor, or a tuple for multi-output prims)
+    out: object    # the output (a tensor, or a tuple for multi-output symbols)
+
+    def arg(self, name: str):
+        """The argument `name` of this call, or the signature's default for it."""
+        found = self.symbol.parameters.get(name)
+        if found is None:
+            raise InternalError(f"a rule read argument {name!r} of {self.symbol.print_name}, whose signature has "
+                                f"none: it has {', '.join(self.symbol.parameters) or 'no named parameters'}")
+        position, default = found
+        if position is not None and position < len(self.args):
+            return self.args[position]
+        value = self.kwargs.get(name, default)
+        if value is inspect.Parameter.empty:
+            raise InternalError(f"the recorded call of {self.symbol.print_name} lacks its required argument {name!r}")
+        return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +141,7 @@ def defvjp(*prim_ids, applies=None):
     """Register the decorated `bwd(res, g)` as the rule of each prim id (or torch-language
     symbol id), refusing complex arguments; `applies` as in VJPRule."""
     def register(bwd):
-        def checked(res: Residuals, g):
+        def checked(res: RecordedCall, g):
             refuse_complex("vjp", prim_ids[0], res.args)
             if g is None or (isinstance(g, tuple) and all(x is None for x in g)):
                 return (None,) * len(res.args)  # nothing flows back (an integer output, say)
@@ -441,8 +462,8 @@ def _var_mean_vjp(a, dims, correction, g_var, g_mean):
     return da
 
 
-defvjp(PrimIDs.VAR)(lambda res, g: (_var_mean_vjp(*res.args, res.kwargs["correction"], g, None), None))
-defvjp(PrimIDs.VAR_MEAN)(lambda res, g: (_var_mean_vjp(*res.args, res.kwargs["correction"], *g), None))
+defvjp(PrimIDs.VAR)(lambda res, g: (_var_mean_vjp(*res.args, res.arg("correction"), g, None), None))
+defvjp(PrimIDs.VAR_MEAN)(lambda res, g: (_var_mean_vjp(*res.args, res.arg("correction"), *g), None))
 
 
 # -- shapes ------------------------------------------------------------------------------

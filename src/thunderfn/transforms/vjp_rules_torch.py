@@ -45,12 +45,6 @@ def _only_input(res, ct) -> tuple:
     return (ct,) + (None,) * (len(res.args) - 1)
 
 
-def _argument(res, position: int, name: str, default):
-    if len(res.args) > position:
-        return res.args[position]
-    return res.kwargs.get(name, default)
-
-
 def _inside(x, low, high, g):
     """g where low < x < high (strictly: torch's gradient is 0 at the bounds), else 0."""
     return ltorch.where(ltorch.bitwise_and(ltorch.gt(x, low), ltorch.lt(x, high)), g, 0.0)
@@ -62,25 +56,26 @@ defvjp(ltorch.tanh.id)(lambda res, g: _only_input(res, ltorch.tanh_backward(g, r
 NON_DIFFERENTIABLE.add(ltorch.detach.id)  # its output does not require grad, in reverse and forward mode
 defvjp(ltorch.relu.id)(lambda res, g: _only_input(res, ltorch.threshold_backward(g, res.out, 0)))
 # relu's backward is differentiable in its gradient; its `self` gets zeros (torch's formula), not None
-defvjp(ltorch.threshold_backward.id)(lambda res, g: (ltorch.threshold_backward(g, res.args[1], res.args[2]),
-                                                    _zeros(res.args[1]), None))
+defvjp(ltorch.threshold_backward.id)(lambda res, g: (
+    ltorch.threshold_backward(g, res.arg("self"), res.arg("threshold")), _zeros(res.arg("self")), None))
 
 
 # eager's kernels, one call each (torch/aten_backward.py has their formulas)
 defvjp(ltorch.hardtanh.id)(lambda res, g: _only_input(res, ltorch.hardtanh_backward(
-    g, res.args[0], _argument(res, 1, "min_val", -1.0), _argument(res, 2, "max_val", 1.0))))
+    g, res.args[0], res.arg("min_val"), res.arg("max_val"))))
 defvjp(ltorch.relu6.id)(lambda res, g: _only_input(res, ltorch.hardtanh_backward(g, res.args[0], 0.0, 6.0)))
 defvjp(ltorch.hardsigmoid.id)(lambda res, g: _only_input(res, ltorch.hardsigmoid_backward(g, res.args[0])))
 defvjp(ltorch.hardswish.id)(lambda res, g: _only_input(res, ltorch.hardswish_backward(g, res.args[0])))
 # like threshold_backward: linear in its gradient; its `self` gets zeros (torch's formula), not None
-defvjp(ltorch.hardtanh_backward.id)(lambda res, g: (ltorch.hardtanh_backward(g, *res.args[1:4]), _zeros(res.args[1]),
-                                                   None, None))
+defvjp(ltorch.hardtanh_backward.id)(lambda res, g: (
+    ltorch.hardtanh_backward(g, res.arg("self"), res.arg("min_val"), res.arg("max_val")), _zeros(res.arg("self")),
+    None, None))
 
 
 @defvjp(ltorch.softplus.id)
 def _softplus_vjp(res, g):  # torch: g past the threshold, else g * z / (z + 1) with z = exp(beta * x)
     x = res.args[0]
-    beta, threshold = _argument(res, 1, "beta", 1.0), _argument(res, 2, "threshold", 20.0)
+    beta, threshold = res.arg("beta"), res.arg("threshold")
     scaled = ltorch.mul(x, beta)
     z = ltorch.exp(scaled)
     return _only_input(res, ltorch.where(ltorch.gt(scaled, threshold), g, ltorch.mul(g, ltorch.div(z, ltorch.add(z, 1.0)))))
@@ -102,10 +97,9 @@ def _elu_backward(res, g, alpha: float, scale: float, input_scale: float):
     return _only_input(res, ltorch.mul(g, ltorch.where(negative, below, scale)))
 
 
-defvjp(ltorch.elu.id)(lambda res, g: _elu_backward(res, g, _argument(res, 1, "alpha", 1.0), 1.0, 1.0))
+defvjp(ltorch.elu.id)(lambda res, g: _elu_backward(res, g, res.arg("alpha"), 1.0, 1.0))
 defvjp(ltorch.selu.id)(lambda res, g: _elu_backward(res, g, _SELU_ALPHA, _SELU_SCALE, 1.0))
-defvjp(ltorch.celu.id)(lambda res, g: _elu_backward(res, g, _argument(res, 1, "alpha", 1.0), 1.0,
-                                                    1.0 / _argument(res, 1, "alpha", 1.0)))
+defvjp(ltorch.celu.id)(lambda res, g: _elu_backward(res, g, res.arg("alpha"), 1.0, 1.0 / res.arg("alpha")))
 
 
 # -- the ops of a transformer training step --------------------------------------------------------
@@ -126,7 +120,7 @@ def _matrix_t(x):
 @defvjp(ltorch.linear.id)
 def _linear_vjp(res, g):  # out = x @ w.T + b; w is (out, in), or (in,) for a dot product over the last dim
     x, w = res.args[:2]
-    b = _argument(res, 2, "bias", None)
+    b = res.arg("bias")
     rows = symbolic.product(x.shape[:-1])
     if w.ndim == 1:
         dx = ltorch.mul(ltorch.unsqueeze(g, -1) if g.ndim else g, w)
@@ -145,19 +139,19 @@ def _linear_vjp(res, g):  # out = x @ w.T + b; w is (out, in), or (in,) for a do
 @defvjp(ltorch.addmm.id)
 def _addmm_vjp(res, g):  # out = beta * input + alpha * mat1 @ mat2: eager's AddmmBackward, one mm per matrix
     input, mat1, mat2 = res.args[:3]
-    beta, alpha = res.kwargs.get("beta", 1), res.kwargs.get("alpha", 1)
+    beta, alpha = res.arg("beta"), res.arg("alpha")
     scaled = g if alpha == 1 else ltorch.mul(g, alpha)
     d_input = _sum_to(g if beta == 1 else ltorch.mul(g, beta), input.shape)
     return d_input, ltorch.matmul(scaled, _matrix_t(mat2)), ltorch.matmul(_matrix_t(mat1), scaled)
 
 
 # eager's kernel: the forward saved the input
-defvjp(ltorch.gelu.id)(lambda res, g: _only_input(res, ltorch.gelu_backward(g, res.args[0], approximate=_argument(
-    res, 1, "approximate", "none"))))
+defvjp(ltorch.gelu.id)(lambda res, g: _only_input(res, ltorch.gelu_backward(g, res.args[0],
+                                                                            approximate=res.arg("approximate"))))
 
 
 def _softmax_dims(res) -> tuple:
-    x, dim = res.args[0], _argument(res, 1, "dim", None)
+    x, dim = res.args[0], res.arg("dim")
     if dim is None:  # F.softmax's implicit dim (the forward warned about it)
         dim = 0 if x.ndim in (0, 1, 3) else 1
     return (canonical_dim(dim, x.ndim),) if x.ndim else ()
@@ -184,7 +178,7 @@ def _native_layer_norm_vjp(res, g):
     """eager's kernel, from the mean and rstd the forward returned (layer_norm is differentiated through its
     decomposition, native_layer_norm). Cotangents of the mean and rstd themselves (torch ignores them) reach
     the input too: a second derivative gets them from the first backward, which reads both."""
-    x, normalized_shape, weight, bias = res.args[:4]
+    x, normalized_shape, weight, bias = (res.arg(name) for name in ("input", "normalized_shape", "weight", "bias"))
     out, mean, rstd = res.out
     g_out, g_mean, g_rstd = g
     dx = dw = db = None
@@ -204,14 +198,6 @@ def _native_layer_norm_vjp(res, g):
         extra = _to(ltorch.expand(extra, tuple(x.shape)), x.dtype)
         dx = extra if dx is None else ltorch.add(dx, extra)
     return dx, None, dw, db, None
-
-
-_BATCH_NORM_ARGS = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps")
-
-
-def _batch_norm_args(res) -> tuple:
-    """native_batch_norm's (and native_batch_norm_legit_functional's) arguments by position, given either way."""
-    return tuple(_argument(res, i, name, None) for i, name in enumerate(_BATCH_NORM_ARGS))
 
 
 def _batch_norm_statistics_cotangent(x, save_mean, save_invstd, g_mean, g_invstd):
@@ -251,7 +237,8 @@ def _batch_norm_vjp(res, g_out, g_mean, g_invstd) -> tuple:
     """Cotangents of native_batch_norm's tensors: eager's kernel, native_batch_norm_backward, for the output's
     (output_mask: the arguments the backward wants), plus those through the saved statistics, and in evaluation
     mode the running statistics' where wanted."""
-    x, weight, bias, running_mean, running_var, training, _, eps = _batch_norm_args(res)
+    x, weight, bias, running_mean, running_var, training, eps = (res.arg(name) for name in (
+        "input", "weight", "bias", "running_mean", "running_var", "training", "eps"))
     save_mean, save_invstd = res.out[1:3]
     dx = dw = db = d_mean = d_var = None
     if g_out is not None:
@@ -274,15 +261,12 @@ defvjp(ltorch.native_batch_norm.id)(lambda res, g: _batch_norm_vjp(res, *g))
 defvjp(ltorch.native_batch_norm_legit_functional.id)(lambda res, g: _batch_norm_vjp(res, *g[:3]))
 
 
-_GROUP_NORM_ARGS = ("input", "weight", "bias", "N", "C", "HxW", "group", "eps")
-
-
 @defvjp(ltorch.native_group_norm.id)
 def _native_group_norm_vjp(res, g):
     """eager's kernel, native_group_norm_backward, for the output's cotangent (output_mask: the arguments the
     backward wants; aten computes grad_bias only beside grad_weight, so without a weight the bias's is a sum here),
     plus the input's through the saved mean and rstd, which a second derivative reaches."""
-    x, weight, bias, n, c, hxw, group, _ = (_argument(res, i, name, None) for i, name in enumerate(_GROUP_NORM_ARGS))
+    x, weight, bias, n, c, hxw, group = (res.arg(p) for p in ("input", "weight", "bias", "N", "C", "HxW", "group"))
     mean, rstd = res.out[1:]
     g_out, g_mean, g_rstd = g
     dx = dw = db = None
@@ -317,7 +301,8 @@ def _constant_or_none(t) -> bool:
 def _nll_loss_forward_vjp(res, g):
     """eager's kernel. It gives the weight no gradient (torch refuses to differentiate it), so a weight that
     may need one (not a captured constant) is differentiated through the decomposition instead."""
-    self, target, weight, reduction, ignore_index = res.args
+    self, target, weight, reduction, ignore_index = (res.arg(name) for name in (
+        "self", "target", "weight", "reduction", "ignore_index"))
     if g[0] is None:
         return (None,) * len(res.args)
     return (ltorch.nll_loss_backward(g[0], self, target, weight, reduction, ignore_index, res.out[1]),) + (None,) * 4
@@ -340,10 +325,9 @@ def _cross_entropy_vjp(res, g):
     or nan: torch leaves ignored elements' gradient at 0). The target, given as probabilities, and the weight
     get their gradients too."""
     x, target = res.args[:2]
-    weight, ignore_index = _argument(res, 2, "weight", None), _argument(res, 4, "ignore_index", -100)
-    reduction = _legacy_reduction(_argument(res, 3, "size_average", None), _argument(res, 5, "reduce", None),
-                                  _argument(res, 6, "reduction", "mean"))
-    smoothing = _argument(res, 7, "label_smoothing", 0.0)
+    weight, ignore_index = res.arg("weight"), res.arg("ignore_index")
+    reduction = _legacy_reduction(res.arg("size_average"), res.arg("reduce"), res.arg("reduction"))
+    smoothing = res.arg("label_smoothing")
     class_dim = 0 if x.ndim == 1 else 1
     n_classes = x.shape[class_dim]
     per_class = (n_classes,) + (1,) * (x.ndim - 2)  # a (C,) tensor reshaped to broadcast along x's class dim
@@ -420,10 +404,10 @@ def _scaled_dot_product_attention_vjp(res, g):
     """The attention weights P recomputed (matmul and softmax), then dv = P^T g, dS = P * (dP - sum(dP * P))
     with dP = g v^T, dq = scale * dS k, dk = scale * dS^T q; a float mask gets dS."""
     query, key, value = res.args[:3]
-    attn_mask = _argument(res, 3, "attn_mask", None)
-    is_causal, scale = _argument(res, 5, "is_causal", False), _argument(res, 6, "scale", None)
+    attn_mask = res.arg("attn_mask")
+    is_causal, scale = res.arg("is_causal"), res.arg("scale")
     q, k, v, g = _computed(query, key, value, g)
-    if _argument(res, 7, "enable_gqa", False) and query.ndim >= 3:
+    if res.arg("enable_gqa") and query.ndim >= 3:
         k, v = _repeat_heads(k, q.shape[-3] // k.shape[-3]), _repeat_heads(v, q.shape[-3] // v.shape[-3])
     L, S = query.shape[-2], key.shape[-2]
     scale = 1 / torch.sym_sqrt(query.shape[-1]) if scale is None else scale  # (math.sqrt would pin a symbolic size)
@@ -451,7 +435,7 @@ def _scaled_dot_product_attention_vjp(res, g):
 @defvjp(ltorch.split.id)
 def _split_vjp(res, g):  # eager's: one cat of the pieces' cotangents (zeros for the unused), not a pad per piece
     a = res.args[0]
-    dim = canonical_dim(_argument(res, 2, "dim", 0), a.ndim)
+    dim = canonical_dim(res.arg("dim"), a.ndim)
     pieces = [c if c is not None else _zeros(o) for c, o in zip(g, res.out)]
     return (ltorch.cat(pieces, dim),) + (None,) * (len(res.args) - 1)
 
@@ -459,7 +443,7 @@ def _split_vjp(res, g):  # eager's: one cat of the pieces' cotangents (zeros for
 @defvjp(ltorch.embedding.id)
 def _embedding_vjp(res, g):  # eager's kernel: the rows of g summed into zeros at the indices
     indices, weight = res.args[:2]
-    padding_idx, scale_grad_by_freq = _argument(res, 2, "padding_idx", None), _argument(res, 5, "scale_grad_by_freq", False)
+    padding_idx, scale_grad_by_freq = res.arg("padding_idx"), res.arg("scale_grad_by_freq")
     padding_idx = -1 if padding_idx is None else padding_idx % weight.shape[0]  # F.embedding's normalization
     return (None, ltorch.embedding_dense_backward(g, indices, weight.shape[0], padding_idx, scale_grad_by_freq)) + (
         None,) * (len(res.args) - 2)
@@ -507,7 +491,7 @@ def _norm_backward(g, x, ord, norm, dims):
 @defvjp(ltorch.mean.id)
 def _mean_vjp(res, g):  # eager's MeanBackward: g expanded back over the reduced dims, divided by their size
     x = res.args[0]
-    dims, keepdim = clang.reduction_dims(x, _argument(res, 1, "dim", None)), _argument(res, 2, "keepdim", False)
+    dims, keepdim = clang.reduction_dims(x, res.arg("dim")), res.arg("keepdim")
     n = math.prod(x.shape[d] for d in dims)
     spread = ltorch.expand(g if g.ndim == 0 else _kept(g, x, dims, keepdim), tuple(x.shape))  # (a 0-d g expands as it is)
     return _only_input(res, _to(ltorch.div(spread, n), x.dtype) if dtypes.is_inexact(x.dtype) else None)
@@ -515,8 +499,8 @@ def _mean_vjp(res, g):  # eager's MeanBackward: g expanded back over the reduced
 
 @defvjp(ltorch.vector_norm.id)
 def _vector_norm_vjp(res, g):  # torch.norm and torch.linalg.norm of a vector reach it as a subsymbol
-    x, ord = res.args[0], _argument(res, 1, "ord", 2)
-    dims, keepdim = clang.reduction_dims(x, _argument(res, 2, "dim", None)), _argument(res, 3, "keepdim", False)
+    x, ord = res.args[0], res.arg("ord")
+    dims, keepdim = clang.reduction_dims(x, res.arg("dim")), res.arg("keepdim")
     return _only_input(res, _norm_backward(_kept(g, x, dims, keepdim), x, ord, _kept(res.out, x, dims, keepdim), dims))
 
 
@@ -524,8 +508,8 @@ def _vector_norm_vjp(res, g):  # torch.norm and torch.linalg.norm of a vector re
 def _normalize_vjp(res, g):
     """F.normalize is x / clamp_min(norm, eps) to torch's autograd: the norm gets the quotient's gradient where it
     is at least eps (clamp_min's), then norm_backward's; a zero vector's gradient is g / eps."""
-    x, p = res.args[0], _argument(res, 1, "p", 2.0)
-    dim, eps = _argument(res, 2, "dim", 1), _argument(res, 3, "eps", 1e-12)
+    x, p = res.args[0], res.arg("p")
+    dim, eps = res.arg("dim"), res.arg("eps")
     dims = clang.reduction_dims(x, tuple(dim) if isinstance(dim, (tuple, list)) else (dim,))
     norm = ltorch.vector_norm(x, p, dims, keepdim=True)
     denom = ltorch.where(ltorch.lt(norm, eps), eps, norm)
@@ -552,9 +536,9 @@ def _std_backward(g, x, std, dim, dims, correction):  # torch's: the var's cotan
 
 def _std_arguments(res, name):
     x = res.args[0]
-    dim, unbiased = _var_args(_argument(res, 1, "dim", None), _argument(res, 2, "unbiased", None))
-    dims, keepdim = clang.reduction_dims(x, dim), _argument(res, 3, "keepdim", False)
-    return x, dim, dims, keepdim, _correction(unbiased, res.kwargs.get("correction"), name)
+    dim, unbiased = _var_args(res.arg("dim"), res.arg("unbiased"))
+    dims, keepdim = clang.reduction_dims(x, dim), res.arg("keepdim")
+    return x, dim, dims, keepdim, _correction(unbiased, res.arg("correction"), name)
 
 
 @defvjp(ltorch.std.id)
@@ -602,9 +586,8 @@ def _difference_cotangents(res, d):
 def _smooth_l1_loss_vjp(res, g):
     """torch's: clamp((x - y) / beta, -1, 1) per element, so ±1 where the difference is infinite; for beta 0,
     l1_loss's sign(x - y)."""
-    reduction = _legacy_reduction(_argument(res, 2, "size_average", None), _argument(res, 3, "reduce", None),
-                                  _argument(res, 4, "reduction", "mean"))
-    beta = _argument(res, 5, "beta", 1.0)
+    reduction = _legacy_reduction(res.arg("size_average"), res.arg("reduce"), res.arg("reduction"))
+    beta = res.arg("beta")
     diff = _difference(*res.args[:2])
     slope = ltorch.sign(diff) if beta == 0 else ltorch.where(
         ltorch.le(diff, -beta), -1.0, ltorch.where(ltorch.ge(diff, beta), 1.0, ltorch.div(diff, beta)))
@@ -616,8 +599,8 @@ def _smooth_l1_loss_vjp(res, g):
 def _huber_loss_vjp(res, g):
     """torch's: clamp(x - y, -delta, delta) per element, so ±delta where the difference is infinite; a weight
     scales it and gets the unweighted loss times g."""
-    reduction, delta = _argument(res, 2, "reduction", "mean"), _argument(res, 3, "delta", 1.0)
-    weight = _argument(res, 4, "weight", None)
+    reduction, delta = res.arg("reduction"), res.arg("delta")
+    weight = res.arg("weight")
     diff = _difference(*res.args[:2])
     slope = ltorch.where(ltorch.le(diff, -delta), -delta, ltorch.where(ltorch.ge(diff, delta), delta, diff))
     k = _loss_scale(g, reduction, diff.numel())
@@ -638,9 +621,8 @@ def _binary_cross_entropy_vjp(res, g):
     weight: large or infinite at an input of 0 or 1, where the decomposition's clamped logs give nan. torch does
     not differentiate the weight; here it gets the unweighted loss (logs clamped at -100) times g."""
     input, target = res.args[:2]
-    weight = _argument(res, 2, "weight", None)
-    reduction = _legacy_reduction(_argument(res, 3, "size_average", None), _argument(res, 4, "reduce", None),
-                                  _argument(res, 5, "reduction", "mean"))
+    weight = res.arg("weight")
+    reduction = _legacy_reduction(res.arg("size_average"), res.arg("reduce"), res.arg("reduction"))
     x, y, g, w = _computed(input, target, g, weight)
     k = _loss_scale(g, reduction, x.numel())
     kw = k if w is None else ltorch.mul(k, w)
@@ -662,8 +644,8 @@ def _binary_cross_entropy_vjp(res, g):
 def _gaussian_nll_loss_vjp(res, g):
     """torch clamps var to eps in place under no_grad: every gradient is the loss's at the clamped var, and var's
     passes straight through the clamp (the decomposition's where would give var none below eps)."""
-    input, target, var = res.args[:3]
-    eps, reduction = _argument(res, 4, "eps", 1e-6), _argument(res, 5, "reduction", "mean")
+    input, target, var = res.args[0], res.args[1], res.arg("var")
+    eps, reduction = res.arg("eps"), res.arg("reduction")
     if clang.is_tensor(var):
         homoscedastic = tuple(var.shape) != tuple(input.shape) and tuple(var.shape) == tuple(input.shape[:-1])
         v = ltorch.unsqueeze(var, -1) if homoscedastic else var  # one variance per row
@@ -684,7 +666,7 @@ def _max_or_min_vjp(res, g, loses):
     """torch's three backwards: torch.max(a, b) as maximum's (half of g each where they tie; where either is
     NaN, all of it to both); torch.max(x, dim) gives g to the index it returned; torch.max(x) spreads g
     evenly over the elements equal to the result, or over the NaNs when it is NaN."""
-    x, dim, keepdim = res.args[0], _argument(res, 1, "dim", None), _argument(res, 2, "keepdim", False)
+    x, dim, keepdim = res.args[0], res.arg("dim"), res.arg("keepdim")
     if clang.is_tensor(dim):
         other = dim
         half = ltorch.where(ltorch.eq(x, other), ltorch.div(g, 2.0), g)
@@ -714,7 +696,7 @@ def _logcumsumexp_vjp(res, g):
     """torch's formula (logcumsumexp_backward): exp(x + reversed logcumsumexp(log|g| - out)), the positive and the
     negative parts of g apart. Differentiating the scan instead is exact in float64 but rounds otherwise than
     eager in float32 (by 3e-4 on op_db's first sample), where eager's formula is the reference."""
-    x, dim = res.args[0], _argument(res, 1, "dim", None)
+    x, dim = res.args[0], res.arg("dim")
     if x.ndim == 0 or x.numel() == 0:
         return _only_input(res, g)
     log_abs = ltorch.log(ltorch.abs(g))
@@ -729,7 +711,7 @@ def _logcumsumexp_vjp(res, g):
 
 # -- collectives (torch/distributed.py): each one's transpose, over the same group --------------
 def _synchronous(res, name: str) -> None:
-    if _argument(res, 3 if name != "all_gather" else 2, "async_op", False):
+    if res.arg("async_op"):
         raise UnsupportedOpError(f"vjp of an asynchronous {name}: differentiate its synchronous form (the async "
                                   f"ones are placed by transforms, after differentiation)")
 
@@ -738,30 +720,30 @@ def _synchronous(res, name: str) -> None:
 def _all_gather_vjp(res, g):
     """Each rank's shard reached every rank: its gradient is the sum of every rank's gradient of it."""
     _synchronous(res, "all_gather")
-    return (collectives.reduce_scatter(g, "sum", _argument(res, 1, "gid", 0)),) + (None,) * (len(res.args) - 1)
+    return (collectives.reduce_scatter(g, "sum", res.arg("gid")),) + (None,) * (len(res.args) - 1)
 
 
 @defvjp(collectives.reduce_scatter.id)
 def _reduce_scatter_vjp(res, g):
     _synchronous(res, "reduce_scatter")
-    if _argument(res, 1, "op", "sum") != "sum":
+    if res.arg("op") != "sum":
         raise UnsupportedOpError("vjp of a reduce_scatter other than a sum")
-    return (collectives.all_gather(g, _argument(res, 2, "gid", 0)),) + (None,) * (len(res.args) - 1)
+    return (collectives.all_gather(g, res.arg("gid")),) + (None,) * (len(res.args) - 1)
 
 
 @defvjp(collectives.all_reduce.id)
 def _all_reduce_vjp(res, g):
     _synchronous(res, "all_reduce")
-    if _argument(res, 1, "op", "sum") != "sum":
+    if res.arg("op") != "sum":
         raise UnsupportedOpError("vjp of an all_reduce other than a sum")
-    return (collectives.all_reduce(g, "sum", _argument(res, 2, "gid", 0)),) + (None,) * (len(res.args) - 1)
+    return (collectives.all_reduce(g, "sum", res.arg("gid")),) + (None,) * (len(res.args) - 1)
 
 
 @defvjp(collectives.unshard.id)
 def _unshard_vjp(res, g):
     """The whole parameter's gradient, flattened and padded as the shards are, averaged over the ranks
     (each computed it for its own share of the batch) and reduce-scattered: each rank gets its shard's."""
-    shard, gid = res.args[0], _argument(res, 2, "gid", 0)
+    shard, gid = res.args[0], res.arg("gid")
     world = collectives.world_size(gid)
     flat = ltorch.reshape(g, (-1,))
     padding = shard.shape[0] * world - flat.shape[0]
@@ -774,7 +756,7 @@ def _unshard_vjp(res, g):
 def _unshard_bucket_vjp(res, g):
     """Each parameter's gradient laid out as its shards are (flattened, padded, one row per rank),
     the rows concatenated as the shards were, averaged over the ranks and reduce-scattered once."""
-    shards, shapes, gid = res.args[0], res.args[1], _argument(res, 2, "gid", 0)
+    shards, shapes, gid = res.args[0], res.arg("shapes"), res.arg("gid")
     world = collectives.world_size(gid)
     columns = []
     for grad, shard, shape in zip(g, shards, shapes):
