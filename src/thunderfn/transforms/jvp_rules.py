@@ -1,4 +1,4 @@
-"""Forward-mode rules for prims: `jvp_rules[prim id].fwd(res, tangents)` is the tangent of the
+"""Forward-mode rules for prims: `jvp_rules[prim id].fwd(call, tangents)` is the tangent of the
 prim's output, given one tangent per positional argument. The forward twin of vjp_rules.
 
 Rules are written in prims; an elementwise prim's rule is the sum of its partial derivatives
@@ -11,7 +11,7 @@ Conventions (the driver relies on them):
   dtype, or None (zero, not a tensor, or not floating point); prims.cat's first entry is a
   tuple, one tangent (or None) per tensor;
 - a rule is called only when some tangent is not None, and returns the output's tangent
-  (res.out's shape and dtype), or None when it is zero;
+  (call.out's shape and dtype), or None when it is zero;
 - a multi-output prim (var_mean, sort, topk) returns a tuple, None for integer outputs;
 - a 0-dim tensor operand that a binary prim broadcast has a 0-dim tangent, broadcast here.
 Rules are for real floating dtypes; a complex argument raises NotImplementedError, as in
@@ -39,7 +39,7 @@ from thunderfn.errors import ArgumentTypeError
 
 @dataclasses.dataclass(frozen=True)
 class JVPRule:
-    """How forward mode differentiates one symbol: `fwd(res, tangents)` is the tangent of its
+    """How forward mode differentiates one symbol: `fwd(call, tangents)` is the tangent of its
     output, given one tangent per positional argument (the conventions above)."""
     fwd: Callable
 
@@ -64,12 +64,12 @@ NOT_DIFFERENTIATED = dict(_vjp.NOT_DIFFERENTIATED)
 
 
 def defjvp(*prim_ids):
-    """Register the decorated `fwd(res, tangents)` as the forward rule of each prim id,
+    """Register the decorated `fwd(call, tangents)` as the forward rule of each prim id,
     refusing complex arguments."""
     def register(fwd):
-        def checked(res: RecordedCall, tangents):
-            refuse_complex("jvp", prim_ids[0], res.args)
-            return fwd(res, tuple(tangents))
+        def checked(call: RecordedCall, tangents):
+            refuse_complex("jvp", prim_ids[0], call.args)
+            return fwd(call, tuple(tangents))
 
         checked.__name__ = checked.__qualname__ = fwd.__name__
         checked.__doc__ = fwd.__doc__
@@ -108,8 +108,8 @@ def _or_zeros(t, like):
 
 def _float_out(fwd):
     """Wrap fwd so that a non-floating output (integer arithmetic) gets no tangent."""
-    def rule(res, tangents):
-        return fwd(res, tangents) if _is_float_tensor(res.out) else None
+    def rule(call, tangents):
+        return fwd(call, tangents) if _is_float_tensor(call.out) else None
 
     rule.__name__, rule.__doc__ = fwd.__name__, fwd.__doc__
     return rule
@@ -120,15 +120,15 @@ def jvp_from_partials(fns) -> Callable:
     """The JVP rule of an elementwise prim with these partials (one per positional input, as in
     vjp_rules.partials): the sum over inputs of partial(tangent), a 0-dim operand's tangent broadcast
     to the output first; None for a non-float output or where every term is zero."""
-    def rule(res, t):
-        args, out = res.args, res.out
+    def rule(call, t):
+        args, out = call.args, call.out
         if not _is_float_tensor(out):
             return None
         total = None
         for partial, ti in zip(fns, t):
             if partial is None or ti is None:
                 continue
-            d = partial(_like(ti, out), *args, out, **res.kwargs)
+            d = partial(_like(ti, out), *args, out, **call.kwargs)
             total = _add(total, None if d is _vjp.ZERO else d)
         return total
 
@@ -156,8 +156,8 @@ for _prim_id, _fns in _vjp.partials.items():
 def _binary(prim_id, fwd):
     """fwd(a, b, ta, tb, out) on a and b as tensors (numbers made 0-dim tensors of out's dtype)
     and ta, tb as out-shaped tangents or None."""
-    def rule(res, t):
-        (a, b), out = res.args, res.out
+    def rule(call, t):
+        (a, b), out = call.args, call.out
         return fwd(_scalar(a, out), _scalar(b, out), _like(t[0], out), _like(t[1], out), out)
 
     rule.__name__ = f"_{prim_id.name.lower()}_jvp"
@@ -192,18 +192,18 @@ def _ones(like):
     return prims.full(tuple(like.shape), 1.0, device=like.device, dtype=like.dtype)
 
 
-defjvp(PrimIDs.SUM)(lambda res, t: prims.sum(t[0], res.args[1]))
+defjvp(PrimIDs.SUM)(lambda call, t: prims.sum(t[0], call.args[1]))
 # the derivative of prod (product of the other elements, exact at zeros) and of amax/amin (ties
 # share equally, as in torch) is the vjp rule's cotangent for an output cotangent of ones
-defjvp(PrimIDs.PROD)(lambda res, t: _contract(t[0], _vjp._prod_vjp(res, _ones(res.out))[0], _reduced(*res.args)))
-defjvp(PrimIDs.AMAX, PrimIDs.AMIN)(lambda res, t: _contract(
-    t[0], _vjp._extremum_reduction_vjp(res, _ones(res.out))[0], _reduced(*res.args)))
+defjvp(PrimIDs.PROD)(lambda call, t: _contract(t[0], _vjp._prod_vjp(call, _ones(call.out))[0], _reduced(*call.args)))
+defjvp(PrimIDs.AMAX, PrimIDs.AMIN)(lambda call, t: _contract(
+    t[0], _vjp._extremum_reduction_vjp(call, _ones(call.out))[0], _reduced(*call.args)))
 
 
-def _var_jvp(res, var, t):
+def _var_jvp(call, var, t):
     """var' = sum(2 (a - mean) t) / (n - correction)."""
-    a, dims = res.args
-    weights = _vjp._var_mean_vjp(a, dims, res.arg("correction"), _ones(var), None)
+    a, dims = call.args
+    weights = _vjp._var_mean_vjp(a, dims, call.arg("correction"), _ones(var), None)
     return _contract(t, weights, _reduced(a, dims))
 
 
@@ -212,15 +212,15 @@ def _mean_jvp(a, dims, t):
     return prims.div(prims.sum(t, dims), math.prod(a.shape[d] for d in dims)) if dims else t
 
 
-defjvp(PrimIDs.VAR)(lambda res, t: _var_jvp(res, res.out, t[0]))
-defjvp(PrimIDs.VAR_MEAN)(lambda res, t: (_var_jvp(res, res.out[0], t[0]), _mean_jvp(*res.args, t[0])))
+defjvp(PrimIDs.VAR)(lambda call, t: _var_jvp(call, call.out, t[0]))
+defjvp(PrimIDs.VAR_MEAN)(lambda call, t: (_var_jvp(call, call.out[0], t[0]), _mean_jvp(*call.args, t[0])))
 
 
 # -- linear in their first argument: the prim applied to the tangent -----------------------
 def _linear(*prim_ids):
     for pid in prim_ids:
-        def rule(res, t, prim=getattr(prims, pid.name.lower())):
-            return prim(t[0], *res.args[1:], **res.kwargs)
+        def rule(call, t, prim=getattr(prims, pid.name.lower())):
+            return prim(t[0], *call.args[1:], **call.kwargs)
 
         rule.__name__ = f"_{pid.name.lower()}_jvp"
         defjvp(pid)(rule)
@@ -229,38 +229,38 @@ def _linear(*prim_ids):
 _linear(PrimIDs.BROADCAST_IN_DIM, PrimIDs.RESHAPE, PrimIDs.TRANSPOSE, PrimIDs.SLICE, PrimIDs.SQUEEZE, PrimIDs.FLIP,
         PrimIDs.TAKE, PrimIDs.TAKE_ALONG_AXIS, PrimIDs.DEVICE_PUT, PrimIDs.CUMSUM)
 # the padding value is a number: its tangent is zero
-defjvp(PrimIDs.PAD)(lambda res, t: prims.pad(t[0], 0.0, res.args[2]))
+defjvp(PrimIDs.PAD)(lambda call, t: prims.pad(t[0], 0.0, call.args[2]))
 defjvp(PrimIDs.CONVERT_ELEMENT_TYPE)(
-    lambda res, t: prims.convert_element_type(t[0], res.args[1]) if _is_float_tensor(res.out) else None)
+    lambda call, t: prims.convert_element_type(t[0], call.args[1]) if _is_float_tensor(call.out) else None)
 
 
 @defjvp(PrimIDs.CAT)
-def _cat_jvp(res, t):
-    tensors, dim = res.args
+def _cat_jvp(call, t):
+    tensors, dim = call.args
     if all(x is None for x in t[0]):
         return None
     return prims.cat([_or_zeros(x, a) for x, a in zip(t[0], tensors)], dim)
 
 
-defjvp(PrimIDs.SCATTER_ADD)(lambda res, t: prims.scatter_add(
-    _or_zeros(t[0], res.args[0]), res.args[1], _or_zeros(t[2], res.args[2]), res.args[3]))
-defjvp(PrimIDs.SCATTER)(lambda res, t: prims.scatter(
-    _or_zeros(t[0], res.args[0]), res.args[1], _or_zeros(t[2], res.args[2]), res.args[3]))
+defjvp(PrimIDs.SCATTER_ADD)(lambda call, t: prims.scatter_add(
+    _or_zeros(t[0], call.args[0]), call.args[1], _or_zeros(t[2], call.args[2]), call.args[3]))
+defjvp(PrimIDs.SCATTER)(lambda call, t: prims.scatter(
+    _or_zeros(t[0], call.args[0]), call.args[1], _or_zeros(t[2], call.args[2]), call.args[3]))
 
 
 # -- linear algebra ----------------------------------------------------------------------
 @defjvp(PrimIDs.MATMUL)
-def _matmul_jvp(res, t):
-    (a, b), (ta, tb) = res.args, t
+def _matmul_jvp(call, t):
+    (a, b), (ta, tb) = call.args, t
     return _add(None if ta is None else prims.matmul(ta, b), None if tb is None else prims.matmul(a, tb))
 
 
 # -- scans and sorting ---------------------------------------------------------------------
 @defjvp(PrimIDs.CUMPROD)
-def _cumprod_jvp(res, t):
+def _cumprod_jvp(call, t):
     """out_i = prod_{k<=i} a_k, so out'_i = sum_{j<=i} cumprod(a with a_j replaced by t_j)_i:
     exact at zeros (no division), at O(n^2) memory along dim. A new axis j is put before dim."""
-    a, dim = res.args
+    a, dim = call.args
     if a.ndim == 0:
         return t[0]
     d = canonical_dim(dim, a.ndim)
@@ -273,10 +273,10 @@ def _cumprod_jvp(res, t):
     return prims.sum(prims.where(prims.le(j, k), prims.cumprod(replaced, d + 1), 0.0), (d,))
 
 
-def _selected_jvp(res, t):
+def _selected_jvp(call, t):
     """sort and topk pick elements of a: the values' tangent is the tangent at the picked places."""
-    a, dim = res.args[0], res.args[2 if len(res.args) == 5 else 1]
-    values = t[0] if a.ndim == 0 else prims.take_along_axis(t[0], res.out[1], canonical_dim(dim, a.ndim))
+    a, dim = call.args[0], call.args[2 if len(call.args) == 5 else 1]
+    values = t[0] if a.ndim == 0 else prims.take_along_axis(t[0], call.out[1], canonical_dim(dim, a.ndim))
     return values, None
 
 
@@ -290,8 +290,8 @@ defjvp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_jvp)
 def _diagonal_jvp_from_vjp(symbol_id):
     vjp = _vjp.vjp_rules[symbol_id].bwd
 
-    def fwd(res, tangents):
-        return None if not tangents or tangents[0] is None else vjp(res, tangents[0])[0]
+    def fwd(call, tangents):
+        return None if not tangents or tangents[0] is None else vjp(call, tangents[0])[0]
 
     fwd.__name__ = fwd.__qualname__ = f"{vjp.__name__}_as_jvp"
     register_jvp(symbol_id, JVPRule(fwd))
@@ -313,13 +313,13 @@ def _reduction_jvp_from_vjp(symbol_id):
     the slice of derivative times tangent. torch's masks (the norm of zero) come along."""
     vjp = _vjp.vjp_rules[symbol_id].bwd
 
-    def fwd(res, tangents):
+    def fwd(call, tangents):
         t = tangents[0] if tangents else None
         if t is None:
             return None
-        x, out = res.args[0], res.out
-        d = vjp(res, prims.full(tuple(out.shape), 1.0, device=out.device, dtype=out.dtype))[0]
-        return prims.reshape(prims.sum(prims.mul(d, t), reduction_dims(x, res.arg("dim"))), tuple(out.shape))
+        x, out = call.args[0], call.out
+        d = vjp(call, prims.full(tuple(out.shape), 1.0, device=out.device, dtype=out.dtype))[0]
+        return prims.reshape(prims.sum(prims.mul(d, t), reduction_dims(x, call.arg("dim"))), tuple(out.shape))
 
     fwd.__name__ = fwd.__qualname__ = f"{vjp.__name__}_as_jvp"
     register_jvp(symbol_id, JVPRule(fwd))

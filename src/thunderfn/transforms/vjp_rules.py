@@ -1,5 +1,5 @@
-"""Reverse-mode rules for prims: `vjp_rules[prim id].bwd(res, g)` is the cotangent of each
-positional argument of the prim, given `res`, the prim's RecordedCall (its arguments and
+"""Reverse-mode rules for prims: `vjp_rules[prim id].bwd(call, g)` is the cotangent of each
+positional argument of the prim, given `call`, the prim's RecordedCall (its arguments and
 output), and the cotangent `g` of its output.
 
 Rules are written in the torch language (`ltorch.mul`, `ltorch.sum`, `ltorch.expand`), the
@@ -71,7 +71,7 @@ class RecordedCall(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class VJPRule:
-    """How reverse mode differentiates one symbol: `bwd(res, g)` is the cotangent of each
+    """How reverse mode differentiates one symbol: `bwd(call, g)` is the cotangent of each
     positional argument (the conventions above). `applies(*args, **kwargs) -> bool`, when
     given, restricts the rule to some calls of a composite symbol: the others are
     differentiated through the symbol's decomposition."""
@@ -138,14 +138,14 @@ def refuse_complex(mode: str, prim_id, args) -> None:
 
 
 def defvjp(*prim_ids, applies=None):
-    """Register the decorated `bwd(res, g)` as the rule of each prim id (or torch-language
+    """Register the decorated `bwd(call, g)` as the rule of each prim id (or torch-language
     symbol id), refusing complex arguments; `applies` as in VJPRule."""
     def register(bwd):
-        def checked(res: RecordedCall, g):
-            refuse_complex("vjp", prim_ids[0], res.args)
+        def checked(call: RecordedCall, g):
+            refuse_complex("vjp", prim_ids[0], call.args)
             if g is None or (isinstance(g, tuple) and all(x is None for x in g)):
-                return (None,) * len(res.args)  # nothing flows back (an integer output, say)
-            return bwd(res, g)
+                return (None,) * len(call.args)  # nothing flows back (an integer output, say)
+            return bwd(call, g)
 
         checked.__name__ = checked.__qualname__ = bwd.__name__
         checked.__doc__ = bwd.__doc__
@@ -382,8 +382,8 @@ partials = {
 def vjp_from_partials(fns) -> Callable:
     """The VJP rule of an elementwise prim with these partials (one per positional input): each float
     tensor input gets its partial at g, summed back to its shape; nothing for a non-float output."""
-    def rule(res, g):
-        args, out = res.args, res.out
+    def rule(call, g):
+        args, out = call.args, call.out
         if not _is_float_tensor(out):
             return (None,) * len(args)
         cts = []
@@ -391,7 +391,7 @@ def vjp_from_partials(fns) -> Callable:
             if partial is None or not _is_float_tensor(arg):
                 cts.append(None)
                 continue
-            d = partial(g, *args, out, **res.kwargs)
+            d = partial(g, *args, out, **call.kwargs)
             cts.append(_zeros(arg) if d is ZERO else _ct(d, arg))
         return tuple(cts)
 
@@ -404,16 +404,16 @@ for _prim_id, _fns in partials.items():
 
 # -- reductions --------------------------------------------------------------------------
 @defvjp(PrimIDs.SUM)
-def _sum_vjp(res, g):
-    a, dims = res.args
+def _sum_vjp(call, g):
+    a, dims = call.args
     return (_unreduce(g, a, _reduced(a, dims)) if _is_float_tensor(a) else None), None
 
 
 @defvjp(PrimIDs.PROD)
-def _prod_vjp(res, g):
+def _prod_vjp(call, g):
     """Product of all the other elements, by exclusive prefix and suffix products (no
     division, so zeros in the input get torch's gradient)."""
-    a, dims = res.args
+    a, dims = call.args
     if not _is_float_tensor(a):
         return None, None
     dims = _reduced(a, dims)
@@ -434,14 +434,14 @@ def _prod_vjp(res, g):
     return ltorch.mul(_unreduce(g, a, dims), ltorch.permute(others, _inverse(perm))), None
 
 
-def _extremum_reduction_vjp(res, g):
+def _extremum_reduction_vjp(call, g):
     """torch (amax, amin) distributes g equally among the elements tied for the extremum;
     where the extremum is NaN no element equals it, and the gradient is NaN, as torch's."""
-    a, dims = res.args
+    a, dims = call.args
     if not _is_float_tensor(a):
         return None, None
     dims = _reduced(a, dims)
-    hit = ltorch.to(ltorch.eq(a, _unreduce(res.out, a, dims)), a.dtype)
+    hit = ltorch.to(ltorch.eq(a, _unreduce(call.out, a, dims)), a.dtype)
     count = ltorch.sum(hit, dims) if dims else hit
     return ltorch.mul(hit, _unreduce(ltorch.div(g, count), a, dims)), None
 
@@ -462,14 +462,14 @@ def _var_mean_vjp(a, dims, correction, g_var, g_mean):
     return da
 
 
-defvjp(PrimIDs.VAR)(lambda res, g: (_var_mean_vjp(*res.args, res.arg("correction"), g, None), None))
-defvjp(PrimIDs.VAR_MEAN)(lambda res, g: (_var_mean_vjp(*res.args, res.arg("correction"), *g), None))
+defvjp(PrimIDs.VAR)(lambda call, g: (_var_mean_vjp(*call.args, call.arg("correction"), g, None), None))
+defvjp(PrimIDs.VAR_MEAN)(lambda call, g: (_var_mean_vjp(*call.args, call.arg("correction"), *g), None))
 
 
 # -- shapes ------------------------------------------------------------------------------
 @defvjp(PrimIDs.BROADCAST_IN_DIM)
-def _broadcast_in_dim_vjp(res, g):
-    a, shape, bdims = res.args
+def _broadcast_in_dim_vjp(call, g):
+    a, shape, bdims = call.args
     if not _is_float_tensor(a):
         return None, None, None
     summed = [d for d in range(len(shape)) if d not in bdims]
@@ -478,31 +478,31 @@ def _broadcast_in_dim_vjp(res, g):
     return (s if symbolic.same_shape(s.shape, a.shape) else ltorch.reshape(s, tuple(a.shape))), None, None
 
 
-defvjp(PrimIDs.RESHAPE)(lambda res, g: (_ct(ltorch.reshape(g, tuple(res.args[0].shape)), res.args[0]), None))
-defvjp(PrimIDs.SQUEEZE)(lambda res, g: (_ct(ltorch.reshape(g, tuple(res.args[0].shape)), res.args[0]), None))
-defvjp(PrimIDs.TRANSPOSE)(lambda res, g: (_ct(ltorch.permute(g, _inverse(res.args[1])), res.args[0]), None))
-defvjp(PrimIDs.FLIP)(lambda res, g: (_ct(ltorch.flip(g, res.args[1]), res.args[0]), None))
+defvjp(PrimIDs.RESHAPE)(lambda call, g: (_ct(ltorch.reshape(g, tuple(call.args[0].shape)), call.args[0]), None))
+defvjp(PrimIDs.SQUEEZE)(lambda call, g: (_ct(ltorch.reshape(g, tuple(call.args[0].shape)), call.args[0]), None))
+defvjp(PrimIDs.TRANSPOSE)(lambda call, g: (_ct(ltorch.permute(g, _inverse(call.args[1])), call.args[0]), None))
+defvjp(PrimIDs.FLIP)(lambda call, g: (_ct(ltorch.flip(g, call.args[1]), call.args[0]), None))
 
 
 @defvjp(PrimIDs.SLICE)
-def _slice_vjp(res, g):
+def _slice_vjp(call, g):
     """A strided slice transposes to interior padding."""
-    a, starts, ends = res.args[:3]
-    strides = res.args[3] if len(res.args) > 3 and res.args[3] is not None else (1,) * a.ndim
+    a, starts, ends = call.args[:3]
+    strides = call.args[3] if len(call.args) > 3 and call.args[3] is not None else (1,) * a.ndim
     if not _is_float_tensor(a):
-        return (None,) * len(res.args)
+        return (None,) * len(call.args)
     config = []
     for n, s, st, m in zip(a.shape, starts, strides, g.shape):
         dilated = m + (m - 1) * (st - 1) if m else 0
         config.append((s, n - s - dilated, st - 1 if m else 0))
-    return (prims.pad(g, 0.0, tuple(config)),) + (None,) * (len(res.args) - 1)
+    return (prims.pad(g, 0.0, tuple(config)),) + (None,) * (len(call.args) - 1)
 
 
 @defvjp(PrimIDs.PAD)
-def _pad_vjp(res, g):
+def _pad_vjp(call, g):
     """Undo low/high padding (negative pads crop, so their negation pads back), then take
     every (interior + 1)-th element."""
-    a, _, config = res.args
+    a, _, config = call.args
     if not _is_float_tensor(a):
         return None, None, None
     unpadded = prims.pad(g, 0.0, tuple((-lo, -hi, 0) for lo, hi, _ in config))
@@ -512,8 +512,8 @@ def _pad_vjp(res, g):
 
 
 @defvjp(PrimIDs.CAT)
-def _cat_vjp(res, g):
-    tensors, dim = res.args
+def _cat_vjp(call, g):
+    tensors, dim = call.args
     d = canonical_dim(dim, tensors[0].ndim)
     cts, start = [], 0
     for t in tensors:
@@ -525,8 +525,8 @@ def _cat_vjp(res, g):
 
 # -- indexing and scattering ---------------------------------------------------------------
 @defvjp(PrimIDs.TAKE)
-def _take_vjp(res, g):
-    a, index, dim = res.args
+def _take_vjp(call, g):
+    a, index, dim = call.args
     if not _is_float_tensor(a):
         return None, None, None
     if a.ndim == 0:
@@ -539,8 +539,8 @@ def _take_vjp(res, g):
 
 
 @defvjp(PrimIDs.TAKE_ALONG_AXIS)
-def _take_along_axis_vjp(res, g):
-    a, index, dim = res.args
+def _take_along_axis_vjp(call, g):
+    a, index, dim = call.args
     if not _is_float_tensor(a):
         return None, None, None
     if a.ndim == 0:  # every index is 0: each element of g is a
@@ -549,16 +549,16 @@ def _take_along_axis_vjp(res, g):
 
 
 @defvjp(PrimIDs.SCATTER_ADD)
-def _scatter_add_vjp(res, g):
-    a, index, value, dim = res.args
+def _scatter_add_vjp(call, g):
+    a, index, value, dim = call.args
     return _ct(g, a), None, _ct(ltorch.gather(g, dim, index), value), None
 
 
 @defvjp(PrimIDs.SCATTER)
-def _scatter_vjp(res, g):
+def _scatter_vjp(call, g):
     """Overwritten positions of `a` get no cotangent; every index reads g back into
     `value`, duplicates included (as torch's gather does)."""
-    a, index, value, dim = res.args
+    a, index, value, dim = call.args
     if not _is_float_tensor(a):
         return None, None, None, None
     return ltorch.scatter(g, dim, index, _zeros(value)), None, ltorch.gather(g, dim, index), None
@@ -566,12 +566,12 @@ def _scatter_vjp(res, g):
 
 # -- conversions -------------------------------------------------------------------------
 @defvjp(PrimIDs.CONVERT_ELEMENT_TYPE)
-def _convert_element_type_vjp(res, g):
-    a = res.args[0]
-    return (_to(g, a.dtype) if _is_float_tensor(a) and _is_float_tensor(res.out) else None), None
+def _convert_element_type_vjp(call, g):
+    a = call.args[0]
+    return (_to(g, a.dtype) if _is_float_tensor(a) and _is_float_tensor(call.out) else None), None
 
 
-defvjp(PrimIDs.DEVICE_PUT)(lambda res, g: (_ct(ltorch.to(g, res.args[0].device), res.args[0]), None))
+defvjp(PrimIDs.DEVICE_PUT)(lambda call, g: (_ct(ltorch.to(g, call.args[0].device), call.args[0]), None))
 
 
 # -- linear algebra ----------------------------------------------------------------------
@@ -580,10 +580,10 @@ def _matrix_transpose(x):
 
 
 @defvjp(PrimIDs.MATMUL)
-def _matmul_vjp(res, g):
+def _matmul_vjp(call, g):
     """Promote vectors to matrices (a to a row, b to a column), take the matrix rule, sum
     over the batch dims broadcasting added, and drop the promoted dims again."""
-    a, b = res.args
+    a, b = call.args
     if not _is_float_tensor(a):
         return None, None
     if a.ndim == 1 and b.ndim == 1:
@@ -599,36 +599,36 @@ def _matmul_vjp(res, g):
 
 # -- scans and sorting ---------------------------------------------------------------------
 @defvjp(PrimIDs.CUMSUM)
-def _cumsum_vjp(res, g):
-    a, dim = res.args
+def _cumsum_vjp(call, g):
+    a, dim = call.args
     if not _is_float_tensor(a):
         return None, None
     return (g if a.ndim == 0 else _rev_cumsum(g, canonical_dim(dim, a.ndim))), None
 
 
 @defvjp(PrimIDs.CUMPROD)
-def _cumprod_vjp(res, g):
+def _cumprod_vjp(call, g):
     """torch computes this gradient at run time. With zeros in the input, an exact gradient
     needs the position of the first zero, which traceable ops only give to first order (a
     second derivative would be wrong at that zero); run by torch, first order is exact and a
     second differentiation is refused (torch_vjp has no rule) instead of silently wrong."""
-    a, dim = res.args
+    a, dim = call.args
     if not _is_float_tensor(a):
         return None, None
     (ct,) = torch_vjp_op(prim_impls[PrimIDs.CUMPROD], (a, dim), {}, (g,), (0,), None)
     return ct, None
 
 
-def _selected_vjp(res, g):
+def _selected_vjp(call, g):
     """sort and topk pick elements of a: their value cotangent goes back to the picked places."""
-    a, dim = res.args[0], res.args[2 if len(res.args) == 5 else 1]
+    a, dim = call.args[0], call.args[2 if len(call.args) == 5 else 1]
     g_values = g[0]
     if g_values is None or not _is_float_tensor(a):
-        return (None,) * len(res.args)
+        return (None,) * len(call.args)
     if a.ndim == 0:
-        return (g_values,) + (None,) * (len(res.args) - 1)
+        return (g_values,) + (None,) * (len(call.args) - 1)
     d = canonical_dim(dim, a.ndim)
-    return (ltorch.scatter_add(_zeros(a), d, res.out[1], g_values),) + (None,) * (len(res.args) - 1)
+    return (ltorch.scatter_add(_zeros(a), d, call.out[1], g_values),) + (None,) * (len(call.args) - 1)
 
 
 defvjp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_vjp)
