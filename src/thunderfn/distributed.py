@@ -94,7 +94,28 @@ def ddp(module: torch.nn.Module, *, bucket_size_in_mb: float = 25.0, broadcast_f
     A collective: every rank calls it. Checks that all ranks hold the same parameters, copies
     rank `broadcast_from`'s parameters and buffers to the others, and returns the module
     itself, marked; `tf.jit(module)` then averages its parameters' gradients over the ranks
-    in the backward, in buckets of about `bucket_size_in_mb`."""
+    in the backward, in buckets of about `bucket_size_in_mb`.
+
+    Needs torch.distributed's default process group initialized (`process_group` picks
+    another group to work in), else a DistributedError saying to call init_process_group. A
+    module prepared twice, one already jitted or one wrapped in DistributedDataParallel is a
+    DistributedError too (write `tf.jit(tf.distributed.ddp(model))`). Every rank must then call
+    the jitted module the same number of times with the same shapes. The all-reduces start
+    asynchronously as each bucket's gradients are produced (tf.last_backward_traces shows
+    them); `tf.distributed.no_sync(module)` skips them while accumulating micro-batches.
+
+        >>> import socket, torch, torch.distributed as dist, thunderfn as tf
+        >>> with socket.socket() as s:  # a free port, for this one-process example's group
+        ...     _ = s.bind(("127.0.0.1", 0))
+        ...     port = s.getsockname()[1]
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+        >>> model = torch.nn.Linear(4, 2)
+        >>> jitted = tf.jit(tf.distributed.ddp(model))
+        >>> jitted(torch.randn(8, 4)).pow(2).mean().backward()  # model.weight.grad: averaged over ranks
+        >>> "dist_all_reduce(" in str(tf.last_backward_traces(jitted)[-1])
+        True
+        >>> dist.destroy_process_group()
+    """
     if not bucket_size_in_mb > 0:
         raise ArgumentValueError(f"bucket_size_in_mb must be positive, got {bucket_size_in_mb}")
     world = _prepare(module, "ddp", broadcast_from, process_group)
@@ -177,7 +198,27 @@ def fsdp(module: torch.nn.Module, *, sharding_strategy: str = "FULL_SHARD", buck
     "SHARD_GRAD_OP" keeps it from the forward to the backward. Buffers stay whole (broadcast).
     `bucketing`: "none", one all_gather (and one reduce_scatter) per parameter, or "module", one
     for all the parameters each submodule holds itself (a Linear's weight and bias): fewer,
-    larger collectives. The module computes only under tf.jit from then on."""
+    larger collectives. The module computes only under tf.jit from then on.
+
+    Returns the module itself. Its `parameters()` are the flat shards, so an ordinary torch
+    optimizer made afterwards steps them; full_parameters and full_state_dict rebuild the
+    whole ones. It needs a process group, as ddp does; an unknown sharding_strategy or
+    bucketing is an ArgumentValueError.
+
+        >>> import socket, torch, torch.distributed as dist, thunderfn as tf
+        >>> with socket.socket() as s:  # a free port, for this one-process example's group
+        ...     _ = s.bind(("127.0.0.1", 0))
+        ...     port = s.getsockname()[1]
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+        >>> model = tf.distributed.fsdp(torch.nn.Linear(4, 3))
+        >>> {name: tuple(p.shape) for name, p in model.named_parameters()}  # one rank: all of it, flat
+        {'weight': (12,), 'bias': (3,)}
+        >>> jitted = tf.jit(model)
+        >>> jitted(torch.randn(8, 4)).sum().backward()
+        >>> model.weight.grad.shape  # the gradient of this rank's shard
+        torch.Size([12])
+        >>> dist.destroy_process_group()
+    """
     if sharding_strategy not in STRATEGIES:
         raise ArgumentValueError(f"sharding_strategy must be one of {STRATEGIES}, got {sharding_strategy!r}")
     if bucketing not in BUCKETING:
@@ -233,7 +274,26 @@ def _sharding(module) -> tuple[torch.nn.Module, Sharded]:
 
 
 def full_parameters(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter whole, by name (a collective: every rank calls it and gets all of them)."""
+    """Every parameter whole, by name (a collective: every rank calls it and gets all of them).
+
+    For a module prepared with tf.distributed.fsdp (another is a DistributedError): each
+    parameter's shards are gathered from the ranks and reshaped to the parameter's original
+    shape. For a checkpoint with the buffers too, use tf.distributed.full_state_dict.
+
+        >>> import socket, torch, torch.distributed as dist, thunderfn as tf
+        >>> with socket.socket() as s:  # a free port, for this one-process example's group
+        ...     _ = s.bind(("127.0.0.1", 0))
+        ...     port = s.getsockname()[1]
+        >>> dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+        >>> linear = torch.nn.Linear(4, 3)
+        >>> weight = linear.weight.detach().clone()
+        >>> model = tf.distributed.fsdp(linear)
+        >>> full = tf.distributed.full_parameters(model)
+        >>> {name: tuple(p.shape) for name, p in full.items()}
+        {'weight': (3, 4), 'bias': (3,)}
+        >>> torch.testing.assert_close(full["weight"], weight)
+        >>> dist.destroy_process_group()
+    """
     inner, config = _sharding(module)
     with torch.no_grad():
         return {name: collectives.unshard(shard.detach(), shape, config.group_id)

@@ -426,7 +426,28 @@ def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=
     """`module(*args, **kwargs)` with the given tensors in place of its parameters and buffers
     (by name; the rest are the module's own): torch.func.functional_call, which thunderfn traces
     (torch/nn_modules.py), except that a name the module does not have is an error, not ignored.
-    Tied weights (one tensor under several names) all take the value given for any of them."""
+    Tied weights (one tensor under several names) all take the value given for any of them.
+
+    `parameters_and_buffers`: {name as in module.named_parameters()/named_buffers(): tensor};
+    `args`: a tuple of positional arguments (a single non-tuple value is taken as the one
+    argument); `kwargs`: a dict. Returns the module's output. The module itself is left
+    unchanged. Its use is making a module a function of its parameters, for tf.grad, tf.vmap
+    (ensembles, per-example gradients) and tf.jacrev; an unknown name is an
+    ArgumentValueError naming it.
+
+        >>> import torch, thunderfn as tf
+        >>> model = torch.nn.Linear(3, 1)
+        >>> params = {name: p.detach() for name, p in model.named_parameters()}
+        >>> def loss(params, x):
+        ...     return tf.functional_call(model, params, (x,)).pow(2).mean()
+        >>> grads = tf.grad(loss)(params, torch.randn(5, 3))
+        >>> {name: tuple(g.shape) for name, g in grads.items()}
+        {'weight': (1, 3), 'bias': (1,)}
+        >>> tf.functional_call(model, {"wieght": torch.zeros(1, 3)}, (torch.randn(5, 3),))
+        Traceback (most recent call last):
+        ...
+        thunderfn.errors.ArgumentValueError: functional_call: Linear has no parameters or buffers named ['wieght']
+    """
     named = {name for name, _ in module.named_parameters(remove_duplicate=False)}
     named.update(name for name, _ in module.named_buffers(remove_duplicate=False))
     unknown = set(parameters_and_buffers) - named

@@ -77,7 +77,32 @@ class PrimIDs(enum.Enum):
 
 def make_prim(id, name: str, *, meta: Callable, tags: Sequence = ()) -> Symbol:
     """Define a prim: `id` (a PrimIDs member or any hashable), `name` (an identifier,
-    printed as prims.<name>), `meta` (proxies in, output proxies out)."""
+    printed as prims.<name>), `meta` (proxies in, output proxies out).
+
+    A prim is an operation thunderfn does not decompose: for an operation that has no
+    decomposition into existing prims (most new operations are better written as a
+    torch-language symbol, see tf.torch.torchsymbol). `meta(*args, **kwargs)` receives
+    TensorProxy objects and Python values, checks them as torch would (thunderfn.prims.check)
+    and returns the output proxies. `tags`: properties transforms read ("random", ...).
+    Returns the Symbol, also set as `thunderfn.prims.<name>`; a name that is not an identifier
+    is an ArgumentValueError. It runs nowhere until an executor implements it, usually torch's:
+    `tf.executors.torch_ex.register_prim(prim, fn)`; it is differentiable once it has a VJP
+    rule (thunderfn.transforms.vjp_rules.defvjp), batchable once it has a batching rule.
+
+        >>> import torch, thunderfn as tf
+        >>> from thunderfn.testing.registries import RegistrySnapshot
+        >>> snapshot = RegistrySnapshot()  # to undo this example's registrations at its end
+        >>> def cube_meta(a):
+        ...     return tf.TensorProxy(shape=a.shape, dtype=a.dtype, device=a.device)
+        >>> cube = tf.prims.make_prim("docs.cube", "cube", meta=cube_meta)
+        >>> tf.executors.torch_ex.register_prim(cube, lambda a: a ** 3)
+        >>> x = torch.tensor([1.0, 2.0])
+        >>> [bsym.sym for bsym in tf.trace(lambda x: cube(x) + 1, x).bound_symbols]
+        [[Symbol name=prims.cube], [Symbol name=ltorch.add]]
+        >>> cube(x)
+        tensor([1., 8.])
+        >>> snapshot.restore()
+    """
     if not (isinstance(name, str) and name.isidentifier()):
         raise ArgumentValueError(f"a prim's name must be a Python identifier, got {name!r}")
     sym = Symbol(name, id, meta=meta, is_prim=True, print_name=f"prims.{name}",

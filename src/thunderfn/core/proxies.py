@@ -36,6 +36,23 @@ class TensorProxy(Proxy):
     ``constant`` holds the real tensor when the proxy stands for a tensor the traced
     function closed over (a captured weight): generated code reads it by reference,
     so in-place updates to it (optimizer steps) are seen on every call.
+
+    While tf.jit, tf.trace or a transform traces a function, the function receives
+    TensorProxy objects in place of its tensors: they support the torch operations and tensor
+    methods thunderfn knows (each records a statement) and answer metadata questions
+    (`.shape`, `.dtype`, `.ndim`, `.numel()`), but hold no values, so anything that needs a value
+    (`if x.sum() > 0`, `x.item()`) raises ConcretizationError saying what to do instead. They
+    are not torch.Tensor instances. A prim's meta function receives proxies and returns new
+    ones for its outputs (`TensorProxy(shape=..., dtype=..., device=...)` or
+    `TensorProxy.like(x)`); a proxy without a given name can only be made while a trace is being
+    built.
+
+        >>> import torch, thunderfn as tf
+        >>> def f(x):
+        ...     print(x, x.shape, x.dtype)
+        ...     return x * 2
+        >>> _ = tf.trace(f, torch.ones(2, 3))
+        <TensorProxy name=x "cpu f32[2, 3]"> torch.Size([2, 3]) torch.float32
     """
 
     __slots__ = ("shape", "dtype", "device", "requires_grad", "constant", "origin", "alias")

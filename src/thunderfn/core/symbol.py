@@ -35,7 +35,25 @@ class DecompositionUnavailable(Exception):
 @dataclasses.dataclass(eq=False)
 class Symbol:
     """An operation. ``print_name`` is how generated code calls it (``prims.add``,
-    ``torch.add``); ``namespace`` binds the names that expression needs."""
+    ``torch.add``); ``namespace`` binds the names that expression needs.
+
+    Every statement of a trace calls a Symbol: a prim (`is_prim`, made with
+    tf.prims.make_prim: a `meta` function says its outputs' shapes and dtypes), a
+    torch-language symbol (made with tf.torch.torchsymbol: its body `fn` is recorded as its
+    decomposition, and `torch_fn` is the torch callable it mirrors), or an executor's
+    operator. `id` (a PrimIDs member, "torch.sin", ...) is what the rule tables (VJP, JVP,
+    batching, executors' lowerings) are keyed by. Called while tracing, a symbol records a
+    BoundSymbol; called on real tensors, a prim runs its eager implementation and a composite
+    runs its decomposition. Symbols are made by those functions, not by hand.
+
+        >>> import torch, thunderfn as tf
+        >>> tf.torch.sin, tf.torch.sin.id, tf.torch.sin.is_prim
+        ([Symbol name=ltorch.sin], 'torch.sin', False)
+        >>> tf.prims.sin, tf.prims.sin.is_prim
+        ([Symbol name=prims.sin], True)
+        >>> tf.torch.sin(torch.zeros(2))  # outside a trace: computes
+        tensor([0., 0.])
+    """
 
     name: str
     id: Any
@@ -108,6 +126,26 @@ def set_eager_composite(fn) -> None:
 
 @dataclasses.dataclass(eq=False)
 class BoundSymbol:
+    """One statement of a trace: a Symbol called on arguments, with its output.
+
+    `sym`: the Symbol called; `args` and `kwargs`: its arguments as recorded (TensorProxy
+    objects for tensors, Python values as given); `output`: a TensorProxy or a pytree of them;
+    `subsymbols`: the BoundSymbols of its decomposition (empty for a prim), which print
+    indented below it. `flat_args()`, `proxy_args()` and `proxy_outs()` list its leaves, its
+    tensor inputs and its tensor outputs. `str(bsym)` is the statement as the trace prints it.
+    Transforms and executors read and rewrite traces through these; they are made by tracing.
+
+        >>> import torch, thunderfn as tf
+        >>> mul = tf.trace(lambda x: torch.sin(x) * 2, torch.ones(3)).bound_symbols[1]
+        >>> mul.sym, mul.args, mul.output
+        ([Symbol name=ltorch.mul], (<TensorProxy name=t0 "cpu f32[3]">, 2), <TensorProxy name=t1 "cpu f32[3]">)
+        >>> print(mul)
+        t1 = ltorch.mul(t0, 2)  # t1: "cpu f32[3]"
+          # t1 = prims.mul(t0, 2)  # t1: "cpu f32[3]"
+        >>> [sub.sym for sub in mul.subsymbols]
+        [[Symbol name=prims.mul]]
+    """
+
     sym: Symbol
     args: tuple
     kwargs: dict

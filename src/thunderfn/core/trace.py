@@ -28,6 +28,26 @@ from thunderfn.errors import ArgumentRuntimeError, EscapedProxyError, Unsupporte
 
 
 class Trace:
+    """A recorded program: the inputs, the bound symbols (statements) in order, and the output.
+
+    What tf.trace returns and what tf.last_traces lists (one Trace per pass: the traced
+    computation, then each transform's and the executors' result). The parts a user reads:
+    `args` (the input TensorProxy objects, in call order), `bound_symbols` (a list of
+    BoundSymbol), `output` (a pytree of proxies and constants) and `provenance` (which pass
+    made it, printed on the first line). `str(trace)` is runnable Python source, the trace's
+    debugging interface; `python_callable()` compiles it into a function of real tensors.
+    Traces are built by tracing, not by hand.
+
+        >>> import torch, thunderfn as tf
+        >>> trc = tf.trace(lambda x: torch.cos(x).sum(), torch.ones(3))
+        >>> trc.args, trc.output
+        ([<TensorProxy name=x "cpu f32[3]">], <TensorProxy name=t1 "cpu f32[]">)
+        >>> [str(bsym).splitlines()[0] for bsym in trc.bound_symbols]
+        ['t0 = ltorch.cos(x)  # t0: "cpu f32[3]"', 't1 = ltorch.sum(t0)  # t1: "cpu f32[]"']
+        >>> trc.python_callable()(torch.zeros(3))
+        tensor(3.)
+    """
+
     def __init__(self, fn_name: str = "computation", *, names: context.NamePool | None = None):
         self.fn_name = fn_name  # the traced function, named in error messages
         self.def_name = "computation"  # the function str(trace) defines
@@ -417,9 +437,31 @@ def _unbound_tensor_method(e: TypeError, fn_name: str) -> UnsupportedOpError:
 
 
 def trace(fn, /, *args, **kwargs) -> Trace:
-    """The computation trace of fn applied to these arguments (like jax.make_jaxpr).
+    """The computation trace of fn applied to these arguments (like jax.make_jaxpr): a Trace.
 
-    Tensors anywhere in the argument pytrees become inputs; other values are baked in.
+    Tensors anywhere in the argument pytrees (positional and keyword) become the trace's
+    inputs, TensorProxy objects with their shapes, dtypes and devices; other values (numbers,
+    strings, None) are baked in as constants. fn runs once, on proxies, and each torch call it
+    makes is recorded as a bound symbol of the torch language (`ltorch`), whose decomposition
+    into prims prints indented below it. Nothing is computed and nothing is compiled: this is
+    the trace tf.jit starts from, before transforms and executors (see tf.last_traces for
+    the traces a jitted function runs). Printed, the trace is the Python function it stands for.
+
+        >>> import torch, thunderfn as tf
+        >>> trc = tf.trace(lambda x, n: torch.sin(x) * n, torch.ones(2, 3), 2.0)
+        >>> print(trc)
+        # Constructed by Tracing (took ... milliseconds)
+        import thunderfn.torch as ltorch
+        <BLANKLINE>
+        def computation(x):
+          # x: "cpu f32[2, 3]"
+          t0 = ltorch.sin(x)  # t0: "cpu f32[2, 3]"
+            # t0 = prims.sin(x)  # t0: "cpu f32[2, 3]"
+          t1 = ltorch.mul(t0, 2.0)  # t1: "cpu f32[2, 3]"
+            # t1 = prims.mul(t0, 2.0)  # t1: "cpu f32[2, 3]"
+          return t1
+        >>> [bsym.sym.name for bsym in trc.bound_symbols]
+        ['sin', 'mul']
     """
     start = time.perf_counter_ns()
     trc = Trace(getattr(fn, "__name__", "computation"))

@@ -24,6 +24,24 @@ _defaults: list[Executor] = []
 
 
 def register_executor(ex: Executor, *, replace: bool = False) -> Executor:
+    """Make `ex` known by its name, so that `tf.jit(fn, executors=["name"])`, get_executor and
+    available find it; returns ex.
+
+    Registering does not make it a default (set_default_executors, add_default_executor do),
+    and tf.jit also takes an unregistered Executor object in its executors list. Another
+    executor already registered under the same name is an ArgumentValueError unless
+    `replace=True`. deregister_executor(ex) forgets it again.
+
+        >>> import thunderfn as tf
+        >>> ex = tf.executors.register_executor(tf.executors.OperatorExecutor("docs_example_ex"))
+        >>> tf.executors.get_executor("docs_example_ex") is ex
+        True
+        >>> tf.executors.register_executor(tf.executors.OperatorExecutor("docs_example_ex"))
+        Traceback (most recent call last):
+        ...
+        thunderfn.errors.ArgumentValueError: an executor named 'docs_example_ex' is already registered (pass replace=True to replace it)
+        >>> tf.executors.deregister_executor(ex)
+    """
     if ex.name in _registry and _registry[ex.name] is not ex and not replace:
         raise ArgumentValueError(f"an executor named '{ex.name}' is already registered (pass replace=True to replace it)")
     _registry[ex.name] = ex
@@ -31,6 +49,17 @@ def register_executor(ex: Executor, *, replace: bool = False) -> Executor:
 
 
 def get_executor(name: str) -> Executor:
+    """The registered executor named `name`; an unknown name is an ArgumentValueError listing
+    the registered ones (tf.executors.available() says which can run here).
+
+        >>> import thunderfn as tf
+        >>> tf.executors.get_executor("torch")
+        <TorchExecutor 'torch'>
+        >>> tf.executors.get_executor("no_such_executor")
+        Traceback (most recent call last):
+        ...
+        thunderfn.errors.ArgumentValueError: no executor named 'no_such_executor'; registered: [...]
+    """
     try:
         return _registry[name]
     except KeyError:
@@ -49,10 +78,38 @@ def get_all_executors() -> list[Executor]:
 
 
 def get_default_executors() -> list[Executor]:
+    """The executors tf.jit uses when it is given none, in priority order (a new list: editing
+    it changes nothing; set_default_executors does).
+
+    The torch executor is not among them: jit appends it as the fallback that runs whatever
+    the others do not claim. Out of the box the list holds the fused-attention executor
+    ("sdpa") where it can run.
+
+        >>> import thunderfn as tf
+        >>> defaults = tf.executors.get_default_executors()
+        >>> tf.executors.torch_ex in defaults
+        False
+        >>> [ex.name for ex in defaults]  # doctest: +SKIP
+        ['sdpa']
+    """
     return list(_defaults)
 
 
 def set_default_executors(executors) -> None:
+    """Make `executors` (one executor or a list, each a registered name or an Executor, in
+    priority order) the ones tf.jit uses when given none, for every later compile.
+
+    The whole list is replaced: keep get_default_executors()'s result to restore it (to add
+    one in front, add_default_executor(ex)). The torch fallback is appended by jit and need
+    not be listed. An unknown name is an ArgumentValueError.
+
+        >>> import torch, thunderfn as tf
+        >>> saved = tf.executors.get_default_executors()
+        >>> tf.executors.set_default_executors(["torch_prims"])
+        >>> [ex.name for ex in tf.executors.get_default_executors()]
+        ['torch_prims']
+        >>> tf.executors.set_default_executors(saved)  # restore them
+    """
     _defaults[:] = [resolve_one(e) for e in as_priority_list(executors)]
 
 
@@ -71,7 +128,29 @@ def add_operator_executor(name: str, op_map: dict, *, add_to_default_executors: 
     """An executor from a table `{symbol_id: (operator_name, checker, impl)}` (the seed
     tutorials' form): each symbol is claimed where its checker says yes and runs as an
     operator calling `impl` on real tensors, with the symbol's own metadata and gradient.
-    The executor is registered and, by default, put first among the default executors."""
+    The executor is registered and, by default, put first among the default executors.
+
+    `symbol_id`: a prim's id (tf.prims.PrimIDs.ADD) or a torch-language symbol's ("torch.add"),
+    or the Symbol itself; `checker(*args, **kwargs) -> bool` sees the call's proxies and
+    values; `impl` receives real tensors. Returns the OperatorExecutor. An id no symbol has is
+    an ArgumentValueError. Undo it with deregister_executor(ex) (which also removes it from the
+    defaults).
+
+        >>> import torch, thunderfn as tf
+        >>> def two_row_float32(a, b):
+        ...     return all(isinstance(t, tf.TensorProxy) and t.dtype == torch.float32 and t.ndim == 2
+        ...                and t.shape[0] == 2 for t in (a, b))
+        >>> ex = tf.executors.add_operator_executor(
+        ...     "docs_add_ex", {tf.prims.PrimIDs.ADD: ("docs_add", two_row_float32, torch.add)})
+        >>> tf.executors.get_default_executors()[0] is ex
+        True
+        >>> add = tf.jit(lambda x, y: x + y)
+        >>> x = torch.ones(2, 3)
+        >>> torch.testing.assert_close(add(x, x), x + x)
+        >>> [b.sym.name for b in tf.last_traces(add)[-1].bound_symbols if b.sym.name != "del"]
+        ['docs_add']
+        >>> tf.executors.deregister_executor(ex)  # undo: no longer registered nor a default
+    """
     ex = OperatorExecutor(name)
     for symbol_id, (op_name, checker, impl) in op_map.items():
         sym = _symbol_with_id(symbol_id)
@@ -140,7 +219,18 @@ def with_fusion(executors, fusion) -> list:
 
 
 def available() -> dict[str, str]:
-    """Every registered executor: 'available', or why it cannot run here."""
+    """Every registered executor: 'available', or why it cannot run here.
+
+    Returns {name: "available" or "unavailable: <reason>"}, sorted by name: a library that is
+    not installed, no CUDA device, and what to install. jit refuses an unavailable executor
+    with an ExecutorError giving the same reason.
+
+        >>> import thunderfn as tf
+        >>> tf.executors.available()["torch"]
+        'available'
+        >>> tf.executors.available()  # doctest: +SKIP
+        {..., 'inductor': 'available', ..., 'nvfuser': 'unavailable: nvFuser is not installed ...', ...}
+    """
     out = {}
     for name, ex in sorted(_registry.items()):
         ok, why = ex.availability()

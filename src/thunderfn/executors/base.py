@@ -49,7 +49,34 @@ class Executor:
 
 
 class OperatorExecutor(Executor):
-    """An executor built from operators (callables on real tensors) and lowering rules."""
+    """An executor built from operators (callables on real tensors) and lowering rules.
+
+    `name`: an identifier, how jit's `executors=` and traces name it; `version`: any label.
+    `ex.register_operator(name, like=..., meta=..., fn=...)` makes an operator, a symbol that
+    runs `fn` on real tensors, which traced code can call directly; `like` (the same
+    computation in torch) gives its output metadata and its derivative. `ex.register_lowering(
+    symbol, checker=..., lower=...)` (and the tutorials' `register_implementation`) claims an
+    existing prim or torch symbol wherever `checker` says yes, running `lower` in its place.
+    Pass the executor to `tf.jit(fn, executors=[ex])`, or register it (register_executor) and
+    name it; jit asks executors in priority order and torch runs what none claims.
+
+        >>> import torch, thunderfn as tf
+        >>> ex = tf.executors.OperatorExecutor("docs_mul_ex")
+        >>> my_mul = ex.register_operator("my_mul", like=lambda a, b: a * b, fn=torch.mul)
+        >>> f = tf.jit(lambda x: my_mul(x, x) + 1, executors=[ex])
+        >>> x = torch.tensor([1.0, 2.0])
+        >>> f(x)
+        tensor([2., 5.])
+        >>> [b.sym.name for b in tf.last_traces(f)[-1].bound_symbols if b.sym.name != "del"]
+        ['my_mul', 'torch.add']
+        >>> tf.grad(lambda x: my_mul(x, x).sum())(x)  # differentiated as `like`
+        tensor([2., 4.])
+        >>> ex.register_lowering(tf.torch.mul, lower=my_mul)  # claim every torch.mul
+        >>> g = tf.jit(lambda a, b: a * b, executors=[ex])
+        >>> torch.testing.assert_close(g(x, x), x * x)
+        >>> [b.sym.name for b in tf.last_traces(g)[-1].bound_symbols if b.sym.name != "del"]
+        ['my_mul']
+    """
 
     def __init__(self, name: str, version=None):
         super().__init__(name, version)

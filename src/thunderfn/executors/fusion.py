@@ -108,7 +108,28 @@ class FusionExecutor(Executor):
     """Base for executors that claim regions of fusible bound symbols rather than one symbol
     at a time. A subclass says which bound symbols it can fuse (`can_fuse(bsym)`, asked only
     of symbols the torch executor would run, without effects) and how a region runs
-    (`compile_region(region) -> callable(*region.inputs) -> sequence of region.outputs`)."""
+    (`compile_region(region) -> callable(*region.inputs) -> sequence of region.outputs`).
+
+    Regions are formed along data flow from neighbouring fusible symbols, and one runs as a
+    single statement named `<executor>_fusion_<n>` whose ops print below it; `region.bsyms`,
+    `region.inputs` and `region.outputs` say what it holds and `region.unfused` is a callable
+    running its ops one by one with torch. A region smaller than `min_region_size` (2), or one
+    with no elementwise op or reduction (views, a lone matmul), is left unfused. inductor and nvfuser are
+    FusionExecutors; `tf.jit(fn, fusion=True)` adds Inductor's.
+
+        >>> import torch, thunderfn as tf
+        >>> class PrintsRegions(tf.executors.FusionExecutor):
+        ...     def can_fuse(self, bsym):
+        ...         return True
+        ...     def compile_region(self, region):
+        ...         print("compiling", [b.sym.name for b in region.bsyms])
+        ...         return region.unfused  # a real executor compiles the ops
+        >>> f = tf.jit(lambda x: torch.sin(x).exp() * 2, executors=[PrintsRegions("docs_regions")])
+        >>> torch.testing.assert_close(f(torch.ones(2)), torch.sin(torch.ones(2)).exp() * 2)
+        compiling ['torch.sin', 'torch.exp', 'torch.mul']
+        >>> [b.sym.name for b in tf.last_traces(f)[-1].bound_symbols if b.sym.name != "del"]
+        ['docs_regions_fusion_0']
+    """
 
     min_region_size = 2  # one op gains nothing from a fusing compiler, and costs a compile
     # Whether regions may take in other executors' operators registered as traceable (sdpa's attention

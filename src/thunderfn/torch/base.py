@@ -33,6 +33,31 @@ def torchsymbol(*torch_fns: Callable, name: str | None = None, id=None, tags=())
 
     The symbol prints as ``ltorch.<name>``; its body (written with thunderfn.clang,
     thunderfn.prims or other torch-language symbols) is recorded as its decomposition.
+
+    `torch_fns`: the torch callables (torch.foo, torch.Tensor.foo, torch.nn.functional.foo)
+    that, called while tracing, record this symbol; none makes a symbol only called directly.
+    `name` (default: fn's name) must be an identifier; `id` (default "torch.<name>") is the key
+    of its rules (VJP, batching, executors' lowerings); `tags` as make_prim's. The decorator
+    returns the Symbol (fn's docstring is kept), also set as `thunderfn.torch.<name>`. Transforms
+    differentiate and batch the decomposition unless the symbol has rules of its own; the torch
+    executor runs the whole symbol as the one torch call it mirrors. The body may raise
+    thunderfn.core.symbol.DecompositionUnavailable for a variant it does not decompose: that
+    call is then recorded as an opaque torch op.
+
+        >>> import math, torch, thunderfn as tf
+        >>> from thunderfn.testing.registries import RegistrySnapshot
+        >>> snapshot = RegistrySnapshot()  # to undo this example's registrations at its end
+        >>> @tf.torch.torchsymbol(torch.sinc, torch.Tensor.sinc)
+        ... def sinc(a):
+        ...     zero = a == 0
+        ...     x = tf.torch.where(zero, 1.0, a * math.pi)
+        ...     return tf.torch.where(zero, 1.0, tf.torch.sin(x) / x)
+        >>> t = torch.tensor([-1.5, 0.0, 0.25, 2.0], dtype=torch.float64)
+        >>> [bsym.sym for bsym in tf.trace(torch.sinc, t).bound_symbols]
+        [[Symbol name=ltorch.sinc]]
+        >>> torch.testing.assert_close(tf.grad(lambda t: torch.sinc(t).sum())(t),
+        ...                            torch.func.grad(lambda t: torch.sinc(t).sum())(t))
+        >>> snapshot.restore()
     """
 
     def decorator(fn: Callable) -> Symbol:

@@ -486,9 +486,32 @@ def _zeros_for_none(cts, primal_leaves):
 
 @with_options_form
 def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
-    """(value, gradient) of a scalar-output fn with respect to the positional args in argnums
-    (an int, or a tuple giving a tuple of gradients); each arg may be a pytree of tensors.
-    With has_aux, fn returns (value, aux) and this returns ((value, aux), gradient)."""
+    """A function returning (value, gradient) of a scalar-output fn, from one forward and backward.
+
+    `argnums`: which positional arguments to differentiate with respect to: an int (the gradient
+    is shaped like that argument) or a tuple of ints (a tuple of gradients); negative ints count
+    from the end. Each such argument may be a pytree of floating tensors (the gradient is the same
+    pytree) or a Python float (differentiated as a 0-d tensor of the default dtype). Keyword
+    arguments are passed through and never differentiated. With `has_aux`, fn returns
+    (value, aux) and this returns ((value, aux), gradient); aux is not differentiated.
+
+    As in JAX (unlike torch.autograd.grad), an input the value does not depend on gets a
+    gradient of zeros, not None. fn must return one element (OutputError otherwise: use
+    tf.vjp or tf.jacrev for other outputs); an int or bool argument in argnums is an
+    ArgumentTypeError. Called with real tensors, the transformed function is traced once per
+    input signature and cached, as tf.jit is; it composes with every other transform.
+
+        >>> import torch, thunderfn as tf
+        >>> def loss(w, x):
+        ...     return ((x @ w) ** 2).mean(), w.norm()
+        >>> w, x = torch.ones(3, 2), torch.ones(4, 3)
+        >>> (value, w_norm), (gw, gx) = tf.value_and_grad(loss, argnums=(0, 1), has_aux=True)(w, x)
+        >>> value
+        tensor(9.)
+        >>> gw.shape, gx.shape
+        (torch.Size([3, 2]), torch.Size([4, 3]))
+        >>> torch.testing.assert_close(gw, torch.full((3, 2), 3.0))
+    """
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
 
@@ -519,7 +542,23 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
 
 @with_options_form
 def grad(fn: Callable, argnums=0, has_aux: bool = False):
-    """The gradient of a scalar-output fn (see value_and_grad); with has_aux, (gradient, aux)."""
+    """A function returning the gradient of a scalar-output fn, as jax.grad and torch.func.grad.
+
+    `argnums`: an int (one gradient, shaped like that argument) or a tuple of ints (a tuple of
+    gradients); each differentiated argument may be a pytree of floating tensors or a Python
+    float. With `has_aux`, fn returns (value, aux) and this returns (gradient, aux). The rules
+    are value_and_grad's: fn must return a one-element tensor, an input it does not depend on
+    gets zeros (not None), and the result is compiled and cached per input signature. Nest it
+    for higher derivatives, and wrap it in tf.vmap for per-example gradients.
+
+        >>> import torch, thunderfn as tf
+        >>> x = torch.tensor([0.0, 1.0, 2.0])
+        >>> torch.testing.assert_close(tf.grad(lambda x: torch.sin(x).sum())(x), torch.cos(x))
+        >>> tf.grad(lambda a: a ** 3)(3.0)  # a Python float is differentiated as a 0-d tensor
+        tensor(27.)
+        >>> tf.grad(tf.grad(lambda a: a ** 3))(3.0)
+        tensor(18.)
+    """
     both = value_and_grad(fn, argnums, has_aux)
 
     def transformed(*args, **kwargs):
@@ -561,9 +600,26 @@ def value_without_aux(fn: Callable, has_aux: bool, transform: str = "vjp"):
 
 
 def vjp(fn: Callable, *primals, has_aux: bool = False):
-    """(out, vjp_fn) or (out, vjp_fn, aux): vjp_fn(cotangent pytree like out) returns a tuple
-    with one cotangent per primal (pytrees like the primals). A Python float primal is
-    differentiated as a 0-d tensor (see _float_as_tensor)."""
+    """fn's output at `primals` and its pullback: (out, vjp_fn), or (out, vjp_fn, aux) with has_aux.
+
+    `primals`: fn's positional arguments, each a pytree of floating tensors or a Python float
+    (differentiated as a 0-d tensor). `vjp_fn(cotangents)`, with cotangents a pytree shaped like
+    `out`, returns a tuple with one cotangent per primal (each a pytree like its primal; zeros
+    for a primal `out` does not depend on), as jax.vjp and torch.func.vjp do. With `has_aux`, fn
+    returns (out, aux) and aux is returned as is, not differentiated.
+
+    Called with real tensors, fn runs once, compiled, and saves what its backward needs:
+    calling vjp_fn runs only the backward, as often as you like, and never calls fn again.
+    vjp_fn is an ordinary function of its cotangents, which tf.jit, tf.grad and tf.vjp can trace.
+
+        >>> import torch, thunderfn as tf
+        >>> x = torch.tensor([0.0, 1.0, 2.0])
+        >>> out, vjp_fn = tf.vjp(torch.sin, x)
+        >>> (x_ct,) = vjp_fn(torch.ones(3))
+        >>> torch.testing.assert_close(x_ct, torch.cos(x))
+        >>> (x_ct,) = vjp_fn(torch.tensor([2.0, 0.0, 0.0]))  # again, without re-running sin
+        >>> torch.testing.assert_close(x_ct, torch.tensor([2.0, 0.0, 0.0]))
+    """
     primals = _floats_as_tensors(primals, range(len(primals)))
 
     def split(primals):

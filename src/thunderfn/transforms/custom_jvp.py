@@ -62,7 +62,36 @@ def _zeros_like(x):
 
 
 class custom_jvp:
-    """Give fn a hand-written Jacobian-vector product (see the module docstring)."""
+    """Give fn a hand-written Jacobian-vector product, which every transform uses, as jax.custom_jvp.
+
+    Decorate fn, then decorate the rule with `@f.defjvp`: `rule(*nondiff_args, primals,
+    tangents) -> (out, tangent_out)`, where primals and tangents are tuples of the
+    differentiable arguments (pytrees allowed; a tensor argument without a tangent gets zeros,
+    other values None) and tangent_out has the output's structure and shapes (None for a zero
+    leaf). `nondiff_argnums`: positions of arguments no derivative flows to (Python values,
+    functions), passed to the rule first; `@tf.custom_jvp(nondiff_argnums=(1,))` is the
+    decorator form.
+
+    Forward mode (jvp, jacfwd) calls the rule; reverse mode (grad, vjp, jacrev)
+    differentiates it: the tangent output is linear in the tangents, so its transpose is the
+    vector-Jacobian product, and fn's own derivative is never used. vmap batches fn and the rule
+    together. The forward's primal output is fn's, not the rule's. Called with real tensors
+    outside any transform it is fn, except that where torch.autograd will differentiate the
+    call, it runs jitted so `.backward()` uses the rule too.
+
+        >>> import torch, thunderfn as tf
+        >>> @tf.custom_jvp
+        ... def log1p_exp(x):
+        ...     return torch.log1p(torch.exp(x))
+        >>> @log1p_exp.defjvp
+        ... def log1p_exp_jvp(primals, tangents):
+        ...     (x,), (x_dot,) = primals, tangents
+        ...     return log1p_exp(x), torch.sigmoid(x) * x_dot
+        >>> x = torch.tensor([-50.0, 0.0, 100.0], dtype=torch.float64)
+        >>> g = tf.grad(lambda t: log1p_exp(t).sum())(x)  # the rule's derivative
+        >>> torch.testing.assert_close(g, torch.sigmoid(x))
+        >>> torch.testing.assert_close(tf.jacfwd(log1p_exp)(x), torch.diag(torch.sigmoid(x)))
+    """
 
     def __new__(cls, fn=None, nondiff_argnums=()):
         if fn is None:  # @tf.custom_jvp(nondiff_argnums=...) above a def: the decorator with these options

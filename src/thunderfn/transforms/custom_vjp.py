@@ -60,7 +60,37 @@ def refuse_traced_nondiff_args(kind: str, name: str, nondiff_argnums, args, inst
 
 
 class custom_vjp:
-    """Give fn a hand-written vector-Jacobian product (see module docstring)."""
+    """Give fn a hand-written vector-Jacobian product (reverse-mode rule), as jax.custom_vjp.
+
+    Decorate fn, then set the rule with `f.defvjp(fwd, bwd)`: `fwd(*args) -> (out, residuals)`
+    computes the output and whatever the backward needs; `bwd(*nondiff_args, residuals, g)`,
+    with g the cotangent of out, returns a tuple with one cotangent per differentiable argument
+    (None for zeros). Use it where autodiff of fn's body is not what you want: numerical
+    stability, a cheaper rule, gradient clipping. `nondiff_argnums`: positions of arguments
+    no derivative flows to (Python numbers, functions; a tensor there is an ArgumentTypeError),
+    passed to bwd first; `@tf.custom_vjp(nondiff_argnums=(1,))` is the decorator form.
+
+    Every reverse-mode transform (grad, vjp, jacrev) and vmap use the rule, and bwd is traced
+    like other code, so grad of grad differentiates it. Forward mode (jvp, jacfwd, hessian)
+    refuses such a function with ForwardModeError: use tf.custom_jvp for a rule both modes
+    use. Called with real tensors outside any transform it is fn, except that where
+    torch.autograd will differentiate the call, it runs jitted so `.backward()` uses the rule
+    too. A bwd returning the wrong number, structure or shapes of cotangents is reported
+    naming the function.
+
+        >>> import torch, thunderfn as tf
+        >>> @tf.custom_vjp
+        ... def clip_gradient(x, lo, hi):
+        ...     return x * 1
+        >>> def clip_fwd(x, lo, hi):
+        ...     return x * 1, (lo, hi)
+        >>> def clip_bwd(residuals, g):
+        ...     lo, hi = residuals
+        ...     return g.clamp(lo, hi), None, None
+        >>> _ = clip_gradient.defvjp(clip_fwd, clip_bwd)
+        >>> tf.grad(lambda x: (clip_gradient(x, -0.1, 0.1) * 5).sum())(torch.ones(3))
+        tensor([0.1000, 0.1000, 0.1000])
+    """
 
     def __new__(cls, fn=None, nondiff_argnums=()):
         if fn is None:  # @tf.custom_vjp(nondiff_argnums=...) above a def: the decorator with these options

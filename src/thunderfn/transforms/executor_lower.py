@@ -146,6 +146,20 @@ def executor_lower(fn, executors):
     """The lowering transform on its own: fn, run on exactly these executors (in
     priority order, no torch fallback), jitted; past the cache size limit it drops its
     oldest entry rather than run anywhere else. `executors`: one executor (a name or an Executor)
-    or a list of them, as jit's."""
+    or a list of them, as jit's.
+
+    Returns the jitted function (tf.last_traces works on it). Use it to test an executor: an
+    operation none of `executors` claims is an ExecutorError naming it, where tf.jit would
+    quietly run it on torch.
+
+        >>> import torch, thunderfn as tf
+        >>> x = torch.ones(2)
+        >>> f = tf.executor_lower(lambda x: torch.sin(x) * 2, "torch")
+        >>> torch.testing.assert_close(f(x), torch.sin(x) * 2)
+        >>> tf.executor_lower(torch.sin, [tf.executors.OperatorExecutor("claims_nothing")])(x)
+        Traceback (most recent call last):
+        ...
+        thunderfn.errors.ExecutorError: Could not find executor for bound symbol: ...
+    """
     executors = list(executors) if isinstance(executors, (list, tuple)) else executors  # a copy: later edits not seen
     return context.jit_evicting(fn, executors=executors, fallback=False)

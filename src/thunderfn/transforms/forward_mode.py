@@ -177,8 +177,24 @@ def trace_jvp(fn: Callable, primals, tangents):
 
 
 def jvp(fn: Callable, primals, tangents, has_aux: bool = False):
-    """(out, tangent_out), or (out, tangent_out, aux): the Jacobian-vector product of fn at
-    primals (a tuple) with tangents (a tuple of the same structure)."""
+    """The Jacobian-vector product of fn at `primals` along `tangents`: (out, tangent_out), or
+    (out, tangent_out, aux) with has_aux.
+
+    `primals`: a tuple of fn's positional arguments (pytrees of tensors); `tangents`: a tuple of
+    the same structure, one tangent per primal leaf with its shape and dtype. `tangent_out` is
+    shaped like `out`: the directional derivative, computed in forward mode alongside the
+    output (one pass, no backward), as jax.jvp and torch.func.jvp. Unlike tf.vjp it evaluates
+    at once and returns values, not a function. primals and tangents that are not tuples are
+    an ArgumentTypeError; different structures, an ArgumentValueError. With `has_aux`, fn
+    returns (out, aux) and aux is returned undifferentiated.
+
+        >>> import torch, thunderfn as tf
+        >>> x = torch.tensor([0.0, 1.0, 2.0])
+        >>> out, tangent_out = tf.jvp(torch.sin, (x,), (torch.ones(3),))
+        >>> torch.testing.assert_close(tangent_out, torch.cos(x))
+        >>> _, t = tf.jvp(lambda a, b: a * b, (x, x), (torch.ones(3), torch.zeros(3)))
+        >>> torch.testing.assert_close(t, x)  # d(a*b) along (1, 0) is b
+    """
     if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
         raise ArgumentTypeError(f"jvp expects primals and tangents as tuples, got {type(primals).__name__} and "
                         f"{type(tangents).__name__}")

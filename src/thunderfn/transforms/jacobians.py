@@ -74,7 +74,24 @@ def _blocks(batched, sizes):
 
 @with_options_form
 def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | None = None):
-    """The Jacobian of fn with respect to the positional args in argnums, by reverse mode."""
+    """A function returning the Jacobian of fn with respect to the positional args in argnums,
+    by reverse mode (one vjp per output element, batched with tf.vmap), as torch.func.jacrev.
+
+    For an output of shape O and an input of shape I, the Jacobian has shape (*O, *I). `argnums`:
+    an int, or a tuple of ints giving a tuple of Jacobians; outputs and inputs may be pytrees
+    (the result nests output structure outside input structure). With `has_aux`, fn returns
+    (out, aux) and this returns (jacobian, aux). `chunk_size` bounds how many output elements are
+    pulled back at once (less memory, more steps). Reverse mode suits fewer outputs than
+    inputs; tf.jacfwd suits the opposite. An input the output does not depend on gets a block of
+    zeros.
+
+        >>> import torch, thunderfn as tf
+        >>> x = torch.tensor([0.0, 1.0, 2.0])
+        >>> J = tf.jacrev(torch.sin)(x)
+        >>> J.shape
+        torch.Size([3, 3])
+        >>> torch.testing.assert_close(J, torch.diag(torch.cos(x)))
+    """
     def jacobian(*args, **kwargs):
         nums, single = _argnums(fn, argnums, args, "jacrev")
         primals = tuple(args[i] for i in nums)
@@ -109,7 +126,20 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
 
 @with_options_form
 def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
-    """The Jacobian of fn with respect to the positional args in argnums, by forward mode."""
+    """A function returning the Jacobian of fn with respect to the positional args in argnums,
+    by forward mode (one jvp per input element, batched with tf.vmap), as torch.func.jacfwd.
+
+    Same shapes and arguments as tf.jacrev: for an output of shape O and an input of shape I,
+    a (*O, *I) tensor; `argnums` an int or a tuple; with `has_aux`, (jacobian, aux). Forward
+    mode suits fewer inputs than outputs.
+
+        >>> import torch, thunderfn as tf
+        >>> x = torch.tensor([0.0, 1.0, 2.0])
+        >>> J = tf.jacfwd(lambda x: torch.stack([x.sum(), (x ** 2).sum()]))(x)
+        >>> J.shape
+        torch.Size([2, 3])
+        >>> torch.testing.assert_close(J, torch.stack([torch.ones(3), 2 * x]))
+    """
     def jacobian(*args, **kwargs):
         nums, single = _argnums(fn, argnums, args, "jacfwd")
         primals = tuple(args[i] for i in nums)
@@ -139,5 +169,15 @@ def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
 
 @with_options_form
 def hessian(fn: Callable, argnums=0):
-    """The Hessian of a scalar-output fn: jacfwd of jacrev (forward-over-reverse)."""
+    """A function returning the Hessian of a scalar-output fn: jacfwd of jacrev
+    (forward-over-reverse), as torch.func.hessian.
+
+    For an input of shape I the Hessian has shape (*I, *I); `argnums` as in tf.jacrev (a tuple
+    gives the nested tuple of blocks).
+
+        >>> import torch, thunderfn as tf
+        >>> x = torch.tensor([0.0, 1.0, 2.0])
+        >>> H = tf.hessian(lambda x: (x ** 3).sum())(x)
+        >>> torch.testing.assert_close(H, torch.diag(6 * x))
+    """
     return jacfwd(jacrev(fn, argnums), argnums)

@@ -499,7 +499,25 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
     Random ops are batched by torch.func.vmap with the same mode, so under a seed they draw
     what torch.func.vmap draws. `chunk_size`: None (the whole
     batch at once), or the number of examples batched together: the batch is split into chunks,
-    each batched as one program, and the outputs concatenated, bounding peak memory."""
+    each batched as one program, and the outputs concatenated, bounding peak memory.
+
+    Returns a function taking fn's arguments with the batch dimensions added. Like
+    torch.func.vmap (and unlike a Python loop) fn is traced once and each operation runs once
+    on the whole batch. An operation with no batching rule is batched through its
+    decomposition or, failing that, by torch.func.vmap of its torch function; one with none of
+    these is a BatchingError naming it. Nest vmaps to map
+    over several dimensions; compose with tf.grad for per-example gradients.
+
+        >>> import torch, thunderfn as tf
+        >>> w, xs = torch.randn(3, 2), torch.randn(5, 3)
+        >>> ys = tf.vmap(lambda x, w: x @ w, in_axes=(0, None))(xs, w)  # w shared by every x
+        >>> ys.shape
+        torch.Size([5, 2])
+        >>> torch.testing.assert_close(ys, xs @ w)
+        >>> per_example = tf.vmap(tf.grad(lambda w, x: (x @ w).sum()), in_axes=(None, 0))(w, xs)
+        >>> per_example.shape
+        torch.Size([5, 3, 2])
+    """
     if randomness not in RANDOMNESS:
         raise ArgumentValueError(f"vmap: randomness must be one of {RANDOMNESS}, got {randomness!r}")
     if chunk_size is not None and not (isinstance(chunk_size, int) and chunk_size > 0):
