@@ -35,19 +35,20 @@ import threading
 import warnings
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
+from thunderfn import cache_misses
 from thunderfn import executors as _executors
+from thunderfn.cache_key import CacheKey, TensorPart, ValuePart
 from thunderfn.core import artifacts, context, progress, symbolic
 from thunderfn.core.call_time import Guarded, guarded
 from thunderfn.core.guards import GuardRecorder
 from thunderfn.core.interception import is_numpy_scalar
 from thunderfn.core.passes import cse, dce, del_last_used, write_back_on_failure_pass
-from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
+from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.trace import Trace, timed_pass, trace
 from thunderfn.core.decorators import with_options_form
-from thunderfn.dynamic_shapes import SymbolicSizes, check_option, is_tensor_part, open_dimensions
+from thunderfn.dynamic_shapes import SymbolicSizes, check_option, open_dimensions
 from thunderfn.fast_path import fast_dispatcher, fast_key, hit_function, miss, positional_arities
 from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError, UnsupportedOpError
@@ -68,6 +69,7 @@ from thunderfn.transforms.rematerialize import rematerialize
 Tensor = torch.Tensor
 _is_grad_enabled = torch.is_grad_enabled
 _get_default_dtype = torch.get_default_dtype
+_new = tuple.__new__
 
 DEFAULT_CACHE_SIZE_LIMIT = 8  # torch.compile's recompile_limit
 _FAST_CACHE_LIMIT = 256  # concrete signatures the fast path keeps (see JitState.run)
@@ -163,19 +165,21 @@ class JitState:
         self.last_backward_traces: list[Trace] = []
         self.why_no_backward = "it has not been called with an input that requires grad under grad mode"
 
-    def key(self, leaves, spec) -> tuple:
-        parts = [spec, _is_grad_enabled(), _get_default_dtype(), autocast_state()]
-        for i, leaf in enumerate(leaves):
+    def key(self, leaves, spec) -> CacheKey:
+        parts = []
+        for leaf in leaves:
             if isinstance(leaf, Tensor):
-                parts.append((leaf.shape, leaf.dtype, leaf.device, leaf.requires_grad))
+                # (tuple.__new__ makes the named tuple without NamedTuple's Python-level __new__: a call's key
+                # is built on every call that takes the general path)
+                parts.append(_new(TensorPart, (leaf.shape, leaf.dtype, leaf.device, leaf.requires_grad)))
             elif type(leaf) is slice:  # slices are unhashable before Python 3.12; key on their bounds
-                parts.append((slice, leaf.start, leaf.stop, leaf.step))
+                parts.append(_new(ValuePart, (slice, (leaf.start, leaf.stop, leaf.step))))
             elif type(leaf) is float:  # 0.0 == -0.0 but they compute differently; nan != nan would never hit
-                parts.append((float, leaf.hex()))
+                parts.append(_new(ValuePart, (float, leaf.hex())))
             elif type(leaf) is complex:
-                parts.append((complex, leaf.real.hex(), leaf.imag.hex()))
+                parts.append(_new(ValuePart, (complex, (leaf.real.hex(), leaf.imag.hex()))))
             elif is_numpy_scalar(leaf):
-                parts.append((type(leaf), leaf.tobytes()))  # numpy scalars: by bits, as floats above
+                parts.append(_new(ValuePart, (type(leaf), leaf.tobytes())))  # numpy scalars: by bits, as floats above
             else:
                 try:
                     hash(leaf)
@@ -184,8 +188,8 @@ class JitState:
                         f"{type(leaf).__name__} argument to the jitted function '{_fn_name(self.fn)}' is not hashable. "
                         f"thunderfn bakes non-tensor arguments into the compiled function and keys its cache on their "
                         f"values: pass tensors, pytrees of tensors, or hashable values.") from None
-                parts.append((type(leaf), leaf))
-        return tuple(parts)
+                parts.append(_new(ValuePart, (type(leaf), leaf)))
+        return _new(CacheKey, (spec, _is_grad_enabled(), _get_default_dtype(), autocast_state(), tuple(parts)))
 
     def validate_static(self, args, kwargs):
         for i in self.static_argnums:
@@ -370,9 +374,7 @@ class JitState:
                 return entry
             reason = self.why_miss(key, args, kwargs, leaves)
             tensors = [x for x in leaves if isinstance(x, Tensor)]
-            open_dims, hints = open_dimensions(self.dynamic, key, tensors,
-                                               [*self.cache, *(e.sizes.pattern for e in self.symbolic_entries)],
-                                               self.marked_dynamic)
+            open_dims, hints = open_dimensions(self.dynamic, key, tensors, self.compiled_keys(), self.marked_dynamic)
             if self.n_entries >= self.cache_size_limit:
                 if not self.evict_past_limit:
                     self.warn_limit(reason)
@@ -416,7 +418,7 @@ class JitState:
     def run(self, entry: CacheEntry, key: tuple, args, kwargs, leaves):
         """Call a cache entry, and make it the fast path's for calls like this one."""
         self.last_traces, self.last_backward_traces = entry.traces, entry.backward_traces
-        if (not self.static_argnums and not key[3] and len(entry.tensor_positions) == len(args) + len(kwargs)
+        if (not self.static_argnums and not key.autocast and len(entry.tensor_positions) == len(args) + len(kwargs)
                 and all(isinstance(a, Tensor) for a in args) and all(isinstance(v, Tensor) for v in kwargs.values())
                 and not (isinstance(entry.fn, Guarded) and entry.fn.grad_reads)):
             # (an entry reading .grad at call time takes extra inputs: it stays on this path)
@@ -470,30 +472,11 @@ class JitState:
         same_key = self.cache.get(key) or [e for e in self.symbolic_entries if e.sizes.matches(key)]
         if same_key:
             return same_key[-1].why_invalid(leaves)
-        compiled = [*self.cache, *(e.sizes.pattern for e in self.symbolic_entries)]  # (a symbolic size: None)
-        if not compiled:
-            return None
-        # Described against the cached signature closest to this one (fewest differing fields; the newest of equals).
-        old = min(reversed(compiled), key=lambda k: (len(k) != len(key), sum(map(_distance, k, key))))
-        if old[0] != key[0]:
-            return "the structure of the arguments changed (pytree, number of arguments or keywords)"
-        if old[1] != key[1]:
-            return f"torch's grad mode changed (is_grad_enabled() was {old[1]}, now {key[1]})"
-        if old[2] != key[2]:
-            return f"torch's default dtype changed from {old[2]} to {key[2]}"
-        if old[3] != key[3]:
-            return f"the autocast state changed from {_show_autocast(old[3])} to {_show_autocast(key[3])}"
-        paths = tree_flatten_with_path((args, kwargs))[0]
-        for path, before, now in zip(paths, old[4:], key[4:]):
-            if before != now:
-                where = _describe_path(path)
-                if is_tensor_part(now) and is_tensor_part(before):
-                    fields = ("shape", "dtype", "device", "requires_grad")
-                    changed = [f"{f} {_show(b)} -> {_show(n)}" for f, b, n in zip(fields, before, now)
-                               if not _same_field(b, n)]
-                    return f"tensor {where} changed: {', '.join(changed)}"
-                return f"{where} changed from {_show_part(before)} to {_show_part(now)}"
-        return "the arguments changed"
+        return cache_misses.new_signature(key, self.compiled_keys(), args, kwargs)
+
+    def compiled_keys(self) -> list[CacheKey]:
+        """The keys compiled, and the symbolic entries' key patterns (a symbolic size: None)."""
+        return [*self.cache, *(e.sizes.pattern for e in self.symbolic_entries)]
 
     def warn_limit(self, reason) -> None:
         if self.warned_limit:
@@ -503,68 +486,7 @@ class JitState:
         warnings.warn(
             f"thunderfn.jit: '{_fn_name(self.fn)}' reached cache_size_limit ({self.cache_size_limit}) and now runs "
             f"eagerly for calls that match none of its compiled entries. Last recompiles: {'; '.join(reasons)}. "
-            f"{_limit_advice(reasons)}", stacklevel=4)
-
-
-def _limit_advice(reasons: list) -> str:
-    """What to do about the recompiles that filled the cache, by what changed in them."""
-    advice = []
-    if any(" shape " in r for r in reasons):
-        advice.append("Each new input shape compiled anew: with dynamic=False every size is static, and a trace that "
-                      "relies on a size (a branch on it) is guarded to it. The default (dynamic=None) compiles a "
-                      "changed dimension once more as symbolic, and tf.mark_dynamic(tensor, dim) makes one symbolic "
-                      "from the first call (docs/jit.md, 'Dynamic shapes'); otherwise pad or bucket inputs to a few "
-                      "sizes.")
-    if any(" changed from " in r for r in reasons):
-        advice.append("Each new value of a Python argument (a number, a string) compiles anew: pass a changing "
-                      "number as a tensor (torch.tensor(x)), which is an input and not baked in.")
-    if not advice:
-        advice.append("Each change listed compiles anew: keep it the same between calls where you can.")
-    return " ".join(advice) + " Or raise cache_size_limit (tf.jit(fn, cache_size_limit=n)) to keep more entries."
-
-
-def _describe_path(path) -> str:
-    if path and path[0] == 0 and len(path) > 1:
-        rest = "".join(f"[{p!r}]" for p in path[2:])
-        return f"argument {path[1]}{rest}"
-    if path and path[0] == 1 and len(path) > 1:
-        rest = "".join(f"[{p!r}]" for p in path[2:])
-        return f"keyword argument '{path[1]}'{rest}"
-    return "an argument"
-
-
-def _distance(a, b) -> int:
-    """How many fields of one key part differ (a tensor's shape, dtype, ... count one each)."""
-    if is_tensor_part(a) and is_tensor_part(b):
-        return sum(not _same_field(x, y) for x, y in zip(a, b))
-    return int(a != b)
-
-
-def _same_field(before, now) -> bool:
-    """Whether a key field is the same; a symbolic entry's shape (None where a size is symbolic) is the same
-    as every shape it fits."""
-    if isinstance(before, tuple) and None in before:
-        return len(before) == len(now) and all(n is None or n == m for n, m in zip(before, now))
-    return before == now
-
-
-def _show(value) -> str:
-    if isinstance(value, tuple) and None in value:  # a symbolic entry's shape: its symbolic sizes are free
-        return "(" + ", ".join("*" if n is None else str(n) for n in value) + ("," if len(value) == 1 else "") + ")"
-    return str(tuple(value)) if isinstance(value, torch.Size) else repr(value)
-
-
-def _show_part(part) -> str:
-    """A non-tensor argument's key part, as the value it was."""
-    if isinstance(part, tuple) and part and part[0] is float:
-        return repr(float.fromhex(part[1]))
-    if isinstance(part, tuple) and part and part[0] is complex:
-        return repr(complex(float.fromhex(part[1]), float.fromhex(part[2])))
-    if isinstance(part, tuple) and part and part[0] is slice:
-        return repr(slice(*part[1:]))
-    if isinstance(part, tuple) and len(part) == 2 and isinstance(part[1], bytes):  # a numpy scalar, by its bits
-        return repr(np.frombuffer(part[1], dtype=part[0])[0])
-    return repr(part[-1]) if isinstance(part, tuple) and len(part) == 2 else repr(part)
+            f"{cache_misses.limit_advice(reasons)}", stacklevel=4)
 
 
 def _rematerializes(option, executors) -> bool:
@@ -625,17 +547,13 @@ def _without_autocast(fn):
     return run
 
 
-def _show_autocast(state: tuple) -> str:
-    return ", ".join(f"autocast('{d}', {dtype})" for d, dtype in state) or "no autocast"
-
-
 def _without(open_dims: dict, dims) -> dict:
     """open_dims less the (tensor number, dim)s in dims."""
     kept = {k: frozenset(d for d in ds if (k, d) not in dims) for k, ds in open_dims.items()}
     return {k: ds for k, ds in kept.items() if ds}
 
 
-def _checked_key(entry: CacheEntry, key: tuple) -> tuple:
+def _checked_key(entry: CacheEntry, key: CacheKey) -> tuple:
     """(the key a check-and-call function compares a call with, the size guards it checks): an entry with
     symbolic dimensions compares its pattern (those sizes free) and checks its trace's guards on sizes."""
     if entry.sizes is None:
