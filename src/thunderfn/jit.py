@@ -27,8 +27,6 @@ itself for them in core/context.py (they sit below it and do not import it).
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import os
 import threading
@@ -37,34 +35,22 @@ from typing import Callable, Sequence
 
 import torch
 
-from thunderfn import cache_misses
+from thunderfn import cache_misses, compile_stages
 from thunderfn import executors as _executors
 from thunderfn.cache_key import CacheKey, TensorPart, ValuePart
-from thunderfn.core import artifacts, context, progress, symbolic
-from thunderfn.core.call_time import Guarded, guarded
-from thunderfn.core.guards import GuardRecorder
+from thunderfn.core import artifacts, context, progress
+from thunderfn.core.call_time import Guarded
 from thunderfn.core.interception import is_numpy_scalar
-from thunderfn.core.passes import cse, dce, del_last_used, write_back_on_failure_pass
 from thunderfn.core.pytree import tree_flatten
-from thunderfn.core.trace import Trace, timed_pass, trace
+from thunderfn.core.trace import Trace
 from thunderfn.core.decorators import with_options_form
 from thunderfn.dynamic_shapes import SymbolicSizes, check_option, open_dimensions
 from thunderfn.fast_path import fast_dispatcher, fast_key, hit_function, miss, positional_arities
 from thunderfn.core.dynamo_opaque import opaque_to_dynamo
-from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError, UnsupportedOpError
-from thunderfn.executors.fusion import FusionExecutor
-from thunderfn.executors.torch_rewrites import (UnlessFunctorch, collapse_reshapes, lift_number_operands,
-                                                records_no_autograd, reuse_dead_buffers,
-                                                write_into_written_back_inputs)
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError
 from thunderfn.module import jit_module
 from thunderfn.torch.autocast import autocast_state
-from thunderfn.torch.autocast import switched_off as autocast_switched_off
 from thunderfn.torch.optim import StepChangesOptimizerState
-from thunderfn.transforms.ddp import DataParallel, bucketed_all_reduce
-from thunderfn.transforms.fsdp import Sharded, gather_where_needed, reduce_scatter_async, regather_in_backward
-from thunderfn.transforms.executor_lower import lower_trace
-from thunderfn.transforms.autograd_split import CompiledSplit, try_split
-from thunderfn.transforms.rematerialize import rematerialize
 
 Tensor = torch.Tensor
 _is_grad_enabled = torch.is_grad_enabled
@@ -73,7 +59,6 @@ _new = tuple.__new__
 
 DEFAULT_CACHE_SIZE_LIMIT = 8  # torch.compile's recompile_limit
 _FAST_CACHE_LIMIT = 256  # concrete signatures the fast path keeps (see JitState.run)
-CSE = "Common Subexpression Elimination"
 
 
 class CacheEntry:
@@ -201,98 +186,22 @@ class JitState:
                 raise ArgumentTypeError(f"static argument '{name}' of '{_fn_name(self.fn)}' holds a tensor")
 
     def compile(self, args, kwargs, leaves, key=None, open_dims=None, hints=None) -> CacheEntry:
-        """The entry for a call, compiled with the dimensions in open_dims (tensor number -> dims) symbolic,
-        traced at the sizes in hints ((tensor number, dim) -> size) where given."""
-        progress.stage("choosing executors")
-        sizes = symbolic.SymbolicInputs(open_dims, hints) if open_dims else None
-        executors = _executors.resolve(self.executors, fallback=self.fallback)
-        recorder = GuardRecorder(self.fn)
-        # tf.grad & co. called inside the function differentiate for these executors (the VJPs they
-        # register): jit's argument, which they cannot be handed otherwise (core/context.py)
-        progress.stage("tracing")
-        called_with_grad = _is_grad_enabled()
-        with context.active_executors(executors):
-            # With disable_torch_autograd the function runs under no_grad: traced so too, or a
-            # torch.enable_grad() block inside it would switch grad back on from the recorded mode.
-            with recorder, (torch.no_grad() if self.disable_torch_autograd else contextlib.nullcontext()), \
-                    symbolic.opening(sizes):
-                traces = [trace(self.fn, *args, **kwargs)]
-        progress.stage("optimizing the trace")
-        traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
-        traces.append(timed_pass(CSE, cse, traces[-1]))
-        if isinstance(self.distributed, Sharded):
-            traces.append(gather_where_needed(traces[-1]))
-        split = None
-        if not self.disable_torch_autograd and _is_grad_enabled():
-            progress.stage("differentiating: the forward and backward traces")
-            split, self.why_no_backward = try_split(traces[-1], executors)
-        if split is None and self.distributed is not None and _is_grad_enabled() and not self.disable_torch_autograd \
-                and any(p.requires_grad for p in traces[0].args):
-            raise UnsupportedOpError(
-                f"tf.distributed synchronizes gradients in thunderfn's own backward trace, and "
-                f"'{_fn_name(self.fn)}' has none: {self.why_no_backward}. For data parallelism, wrap the module in "
-                f"torch's DistributedDataParallel instead: DistributedDataParallel(tf.jit(module)).")
-        if split is None:
-            # writing into dead intermediates is legal where torch.autograd records nothing
-            no_autograd = self.disable_torch_autograd or not _is_grad_enabled() or records_no_autograd(traces[-1])
-            progress.stage("lowering onto executors, code generation")
-            passes, fn = _execution_passes(traces[-1], executors, no_autograd=no_autograd,
-                                           no_grad=self.disable_torch_autograd)
-            traces += passes
-            backward = []
-        else:
-            # torch.autograd drives the two halves: see transforms/autograd_split.py
-            # the derivative's rules repeat work (x * x's backward computes g * x twice)
-            traces.append(split.forward)
-            backward = [split.backward]
-            if _rematerializes(self.rematerialize, executors):
-                progress.stage("rematerialization")
-                forward_trace, backward_trace = rematerialize(split.forward, split.backward)
-                if forward_trace is not split.forward:
-                    split = dataclasses.replace(split, forward=forward_trace, backward=backward_trace)
-                    traces.append(forward_trace)
-                    backward.append(backward_trace)
-            if isinstance(self.distributed, DataParallel):
-                progress.stage("data parallel: bucketed gradient all-reduces")
-                split = dataclasses.replace(split, backward=bucketed_all_reduce(
-                    split.backward, range(self.distributed.n_params), self.distributed))
-                backward.append(split.backward)
-            elif isinstance(self.distributed, Sharded):
-                progress.stage("fsdp: where parameters are gathered, when gradients are reduce-scattered")
-                if self.distributed.strategy == "FULL_SHARD":
-                    split = regather_in_backward(split)
-                    traces.append(split.forward)
-                split = dataclasses.replace(split, backward=reduce_scatter_async(split.backward))
-                backward.append(split.backward)
-            traces.append(timed_pass(CSE, cse, split.forward))
-            progress.stage("lowering onto executors, code generation")
-            # both halves run without autograd recording (torch.autograd.Function's forward and backward)
-            passes, forward_fn = _execution_passes(traces[-1], executors, no_autograd=True)
-            traces += passes
-            # a backward for calls where some outputs get no gradient, made when one first comes: from the
-            # split as it is (rematerialization and the distributed transforms rewrite the backward: then
-            # the absent gradients are zeros)
-            plain = len(backward) == 1 and split.backward_without is not None
-
-            def backward_without(absent, split=split):
-                trc = split.backward_without(absent)
-                return None if trc is None else _execution_passes(cse(trc), executors, no_autograd=True)[1]
-
-            backward.append(timed_pass(CSE, cse, split.backward))
-            passes, backward_fn = _execution_passes(backward[-1], executors, no_autograd=True)
-            backward += passes
-            fn = CompiledSplit(split, forward_fn, backward_fn, backward_without if plain else None)
-            if not called_with_grad:
-                # called under no_grad, the function switched grad on and left it on (a piece of a graph
-                # torch.compile split): eager would record the rest for torch.autograd and leave the mode on
-                fn = _switching_grad_on(fn)
+        """The entry for a call, compiled (compile_stages.py) with the dimensions in open_dims (tensor number
+        -> dims) symbolic, traced at the sizes in hints ((tensor number, dim) -> size) where given."""
+        c = compile_stages.begin(self.fn, _fn_name(self.fn), args, kwargs, self.executors, fallback=self.fallback,
+                                 disable_torch_autograd=self.disable_torch_autograd,
+                                 rematerialize=self.rematerialize, distributed=self.distributed,
+                                 open_dims=open_dims, hints=hints)
+        try:
+            c = compile_stages.run(c)
+        finally:  # (said by an error that a later stage raises, too)
+            if c.tried_split:
+                self.why_no_backward = c.why_no_backward
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
-        if autocast_state():  # the trace holds autocast's casts: running it under autocast would cast again
-            fn = _without_autocast(fn)
-        symbolic_sizes = SymbolicSizes(sizes, key) if sizes is not None and sizes.symbolic_dims else None
-        if sizes is not None:
-            self.pinned_sizes += sizes.pinned()
-        return CacheEntry(guarded(fn, traces[0]), traces, backward, positions, recorder.guards, symbolic_sizes)
+        symbolic_sizes = SymbolicSizes(c.sizes, key) if c.sizes is not None and c.sizes.symbolic_dims else None
+        if c.sizes is not None:
+            self.pinned_sizes += c.sizes.pinned()
+        return CacheEntry(c.compiled, c.traces, c.backward, positions, c.guards, symbolic_sizes)
 
     def compile_symbolic(self, args, kwargs, leaves, key, open_dims, hints, tensors) -> CacheEntry:
         """compile with open_dims symbolic; where tracing them fails, compiled with this call's sizes instead,
@@ -487,64 +396,6 @@ class JitState:
             f"thunderfn.jit: '{_fn_name(self.fn)}' reached cache_size_limit ({self.cache_size_limit}) and now runs "
             f"eagerly for calls that match none of its compiled entries. Last recompiles: {'; '.join(reasons)}. "
             f"{cache_misses.limit_advice(reasons)}", stacklevel=4)
-
-
-def _rematerializes(option, executors) -> bool:
-    """Whether a split is rematerialized: as asked, or, by default (None), where a fusion executor
-    will fuse the recomputed ops into the backward's regions (without one each recomputed op is
-    one more kernel, which torch.compile does not pay either)."""
-    if option is None:
-        return any(isinstance(ex, FusionExecutor) for ex in executors)
-    return option
-
-
-def _execution_passes(trc: Trace, executors, *, no_autograd: bool, no_grad: bool = False) -> tuple[list[Trace], Callable]:
-    """The passes from a transformed trace to the one that runs, and the function it compiles to
-    (run under torch.no_grad() with `no_grad`): lower onto the executors, drop what lowering made
-    unused, fuse, lift Python numbers, write into written-back inputs and dead intermediates (only where
-    the trace runs with `no_autograd` recording; see executors/torch_rewrites.py), insert `del`s."""
-    traces = [timed_pass("Transform for execution", lower_trace, trc, executors)]
-    traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
-    collapsed = timed_pass("Collapse reshapes", collapse_reshapes, traces[-1])
-    traces += [collapsed] if collapsed is not traces[-1] else []
-    for ex in executors:
-        if isinstance(ex, FusionExecutor):
-            traces.append(timed_pass(f"Fusion ({ex.name})", ex.fuse, traces[-1]))
-    lifted = timed_pass("Lift number operands", lift_number_operands, traces[-1])
-    lifted = timed_pass("Write back on failure", write_back_on_failure_pass, lifted)
-    traces += [lifted] if lifted is not traces[-1] else []
-    reused = lifted
-    if no_autograd:
-        for name, rewrite in (("Write into written-back inputs", write_into_written_back_inputs),
-                              ("Reuse dead buffers", reuse_dead_buffers)):
-            rewritten = timed_pass(name, rewrite, reused)
-            traces += [rewritten] if rewritten is not reused else []
-            reused = rewritten
-    traces.append(timed_pass("Delete Last Used", del_last_used, traces[-1]))
-    def compiled(t: Trace) -> Callable:
-        fn = t.python_callable()
-        return torch.no_grad()(fn) if no_grad else fn
-
-    fn = compiled(traces[-1])
-    if reused is not lifted:  # torch.func's transforms get the trace without in-place writes
-        fn = UnlessFunctorch(fn, lambda: compiled(del_last_used(lifted)))
-    return traces, fn
-
-
-def _switching_grad_on(fn):
-    def run(*tensors):
-        torch._C._set_grad_enabled(True)
-        return fn(*tensors)
-
-    return run
-
-
-def _without_autocast(fn):
-    def run(*tensors):
-        with autocast_switched_off():
-            return fn(*tensors)
-
-    return run
 
 
 def _without(open_dims: dict, dims) -> dict:
