@@ -29,9 +29,8 @@ class TensorPart(NamedTuple):
 
 class ValuePart(NamedTuple):
     """A non-tensor argument's part of the key: its type and its value, or where the value would not
-    key it well, a stand-in (see JitState.key): a float's bits (0.0 == -0.0 but they compute
-    differently; nan != nan would never hit), a complex's, a numpy scalar's bytes, a slice's bounds
-    (slices are unhashable before Python 3.12)."""
+    key it well, a stand-in (JitState.key says which and why): a float's or complex's bits, a numpy
+    scalar's bytes, a slice's bounds."""
     kind: type
     value: object
 

@@ -1,14 +1,19 @@
-"""jit: trace, pass, lower, generate Python once, cache by input signature and guards.
+"""jit: compile once per input signature and guards, cache, and run the cached code.
+
+A jitted function's JitState keeps its options and its cache. A call with a new
+signature is compiled by the stages of compile_stages.py (trace, optimize, split,
+rematerialize, distribute, lower, generate) into a cache entry.
 
 The signature of a call is its pytree structure, each tensor's shape, dtype,
 device and requires_grad, the value of every non-tensor argument, torch's grad
-mode and default dtype: the cache key. Besides it, an entry holds the guards its
-trace recorded (core/guards.py): the Python state the traced code read (module
-flags and attributes, hooks, closed-over and global values, tensors held by plain
-objects). A call runs the newest entry for its key whose guards hold; otherwise the
-function is traced again, and the reason is kept (`cache_info`). Past
-`cache_size_limit` entries a function warns once and runs eagerly for new
-signatures, torch.compile's meaning.
+mode, default dtype and autocast state: the cache key (its fields: cache_key.py).
+Besides it, an entry holds the guards its trace recorded (core/guards.py): the
+Python state the traced code read (module flags and attributes, hooks, closed-over
+and global values, tensors held by plain objects). A call runs the newest entry for
+its key whose guards hold; otherwise the function is traced again, and the reason
+is kept (`cache_info`; put in words by cache_misses.py). Past `cache_size_limit`
+entries a function warns once and runs eagerly for new signatures, torch.compile's
+meaning.
 
 The cache-hit path is the hot path. A call with only positional tensors skips
 pytree flattening entirely (optree alone costs more than our whole budget on a
@@ -120,7 +125,7 @@ class JitState:
         self.executors = executors
         self.cache_dir = cache_dir
         self.distributed = distributed  # DataParallel, Sharded or None
-        self.rematerialize = rematerialize  # None, True or False: see _rematerializes
+        self.rematerialize = rematerialize  # None, True or False: see compile_stages._rematerializes
         self.fallback = fallback
         self.static_argnums = tuple(static_argnums)
         self.static_argnames = tuple(static_argnames)
