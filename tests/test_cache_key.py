@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 import thunderfn as tf
-from thunderfn.cache_key import CacheKey, TensorPart, ValuePart
+from thunderfn.cache_key import CacheKey, TensorPart, ValuePart, named
 from thunderfn.fast_path import fast_key
 
 
@@ -18,7 +18,8 @@ def test_a_calls_key_names_its_structure_modes_and_one_part_per_argument():
     jitted = tf.jit(f)
     x = torch.randn(3)
     jitted(x, 2.0)
-    ((key, _),) = jitted._thunderfn_state.cache.items()
+    ((key, (entry,)),) = jitted._thunderfn_state.cache.items()
+    assert entry.key is key  # the stored key is named
     assert type(key) is CacheKey and key.grad_enabled is True and key.default_dtype is torch.float32
     assert key.autocast == ()
     assert key.leaves == (TensorPart(x.shape, x.dtype, x.device, False), ValuePart(float, (2.0).hex()))
@@ -32,8 +33,12 @@ def test_a_symbolic_entrys_pattern_is_a_key_with_its_symbolic_sizes_free():
     jitted(torch.randn(3, 4))
     (entry,) = jitted._thunderfn_state.symbolic_entries
     assert type(entry.sizes.pattern) is CacheKey and entry.sizes.pattern.leaves[0].shape == (None, None)
-    key = jitted._thunderfn_state.key([torch.randn(5, 6)], entry.sizes.pattern.structure)
-    assert entry.sizes.matches(key)
+    leaves = [torch.randn(5, 6)]
+    key = jitted._thunderfn_state.key(leaves, entry.sizes.pattern.structure)  # (its parts plain tuples)
+    assert entry.sizes.matches(key) and entry.sizes.matches(named(key, leaves))
+    assert key == named(key, leaves) and hash(key) == hash(named(key, leaves))
+    assert type(named(key, leaves).leaves[0]) is TensorPart and named(key, leaves).leaves[0].shape == (5, 6)
+    key = named(key, leaves)
     assert not entry.sizes.matches(key._replace(leaves=(key.leaves[0]._replace(dtype=torch.float64),)))
     assert not entry.sizes.matches(key._replace(grad_enabled=False))
 

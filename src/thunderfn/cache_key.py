@@ -6,13 +6,17 @@ requires_grad), a `ValuePart` for anything else (its value, or a hashable stand-
 is stated here once; jit.py builds keys, fast_path.py generates its comparisons from these fields,
 dynamic_shapes.py frees symbolic sizes in them and cache_misses.py explains how two differ.
 
-They are named tuples, so hashing and comparing them costs what plain tuples cost. A symbolic entry's
-key pattern is a CacheKey whose TensorParts hold None for each symbolic size.
+They are named tuples, so hashing and comparing them costs what plain tuples cost. Building one does
+not: a call that takes the general path builds its key on every call, so its parts are plain tuples in
+the parts' field order (`tensor_fields` reads a tensor's), equal to the named ones and hashed the same,
+and a key is `named` once a compile needs its fields. Every key stored in the cache is named. A symbolic
+entry's key pattern is a CacheKey whose TensorParts hold None for each symbolic size.
 
 The api layer: imported by jit.py, fast_path.py, dynamic_shapes.py and cache_misses.py.
 """
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 import torch
@@ -53,3 +57,14 @@ class CacheKey(NamedTuple):
 
 LEAVES = CacheKey._fields.index("leaves")
 assert LEAVES == len(CacheKey._fields) - 1, "the leaves are the key's last field (CacheKey.head)"
+
+# A tensor's part of a call's key as a plain tuple of its TensorPart fields, in order (the tensor's attributes
+# of those names, read in C).
+tensor_fields = operator.attrgetter(*TensorPart._fields)
+
+
+def named(key: CacheKey, leaves) -> CacheKey:
+    """A call's key (built by JitState.key, its parts plain tuples) with each part a TensorPart or a
+    ValuePart, as the flattened arguments `leaves` say."""
+    return key._replace(leaves=tuple(TensorPart._make(part) if isinstance(leaf, torch.Tensor) else ValuePart._make(part)
+                                     for part, leaf in zip(key.leaves, leaves)))

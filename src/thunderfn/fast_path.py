@@ -32,7 +32,7 @@ _get_default_dtype = torch.get_default_dtype
 _FAST_KEY_MODES = "is_grad_enabled(), get_default_dtype()"  # CacheKey.grad_enabled, CacheKey.default_dtype
 
 
-def _tensor_fields(a: str) -> str:
+def _tensor_part_source(a: str) -> str:
     """The TensorPart fields of the tensor named `a`, as a Python expression list (its attributes of those names)."""
     return ", ".join(f"{a}.{field}" for field in TensorPart._fields)
 
@@ -41,7 +41,7 @@ def _generated_fast_key():
     source = ("def fast_key(args):\n"
               f"    key = [{_FAST_KEY_MODES}]\n"
               "    for a in args:\n"
-              f"        key += ({_tensor_fields('a')})\n"
+              f"        key += ({_tensor_part_source('a')})\n"
               "    return tuple(key)\n")
     namespace = {"is_grad_enabled": _is_grad_enabled, "get_default_dtype": _get_default_dtype}
     exec(compile(source, "<thunderfn jit fast key>", "exec"), namespace)
@@ -157,7 +157,7 @@ def fast_dispatcher(arities, fast_cache, keyword_cache, call_slow):
     for n in arities:
         names = [f"a{i}" for i in range(n)]
         call = ", ".join(names)
-        key = ", ".join(_tensor_fields(a) for a in names)
+        key = ", ".join(_tensor_part_source(a) for a in names)
         lines += [f"        if n == {n}:",
                   f"            {call + ',' if names else '_'} = args" if names else "            pass",
                   f"            out = hot{n}({call})",

@@ -42,7 +42,7 @@ import torch
 
 from thunderfn import cache_misses, compile_stages
 from thunderfn import executors as _executors
-from thunderfn.cache_key import CacheKey, TensorPart, ValuePart
+from thunderfn.cache_key import CacheKey, named, tensor_fields
 from thunderfn.core import artifacts, context, progress
 from thunderfn.core.call_time import Guarded
 from thunderfn.core.interception import is_numpy_scalar
@@ -61,16 +61,18 @@ Tensor = torch.Tensor
 _is_grad_enabled = torch.is_grad_enabled
 _get_default_dtype = torch.get_default_dtype
 _new = tuple.__new__
+_any_autocast = torch._C._is_any_autocast_enabled
 
 DEFAULT_CACHE_SIZE_LIMIT = 8  # torch.compile's recompile_limit
 _FAST_CACHE_LIMIT = 256  # concrete signatures the fast path keeps (see JitState.run)
 
 
 class CacheEntry:
-    __slots__ = ("fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit",
-                 "keyword_hit", "layout", "sizes")
+    __slots__ = ("key", "fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit",
+                 "keyword_hit", "layout", "sizes", "checks_nothing")
 
-    def __init__(self, fn, traces, backward_traces, tensor_positions, guards, sizes=None):
+    def __init__(self, key, fn, traces, backward_traces, tensor_positions, guards, sizes=None):
+        self.key = key  # the (named) key of the call it was compiled for
         self.fn, self.traces, self.backward_traces = fn, traces, backward_traces
         self.tensor_positions = tensor_positions
         self.guards = guards
@@ -82,6 +84,9 @@ class CacheEntry:
         # the signature of the inputs they are about (most traces have none)
         self.layout = tuple((position, what, get, value) for position, facts in traces[0].layout_reads.items()
                             for (what, get), value in facts.items())
+        # valid() for every call of its key (most entries): JitState.lookup then skips asking it
+        self.checks_nothing = (not self.layout and sizes is None and self.guards_hold is None
+                               and not isinstance(fn, Guarded))
 
     def valid(self, leaves) -> bool:
         """Whether this entry may run a call with these flattened arguments: the input layouts it relies
@@ -156,20 +161,20 @@ class JitState:
         self.why_no_backward = "it has not been called with an input that requires grad under grad mode"
 
     def key(self, leaves, spec) -> CacheKey:
+        """The call's cache key, its parts plain tuples in the order of TensorPart's and ValuePart's fields
+        (built on every call of the general path: see cache_key.py; `named` names them)."""
         parts = []
         for leaf in leaves:
             if isinstance(leaf, Tensor):
-                # (tuple.__new__ makes the named tuple without NamedTuple's Python-level __new__: a call's key
-                # is built on every call that takes the general path)
-                parts.append(_new(TensorPart, (leaf.shape, leaf.dtype, leaf.device, leaf.requires_grad)))
+                parts.append(tensor_fields(leaf))
             elif type(leaf) is slice:  # slices are unhashable before Python 3.12; key on their bounds
-                parts.append(_new(ValuePart, (slice, (leaf.start, leaf.stop, leaf.step))))
+                parts.append((slice, (leaf.start, leaf.stop, leaf.step)))
             elif type(leaf) is float:  # 0.0 == -0.0 but they compute differently; nan != nan would never hit
-                parts.append(_new(ValuePart, (float, leaf.hex())))
+                parts.append((float, leaf.hex()))
             elif type(leaf) is complex:
-                parts.append(_new(ValuePart, (complex, (leaf.real.hex(), leaf.imag.hex()))))
+                parts.append((complex, (leaf.real.hex(), leaf.imag.hex())))
             elif is_numpy_scalar(leaf):
-                parts.append(_new(ValuePart, (type(leaf), leaf.tobytes())))  # numpy scalars: by bits, as floats above
+                parts.append((type(leaf), leaf.tobytes()))  # numpy scalars: by bits, as floats above
             else:
                 try:
                     hash(leaf)
@@ -178,8 +183,10 @@ class JitState:
                         f"{type(leaf).__name__} argument to the jitted function '{_fn_name(self.fn)}' is not hashable. "
                         f"thunderfn bakes non-tensor arguments into the compiled function and keys its cache on their "
                         f"values: pass tensors, pytrees of tensors, or hashable values.") from None
-                parts.append(_new(ValuePart, (type(leaf), leaf)))
-        return _new(CacheKey, (spec, _is_grad_enabled(), _get_default_dtype(), autocast_state(), tuple(parts)))
+                parts.append((type(leaf), leaf))
+        # (tuple.__new__: without NamedTuple's Python-level __new__; autocast's state asked only when it is on)
+        return _new(CacheKey, (spec, _is_grad_enabled(), _get_default_dtype(),
+                               autocast_state() if _any_autocast() else (), tuple(parts)))
 
     def validate_static(self, args, kwargs):
         for i in self.static_argnums:
@@ -190,7 +197,7 @@ class JitState:
             if name in kwargs and any(isinstance(x, Tensor) for x in tree_flatten(kwargs[name])[0]):
                 raise ArgumentTypeError(f"static argument '{name}' of '{_fn_name(self.fn)}' holds a tensor")
 
-    def compile(self, args, kwargs, leaves, key=None, open_dims=None, hints=None) -> CacheEntry:
+    def compile(self, args, kwargs, leaves, key, open_dims=None, hints=None) -> CacheEntry:
         """The entry for a call, compiled (compile_stages.py) with the dimensions in open_dims (tensor number
         -> dims) symbolic, traced at the sizes in hints ((tensor number, dim) -> size) where given."""
         c = compile_stages.begin(self.fn, _fn_name(self.fn), args, kwargs, self.executors, fallback=self.fallback,
@@ -206,7 +213,7 @@ class JitState:
         symbolic_sizes = SymbolicSizes(c.sizes, key) if c.sizes is not None and c.sizes.symbolic_dims else None
         if c.sizes is not None:
             self.pinned_sizes += c.sizes.pinned()
-        return CacheEntry(c.compiled, c.traces, c.backward, positions, c.guards, symbolic_sizes)
+        return CacheEntry(key, c.compiled, c.traces, c.backward, positions, c.guards, symbolic_sizes)
 
     def compile_symbolic(self, args, kwargs, leaves, key, open_dims, hints, tensors) -> CacheEntry:
         """compile with open_dims symbolic; where tracing them fails, compiled with this call's sizes instead,
@@ -251,7 +258,7 @@ class JitState:
 
     def lookup(self, key, leaves):
         for entry in reversed(self.cache.get(key, ())):
-            if entry.valid(leaves):
+            if entry.checks_nothing or entry.valid(leaves):
                 return entry
         for entry in reversed(self.symbolic_entries):
             if entry.sizes.matches(key) and entry.valid(leaves):
@@ -263,20 +270,21 @@ class JitState:
             # Called while an outer function is being traced: jit inside jit is the
             # function itself, traced into the outer trace (as jax.jit nests).
             return self.fn(*args, **kwargs)
-        self.validate_static(args, kwargs)
+        if self.static_argnums or self.static_argnames:
+            self.validate_static(args, kwargs)
         leaves, spec = tree_flatten((args, kwargs))
         key = self.key(leaves, spec)
         entry = self.lookup(key, leaves)
         if entry is not None:
             self.stats[0] += 1
-            return self.run(entry, key, args, kwargs, leaves)
+            return self.run(entry, args, kwargs, leaves)
         # told on stderr if it takes long (core/progress.py); artifacts written where configured (core/artifacts.py)
         with progress.compiling(_fn_name(self.fn)), artifacts.writing_to(self.cache_dir):
             entry = self.compiled_entry(key, args, kwargs, leaves)
             if entry is None:
                 return self.fn(*args, **kwargs)
             progress.stage("first run (where fusion executors compile their regions)")
-            return self.run(entry, key, args, kwargs, leaves)
+            return self.run(entry, args, kwargs, leaves)
 
     def compiled_entry(self, key, args, kwargs, leaves) -> CacheEntry | None:
         """The entry for this call, compiled and cached if there is none yet (counted as a miss);
@@ -286,6 +294,7 @@ class JitState:
             if entry is not None:
                 self.stats[0] += 1
                 return entry
+            key = named(key, leaves)
             reason = self.why_miss(key, args, kwargs, leaves)
             tensors = [x for x in leaves if isinstance(x, Tensor)]
             open_dims, hints = open_dimensions(self.dynamic, key, tensors, self.compiled_keys(), self.marked_dynamic)
@@ -329,22 +338,22 @@ class JitState:
             self.last_traces, self.last_backward_traces = entry.traces, entry.backward_traces
         return entry
 
-    def run(self, entry: CacheEntry, key: tuple, args, kwargs, leaves):
+    def run(self, entry: CacheEntry, args, kwargs, leaves):
         """Call a cache entry, and make it the fast path's for calls like this one."""
         self.last_traces, self.last_backward_traces = entry.traces, entry.backward_traces
-        if (not self.static_argnums and not key.autocast and len(entry.tensor_positions) == len(args) + len(kwargs)
+        if (not self.static_argnums and not entry.key.autocast and len(entry.tensor_positions) == len(args) + len(kwargs)
                 and all(isinstance(a, Tensor) for a in args) and all(isinstance(v, Tensor) for v in kwargs.values())
                 and not (isinstance(entry.fn, Guarded) and entry.fn.grad_reads)):
             # (an entry reading .grad at call time takes extra inputs: it stays on this path)
             if kwargs:
-                self.keyword_cache[(len(args), *kwargs)] = self.keyword_hit(entry, key, kwargs)
+                self.keyword_cache[(len(args), *kwargs)] = self.keyword_hit(entry, kwargs)
             else:
                 if len(self.fast_cache) >= _FAST_CACHE_LIMIT:
                     # a symbolic entry serves every size, and each size is a key here: a generation of thousands
                     # of tokens would keep thousands; the hot entry stays (the dispatcher holds it)
                     self.fast_cache.clear()
-                self.fast_cache[fast_key(args)] = self.fast_hit(entry, key)
-        return entry.fn(*[leaves[i] for i in entry.tensor_positions])
+                self.fast_cache[fast_key(args)] = self.fast_hit(entry)
+        return entry.fn(*map(leaves.__getitem__, entry.tensor_positions))  # (no comprehension's frame per call)
 
     def evict_oldest(self) -> None:
         if self.cache:
@@ -361,23 +370,23 @@ class JitState:
             for name in self.dispatcher_globals["hot_names"]:
                 self.dispatcher_globals[name] = miss
 
-    def fast_hit(self, entry: CacheEntry, key: tuple):
+    def fast_hit(self, entry: CacheEntry):
         """The fast path's function for entry, called with the positional tensors: it checks the
         whole cache key (grad mode, default dtype, each tensor's dtype, shape, requires_grad and
         device), that no trace is being built and the entry's guards, then counts the hit and runs
         the entry; anything else returns MISS. Generated Python, made once per entry: comparing
         with constants costs less than building and hashing a key."""
         if entry.fast_hit is None:
-            entry.fast_hit = hit_function(*_checked_key(entry, key), entry.fn, entry.guards_hold, self.stats,
+            entry.fast_hit = hit_function(*_checked_key(entry), entry.fn, entry.guards_hold, self.stats,
                                            entry.layout)
         return entry.fast_hit
 
-    def keyword_hit(self, entry: CacheEntry, key: tuple, kwargs: dict):
+    def keyword_hit(self, entry: CacheEntry, kwargs: dict):
         """fast_hit's function for a call with tensors by keyword too (a Hugging Face model's
         `model(input_ids=..., labels=...)`), called with (args, kwargs): it finds each tensor by
         position or by name, in the order the cache key flattened them (keywords sorted)."""
         if entry.keyword_hit is None:
-            entry.keyword_hit = hit_function(*_checked_key(entry, key), entry.fn, entry.guards_hold, self.stats,
+            entry.keyword_hit = hit_function(*_checked_key(entry), entry.fn, entry.guards_hold, self.stats,
                                               entry.layout, keywords=tuple(sorted(kwargs)))
         return entry.keyword_hit
 
@@ -409,11 +418,11 @@ def _without(open_dims: dict, dims) -> dict:
     return {k: ds for k, ds in kept.items() if ds}
 
 
-def _checked_key(entry: CacheEntry, key: CacheKey) -> tuple:
+def _checked_key(entry: CacheEntry) -> tuple:
     """(the key a check-and-call function compares a call with, the size guards it checks): an entry with
     symbolic dimensions compares its pattern (those sizes free) and checks its trace's guards on sizes."""
     if entry.sizes is None:
-        return key, None
+        return entry.key, None
     return entry.sizes.pattern, entry.sizes.guard_code
 
 
