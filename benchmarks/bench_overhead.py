@@ -3,7 +3,7 @@
 Workloads:
   tiny  `torch.sin(x) * y + x` on 16-element tensors: three torch ops whose compute
         is negligible, so the per-call time is almost all framework overhead.
-  scalar `torch.sin(x * 2 + 1)` on 16 elements: issue 12's cached-call target (<= 1.0x eager);
+  scalar `torch.sin(x * 2 + 1)` on 16 elements: the cached-call goal (<= 1.0x eager);
         each Python-number operand costs torch a wrapped-number tensor, in eager as in the trace.
   gpt   forward of thunderfn.examples.gpt.GPT (vocab 64, 64 channels, 4 heads,
         32 tokens, batch 4) with loss, eval mode, no_grad.

@@ -172,3 +172,21 @@ def test_a_rule_for_an_identity_is_the_only_gradient_that_reaches_the_argument(t
         tf.jit(loss)(x).backward()
         got = x.grad
     torch.testing.assert_close(got, torch.full((2,), 0.5))
+
+
+def test_fwd_may_call_the_function_itself():
+    # JAX's own examples write `def f_fwd(x): return f(x), x`: inside its fwd the function is its primal
+    @tf.custom_vjp
+    def softplus(x):
+        return torch.nn.functional.softplus(x)
+
+    softplus.defvjp(lambda x: (softplus(x), x), lambda x, g: (g * torch.sigmoid(x),))
+    x = torch.randn(5, dtype=torch.float64)
+    loss = lambda x: softplus(x).sum()  # noqa: E731
+    torch.testing.assert_close(tf.grad(loss)(x), torch.sigmoid(x))
+    torch.testing.assert_close(tf.jit(tf.grad(loss))(x), torch.sigmoid(x))
+    s = torch.sigmoid(x)
+    torch.testing.assert_close(tf.jacrev(tf.grad(loss))(x), torch.diag(s * (1 - s)))
+    leaf = x.clone().requires_grad_()
+    softplus(leaf).sum().backward()  # eager, differentiated by torch.autograd through the rule
+    torch.testing.assert_close(leaf.grad, torch.sigmoid(x))

@@ -10,7 +10,7 @@ import thunderfn
 from thunderfn import prims
 from thunderfn.prims import PrimIDs
 from thunderfn.transforms import jvp_rules as jvp_module
-from thunderfn.transforms.jvp_rules import NOT_DIFFERENTIATED, Residuals, jvp_rules
+from thunderfn.transforms.jvp_rules import NOT_DIFFERENTIATED, RecordedCall, jvp_rules
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, vjp_rules
 
 from test_vjp_rules import CASES as VJP_CASES, F64, _is_float_tensor, _leaves, _map, randn, t
@@ -75,9 +75,9 @@ def _tangents(args, only, gen):
 
 
 def _run_rule(pid, args, kwargs, tangents):
-    out = getattr(prims, pid.name.lower())(*args, **kwargs)
+    prim = getattr(prims, pid.name.lower())
     tangents = tuple(tuple(x) if isinstance(x, list) else x for x in tangents)
-    return jvp_rules[pid].fwd(Residuals(tuple(args), dict(kwargs), out), tangents)
+    return jvp_rules[pid].fwd(RecordedCall(prim, tuple(args), dict(kwargs), prim(*args, **kwargs)), tangents)
 
 
 def _expected(pid, args, kwargs, tangents):
@@ -208,4 +208,4 @@ def test_every_prim_rule_has_a_case():
 def test_complex_arguments_are_refused_with_the_prim_named():
     z = torch.tensor([1 + 2j])
     with pytest.raises(NotImplementedError, match="prims.sin"):
-        jvp_rules[PrimIDs.SIN].fwd(Residuals((z,), {}, prims.sin(z)), (torch.ones_like(z),))
+        jvp_rules[PrimIDs.SIN].fwd(RecordedCall(prims.sin, (z,), {}, prims.sin(z)), (torch.ones_like(z),))

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import thunderfn as tf
+from thunderfn.core.pytree import of_leaves, of_positions, tree_flatten
 
 Pair = collections.namedtuple("Pair", "a b")
 
@@ -203,3 +204,30 @@ def test_a_users_own_registration_replaces_the_one_adopted_from_torch():
     tf.register_pytree_node(Twice, lambda o: ((o.x,), "mine"), lambda aux, children: Twice(children[0] * 0 + 7))
     out = tf.jit(lambda t: Twice(t.x + 1))(Twice(torch.zeros(2)))
     assert out.x.tolist() == [7.0, 7.0]  # rebuilt by the user's unflatten
+
+
+def test_of_positions_and_of_leaves_vary_only_the_chosen_arguments_and_keep_the_functions_name():
+    """One "call fn with some arguments held fixed" (core/pytree.py) serves grad's argnums, the
+    Jacobians' argnums and the opaque ops' tensors."""
+    def affine(a, b, c, *, scale):
+        return (a + 10 * b + 100 * c) * scale
+
+    of_b = of_positions(affine, (1, 2, 3), (1,), {"scale": 2})
+    assert of_b(5) == (1 + 50 + 300) * 2 and of_b.__name__ == "affine"
+    of_a_c = of_positions(affine, [1, 2, 3], (0, 2), {"scale": 1})
+    assert of_a_c(7, 9) == 7 + 20 + 900
+    leaves, spec = tree_flatten(((1, 2, 3), {"scale": 3}))
+    of_c_scale = of_leaves(affine, leaves, spec, (2, 3))
+    assert of_c_scale(4, -1) == -(1 + 20 + 400) and of_c_scale.__name__ == "affine"
+
+
+def test_grad_and_jacobians_with_argnums_hold_the_other_arguments_fixed():
+    def f(x, w, b, *, scale):
+        return ((x @ w + b) * scale).tanh().sum()
+
+    x, w, b = torch.randn(3, 4), torch.randn(4, 2), torch.randn(2)
+    wt = w.clone().requires_grad_(True)
+    expected, = torch.autograd.grad(f(x, wt, b, scale=0.5), wt)
+    torch.testing.assert_close(tf.grad(f, argnums=1)(x, w, b, scale=0.5), expected)
+    torch.testing.assert_close(tf.jacrev(f, argnums=1)(x, w, b, scale=0.5), expected)
+    torch.testing.assert_close(tf.jacfwd(f, argnums=1)(x, w, b, scale=0.5), expected)

@@ -1,7 +1,7 @@
-"""One registration style per table: every entry of vjp_rules, jvp_rules and an executor's
-lowerings is one explicit rule type, entered through one function that the public spellings
-(defvjp, custom_vjp.defvjp, register_lowering, register_implementation, add_operator_executor,
-register_prim) wrap."""
+"""One registration style per table: every entry of vjp_rules, jvp_rules, batching_rules and an
+executor's lowerings is one explicit rule type, entered through one function that the public
+spellings (defvjp, custom_vjp.defvjp, defbatch, register_operator(batch_rule=), register_lowering,
+register_implementation, add_operator_executor, register_prim) wrap."""
 from __future__ import annotations
 
 import gc
@@ -17,6 +17,7 @@ from thunderfn.executors import (Lowering, OperatorExecutor, RunAsItself, RunAsO
                                  add_operator_executor)
 from thunderfn.executors.torch_executor import prim_impls
 from thunderfn.testing.registries import RegistrySnapshot
+from thunderfn.transforms.batching_rules import BatchRule, batching_rules, defbatch, register_batch
 from thunderfn.transforms.jvp_rules import JVPRule, jvp_rules, register_jvp
 from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, rule_for, vjp_rules
 
@@ -28,9 +29,10 @@ def _registrations_undone():
     snapshot.restore()
 
 
-def test_every_vjp_and_jvp_table_entry_is_its_rule_type():
+def test_every_vjp_jvp_and_batching_table_entry_is_its_rule_type():
     assert vjp_rules and all(isinstance(rule, VJPRule) for rule in vjp_rules.values())
     assert jvp_rules and all(isinstance(rule, JVPRule) for rule in jvp_rules.values())
+    assert batching_rules and all(isinstance(rule, BatchRule) for rule in batching_rules.values())
 
 
 def test_the_tables_refuse_anything_but_their_rule_type():
@@ -38,6 +40,8 @@ def test_the_tables_refuse_anything_but_their_rule_type():
         register_vjp("some.symbol", lambda res, g: (g,))
     with pytest.raises(TypeError, match="must be a JVPRule"):
         register_jvp("some.symbol", lambda res, t: t[0])
+    with pytest.raises(TypeError, match="must be a BatchRule"):
+        register_batch("some.symbol", lambda args, dims, kwargs, out: (args[0], dims[0]))
     with pytest.raises(TypeError, match="action is"):
         Lowering(None, lambda a: a)
     with pytest.raises(TypeError, match="must be a Lowering"):
@@ -98,3 +102,37 @@ def test_register_prim_fills_the_shared_prim_table_and_the_eager_implementation(
     assert executors.torch_prims_ex.lowering_for(bsym).action == RunWithTorch()
     torch.testing.assert_close(prim(torch.ones(2)), torch.full((2,), 2.0))  # eagerly
     torch.testing.assert_close(tf.jit(prim)(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def _doubling_operator(ex, **batch_rule):
+    return ex.register_operator("double", meta=lambda a: tf.TensorProxy(shape=a.shape, dtype=a.dtype, device=a.device),
+                                fn=lambda a: a * 2, **batch_rule)
+
+
+def test_defbatch_and_an_operators_batch_rule_enter_the_batching_table_by_symbol_id():
+    @defbatch("some.symbol", "other.symbol")
+    def rule(args, dims, kwargs, out):
+        return args[0], dims[0]
+
+    assert batching_rules["some.symbol"] == batching_rules["other.symbol"] == BatchRule(rule)
+    ex = OperatorExecutor("batched_ex")
+    calls = []
+
+    def batch_double(args, dims, kwargs, out):
+        calls.append(dims)
+        return op(args[0]), dims[0]
+
+    op = _doubling_operator(ex, batch_rule=batch_double)
+    assert batching_rules[op.id] == BatchRule(batch_double)
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(tf.vmap(lambda a: op(a), in_axes=1)(x.T), x * 2)
+    assert calls == [(1,)]
+
+
+def test_a_new_executor_of_the_same_name_does_not_inherit_an_operators_batch_rule():
+    first = _doubling_operator(OperatorExecutor("renewed_ex"), batch_rule=lambda args, dims, kwargs, out: (args[0], dims[0]))
+    assert first.id in batching_rules
+    again = _doubling_operator(OperatorExecutor("renewed_ex"))
+    assert again.id == first.id and again.id not in batching_rules
+    with pytest.raises(tf.errors.BatchingError, match="no batching rule"):
+        tf.vmap(lambda a: again(a))(torch.ones(2, 3))

@@ -7,7 +7,7 @@ import torch
 import thunderfn
 from thunderfn import prims
 from thunderfn.prims import PrimIDs
-from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, vjp_rules
+from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, RecordedCall, vjp_rules
 
 F64 = torch.float64
 _gen = torch.Generator().manual_seed(0)
@@ -180,8 +180,8 @@ def _leaves(x):
 
 
 def _run_rule(pid, args, kwargs, g):
-    out = getattr(prims, pid.name.lower())(*args, **kwargs)
-    return vjp_rules[pid].bwd(Residuals(tuple(args), dict(kwargs), out), g)
+    prim = getattr(prims, pid.name.lower())
+    return vjp_rules[pid].bwd(RecordedCall(prim, tuple(args), dict(kwargs), prim(*args, **kwargs)), g)
 
 
 def _expected(pid, args, kwargs, drop):
@@ -243,7 +243,7 @@ def test_every_rule_has_a_case():
 def test_complex_arguments_are_refused_with_the_prim_named():
     z = torch.tensor([1 + 2j])
     with pytest.raises(NotImplementedError, match="prims.sin"):
-        vjp_rules[PrimIDs.SIN].bwd(Residuals((z,), {}, prims.sin(z)), torch.ones_like(z))
+        vjp_rules[PrimIDs.SIN].bwd(RecordedCall(prims.sin, (z,), {}, prims.sin(z)), torch.ones_like(z))
 
 
 def _second_order(pid, args, kwargs, drop, use_rule):
@@ -253,12 +253,13 @@ def _second_order(pid, args, kwargs, drop, use_rule):
     targs = _map(lambda x: x.detach().clone().requires_grad_(True) if _is_float_tensor(x) else x, args)
     inputs = [x for x in _leaves(targs) if _is_float_tensor(x)]
     with torch.enable_grad():
-        out = getattr(prims, pid.name.lower())(*targs, **kwargs)
+        prim = getattr(prims, pid.name.lower())
+        out = prim(*targs, **kwargs)
         outs = out if isinstance(out, tuple) else (out,)
         cots = tuple(None if i in drop or not o.dtype.is_floating_point else
                      torch.randn(o.shape, generator=gen, dtype=o.dtype).requires_grad_(True) for i, o in enumerate(outs))
         if use_rule:
-            firsts = _leaves(vjp_rules[pid].bwd(Residuals(tuple(targs), dict(kwargs), out), cots if isinstance(out, tuple) else cots[0]))
+            firsts = _leaves(vjp_rules[pid].bwd(RecordedCall(prim, tuple(targs), dict(kwargs), out), cots if isinstance(out, tuple) else cots[0]))
             firsts = [f for f, a in zip(firsts, _leaves(targs)) if _is_float_tensor(a)]
         else:
             pairs = [(o, c) for o, c in zip(outs, cots) if c is not None and o.requires_grad]

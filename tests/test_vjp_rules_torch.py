@@ -9,8 +9,10 @@ import torch.nn.functional as F
 
 import thunderfn as tf
 import thunderfn.torch as ltorch
+from thunderfn.core.interception import lift_constants
 from thunderfn.testing.gradients import assert_low_precision_as_accurate_as_torch, assert_second_derivative_matches_torch, torch_grads
-from thunderfn.transforms.vjp_rules import vjp_rules
+from thunderfn.errors import InternalError
+from thunderfn.transforms.vjp_rules import RecordedCall, vjp_rules
 
 F64 = torch.float64
 _gen = torch.Generator().manual_seed(0)
@@ -335,3 +337,95 @@ def test_logcumsumexp_float32_gradient_rounds_as_eagers(dim):
     weights = randn(5, 5, 5, dtype=torch.float32)
     f = lambda x: (torch.logcumsumexp(x, dim) * weights).sum()  # noqa: E731
     torch.testing.assert_close(tf.grad(f)(x), torch_grads(f, (x,))[1][0])
+
+
+# -- named arguments: a rule reads an option by its name in the symbol's signature --------------------
+# The symbol called with the option positionally, by keyword and left out, as the rule then sees the call
+# (torch's Python functions, F.hardtanh say, pass their options to the symbol by keyword whichever way they
+# got them); the first two give it a value that is not the default, so a rule reading the wrong place would
+# get the default's gradient, not torch's. A 3-d input keeps cross_entropy's default call on its own rule
+# (not eager's log_softmax and nll_loss kernels), and a value head size other than the query's keeps
+# attention's calls off the sdpa executor's flash kernels, whose backward is their own.
+_logits, _classes = randn(5, 7, 2), torch.tensor([[0, 3], [6, 1], [2, 2], [5, 0], [4, 6]])
+_indices = torch.tensor([[0, 2, 5], [2, 2, 1]])
+
+
+def _in_trace(t):
+    """A captured tensor as an argument of a symbol called directly (torch's functions lift it themselves)."""
+    return lift_constants(t)
+
+
+NAMED_OPTIONS = {  # option -> (args, the torch call in the execution trace, torch with the option and without, the symbol's calls)
+    "hardtanh-min_val-max_val": (
+        (_wide,), "torch.nn.functional.hardtanh(",
+        lambda x: weighted(F.hardtanh(x, -0.5, 2.0)), lambda x: weighted(F.hardtanh(x)), {
+            "positionally": lambda x: weighted(ltorch.hardtanh(x, -0.5, 2.0)),
+            "by keyword": lambda x: weighted(ltorch.hardtanh(x, max_val=2.0, min_val=-0.5)),
+            "by default": lambda x: weighted(ltorch.hardtanh(x))}),
+    "softplus-beta-threshold": (
+        (_wide,), "torch.nn.functional.softplus(",
+        lambda x: weighted(F.softplus(x, 2.0, 3.0)), lambda x: weighted(F.softplus(x)), {
+            "positionally": lambda x: weighted(ltorch.softplus(x, 2.0, 3.0)),
+            "by keyword": lambda x: weighted(ltorch.softplus(x, threshold=3.0, beta=2.0)),
+            "by default": lambda x: weighted(ltorch.softplus(x))}),
+    "cross_entropy-reduction-label_smoothing": (
+        (_logits,), "torch.nn.functional.cross_entropy(",
+        lambda x: F.cross_entropy(x, _classes, reduction="sum", label_smoothing=0.2),
+        lambda x: F.cross_entropy(x, _classes), {
+            "positionally": lambda x: ltorch.cross_entropy(x, _in_trace(_classes), None, None, -100, None, "sum", 0.2),
+            "by keyword": lambda x: ltorch.cross_entropy(x, _in_trace(_classes), label_smoothing=0.2, reduction="sum"),
+            "by default": lambda x: ltorch.cross_entropy(x, _in_trace(_classes))}),
+    "embedding-padding_idx": (
+        (randn(6, 3),), "torch.nn.functional.embedding(",
+        lambda w: weighted(F.embedding(_indices, w, padding_idx=2)), lambda w: weighted(F.embedding(_indices, w)), {
+            "positionally": lambda w: weighted(ltorch.embedding(_in_trace(_indices), w, 2)),
+            "by keyword": lambda w: weighted(ltorch.embedding(_in_trace(_indices), w, padding_idx=2)),
+            "by default": lambda w: weighted(ltorch.embedding(_in_trace(_indices), w))}),
+    "sdpa-is_causal": (  # (torch takes the options after is_causal by keyword only)
+        (q, k, v), "torch.nn.functional.scaled_dot_product_attention(",
+        lambda q, k, v: weighted(sdpa(q, k, v, is_causal=True)), lambda q, k, v: weighted(sdpa(q, k, v)), {
+            "positionally": lambda q, k, v: weighted(ltorch.scaled_dot_product_attention(q, k, v, None, 0.0, True)),
+            "by keyword": lambda q, k, v: weighted(ltorch.scaled_dot_product_attention(q, k, v, is_causal=True)),
+            "by default": lambda q, k, v: weighted(ltorch.scaled_dot_product_attention(q, k, v))}),
+}
+
+
+@pytest.mark.parametrize("option", sorted(NAMED_OPTIONS))
+def test_rule_reads_an_option_given_positionally_by_keyword_or_left_to_its_default_alike(option):
+    args, call, with_option, without, ways = NAMED_OPTIONS[option]
+    with_option(*args)  # eagerly once: makes its cotangents
+    got = {}
+    for way, fn in ways.items():
+        got[way] = tf.grad(fn, argnums=_argnums(args))(*args)
+        expected = torch_grads(without if way == "by default" else with_option, args)[1]
+        for g, e in zip(got[way], expected):
+            torch.testing.assert_close(g, e, msg=lambda m: f"{option}, given {way}: {m}")
+        assert sum(call in s for s in _statements(fn, args)) == 1, f"{option}, given {way}: the rule did not run"
+    for g, e in zip(got["positionally"], got["by keyword"]):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+def test_recorded_call_reads_arguments_by_their_names_in_the_symbols_signature():
+    out = q  # (what the rule would get as the output plays no part here)
+    sym = ltorch.scaled_dot_product_attention
+    positional = RecordedCall(sym, (q, k, v, None, 0.0, True, 0.5), {}, out)
+    by_keyword = RecordedCall(sym, (q, k, v), {"scale": 0.5, "is_causal": True}, out)
+    by_default = RecordedCall(sym, (q, k, v), {}, out)
+    assert positional.arg("is_causal") is by_keyword.arg("is_causal") is True
+    assert positional.arg("scale") == by_keyword.arg("scale") == 0.5
+    assert by_default.arg("is_causal") is False and by_default.arg("scale") is None and by_default.arg("attn_mask") is None
+    assert positional.arg("value") is by_default.arg("value") is v
+    # keyword-only parameters: by keyword or their default
+    assert RecordedCall(ltorch.std, (q, 1), {"correction": 0}, out).arg("correction") == 0
+    assert RecordedCall(ltorch.std, (q, 1), {}, out).arg("correction") is None
+    # a name the signature lacks is a bug in the rule, named as one (not a silent default)
+    with pytest.raises(InternalError, match="'causal' of ltorch.scaled_dot_product_attention"):
+        by_default.arg("causal")
+
+
+def test_a_call_that_does_not_fit_the_signature_raises_torchs_error_before_any_rule():
+    x = randn(3, 4).requires_grad_(True)
+    with pytest.raises(TypeError, match=r"softplus\(\) takes from 1 to 3 positional arguments but 4 were given"):
+        tf.grad(lambda x: F.softplus(x, 1.0, 20.0, 5).sum())(x)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        tf.grad(lambda x: F.softplus(x, bogus=1.0).sum())(x)

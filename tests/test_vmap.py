@@ -9,7 +9,10 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import thunderfn as tf
+from thunderfn import prims
 from thunderfn.errors import BatchingError
+from thunderfn.prims import PrimIDs
+from thunderfn.transforms.batching_rules import NOT_BATCHED, BatchRule, batching_rules
 from thunderfn.testing import strategies as tst
 
 FUNCTIONS = {  # name -> (fn, per-example shapes of its args)
@@ -425,3 +428,21 @@ def test_an_output_the_same_for_every_example_is_broadcast_as_torch_func(fn, chu
 
 
 _CAPTURED = torch.tensor([1.0, -2.0])
+
+
+# -- coverage ------------------------------------------------------------------------------
+def test_every_prim_has_a_batching_rule_or_a_reason():
+    unaccounted = [p for p in PrimIDs if p not in batching_rules and p not in NOT_BATCHED]
+    assert not unaccounted, f"prims with no batching rule and no declaration: {unaccounted}"
+    assert not set(batching_rules) & set(NOT_BATCHED)
+    assert all(isinstance(reason, str) and reason for reason in NOT_BATCHED.values())
+    # a prim declared without a rule is one the driver never batches: it takes no tensor
+    for p in NOT_BATCHED:
+        x = tst.make((BATCH, 3), torch.float64, 0)
+        made = {PrimIDs.FULL: lambda a: prims.full((3,), 2.0, device=a.device, dtype=a.dtype),
+                PrimIDs.IOTA: lambda a: prims.iota(3, start=0, step=1, device=a.device, dtype=a.dtype)}[p]
+        torch.testing.assert_close(tf.vmap(lambda a: a + made(a))(x), x + made(x))
+
+
+def test_every_batching_table_entry_is_a_batch_rule():
+    assert batching_rules and all(isinstance(rule, BatchRule) for rule in batching_rules.values())

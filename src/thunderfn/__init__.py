@@ -7,6 +7,8 @@
 The api layer, on top of everything (docs/architecture.md draws the layers); nothing
 in the package imports it.
 """
+import importlib
+
 from thunderfn import clang, errors, prims  # noqa: F401  (the languages)
 from thunderfn import torch  # noqa: F401  (the torch language: tf.torch.mul, ...)
 # The layers in order (docs/architecture.md). Transforms come before executors:
@@ -22,6 +24,7 @@ from thunderfn import executors  # noqa: F401
 from thunderfn import extend  # noqa: F401  (the executor API under Thunder's name)
 from thunderfn import distributed  # noqa: F401  (tf.distributed: ddp on torch.distributed)
 from thunderfn import dynamo  # noqa: F401  (tf.dynamo: the torch.compile backend)
+from thunderfn import debug  # noqa: F401  (tf.debug.print, tf.debug.breakpoint: values at run time)
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import register_pytree_node
 from thunderfn.core.symbol import BoundSymbol, Symbol
@@ -36,11 +39,20 @@ from thunderfn.transforms.autodiff import grad, value_and_grad, vjp
 from thunderfn.transforms.forward_mode import jvp
 from thunderfn.transforms.vmap import vmap
 from thunderfn.transforms.jacobians import hessian, jacfwd, jacrev
+from thunderfn.visualize import visualize
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it from here
+
+
+def __getattr__(name):
+    # tf.testing (check_grads, the strategies, the OpInfo database) sits above the api and imports
+    # it, so it is loaded when first asked for rather than by `import thunderfn`
+    if name == "testing":
+        return importlib.import_module("thunderfn.testing")
+    raise AttributeError(f"module 'thunderfn' has no attribute {name!r}")
 
 __all__ = [
-    "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "custom_jvp", "trace", "last_traces", "last_backward_traces", "cache_info", "mark_dynamic", "mark_static", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
+    "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "custom_jvp", "trace", "last_traces", "last_backward_traces", "cache_info", "visualize", "mark_dynamic", "mark_static", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
     "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "EscapedProxyError", "UserGradientError", "prims", "clang", "torch",
-    "executors", "errors", "dynamo",
+    "executors", "errors", "dynamo", "debug", "testing",
 ]

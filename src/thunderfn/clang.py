@@ -10,7 +10,6 @@ May import: core/ and prims.
 """
 from __future__ import annotations
 
-import enum
 import math
 import numbers
 import sys
@@ -21,19 +20,10 @@ import torch
 from thunderfn import prims
 from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.prims import canonical_dim, canonical_dims, check
+from thunderfn.prims import Promotion, canonical_dim, canonical_dims, check  # noqa: F401  (Promotion: clang.Promotion too)
 from thunderfn.errors import ArgumentRuntimeError, ArgumentTypeError
 
 _this_module = sys.modules[__name__]
-
-
-class Promotion(enum.Enum):
-    """How an elementwise op derives its result dtype from the promoted input dtype."""
-    DEFAULT = "default"  # result_type of the inputs
-    INT_TO_FLOAT = "int_to_float"  # bool/int results become the default float dtype (exp, sqrt, true div)
-    ALWAYS_BOOL = "always_bool"  # comparisons: inputs promoted together, result bool
-    COMPLEX_TO_FLOAT = "complex_to_float"  # abs: complex results become their real dtype
-    BOOL_TO_LONG = "bool_to_long"  # bool results become int64 (sum of bools)
 
 
 def is_tensor(x) -> bool:
@@ -146,40 +136,30 @@ def _elementwise(prim, *args, kind: Promotion = Promotion.DEFAULT, **kwargs):
     return out
 
 
-def _unary_fn(prim, kind):
-    def fn(a):
-        return _elementwise(prim, a, kind=kind)
+def elementwise_function(op: prims.ElementwiseOp):
+    """clang's function of an elementwise table entry (prims.py): promote by op.promotion,
+    broadcast, call the prim."""
+    prim, kind = op.prim, op.promotion
+    if op.arity == 1:
+        def fn(a):
+            return _elementwise(prim, a, kind=kind)
+    else:
+        def fn(a, b):
+            return _elementwise(prim, a, b, kind=kind)
 
-    fn.__name__ = prim.name
+    fn.__name__ = fn.__qualname__ = prim.name
     return fn
 
 
-def _binary_fn(prim, kind):
-    def fn(a, b):
-        return _elementwise(prim, a, b, kind=kind)
-
-    fn.__name__ = prim.name
-    return fn
+def define(op: prims.ElementwiseOp) -> None:
+    """Make op's clang function `clang.<name>` (prims' elementwise table: every entry but div's)."""
+    if op.clang:
+        setattr(_this_module, op.name, elementwise_function(op))
 
 
-_INT_TO_FLOAT_UNARY = ("exp exp2 expm1 log log1p log2 log10 sqrt rsqrt reciprocal sin cos tan asin acos atan sinh "
-                       "cosh tanh asinh acosh atanh erf erfc erfinv lgamma digamma").split()
-for _name in _INT_TO_FLOAT_UNARY:
-    setattr(_this_module, _name, _unary_fn(getattr(prims, _name), Promotion.INT_TO_FLOAT))
-for _name in "neg floor ceil round trunc sign bitwise_not".split():
-    setattr(_this_module, _name, _unary_fn(getattr(prims, _name), Promotion.DEFAULT))
-for _name in "signbit isfinite isnan".split():
-    setattr(_this_module, _name, _unary_fn(getattr(prims, _name), Promotion.ALWAYS_BOOL))
-abs = _unary_fn(prims.abs, Promotion.COMPLEX_TO_FLOAT)
-real = _unary_fn(prims.real, Promotion.COMPLEX_TO_FLOAT)
-imag = _unary_fn(prims.imag, Promotion.COMPLEX_TO_FLOAT)
-
-for _name in "add sub mul maximum minimum fmod remainder pow bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift".split():
-    setattr(_this_module, _name, _binary_fn(getattr(prims, _name), Promotion.DEFAULT))
-for _name in "eq ne lt le gt ge".split():
-    setattr(_this_module, _name, _binary_fn(getattr(prims, _name), Promotion.ALWAYS_BOOL))
-for _name in "atan2 copysign nextafter".split():
-    setattr(_this_module, _name, _binary_fn(getattr(prims, _name), Promotion.INT_TO_FLOAT))
+# clang.exp, clang.add, ...: one function per line of prims.py's elementwise table
+for _op in prims.elementwise_ops.values():
+    define(_op)
 
 
 def true_divide(a, b):

@@ -129,7 +129,15 @@ def examine(fn, /, *args, **kwargs) -> Examination:
     Returns the report (an Examination: `.calls`, `.by_status(s)`, `.jit_ready`), which prints
     as the table: `print(tf.examine(fn, x))`, or the bare call at a prompt or in a notebook.
     Nothing is printed otherwise, so the report never appears twice. Arguments are used as
-    given: clone tensors that fn modifies."""
+    given: clone tensors that fn modifies.
+
+        >>> import torch, thunderfn as tf
+        >>> report = tf.examine(lambda x: torch.nonzero(torch.sin(x) > 0), torch.randn(4))
+        >>> report.jit_ready  # nonzero's output shape depends on values
+        False
+        >>> [call.name for call in report.by_status("unsupported")]
+        ['torch.nonzero']
+    """
     recorder = _Recorder()
     with torch.no_grad(), recorder, watching_functions(recorder.function_applied):
         fn(*args, **kwargs)

@@ -9,15 +9,47 @@ from __future__ import annotations
 
 import dis
 import sys
+from typing import Callable, Sequence
 
+from thunderfn import clang, prims
 from thunderfn.executors import (Executor, FusionExecutor, OperatorExecutor, add_default_executor,  # noqa: F401
                                  add_operator_executor, available, deregister_executor, get_all_executors,
                                  get_default_executors, get_executor, register_executor, remove_default_executor,
                                  set_default_executors)
+from thunderfn.errors import ArgumentValueError
+from thunderfn.executors import nvfuser as nvfuser_executor
+from thunderfn.torch import elementwise as ltorch_elementwise
+from thunderfn.transforms import batching_rules, jvp_rules
 
 __all__ = ["Executor", "FusionExecutor", "OperatorExecutor", "add_default_executor", "add_operator_executor",
            "available", "deregister_executor", "get_all_executors", "get_default_executors", "get_executor",
-           "register_executor", "remove_default_executor", "set_default_executors"]
+           "register_executor", "remove_default_executor", "set_default_executors", "elementwise_op"]
+
+
+def elementwise_op(name: str, kinds: Sequence[str], promotion: prims.Promotion, *, impl: Callable,
+                   partials: Sequence[Callable], ltorch: prims.TorchSymbol | None = prims.SYMBOL,
+                   nvfuser: str | None = None):
+    """Add an elementwise op from outside the library, with one call: what a line of prims.py's
+    elementwise table and its vjp_rules.partials entry give a library op. Makes the prim
+    `prims.<name>` (taking tensors of the dtype `kinds`, prims.FLOAT and friends) computing `impl`
+    on real tensors; clang's `clang.<name>` (promoting by `promotion`, broadcasting); its VJP and JVP
+    rules from `partials`, one per operand (`partial(g, *operands, out)` is g times d(out)/d(operand),
+    in the torch language, as vjp_rules.partials are written); its batching rule; nvFuser's op
+    `nvfuser` where named; and, unless `ltorch` is None, the torch-language symbol `ltorch.<name>`
+    (standing for the callables `ltorch.also` names), which it returns (the prim otherwise).
+    The number of partials says how many operands it takes (1 or 2)."""
+    make = {1: prims.unary_op, 2: prims.binary_op}.get(len(partials))
+    if make is None:
+        raise ArgumentValueError(f"elementwise_op {name!r}: give one partial per operand (1 or 2), got {len(partials)}")
+    prim = make(name, kinds, promotion, name=name, impl=impl, ltorch=ltorch, nvfuser=nvfuser)
+    op = prims.elementwise_ops[name]
+    clang.define(op)
+    jvp_rules.defpartials(prim.id, *partials)
+    batching_rules.defbatch_elementwise(prim)
+    if op.nvfuser is not None:
+        nvfuser_executor.translations[prim.id] = nvfuser_executor.elementwise_rule(op)
+    return prim if ltorch is None else ltorch_elementwise.plain_symbol(op)
+
 
 # Thunder's names that thunderfn spells differently, or does without: what to write instead.
 _INSTEAD = {

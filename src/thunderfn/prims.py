@@ -5,8 +5,12 @@ checks its inputs, raising torch's exception type with torch-like wording, and
 returns output proxies. Prims do no broadcasting and no type promotion; clang does
 that before calling them.
 
-Every prim also computes on real tensors, with its torch implementation (`torch_impls`,
-at the end: torch's own function or one of prims_eager.py's): importing this module is
+The elementwise prims are one line each of the elementwise table (`exp = unary_op(...)`,
+`elementwise_ops`), from which clang, the torch language, the torch executor and nvFuser
+make their parts; their derivatives are transforms/vjp_rules.py's `partials`.
+
+Every prim also computes on real tensors, with its torch implementation (`torch_impls`:
+torch's own function or one of prims_eager.py's): importing this module is
 enough to call `prims.add(x, y)` on tensors. The torch executor runs prims with the
 same table (executors/torch_executor.py); other executors lower them their own way.
 
@@ -15,6 +19,7 @@ May import: core/, prims_eager.py.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import enum
 import numbers
 import sys
@@ -112,13 +117,32 @@ def _out(like: TensorProxy, *, shape=None, dtype=None, device=None) -> TensorPro
                        device=like.device if device is None else device)
 
 
+# -- on real tensors -------------------------------------------------------------------
+# Each prim's torch implementation, by id: what the prim computes when called outside tracing (its
+# `eager`), and what the torch executor calls for it (executors/torch_executor.py; TorchExecutor.register_prim
+# adds a new prim's). A binary prim's number_impls entry serves a Python number operand. An elementwise
+# op's entries are made by its table line below; the other prims' are listed at the end of this module.
+torch_impls: dict = {}
+number_impls: dict = {}
+
+
+def implement(prim: Symbol, fn) -> None:
+    """The one way a prim gets its torch implementation: how it computes on real tensors (its
+    `eager`) and how the torch executor runs it (TorchExecutor.register_prim wraps this for a new
+    prim). A binary prim computes a Python number operand as its number_impls entry does."""
+    torch_impls[prim.id] = fn
+    prim.eager = fn if prim.id not in number_impls else prims_eager.binary_eager(fn, number_impls[prim.id])
+
+
 # -- elementwise -----------------------------------------------------------------------
-_FLOAT, _INT, _BOOL, _COMPLEX = "float", "int", "bool", "complex"
-_ANY = (_FLOAT, _INT, _BOOL, _COMPLEX)
+# The dtype kinds a prim takes, in the order its refusal names them.
+FLOAT, INT, BOOL, COMPLEX = "float", "int", "bool", "complex"
+ANY = (FLOAT, INT, BOOL, COMPLEX)
 
 
-def _kind(dtype) -> str:
-    return (_BOOL, _INT, _FLOAT, _COMPLEX)[dtypes.category(dtype)]
+def dtype_kind(dtype) -> str:
+    """FLOAT, INT, BOOL or COMPLEX: the kind of a dtype, as an elementwise op's `kinds` name them."""
+    return (BOOL, INT, FLOAT, COMPLEX)[dtypes.category(dtype)]
 
 
 _SCALAR_TYPE_NAMES = {
@@ -138,39 +162,102 @@ def check_dtype_supported(ok: bool, opname: str, dtype: torch.dtype, hint: str =
     check(ok, lambda: f"\"{opname}\" not implemented for '{scalar_type_name(dtype)}'{hint}", NotImplementedError)
 
 
-def _unary(id, name, supported=(_FLOAT, _COMPLEX), out_dtype=None):
+class Promotion(enum.Enum):
+    """How an elementwise op derives its result dtype from the promoted input dtype (clang promotes
+    before calling the prim; the prim's own result dtype follows from it too)."""
+    DEFAULT = "default"  # result_type of the inputs
+    INT_TO_FLOAT = "int_to_float"  # bool/int results become the default float dtype (exp, sqrt, true div)
+    ALWAYS_BOOL = "always_bool"  # comparisons: inputs promoted together, result bool
+    COMPLEX_TO_FLOAT = "complex_to_float"  # abs: complex results become their real dtype
+    BOOL_TO_LONG = "bool_to_long"  # bool results become int64 (sum of bools)
+
+
+DEFAULT, INT_TO_FLOAT, ALWAYS_BOOL, COMPLEX_TO_FLOAT = (Promotion.DEFAULT, Promotion.INT_TO_FLOAT, Promotion.ALWAYS_BOOL,
+                                                        Promotion.COMPLEX_TO_FLOAT)
+
+
+def _prim_dtype(promotion: Promotion, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a prim's result for inputs of `dtype` (already promoted by clang)."""
+    if promotion is Promotion.ALWAYS_BOOL:
+        return torch.bool
+    return dtypes.to_real(dtype) if promotion is Promotion.COMPLEX_TO_FLOAT else dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchSymbol:
+    """The torch-language symbol of an elementwise op that is its clang function behind torch's
+    argument checks (torch/elementwise.py makes it; an op whose symbol has checks or extras of its
+    own is written there by hand instead). It stands for torch.<name>, Tensor.<name> and
+    torch.special.<name> where they exist, then `also`; `number_input`, `number_other`: whether
+    torch takes a Python number as that operand of a binary op (its signature says)."""
+    also: tuple = ()
+    number_input: bool = True
+    number_other: bool = True
+
+
+SYMBOL = TorchSymbol()  # a plain symbol with torch's own names only
+
+
+@dataclasses.dataclass(frozen=True)
+class ElementwiseOp:
+    """One elementwise op, from which each layer makes its part: the prim (its meta refuses dtype
+    kinds outside `kinds`), its torch implementation (torch_impls, number_impls), clang's function
+    (promotes by `promotion`, broadcasts, calls the prim), the torch-language symbol (`ltorch`, a
+    TorchSymbol, or None where it is hand-written or absent), and nvFuser's op of the name `nvfuser`
+    (None: no same-named op), taken for dtypes of `nvfuser_kinds`. Derivatives are the transforms'
+    (transforms/vjp_rules.py's `partials`, one line per prim: they are written in the torch
+    language, which this layer cannot import)."""
+    prim: Symbol
+    kinds: tuple
+    promotion: Promotion
+    ltorch: TorchSymbol | None
+    nvfuser: str | None
+    nvfuser_kinds: tuple
+    arity: int  # 1 or 2 operands
+    clang: bool = True  # False: clang's function is hand-written (div's rounding modes)
+
+    @property
+    def name(self) -> str:
+        return self.prim.name
+
+
+elementwise_ops: dict[str, ElementwiseOp] = {}  # name -> entry, in table order
+
+
+def _op_name(id, name) -> str:
+    return name if name is not None else id.name.lower()
+
+
+def _add_op(prim, arity, kinds, promotion, ltorch, nvfuser, nvfuser_kinds, clang, impl, number_impl=None) -> Symbol:
+    if number_impl is not None:
+        number_impls[prim.id] = number_impl
+    implement(prim, impl if impl is not None else getattr(torch, prim.name))
+    elementwise_ops[prim.name] = ElementwiseOp(prim, tuple(kinds), promotion, ltorch, nvfuser,
+                                               tuple(kinds if nvfuser_kinds is None else nvfuser_kinds), arity, clang)
+    return prim
+
+
+def _unary_meta(name, supported, promotion):
     def meta(a):
         check_tensor(a, f"prims.{name}")
-        check_dtype_supported(_kind(a.dtype) in supported, name, a.dtype,
+        check_dtype_supported(dtype_kind(a.dtype) in supported, name, a.dtype,
                               f" (prims.{name} takes {' or '.join(supported)} tensors)")
-        return _out(a, dtype=out_dtype(a.dtype) if out_dtype else a.dtype)
+        return _out(a, dtype=_prim_dtype(promotion, a.dtype))
 
-    return make_prim(id, name, meta=meta, tags=("elementwise",))
-
-
-def _to_bool(dtype):
-    return torch.bool
+    return meta
 
 
-_unary(PrimIDs.ABS, "abs", (_FLOAT, _INT, _COMPLEX, _BOOL), dtypes.to_real)
-_unary(PrimIDs.NEG, "neg", (_FLOAT, _INT, _COMPLEX))
-for _name in ("exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt", "reciprocal", "sin", "cos",
-              "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh"):
-    _unary(PrimIDs[_name.upper()], _name)
-for _name in ("erf", "erfc", "erfinv", "lgamma", "digamma"):
-    _unary(PrimIDs[_name.upper()], _name, (_FLOAT,))
-for _name in ("floor", "ceil", "round", "trunc"):
-    _unary(PrimIDs[_name.upper()], _name, (_FLOAT, _INT))
-_unary(PrimIDs.SIGN, "sign", (_FLOAT, _INT, _BOOL))
-_unary(PrimIDs.SIGNBIT, "signbit", (_FLOAT, _INT, _BOOL), _to_bool)
-_unary(PrimIDs.BITWISE_NOT, "bitwise_not", (_INT, _BOOL))
-_unary(PrimIDs.ISFINITE, "isfinite", _ANY, _to_bool)
-_unary(PrimIDs.ISNAN, "isnan", _ANY, _to_bool)
-_unary(PrimIDs.REAL, "real", (_COMPLEX,), dtypes.to_real)
-_unary(PrimIDs.IMAG, "imag", (_COMPLEX,), dtypes.to_real)
+def unary_op(id, kinds=(FLOAT, COMPLEX), promotion=Promotion.DEFAULT, *, name=None, impl=None, ltorch=None,
+             nvfuser=None, nvfuser_kinds=None) -> Symbol:
+    """An elementwise prim of one tensor, with every layer's part (ElementwiseOp): `id` a PrimIDs
+    member (named by it) or, outside the library, any hashable with `name`; `impl` its torch
+    implementation (torch.<name> unless given)."""
+    name = _op_name(id, name)
+    prim = make_prim(id, name, meta=_unary_meta(name, tuple(kinds), promotion), tags=("elementwise",))
+    return _add_op(prim, 1, kinds, promotion, ltorch, nvfuser, nvfuser_kinds, True, impl)
 
 
-def _binary_meta(name, supported=_ANY, out_dtype=None):
+def _binary_meta(name, supported=ANY, promotion=Promotion.DEFAULT):
     def meta(a, b):
         tensors = [x for x in (a, b) if isinstance(x, TensorProxy)]
         check(bool(tensors), lambda: f"prims.{name}: expected at least one tensor input", TypeError)
@@ -188,26 +275,99 @@ def _binary_meta(name, supported=_ANY, out_dtype=None):
                   lambda: f"Expected all tensors to be on the same device, but found at least two devices, {a.device} and {b.device}!")
         big = max(tensors, key=lambda t: t.ndim)
         dtype = tensors[0].dtype
-        check_dtype_supported(_kind(dtype) in supported, name, dtype, f" (prims.{name} takes {' or '.join(supported)} tensors)")
-        return _out(big, dtype=out_dtype(dtype) if out_dtype else dtype)
+        check_dtype_supported(dtype_kind(dtype) in supported, name, dtype, f" (prims.{name} takes {' or '.join(supported)} tensors)")
+        return _out(big, dtype=_prim_dtype(promotion, dtype))
 
     return meta
 
 
-def _binary(id, name, supported=_ANY, out_dtype=None):
-    return make_prim(id, name, meta=_binary_meta(name, supported, out_dtype), tags=("elementwise",))
+def binary_op(id, kinds=ANY, promotion=Promotion.DEFAULT, *, name=None, impl=None, ltorch=None, nvfuser=None,
+              nvfuser_kinds=None, meta=None, clang=True) -> Symbol:
+    """An elementwise prim of two operands (tensors, or one a Python number), with every layer's part
+    (ElementwiseOp); as unary_op. `meta` replaces the shared one (div's rounding modes), and `clang`
+    False leaves clang's function to be written by hand."""
+    name = _op_name(id, name)
+    impl = impl if impl is not None else getattr(torch, name)
+    prim = make_prim(id, name, meta=meta or _binary_meta(name, tuple(kinds), promotion), tags=("elementwise",))
+    return _add_op(prim, 2, kinds, promotion, ltorch, nvfuser, nvfuser_kinds, clang, impl,
+                   prims_eager.with_tensor_operands(impl))
 
 
-for _name in ("add", "sub", "mul", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"):
-    _binary(PrimIDs[_name.upper()], _name, _ANY, _to_bool if _name in ("eq", "ne", "lt", "le", "gt", "ge") else None)
-for _name in ("fmod", "remainder"):
-    _binary(PrimIDs[_name.upper()], _name, (_FLOAT, _INT))
-for _name in ("atan2", "copysign", "nextafter"):
-    _binary(PrimIDs[_name.upper()], _name, (_FLOAT,))
-for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
-    _binary(PrimIDs[_name.upper()], _name, (_INT, _BOOL))
-for _name in ("bitwise_left_shift", "bitwise_right_shift"):
-    _binary(PrimIDs[_name.upper()], _name, (_INT,))
+_NO_BOOL = (FLOAT, INT, COMPLEX)  # nvFuser has no abs, neg or sign of bools
+_T = torch.Tensor
+
+# The elementwise ops: one line each (ElementwiseOp says what each field makes).
+abs = unary_op(PrimIDs.ABS, (FLOAT, INT, COMPLEX, BOOL), COMPLEX_TO_FLOAT, nvfuser="abs", nvfuser_kinds=_NO_BOOL)
+neg = unary_op(PrimIDs.NEG, (FLOAT, INT, COMPLEX), nvfuser="neg", nvfuser_kinds=_NO_BOOL)
+exp = unary_op(PrimIDs.EXP, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="exp")
+exp2 = unary_op(PrimIDs.EXP2, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="exp2")
+expm1 = unary_op(PrimIDs.EXPM1, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="expm1")
+log = unary_op(PrimIDs.LOG, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="log")
+log1p = unary_op(PrimIDs.LOG1P, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="log1p")
+log2 = unary_op(PrimIDs.LOG2, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="log2")
+log10 = unary_op(PrimIDs.LOG10, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="log10")
+sqrt = unary_op(PrimIDs.SQRT, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="sqrt")
+rsqrt = unary_op(PrimIDs.RSQRT, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="rsqrt")
+reciprocal = unary_op(PrimIDs.RECIPROCAL, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="reciprocal")
+sin = unary_op(PrimIDs.SIN, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="sin")
+cos = unary_op(PrimIDs.COS, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="cos")
+tan = unary_op(PrimIDs.TAN, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="tan")
+asin = unary_op(PrimIDs.ASIN, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="asin")
+acos = unary_op(PrimIDs.ACOS, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="acos")
+atan = unary_op(PrimIDs.ATAN, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="atan")
+sinh = unary_op(PrimIDs.SINH, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="sinh")
+cosh = unary_op(PrimIDs.COSH, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="cosh")
+tanh = unary_op(PrimIDs.TANH, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="tanh")
+asinh = unary_op(PrimIDs.ASINH, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="asinh")
+acosh = unary_op(PrimIDs.ACOSH, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="acosh")
+atanh = unary_op(PrimIDs.ATANH, (FLOAT, COMPLEX), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="atanh")
+erf = unary_op(PrimIDs.ERF, (FLOAT,), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="erf")
+erfc = unary_op(PrimIDs.ERFC, (FLOAT,), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="erfc")
+erfinv = unary_op(PrimIDs.ERFINV, (FLOAT,), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="erfinv")
+lgamma = unary_op(PrimIDs.LGAMMA, (FLOAT,), INT_TO_FLOAT, ltorch=SYMBOL, nvfuser="lgamma")
+digamma = unary_op(PrimIDs.DIGAMMA, (FLOAT,), INT_TO_FLOAT, ltorch=SYMBOL)
+# on integers floor, ceil, round and trunc are identities torch runs without a kernel: nvFuser takes floats
+floor = unary_op(PrimIDs.FLOOR, (FLOAT, INT), ltorch=SYMBOL, nvfuser="floor", nvfuser_kinds=(FLOAT,))
+ceil = unary_op(PrimIDs.CEIL, (FLOAT, INT), ltorch=SYMBOL, nvfuser="ceil", nvfuser_kinds=(FLOAT,))
+round = unary_op(PrimIDs.ROUND, (FLOAT, INT), nvfuser="round", nvfuser_kinds=(FLOAT,))
+trunc = unary_op(PrimIDs.TRUNC, (FLOAT, INT), ltorch=SYMBOL, nvfuser="trunc", nvfuser_kinds=(FLOAT,))
+sign = unary_op(PrimIDs.SIGN, (FLOAT, INT, BOOL), ltorch=SYMBOL, nvfuser="sign", nvfuser_kinds=_NO_BOOL)
+signbit = unary_op(PrimIDs.SIGNBIT, (FLOAT, INT, BOOL), ALWAYS_BOOL, ltorch=SYMBOL, nvfuser="signbit")
+bitwise_not = unary_op(PrimIDs.BITWISE_NOT, (INT, BOOL), ltorch=SYMBOL, nvfuser="bitwise_not")
+isfinite = unary_op(PrimIDs.ISFINITE, ANY, ALWAYS_BOOL, ltorch=SYMBOL, nvfuser="isfinite")
+isnan = unary_op(PrimIDs.ISNAN, ANY, ALWAYS_BOOL, ltorch=SYMBOL, nvfuser="isnan")
+real = unary_op(PrimIDs.REAL, (COMPLEX,), COMPLEX_TO_FLOAT)
+imag = unary_op(PrimIDs.IMAG, (COMPLEX,), COMPLEX_TO_FLOAT)
+
+add = binary_op(PrimIDs.ADD, ANY, nvfuser="add")
+sub = binary_op(PrimIDs.SUB, ANY, nvfuser="sub")
+mul = binary_op(PrimIDs.MUL, ANY, nvfuser="mul")
+pow = binary_op(PrimIDs.POW, ANY, nvfuser="pow")
+maximum = binary_op(PrimIDs.MAXIMUM, ANY, ltorch=TorchSymbol(number_input=False, number_other=False), nvfuser="maximum")
+minimum = binary_op(PrimIDs.MINIMUM, ANY, ltorch=TorchSymbol(number_input=False, number_other=False), nvfuser="minimum")
+eq = binary_op(PrimIDs.EQ, ANY, ALWAYS_BOOL, ltorch=TorchSymbol((_T.__eq__,), number_input=False), nvfuser="eq")
+ne = binary_op(PrimIDs.NE, ANY, ALWAYS_BOOL, ltorch=TorchSymbol((_T.__ne__, torch.not_equal, _T.not_equal), number_input=False),
+               nvfuser="ne")
+lt = binary_op(PrimIDs.LT, ANY, ALWAYS_BOOL, ltorch=TorchSymbol((_T.__lt__, torch.less, _T.less), number_input=False), nvfuser="lt")
+le = binary_op(PrimIDs.LE, ANY, ALWAYS_BOOL, ltorch=TorchSymbol((_T.__le__, torch.less_equal, _T.less_equal), number_input=False),
+               nvfuser="le")
+gt = binary_op(PrimIDs.GT, ANY, ALWAYS_BOOL, ltorch=TorchSymbol((_T.__gt__, torch.greater, _T.greater), number_input=False),
+               nvfuser="gt")
+ge = binary_op(PrimIDs.GE, ANY, ALWAYS_BOOL,
+               ltorch=TorchSymbol((_T.__ge__, torch.greater_equal, _T.greater_equal), number_input=False), nvfuser="ge")
+fmod = binary_op(PrimIDs.FMOD, (FLOAT, INT), nvfuser="fmod")
+remainder = binary_op(PrimIDs.REMAINDER, (FLOAT, INT), nvfuser="remainder")
+atan2 = binary_op(PrimIDs.ATAN2, (FLOAT,), INT_TO_FLOAT,
+                  ltorch=TorchSymbol((_T.arctan2, torch.arctan2), number_input=False, number_other=False), nvfuser="atan2")
+copysign = binary_op(PrimIDs.COPYSIGN, (FLOAT,), INT_TO_FLOAT, ltorch=TorchSymbol(number_input=False))
+nextafter = binary_op(PrimIDs.NEXTAFTER, (FLOAT,), INT_TO_FLOAT, nvfuser="nextafter")
+bitwise_and = binary_op(PrimIDs.BITWISE_AND, (INT, BOOL), ltorch=TorchSymbol((_T.__and__,)), nvfuser="bitwise_and")
+bitwise_or = binary_op(PrimIDs.BITWISE_OR, (INT, BOOL), ltorch=TorchSymbol((_T.__or__,)), nvfuser="bitwise_or")
+bitwise_xor = binary_op(PrimIDs.BITWISE_XOR, (INT, BOOL), ltorch=TorchSymbol((_T.__xor__,)), nvfuser="bitwise_xor")
+bitwise_left_shift = binary_op(PrimIDs.BITWISE_LEFT_SHIFT, (INT,), ltorch=TorchSymbol((_T.__lshift__,)),
+                               nvfuser="bitwise_left_shift")
+bitwise_right_shift = binary_op(PrimIDs.BITWISE_RIGHT_SHIFT, (INT,), ltorch=TorchSymbol((_T.__rshift__,)),
+                                nvfuser="bitwise_right_shift")
 
 
 def _div_meta(a, b, *, rounding_mode=None):
@@ -219,8 +379,9 @@ def _div_meta(a, b, *, rounding_mode=None):
     return out
 
 
-_binary_div_shape = _binary_meta("div", (_FLOAT, _INT, _COMPLEX))
-make_prim(PrimIDs.DIV, "div", meta=_div_meta, tags=("elementwise",))
+_binary_div_shape = _binary_meta("div", (FLOAT, INT, COMPLEX))
+# div's meta, clang functions (true_divide, div), torch symbol and nvFuser rule take its rounding modes
+div = binary_op(PrimIDs.DIV, (FLOAT, INT, COMPLEX), meta=_div_meta, clang=False)
 
 
 def _where_meta(pred, a, b):
@@ -605,18 +766,8 @@ def _pad_meta(a, padding_value, padding_config):
 make_prim(PrimIDs.PAD, "pad", meta=_pad_meta)
 
 
-# -- on real tensors -------------------------------------------------------------------
-# Each prim's torch implementation, by id: what the prim computes when called outside tracing (its
-# `eager`), and what the torch executor calls for it (executors/torch_executor.py; TorchExecutor.register_prim
-# adds a new prim's). A binary prim's number_impls entry serves a Python number operand.
-_UNARY = ("abs neg exp exp2 expm1 log log1p log2 log10 sqrt rsqrt reciprocal sin cos tan asin acos atan sinh cosh "
-          "tanh asinh acosh atanh erf erfc erfinv lgamma digamma floor ceil round trunc sign signbit bitwise_not "
-          "isfinite isnan real imag").split()
-_BINARY = ("add sub mul div fmod remainder pow atan2 maximum minimum eq ne lt le gt ge bitwise_and bitwise_or "
-           "bitwise_xor bitwise_left_shift bitwise_right_shift copysign nextafter").split()
-
-torch_impls = {PrimIDs[n.upper()]: getattr(torch, n) for n in _UNARY + _BINARY}
-torch_impls.update({
+# -- on real tensors: the torch implementations of the prims outside the elementwise table ------------
+_other_impls = {
     PrimIDs.WHERE: torch.where, PrimIDs.SUM: prims_eager.reduce_sum, PrimIDs.PROD: prims_eager.reduce_prod,
     PrimIDs.AMAX: prims_eager.reduce_amax, PrimIDs.AMIN: prims_eager.reduce_amin, PrimIDs.VAR: prims_eager.reduce_var,
     PrimIDs.VAR_MEAN: prims_eager.reduce_var_mean, PrimIDs.ARGMAX: torch.argmax, PrimIDs.ARGMIN: torch.argmin,
@@ -628,19 +779,7 @@ torch_impls.update({
     PrimIDs.IOTA: prims_eager.iota, PrimIDs.CUMSUM: prims_eager.cumsum, PrimIDs.CUMPROD: prims_eager.cumprod,
     PrimIDs.SORT: prims_eager.sort_prim, PrimIDs.TOPK: prims_eager.topk_prim, PrimIDs.SCATTER: prims_eager.scatter_prim,
     PrimIDs.SCATTER_ADD: prims_eager.scatter_add_prim, PrimIDs.PAD: prims_eager.pad_prim,
-})
-number_impls = {PrimIDs[n.upper()]: prims_eager.with_tensor_operands(getattr(torch, n)) for n in _BINARY}
-
-
-
-def implement(prim: Symbol, fn) -> None:
-    """The one way a prim gets its torch implementation: how it computes on real tensors (its
-    `eager`) and how the torch executor runs it (TorchExecutor.register_prim wraps this for a new
-    prim). A binary prim computes a Python number operand as its number_impls entry does."""
-    torch_impls[prim.id] = fn
-    prim.eager = fn if prim.id not in number_impls else prims_eager.binary_eager(fn, number_impls[prim.id])
-
-
-for _id, _impl in list(torch_impls.items()):
+}
+for _id, _impl in _other_impls.items():
     implement(getattr(_this_module, _id.name.lower()), _impl)
 del _id, _impl

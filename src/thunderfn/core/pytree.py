@@ -130,18 +130,33 @@ def tree_leaves(tree):
     return optree.tree_leaves(tree, namespace=NAMESPACE)
 
 
+def of_positions(fn, args, positions, kwargs=None):
+    """fn(*args, **kwargs) as a function of the positional arguments at `positions` only, the
+    others held fixed at args (and kwargs passed as they are): what a transform differentiates or
+    batches when it varies some arguments (argnums; an opaque op's tensors). It keeps fn's name,
+    so that errors name the user's function."""
+    kwargs = {} if kwargs is None else kwargs
+
+    def call(*varying):
+        current = list(args)
+        for i, x in zip(positions, varying):
+            current[i] = x
+        return fn(*current, **kwargs)
+
+    call.__name__ = getattr(fn, "__name__", "fn")
+    return call
+
+
 def of_leaves(fn, leaves, spec, positions):
     """fn(*args, **kwargs), where (args, kwargs) flatten to `leaves` and `spec`, as a function of
     the leaves at `positions` (the rest fixed): what torch.func's transforms are handed to vary
     only those (an opaque op's tensors)."""
-    def call(*varying):
-        current = list(leaves)
-        for i, x in zip(positions, varying):
-            current[i] = x
-        a, k = tree_unflatten(spec, current)
+    def of_all_leaves(*current):
+        a, k = tree_unflatten(spec, list(current))
         return fn(*a, **k)
 
-    return call
+    of_all_leaves.__name__ = getattr(fn, "__name__", "fn")
+    return of_positions(of_all_leaves, leaves, positions)
 
 
 def output_leaves(fn):

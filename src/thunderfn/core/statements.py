@@ -3,14 +3,18 @@
 They print themselves, pass through executor lowering untouched, and are kept
 by dead-code elimination when they have an effect.
 
-May import: core/context.py, core/printing.py, core/symbol.py.
+May import: core/context.py, core/printing.py, core/pytree.py, core/symbol.py.
 """
 from __future__ import annotations
+
+import builtins
+import sys
 
 import torch
 
 from thunderfn.core import context
 from thunderfn.core.printing import format_value
+from thunderfn.core.pytree import tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import ArgumentRuntimeError, InternalError, invalid_argument
 
@@ -152,3 +156,38 @@ def emit_runtime_check(condition, error: str, message: str) -> None:
     if error not in _CHECK_ERRORS:
         raise InternalError(f"runtime checks raise one of {sorted(_CHECK_ERRORS)}, not {error}")
     context.current_trace().emit(runtime_check.bind(condition, error, message, output=None))
+
+
+# -- tf.debug (thunderfn/debug.py): values at run time ---------------------------------------
+def format_and_print(fmt: str, spec, *leaves) -> None:
+    """tf.debug.print at run time: `fmt` formatted with the arguments rebuilt from their leaves."""
+    args, kwargs = tree_unflatten(spec, list(leaves))
+    builtins.print(fmt.format(*args, **kwargs), file=sys.stdout, flush=True)
+
+
+def _print_statement(bsym, ns) -> str:
+    ns["debug_print"] = format_and_print
+    fmt, spec, *leaves = bsym.args
+    structure = ns.bind_object(spec, "_debug_structure")
+    return f"debug_print({fmt!r}, {structure}{''.join(', ' + format_value(x, ns) for x in leaves)})"
+
+
+def break_into_debugger(*values) -> None:
+    """tf.debug.breakpoint at run time: Python's breakpoint() (pdb unless PYTHONBREAKPOINT says
+    otherwise), in a frame whose `values` are the tensors passed to it, as they are on this call."""
+    builtins.breakpoint()
+
+
+def _print_breakpoint(bsym, ns) -> str:
+    ns["debug_breakpoint"] = break_into_debugger
+    return f"debug_breakpoint({', '.join(format_value(x, ns) for x in bsym.args)})"
+
+
+# Kept where they are (no_dce), run by no executor; reverse mode keeps them in the forward, and
+# vmap gives them the batched values (transforms/batching_rules_torch.py).
+# `debug_print('loss {}', _debug_structure0, t5)`: the format, the arguments' pytree structure, the leaves.
+debug_print = Symbol("debug_print", "python.debug_print", is_prim=True, printer=_print_statement,
+                     eager=format_and_print, tags=frozenset({"no_dce"}))
+# `debug_breakpoint(t5)`: stops on every call of the compiled function.
+debug_breakpoint = Symbol("debug_breakpoint", "python.debug_breakpoint", is_prim=True, printer=_print_breakpoint,
+                          eager=break_into_debugger, tags=frozenset({"no_dce"}))

@@ -14,6 +14,8 @@ which imports this module).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from typing import Any, Callable
 
 import optree
@@ -70,6 +72,21 @@ class Symbol:
 
     def bind(self, *args, output, subsymbols=(), **kwargs) -> "BoundSymbol":
         return BoundSymbol(self, args, kwargs, output, tuple(subsymbols))
+
+    @functools.cached_property
+    def parameters(self) -> dict:
+        """{name: (position, default)} of the function the symbol is called as (a composite's body, a
+        prim's meta): position None for a keyword-only parameter, default `inspect.Parameter.empty`
+        for a required one. How a rule reads an argument by name (transforms/vjp_rules.py's
+        RecordedCall.arg); inspected once per symbol, on first use, so tracing pays nothing for it."""
+        fn = self.fn if self.fn is not None else self.meta
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # no signature to read (a builtin)
+            return {}
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return {p.name: (i if p.kind in positional else None, p.default) for i, p in enumerate(params)
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
 def _trace_missing(sym: Symbol, args, kwargs):

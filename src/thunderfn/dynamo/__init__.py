@@ -20,7 +20,12 @@ from thunderfn.errors import ArgumentTypeError
 def backend(**options) -> Backend:
     """A torch.compile backend with tf.jit's options (executors, fusion, rematerialize, cache_dir,
     cache_size_limit) and `unsupported="eager"|"inductor"`: what runs the graph pieces thunderfn
-    cannot take."""
+    cannot take.
+
+        >>> import torch, thunderfn as tf
+        >>> compiled = torch.compile(lambda x: torch.sin(x) * 2, backend=tf.dynamo.backend(fusion=False))
+        >>> torch.testing.assert_close(compiled(torch.ones(3)), torch.sin(torch.ones(3)) * 2)
+    """
     return Backend(**options)
 
 
@@ -32,7 +37,15 @@ default_backend = Backend()
 def explain(compiled) -> Explanation:
     """What the thunderfn backend did for `compiled` (what torch.compile returned, or a backend
     made by tf.dynamo.backend): its graphs, Dynamo's graph breaks and their reasons, the nodes
-    thunderfn did not take and why, and each thunderfn piece's jitted function."""
+    thunderfn did not take and why, and each thunderfn piece's jitted function.
+
+        >>> import torch, thunderfn as tf
+        >>> compiled = torch.compile(lambda x: torch.cos(x) + 1, backend="thunderfn")
+        >>> _ = compiled(torch.ones(3))
+        >>> report = tf.dynamo.explain(compiled)
+        >>> len(report.graphs), report.graph_breaks, len(report.thunderfn_functions)
+        (1, [], 1)
+    """
     found, wrapper = find_backend(compiled)
     if found is None:
         raise ArgumentTypeError(f"tf.dynamo.explain expects what torch.compile(..., backend='thunderfn') (or "

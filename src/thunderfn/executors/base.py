@@ -15,6 +15,7 @@ import keyword
 from typing import Any, Callable
 
 from thunderfn.core import context
+from thunderfn.core.batching import BatchRule, register_batch, unregister_batch
 # the rule types live in core: executor_lower (a transform) reads them, and transforms do not import executors
 from thunderfn.core.lowering import Lowering, LoweringAction, RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace  # noqa: F401
 from thunderfn.core.symbol import Symbol
@@ -54,10 +55,9 @@ class OperatorExecutor(Executor):
         super().__init__(name, version)
         self.operators: dict[str, Symbol] = {}
         self.lowerings: dict[Any, Lowering] = {}
-        self.batch_rules: dict[str, Callable] = {}  # operator name -> how tf.vmap batches it
 
     def register_operator(self, name: str, *, like: Callable | None = None, meta: Callable | None = None,
-                          fn: Callable, replace: bool = False, batch_rule: Callable | None = None,
+                          fn: Callable, replace: bool = False, batch_rule: Callable | BatchRule | None = None,
                           traceable: bool = False) -> Symbol:
         """A symbol that runs `fn` on real tensors. `like`, `meta` or both say what it returns:
         `like` is a function in torch or thunderfn's languages computing the same thing,
@@ -68,7 +68,8 @@ class OperatorExecutor(Executor):
         and `like` may give None for an output that carries no derivative. `batch_rule(args,
         dims, kwargs, out) -> (output, out dims)`, with the conventions of
         thunderfn/transforms/batching_rules.py, is how tf.vmap batches the operator (it may
-        return NotImplemented for a call it does not handle). `traceable`: fn is torch code
+        return NotImplemented for a call it does not handle); it enters tf.vmap's table under the
+        operator's symbol id, as a BatchRule (core/batching.py). `traceable`: fn is torch code
         without side effects that a tracing compiler can follow (torch operators, no data-dependent
         Python), so a fusion executor that calls such operators (Inductor) may run it inside a
         region instead of ending the region at it."""
@@ -79,11 +80,14 @@ class OperatorExecutor(Executor):
             raise ArgumentValueError(f"executor '{self.name}' already has an operator '{name}' (pass replace=True to replace it)")
         if meta is None:
             meta = _meta_from_like(like)
+        replacing = name in self.operators
         sym = Symbol(name, f"{self.name}.{name}", meta=meta, is_prim=True, print_name=name, namespace={name: fn},
                      eager=fn, executor=self, like=like, tags=frozenset({"traceable"} if traceable else ()))
         self.operators[name] = sym
         if batch_rule is not None:
-            self.batch_rules[name] = batch_rule
+            register_batch(sym.id, batch_rule if isinstance(batch_rule, BatchRule) else BatchRule(batch_rule))
+        elif not replacing:  # a rule left under this id by an earlier executor of the same name is not this operator's
+            unregister_batch(sym.id)
         return sym
 
     def register_lowering(self, symbol_or_id, *, checker: Callable | None = None, lower: Callable | None = None,

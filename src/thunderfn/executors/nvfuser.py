@@ -40,6 +40,7 @@ import torch
 from thunderfn.core import symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.executors.fusion import CompiledCache, FusionExecutor, Region, positional_signature
+from thunderfn import prims
 from thunderfn.prims import PrimIDs
 from thunderfn.errors import ExecutorError
 
@@ -123,25 +124,19 @@ def _take_along_accepts(a, index, dim):
             and all(i == d or index.shape[i] == a.shape[i] for i in range(a.ndim)))
 
 
-def _no_bool(a):
-    return a.dtype is not torch.bool
+def elementwise_rule(op) -> Rule:
+    """The rule of an elementwise table entry (prims.py) with a same-named nvFuser op: taken for the
+    dtype kinds op.nvfuser_kinds names (on integers floor and friends are identities torch runs
+    without a kernel; nvFuser has no abs, neg or sign of bools)."""
+    def accepts(a):
+        return prims.dtype_kind(a.dtype) in op.nvfuser_kinds
 
+    narrowed = op.nvfuser_kinds != op.kinds
+    return _unary(op.nvfuser, accepts if narrowed else None) if op.arity == 1 else _binary(op.nvfuser)
 
-def _floats(a):
-    return a.dtype.is_floating_point
-
-
-_UNARY_SAME_NAME = ("exp exp2 expm1 log log1p log2 log10 sqrt rsqrt reciprocal sin cos tan asin acos atan sinh cosh "
-                    "tanh asinh acosh atanh erf erfc erfinv lgamma signbit bitwise_not isfinite isnan").split()
-_BINARY_SAME_NAME = ("add sub mul fmod remainder pow atan2 maximum minimum eq ne lt le gt ge bitwise_and bitwise_or "
-                     "bitwise_xor bitwise_left_shift bitwise_right_shift nextafter").split()
 
 translations: dict = {
-    **{PrimIDs[n.upper()]: _unary(n) for n in _UNARY_SAME_NAME},
-    # on integers these are identities torch runs without a kernel; on bools nvFuser has no abs/neg/sign
-    **{PrimIDs[n.upper()]: _unary(n, _floats) for n in ("floor", "ceil", "round", "trunc")},
-    **{PrimIDs[n.upper()]: _unary(n, _no_bool) for n in ("abs", "neg", "sign")},
-    **{PrimIDs[n.upper()]: _binary(n) for n in _BINARY_SAME_NAME},
+    **{op.prim.id: elementwise_rule(op) for op in prims.elementwise_ops.values() if op.nvfuser is not None},
     PrimIDs.DIV: Rule(_div, lambda x, y, *, rounding_mode=None: rounding_mode in (None, "trunc")),
     PrimIDs.WHERE: Rule(_where),
     PrimIDs.SUM: _reduction("sum"),

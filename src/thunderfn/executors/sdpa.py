@@ -38,12 +38,13 @@ import math
 import torch
 
 from thunderfn import clang, prims
-from thunderfn.core import dtypes, symbolic
+from thunderfn.core import dtypes
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.executors import cudnn_sdpa, sdpa_choice
 from thunderfn.executors.base import OperatorExecutor
 from thunderfn.torch import nn as tnn
 from thunderfn.torch import sdp_state
+from thunderfn.torch.reductions import sum_to
 
 aten = torch.ops.aten
 _CPU_OPS = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward")
@@ -251,7 +252,7 @@ def sdpa_checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
         return False
     if any(t.ndim != 4 for t in qkv) or not (query.dtype == key.dtype == value.dtype) or query.dtype not in _CUDA_DTYPES:
         return False
-    (B, H, L, E), (Bk, Hk, S, Ek), (Bv, Hv, Sv, Ev) = query.shape, key.shape, value.shape
+    (B, H, _, E), (Bk, Hk, S, Ek), (Bv, Hv, Sv, Ev) = query.shape, key.shape, value.shape
     if not (B == Bk == Bv) or S != Sv or E != Ek or H != Hk or Hk != Hv:
         return False  # (grouped-query heads: the efficient CUDA kernel takes none)
     if attn_mask is not None and is_causal:
@@ -280,11 +281,6 @@ def cuda_kernel(query, key, value, attn_mask=None, is_causal=False) -> str | Non
 
 # -- the kernels' formulas in clang and prims: the mask's gradient, which no kernel returns, and what a
 #    second derivative differentiates in each kernel's place (the aten kernels have no derivative) -------
-def _sum_to_shape(x, shape):
-    dims = symbolic.broadcast_dims(x.shape, shape)
-    return clang.reshape(prims.sum(x, dims), tuple(shape)) if dims else x
-
-
 def _scores(query, key, mask, is_causal, scale):
     """(q k^T * scale + mask in the computation dtype, where a position is ruled out by the mask or
     causality, as a bool tensor), with key's heads repeated for grouped-query attention."""
@@ -355,7 +351,7 @@ def _mask_grad(g, query, key, value, out, lse, mask, is_causal, scale):
     but only computed when something reads it: differentiating with respect to the mask is rare, and
     otherwise dead code elimination drops these ops and the backward stays free of L x S tensors."""
     d_scores = _kernel_grads(g, query, key, value, out, lse, mask, is_causal, scale)[1]
-    return clang.maybe_convert_to_dtype(_sum_to_shape(d_scores, mask.shape), mask.dtype)
+    return clang.maybe_convert_to_dtype(sum_to(d_scores, mask.shape), mask.dtype)
 
 
 def _fwd_like(fwd_meta):

@@ -1,23 +1,28 @@
 """Undo what extending thunderfn registers, so a test (or a documentation page run as
 one) that adds executors, prims or torch-language symbols leaves the process as it found
 it: the executor registry and defaults, the interception table, the torch language's
-symbols, the prims module, the prims' torch implementations and the VJP/JVP rule tables.
+symbols, the prims and clang modules, the prims' torch implementations and elementwise table,
+the VJP/JVP/batching rule tables, the partials and nvFuser's translations.
 Everything added in between is removed, including what a module first imported in between
 registers at import time: import such modules before taking the snapshot."""
 from __future__ import annotations
 
 import contextlib
 
-from thunderfn import executors, prims
+from thunderfn import clang, executors, prims
 from thunderfn import torch as ltorch
+from thunderfn.core.batching import batching_rules
 from thunderfn.core.interception import handlers
+from thunderfn.executors import nvfuser
+from thunderfn.torch import elementwise as ltorch_elementwise
 from thunderfn.transforms.jvp_rules import jvp_rules
-from thunderfn.transforms.vjp_rules import vjp_rules
+from thunderfn.transforms.vjp_rules import partials, vjp_rules
 
 
 def _tables():
-    return ([executors._registry, executors._defaults, handlers, ltorch.symbols, prims.torch_impls, vjp_rules,
-             jvp_rules], [ltorch, prims])
+    return ([executors._registry, executors._defaults, handlers, ltorch.symbols, prims.torch_impls, prims.number_impls,
+             prims.elementwise_ops, vjp_rules, jvp_rules, partials, batching_rules, nvfuser.translations,
+             ltorch_elementwise.plain, ltorch_elementwise.__all__], [ltorch, prims, clang, ltorch_elementwise])
 
 
 class RegistrySnapshot:

@@ -99,6 +99,10 @@ def _same_meta(x, /, *args, **kwargs):
     return TensorProxy.like(x, requires_grad=False)
 
 
+def _reduced_meta(x, op: str = "sum", gid: int = 0, async_op: bool = False):  # (its VJP rule reads op and gid by name)
+    return _same_meta(x)
+
+
 def _gathered_meta(x, gid: int = 0, async_op: bool = False):
     return TensorProxy(shape=(world_size(gid) * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
 
@@ -118,7 +122,7 @@ def _collective(name: str, impl, meta) -> Symbol:
                   tags=frozenset({"opaque", "collective", "no_dce"}))
 
 
-all_reduce = _collective("all_reduce", _all_reduce, _same_meta)
+all_reduce = _collective("all_reduce", _all_reduce, _reduced_meta)
 all_gather = _collective("all_gather", _all_gather, _gathered_meta)
 reduce_scatter = _collective("reduce_scatter", _reduce_scatter, _scattered_meta)
 broadcast = _collective("broadcast", _broadcast, _same_meta)

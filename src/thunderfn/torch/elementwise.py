@@ -4,6 +4,7 @@ torch itself defines them so results match bit for bit)."""
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 import numbers
 import sys
@@ -34,10 +35,21 @@ def _torch_callables(name: str, *extra):
     return (*fns, *extra)
 
 
-# -- unary math: one line each, straight onto clang -------------------------------------
-for _name in clang._INT_TO_FLOAT_UNARY + "floor ceil trunc sign signbit isfinite isnan bitwise_not".split():
-    _clang_fn = getattr(clang, _name)
-    _export(torchsymbol(*_torch_callables(_name), name=_name)(lambda a, _f=_clang_fn: _f(a)))
+def plain_symbol(op: prims.ElementwiseOp):
+    """The torch-language symbol of an elementwise table entry whose op.ltorch says it is a plain one
+    (prims.py): op's clang function behind torch's argument checks, standing for torch's callables of
+    op's name and op.ltorch.also."""
+    clang_fn, spec = getattr(clang, op.name), op.ltorch
+    if op.arity == 1:
+        def body(a):
+            return clang_fn(a)
+    else:
+        def body(a, b):
+            _check_operands(op.name, a, b, number_input=spec.number_input, number_other=spec.number_other)
+            return clang_fn(a, b)
+
+    sym = plain[op.name] = _export(torchsymbol(*_torch_callables(op.name, *spec.also), name=op.name)(body))
+    return sym
 
 
 @torchsymbol(torch.neg, T.neg)
@@ -228,29 +240,12 @@ def nextafter(a, b):
     return clang.nextafter(a, b)
 
 
-def _binary_body(name, clang_fn, *, number_input=True, number_other=True):
-    """The body of a binary symbol that is its clang function behind torch's argument checks."""
-    def body(a, b):
-        _check_operands(name, a, b, number_input=number_input, number_other=number_other)
-        return clang_fn(a, b)
-
-    return body
-
-
-# (name, extra torch callables, may `input` be a number, may `other` be a number), as torch's signatures say
-for _name, _extra, _number_input, _number_other in (
-        ("maximum", (), False, False), ("minimum", (), False, False), ("atan2", (T.arctan2, torch.arctan2), False, False),
-        ("copysign", (), False, True), ("bitwise_and", (T.__and__,), True, True), ("bitwise_or", (T.__or__,), True, True),
-        ("bitwise_xor", (T.__xor__,), True, True), ("bitwise_left_shift", (T.__lshift__,), True, True),
-        ("bitwise_right_shift", (T.__rshift__,), True, True)):
-    _export(torchsymbol(*_torch_callables(_name, *_extra), name=_name)(
-        _binary_body(_name, getattr(clang, _name), number_input=_number_input, number_other=_number_other)))
-
-for _name, _dunder, _aliases in (("eq", "__eq__", ()), ("ne", "__ne__", ("not_equal",)), ("lt", "__lt__", ("less",)),
-                                 ("le", "__le__", ("less_equal",)), ("gt", "__gt__", ("greater",)),
-                                 ("ge", "__ge__", ("greater_equal",))):
-    _fns = _torch_callables(_name, getattr(T, _dunder), *(f for al in _aliases for f in _torch_callables(al)))
-    _export(torchsymbol(*_fns, name=_name)(_binary_body(_name, getattr(clang, _name), number_input=False)))
+# ltorch.exp, ltorch.maximum, ltorch.eq, ...: the plain symbols of prims.py's elementwise table, also
+# by name in `plain` (plain["tanh"]) for the functions below that call one
+plain: dict = {}
+for _op in prims.elementwise_ops.values():
+    if _op.ltorch is not None:
+        plain_symbol(_op)
 
 
 @torchsymbol(torch.logical_and, T.logical_and)
@@ -347,12 +342,12 @@ def _float_kernel(kernel):
     """Decorator: run fn on a upcast to its computation dtype (f32 for f16/bf16), cast back once;
     like torch's kernel named `kernel` ("hardswish_cpu"), refuse integer and bool inputs."""
     def decorator(fn):
+        @functools.wraps(fn)  # the symbol's signature is fn's: rules read its arguments by name
         def wrapped(a, *args, **kwargs):
             check_dtype_supported(dtypes.is_inexact(a.dtype), kernel, a.dtype)
             x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
             return maybe_convert_to_dtype(fn(x, *args, **kwargs), a.dtype)
 
-        wrapped.__name__ = fn.__name__
         return wrapped
 
     return decorator
@@ -493,7 +488,7 @@ def softsign(a):
 
 @torchsymbol(F.tanhshrink)
 def tanhshrink(a):
-    return sub(a, tanh(a))  # torch's composite: input - input.tanh()
+    return sub(a, plain["tanh"](a))  # torch's composite: input - input.tanh()
 
 
 @torchsymbol(F.threshold, torch.threshold)
@@ -594,22 +589,22 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
 register_alias(T.__radd__, lambda self, other: add(self, other))
 register_alias(T.__rmul__, lambda self, other: mul(self, other))
 register_alias(T.__rsub__, lambda self, other: rsub(self, other))
-register_alias(T.__rtruediv__, lambda self, other: mul(reciprocal(self), other))
+register_alias(T.__rtruediv__, lambda self, other: mul(plain["reciprocal"](self), other))
 register_alias(T.__rpow__, lambda self, other: pow(other, self))
 register_alias(T.__rfloordiv__, lambda self, other: floor_divide(other, self))
 register_alias(T.__rmod__, lambda self, other: remainder(other, self))
-register_alias(T.__rand__, lambda self, other: bitwise_and(self, other))
-register_alias(T.__ror__, lambda self, other: bitwise_or(self, other))
-register_alias(T.__rxor__, lambda self, other: bitwise_xor(self, other))
-register_alias(T.__rlshift__, lambda self, other: bitwise_left_shift(other, self))
-register_alias(T.__rrshift__, lambda self, other: bitwise_right_shift(other, self))
+register_alias(T.__rand__, lambda self, other: plain["bitwise_and"](self, other))
+register_alias(T.__ror__, lambda self, other: plain["bitwise_or"](self, other))
+register_alias(T.__rxor__, lambda self, other: plain["bitwise_xor"](self, other))
+register_alias(T.__rlshift__, lambda self, other: plain["bitwise_left_shift"](other, self))
+register_alias(T.__rrshift__, lambda self, other: plain["bitwise_right_shift"](other, self))
 register_alias(F.sigmoid, lambda a: sigmoid(a))
-register_alias(F.tanh, lambda a: tanh(a))
+register_alias(F.tanh, lambda a: plain["tanh"](a))
 register_alias(T.__neg__, lambda self: neg(self))
 register_alias(T.__pos__, lambda self: self)
 register_alias(T.negative, lambda self: neg(self))
 register_alias(torch.negative, lambda self: neg(self))
-register_alias(T.__invert__, lambda self: bitwise_not(self) if self.dtype is not torch.bool else logical_not(self))
+register_alias(T.__invert__, lambda self: plain["bitwise_not"](self) if self.dtype is not torch.bool else logical_not(self))
 
 
 __all__ += ["neg", "abs", "round", "real", "isinf", "isneginf", "isposinf", "square", "sigmoid", "logical_not",

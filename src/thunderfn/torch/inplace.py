@@ -391,6 +391,18 @@ def _track_identity(func, args, kwargs, out: TensorProxy, source: TensorProxy) -
                       layout_dependent=not exact, facts=facts)
 
 
+def _replayable_base(info: Alias, cannot_replay) -> TensorProxy:
+    """The base a view is replayed from (to refresh it, or to write through it), refusing a base
+    whose value cannot be known and a view whose steps are not recorded: `cannot_replay(base)`
+    says why, in the words of the operation that needed the replay."""
+    base = info.base
+    if base.alias.stale_message:
+        raise UnsupportedOpError(base.alias.stale_message)
+    if info.steps is None:
+        raise UnsupportedOpError(cannot_replay(base))
+    return base
+
+
 def refresh(view: TensorProxy) -> None:
     """Bring a view up to date with its base: recomputed from the base's current value when the
     base was written (directly or through another view) since the view's value was computed.
@@ -405,15 +417,11 @@ def refresh(view: TensorProxy) -> None:
         return
     if info is None or info.base is None or info.seen == _alias(info.base).version:
         return
-    base = info.base
     _rely(info)
-    if base.alias.stale_message:
-        raise UnsupportedOpError(base.alias.stale_message)
-    if info.steps is None:
-        raise UnsupportedOpError(
-            f"tensor {view.name} is a view of {base.name}, which was modified in place after the view was made; in "
-            f"eager the view would show the new values, and this view (made by {info.made_by}) cannot be "
-            f"recomputed from them. Take the view again after the in-place operation, or clone() it before.")
+    base = _replayable_base(info, lambda base: (
+        f"tensor {view.name} is a view of {base.name}, which was modified in place after the view was made; in "
+        f"eager the view would show the new values, and this view (made by {info.made_by}) cannot be "
+        f"recomputed from them. Take the view again after the in-place operation, or clone() it before."))
     value = base
     for step in info.steps:
         value = _replay(step, value)
@@ -641,14 +649,10 @@ def check_writable(view: TensorProxy, what: str) -> None:
     info = view.alias
     if info.layout_dependent:
         return
-    base = info.base
-    if base.alias.stale_message:
-        raise UnsupportedOpError(base.alias.stale_message)
-    if info.steps is None:
-        raise UnsupportedOpError(
-            f"{what} mutates {view.name}, a view of {base.name} made by {info.made_by}, which "
-            f"{_NOT_WRITABLE.get(info.made_by.rpartition('.')[2], 'tracing cannot replay')}; writing the change back "
-            f"into {base.name} is not supported. Write into {base.name} itself, or into a clone() of the view.")
+    base = _replayable_base(info, lambda base: (
+        f"{what} mutates {view.name}, a view of {base.name} made by {info.made_by}, which "
+        f"{_NOT_WRITABLE.get(info.made_by.rpartition('.')[2], 'tracing cannot replay')}; writing the change back "
+        f"into {base.name} is not supported. Write into {base.name} itself, or into a clone() of the view."))
     for step in info.steps:
         short = torch_name(step.func).rsplit(".", 1)[-1] if step.func is not None else ""
         if short in _NOT_WRITABLE or (short == "view" and any(isinstance(a, torch.dtype) for a in step.args)):

@@ -11,16 +11,29 @@ import torch.nn.functional as F
 
 from thunderfn import clang, prims
 from thunderfn.clang import is_tensor, keepdim_reshape, maybe_convert_to_dtype, reduction_dims
-from thunderfn.core import dtypes
+from thunderfn.core import dtypes, symbolic
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported, scalar_type_name
 from thunderfn.torch.base import register_alias, torchsymbol
+from thunderfn.torch.shape import reshape
 
 T = torch.Tensor
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "var", "std", "var_mean", "std_mean", "argmax",
            "argmin", "all", "any", "softmax", "log_softmax", "logsumexp", "count_nonzero", "cumsum", "cumprod",
            "logcumsumexp", "cummax", "cummin", "sort", "argsort", "msort", "topk", "vector_norm", "norm", "aminmax", "nansum", "nanmean"]
+
+
+def sum_to(x, shape):
+    """x summed back to `shape`, where broadcasting `shape` made x's shape: the leading dims and the
+    size-1 dims that were expanded are summed, then reshaped (not where it has the shape already).
+    What a cotangent of a broadcast operand becomes: the one place reverse mode does it (the VJP rules,
+    a user Function's gradient, the attention mask's gradient)."""
+    shape = tuple(shape)
+    dims = symbolic.broadcast_dims(x.shape, shape)
+    if dims:
+        x = sum(x, dims)
+    return x if symbolic.same_shape(x.shape, shape) else reshape(x, shape)
 
 
 def _finish(out, a, dims, keepdim, dtype):
@@ -169,23 +182,25 @@ def _check_var_dtype(a, name):
     check(dtypes.is_inexact(a.dtype), lambda: f"{name} only support floating point and complex dtypes")
 
 
-@torchsymbol(torch.var_mean)
-def var_mean(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
-    _check_var_dtype(a, "var_mean")
+def _var_and_mean(name, a, dim, unbiased, correction):
+    """var_mean and std_mean's shared start: the variance and mean over dims, in the computation dtype."""
+    _check_var_dtype(a, name)
     dim, unbiased = _var_args(dim, unbiased)
     dims = reduction_dims(a, dim)
     x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
-    v, m = prims.var_mean(x, dims, correction=_correction(unbiased, correction, "var_mean"))
+    v, m = prims.var_mean(x, dims, correction=_correction(unbiased, correction, name))
+    return v, m, dims
+
+
+@torchsymbol(torch.var_mean)
+def var_mean(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    v, m, dims = _var_and_mean("var_mean", a, dim, unbiased, correction)
     return _finish(v, a, dims, keepdim, dtypes.to_real(a.dtype)), _finish(m, a, dims, keepdim, a.dtype)
 
 
 @torchsymbol(torch.std_mean)
 def std_mean(a, dim=None, unbiased=None, keepdim=False, *, correction=None):
-    _check_var_dtype(a, "std_mean")
-    dim, unbiased = _var_args(dim, unbiased)
-    dims = reduction_dims(a, dim)
-    x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
-    v, m = prims.var_mean(x, dims, correction=_correction(unbiased, correction, "std_mean"))
+    v, m, dims = _var_and_mean("std_mean", a, dim, unbiased, correction)
     return _finish(clang.sqrt(v), a, dims, keepdim, dtypes.to_real(a.dtype)), _finish(m, a, dims, keepdim, a.dtype)
 
 

@@ -5,7 +5,8 @@ The driver is small. The function is traced straight into the trace being built
 backwards: a bound symbol with a rule in `vjp_rules` (transforms/vjp_rules.py) maps
 its output cotangent to input cotangents; a symbol without one is differentiated
 through its subsymbols (its decomposition); an opaque torch op is differentiated
-when the compiled function runs, by torch.func.vjp. The rules are written in
+when the compiled function runs, by torch.func.vjp (transforms/resolve.py gives
+the order, the same in every transform). The rules are written in
 traceable ops, so the backward is recorded too and can itself be differentiated:
 grad(grad(f)) is grad applied to a function that happens to contain a backward.
 
@@ -32,7 +33,7 @@ from thunderfn.prims import PrimIDs
 from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from thunderfn.core.pytree import of_positions, tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled
 from thunderfn.core.decorators import with_options_form
 from thunderfn.core.trace import up_to_date
@@ -42,7 +43,9 @@ from thunderfn.torch.opaque import autograd_connections, may_draw, torch_vjp_op
 from thunderfn.torch.random import get_rng_state_op
 from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' rules join vjp_rules)
 from thunderfn.transforms.executor_lower import claiming_rule, claims_whole, trace_in_place_of
-from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, _zeros, backwards, rule_for
+from thunderfn.transforms.resolve import Transform, Way, resolve
+from thunderfn.transforms.vjp_rules import (NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, RecordedCall, VJPRule, _zeros, backwards,
+                                            rule_for, vjp_rules)
 
 
 def _carries_gradient(x) -> bool:
@@ -99,10 +102,36 @@ def _grad_modes(region: list, enabled: bool) -> list:
     return modes
 
 
+def _inert(bsym) -> bool:
+    """No derivative flows through it: a statement, or an op whose outputs never carry gradient."""
+    return bsym.sym.printer is not None or bsym.sym.id in NON_DIFFERENTIABLE
+
+
+def _refusal(bsym) -> UnsupportedOpError:
+    ex = bsym.sym.executor
+    if callable(getattr(ex, "register_lowering", None)):  # an OperatorExecutor's, where a vjp can be registered
+        return UnsupportedOpError(
+            f"thunderfn cannot differentiate {bsym.sym.print_name}, an operator of executor '{ex.name}' defined with "
+            f"meta=: register a vjp for it, {ex.name}.register_lowering({bsym.sym.print_name}, vjp=(fwd, bwd)), or "
+            f"define it with like= to differentiate it through that function.")
+    why = NOT_DIFFERENTIATED.get(bsym.sym.id, "it has no VJP rule and no decomposition")
+    return UnsupportedOpError(
+        f"thunderfn cannot differentiate {bsym.sym.print_name}: {why}. Give it a rule with "
+        f"thunderfn.transforms.vjp_rules.defvjp, or compute this part outside the differentiated function.")
+
+
+# reverse mode as transforms/resolve.py sees it: a VJP rule where it applies (custom_vjp functions and
+# user autograd.Functions enter vjp_rules too), else an operator's like= function, else the decomposition
+REVERSE = Transform("reverse mode", vjp_rules, _refusal, applies=VJPRule.applies_to, inert=_inert, follows_like=True)
+
+
 def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
     outs = bsym.flat_outs()
     out_cts = [cts.get(o.name) if isinstance(o, TensorProxy) else None for o in outs]
-    if all(c is None for c in out_cts) or bsym.sym.printer is not None or bsym.sym.id in NON_DIFFERENTIABLE:
+    if all(c is None for c in out_cts):
+        return
+    way = resolve(bsym, REVERSE)
+    if way is Way.INERT:
         return
     if all(c is None or c is _ZERO for c in out_cts):
         if all(a.numel() for a in bsym.proxy_args() if _carries_gradient(a)):
@@ -113,13 +142,12 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
         # (view_as's `other`) is the rule's to say, given the cotangents as tensors
         out_cts = [_materialized(c, o) for c, o in zip(out_cts, outs)]
     out_cts = [None if c is _ZERO else c for c in out_cts]
-    rule = rule_for(bsym)
-    if rule is not None:
+    if way is Way.RULE:
         g = out_cts[0] if isinstance(bsym.output, TensorProxy) else tuple(out_cts)
         args, kwargs = bsym.args, bsym.kwargs
         if kwargs and bsym.sym.fn is not None:  # rules give cotangents by position: no tensor by keyword
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
-        in_cts = rule.bwd(Residuals(args, kwargs, bsym.output), g)
+        in_cts = vjp_rules[bsym.sym.id].bwd(RecordedCall(bsym.sym, args, kwargs, bsym.output), g)
         for arg, ct in zip(args, in_cts):
             if ct is None:
                 continue
@@ -132,8 +160,8 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
         return
     # An executor's operator defined like= a function, or a composite an executor claims whole
     # (_with_residuals kept it so): the backward recomputes that function and differentiates it.
-    recompute = bsym.sym.like
-    if (recompute is None and bsym.subsymbols and bsym.sym.fn is not None
+    recompute = bsym.sym.like if way is Way.LIKE else None
+    if (way is Way.DECOMPOSITION and bsym.sym.fn is not None
             and claims_whole(claiming_rule(bsym, tape.executors))):
         recompute = bsym.sym.fn
     if recompute is not None:
@@ -150,23 +178,14 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
         for leaf, ct in totals.values():
             _accumulate(cts, leaf, ct)
         return
-    if bsym.subsymbols:
+    if way is Way.DECOMPOSITION:
         for sub in reversed(bsym.subsymbols):
             _backprop(sub, cts, tape)
         return
-    if "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
+    if way is Way.OPAQUE:
         _backprop_opaque(bsym, out_cts, cts, tape)
         return
-    ex = bsym.sym.executor
-    if callable(getattr(ex, "register_lowering", None)):  # an OperatorExecutor's, where a vjp can be registered
-        raise UnsupportedOpError(
-            f"thunderfn cannot differentiate {bsym.sym.print_name}, an operator of executor '{ex.name}' defined with "
-            f"meta=: register a vjp for it, {ex.name}.register_lowering({bsym.sym.print_name}, vjp=(fwd, bwd)), or "
-            f"define it with like= to differentiate it through that function.")
-    why = NOT_DIFFERENTIATED.get(bsym.sym.id, "it has no VJP rule and no decomposition")
-    raise UnsupportedOpError(
-        f"thunderfn cannot differentiate {bsym.sym.print_name}: {why}. Give it a rule with "
-        f"thunderfn.transforms.vjp_rules.defvjp, or compute this part outside the differentiated function.")
+    raise REVERSE.refusal(bsym)
 
 
 # Prims whose VJP reads only shapes and dtypes, never a value of the forward.
@@ -226,8 +245,7 @@ def _with_residuals(bsyms: list, executors) -> list:
     replaces it. executors: the priority list the trace will be lowered onto."""
     flat = []
     for bsym in bsyms:
-        inert = (bsym.sym.id in NON_DIFFERENTIABLE or bsym.sym.printer is not None
-                 or not any(_carries_gradient(a) for a in bsym.flat_args())
+        inert = (_inert(bsym) or not any(_carries_gradient(a) for a in bsym.flat_args())
                  or not any(_carries_gradient(o) for o in bsym.flat_outs()))
         rule = None if inert else claiming_rule(bsym, executors)
         if rule is not None and rule.vjp is not None:
@@ -478,14 +496,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
         nums_here = positional_argnums(fn, nums, len(args))
         diff = [args[i] for i in nums_here]
         _check_inexact(tree_leaves(diff), "grad", fn)
-
-        def with_diff(*d):
-            full = list(args)
-            for i, v in zip(nums_here, d):
-                full[i] = v
-            return fn(*full, **kwargs)
-
-        out, backward = trace_vjp(with_diff, diff)
+        out, backward = trace_vjp(of_positions(fn, args, nums_here, kwargs), diff)
         value, aux = output_and_aux(out, fn, "grad") if has_aux else (out, None)
         if not (isinstance(value, TensorProxy) and value.numel() == 1):
             shape = tuple(value.shape) if isinstance(value, TensorProxy) else type(value).__name__

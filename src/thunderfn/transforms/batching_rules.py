@@ -1,5 +1,5 @@
-"""Batching rules for prims: `batching_rules[prim id](args, dims, kwargs, out)` is the batched
-output of the prim, with its batch dimension.
+"""Batching rules for prims: `batching_rules[prim id].batch(args, dims, kwargs, out)` is the
+batched output of the prim, with its batch dimension.
 
 `args` are the prim's positional arguments with every batched tensor replaced by its batched
 value (one more dimension, of the batch size, at the position `dims` gives); `dims` has one
@@ -15,6 +15,10 @@ dimension to the front and shift the prim's dimension arguments by one.
 
 Conventions (the driver relies on them): a rule is called only when some argument is batched;
 every tensor argument of the prim is passed by position (the driver moves keyword tensors).
+
+Every rule is a BatchRule entered with register_batch (core/batching.py, the table's one way in,
+re-exported here); `@defbatch(symbol id, ...)` is its spelling for a function. Every prim has a
+rule or is in NOT_BATCHED with the reason (tests/test_vmap.py checks it).
 """
 from __future__ import annotations
 
@@ -24,21 +28,27 @@ import torch
 
 from thunderfn import clang, prims
 from thunderfn.core import symbolic
+from thunderfn.core.batching import BatchRule, batching_rules, register_batch, unregister_batch  # noqa: F401  (re-exported)
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import PrimIDs, canonical_dim
 from thunderfn.errors import InternalError
 
-batching_rules: dict = {}  # symbol id -> rule(args, dims, kwargs, out) -> (output, out dims)
-
 
 def defbatch(*symbol_ids):
-    """Register the decorated rule for each symbol id."""
-    def register(rule: Callable):
+    """Register the decorated `batch(args, dims, kwargs, out)` as the BatchRule of each symbol id."""
+    def register(batch: Callable):
         for sid in symbol_ids:
-            batching_rules[sid] = rule
-        return rule
+            register_batch(sid, BatchRule(batch))
+        return batch
 
     return register
+
+
+# prims without a rule, and why: the driver batches only a call with a batched tensor argument
+NOT_BATCHED = {
+    PrimIDs.FULL: "it takes no tensor, so no call of it is batched: its value is the same for every example",
+    PrimIDs.IOTA: "it takes no tensor, so no call of it is batched: its value is the same for every example",
+}
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -115,7 +125,13 @@ def _elementwise(prim):
 
 for _sym in vars(prims).copy().values():
     if isinstance(getattr(_sym, "id", None), PrimIDs) and "elementwise" in _sym.tags:
-        batching_rules[_sym.id] = _elementwise(_sym)
+        register_batch(_sym.id, BatchRule(_elementwise(_sym)))
+
+
+def defbatch_elementwise(prim) -> None:
+    """Batch an elementwise prim made after this module (thunderfn.extend.elementwise_op) as the
+    library's are."""
+    register_batch(prim.id, BatchRule(_elementwise(prim)))
 
 
 def _same_layout(prim):
@@ -127,7 +143,7 @@ def _same_layout(prim):
 
 
 for _prim in (prims.convert_element_type, prims.device_put):
-    batching_rules[_prim.id] = _same_layout(_prim)
+    register_batch(_prim.id, BatchRule(_same_layout(_prim)))
 
 
 # -- reductions, scans, sorting: the dimension arguments shift by one ---------------------------
@@ -142,7 +158,7 @@ def _reduction(prim):
 
 
 for _prim in (prims.sum, prims.prod, prims.amax, prims.amin, prims.var):
-    batching_rules[_prim.id] = _reduction(_prim)
+    register_batch(_prim.id, BatchRule(_reduction(_prim)))
 
 
 _var_mean_reduction = _reduction(prims.var_mean)
@@ -167,7 +183,7 @@ def _arg_reduction(prim):
 
 
 for _prim in (prims.argmax, prims.argmin):
-    batching_rules[_prim.id] = _arg_reduction(_prim)
+    register_batch(_prim.id, BatchRule(_arg_reduction(_prim)))
 
 
 def _along_one_dim(prim):
@@ -187,7 +203,7 @@ def _along_one_dim(prim):
 
 
 for _prim in (prims.cumsum, prims.cumprod, prims.sort, prims.topk):
-    batching_rules[_prim.id] = _along_one_dim(_prim)
+    register_batch(_prim.id, BatchRule(_along_one_dim(_prim)))
 
 
 # -- shapes ------------------------------------------------------------------------------
@@ -258,9 +274,9 @@ def _same_rank_operands(prim, n_tensors: int):
     return rule
 
 
-batching_rules[PrimIDs.TAKE_ALONG_AXIS] = _same_rank_operands(prims.take_along_axis, 2)
-batching_rules[PrimIDs.SCATTER] = _same_rank_operands(prims.scatter, 3)
-batching_rules[PrimIDs.SCATTER_ADD] = _same_rank_operands(prims.scatter_add, 3)
+register_batch(PrimIDs.TAKE_ALONG_AXIS, BatchRule(_same_rank_operands(prims.take_along_axis, 2)))
+register_batch(PrimIDs.SCATTER, BatchRule(_same_rank_operands(prims.scatter, 3)))
+register_batch(PrimIDs.SCATTER_ADD, BatchRule(_same_rank_operands(prims.scatter_add, 3)))
 
 
 @defbatch(PrimIDs.TAKE)

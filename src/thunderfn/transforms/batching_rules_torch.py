@@ -8,13 +8,16 @@ then batches the decomposition instead.
   kernels can claim) rather than its math decomposition.
 - check_value (eager's check on values, made at run time): the condition holds for the batch
   when it holds for every example, so one check of their conjunction.
+- tf.debug.print and tf.debug.breakpoint: one statement for the batch, given each batched value
+  with its batch dimension first, as jax.debug.print prints under vmap.
 """
 from __future__ import annotations
 
 import inspect
 
 from thunderfn import torch as ltorch
-from thunderfn.core.statements import emit_runtime_check, runtime_check
+from thunderfn.core import context
+from thunderfn.core.statements import debug_breakpoint, debug_print, emit_runtime_check, runtime_check
 from thunderfn.transforms.batching_rules import defbatch, move_to_front
 
 _SDPA_PARAMETERS = inspect.signature(ltorch.scaled_dot_product_attention.fn).parameters
@@ -49,3 +52,17 @@ def _check_value(args, dims, kwargs, out):
     condition, error, message = args
     emit_runtime_check(ltorch.all(condition), error, message)
     return None, None
+
+
+def _batched_statement(statement):
+    def batch(args, dims, kwargs, out):
+        batched = [move_to_front(a, d) if d is not None else a for a, d in zip(args, dims)]
+        context.current_trace().emit(statement.bind(*batched, output=None))
+        return None, None
+
+    batch.__name__ = f"_{statement.name}"
+    return batch
+
+
+for _statement in (debug_print, debug_breakpoint):
+    defbatch(_statement.id)(_batched_statement(_statement))

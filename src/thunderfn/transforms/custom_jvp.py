@@ -162,16 +162,16 @@ class custom_jvp:
             checked.append(t if t.dtype == o.dtype else ltorch.to(t, o.dtype))
         return checked
 
-    def _tangent_out(self, spec, res, tangents):
+    def _tangent_out(self, spec, call, tangents):
         """Forward mode: the rule, with zeros for the differentiable arguments that have no tangent."""
         filled = [t if t is not None else (_zeros_like(x) if isinstance(x, TensorProxy) else None)
-                  for x, t in zip(res.args, tangents)]
-        checked = self._rule(spec, res.args, filled, res.out)
-        return checked[0] if isinstance(res.out, TensorProxy) else tuple(checked)
+                  for x, t in zip(call.args, tangents)]
+        checked = self._rule(spec, call.args, filled, call.out)
+        return checked[0] if isinstance(call.out, TensorProxy) else tuple(checked)
 
-    def _cotangents(self, spec, res, g):
+    def _cotangents(self, spec, call, g):
         """Reverse mode: the transpose of the rule's (linear) tangent map, as the VJP of that map."""
-        leaves = list(res.args)
+        leaves = list(call.args)
         nondiff_leaves = {id(x) for i in self.nondiff_argnums if i < len(leaves)
                           for x in tree_leaves(tree_unflatten(spec, leaves)[i])}
         wrt = [i for i, x in enumerate(leaves) if _differentiable(x) and id(x) not in nondiff_leaves]
@@ -182,10 +182,10 @@ class custom_jvp:
             full = [_zeros_like(x) if isinstance(x, TensorProxy) else None for x in leaves]
             for i, t in zip(wrt, tangents):
                 full[i] = t
-            return tuple(self._rule(spec, leaves, full, res.out))
+            return tuple(self._rule(spec, leaves, full, call.out))
 
-        out_leaves = _leaves_none(res.out)
-        flat_g = list(g) if isinstance(g, tuple) and not isinstance(res.out, TensorProxy) else [g]
+        out_leaves = _leaves_none(call.out)
+        flat_g = list(g) if isinstance(g, tuple) and not isinstance(call.out, TensorProxy) else [g]
         _, backward = trace_vjp(tangent_map, [_zeros_like(leaves[i]) for i in wrt])
         cts = backward(tuple(c if _differentiable(o) else None for o, c in zip(out_leaves, flat_g)))
         result = [None] * len(leaves)
@@ -210,8 +210,8 @@ class _Weak:
     def __init__(self, owner: custom_jvp, method: str, spec):
         self._owner, self._method, self._spec = weakref.ref(owner), method, spec
 
-    def __call__(self, res, cts_or_tangents):
-        return getattr(self._owner(), self._method)(self._spec, res, cts_or_tangents)
+    def __call__(self, call, cts_or_tangents):
+        return getattr(self._owner(), self._method)(self._spec, call, cts_or_tangents)
 
 
 def _unregister(symbol_id) -> None:

@@ -19,8 +19,10 @@ jit is jit's, registered there).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+import threading
 import weakref
 
 import optree
@@ -37,6 +39,14 @@ from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, unregister_vjp
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 
 _ids = itertools.count()
+
+
+class _RunningFwd(threading.local):
+    def __init__(self):
+        self.ids: set = set()  # id() of each custom_vjp whose fwd this thread is running
+
+
+_running_fwd = _RunningFwd()
 
 
 def refuse_traced_nondiff_args(kind: str, name: str, nondiff_argnums, args, instead: str) -> None:
@@ -86,7 +96,7 @@ class custom_vjp:
 
     # -- forward: fwd, recorded as this function's symbol ------------------------------------------
     def _forward(self, /, *args, **kwargs):
-        result = self.fwd(*args, **kwargs)
+        result = self._run_fwd(args, kwargs)
         if not (isinstance(result, tuple) and len(result) == 2):
             raise ArgumentTypeError(f"custom_vjp '{self._name}': fwd must return a pair (output, residuals), got "
                             f"{type(result).__name__}")
@@ -99,7 +109,26 @@ class custom_vjp:
                        else o, out)
         return out, residuals
 
+    def _run_fwd(self, args, kwargs):
+        """fwd(*args, **kwargs). A call of this function inside its own fwd (JAX's common
+        `def f_fwd(x): return f(x), x`) is its primal: recorded as this symbol again, whose body
+        is fwd, it would recurse without end."""
+        with self._inside_fwd():
+            return self.fwd(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _inside_fwd(self):
+        nested = id(self) in _running_fwd.ids
+        _running_fwd.ids.add(id(self))
+        try:
+            yield
+        finally:
+            if not nested:
+                _running_fwd.ids.discard(id(self))
+
     def __call__(self, /, *args, **kwargs):
+        if id(self) in _running_fwd.ids:  # inside our own fwd: the primal function (_run_fwd)
+            return self.fn(*args, **kwargs)
         if context.current_trace() is None:
             if self._symbol is not None and torch.is_grad_enabled() and any(
                     isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves((args, kwargs))):
@@ -120,9 +149,9 @@ class custom_vjp:
         return self._jitted
 
     # -- backward: bwd, called by the reverse-mode driver ------------------------------------------
-    def _backward(self, res, g):
-        args = res.args
-        out, residuals = res.out
+    def _backward(self, call, g):
+        args = call.args
+        out, residuals = call.out
         n_out = len(tree_leaves(out))
         flat_g = list(g)[:n_out] if isinstance(g, tuple) else [g]
         _, out_spec = tree_flatten(out)
@@ -141,22 +170,22 @@ class custom_vjp:
         result = [None] * len(args)
         for position, ct in zip(diff_positions, cts):
             result[position] = self._checked(position, args[position], ct)
-        through = self._through_residuals(res, g)
+        through = self._through_residuals(call, g)
         if through:
             for position in diff_positions:
                 result[position] = _plus(result[position], args[position], through)
         return tuple(result)
 
-    def _through_residuals(self, res, g) -> dict:
+    def _through_residuals(self, call, g) -> dict:
         """{argument leaf's name: cotangent} that the residuals' own cotangents give. Only a derivative of
         bwd gives them one (grad of grad): bwd reads the residuals, which fwd computed from the arguments,
         so they flow back through fwd, recomputed (as JAX differentiates a custom_vjp's fwd). A residual
         that is an argument or an output itself gets its cotangent where that one does."""
-        out, residuals = res.out
+        out, residuals = call.out
         flat_g = list(g) if isinstance(g, tuple) else [g]
         n_out = len(optree.tree_leaves(out, none_is_leaf=True, namespace="thunderfn"))
         res_leaves = optree.tree_leaves(residuals, none_is_leaf=True, namespace="thunderfn")
-        own = {p.name for p in tree_leaves((res.args, out)) if isinstance(p, TensorProxy)}
+        own = {p.name for p in tree_leaves((call.args, out)) if isinstance(p, TensorProxy)}
         wanted, names = [], set()
         for i, (leaf, ct) in enumerate(zip(res_leaves, flat_g[n_out:])):
             if isinstance(leaf, TensorProxy) and ct is not None and leaf.name not in own | names:
@@ -166,12 +195,12 @@ class custom_vjp:
             return {}
 
         def wanted_residuals(*args):
-            leaves = optree.tree_leaves(self.fwd(*args, **res.kwargs)[1], none_is_leaf=True, namespace="thunderfn")
+            leaves = optree.tree_leaves(self._run_fwd(args, call.kwargs)[1], none_is_leaf=True, namespace="thunderfn")
             return tuple(leaves[i] for i in wanted)
 
-        _, backward = trace_vjp(wanted_residuals, res.args)
+        _, backward = trace_vjp(wanted_residuals, call.args)
         arg_cts = backward(tuple(flat_g[n_out + i] for i in wanted))
-        return {a.name: ct for a, ct in zip(tree_leaves(res.args), arg_cts) if isinstance(a, TensorProxy) and ct is not None}
+        return {a.name: ct for a, ct in zip(tree_leaves(call.args), arg_cts) if isinstance(a, TensorProxy) and ct is not None}
 
     def _checked(self, position, arg, ct):
         if ct is None:
@@ -194,8 +223,8 @@ class _WeakBackward:
     def __init__(self, owner: custom_vjp):
         self._owner = weakref.ref(owner)
 
-    def __call__(self, res, g):
-        return self._owner()._backward(res, g)
+    def __call__(self, call, g):
+        return self._owner()._backward(call, g)
 
 
 # Executors make their vjp= pairs into custom_vjp functions (executors/base.py), through core.

@@ -3,9 +3,11 @@
 The function is traced into the trace being built, composites without a rule in
 `jvp_rules` (transforms/jvp_rules.py) are replaced by their decomposition, and the
 recorded region is walked forward: each bound symbol maps its inputs' tangents to
-its output's. Opaque torch ops get their tangent from torch.func.jvp when the
-compiled function runs. Inside `with torch.no_grad():` no tangent flows, the same
-stop that reverse mode makes, so <vjp(ct), t> == <ct, jvp(t)> holds everywhere.
+its output's, by its rule, its like= function (an executor's operator) or, for an
+opaque torch op, torch.func.jvp when the compiled function runs (transforms/resolve.py
+gives the order, the same in every transform). Inside `with torch.no_grad():` no
+tangent flows, the same stop that reverse mode makes, so <vjp(ct), t> == <ct, jvp(t)>
+holds everywhere.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from thunderfn.torch.opaque import _meta, named_functorch_refusal
 from thunderfn.transforms.autodiff import (_compiled, _carries_gradient, _grad_modes, as_trace_constants, as_trace_values,
                                           differentiating, value_without_aux)
 from thunderfn.transforms.custom_vjp import custom_vjp
-from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, Residuals, jvp_rules
+from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, RecordedCall, jvp_rules
+from thunderfn.transforms.resolve import Transform, Way, resolve
 
 
 def _is_custom_vjp(bsym) -> bool:
@@ -49,36 +52,50 @@ def _flattened(bsyms: list) -> list:
     return out
 
 
+def _inert(bsym) -> bool:
+    """No tangent flows through it: a statement, or an op whose outputs never carry one (comparisons, argmax)."""
+    return (bsym.sym.printer is not None or bsym.sym.id in NON_DIFFERENTIABLE
+            or not any(_carries_gradient(o) for o in bsym.flat_outs()))
+
+
+def _refusal(bsym) -> Exception:
+    # a custom_vjp with no tangent rule of its own (a user Function's jvp staticmethod is one): its fwd's
+    # derivative is not the rule, a silent wrong tangent, so refused
+    if _is_custom_vjp(bsym):
+        name = bsym.sym.fn.__self__._name
+        return ForwardModeError(
+            f"forward mode (tf.jvp, tf.jacfwd, tf.hessian) reached '{name}', a tf.custom_vjp function: its rule is "
+            f"reverse-mode only, and differentiating its body instead would ignore it. Define it with tf.custom_jvp "
+            f"(whose rule both modes use), or use reverse mode (tf.jacrev, tf.jacrev(tf.jacrev(f)) for a Hessian).")
+    why = NOT_DIFFERENTIATED.get(bsym.sym.id, "it has no JVP rule and no decomposition")
+    return UnsupportedOpError(f"thunderfn cannot differentiate {bsym.sym.print_name} in forward mode: {why}.")
+
+
+# forward mode as transforms/resolve.py sees it: _flattened inlined every decomposition without a rule
+# before the walk (a custom_vjp's it keeps whole, so that, without a JVP rule, it is refused)
+FORWARD = Transform("forward mode", jvp_rules, _refusal, inert=_inert, follows_like=True, decomposes=False)
+
+
 def _push_forward(bsym, tangents: dict) -> None:
     arg_tangents = tuple(entry_by_name(a, tangents) for a in bsym.args)
     kwarg_tangents = [tangents.get(v.name) for v in tree_leaves(bsym.kwargs) if isinstance(v, TensorProxy)]
     if all(t is None for t in arg_tangents) and all(t is None for t in kwarg_tangents):
         return
-    if (bsym.sym.printer is not None or bsym.sym.id in NON_DIFFERENTIABLE
-            or not any(_carries_gradient(o) for o in bsym.flat_outs())):  # comparisons, argmax: nothing to push
+    way = resolve(bsym, FORWARD)
+    if way is Way.INERT:
         return
-    rule = jvp_rules.get(bsym.sym.id)
-    # a custom_vjp with no tangent rule of its own (a user Function's jvp staticmethod is one): its fwd's
-    # derivative is not the rule, a silent wrong tangent, so refused
-    if rule is None and _is_custom_vjp(bsym):
-        name = bsym.sym.fn.__self__._name
-        raise ForwardModeError(
-            f"forward mode (tf.jvp, tf.jacfwd, tf.hessian) reached '{name}', a tf.custom_vjp function: its rule is "
-            f"reverse-mode only, and differentiating its body instead would ignore it. Define it with tf.custom_jvp "
-            f"(whose rule both modes use), or use reverse mode (tf.jacrev, tf.jacrev(tf.jacrev(f)) for a Hessian).")
-    if rule is not None:
+    if way is Way.RULE:
         args, kwargs = bsym.args, bsym.kwargs
         if kwarg_tangents and bsym.sym.fn is not None:  # rules take tangents by position: no tensor by keyword
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
             arg_tangents = tuple(entry_by_name(a, tangents) for a in args)
-        out_tangent = rule.fwd(Residuals(args, kwargs, bsym.output), arg_tangents)
-    elif bsym.sym.like is not None:  # an executor's operator defined like= a function: that function's tangent
+        out_tangent = jvp_rules[bsym.sym.id].fwd(RecordedCall(bsym.sym, args, kwargs, bsym.output), arg_tangents)
+    elif way is Way.LIKE:  # an executor's operator defined like= a function: that function's tangent
         out_tangent = _like_tangent(bsym, tangents)
-    elif "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
+    elif way is Way.OPAQUE:
         out_tangent = _opaque_tangent(bsym, tangents)
     else:
-        why = NOT_DIFFERENTIATED.get(bsym.sym.id, "it has no JVP rule and no decomposition")
-        raise UnsupportedOpError(f"thunderfn cannot differentiate {bsym.sym.print_name} in forward mode: {why}.")
+        raise FORWARD.refusal(bsym)
     outs = bsym.flat_outs()
     out_tangents = [out_tangent] if isinstance(bsym.output, TensorProxy) else list(
         optree.tree_leaves(out_tangent, none_is_leaf=True, namespace="thunderfn")
@@ -92,12 +109,8 @@ def _like_tangent(bsym, tangents):
     """The tangent of the operator's like= function at its arguments (which it recomputes, as reverse mode does)."""
     leaves, spec = tree_flatten((bsym.args, bsym.kwargs))
     moving = [i for i, x in enumerate(leaves) if isinstance(x, TensorProxy) and tangents.get(x.name) is not None]
-
-    def like_of_moving(*moved):
-        args, kwargs = tree_unflatten(spec, [moved[moving.index(i)] if i in moving else x for i, x in enumerate(leaves)])
-        return bsym.sym.like(*args, **kwargs)
-
-    return trace_jvp(like_of_moving, tuple(leaves[i] for i in moving), tuple(tangents[leaves[i].name] for i in moving))[1]
+    return trace_jvp(of_leaves(bsym.sym.like, leaves, spec, moving), tuple(leaves[i] for i in moving),
+                     tuple(tangents[leaves[i].name] for i in moving))[1]
 
 
 # -- opaque torch ops: torch computes their tangent when the compiled function runs -------------

@@ -20,7 +20,7 @@ import optree
 import torch
 
 from thunderfn.core import symbolic
-from thunderfn.core.pytree import NAMESPACE, tree_flatten, tree_unflatten
+from thunderfn.core.pytree import NAMESPACE, of_positions, tree_flatten, tree_unflatten
 from thunderfn.core.decorators import with_options_form
 from thunderfn.errors import TransformArgumentError
 from thunderfn.transforms.autodiff import _compiled, positional_argnums, vjp
@@ -39,19 +39,6 @@ def _argnums(fn, argnums, args, transform: str) -> tuple[tuple, bool]:
                 f"(as torch.func). Differentiate with respect to its real and imaginary parts as two real tensors "
                 f"(torch.view_as_real), or use tf.vjp with a cotangent you choose.")
     return nums, single
-
-
-def _with_primals(fn, args, kwargs, nums):
-    """fn as a function of the differentiated arguments only, the others fixed at args and kwargs
-    (keyword arguments are passed through and never differentiated, as in JAX)."""
-    def of_primals(*primals):
-        full = list(args)
-        for i, p in zip(nums, primals):
-            full[i] = p
-        return fn(*full, **kwargs)
-
-    of_primals.__name__ = getattr(fn, "__name__", "fn")  # errors name the user's function
-    return of_primals
 
 
 def _one_hot_rows(leaves) -> list:
@@ -91,7 +78,8 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
     def jacobian(*args, **kwargs):
         nums, single = _argnums(fn, argnums, args, "jacrev")
         primals = tuple(args[i] for i in nums)
-        result = vjp(_with_primals(fn, args, kwargs, nums), *primals, has_aux=has_aux)
+        # keyword arguments are passed through and never differentiated, as in JAX
+        result = vjp(of_positions(fn, args, nums, kwargs), *primals, has_aux=has_aux)
         out, vjp_fn = result[0], result[1]
         out_leaves, out_spec = tree_flatten(out)
         sizes = [o.numel() for o in out_leaves]
@@ -127,7 +115,7 @@ def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
         primals = tuple(args[i] for i in nums)
         flat, spec = tree_flatten(primals)
         sizes = [p.numel() for p in flat]
-        of_primals = _with_primals(fn, args, kwargs, nums)
+        of_primals = of_positions(fn, args, nums, kwargs)
 
         def push_forward(*tangent_leaves):
             return jvp(of_primals, primals, tree_unflatten(spec, list(tangent_leaves)), has_aux=has_aux)

@@ -1,16 +1,17 @@
-"""Forward-mode rules for prims: `jvp_rules[prim id].fwd(res, tangents)` is the tangent of the
+"""Forward-mode rules for prims: `jvp_rules[prim id].fwd(call, tangents)` is the tangent of the
 prim's output, given one tangent per positional argument. The forward twin of vjp_rules.
 
-Rules are written in prims (the unary derivatives, shared with vjp_rules.py, in the torch
-language), so they trace like any other function and can be differentiated again (jvp of jvp, grad of jvp). On real tensors they compute eagerly, which
-is how tests/test_jvp_rules.py checks each one against torch.func.jvp.
+Rules are written in prims; an elementwise prim's rule is the sum of its partial derivatives
+(vjp_rules.partials, in the torch language, shared with its VJP rule) at the tangents. Rules
+trace like any other function and can be differentiated again (jvp of jvp, grad of jvp). On
+real tensors they compute eagerly, which is how tests/test_jvp_rules.py checks each one against torch.func.jvp.
 
 Conventions (the driver relies on them):
 - `tangents` has one entry per positional argument: a tangent of that argument's shape and
   dtype, or None (zero, not a tensor, or not floating point); prims.cat's first entry is a
   tuple, one tangent (or None) per tensor;
 - a rule is called only when some tangent is not None, and returns the output's tangent
-  (res.out's shape and dtype), or None when it is zero;
+  (call.out's shape and dtype), or None when it is zero;
 - a multi-output prim (var_mean, sort, topk) returns a tuple, None for integer outputs;
 - a 0-dim tensor operand that a binary prim broadcast has a 0-dim tangent, broadcast here.
 Rules are for real floating dtypes; a complex argument raises NotImplementedError, as in
@@ -31,14 +32,14 @@ from thunderfn.clang import reduction_dims
 from thunderfn.prims import PrimIDs, canonical_dim
 from thunderfn.transforms import vjp_rules as _vjp
 from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' VJP rules, read below)
-from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, Residuals  # noqa: F401  (re-exported for the driver)
+from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, RecordedCall  # noqa: F401  (re-exported for the driver)
 from thunderfn.transforms.vjp_rules import _is_float_tensor, _expand, _reduced, _scalar, _sq, _to, _zeros, refuse_complex
 from thunderfn.errors import ArgumentTypeError
 
 
 @dataclasses.dataclass(frozen=True)
 class JVPRule:
-    """How forward mode differentiates one symbol: `fwd(res, tangents)` is the tangent of its
+    """How forward mode differentiates one symbol: `fwd(call, tangents)` is the tangent of its
     output, given one tangent per positional argument (the conventions above)."""
     fwd: Callable
 
@@ -47,7 +48,7 @@ jvp_rules: dict = {}  # symbol id -> JVPRule; entered only through register_jvp
 
 
 def unregister_jvp(symbol_id) -> None:
-    """Drop symbol_id's rule, if it has one (a user Function's call whose trace went away)."""
+    """Drop symbol_id's rule, if it has one (a custom_jvp, or a user Function's call whose trace, went away)."""
     jvp_rules.pop(symbol_id, None)
 
 
@@ -58,22 +59,17 @@ def register_jvp(symbol_id, rule: JVPRule) -> None:
     jvp_rules[symbol_id] = rule
 
 
-def unregister_jvp(symbol_id) -> None:
-    """Drop symbol_id's rule, if it has one (a custom_jvp that went away)."""
-    jvp_rules.pop(symbol_id, None)
-
-
 # differentiable in principle, but without a forward rule here (the same prims as vjp_rules)
 NOT_DIFFERENTIATED = dict(_vjp.NOT_DIFFERENTIATED)
 
 
 def defjvp(*prim_ids):
-    """Register the decorated `fwd(res, tangents)` as the forward rule of each prim id,
+    """Register the decorated `fwd(call, tangents)` as the forward rule of each prim id,
     refusing complex arguments."""
     def register(fwd):
-        def checked(res: Residuals, tangents):
-            refuse_complex("jvp", prim_ids[0], res.args)
-            return fwd(res, tuple(tangents))
+        def checked(call: RecordedCall, tangents):
+            refuse_complex("jvp", prim_ids[0], call.args)
+            return fwd(call, tuple(tangents))
 
         checked.__name__ = checked.__qualname__ = fwd.__name__
         checked.__doc__ = fwd.__doc__
@@ -112,83 +108,64 @@ def _or_zeros(t, like):
 
 def _float_out(fwd):
     """Wrap fwd so that a non-floating output (integer arithmetic) gets no tangent."""
-    def rule(res, tangents):
-        return fwd(res, tangents) if _is_float_tensor(res.out) else None
+    def rule(call, tangents):
+        return fwd(call, tangents) if _is_float_tensor(call.out) else None
 
     rule.__name__, rule.__doc__ = fwd.__name__, fwd.__doc__
     return rule
 
 
-# -- elementwise unary: t times d(out)/d(x), from the derivatives vjp_rules.py defines ------
-def _unary_jvp(prim_id, derivative):
-    def rule(res, t):
-        return prims.mul(t[0], derivative(res.args[0], res.out))
+# -- elementwise: the sum of each input's partial at its tangent (vjp_rules.partials) --------
+def jvp_from_partials(fns) -> Callable:
+    """The JVP rule of an elementwise prim with these partials (one per positional input, as in
+    vjp_rules.partials): the sum over inputs of partial(tangent), a 0-dim operand's tangent broadcast
+    to the output first; None for a non-float output or where every term is zero."""
+    def rule(call, t):
+        args, out = call.args, call.out
+        if not _is_float_tensor(out):
+            return None
+        total = None
+        for partial, ti in zip(fns, t):
+            if partial is None or ti is None:
+                continue
+            d = partial(_like(ti, out), *args, out, **call.kwargs)
+            total = _add(total, None if d is _vjp.ZERO else d)
+        return total
 
-    rule.__name__ = f"_{prim_id.name.lower()}_jvp"
     return rule
 
 
-for _prim_id, _derivative in _vjp.unary_derivatives.items():
-    defjvp(_prim_id)(_unary_jvp(_prim_id, _derivative))
-defjvp(PrimIDs.NEG)(lambda res, t: prims.neg(t[0]))
-# piecewise constant: zero tangent, as torch gives
-defjvp(PrimIDs.FLOOR, PrimIDs.CEIL, PrimIDs.ROUND, PrimIDs.TRUNC, PrimIDs.SIGN)(lambda res, t: None)
+def defpartials(prim_id, *fns) -> None:
+    """Give an elementwise prim its partial derivatives, one per positional input (vjp_rules.partials
+    says how they are written), and so both its VJP and its JVP rule: the one way in for a prim made
+    after these modules (thunderfn.extend.elementwise_op). jvp_rules imports vjp_rules, so the entry
+    that registers both directions lives here."""
+    _vjp.partials[prim_id] = tuple(fns)
+    _vjp.defvjp(prim_id)(_vjp.vjp_from_partials(fns))
+    defjvp(prim_id)(jvp_from_partials(fns))
 
 
-# -- elementwise binary: a, b = res.args; either may be a number or a 0-dim tensor ---------
+for _prim_id, _fns in _vjp.partials.items():
+    defjvp(_prim_id)(jvp_from_partials(_fns))
+
+
+# torch's forward-mode formulas for these differ from its reverse-mode ones at points the partials
+# cannot serve both ways, and forward mode matches torch.func.jvp: maximum and minimum with a NaN
+# operand give the tangent of b alone (reverse mode gives g to both), atan2 at (0, 0) is nan (reverse
+# mode zeroes it). Everywhere else these equal the sum of the partials.
 def _binary(prim_id, fwd):
     """fwd(a, b, ta, tb, out) on a and b as tensors (numbers made 0-dim tensors of out's dtype)
     and ta, tb as out-shaped tangents or None."""
-    def rule(res, t):
-        (a, b), out = res.args, res.out
+    def rule(call, t):
+        (a, b), out = call.args, call.out
         return fwd(_scalar(a, out), _scalar(b, out), _like(t[0], out), _like(t[1], out), out)
 
     rule.__name__ = f"_{prim_id.name.lower()}_jvp"
     defjvp(prim_id)(_float_out(rule))
 
 
-_binary(PrimIDs.ADD, lambda a, b, ta, tb, out: _add(ta, tb))
-_binary(PrimIDs.SUB, lambda a, b, ta, tb, out: _add(ta, None if tb is None else prims.neg(tb)))
-_binary(PrimIDs.MUL, lambda a, b, ta, tb, out: _add(_mul_or_none(ta, b), _mul_or_none(tb, a)))
 _binary(PrimIDs.ATAN2, lambda a, b, ta, tb, out: prims.div(
     _add(_mul_or_none(ta, b), None if tb is None else prims.neg(prims.mul(tb, a))), prims.add(_sq(a), _sq(b))))
-# nextafter(a, b) is a, one ulp towards b; torch gives a's tangent, 0 where a == b (the output is b)
-_binary(PrimIDs.NEXTAFTER, lambda a, b, ta, tb, out: None if ta is None else prims.where(_expand(prims.ne(a, b), out), ta, 0.0))
-# fmod and remainder are a - b * trunc(a / b) and a - b * floor(a / b)
-_binary(PrimIDs.FMOD, lambda a, b, ta, tb, out: _add(ta, _mul_or_none(tb, prims.neg(prims.div(a, b, rounding_mode="trunc")))))
-_binary(PrimIDs.REMAINDER, lambda a, b, ta, tb, out: _add(ta, _mul_or_none(tb, prims.neg(prims.div(a, b, rounding_mode="floor")))))
-# copysign: ta * sign(a) * sign(b) in torch's form, out / a, 0 where a == 0; b gets no tangent
-_binary(PrimIDs.COPYSIGN, lambda a, b, ta, tb, out: None if ta is None else
-        prims.mul(ta, prims.where(_expand(prims.eq(a, 0.0), out), 0.0, prims.div(out, a))))
-
-
-@defjvp(PrimIDs.DIV)
-@_float_out
-def _div_jvp(res, t):
-    """(ta - out * tb) / b; piecewise constant with a rounding mode."""
-    b, out = res.args[1], res.out
-    if res.kwargs.get("rounding_mode") is not None:
-        return None
-    ta, tb = _like(t[0], out), _like(t[1], out)
-    return prims.div(_add(ta, None if tb is None else prims.neg(prims.mul(out, tb))), _scalar(b, out))
-
-
-def _pow_fwd(a, b, ta, tb, out):
-    # torch's conventions: d/da is 0 where b == 0 (even at a == 0), d/db is 0 where a == 0 and b >= 0.
-    # The masked-out branch computes on a base of 1, so that its own derivative stays finite.
-    da = db = None
-    if ta is not None:
-        masked = _expand(prims.eq(b, 0.0), out)
-        base = prims.where(masked, 1.0, a)
-        da = prims.where(masked, 0.0, prims.mul(ta, prims.mul(b, prims.pow(base, prims.sub(b, 1.0)))))
-    if tb is not None:
-        masked = _expand(prims.bitwise_and(prims.eq(a, 0.0), prims.ge(b, 0.0)), out)
-        base = prims.where(masked, 1.0, a)
-        db = prims.where(masked, 0.0, prims.mul(tb, prims.mul(out, prims.log(base))))
-    return _add(da, db)
-
-
-_binary(PrimIDs.POW, _pow_fwd)
 
 
 def _extremum_fwd(a_wins):
@@ -204,15 +181,6 @@ _binary(PrimIDs.MAXIMUM, _extremum_fwd(prims.gt))
 _binary(PrimIDs.MINIMUM, _extremum_fwd(prims.lt))
 
 
-@defjvp(PrimIDs.WHERE)
-def _where_jvp(res, t):
-    pred, a, b = res.args
-    ta, tb = t[1], t[2]
-    if not _is_float_tensor(res.out) or (ta is None and tb is None):
-        return None
-    return prims.where(pred, 0.0 if ta is None else _to(ta, res.out.dtype), 0.0 if tb is None else _to(tb, res.out.dtype))
-
-
 # -- reductions --------------------------------------------------------------------------
 def _contract(t, weights, dims):
     """sum over dims of t * weights: the tangent of a reduction whose derivative is weights."""
@@ -224,18 +192,18 @@ def _ones(like):
     return prims.full(tuple(like.shape), 1.0, device=like.device, dtype=like.dtype)
 
 
-defjvp(PrimIDs.SUM)(lambda res, t: prims.sum(t[0], res.args[1]))
+defjvp(PrimIDs.SUM)(lambda call, t: prims.sum(t[0], call.args[1]))
 # the derivative of prod (product of the other elements, exact at zeros) and of amax/amin (ties
 # share equally, as in torch) is the vjp rule's cotangent for an output cotangent of ones
-defjvp(PrimIDs.PROD)(lambda res, t: _contract(t[0], _vjp._prod_vjp(res, _ones(res.out))[0], _reduced(*res.args)))
-defjvp(PrimIDs.AMAX, PrimIDs.AMIN)(lambda res, t: _contract(
-    t[0], _vjp._extremum_reduction_vjp(res, _ones(res.out))[0], _reduced(*res.args)))
+defjvp(PrimIDs.PROD)(lambda call, t: _contract(t[0], _vjp._prod_vjp(call, _ones(call.out))[0], _reduced(*call.args)))
+defjvp(PrimIDs.AMAX, PrimIDs.AMIN)(lambda call, t: _contract(
+    t[0], _vjp._extremum_reduction_vjp(call, _ones(call.out))[0], _reduced(*call.args)))
 
 
-def _var_jvp(res, var, t):
+def _var_jvp(call, var, t):
     """var' = sum(2 (a - mean) t) / (n - correction)."""
-    a, dims = res.args
-    weights = _vjp._var_mean_vjp(a, dims, res.kwargs["correction"], _ones(var), None)
+    a, dims = call.args
+    weights = _vjp._var_mean_vjp(a, dims, call.arg("correction"), _ones(var), None)
     return _contract(t, weights, _reduced(a, dims))
 
 
@@ -244,15 +212,15 @@ def _mean_jvp(a, dims, t):
     return prims.div(prims.sum(t, dims), math.prod(a.shape[d] for d in dims)) if dims else t
 
 
-defjvp(PrimIDs.VAR)(lambda res, t: _var_jvp(res, res.out, t[0]))
-defjvp(PrimIDs.VAR_MEAN)(lambda res, t: (_var_jvp(res, res.out[0], t[0]), _mean_jvp(*res.args, t[0])))
+defjvp(PrimIDs.VAR)(lambda call, t: _var_jvp(call, call.out, t[0]))
+defjvp(PrimIDs.VAR_MEAN)(lambda call, t: (_var_jvp(call, call.out[0], t[0]), _mean_jvp(*call.args, t[0])))
 
 
 # -- linear in their first argument: the prim applied to the tangent -----------------------
 def _linear(*prim_ids):
     for pid in prim_ids:
-        def rule(res, t, prim=getattr(prims, pid.name.lower())):
-            return prim(t[0], *res.args[1:], **res.kwargs)
+        def rule(call, t, prim=getattr(prims, pid.name.lower())):
+            return prim(t[0], *call.args[1:], **call.kwargs)
 
         rule.__name__ = f"_{pid.name.lower()}_jvp"
         defjvp(pid)(rule)
@@ -261,38 +229,38 @@ def _linear(*prim_ids):
 _linear(PrimIDs.BROADCAST_IN_DIM, PrimIDs.RESHAPE, PrimIDs.TRANSPOSE, PrimIDs.SLICE, PrimIDs.SQUEEZE, PrimIDs.FLIP,
         PrimIDs.TAKE, PrimIDs.TAKE_ALONG_AXIS, PrimIDs.DEVICE_PUT, PrimIDs.CUMSUM)
 # the padding value is a number: its tangent is zero
-defjvp(PrimIDs.PAD)(lambda res, t: prims.pad(t[0], 0.0, res.args[2]))
+defjvp(PrimIDs.PAD)(lambda call, t: prims.pad(t[0], 0.0, call.args[2]))
 defjvp(PrimIDs.CONVERT_ELEMENT_TYPE)(
-    lambda res, t: prims.convert_element_type(t[0], res.args[1]) if _is_float_tensor(res.out) else None)
+    lambda call, t: prims.convert_element_type(t[0], call.args[1]) if _is_float_tensor(call.out) else None)
 
 
 @defjvp(PrimIDs.CAT)
-def _cat_jvp(res, t):
-    tensors, dim = res.args
+def _cat_jvp(call, t):
+    tensors, dim = call.args
     if all(x is None for x in t[0]):
         return None
     return prims.cat([_or_zeros(x, a) for x, a in zip(t[0], tensors)], dim)
 
 
-defjvp(PrimIDs.SCATTER_ADD)(lambda res, t: prims.scatter_add(
-    _or_zeros(t[0], res.args[0]), res.args[1], _or_zeros(t[2], res.args[2]), res.args[3]))
-defjvp(PrimIDs.SCATTER)(lambda res, t: prims.scatter(
-    _or_zeros(t[0], res.args[0]), res.args[1], _or_zeros(t[2], res.args[2]), res.args[3]))
+defjvp(PrimIDs.SCATTER_ADD)(lambda call, t: prims.scatter_add(
+    _or_zeros(t[0], call.args[0]), call.args[1], _or_zeros(t[2], call.args[2]), call.args[3]))
+defjvp(PrimIDs.SCATTER)(lambda call, t: prims.scatter(
+    _or_zeros(t[0], call.args[0]), call.args[1], _or_zeros(t[2], call.args[2]), call.args[3]))
 
 
 # -- linear algebra ----------------------------------------------------------------------
 @defjvp(PrimIDs.MATMUL)
-def _matmul_jvp(res, t):
-    (a, b), (ta, tb) = res.args, t
+def _matmul_jvp(call, t):
+    (a, b), (ta, tb) = call.args, t
     return _add(None if ta is None else prims.matmul(ta, b), None if tb is None else prims.matmul(a, tb))
 
 
 # -- scans and sorting ---------------------------------------------------------------------
 @defjvp(PrimIDs.CUMPROD)
-def _cumprod_jvp(res, t):
+def _cumprod_jvp(call, t):
     """out_i = prod_{k<=i} a_k, so out'_i = sum_{j<=i} cumprod(a with a_j replaced by t_j)_i:
     exact at zeros (no division), at O(n^2) memory along dim. A new axis j is put before dim."""
-    a, dim = res.args
+    a, dim = call.args
     if a.ndim == 0:
         return t[0]
     d = canonical_dim(dim, a.ndim)
@@ -305,10 +273,10 @@ def _cumprod_jvp(res, t):
     return prims.sum(prims.where(prims.le(j, k), prims.cumprod(replaced, d + 1), 0.0), (d,))
 
 
-def _selected_jvp(res, t):
+def _selected_jvp(call, t):
     """sort and topk pick elements of a: the values' tangent is the tangent at the picked places."""
-    a, dim = res.args[0], res.args[2 if len(res.args) == 5 else 1]
-    values = t[0] if a.ndim == 0 else prims.take_along_axis(t[0], res.out[1], canonical_dim(dim, a.ndim))
+    a, dim = call.args[0], call.args[2 if len(call.args) == 5 else 1]
+    values = t[0] if a.ndim == 0 else prims.take_along_axis(t[0], call.out[1], canonical_dim(dim, a.ndim))
     return values, None
 
 
@@ -322,8 +290,8 @@ defjvp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_jvp)
 def _diagonal_jvp_from_vjp(symbol_id):
     vjp = _vjp.vjp_rules[symbol_id].bwd
 
-    def fwd(res, tangents):
-        return None if not tangents or tangents[0] is None else vjp(res, tangents[0])[0]
+    def fwd(call, tangents):
+        return None if not tangents or tangents[0] is None else vjp(call, tangents[0])[0]
 
     fwd.__name__ = fwd.__qualname__ = f"{vjp.__name__}_as_jvp"
     register_jvp(symbol_id, JVPRule(fwd))
@@ -339,28 +307,27 @@ for _symbol in _elementwise_symbols():
     _diagonal_jvp_from_vjp(_symbol.id)
 
 
-def _reduction_jvp_from_vjp(symbol_id, dim_position: int):
+def _reduction_jvp_from_vjp(symbol_id):
     """A reduction whose every output element reads its own slice of the input (a norm, a std): the VJP
     rule at a cotangent of ones gives each input element's derivative, and the tangent is the sum over
     the slice of derivative times tangent. torch's masks (the norm of zero) come along."""
     vjp = _vjp.vjp_rules[symbol_id].bwd
 
-    def fwd(res, tangents):
+    def fwd(call, tangents):
         t = tangents[0] if tangents else None
         if t is None:
             return None
-        x, out = res.args[0], res.out
-        dim = res.args[dim_position] if len(res.args) > dim_position else res.kwargs.get("dim")
-        d = vjp(res, prims.full(tuple(out.shape), 1.0, device=out.device, dtype=out.dtype))[0]
-        return prims.reshape(prims.sum(prims.mul(d, t), reduction_dims(x, dim)), tuple(out.shape))
+        x, out = call.args[0], call.out
+        d = vjp(call, prims.full(tuple(out.shape), 1.0, device=out.device, dtype=out.dtype))[0]
+        return prims.reshape(prims.sum(prims.mul(d, t), reduction_dims(x, call.arg("dim"))), tuple(out.shape))
 
     fwd.__name__ = fwd.__qualname__ = f"{vjp.__name__}_as_jvp"
     register_jvp(symbol_id, JVPRule(fwd))
 
 
 def _reductions():
-    return ((ltorch.vector_norm, 2), (ltorch.std, 1))
+    return (ltorch.vector_norm, ltorch.std)
 
 
-for _symbol, _dim_position in _reductions():
-    _reduction_jvp_from_vjp(_symbol.id, _dim_position)
+for _symbol in _reductions():
+    _reduction_jvp_from_vjp(_symbol.id)

@@ -46,12 +46,13 @@ from torch._library import utils as _torch_library_utils
 
 import thunderfn.torch as ltorch
 from thunderfn import prims
-from thunderfn.core import context, dtypes, symbolic
+from thunderfn.core import context, dtypes
 from thunderfn.core.interception import lift_constants, register_handler_finder
 from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.errors import BatchingError, UserGradientError
 from thunderfn.torch.opaque import run_opaque
+from thunderfn.torch.reductions import sum_to
 from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn.transforms.jvp_rules import JVPRule, register_jvp, unregister_jvp
 from thunderfn.transforms.vjp_rules import wants_gradient
@@ -278,13 +279,13 @@ class UserFunction(custom_vjp):
         return out, _residuals(ctx, info)
 
     # backward
-    def _backward(self, res, g):
+    def _backward(self, call, g):
         """The reverse-mode driver's call: g holds one cotangent per leaf of (output, residuals)."""
-        out, residuals = res.out
+        out, residuals = call.out
         out_leaves = _leaves(out)
         flat = list(g)[:len(out_leaves)] if isinstance(g, tuple) else [g]
         g_out = optree.tree_unflatten(optree.tree_structure(out, none_is_leaf=True, namespace=_NAMESPACE), flat)
-        needs = tuple(wants_gradient(a) for a in res.args) + (False,) * max(0, self.n_args - len(res.args))
+        needs = tuple(wants_gradient(a) for a in call.args) + (False,) * max(0, self.n_args - len(call.args))
         return self._bwd(residuals, g_out, needs=needs)
 
     def _bwd(self, residuals, g, needs=None):
@@ -336,13 +337,13 @@ class UserFunction(custom_vjp):
                         f"{self.spec.name}: backward returned a gradient of shape {tuple(ct.shape)} for input {i}, "
                         f"whose shape is {shape} (torch.autograd: 'invalid gradient at index {i}'); return a "
                         f"gradient of the input's shape")
-                ct = _sum_to(ct, shape)
+                ct = sum_to(ct, shape)
             cts.append(ltorch.to(ct, dtype) if ct.dtype != dtype else ct)
         return tuple(cts)
 
     # forward mode
-    def _tangent(self, res, tangents):
-        out, residuals = res.out
+    def _tangent(self, call, tangents):
+        out, residuals = call.out
         if self.spec.jvp is None:
             raise UserGradientError(
                 f"tf.jvp / tf.jacfwd of {self.spec.name}: it defines no jvp staticmethod, and its backward does not "
@@ -351,7 +352,7 @@ class UserFunction(custom_vjp):
         info = residuals[3]
         filled = tuple(t if t is not None else (ltorch.full(a[0], 0, device=arg.device, dtype=a[1])
                                                 if a is not None and dtypes.is_inexact(a[1]) else None)
-                       for t, a, arg in zip(tangents, info.args, res.args))
+                       for t, a, arg in zip(tangents, info.args, call.args))
         ctx = _rebuilt_ctx(self.spec.name, residuals, tuple(t is not None for t in tangents))
         ctx._in_jvp = True
         with _as_user_code():
@@ -426,8 +427,8 @@ class _WeakJVP:
     def __init__(self, owner: UserFunction):
         self._owner = weakref.ref(owner)
 
-    def __call__(self, res, tangents):
-        return self._owner()._tangent(res, tangents)
+    def __call__(self, call, tangents):
+        return self._owner()._tangent(call, tangents)
 
 
 def _expandable(shape: tuple, to: tuple) -> bool:
@@ -436,13 +437,6 @@ def _expandable(shape: tuple, to: tuple) -> bool:
     if len(shape) > len(to):
         return False
     return all(s == t or s == 1 for s, t in zip(reversed(shape), reversed(to)))
-
-
-def _sum_to(x, shape: tuple):
-    dims = symbolic.broadcast_dims(x.shape, shape)
-    if dims:
-        x = ltorch.sum(x, dims)
-    return x if symbolic.same_shape(x.shape, shape) else ltorch.reshape(x, shape)
 
 
 # -- @once_differentiable ------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Reverse-mode rules for prims: `vjp_rules[prim id].bwd(res, g)` is the cotangent of each
-positional argument of the prim, given the cotangent `g` of its output.
+"""Reverse-mode rules for prims: `vjp_rules[prim id].bwd(call, g)` is the cotangent of each
+positional argument of the prim, given `call`, the prim's RecordedCall (its arguments and
+output), and the cotangent `g` of its output.
 
 Rules are written in the torch language (`ltorch.mul`, `ltorch.sum`, `ltorch.expand`), the
 vocabulary of the forward trace, so an executor that claims a torch symbol (a lowering on
@@ -24,6 +25,7 @@ Rules are for real floating dtypes; a complex tensor argument raises NotImplemen
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import numbers
 import threading
@@ -35,21 +37,41 @@ from thunderfn import prims
 import thunderfn.torch as ltorch
 from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.symbol import Symbol
 from thunderfn.prims import PrimIDs, canonical_dim, canonical_dims
 from thunderfn.prims import torch_impls as prim_impls
 from thunderfn.torch.opaque import torch_vjp_op
-from thunderfn.errors import ArgumentTypeError, UnsupportedOpError
+from thunderfn.torch.reductions import sum_to
+from thunderfn.errors import ArgumentTypeError, InternalError, UnsupportedOpError
 
 
-class Residuals(NamedTuple):
-    args: tuple    # the prim's positional args as called (proxies/tensors, numbers, tuples)
+class RecordedCall(NamedTuple):
+    """One call of a symbol as the trace recorded it, which its rule differentiates. `call.arg("is_causal")`
+    reads an argument by its name in the symbol's signature, wherever the call put it (by position or by
+    keyword), and its default there where the call left it out."""
+    symbol: Symbol
+    args: tuple    # the positional args as called (proxies/tensors, numbers, tuples); every tensor is among them
     kwargs: dict
-    out: object    # the prim's output (a tensor, or a tuple for multi-output prims)
+    out: object    # the output (a tensor, or a tuple for multi-output symbols)
+
+    def arg(self, name: str):
+        """The argument `name` of this call, or the signature's default for it."""
+        found = self.symbol.parameters.get(name)
+        if found is None:
+            raise InternalError(f"a rule read argument {name!r} of {self.symbol.print_name}, whose signature has "
+                                f"none: it has {', '.join(self.symbol.parameters) or 'no named parameters'}")
+        position, default = found
+        if position is not None and position < len(self.args):
+            return self.args[position]
+        value = self.kwargs.get(name, default)
+        if value is inspect.Parameter.empty:
+            raise InternalError(f"the recorded call of {self.symbol.print_name} lacks its required argument {name!r}")
+        return value
 
 
 @dataclasses.dataclass(frozen=True)
 class VJPRule:
-    """How reverse mode differentiates one symbol: `bwd(res, g)` is the cotangent of each
+    """How reverse mode differentiates one symbol: `bwd(call, g)` is the cotangent of each
     positional argument (the conventions above). `applies(*args, **kwargs) -> bool`, when
     given, restricts the rule to some calls of a composite symbol: the others are
     differentiated through the symbol's decomposition."""
@@ -116,14 +138,14 @@ def refuse_complex(mode: str, prim_id, args) -> None:
 
 
 def defvjp(*prim_ids, applies=None):
-    """Register the decorated `bwd(res, g)` as the rule of each prim id (or torch-language
+    """Register the decorated `bwd(call, g)` as the rule of each prim id (or torch-language
     symbol id), refusing complex arguments; `applies` as in VJPRule."""
     def register(bwd):
-        def checked(res: Residuals, g):
-            refuse_complex("vjp", prim_ids[0], res.args)
+        def checked(call: RecordedCall, g):
+            refuse_complex("vjp", prim_ids[0], call.args)
             if g is None or (isinstance(g, tuple) and all(x is None for x in g)):
-                return (None,) * len(res.args)  # nothing flows back (an integer output, say)
-            return bwd(res, g)
+                return (None,) * len(call.args)  # nothing flows back (an integer output, say)
+            return bwd(call, g)
 
         checked.__name__ = checked.__qualname__ = bwd.__name__
         checked.__doc__ = bwd.__doc__
@@ -177,12 +199,6 @@ def _zeros(like):
     return ltorch.full(tuple(like.shape), 0.0, device=like.device, dtype=like.dtype)
 
 
-def _zeros_ct(arg):
-    """The cotangent torch gives an operand its formula ignores (`zeros_like`): zeros for a
-    floating tensor, so its .grad is a tensor as in eager; None for anything else."""
-    return _zeros(arg) if _is_float_tensor(arg) else None
-
-
 def _scalar(x, like):
     """A Python number as a 0-dim tensor of like's dtype, so rules can compute with it."""
     return ltorch.full((), x, device=like.device, dtype=like.dtype) if isinstance(x, numbers.Number) else x
@@ -194,20 +210,10 @@ def _ct(g, arg):
     if g is None or not _is_float_tensor(arg):
         return None
     if arg.ndim == 0 and g.ndim > 0:
-        g = ltorch.sum(g, tuple(range(g.ndim)))
+        g = sum_to(g, ())
     if g.device != arg.device:  # a CPU scalar tensor beside a CUDA tensor
         g = ltorch.to(g, arg.device)
     return _to(g, arg.dtype)
-
-
-def _sum_to(x, shape):
-    """Undo numpy-style broadcasting of something of `shape` to x's shape: sum the leading
-    dims and the size-1 dims that were expanded, then reshape."""
-    shape = tuple(shape)
-    dims = symbolic.broadcast_dims(x.shape, shape)
-    if dims:
-        x = ltorch.sum(x, dims)
-    return x if symbolic.same_shape(x.shape, shape) else ltorch.reshape(x, shape)
 
 
 def _unreduce(g, a, dims):
@@ -243,163 +249,171 @@ def _rev_cumsum(x, dim):
     return ltorch.flip(ltorch.cumsum(ltorch.flip(x, (dim,)), dim), (dim,))
 
 
-# -- elementwise unary: d(out)/d(x) times g; x = res.args[0], y = res.out ------------------
+# -- elementwise: the partial derivatives, once -----------------------------------------------
+# partials[prim id] has one function per positional input of an elementwise prim: `partial(g, *args,
+# out, **kwargs)` is g times d(out)/d(that input), elementwise, for g of out's shape. Both directions
+# are made from it: the VJP rule gives each float tensor input its partial at the cotangent, summed to
+# the input's shape (`_ct`), and the JVP rule (jvp_rules.py) sums each input's partial at its tangent.
+# A partial may return ZERO: the input's derivative is zero (reverse mode gives a tensor of zeros, as
+# torch does; forward mode adds nothing); a None in place of a partial: no derivative (None).
+# The table is keyed by prim id here, not written on prims.py's table lines, because partials are in
+# the torch language, which the prims layer cannot import. torch's conventions (pow at zero, ties of
+# maximum, atan2 at the origin) are in the partials themselves; where torch's forward mode differs from
+# its reverse mode (maximum and minimum at NaN, atan2 at the origin), jvp_rules.py says so and keeps
+# torch.func.jvp's formula.
+ZERO = object()
 _LN2, _LN10, _2_OVER_SQRT_PI = math.log(2.0), math.log(10.0), 2.0 / math.sqrt(math.pi)
 
-# d(out)/d(x) of each elementwise unary prim, in terms of x and out = y: written once, used by
-# the VJP rule below (g * derivative) and the JVP rule in jvp_rules.py (t * derivative)
-unary_derivatives = {
-    PrimIDs.ABS: lambda x, y: ltorch.sign(x),
-    PrimIDs.EXP: lambda x, y: y,
-    PrimIDs.EXP2: lambda x, y: ltorch.mul(y, _LN2),
-    PrimIDs.EXPM1: lambda x, y: ltorch.add(y, 1.0),
-    PrimIDs.LOG: lambda x, y: ltorch.reciprocal(x),
-    PrimIDs.LOG1P: lambda x, y: ltorch.reciprocal(ltorch.add(x, 1.0)),
-    PrimIDs.LOG2: lambda x, y: ltorch.reciprocal(ltorch.mul(x, _LN2)),
-    PrimIDs.LOG10: lambda x, y: ltorch.reciprocal(ltorch.mul(x, _LN10)),
-    PrimIDs.SQRT: lambda x, y: ltorch.div(0.5, y),
-    PrimIDs.RSQRT: lambda x, y: ltorch.mul(ltorch.mul(y, _sq(y)), -0.5),
-    PrimIDs.RECIPROCAL: lambda x, y: ltorch.neg(_sq(y)),
-    PrimIDs.SIN: lambda x, y: ltorch.cos(x),
-    PrimIDs.COS: lambda x, y: ltorch.neg(ltorch.sin(x)),
-    PrimIDs.TAN: lambda x, y: ltorch.add(_sq(y), 1.0),
-    PrimIDs.ASIN: lambda x, y: ltorch.rsqrt(ltorch.sub(1.0, _sq(x))),
-    PrimIDs.ACOS: lambda x, y: ltorch.neg(ltorch.rsqrt(ltorch.sub(1.0, _sq(x)))),
-    PrimIDs.ATAN: lambda x, y: ltorch.reciprocal(ltorch.add(_sq(x), 1.0)),
-    PrimIDs.SINH: lambda x, y: ltorch.cosh(x),
-    PrimIDs.COSH: lambda x, y: ltorch.sinh(x),
-    PrimIDs.TANH: lambda x, y: ltorch.sub(1.0, _sq(y)),
-    PrimIDs.ASINH: lambda x, y: ltorch.rsqrt(ltorch.add(_sq(x), 1.0)),
-    PrimIDs.ACOSH: lambda x, y: ltorch.rsqrt(ltorch.sub(_sq(x), 1.0)),
-    PrimIDs.ATANH: lambda x, y: ltorch.reciprocal(ltorch.sub(1.0, _sq(x))),
-    PrimIDs.ERF: lambda x, y: ltorch.mul(ltorch.exp(ltorch.neg(_sq(x))), _2_OVER_SQRT_PI),
-    PrimIDs.ERFC: lambda x, y: ltorch.mul(ltorch.exp(ltorch.neg(_sq(x))), -_2_OVER_SQRT_PI),
-    PrimIDs.ERFINV: lambda x, y: ltorch.mul(ltorch.exp(_sq(y)), math.sqrt(math.pi) / 2),
-    PrimIDs.LGAMMA: lambda x, y: ltorch.digamma(x),
+
+def _times(derivative):
+    """The partial of a unary prim whose derivative is derivative(x, out): g times it."""
+    return lambda g, x, y: ltorch.mul(g, derivative(x, y))
+
+
+def _zero(*args, **kwargs):
+    """The partial of an input whose derivative is zero (piecewise constant, or torch ignores it):
+    reverse mode gives it a tensor of zeros, as torch does (`zeros_like`), not None."""
+    return ZERO
+
+
+def _pow_da(g, a, b, y):
+    # torch's conventions: d/da is 0 where b == 0 (even at a == 0), d/db is 0 where a == 0 and b >= 0.
+    # The masked-out branch computes on a base of 1, so that its own derivative stays finite
+    # (no 0 * inf = nan when this rule is differentiated again).
+    ta, tb = _scalar(a, y), _scalar(b, y)
+    masked = _expand(ltorch.eq(tb, 0.0), y)
+    base = ltorch.where(masked, 1.0, ta)
+    return ltorch.where(masked, 0.0, ltorch.mul(g, ltorch.mul(tb, ltorch.pow(base, ltorch.sub(tb, 1.0)))))
+
+
+def _pow_db(g, a, b, y):
+    ta, tb = _scalar(a, y), _scalar(b, y)
+    masked = _expand(ltorch.bitwise_and(ltorch.eq(ta, 0.0), ltorch.ge(tb, 0.0)), y)
+    base = ltorch.where(masked, 1.0, ta)
+    return ltorch.where(masked, 0.0, ltorch.mul(g, ltorch.mul(y, ltorch.log(base))))
+
+
+def _atan2_recip(a, b, y):
+    # torch zeroes 1 / (a² + b²) where it is infinite, so atan2(0, 0) gets gradient 0
+    recip = ltorch.div(1.0, ltorch.add(_sq(_scalar(a, y)), _sq(_scalar(b, y))))
+    return ltorch.where(ltorch.eq(recip, float("inf")), 0.0, recip)
+
+
+def _extremum(loses):
+    """The partial of maximum/minimum for the operand that loses where loses(a, b): torch splits g
+    equally between tied operands; the losing operand gets 0."""
+    def partial(g, a, b, y):
+        ta, tb = _scalar(a, y), _scalar(b, y)
+        split = ltorch.where(_expand(ltorch.eq(ta, tb), g), ltorch.mul(g, 0.5), g)
+        return ltorch.where(_expand(loses(ta, tb), g), 0.0, split)
+
+    return partial
+
+
+def _mod_db(rounding_mode):
+    """fmod and remainder are a - b * trunc(a / b) and a - b * floor(a / b): b's partial."""
+    return lambda g, a, b, y: ltorch.mul(ltorch.neg(g), ltorch.div(_scalar(a, y), b, rounding_mode=rounding_mode))
+
+
+def _div_da(g, a, b, y, rounding_mode=None):
+    return ZERO if rounding_mode is not None else ltorch.div(g, b)
+
+
+def _div_db(g, a, b, y, rounding_mode=None):
+    if rounding_mode is not None:
+        return ZERO
+    return ltorch.neg(ltorch.mul(g, ltorch.div(ltorch.div(_scalar(a, b), b), b)))
+
+
+partials = {
+    PrimIDs.ABS: (_times(lambda x, y: ltorch.sign(x)),),
+    PrimIDs.NEG: (lambda g, x, y: ltorch.neg(g),),
+    PrimIDs.EXP: (_times(lambda x, y: y),),
+    PrimIDs.EXP2: (_times(lambda x, y: ltorch.mul(y, _LN2)),),
+    PrimIDs.EXPM1: (_times(lambda x, y: ltorch.add(y, 1.0)),),
+    PrimIDs.LOG: (_times(lambda x, y: ltorch.reciprocal(x)),),
+    PrimIDs.LOG1P: (_times(lambda x, y: ltorch.reciprocal(ltorch.add(x, 1.0))),),
+    PrimIDs.LOG2: (_times(lambda x, y: ltorch.reciprocal(ltorch.mul(x, _LN2))),),
+    PrimIDs.LOG10: (_times(lambda x, y: ltorch.reciprocal(ltorch.mul(x, _LN10))),),
+    PrimIDs.SQRT: (_times(lambda x, y: ltorch.div(0.5, y)),),
+    PrimIDs.RSQRT: (_times(lambda x, y: ltorch.mul(ltorch.mul(y, _sq(y)), -0.5)),),
+    PrimIDs.RECIPROCAL: (_times(lambda x, y: ltorch.neg(_sq(y))),),
+    PrimIDs.SIN: (_times(lambda x, y: ltorch.cos(x)),),
+    PrimIDs.COS: (_times(lambda x, y: ltorch.neg(ltorch.sin(x))),),
+    PrimIDs.TAN: (_times(lambda x, y: ltorch.add(_sq(y), 1.0)),),
+    PrimIDs.ASIN: (_times(lambda x, y: ltorch.rsqrt(ltorch.sub(1.0, _sq(x)))),),
+    PrimIDs.ACOS: (_times(lambda x, y: ltorch.neg(ltorch.rsqrt(ltorch.sub(1.0, _sq(x))))),),
+    PrimIDs.ATAN: (_times(lambda x, y: ltorch.reciprocal(ltorch.add(_sq(x), 1.0))),),
+    PrimIDs.SINH: (_times(lambda x, y: ltorch.cosh(x)),),
+    PrimIDs.COSH: (_times(lambda x, y: ltorch.sinh(x)),),
+    PrimIDs.TANH: (_times(lambda x, y: ltorch.sub(1.0, _sq(y))),),
+    PrimIDs.ASINH: (_times(lambda x, y: ltorch.rsqrt(ltorch.add(_sq(x), 1.0))),),
+    PrimIDs.ACOSH: (_times(lambda x, y: ltorch.rsqrt(ltorch.sub(_sq(x), 1.0))),),
+    PrimIDs.ATANH: (_times(lambda x, y: ltorch.reciprocal(ltorch.sub(1.0, _sq(x)))),),
+    PrimIDs.ERF: (_times(lambda x, y: ltorch.mul(ltorch.exp(ltorch.neg(_sq(x))), _2_OVER_SQRT_PI)),),
+    PrimIDs.ERFC: (_times(lambda x, y: ltorch.mul(ltorch.exp(ltorch.neg(_sq(x))), -_2_OVER_SQRT_PI)),),
+    PrimIDs.ERFINV: (_times(lambda x, y: ltorch.mul(ltorch.exp(_sq(y)), math.sqrt(math.pi) / 2)),),
+    PrimIDs.LGAMMA: (_times(lambda x, y: ltorch.digamma(x)),),
+    PrimIDs.FLOOR: (_zero,),
+    PrimIDs.CEIL: (_zero,),
+    PrimIDs.ROUND: (_zero,),
+    PrimIDs.TRUNC: (_zero,),
+    PrimIDs.SIGN: (_zero,),
+    PrimIDs.ADD: (lambda g, a, b, y: g, lambda g, a, b, y: g),
+    PrimIDs.SUB: (lambda g, a, b, y: g, lambda g, a, b, y: ltorch.neg(g)),
+    PrimIDs.MUL: (lambda g, a, b, y: ltorch.mul(g, b), lambda g, a, b, y: ltorch.mul(g, a)),
+    PrimIDs.DIV: (_div_da, _div_db),
+    PrimIDs.FMOD: (lambda g, a, b, y: g, _mod_db("trunc")),
+    PrimIDs.REMAINDER: (lambda g, a, b, y: g, _mod_db("floor")),
+    PrimIDs.POW: (_pow_da, _pow_db),
+    PrimIDs.ATAN2: (lambda g, a, b, y: ltorch.mul(g, ltorch.mul(_scalar(b, y), _atan2_recip(a, b, y))),
+                    lambda g, a, b, y: ltorch.mul(g, ltorch.mul(ltorch.neg(_scalar(a, y)), _atan2_recip(a, b, y)))),
+    PrimIDs.MAXIMUM: (_extremum(ltorch.lt), _extremum(ltorch.gt)),
+    PrimIDs.MINIMUM: (_extremum(ltorch.gt), _extremum(ltorch.lt)),
+    # copysign: g * sign(a) * sign(b) in torch's form, out / a, 0 where a == 0; b's gradient is zeros, as torch's
+    PrimIDs.COPYSIGN: (lambda g, a, b, y: ltorch.mul(g, ltorch.where(_expand(ltorch.eq(a, 0.0), y), 0.0, ltorch.div(y, a))),
+                       _zero),
+    # nextafter(a, b) is a, one ulp towards b: torch passes g to a, except where a == b, where it gives 0
+    PrimIDs.NEXTAFTER: (lambda g, a, b, y: _where0(ltorch.ne(a, b), g), _zero),
+    PrimIDs.WHERE: (None, lambda g, pred, a, b, y: _where0(pred, g), lambda g, pred, a, b, y: ltorch.where(pred, 0.0, g)),
 }
 
 
-def _unary_vjp(derivative):
-    def rule(res, g):
-        x = res.args[0]
-        return (ltorch.mul(g, derivative(x, res.out)) if _is_float_tensor(x) else None,)
+def vjp_from_partials(fns) -> Callable:
+    """The VJP rule of an elementwise prim with these partials (one per positional input): each float
+    tensor input gets its partial at g, summed back to its shape; nothing for a non-float output."""
+    def rule(call, g):
+        args, out = call.args, call.out
+        if not _is_float_tensor(out):
+            return (None,) * len(args)
+        cts = []
+        for arg, partial in zip(args, fns):
+            if partial is None or not _is_float_tensor(arg):
+                cts.append(None)
+                continue
+            d = partial(g, *args, out, **call.kwargs)
+            cts.append(_zeros(arg) if d is ZERO else _ct(d, arg))
+        return tuple(cts)
 
     return rule
 
 
-for _prim_id, _derivative in unary_derivatives.items():
-    defvjp(_prim_id)(_unary_vjp(_derivative))
-defvjp(PrimIDs.NEG)(lambda res, g: (_ct(ltorch.neg(g), res.args[0]),))
-# piecewise constant: a zero gradient (a tensor of zeros, not None), as torch gives
-defvjp(PrimIDs.FLOOR, PrimIDs.CEIL, PrimIDs.ROUND, PrimIDs.TRUNC, PrimIDs.SIGN)(
-    lambda res, g: (_zeros_ct(res.args[0]),))
-
-
-# -- elementwise binary: a, b = res.args; either may be a number or a 0-dim tensor ---------
-defvjp(PrimIDs.ADD)(lambda res, g: (_ct(g, res.args[0]), _ct(g, res.args[1])))
-defvjp(PrimIDs.SUB)(lambda res, g: (_ct(g, res.args[0]), _ct(ltorch.neg(g), res.args[1])))
-defvjp(PrimIDs.MUL)(lambda res, g: (_ct(ltorch.mul(g, res.args[1]), res.args[0]), _ct(ltorch.mul(g, res.args[0]), res.args[1])))
-# nextafter(a, b) is a, one ulp towards b: torch passes g to a
-# torch passes g to a, except where a == b, where it gives 0
-defvjp(PrimIDs.NEXTAFTER)(lambda res, g: (_ct(_where0(ltorch.ne(res.args[0], res.args[1]), g), res.args[0])
-                                           if _is_tensor(res.args[0]) else None, _zeros_ct(res.args[1])))
-# fmod and remainder are a - b * trunc(a / b) and a - b * floor(a / b)
-defvjp(PrimIDs.FMOD)(lambda res, g: _mod_vjp(res, g, "trunc"))
-defvjp(PrimIDs.REMAINDER)(lambda res, g: _mod_vjp(res, g, "floor"))
-
-
-def _mod_vjp(res, g, rounding_mode):
-    a, b = res.args
-    if not _is_float_tensor(res.out):
-        return None, None
-    db = _ct(ltorch.mul(ltorch.neg(g), ltorch.div(_scalar(a, res.out), b, rounding_mode=rounding_mode)), b) if _is_tensor(b) else None
-    return _ct(g, a), db
-
-
-@defvjp(PrimIDs.DIV)
-def _div_vjp(res, g):
-    a, b = res.args
-    if res.kwargs.get("rounding_mode") is not None or not _is_float_tensor(res.out):
-        return _zeros_ct(a), _zeros_ct(b)  # piecewise constant: zeros, as torch gives
-    da = _ct(ltorch.div(g, b), a) if _is_tensor(a) else None
-    db = _ct(ltorch.neg(ltorch.mul(g, ltorch.div(ltorch.div(_scalar(a, b), b), b))), b) if _is_tensor(b) else None
-    return da, db
-
-
-@defvjp(PrimIDs.POW)
-def _pow_vjp(res, g):
-    a, b = res.args
-    if not _is_float_tensor(res.out):
-        return None, None
-    ta, tb = _scalar(a, res.out), _scalar(b, res.out)
-    # torch's conventions: d/da is 0 where b == 0 (even at a == 0), d/db is 0 where a == 0 and b >= 0.
-    # The masked-out branch computes on a base of 1, so that its own derivative stays finite
-    # (no 0 * inf = nan when this rule is differentiated again).
-    da = db = None
-    if _is_tensor(a):
-        masked = _expand(ltorch.eq(tb, 0.0), res.out)
-        base = ltorch.where(masked, 1.0, ta)
-        da = _ct(ltorch.where(masked, 0.0, ltorch.mul(g, ltorch.mul(tb, ltorch.pow(base, ltorch.sub(tb, 1.0))))), a)
-    if _is_tensor(b):
-        masked = _expand(ltorch.bitwise_and(ltorch.eq(ta, 0.0), ltorch.ge(tb, 0.0)), res.out)
-        base = ltorch.where(masked, 1.0, ta)
-        db = _ct(ltorch.where(masked, 0.0, ltorch.mul(g, ltorch.mul(res.out, ltorch.log(base)))), b)
-    return da, db
-
-
-@defvjp(PrimIDs.ATAN2)
-def _atan2_vjp(res, g):
-    a, b = res.args
-    ta, tb = _scalar(a, res.out), _scalar(b, res.out)
-    # torch zeroes 1 / (a² + b²) where it is infinite, so atan2(0, 0) gets gradient 0
-    recip = ltorch.div(1.0, ltorch.add(_sq(ta), _sq(tb)))
-    recip = ltorch.where(ltorch.eq(recip, float("inf")), 0.0, recip)
-    return _ct(ltorch.mul(g, ltorch.mul(tb, recip)), a), _ct(ltorch.mul(g, ltorch.mul(ltorch.neg(ta), recip)), b)
-
-
-def _extremum_vjp(res, g, a_loses, b_loses):
-    """torch splits g equally between tied operands; the losing operand gets 0."""
-    a, b = res.args
-    if not _is_float_tensor(res.out):
-        return None, None
-    ta, tb = _scalar(a, res.out), _scalar(b, res.out)
-    split = ltorch.where(_expand(ltorch.eq(ta, tb), g), ltorch.mul(g, 0.5), g)
-    return (_ct(ltorch.where(_expand(a_loses(ta, tb), g), 0.0, split), a) if _is_tensor(a) else None,
-            _ct(ltorch.where(_expand(b_loses(ta, tb), g), 0.0, split), b) if _is_tensor(b) else None)
-
-
-defvjp(PrimIDs.MAXIMUM)(lambda res, g: _extremum_vjp(res, g, ltorch.lt, ltorch.gt))
-defvjp(PrimIDs.MINIMUM)(lambda res, g: _extremum_vjp(res, g, ltorch.gt, ltorch.lt))
-
-
-@defvjp(PrimIDs.COPYSIGN)
-def _copysign_vjp(res, g):
-    a, b = res.args
-    if not _is_tensor(a):
-        return None, _zeros_ct(b)
-    # g * sign(a) * sign(b) in torch's form: out / a, 0 where a == 0; b's gradient is zeros, as torch's
-    return (_ct(ltorch.mul(g, ltorch.where(_expand(ltorch.eq(a, 0.0), res.out), 0.0, ltorch.div(res.out, a))), a),
-            _zeros_ct(b))
-
-
-@defvjp(PrimIDs.WHERE)
-def _where_vjp(res, g):
-    pred, a, b = res.args
-    return None, _ct(_where0(pred, g), a), _ct(ltorch.where(pred, 0.0, g), b)
+for _prim_id, _fns in partials.items():
+    defvjp(_prim_id)(vjp_from_partials(_fns))
 
 
 # -- reductions --------------------------------------------------------------------------
 @defvjp(PrimIDs.SUM)
-def _sum_vjp(res, g):
-    a, dims = res.args
+def _sum_vjp(call, g):
+    a, dims = call.args
     return (_unreduce(g, a, _reduced(a, dims)) if _is_float_tensor(a) else None), None
 
 
 @defvjp(PrimIDs.PROD)
-def _prod_vjp(res, g):
+def _prod_vjp(call, g):
     """Product of all the other elements, by exclusive prefix and suffix products (no
     division, so zeros in the input get torch's gradient)."""
-    a, dims = res.args
+    a, dims = call.args
     if not _is_float_tensor(a):
         return None, None
     dims = _reduced(a, dims)
@@ -420,14 +434,14 @@ def _prod_vjp(res, g):
     return ltorch.mul(_unreduce(g, a, dims), ltorch.permute(others, _inverse(perm))), None
 
 
-def _extremum_reduction_vjp(res, g):
+def _extremum_reduction_vjp(call, g):
     """torch (amax, amin) distributes g equally among the elements tied for the extremum;
     where the extremum is NaN no element equals it, and the gradient is NaN, as torch's."""
-    a, dims = res.args
+    a, dims = call.args
     if not _is_float_tensor(a):
         return None, None
     dims = _reduced(a, dims)
-    hit = ltorch.to(ltorch.eq(a, _unreduce(res.out, a, dims)), a.dtype)
+    hit = ltorch.to(ltorch.eq(a, _unreduce(call.out, a, dims)), a.dtype)
     count = ltorch.sum(hit, dims) if dims else hit
     return ltorch.mul(hit, _unreduce(ltorch.div(g, count), a, dims)), None
 
@@ -448,14 +462,14 @@ def _var_mean_vjp(a, dims, correction, g_var, g_mean):
     return da
 
 
-defvjp(PrimIDs.VAR)(lambda res, g: (_var_mean_vjp(*res.args, res.kwargs["correction"], g, None), None))
-defvjp(PrimIDs.VAR_MEAN)(lambda res, g: (_var_mean_vjp(*res.args, res.kwargs["correction"], *g), None))
+defvjp(PrimIDs.VAR)(lambda call, g: (_var_mean_vjp(*call.args, call.arg("correction"), g, None), None))
+defvjp(PrimIDs.VAR_MEAN)(lambda call, g: (_var_mean_vjp(*call.args, call.arg("correction"), *g), None))
 
 
 # -- shapes ------------------------------------------------------------------------------
 @defvjp(PrimIDs.BROADCAST_IN_DIM)
-def _broadcast_in_dim_vjp(res, g):
-    a, shape, bdims = res.args
+def _broadcast_in_dim_vjp(call, g):
+    a, shape, bdims = call.args
     if not _is_float_tensor(a):
         return None, None, None
     summed = [d for d in range(len(shape)) if d not in bdims]
@@ -464,31 +478,31 @@ def _broadcast_in_dim_vjp(res, g):
     return (s if symbolic.same_shape(s.shape, a.shape) else ltorch.reshape(s, tuple(a.shape))), None, None
 
 
-defvjp(PrimIDs.RESHAPE)(lambda res, g: (_ct(ltorch.reshape(g, tuple(res.args[0].shape)), res.args[0]), None))
-defvjp(PrimIDs.SQUEEZE)(lambda res, g: (_ct(ltorch.reshape(g, tuple(res.args[0].shape)), res.args[0]), None))
-defvjp(PrimIDs.TRANSPOSE)(lambda res, g: (_ct(ltorch.permute(g, _inverse(res.args[1])), res.args[0]), None))
-defvjp(PrimIDs.FLIP)(lambda res, g: (_ct(ltorch.flip(g, res.args[1]), res.args[0]), None))
+defvjp(PrimIDs.RESHAPE)(lambda call, g: (_ct(ltorch.reshape(g, tuple(call.args[0].shape)), call.args[0]), None))
+defvjp(PrimIDs.SQUEEZE)(lambda call, g: (_ct(ltorch.reshape(g, tuple(call.args[0].shape)), call.args[0]), None))
+defvjp(PrimIDs.TRANSPOSE)(lambda call, g: (_ct(ltorch.permute(g, _inverse(call.args[1])), call.args[0]), None))
+defvjp(PrimIDs.FLIP)(lambda call, g: (_ct(ltorch.flip(g, call.args[1]), call.args[0]), None))
 
 
 @defvjp(PrimIDs.SLICE)
-def _slice_vjp(res, g):
+def _slice_vjp(call, g):
     """A strided slice transposes to interior padding."""
-    a, starts, ends = res.args[:3]
-    strides = res.args[3] if len(res.args) > 3 and res.args[3] is not None else (1,) * a.ndim
+    a, starts, ends = call.args[:3]
+    strides = call.args[3] if len(call.args) > 3 and call.args[3] is not None else (1,) * a.ndim
     if not _is_float_tensor(a):
-        return (None,) * len(res.args)
+        return (None,) * len(call.args)
     config = []
     for n, s, st, m in zip(a.shape, starts, strides, g.shape):
         dilated = m + (m - 1) * (st - 1) if m else 0
         config.append((s, n - s - dilated, st - 1 if m else 0))
-    return (prims.pad(g, 0.0, tuple(config)),) + (None,) * (len(res.args) - 1)
+    return (prims.pad(g, 0.0, tuple(config)),) + (None,) * (len(call.args) - 1)
 
 
 @defvjp(PrimIDs.PAD)
-def _pad_vjp(res, g):
+def _pad_vjp(call, g):
     """Undo low/high padding (negative pads crop, so their negation pads back), then take
     every (interior + 1)-th element."""
-    a, _, config = res.args
+    a, _, config = call.args
     if not _is_float_tensor(a):
         return None, None, None
     unpadded = prims.pad(g, 0.0, tuple((-lo, -hi, 0) for lo, hi, _ in config))
@@ -498,8 +512,8 @@ def _pad_vjp(res, g):
 
 
 @defvjp(PrimIDs.CAT)
-def _cat_vjp(res, g):
-    tensors, dim = res.args
+def _cat_vjp(call, g):
+    tensors, dim = call.args
     d = canonical_dim(dim, tensors[0].ndim)
     cts, start = [], 0
     for t in tensors:
@@ -511,8 +525,8 @@ def _cat_vjp(res, g):
 
 # -- indexing and scattering ---------------------------------------------------------------
 @defvjp(PrimIDs.TAKE)
-def _take_vjp(res, g):
-    a, index, dim = res.args
+def _take_vjp(call, g):
+    a, index, dim = call.args
     if not _is_float_tensor(a):
         return None, None, None
     if a.ndim == 0:
@@ -525,8 +539,8 @@ def _take_vjp(res, g):
 
 
 @defvjp(PrimIDs.TAKE_ALONG_AXIS)
-def _take_along_axis_vjp(res, g):
-    a, index, dim = res.args
+def _take_along_axis_vjp(call, g):
+    a, index, dim = call.args
     if not _is_float_tensor(a):
         return None, None, None
     if a.ndim == 0:  # every index is 0: each element of g is a
@@ -535,16 +549,16 @@ def _take_along_axis_vjp(res, g):
 
 
 @defvjp(PrimIDs.SCATTER_ADD)
-def _scatter_add_vjp(res, g):
-    a, index, value, dim = res.args
+def _scatter_add_vjp(call, g):
+    a, index, value, dim = call.args
     return _ct(g, a), None, _ct(ltorch.gather(g, dim, index), value), None
 
 
 @defvjp(PrimIDs.SCATTER)
-def _scatter_vjp(res, g):
+def _scatter_vjp(call, g):
     """Overwritten positions of `a` get no cotangent; every index reads g back into
     `value`, duplicates included (as torch's gather does)."""
-    a, index, value, dim = res.args
+    a, index, value, dim = call.args
     if not _is_float_tensor(a):
         return None, None, None, None
     return ltorch.scatter(g, dim, index, _zeros(value)), None, ltorch.gather(g, dim, index), None
@@ -552,12 +566,12 @@ def _scatter_vjp(res, g):
 
 # -- conversions -------------------------------------------------------------------------
 @defvjp(PrimIDs.CONVERT_ELEMENT_TYPE)
-def _convert_element_type_vjp(res, g):
-    a = res.args[0]
-    return (_to(g, a.dtype) if _is_float_tensor(a) and _is_float_tensor(res.out) else None), None
+def _convert_element_type_vjp(call, g):
+    a = call.args[0]
+    return (_to(g, a.dtype) if _is_float_tensor(a) and _is_float_tensor(call.out) else None), None
 
 
-defvjp(PrimIDs.DEVICE_PUT)(lambda res, g: (_ct(ltorch.to(g, res.args[0].device), res.args[0]), None))
+defvjp(PrimIDs.DEVICE_PUT)(lambda call, g: (_ct(ltorch.to(g, call.args[0].device), call.args[0]), None))
 
 
 # -- linear algebra ----------------------------------------------------------------------
@@ -566,10 +580,10 @@ def _matrix_transpose(x):
 
 
 @defvjp(PrimIDs.MATMUL)
-def _matmul_vjp(res, g):
+def _matmul_vjp(call, g):
     """Promote vectors to matrices (a to a row, b to a column), take the matrix rule, sum
     over the batch dims broadcasting added, and drop the promoted dims again."""
-    a, b = res.args
+    a, b = call.args
     if not _is_float_tensor(a):
         return None, None
     if a.ndim == 1 and b.ndim == 1:
@@ -578,43 +592,43 @@ def _matmul_vjp(res, g):
     b2 = ltorch.reshape(b, (b.shape[0], 1)) if b.ndim == 1 else b
     batch = tuple(g.shape[:g.ndim - (a.ndim > 1) - (b.ndim > 1)])
     g2 = ltorch.reshape(g, batch + (a2.shape[-2], b2.shape[-1]))
-    da = _sum_to(ltorch.matmul(g2, _matrix_transpose(b2)), a2.shape)
-    db = _sum_to(ltorch.matmul(_matrix_transpose(a2), g2), b2.shape)
+    da = sum_to(ltorch.matmul(g2, _matrix_transpose(b2)), a2.shape)
+    db = sum_to(ltorch.matmul(_matrix_transpose(a2), g2), b2.shape)
     return ltorch.reshape(da, tuple(a.shape)), ltorch.reshape(db, tuple(b.shape))
 
 
 # -- scans and sorting ---------------------------------------------------------------------
 @defvjp(PrimIDs.CUMSUM)
-def _cumsum_vjp(res, g):
-    a, dim = res.args
+def _cumsum_vjp(call, g):
+    a, dim = call.args
     if not _is_float_tensor(a):
         return None, None
     return (g if a.ndim == 0 else _rev_cumsum(g, canonical_dim(dim, a.ndim))), None
 
 
 @defvjp(PrimIDs.CUMPROD)
-def _cumprod_vjp(res, g):
+def _cumprod_vjp(call, g):
     """torch computes this gradient at run time. With zeros in the input, an exact gradient
     needs the position of the first zero, which traceable ops only give to first order (a
     second derivative would be wrong at that zero); run by torch, first order is exact and a
     second differentiation is refused (torch_vjp has no rule) instead of silently wrong."""
-    a, dim = res.args
+    a, dim = call.args
     if not _is_float_tensor(a):
         return None, None
     (ct,) = torch_vjp_op(prim_impls[PrimIDs.CUMPROD], (a, dim), {}, (g,), (0,), None)
     return ct, None
 
 
-def _selected_vjp(res, g):
+def _selected_vjp(call, g):
     """sort and topk pick elements of a: their value cotangent goes back to the picked places."""
-    a, dim = res.args[0], res.args[2 if len(res.args) == 5 else 1]
+    a, dim = call.args[0], call.args[2 if len(call.args) == 5 else 1]
     g_values = g[0]
     if g_values is None or not _is_float_tensor(a):
-        return (None,) * len(res.args)
+        return (None,) * len(call.args)
     if a.ndim == 0:
-        return (g_values,) + (None,) * (len(res.args) - 1)
+        return (g_values,) + (None,) * (len(call.args) - 1)
     d = canonical_dim(dim, a.ndim)
-    return (ltorch.scatter_add(_zeros(a), d, res.out[1], g_values),) + (None,) * (len(res.args) - 1)
+    return (ltorch.scatter_add(_zeros(a), d, call.out[1], g_values),) + (None,) * (len(call.args) - 1)
 
 
 defvjp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_vjp)

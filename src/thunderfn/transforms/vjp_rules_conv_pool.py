@@ -48,8 +48,8 @@ def _covered(*args, **kwargs) -> bool:
             and all(a.dtype.is_floating_point for a in args if isinstance(a, TensorProxy)))
 
 
-def _only_input(res, ct) -> tuple:
-    return (ct,) + (None,) * (len(res.args) - 1)
+def _only_input(call, ct) -> tuple:
+    return (ct,) + (None,) * (len(call.args) - 1)
 
 
 def _as_2d(t):
@@ -83,13 +83,13 @@ def _convolution_rule(dims: int, transposed: bool):
         return _covered(*args, **kwargs) and _padding(a["padding"], a["weight"], _per_dim(a["dilation"], dims),
                                                       dims) is not None
 
-    def bwd(res, g):
+    def bwd(call, g):
         """convolution_backward with eager's arguments: an unbatched input is convolved as a batch of one."""
-        a = _bound(res.args, res.kwargs, params)
+        a = _bound(call.args, call.kwargs, params)
         x, w, b = a["input"], a["weight"], a["bias"]
         mask = [wants_gradient(x), wants_gradient(w), b is not None and wants_gradient(b)]
         if not any(mask):
-            return (None,) * len(res.args)
+            return (None,) * len(call.args)
         dilation = _per_dim(a["dilation"], dims)
         unbatched = x.ndim == dims + 1
         dx, dw, db = kernels.convolution_backward(
@@ -98,7 +98,7 @@ def _convolution_rule(dims: int, transposed: bool):
             dilation, transposed, _per_dim(a.get("output_padding", 0), dims), a["groups"], mask)
         if unbatched and dx is not None:
             dx = ltorch.squeeze(dx, 0)
-        return ((dx, dw, db) + (None,) * len(res.args))[:len(res.args)]
+        return ((dx, dw, db) + (None,) * len(call.args))[:len(call.args)]
 
     return applies, bwd
 
@@ -125,62 +125,62 @@ def _window(a, dims: int) -> tuple:
 
 
 def _max_pool_rule(dims: int):
-    def bwd(res, g):
+    def bwd(call, g):
         """max_pool{2,3}d_with_indices_backward, from the indices the forward returned."""
-        a = _bound(res.args, res.kwargs, _MAX_POOL)
-        x, (_, indices), g = a["input"], res.out, g[0]
+        a = _bound(call.args, call.kwargs, _MAX_POOL)
+        x, (_, indices), g = a["input"], call.out, g[0]
         kernel, stride, padding = _window(a, dims)
         dilation, ceil_mode = _per_dim(a["dilation"], dims), a["ceil_mode"]
         if dims == 1:
             dx = kernels.max_pool2d_with_indices_backward(_as_2d(g), _as_2d(x), (1,) + kernel, (1,) + stride,
                                                           (0,) + padding, (1,) + dilation, ceil_mode, _as_2d(indices))
-            return _only_input(res, ltorch.squeeze(dx, -2))
+            return _only_input(call, ltorch.squeeze(dx, -2))
         kernel_of = {2: kernels.max_pool2d_with_indices_backward, 3: kernels.max_pool3d_with_indices_backward}[dims]
-        return _only_input(res, kernel_of(g, x, kernel, stride, padding, dilation, ceil_mode, indices))
+        return _only_input(call, kernel_of(g, x, kernel, stride, padding, dilation, ceil_mode, indices))
 
     return bwd
 
 
 def _avg_pool_rule(dims: int):
-    def bwd(res, g):
-        a = _bound(res.args, res.kwargs, _AVG_POOL)
+    def bwd(call, g):
+        a = _bound(call.args, call.kwargs, _AVG_POOL)
         x = a["input"]
         kernel, stride, padding = _window(a, dims)
         ceil_mode, count_include_pad = a["ceil_mode"], a["count_include_pad"]
         if dims == 1:  # (avg_pool1d has no divisor_override)
             dx = kernels.avg_pool2d_backward(_as_2d(g), _as_2d(x), (1,) + kernel, (1,) + stride, (0,) + padding,
                                              ceil_mode, count_include_pad, None)
-            return _only_input(res, ltorch.squeeze(dx, -2))
+            return _only_input(call, ltorch.squeeze(dx, -2))
         kernel_of = {2: kernels.avg_pool2d_backward, 3: kernels.avg_pool3d_backward}[dims]
-        return _only_input(res, kernel_of(g, x, kernel, stride, padding, ceil_mode, count_include_pad,
+        return _only_input(call, kernel_of(g, x, kernel, stride, padding, ceil_mode, count_include_pad,
                                           a["divisor_override"]))
 
     return bwd
 
 
 def _adaptive_avg_pool_rule(dims: int):
-    def bwd(res, g):
+    def bwd(call, g):
         """To a single output per channel aten computes a mean, whose backward spreads g evenly (expand, then
         divide, as eager's does); otherwise _adaptive_avg_pool{2,3}d_backward."""
-        x = res.args[0]
-        if all(s == 1 for s in res.out.shape[-dims:]):
-            return _only_input(res, ltorch.div(ltorch.expand(g, tuple(x.shape)), math.prod(x.shape[-dims:])))
+        x = call.args[0]
+        if all(s == 1 for s in call.out.shape[-dims:]):
+            return _only_input(call, ltorch.div(ltorch.expand(g, tuple(x.shape)), math.prod(x.shape[-dims:])))
         if dims == 1:
-            return _only_input(res, ltorch.squeeze(kernels.adaptive_avg_pool2d_backward(_as_2d(g), _as_2d(x)), -2))
+            return _only_input(call, ltorch.squeeze(kernels.adaptive_avg_pool2d_backward(_as_2d(g), _as_2d(x)), -2))
         kernel_of = {2: kernels.adaptive_avg_pool2d_backward, 3: kernels.adaptive_avg_pool3d_backward}[dims]
-        return _only_input(res, kernel_of(g, x))
+        return _only_input(call, kernel_of(g, x))
 
     return bwd
 
 
 def _adaptive_max_pool_rule(dims: int):
-    def bwd(res, g):
-        x, (_, indices), g = res.args[0], res.out, g[0]
+    def bwd(call, g):
+        x, (_, indices), g = call.args[0], call.out, g[0]
         if dims == 1:
             dx = kernels.adaptive_max_pool2d_backward(_as_2d(g), _as_2d(x), _as_2d(indices))
-            return _only_input(res, ltorch.squeeze(dx, -2))
+            return _only_input(call, ltorch.squeeze(dx, -2))
         kernel_of = {2: kernels.adaptive_max_pool2d_backward, 3: kernels.adaptive_max_pool3d_backward}[dims]
-        return _only_input(res, kernel_of(g, x, indices))
+        return _only_input(call, kernel_of(g, x, indices))
 
     return bwd
 

@@ -25,6 +25,7 @@ from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import canonical_dim
 from thunderfn.torch.elementwise import _SELU_ALPHA, _SELU_SCALE
+from thunderfn.torch.reductions import sum_to as _sum_to
 from thunderfn.torch.nn import _legacy_reduction, _repeat_heads
 from thunderfn.torch import distributed as collectives
 from thunderfn.torch.reductions import _correction, _var_args
@@ -39,15 +40,9 @@ def _to(x, dtype):
     return clang.maybe_convert_to_dtype(x, dtype)
 
 
-def _only_input(res, ct) -> tuple:
+def _only_input(call, ct) -> tuple:
     """A cotangent for the input (the first argument) and None for every other argument."""
-    return (ct,) + (None,) * (len(res.args) - 1)
-
-
-def _argument(res, position: int, name: str, default):
-    if len(res.args) > position:
-        return res.args[position]
-    return res.kwargs.get(name, default)
+    return (ct,) + (None,) * (len(call.args) - 1)
 
 
 def _inside(x, low, high, g):
@@ -56,55 +51,55 @@ def _inside(x, low, high, g):
 
 
 # eager's kernels, from the saved output: finite where the decomposition's exp(-x) overflows
-defvjp(ltorch.sigmoid.id)(lambda res, g: _only_input(res, ltorch.sigmoid_backward(g, res.out)))
-defvjp(ltorch.tanh.id)(lambda res, g: _only_input(res, ltorch.tanh_backward(g, res.out)))
+defvjp(ltorch.sigmoid.id)(lambda call, g: _only_input(call, ltorch.sigmoid_backward(g, call.out)))
+defvjp(ltorch.tanh.id)(lambda call, g: _only_input(call, ltorch.tanh_backward(g, call.out)))
 NON_DIFFERENTIABLE.add(ltorch.detach.id)  # its output does not require grad, in reverse and forward mode
-defvjp(ltorch.relu.id)(lambda res, g: _only_input(res, ltorch.threshold_backward(g, res.out, 0)))
+defvjp(ltorch.relu.id)(lambda call, g: _only_input(call, ltorch.threshold_backward(g, call.out, 0)))
 # relu's backward is differentiable in its gradient; its `self` gets zeros (torch's formula), not None
-defvjp(ltorch.threshold_backward.id)(lambda res, g: (ltorch.threshold_backward(g, res.args[1], res.args[2]),
-                                                    _zeros(res.args[1]), None))
+defvjp(ltorch.threshold_backward.id)(lambda call, g: (
+    ltorch.threshold_backward(g, call.arg("self"), call.arg("threshold")), _zeros(call.arg("self")), None))
 
 
 # eager's kernels, one call each (torch/aten_backward.py has their formulas)
-defvjp(ltorch.hardtanh.id)(lambda res, g: _only_input(res, ltorch.hardtanh_backward(
-    g, res.args[0], _argument(res, 1, "min_val", -1.0), _argument(res, 2, "max_val", 1.0))))
-defvjp(ltorch.relu6.id)(lambda res, g: _only_input(res, ltorch.hardtanh_backward(g, res.args[0], 0.0, 6.0)))
-defvjp(ltorch.hardsigmoid.id)(lambda res, g: _only_input(res, ltorch.hardsigmoid_backward(g, res.args[0])))
-defvjp(ltorch.hardswish.id)(lambda res, g: _only_input(res, ltorch.hardswish_backward(g, res.args[0])))
+defvjp(ltorch.hardtanh.id)(lambda call, g: _only_input(call, ltorch.hardtanh_backward(
+    g, call.args[0], call.arg("min_val"), call.arg("max_val"))))
+defvjp(ltorch.relu6.id)(lambda call, g: _only_input(call, ltorch.hardtanh_backward(g, call.args[0], 0.0, 6.0)))
+defvjp(ltorch.hardsigmoid.id)(lambda call, g: _only_input(call, ltorch.hardsigmoid_backward(g, call.args[0])))
+defvjp(ltorch.hardswish.id)(lambda call, g: _only_input(call, ltorch.hardswish_backward(g, call.args[0])))
 # like threshold_backward: linear in its gradient; its `self` gets zeros (torch's formula), not None
-defvjp(ltorch.hardtanh_backward.id)(lambda res, g: (ltorch.hardtanh_backward(g, *res.args[1:4]), _zeros(res.args[1]),
-                                                   None, None))
+defvjp(ltorch.hardtanh_backward.id)(lambda call, g: (
+    ltorch.hardtanh_backward(g, call.arg("self"), call.arg("min_val"), call.arg("max_val")), _zeros(call.arg("self")),
+    None, None))
 
 
 @defvjp(ltorch.softplus.id)
-def _softplus_vjp(res, g):  # torch: g past the threshold, else g * z / (z + 1) with z = exp(beta * x)
-    x = res.args[0]
-    beta, threshold = _argument(res, 1, "beta", 1.0), _argument(res, 2, "threshold", 20.0)
+def _softplus_vjp(call, g):  # torch: g past the threshold, else g * z / (z + 1) with z = exp(beta * x)
+    x = call.args[0]
+    beta, threshold = call.arg("beta"), call.arg("threshold")
     scaled = ltorch.mul(x, beta)
     z = ltorch.exp(scaled)
-    return _only_input(res, ltorch.where(ltorch.gt(scaled, threshold), g, ltorch.mul(g, ltorch.div(z, ltorch.add(z, 1.0)))))
+    return _only_input(call, ltorch.where(ltorch.gt(scaled, threshold), g, ltorch.mul(g, ltorch.div(z, ltorch.add(z, 1.0)))))
 
 
 # torch: g * sigmoid(-x), 1/2 at 0 (the decomposition's min(x, 0) and |x| both give 0 there)
-defvjp(ltorch.logsigmoid.id)(lambda res, g: _only_input(res, ltorch.mul(g, ltorch.sigmoid(ltorch.neg(res.args[0])))))
+defvjp(ltorch.logsigmoid.id)(lambda call, g: _only_input(call, ltorch.mul(g, ltorch.sigmoid(ltorch.neg(call.args[0])))))
 
 
-defvjp(ltorch.silu.id)(lambda res, g: _only_input(res, ltorch.silu_backward(g, res.args[0])))
+defvjp(ltorch.silu.id)(lambda call, g: _only_input(call, ltorch.silu_backward(g, call.args[0])))
 
 
-def _elu_backward(res, g, alpha: float, scale: float, input_scale: float):
+def _elu_backward(call, g, alpha: float, scale: float, input_scale: float):
     """torch's elu_backward: g * scale above 0, g * input_scale * alpha * scale * exp(x * input_scale) at and
     below; the exp reads min(x, 0), so the branch not taken cannot overflow (nor give a second derivative nan)."""
-    x = res.args[0]
+    x = call.args[0]
     negative = ltorch.le(x, 0)
     below = ltorch.mul(ltorch.exp(ltorch.mul(ltorch.where(negative, x, 0.0), input_scale)), input_scale * alpha * scale)
-    return _only_input(res, ltorch.mul(g, ltorch.where(negative, below, scale)))
+    return _only_input(call, ltorch.mul(g, ltorch.where(negative, below, scale)))
 
 
-defvjp(ltorch.elu.id)(lambda res, g: _elu_backward(res, g, _argument(res, 1, "alpha", 1.0), 1.0, 1.0))
-defvjp(ltorch.selu.id)(lambda res, g: _elu_backward(res, g, _SELU_ALPHA, _SELU_SCALE, 1.0))
-defvjp(ltorch.celu.id)(lambda res, g: _elu_backward(res, g, _argument(res, 1, "alpha", 1.0), 1.0,
-                                                    1.0 / _argument(res, 1, "alpha", 1.0)))
+defvjp(ltorch.elu.id)(lambda call, g: _elu_backward(call, g, call.arg("alpha"), 1.0, 1.0))
+defvjp(ltorch.selu.id)(lambda call, g: _elu_backward(call, g, _SELU_ALPHA, _SELU_SCALE, 1.0))
+defvjp(ltorch.celu.id)(lambda call, g: _elu_backward(call, g, call.arg("alpha"), 1.0, 1.0 / call.arg("alpha")))
 
 
 # -- the ops of a transformer training step --------------------------------------------------------
@@ -118,21 +113,14 @@ def _computed(*tensors):
     return tuple(None if t is None else _to(t, compute) for t in tensors)
 
 
-def _sum_to(x, shape):
-    """Undo the broadcasting of something of `shape` to x's shape."""
-    shape = tuple(shape)
-    dims = symbolic.broadcast_dims(x.shape, shape)
-    return ltorch.reshape(ltorch.sum(x, dims) if dims else x, shape)
-
-
 def _matrix_t(x):
     return ltorch.transpose(x, -2, -1)
 
 
 @defvjp(ltorch.linear.id)
-def _linear_vjp(res, g):  # out = x @ w.T + b; w is (out, in), or (in,) for a dot product over the last dim
-    x, w = res.args[:2]
-    b = _argument(res, 2, "bias", None)
+def _linear_vjp(call, g):  # out = x @ w.T + b; w is (out, in), or (in,) for a dot product over the last dim
+    x, w = call.args[:2]
+    b = call.arg("bias")
     rows = symbolic.product(x.shape[:-1])
     if w.ndim == 1:
         dx = ltorch.mul(ltorch.unsqueeze(g, -1) if g.ndim else g, w)
@@ -145,25 +133,25 @@ def _linear_vjp(res, g):  # out = x @ w.T + b; w is (out, in), or (in,) for a do
         db = ltorch.sum(ltorch.reshape(g, (rows, w.shape[0])), 0)  # as eager's addmm over the folded rows sums it
     else:
         db = None if b is None else _sum_to(g, b.shape)
-    return (dx, dw, db) + (None,) * (len(res.args) - 3)
+    return (dx, dw, db) + (None,) * (len(call.args) - 3)
 
 
 @defvjp(ltorch.addmm.id)
-def _addmm_vjp(res, g):  # out = beta * input + alpha * mat1 @ mat2: eager's AddmmBackward, one mm per matrix
-    input, mat1, mat2 = res.args[:3]
-    beta, alpha = res.kwargs.get("beta", 1), res.kwargs.get("alpha", 1)
+def _addmm_vjp(call, g):  # out = beta * input + alpha * mat1 @ mat2: eager's AddmmBackward, one mm per matrix
+    input, mat1, mat2 = call.args[:3]
+    beta, alpha = call.arg("beta"), call.arg("alpha")
     scaled = g if alpha == 1 else ltorch.mul(g, alpha)
     d_input = _sum_to(g if beta == 1 else ltorch.mul(g, beta), input.shape)
     return d_input, ltorch.matmul(scaled, _matrix_t(mat2)), ltorch.matmul(_matrix_t(mat1), scaled)
 
 
 # eager's kernel: the forward saved the input
-defvjp(ltorch.gelu.id)(lambda res, g: _only_input(res, ltorch.gelu_backward(g, res.args[0], approximate=_argument(
-    res, 1, "approximate", "none"))))
+defvjp(ltorch.gelu.id)(lambda call, g: _only_input(call, ltorch.gelu_backward(g, call.args[0],
+                                                                            approximate=call.arg("approximate"))))
 
 
-def _softmax_dims(res) -> tuple:
-    x, dim = res.args[0], _argument(res, 1, "dim", None)
+def _softmax_dims(call) -> tuple:
+    x, dim = call.args[0], call.arg("dim")
     if dim is None:  # F.softmax's implicit dim (the forward warned about it)
         dim = 0 if x.ndim in (0, 1, 3) else 1
     return (canonical_dim(dim, x.ndim),) if x.ndim else ()
@@ -173,25 +161,25 @@ def _row_sum(x, dims):
     return ltorch.sum(x, dims, keepdim=True) if dims else x
 
 
-def _softmax_like_vjp(res, g, backward_data):
+def _softmax_like_vjp(call, g, backward_data):
     """eager's kernel (the forward saved its output), then back to the input's dtype where dtype= changed it."""
-    x, y = res.args[0], res.out
-    dims = _softmax_dims(res)
+    x, y = call.args[0], call.out
+    dims = _softmax_dims(call)
     dx = backward_data(g, y, dims[0] if dims else 0, y.dtype)
-    return _only_input(res, _to(dx, x.dtype))
+    return _only_input(call, _to(dx, x.dtype))
 
 
-defvjp(ltorch.softmax.id)(lambda res, g: _softmax_like_vjp(res, g, ltorch.softmax_backward_data))
-defvjp(ltorch.log_softmax.id)(lambda res, g: _softmax_like_vjp(res, g, ltorch.log_softmax_backward_data))
+defvjp(ltorch.softmax.id)(lambda call, g: _softmax_like_vjp(call, g, ltorch.softmax_backward_data))
+defvjp(ltorch.log_softmax.id)(lambda call, g: _softmax_like_vjp(call, g, ltorch.log_softmax_backward_data))
 
 
 @defvjp(ltorch.native_layer_norm.id)
-def _native_layer_norm_vjp(res, g):
+def _native_layer_norm_vjp(call, g):
     """eager's kernel, from the mean and rstd the forward returned (layer_norm is differentiated through its
     decomposition, native_layer_norm). Cotangents of the mean and rstd themselves (torch ignores them) reach
     the input too: a second derivative gets them from the first backward, which reads both."""
-    x, normalized_shape, weight, bias = res.args[:4]
-    out, mean, rstd = res.out
+    x, normalized_shape, weight, bias = (call.arg(name) for name in ("input", "normalized_shape", "weight", "bias"))
+    out, mean, rstd = call.out
     g_out, g_mean, g_rstd = g
     dx = dw = db = None
     if g_out is not None:
@@ -210,14 +198,6 @@ def _native_layer_norm_vjp(res, g):
         extra = _to(ltorch.expand(extra, tuple(x.shape)), x.dtype)
         dx = extra if dx is None else ltorch.add(dx, extra)
     return dx, None, dw, db, None
-
-
-_BATCH_NORM_ARGS = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps")
-
-
-def _batch_norm_args(res) -> tuple:
-    """native_batch_norm's (and native_batch_norm_legit_functional's) arguments by position, given either way."""
-    return tuple(_argument(res, i, name, None) for i, name in enumerate(_BATCH_NORM_ARGS))
 
 
 def _batch_norm_statistics_cotangent(x, save_mean, save_invstd, g_mean, g_invstd):
@@ -253,12 +233,13 @@ def _batch_norm_running_stats_cotangents(x, weight, running_mean, running_var, e
     return _to(d_mean, running_mean.dtype), _to(d_var, running_var.dtype)
 
 
-def _batch_norm_vjp(res, g_out, g_mean, g_invstd) -> tuple:
+def _batch_norm_vjp(call, g_out, g_mean, g_invstd) -> tuple:
     """Cotangents of native_batch_norm's tensors: eager's kernel, native_batch_norm_backward, for the output's
     (output_mask: the arguments the backward wants), plus those through the saved statistics, and in evaluation
     mode the running statistics' where wanted."""
-    x, weight, bias, running_mean, running_var, training, _, eps = _batch_norm_args(res)
-    save_mean, save_invstd = res.out[1:3]
+    x, weight, bias, running_mean, running_var, training, eps = (call.arg(name) for name in (
+        "input", "weight", "bias", "running_mean", "running_var", "training", "eps"))
+    save_mean, save_invstd = call.out[1:3]
     dx = dw = db = d_mean = d_var = None
     if g_out is not None:
         mask = [wants_gradient(x), weight is not None and wants_gradient(weight),
@@ -272,24 +253,21 @@ def _batch_norm_vjp(res, g_out, g_mean, g_invstd) -> tuple:
     if training and (g_mean is not None or g_invstd is not None):
         extra = _batch_norm_statistics_cotangent(x, save_mean, save_invstd, g_mean, g_invstd)
         dx = extra if dx is None else ltorch.add(dx, extra)
-    return (dx, dw, db, d_mean, d_var) + (None,) * max(0, len(res.args) - 5)
+    return (dx, dw, db, d_mean, d_var) + (None,) * max(0, len(call.args) - 5)
 
 
-defvjp(ltorch.native_batch_norm.id)(lambda res, g: _batch_norm_vjp(res, *g))
+defvjp(ltorch.native_batch_norm.id)(lambda call, g: _batch_norm_vjp(call, *g))
 # the new running statistics carry no gradient: eager writes them in place, outside autograd
-defvjp(ltorch.native_batch_norm_legit_functional.id)(lambda res, g: _batch_norm_vjp(res, *g[:3]))
-
-
-_GROUP_NORM_ARGS = ("input", "weight", "bias", "N", "C", "HxW", "group", "eps")
+defvjp(ltorch.native_batch_norm_legit_functional.id)(lambda call, g: _batch_norm_vjp(call, *g[:3]))
 
 
 @defvjp(ltorch.native_group_norm.id)
-def _native_group_norm_vjp(res, g):
+def _native_group_norm_vjp(call, g):
     """eager's kernel, native_group_norm_backward, for the output's cotangent (output_mask: the arguments the
     backward wants; aten computes grad_bias only beside grad_weight, so without a weight the bias's is a sum here),
     plus the input's through the saved mean and rstd, which a second derivative reaches."""
-    x, weight, bias, n, c, hxw, group, _ = (_argument(res, i, name, None) for i, name in enumerate(_GROUP_NORM_ARGS))
-    mean, rstd = res.out[1:]
+    x, weight, bias, n, c, hxw, group = (call.arg(p) for p in ("input", "weight", "bias", "N", "C", "HxW", "group"))
+    mean, rstd = call.out[1:]
     g_out, g_mean, g_rstd = g
     dx = dw = db = None
     if g_out is not None:
@@ -312,7 +290,7 @@ def _native_group_norm_vjp(res, g):
             extra = d if extra is None else ltorch.add(extra, d)
         extra = _to(ltorch.reshape(ltorch.expand(extra, (n, group, size)), tuple(x.shape)), x.dtype)
         dx = extra if dx is None else ltorch.add(dx, extra)
-    return (dx, dw, db) + (None,) * max(0, len(res.args) - 3)
+    return (dx, dw, db) + (None,) * max(0, len(call.args) - 3)
 
 
 def _constant_or_none(t) -> bool:
@@ -320,13 +298,14 @@ def _constant_or_none(t) -> bool:
 
 
 @defvjp(ltorch.nll_loss_forward.id, applies=lambda self, target, weight, *rest: _constant_or_none(weight))
-def _nll_loss_forward_vjp(res, g):
+def _nll_loss_forward_vjp(call, g):
     """eager's kernel. It gives the weight no gradient (torch refuses to differentiate it), so a weight that
     may need one (not a captured constant) is differentiated through the decomposition instead."""
-    self, target, weight, reduction, ignore_index = res.args
+    self, target, weight, reduction, ignore_index = (call.arg(name) for name in (
+        "self", "target", "weight", "reduction", "ignore_index"))
     if g[0] is None:
-        return (None,) * len(res.args)
-    return (ltorch.nll_loss_backward(g[0], self, target, weight, reduction, ignore_index, res.out[1]),) + (None,) * 4
+        return (None,) * len(call.args)
+    return (ltorch.nll_loss_backward(g[0], self, target, weight, reduction, ignore_index, call.out[1]),) + (None,) * 4
 
 
 def _by_eagers_kernels(x, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
@@ -338,22 +317,21 @@ def _by_eagers_kernels(x, target, weight=None, size_average=None, ignore_index=-
 
 
 @defvjp(ltorch.cross_entropy.id, applies=lambda *args, **kwargs: not _by_eagers_kernels(*args, **kwargs))
-def _cross_entropy_vjp(res, g):
+def _cross_entropy_vjp(call, g):
     """The gradient of log_softmax followed by the loss: dx = dlogp - softmax * sum(dlogp) over the classes.
     Per element i and class c the loss is -sum_c k_ic * weight_c * logp_ic with k = (g, or g over the mean's
     denominator) * M, where M is the (smoothed) target probabilities, or with class indices (1 - ls) * onehot
     + ls / C, and k is 0 where the target is ignore_index, exactly (even where g over the denominator is inf
     or nan: torch leaves ignored elements' gradient at 0). The target, given as probabilities, and the weight
     get their gradients too."""
-    x, target = res.args[:2]
-    weight, ignore_index = _argument(res, 2, "weight", None), _argument(res, 4, "ignore_index", -100)
-    reduction = _legacy_reduction(_argument(res, 3, "size_average", None), _argument(res, 5, "reduce", None),
-                                  _argument(res, 6, "reduction", "mean"))
-    smoothing = _argument(res, 7, "label_smoothing", 0.0)
+    x, target = call.args[:2]
+    weight, ignore_index = call.arg("weight"), call.arg("ignore_index")
+    reduction = _legacy_reduction(call.arg("size_average"), call.arg("reduce"), call.arg("reduction"))
+    smoothing = call.arg("label_smoothing")
     class_dim = 0 if x.ndim == 1 else 1
     n_classes = x.shape[class_dim]
     per_class = (n_classes,) + (1,) * (x.ndim - 2)  # a (C,) tensor reshaped to broadcast along x's class dim
-    logp, g, weight_c, out = _computed(ltorch.log_softmax(x, class_dim), g, weight, res.out)
+    logp, g, weight_c, out = _computed(ltorch.log_softmax(x, class_dim), g, weight, call.out)
     weight_c = None if weight_c is None else ltorch.reshape(weight_c, per_class)
 
     def along_classes(t):  # a tensor of x's shape without the class dim, broadcastable against x
@@ -395,7 +373,7 @@ def _cross_entropy_vjp(res, g):
             per_element = ltorch.add(per_element, ltorch.mul(ltorch.mul(k, count), out))
         others = tuple(d for d in range(x.ndim) if d != class_dim)
         dweight = ltorch.neg(ltorch.sum(per_element, others) if others else per_element)
-    return (dx, dtarget, dweight) + (None,) * (len(res.args) - 3)
+    return (dx, dtarget, dweight) + (None,) * (len(call.args) - 3)
 
 
 def _attention_weights(scores, rows_may_be_masked: bool):
@@ -422,14 +400,14 @@ def _without_dropout(query, key, value, attn_mask=None, dropout_p=0.0, *args, **
 # With dropout, torch's one call draws a mask this rule could not see: reverse mode then runs the
 # decomposition, which draws it as eager does, and differentiates through it.
 @defvjp(ltorch.scaled_dot_product_attention.id, applies=_without_dropout)
-def _scaled_dot_product_attention_vjp(res, g):
+def _scaled_dot_product_attention_vjp(call, g):
     """The attention weights P recomputed (matmul and softmax), then dv = P^T g, dS = P * (dP - sum(dP * P))
     with dP = g v^T, dq = scale * dS k, dk = scale * dS^T q; a float mask gets dS."""
-    query, key, value = res.args[:3]
-    attn_mask = _argument(res, 3, "attn_mask", None)
-    is_causal, scale = _argument(res, 5, "is_causal", False), _argument(res, 6, "scale", None)
+    query, key, value = call.args[:3]
+    attn_mask = call.arg("attn_mask")
+    is_causal, scale = call.arg("is_causal"), call.arg("scale")
     q, k, v, g = _computed(query, key, value, g)
-    if _argument(res, 7, "enable_gqa", False) and query.ndim >= 3:
+    if call.arg("enable_gqa") and query.ndim >= 3:
         k, v = _repeat_heads(k, q.shape[-3] // k.shape[-3]), _repeat_heads(v, q.shape[-3] // v.shape[-3])
     L, S = query.shape[-2], key.shape[-2]
     scale = 1 / torch.sym_sqrt(query.shape[-1]) if scale is None else scale  # (math.sqrt would pin a symbolic size)
@@ -451,24 +429,24 @@ def _scaled_dot_product_attention_vjp(res, g):
     dk = ltorch.mul(ltorch.matmul(_matrix_t(dscores), q), scale)
     dmask = None if attn_mask is None or attn_mask.dtype is torch.bool else _sum_to(dscores, attn_mask.shape)
     cts = (_sum_to(dq, query.shape), _sum_to(_fold_heads(dk, key), key.shape), _sum_to(_fold_heads(dv, value), value.shape))
-    return cts + (dmask,) + (None,) * (len(res.args) - 4)
+    return cts + (dmask,) + (None,) * (len(call.args) - 4)
 
 
 @defvjp(ltorch.split.id)
-def _split_vjp(res, g):  # eager's: one cat of the pieces' cotangents (zeros for the unused), not a pad per piece
-    a = res.args[0]
-    dim = canonical_dim(_argument(res, 2, "dim", 0), a.ndim)
-    pieces = [c if c is not None else _zeros(o) for c, o in zip(g, res.out)]
-    return (ltorch.cat(pieces, dim),) + (None,) * (len(res.args) - 1)
+def _split_vjp(call, g):  # eager's: one cat of the pieces' cotangents (zeros for the unused), not a pad per piece
+    a = call.args[0]
+    dim = canonical_dim(call.arg("dim"), a.ndim)
+    pieces = [c if c is not None else _zeros(o) for c, o in zip(g, call.out)]
+    return (ltorch.cat(pieces, dim),) + (None,) * (len(call.args) - 1)
 
 
 @defvjp(ltorch.embedding.id)
-def _embedding_vjp(res, g):  # eager's kernel: the rows of g summed into zeros at the indices
-    indices, weight = res.args[:2]
-    padding_idx, scale_grad_by_freq = _argument(res, 2, "padding_idx", None), _argument(res, 5, "scale_grad_by_freq", False)
+def _embedding_vjp(call, g):  # eager's kernel: the rows of g summed into zeros at the indices
+    indices, weight = call.args[:2]
+    padding_idx, scale_grad_by_freq = call.arg("padding_idx"), call.arg("scale_grad_by_freq")
     padding_idx = -1 if padding_idx is None else padding_idx % weight.shape[0]  # F.embedding's normalization
     return (None, ltorch.embedding_dense_backward(g, indices, weight.shape[0], padding_idx, scale_grad_by_freq)) + (
-        None,) * (len(res.args) - 2)
+        None,) * (len(call.args) - 2)
 
 
 # -- torch's conventions at edge points: norms, std, losses, max and min -----------------------------------
@@ -511,34 +489,34 @@ def _norm_backward(g, x, ord, norm, dims):
 
 
 @defvjp(ltorch.mean.id)
-def _mean_vjp(res, g):  # eager's MeanBackward: g expanded back over the reduced dims, divided by their size
-    x = res.args[0]
-    dims, keepdim = clang.reduction_dims(x, _argument(res, 1, "dim", None)), _argument(res, 2, "keepdim", False)
+def _mean_vjp(call, g):  # eager's MeanBackward: g expanded back over the reduced dims, divided by their size
+    x = call.args[0]
+    dims, keepdim = clang.reduction_dims(x, call.arg("dim")), call.arg("keepdim")
     n = math.prod(x.shape[d] for d in dims)
     spread = ltorch.expand(g if g.ndim == 0 else _kept(g, x, dims, keepdim), tuple(x.shape))  # (a 0-d g expands as it is)
-    return _only_input(res, _to(ltorch.div(spread, n), x.dtype) if dtypes.is_inexact(x.dtype) else None)
+    return _only_input(call, _to(ltorch.div(spread, n), x.dtype) if dtypes.is_inexact(x.dtype) else None)
 
 
 @defvjp(ltorch.vector_norm.id)
-def _vector_norm_vjp(res, g):  # torch.norm and torch.linalg.norm of a vector reach it as a subsymbol
-    x, ord = res.args[0], _argument(res, 1, "ord", 2)
-    dims, keepdim = clang.reduction_dims(x, _argument(res, 2, "dim", None)), _argument(res, 3, "keepdim", False)
-    return _only_input(res, _norm_backward(_kept(g, x, dims, keepdim), x, ord, _kept(res.out, x, dims, keepdim), dims))
+def _vector_norm_vjp(call, g):  # torch.norm and torch.linalg.norm of a vector reach it as a subsymbol
+    x, ord = call.args[0], call.arg("ord")
+    dims, keepdim = clang.reduction_dims(x, call.arg("dim")), call.arg("keepdim")
+    return _only_input(call, _norm_backward(_kept(g, x, dims, keepdim), x, ord, _kept(call.out, x, dims, keepdim), dims))
 
 
 @defvjp(ltorch.normalize.id)
-def _normalize_vjp(res, g):
+def _normalize_vjp(call, g):
     """F.normalize is x / clamp_min(norm, eps) to torch's autograd: the norm gets the quotient's gradient where it
     is at least eps (clamp_min's), then norm_backward's; a zero vector's gradient is g / eps."""
-    x, p = res.args[0], _argument(res, 1, "p", 2.0)
-    dim, eps = _argument(res, 2, "dim", 1), _argument(res, 3, "eps", 1e-12)
+    x, p = call.args[0], call.arg("p")
+    dim, eps = call.arg("dim"), call.arg("eps")
     dims = clang.reduction_dims(x, tuple(dim) if isinstance(dim, (tuple, list)) else (dim,))
     norm = ltorch.vector_norm(x, p, dims, keepdim=True)
     denom = ltorch.where(ltorch.lt(norm, eps), eps, norm)
-    dquotient = ltorch.neg(ltorch.div(_row_sum(ltorch.mul(g, res.out), dims), denom))  # of x / denom, for denom
+    dquotient = ltorch.neg(ltorch.div(_row_sum(ltorch.mul(g, call.out), dims), denom))  # of x / denom, for denom
     dnorm = ltorch.where(ltorch.ge(norm, eps), dquotient, 0.0)
     dx, through_norm = ltorch.div(g, denom), _norm_backward(dnorm, x, p, norm, dims)
-    return _only_input(res, dx if through_norm is None else ltorch.add(dx, through_norm))
+    return _only_input(call, dx if through_norm is None else ltorch.add(dx, through_norm))
 
 
 def _var_backward(g, x, dim, dims, correction):
@@ -556,25 +534,25 @@ def _std_backward(g, x, std, dim, dims, correction):  # torch's: the var's cotan
                          x, dim, dims, correction)
 
 
-def _std_arguments(res, name):
-    x = res.args[0]
-    dim, unbiased = _var_args(_argument(res, 1, "dim", None), _argument(res, 2, "unbiased", None))
-    dims, keepdim = clang.reduction_dims(x, dim), _argument(res, 3, "keepdim", False)
-    return x, dim, dims, keepdim, _correction(unbiased, res.kwargs.get("correction"), name)
+def _std_arguments(call, name):
+    x = call.args[0]
+    dim, unbiased = _var_args(call.arg("dim"), call.arg("unbiased"))
+    dims, keepdim = clang.reduction_dims(x, dim), call.arg("keepdim")
+    return x, dim, dims, keepdim, _correction(unbiased, call.arg("correction"), name)
 
 
 @defvjp(ltorch.std.id)
-def _std_vjp(res, g):
-    x, dim, dims, keepdim, correction = _std_arguments(res, "std")
-    xc, g, std = _computed(x, g, res.out)
+def _std_vjp(call, g):
+    x, dim, dims, keepdim, correction = _std_arguments(call, "std")
+    xc, g, std = _computed(x, g, call.out)
     g, std = _kept(g, x, dims, keepdim), _kept(std, x, dims, keepdim)
-    return _only_input(res, _std_backward(g, xc, std, dim, dims, correction))
+    return _only_input(call, _std_backward(g, xc, std, dim, dims, correction))
 
 
 @defvjp(ltorch.std_mean.id)
-def _std_mean_vjp(res, g):  # std's cotangent as std's rule gives it, plus the mean's spread evenly
-    x, dim, dims, keepdim, correction = _std_arguments(res, "std_mean")
-    (g_std, g_mean), (std, _) = g, res.out
+def _std_mean_vjp(call, g):  # std's cotangent as std's rule gives it, plus the mean's spread evenly
+    x, dim, dims, keepdim, correction = _std_arguments(call, "std_mean")
+    (g_std, g_mean), (std, _) = g, call.out
     xc = _computed(x)[0]
     dx = None
     if g_std is not None:
@@ -584,7 +562,7 @@ def _std_mean_vjp(res, g):  # std's cotangent as std's rule gives it, plus the m
         n = math.prod(x.shape[d] for d in dims)
         spread = ltorch.expand(ltorch.div(_kept(g_mean, x, dims, keepdim), n), x.shape)
         dx = spread if dx is None else ltorch.add(dx, spread)
-    return _only_input(res, dx)
+    return _only_input(call, dx)
 
 
 def _loss_scale(g, reduction, numel):
@@ -598,55 +576,53 @@ def _difference(input, target):
     return ltorch.sub(_to(input, compute), _to(target, compute))
 
 
-def _difference_cotangents(res, d):
+def _difference_cotangents(call, d):
     """d, the cotangent of input - target, as the input's and the target's."""
-    input, target = res.args[:2]
+    input, target = call.args[:2]
     return _sum_to(d, input.shape), _sum_to(ltorch.neg(d), target.shape)
 
 
 @defvjp(ltorch.smooth_l1_loss.id)
-def _smooth_l1_loss_vjp(res, g):
+def _smooth_l1_loss_vjp(call, g):
     """torch's: clamp((x - y) / beta, -1, 1) per element, so ±1 where the difference is infinite; for beta 0,
     l1_loss's sign(x - y)."""
-    reduction = _legacy_reduction(_argument(res, 2, "size_average", None), _argument(res, 3, "reduce", None),
-                                  _argument(res, 4, "reduction", "mean"))
-    beta = _argument(res, 5, "beta", 1.0)
-    diff = _difference(*res.args[:2])
+    reduction = _legacy_reduction(call.arg("size_average"), call.arg("reduce"), call.arg("reduction"))
+    beta = call.arg("beta")
+    diff = _difference(*call.args[:2])
     slope = ltorch.sign(diff) if beta == 0 else ltorch.where(
         ltorch.le(diff, -beta), -1.0, ltorch.where(ltorch.ge(diff, beta), 1.0, ltorch.div(diff, beta)))
     dd = ltorch.mul(slope, _loss_scale(g, reduction, diff.numel()))
-    return _difference_cotangents(res, dd) + (None,) * (len(res.args) - 2)
+    return _difference_cotangents(call, dd) + (None,) * (len(call.args) - 2)
 
 
 @defvjp(ltorch.huber_loss.id)
-def _huber_loss_vjp(res, g):
+def _huber_loss_vjp(call, g):
     """torch's: clamp(x - y, -delta, delta) per element, so ±delta where the difference is infinite; a weight
     scales it and gets the unweighted loss times g."""
-    reduction, delta = _argument(res, 2, "reduction", "mean"), _argument(res, 3, "delta", 1.0)
-    weight = _argument(res, 4, "weight", None)
-    diff = _difference(*res.args[:2])
+    reduction, delta = call.arg("reduction"), call.arg("delta")
+    weight = call.arg("weight")
+    diff = _difference(*call.args[:2])
     slope = ltorch.where(ltorch.le(diff, -delta), -delta, ltorch.where(ltorch.ge(diff, delta), delta, diff))
     k = _loss_scale(g, reduction, diff.numel())
     if weight is None:
-        return _difference_cotangents(res, ltorch.mul(slope, k)) + (None,) * (len(res.args) - 2)
+        return _difference_cotangents(call, ltorch.mul(slope, k)) + (None,) * (len(call.args) - 2)
     z = ltorch.abs(diff)
     loss = ltorch.where(ltorch.lt(z, delta), ltorch.mul(ltorch.mul(z, z), 0.5), ltorch.mul(ltorch.sub(z, 0.5 * delta), delta))
-    cts = _difference_cotangents(res, ltorch.mul(ltorch.mul(slope, k), _to(weight, diff.dtype)))
-    return cts + (None, None, _sum_to(ltorch.mul(loss, k), weight.shape)) + (None,) * (len(res.args) - 5)
+    cts = _difference_cotangents(call, ltorch.mul(ltorch.mul(slope, k), _to(weight, diff.dtype)))
+    return cts + (None, None, _sum_to(ltorch.mul(loss, k), weight.shape)) + (None,) * (len(call.args) - 5)
 
 
 _BCE_EPSILON = float(torch.tensor(1e-12, dtype=torch.float32))  # torch's kernel clamps with a float constant
 
 
 @defvjp(ltorch.binary_cross_entropy.id)
-def _binary_cross_entropy_vjp(res, g):
+def _binary_cross_entropy_vjp(call, g):
     """torch's: g * (x - y) / max((1 - x) * x, 1e-12) for the input, g * -logit(x) for the target, each times the
     weight: large or infinite at an input of 0 or 1, where the decomposition's clamped logs give nan. torch does
     not differentiate the weight; here it gets the unweighted loss (logs clamped at -100) times g."""
-    input, target = res.args[:2]
-    weight = _argument(res, 2, "weight", None)
-    reduction = _legacy_reduction(_argument(res, 3, "size_average", None), _argument(res, 4, "reduce", None),
-                                  _argument(res, 5, "reduction", "mean"))
+    input, target = call.args[:2]
+    weight = call.arg("weight")
+    reduction = _legacy_reduction(call.arg("size_average"), call.arg("reduce"), call.arg("reduction"))
     x, y, g, w = _computed(input, target, g, weight)
     k = _loss_scale(g, reduction, x.numel())
     kw = k if w is None else ltorch.mul(k, w)
@@ -661,15 +637,15 @@ def _binary_cross_entropy_vjp(res, g):
         log_x, log_1mx = clamped_log(ltorch.log(x)), clamped_log(ltorch.log1p(ltorch.neg(x)))
         loss = ltorch.sub(ltorch.mul(ltorch.sub(y, 1.0), log_1mx), ltorch.mul(y, log_x))
         dweight = _sum_to(ltorch.mul(loss, k), weight.shape)
-    return (dx, dy, dweight) + (None,) * (len(res.args) - 3)
+    return (dx, dy, dweight) + (None,) * (len(call.args) - 3)
 
 
 @defvjp(ltorch.gaussian_nll_loss.id)
-def _gaussian_nll_loss_vjp(res, g):
+def _gaussian_nll_loss_vjp(call, g):
     """torch clamps var to eps in place under no_grad: every gradient is the loss's at the clamped var, and var's
     passes straight through the clamp (the decomposition's where would give var none below eps)."""
-    input, target, var = res.args[:3]
-    eps, reduction = _argument(res, 4, "eps", 1e-6), _argument(res, 5, "reduction", "mean")
+    input, target, var = call.args[0], call.args[1], call.arg("var")
+    eps, reduction = call.arg("eps"), call.arg("reduction")
     if clang.is_tensor(var):
         homoscedastic = tuple(var.shape) != tuple(input.shape) and tuple(var.shape) == tuple(input.shape[:-1])
         v = ltorch.unsqueeze(var, -1) if homoscedastic else var  # one variance per row
@@ -683,104 +659,104 @@ def _gaussian_nll_loss_vjp(res, g):
     if clang.is_tensor(var):
         dv = ltorch.mul(ltorch.mul(k, 0.5), ltorch.sub(ltorch.div(1.0, v), ltorch.mul(ratio, ratio)))
         dvar = ltorch.reshape(_sum_to(dv, v.shape), var.shape)
-    return _difference_cotangents(res, dd) + (dvar,) + (None,) * (len(res.args) - 3)
+    return _difference_cotangents(call, dd) + (dvar,) + (None,) * (len(call.args) - 3)
 
 
-def _max_or_min_vjp(res, g, loses):
+def _max_or_min_vjp(call, g, loses):
     """torch's three backwards: torch.max(a, b) as maximum's (half of g each where they tie; where either is
     NaN, all of it to both); torch.max(x, dim) gives g to the index it returned; torch.max(x) spreads g
     evenly over the elements equal to the result, or over the NaNs when it is NaN."""
-    x, dim, keepdim = res.args[0], _argument(res, 1, "dim", None), _argument(res, 2, "keepdim", False)
+    x, dim, keepdim = call.args[0], call.arg("dim"), call.arg("keepdim")
     if clang.is_tensor(dim):
         other = dim
         half = ltorch.where(ltorch.eq(x, other), ltorch.div(g, 2.0), g)
         return (_sum_to(ltorch.where(loses(x, other), 0.0, half), x.shape),
-                _sum_to(ltorch.where(loses(other, x), 0.0, half), other.shape)) + (None,) * (len(res.args) - 2)
+                _sum_to(ltorch.where(loses(other, x), 0.0, half), other.shape)) + (None,) * (len(call.args) - 2)
     if dim is None:
-        nan_max = ltorch.bitwise_and(ltorch.isnan(x), ltorch.isnan(res.out))
-        mask = _to(ltorch.bitwise_or(ltorch.eq(x, res.out), nan_max), g.dtype)
-        return _only_input(res, ltorch.mul(mask, ltorch.div(g, ltorch.sum(mask))))
-    g, indices = g[0], res.out[1]
+        nan_max = ltorch.bitwise_and(ltorch.isnan(x), ltorch.isnan(call.out))
+        mask = _to(ltorch.bitwise_or(ltorch.eq(x, call.out), nan_max), g.dtype)
+        return _only_input(call, ltorch.mul(mask, ltorch.div(g, ltorch.sum(mask))))
+    g, indices = g[0], call.out[1]
     if g is None or x.ndim == 0:
-        return _only_input(res, g)
+        return _only_input(call, g)
     d = canonical_dim(dim, x.ndim)
     if not keepdim:
         g, indices = ltorch.unsqueeze(g, d), ltorch.unsqueeze(indices, d)
     positions = ltorch.reshape(ltorch.arange(0, x.shape[d], 1, device=x.device, dtype=torch.int64),
                               tuple(-1 if i == d else 1 for i in range(x.ndim)))
-    return _only_input(res, ltorch.where(ltorch.eq(positions, indices), g, 0.0))
+    return _only_input(call, ltorch.where(ltorch.eq(positions, indices), g, 0.0))
 
 
-defvjp(ltorch.max.id)(lambda res, g: _max_or_min_vjp(res, g, clang.lt))
-defvjp(ltorch.min.id)(lambda res, g: _max_or_min_vjp(res, g, clang.gt))
+defvjp(ltorch.max.id)(lambda call, g: _max_or_min_vjp(call, g, clang.lt))
+defvjp(ltorch.min.id)(lambda call, g: _max_or_min_vjp(call, g, clang.gt))
 
 
 @defvjp(ltorch.logcumsumexp.id)
-def _logcumsumexp_vjp(res, g):
+def _logcumsumexp_vjp(call, g):
     """torch's formula (logcumsumexp_backward): exp(x + reversed logcumsumexp(log|g| - out)), the positive and the
     negative parts of g apart. Differentiating the scan instead is exact in float64 but rounds otherwise than
     eager in float32 (by 3e-4 on op_db's first sample), where eager's formula is the reference."""
-    x, dim = res.args[0], _argument(res, 1, "dim", None)
+    x, dim = call.args[0], call.arg("dim")
     if x.ndim == 0 or x.numel() == 0:
-        return _only_input(res, g)
+        return _only_input(call, g)
     log_abs = ltorch.log(ltorch.abs(g))
     lowest = torch.finfo(g.dtype).min  # torch's stand-in for log(0)
 
     def part(chosen):
-        logs = ltorch.sub(ltorch.where(chosen, log_abs, lowest), res.out)
+        logs = ltorch.sub(ltorch.where(chosen, log_abs, lowest), call.out)
         return ltorch.exp(ltorch.add(ltorch.flip(ltorch.logcumsumexp(ltorch.flip(logs, (dim,)), dim), (dim,)), x))
 
-    return _only_input(res, ltorch.sub(part(ltorch.gt(g, 0)), part(ltorch.lt(g, 0))))
+    return _only_input(call, ltorch.sub(part(ltorch.gt(g, 0)), part(ltorch.lt(g, 0))))
 
 
 # -- collectives (torch/distributed.py): each one's transpose, over the same group --------------
-def _synchronous(res, name: str) -> None:
-    if _argument(res, 3 if name != "all_gather" else 2, "async_op", False):
+def _synchronous(call, name: str) -> None:
+    if call.arg("async_op"):
         raise UnsupportedOpError(f"vjp of an asynchronous {name}: differentiate its synchronous form (the async "
                                   f"ones are placed by transforms, after differentiation)")
 
 
 @defvjp(collectives.all_gather.id)
-def _all_gather_vjp(res, g):
+def _all_gather_vjp(call, g):
     """Each rank's shard reached every rank: its gradient is the sum of every rank's gradient of it."""
-    _synchronous(res, "all_gather")
-    return (collectives.reduce_scatter(g, "sum", _argument(res, 1, "gid", 0)),) + (None,) * (len(res.args) - 1)
+    _synchronous(call, "all_gather")
+    return (collectives.reduce_scatter(g, "sum", call.arg("gid")),) + (None,) * (len(call.args) - 1)
 
 
 @defvjp(collectives.reduce_scatter.id)
-def _reduce_scatter_vjp(res, g):
-    _synchronous(res, "reduce_scatter")
-    if _argument(res, 1, "op", "sum") != "sum":
+def _reduce_scatter_vjp(call, g):
+    _synchronous(call, "reduce_scatter")
+    if call.arg("op") != "sum":
         raise UnsupportedOpError("vjp of a reduce_scatter other than a sum")
-    return (collectives.all_gather(g, _argument(res, 2, "gid", 0)),) + (None,) * (len(res.args) - 1)
+    return (collectives.all_gather(g, call.arg("gid")),) + (None,) * (len(call.args) - 1)
 
 
 @defvjp(collectives.all_reduce.id)
-def _all_reduce_vjp(res, g):
-    _synchronous(res, "all_reduce")
-    if _argument(res, 1, "op", "sum") != "sum":
+def _all_reduce_vjp(call, g):
+    _synchronous(call, "all_reduce")
+    if call.arg("op") != "sum":
         raise UnsupportedOpError("vjp of an all_reduce other than a sum")
-    return (collectives.all_reduce(g, "sum", _argument(res, 2, "gid", 0)),) + (None,) * (len(res.args) - 1)
+    return (collectives.all_reduce(g, "sum", call.arg("gid")),) + (None,) * (len(call.args) - 1)
 
 
 @defvjp(collectives.unshard.id)
-def _unshard_vjp(res, g):
+def _unshard_vjp(call, g):
     """The whole parameter's gradient, flattened and padded as the shards are, averaged over the ranks
     (each computed it for its own share of the batch) and reduce-scattered: each rank gets its shard's."""
-    shard, gid = res.args[0], _argument(res, 2, "gid", 0)
+    shard, gid = call.args[0], call.arg("gid")
     world = collectives.world_size(gid)
     flat = ltorch.reshape(g, (-1,))
     padding = shard.shape[0] * world - flat.shape[0]
     if padding:
         flat = ltorch.cat([flat, ltorch.zeros((padding,), dtype=flat.dtype, device=flat.device)])
-    return (collectives.reduce_scatter(ltorch.div(flat, world), "sum", gid), None, None)[:len(res.args)]
+    return (collectives.reduce_scatter(ltorch.div(flat, world), "sum", gid), None, None)[:len(call.args)]
 
 
 @defvjp(collectives.unshard_bucket.id)
-def _unshard_bucket_vjp(res, g):
+def _unshard_bucket_vjp(call, g):
     """Each parameter's gradient laid out as its shards are (flattened, padded, one row per rank),
     the rows concatenated as the shards were, averaged over the ranks and reduce-scattered once."""
-    shards, shapes, gid = res.args[0], res.args[1], _argument(res, 2, "gid", 0)
+    shards, shapes, gid = call.args[0], call.arg("shapes"), call.arg("gid")
     world = collectives.world_size(gid)
     columns = []
     for grad, shard, shape in zip(g, shards, shapes):
@@ -796,4 +772,4 @@ def _unshard_bucket_vjp(res, g):
     for shard in shards:
         grads.append(ltorch.narrow(reduced, 0, offset, shard.shape[0]))
         offset += shard.shape[0]
-    return (tuple(grads), None, None)[:len(res.args)]
+    return (tuple(grads), None, None)[:len(call.args)]

@@ -6,11 +6,12 @@ value carries a batch dimension (an int) or None (the same for every example). A
 symbol none of whose arguments is batched is kept as it is, once for the whole batch; one
 with a batched argument is replaced by what its rule in `batching_rules`
 (transforms/batching_rules.py) emits; a tf.custom_vjp function becomes a custom_vjp of its
-vmapped fwd and bwd, a tf.custom_jvp one a custom_jvp of its vmapped function and rule; a symbol without a rule is batched through its decomposition (its
-subsymbols); an opaque torch op through torch.func.vmap when the compiled function runs; any
-other raises BatchingError. So the batched program is itself a trace, with no loop over the
-examples, and every other transform applies to it: jit(vmap(f)), grad(vmap(f)),
-vmap(grad(f)), vmap(vmap(f)), jvp(vmap(f)).
+vmapped fwd and bwd, a tf.custom_jvp one a custom_jvp of its vmapped function and rule; a
+symbol without a rule is batched through its decomposition (its subsymbols); an opaque torch
+op through torch.func.vmap when the compiled function runs; any other raises BatchingError
+(transforms/resolve.py gives the order, the same in every transform). So the batched program
+is itself a trace, with no loop over the examples, and every other transform applies to it:
+jit(vmap(f)), grad(vmap(f)), vmap(grad(f)), vmap(vmap(f)), jvp(vmap(f)).
 
 Called with real tensors, the transformed function jits its traced form (one trace per input
 signature, cached); called while an outer trace is being built, it emits into that trace.
@@ -40,6 +41,7 @@ from thunderfn.transforms import batching_rules_torch  # noqa: F401  (registers 
 from thunderfn.transforms.batching_rules import batching_rules, move_batch_dim
 from thunderfn.transforms.custom_jvp import custom_jvp, primal_of, spec_of
 from thunderfn.transforms.custom_vjp import custom_vjp
+from thunderfn.transforms.resolve import Transform, Way, resolve, without_rule
 
 RANDOMNESS = ("error", "different", "same")
 
@@ -155,32 +157,24 @@ class _Batching:
         if not self.is_batched(bsym):  # the same for every example: computed once
             trc.emit(bsym)
             return
-        if isinstance(getattr(bsym.sym.fn, "__self__", None), custom_vjp):
-            self._custom_vjp(bsym)
+        way = resolve(bsym, VMAP)
+        if way is Way.CUSTOM:
+            if _is_custom_vjp(bsym):
+                self._custom_vjp(bsym)
+            else:
+                self._custom_jvp(bsym)
             return
-        if primal_of(bsym.sym) is not None:
-            self._custom_jvp(bsym)
-            return
-        rule = batching_rules.get(bsym.sym.id)
-        if rule is None and bsym.sym.executor is not None:  # an executor's operator may carry its rule
-            rule = getattr(bsym.sym.executor, "batch_rules", {}).get(bsym.sym.name)
-        if rule is not None and self._apply(rule, bsym):
-            return
-        if bsym.subsymbols and bsym.sym.printer is None:
+        if way is Way.RULE:  # an executor's operator's rule too, entered by register_operator
+            if self._apply(batching_rules[bsym.sym.id], bsym):
+                return
+            way = without_rule(bsym, VMAP)  # the rule declined this call
+        if way is Way.DECOMPOSITION:
             for sub in bsym.subsymbols:
                 self.run(sub)
-        elif "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None:
+        elif way is Way.OPAQUE:
             self._opaque(bsym)
         else:
-            if bsym.sym.executor is not None:  # an executor's operator: its rule comes with its registration
-                how = (f"register it with one: {bsym.sym.executor.name}.register_operator('{bsym.sym.name}', ..., "
-                       f"batch_rule=rule)")
-            else:
-                how = "register one with @thunderfn.transforms.batching_rules.defbatch(symbol id)"
-            raise BatchingError(
-                f"vmap cannot batch {bsym.sym.print_name}: it has no batching rule, no decomposition and no torch "
-                f"function to batch with torch.func.vmap. Give it a rule (docs/vmap.md): {how}; or call it outside "
-                f"the vmapped function.")
+            raise VMAP.refusal(bsym)
 
     def _apply(self, rule, bsym) -> bool:
         """Batch bsym by its rule; False where the rule declines the call (NotImplemented)."""
@@ -188,7 +182,7 @@ class _Batching:
         if any(isinstance(v, TensorProxy) for v in tree_leaves(kwargs)) and bsym.sym.fn is not None:
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)  # rules take tensors by position
         dims = tuple(entry_by_name(a, self.dims) for a in args)
-        result = rule(_batched(args, self.values), dims, kwargs, bsym.output)
+        result = rule.batch(_batched(args, self.values), dims, kwargs, bsym.output)
         if result is NotImplemented:
             return False
         out, out_dims = result
@@ -245,6 +239,33 @@ class _Batching:
         for o, v in zip(tree_leaves(bsym.output), tree_leaves(out)):  # (an output None has no leaf on either side)
             if isinstance(o, TensorProxy):
                 self.bind(o, v, 0)
+
+
+def _is_custom_vjp(bsym) -> bool:
+    return isinstance(getattr(bsym.sym.fn, "__self__", None), custom_vjp)
+
+
+def _is_custom(bsym) -> bool:
+    """A tf.custom_vjp or tf.custom_jvp function (a user autograd.Function is a custom_vjp): batched as
+    one of its vmapped parts, so that its rule still holds under grad(vmap(f)) and jvp(vmap(f))."""
+    return _is_custom_vjp(bsym) or primal_of(bsym.sym) is not None
+
+
+def _refusal(bsym) -> BatchingError:
+    if bsym.sym.executor is not None:  # an executor's operator: its rule comes with its registration
+        how = (f"register it with one: {bsym.sym.executor.name}.register_operator('{bsym.sym.name}', ..., "
+               f"batch_rule=rule)")
+    else:
+        how = "register one with @thunderfn.transforms.batching_rules.defbatch(symbol id)"
+    return BatchingError(
+        f"vmap cannot batch {bsym.sym.print_name}: it has no batching rule, no decomposition and no torch "
+        f"function to batch with torch.func.vmap. Give it a rule (docs/vmap.md): {how}; or call it outside "
+        f"the vmapped function.")
+
+
+# vmap as transforms/resolve.py sees it: no symbol is inert (one with no batched input never gets here),
+# an operator's like= function does not stand in for it (its batch_rule does)
+VMAP = Transform("vmap", batching_rules, _refusal, custom=_is_custom)
 
 
 def _draws_random(bsym) -> bool:

@@ -12,7 +12,7 @@ import torch
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.torch.indexing import index_put_key
 from thunderfn.testing.opinfo import ALL, OpInfo, SampleInput, make_tensor
-from thunderfn.testing.opinfos.shape import SOME, err, maker, method, x234
+from thunderfn.testing.opinfos.shape import SOME, err, function_and_method, maker, method, x234
 
 ALL_SLICE = slice(None)
 OUT_OF_RANGE_VALUE = r"index (-?\d+ is )?out of (bounds|range)"  # torch's gather/indexing or index_select's wording
@@ -170,12 +170,9 @@ def take_along_dim_errors(device):
 
 opinfos: list[OpInfo] = [
     OpInfo("getitem", operator.getitem, getitem_samples, ALL, getitem_errors),
-    OpInfo("index_select", torch.index_select, index_select_samples, ALL, index_select_errors),
-    OpInfo("index_select.method", method("index_select"), index_select_samples, SOME, index_select_errors),
-    OpInfo("gather", torch.gather, gather_samples, ALL, gather_errors),
-    OpInfo("gather.method", method("gather"), gather_samples, SOME, gather_errors),
-    OpInfo("take_along_dim", torch.take_along_dim, take_along_dim_samples, ALL, take_along_dim_errors),
-    OpInfo("take_along_dim.method", method("take_along_dim"), take_along_dim_samples, SOME, take_along_dim_errors),
+    *function_and_method("index_select", index_select_samples, index_select_errors),
+    *function_and_method("gather", gather_samples, gather_errors),
+    *function_and_method("take_along_dim", take_along_dim_samples, take_along_dim_errors),
 ]
 
 
@@ -476,24 +473,17 @@ opinfos += [
     OpInfo("scatter.value", torch.scatter, scatter_value_samples, ALL),
     OpInfo("scatter.reduce", torch.scatter, scatter_reduce_samples, (torch.float32, torch.float64, torch.int64)),
     OpInfo("scatter.method", method("scatter"), scatter_samples, SOME, scatter_errors),
-    OpInfo("scatter_add", torch.scatter_add, scatter_add_samples, ALL, scatter_add_errors),
-    OpInfo("scatter_add.method", method("scatter_add"), scatter_add_samples, SOME, scatter_add_errors),
-    OpInfo("index_add", torch.index_add, index_add_samples, ALL, index_add_errors),
-    OpInfo("index_add.method", method("index_add"), index_add_samples, SOME, index_add_errors),
-    OpInfo("index_copy", torch.index_copy, index_copy_samples, ALL, index_copy_errors),
-    OpInfo("index_copy.method", method("index_copy"), index_copy_samples, SOME, index_copy_errors),
-    OpInfo("index_fill", torch.index_fill, index_fill_samples, ALL, index_fill_errors),
-    OpInfo("index_fill.method", method("index_fill"), index_fill_samples, SOME, index_fill_errors),
-    OpInfo("masked_fill", torch.masked_fill, masked_fill_samples, ALL, masked_fill_errors),
-    OpInfo("masked_fill.method", method("masked_fill"), masked_fill_samples, SOME, masked_fill_errors),
+    *function_and_method("scatter_add", scatter_add_samples, scatter_add_errors),
+    *function_and_method("index_add", index_add_samples, index_add_errors),
+    *function_and_method("index_copy", index_copy_samples, index_copy_errors),
+    *function_and_method("index_fill", index_fill_samples, index_fill_errors),
+    *function_and_method("masked_fill", masked_fill_samples, masked_fill_errors),
     OpInfo("index_put", torch.index_put, index_put_samples, ALL, index_put_errors, dtype_tolerances=HALF_ACCUMULATION),
     OpInfo("index_put.method", method("index_put"), index_put_samples, SOME, index_put_errors),
     # a[key] = value, functionally: the write in-place indexing assignment is built on
     OpInfo("index_put_key", functional_setitem, index_put_key_samples, ALL, index_put_key_errors),
-    OpInfo("take", torch.take, take_samples, ALL, take_errors),
-    OpInfo("take.method", method("take"), take_samples, SOME, take_errors),
-    OpInfo("put", torch.put, put_samples, ALL, put_errors),
-    OpInfo("put.method", method("put"), put_samples, SOME, put_errors),
+    *function_and_method("take", take_samples, take_errors),
+    *function_and_method("put", put_samples, put_errors),
 ]
 
 
@@ -553,8 +543,7 @@ def diagonal_scatter_errors(device):
 
 
 opinfos += [
-    OpInfo("slice_scatter", torch.slice_scatter, slice_scatter_samples, ALL, slice_scatter_errors),
-    OpInfo("slice_scatter.method", method("slice_scatter"), slice_scatter_samples, SOME, slice_scatter_errors),
+    *function_and_method("slice_scatter", slice_scatter_samples, slice_scatter_errors),
     OpInfo("select_scatter", torch.select_scatter, select_scatter_samples, ALL, select_scatter_errors),
     OpInfo("diagonal_scatter", torch.diagonal_scatter, diagonal_scatter_samples, ALL, diagonal_scatter_errors),
 ]
@@ -581,8 +570,7 @@ def scatter_reduce_errors(device):
 
 
 opinfos += [
-    OpInfo("scatter_reduce", torch.scatter_reduce, scatter_reduce_samples, ALL, scatter_reduce_errors),
-    OpInfo("scatter_reduce.method", method("scatter_reduce"), scatter_reduce_samples, SOME, scatter_reduce_errors),
+    *function_and_method("scatter_reduce", scatter_reduce_samples, scatter_reduce_errors),
 ]
 
 

@@ -27,6 +27,13 @@ def method(name):
     return call
 
 
+def function_and_method(name, samples, errors=None):
+    """The OpInfos of an op users call both ways, with the same samples: `torch.<name>` on
+    ALL dtypes and `x.<name>(...)` on SOME (the method shares the function's kernel)."""
+    return (OpInfo(name, getattr(torch, name), samples, ALL, errors),
+            OpInfo(f"{name}.method", method(name), samples, SOME, errors))
+
+
 def attribute(name):
     def get(a):
         return getattr(a, name)
@@ -604,22 +611,18 @@ opinfos: list[OpInfo] = [
     OpInfo("transpose", torch.transpose, transpose_samples, ALL, transpose_errors),
     *(OpInfo(f"transpose.{name}", fn, transpose_samples, SOME, transpose_errors)
       for name, fn in [("method", method("transpose")), ("swapaxes", torch.swapaxes), ("swapdims", method("swapdims"))]),
-    OpInfo("t", torch.t, t_samples, ALL, t_errors),
-    OpInfo("t.method", method("t"), t_samples, SOME, t_errors),
+    *function_and_method("t", t_samples, t_errors),
     OpInfo("Tensor.T", attribute("T"), T_samples, ALL),
     OpInfo("Tensor.mT", attribute("mT"), mT_samples, ALL, mT_errors("mT")),
     OpInfo("Tensor.mH", attribute("mH"), mT_samples, ALL, conjugating_errors),
     OpInfo("Tensor.H", attribute("H"), H_samples, ALL, H_errors),
     OpInfo("movedim", torch.movedim, movedim_samples, ALL, movedim_errors),
     OpInfo("movedim.moveaxis", method("moveaxis"), movedim_samples, SOME, movedim_errors),
-    OpInfo("squeeze", torch.squeeze, squeeze_samples, ALL, squeeze_errors),
-    OpInfo("squeeze.method", method("squeeze"), squeeze_samples, SOME, squeeze_errors),
-    OpInfo("unsqueeze", torch.unsqueeze, unsqueeze_samples, ALL, unsqueeze_errors),
-    OpInfo("unsqueeze.method", method("unsqueeze"), unsqueeze_samples, SOME, unsqueeze_errors),
+    *function_and_method("squeeze", squeeze_samples, squeeze_errors),
+    *function_and_method("unsqueeze", unsqueeze_samples, unsqueeze_errors),
     OpInfo("expand", method("expand"), expand_samples, ALL, expand_errors),
     OpInfo("expand_as", method("expand_as"), expand_as_samples, ALL, expand_as_errors),
-    OpInfo("broadcast_to", torch.broadcast_to, broadcast_to_samples, ALL, broadcast_to_errors),
-    OpInfo("broadcast_to.method", method("broadcast_to"), broadcast_to_samples, SOME, broadcast_to_errors),
+    *function_and_method("broadcast_to", broadcast_to_samples, broadcast_to_errors),
     OpInfo("cat", torch.cat, cat_samples, ALL, cat_errors),
     OpInfo("cat.concat", torch.concat, cat_samples, SOME, cat_errors),
     OpInfo("cat.concatenate", torch.concatenate, cat_samples, SOME),
@@ -629,24 +632,17 @@ opinfos: list[OpInfo] = [
     OpInfo("column_stack", torch.column_stack, column_stack_samples, ALL, xstack_errors("column_stack")),
     OpInfo("split", torch.split, split_samples, ALL, split_errors),
     OpInfo("split.method", method("split"), split_method_samples, SOME, split_errors),
-    OpInfo("chunk", torch.chunk, chunk_samples, ALL, chunk_errors),
-    OpInfo("chunk.method", method("chunk"), chunk_samples, SOME, chunk_errors),
-    OpInfo("unbind", torch.unbind, unbind_samples, ALL, unbind_errors),
-    OpInfo("unbind.method", method("unbind"), unbind_samples, SOME, unbind_errors),
-    OpInfo("narrow", torch.narrow, narrow_samples, ALL, narrow_errors),
-    OpInfo("narrow.method", method("narrow"), narrow_samples, SOME, narrow_errors),
-    OpInfo("flatten", torch.flatten, flatten_samples, ALL, flatten_errors),
-    OpInfo("flatten.method", method("flatten"), flatten_samples, SOME, flatten_errors),
-    OpInfo("unflatten", torch.unflatten, unflatten_samples, ALL, unflatten_errors),
-    OpInfo("unflatten.method", method("unflatten"), unflatten_samples, SOME, unflatten_errors),
+    *function_and_method("chunk", chunk_samples, chunk_errors),
+    *function_and_method("unbind", unbind_samples, unbind_errors),
+    *function_and_method("narrow", narrow_samples, narrow_errors),
+    *function_and_method("flatten", flatten_samples, flatten_errors),
+    *function_and_method("unflatten", unflatten_samples, unflatten_errors),
     OpInfo("flip", torch.flip, flip_samples, ALL, flip_errors),
     OpInfo("flip.method", method("flip"), flip_method_samples, SOME, flip_errors),
     OpInfo("contiguous", method("contiguous"), identity_samples, ALL),
     OpInfo("view.after_contiguous", contiguous_then_view, contiguous_then_view_samples, SOME),
-    OpInfo("detach", torch.detach, detach_samples, ALL),
-    OpInfo("detach.method", method("detach"), detach_samples, SOME),
-    OpInfo("clone", torch.clone, identity_samples, ALL),
-    OpInfo("clone.method", method("clone"), identity_samples, SOME),
+    *function_and_method("detach", detach_samples),
+    *function_and_method("clone", identity_samples),
     OpInfo("to", method("to"), to_samples, ALL, to_errors),
     OpInfo("type_as", method("type_as"), type_as_samples, ALL),
     OpInfo("Tensor.type", method("type"), type_samples, ALL, type_errors),
@@ -871,23 +867,15 @@ def pad_errors(device):
 
 
 opinfos += [
-    OpInfo("tril", torch.tril, triangle_samples, ALL, triangle_errors("tril")),
-    OpInfo("tril.method", method("tril"), triangle_samples, SOME, triangle_errors("tril")),
-    OpInfo("triu", torch.triu, triangle_samples, ALL, triangle_errors("triu")),
-    OpInfo("triu.method", method("triu"), triangle_samples, SOME, triangle_errors("triu")),
-    OpInfo("diagonal", torch.diagonal, diagonal_samples, ALL, diagonal_errors),
-    OpInfo("diagonal.method", method("diagonal"), diagonal_samples, SOME, diagonal_errors),
+    *function_and_method("tril", triangle_samples, triangle_errors("tril")),
+    *function_and_method("triu", triangle_samples, triangle_errors("triu")),
+    *function_and_method("diagonal", diagonal_samples, diagonal_errors),
     OpInfo("diag_embed", torch.diag_embed, diag_embed_samples, ALL, diag_embed_errors),
-    OpInfo("diag", torch.diag, diag_samples, ALL, diag_errors),
-    OpInfo("diag.method", method("diag"), diag_samples, SOME, diag_errors),
-    OpInfo("rot90", torch.rot90, rot90_samples, ALL, rot90_errors),
-    OpInfo("rot90.method", method("rot90"), rot90_samples, SOME, rot90_errors),
-    OpInfo("roll", torch.roll, roll_samples, ALL, roll_errors),
-    OpInfo("roll.method", method("roll"), roll_samples, SOME, roll_errors),
+    *function_and_method("diag", diag_samples, diag_errors),
+    *function_and_method("rot90", rot90_samples, rot90_errors),
+    *function_and_method("roll", roll_samples, roll_errors),
     OpInfo("repeat", method("repeat"), repeat_samples, ALL, repeat_errors),
-    OpInfo("tile", torch.tile, tile_samples, ALL, tile_errors),
-    OpInfo("tile.method", method("tile"), tile_samples, SOME, tile_errors),
-    OpInfo("repeat_interleave", torch.repeat_interleave, repeat_interleave_samples, ALL, repeat_interleave_errors),
-    OpInfo("repeat_interleave.method", method("repeat_interleave"), repeat_interleave_samples, SOME, repeat_interleave_errors),
+    *function_and_method("tile", tile_samples, tile_errors),
+    *function_and_method("repeat_interleave", repeat_interleave_samples, repeat_interleave_errors),
     OpInfo("nn.functional.pad", torch.nn.functional.pad, pad_samples, ALL, pad_errors),
 ]
