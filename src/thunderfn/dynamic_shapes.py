@@ -25,10 +25,14 @@ import itertools
 
 import torch
 
+from thunderfn.cache_key import LEAVES, CacheKey, TensorPart
 from thunderfn.core import symbolic
 from thunderfn.errors import ArgumentIndexError, ArgumentTypeError, ArgumentValueError
 
 _generated = itertools.count()
+# a TensorPart's shape comes first: a key pattern compares the fields after it as one slice (SymbolicSizes.matches)
+_SHAPE = TensorPart._fields.index("shape")
+assert _SHAPE == 0
 DYNAMIC_DIMS = "_thunderfn_dynamic_dims"
 STATIC_DIMS = "_thunderfn_static_dims"
 
@@ -65,16 +69,11 @@ def check_option(dynamic) -> None:
         raise ArgumentValueError(f"dynamic must be None (automatic), True or False, got {dynamic!r}")
 
 
-def is_tensor_part(part) -> bool:
-    """Whether a cache key part is a tensor's (shape, dtype, device, requires_grad)."""
-    return isinstance(part, tuple) and len(part) == 4 and isinstance(part[1], torch.dtype)
-
-
-def open_dimensions(dynamic, key: tuple, tensors: list, compiled_keys, marked: dict | None = None) -> tuple[dict, dict]:
+def open_dimensions(dynamic, key: CacheKey, tensors: list, compiled_keys, marked: dict | None = None) -> tuple[dict, dict]:
     """(tensor number -> the dimensions a compile for this call leaves symbolic (empty: a static compile),
     (tensor number, dim) -> the size to trace an open dimension of size 1 with).
 
-    key is the call's cache key (tensors' parts in order), compiled_keys the keys (or patterns) compiled
+    key is the call's cache key, compiled_keys the keys (or patterns) compiled
     so far: with dynamic=None, a dimension is opened when some compiled signature differs from this
     call's in that dimension's size and nowhere but in sizes. `marked` (tensor number -> dims) opens
     dimensions as tf.mark_dynamic does, for every call (the torch.compile backend: the dims Dynamo made symbolic).
@@ -83,17 +82,18 @@ def open_dimensions(dynamic, key: tuple, tensors: list, compiled_keys, marked: d
     trace made at 1 would be guarded to 1 and serve no other size. An open dimension of size 1 is traced at
     the size it had in the signature compiled before (at least 2); its entry runs the call at 1 only where
     none of its guards distinguishes 1, and otherwise 1 compiles an entry of its own."""
-    parts = [p for p in key[4:] if is_tensor_part(p)]
+    parts = key.tensor_parts()
     opened: dict = {}
     seen: dict = {}  # (tensor number, dim) -> a size it had in a compiled signature
     if dynamic is True:  # (a module's parameters stay static, as torch.compile keeps them: see the docstring)
-        opened = {k: set(range(len(p[0]))) for k, p in enumerate(parts) if not isinstance(tensors[k], torch.nn.Parameter)}
+        opened = {k: set(range(len(p.shape))) for k, p in enumerate(parts)
+                  if not isinstance(tensors[k], torch.nn.Parameter)}
     elif dynamic is None:
         for old in compiled_keys:
             changed = _changed_sizes(old, key)
             for k, dims in (changed or {}).items():
                 opened.setdefault(k, set()).update(dims)
-                olds = [p for p in old[4:] if is_tensor_part(p)][k][0]
+                olds = old.tensor_parts()[k].shape
                 seen.update({(k, d): olds[d] for d in dims if olds[d] is not None and olds[d] >= 2})
     for k, dims in (marked or {}).items():
         opened.setdefault(k, set()).update(dims)
@@ -101,26 +101,26 @@ def open_dimensions(dynamic, key: tuple, tensors: list, compiled_keys, marked: d
         opened.setdefault(k, set()).update(getattr(t, DYNAMIC_DIMS, ()))
         opened[k] -= set(getattr(t, STATIC_DIMS, ()))
     opened = {k: frozenset(dims) for k, dims in opened.items() if dims}
-    hints = {(k, d): seen.get((k, d), 2) for k, dims in opened.items() for d in dims if parts[k][0][d] == 1}
+    hints = {(k, d): seen.get((k, d), 2) for k, dims in opened.items() for d in dims if parts[k].shape[d] == 1}
     return opened, hints
 
 
-def _changed_sizes(old: tuple, key: tuple) -> dict | None:
+def _changed_sizes(old: CacheKey, key: CacheKey) -> dict | None:
     """tensor number -> the dimensions whose size differs between two keys, when they differ in sizes only
     (the same structure, modes, dtypes, devices, ranks and other arguments); else None."""
-    if len(old) != len(key) or old[:4] != key[:4]:
+    if len(old.leaves) != len(key.leaves) or old.head() != key.head():
         return None
     changed, k = {}, 0
-    for a, b in zip(old[4:], key[4:]):
-        if is_tensor_part(a) != is_tensor_part(b):
+    for a, b in zip(old.leaves, key.leaves):
+        if (type(a) is TensorPart) != (type(b) is TensorPart):
             return None
-        if not is_tensor_part(a):
+        if type(a) is not TensorPart:
             if a != b:
                 return None
             continue
-        if a[1:] != b[1:] or len(a[0]) != len(b[0]):
+        if a._replace(shape=None) != b._replace(shape=None) or len(a.shape) != len(b.shape):
             return None
-        dims = {d for d, (x, y) in enumerate(zip(a[0], b[0])) if x != y}
+        dims = {d for d, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y}
         if dims:
             changed[k] = dims
         k += 1
@@ -131,19 +131,19 @@ class SymbolicSizes:
     """What an entry compiled with symbolic dimensions checks: its key pattern (the compiling call's key
     with each symbolic size free: None) and the guards its trace recorded on the sizes."""
 
-    def __init__(self, inputs: symbolic.SymbolicInputs, key: tuple):
+    def __init__(self, inputs: symbolic.SymbolicInputs, key: CacheKey):
         self.dims = inputs.symbolic_dims  # tensor number -> its symbolic dimensions
         self.described = inputs.still_symbolic()  # "s0" -> "argument 'x'.shape[1]"
         self.facts = inputs.guards_in_words()
-        parts, k = list(key[:4]), 0
-        for part in key[4:]:
-            if is_tensor_part(part):
+        leaves, k = [], 0
+        for part in key.leaves:
+            if type(part) is TensorPart:
                 open_dims = self.dims.get(k, ())
-                parts.append((tuple(None if d in open_dims else n for d, n in enumerate(part[0])), *part[1:]))
+                leaves.append(part._replace(shape=tuple(None if d in open_dims else n for d, n in enumerate(part.shape))))
                 k += 1
             else:
-                parts.append(part)
-        self.pattern = tuple(parts)
+                leaves.append(part)
+        self.pattern = key._replace(leaves=tuple(leaves))
         n_tensors = k
         # tensors are named a0, a1, ... in the order of the call's tensors, as jit's check-and-call functions name them
         names = [f"a{i}" for i in range(n_tensors)]
@@ -167,17 +167,19 @@ class SymbolicSizes:
         sizes). Generated straight-line comparisons: a call whose arguments hold more than tensors (a key/value
         cache object) asks it on every call."""
         pattern = self.pattern
-        namespace = {"pattern": pattern}
-        terms = [f"len(key) == {len(pattern)}", "key[:4] == pattern[:4]"]
-        for i, p in enumerate(pattern[4:], start=4):
-            if not is_tensor_part(p):
-                terms.append(f"key[{i}] == pattern[{i}]")
+        # (positions of the key's fields, from their names: this runs on every call of such a function)
+        namespace = {"head": pattern.head(), "pattern": pattern.leaves}
+        terms = [f"len(leaves) == {len(pattern.leaves)}", f"key[:{LEAVES}] == head"]
+        for i, p in enumerate(pattern.leaves):
+            if type(p) is not TensorPart:
+                terms.append(f"leaves[{i}] == pattern[{i}]")
                 continue
             # (a tensor's part against a non-tensor's: the comparisons below are False, or fail as caught below)
-            terms += [f"key[{i}][1:] == pattern[{i}][1:]", f"len(key[{i}][0]) == {len(p[0])}"]
-            terms += [f"key[{i}][0][{d}] == {n}" for d, n in enumerate(p[0]) if n is not None]
-        source = "def matches(key):\n    try:\n        return (" + "\n                and ".join(terms) + \
-                 ")\n    except (TypeError, IndexError):\n        return False\n"
+            terms += [f"leaves[{i}][{_SHAPE + 1}:] == pattern[{i}][{_SHAPE + 1}:]",
+                      f"len(leaves[{i}][{_SHAPE}]) == {len(p.shape)}"]
+            terms += [f"leaves[{i}][{_SHAPE}][{d}] == {n}" for d, n in enumerate(p.shape) if n is not None]
+        source = f"def matches(key):\n    leaves = key[{LEAVES}]\n    try:\n        return (" + \
+                 "\n                and ".join(terms) + ")\n    except (TypeError, IndexError):\n        return False\n"
         exec(compile(source, f"<thunderfn key pattern {next(_generated)}>", "exec"), namespace)
         return namespace["matches"]
 

@@ -17,6 +17,7 @@ import inspect
 
 import torch
 
+from thunderfn.cache_key import CacheKey, TensorPart
 from thunderfn.core import context, symbolic
 from thunderfn.core.call_time import Guarded
 from thunderfn.executors.torch_rewrites import UnlessFunctorch
@@ -25,11 +26,29 @@ _is_grad_enabled = torch.is_grad_enabled
 _get_default_dtype = torch.get_default_dtype
 
 
-def fast_key(args) -> tuple:
-    key = [_is_grad_enabled(), _get_default_dtype()]
-    for a in args:
-        key += (a.shape, a.dtype, a.device, a.requires_grad)
-    return tuple(key)
+# The fast path's key for a call with positional tensors only: the modes its entries differ in (an entry
+# traced under autocast never takes this path), then each tensor's TensorPart fields, flat (no tuple per
+# tensor). Written here once: `fast_key` and the dispatcher's inline key are generated from it.
+_FAST_KEY_MODES = "is_grad_enabled(), get_default_dtype()"  # CacheKey.grad_enabled, CacheKey.default_dtype
+
+
+def _tensor_part_source(a: str) -> str:
+    """The TensorPart fields of the tensor named `a`, as a Python expression list (its attributes of those names)."""
+    return ", ".join(f"{a}.{field}" for field in TensorPart._fields)
+
+
+def _generated_fast_key():
+    source = ("def fast_key(args):\n"
+              f"    key = [{_FAST_KEY_MODES}]\n"
+              "    for a in args:\n"
+              f"        key += ({_tensor_part_source('a')})\n"
+              "    return tuple(key)\n")
+    namespace = {"is_grad_enabled": _is_grad_enabled, "get_default_dtype": _get_default_dtype}
+    exec(compile(source, "<thunderfn jit fast key>", "exec"), namespace)
+    return namespace["fast_key"]
+
+
+fast_key = _generated_fast_key()
 
 
 def positional_arities(fn) -> tuple:
@@ -59,21 +78,21 @@ def miss(*tensors):
     return MISS
 
 
-def hit_function(key: tuple, size_guards, fn, guards_hold, stats, layout=(), keywords=()):
+def hit_function(key: CacheKey, size_guards, fn, guards_hold, stats, layout=(), keywords=()):
     """A check-and-call function for one cache entry (see JitState.fast_hit); key is the
-    entry's cache key for a call with tensors only, by position, then by the keywords
+    entry's cache key (or key pattern) for a call with tensors only, by position, then by the keywords
     given (sorted, as the key flattened them): then it is called with (args, kwargs)."""
-    names = [f"a{i}" for i in range(len(key) - 4)]
+    names = [f"a{i}" for i in range(len(key.leaves))]
     namespace = {"fn": fn, "guards_hold": guards_hold, "stats": stats, "MISS": MISS, "tracing": context._local,
-                 "is_grad_enabled": _is_grad_enabled, "get_default_dtype": _get_default_dtype, "default_dtype": key[2],
-                 "any_autocast": torch._C._is_any_autocast_enabled}
+                 "is_grad_enabled": _is_grad_enabled, "get_default_dtype": _get_default_dtype,
+                 "default_dtype": key.default_dtype, "any_autocast": torch._C._is_any_autocast_enabled}
     checks = []
-    for i, (a, (shape, dtype, device, requires_grad)) in enumerate(zip(names, key[4:])):
-        namespace[f"dtype{i}"], namespace[f"device{i}"] = dtype, device
+    for i, (a, part) in enumerate(zip(names, key.leaves)):  # (each a TensorPart: the call passes tensors only)
+        namespace[f"dtype{i}"], namespace[f"device{i}"] = part.dtype, part.device
         # a CPU tensor's device is always torch.device("cpu"), without an index
-        on_device = f"{a}.is_cpu" if device.type == "cpu" else f"{a}.device == device{i}"
-        checks += [f"{a}.dtype is dtype{i}", *_shape_check(a, i, shape, namespace), f"{a}.requires_grad is {requires_grad}",
-                   on_device]
+        on_device = f"{a}.is_cpu" if part.device.type == "cpu" else f"{a}.device == device{i}"
+        checks += [f"{a}.dtype is dtype{i}", *_shape_check(a, i, part.shape, namespace),
+                   f"{a}.requires_grad is {part.requires_grad}", on_device]
     if size_guards is not None:  # the guards a trace with symbolic sizes recorded on them (dynamic_shapes.py)
         namespace.update(symbolic.evaluation_namespace())
         checks.append(f"({size_guards})")
@@ -81,7 +100,7 @@ def hit_function(key: tuple, size_guards, fn, guards_hold, stats, layout=(), key
         namespace[f"layout_get{k}"], namespace[f"layout_value{k}"] = get, value
         checks.append(f"layout_get{k}(a{position}) == layout_value{k}")
     # (entries traced under autocast never take this path: see call_slow)
-    checks += [f"is_grad_enabled() is {key[1]}", "get_default_dtype() is default_dtype", "not tracing.stack",
+    checks += [f"is_grad_enabled() is {key.grad_enabled}", "get_default_dtype() is default_dtype", "not tracing.stack",
                "not any_autocast()"]
     if isinstance(fn, Guarded):  # guards of the trace's own (torch's SDPA switches, an optimizer's settings)
         for k, guard in enumerate(fn.guards):
@@ -138,14 +157,14 @@ def fast_dispatcher(arities, fast_cache, keyword_cache, call_slow):
     for n in arities:
         names = [f"a{i}" for i in range(n)]
         call = ", ".join(names)
-        key = ", ".join(f"{a}.shape, {a}.dtype, {a}.device, {a}.requires_grad" for a in names)
+        key = ", ".join(_tensor_part_source(a) for a in names)
         lines += [f"        if n == {n}:",
                   f"            {call + ',' if names else '_'} = args" if names else "            pass",
                   f"            out = hot{n}({call})",
                   "            if out is not MISS:",
                   "                return out",
                   "            try:",
-                  f"                hit = fast_cache.get((is_grad_enabled(), get_default_dtype(), {key}))",
+                  f"                hit = fast_cache.get(({_FAST_KEY_MODES}, {key}))",
                   "            except (AttributeError, TypeError):",
                   "                hit = None",
                   "            if hit is not None:",

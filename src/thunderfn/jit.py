@@ -1,14 +1,19 @@
-"""jit: trace, pass, lower, generate Python once, cache by input signature and guards.
+"""jit: compile once per input signature and guards, cache, and run the cached code.
+
+A jitted function's JitState keeps its options and its cache. A call with a new
+signature is compiled by the stages of compile_stages.py (trace, optimize, split,
+rematerialize, distribute, lower, generate) into a cache entry.
 
 The signature of a call is its pytree structure, each tensor's shape, dtype,
 device and requires_grad, the value of every non-tensor argument, torch's grad
-mode and default dtype: the cache key. Besides it, an entry holds the guards its
-trace recorded (core/guards.py): the Python state the traced code read (module
-flags and attributes, hooks, closed-over and global values, tensors held by plain
-objects). A call runs the newest entry for its key whose guards hold; otherwise the
-function is traced again, and the reason is kept (`cache_info`). Past
-`cache_size_limit` entries a function warns once and runs eagerly for new
-signatures, torch.compile's meaning.
+mode, default dtype and autocast state: the cache key (its fields: cache_key.py).
+Besides it, an entry holds the guards its trace recorded (core/guards.py): the
+Python state the traced code read (module flags and attributes, hooks, closed-over
+and global values, tensors held by plain objects). A call runs the newest entry for
+its key whose guards hold; otherwise the function is traced again, and the reason
+is kept (`cache_info`; put in words by cache_misses.py). Past `cache_size_limit`
+entries a function warns once and runs eagerly for new signatures, torch.compile's
+meaning.
 
 The cache-hit path is the hot path. A call with only positional tensors skips
 pytree flattening entirely (optree alone costs more than our whole budget on a
@@ -27,58 +32,47 @@ itself for them in core/context.py (they sit below it and do not import it).
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import os
 import threading
 import warnings
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
+from thunderfn import cache_misses, compile_stages
 from thunderfn import executors as _executors
-from thunderfn.core import artifacts, context, progress, symbolic
-from thunderfn.core.call_time import Guarded, guarded
-from thunderfn.core.guards import GuardRecorder
+from thunderfn.cache_key import CacheKey, named, tensor_fields
+from thunderfn.core import artifacts, context, progress
+from thunderfn.core.call_time import Guarded
 from thunderfn.core.interception import is_numpy_scalar
-from thunderfn.core.passes import cse, dce, del_last_used, write_back_on_failure_pass
-from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
-from thunderfn.core.trace import Trace, timed_pass, trace
+from thunderfn.core.pytree import tree_flatten
+from thunderfn.core.trace import Trace
 from thunderfn.core.decorators import with_options_form
-from thunderfn.dynamic_shapes import SymbolicSizes, check_option, is_tensor_part, open_dimensions
+from thunderfn.dynamic_shapes import SymbolicSizes, check_option, open_dimensions
 from thunderfn.fast_path import fast_dispatcher, fast_key, hit_function, miss, positional_arities
 from thunderfn.core.dynamo_opaque import opaque_to_dynamo
-from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError, UnsupportedOpError
-from thunderfn.executors.fusion import FusionExecutor
-from thunderfn.executors.torch_rewrites import (UnlessFunctorch, collapse_reshapes, lift_number_operands,
-                                                records_no_autograd, reuse_dead_buffers,
-                                                write_into_written_back_inputs)
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError
 from thunderfn.module import jit_module
 from thunderfn.torch.autocast import autocast_state
-from thunderfn.torch.autocast import switched_off as autocast_switched_off
 from thunderfn.torch.optim import StepChangesOptimizerState
-from thunderfn.transforms.ddp import DataParallel, bucketed_all_reduce
-from thunderfn.transforms.fsdp import Sharded, gather_where_needed, reduce_scatter_async, regather_in_backward
-from thunderfn.transforms.executor_lower import lower_trace
-from thunderfn.transforms.autograd_split import CompiledSplit, try_split
-from thunderfn.transforms.rematerialize import rematerialize
 
 Tensor = torch.Tensor
 _is_grad_enabled = torch.is_grad_enabled
 _get_default_dtype = torch.get_default_dtype
+_new = tuple.__new__
+_any_autocast = torch._C._is_any_autocast_enabled
 
 DEFAULT_CACHE_SIZE_LIMIT = 8  # torch.compile's recompile_limit
 _FAST_CACHE_LIMIT = 256  # concrete signatures the fast path keeps (see JitState.run)
-CSE = "Common Subexpression Elimination"
 
 
 class CacheEntry:
-    __slots__ = ("fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit",
-                 "keyword_hit", "layout", "sizes")
+    __slots__ = ("key", "fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit",
+                 "keyword_hit", "layout", "sizes", "checks_nothing")
 
-    def __init__(self, fn, traces, backward_traces, tensor_positions, guards, sizes=None):
+    def __init__(self, key, fn, traces, backward_traces, tensor_positions, guards, sizes=None):
+        self.key = key  # the (named) key of the call it was compiled for
         self.fn, self.traces, self.backward_traces = fn, traces, backward_traces
         self.tensor_positions = tensor_positions
         self.guards = guards
@@ -90,6 +84,9 @@ class CacheEntry:
         # the signature of the inputs they are about (most traces have none)
         self.layout = tuple((position, what, get, value) for position, facts in traces[0].layout_reads.items()
                             for (what, get), value in facts.items())
+        # valid() for every call of its key (most entries): JitState.lookup then skips asking it
+        self.checks_nothing = (not self.layout and sizes is None and self.guards_hold is None
+                               and not isinstance(fn, Guarded))
 
     def valid(self, leaves) -> bool:
         """Whether this entry may run a call with these flattened arguments: the input layouts it relies
@@ -133,7 +130,7 @@ class JitState:
         self.executors = executors
         self.cache_dir = cache_dir
         self.distributed = distributed  # DataParallel, Sharded or None
-        self.rematerialize = rematerialize  # None, True or False: see _rematerializes
+        self.rematerialize = rematerialize  # None, True or False: see compile_stages._rematerializes
         self.fallback = fallback
         self.static_argnums = tuple(static_argnums)
         self.static_argnames = tuple(static_argnames)
@@ -163,17 +160,19 @@ class JitState:
         self.last_backward_traces: list[Trace] = []
         self.why_no_backward = "it has not been called with an input that requires grad under grad mode"
 
-    def key(self, leaves, spec) -> tuple:
-        parts = [spec, _is_grad_enabled(), _get_default_dtype(), autocast_state()]
-        for i, leaf in enumerate(leaves):
+    def key(self, leaves, spec) -> CacheKey:
+        """The call's cache key, its parts plain tuples in the order of TensorPart's and ValuePart's fields
+        (built on every call of the general path: see cache_key.py; `named` names them)."""
+        parts = []
+        for leaf in leaves:
             if isinstance(leaf, Tensor):
-                parts.append((leaf.shape, leaf.dtype, leaf.device, leaf.requires_grad))
+                parts.append(tensor_fields(leaf))
             elif type(leaf) is slice:  # slices are unhashable before Python 3.12; key on their bounds
-                parts.append((slice, leaf.start, leaf.stop, leaf.step))
+                parts.append((slice, (leaf.start, leaf.stop, leaf.step)))
             elif type(leaf) is float:  # 0.0 == -0.0 but they compute differently; nan != nan would never hit
                 parts.append((float, leaf.hex()))
             elif type(leaf) is complex:
-                parts.append((complex, leaf.real.hex(), leaf.imag.hex()))
+                parts.append((complex, (leaf.real.hex(), leaf.imag.hex())))
             elif is_numpy_scalar(leaf):
                 parts.append((type(leaf), leaf.tobytes()))  # numpy scalars: by bits, as floats above
             else:
@@ -185,7 +184,9 @@ class JitState:
                         f"thunderfn bakes non-tensor arguments into the compiled function and keys its cache on their "
                         f"values: pass tensors, pytrees of tensors, or hashable values.") from None
                 parts.append((type(leaf), leaf))
-        return tuple(parts)
+        # (tuple.__new__: without NamedTuple's Python-level __new__; autocast's state asked only when it is on)
+        return _new(CacheKey, (spec, _is_grad_enabled(), _get_default_dtype(),
+                               autocast_state() if _any_autocast() else (), tuple(parts)))
 
     def validate_static(self, args, kwargs):
         for i in self.static_argnums:
@@ -196,99 +197,23 @@ class JitState:
             if name in kwargs and any(isinstance(x, Tensor) for x in tree_flatten(kwargs[name])[0]):
                 raise ArgumentTypeError(f"static argument '{name}' of '{_fn_name(self.fn)}' holds a tensor")
 
-    def compile(self, args, kwargs, leaves, key=None, open_dims=None, hints=None) -> CacheEntry:
-        """The entry for a call, compiled with the dimensions in open_dims (tensor number -> dims) symbolic,
-        traced at the sizes in hints ((tensor number, dim) -> size) where given."""
-        progress.stage("choosing executors")
-        sizes = symbolic.SymbolicInputs(open_dims, hints) if open_dims else None
-        executors = _executors.resolve(self.executors, fallback=self.fallback)
-        recorder = GuardRecorder(self.fn)
-        # tf.grad & co. called inside the function differentiate for these executors (the VJPs they
-        # register): jit's argument, which they cannot be handed otherwise (core/context.py)
-        progress.stage("tracing")
-        called_with_grad = _is_grad_enabled()
-        with context.active_executors(executors):
-            # With disable_torch_autograd the function runs under no_grad: traced so too, or a
-            # torch.enable_grad() block inside it would switch grad back on from the recorded mode.
-            with recorder, (torch.no_grad() if self.disable_torch_autograd else contextlib.nullcontext()), \
-                    symbolic.opening(sizes):
-                traces = [trace(self.fn, *args, **kwargs)]
-        progress.stage("optimizing the trace")
-        traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
-        traces.append(timed_pass(CSE, cse, traces[-1]))
-        if isinstance(self.distributed, Sharded):
-            traces.append(gather_where_needed(traces[-1]))
-        split = None
-        if not self.disable_torch_autograd and _is_grad_enabled():
-            progress.stage("differentiating: the forward and backward traces")
-            split, self.why_no_backward = try_split(traces[-1], executors)
-        if split is None and self.distributed is not None and _is_grad_enabled() and not self.disable_torch_autograd \
-                and any(p.requires_grad for p in traces[0].args):
-            raise UnsupportedOpError(
-                f"tf.distributed synchronizes gradients in thunderfn's own backward trace, and "
-                f"'{_fn_name(self.fn)}' has none: {self.why_no_backward}. For data parallelism, wrap the module in "
-                f"torch's DistributedDataParallel instead: DistributedDataParallel(tf.jit(module)).")
-        if split is None:
-            # writing into dead intermediates is legal where torch.autograd records nothing
-            no_autograd = self.disable_torch_autograd or not _is_grad_enabled() or records_no_autograd(traces[-1])
-            progress.stage("lowering onto executors, code generation")
-            passes, fn = _execution_passes(traces[-1], executors, no_autograd=no_autograd,
-                                           no_grad=self.disable_torch_autograd)
-            traces += passes
-            backward = []
-        else:
-            # torch.autograd drives the two halves: see transforms/autograd_split.py
-            # the derivative's rules repeat work (x * x's backward computes g * x twice)
-            traces.append(split.forward)
-            backward = [split.backward]
-            if _rematerializes(self.rematerialize, executors):
-                progress.stage("rematerialization")
-                forward_trace, backward_trace = rematerialize(split.forward, split.backward)
-                if forward_trace is not split.forward:
-                    split = dataclasses.replace(split, forward=forward_trace, backward=backward_trace)
-                    traces.append(forward_trace)
-                    backward.append(backward_trace)
-            if isinstance(self.distributed, DataParallel):
-                progress.stage("data parallel: bucketed gradient all-reduces")
-                split = dataclasses.replace(split, backward=bucketed_all_reduce(
-                    split.backward, range(self.distributed.n_params), self.distributed))
-                backward.append(split.backward)
-            elif isinstance(self.distributed, Sharded):
-                progress.stage("fsdp: where parameters are gathered, when gradients are reduce-scattered")
-                if self.distributed.strategy == "FULL_SHARD":
-                    split = regather_in_backward(split)
-                    traces.append(split.forward)
-                split = dataclasses.replace(split, backward=reduce_scatter_async(split.backward))
-                backward.append(split.backward)
-            traces.append(timed_pass(CSE, cse, split.forward))
-            progress.stage("lowering onto executors, code generation")
-            # both halves run without autograd recording (torch.autograd.Function's forward and backward)
-            passes, forward_fn = _execution_passes(traces[-1], executors, no_autograd=True)
-            traces += passes
-            # a backward for calls where some outputs get no gradient, made when one first comes: from the
-            # split as it is (rematerialization and the distributed transforms rewrite the backward: then
-            # the absent gradients are zeros)
-            plain = len(backward) == 1 and split.backward_without is not None
-
-            def backward_without(absent, split=split):
-                trc = split.backward_without(absent)
-                return None if trc is None else _execution_passes(cse(trc), executors, no_autograd=True)[1]
-
-            backward.append(timed_pass(CSE, cse, split.backward))
-            passes, backward_fn = _execution_passes(backward[-1], executors, no_autograd=True)
-            backward += passes
-            fn = CompiledSplit(split, forward_fn, backward_fn, backward_without if plain else None)
-            if not called_with_grad:
-                # called under no_grad, the function switched grad on and left it on (a piece of a graph
-                # torch.compile split): eager would record the rest for torch.autograd and leave the mode on
-                fn = _switching_grad_on(fn)
+    def compile(self, args, kwargs, leaves, key, open_dims=None, hints=None) -> CacheEntry:
+        """The entry for a call, compiled (compile_stages.py) with the dimensions in open_dims (tensor number
+        -> dims) symbolic, traced at the sizes in hints ((tensor number, dim) -> size) where given."""
+        c = compile_stages.begin(self.fn, _fn_name(self.fn), args, kwargs, self.executors, fallback=self.fallback,
+                                 disable_torch_autograd=self.disable_torch_autograd,
+                                 rematerialize=self.rematerialize, distributed=self.distributed,
+                                 open_dims=open_dims, hints=hints)
+        try:
+            c = compile_stages.run(c)
+        finally:  # (said by an error that a later stage raises, too)
+            if c.tried_split:
+                self.why_no_backward = c.why_no_backward
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
-        if autocast_state():  # the trace holds autocast's casts: running it under autocast would cast again
-            fn = _without_autocast(fn)
-        symbolic_sizes = SymbolicSizes(sizes, key) if sizes is not None and sizes.symbolic_dims else None
-        if sizes is not None:
-            self.pinned_sizes += sizes.pinned()
-        return CacheEntry(guarded(fn, traces[0]), traces, backward, positions, recorder.guards, symbolic_sizes)
+        symbolic_sizes = SymbolicSizes(c.sizes, key) if c.sizes is not None and c.sizes.symbolic_dims else None
+        if c.sizes is not None:
+            self.pinned_sizes += c.sizes.pinned()
+        return CacheEntry(key, c.compiled, c.traces, c.backward, positions, c.guards, symbolic_sizes)
 
     def compile_symbolic(self, args, kwargs, leaves, key, open_dims, hints, tensors) -> CacheEntry:
         """compile with open_dims symbolic; where tracing them fails, compiled with this call's sizes instead,
@@ -333,7 +258,7 @@ class JitState:
 
     def lookup(self, key, leaves):
         for entry in reversed(self.cache.get(key, ())):
-            if entry.valid(leaves):
+            if entry.checks_nothing or entry.valid(leaves):
                 return entry
         for entry in reversed(self.symbolic_entries):
             if entry.sizes.matches(key) and entry.valid(leaves):
@@ -345,20 +270,21 @@ class JitState:
             # Called while an outer function is being traced: jit inside jit is the
             # function itself, traced into the outer trace (as jax.jit nests).
             return self.fn(*args, **kwargs)
-        self.validate_static(args, kwargs)
+        if self.static_argnums or self.static_argnames:
+            self.validate_static(args, kwargs)
         leaves, spec = tree_flatten((args, kwargs))
         key = self.key(leaves, spec)
         entry = self.lookup(key, leaves)
         if entry is not None:
             self.stats[0] += 1
-            return self.run(entry, key, args, kwargs, leaves)
+            return self.run(entry, args, kwargs, leaves)
         # told on stderr if it takes long (core/progress.py); artifacts written where configured (core/artifacts.py)
         with progress.compiling(_fn_name(self.fn)), artifacts.writing_to(self.cache_dir):
             entry = self.compiled_entry(key, args, kwargs, leaves)
             if entry is None:
                 return self.fn(*args, **kwargs)
             progress.stage("first run (where fusion executors compile their regions)")
-            return self.run(entry, key, args, kwargs, leaves)
+            return self.run(entry, args, kwargs, leaves)
 
     def compiled_entry(self, key, args, kwargs, leaves) -> CacheEntry | None:
         """The entry for this call, compiled and cached if there is none yet (counted as a miss);
@@ -368,11 +294,10 @@ class JitState:
             if entry is not None:
                 self.stats[0] += 1
                 return entry
+            key = named(key, leaves)
             reason = self.why_miss(key, args, kwargs, leaves)
             tensors = [x for x in leaves if isinstance(x, Tensor)]
-            open_dims, hints = open_dimensions(self.dynamic, key, tensors,
-                                               [*self.cache, *(e.sizes.pattern for e in self.symbolic_entries)],
-                                               self.marked_dynamic)
+            open_dims, hints = open_dimensions(self.dynamic, key, tensors, self.compiled_keys(), self.marked_dynamic)
             if self.n_entries >= self.cache_size_limit:
                 if not self.evict_past_limit:
                     self.warn_limit(reason)
@@ -413,22 +338,22 @@ class JitState:
             self.last_traces, self.last_backward_traces = entry.traces, entry.backward_traces
         return entry
 
-    def run(self, entry: CacheEntry, key: tuple, args, kwargs, leaves):
+    def run(self, entry: CacheEntry, args, kwargs, leaves):
         """Call a cache entry, and make it the fast path's for calls like this one."""
         self.last_traces, self.last_backward_traces = entry.traces, entry.backward_traces
-        if (not self.static_argnums and not key[3] and len(entry.tensor_positions) == len(args) + len(kwargs)
+        if (not self.static_argnums and not entry.key.autocast and len(entry.tensor_positions) == len(args) + len(kwargs)
                 and all(isinstance(a, Tensor) for a in args) and all(isinstance(v, Tensor) for v in kwargs.values())
                 and not (isinstance(entry.fn, Guarded) and entry.fn.grad_reads)):
             # (an entry reading .grad at call time takes extra inputs: it stays on this path)
             if kwargs:
-                self.keyword_cache[(len(args), *kwargs)] = self.keyword_hit(entry, key, kwargs)
+                self.keyword_cache[(len(args), *kwargs)] = self.keyword_hit(entry, kwargs)
             else:
                 if len(self.fast_cache) >= _FAST_CACHE_LIMIT:
                     # a symbolic entry serves every size, and each size is a key here: a generation of thousands
                     # of tokens would keep thousands; the hot entry stays (the dispatcher holds it)
                     self.fast_cache.clear()
-                self.fast_cache[fast_key(args)] = self.fast_hit(entry, key)
-        return entry.fn(*[leaves[i] for i in entry.tensor_positions])
+                self.fast_cache[fast_key(args)] = self.fast_hit(entry)
+        return entry.fn(*map(leaves.__getitem__, entry.tensor_positions))  # (no comprehension's frame per call)
 
     def evict_oldest(self) -> None:
         if self.cache:
@@ -445,23 +370,23 @@ class JitState:
             for name in self.dispatcher_globals["hot_names"]:
                 self.dispatcher_globals[name] = miss
 
-    def fast_hit(self, entry: CacheEntry, key: tuple):
+    def fast_hit(self, entry: CacheEntry):
         """The fast path's function for entry, called with the positional tensors: it checks the
         whole cache key (grad mode, default dtype, each tensor's dtype, shape, requires_grad and
         device), that no trace is being built and the entry's guards, then counts the hit and runs
         the entry; anything else returns MISS. Generated Python, made once per entry: comparing
         with constants costs less than building and hashing a key."""
         if entry.fast_hit is None:
-            entry.fast_hit = hit_function(*_checked_key(entry, key), entry.fn, entry.guards_hold, self.stats,
+            entry.fast_hit = hit_function(*_checked_key(entry), entry.fn, entry.guards_hold, self.stats,
                                            entry.layout)
         return entry.fast_hit
 
-    def keyword_hit(self, entry: CacheEntry, key: tuple, kwargs: dict):
+    def keyword_hit(self, entry: CacheEntry, kwargs: dict):
         """fast_hit's function for a call with tensors by keyword too (a Hugging Face model's
         `model(input_ids=..., labels=...)`), called with (args, kwargs): it finds each tensor by
         position or by name, in the order the cache key flattened them (keywords sorted)."""
         if entry.keyword_hit is None:
-            entry.keyword_hit = hit_function(*_checked_key(entry, key), entry.fn, entry.guards_hold, self.stats,
+            entry.keyword_hit = hit_function(*_checked_key(entry), entry.fn, entry.guards_hold, self.stats,
                                               entry.layout, keywords=tuple(sorted(kwargs)))
         return entry.keyword_hit
 
@@ -470,30 +395,11 @@ class JitState:
         same_key = self.cache.get(key) or [e for e in self.symbolic_entries if e.sizes.matches(key)]
         if same_key:
             return same_key[-1].why_invalid(leaves)
-        compiled = [*self.cache, *(e.sizes.pattern for e in self.symbolic_entries)]  # (a symbolic size: None)
-        if not compiled:
-            return None
-        # Described against the cached signature closest to this one (fewest differing fields; the newest of equals).
-        old = min(reversed(compiled), key=lambda k: (len(k) != len(key), sum(map(_distance, k, key))))
-        if old[0] != key[0]:
-            return "the structure of the arguments changed (pytree, number of arguments or keywords)"
-        if old[1] != key[1]:
-            return f"torch's grad mode changed (is_grad_enabled() was {old[1]}, now {key[1]})"
-        if old[2] != key[2]:
-            return f"torch's default dtype changed from {old[2]} to {key[2]}"
-        if old[3] != key[3]:
-            return f"the autocast state changed from {_show_autocast(old[3])} to {_show_autocast(key[3])}"
-        paths = tree_flatten_with_path((args, kwargs))[0]
-        for path, before, now in zip(paths, old[4:], key[4:]):
-            if before != now:
-                where = _describe_path(path)
-                if is_tensor_part(now) and is_tensor_part(before):
-                    fields = ("shape", "dtype", "device", "requires_grad")
-                    changed = [f"{f} {_show(b)} -> {_show(n)}" for f, b, n in zip(fields, before, now)
-                               if not _same_field(b, n)]
-                    return f"tensor {where} changed: {', '.join(changed)}"
-                return f"{where} changed from {_show_part(before)} to {_show_part(now)}"
-        return "the arguments changed"
+        return cache_misses.new_signature(key, self.compiled_keys(), args, kwargs)
+
+    def compiled_keys(self) -> list[CacheKey]:
+        """The keys compiled, and the symbolic entries' key patterns (a symbolic size: None)."""
+        return [*self.cache, *(e.sizes.pattern for e in self.symbolic_entries)]
 
     def warn_limit(self, reason) -> None:
         if self.warned_limit:
@@ -503,130 +409,7 @@ class JitState:
         warnings.warn(
             f"thunderfn.jit: '{_fn_name(self.fn)}' reached cache_size_limit ({self.cache_size_limit}) and now runs "
             f"eagerly for calls that match none of its compiled entries. Last recompiles: {'; '.join(reasons)}. "
-            f"{_limit_advice(reasons)}", stacklevel=4)
-
-
-def _limit_advice(reasons: list) -> str:
-    """What to do about the recompiles that filled the cache, by what changed in them."""
-    advice = []
-    if any(" shape " in r for r in reasons):
-        advice.append("Each new input shape compiled anew: with dynamic=False every size is static, and a trace that "
-                      "relies on a size (a branch on it) is guarded to it. The default (dynamic=None) compiles a "
-                      "changed dimension once more as symbolic, and tf.mark_dynamic(tensor, dim) makes one symbolic "
-                      "from the first call (docs/jit.md, 'Dynamic shapes'); otherwise pad or bucket inputs to a few "
-                      "sizes.")
-    if any(" changed from " in r for r in reasons):
-        advice.append("Each new value of a Python argument (a number, a string) compiles anew: pass a changing "
-                      "number as a tensor (torch.tensor(x)), which is an input and not baked in.")
-    if not advice:
-        advice.append("Each change listed compiles anew: keep it the same between calls where you can.")
-    return " ".join(advice) + " Or raise cache_size_limit (tf.jit(fn, cache_size_limit=n)) to keep more entries."
-
-
-def _describe_path(path) -> str:
-    if path and path[0] == 0 and len(path) > 1:
-        rest = "".join(f"[{p!r}]" for p in path[2:])
-        return f"argument {path[1]}{rest}"
-    if path and path[0] == 1 and len(path) > 1:
-        rest = "".join(f"[{p!r}]" for p in path[2:])
-        return f"keyword argument '{path[1]}'{rest}"
-    return "an argument"
-
-
-def _distance(a, b) -> int:
-    """How many fields of one key part differ (a tensor's shape, dtype, ... count one each)."""
-    if is_tensor_part(a) and is_tensor_part(b):
-        return sum(not _same_field(x, y) for x, y in zip(a, b))
-    return int(a != b)
-
-
-def _same_field(before, now) -> bool:
-    """Whether a key field is the same; a symbolic entry's shape (None where a size is symbolic) is the same
-    as every shape it fits."""
-    if isinstance(before, tuple) and None in before:
-        return len(before) == len(now) and all(n is None or n == m for n, m in zip(before, now))
-    return before == now
-
-
-def _show(value) -> str:
-    if isinstance(value, tuple) and None in value:  # a symbolic entry's shape: its symbolic sizes are free
-        return "(" + ", ".join("*" if n is None else str(n) for n in value) + ("," if len(value) == 1 else "") + ")"
-    return str(tuple(value)) if isinstance(value, torch.Size) else repr(value)
-
-
-def _show_part(part) -> str:
-    """A non-tensor argument's key part, as the value it was."""
-    if isinstance(part, tuple) and part and part[0] is float:
-        return repr(float.fromhex(part[1]))
-    if isinstance(part, tuple) and part and part[0] is complex:
-        return repr(complex(float.fromhex(part[1]), float.fromhex(part[2])))
-    if isinstance(part, tuple) and part and part[0] is slice:
-        return repr(slice(*part[1:]))
-    if isinstance(part, tuple) and len(part) == 2 and isinstance(part[1], bytes):  # a numpy scalar, by its bits
-        return repr(np.frombuffer(part[1], dtype=part[0])[0])
-    return repr(part[-1]) if isinstance(part, tuple) and len(part) == 2 else repr(part)
-
-
-def _rematerializes(option, executors) -> bool:
-    """Whether a split is rematerialized: as asked, or, by default (None), where a fusion executor
-    will fuse the recomputed ops into the backward's regions (without one each recomputed op is
-    one more kernel, which torch.compile does not pay either)."""
-    if option is None:
-        return any(isinstance(ex, FusionExecutor) for ex in executors)
-    return option
-
-
-def _execution_passes(trc: Trace, executors, *, no_autograd: bool, no_grad: bool = False) -> tuple[list[Trace], Callable]:
-    """The passes from a transformed trace to the one that runs, and the function it compiles to
-    (run under torch.no_grad() with `no_grad`): lower onto the executors, drop what lowering made
-    unused, fuse, lift Python numbers, write into written-back inputs and dead intermediates (only where
-    the trace runs with `no_autograd` recording; see executors/torch_rewrites.py), insert `del`s."""
-    traces = [timed_pass("Transform for execution", lower_trace, trc, executors)]
-    traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
-    collapsed = timed_pass("Collapse reshapes", collapse_reshapes, traces[-1])
-    traces += [collapsed] if collapsed is not traces[-1] else []
-    for ex in executors:
-        if isinstance(ex, FusionExecutor):
-            traces.append(timed_pass(f"Fusion ({ex.name})", ex.fuse, traces[-1]))
-    lifted = timed_pass("Lift number operands", lift_number_operands, traces[-1])
-    lifted = timed_pass("Write back on failure", write_back_on_failure_pass, lifted)
-    traces += [lifted] if lifted is not traces[-1] else []
-    reused = lifted
-    if no_autograd:
-        for name, rewrite in (("Write into written-back inputs", write_into_written_back_inputs),
-                              ("Reuse dead buffers", reuse_dead_buffers)):
-            rewritten = timed_pass(name, rewrite, reused)
-            traces += [rewritten] if rewritten is not reused else []
-            reused = rewritten
-    traces.append(timed_pass("Delete Last Used", del_last_used, traces[-1]))
-    def compiled(t: Trace) -> Callable:
-        fn = t.python_callable()
-        return torch.no_grad()(fn) if no_grad else fn
-
-    fn = compiled(traces[-1])
-    if reused is not lifted:  # torch.func's transforms get the trace without in-place writes
-        fn = UnlessFunctorch(fn, lambda: compiled(del_last_used(lifted)))
-    return traces, fn
-
-
-def _switching_grad_on(fn):
-    def run(*tensors):
-        torch._C._set_grad_enabled(True)
-        return fn(*tensors)
-
-    return run
-
-
-def _without_autocast(fn):
-    def run(*tensors):
-        with autocast_switched_off():
-            return fn(*tensors)
-
-    return run
-
-
-def _show_autocast(state: tuple) -> str:
-    return ", ".join(f"autocast('{d}', {dtype})" for d, dtype in state) or "no autocast"
+            f"{cache_misses.limit_advice(reasons)}", stacklevel=4)
 
 
 def _without(open_dims: dict, dims) -> dict:
@@ -635,11 +418,11 @@ def _without(open_dims: dict, dims) -> dict:
     return {k: ds for k, ds in kept.items() if ds}
 
 
-def _checked_key(entry: CacheEntry, key: tuple) -> tuple:
+def _checked_key(entry: CacheEntry) -> tuple:
     """(the key a check-and-call function compares a call with, the size guards it checks): an entry with
     symbolic dimensions compares its pattern (those sizes free) and checks its trace's guards on sizes."""
     if entry.sizes is None:
-        return key, None
+        return entry.key, None
     return entry.sizes.pattern, entry.sizes.guard_code
 
 
