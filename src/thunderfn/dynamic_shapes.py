@@ -39,13 +39,34 @@ STATIC_DIMS = "_thunderfn_static_dims"
 
 def mark_dynamic(t: torch.Tensor, dim) -> None:
     """Compile every jitted function `t` is passed to with dimension `dim` (an int or a list of them)
-    symbolic from the first call, as torch._dynamo.mark_dynamic does."""
+    symbolic from the first call, as torch._dynamo.mark_dynamic does.
+
+        >>> import torch, thunderfn as tf
+        >>> fast = tf.jit(lambda x: x.sum(1))
+        >>> x = torch.randn(4, 8)
+        >>> tf.mark_dynamic(x, 1)
+        >>> _ = fast(x)
+        >>> tf.cache_info(fast)["symbolic"]                    # dimension 1 is the symbol s0
+        [{'s0': "argument 'x'.shape[1]"}]
+        >>> _ = fast(torch.randn(4, 5))                        # another length: the same entry
+        >>> tf.cache_info(fast)["entries"]
+        1
+    """
     _mark(t, dim, DYNAMIC_DIMS, "mark_dynamic")
 
 
 def mark_static(t: torch.Tensor, dim) -> None:
     """Keep dimension `dim` (an int or a list) of `t` static in every jitted function it is passed to,
-    even with dynamic=True or after its size changed (torch._dynamo.mark_static)."""
+    even with dynamic=True or after its size changed (torch._dynamo.mark_static).
+
+        >>> import torch, thunderfn as tf
+        >>> fast = tf.jit(lambda x: x.sum(1), dynamic=True)
+        >>> x = torch.randn(4, 8)
+        >>> tf.mark_static(x, 0)
+        >>> _ = fast(x)
+        >>> tf.cache_info(fast)["symbolic"]                    # only dimension 1 is symbolic
+        [{'s0': "argument 'x'.shape[1]"}]
+    """
     _mark(t, dim, STATIC_DIMS, "mark_static")
 
 

@@ -439,13 +439,32 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     order; None means the defaults; the torch executor is appended unless
     `fallback=False`), generate Python once and cache it.
 
+    `fn` is a function or an `nn.Module` (then a module comes back, whose parameters and
+    buffers are inputs on every call, so optimizer steps are seen). Arguments and results
+    may be any pytree of tensors and Python values. When an input requires grad, the
+    result is wired into torch.autograd: `loss.backward()` runs the compiled backward.
+
+        >>> import torch, thunderfn as tf
+        >>> def mlp(x, w1, w2):
+        ...     return torch.nn.functional.gelu(x @ w1) @ w2
+        >>> fast = tf.jit(mlp)
+        >>> x, w1, w2 = torch.randn(8, 16), torch.randn(16, 32, requires_grad=True), torch.randn(32, 4)
+        >>> out = fast(x, w1, w2)                          # traced, lowered, compiled, run
+        >>> torch.testing.assert_close(out, mlp(x, w1, w2))
+        >>> out.sum().backward()                           # the compiled backward
+        >>> w1.grad.shape
+        torch.Size([16, 32])
+        >>> model = tf.jit(torch.nn.Linear(4, 2))          # a module comes back
+        >>> model(torch.randn(3, 4)).shape
+        torch.Size([3, 2])
+
     Non-tensor arguments are baked in and keyed by value, so every non-tensor argument
     already behaves like a JAX static argument. `static_argnums`/`static_argnames`
     check that those arguments hold no tensors (a tensor there would be baked in by
     value, which is never what the caller wants) and keep calls on the general path.
 
-    Each compiled entry is guarded by the Python state its trace read (see the module
-    docstring and docs/sharp_bits.md); past `cache_size_limit` entries, calls that
+    Each compiled entry is guarded by the Python state its trace read (globals, closed-over
+    values, module attributes: docs/sharp_bits.md); past `cache_size_limit` entries, calls that
     match none run eagerly after one warning.
 
     `rematerialize`: when the function is differentiated through torch.autograd, recompute
@@ -528,14 +547,35 @@ def _compiled_state(fn, what: str) -> JitState:
 
 
 def last_traces(fn) -> list[Trace]:
-    """Every stage of fn's most recent compile, the execution trace last."""
+    """Every stage of fn's most recent compile (a function from tf.jit or a transform), the
+    execution trace, the Python that runs, last. Raises NoTraceError before the first call.
+
+        >>> import torch, thunderfn as tf
+        >>> fast = tf.jit(lambda x: torch.tanh(x) * 2)
+        >>> _ = fast(torch.randn(3))
+        >>> traces = tf.last_traces(fast)
+        >>> [b.sym.name for b in traces[0].bound_symbols]      # the computation trace
+        ['tanh', 'mul']
+        >>> print(traces[-1])                                  # doctest: +ELLIPSIS
+        # Constructed by Delete Last Used ...
+        def computation(x):
+        ...
+    """
     return list(_compiled_state(fn, "last_traces").last_traces)
 
 
 def last_backward_traces(fn) -> list[Trace]:
     """The backward traces of fn's most recent compile, the one torch.autograd runs last.
     A jitted function has a backward when it was called with an input that requires
-    grad under grad mode (see docs/autodiff.md)."""
+    grad under grad mode (see docs/autodiff.md); else NoTraceError says why it has none.
+
+        >>> import torch, thunderfn as tf
+        >>> fast = tf.jit(lambda x: torch.tanh(x).sum())
+        >>> fast(torch.randn(3, requires_grad=True)).backward()
+        >>> backward = tf.last_backward_traces(fast)[-1]
+        >>> backward.python_callable().__name__
+        'backward'
+    """
     state = _compiled_state(fn, "last_backward_traces")
     if not state.last_backward_traces:
         raise NoTraceError(f"'{_fn_name(fn)}' has no backward trace: {state.why_no_backward}")
@@ -550,7 +590,17 @@ def cache_info(fn) -> dict:
     with symbolic dimensions, oldest first, each symbol's source (`{"s0": "argument 'x'.shape[1]"}`)
     and `size_guards`, the facts about them its trace relied on; `pinned`, the sizes a symbolic compile's trace
     relied on being one number (so its entry holds them static: "s1 = argument 'x'.shape[1] == 3"), and
-    `static_fallbacks`, why each compile that asked for symbolic sizes compiled with static ones instead."""
+    `static_fallbacks`, why each compile that asked for symbolic sizes compiled with static ones instead.
+
+        >>> import torch, thunderfn as tf
+        >>> fast = tf.jit(lambda x: x * 2)
+        >>> _ = fast(torch.ones(2)); _ = fast(torch.ones(2)); _ = fast(torch.ones(2, dtype=torch.float64))
+        >>> info = tf.cache_info(fast)
+        >>> info["entries"], info["hits"], info["misses"]
+        (2, 1, 2)
+        >>> info["recompiles"]                                 # doctest: +ELLIPSIS
+        ['...dtype...']
+    """
     state = getattr(fn, "_thunderfn_state", None)  # a jitted module's is its forward's
     if state is None:
         raise ArgumentTypeError(f"cache_info expects a function returned by thunderfn.jit, got {_fn_name(fn)}")
