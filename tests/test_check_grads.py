@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import thunderfn as tf
+from test_autograd_function import WrongSquare  # its backward gives 3 g x for x * x
 
 
 def _x(*shape, seed=0):
@@ -52,19 +53,8 @@ def test_catches_a_wrong_custom_jvp_rule():
 
 
 def test_catches_a_wrong_autograd_function_backward():
-    class Square(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x * x
-
-        @staticmethod
-        def backward(ctx, g):
-            (x,) = ctx.saved_tensors
-            return g * x  # should be 2 * g * x
-
     with pytest.raises(AssertionError, match="VJP"):
-        tf.testing.check_grads(Square.apply, (_x(4),), modes=("rev",))
+        tf.testing.check_grads(WrongSquare.apply, (_x(4),), modes=("rev",))
 
 
 def test_order_two_catches_a_rule_right_only_to_first_order():
