@@ -40,6 +40,7 @@ from thunderfn.transforms.forward_mode import jvp
 from thunderfn.transforms.vmap import vmap
 from thunderfn.transforms.jacobians import hessian, jacfwd, jacrev
 from thunderfn.visualize import visualize
+from thunderfn.profile import profile
 
 __version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it from here
 
@@ -52,7 +53,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'thunderfn' has no attribute {name!r}")
 
 __all__ = [
-    "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "custom_jvp", "trace", "last_traces", "last_backward_traces", "cache_info", "visualize", "mark_dynamic", "mark_static", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
+    "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "custom_jvp", "trace", "last_traces", "last_backward_traces", "cache_info", "visualize", "profile", "mark_dynamic", "mark_static", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
     "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "EscapedProxyError", "UserGradientError", "prims", "clang", "torch",
     "executors", "errors", "dynamo", "debug", "testing",
 ]

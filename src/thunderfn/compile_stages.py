@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from typing import Callable
 
 import torch
@@ -300,7 +301,28 @@ def generated(lowered: Lowered) -> Callable:
     return fn
 
 
+class _Instrumenting(threading.local):
+    def __init__(self):
+        self.instrument: Callable | None = None  # trace -> the trace that runs, with timing statements
+
+
+_instrumenting = _Instrumenting()
+
+
+@contextlib.contextmanager
+def instrumenting(instrument: Callable):
+    """Compiles on this thread generate `instrument(trace)` in place of each execution trace
+    (tf.profile's timing statements); the jitted function's own cache is never compiled so."""
+    previous, _instrumenting.instrument = _instrumenting.instrument, instrument
+    try:
+        yield
+    finally:
+        _instrumenting.instrument = previous
+
+
 def _compiled(t: Trace, no_grad: bool) -> Callable:
+    if _instrumenting.instrument is not None:
+        t = _instrumenting.instrument(t)
     fn = t.python_callable()
     return torch.no_grad()(fn) if no_grad else fn
 

@@ -4,7 +4,7 @@ The page draws the dataflow of the execution traces, the forward and, where one 
 backward: one box per operation that runs, labelled with its op and its result's dtype and
 shape and coloured by the executor that runs it; the operations a fusion executor claimed
 drawn inside one group per region; the tensors the forward saves for the backward outlined,
-with their bytes.
+with their bytes. Given a `tf.profile(...)` result, each box and region also shows its time.
 
 Layout is not ours: Graphviz's `dot` lays the graph out where it is installed, else grandalf
 (a pure-Python Sugiyama layout, `pip install grandalf`); the page only draws the positions.
@@ -57,6 +57,7 @@ class Node:
     region: str | None = None  # the fusion region it belongs to
     saved: list = dataclasses.field(default_factory=list)  # (name, dtype and shape, bytes) of what it
     # makes that the forward saves for the backward
+    time_ms: float | None = None  # from tf.profile: the op's median time (a fused op's is its region's)
 
     @property
     def saved_bytes(self) -> int | None:
@@ -70,17 +71,19 @@ class Dataflow:
     nodes: dict  # id -> Node, in trace order
     edges: list  # (from id, to id)
     regions: dict  # region name -> executor name
+    region_ms: dict = dataclasses.field(default_factory=dict)  # region name -> median time, from tf.profile
 
     def nodes_of(self, region: str) -> list:
         return [n for n in self.nodes.values() if n.region == region]
 
 
-def visualize(fn_or_trace, path, *, layout: str = "auto") -> str:
+def visualize(fn_or_trace, path, *, layout: str = "auto", profile=None) -> str:
     """Write an HTML page of `fn_or_trace`'s last compile to `path` and return the path.
 
     `fn_or_trace`: a function from `tf.jit` that has been called (its forward and backward
     execution traces are drawn), or a `Trace`. `layout`: "graphviz", "grandalf", or "auto"
-    (Graphviz's `dot` where it is installed, else grandalf).
+    (Graphviz's `dot` where it is installed, else grandalf). `profile`: what `tf.profile` returned
+    for the function; the traces it timed are drawn, each box and region with its median time.
 
         >>> import torch, thunderfn as tf
         >>> f = tf.jit(lambda x: torch.tanh(x) * 2)
@@ -89,7 +92,11 @@ def visualize(fn_or_trace, path, *, layout: str = "auto") -> str:
         'f.html'
     """
     engine = _engine(layout)
-    graphs = [dataflow(t, title, saved=saved, results=results) for title, t, saved, results in _traces_of(fn_or_trace)]
+    drawn = _traces_of(fn_or_trace if profile is None else profile.traces)
+    graphs = [dataflow(t, title, saved=saved, results=results) for title, t, saved, results in drawn]
+    if profile is not None:
+        for graph in graphs:
+            _add_times(graph, profile)
     page = _page(graphs, engine)
     with open(path, "w", encoding="utf-8") as f:
         f.write(page)
@@ -117,6 +124,9 @@ def _traces_of(fn_or_trace):
     trace drawn."""
     if isinstance(fn_or_trace, Trace):
         return [("trace", fn_or_trace, {}, None)]
+    if isinstance(fn_or_trace, dict):  # a profile's timed traces, by title
+        forward, backward = [fn_or_trace["forward"]], [fn_or_trace["backward"]] if "backward" in fn_or_trace else []
+        return _forward_and_backward(forward, backward)
     if not callable(fn_or_trace):
         raise ArgumentTypeError(f"visualize expects a function from tf.jit or a Trace, got {type(fn_or_trace).__name__}")
     forward = last_traces(fn_or_trace)
@@ -126,6 +136,10 @@ def _traces_of(fn_or_trace):
         backward = last_backward_traces(fn_or_trace)
     except NoTraceError:  # no input required grad: a forward alone
         backward = []
+    return _forward_and_backward(forward, backward)
+
+
+def _forward_and_backward(forward, backward):
     if not backward:
         return [("forward", forward[-1], {}, None)]
     fwd, bwd = forward[-1], backward[-1]
@@ -134,6 +148,16 @@ def _traces_of(fn_or_trace):
     bwd_inputs = {a.name for a in bwd.args}
     saved = {p.name: p for p in tree_leaves(kept) if isinstance(p, TensorProxy) and p.name in bwd_inputs}
     return [("forward", fwd, saved, outputs), ("backward", bwd, {}, None)]
+
+
+def _add_times(graph: Dataflow, profile) -> None:
+    times = {f"op{r.index}": r for r in profile.rows if r.trace == graph.title}
+    for node in graph.nodes.values():
+        row = times.get(node.id.rpartition("_")[0] if node.region else node.id)
+        if row is not None:
+            node.time_ms = row.ms
+            if node.region:
+                graph.region_ms[node.region] = row.ms
 
 
 def tensor_bytes(p: TensorProxy) -> int:
@@ -210,7 +234,14 @@ def _lines(node: Node) -> list:
     extra = []
     if node.saved_bytes is not None:
         extra.append(f"saved {_bytes(node.saved_bytes)}")
+    if node.time_ms is not None and node.region is None:
+        extra.append(f"{node.time_ms:.3f} ms")
     return [s for s in node.label if s] + extra
+
+
+def _region_label(graph: Dataflow, region: str, executor) -> str:
+    ms = graph.region_ms.get(region)
+    return f"{region} ({executor})" + (f", {ms:.3f} ms" if ms is not None else "")
 
 
 def _bytes(n: int) -> str:
@@ -232,7 +263,7 @@ def _svg_graphviz(graph: Dataflow) -> str:
                 f'tooltip="{tooltip}", class="{n.kind}"{border}];')
 
     for region, executor in graph.regions.items():
-        lines.append(f'subgraph "cluster_{region}" {{ label="{region} ({executor})"; style="dashed,rounded"; '
+        lines.append(f'subgraph "cluster_{region}" {{ label="{_region_label(graph, region, executor)}"; style="dashed,rounded"; '
                      f'color="{executor_color(executor)}"; penwidth=2; fontname="Helvetica"; fontsize=11;')
         lines += [node_line(n) for n in graph.nodes_of(region)]
         lines.append("}")
@@ -280,8 +311,8 @@ def _svg_grandalf(graph: Dataflow) -> str:
         out.append(f'<g class="cluster" id="{html.escape(region)}"><rect x="{x0:.1f}" y="{y0:.1f}" '
                    f'width="{x1 - x0:.1f}" height="{y1 - y0:.1f}" rx="8" fill="none" '
                    f'stroke="{executor_color(executor)}" stroke-width="2" stroke-dasharray="6 3"/>'
-                   f'<text x="{x0 + 6:.1f}" y="{y0 + 14:.1f}" font-size="11">{html.escape(region)} '
-                   f'({html.escape(str(executor))})</text></g>')
+                   f'<text x="{x0 + 6:.1f}" y="{y0 + 14:.1f}" font-size="11">'
+                   f'{html.escape(_region_label(graph, region, executor))}</text></g>')
     for a, b in graph.edges:
         ax, ay, aw, ah = boxes[a]
         bx, by, bw, _ = boxes[b]
@@ -333,9 +364,10 @@ Laid out by {'Graphviz' if engine == 'graphviz' else 'grandalf'}.</p>
 
 def _summary(g: Dataflow) -> str:
     ops = [n for n in g.nodes.values() if n.kind == "op"]
-    rows = "".join(f"<tr><td>{html.escape(r)}</td><td>{html.escape(str(e))}</td><td>{len(g.nodes_of(r))}</td></tr>"
+    rows = "".join(f"<tr><td>{html.escape(r)}</td><td>{html.escape(str(e))}</td><td>{len(g.nodes_of(r))}</td>"
+                   f"<td>{'' if r not in g.region_ms else f'{g.region_ms[r]:.3f} ms'}</td></tr>"
                    for r, e in g.regions.items())
-    table = ("<table class=\"regions\"><tr><th>region</th><th>executor</th><th>ops</th></tr>"
+    table = ("<table class=\"regions\"><tr><th>region</th><th>executor</th><th>ops</th><th>time</th></tr>"
              f"{rows}</table>") if rows else ""
     return f"<p>{len(ops)} operations, {len(g.regions)} fusion regions.</p>{table}"
 
