@@ -104,11 +104,8 @@ def ddp(module: torch.nn.Module, *, bucket_size_in_mb: float = 25.0, broadcast_f
     asynchronously as each bucket's gradients are produced (tf.last_backward_traces shows
     them); `tf.distributed.no_sync(module)` skips them while accumulating micro-batches.
 
-        >>> import socket, torch, torch.distributed as dist, thunderfn as tf
-        >>> with socket.socket() as s:  # a free port, for this one-process example's group
-        ...     _ = s.bind(("127.0.0.1", 0))
-        ...     port = s.getsockname()[1]
-        >>> dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+        >>> import torch, torch.distributed as dist, thunderfn as tf
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # this process alone
         >>> model = torch.nn.Linear(4, 2)
         >>> jitted = tf.jit(tf.distributed.ddp(model))
         >>> jitted(torch.randn(8, 4)).pow(2).mean().backward()  # model.weight.grad: averaged over ranks
@@ -205,11 +202,8 @@ def fsdp(module: torch.nn.Module, *, sharding_strategy: str = "FULL_SHARD", buck
     whole ones. It needs a process group, as ddp does; an unknown sharding_strategy or
     bucketing is an ArgumentValueError.
 
-        >>> import socket, torch, torch.distributed as dist, thunderfn as tf
-        >>> with socket.socket() as s:  # a free port, for this one-process example's group
-        ...     _ = s.bind(("127.0.0.1", 0))
-        ...     port = s.getsockname()[1]
-        >>> dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+        >>> import torch, torch.distributed as dist, thunderfn as tf
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # this process alone
         >>> model = tf.distributed.fsdp(torch.nn.Linear(4, 3))
         >>> {name: tuple(p.shape) for name, p in model.named_parameters()}  # one rank: all of it, flat
         {'weight': (12,), 'bias': (3,)}
@@ -280,11 +274,8 @@ def full_parameters(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     parameter's shards are gathered from the ranks and reshaped to the parameter's original
     shape. For a checkpoint with the buffers too, use tf.distributed.full_state_dict.
 
-        >>> import socket, torch, torch.distributed as dist, thunderfn as tf
-        >>> with socket.socket() as s:  # a free port, for this one-process example's group
-        ...     _ = s.bind(("127.0.0.1", 0))
-        ...     port = s.getsockname()[1]
-        >>> dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+        >>> import torch, torch.distributed as dist, thunderfn as tf
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # this process alone
         >>> linear = torch.nn.Linear(4, 3)
         >>> weight = linear.weight.detach().clone()
         >>> model = tf.distributed.fsdp(linear)

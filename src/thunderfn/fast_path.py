@@ -17,7 +17,7 @@ import inspect
 
 import torch
 
-from thunderfn.cache_key import CacheKey, TensorPart
+from thunderfn.cache_key import CacheKey, TensorPart, tensor_fields
 from thunderfn.core import context, symbolic
 from thunderfn.core.call_time import Guarded
 from thunderfn.executors.torch_rewrites import UnlessFunctorch
@@ -28,7 +28,7 @@ _get_default_dtype = torch.get_default_dtype
 
 # The fast path's key for a call with positional tensors only: the modes its entries differ in (an entry
 # traced under autocast never takes this path), then each tensor's TensorPart fields, flat (no tuple per
-# tensor). Written here once: `fast_key` and the dispatcher's inline key are generated from it.
+# tensor): the dispatcher's inline key is generated from these, and `fast_key` computes the same.
 _FAST_KEY_MODES = "is_grad_enabled(), get_default_dtype()"  # CacheKey.grad_enabled, CacheKey.default_dtype
 
 
@@ -37,18 +37,13 @@ def _tensor_part_source(a: str) -> str:
     return ", ".join(f"{a}.{field}" for field in TensorPart._fields)
 
 
-def _generated_fast_key():
-    source = ("def fast_key(args):\n"
-              f"    key = [{_FAST_KEY_MODES}]\n"
-              "    for a in args:\n"
-              f"        key += ({_tensor_part_source('a')})\n"
-              "    return tuple(key)\n")
-    namespace = {"is_grad_enabled": _is_grad_enabled, "get_default_dtype": _get_default_dtype}
-    exec(compile(source, "<thunderfn jit fast key>", "exec"), namespace)
-    return namespace["fast_key"]
-
-
-fast_key = _generated_fast_key()
+def fast_key(args) -> tuple:
+    """The key the dispatcher computes inline for these positional tensors (_FAST_KEY_MODES, then each
+    tensor's TensorPart fields)."""
+    key = [_is_grad_enabled(), _get_default_dtype()]
+    for a in args:
+        key += tensor_fields(a)
+    return tuple(key)
 
 
 def positional_arities(fn) -> tuple:

@@ -159,6 +159,7 @@ class JitState:
         self.last_traces: list[Trace] = []
         self.last_backward_traces: list[Trace] = []
         self.why_no_backward = "it has not been called with an input that requires grad under grad mode"
+        self.jit_options: dict = {}  # the keyword arguments tf.jit was given (a copy compiled alike: tf.profile)
 
     def key(self, leaves, spec) -> CacheKey:
         """The call's cache key, its parts plain tuples in the order of TensorPart's and ValuePart's fields
@@ -488,6 +489,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     `distributed`: set by tf.distributed.ddp and fsdp on the modules they prepare (how the
     module's gradients are synchronized: transforms/ddp.py, transforms/fsdp.py), not by users.
     """
+    options = {name: value for name, value in locals().items() if name != "fn"}  # as given: tf.profile's twin
     if rematerialize is not None and not isinstance(rematerialize, bool):  # checked here: a module jits its forward later
         raise ArgumentValueError(f"rematerialize must be None (on where a fusion executor is used), True or False, "
                          f"got {rematerialize!r}")
@@ -509,6 +511,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     state = JitState(fn, executors, fallback=fallback, static_argnums=static_argnums, static_argnames=static_argnames,
                      disable_torch_autograd=disable_torch_autograd, cache_size_limit=cache_size_limit,
                      rematerialize=rematerialize, cache_dir=cache_dir, distributed=distributed, dynamic=dynamic)
+    state.jit_options = options
     fast_cache, call_slow = state.fast_cache, state.call_slow
     use_fast_path = not static_argnums and not static_argnames
 

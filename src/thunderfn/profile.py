@@ -161,11 +161,7 @@ def _twin(jitted, args):
     state = getattr(jitted, "_thunderfn_state", None)
     if not isinstance(state, JitState):
         raise ArgumentTypeError(f"profile expects a function or module returned by tf.jit, got {type(jitted).__name__}")
-    twin = jit(state.fn, executors=state.executors, fallback=state.fallback, static_argnums=state.static_argnums,
-               static_argnames=state.static_argnames, disable_torch_autograd=state.disable_torch_autograd,
-               cache_size_limit=state.cache_size_limit, rematerialize=state.rematerialize, cache_dir=state.cache_dir,
-               distributed=state.distributed, dynamic=state.dynamic)
-    return twin, state.fn, leaves
+    return jit(state.fn, **state.jit_options), state.fn, leaves
 
 
 def _step(fn, args, kwargs, wrt) -> None:

@@ -92,7 +92,8 @@ def visualize(fn_or_trace, path, *, layout: str = "auto", profile=None) -> str:
         'f.html'
     """
     engine = _engine(layout)
-    drawn = _traces_of(fn_or_trace if profile is None else profile.traces)
+    drawn = _traces_of(fn_or_trace) if profile is None else _forward_and_backward(
+        [profile.traces["forward"]], [profile.traces["backward"]] if "backward" in profile.traces else [])
     graphs = [dataflow(t, title, saved=saved, results=results) for title, t, saved, results in drawn]
     if profile is not None:
         for graph in graphs:
@@ -124,9 +125,6 @@ def _traces_of(fn_or_trace):
     trace drawn."""
     if isinstance(fn_or_trace, Trace):
         return [("trace", fn_or_trace, {}, None)]
-    if isinstance(fn_or_trace, dict):  # a profile's timed traces, by title
-        forward, backward = [fn_or_trace["forward"]], [fn_or_trace["backward"]] if "backward" in fn_or_trace else []
-        return _forward_and_backward(forward, backward)
     if not callable(fn_or_trace):
         raise ArgumentTypeError(f"visualize expects a function from tf.jit or a Trace, got {type(fn_or_trace).__name__}")
     forward = last_traces(fn_or_trace)
