@@ -2,7 +2,7 @@
 cache_size_limit warning say (like jax_explain_cache_misses).
 
 A call whose key matches an entry that cannot run it is explained by that entry (its guards: jit.py's
-CacheEntry.why_invalid). A call with a new key is described against the compiled key closest to it
+cache_entry.py: CacheEntry.why_not). A call with a new key is described against the compiled key closest to it
 (fewest differing fields): the first field that differs, named as the user wrote it (`tensor argument 0
 changed: dtype torch.float32 -> torch.float64`).
 

@@ -148,24 +148,33 @@ def _changed_sizes(old: CacheKey, key: CacheKey) -> dict | None:
     return changed
 
 
-class SymbolicSizes:
-    """What an entry compiled with symbolic dimensions checks: its key pattern (the compiling call's key
-    with each symbolic size free: None) and the guards its trace recorded on the sizes."""
+def served_key(key: CacheKey, inputs: symbolic.SymbolicInputs | None) -> CacheKey:
+    """The key an entry compiled for `key` serves: each size its trace left symbolic None (free), each size it
+    pinned the number it was traced at. That number is not the call's where the call's size 1 was traced at
+    another (open_dimensions' hints): such an entry serves that other size, and the call compiles again."""
+    if inputs is None:
+        return key
+    traced = inputs.traced_shapes()  # tensor number -> its shape as traced: an int, or None where symbolic
+    leaves, k = [], 0
+    for part in key.leaves:
+        if type(part) is TensorPart:
+            leaves.append(part._replace(shape=traced[k]))
+            k += 1
+        else:
+            leaves.append(part)
+    return key._replace(leaves=tuple(leaves))
 
-    def __init__(self, inputs: symbolic.SymbolicInputs, key: CacheKey):
+
+class SymbolicSizes:
+    """What an entry compiled with symbolic dimensions checks besides the rest of its key: its key pattern
+    (served_key: each symbolic size free) and the guards its trace recorded on the sizes."""
+
+    def __init__(self, inputs: symbolic.SymbolicInputs, pattern: CacheKey):
         self.dims = inputs.symbolic_dims  # tensor number -> its symbolic dimensions
         self.described = inputs.still_symbolic()  # "s0" -> "argument 'x'.shape[1]"
         self.facts = inputs.guards_in_words()
-        leaves, k = [], 0
-        for part in key.leaves:
-            if type(part) is TensorPart:
-                open_dims = self.dims.get(k, ())
-                leaves.append(part._replace(shape=tuple(None if d in open_dims else n for d, n in enumerate(part.shape))))
-                k += 1
-            else:
-                leaves.append(part)
-        self.pattern = key._replace(leaves=tuple(leaves))
-        n_tensors = k
+        self.pattern = pattern
+        n_tensors = len(pattern.tensor_parts())
         # tensors are named a0, a1, ... in the order of the call's tensors, as jit's check-and-call functions name them
         names = [f"a{i}" for i in range(n_tensors)]
         self.guard_code = self.check_code(names, inputs.guard_code(names))

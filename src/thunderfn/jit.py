@@ -9,9 +9,9 @@ device and requires_grad, the value of every non-tensor argument, torch's grad
 mode, default dtype and autocast state: the cache key (its fields: cache_key.py).
 Besides it, an entry holds the guards its trace recorded (core/guards.py): the
 Python state the traced code read (module flags and attributes, hooks, closed-over
-and global values, tensors held by plain objects). A call runs the newest entry for
-its key whose guards hold; otherwise the function is traced again, and the reason
-is kept (`cache_info`; put in words by cache_misses.py). Past `cache_size_limit`
+and global values, tensors held by plain objects). A call runs the newest entry that
+admits it: every fact of the entry holds for it (cache_entry.py decides, and says which
+fact failed); otherwise the function is traced again, and the reason is kept (`cache_info`; put in words by cache_misses.py). Past `cache_size_limit`
 entries a function warns once and runs eagerly for new signatures, torch.compile's
 meaning.
 
@@ -42,6 +42,7 @@ import torch
 
 from thunderfn import cache_misses, compile_stages
 from thunderfn import executors as _executors
+from thunderfn.cache_entry import CacheEntry
 from thunderfn.cache_key import CacheKey, named, tensor_fields
 from thunderfn.core import artifacts, context, progress
 from thunderfn.core.call_time import Guarded
@@ -49,7 +50,7 @@ from thunderfn.core.interception import is_numpy_scalar
 from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.trace import Trace
 from thunderfn.core.decorators import with_options_form
-from thunderfn.dynamic_shapes import SymbolicSizes, check_option, open_dimensions
+from thunderfn.dynamic_shapes import SymbolicSizes, check_option, open_dimensions, served_key
 from thunderfn.fast_path import fast_dispatcher, fast_key, hit_function, miss, positional_arities
 from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError
@@ -65,55 +66,6 @@ _any_autocast = torch._C._is_any_autocast_enabled
 
 DEFAULT_CACHE_SIZE_LIMIT = 8  # torch.compile's recompile_limit
 _FAST_CACHE_LIMIT = 256  # concrete signatures the fast path keeps (see JitState.run)
-
-
-class CacheEntry:
-    __slots__ = ("key", "fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit",
-                 "keyword_hit", "layout", "sizes", "checks_nothing")
-
-    def __init__(self, key, fn, traces, backward_traces, tensor_positions, guards, sizes=None):
-        self.key = key  # the (named) key of the call it was compiled for
-        self.fn, self.traces, self.backward_traces = fn, traces, backward_traces
-        self.tensor_positions = tensor_positions
-        self.guards = guards
-        self.sizes = sizes  # SymbolicSizes where the trace has symbolic dimensions, else None
-        self.guards_hold = guards.compile()  # None: nothing to check
-        self.fast_hit = None  # its check-and-call function for the fast path (see JitState.fast_hit), once made
-        self.keyword_hit = None  # the same for a call with keyword tensors (see JitState.keyword_hit)
-        # (tensor number, what, get, value): layout facts the trace relies on (Trace.rely_on_layout), part of
-        # the signature of the inputs they are about (most traces have none)
-        self.layout = tuple((position, what, get, value) for position, facts in traces[0].layout_reads.items()
-                            for (what, get), value in facts.items())
-        # valid() for every call of its key (most entries): JitState.lookup then skips asking it
-        self.checks_nothing = (not self.layout and sizes is None and self.guards_hold is None
-                               and not isinstance(fn, Guarded))
-
-    def valid(self, leaves) -> bool:
-        """Whether this entry may run a call with these flattened arguments: the input layouts it relies
-        on are these, its guards hold, and the state read at call time (core/call_time.py: .grad,
-        optimizer hyperparameters) fits."""
-        if self.layout and self.layout_changed(leaves) is not None:
-            return False
-        if self.sizes is not None and not self.sizes.hold([leaves[i] for i in self.tensor_positions]):
-            return False
-        if self.guards_hold is not None and not self.guards_hold():
-            return False
-        return not isinstance(self.fn, Guarded) or self.fn.guard([leaves[i] for i in self.tensor_positions]) is None
-
-    def layout_changed(self, leaves) -> str | None:
-        for position, what, get, value in self.layout:
-            now = get(leaves[self.tensor_positions[position]])
-            if now != value:
-                return f"tensor argument {position}'s {what} changed: {value} -> {now}"
-        return None
-
-    def why_invalid(self, leaves) -> str:
-        reason = self.layout_changed(leaves) or self.guards.failure()
-        if reason is None and self.sizes is not None:
-            reason = self.sizes.failure([leaves[i] for i in self.tensor_positions])
-        if reason is None and isinstance(self.fn, Guarded):
-            reason = self.fn.guard([leaves[i] for i in self.tensor_positions])
-        return reason or "a guard failed"
 
 
 class JitState:
@@ -148,7 +100,7 @@ class JitState:
         self.symbolic_entries: list[CacheEntry] = []  # entries with symbolic dimensions, newest last
         self.stats = [0, 0]  # [hits, misses]; the fast path counts its hits too
         self.recompile_reasons: list[str] = []
-        # why each compile asked for symbolic sizes compiled with static ones instead (compile_symbolic), and
+        # why each compile asked for symbolic sizes compiled with static ones instead (compile_serving), and
         # the sizes symbolic compiles' traces pinned to a number (a guard `s0 == 3`): what cache_info reports
         self.static_fallbacks: list[str] = []
         self.pinned_sizes: list[str] = []
@@ -211,58 +163,56 @@ class JitState:
             if c.tried_split:
                 self.why_no_backward = c.why_no_backward
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
-        symbolic_sizes = SymbolicSizes(c.sizes, key) if c.sizes is not None and c.sizes.symbolic_dims else None
+        served = served_key(key, c.sizes)
+        symbolic_sizes = SymbolicSizes(c.sizes, served) if c.sizes is not None and c.sizes.symbolic_dims else None
         if c.sizes is not None:
             self.pinned_sizes += c.sizes.pinned()
-        return CacheEntry(key, c.compiled, c.traces, c.backward, positions, c.guards, symbolic_sizes)
+        return CacheEntry(served, c.compiled, c.traces, c.backward, positions, c.guards, symbolic_sizes)
 
-    def compile_symbolic(self, args, kwargs, leaves, key, open_dims, hints, tensors) -> CacheEntry:
-        """compile with open_dims symbolic; where tracing them fails, compiled with this call's sizes instead,
-        so an error (a view this size cannot take) names sizes as eager's does, and code that cannot run
-        symbolically still compiles for each size (the reason kept in static_fallbacks: cache_info).
+    def compile_serving(self, args, kwargs, leaves, key, open_dims, hints) -> CacheEntry:
+        """An entry that serves this call, compiled with open_dims symbolic where that serves it, else with
+        this call's sizes (static_fallbacks says why: cache_info).
 
-        A size-1 dimension traced at another size (hints) may not take this call's 1: where the trace failed,
-        or its guards tell 1 apart (it broadcast against another size), the compile is tried again with those
-        dimensions static before every size is; an entry whose guards only exclude 1 is kept for other sizes."""
-        if not open_dims:
-            return self.compile(args, kwargs, leaves, key)
+        A size-1 dimension traced at another size (hints) may not take this call's 1: where its trace relied
+        on that size (pinned it, or told 1 apart: it broadcast against another size), or failed, the entry is
+        kept for the sizes it serves and the compile is tried again with the size-1 dimensions static, then
+        with every size static. Tracing symbolically may fail where a static trace does not (code that wants
+        a Python int): the static compile is the answer then, and an error it raises names sizes as eager's
+        does. Every entry is asked whether it serves this call before it runs it (CacheEntry.serves)."""
+        attempts = [(open_dims, hints)] if open_dims else []
+        narrowed = _without(open_dims, hints) if hints else None
+        if narrowed:
+            attempts.append((narrowed, {}))  # the size-1 dimensions static, the others symbolic
         failure = None
-        try:
-            entry = self.compile(args, kwargs, leaves, key, open_dims, hints)
-            if not hints or entry.sizes is None or entry.sizes.hold(tensors):
-                return entry
-            self.keep(entry, key)
-        except StepChangesOptimizerState:
-            raise
-        except Exception as e:  # noqa: BLE001 (compiled again below; the reason is kept)
-            failure = e
-        if hints:  # the size-1 dimensions static, the others still symbolic
-            narrowed = _without(open_dims, hints)
-            ones = [f"tensor {k}'s dimension {d} == 1 (its trace at size {at} could not take 1)"
-                    for (k, d), at in hints.items()]
-            if not narrowed:  # every open dimension had size 1: the static compile is the answer (or the error)
-                entry = self.compile(args, kwargs, leaves, key)
-                self.pinned_sizes += ones
-                return entry
+        for n, (dims, at) in enumerate(attempts):
             try:
-                entry = self.compile(args, kwargs, leaves, key, narrowed)
-                self.pinned_sizes += ones
-                return entry
+                entry = self.compile(args, kwargs, leaves, key, dims, at)
             except StepChangesOptimizerState:
                 raise
-            except Exception as e:  # noqa: BLE001 (the first failure is the one reported)
+            except Exception as e:  # noqa: BLE001 (compiled again below; the first failure is the one reported)
                 failure = failure or e
-        text = str(failure).strip()
-        self.static_fallbacks.append(f"{type(failure).__name__}: {text.splitlines()[0][:300]}" if text
-                                     else type(failure).__name__)
+                continue
+            if entry.serves(key, leaves):
+                if n:
+                    self.pinned_sizes += _size_ones(hints)
+                return entry
+            if entry.sizes is not None or entry.key not in self.cache:
+                self.keep(entry)  # it serves the sizes it was traced at, not this call's
+        if hints and not narrowed:  # every open dimension had size 1: the static compile is the answer
+            self.pinned_sizes += _size_ones(hints)
+        elif failure is not None:
+            text = str(failure).strip()
+            self.static_fallbacks.append(f"{type(failure).__name__}: {text.splitlines()[0][:300]}" if text
+                                         else type(failure).__name__)
         return self.compile(args, kwargs, leaves, key)
 
-    def lookup(self, key, leaves):
+    def lookup(self, key, leaves) -> CacheEntry | None:
+        """The newest entry that admits this call (CacheEntry.admits: every fact of it), or None."""
         for entry in reversed(self.cache.get(key, ())):
-            if entry.checks_nothing or entry.valid(leaves):
+            if entry.checks_nothing or entry.admits(key, leaves):
                 return entry
         for entry in reversed(self.symbolic_entries):
-            if entry.sizes.matches(key) and entry.valid(leaves):
+            if entry.admits(key, leaves):
                 return entry
         return None
 
@@ -307,7 +257,7 @@ class JitState:
                 self.evict_oldest()
             self.stats[1] += 1
             try:
-                entry = self.compile_symbolic(args, kwargs, leaves, key, open_dims, hints, tensors)
+                entry = self.compile_serving(args, kwargs, leaves, key, open_dims, hints)
             except StepChangesOptimizerState:  # an optimizer's first step creates its state: run it as eager does
                 return None
             if entry.sizes is not None and reason is not None:
@@ -315,15 +265,15 @@ class JitState:
                 reason = f"{reason}: compiled with symbolic sizes {opened}"
             if reason is not None:
                 self.recompile_reasons.append(reason)
-            self.keep(entry, key)
+            self.keep(entry)
             return entry
 
-    def keep(self, entry: CacheEntry, key) -> None:
-        """Cache an entry: with the others of its key, or among the symbolic entries (matched by pattern)."""
+    def keep(self, entry: CacheEntry) -> None:
+        """Cache an entry: with the others of the key it serves, or among the symbolic entries (matched by pattern)."""
         if entry.sizes is not None:
             self.symbolic_entries.append(entry)
         else:
-            self.cache.setdefault(key, []).append(entry)
+            self.cache.setdefault(entry.key, []).append(entry)
 
     @property
     def n_entries(self) -> int:
@@ -378,7 +328,7 @@ class JitState:
         the entry; anything else returns MISS. Generated Python, made once per entry: comparing
         with constants costs less than building and hashing a key."""
         if entry.fast_hit is None:
-            entry.fast_hit = hit_function(*_checked_key(entry), entry.fn, entry.guards_hold, self.stats,
+            entry.fast_hit = hit_function(*entry.checked_key(), entry.fn, entry.guards_hold, self.stats,
                                            entry.layout)
         return entry.fast_hit
 
@@ -387,20 +337,21 @@ class JitState:
         `model(input_ids=..., labels=...)`), called with (args, kwargs): it finds each tensor by
         position or by name, in the order the cache key flattened them (keywords sorted)."""
         if entry.keyword_hit is None:
-            entry.keyword_hit = hit_function(*_checked_key(entry), entry.fn, entry.guards_hold, self.stats,
+            entry.keyword_hit = hit_function(*entry.checked_key(), entry.fn, entry.guards_hold, self.stats,
                                               entry.layout, keywords=tuple(sorted(kwargs)))
         return entry.keyword_hit
 
     def why_miss(self, key, args, kwargs, leaves) -> str | None:
-        """Why this call cannot use a cached entry, in words (None for the first compile)."""
-        same_key = self.cache.get(key) or [e for e in self.symbolic_entries if e.sizes.matches(key)]
-        if same_key:
-            return same_key[-1].why_invalid(leaves)
+        """Why this call cannot use a cached entry, in words (None for the first compile): the fact that failed
+        of the newest entry its key fits, or how its key differs from the closest one compiled."""
+        fitting = self.cache.get(key) or [e for e in self.symbolic_entries if e.fits(key)]
+        if fitting:
+            return fitting[-1].why_not(key, leaves)
         return cache_misses.new_signature(key, self.compiled_keys(), args, kwargs)
 
     def compiled_keys(self) -> list[CacheKey]:
         """The keys compiled, and the symbolic entries' key patterns (a symbolic size: None)."""
-        return [*self.cache, *(e.sizes.pattern for e in self.symbolic_entries)]
+        return [*self.cache, *(e.key for e in self.symbolic_entries)]
 
     def warn_limit(self, reason) -> None:
         if self.warned_limit:
@@ -419,12 +370,8 @@ def _without(open_dims: dict, dims) -> dict:
     return {k: ds for k, ds in kept.items() if ds}
 
 
-def _checked_key(entry: CacheEntry) -> tuple:
-    """(the key a check-and-call function compares a call with, the size guards it checks): an entry with
-    symbolic dimensions compares its pattern (those sizes free) and checks its trace's guards on sizes."""
-    if entry.sizes is None:
-        return entry.key, None
-    return entry.sizes.pattern, entry.sizes.guard_code
+def _size_ones(hints: dict) -> list[str]:
+    return [f"tensor {k}'s dimension {d} == 1 (its trace at size {at} could not take 1)" for (k, d), at in hints.items()]
 
 
 def _fn_name(fn) -> str:

@@ -263,6 +263,17 @@ class SymbolicInputs:
                 out.setdefault(number, []).append(d)
         return {k: tuple(v) for k, v in out.items()}
 
+    def traced_shapes(self) -> dict:
+        """tensor number -> its shape as the trace holds it: each size an int (static, or a symbol a guard
+        specialized to the number it was traced at), None where it stayed symbolic."""
+        shapes: dict = {}
+        for (number, _), n in zip(self.access, self.placeholders):
+            if isinstance(n, torch.SymInt):
+                value = self.env.simplify(n.node.expr)
+                n = int(value) if value.is_number else None
+            shapes.setdefault(number, []).append(n)
+        return {k: tuple(v) for k, v in shapes.items()}
+
     def pinned(self) -> list[str]:
         """The symbols a guard specialized to a number, in words ("s0 = argument 'x'.shape[1] == 3"): the
         trace relied on that size, so the entry's key holds it as a static size."""

@@ -86,7 +86,7 @@ class Trace:
         self.input_tensors: dict = {}  # input proxy name -> the tensor it stands for, while tracing only
         self._inputs_by_proxy: dict = {}  # id(input proxy object) -> (its position, the tensor), while tracing only
         # Layout facts about input tensors the trace relies on (whether x.contiguous() is x or a copy):
-        # position -> {(what, get): value}, checked by jit on every call with the cache key (jit.py's CacheEntry)
+        # position -> {(what, get): value}, checked by jit on every call with the cache key (cache_entry.py's CacheEntry)
         self.layout_reads: dict = {}
         # Called as f(trc, failed) when tracing ends, to undo or guard Python state the traced code
         # touched (torch/optim.py); finish_data holds their bookkeeping, by owner.

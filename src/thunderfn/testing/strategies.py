@@ -157,3 +157,95 @@ def value_graphs(draw, max_values: int = 8):
     needed = frozenset(draw(st.lists(st.sampled_from(values), min_size=1, max_size=4)))
     unsaveable = frozenset(v for v in values[n_inputs:] if v not in needed and draw(st.booleans()))
     return ValueGraph(values, cost, arguments, fixed, needed, unsaveable)
+
+
+# -- programs that read sizes as Python values (dynamic shapes' law: tests/test_size_reads.py) -----------------
+# Each takes x of shape (B, T, D) (and `other` of shape (T2, D)) and reads a size in one of the ways user code
+# does; a jitted program must equal it in shape and value at every length, whatever the lengths before.
+_POSITIONS = torch.linspace(-1.0, 1.0, 64 * 4, dtype=torch.float64).reshape(64, 4)  # learned positions, D = 4
+
+
+def _int_of_a_size(x, other):
+    T = int(x.shape[1])
+    return x + _POSITIONS[:T]
+
+
+def _size_method(x, other):
+    return x.sum(1) / max(x.size(1), 1) + x.size(0)
+
+
+def _len(x, other):
+    return x * len(x) + len(other)
+
+
+def _range_over_a_size(x, other):
+    out = x[:, :0].sum(1)
+    for i in range(x.shape[1]):
+        out = out + x[:, i] * (i + 1)
+    return out
+
+
+def _slice_bounds(x, other):
+    T = x.shape[1]
+    return torch.cat([x[:, T // 2:], x[:, : T - T // 2]], 1) + x[:, -1:].sum(1, keepdim=True)
+
+
+def _positions_sliced(x, other):
+    return x + _POSITIONS[: x.shape[1]]
+
+
+def _arange(x, other):
+    T = x.shape[1]
+    return x * torch.arange(T, dtype=x.dtype).view(1, T, 1) + torch.arange(1, T + 1, dtype=x.dtype)[None, :, None]
+
+
+def _causal_mask(x, other):
+    T = x.shape[1]
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    scores = (x @ x.transpose(1, 2)).masked_fill(mask, float("-inf"))
+    return torch.nan_to_num(scores.softmax(-1)) @ x
+
+
+def _view_computed(x, other):
+    B, T, D = x.shape
+    return x.reshape(B * T, D).sin().view(B, T, D) + x.reshape(B, -1)[:, : T * D].view(B, T, D)
+
+
+def _size_arithmetic(x, other):
+    B, T, D = x.shape
+    return x.reshape(B, T * D // 2, 2).sum(-1) * (T * 2 + 1) / (D + T)
+
+
+def _zero_one_branch(x, other):
+    if x.shape[1] == 1:
+        return x * 3
+    if x.shape[1] == 0:
+        return x + 1
+    return x.cumsum(1)
+
+
+def _equal_to_another_inputs(x, other):
+    if x.shape[1] == other.shape[0]:
+        return x + other
+    return x * other.sum()
+
+
+def _size_as_a_tensor(x, other):
+    return x * torch.tensor(x.shape[1], dtype=x.dtype) + torch.full((x.shape[1], 1), float(x.shape[0]), dtype=x.dtype)
+
+
+SIZE_READING_PROGRAMS = {f.__name__.lstrip("_"): f for f in (
+    _int_of_a_size, _size_method, _len, _range_over_a_size, _slice_bounds, _positions_sliced, _arange, _causal_mask,
+    _view_computed, _size_arithmetic, _zero_one_branch, _equal_to_another_inputs, _size_as_a_tensor)}
+
+
+def size_reading_programs():
+    """(name, program) pairs from SIZE_READING_PROGRAMS."""
+    return st.sampled_from(sorted(SIZE_READING_PROGRAMS.items()))
+
+
+def call_lengths(max_calls: int = 6):
+    """Sequences of sequence lengths for successive calls: 0, 1, 2, small, large, and repeats of earlier ones."""
+    length = st.sampled_from([0, 1, 1, 1, 2, 2, 3, 5, 7, 16, 33])
+    return st.lists(length, min_size=2, max_size=max_calls).flatmap(
+        lambda ls: st.lists(st.sampled_from(ls), max_size=2).map(lambda again: ls + again))
