@@ -22,12 +22,13 @@ through (`as_strided`, a tensor index, `detach()`, reinterpretations such as
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
 
 from thunderfn import clang, prims
-from thunderfn.core import context, interception
+from thunderfn.core import context, interception, symbolic
 from thunderfn.core.interception import find_handler, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
@@ -247,7 +248,7 @@ def _view_in_eager(func, args, kwargs, root, steps) -> tuple:
     if probe is None:
         return None, None
     try:
-        with torch._C.DisableTorchFunction():  # meta tensors, not traced
+        with torch._C.DisableTorchFunction(), _symbolic_probes(probe, args, kwargs):  # meta tensors, not traced
             value = probe
             for step in steps:
                 if step.func is not None:
@@ -282,6 +283,14 @@ def _eager_layout(trc, proxy, facts: list, depth: int = 0):
 def _work_out_layout(trc, proxy, facts: list, depth: int):
     tensor = trc.real_tensor(proxy)
     if tensor is not None:
+        if symbolic.has_symbols(tuple(proxy.shape)):
+            # strides change with a symbolic size: a contiguous input is probed as contiguous in its symbolic
+            # shape (the fact relied on: it is contiguous), any other layout stays unknown
+            if not tensor.is_contiguous():
+                return None
+            facts.append((proxy, "is_contiguous()", torch.Tensor.is_contiguous, True))
+            with torch._C.DisableTorchFunction(), _symbolic_probes(proxy.shape):
+                return torch.empty(tuple(proxy.shape), dtype=tensor.dtype, device="meta")
         facts.append((proxy, "stride()", torch.Tensor.stride, tensor.stride()))
         with torch._C.DisableTorchFunction():
             return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
@@ -308,7 +317,7 @@ def _work_out_layout(trc, proxy, facts: list, depth: int):
     if not any(isinstance(a, torch.Tensor) for a in tree_leaves((args, kwargs))):
         kwargs["device"] = "meta"  # a factory: made where the probes live
     try:
-        with torch._C.DisableTorchFunction():
+        with torch._C.DisableTorchFunction(), _symbolic_probes(args, kwargs):
             out = producer.sym.torch_fn(*args, **kwargs)
         outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
         index = next(i for i, o in enumerate(producer.proxy_outs()) if o is proxy)
@@ -339,6 +348,21 @@ def _contiguous_as(fmt):
 _is_contiguous_as = {fmt: (torch.Tensor.is_contiguous if fmt is torch.contiguous_format else _contiguous_as(fmt))
                      for fmt in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d,
                                  torch.preserve_format)}
+
+
+def _symbolic_probes(*values):
+    """Where sizes are symbolic, the fake-tensor mode of their ShapeEnv, so a probe's meta kernels compute with the
+    symbols and guard only what their answer needs (a plain meta op would pin each size it is given); else nothing."""
+    leaves = []
+    for v in tree_leaves(values):
+        if isinstance(v, slice):  # (x[:T]: a bound may be a symbolic size)
+            leaves += symbolic.symbolic_leaves((v.start, v.stop, v.step))
+        elif isinstance(v, (torch.Tensor, TensorProxy)):
+            leaves += [n for n in v.shape if isinstance(n, torch.SymInt)]
+        else:
+            leaves += symbolic.symbolic_leaves(v)
+    mode = symbolic.fake_tensor_mode(leaves) if leaves else None
+    return mode if mode is not None else contextlib.nullcontext()
 
 
 def _meta_args(values):
