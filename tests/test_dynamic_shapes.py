@@ -361,3 +361,55 @@ def test_many_lengths_keep_the_fast_path_table_bounded():
     assert len(jitted._thunderfn_state.fast_cache) <= 256
     torch.testing.assert_close(jitted(torch.ones(700)), torch.full((700,), 2.0))
     assert tf.cache_info(jitted)["misses"] == 1
+
+
+# -- the everyday decoder patterns (thunderfn/examples/decoder.py) ---------------------------------------------
+@pytest.mark.parametrize("training", [False, True])
+def test_decoder_over_twelve_lengths_matches_eager_and_compiles_no_more_than_torch_compile(training):
+    """Positions sliced by a length read from a shape, a causal mask built from it, nn.MultiheadAttention with it
+    and cross-entropy over B*T rows keep the length symbolic: at most 3 compiles for 12 lengths (torch.compile's
+    graphs for the same calls: static, the specialized length 1, one symbolic), each result eager's."""
+    from thunderfn.examples.decoder import DECODER_LENGTHS, Decoder
+
+    torch.manual_seed(0)
+    model = Decoder().train(training)
+    jitted = tf.jit(model)
+    for n, length in enumerate(DECODER_LENGTHS):
+        g = torch.Generator().manual_seed(n)
+        idx, targets = torch.randint(0, 50, (2, length), generator=g), torch.randint(0, 50, (2, length), generator=g)
+        if training:
+            loss, expected = jitted(idx, targets), model(idx, targets)
+            got = torch.autograd.grad(loss, list(model.parameters()))
+            want = torch.autograd.grad(expected, list(model.parameters()))
+            torch.testing.assert_close((loss, got), (expected, want), atol=1e-5, rtol=1e-5)
+        else:
+            with torch.no_grad():
+                out, expected = jitted(idx), model(idx)
+            assert out.shape == expected.shape == (2, length, 50)
+            torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    info = tf.cache_info(jitted)
+    assert info["misses"] <= 3 and not info["static_fallbacks"], info
+    assert any("argument 'idx'.shape[1]" in s.values() for s in info["symbolic"]), info
+
+
+def test_a_pinned_size_names_the_line_that_read_it_and_the_limit_warning_says_so():
+    def f(x):
+        n = int(x.shape[1])  # the read that pins
+        return x * n
+
+    jitted = tf.jit(f, cache_size_limit=3)
+    with pytest.warns(UserWarning, match=r"relied on these sizes being one number.*test_dynamic_shapes.py:\d+"):
+        for n in range(2, 8):
+            torch.testing.assert_close(jitted(torch.ones(2, n)), f(torch.ones(2, n)))
+    pinned = tf.cache_info(jitted)["pinned"]
+    assert pinned and all("test_dynamic_shapes.py:" in p and "int()" in p for p in pinned), pinned
+
+
+def test_a_size_pinned_by_an_op_names_the_op_and_line():
+    def g(x):
+        return x.view(2, 3) * 2  # an (n,) tensor viewed as (2, 3): n must be 6
+
+    jitted = tf.jit(g, dynamic=True)
+    torch.testing.assert_close(jitted(torch.ones(6)), g(torch.ones(6)))
+    (pinned,) = tf.cache_info(jitted)["pinned"]
+    assert "== 6" in pinned and "pinned by Tensor.view at test_dynamic_shapes.py:" in pinned, pinned

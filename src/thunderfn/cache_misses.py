@@ -44,15 +44,23 @@ def new_signature(key: CacheKey, compiled: list[CacheKey], args, kwargs) -> str 
     return "the arguments changed"
 
 
-def limit_advice(reasons: list) -> str:
-    """What to do about the recompiles that filled the cache, by what changed in them."""
+def limit_advice(reasons: list, dynamic=None, pinned=()) -> str:
+    """What to do about the recompiles that filled the cache, by what changed in them, the `dynamic` option in
+    force and the sizes the traces pinned (with where: SymbolicInputs.pinned)."""
     advice = []
-    if any(" shape " in r for r in reasons):
-        advice.append("Each new input shape compiled anew: with dynamic=False every size is static, and a trace that "
-                      "relies on a size (a branch on it) is guarded to it. The default (dynamic=None) compiles a "
-                      "changed dimension once more as symbolic, and tf.mark_dynamic(tensor, dim) makes one symbolic "
-                      "from the first call (docs/jit.md, 'Dynamic shapes'); otherwise pad or bucket inputs to a few "
-                      "sizes.")
+    if pinned:
+        advice.append(f"The traces relied on these sizes being one number, so each size compiles anew: "
+                      f"{'; '.join(pinned[-3:])}. Compute with the size instead (x.shape[1] as it is, torch ops on "
+                      f"it) rather than int() or a branch on it, or pad or bucket inputs to a few sizes.")
+    elif any(" shape " in r for r in reasons):
+        if dynamic is False:
+            advice.append("Each new input shape compiled anew, as dynamic=False asks: dynamic=None (the default) "
+                          "compiles a changed dimension once more as symbolic, and tf.mark_dynamic(tensor, dim) makes "
+                          "one symbolic from the first call (docs/jit.md, 'Dynamic shapes').")
+        else:
+            advice.append("Each new input shape compiled anew although sizes may be symbolic here: the reasons say "
+                          "what each trace relied on; pad or bucket inputs to a few sizes (docs/jit.md, "
+                          "'Dynamic shapes').")
     if any(" changed from " in r for r in reasons):
         advice.append("Each new value of a Python argument (a number, a string) compiles anew: pass a changing "
                       "number as a tensor (torch.tensor(x)), which is an input and not baked in.")

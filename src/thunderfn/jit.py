@@ -361,7 +361,8 @@ class JitState:
         warnings.warn(
             f"thunderfn.jit: '{_fn_name(self.fn)}' reached cache_size_limit ({self.cache_size_limit}) and now runs "
             f"eagerly for calls that match none of its compiled entries. Last recompiles: {'; '.join(reasons)}. "
-            f"{cache_misses.limit_advice(reasons)}", stacklevel=4)
+            f"{cache_misses.limit_advice(reasons, self.dynamic, [p for p in self.pinned_sizes if 'pinned' in p])}",
+            stacklevel=4)
 
 
 def _without(open_dims: dict, dims) -> dict:

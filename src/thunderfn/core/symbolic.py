@@ -26,7 +26,9 @@ import contextlib
 import functools
 import importlib
 import numbers
+import os
 import re
+import sys
 import threading
 import weakref
 
@@ -232,6 +234,16 @@ class SymbolicInputs:
         self.described: dict = {}  # "s0" -> "argument 'x'.shape[1]"
         self.printed: dict = {}  # sympy expression -> its Python source (see python)
         self.fake_mode = None  # a FakeTensorMode on env, made when first needed (fake_tensor_mode)
+        # sympy symbol -> where a guard made it a number: "pinned by torch.triu at model.py:12" (cache_info's)
+        self.pinned_at: dict = {}
+        replace = self.env._set_replacement
+
+        def replacing(symbol, target, *rest):
+            if getattr(target, "is_number", False) and symbol not in self.pinned_at:
+                self.pinned_at[symbol] = where_traced()
+            return replace(symbol, target, *rest)
+
+        self.env._set_replacement = replacing  # (this ShapeEnv is ours alone: one per compile)
         _registry[self.env] = self
 
     def shape(self, number: int, shape, described: str) -> torch.Size:
@@ -281,7 +293,8 @@ class SymbolicInputs:
         for expr, name in self.names.items():
             value = self.env.simplify(expr)
             if value.is_number:
-                out.append(f"{name} = {self.described[name]} == {int(value)}")
+                at = self.pinned_at.get(expr)
+                out.append(f"{name} = {self.described[name]} == {int(value)}" + (f" ({at})" if at else ""))
         return out
 
     def still_symbolic(self) -> dict:
@@ -311,6 +324,40 @@ class SymbolicInputs:
             if expr is not True and str(expr) != "True":
                 words.append(python(expr, self))
         return words
+
+
+_THUNDERFN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def where_traced() -> str | None:
+    """The torch operation being traced and the line of the traced code that called it ("torch.triu at
+    model.py:12"), from the Python stack: the outermost interception.dispatch frame's function, and the innermost
+    frame outside thunderfn and torch. For saying which line of the user's relied on a size."""
+    op, line = None, None
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "dispatch" and code.co_filename.endswith(os.path.join("core", "interception.py")):
+            op = _op_name(frame.f_locals.get("func"))
+        elif line is None and not code.co_filename.startswith((_THUNDERFN_DIR, _TORCH_DIR, "<")):
+            line = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    if op is None and line is None:
+        return None
+    if op is None:  # int(size), a branch or an index the traced code computed itself
+        return f"pinned at {line}: int(), a comparison or a Python index read it"
+    return f"pinned by {op}" + (f" at {line}" if line else "")
+
+
+def _op_name(func) -> str | None:
+    if func is None:
+        return None
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    module = getattr(func, "__module__", None) or ""
+    if name.startswith(("TensorBase.", "_TensorBase.")):
+        name = "Tensor." + name.split(".", 1)[1]
+    return name if name.startswith("Tensor.") or not module.startswith("torch") else f"{module.replace('torch._C._nn', 'torch.nn.functional')}.{name}"
 
 
 # every live ShapeEnv of ours -> its SymbolicInputs, for printing a SymInt by its names
