@@ -67,6 +67,15 @@ def _cache_tree(root):
     return deep / "kernel_0.py"
 
 
+def _open_to_others(root, entry):
+    """Let group and others enter every folder from `root` down to `entry`, so that they could reach
+    it (the folders thunderfn makes are mode 0700, which puts everything under them out of reach)."""
+    folder = entry.parent
+    while folder != root.parent:
+        folder.chmod(0o755)
+        folder = folder.parent
+
+
 def _shared_folder(path):
     """A folder everyone may write to (mkdir's mode is cut by the umask; chmod's is not)."""
     path.mkdir()
@@ -244,6 +253,7 @@ def test_a_group_writable_file_in_the_caches_is_refused(tmp_path, monkeypatch):
     root = tmp_path / "cache"
     deep_file = _cache_tree(root)
     _as_a_new_process(monkeypatch)
+    _open_to_others(root, deep_file)
     deep_file.chmod(0o664)
     _refused(root, deep_file, "is writable by group (mode 664)")
 
@@ -252,8 +262,40 @@ def test_a_world_writable_folder_in_the_caches_is_refused(tmp_path, monkeypatch)
     root = tmp_path / "cache"
     deep_file = _cache_tree(root)
     _as_a_new_process(monkeypatch)
+    _open_to_others(root, deep_file)
     deep_file.parent.chmod(0o757)
     _refused(root, deep_file.parent, "is writable by others (mode 757)")
+
+
+def test_what_a_umask_of_002_leaves_is_accepted_below_a_folder_only_this_user_may_enter(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    deep_file = _cache_tree(root)
+    for entry in [deep_file.parent, *deep_file.parent.parents]:  # as Inductor leaves them under umask 002
+        if entry == root / "inductor":
+            break
+        entry.chmod(0o775)
+    for file in deep_file.parent.iterdir():
+        file.chmod(0o664)
+    for root_mode, inductor_mode in ((0o700, 0o700), (0o755, 0o700), (0o700, 0o755)):
+        _as_a_new_process(monkeypatch)
+        root.chmod(root_mode)
+        (root / "inductor").chmod(inductor_mode)
+        with artifacts.writing_to(root), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            artifacts.point_kernel_caches()
+        assert _pointed_into(root)
+    _as_a_new_process(monkeypatch)
+    root.chmod(0o755)  # now others may reach what is group-writable
+    _refused(root, root / "inductor" / "fxgraph", "is writable by group (mode 775)")
+
+
+def test_a_group_writable_file_with_a_second_name_elsewhere_is_refused_even_out_of_reach(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    deep_file = _cache_tree(root)
+    _as_a_new_process(monkeypatch)
+    os.link(deep_file, tmp_path / "second name")
+    deep_file.chmod(0o664)
+    _refused(root, deep_file, "is writable by group (mode 664)")
 
 
 @pytest.mark.parametrize("target", ["file", "folder"])
@@ -323,6 +365,7 @@ def test_sources_still_go_to_the_private_folder_when_the_kernel_caches_are_refus
     root = tmp_path / "cache"
     _cache_tree(root)
     _as_a_new_process(monkeypatch)
+    _open_to_others(root, root / "triton" / "XYZ")
     (root / "triton" / "XYZ").chmod(0o777)
     jf = tf.jit(lambda x: x * 2, cache_dir=root)
     torch.testing.assert_close(jf(torch.ones(2)), torch.full((2,), 2.0))

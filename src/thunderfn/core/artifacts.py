@@ -22,12 +22,14 @@ Naming a directory, with `tf.jit(fn, cache_dir=...)` or the environment variable
   settings, made on the first compile that names a directory. Inductor and Triton load and
   run the code they find in their caches, so they are pointed there only when `<dir>` and
   everything under `<dir>/inductor` and `<dir>/triton` is the user's own: each folder and
-  file owned by this process's effective user, not writable by group or others, and none a
-  symlink or anything but a file or a folder (checked once per directory and process, before
-  the first fusion compile; see `_first_unsafe`). Otherwise a warning names the first entry
-  that is not, and why, and they keep their defaults. Folders thunderfn makes there (`<dir>`,
-  its missing parents, `inductor/`, `triton/`) are made mode 0700. What one process leaves
-  there passes the next process's check, so the kernel caches are reused across processes.
+  file owned by this process's effective user, and none a symlink or anything but a file or a
+  folder; `<dir>` not writable by group or others, nor anything below it that they could reach
+  (checked once per directory and process, before the first fusion compile; see
+  `_first_unsafe`). Otherwise a warning names the first entry that is not, and why, and they
+  keep their defaults. Folders thunderfn makes there (`<dir>`, its missing parents,
+  `inductor/`, `triton/`) are made mode 0700, which puts what Inductor and Triton write
+  below them out of others' reach whatever the umask. What one process leaves there passes
+  the next process's check, so the kernel caches are reused across processes.
 
 A directory thunderfn cannot write to (read-only, or made so between calls) costs a warning,
 once per directory: compiling goes on, the sources stay in memory.
@@ -83,24 +85,33 @@ def _make_private_dirs(path: str) -> None:
         os.mkdir(path, 0o700)
 
 
-def _why_unsafe(path: str) -> tuple[str | None, bool]:
+def _why_unsafe(path: str, reachable: bool = True) -> tuple[str | None, os.stat_result | None]:
     """(why the entry `path`, a symlink not followed, could hold what another user put there, or None
-    when it is a file or folder of this user's that only this user can write; whether it is a folder)."""
+    when it is a file or folder of this user's that no one else can write; its lstat).
+
+    `reachable`: whether others may enter every folder on the way to it. One they cannot reach
+    may be writable by group or others (a umask of 002 leaves Inductor's files so), unless it is a
+    file with a second name (a hard link) somewhere else."""
     try:
         st = os.lstat(path)
     except OSError as e:
-        return f"cannot be inspected ({e})", False
+        return f"cannot be inspected ({e})", None
     if stat.S_ISLNK(st.st_mode):
-        return "is a symlink", False
+        return "is a symlink", st
     if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-        return "is neither a file nor a folder (a FIFO, socket or device)", False
+        return "is neither a file nor a folder (a FIFO, socket or device)", st
     if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-        return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})", False
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})", st
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and (reachable or (stat.S_ISREG(st.st_mode) and st.st_nlink > 1)):
         writers = " and ".join(who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH))
                                if st.st_mode & bit)
-        return f"is writable by {writers} (mode {stat.S_IMODE(st.st_mode):o})", False
-    return None, stat.S_ISDIR(st.st_mode)
+        return f"is writable by {writers} (mode {stat.S_IMODE(st.st_mode):o})", st
+    return None, st
+
+
+def _opens_to_others(st: os.stat_result) -> bool:
+    """Whether group or others may enter the folder (search permission: needed to reach anything in it)."""
+    return bool(st.st_mode & (stat.S_IXGRP | stat.S_IXOTH))
 
 
 def _first_unsafe(root: str, subfolders) -> tuple[str, str] | None:
@@ -110,34 +121,34 @@ def _first_unsafe(root: str, subfolders) -> tuple[str, str] | None:
     The check runs once, when a process first points the kernel caches there; Inductor and Triton
     load from them later. What it covers across that gap, and what not:
     - Covered: nobody else can add, replace or change anything in the checked trees afterwards.
-      That takes write permission on a folder in them or on a file, and each is this user's and
-      writable by this user alone (POSIX ACLs that let others write show in the group bits, which
-      are refused). This is why folders' owners and modes are checked as well as files'.
+      That takes write permission on a folder in them or on a file, and a path to it through
+      folders they may enter; each entry is this user's and writable by this user alone, or out
+      of others' reach (below a folder of this user's that only this user may enter: `root`
+      and the folders thunderfn makes are mode 0700), and not a file with a second name elsewhere.
+      POSIX ACLs that let others in show in the group bits. This is why folders' owners and
+      modes are checked as well as files'.
     - Not covered: the folders above `root`. Whoever can write to the folder holding `root` (one
       without the sticky bit /tmp has), or owns a folder above it, can rename `root` away after the
-      check and put a folder of theirs in its place. Nor a file descriptor another user opened on a
-      folder here while it was open to them. Nor root.
-    The cost is one lstat per entry, once per process and directory: 40 to 120 ms for 10,000 files.
+      check and put a folder of theirs in its place. Nor a file descriptor (or working directory)
+      another user opened in here while it was open to them. Nor root.
+    The cost is one lstat per entry, once per process and directory: about 0.1 s for 10,000 files.
     """
-    tops = [root, *(os.path.join(root, sub) for sub in subfolders)]
-    for path in tops:
-        why, _ = _why_unsafe(path)
+    pending = [(root, True)]  # (entry, whether others may reach it): what is above root is not looked at
+    while pending:
+        path, reachable = pending.pop()
+        why, st = _why_unsafe(path, reachable)
         if why is not None:
             return path, why
-    folders = tops[1:]
-    while folders:
-        folder = folders.pop()
-        try:
-            with os.scandir(folder) as entries:
-                paths = [entry.path for entry in entries]
-        except OSError as e:
-            return folder, f"cannot be listed ({e})"
-        for path in paths:
-            why, is_folder = _why_unsafe(path)
-            if why is not None:
-                return path, why
-            if is_folder:
-                folders.append(path)
+        if stat.S_ISDIR(st.st_mode):
+            if path == root:  # of what is in it, only the kernel caches' folders
+                inside = [os.path.join(root, sub) for sub in subfolders]
+            else:
+                try:
+                    with os.scandir(path) as entries:
+                        inside = [entry.path for entry in entries]
+                except OSError as e:
+                    return path, f"cannot be listed ({e})"
+            pending.extend((entry, reachable and _opens_to_others(st)) for entry in inside)
     return None
 
 
@@ -146,7 +157,7 @@ def _private_folder(root: str) -> str:
     anew should it stop being a folder of this user's alone (renamed away and replaced, in a root
     others can write to)."""
     folder = _private.get(root)
-    if folder is None or _why_unsafe(folder) != (None, True):
+    if folder is None or _why_unsafe(folder)[0] is not None or not os.path.isdir(folder):
         _make_private_dirs(root)
         folder = _private[root] = tempfile.mkdtemp(prefix="thunderfn-", dir=root)
     return folder
@@ -222,9 +233,10 @@ def point_kernel_caches() -> None:
         if unsafe is not None:
             warnings.warn(
                 f"thunderfn: not pointing Inductor's and Triton's kernel caches into cache_dir {path!r}: "
-                f"{unsafe[0]!r} {unsafe[1]}. They load and run the code found there, so cache_dir and everything "
-                f"in its inductor/ and triton/ folders must be yours, no symlinks, and only you can write them "
-                f"(chmod -R go-w; remove what is not yours). They keep their default locations.", stacklevel=2)
+                f"{unsafe[0]!r} {unsafe[1]}. They load and run the code found there, so only you may write to "
+                f"cache_dir (chmod 700 keeps others out of all of it), and everything in its inductor/ and triton/ "
+                f"folders must be yours and no symlink: remove what is not. They keep their default locations.",
+                stacklevel=2)
             return
         for variable, sub in caches:
             os.environ.setdefault(variable, os.path.join(path, sub))
