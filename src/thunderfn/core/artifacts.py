@@ -12,15 +12,24 @@ Naming a directory, with `tf.jit(fn, cache_dir=...)` or the environment variable
 
 - `<dir>/thunderfn-XXXXXXXX/`: the source of each compiled trace, one `.py` file per trace
   (written when compiled; tracebacks then point at these files). The folder is private to
-  this process (made by tempfile.mkdtemp, mode 0700, a random name), and each file is
-  created new (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0600) under a temporary name and renamed
-  into place, so a name or a symlink planted in a shared directory is never written through.
+  this process (made by tempfile.mkdtemp, mode 0700, a random name; made anew should it
+  stop being a folder of this user's alone), and each file is created new (O_CREAT | O_EXCL |
+  O_NOFOLLOW, mode 0600) under a temporary name and renamed into place, so a name or a
+  symlink planted in a shared directory is never written through. The code that runs is the
+  source in memory: nothing is read back from these files.
 - `<dir>/inductor/` and `<dir>/triton/`: the kernel caches, where the user has not set
   `TORCHINDUCTOR_CACHE_DIR` / `TRITON_CACHE_DIR` already. These are process-wide
   settings, made on the first compile that names a directory. Inductor and Triton load and
-  run the code they find in their caches, so they are pointed there only when the directory
-  is the user's own: owned by this user and not writable by group or others. Otherwise a
-  warning says so and they keep their defaults.
+  run the code they find in their caches, so they are pointed there only when `<dir>` and
+  everything under `<dir>/inductor` and `<dir>/triton` is the user's own: each folder and
+  file owned by this process's effective user, and none a symlink or anything but a file or a
+  folder; `<dir>` not writable by group or others, nor anything below it that they could reach
+  (checked once per directory and process, before the first fusion compile; see
+  `_first_unsafe`). Otherwise a warning names the first entry that is not, and why, and they
+  keep their defaults. Folders thunderfn makes there (`<dir>`, its missing parents,
+  `inductor/`, `triton/`) are made mode 0700, which puts what Inductor and Triton write
+  below them out of others' reach whatever the umask. What one process leaves there passes
+  the next process's check, so the kernel caches are reused across processes.
 
 A directory thunderfn cannot write to (read-only, or made so between calls) costs a warning,
 once per directory: compiling goes on, the sources stay in memory.
@@ -37,12 +46,13 @@ import threading
 import warnings
 
 ENV = "THUNDERFN_CACHE_DIR"
+KERNEL_CACHES = (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton"))  # variable, folder
 _local = threading.local()
 _numbers = itertools.count()
 _lock = threading.Lock()
 _private: dict = {}  # cache dir -> this process's private folder in it
 _unwritable: set = set()  # cache dirs a write failed in (warned once)
-_not_own: set = set()  # cache dirs the kernel caches were not pointed into (warned once)
+_kernel_caches_decided: set = set()  # cache dirs point_kernel_caches has checked in this process (pointed or warned)
 
 
 def directory() -> str | None:
@@ -64,11 +74,91 @@ def writing_to(path: str | os.PathLike | None):
         _local.directory = before
 
 
+def _make_private_dirs(path: str) -> None:
+    """Make the folder `path` and any missing parent, each mode 0700 (os.makedirs gives the parents
+    the umask's mode, which may let the group write them)."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    if parent != path and not os.path.lexists(parent):
+        _make_private_dirs(parent)
+    with contextlib.suppress(FileExistsError):  # there already (what it is, the callers check)
+        os.mkdir(path, 0o700)
+
+
+def _why_unsafe(path: str, reachable: bool = True) -> tuple[str | None, os.stat_result | None]:
+    """(why the entry `path`, a symlink not followed, could hold what another user put there, or None
+    when it is a file or folder of this user's that no one else can write; its lstat).
+
+    `reachable`: whether others may enter every folder on the way to it. One they cannot reach
+    may be writable by group or others (a umask of 002 leaves Inductor's files so), unless it is a
+    file with a second name (a hard link) somewhere else."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return f"cannot be inspected ({e})", None
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink", st
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        return "is neither a file nor a folder (a FIFO, socket or device)", st
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})", st
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and (reachable or (stat.S_ISREG(st.st_mode) and st.st_nlink > 1)):
+        writers = " and ".join(who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH))
+                               if st.st_mode & bit)
+        return f"is writable by {writers} (mode {stat.S_IMODE(st.st_mode):o})", st
+    return None, st
+
+
+def _opens_to_others(st: os.stat_result) -> bool:
+    """Whether group or others may enter the folder (search permission: needed to reach anything in it)."""
+    return bool(st.st_mode & (stat.S_IXGRP | stat.S_IXOTH))
+
+
+def _first_unsafe(root: str, subfolders) -> tuple[str, str] | None:
+    """(the first entry that could hold code another user put there, why), or None: checked are
+    `root` itself, each `root/<subfolder>` and everything under them.
+
+    The check runs once, when a process first points the kernel caches there; Inductor and Triton
+    load from them later. What it covers across that gap, and what not:
+    - Covered: nobody else can add, replace or change anything in the checked trees afterwards.
+      That takes write permission on a folder in them or on a file, and a path to it through
+      folders they may enter; each entry is this user's and writable by this user alone, or out
+      of others' reach (below a folder of this user's that only this user may enter: `root`
+      and the folders thunderfn makes are mode 0700), and not a file with a second name elsewhere.
+      POSIX ACLs that let others in show in the group bits. This is why folders' owners and
+      modes are checked as well as files'.
+    - Not covered: the folders above `root`. Whoever can write to the folder holding `root` (one
+      without the sticky bit /tmp has), or owns a folder above it, can rename `root` away after the
+      check and put a folder of theirs in its place. Nor a file descriptor (or working directory)
+      another user opened in here while it was open to them. Nor root.
+    The cost is one lstat per entry, once per process and directory: about 0.1 s for 10,000 files.
+    """
+    pending = [(root, True)]  # (entry, whether others may reach it): what is above root is not looked at
+    while pending:
+        path, reachable = pending.pop()
+        why, st = _why_unsafe(path, reachable)
+        if why is not None:
+            return path, why
+        if stat.S_ISDIR(st.st_mode):
+            if path == root:  # of what is in it, only the kernel caches' folders
+                inside = [os.path.join(root, sub) for sub in subfolders]
+            else:
+                try:
+                    with os.scandir(path) as entries:
+                        inside = [entry.path for entry in entries]
+                except OSError as e:
+                    return path, f"cannot be listed ({e})"
+            pending.extend((entry, reachable and _opens_to_others(st)) for entry in inside)
+    return None
+
+
 def _private_folder(root: str) -> str:
-    """This process's folder in `root`: made once, by mkdtemp (mode 0700, an unguessable name)."""
+    """This process's folder in `root`: made by mkdtemp (mode 0700, an unguessable name), and made
+    anew should it stop being a folder of this user's alone (renamed away and replaced, in a root
+    others can write to)."""
     folder = _private.get(root)
-    if folder is None or not os.path.isdir(folder):
-        os.makedirs(root, mode=0o700, exist_ok=True)
+    if folder is None or _why_unsafe(folder)[0] is not None or not os.path.isdir(folder):
+        _make_private_dirs(root)
         folder = _private[root] = tempfile.mkdtemp(prefix="thunderfn-", dir=root)
     return folder
 
@@ -110,45 +200,43 @@ def write_source(name: str, source: str) -> str | None:
     return path
 
 
-def _is_own_directory(path: str) -> tuple[bool, str]:
-    """(whether `path` is a directory only this user can write, why not)."""
-    try:
-        st = os.lstat(path)
-    except OSError as e:
-        return False, f"cannot inspect it ({e})"
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        return False, "it is not a directory (or is a symlink)"
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return False, f"it is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return False, f"it is writable by {'group' if st.st_mode & stat.S_IWGRP else 'others'} (mode {stat.S_IMODE(st.st_mode):o})"
-    return True, ""
-
-
 def point_kernel_caches() -> None:
     """Send Inductor's and Triton's caches under the configured directory (called before a fusion
-    executor compiles; the user's own settings win), if it is the user's own: the kernel
-    caches hold code Inductor and Triton load and run."""
+    executor compiles; the user's own settings win), if it and what is under them is the user's own
+    (see `_first_unsafe`): the kernel caches hold code Inductor and Triton load and run. Decided
+    once per directory and process; the warning, when there is one, too."""
     root = directory()
-    if root is None or root in _not_own:
+    if root is None:
         return
-    root = os.path.abspath(root)
-    with contextlib.suppress(OSError):
-        os.makedirs(root, mode=0o700, exist_ok=True)
-    own, why = _is_own_directory(root)
-    if not own:
-        _not_own.add(directory())
-        warnings.warn(f"thunderfn: not pointing Inductor's and Triton's kernel caches into cache_dir {root!r}: {why}. "
-                      f"They load and run the code found there, so cache_dir must be a directory only you can write "
-                      f"(chmod 700). They keep their default locations.", stacklevel=2)
-        return
-    try:  # Inductor and Triton fail on a cache they cannot write: leave them their defaults then
-        for sub in ("inductor", "triton"):
-            os.makedirs(os.path.join(root, sub), mode=0o700, exist_ok=True)
-    except OSError as e:
-        _not_own.add(directory())
-        warnings.warn(f"thunderfn: cannot write to cache_dir {root!r} ({e}); Inductor's and Triton's kernel caches "
-                      f"keep their default locations.", stacklevel=2)
-        return
-    for variable, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
-        os.environ.setdefault(variable, os.path.join(root, sub))
+    with _lock:
+        if root in _kernel_caches_decided:
+            return
+        _kernel_caches_decided.add(root)
+        caches = [(variable, sub) for variable, sub in KERNEL_CACHES if variable not in os.environ]
+        if not caches:  # both set already, by the user or for an earlier directory: nothing to check
+            return
+        path = os.path.abspath(root)
+        with contextlib.suppress(OSError):  # one that cannot be made is refused just below
+            _make_private_dirs(path)
+        why = _why_unsafe(path)[0]
+        if why is None:
+            try:  # Inductor and Triton fail on a cache they cannot write: leave them their defaults then
+                for _, sub in caches:
+                    _make_private_dirs(os.path.join(path, sub))
+            except OSError as e:
+                warnings.warn(f"thunderfn: cannot write to cache_dir {path!r} ({e}); Inductor's and Triton's "
+                              f"kernel caches keep their default locations.", stacklevel=2)
+                return
+            unsafe = _first_unsafe(path, [sub for _, sub in caches])
+        else:
+            unsafe = path, why
+        if unsafe is not None:
+            warnings.warn(
+                f"thunderfn: not pointing Inductor's and Triton's kernel caches into cache_dir {path!r}: "
+                f"{unsafe[0]!r} {unsafe[1]}. They load and run the code found there, so only you may write to "
+                f"cache_dir (chmod 700 keeps others out of all of it), and everything in its inductor/ and triton/ "
+                f"folders must be yours and no symlink: remove what is not. They keep their default locations.",
+                stacklevel=2)
+            return
+        for variable, sub in caches:
+            os.environ.setdefault(variable, os.path.join(path, sub))
