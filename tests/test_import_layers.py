@@ -33,7 +33,10 @@ LAYERS = [
     ("torch language", ("thunderfn.torch",)),
     ("transforms", ("thunderfn.transforms",)),
     ("executors", ("thunderfn.executors",)),
-    ("api", ("thunderfn.jit", "thunderfn.compile_stages", "thunderfn.cache_entry", "thunderfn.cache_key", "thunderfn.cache_misses", "thunderfn.fast_path", "thunderfn.visualize", "thunderfn.profile", "thunderfn.debug", "thunderfn.dynamic_shapes", "thunderfn.module", "thunderfn.examine", "thunderfn.extend", "thunderfn.distributed",
+    ("api", ("thunderfn.jit", "thunderfn.compile_stages", "thunderfn.cache_entry", "thunderfn.cache_key",
+             "thunderfn.cache_misses", "thunderfn.fast_path", "thunderfn.visualize", "thunderfn.profile", "thunderfn.debug",
+             "thunderfn.dynamic_shapes", "thunderfn.module", "thunderfn.static_args", "thunderfn.examine", "thunderfn.extend",
+             "thunderfn.distributed",
              "thunderfn.dynamo", "thunderfn")),
     # users of the api: the OpInfo database and test helpers, the demo and the example model it runs
     ("tools", ("thunderfn.testing", "thunderfn.examples", "thunderfn.__main__")),

@@ -55,6 +55,8 @@ from thunderfn.fast_path import fast_dispatcher, fast_key, hit_function, miss, p
 from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError
 from thunderfn.module import jit_module
+from thunderfn.static_args import StaticArguments
+from thunderfn.static_args import resolve as resolve_static
 from thunderfn.torch.autocast import autocast_state
 from thunderfn.torch.optim import StepChangesOptimizerState
 
@@ -84,8 +86,10 @@ class JitState:
         self.distributed = distributed  # DataParallel, Sharded or None
         self.rematerialize = rematerialize  # None, True or False: see compile_stages._rematerializes
         self.fallback = fallback
-        self.static_argnums = tuple(static_argnums)
-        self.static_argnames = tuple(static_argnames)
+        # checked against fn's signature now (static_args.py); a jitted module's forward gets them resolved
+        self.static = (static_argnums if isinstance(static_argnums, StaticArguments)
+                       else resolve_static(fn, static_argnums, static_argnames))
+        self.static_argnums, self.static_argnames = self.static.argnums, self.static.argnames
         self.disable_torch_autograd = disable_torch_autograd
         if not (isinstance(cache_size_limit, int) and cache_size_limit >= 1):
             raise ArgumentValueError(f"cache_size_limit must be a positive int, got {cache_size_limit!r}")
@@ -142,13 +146,9 @@ class JitState:
                                autocast_state() if _any_autocast() else (), tuple(parts)))
 
     def validate_static(self, args, kwargs):
-        for i in self.static_argnums:
-            if i < len(args) and any(isinstance(x, Tensor) for x in tree_flatten(args[i])[0]):
-                raise ArgumentTypeError(f"static argument {i} of '{_fn_name(self.fn)}' holds a tensor; static arguments are "
-                                f"baked into the compiled function, so they must not contain tensors")
-        for name in self.static_argnames:
-            if name in kwargs and any(isinstance(x, Tensor) for x in tree_flatten(kwargs[name])[0]):
-                raise ArgumentTypeError(f"static argument '{name}' of '{_fn_name(self.fn)}' holds a tensor")
+        """Refuse a static argument (by position or by keyword, whichever the option named) that holds a
+        tensor or cannot be hashed."""
+        self.static.check(args, kwargs)
 
     def compile(self, args, kwargs, leaves, key, open_dims=None, hints=None) -> CacheEntry:
         """The entry for a call, compiled (compile_stages.py) with the dimensions in open_dims (tensor number
@@ -408,9 +408,11 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
         torch.Size([3, 2])
 
     Non-tensor arguments are baked in and keyed by value, so every non-tensor argument
-    already behaves like a JAX static argument. `static_argnums`/`static_argnames`
-    check that those arguments hold no tensors (a tensor there would be baked in by
-    value, which is never what the caller wants) and keep calls on the general path.
+    already behaves like a JAX static argument. `static_argnums`/`static_argnames` are
+    checked against fn's signature here, by JAX's rules (static_args.py: each completes the
+    other, a negative index counts from the end; for a module they name its forward's
+    arguments after self), and each call's static arguments must be hashable and hold no
+    tensor (a tensor there would be baked in by value, which is never what the caller wants).
 
     Each compiled entry is guarded by the Python state its trace read (globals, closed-over
     values, module attributes: docs/sharp_bits.md); past `cache_size_limit` entries, calls that
@@ -449,19 +451,15 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     if isinstance(fn, torch.nn.Module):
         return jit_module(fn, jit, executors=executors, fallback=fallback, disable_torch_autograd=disable_torch_autograd,
                           cache_size_limit=cache_size_limit, rematerialize=rematerialize, cache_dir=cache_dir,
-                          dynamic=dynamic)
+                          dynamic=dynamic, static_argnums=static_argnums, static_argnames=static_argnames)
     if not callable(fn):
         raise ArgumentTypeError(f"jit expects a callable or an nn.Module, got {type(fn).__name__}")
-    if isinstance(static_argnums, int):
-        static_argnums = (static_argnums,)
-    if isinstance(static_argnames, str):
-        static_argnames = (static_argnames,)
     state = JitState(fn, executors, fallback=fallback, static_argnums=static_argnums, static_argnames=static_argnames,
                      disable_torch_autograd=disable_torch_autograd, cache_size_limit=cache_size_limit,
                      rematerialize=rematerialize, cache_dir=cache_dir, distributed=distributed, dynamic=dynamic)
     state.jit_options = options
     fast_cache, call_slow = state.fast_cache, state.call_slow
-    use_fast_path = not static_argnums and not static_argnames
+    use_fast_path = not state.static
 
     if use_fast_path:
         jitted, state.dispatcher_globals = fast_dispatcher(positional_arities(fn), fast_cache, state.keyword_cache,

@@ -32,6 +32,7 @@ from thunderfn.core import context
 from thunderfn.core.context import to_identifier
 from thunderfn.core import pytree
 from thunderfn.errors import ArgumentValueError, UnsupportedOpError
+from thunderfn.static_args import resolve as resolve_static
 from thunderfn.torch import distributed as collectives
 
 
@@ -126,6 +127,8 @@ class ThunderModule(torch.nn.Module):
         if sharded is not None:
             options["distributed"] = sharded
         slots = self._slots()
+        if "static_argnums" in options:  # forward's, resolved by jit_module: counted after the state inputs
+            options["static_argnums"] = options["static_argnums"].after(len(slots))
         param_names = [n for n, _ in module.named_parameters()]
         buffer_names = [n for n, _ in module.named_buffers()]
 
@@ -148,7 +151,7 @@ class ThunderModule(torch.nn.Module):
                 out = module(*args, **kwargs)
             return (out, tuple(_argument(args, kwargs, where) for where in held)) if held else out
 
-        forward.__name__ = forward.__qualname__ = f"{type(module).__name__}.forward"  # named in error messages
+        forward.__name__ = forward.__qualname__ = _forward_name(module)  # named in error messages
         forward.__signature__ = _forward_signature(module, param_names + buffer_names)
         jitted = self._thunderfn_forward = self._thunderfn_jit(forward, **options)
         if parallel is not None:
@@ -419,7 +422,16 @@ def jit_module(module: torch.nn.Module, jit, **jit_options) -> ThunderModule:
             "DistributedDataParallel(tf.jit(model)), or use thunderfn's own: tf.jit(tf.distributed.ddp(model)).")
     if isinstance(module, ThunderModule):  # jit of a jitted module: the module, jitted with these options
         module = module.module
+    # checked now, against forward's own signature (bound: its indices start after self)
+    static = resolve_static(module.forward, jit_options.pop("static_argnums", ()),
+                            jit_options.pop("static_argnames", ()), name=_forward_name(module))
+    if static:
+        jit_options["static_argnums"] = static
     return ThunderModule(module, jit, **jit_options)
+
+
+def _forward_name(module: torch.nn.Module) -> str:
+    return f"{type(module).__name__}.forward"
 
 
 def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=(), kwargs=None):
