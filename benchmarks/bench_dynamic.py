@@ -1,4 +1,13 @@
-"""Training on batches of varying length: compiles, first pass and steady steps, eager vs tf.jit vs torch.compile.
+"""Varying lengths: compile counts against torch.compile's, and training on batches of varying length.
+
+First, compile counts on the same calls, measured in one run: the small decoder of thunderfn/examples/decoder.py
+(positions sliced by a length read from a shape, a causal mask built from it, nn.MultiheadAttention, cross-entropy
+over B*T rows) over 12 lengths, in eval and in training, and testing/strategies.py's size-reading programs over a
+sequence of lengths. thunderfn's count is tf.cache_info's misses (compiles), torch.compile's the graphs Dynamo
+compiled (counters["stats"]["unique_graphs"], with the "eager" backend: the count does not depend on the backend,
+and Inductor would only add time). Every result is checked against eager's.
+
+    python benchmarks/bench_dynamic.py --counts-only         # the compile-count table alone (a minute)
 
 Each variant trains a tiny Hugging Face causal LM (GPT-2, Llama) for one pass over a schedule of
 sequence lengths (every step a new length: the first pass pays each variant's compiles), then a second
@@ -111,6 +120,74 @@ def run(name: str, variants: list[str], lengths: list[int]) -> list[dict]:
     return rows
 
 
+def _count_compiles(variant: str, fn, calls) -> int:
+    """Run fn's calls (each (args, check)) under a variant; the number of compiles (thunderfn) or graphs (Dynamo)."""
+    if variant.startswith("torch.compile"):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        compiled = torch.compile(fn, backend="eager", dynamic=True if "True" in variant else None)
+    else:
+        compiled = tf.jit(fn, dynamic=True if "True" in variant else None)
+    for args, check in calls:
+        check(compiled(*args), fn(*args))
+    return compiles(variant, compiled)
+
+
+COUNT_VARIANTS = ("thunderfn", "thunderfn dynamic=True", "torch.compile", "torch.compile dynamic=True")
+
+
+def _close(got, expected):
+    assert got.shape == expected.shape, (got.shape, expected.shape)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def count_rows() -> list[dict]:
+    from thunderfn.examples.decoder import DECODER_LENGTHS, Decoder
+    from thunderfn.testing.strategies import SIZE_READING_PROGRAMS
+
+    workloads = {}
+    for training in (False, True):
+        torch.manual_seed(0)
+        model = Decoder().train(training)
+        g = torch.Generator().manual_seed(0)
+        batches = [(torch.randint(0, 50, (2, n), generator=g), torch.randint(0, 50, (2, n), generator=g))
+                   for n in DECODER_LENGTHS]
+        if training:
+            def step(idx, targets, model=model):
+                return model(idx, targets)
+            calls = [((idx, t), _close) for idx, t in batches]
+        else:
+            def step(idx, model=model):
+                with torch.no_grad():
+                    return model(idx)
+            calls = [((idx,), _close) for idx, _ in batches]
+        workloads[f"decoder ({'training' if training else 'eval'}), 12 lengths"] = (step, calls)
+    lengths = (5, 1, 3, 7, 16, 2, 33, 0, 4, 1)
+    for name, program in sorted(SIZE_READING_PROGRAMS.items()):
+        g = torch.Generator().manual_seed(0)
+        calls = [((torch.randn(2, n, 4, dtype=torch.float64, generator=g),
+                   torch.randn(lengths[k - 1] if k else n, 4, dtype=torch.float64, generator=g)), _close)
+                 for k, n in enumerate(lengths)]
+        workloads[f"{name}, {len(lengths)} lengths"] = (program, calls)
+    rows = []
+    for workload, (fn, calls) in workloads.items():
+        row = dict(workload=workload)
+        for variant in COUNT_VARIANTS:
+            try:
+                row[variant] = _count_compiles(variant, fn, calls)
+            except Exception as e:  # noqa: BLE001 (a benchmark reports what failed and goes on)
+                row[variant] = f"error: {type(e).__name__}"
+        rows.append(row)
+    return rows
+
+
+def print_counts() -> None:
+    print("| workload | " + " | ".join(COUNT_VARIANTS) + " |")
+    print("|---" * (len(COUNT_VARIANTS) + 1) + "|")
+    for row in count_rows():
+        print(f"| {row['workload']} | " + " | ".join(str(row[v]) for v in COUNT_VARIANTS) + " |")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(CONFIGS))
@@ -118,7 +195,13 @@ def main(argv=None) -> None:
     parser.add_argument("--lengths", type=int, default=16, help="how many distinct sequence lengths (in [8, 128])")
     parser.add_argument("--no-compile", action="store_true", help="leave out the variants that run Inductor or Dynamo")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 3 lengths, no Inductor or Dynamo")
+    parser.add_argument("--counts-only", action="store_true", help="the compile-count table alone")
     args = parser.parse_args(argv)
+    import warnings
+    warnings.simplefilter("ignore")  # (cache-limit warnings: the counts say it)
+    print_counts()
+    if args.counts_only:
+        return
     missing = why_unavailable("transformers")
     if missing:
         sys.exit(f"transformers is not available: {missing}")

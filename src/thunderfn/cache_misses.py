@@ -34,7 +34,7 @@ def new_signature(key: CacheKey, compiled: list[CacheKey], args, kwargs) -> str 
         return f"the autocast state changed from {_show_autocast(old.autocast)} to {_show_autocast(key.autocast)}"
     paths = tree_flatten_with_path((args, kwargs))[0]
     for path, before, now in zip(paths, old.leaves, key.leaves):
-        if before != now:
+        if before != now and _part_distance(before, now):  # (a symbolic size None fits every size)
             where = _describe_path(path)
             if type(now) is TensorPart and type(before) is TensorPart:
                 changed = [f"{field} {_show(b)} -> {_show(n)}" for field, b, n in zip(TensorPart._fields, before, now)
