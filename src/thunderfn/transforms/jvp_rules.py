@@ -30,6 +30,7 @@ import thunderfn.torch as ltorch
 from thunderfn import prims
 from thunderfn.clang import reduction_dims
 from thunderfn.prims import PrimIDs, canonical_dim
+from thunderfn.torch.aten_backward import updated_running_stats
 from thunderfn.transforms import vjp_rules as _vjp
 from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' VJP rules, read below)
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, RecordedCall  # noqa: F401  (re-exported for the driver)
@@ -281,6 +282,14 @@ def _selected_jvp(call, t):
 
 
 defjvp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_jvp)
+
+
+# -- the running statistics' update (torch/aten_backward.py) ---------------------------------
+# torch's kernels write the new statistics into the running ones in place, outside autograd: the
+# input's tangent does not reach them, and each keeps the tangent it had before the write, which is
+# what torch.func.jvp returns for them (not the formula's (1 - momentum) * tangent). The VJP rule
+# (vjp_rules_torch.py) is the transpose.
+defjvp(updated_running_stats.id)(lambda call, t: (t[1], t[2]))
 
 
 # -- torch-level elementwise functions with a torch-level VJP rule ---------------------------------
