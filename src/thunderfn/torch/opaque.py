@@ -370,24 +370,24 @@ torch_vjp_op = Symbol("torch_vjp", "autodiff.torch_vjp", meta=_torch_vjp_meta, i
                       tags=frozenset({"opaque"}))
 
 
-def torch_jvp(fn, args, kwargs, tangents, rng_state):
-    """The output tangent(s) of fn(*args, **kwargs) for `tangents` of its floating tensor arguments
-    (in order), by torch.func. As in torch_vjp, fn is run again from the generator state it first
-    ran with: a random op's tangent is taken with the primal's draws (dropout's mask, rrelu's slopes,
-    fractional max pooling's windows), not with draws of its own."""
+def torch_jvp(fn, args, kwargs, tangents, wrt, rng_state):
+    """The output tangent(s) of fn(*args, **kwargs) for `tangents` of the flat argument leaves at
+    positions `wrt` (the others are constants: torch refuses a tangent on some inputs, batch norm's
+    running statistics, even a zero one), by torch.func. As in torch_vjp, fn is run again from the
+    generator state it first ran with: a random op's tangent is taken with the primal's draws
+    (dropout's mask, rrelu's slopes, fractional max pooling's windows), not with draws of its own."""
     leaves, spec = tree_flatten((args, kwargs))
-    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and dtypes.is_inexact(x.dtype)]
-    call, rebuild = output_leaves(of_leaves(fn, leaves, spec, positions))
+    call, rebuild = output_leaves(of_leaves(fn, leaves, spec, wrt))
     with _drawing_again(rng_state):
         try:
-            _, out_tangent = torch.func.jvp(call, tuple(leaves[i] for i in positions), tuple(tangents))
+            _, out_tangent = torch.func.jvp(call, tuple(leaves[i] for i in wrt), tuple(tangents))
         except RuntimeError as e:
             named_functorch_refusal(fn, e)
             raise
     return rebuild(out_tangent)
 
 
-def _torch_jvp_meta(fn, args, kwargs, tangents, rng_state):
+def _torch_jvp_meta(fn, args, kwargs, tangents, wrt, rng_state):
     out = _meta(fn, args, kwargs)
     return tree_unflatten(tree_flatten(out)[1], [TensorProxy.like(o) for o in tree_leaves(out)])
 

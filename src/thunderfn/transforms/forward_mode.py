@@ -116,10 +116,12 @@ def _like_tangent(bsym, tangents):
 def _opaque_tangent(bsym, tangents, rng_state):
     """torch.func.jvp of the op, run again from `rng_state` (the generator state it ran from, read
     before it by with_generator_states; None where it cannot draw), so a random op's tangent uses its draws."""
-    diff = [x for x in tree_leaves((bsym.args, bsym.kwargs)) if _carries_gradient(x)]
-    filled = tuple(tangents.get(x.name) if tangents.get(x.name) is not None
-                   else clang.full(x.shape, 0, device=x.device, dtype=x.dtype) for x in diff)
-    return torch_jvp_op(bsym.sym.torch_fn, bsym.args, bsym.kwargs, filled, rng_state)
+    leaves = tree_leaves((bsym.args, bsym.kwargs))
+    # only the arguments with a tangent move: a zero one would be a dual input all the same, which torch
+    # refuses where its formula does not differentiate (batch norm's running statistics)
+    wrt = tuple(i for i, x in enumerate(leaves) if _carries_gradient(x) and tangents.get(x.name) is not None)
+    return torch_jvp_op(bsym.sym.torch_fn, bsym.args, bsym.kwargs, tuple(tangents[leaves[i].name] for i in wrt), wrt,
+                        rng_state)
 
 
 # -- the driver and the function transform ------------------------------------------------------
