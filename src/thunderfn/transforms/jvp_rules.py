@@ -316,27 +316,27 @@ for _symbol in _elementwise_symbols():
     _diagonal_jvp_from_vjp(_symbol.id)
 
 
-def _reduction_jvp_from_vjp(symbol_id):
+def _reduction_jvp_from_vjp(symbol_id, reduced_dims):
     """A reduction whose every output element reads its own slice of the input (a norm, a std): the VJP
     rule at a cotangent of ones gives each input element's derivative, and the tangent is the sum over
-    the slice of derivative times tangent. torch's masks (the norm of zero) come along."""
+    the slice (the dims `reduced_dims(call)` names, read from the call as the VJP rule reads them) of
+    derivative times tangent. torch's masks (the norm of zero) come along."""
     vjp = _vjp.vjp_rules[symbol_id].bwd
 
     def fwd(call, tangents):
         t = tangents[0] if tangents else None
         if t is None:
             return None
-        x, out = call.args[0], call.out
+        out = call.out
         d = vjp(call, prims.full(tuple(out.shape), 1.0, device=out.device, dtype=out.dtype))[0]
-        return prims.reshape(prims.sum(prims.mul(d, t), reduction_dims(x, call.arg("dim"))), tuple(out.shape))
+        if d is None:  # a count (the 0-norm): constant where it is differentiable
+            return None
+        return prims.reshape(prims.sum(prims.mul(d, t), reduced_dims(call)), tuple(out.shape))
 
     fwd.__name__ = fwd.__qualname__ = f"{vjp.__name__}_as_jvp"
     register_jvp(symbol_id, JVPRule(fwd))
 
 
-def _reductions():
-    return (ltorch.vector_norm, ltorch.std)
-
-
-for _symbol in _reductions():
-    _reduction_jvp_from_vjp(_symbol.id)
+_reduction_jvp_from_vjp(ltorch.vector_norm.id, lambda call: reduction_dims(call.args[0], call.arg("dim")))
+# std(x, True) is std(x, unbiased=True): its dims as the VJP rule reads them
+_reduction_jvp_from_vjp(ltorch.std.id, lambda call: vjp_rules_torch._std_arguments(call, "std")[2])
