@@ -12,7 +12,8 @@ op (dropout, rrelu, fractional max pooling) draws what torch drew, and its tange
 computed with the primal's draws.
 
 An entry matches when every sample's outputs and tangents match (assert_close, NaNs equal,
-float64 defaults unless --rtol/--atol are given). Entries are left out (skipped, with the
+float64 defaults unless --rtol/--atol are given; TORCH_IMPRECISE lists where torch.func.jvp's own
+tangent is off, compared at 1e-5 and said so). Entries are left out (skipped, with the
 reason) when the sample inputs raise, torch.func.jvp raises (no forward-mode formula in
 torch, or the op rejects the sample), torch.func.jvp gives two answers under the same seed,
 or no sample has a floating input and a floating output. A thunderfn run that raises counts
@@ -43,6 +44,13 @@ from harness import Timeout, clone, entry_name, first_line, print_failures, run_
 from opdb_coverage import UNSPECIFIED_CONTENTS, first_samples  # the sibling forward harness
 
 SEED = 0
+# Entries where torch.func.jvp's tangent is not the derivative to float64's tolerance, with why: compared at
+# LOOSE instead (a wrong rule still shows), and listed apart.
+TORCH_IMPRECISE = {
+    "logcumsumexp": "torch's forward formula loses digits on the sample of values near 1e4: its tangent is 2e-6 "
+                    "off the exact sum of exp(x_j - out_i) t_j, thunderfn's 1e-12",
+}
+LOOSE = 1e-5
 
 
 def _is_float_tensor(x) -> bool:
@@ -129,6 +137,9 @@ def run_entry(opinfo, samples: int, rtol, atol):
         cases.append((fn, primals, tangents, expected))
     if not cases:
         return "skip", "no sample with a floating input and a floating output"
+    loose = entry_name(opinfo) in TORCH_IMPRECISE
+    if loose:
+        rtol = atol = LOOSE
     for k, (fn, primals, tangents, (out, tangent)) in enumerate(cases):
         try:
             got_out, got_tangent = _tf_jvp(fn, primals, tangents)
@@ -142,7 +153,7 @@ def run_entry(opinfo, samples: int, rtol, atol):
             mismatch = _mismatch(tuple(got), tuple(want), rtol, atol)
             if mismatch is not None:
                 return "wrong", f"sample {k}, {what}: {_max_diff(got, want)}{mismatch}"[:300]
-    return "pass", ""
+    return "pass", f"at rtol=atol={LOOSE}: {TORCH_IMPRECISE[entry_name(opinfo)]}" if loose else ""
 
 
 def _error_kind(detail: str) -> str:
@@ -186,7 +197,9 @@ def main(argv=None) -> int:
             skips[detail] += 1
         return outcome, detail
 
-    results, failures, slow = run_all(entries, run, verbose=args.verbose, timeout=args.timeout)
+    results, failures, slow = run_all(entries, run, verbose=args.verbose, timeout=args.timeout, keep_passes=True)
+    loose = [(name, detail) for o, name, detail in failures if o == "pass"]
+    failures = [f for f in failures if f[0] != "pass"]
     counted = results["pass"] + results["wrong"] + results["error"]
     errors = collections.Counter(_error_kind(d) for o, _, d in failures if o == "error")
     print(f"\ntf.jvp against torch.func.jvp (float64, random tangents, torch.manual_seed({SEED}) before each)")
@@ -199,6 +212,8 @@ def main(argv=None) -> int:
     if counted:
         print(f"\nchecked {counted}: match {results['pass']} ({100 * results['pass'] / counted:.1f}%), "
               f"error {results['error']}, MISMATCH {results['wrong']}   [{time.perf_counter() - start:.0f} s]")
+    for name, detail in loose:
+        print(f"  {name} matches only {detail}")
     if slow:
         print("slow entries (> 5 s): " + ", ".join(f"{n} {t:.0f}s" for t, n in sorted(slow, reverse=True)))
     if not args.verbose and failures:
