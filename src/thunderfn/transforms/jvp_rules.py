@@ -32,7 +32,7 @@ from thunderfn.clang import reduction_dims
 from thunderfn.prims import PrimIDs, canonical_dim
 from thunderfn.torch.aten_backward import updated_running_stats
 from thunderfn.transforms import vjp_rules as _vjp
-from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' VJP rules, read below)
+from thunderfn.transforms import vjp_rules_torch  # (the torch-language symbols' VJP rules, read below)
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, RecordedCall  # noqa: F401  (re-exported for the driver)
 from thunderfn.transforms.vjp_rules import _is_float_tensor, _expand, _reduced, _scalar, _sq, _to, _zeros, refuse_complex
 from thunderfn.errors import ArgumentTypeError
