@@ -59,6 +59,11 @@ KNOWN_DIFFERENT = {
         "torch's double backward ignores scale_grad_by_freq (embedding_dense_double_backward: 'the first backward "
         "takes care of scaling'), so with a repeated index eager's gradient is not the derivative; thunderfn's VJP "
         "divides by the counts (a growth draws repeated indices; the op_db sample has none)",
+    ("batch_norm_running_update", "jvp"):
+        "torch's forward mode is of two minds about the new running statistics: aten's functional "
+        "_native_batch_norm_legit_functional gives them a zero tangent, while F.batch_norm and F.instance_norm, "
+        "which run the same kernel writing in place, leave each statistic its own tangent; thunderfn records "
+        "F.batch_norm as the functional op and follows F.batch_norm (tests/test_forward_mode.py)",
 }
 
 

@@ -83,3 +83,55 @@ def test_jvp_of_an_output_that_ignores_the_input_is_zeros_not_none(constant):
     got = tf.jvp(constant, (x,), (torch.ones(()),))
     expected = torch.func.jvp(constant, (x,), (torch.ones(()),))
     torch.testing.assert_close(got, expected)
+
+
+FILLS = {
+    "full": lambda v: torch.full((2, 3), v, dtype=torch.float64) * v,
+    "full_like": lambda v: torch.full_like(torch.ones(4, dtype=torch.float64), v),
+    "new_full": lambda v: torch.ones(2, dtype=torch.float64).new_full((3,), v) + v,
+}
+
+
+@pytest.mark.parametrize("fn", FILLS.values(), ids=FILLS.keys())
+def test_a_tensor_fill_is_a_constant_as_in_torch(fn):
+    """torch's full takes its fill as a Scalar, so torch.func.jvp gives the fill no tangent; reverse mode
+    is the transpose (torch.autograd refuses a fill that requires grad)."""
+    v, t = torch.tensor(2.0, dtype=torch.float64), torch.tensor(3.0, dtype=torch.float64)
+    torch.testing.assert_close(tf.jvp(fn, (v,), (t,)), torch.func.jvp(fn, (v,), (t,)))
+    ct = torch.randn(fn(v).shape, dtype=torch.float64)
+    _, vjp_fn = tf.vjp(fn, v)
+    torch.testing.assert_close((vjp_fn(ct)[0] * t), (ct * tf.jvp(fn, (v,), (t,))[1]).sum())
+
+
+def _norm_with_running_stats(norm):
+    def fn(x, running_mean, running_var, weight):
+        mean, var = running_mean.clone(), running_var.clone()  # written in place by the norm
+        return norm(x, mean, var, weight), mean, var
+    return fn
+
+
+RUNNING_STATS = {
+    "instance_norm": _norm_with_running_stats(
+        lambda x, m, v, w: F.instance_norm(x, m, v, w, None, use_input_stats=True, momentum=0.3)),
+    "batch_norm": _norm_with_running_stats(lambda x, m, v, w: F.batch_norm(x, m, v, w, None, training=True, momentum=0.3)),
+}
+
+
+@pytest.mark.parametrize("fn", RUNNING_STATS.values(), ids=RUNNING_STATS.keys())
+def test_running_statistics_keep_their_tangent_across_the_update_as_in_torch(fn):
+    """torch's kernel writes the new running statistics outside autograd: the input's tangent does not reach
+    them and each keeps the tangent it had (not the update formula's (1 - momentum) times it); the output's
+    tangent is the norm's."""
+    g = torch.Generator().manual_seed(0)
+    primals = (torch.randn(4, 3, 5, dtype=torch.float64, generator=g), torch.randn(3, dtype=torch.float64, generator=g),
+               torch.rand(3, dtype=torch.float64, generator=g) + 0.5, torch.randn(3, dtype=torch.float64, generator=g))
+    tangents = tuple(torch.randn(p.shape, dtype=torch.float64, generator=g) for p in primals)
+    out, tangent = tf.jvp(fn, primals, tangents)
+    expected_out, expected_tangent = torch.func.jvp(fn, primals, tangents)
+    torch.testing.assert_close(out, expected_out)
+    torch.testing.assert_close(tangent, expected_tangent)
+    torch.testing.assert_close(tangent[1:], tangents[1:3])
+    # and reverse mode is the transpose: the new statistics' cotangents reach the old ones
+    cts = tuple(torch.randn(o.shape, dtype=torch.float64, generator=g) for o in out)
+    _, vjp_fn = tf.vjp(fn, *primals)
+    torch.testing.assert_close(_inner(vjp_fn(cts), tangents), _inner(cts, tangent))

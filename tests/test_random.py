@@ -78,3 +78,75 @@ def test_seeding_outside_tracing_is_unaffected():
     a = torch.rand(2)
     torch.manual_seed(5)
     assert torch.equal(a, torch.rand(2))
+
+
+# -- forward mode through random ops: the tangent is taken with the primal's draws --------------
+def _alpha_dropout(x):
+    return F.alpha_dropout(x, 0.5, training=True)
+
+
+RANDOM_DIFFERENTIABLE = {  # x: (2, 3, 5, 5, 5), float64, no zeros
+    "dropout2d": lambda x: F.dropout2d(x[0], 0.5, training=True),
+    "dropout3d": lambda x: F.dropout3d(x, 0.5, training=True),
+    "alpha_dropout": _alpha_dropout,
+    "feature_alpha_dropout": lambda x: F.feature_alpha_dropout(x, 0.5, training=True),
+    "rrelu": lambda x: F.rrelu(x, training=True),
+    "fractional_max_pool3d": lambda x: F.fractional_max_pool3d(x, 2, output_size=(3, 3, 3)),
+}
+
+
+def _seeded_jvp(jvp, fn, x, t, seed=11):
+    torch.manual_seed(seed)
+    return jvp(fn, (x,), (t,))
+
+
+@pytest.fixture
+def x5():
+    # away from 0 (rrelu's kink) and without ties (pooling's maxima), so the seeded function is smooth at x
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, 5, 5, dtype=torch.float64, generator=g)
+    return x + torch.where(x >= 0, 0.1, -0.1)
+
+
+@pytest.mark.parametrize("fn", RANDOM_DIFFERENTIABLE.values(), ids=RANDOM_DIFFERENTIABLE.keys())
+def test_jvp_of_a_random_op_matches_torch_func_jvp_under_the_same_seed(fn, x5):
+    t = torch.randn_like(x5)
+    out, tangent = _seeded_jvp(tf.jvp, fn, x5, t)
+    expected_out, expected_tangent = _seeded_jvp(torch.func.jvp, fn, x5, t)
+    torch.testing.assert_close(out, expected_out)
+    torch.testing.assert_close(tangent, expected_tangent)
+
+
+@pytest.mark.parametrize("fn", RANDOM_DIFFERENTIABLE.values(), ids=RANDOM_DIFFERENTIABLE.keys())
+def test_jvp_of_a_random_op_is_the_derivative_of_the_draws_its_primal_made(fn, x5):
+    """Law: under one seed the op is one smooth function of x (its draws fixed), and the tangent is its
+    derivative: linear in the input tangent, and the central difference of that seeded function."""
+    t1, t2 = torch.randn_like(x5), torch.randn_like(x5)
+    tangent = lambda t: _seeded_jvp(tf.jvp, fn, x5, t)[1]  # noqa: E731
+    torch.testing.assert_close(tangent(2.5 * t1 + t2), 2.5 * tangent(t1) + tangent(t2))
+    eps = 1e-6
+    seeded = lambda a: (torch.manual_seed(11), fn(a))[1]  # noqa: E731
+    difference = (seeded(x5 + eps * t1) - seeded(x5 - eps * t1)) / (2 * eps)
+    torch.testing.assert_close(tangent(t1), difference, rtol=1e-6, atol=1e-6)
+
+
+def test_dropout2d_tangent_is_the_input_tangent_under_the_primal_mask(x5):
+    t = torch.randn_like(x5[0])
+    out, tangent = _seeded_jvp(tf.jvp, lambda a: F.dropout2d(a, 0.5, training=True), x5[0], t)
+    assert 0 < (out == 0).sum() < out.numel()  # some channels dropped, some kept
+    torch.testing.assert_close(tangent, t * (out != 0) / 0.5)
+
+
+def test_rrelu_tangent_is_the_input_tangent_times_the_primal_slope(x5):
+    t = torch.randn_like(x5)
+    out, tangent = _seeded_jvp(tf.jvp, lambda a: F.rrelu(a, training=True), x5, t)
+    slope = out / x5  # 1 where x > 0, the drawn slope where x < 0
+    assert len(slope[x5 < 0].unique()) > 1  # drawn per element
+    torch.testing.assert_close(tangent, t * slope)
+
+
+def test_fractional_max_pool3d_tangent_is_the_input_tangent_at_the_primal_maxima(x5):
+    t = torch.randn_like(x5)
+    (out, indices), (tangent, _) = _seeded_jvp(
+        tf.jvp, lambda a: F.fractional_max_pool3d(a, 2, output_size=(3, 3, 3), return_indices=True), x5, t)
+    torch.testing.assert_close(tangent, t.flatten(2).gather(2, indices.flatten(2)).view_as(out))

@@ -21,6 +21,7 @@ import torch
 from thunderfn import clang, prims
 from thunderfn.clang import maybe_convert_to_dtype
 from thunderfn.core import dtypes, symbolic
+from thunderfn.core.symbol import Symbol
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
 from thunderfn.torch.base import torchsymbol
@@ -272,12 +273,18 @@ def normalize_channels(input, stats_dims, running_mean, running_var, weight, bia
     return maybe_convert_to_dtype(out, input.dtype), mean, invstd
 
 
-def updated_running_stats(input, running_mean, running_var, stats_dims, momentum, *, per_instance: bool):
+def _updated_running_stats(input, running_mean, running_var, stats_dims, momentum, *, per_instance: bool):
     """torch's update of running statistics, in double as its CPU kernel accumulates:
     momentum * batch + (1 - momentum) * running, with the unbiased batch variance. Instance
     norm (torch's batch norm on (1, N*C, ...)) first averages the N per-instance statistics.
-    Detached: torch's kernel writes them outside autograd, so no gradient reaches them, in reverse or
-    forward mode."""
+
+    Its derivative is not this body's but torch's, in its rules (transforms/jvp_rules.py,
+    vjp_rules_torch.py): torch's kernel writes the new values into the running statistics outside
+    autograd, so the input's derivative does not reach them, and each statistic keeps the derivative
+    it had before the write: torch.func.jvp gives the new running_mean the tangent of the old one
+    (not (1 - momentum) times it, the derivative of the formula), and reverse mode passes the new
+    one's cotangent back to the old one, the transpose (torch.autograd refuses a running statistic
+    that requires grad)."""
     check(running_mean is not None and running_var is not None,
           lambda: "running statistics: pass both running_mean and running_var, or neither")
     input, running_mean, running_var = detach(input), detach(running_mean), detach(running_var)
@@ -293,6 +300,11 @@ def updated_running_stats(input, running_mean, running_var, stats_dims, momentum
         return maybe_convert_to_dtype(value, running.dtype)
 
     return updated(running_mean, mean), updated(running_var, unbiased)
+
+
+# a composite of its own (not an ltorch symbol: it mirrors no torch function), so that its rules apply
+updated_running_stats = Symbol("updated_running_stats", ("torch", "updated_running_stats"), fn=_updated_running_stats,
+                               print_name="updated_running_stats", namespace={"updated_running_stats": _updated_running_stats})
 
 
 def _batch_norm_stats_dtype(input, *params):
@@ -352,7 +364,7 @@ def native_batch_norm_legit_functional(input, weight, bias, running_mean, runnin
     stats_dtype = _batch_norm_stats_dtype(input, weight, bias, running_mean, running_var)
     if not training:
         return (*_native_batch_norm(input, weight, bias, running_mean, running_var, False, eps, stats_dtype),
-                clang.add(detach(running_mean), 0), clang.add(detach(running_var), 0))
+                clang.add(running_mean, 0), clang.add(running_var, 0))  # as they were, derivative included
     out, save_mean, save_invstd = _native_batch_norm(input, weight, bias, None, None, True, eps, stats_dtype)
     return (out, save_mean, save_invstd, *updated_running_stats(input, running_mean, running_var,
                                                                 (0, *range(2, input.ndim)), momentum,

@@ -18,6 +18,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import check
 from thunderfn.torch.base import torchsymbol
+from thunderfn.torch.shape import detach
 
 T = torch.Tensor
 __all__ = ["full", "zeros", "ones", "empty", "full_like", "zeros_like", "ones_like", "empty_like", "arange",
@@ -56,10 +57,16 @@ def _fill_dtype(fill_value):
 
 
 def _filled(size, fill_value, *, device, dtype):
-    """A tensor of shape size holding fill_value: a number, or a 0-dim tensor (expanded)."""
+    """A tensor of shape size holding fill_value: a number, or a 0-dim tensor (expanded).
+
+    A tensor fill is a constant, as in torch: full, full_like, new_full and scalar_tensor take their
+    fill as a Scalar, so torch reads a tensor's value as a number and no derivative flows through it
+    (torch.func.jvp's tangent is zero; torch.autograd refuses a fill that requires grad). Detached
+    here, it gets a zero tangent in forward mode and a zero gradient in reverse mode, which keeps
+    <vjp(ct), t> == <ct, jvp(t)>. (torch.fill and Tensor.fill_ take a Tensor, and differentiate it.)"""
     if isinstance(fill_value, TensorProxy):
         check(fill_value.ndim == 0, lambda: "full(): argument 'fill_value' (position 2) must be Number, not Tensor", TypeError)
-        return clang.expand_to(maybe_convert_to_dtype(fill_value, dtype), size)
+        return clang.expand_to(maybe_convert_to_dtype(detach(fill_value), dtype), size)
     return clang.full(size, fill_value, device=device, dtype=dtype)
 
 

@@ -22,7 +22,7 @@ import torch
 from thunderfn.core import dtypes, symbolic
 from thunderfn.core.interception import resolve_torch_name, torch_name
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
+from thunderfn.core.pytree import of_leaves, output_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import check_rng_untouched
 from thunderfn.errors import ArgumentValueError, UnsupportedOpError, UserGradientError
@@ -298,7 +298,20 @@ def run_opaque(fn, args, kwargs):
 
 
 # -- differentiating an opaque op: torch.func, when the compiled function runs ----------------
-# (reverse mode, transforms/autodiff.py, records torch_vjp_op in a backward where it meets an opaque op)
+# (reverse mode, transforms/autodiff.py, records torch_vjp_op in a backward where it meets an opaque op;
+# forward mode, transforms/forward_mode.py, torch_jvp_op beside the op)
+@contextlib.contextmanager
+def _drawing_again(rng_state):
+    """Around a second run of an opaque op (under torch.func, for its derivative): torch's generator
+    set to `rng_state`, the state the op first ran from (None: the op cannot draw), so a random op
+    draws what its first run drew and its derivative is the derivative of that run; afterwards the
+    generator is back where the first run left it, so what follows draws as in eager."""
+    with torch.random.fork_rng(devices=[]):
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
+        yield
+
+
 def torch_vjp(fn, args, kwargs, cotangents, wrt, rng_state):
     """Cotangents of the flat argument leaves at positions `wrt` of fn(*args, **kwargs), given
     cotangents of its floating outputs (in order), by torch.func. fn is run again from the
@@ -310,9 +323,7 @@ def torch_vjp(fn, args, kwargs, cotangents, wrt, rng_state):
         outs = tree_flatten(of_wrt(*diff))[0]
         return tuple(o for o in outs if isinstance(o, torch.Tensor) and dtypes.is_inexact(o.dtype))
 
-    with torch.random.fork_rng(devices=[]):
-        if rng_state is not None:
-            torch.set_rng_state(rng_state)
+    with _drawing_again(rng_state):
         try:
             _, pullback = torch.func.vjp(call, *[leaves[i] for i in wrt])
         except RuntimeError as e:
@@ -356,4 +367,31 @@ def _torch_vjp_meta(fn, args, kwargs, cotangents, wrt, rng_state):
 
 torch_vjp_op = Symbol("torch_vjp", "autodiff.torch_vjp", meta=_torch_vjp_meta, is_prim=True, print_name="torch_vjp",
                       namespace={"torch_vjp": torch_vjp}, eager=torch_vjp, torch_fn=torch_vjp,
+                      tags=frozenset({"opaque"}))
+
+
+def torch_jvp(fn, args, kwargs, tangents, wrt, rng_state):
+    """The output tangent(s) of fn(*args, **kwargs) for `tangents` of the flat argument leaves at
+    positions `wrt` (the others are constants: torch refuses a tangent on some inputs, batch norm's
+    running statistics, even a zero one), by torch.func. As in torch_vjp, fn is run again from the
+    generator state it first ran with: a random op's tangent is taken with the primal's draws
+    (dropout's mask, rrelu's slopes, fractional max pooling's windows), not with draws of its own."""
+    leaves, spec = tree_flatten((args, kwargs))
+    call, rebuild = output_leaves(of_leaves(fn, leaves, spec, wrt))
+    with _drawing_again(rng_state):
+        try:
+            _, out_tangent = torch.func.jvp(call, tuple(leaves[i] for i in wrt), tuple(tangents))
+        except RuntimeError as e:
+            named_functorch_refusal(fn, e)
+            raise
+    return rebuild(out_tangent)
+
+
+def _torch_jvp_meta(fn, args, kwargs, tangents, wrt, rng_state):
+    out = _meta(fn, args, kwargs)
+    return tree_unflatten(tree_flatten(out)[1], [TensorProxy.like(o) for o in tree_leaves(out)])
+
+
+torch_jvp_op = Symbol("torch_jvp", "forward_mode.torch_jvp", meta=_torch_jvp_meta, is_prim=True, print_name="torch_jvp",
+                      namespace={"torch_jvp": torch_jvp}, eager=torch_jvp, torch_fn=torch_jvp,
                       tags=frozenset({"opaque"}))

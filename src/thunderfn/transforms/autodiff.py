@@ -273,21 +273,31 @@ class _Tape:
 def _record_forward(region: list, primal_names: list, tape: _Tape) -> list:
     """The forward as emitted: for each opaque op that depends on the inputs and may draw random
     numbers, the generator state is read just before it."""
-    trc = context.current_trace()
     tape.active = {name for name in primal_names if name is not None}
     tape.seen = set(tape.active)
-    emitted = []
     for bsym in region:
         tape.seen.update(p.name for p in bsym.proxies())
-        if any(isinstance(a, TensorProxy) and a.name in tape.active for a in bsym.flat_args()):
-            tape.active.update(o.name for o in bsym.proxy_outs())
-            # the backward runs an opaque op again: from the generator state it first ran with, where it may draw
+    emitted, tape.rng_state = with_generator_states(region, tape.active)
+    return emitted
+
+
+def with_generator_states(region: list, active: set) -> tuple[list, dict]:
+    """(region as it is to be emitted, {id(bound symbol): proxy of the generator state}): a read of
+    torch's generator state just before each opaque op that reads a value of `active` (the names of
+    what is differentiated, which grows here by what depends on it) and may draw random numbers.
+    Both modes differentiate such an op by running it again under torch.func, from that state, so
+    that it draws what it first drew (torch/opaque.py: torch_vjp, torch_jvp)."""
+    trc = context.current_trace()
+    emitted, states = [], {}
+    for bsym in region:
+        if any(isinstance(a, TensorProxy) and a.name in active for a in bsym.flat_args()):
+            active.update(o.name for o in bsym.proxy_outs())
             if "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None and may_draw(bsym.sym.torch_fn):
                 with trc.scope() as state_read:
-                    tape.rng_state[id(bsym)] = get_rng_state_op()
+                    states[id(bsym)] = get_rng_state_op()
                 emitted.extend(state_read)
         emitted.append(bsym)
-    return emitted
+    return emitted, states
 
 
 @contextlib.contextmanager

@@ -4,7 +4,8 @@ The function is traced into the trace being built, composites without a rule in
 `jvp_rules` (transforms/jvp_rules.py) are replaced by their decomposition, and the
 recorded region is walked forward: each bound symbol maps its inputs' tangents to
 its output's, by its rule, its like= function (an executor's operator) or, for an
-opaque torch op, torch.func.jvp when the compiled function runs (transforms/resolve.py
+opaque torch op, torch.func.jvp when the compiled function runs, from the generator state
+the op ran from, so a random op's tangent is taken with its draws (transforms/resolve.py
 gives the order, the same in every transform). Inside `with torch.no_grad():` no
 tangent flows, the same stop that reverse mode makes, so <vjp(ct), t> == <ct, jvp(t)>
 holds everywhere.
@@ -14,19 +15,17 @@ from __future__ import annotations
 from typing import Callable
 
 import optree
-import torch
 
 from thunderfn import clang
-from thunderfn.core import context, dtypes
+from thunderfn.core import context
 from thunderfn.core.interception import lift_constants, tensors_by_position
 from thunderfn.core.proxies import TensorProxy, entry_by_name
-from thunderfn.core.pytree import of_leaves, output_leaves, tree_flatten, tree_leaves, tree_unflatten
-from thunderfn.core.symbol import Symbol
+from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.trace import up_to_date
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, ForwardModeError, UnsupportedOpError
-from thunderfn.torch.opaque import _meta, named_functorch_refusal
+from thunderfn.torch.opaque import torch_jvp_op
 from thunderfn.transforms.autodiff import (_compiled, _carries_gradient, _grad_modes, as_trace_constants, as_trace_values,
-                                          differentiating, value_without_aux)
+                                          differentiating, value_without_aux, with_generator_states)
 from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, RecordedCall, jvp_rules
 from thunderfn.transforms.resolve import Transform, Way, resolve
@@ -76,7 +75,7 @@ def _refusal(bsym) -> Exception:
 FORWARD = Transform("forward mode", jvp_rules, _refusal, inert=_inert, follows_like=True, decomposes=False)
 
 
-def _push_forward(bsym, tangents: dict) -> None:
+def _push_forward(bsym, tangents: dict, rng_states: dict) -> None:
     arg_tangents = tuple(entry_by_name(a, tangents) for a in bsym.args)
     kwarg_tangents = [tangents.get(v.name) for v in tree_leaves(bsym.kwargs) if isinstance(v, TensorProxy)]
     if all(t is None for t in arg_tangents) and all(t is None for t in kwarg_tangents):
@@ -93,7 +92,7 @@ def _push_forward(bsym, tangents: dict) -> None:
     elif way is Way.LIKE:  # an executor's operator defined like= a function: that function's tangent
         out_tangent = _like_tangent(bsym, tangents)
     elif way is Way.OPAQUE:
-        out_tangent = _opaque_tangent(bsym, tangents)
+        out_tangent = _opaque_tangent(bsym, tangents, rng_states.get(id(bsym)))
     else:
         raise FORWARD.refusal(bsym)
     outs = bsym.flat_outs()
@@ -114,35 +113,15 @@ def _like_tangent(bsym, tangents):
 
 
 # -- opaque torch ops: torch computes their tangent when the compiled function runs -------------
-def torch_jvp(fn, args, kwargs, tangents):
-    """The output tangent(s) of fn(*args, **kwargs) for tangents of its floating tensor arguments."""
-    leaves, spec = tree_flatten((args, kwargs))
-    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and dtypes.is_inexact(x.dtype)]
-    call, rebuild = output_leaves(of_leaves(fn, leaves, spec, positions))
-
-    try:
-        _, out_tangent = torch.func.jvp(call, tuple(leaves[i] for i in positions), tuple(tangents))
-    except RuntimeError as e:
-        named_functorch_refusal(fn, e)
-        raise
-    return rebuild(out_tangent)
-
-
-def _torch_jvp_meta(fn, args, kwargs, tangents):
-    out = _meta(fn, args, kwargs)
-    return tree_unflatten(tree_flatten(out)[1], [TensorProxy.like(o) for o in tree_leaves(out)])
-
-
-torch_jvp_op = Symbol("torch_jvp", "forward_mode.torch_jvp", meta=_torch_jvp_meta, is_prim=True, print_name="torch_jvp",
-                      namespace={"torch_jvp": torch_jvp}, eager=torch_jvp, torch_fn=torch_jvp,
-                      tags=frozenset({"opaque"}))
-
-
-def _opaque_tangent(bsym, tangents):
-    diff = [x for x in tree_leaves((bsym.args, bsym.kwargs)) if _carries_gradient(x)]
-    filled = tuple(tangents.get(x.name) if tangents.get(x.name) is not None
-                   else clang.full(x.shape, 0, device=x.device, dtype=x.dtype) for x in diff)
-    return torch_jvp_op(bsym.sym.torch_fn, bsym.args, bsym.kwargs, filled)
+def _opaque_tangent(bsym, tangents, rng_state):
+    """torch.func.jvp of the op, run again from `rng_state` (the generator state it ran from, read
+    before it by with_generator_states; None where it cannot draw), so a random op's tangent uses its draws."""
+    leaves = tree_leaves((bsym.args, bsym.kwargs))
+    # only the arguments with a tangent move: a zero one would be a dual input all the same, which torch
+    # refuses where its formula does not differentiate (batch norm's running statistics)
+    wrt = tuple(i for i, x in enumerate(leaves) if _carries_gradient(x) and tangents.get(x.name) is not None)
+    return torch_jvp_op(bsym.sym.torch_fn, bsym.args, bsym.kwargs, tuple(tangents[leaves[i].name] for i in wrt), wrt,
+                        rng_state)
 
 
 # -- the driver and the function transform ------------------------------------------------------
@@ -163,11 +142,12 @@ def trace_jvp(fn: Callable, primals, tangents):
     with differentiating(trc) as recorded:  # whatever the grad mode outside, as reverse mode
         out = as_trace_constants(up_to_date(fn(*primals)))  # a constant output gets a zero tangent
     region = _flattened(recorded)
-    for bsym in region:
+    emitted, rng_states = with_generator_states(region, set(env))
+    for bsym in emitted:
         trc.emit(bsym)
     for bsym, enabled in zip(region, _grad_modes(region, True)):
         if enabled:
-            _push_forward(bsym, env)
+            _push_forward(bsym, env, rng_states)
     out_leaves, out_spec = tree_flatten(out)
     tangent_leaves = [env.get(o.name) if isinstance(o, TensorProxy) else None for o in out_leaves]
     tangent_leaves = [t if t is not None or not isinstance(o, TensorProxy)

@@ -30,8 +30,9 @@ import thunderfn.torch as ltorch
 from thunderfn import prims
 from thunderfn.clang import reduction_dims
 from thunderfn.prims import PrimIDs, canonical_dim
+from thunderfn.torch.aten_backward import updated_running_stats
 from thunderfn.transforms import vjp_rules as _vjp
-from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' VJP rules, read below)
+from thunderfn.transforms import vjp_rules_torch  # (the torch-language symbols' VJP rules, read below)
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, RecordedCall  # noqa: F401  (re-exported for the driver)
 from thunderfn.transforms.vjp_rules import _is_float_tensor, _expand, _reduced, _scalar, _sq, _to, _zeros, refuse_complex
 from thunderfn.errors import ArgumentTypeError
@@ -283,6 +284,14 @@ def _selected_jvp(call, t):
 defjvp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_jvp)
 
 
+# -- the running statistics' update (torch/aten_backward.py) ---------------------------------
+# torch's kernels write the new statistics into the running ones in place, outside autograd: the
+# input's tangent does not reach them, and each keeps the tangent it had before the write, which is
+# what torch.func.jvp returns for them (not the formula's (1 - momentum) * tangent). The VJP rule
+# (vjp_rules_torch.py) is the transpose.
+defjvp(updated_running_stats.id)(lambda call, t: (t[1], t[2]))
+
+
 # -- torch-level elementwise functions with a torch-level VJP rule ---------------------------------
 # Their Jacobian is diagonal, so the tangent is the VJP rule applied to the input's tangent: forward
 # mode gets torch's conventions (logsigmoid at 0, a kink's bounds, where exp overflows) from the
@@ -307,27 +316,27 @@ for _symbol in _elementwise_symbols():
     _diagonal_jvp_from_vjp(_symbol.id)
 
 
-def _reduction_jvp_from_vjp(symbol_id):
+def _reduction_jvp_from_vjp(symbol_id, reduced_dims):
     """A reduction whose every output element reads its own slice of the input (a norm, a std): the VJP
     rule at a cotangent of ones gives each input element's derivative, and the tangent is the sum over
-    the slice of derivative times tangent. torch's masks (the norm of zero) come along."""
+    the slice (the dims `reduced_dims(call)` names, read from the call as the VJP rule reads them) of
+    derivative times tangent. torch's masks (the norm of zero) come along."""
     vjp = _vjp.vjp_rules[symbol_id].bwd
 
     def fwd(call, tangents):
         t = tangents[0] if tangents else None
         if t is None:
             return None
-        x, out = call.args[0], call.out
+        out = call.out
         d = vjp(call, prims.full(tuple(out.shape), 1.0, device=out.device, dtype=out.dtype))[0]
-        return prims.reshape(prims.sum(prims.mul(d, t), reduction_dims(x, call.arg("dim"))), tuple(out.shape))
+        if d is None:  # a count (the 0-norm): constant where it is differentiable
+            return None
+        return prims.reshape(prims.sum(prims.mul(d, t), reduced_dims(call)), tuple(out.shape))
 
     fwd.__name__ = fwd.__qualname__ = f"{vjp.__name__}_as_jvp"
     register_jvp(symbol_id, JVPRule(fwd))
 
 
-def _reductions():
-    return (ltorch.vector_norm, ltorch.std)
-
-
-for _symbol in _reductions():
-    _reduction_jvp_from_vjp(_symbol.id)
+_reduction_jvp_from_vjp(ltorch.vector_norm.id, lambda call: reduction_dims(call.args[0], call.arg("dim")))
+# std(x, True) is std(x, unbiased=True): its dims as the VJP rule reads them
+_reduction_jvp_from_vjp(ltorch.std.id, lambda call: vjp_rules_torch._std_arguments(call, "std")[2])

@@ -28,6 +28,7 @@ from thunderfn.torch.elementwise import _SELU_ALPHA, _SELU_SCALE
 from thunderfn.torch.reductions import sum_to as _sum_to
 from thunderfn.torch.nn import _legacy_reduction, _repeat_heads
 from thunderfn.torch import distributed as collectives
+from thunderfn.torch.aten_backward import updated_running_stats
 from thunderfn.torch.reductions import _correction, _var_args
 from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, _zeros, defvjp, wants_gradient
 from thunderfn.errors import UnsupportedOpError
@@ -257,8 +258,23 @@ def _batch_norm_vjp(call, g_out, g_mean, g_invstd) -> tuple:
 
 
 defvjp(ltorch.native_batch_norm.id)(lambda call, g: _batch_norm_vjp(call, *g))
-# the new running statistics carry no gradient: eager writes them in place, outside autograd
-defvjp(ltorch.native_batch_norm_legit_functional.id)(lambda call, g: _batch_norm_vjp(call, *g[:3]))
+
+
+@defvjp(ltorch.native_batch_norm_legit_functional.id)
+def _batch_norm_legit_functional_vjp(call, g):
+    """native_batch_norm's cotangents, and the new running statistics' passed back to the old ones, as
+    updated_running_stats' rule does (eager writes them in place outside autograd: the input's gradient
+    does not reach them, and a statistic keeps its own derivative; in evaluation mode they are the old ones)."""
+    grads = list(_batch_norm_vjp(call, *g[:3]))
+    for position, passed in ((3, g[3]), (4, g[4])):
+        if passed is not None:
+            grads[position] = passed if grads[position] is None else ltorch.add(grads[position], passed)
+    return tuple(grads)
+
+
+# torch's kernels write the new running statistics in place, outside autograd: no gradient of the input
+# reaches them, and each keeps the derivative it had (torch/aten_backward.py; the JVP rule in jvp_rules.py)
+defvjp(updated_running_stats.id)(lambda call, g: (None, g[0], g[1]) + (None,) * (len(call.args) - 3))
 
 
 @defvjp(ltorch.native_group_norm.id)
