@@ -1,7 +1,8 @@
 """Hugging Face's generate on a jitted model: its own loop, each forward through the jitted one.
 Greedy tokens are eager's, from prompts of several lengths, in no more compiled entries than
 torch.compile's graphs for the same calls (the growing cache length and the prompt length are
-symbolic after one recompile each), and what cannot compile says so by name. Tiny random configs, built offline, on CPU."""
+symbolic after one recompile each), and what cannot compile says so by name. Tiny random
+configs, built offline, on CPU."""
 import copy
 import threading
 import warnings
