@@ -1,12 +1,15 @@
 """Hugging Face's generate on a jitted model: its own loop, each forward through the jitted one.
-Greedy tokens are eager's, the prefill and the decode step compile once each (the decode step
-twice: the growing cache length is symbolic after one recompile), and what cannot compile says
-so by name. Tiny random configs, built offline, on CPU."""
+Greedy tokens are eager's, from prompts of several lengths, in no more compiled entries than
+torch.compile's graphs for the same calls (the growing cache length and the prompt length are
+symbolic after one recompile each), and what cannot compile says so by name. Tiny random
+configs, built offline, on CPU."""
+import copy
 import threading
 import warnings
 
 import pytest
 import torch
+import torch._dynamo
 
 import thunderfn as tf
 from thunderfn.testing.optional_libraries import import_torchvision, why_unavailable
@@ -35,6 +38,7 @@ def _llama():
 
 MODELS = pytest.mark.parametrize("make", [_gpt2, _llama], ids=["gpt2", "llama"])
 GREEDY = dict(max_new_tokens=32, do_sample=False, pad_token_id=0)
+PROMPT_LENGTHS = (7, 1, 12)
 
 
 def _model(make):
@@ -42,22 +46,57 @@ def _model(make):
     return make().eval()
 
 
+def _dynamo_graphs(model, prompts, options) -> tuple[int, list]:
+    """torch.compile's graphs for the same generate calls, on a copy of the model: its forward compiled with the
+    default automatic dynamic (dynamic=None), Hugging Face's default DynamicCache. A counting backend that
+    runs each graph as Dynamo captured it (the "eager" backend's work): Dynamo's graph count is what is
+    compared, and Inductor's compile would only add time."""
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    compiled = copy.deepcopy(model)
+    compiled.forward = torch.compile(compiled.forward, backend=counting_backend, dynamic=None)
+    torch._dynamo.reset()
+    try:
+        outs = [compiled.generate(ids, **options) for ids in prompts]
+    finally:
+        torch._dynamo.reset()
+    return len(graphs), outs
+
+
 @MODELS
-def test_greedy_generate_gives_eagers_tokens_with_every_forward_through_at_most_three_compiled_entries(make):
+def test_greedy_generate_from_several_prompt_lengths_gives_eagers_tokens_in_no_more_entries_than_torch_compiles_graphs(
+        make):
+    """100 new tokens from prompts of 7, 1 and 12 tokens, one after another on one jitted model: the first
+    prompt's prefill, its first decode step and the decode step with the cache length symbolic (3 entries); the
+    prompt of 1 token makes the prefill symbolic and compiles an entry of its own (attention is causal only for
+    a query longer than 1: transformers' sdpa_attention_forward; torch.compile specializes 1 as well), and the
+    prompt of 12 compiles nothing. torch.compile's graphs for the same calls are counted in this test."""
     model = _model(make)
-    ids = torch.randint(3, 100, (1, 5))
-    want = model.generate(ids, **GREEDY)
+    prompts = [torch.randint(3, 100, (1, n)) for n in PROMPT_LENGTHS]
+    options = dict(GREEDY, max_new_tokens=100, eos_token_id=None)  # (no early stop: each prompt gets its 100)
+    want = [model.generate(ids, **options) for ids in prompts]
     jitted = tf.jit(model)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = jitted.generate(ids, **GREEDY)
+        got, entries = [], []
+        for ids in prompts:
+            got.append(jitted.generate(ids, **options))
+            entries.append(tf.cache_info(jitted)["entries"])
     assert not [w for w in caught if "eager" in str(w.message)], [str(w.message) for w in caught]
-    assert torch.equal(got, want)
+    for g, w, ids in zip(got, want, prompts, strict=True):
+        assert g.shape == (1, ids.shape[1] + 100) and torch.equal(g, w), ids.shape
     info = tf.cache_info(jitted)
-    # prefill, the first decode step, then the decode step with the cache length symbolic for all the rest
-    assert info["entries"] <= 3, info
-    assert info["hits"] + info["misses"] == 32, info  # each of the 32 forwards ran jitted
+    assert entries[0] <= 3 and entries[2] == entries[1], (entries, info)
+    assert info["hits"] + info["misses"] == 100 * len(prompts), info  # each forward ran jitted
     assert "forward" not in model.__dict__  # the route through the jitted forward is gone
+    graphs, dynamo_outs = _dynamo_graphs(model, prompts, options)
+    for g, w in zip(dynamo_outs, want, strict=True):
+        assert torch.equal(g, w)
+    assert info["entries"] <= graphs, (info, graphs)
 
 
 @MODELS
