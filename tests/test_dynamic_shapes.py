@@ -283,7 +283,8 @@ def test_a_size_one_that_broadcasts_stays_static_and_the_rest_symbolic():
         torch.testing.assert_close(jitted(a, b), f(a, b))
     info = tf.cache_info(jitted)
     assert info["misses"] == 1 and not info["static_fallbacks"], info
-    assert info["pinned"] == ["tensor 0's dimension 1 == 1 (its trace at size 2 could not take 1)"]
+    (pinned,) = info["pinned"]  # with why: broadcasting the 1 against the other size, traced at 2, failed
+    assert pinned.startswith("tensor 0's dimension 1 == 1 (its trace at size 2 could not take 1: ") and "must match" in pinned
     # (a's and b's first sizes are one symbol, named after either: the addition guarded them equal)
     assert {"argument 'a'.shape[0]", "argument 'b'.shape[0]"} & set(info["symbolic"][0].values())
 
@@ -413,3 +414,19 @@ def test_a_size_pinned_by_an_op_names_the_op_and_line():
     torch.testing.assert_close(jitted(torch.ones(6)), g(torch.ones(6)))
     (pinned,) = tf.cache_info(jitted)["pinned"]
     assert "== 6" in pinned and "pinned by Tensor.view at test_dynamic_shapes.py:" in pinned, pinned
+
+
+def test_a_length_one_refused_by_a_symbolic_entrys_guard_compiles_once_and_says_where():
+    """12, 7, then 1: the symbolic entry's guard `s0 > 1` refuses 1; a trace at another size would be that entry
+    again (it compiled twice and kept a duplicate), so 1 compiles static at once, and cache_info says which guard
+    told 1 apart and which line asked it."""
+    def f(x):
+        return x.sum(1, keepdim=True) if x.shape[1] > 1 else x + 1
+
+    jitted = tf.jit(f)
+    for n in (12, 7, 1, 3, 1):
+        torch.testing.assert_close(jitted(torch.ones(2, n)), f(torch.ones(2, n)))
+    info = tf.cache_info(jitted)
+    assert info["entries"] == info["misses"] == 3, info
+    (pinned,) = info["pinned"]
+    assert "s0 > 1 (asked at test_dynamic_shapes.py:" in pinned, pinned

@@ -170,6 +170,7 @@ class SymbolicSizes:
     (served_key: each symbolic size free) and the guards its trace recorded on the sizes."""
 
     def __init__(self, inputs: symbolic.SymbolicInputs, pattern: CacheKey):
+        self.inputs = inputs  # (kept to say which guard a call breaks, and where it was asked: broken_by)
         self.dims = inputs.symbolic_dims  # tensor number -> its symbolic dimensions
         self.described = inputs.still_symbolic()  # "s0" -> "argument 'x'.shape[1]"
         self.facts = inputs.guards_in_words()
@@ -216,7 +217,10 @@ class SymbolicSizes:
     def failure(self, tensors) -> str | None:
         if self.hold(tensors):
             return None
-        facts = "; ".join(self.facts) or "every symbolic size is at least 1"
+        broken = self.inputs.broken_by([t.shape for t in tensors])
+        if not broken and any(tensors[k].shape[d] == 0 for k, dims in self.dims.items() for d in dims):
+            broken = ["a symbolic size is 0: an empty tensor compiles an entry of its own"]
+        facts = "; ".join(broken or self.facts) or "every symbolic size is at least 1"
         return f"the sizes of this call break what the trace relied on ({facts}; {self.in_words()})"
 
     def in_words(self) -> str:

@@ -183,7 +183,11 @@ class JitState:
         narrowed = _without(open_dims, hints) if hints else None
         if narrowed:
             attempts.append((narrowed, {}))  # the size-1 dimensions static, the others symbolic
-        failure = None
+        failure, refusal = None, None  # the first exception; why the trace at other sizes could not take 1
+        refused = self._refused_by_sizes(key, leaves, open_dims) if hints else None
+        if refused is not None:  # a trace at other sizes would be that entry again, and refuse this call again
+            refusal = refused.sizes.failure(refused.tensors(leaves))
+            attempts = attempts[1:]
         for n, (dims, at) in enumerate(attempts):
             try:
                 entry = self.compile(args, kwargs, leaves, key, dims, at)
@@ -191,20 +195,31 @@ class JitState:
                 raise
             except Exception as e:  # noqa: BLE001 (compiled again below; the first failure is the one reported)
                 failure = failure or e
+                refusal = refusal or f"{type(e).__name__}: {str(e).strip()[:200]}"
                 continue
             if entry.serves(key, leaves):
-                if n:
-                    self.pinned_sizes += _size_ones(hints)
+                if refusal is not None:
+                    self.pinned_sizes += _size_ones(hints, refusal)
                 return entry
+            refusal = refusal or entry.why_not(key, leaves)
             if entry.sizes is not None or entry.key not in self.cache:
                 self.keep(entry)  # it serves the sizes it was traced at, not this call's
         if hints and not narrowed:  # every open dimension had size 1: the static compile is the answer
-            self.pinned_sizes += _size_ones(hints)
+            self.pinned_sizes += _size_ones(hints, refusal)
         elif failure is not None:
             text = str(failure).strip()
             self.static_fallbacks.append(f"{type(failure).__name__}: {text.splitlines()[0][:300]}" if text
                                          else type(failure).__name__)
         return self.compile(args, kwargs, leaves, key)
+
+    def _refused_by_sizes(self, key, leaves, open_dims) -> CacheEntry | None:
+        """A symbolic entry whose pattern this call fits, with every dimension of open_dims symbolic, that refuses
+        the call only by its size guards: what a trace at other sizes would make again (and refuse again)."""
+        for entry in reversed(self.symbolic_entries):
+            if (entry.fits(key) and all(set(dims) <= set(entry.sizes.dims.get(k, ())) for k, dims in open_dims.items())
+                    and not entry.sizes.hold(entry.tensors(leaves))):
+                return entry
+        return None
 
     def lookup(self, key, leaves) -> CacheEntry | None:
         """The newest entry that admits this call (CacheEntry.admits: every fact of it), or None."""
@@ -371,8 +386,10 @@ def _without(open_dims: dict, dims) -> dict:
     return {k: ds for k, ds in kept.items() if ds}
 
 
-def _size_ones(hints: dict) -> list[str]:
-    return [f"tensor {k}'s dimension {d} == 1 (its trace at size {at} could not take 1)" for (k, d), at in hints.items()]
+def _size_ones(hints: dict, why: str | None) -> list[str]:
+    """cache_info's pinned lines for size-1 dimensions a trace at other sizes could not take, and why."""
+    return [f"tensor {k}'s dimension {d} == 1 (its trace at size {at} could not take 1" + (f": {why})" if why else ")")
+            for (k, d), at in hints.items()]
 
 
 def _fn_name(fn) -> str:

@@ -23,6 +23,7 @@ May import: errors.py.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import numbers
@@ -244,6 +245,13 @@ class SymbolicInputs:
             return replace(symbol, target, *rest)
 
         self.env._set_replacement = replacing  # (this ShapeEnv is ours alone: one per compile)
+        locate = self.env._get_sloc
+
+        def located(*args, **kwargs):  # each guard's location says which op and line of the traced code asked
+            sloc = locate(*args, **kwargs)
+            return dataclasses.replace(sloc, maybe_user_loc=where_traced(asked=True) or sloc.maybe_user_loc)
+
+        self.env._get_sloc = located
         _registry[self.env] = self
 
     def shape(self, number: int, shape, described: str) -> torch.Size:
@@ -316,6 +324,21 @@ class SymbolicInputs:
 
         return re.sub(r"L\['t(\d+)'\]", access, code)
 
+    def broken_by(self, shapes) -> list[str]:
+        """The guards that the sizes of a call (each tensor's shape, in input order) break, in words with where the
+        traced code asked them ("s0 > 1 (asked by torch.nn.functional.scaled_dot_product_attention at x.py:3)")."""
+        values = {}
+        for (number, d), n in zip(self.access, self.placeholders):
+            if isinstance(n, torch.SymInt) and n.node.expr.is_Symbol:
+                values[n.node.expr] = shapes[number][d]
+        broken = []
+        for guard in self.env.guards:
+            holds = self.env.simplify(guard.expr).xreplace(values)
+            if holds is not True and getattr(holds, "is_Boolean", False) and not bool(holds):
+                at = guard.sloc.maybe_user_loc
+                broken.append(python(self.env.simplify(guard.expr), self) + (f" ({at})" if at else ""))
+        return broken
+
     def guards_in_words(self) -> list[str]:
         """The facts the trace relied on, over the symbols' printed names (for cache_info and errors)."""
         words = []
@@ -330,7 +353,7 @@ _THUNDERFN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
-def where_traced() -> str | None:
+def where_traced(asked: bool = False) -> str | None:
     """The torch operation being traced and the line of the traced code that called it ("torch.triu at
     model.py:12"), from the Python stack: the outermost interception.dispatch frame's function, and the innermost
     frame outside thunderfn and torch. For saying which line of the user's relied on a size."""
@@ -345,9 +368,10 @@ def where_traced() -> str | None:
         frame = frame.f_back
     if op is None and line is None:
         return None
+    verb = "asked" if asked else "pinned"
     if op is None:  # int(size), a branch or an index the traced code computed itself
-        return f"pinned at {line}: int(), a comparison or a Python index read it"
-    return f"pinned by {op}" + (f" at {line}" if line else "")
+        return f"{verb} at {line}: int(), a comparison or a Python index read it"
+    return f"{verb} by {op}" + (f" at {line}" if line else "")
 
 
 def _op_name(func) -> str | None:
