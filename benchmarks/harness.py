@@ -43,6 +43,29 @@ def first_line(e: BaseException) -> str:
     return s.splitlines()[0][:160] if s else ""
 
 
+def error_outcome(e: Exception) -> tuple[str, str]:
+    """An entry's ('error', detail) for an exception: a named thunderfn error as itself, anything else a CRASH."""
+    if isinstance(e, tf.ThunderFnError):
+        return "error", f"{type(e).__name__}: {first_line(e)}"
+    return "error", f"CRASH {type(e).__name__}: {first_line(e)}"
+
+
+def add_sample_options(parser) -> None:
+    """The options the op_db sweeps over float64 samples share: -v, -k, --samples, --rtol/--atol, --timeout
+    (check the tolerances with `check_tolerances` after parsing)."""
+    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-k", default="", help="only entries whose name contains this")
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--rtol", type=float, default=None, help="default: assert_close's for float64")
+    parser.add_argument("--atol", type=float, default=None, help="default: assert_close's for float64")
+    parser.add_argument("--timeout", type=int, default=60, help="seconds per entry (counts as an error)")
+
+
+def check_tolerances(parser, args) -> None:
+    if (args.rtol is None) != (args.atol is None):
+        parser.error("give both --rtol and --atol, or neither")
+
+
 def entry_name(opinfo) -> str:
     return opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
 

@@ -34,7 +34,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import thunderfn as tf
-from harness import Timeout, first_line, print_failures, run_all  # (run from benchmarks/ or the root)
+from harness import error_outcome, Timeout, first_line, print_failures, run_all  # (run from benchmarks/ or the root)
 
 
 def _detached(tree):
@@ -115,10 +115,8 @@ def run_entry(module_info, inputs: int, compile=tf.jit, dtype=torch.float64):
             got = _step(compile(module), _detached(args), _detached(kwargs))
         except Timeout:
             raise
-        except tf.ThunderFnError as e:
-            return "error", f"{type(e).__name__}: {first_line(e)}"
         except Exception as e:
-            return "error", f"CRASH {type(e).__name__}: {first_line(e)}"
+            return error_outcome(e)
         mismatch = _mismatch(eager, got)
         if mismatch is not None:
             return "wrong", f"input {k} ({'train' if training else 'eval'}): {mismatch}"[:300]

@@ -24,7 +24,7 @@ import warnings
 import torch
 
 import thunderfn as tf
-from harness import clone, entry_name, print_failures, run_all  # (run from benchmarks/ or the repo root)
+from harness import clone, entry_name, error_outcome, print_failures, run_all  # (run from benchmarks/ or the repo root)
 
 
 def _mismatch(a, b) -> str | None:
@@ -81,10 +81,8 @@ def run_entry(opinfo, samples: int, compile=tf.jit, dtype=torch.float32):
             jitted = compile(lambda *a, **k: op(*a, **k))
             torch.manual_seed(0)
             got = jitted(*clone(args), **clone(s.kwargs))
-        except tf.ThunderFnError as e:
-            return "error", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-        except Exception as e:
-            return "error", f"CRASH {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        except Exception as e:  # (an entry's error, named or a crash: harness.error_outcome)
+            return error_outcome(e)
         mismatch = _mismatch(got, expected)
         if mismatch is not None:
             return "wrong", f"{mismatch}; sample {s}"[:300]

@@ -35,7 +35,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import thunderfn as tf
-from harness import Timeout, entry_name, first_line, print_failures, run_all  # (run from benchmarks/ or the root)
+from harness import add_sample_options, check_tolerances, error_outcome, Timeout, entry_name, first_line, print_failures, run_all  # (run from benchmarks/ or the root)
 from opdb_coverage import first_samples  # the sibling forward harness
 
 
@@ -132,10 +132,8 @@ def run_entry(opinfo, samples: int, rtol, atol, *, dtype=torch.float64, differen
             got = differentiate(fn, leaves)
         except Timeout:
             raise
-        except tf.ThunderFnError as e:
-            return "error", f"{type(e).__name__}: {first_line(e)}"
         except Exception as e:
-            return "error", f"CRASH {type(e).__name__}: {first_line(e)}"
+            return error_outcome(e)
         if len(got) != len(expected):
             return "wrong", f"sample {k}: {len(got)} gradients for {len(expected)} leaves"
         for j, (g, e) in enumerate(zip(got, expected)):
@@ -151,15 +149,9 @@ def run_entry(opinfo, samples: int, rtol, atol, *, dtype=torch.float64, differen
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true")
-    parser.add_argument("-k", default="", help="only entries whose name contains this")
-    parser.add_argument("--samples", type=int, default=3)
-    parser.add_argument("--rtol", type=float, default=None, help="default: assert_close's for float64")
-    parser.add_argument("--atol", type=float, default=None, help="default: assert_close's for float64")
-    parser.add_argument("--timeout", type=int, default=60, help="seconds per entry (counts as an error)")
+    add_sample_options(parser)
     args = parser.parse_args(argv)
-    if (args.rtol is None) != (args.atol is None):
-        parser.error("give both --rtol and --atol, or neither")
+    check_tolerances(parser, args)
     warnings.filterwarnings("ignore")
     from torch.testing._internal.common_methods_invocations import op_db
 

@@ -40,7 +40,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import thunderfn as tf
-from harness import Timeout, clone, entry_name, first_line, print_failures, run_all  # (run from benchmarks/ or the root)
+from harness import add_sample_options, check_tolerances, error_outcome, Timeout, clone, entry_name, first_line, print_failures, run_all  # (run from benchmarks/ or the root)
 from opdb_coverage import UNSPECIFIED_CONTENTS, first_samples  # the sibling forward harness
 
 SEED = 0
@@ -145,10 +145,8 @@ def run_entry(opinfo, samples: int, rtol, atol):
             got_out, got_tangent = _tf_jvp(fn, primals, tangents)
         except Timeout:
             raise
-        except tf.ThunderFnError as e:
-            return "error", f"{type(e).__name__}: {first_line(e)}"
         except Exception as e:
-            return "error", f"CRASH {type(e).__name__}: {first_line(e)}"
+            return error_outcome(e)
         for what, got, want in (("primal", got_out, out), ("tangent", got_tangent, tangent)):
             mismatch = _mismatch(tuple(got), tuple(want), rtol, atol)
             if mismatch is not None:
@@ -170,16 +168,10 @@ def _print_table(title: str, counts: collections.Counter) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true")
-    parser.add_argument("-k", default="", help="only entries whose name contains this")
+    add_sample_options(parser)
     parser.add_argument("--ops", nargs="+", default=None, help="only these entries (names as the table lists them)")
-    parser.add_argument("--samples", type=int, default=3)
-    parser.add_argument("--rtol", type=float, default=None, help="default: assert_close's for float64")
-    parser.add_argument("--atol", type=float, default=None, help="default: assert_close's for float64")
-    parser.add_argument("--timeout", type=int, default=60, help="seconds per entry (counts as an error)")
     args = parser.parse_args(argv)
-    if (args.rtol is None) != (args.atol is None):
-        parser.error("give both --rtol and --atol, or neither")
+    check_tolerances(parser, args)
     warnings.filterwarnings("ignore")
     from torch.testing._internal.common_methods_invocations import op_db
 
