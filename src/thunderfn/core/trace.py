@@ -24,7 +24,7 @@ from thunderfn.core.proxies import CAPTURED, TensorProxy
 from thunderfn.core.statements import check_inputs_do_not_alias, set_default_dtype, set_grad_enabled, write_back
 from thunderfn.core.symbol import DecompositionUnavailable, Symbol, set_eager_composite
 from thunderfn.core.pytree import adopt_torch_registrations, tree_flatten, tree_flatten_with_path, tree_unflatten
-from thunderfn.errors import ArgumentRuntimeError, EscapedProxyError, UnsupportedOpError
+from thunderfn.errors import ArgumentRuntimeError, ConcretizationError, EscapedProxyError, UnsupportedOpError
 
 
 class Trace:
@@ -58,6 +58,9 @@ class Trace:
         # names of symbolic sizes (core/symbolic.py) the generated function takes after its tensors, for
         # sizes none of its inputs holds as a dimension (a backward's, given from the forward's inputs)
         self.size_args: list[str] = []
+        # the symbolic sizes of an outermost trace (core/symbolic.py): jit's open dimensions, or made when an op
+        # first has a data-dependent size (data_dependent_size)
+        self.sizes: symbolic.SymbolicInputs | None = None
         self.args: list[TensorProxy] = []  # flat tensor inputs, in call order
         self.bound_symbols: list = []
         self.output = None
@@ -116,6 +119,10 @@ class Trace:
                     no_decomposition = True
                 finally:
                     subsymbols = tuple(self._scopes.pop())
+        except Exception as e:
+            if self.symbol_depth == 1 and symbolic.is_data_dependent_question(e):  # (the op the user called)
+                raise data_dependent_error(e, f"{sym.print_name} asks", context.trace_stack()[0]) from None
+            raise
         finally:
             self.symbol_depth -= 1
         if no_decomposition:  # the next rung of the ladder (a torch symbol's: torch runs it as an opaque op)
@@ -371,6 +378,7 @@ def proxify_inputs(trc: Trace, fn, args, kwargs):
             shape = leaf.shape
             if open_dims is not None:
                 shape = open_dims.shape(len(trc.args), shape, f"argument '{preferred or top}'")
+                trc.sizes = open_dims
             proxy = TensorProxy(trc.names.take(preferred, prefix="a"), shape=shape, dtype=leaf.dtype,
                                 device=leaf.device, requires_grad=leaf.requires_grad,
                                 origin=f"argument '{preferred or top}'")
@@ -382,6 +390,27 @@ def proxify_inputs(trc: Trace, fn, args, kwargs):
             new_leaves.append(leaf)
     p_args, p_kwargs = tree_unflatten(spec, new_leaves)
     return p_args, p_kwargs
+
+
+def data_dependent_size(upper, described: str, memo=None) -> torch.SymInt:
+    """A fresh data-dependent size for the trace being built (symbolic.SymbolicInputs.unbacked_size), in the
+    ShapeEnv of its outermost trace, made now where that one has none (a static compile)."""
+    root = context.trace_stack()[0]
+    if root.sizes is None:
+        root.sizes = symbolic.SymbolicInputs({})
+    return root.sizes.unbacked_size(upper, described, memo)
+
+
+def data_dependent_error(e, who: str, root: Trace) -> ConcretizationError:
+    """torch's refusal to answer a question of a data-dependent size (e), as the ConcretizationError that says
+    which size, what counts it and what to do. `who` asks: an op ("ltorch.reshape asks") or the traced code;
+    root is the outermost trace being built (whose sizes name the symbols)."""
+    question, sizes = symbolic.data_dependent_question(e, root.sizes)
+    return ConcretizationError(
+        f"{who} {question} while tracing '{root.fn_name}', where {sizes}: a size known only when the compiled function "
+        f"runs, so tracing cannot answer (and no check before the call could). State what the code relies on with "
+        f"torch._check (checked each time the compiled function runs), keep the computation in tensor ops "
+        f"(torch.where, a mask), or branch outside the jitted function.")
 
 
 def _lift_output(trc: Trace, x):
@@ -485,6 +514,8 @@ def trace(fn, /, *args, **kwargs) -> Trace:
             finish(trc, True)
         if isinstance(e, TypeError) and "TensorProxy" in str(e) and "descriptor" in str(e):
             raise _unbound_tensor_method(e, trc.fn_name) from None
+        if symbolic.is_data_dependent_question(e):  # (asked by the traced code itself: an `if`, int(n), range(n))
+            raise data_dependent_error(e, f"'{trc.fn_name}' asks", (context.trace_stack() or [trc])[0]) from None
         raise
     finally:
         trc.input_tensors, trc._inputs_by_proxy = {}, {}  # the trace must not keep the caller's tensors alive
