@@ -327,6 +327,14 @@ class SymbolicInputs:
             dims.append(n)
         return torch.Size(dims)
 
+    def fake(self):
+        """A FakeTensorMode on env (made once): where torch's kernels run on symbolic sizes, and where an op whose
+        output size depends on values (unique) gets a data-dependent size of its own."""
+        if self.fake_mode is None:
+            fake = importlib.import_module("torch._subclasses.fake_tensor")
+            self.fake_mode = fake.FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
+        return self.fake_mode
+
     def unbacked_size(self, upper, described: str, memo=None) -> torch.SymInt:
         """A fresh data-dependent size (a symbol "u<k>"), between 0 and upper (an int; a symbolic or None upper
         bound: no upper bound), that counts what `described` says. `memo` (hashable: the op and its input's
@@ -489,10 +497,7 @@ def fake_tensor_mode(values):
     for v in values:
         inputs = inputs_of(v)
         if inputs is not None:
-            if inputs.fake_mode is None:
-                fake = importlib.import_module("torch._subclasses.fake_tensor")
-                inputs.fake_mode = fake.FakeTensorMode(shape_env=inputs.env, allow_non_fake_inputs=True)
-            return inputs.fake_mode
+            return inputs.fake()
     return None
 
 

@@ -392,13 +392,18 @@ def proxify_inputs(trc: Trace, fn, args, kwargs):
     return p_args, p_kwargs
 
 
-def data_dependent_size(upper, described: str, memo=None) -> torch.SymInt:
-    """A fresh data-dependent size for the trace being built (symbolic.SymbolicInputs.unbacked_size), in the
-    ShapeEnv of its outermost trace, made now where that one has none (a static compile)."""
+def symbolic_sizes() -> symbolic.SymbolicInputs:
+    """The symbolic sizes of the trace being built: its outermost trace's, made now where that one has none (a
+    static compile meeting its first data-dependent size)."""
     root = context.trace_stack()[0]
     if root.sizes is None:
         root.sizes = symbolic.SymbolicInputs({})
-    return root.sizes.unbacked_size(upper, described, memo)
+    return root.sizes
+
+
+def data_dependent_size(upper, described: str, memo=None) -> torch.SymInt:
+    """A fresh data-dependent size for the trace being built (symbolic.SymbolicInputs.unbacked_size)."""
+    return symbolic_sizes().unbacked_size(upper, described, memo)
 
 
 def data_dependent_error(e, who: str, root: Trace) -> ConcretizationError:

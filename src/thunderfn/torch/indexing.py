@@ -140,7 +140,7 @@ def getitem(a, key):
         else:
             check(k.step is None or k.step > 0, lambda: "step must be greater than zero", ValueError)
             start, stop, step = symbolic.slice_indices(k, n)
-            stop = max(start, stop)
+            stop = stop if symbolic.holds(stop >= start) else max(start, stop)
             starts.append(start), stops.append(stop), steps.append(step)
         dim += 1
     out = a
