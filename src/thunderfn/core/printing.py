@@ -20,7 +20,7 @@ import torch
 from thunderfn.core import artifacts, symbolic
 from thunderfn.core.proxies import CAPTURED, TensorProxy
 from thunderfn.core.pytree import NAMESPACE
-from thunderfn.errors import ArgumentValueError, InternalError
+from thunderfn.errors import ArgumentRuntimeError, ArgumentValueError, InternalError
 
 ARGS_LIST = "args_list"  # the one parameter of a function whose trace has args_in_list (a reserved name)
 
@@ -185,7 +185,8 @@ def _bind_data_dependent_sizes(out, ns: Namespace, pad: str) -> list[str]:
         if names & new and names <= ns.bound and source not in ns.checked:
             ns.checked.add(source)
             message = f"Expected {source} to be True, but got False (a torch._check of a data-dependent size)"
-            lines += [f"{pad}if not ({source}):", f"{pad}  raise RuntimeError({message!r})"]
+            ns["ArgumentRuntimeError"] = ArgumentRuntimeError  # (a RuntimeError, as torch._check raises)
+            lines += [f"{pad}if not ({source}):", f"{pad}  raise ArgumentRuntimeError({message!r})"]
     return lines
 
 
