@@ -31,7 +31,7 @@ from thunderfn import prims_eager
 from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
-from thunderfn.core.trace import data_dependent_size
+from thunderfn.core.trace import computation_key, data_dependent_size
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, invalid_argument
 
 _this_module = sys.modules[__name__]
@@ -618,11 +618,12 @@ make_prim(PrimIDs.TAKE_ALONG_AXIS, "take_along_axis", meta=_take_along_axis_meta
 
 def _nonzero_meta(a):
     """The positions of a's nonzero elements, one row each: how many there are is known only at run time, a
-    data-dependent size (core/symbolic.py) between 0 and a's numel. The same a gives the same size."""
+    data-dependent size (core/symbolic.py) between 0 and a's numel. The same a (or a computed the same way from
+    the same inputs: core/trace.py's computation_key) gives the same size."""
     check_tensor(a, "prims.nonzero")
     n = a.numel()
     count = 0 if type(n) is int and n == 0 else data_dependent_size(
-        n, f"the number of nonzero elements of {a.name} (prims.nonzero)", memo=("nonzero", a.name))
+        n, f"the number of nonzero elements of {a.name} (prims.nonzero)", memo=("nonzero", computation_key(a)))
     return TensorProxy(shape=(count, a.ndim), dtype=torch.int64, device=a.device)
 
 

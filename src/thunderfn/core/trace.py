@@ -401,6 +401,37 @@ def symbolic_sizes() -> symbolic.SymbolicInputs:
     return root.sizes
 
 
+def computation_key(proxy: TensorProxy, depth: int = 16):
+    """A hashable key for what computed proxy: equal keys, equal values (the same pure ops, recorded at the top
+    level of the traces being built, of the same inputs and numbers; anything else by its name). The memo of a
+    data-dependent size: `x[x > 0]` twice counts one mask's elements, so both have one size u0."""
+    producer = next((b for trc in reversed(context.trace_stack()) if (b := trc.producer(proxy)) is not None), None)
+    if producer is None or depth == 0 or not _pure(producer):
+        return proxy.name
+    position = next(i for i, o in enumerate(producer.proxy_outs()) if o is proxy)
+    leaves, spec = optree.tree_flatten((producer.args, producer.kwargs), none_is_leaf=True, namespace="thunderfn")
+    try:
+        return (producer.sym.id, position, spec, *(computation_key(x, depth - 1) if isinstance(x, TensorProxy) else
+                                                   (type(x), x.hex() if type(x) is float else _hashed(x)) for x in leaves))
+    except TypeError:  # (an argument with no value key: the proxy is its own)
+        return proxy.name
+
+
+def _hashed(x):
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return x.node.expr  # (hashing the number itself would guard it equal to this call's)
+    if type(x) is slice:  # (unhashable before Python 3.12)
+        return tuple(_hashed(v) for v in (x.start, x.stop, x.step))
+    hash(x)
+    return x
+
+
+def _pure(bsym) -> bool:
+    """Whether two calls of bsym on equal arguments compute equal values (no draw, no opaque op, no statement)."""
+    return (bsym.sym.printer is None and not bsym.sym.tags & {"random", "opaque", "no_dce"}
+            and all(_pure(s) for s in bsym.subsymbols))
+
+
 def data_dependent_size(upper, described: str, memo=None) -> torch.SymInt:
     """A fresh data-dependent size for the trace being built (symbolic.SymbolicInputs.unbacked_size)."""
     return symbolic_sizes().unbacked_size(upper, described, memo)
