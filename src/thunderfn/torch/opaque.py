@@ -171,7 +171,9 @@ def _run_on_meta(fn, name: str, meta_args, meta_kwargs, *, retried: bool = True)
         if symbolic.is_data_dependent_question(e):  # (asked of a data-dependent size: the trace says which)
             raise
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        data_dependent = isinstance(e, torch._subclasses.fake_tensor.DynamicOutputShapeException) or any(
+        fake_refusals = (torch._subclasses.fake_tensor.DynamicOutputShapeException,
+                         torch._subclasses.fake_tensor.DataDependentOutputException)
+        data_dependent = isinstance(e, fake_refusals) or any(
             w in reason for w in ("data-dependent", "data dependent", "data-independent", "item()", "no data",
                                   "without output_size", "Meta tensors"))
         if data_dependent and not retried:
