@@ -538,7 +538,7 @@ def tile(a, dims):
 @torchsymbol(torch.repeat_interleave, T.repeat_interleave)
 def repeat_interleave(a, repeats=None, dim=None, *, output_size=None):
     if isinstance(repeats, TensorProxy) or repeats is None:
-        # the output's length is the repeats' sum: torch runs it, given output_size (refused without)
+        # the output's length is the repeats' sum: torch runs it (without output_size, a data-dependent size)
         raise DecompositionUnavailable
     check(repeats >= 0, lambda: "Repeats must be non-negative")
     if dim is None:
