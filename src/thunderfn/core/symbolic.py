@@ -26,8 +26,8 @@ be answered while tracing and is never a guard: the trace reports it as a Concre
 takes it as known, and generated code checks it where the op has run (`runtime_checks`). A static
 compile has no ShapeEnv until its first data-dependent size makes one (`SymbolicInputs({})`).
 
-Imported by the core; torch's symbolic_shapes is imported on the first dynamic compile (with sympy and
-torch._dynamo, which ShapeEnv imports: seconds, once per process), never by a static one.
+Imported by the core; torch's symbolic_shapes is imported on the first dynamic compile or data-dependent
+size (with sympy and torch._dynamo, which ShapeEnv imports: seconds, once per process), never otherwise.
 May import: errors.py.
 """
 from __future__ import annotations
