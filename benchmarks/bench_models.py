@@ -13,7 +13,7 @@ batch 2; the random generator is reseeded before each variant's first step all t
 gradients cleared, forward, loss, backward. Per model and variant it prints
 - `ok` or the largest gradient error against eager (every parameter's gradient); `ok (fp64)` where a
   variant differs from eager in fp32 but matches eager run in fp64 (see _ROUNDING_NOTE); `refused` and
-  the named error where tf.jit cannot trace a model, as JIT_REFUSES expects (the mixtures of experts),
+  the named error where tf.jit cannot trace a model, as JIT_REFUSES expects (Mixtral's router),
 - aten ops per step: top-level aten calls that torch.profiler records during one step (what the
   Python code and torch.autograd ask the dispatcher for; the CPU analogue of kernel launches),
 - the median step time and its ratio to eager's in the same rounds,
@@ -219,7 +219,7 @@ MODELS = {
     "litgpt-pythia": ("litgpt", _litgpt("pythia-14m")),
     "litgpt-llama": ("litgpt", _litgpt("Llama-3.2-1B", n_query_groups=2, intermediate_size=128)),
     # mixtures of experts: each expert takes the tokens routed to it by torch.where(mask), a size known
-    # only when the step runs
+    # only when the step runs (a data-dependent size, which tf.jit traces)
     "litgpt-llama-moe": ("litgpt", _litgpt("Llama-3.2-1B", n_query_groups=2, mlp_class_name="LLaMAMoE", n_expert=4,
                                            n_expert_per_token=2, intermediate_size=128, moe_intermediate_size=64)),
     "hf-mixtral": ("transformers", _hf_mixtral),
@@ -252,13 +252,12 @@ JITTING = ("thunderfn", "thunderfn+fusion")  # the variants that trace the whole
 COMPILING = ("thunderfn+fusion", "thunderfn-backend", "thunderfn-backend+fusion", "torch.compile")
 INDUCTOR = ("thunderfn+fusion", "thunderfn-backend+fusion", "torch.compile")  # what --cold times cold
 
-# Models tf.jit alone cannot trace, with the named error it stops at: each expert takes the tokens routed to it
-# by torch.where(mask) (Mixtral: the experts hit, by nonzero()), sizes known only when the step runs. Through
-# the thunderfn backend, Dynamo ends a graph there (or, with capture_dynamic_output_shape_ops, thunderfn
-# splits the graph around those nodes, which run eagerly).
+# Models tf.jit alone cannot trace, with the named error it stops at: Mixtral loops over the experts hit
+# (`for expert_idx in expert_hit`, the rows of a nonzero()), a Python loop over a size known only when the
+# step runs. (litgpt's mixture of experts loops over its experts and takes their tokens by torch.where(mask):
+# data-dependent sizes, which tf.jit traces.) Through the thunderfn backend, Dynamo ends a graph there.
 JIT_REFUSES = {
-    "litgpt-llama-moe": "UnsupportedOpError",
-    "hf-mixtral": "UnsupportedOpError",
+    "hf-mixtral": "ConcretizationError",
 }
 
 

@@ -141,7 +141,7 @@ def test_every_benchmark_model_trains_under_jit_as_eager_in_no_more_aten_ops(nam
         pytest.skip(why)
     rows = {row["variant"]: row for row in bench_models.run_one(name, ["eager", "thunderfn"], rounds=0, calls=0)}
     jitted = rows["thunderfn"]
-    if name in bench_models.JIT_REFUSES:  # (the mixtures of experts: the backend test below trains them)
+    if name in bench_models.JIT_REFUSES:  # (Mixtral's router: the backend test below trains it)
         assert bench_models.refused(jitted), jitted.get("failure", "it ran")
         return
     assert "failure" not in jitted, jitted.get("failure")
@@ -151,17 +151,20 @@ def test_every_benchmark_model_trains_under_jit_as_eager_in_no_more_aten_ops(nam
 
 # Models whose step still asks for a few more ops than eager's (the layer-scale and window-attention
 # backward's reshapes and expands): what a change must not make worse. docs/performance.md lists them.
-OPS_ALLOWANCE = {"timm-convnext": 1.03, "timm-mobilenetv3": 1.03, "torchvision-swin": 1.07}
+OPS_ALLOWANCE = {"timm-convnext": 1.03, "timm-mobilenetv3": 1.03, "torchvision-swin": 1.07,
+                 # its experts' index tensors (torch.where(mask)) are differentiated through advanced indexing's
+                 # decomposition (negative indices counted from the end, ranges checked, a take), not aten's
+                 # one index and one index_put: 989 ops to eager's 832
+                 "litgpt-llama-moe": 1.2}
 
 
-@pytest.mark.parametrize("name", ["litgpt-llama-moe"])  # (hf-mixtral too: tests/test_dynamo_models.py, not timed)
-def test_a_model_jit_refuses_trains_through_the_thunderfn_backend_and_the_table_says_refused(name):
-    """A mixture of experts: tf.jit stops at the router's data-dependent indexing with its named error, which
-    the table shows as `refused`; torch.compile with the thunderfn backend trains it with eager's gradients."""
+@pytest.mark.parametrize("name", ["litgpt-llama-moe"])  # (hf-mixtral, which tf.jit refuses: test_dynamo_models.py)
+def test_a_mixture_of_experts_trains_under_jit_and_through_the_thunderfn_backend_and_the_table_says_ok(name):
+    """A mixture of experts: each expert's tokens, by torch.where(mask), are a data-dependent size that tf.jit
+    traces; torch.compile with the thunderfn backend trains it too, with eager's gradients."""
     why = bench_models.why_unavailable(bench_models.MODELS[name][0])
     if why is not None:
         pytest.skip(why)
     rows = bench_models.run_one(name, ["eager", "thunderfn", "thunderfn-backend"], rounds=1, calls=1)
     verdicts = {row[1]: row[2] for row in bench_models._format(rows)}
-    assert verdicts == {"eager": "ok", "thunderfn": "refused", "thunderfn-backend": "ok"}, rows
-    assert rows[1]["failure"].startswith(bench_models.JIT_REFUSES[name] + ":")
+    assert verdicts == {"eager": "ok", "thunderfn": "ok", "thunderfn-backend": "ok"}, rows

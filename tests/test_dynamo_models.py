@@ -88,23 +88,23 @@ def test_a_timm_resnet_trains_through_the_backend_as_eager_in_one_graph():
 
 @pytest.mark.parametrize("name", ["litgpt-llama-moe", "hf-mixtral"])
 def test_a_mixture_of_experts_trains_through_the_backend_as_eager_with_a_graph_break_at_its_router(name):
-    """tf.jit refuses the model (bench_models.JIT_REFUSES); Dynamo ends a graph at the data-dependent
-    indexing and thunderfn compiles the graphs around it."""
-    with pytest.raises(tf.UnsupportedOpError):
-        base, loss_of = _build(name)
-        bench_models.step(tf.jit(base), loss_of)
+    """Dynamo ends a graph at the data-dependent indexing and thunderfn compiles the graphs around it. (tf.jit
+    alone refuses Mixtral, whose Python loops over the experts hit: bench_models.JIT_REFUSES; litgpt's
+    trains under tf.jit: tests/test_data_dependent.py.)"""
+    if name in bench_models.JIT_REFUSES:
+        with pytest.raises(getattr(tf, bench_models.JIT_REFUSES[name])):
+            base, loss_of = _build(name)
+            bench_models.step(tf.jit(base), loss_of)
     explanation = tf.dynamo.explain(_trains_as_eager(name))
     assert any("Dynamic shape operator" in b for b in explanation.graph_breaks), str(explanation)
     assert explanation.splits == [] and explanation.thunderfn_functions, str(explanation)
 
 
-def test_a_mixture_of_experts_captured_whole_is_split_around_its_router_and_trains_as_eager():
-    """With capture_dynamic_output_shape_ops Dynamo keeps torch.where(mask) in the graph: thunderfn splits the
-    graph around it and what uses its data-dependent sizes, which run eagerly; between those pieces each
-    expert's output is added into y[token_idx] in place, after a thunderfn piece indexed y."""
+def test_a_mixture_of_experts_captured_whole_is_one_thunderfn_piece_and_trains_as_eager():
+    """With capture_dynamic_output_shape_ops Dynamo keeps torch.where(mask) in the graph, its lengths unbacked
+    sizes; thunderfn traces them as data-dependent sizes of its own (core/symbolic.py), so the whole graph,
+    each expert's output added into y[token_idx] in place, is one thunderfn piece."""
     # (config.patch, not monkeypatch: undoing a setattr on Dynamo's config module deletes the option)
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         explanation = tf.dynamo.explain(_trains_as_eager("litgpt-llama-moe"))
-    assert explanation.graph_breaks == [], str(explanation)
-    refused = [u for u in explanation.splits if "UnsupportedOpError" in u.reason]
-    assert refused and all(u.target == "torch._VariableFunctionsClass.where" for u in refused), str(explanation)
+    assert (len(explanation.graphs), explanation.graph_breaks, explanation.splits) == (1, [], []), str(explanation)

@@ -285,6 +285,15 @@ def flatten(a, start_dim: int = 0, end_dim: int = -1):
     return reshape(a, shape)
 
 
+def nonzero_columns(a) -> list:
+    """The positions of a's nonzero elements as one index tensor per dimension (a 0-dim a read as 1-dim), each
+    of the data-dependent length prims.nonzero gives: torch.nonzero(a, as_tuple=True), and how torch reads a
+    boolean mask as an index."""
+    positions = prims.nonzero(a if a.ndim else reshape(a, (1,)))
+    n = positions.shape[0]
+    return [reshape(prims.slice(positions, (0, d), (n, d + 1), (1, 1)), (n,)) for d in range(positions.shape[1])]
+
+
 def cat(tensors, dim: int = 0):
     # torch.cat skips legacy empty 1-D tensors when other inputs have more dims (among 1-D ones they
     # are ordinary pieces, and get their empty gradient)

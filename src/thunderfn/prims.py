@@ -31,6 +31,7 @@ from thunderfn import prims_eager
 from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
+from thunderfn.core.trace import computation_key, data_dependent_size
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, invalid_argument
 
 _this_module = sys.modules[__name__]
@@ -62,7 +63,7 @@ class PrimIDs(enum.Enum):
     BROADCAST_IN_DIM = enum.auto(); RESHAPE = enum.auto(); TRANSPOSE = enum.auto(); SLICE = enum.auto()
     SQUEEZE = enum.auto(); CAT = enum.auto(); FLIP = enum.auto()
     # indexing
-    TAKE = enum.auto(); TAKE_ALONG_AXIS = enum.auto()
+    TAKE = enum.auto(); TAKE_ALONG_AXIS = enum.auto(); NONZERO = enum.auto()
     # conversions and memory
     CONVERT_ELEMENT_TYPE = enum.auto(); DEVICE_PUT = enum.auto()
     # linear algebra
@@ -615,6 +616,20 @@ def _take_along_axis_meta(a, index, dim):
 make_prim(PrimIDs.TAKE_ALONG_AXIS, "take_along_axis", meta=_take_along_axis_meta)
 
 
+def _nonzero_meta(a):
+    """The positions of a's nonzero elements, one row each: how many there are is known only at run time, a
+    data-dependent size (core/symbolic.py) between 0 and a's numel. The same a (or a computed the same way from
+    the same inputs: core/trace.py's computation_key) gives the same size."""
+    check_tensor(a, "prims.nonzero")
+    n = a.numel()
+    count = 0 if type(n) is int and n == 0 else data_dependent_size(
+        n, f"the number of nonzero elements of {a.name} (prims.nonzero)", memo=("nonzero", computation_key(a)))
+    return TensorProxy(shape=(count, a.ndim), dtype=torch.int64, device=a.device)
+
+
+make_prim(PrimIDs.NONZERO, "nonzero", meta=_nonzero_meta)
+
+
 # -- conversions -----------------------------------------------------------------------
 def _convert_element_type_meta(a, dtype):
     check(isinstance(dtype, torch.dtype), lambda: f"prims.convert_element_type: expected a torch.dtype, got {dtype!r}", TypeError)
@@ -799,7 +814,7 @@ _other_impls = {
     PrimIDs.BROADCAST_IN_DIM: prims_eager.broadcast_in_dim, PrimIDs.RESHAPE: torch.reshape,
     PrimIDs.TRANSPOSE: torch.permute, PrimIDs.SLICE: prims_eager.slice_prim, PrimIDs.SQUEEZE: torch.squeeze,
     PrimIDs.CAT: torch.cat, PrimIDs.FLIP: torch.flip, PrimIDs.TAKE: prims_eager.take,
-    PrimIDs.TAKE_ALONG_AXIS: prims_eager.take_along_axis, PrimIDs.CONVERT_ELEMENT_TYPE: prims_eager.convert_element_type,
+    PrimIDs.TAKE_ALONG_AXIS: prims_eager.take_along_axis, PrimIDs.NONZERO: torch.nonzero, PrimIDs.CONVERT_ELEMENT_TYPE: prims_eager.convert_element_type,
     PrimIDs.DEVICE_PUT: prims_eager.device_put, PrimIDs.MATMUL: torch.matmul, PrimIDs.FULL: torch.full,
     PrimIDs.IOTA: prims_eager.iota, PrimIDs.CUMSUM: prims_eager.cumsum, PrimIDs.CUMPROD: prims_eager.cumprod,
     PrimIDs.SORT: prims_eager.sort_prim, PrimIDs.TOPK: prims_eager.topk_prim, PrimIDs.SCATTER: prims_eager.scatter_prim,

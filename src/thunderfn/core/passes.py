@@ -4,6 +4,7 @@ from __future__ import annotations
 import optree
 import torch
 
+from thunderfn.core import symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.core.statements import (check_inputs_do_not_alias, no_writes_yet, python_alias, python_del, runtime_check,
@@ -16,15 +17,32 @@ def output_names(trc) -> set:
 
 
 def dce(trc):
-    """Drop bound symbols none of whose outputs is used (side-effecting ones stay)."""
+    """Drop bound symbols none of whose outputs is used (side-effecting ones stay). A data-dependent size is
+    used where code computes with it (`torch.zeros(u0)`): the op that made it stays (core/symbolic.py)."""
     needed = output_names(trc)
+    sizes_needed = symbolic.unbacked_names(trc.output)
+    makes = _data_dependent_sizes_made(trc)
     kept = []
     for bsym in reversed(trc.bound_symbols):
         outs = bsym.proxy_outs()
-        if "no_dce" in bsym.sym.tags or any(o.name in needed for o in outs):
+        if "no_dce" in bsym.sym.tags or any(o.name in needed for o in outs) or makes.get(id(bsym), set()) & sizes_needed:
             kept.append(bsym)
             needed.update(a.name for a in bsym.proxy_args())
+            sizes_needed |= symbolic.unbacked_names((bsym.args, bsym.kwargs))
     return trc.derive("Dead Code Elimination", list(reversed(kept)))
+
+
+def _data_dependent_sizes_made(trc) -> dict:
+    """id(bound symbol) -> the data-dependent sizes it makes (the first to have each as a dimension of an output,
+    where no input does): what generated code binds right after it."""
+    seen = {name for a in trc.args for name in symbolic.unbacked_names(tuple(a.shape))}
+    makes = {}
+    for bsym in trc.bound_symbols:
+        new = symbolic.unbacked_names([tuple(o.shape) for o in bsym.proxy_outs()]) - seen
+        if new:
+            makes[id(bsym)] = new
+            seen |= new
+    return makes
 
 
 # Statements that only read: common subexpressions may be merged across them.

@@ -20,7 +20,7 @@ import torch
 from thunderfn.core import artifacts, symbolic
 from thunderfn.core.proxies import CAPTURED, TensorProxy
 from thunderfn.core.pytree import NAMESPACE
-from thunderfn.errors import ArgumentValueError, InternalError
+from thunderfn.errors import ArgumentRuntimeError, ArgumentValueError, InternalError
 
 ARGS_LIST = "args_list"  # the one parameter of a function whose trace has args_in_list (a reserved name)
 
@@ -41,6 +41,10 @@ class Namespace(dict):
         super().__init__()
         self.origins: dict[str, str] = {}
         self.symbols: set[str] = set()  # the symbolic sizes the code computes with (core/symbolic.py)
+        # data-dependent sizes the code has bound so far (from the inputs, or from an op's output right after it),
+        # and the torch._check facts about them it has checked (see _bind_data_dependent_sizes)
+        self.bound: set[str] = set()
+        self.checked: set = set()
 
     def bind_object(self, obj, prefix: str = "_obj") -> str:
         for name, value in self.items():
@@ -159,6 +163,30 @@ def format_bsym(bsym, indent: int = 0, ns: Namespace | None = None, comment: boo
     lines = [f"{pad}# {line}" if comment else f"{pad}{line}"]
     for sub in bsym.subsymbols:
         lines += format_bsym(sub, indent + 1, Namespace(), comment=True)
+    if not comment:
+        lines += _bind_data_dependent_sizes(bsym.output, ns, pad)
+    return lines
+
+
+def _bind_data_dependent_sizes(out, ns: Namespace, pad: str) -> list[str]:
+    """`u0 = t5.shape[0]` for each data-dependent size an op's output has as a dimension that the code has not
+    bound yet (the op just made it: core/symbolic.py), then a check of each torch._check fact about the sizes
+    bound so far that reads one of these, raising RuntimeError as torch._check does where it does not hold."""
+    lines, new, inputs = [], set(), None
+    for p in _tree_leaves(out):
+        for d, n in enumerate(p.shape if isinstance(p, TensorProxy) else ()):
+            name = symbolic.bare_symbol(n)
+            if name is not None and name not in ns.bound and symbolic.is_unbacked(n):
+                ns.bound.add(name)
+                new.add(name)
+                lines.append(f"{pad}{name} = {p.name}.shape[{d}]")
+                inputs = symbolic.inputs_of(n)
+    for names, source in (inputs.runtime_checks() if inputs is not None else ()):
+        if names & new and names <= ns.bound and source not in ns.checked:
+            ns.checked.add(source)
+            message = f"Expected {source} to be True, but got False (a torch._check of a data-dependent size)"
+            ns["ArgumentRuntimeError"] = ArgumentRuntimeError  # (a RuntimeError, as torch._check raises)
+            lines += [f"{pad}if not ({source}):", f"{pad}  raise ArgumentRuntimeError({message!r})"]
     return lines
 
 
@@ -302,6 +330,7 @@ def format_body(bsyms: list, ns: Namespace, indent: int = 1) -> list[str]:
 
 def render(trc) -> tuple[str, Namespace]:
     ns = Namespace()
+    ns.bound = _held(trc)
     body = [f"  # {a.name}: {a.type_string()}" for a in trc.args]
     body += format_body(trc.bound_symbols, ns)
     body.append(f"  return {format_output(trc.output, ns)}")
@@ -313,7 +342,8 @@ def render(trc) -> tuple[str, Namespace]:
     header += [line for name, line in _MODULE_IMPORTS.items() if _uses(body, name)]
     header += [f"# {name}: {_describe(value)} ({ns.origins.get(name, 'captured by the traced function')})"
                for name, value in ns.items() if isinstance(value, torch.Tensor)]
-    body[len(trc.args):len(trc.args)] = _symbol_bindings(trc, ns.symbols)  # after the inputs' comments
+    # after the inputs' comments (what the body bound right after an op is not bound again)
+    body[len(trc.args):len(trc.args)] = _symbol_bindings(trc, ns.symbols - (ns.bound - _held(trc)))
     params = ", ".join([*(a.name for a in trc.args), *trc.size_args])
     if trc.args_in_list:  # the caller's list is its only reference to each tensor: emptied, each dies at its del
         n_params = len(trc.args) + len(trc.size_args)
@@ -337,6 +367,11 @@ def _symbol_bindings(trc, needed: set) -> list[str]:
         raise InternalError(f"the trace of '{trc.fn_name}' computes with the symbolic sizes {sorted(needed - bound)}, "
                             f"which none of its inputs holds as a dimension and it is not given")
     return lines
+
+
+def _held(trc) -> set:
+    """The symbols an input holds as a dimension, and the size parameters."""
+    return {symbolic.bare_symbol(n) for a in trc.args for n in a.shape} - {None} | set(trc.size_args)
 
 
 def _local_names(trc) -> set:

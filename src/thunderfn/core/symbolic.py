@@ -16,8 +16,18 @@ Generated code binds each symbol it uses from an input's shape (`s0 = x.shape[1]
 first in the function: where the symbol comes from) or from a trailing size parameter where
 no input holds it bare (a backward given the forward's sizes).
 
-Imported by the core; torch's symbolic_shapes is imported on the first dynamic compile (with sympy and
-torch._dynamo, which ShapeEnv imports: seconds, once per process), never by a static one.
+Data-dependent sizes (torch.compile's unbacked SymInts): an op whose output size depends on tensor
+values (nonzero, a boolean mask's index, unique) gives it a fresh symbol `u0` (`unbacked_size`),
+with only the facts its op guarantees (0 <= u0 <= the input's numel). Generated code binds it from
+the op's output right after the op runs (`u0 = t5.shape[0]`), so later ops compute with it. A
+question whose answer needs its value (`if n > 0`, `int(n)`, a broadcast against another size) cannot
+be answered while tracing and is never a guard: the trace reports it as a ConcretizationError
+(`DataDependentQuestion` tells it apart). `torch._check(n > 0)` states a fact instead: the ShapeEnv
+takes it as known, and generated code checks it where the op has run (`runtime_checks`). A static
+compile has no ShapeEnv until its first data-dependent size makes one (`SymbolicInputs({})`).
+
+Imported by the core; torch's symbolic_shapes is imported on the first dynamic compile or data-dependent
+size (with sympy and torch._dynamo, which ShapeEnv imports: seconds, once per process), never otherwise.
 May import: errors.py.
 """
 from __future__ import annotations
@@ -50,10 +60,17 @@ def is_symbolic(x) -> bool:
     return isinstance(x, torch.SymInt)
 
 
+# What a data-dependent size counts as where only a heuristic reads it (torch's unbacked_symint_fallback)
+UNBACKED_HINT = 8192
+
+
 def hint(x):
-    """The size this compile's call has, without recording a guard: for heuristics only."""
+    """The size this compile's call has, without recording a guard: for heuristics only (a data-dependent
+    size, which this call does not know yet, counts as UNBACKED_HINT, within the range known for it)."""
     if isinstance(x, torch.SymInt):
-        return x.node.hint if x.node.hint is not None else x.node.shape_env.size_hint(x.node.expr)
+        if x.node.hint is not None:
+            return x.node.hint
+        return x.node.shape_env.optimization_hint(x.node.expr, fallback=UNBACKED_HINT)
     return x
 
 
@@ -200,6 +217,59 @@ def _clamped(i, n, low, high):
     return high if i > high else i
 
 
+def is_unbacked(x) -> bool:
+    """Whether x is a size (or a number computed from sizes) that depends on a data-dependent size."""
+    return isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)) and bool(
+        _shapes().free_unbacked_symbols(x.node.expr))
+
+
+def has_unbacked(tree) -> bool:
+    """Whether a value (a shape, an op's arguments: nested lists, tuples, dicts) holds a data-dependent size."""
+    return any(is_unbacked(s) for s in symbolic_leaves(tree))
+
+
+def unbacked_names(tree) -> set[str]:
+    """The printed names of the data-dependent sizes a value's SymInts use."""
+    names = set()
+    for s in symbolic_leaves(tree):
+        inputs = inputs_of(s)
+        if inputs is not None and inputs.unbacked:  # (most compiles have none: asked nothing)
+            names |= {inputs.names.get(u, str(u)) for u in _shapes().free_unbacked_symbols(s.node.expr)}
+    return names
+
+
+def holds(condition) -> bool:
+    """Whether a condition on sizes holds, for a shortcut whose other path is right too (`numel == 0`: an
+    empty-tensor shortcut). Of static and input sizes it is asked as any question is (guarded); of a
+    data-dependent size it is true only where the ShapeEnv knows it for every value the size may take,
+    never asked (it may be 0 or 1 at run time, or not), so the op takes the path right for every size."""
+    if isinstance(condition, bool):
+        return condition
+    if isinstance(condition, torch.SymBool) and _shapes().free_unbacked_symbols(condition.node.expr):
+        return _shapes().statically_known_true(condition)
+    return bool(condition)
+
+
+def is_data_dependent_question(e: BaseException) -> bool:
+    """Whether e is torch's refusal to answer a question about a data-dependent size (while tracing)."""
+    return isinstance(e, _shapes().GuardOnDataDependentSymNode)
+
+
+def data_dependent_question(e, inputs: SymbolicInputs | None) -> tuple[str, str]:
+    """(the question torch refused to answer (e: its GuardOnDataDependentSymNode), in the names of the trace whose
+    sizes are `inputs`: "whether u0 > 0", "the value of u0"; what each data-dependent size in it counts)."""
+    expr = e.cond
+    if inputs is not None and not expr.free_symbols <= inputs.names.keys():
+        inputs = None
+    printed = python(expr, inputs) if inputs is not None else str(expr)
+    question = f"the value of {printed}" if getattr(expr, "is_integer", False) else f"whether {printed}"
+    if inputs is None:
+        return question, "a size depends on tensor values"
+    counts = [f"{inputs.names[u]} is {inputs.unbacked[inputs.names[u]]}" for u in
+              sorted(_shapes().free_unbacked_symbols(expr), key=str) if inputs.names.get(u) in inputs.unbacked]
+    return question, "; ".join(counts) or "a size depends on tensor values"
+
+
 @functools.cache
 def _shapes():
     return importlib.import_module("torch.fx.experimental.symbolic_shapes")
@@ -252,6 +322,9 @@ class SymbolicInputs:
             return dataclasses.replace(sloc, maybe_user_loc=where_traced(asked=True) or sloc.maybe_user_loc)
 
         self.env._get_sloc = located
+        # data-dependent sizes: "u0" -> what it counts ("the number of nonzero elements of t3 (ltorch.nonzero)")
+        self.unbacked: dict = {}
+        self._memo: dict = {}  # what a data-dependent size counts (an op and its input's name) -> the size
         _registry[self.env] = self
 
     def shape(self, number: int, shape, described: str) -> torch.Size:
@@ -273,6 +346,50 @@ class SymbolicInputs:
             self.placeholders.append(n)
             dims.append(n)
         return torch.Size(dims)
+
+    def fake(self):
+        """A FakeTensorMode on env (made once): where torch's kernels run on symbolic sizes, and where an op whose
+        output size depends on values (unique) gets a data-dependent size of its own."""
+        if self.fake_mode is None:
+            fake = importlib.import_module("torch._subclasses.fake_tensor")
+            self.fake_mode = fake.FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
+        return self.fake_mode
+
+    def unbacked_size(self, upper, described: str, memo=None) -> torch.SymInt:
+        """A fresh data-dependent size (a symbol "u<k>"), between 0 and upper (an int; a symbolic or None upper
+        bound: no upper bound), that counts what `described` says. `memo` (hashable: the op and its input's
+        name) gives the same size for the same computation, so two identical ops agree on their sizes (a
+        common-subexpression pass may merge them; x[mask] + y[mask] broadcasts)."""
+        known = self._memo.get(memo) if memo is not None else None
+        if known is not None:
+            return known
+        with self.env.ignore_fresh_unbacked_symbols():  # (bound by generated code, not by an FX graph of torch's)
+            n = self.env.create_unbacked_symint()
+        _shapes()._constrain_range_for_size(n, min=0, max=upper if type(upper) is int else None)
+        self.adopt(n, described)
+        if memo is not None:
+            self._memo[memo] = n
+        return n
+
+    def adopt(self, n: torch.SymInt, described: str) -> None:
+        """Name a data-dependent size that torch made (a fake kernel's output size), as unbacked_size names its own."""
+        self.names[n.node.expr] = name = f"u{len(self.unbacked)}"
+        self.unbacked[name] = described
+
+    def adopt_fresh(self, shapes, described: str) -> None:
+        """Name the data-dependent sizes in shapes (an opaque op's outputs, from a fake kernel) that have no name yet,
+        and forget torch's list of them (thunderfn binds them in generated code)."""
+        for s in symbolic_leaves(list(shapes)):
+            for u in _shapes().free_unbacked_symbols(s.node.expr):
+                if u not in self.names:
+                    self.adopt(self.env.create_symintnode(u, hint=None), described)
+        self.env.pending_fresh_unbacked_symbols.clear()
+
+    def runtime_checks(self) -> list:
+        """(the names of the sizes it reads, its Python source) of every fact torch._check stated about
+        data-dependent sizes: generated code checks each once it has bound them (core/printing.py)."""
+        return [(frozenset(self.names.get(u, str(u)) for u in fact.expr.free_symbols), python(fact.expr, self))
+                for facts in self.env.deferred_runtime_asserts.values() for fact in facts]
 
     @property
     def symbolic_dims(self) -> dict:
@@ -299,6 +416,8 @@ class SymbolicInputs:
         trace relied on that size, so the entry's key holds it as a static size."""
         out = []
         for expr, name in self.names.items():
+            if name in self.unbacked:  # (a fact torch._check stated, checked where the op runs: no key)
+                continue
             value = self.env.simplify(expr)
             if value.is_number:
                 at = self.pinned_at.get(expr)
@@ -314,6 +433,10 @@ class SymbolicInputs:
         """A Python expression over the call's tensors (named `tensor_names`, in input order) that holds
         exactly when every fact the trace relied on holds for their sizes, or None when there is none.
         Static dimensions are not in it: the cache key compares them."""
+        # (torch refuses a guard on a data-dependent size, which a check before the call could never read)
+        unbacked = [g.expr for g in self.env.guards if _shapes().free_unbacked_symbols(g.expr)]
+        if unbacked:
+            raise InternalError(f"a guard of this compile reads a data-dependent size: {python(unbacked[0], self)}")
         code = self.env.produce_guards_expression(self.placeholders, ignore_static=True)
         if code is None:
             return None
@@ -445,7 +568,7 @@ def free_symbols(x) -> dict:
         return {}
     env = inputs.env
     values = getattr(env, "backed_var_to_val", None) or env.var_to_val  # (renamed in torch 2.12)
-    return {inputs.names.get(s, str(s)): env.create_symintnode(s, hint=int(values[s]))
+    return {inputs.names.get(s, str(s)): env.create_symintnode(s, hint=int(values[s]) if s in values else None)
             for s in env.simplify(x.node.expr).free_symbols}
 
 
@@ -456,10 +579,7 @@ def fake_tensor_mode(values):
     for v in values:
         inputs = inputs_of(v)
         if inputs is not None:
-            if inputs.fake_mode is None:
-                fake = importlib.import_module("torch._subclasses.fake_tensor")
-                inputs.fake_mode = fake.FakeTensorMode(shape_env=inputs.env, allow_non_fake_inputs=True)
-            return inputs.fake_mode
+            return inputs.fake()
     return None
 
 

@@ -24,7 +24,7 @@ from thunderfn.core.proxies import CAPTURED, TensorProxy
 from thunderfn.core.statements import check_inputs_do_not_alias, set_default_dtype, set_grad_enabled, write_back
 from thunderfn.core.symbol import DecompositionUnavailable, Symbol, set_eager_composite
 from thunderfn.core.pytree import adopt_torch_registrations, tree_flatten, tree_flatten_with_path, tree_unflatten
-from thunderfn.errors import ArgumentRuntimeError, EscapedProxyError, UnsupportedOpError
+from thunderfn.errors import ArgumentRuntimeError, ConcretizationError, EscapedProxyError, UnsupportedOpError
 
 
 class Trace:
@@ -58,6 +58,9 @@ class Trace:
         # names of symbolic sizes (core/symbolic.py) the generated function takes after its tensors, for
         # sizes none of its inputs holds as a dimension (a backward's, given from the forward's inputs)
         self.size_args: list[str] = []
+        # the symbolic sizes of an outermost trace (core/symbolic.py): jit's open dimensions, or made when an op
+        # first has a data-dependent size (data_dependent_size)
+        self.sizes: symbolic.SymbolicInputs | None = None
         self.args: list[TensorProxy] = []  # flat tensor inputs, in call order
         self.bound_symbols: list = []
         self.output = None
@@ -116,6 +119,10 @@ class Trace:
                     no_decomposition = True
                 finally:
                     subsymbols = tuple(self._scopes.pop())
+        except Exception as e:
+            if self.symbol_depth == 1 and symbolic.is_data_dependent_question(e):  # (the op the user called)
+                raise data_dependent_error(e, f"{sym.print_name} asks", context.trace_stack()[0]) from None
+            raise
         finally:
             self.symbol_depth -= 1
         if no_decomposition:  # the next rung of the ladder (a torch symbol's: torch runs it as an opaque op)
@@ -371,6 +378,7 @@ def proxify_inputs(trc: Trace, fn, args, kwargs):
             shape = leaf.shape
             if open_dims is not None:
                 shape = open_dims.shape(len(trc.args), shape, f"argument '{preferred or top}'")
+                trc.sizes = open_dims
             proxy = TensorProxy(trc.names.take(preferred, prefix="a"), shape=shape, dtype=leaf.dtype,
                                 device=leaf.device, requires_grad=leaf.requires_grad,
                                 origin=f"argument '{preferred or top}'")
@@ -382,6 +390,63 @@ def proxify_inputs(trc: Trace, fn, args, kwargs):
             new_leaves.append(leaf)
     p_args, p_kwargs = tree_unflatten(spec, new_leaves)
     return p_args, p_kwargs
+
+
+def symbolic_sizes() -> symbolic.SymbolicInputs:
+    """The symbolic sizes of the trace being built: its outermost trace's, made now where that one has none (a
+    static compile meeting its first data-dependent size)."""
+    root = context.trace_stack()[0]
+    if root.sizes is None:
+        root.sizes = symbolic.SymbolicInputs({})
+    return root.sizes
+
+
+def computation_key(proxy: TensorProxy, depth: int = 16):
+    """A hashable key for what computed proxy: equal keys, equal values (the same pure ops, recorded at the top
+    level of the traces being built, of the same inputs and numbers; anything else by its name). The memo of a
+    data-dependent size: `x[x > 0]` twice counts one mask's elements, so both have one size u0."""
+    producer = next((b for trc in reversed(context.trace_stack()) if (b := trc.producer(proxy)) is not None), None)
+    if producer is None or depth == 0 or not _pure(producer):
+        return proxy.name
+    position = next(i for i, o in enumerate(producer.proxy_outs()) if o is proxy)
+    leaves, spec = optree.tree_flatten((producer.args, producer.kwargs), none_is_leaf=True, namespace="thunderfn")
+    try:
+        return (producer.sym.id, position, spec, *(computation_key(x, depth - 1) if isinstance(x, TensorProxy) else
+                                                   (type(x), x.hex() if type(x) is float else _hashed(x)) for x in leaves))
+    except TypeError:  # (an argument with no value key: the proxy is its own)
+        return proxy.name
+
+
+def _hashed(x):
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return x.node.expr  # (hashing the number itself would guard it equal to this call's)
+    if type(x) is slice:  # (unhashable before Python 3.12)
+        return tuple(_hashed(v) for v in (x.start, x.stop, x.step))
+    hash(x)
+    return x
+
+
+def _pure(bsym) -> bool:
+    """Whether two calls of bsym on equal arguments compute equal values (no draw, no opaque op, no statement)."""
+    return (bsym.sym.printer is None and not bsym.sym.tags & {"random", "opaque", "no_dce"}
+            and all(_pure(s) for s in bsym.subsymbols))
+
+
+def data_dependent_size(upper, described: str, memo=None) -> torch.SymInt:
+    """A fresh data-dependent size for the trace being built (symbolic.SymbolicInputs.unbacked_size)."""
+    return symbolic_sizes().unbacked_size(upper, described, memo)
+
+
+def data_dependent_error(e, who: str, root: Trace) -> ConcretizationError:
+    """torch's refusal to answer a question of a data-dependent size (e), as the ConcretizationError that says
+    which size, what counts it and what to do. `who` asks: an op ("ltorch.reshape asks") or the traced code;
+    root is the outermost trace being built (whose sizes name the symbols)."""
+    question, sizes = symbolic.data_dependent_question(e, root.sizes)
+    return ConcretizationError(
+        f"{who} {question} while tracing '{root.fn_name}', where {sizes}: a size known only when the compiled function "
+        f"runs, so tracing cannot answer (and no check before the call could). State what the code relies on with "
+        f"torch._check (checked each time the compiled function runs), keep the computation in tensor ops "
+        f"(torch.where, a mask), or branch outside the jitted function.")
 
 
 def _lift_output(trc: Trace, x):
@@ -485,6 +550,8 @@ def trace(fn, /, *args, **kwargs) -> Trace:
             finish(trc, True)
         if isinstance(e, TypeError) and "TensorProxy" in str(e) and "descriptor" in str(e):
             raise _unbound_tensor_method(e, trc.fn_name) from None
+        if symbolic.is_data_dependent_question(e):  # (asked by the traced code itself: an `if`, int(n), range(n))
+            raise data_dependent_error(e, f"'{trc.fn_name}' asks", (context.trace_stack() or [trc])[0]) from None
         raise
     finally:
         trc.input_tensors, trc._inputs_by_proxy = {}, {}  # the trace must not keep the caller's tensors alive

@@ -139,6 +139,10 @@ class FusionExecutor(Executor):
     # Whether regions may hold ops given symbolic sizes as arguments (a reshape to (s0, 4)): the region then
     # takes those sizes' symbols as int inputs after its tensors (Region.sizes), which its compiler must accept.
     accepts_symbolic_arguments = False
+    # Whether regions may hold ops whose sizes are data-dependent (u0: a boolean mask's row count, core/symbolic.py),
+    # which differ on every call and may be 0 or 1: a compiler that specializes sizes it sees would compile anew for
+    # each, so such ops stay with the torch executor unless the executor says its compiler handles them.
+    accepts_data_dependent_sizes = False
 
     def can_fuse(self, bsym) -> bool:
         raise ArgumentNotImplementedError(f"{type(self).__name__} subclasses FusionExecutor but does not implement "
@@ -224,6 +228,8 @@ def fusion_candidate(ex: FusionExecutor, bsym) -> bool:
     # inputs (accepts_symbolic_arguments): compiled code holding its ops' arguments as constants would bake one size.
     return ((runs_on_torch(bsym) or absorbable(ex, bsym)) and not has_effects(bsym) and bool(bsym.proxy_outs())
             and (ex.accepts_symbolic_arguments or not symbolic.has_symbols((bsym.args, bsym.kwargs)))
+            and (ex.accepts_data_dependent_sizes
+                 or not symbolic.has_unbacked([(bsym.args, bsym.kwargs), *(tuple(p.shape) for p in bsym.proxies())]))
             and all(isinstance(o, TensorProxy) or o is None for o in outs) and ex.can_fuse(bsym))
 
 

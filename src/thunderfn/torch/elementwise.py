@@ -269,9 +269,14 @@ def logical_xor(a, b):
 # -- where, clamp, lerp --------------------------------------------------------------------
 @torchsymbol(torch.where)
 def where(condition, input=None, other=None):
+    if input is None and other is None:  # torch.nonzero(condition, as_tuple=True): of a data-dependent length
+        check(is_tensor(condition),
+              lambda: f"where(): argument 'condition' (position 1) must be Tensor, not {type(condition).__name__}", TypeError)
+        return tuple(clang.nonzero_columns(condition))
     check(input is not None and other is not None,
-          lambda: "torch.where(condition) returns data-dependent shapes; thunderfn supports torch.where(condition, input, other)",
-          UnsupportedOpError)
+          lambda: "where() received an invalid combination of arguments: expected (Tensor condition) or (Tensor condition, "
+                  "Tensor input, Tensor other)",
+          TypeError)
     check(is_tensor(condition),
           lambda: f"where(): argument 'condition' (position 1) must be Tensor, not {type(condition).__name__}", TypeError)
     # torch still takes uint8 conditions (with a deprecation warning); anything else is an error

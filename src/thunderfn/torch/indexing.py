@@ -1,9 +1,11 @@
-"""Indexing: `x[...]` with ints, slices, None, Ellipsis and integer tensors.
+"""Indexing: `x[...]` with ints, slices, None, Ellipsis, integer tensors and boolean masks.
 
 Basic indexing becomes one slice, one squeeze and one reshape; integer-tensor
 indices (advanced indexing, with torch's placement rules) become one index_select
-on the indexed dims merged into one. Boolean masks have data-dependent shapes and
-are refused with a pointer to torch.where.
+on the indexed dims merged into one. A boolean mask is read as torch reads it: the
+index tensors of its True positions (prims.nonzero), one per dimension it covers,
+whose length is a data-dependent size (core/symbolic.py); nonzero, argwhere and
+masked_select are the same positions.
 
 The functional writes (scatter, index_add/copy/fill, masked_fill, index_put, put)
 are one prims.scatter or prims.scatter_add each, or a where when the positions
@@ -20,28 +22,37 @@ from thunderfn.clang import maybe_convert_to_dtype
 from thunderfn.core import context, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import DecompositionUnavailable
-from thunderfn.errors import ArgumentIndexError, ArgumentRuntimeError, UnsupportedOpError
+from thunderfn.errors import ArgumentIndexError, ArgumentRuntimeError, InvalidArgumentError
 from thunderfn.prims import check
 from thunderfn.torch.base import torchsymbol
 from thunderfn.torch.shape import _zero, diagonal
 
 T = torch.Tensor
-__all__ = ["getitem", "index_select", "gather", "take_along_dim", "scatter", "scatter_add", "index_add", "index_copy",
+__all__ = ["getitem", "nonzero", "argwhere", "masked_select", "index_select", "gather", "take_along_dim", "scatter", "scatter_add", "index_add", "index_copy",
            "index_fill", "masked_fill", "index_put", "take", "put", "slice_scatter", "select_scatter", "diagonal_scatter",
            "scatter_reduce", "combinations"]
 
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
-_MASK_MESSAGE = ("indexing with a boolean mask gives a shape that depends on the mask's values, which thunderfn "
-                 "cannot trace; use torch.where(mask, x, other) or multiply by the mask instead")
+_MASK_DTYPES = (torch.bool, torch.uint8)  # torch reads uint8 indices as masks (with a deprecation warning)
+
+
+def _is_mask(k) -> bool:
+    return isinstance(k, TensorProxy) and k.dtype in _MASK_DTYPES
 
 
 class _BoolScalarIndex:
-    """x[True] / x[False]: torch inserts a dim of size 1 and indexes it with the tensor [0]
-    (True) or [] (False), an advanced index that takes part in torch's placement rules."""
+    """x[True] / x[False] / x[mask] of a 0-dim mask: torch inserts a dim of size 1 and indexes it with the
+    tensor [0] (True) or [] (False), an advanced index that takes part in torch's placement rules; a 0-dim
+    mask's is known only at run time (its nonzero positions)."""
 
-    def __init__(self, keep: bool):
-        self.keep = keep
+    def __init__(self, keep):
+        self.keep = keep  # a bool, or a 0-dim mask
+
+    def index(self, device) -> TensorProxy:
+        if isinstance(self.keep, TensorProxy):
+            return clang.nonzero_columns(self.keep)[0]
+        return clang.full((int(self.keep),), 0, device=device, dtype=torch.int64)
 
 
 def _sequence_is_tuple(key: list) -> bool:
@@ -63,10 +74,11 @@ def _normalize_key(a, key) -> list:
         key = tuple(key)
     if not isinstance(key, tuple):
         key = (key,)
-    key = [_list_index(k) if isinstance(k, list) else _BoolScalarIndex(k) if isinstance(k, bool) else k for k in key]
+    key = [_list_index(k) if isinstance(k, list) else
+           _BoolScalarIndex(k) if isinstance(k, bool) or _is_mask(k) and k.ndim == 0 else k for k in key]
     for k in key:
-        if isinstance(k, TensorProxy) and k.dtype in (torch.bool, torch.uint8):  # torch reads uint8 indices as masks
-            raise UnsupportedOpError(_MASK_MESSAGE)
+        if _is_mask(k):
+            continue
         check(k is None or k is Ellipsis or isinstance(k, (int, torch.SymInt, slice, TensorProxy, _BoolScalarIndex)),
               lambda: "only integers, slices (`:`), ellipsis (`...`), None and long or byte Variables are valid indices "
                       f"(got {type(k).__name__})", IndexError)
@@ -74,7 +86,7 @@ def _normalize_key(a, key) -> list:
             check(k.dtype in _INDEX_DTYPES, lambda: "tensors used as indices must be long, int, byte or bool tensors", IndexError)
         if isinstance(k, slice):
             check(k.step != 0, lambda: "slice step cannot be zero", ValueError)
-    consumed = sum(1 for k in key if isinstance(k, (int, torch.SymInt, slice, TensorProxy)))
+    consumed = sum(k.ndim if _is_mask(k) else 1 for k in key if isinstance(k, (int, torch.SymInt, slice, TensorProxy)))
     check(a.ndim > 0 or not any(isinstance(k, (int, torch.SymInt)) for k in key),
           lambda: "invalid index of a 0-dim tensor. Use `tensor.item()` in Python or `tensor.item<T>()` in C++ to convert "
                   "a 0-dim tensor to a number", IndexError)
@@ -85,8 +97,26 @@ def _normalize_key(a, key) -> list:
     fill = [slice(None)] * (a.ndim - consumed)
     if ellipses:
         i = ellipses[0]
-        return key[:i] + fill + key[i + 1:]
-    return key + fill
+        return _mask_positions(a, key[:i] + fill + key[i + 1:])
+    return _mask_positions(a, key + fill)
+
+
+def _mask_positions(a, key: list) -> list:
+    """key with each boolean mask replaced by the index tensors of its True positions, one per dimension of a it
+    covers (torch's reading of a mask), after checking that the mask has those dimensions' sizes."""
+    out, dim = [], 0
+    for k in key:
+        if not _is_mask(k):
+            out.append(k)
+            dim += 1 if isinstance(k, (int, torch.SymInt, slice, TensorProxy)) else 0
+            continue
+        for j, n in enumerate(k.shape):
+            check(n == a.shape[dim + j],
+                  lambda: f"The shape of the mask {list(k.shape)} at index {j} does not match the shape of the indexed "
+                          f"tensor {list(a.shape)} at index {dim + j}", IndexError)
+        out += clang.nonzero_columns(maybe_convert_to_dtype(k, torch.bool))
+        dim += k.ndim
+    return out
 
 
 @torchsymbol(T.__getitem__)
@@ -110,7 +140,7 @@ def getitem(a, key):
         else:
             check(k.step is None or k.step > 0, lambda: "step must be greater than zero", ValueError)
             start, stop, step = symbolic.slice_indices(k, n)
-            stop = max(start, stop)
+            stop = stop if symbolic.holds(stop >= start) else max(start, stop)
             starts.append(start), stops.append(stop), steps.append(step)
         dim += 1
     out = a
@@ -127,8 +157,7 @@ def getitem(a, key):
         for k in remaining:
             shape.append(1 if k is None or isinstance(k, _BoolScalarIndex) else next(src))
         out = clang.reshape(out, tuple(shape))
-    remaining = [clang.full((int(k.keep),), 0, device=a.device, dtype=torch.int64) if isinstance(k, _BoolScalarIndex) else k
-                 for k in remaining]
+    remaining = [k.index(a.device) if isinstance(k, _BoolScalarIndex) else k for k in remaining]
     tensor_dims = [i for i, k in enumerate(remaining) if isinstance(k, TensorProxy)]
     if tensor_dims:
         out = _advanced_index(out, [remaining[i] for i in tensor_dims], tensor_dims)
@@ -146,7 +175,7 @@ def _advanced_index(a, indices, dims):
     sizes = [a.shape[d] for d in dims]
     try:
         index_shape = clang.broadcast_shapes(*(i.shape for i in indices))
-    except RuntimeError:
+    except InvalidArgumentError:
         raise ArgumentIndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
                          + ", ".join(str(list(i.shape)) for i in indices)) from None
     linear = in_range = None
@@ -173,6 +202,29 @@ def _advanced_index(a, indices, dims):
     return clang.reshape(picked, shape[:first] + tuple(index_shape) + shape[first + len(dims):])
 
 
+@torchsymbol(torch.nonzero, T.nonzero)
+def nonzero(a, *, as_tuple=False):
+    """The positions of a's nonzero elements: how many there are is a data-dependent size (core/symbolic.py)."""
+    if as_tuple:
+        return tuple(clang.nonzero_columns(a))
+    return prims.nonzero(a)
+
+
+@torchsymbol(torch.argwhere, T.argwhere)
+def argwhere(a):
+    return prims.nonzero(a)
+
+
+@torchsymbol(torch.masked_select, T.masked_select)
+def masked_select(a, mask):
+    """a's elements where mask (broadcast together) is True, in order: a take at the mask's nonzero positions."""
+    check(mask.dtype is torch.bool, lambda: "masked_select: expected BoolTensor for mask")
+    shape = clang.broadcast_shapes(a.shape, mask.shape)
+    flat = clang.reshape(clang.expand_to(a, shape), (symbolic.product(shape),))
+    positions = clang.nonzero_columns(clang.reshape(clang.expand_to(mask, shape), (symbolic.product(shape),)))[0]
+    return prims.take(flat, positions, 0)
+
+
 @torchsymbol(torch.index_select, T.index_select)
 def index_select(a, dim, index):
     check(index.ndim <= 1, lambda: "index_select(): Index is supposed to be a vector", IndexError)
@@ -181,7 +233,7 @@ def index_select(a, dim, index):
 
 @torchsymbol(torch.gather, T.gather)
 def gather(a, dim, index, *, sparse_grad=False):
-    if index.numel() == 0:  # torch checks the index's dtype only when it has elements
+    if symbolic.holds(index.numel() == 0):  # torch checks the index's dtype only when it has elements
         index = maybe_convert_to_dtype(index, torch.int64)
     return prims.take_along_axis(a, index, dim)
 
@@ -234,7 +286,7 @@ def _check_scatter(a, dim, index, src, name):
     check(index.dtype in _INDEX_DTYPES, lambda: f"{name}(): Expected dtype int32/int64 for index")
     check(src is None or src.dtype == a.dtype, lambda: f"{name}(): Expected self.dtype to be equal to src.dtype")
     d = prims.canonical_dim(dim, a.ndim)
-    if index.numel() == 0:
+    if symbolic.holds(index.numel() == 0):
         return d
     check(max(index.ndim, 1) == max(a.ndim, 1), lambda: "Index tensor must have the same number of dimensions as self tensor")
     check(src is None or max(index.ndim, 1) == max(src.ndim, 1), lambda: "Index tensor must have the same number of dimensions as src tensor")
@@ -258,7 +310,7 @@ def _corner(src, shape):
 
 
 def _scatter(a, dim, index, src, prim):
-    if index.numel() == 0:
+    if symbolic.holds(index.numel() == 0):
         return clang.add(a, False) if a.dtype is torch.bool else clang.add(a, 0)  # a new value, as torch returns a copy
     if a.ndim == 0:  # torch reads 0-dim tensors as 1-dim here
         out = _scatter(clang.reshape(a, (1,)), dim, clang.reshape(index, (1,)), clang.reshape(src, (-1,)), prim)
@@ -390,10 +442,12 @@ def index_put_entries(a, indices, values, accumulate=False):
     check(values.dtype == a.dtype, lambda: f"Index put requires the source and destination dtypes match, got "
                                            f"{clang.scalar_type_name(a.dtype)} for the destination and "
                                            f"{clang.scalar_type_name(values.dtype)} for the source.")
-    masks = [k for k, i in enumerate(indices) if i is not None and i.dtype in (torch.bool, torch.uint8)]
-    if masks:
-        check(_is_where(indices, values), lambda: _MASK_PUT_MESSAGE, UnsupportedOpError)
+    masks = [k for k, i in enumerate(indices) if _is_mask(i)]
+    if masks and _is_where(indices, values):
         return _mask_put(a, indices, masks[0], values, accumulate)
+    if masks:  # each mask read as the positions of its True elements: as many values as it has
+        indices = _mask_positions(a, [slice(None) if i is None else i for i in indices])
+        indices = [None if isinstance(i, slice) else i for i in indices]
     indices = indices + [None] * (a.ndim - len(indices))
     dims = [k for k, i in enumerate(indices) if i is not None]
     if not dims:  # every entry `:`: values, broadcast to a
@@ -402,7 +456,7 @@ def index_put_entries(a, indices, values, accumulate=False):
     tensors = [indices[k] for k in dims]
     try:
         index_shape = clang.broadcast_shapes(*(i.shape for i in tensors))
-    except RuntimeError:
+    except InvalidArgumentError:
         raise ArgumentIndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
                          + ", ".join(str(list(i.shape)) for i in tensors)) from None
     adjacent = dims == list(range(dims[0], dims[0] + len(dims)))
@@ -429,28 +483,24 @@ def index_put_entries(a, indices, values, accumulate=False):
     try:
         values = clang.expand_to(values, clang.broadcast_shapes(values.shape, result_shape))
         check(tuple(values.shape) == result_shape, lambda: "")
-    except RuntimeError:
+    except InvalidArgumentError:
         raise ArgumentRuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing "
                            f"result of shape {list(result_shape)}") from None
     k = linear.numel()
     flat = clang.reshape(moved, pre + (merged,) + post)
     values = clang.reshape(values, pre + (k,) + post)
     index = prims.broadcast_in_dim(linear, pre + (k,) + post, (first,))
-    if k:
+    if not symbolic.holds(k == 0):
         flat = (prims.scatter_add if accumulate else prims.scatter)(flat, index, values, first)
     out = clang.reshape(flat, shape)
     inverse = [perm.index(k) for k in range(a.ndim)]
     return clang.permute(out, tuple(inverse))
 
 
-_MASK_PUT_MESSAGE = ("index_put with a boolean mask writes as many values as the mask has True entries, which thunderfn "
-                     "cannot trace unless one mask is the only index and one value is written; use torch.where(mask, values, x)")
-
-
 def _is_where(indices, values) -> bool:
-    """A boolean mask as the only index, writing one value: a where."""
+    """A boolean mask as the only index, writing one value: a where (no data-dependent size)."""
     tensors = [i for i in indices if i is not None]
-    return len(tensors) == 1 and tensors[0].dtype in (torch.bool, torch.uint8) and values.numel() == 1
+    return len(tensors) == 1 and _is_mask(tensors[0]) and symbolic.holds(values.numel() == 1)
 
 
 def _mask_put(a, indices, pos, values, accumulate):
@@ -475,8 +525,6 @@ def index_put(a, indices, values, accumulate=False):
         check(isinstance(i, TensorProxy), lambda: f"expected Tensor as element {k} in argument 1, but got {type(i).__name__}", TypeError)
     check(len(indices) > 0, lambda: "index_put with no indices writes every element; thunderfn refuses it as torch does "
                                     "(use torch.where or expand)")
-    if any(i.dtype in (torch.bool, torch.uint8) for i in indices) and not _is_where(indices, values):
-        raise DecompositionUnavailable  # as many values as True entries: torch runs it, its shape is a's
     return index_put_entries(a, indices, values, accumulate)
 
 
@@ -484,7 +532,7 @@ def index_put(a, indices, values, accumulate=False):
 def take(a, index):
     check(index.dtype is torch.int64, lambda: f"take(): Expected a long tensor for index, but got {clang.scalar_type_name(index.dtype)}")
     check(a.numel() > 0 or index.numel() == 0, lambda: "take(): tried to take from an empty tensor", IndexError)
-    if index.numel() == 0:
+    if symbolic.holds(index.numel() == 0):
         return clang.full(index.shape, 0, device=a.device, dtype=a.dtype)
     flat = clang.reshape(a, (a.numel(),))
     picked = prims.take(flat, clang.reshape(_count_from_end(index, a.numel()), (index.numel(),)), 0)
@@ -499,7 +547,7 @@ def put(a, index, source, accumulate=False):
     check(index.numel() == source.numel(), lambda: f"put_(): Expected source and index to have the same number of elements, "
                                                    f"but got source.numel() = {source.numel()}, index.numel() = {index.numel()}", IndexError)
     check(a.numel() > 0 or index.numel() == 0, lambda: "put_(): Tried to put elements into an empty tensor", IndexError)
-    if index.numel() == 0:
+    if symbolic.holds(index.numel() == 0):
         return clang.add(a, False) if a.dtype is torch.bool else clang.add(a, 0)
     n = index.numel()
     flat = clang.reshape(a, (a.numel(),))
@@ -525,23 +573,23 @@ def index_put_key(a, key, value, accumulate=False):
           lambda: f"Index put requires the source and destination dtypes match, got {clang.scalar_type_name(a.dtype)} "
                   f"for the destination and {clang.scalar_type_name(value.dtype)} for the source.")
     value = maybe_convert_to_dtype(value, a.dtype)
-    if any(isinstance(k, TensorProxy) and k.dtype in (torch.bool, torch.uint8) for k in parts):
+    if all(isinstance(k, TensorProxy) for k in parts) and _is_where(parts, value):
         return index_put_entries(a, parts, value, accumulate)
     n = a.numel()
     positions = clang.reshape(prims.iota(n, start=0, step=1, device=a.device, dtype=torch.int64), tuple(a.shape))
     target = getitem(positions, key)
-    while value.ndim > target.ndim and value.shape[0] == 1:
+    while value.ndim > target.ndim and symbolic.holds(value.shape[0] == 1):
         value = clang.reshape(value, tuple(value.shape[1:]))
     if not advanced and value.ndim <= target.ndim:
         value = clang.expand_to(value, target.shape)  # torch's copy_ wording: "The expanded size of the tensor ..."
     try:
         value = clang.expand_to(value, clang.broadcast_shapes(value.shape, target.shape))
         check(tuple(value.shape) == tuple(target.shape), lambda: "")
-    except RuntimeError:
+    except InvalidArgumentError:
         raise ArgumentRuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} cannot be broadcast to indexing "
                            f"result of shape {list(target.shape)}") from None
     k = target.numel()
-    if k == 0:
+    if symbolic.holds(k == 0):
         return clang.add(a, False) if a.dtype is torch.bool else clang.add(a, 0)
     flat = clang.reshape(a, (n,))
     out = (prims.scatter_add if accumulate else prims.scatter)(flat, clang.reshape(target, (k,)), clang.reshape(value, (k,)), 0)
@@ -558,7 +606,7 @@ def scatter_into_view(a, view, src):
                                                            f"src size = {list(src.shape)}, slice size = {list(target.shape)}")
     src = maybe_convert_to_dtype(src, a.dtype)
     k = target.numel()
-    if k == 0:
+    if symbolic.holds(k == 0):
         return clang.add(a, False) if a.dtype is torch.bool else clang.add(a, 0)
     out = prims.scatter(clang.reshape(a, (n,)), clang.reshape(target, (k,)), clang.reshape(src, (k,)), 0)
     return clang.reshape(out, tuple(a.shape))
@@ -597,7 +645,7 @@ def scatter_reduce(a, dim, index, src, reduce, *, include_self=True):
     if reduce not in ("sum", "mean"):
         raise DecompositionUnavailable  # no scatter_mul/max/min prims: torch runs it
     prims.check_dtype_supported(reduce == "sum" or a.dtype is not torch.bool, "scatter_gather_tensor_cpu_reduce_mean", a.dtype)
-    if index.numel() == 0:
+    if symbolic.holds(index.numel() == 0):
         return _scatter(a, d, index, src, prims.scatter_add)
     base = a
     if not include_self:  # the written positions start from zero instead of a

@@ -187,8 +187,8 @@ def _track_views(func, args, kwargs, out, identities: dict) -> None:
         return
     short = torch_name(func).rsplit(".", 1)[-1]
     key = args[1] if short == "__getitem__" else None
-    if key is not None and not _is_basic_key(key) and not _has_tensor(key):
-        return  # x[[0, 2]], x[True]: eager copies
+    if key is not None and _is_advanced_key(key):
+        return  # x[[0, 2]], x[True], x[idx], x[mask]: eager copies
     root, steps = _root_and_steps(source)
     outs = [o for o in tree_leaves(out) if isinstance(o, TensorProxy)]
     facts = source.alias.facts if source.alias is not None else ()
@@ -385,8 +385,12 @@ def short_name(func) -> str:
     return torch_name(func).rsplit(".", 1)[-1]
 
 
-def _has_tensor(key) -> bool:
-    return any(isinstance(k, TensorProxy) for k in (key if isinstance(key, tuple) else (key,)))
+def _is_advanced_key(key) -> bool:
+    """Whether x[key] is advanced indexing, which copies in eager: a list, a bool, or a tensor other than a 0-dim
+    integer one (which eager reads as an int: x[torch.tensor(1)] is a view, tracked as one made by a tensor index)."""
+    return any(isinstance(k, (list, bool)) or isinstance(k, TensorProxy) and (k.ndim > 0 or k.dtype is torch.bool
+                                                                              or k.dtype is torch.uint8)
+               for k in (key if isinstance(key, tuple) else (key,)))
 
 
 def _track_identity(func, args, kwargs, out: TensorProxy, source: TensorProxy) -> None:

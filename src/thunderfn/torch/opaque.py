@@ -5,9 +5,12 @@ recorded under its torch name, and the torch executor calls it at run time with
 the real tensors. The bound symbol keeps the torch callable and its arguments, so
 autodiff can differentiate it at run time through torch.func (`torch_vjp_op`, below).
 
-Refused, with the reason, when even that cannot be right: no meta kernel, an output
-shape that depends on values (nonzero, unique, masked_select), a non-tensor
-output (a value), or a write into an argument (in-place and out= forms).
+An op whose output shape depends on values (unique, bincount, repeat_interleave with a
+tensor of repeats) runs on fake tensors instead, where torch's kernel gives that size a
+data-dependent symbol (core/symbolic.py) that generated code binds from the op's output.
+
+Refused, with the reason, when even that cannot be right: no meta or fake kernel, a
+non-tensor output (a value), or a write into an argument (in-place and out= forms).
 
 May import: core/.
 """
@@ -24,7 +27,7 @@ from thunderfn.core.interception import resolve_torch_name, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import of_leaves, output_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
-from thunderfn.core.trace import check_rng_untouched
+from thunderfn.core.trace import check_rng_untouched, symbolic_sizes
 from thunderfn.errors import ArgumentValueError, UnsupportedOpError, UserGradientError
 
 _symbols: dict = {}  # torch callable -> its opaque symbol, made once
@@ -153,16 +156,28 @@ def _device_of(leaves, kwargs) -> torch.device:
     return torch.get_default_device() if hasattr(torch, "get_default_device") else torch.device("cpu")
 
 
-def _run_on_meta(fn, name: str, meta_args, meta_kwargs):
+class _ValuesDecideShape(Exception):
+    """A meta kernel's refusal: the op's output shape depends on its inputs' values (retried on fake tensors)."""
+
+
+def _run_on_meta(fn, name: str, meta_args, meta_kwargs, *, retried: bool = True):
     """fn's outputs on meta tensors, or UnsupportedOpError saying why it cannot run on shapes;
-    an error that is the inputs' fault is re-raised as torch raised it."""
+    an error that is the inputs' fault is re-raised as torch raised it. Where the output shape depends on
+    values and `retried` is False, _ValuesDecideShape (the caller runs it on fake tensors)."""
     try:
         with torch._C.DisableTorchFunction():
             return fn(*meta_args, **meta_kwargs)
     except Exception as e:
+        if symbolic.is_data_dependent_question(e):  # (asked of a data-dependent size: the trace says which)
+            raise
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        data_dependent = any(w in reason for w in ("data-dependent", "data dependent", "data-independent", "item()",
-                                                   "no data", "without output_size", "Meta tensors"))
+        fake_refusals = (torch._subclasses.fake_tensor.DynamicOutputShapeException,
+                         torch._subclasses.fake_tensor.DataDependentOutputException)
+        data_dependent = isinstance(e, fake_refusals) or any(
+            w in reason for w in ("data-dependent", "data dependent", "data-independent", "item()", "no data",
+                                  "without output_size", "Meta tensors"))
+        if data_dependent and not retried:
+            raise _ValuesDecideShape from None
         # Proxies carry no strides (meta tensors here are contiguous): a complaint about layout is ours, not the input's.
         meta_specific = data_dependent or isinstance(e, NotImplementedError) or any(
             w in reason.lower() for w in ("meta", "stride", "contiguous", "major", "layout", "data pointer", "storage"))
@@ -221,18 +236,30 @@ def _meta(fn, args, kwargs):
     leaves, spec = tree_flatten((args, kwargs))
     # symbolic sizes: the meta tensors are fake tensors of the trace's ShapeEnv, where torch's kernels can run
     fake = symbolic.fake_tensor_mode(n for x in leaves for n in (x.shape if isinstance(x, TensorProxy) else (x,)))
-    with fake if fake is not None else contextlib.nullcontext():
-        meta_args, meta_kwargs = tree_unflatten(spec, [_to_meta(x) for x in leaves])
-        if kwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves):
-            # a factory: it must build on meta too, or shape inference would draw real random numbers
-            meta_kwargs = dict(meta_kwargs, device="meta")
-        out = _run_on_meta(fn, name, meta_args, meta_kwargs)
+    try:
+        out = _run_on_shapes(fn, name, leaves, spec, kwargs, fake, retried=fake is not None)
+    except _ValuesDecideShape:  # on fake tensors, where its output sizes become data-dependent sizes
+        fake = symbolic_sizes().fake()
+        out = _run_on_shapes(fn, name, leaves, spec, kwargs, fake)
+    if fake is not None:
+        symbolic_sizes().adopt_fresh([x.shape for x in tree_leaves(out) if isinstance(x, torch.Tensor)],
+                                     f"a size of the output of {name} (decided by its input's values)")
     _check_outputs(name, out)
     device = _device_of(leaves, kwargs)
     out_leaves, out_spec = tree_flatten(out)
     proxies = [TensorProxy(shape=x.shape, dtype=x.dtype, device=device) if isinstance(x, torch.Tensor) else x
                for x in out_leaves]
     return tree_unflatten(out_spec, proxies)  # keeps torch.return_types.* (values, indices)
+
+
+def _run_on_shapes(fn, name: str, leaves, spec, kwargs, fake, *, retried: bool = True):
+    """fn's outputs on meta tensors standing for the proxies among leaves (fake ones under `fake`)."""
+    with fake if fake is not None else contextlib.nullcontext():
+        meta_args, meta_kwargs = tree_unflatten(spec, [_to_meta(x) for x in leaves])
+        if kwargs.get("device") is not None or not any(isinstance(x, TensorProxy) for x in leaves):
+            # a factory: it must build on meta too, or shape inference would draw real random numbers
+            meta_kwargs = dict(meta_kwargs, device="meta")
+        return _run_on_meta(fn, name, meta_args, meta_kwargs, retried=retried)
 
 
 def autograd_connections(bsym):

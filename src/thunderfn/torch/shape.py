@@ -92,6 +92,10 @@ register_alias(T.T.__get__, lambda a: transpose(a, 0, 1) if a.ndim == 2 else per
 register_alias(T.mT.__get__, lambda a: _mT(a, "mT"))
 register_alias(T.mH.__get__, lambda a: _mT(a, "mH"))  # conjugation is the identity on the real dtypes thunderfn traces
 register_alias(T.H.__get__, lambda a: _H(a))
+# what a graph of torch.compile's asks of a size known only at run time (nonzero's length): the size itself,
+# and a check of a fact about it (generated code checks it where the size is bound: core/symbolic.py)
+register_alias(torch.ops.aten.sym_size.int, lambda a, dim: a.shape[canonical_dim(dim, a.ndim)])
+register_alias(torch.ops.aten.sym_numel.default, lambda a: a.numel())
 
 
 def _mT(a, attr):
@@ -534,7 +538,7 @@ def tile(a, dims):
 @torchsymbol(torch.repeat_interleave, T.repeat_interleave)
 def repeat_interleave(a, repeats=None, dim=None, *, output_size=None):
     if isinstance(repeats, TensorProxy) or repeats is None:
-        # the output's length is the repeats' sum: torch runs it, given output_size (refused without)
+        # the output's length is the repeats' sum: torch runs it (without output_size, a data-dependent size)
         raise DecompositionUnavailable
     check(repeats >= 0, lambda: "Repeats must be non-negative")
     if dim is None:

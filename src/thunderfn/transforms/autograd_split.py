@@ -37,7 +37,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled, write_back
 from thunderfn.core.trace import Trace, stamp_provenance, tracing
-from thunderfn.errors import ArgumentRuntimeError, SavedTensorModifiedError, UnsupportedOpError
+from thunderfn.errors import ArgumentRuntimeError, InternalError, SavedTensorModifiedError, UnsupportedOpError
 from thunderfn.torch.opaque import autograd_connections
 from thunderfn.transforms.autodiff import trace_vjp
 from thunderfn.transforms.user_functions import differentiable_outputs
@@ -197,6 +197,7 @@ def split_forward_backward(computation: Trace, executors) -> Split:
 
     bwd = backward_trace(joint.bound_symbols[n_forward:], grad_of)
     residuals = list({p.name: p for p in reads(bwd)}.values())
+    residuals += _holders_of_data_dependent_sizes(joint.bound_symbols[:n_forward], bwd, residuals + cotangents)
     bwd.args = residuals + cotangents
     bwd.args_in_list = True  # ThunderFunction.backward hands over its only references: residuals die as they are used
     size_plan = _sizes_for_backward(computation.args, bwd)
@@ -225,6 +226,25 @@ def split_forward_backward(computation: Trace, executors) -> Split:
     stamp_provenance(bwd, "Forward and backward split", start)
     return Split(fwd, bwd, differentiable, leaf_plan, out_spec, tuple(p.constant for p in captured), constants,
                  backward_without, size_plan)
+
+
+def _holders_of_data_dependent_sizes(forward: list, bwd: Trace, args: list) -> list:
+    """Forward values to save for the backward only for a data-dependent size they hold as a dimension, which
+    the backward computes with and none of its arguments holds (sum's VJP expands to a masked tensor's u0):
+    its code binds the size from their shapes (core/printing.py)."""
+    held = {symbolic.bare_symbol(n) for p in args for n in p.shape}
+    missing = set().union(*(symbolic.unbacked_names((b.args, b.kwargs)) for b in bwd.bound_symbols)) - held
+    holders = {}
+    for b in forward:
+        for p in b.proxy_outs():
+            for n in p.shape:
+                name = symbolic.bare_symbol(n)
+                if name in missing and name not in holders:
+                    holders[name] = p
+    if missing - holders.keys():
+        raise InternalError(f"the backward of '{bwd.fn_name}' computes with the data-dependent sizes "
+                            f"{sorted(missing - holders.keys())}, which no value of the forward holds as a dimension")
+    return list({p.name: p for p in holders.values()}.values())
 
 
 def _sizes_for_backward(inputs: list, bwd: Trace) -> tuple:

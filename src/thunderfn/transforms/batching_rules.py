@@ -31,7 +31,7 @@ from thunderfn.core import symbolic
 from thunderfn.core.batching import BatchRule, batching_rules, register_batch, unregister_batch  # noqa: F401  (re-exported)
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.prims import PrimIDs, canonical_dim
-from thunderfn.errors import InternalError
+from thunderfn.errors import BatchingError, InternalError
 
 
 def defbatch(*symbol_ids):
@@ -277,6 +277,17 @@ def _same_rank_operands(prim, n_tensors: int):
 register_batch(PrimIDs.TAKE_ALONG_AXIS, BatchRule(_same_rank_operands(prims.take_along_axis, 2)))
 register_batch(PrimIDs.SCATTER, BatchRule(_same_rank_operands(prims.scatter, 3)))
 register_batch(PrimIDs.SCATTER_ADD, BatchRule(_same_rank_operands(prims.scatter_add, 3)))
+
+
+# torch.func.vmap's refusal, in its words: each example would have its own number of rows
+DYNAMIC_SHAPE_REFUSAL = ("vmap: We do not support batching operators that can output dynamic shape. Attempted to vmap "
+                         "over aten::{op}. Please file an issue at https://github.com/pytorch/pytorch/issues if you need "
+                         "this feature.")
+
+
+@defbatch(PrimIDs.NONZERO)
+def _nonzero_batch(args, dims, kwargs, out):
+    raise BatchingError(DYNAMIC_SHAPE_REFUSAL.format(op="nonzero"))
 
 
 @defbatch(PrimIDs.TAKE)

@@ -10,15 +10,22 @@ then batches the decomposition instead.
   when it holds for every example, so one check of their conjunction.
 - tf.debug.print and tf.debug.breakpoint: one statement for the batch, given each batched value
   with its batch dimension first, as jax.debug.print prints under vmap.
+- indexing with a boolean mask, masked_select and torch.where(condition) of a batched mask: each
+  example would have its own number of positions (a data-dependent size), refused in torch.func's
+  words; with the mask the same for every example they batch through their decompositions.
 """
 from __future__ import annotations
 
 import inspect
 
+import torch
+
 from thunderfn import torch as ltorch
 from thunderfn.core import context
+from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import debug_breakpoint, debug_print, emit_runtime_check, runtime_check
-from thunderfn.transforms.batching_rules import defbatch, move_to_front
+from thunderfn.errors import BatchingError
+from thunderfn.transforms.batching_rules import DYNAMIC_SHAPE_REFUSAL, defbatch, move_to_front
 
 _SDPA_PARAMETERS = inspect.signature(ltorch.scaled_dot_product_attention.fn).parameters
 
@@ -66,3 +73,33 @@ def _batched_statement(statement):
 
 for _statement in (debug_print, debug_breakpoint):
     defbatch(_statement.id)(_batched_statement(_statement))
+
+
+def _is_mask(x) -> bool:
+    return isinstance(x, TensorProxy) and x.dtype in (torch.bool, torch.uint8)
+
+
+@defbatch(ltorch.getitem.id)
+def _getitem(args, dims, kwargs, out):
+    key, key_dims = args[1], dims[1]
+    keys, key_dims = (key, key_dims) if isinstance(key, (tuple, list)) else ((key,), (key_dims,))
+    if any(_is_mask(k) and d is not None for k, d in zip(keys, key_dims or (None,) * len(keys))):
+        raise BatchingError("vmap: We do not support batching operators that can support dynamic shape. Attempting to "
+                            "batch over indexing with a boolean mask.")
+    return NotImplemented
+
+
+@defbatch(ltorch.masked_select.id)
+def _masked_select(args, dims, kwargs, out):
+    if dims[1] is not None:
+        raise BatchingError("vmap: Attempted to vmap over `mask` in torch.masked_select(self, mask) We cannot support "
+                            "this because for each batch this would return a differently shaped Tensor. Please file an "
+                            "issue at https://github.com/pytorch/pytorch/issues if you need this feature.")
+    return NotImplemented
+
+
+@defbatch(ltorch.where.id)
+def _where(args, dims, kwargs, out):
+    if len(args) == 1 and not kwargs:  # torch.where(condition): its nonzero positions
+        raise BatchingError(DYNAMIC_SHAPE_REFUSAL.format(op="where"))
+    return NotImplemented

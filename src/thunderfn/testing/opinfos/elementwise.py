@@ -11,7 +11,6 @@ import re
 import torch
 import torch.nn.functional as F
 
-from thunderfn.errors import UnsupportedOpError
 from thunderfn.testing.opinfo import ALL, FLOATS, INTS, ErrorInput, OpInfo, SampleInput, make_tensor
 
 NUMBERS = FLOATS + INTS  # every tested dtype but bool
@@ -296,8 +295,6 @@ _WHERE_ERRORS = _errors(
      RuntimeError, "The size of tensor a"),
     (lambda d: (True, make_tensor((2,), device=d), make_tensor((2,), device=d)), {}, TypeError,
      r"where\(\) received an invalid combination of arguments"),
-    # one-argument where is nonzero: its output shape depends on the values
-    (_t(2, 3, dtype=torch.bool), {}, UnsupportedOpError, r"torch.where\(condition\) returns data-dependent shapes", False),
 )
 
 opinfos += [

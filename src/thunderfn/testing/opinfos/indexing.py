@@ -1,4 +1,6 @@
-"""OpInfos for thunderfn.torch.indexing: `x[key]`, index_select, gather, take_along_dim.
+"""OpInfos for thunderfn.torch.indexing: `x[key]`, index_select, gather, take_along_dim, and the
+positions of a mask (nonzero, argwhere, masked_select, torch.where(condition)), whose length is a
+data-dependent size (core/symbolic.py).
 
 Index tensors are drawn in range; out-of-range index *values* are only known when the
 function runs, so those error inputs accept torch's message and the take kernel's.
@@ -9,7 +11,6 @@ import operator
 
 import torch
 
-from thunderfn.errors import UnsupportedOpError
 from thunderfn.torch.indexing import index_put_key
 from thunderfn.testing.opinfo import ALL, OpInfo, SampleInput, make_tensor
 from thunderfn.testing.opinfos.shape import SOME, err, function_and_method, maker, method, x234
@@ -57,6 +58,13 @@ def getitem_samples(device, dtype):
         [0, 2],  # lists index like tensors (a list holding sequences or slices is read as a tuple,
         [-1, 0, -3],  # which torch deprecates, so it is not sampled)
         ([0, 2], ALL_SLICE, [-1, 1]),
+        # boolean masks: the index tensors of their True positions, of a length known only at run time
+        idx(True, False, True, dtype=torch.bool),
+        (ALL_SLICE, make_tensor((4, 5), dtype=torch.bool)),  # a mask over two dims
+        (idx(False, False, False, dtype=torch.bool), None),  # none selected: an empty result
+        (ALL_SLICE, 1, idx(True, True, False, True, False, dtype=torch.bool)),  # after an int
+        [True, False, True],  # a list of bools is a mask
+        torch.tensor(True),  # a 0-dim mask: a new dim of length 1 or 0
     ]
     for key in advanced:
         yield SampleInput((x, key))
@@ -89,14 +97,45 @@ def getitem_errors(device):
     yield err((x, idx(0, 3)), IndexError, OUT_OF_RANGE_VALUE)
     yield err((x, (idx(0, 1), idx(1, 4))), IndexError, OUT_OF_RANGE_VALUE)
     yield err((x, (ALL_SLICE, idx(0, 1), idx(-6, 0))), IndexError, OUT_OF_RANGE_VALUE)
-    # thunderfn-only refusals: the result's shape depends on the mask's values
-    mask_message = "indexing with a boolean mask gives a shape that depends on the mask's values"
-    yield err((x, idx(True, False, True, dtype=torch.bool)), UnsupportedOpError, mask_message, torch_raises=False)
-    yield err((x, (ALL_SLICE, make_tensor((4, 5), dtype=torch.bool))), UnsupportedOpError, mask_message, torch_raises=False)
-    yield err((x, idx(1, 0, 1, dtype=torch.uint8)), UnsupportedOpError, mask_message, torch_raises=False)  # uint8 is a mask to torch
-    yield err((x, [True, False, True]), UnsupportedOpError, mask_message, torch_raises=False)
+    yield err((x, idx(True, False, dtype=torch.bool)), IndexError,
+              r"The shape of the mask \[2\] at index 0 does not match the shape of the indexed tensor \[3, 4, 5\] at index 0")
+    yield err((x, (ALL_SLICE, make_tensor((4, 4), dtype=torch.bool))), IndexError,
+              r"The shape of the mask \[4, 4\] at index 1 does not match the shape of the indexed tensor \[3, 4, 5\] at index 2")
     # torch accepts several ellipses with results no rule explains; thunderfn refuses
     yield err((x, (Ellipsis, Ellipsis)), IndexError, r"an index can only have a single ellipsis \('...'\)", torch_raises=False)
+
+
+def nonzero_samples(device, dtype):
+    mk = maker(device, dtype)
+    for shape in ((3, 4), (5,), (), (2, 0), (2, 3, 2)):
+        yield SampleInput((mk(*shape),))
+        yield SampleInput((mk(*shape),), {"as_tuple": True})
+    yield SampleInput((torch.zeros(4, 2, dtype=dtype, device=device),))  # no nonzero element: 0 rows
+
+
+def argwhere_samples(device, dtype):
+    for sample in nonzero_samples(device, dtype):
+        if not sample.kwargs:
+            yield sample
+
+
+def masked_select_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput((mk(3, 4), make_tensor((3, 4), dtype=torch.bool)))
+    yield SampleInput((mk(3, 4), make_tensor((4,), dtype=torch.bool)))  # the mask broadcasts to the input
+    yield SampleInput((mk(4), make_tensor((3, 4), dtype=torch.bool)))  # and the input to the mask
+    yield SampleInput((mk(3, 4, noncontiguous=True), torch.zeros(3, 4, dtype=torch.bool)))  # none selected
+    yield SampleInput((mk(), torch.tensor(True)))
+
+
+def masked_select_errors(device):
+    yield err((x234(), make_tensor((3, 4, 5))), RuntimeError, "masked_select: expected BoolTensor for mask")
+    yield err((x234(), make_tensor((2, 4, 5), dtype=torch.bool)), RuntimeError, "The size of tensor a")
+
+
+def where_condition_samples(device, dtype):
+    for sample in argwhere_samples(device, dtype):
+        yield SampleInput((sample.args[0] != 0,))
 
 
 def index_select_samples(device, dtype):
@@ -170,6 +209,10 @@ def take_along_dim_errors(device):
 
 opinfos: list[OpInfo] = [
     OpInfo("getitem", operator.getitem, getitem_samples, ALL, getitem_errors),
+    *function_and_method("nonzero", nonzero_samples),
+    *function_and_method("argwhere", argwhere_samples),
+    *function_and_method("masked_select", masked_select_samples, masked_select_errors),
+    OpInfo("where.condition", torch.where, where_condition_samples, (torch.bool,)),
     *function_and_method("index_select", index_select_samples, index_select_errors),
     *function_and_method("gather", gather_samples, gather_errors),
     *function_and_method("take_along_dim", take_along_dim_samples, take_along_dim_errors),
