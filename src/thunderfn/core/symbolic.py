@@ -504,6 +504,8 @@ def _op_name(func) -> str | None:
     module = getattr(func, "__module__", None) or ""
     if name.startswith(("TensorBase.", "_TensorBase.")):
         name = "Tensor." + name.split(".", 1)[1]
+    elif name.startswith("_VariableFunctionsClass."):  # torch.nan_to_num and the other torch.* builtins
+        return "torch." + name.split(".", 1)[1]
     return name if name.startswith("Tensor.") or not module.startswith("torch") else f"{module.replace('torch._C._nn', 'torch.nn.functional')}.{name}"
 
 
