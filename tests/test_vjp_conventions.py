@@ -283,6 +283,9 @@ FORWARD_MODE = {  # torch-level functions whose forward rule is derived from the
     "hardtanh-bounds": (F.hardtanh, t(-1.0, 1.0, 0.0)),
     "bce_with_logits-at-0": (lambda x: F.binary_cross_entropy_with_logits(x, torch.full_like(x, 0.5)), t(0.0, 1.0)),
     "gelu": (F.gelu, t(-3.0, 0.0, 0.5)),
+    # the running statistics' in-place update (updated_running_stats), which keeps their tangent
+    "batch_norm-running-stats": (lambda x: F.batch_norm(x, torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64),
+                                                        training=True), t(0.5, -1.0, 2.0, 3.0, 0.0, 1.5).view(2, 3)),
     "gelu-tanh": (lambda x: F.gelu(x, approximate="tanh"), t(-3.0, 0.0, 0.5)),
     "tanh": (torch.tanh, t(-30.0, 0.0, 0.5)),
     "relu-at-0": (torch.relu, t(-1.0, 0.0, 0.5)),

@@ -56,7 +56,8 @@ def limit_advice(reasons: list, dynamic=None, pinned=()) -> str:
         if dynamic is False:
             advice.append("Each new input shape compiled anew, as dynamic=False asks: dynamic=None (the default) "
                           "compiles a changed dimension once more as symbolic, and tf.mark_dynamic(tensor, dim) makes "
-                          "one symbolic from the first call (docs/jit.md, 'Dynamic shapes').")
+                          "one symbolic from the first call (docs/jit.md, 'Dynamic shapes'); otherwise pad or bucket "
+                          "inputs to a few sizes.")
         else:
             advice.append("Each new input shape compiled anew although sizes may be symbolic here: the reasons say "
                           "what each trace relied on; pad or bucket inputs to a few sizes (docs/jit.md, "
