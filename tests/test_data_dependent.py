@@ -164,6 +164,21 @@ def test_torch_check_states_a_fact_the_compiled_function_checks_on_every_call():
         fn(torch.tensor([-1.0, -2.0]))
 
 
+def test_a_torch_check_about_a_size_nothing_else_uses_is_still_checked():
+    """The op whose size a torch._check reads is kept by dead-code elimination (it was dropped with its check, so
+    the compiled function returned where eager raised)."""
+    def fn(x):
+        torch._check(x[x > 0].shape[0] > 0)
+        return x * 2
+
+    jitted = tf.jit(fn)
+    torch.testing.assert_close(jitted(torch.ones(3)), fn(torch.ones(3)))
+    with pytest.raises(RuntimeError):  # eager raises
+        fn(-torch.ones(3))
+    with pytest.raises(RuntimeError, match="Expected 0 < u0 to be True"):
+        jitted(-torch.ones(3))
+
+
 def _router(x, gate, experts):
     """A mixture of experts' routing: top-k experts per token, each expert takes the tokens routed to it
     (torch.where(mask)) and adds its weighted output back into theirs (index_add)."""

@@ -22,6 +22,7 @@ def dce(trc):
     needed = output_names(trc)
     sizes_needed = symbolic.unbacked_names(trc.output)
     makes = _data_dependent_sizes_made(trc)
+    sizes_needed |= _sizes_checked(trc, makes)  # a torch._check about a size runs where it is made: that op stays
     kept = []
     for bsym in reversed(trc.bound_symbols):
         outs = bsym.proxy_outs()
@@ -30,6 +31,17 @@ def dce(trc):
             needed.update(a.name for a in bsym.proxy_args())
             sizes_needed |= symbolic.unbacked_names((bsym.args, bsym.kwargs))
     return trc.derive("Dead Code Elimination", list(reversed(kept)))
+
+
+def _sizes_checked(trc, makes: dict) -> set:
+    """The data-dependent sizes a torch._check fact reads: eager raises where one does not hold, so the op making
+    such a size is kept even where nothing else uses it."""
+    for bsym in trc.bound_symbols:
+        if id(bsym) in makes:
+            inputs = symbolic.inputs_of(next(n for o in bsym.proxy_outs() for n in o.shape
+                                             if isinstance(n, torch.SymInt)))
+            return set().union(*(names for names, _ in inputs.runtime_checks())) if inputs is not None else set()
+    return set()
 
 
 def _data_dependent_sizes_made(trc) -> dict:
