@@ -484,11 +484,15 @@ def where_traced(asked: bool = False) -> str | None:
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
+        if code.co_name == "trace" and code.co_filename.endswith(os.path.join("core", "trace.py")):
+            break  # where the traced code was entered: the frames outside are the caller's, not the traced code's
         if code.co_name == "dispatch" and code.co_filename.endswith(os.path.join("core", "interception.py")):
             op = _op_name(frame.f_locals.get("func"))
         elif line is None and not code.co_filename.startswith((_THUNDERFN_DIR, _TORCH_DIR, "<")):
             line = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
         frame = frame.f_back
+    else:  # asked after tracing (differentiating, lowering): by no line of the traced code
+        return None
     if op is None and line is None:
         return None
     verb = "asked" if asked else "pinned"
