@@ -430,3 +430,40 @@ def test_a_length_one_refused_by_a_symbolic_entrys_guard_compiles_once_and_says_
     assert info["entries"] == info["misses"] == 3, info
     (pinned,) = info["pinned"]
     assert "s0 > 1 (asked at test_dynamic_shapes.py:" in pinned, pinned
+
+
+class _CausalSelfAttention(torch.nn.Module):
+    """nanoGPT's attention: a causal buffer sliced [:, :, :T, :T], positions from torch.arange(T), heads by views of
+    computed sizes, and SDPA with a mask built by comparing two aranges."""
+
+    def __init__(self, d=16, heads=2, max_len=64):
+        super().__init__()
+        self.qkv, self.proj, self.heads = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d), heads
+        self.register_buffer("bias", torch.tril(torch.ones(max_len, max_len)).view(1, 1, max_len, max_len))
+        self.wte, self.wpe, self.head = torch.nn.Embedding(50, d), torch.nn.Embedding(max_len, d), torch.nn.Linear(d, 50)
+
+    def forward(self, idx, targets):
+        B, T = idx.size()
+        x = self.wte(idx) + self.wpe(torch.arange(0, T, dtype=torch.long))
+        C = x.size(-1)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        att = ((q @ k.transpose(-2, -1)) / k.size(-1) ** 0.5).masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        mask = torch.arange(T)[:, None] >= torch.arange(T)[None, :]
+        y = att.softmax(-1) @ v + torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        logits = self.head(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+        return torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def test_nanogpt_attention_over_lengths_trains_as_eager_with_few_compiles():
+    torch.manual_seed(0)
+    model = _CausalSelfAttention()
+    jitted = tf.jit(model)
+    for n, length in enumerate([5, 1, 9, 17, 2, 33, 3, 64]):
+        g = torch.Generator().manual_seed(n)
+        idx, targets = torch.randint(0, 50, (2, length), generator=g), torch.randint(0, 50, (2, length), generator=g)
+        loss, expected = jitted(idx, targets), model(idx, targets)
+        got = torch.autograd.grad(loss, list(model.parameters()))
+        want = torch.autograd.grad(expected, list(model.parameters()))
+        torch.testing.assert_close((loss, got), (expected, want), atol=1e-5, rtol=1e-5)
+    info = tf.cache_info(jitted)
+    assert info["misses"] <= 3 and not info["static_fallbacks"], info  # torch.compile: 4 graphs for these calls
