@@ -104,6 +104,7 @@ NON_DIFFERENTIABLE = {
     PrimIDs.EQ, PrimIDs.NE, PrimIDs.LT, PrimIDs.LE, PrimIDs.GT, PrimIDs.GE,
     PrimIDs.BITWISE_AND, PrimIDs.BITWISE_OR, PrimIDs.BITWISE_XOR, PrimIDs.BITWISE_LEFT_SHIFT,
     PrimIDs.BITWISE_RIGHT_SHIFT, PrimIDs.ARGMAX, PrimIDs.ARGMIN, PrimIDs.FULL, PrimIDs.IOTA,
+    PrimIDs.NONZERO,  # (integer indices)
 }
 
 # differentiable in principle, but without a rule here
