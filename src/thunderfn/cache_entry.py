@@ -81,9 +81,11 @@ class CacheEntry:
             facts.append((lambda key, leaves: self.sizes.hold(tensors(leaves)),
                           lambda key, leaves: self.sizes.failure(tensors(leaves))))
         if self.layout:
-            facts.append((lambda key, leaves: self.layout_changed(leaves) is None, lambda key, leaves: self.layout_changed(leaves)))
+            facts.append((lambda key, leaves: self.layout_changed(leaves) is None,
+                          lambda key, leaves: self.layout_changed(leaves)))
         if self.guards_hold is not None:
-            facts.append((lambda key, leaves: self.guards_hold(), lambda key, leaves: self.guards.failure() or "a guard failed"))
+            facts.append((lambda key, leaves: self.guards_hold(),
+                          lambda key, leaves: self.guards.failure() or "a guard failed"))
         if isinstance(self.fn, Guarded):
             facts.append((lambda key, leaves: self.fn.guard(tensors(leaves)) is None,
                           lambda key, leaves: self.fn.guard(tensors(leaves))))
