@@ -11,7 +11,8 @@ Besides it, an entry holds the guards its trace recorded (core/guards.py): the
 Python state the traced code read (module flags and attributes, hooks, closed-over
 and global values, tensors held by plain objects). A call runs the newest entry that
 admits it: every fact of the entry holds for it (cache_entry.py decides, and says which
-fact failed); otherwise the function is traced again, and the reason is kept (`cache_info`; put in words by cache_misses.py). Past `cache_size_limit`
+fact failed); otherwise the function is traced again, and the reason is kept
+(`cache_info`; put in words by cache_misses.py). Past `cache_size_limit`
 entries a function warns once and runs eagerly for new signatures, torch.compile's
 meaning.
 

@@ -510,7 +510,9 @@ def _op_name(func) -> str | None:
         name = "Tensor." + name.split(".", 1)[1]
     elif name.startswith("_VariableFunctionsClass."):  # torch.nan_to_num and the other torch.* builtins
         return "torch." + name.split(".", 1)[1]
-    return name if name.startswith("Tensor.") or not module.startswith("torch") else f"{module.replace('torch._C._nn', 'torch.nn.functional')}.{name}"
+    if name.startswith("Tensor.") or not module.startswith("torch"):
+        return name
+    return f"{module.replace('torch._C._nn', 'torch.nn.functional')}.{name}"
 
 
 # every live ShapeEnv of ours -> its SymbolicInputs, for printing a SymInt by its names
