@@ -413,7 +413,7 @@ def test_a_size_pinned_by_an_op_names_the_op_and_line():
     jitted = tf.jit(g, dynamic=True)
     torch.testing.assert_close(jitted(torch.ones(6)), g(torch.ones(6)))
     (pinned,) = tf.cache_info(jitted)["pinned"]
-    assert "== 6" in pinned and "pinned by Tensor.view at test_dynamic_shapes.py:" in pinned, pinned
+    assert "== 6" in pinned and "pinned by torch.Tensor.view at test_dynamic_shapes.py:" in pinned, pinned
 
 
 def test_a_length_one_refused_by_a_symbolic_entrys_guard_compiles_once_and_says_where():

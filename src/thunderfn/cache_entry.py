@@ -28,7 +28,7 @@ from thunderfn.dynamic_shapes import SymbolicSizes
 
 class CacheEntry:
     __slots__ = ("key", "fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit",
-                 "keyword_hit", "layout", "sizes", "checks_nothing", "facts")
+                 "keyword_hit", "layout", "sizes", "facts")
 
     def __init__(self, key: CacheKey, fn, traces, backward_traces, tensor_positions, guards,
                  sizes: SymbolicSizes | None = None):
@@ -44,9 +44,7 @@ class CacheEntry:
         # the signature of the inputs they are about (most traces have none)
         self.layout = tuple((position, what, get, value) for position, facts in traces[0].layout_reads.items()
                             for (what, get), value in facts.items())
-        # nothing to check beyond an equal key (most entries): JitState.lookup then skips asking
-        self.checks_nothing = (not self.layout and sizes is None and self.guards_hold is None
-                               and not isinstance(fn, Guarded))
+        # what it checks besides the key (most entries: nothing, and JitState.lookup asks nothing)
         self.facts = self._facts()
 
     def fits(self, key: CacheKey) -> bool:
@@ -61,34 +59,37 @@ class CacheEntry:
 
     def admits(self, key: CacheKey, leaves) -> bool:
         """Whether this entry may run a call with this key and these flattened arguments: every fact holds."""
+        return self.fits(key) and self.holds(leaves)
+
+    def holds(self, leaves) -> bool:
+        """Whether every fact besides the key holds for a call with these flattened arguments (its key fits)."""
         for holds, _ in self.facts:
-            if not holds(key, leaves):
+            if not holds(leaves):
                 return False
         return True
 
     def why_not(self, key: CacheKey, leaves) -> str | None:
         """The first fact that does not hold for this call, in words; None where the entry admits it."""
+        if not self.fits(key):
+            return self._key_differs(key)
         for holds, in_words in self.facts:
-            if not holds(key, leaves):
-                return in_words(key, leaves)
+            if not holds(leaves):
+                return in_words(leaves)
         return None
 
-    def _facts(self):
-        """(holds(key, leaves) -> bool, in_words(key, leaves) -> str) for each fact, in the order they are checked."""
-        tensors = self.tensors
-        facts = [(lambda key, leaves: self.fits(key), lambda key, leaves: self._key_differs(key))]
+    def _facts(self) -> list:
+        """(holds(leaves) -> bool, in_words(leaves) -> str) for each fact besides the key, in the order checked."""
+        tensors, facts = self.tensors, []
         if self.sizes is not None:
-            facts.append((lambda key, leaves: self.sizes.hold(tensors(leaves)),
-                          lambda key, leaves: self.sizes.failure(tensors(leaves))))
+            facts.append((lambda leaves: self.sizes.hold(tensors(leaves)),
+                          lambda leaves: self.sizes.failure(tensors(leaves))))
         if self.layout:
-            facts.append((lambda key, leaves: self.layout_changed(leaves) is None,
-                          lambda key, leaves: self.layout_changed(leaves)))
+            facts.append((lambda leaves: self.layout_changed(leaves) is None, self.layout_changed))
         if self.guards_hold is not None:
-            facts.append((lambda key, leaves: self.guards_hold(),
-                          lambda key, leaves: self.guards.failure() or "a guard failed"))
+            facts.append((lambda leaves: self.guards_hold(), lambda leaves: self.guards.failure() or "a guard failed"))
         if isinstance(self.fn, Guarded):
-            facts.append((lambda key, leaves: self.fn.guard(tensors(leaves)) is None,
-                          lambda key, leaves: self.fn.guard(tensors(leaves))))
+            facts.append((lambda leaves: self.fn.guard(tensors(leaves)) is None,
+                          lambda leaves: self.fn.guard(tensors(leaves))))
         return facts
 
     def tensors(self, leaves) -> list:

@@ -146,11 +146,6 @@ class JitState:
         return _new(CacheKey, (spec, _is_grad_enabled(), _get_default_dtype(),
                                autocast_state() if _any_autocast() else (), tuple(parts)))
 
-    def validate_static(self, args, kwargs):
-        """Refuse a static argument (by position or by keyword, whichever the option named) that holds a
-        tensor or cannot be hashed."""
-        self.static.check(args, kwargs)
-
     def compile(self, args, kwargs, leaves, key, open_dims=None, hints=None) -> CacheEntry:
         """The entry for a call, compiled (compile_stages.py) with the dimensions in open_dims (tensor number
         -> dims) symbolic, traced at the sizes in hints ((tensor number, dim) -> size) where given."""
@@ -224,8 +219,8 @@ class JitState:
 
     def lookup(self, key, leaves) -> CacheEntry | None:
         """The newest entry that admits this call (CacheEntry.admits: every fact of it), or None."""
-        for entry in reversed(self.cache.get(key, ())):
-            if entry.checks_nothing or entry.admits(key, leaves):
+        for entry in reversed(self.cache.get(key, ())):  # (the key is theirs: the rest of their facts)
+            if not entry.facts or entry.holds(leaves):
                 return entry
         for entry in reversed(self.symbolic_entries):
             if entry.admits(key, leaves):
@@ -238,7 +233,7 @@ class JitState:
             # function itself, traced into the outer trace (as jax.jit nests).
             return self.fn(*args, **kwargs)
         if self.static_argnums or self.static_argnames:
-            self.validate_static(args, kwargs)
+            self.static.check(args, kwargs)  # (a tensor or an unhashable value refused)
         leaves, spec = tree_flatten((args, kwargs))
         key = self.key(leaves, spec)
         entry = self.lookup(key, leaves)
@@ -377,8 +372,7 @@ class JitState:
         warnings.warn(
             f"thunderfn.jit: '{_fn_name(self.fn)}' reached cache_size_limit ({self.cache_size_limit}) and now runs "
             f"eagerly for calls that match none of its compiled entries. Last recompiles: {'; '.join(reasons)}. "
-            f"{cache_misses.limit_advice(reasons, self.dynamic, [p for p in self.pinned_sizes if 'pinned' in p])}",
-            stacklevel=4)
+            f"{cache_misses.limit_advice(reasons, self.dynamic, self.pinned_sizes)}", stacklevel=4)
 
 
 def _without(open_dims: dict, dims) -> dict:

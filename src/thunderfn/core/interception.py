@@ -26,7 +26,7 @@ import warnings
 import torch
 from torch.overrides import TorchFunctionMode
 
-from thunderfn.core import context, dtypes
+from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.call_time import read_grad
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.errors import InternalError, UnsupportedOpError
@@ -205,6 +205,9 @@ def torch_name(func) -> str:
     qualname = getattr(func, "__qualname__", name or repr(func))
     module = getattr(func, "__module__", None) or "torch"
     return f"{module}.{qualname}"
+
+
+symbolic.name_ops_with(torch_name)  # (a size's guard names the op that asked it: core/symbolic.py)
 
 
 def resolve_torch_name(name: str):

@@ -487,7 +487,8 @@ def where_traced(asked: bool = False) -> str | None:
         if code.co_name == "trace" and code.co_filename.endswith(os.path.join("core", "trace.py")):
             break  # where the traced code was entered: the frames outside are the caller's, not the traced code's
         if code.co_name == "dispatch" and code.co_filename.endswith(os.path.join("core", "interception.py")):
-            op = _op_name(frame.f_locals.get("func"))
+            func = frame.f_locals.get("func")
+            op = _op_namer(func) if func is not None else None
         elif line is None and not code.co_filename.startswith((_THUNDERFN_DIR, _TORCH_DIR, "<")):
             line = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
         frame = frame.f_back
@@ -501,18 +502,13 @@ def where_traced(asked: bool = False) -> str | None:
     return f"{verb} by {op}" + (f" at {line}" if line else "")
 
 
-def _op_name(func) -> str | None:
-    if func is None:
-        return None
-    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
-    module = getattr(func, "__module__", None) or ""
-    if name.startswith(("TensorBase.", "_TensorBase.")):
-        name = "Tensor." + name.split(".", 1)[1]
-    elif name.startswith("_VariableFunctionsClass."):  # torch.nan_to_num and the other torch.* builtins
-        return "torch." + name.split(".", 1)[1]
-    if name.startswith("Tensor.") or not module.startswith("torch"):
-        return name
-    return f"{module.replace('torch._C._nn', 'torch.nn.functional')}.{name}"
+_op_namer = repr  # how an op is named in words: interception.torch_name, handed down when it is imported
+
+
+def name_ops_with(namer) -> None:
+    """Called once by core/interception.py (which imports this module, so it cannot be imported here)."""
+    global _op_namer
+    _op_namer = namer
 
 
 # every live ShapeEnv of ours -> its SymbolicInputs, for printing a SymInt by its names
