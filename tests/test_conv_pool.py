@@ -1,4 +1,4 @@
-"""Convolution and pooling under reverse mode (torch/conv_pool.py, transforms/vjp_rules_conv_pool.py): a jitted
+"""Convolution and pooling under reverse mode (torch/conv_pool.py, transforms/rules/conv_pool.py): a jitted
 training step runs the forward op once and one of eager's backward kernels, with eager's arguments, so
 gradients are eager's bit for bit, present where eager's are (None for an input that needs none, a missing
 bias); second derivatives, vmap and jvp still work (through torch.func), and calls the rules do not cover

@@ -1,6 +1,6 @@
 """Adding an elementwise op is one table line plus its OpInfo: from outside the library, one
 call to `tf.extend.elementwise_op` (what a line of prims.py's elementwise table and its
-vjp_rules.partials entry give a library op) and the op traces, runs, differentiates in both
+`partials` entry give a library op) and the op traces, runs, differentiates in both
 modes (against torch), batches and compiles. The op_db's own checks run on its OpInfo."""
 from __future__ import annotations
 
@@ -16,16 +16,14 @@ from thunderfn import clang, prims
 from thunderfn.executors import nvfuser as nvfuser_executor
 from thunderfn.testing.opinfo import OpInfo, SampleInput, make_tensor
 from thunderfn.testing.registries import registries_restored
-from thunderfn.core.batching import batching_rules
-from thunderfn.transforms.jvp_rules import jvp_rules
-from thunderfn.transforms.vjp_rules import vjp_rules
+from thunderfn.core.rules import rules_of
 
 
 def _cube(x):
     return x * x * x
 
 
-def _cube_partial(g, x, out):  # g * d(x^3)/dx, in the torch language as vjp_rules.partials are
+def _cube_partial(g, x, out):  # g * d(x^3)/dx, in the torch language as the library's partials are
     return ltorch.mul(g, ltorch.mul(ltorch.mul(x, x), 3.0))
 
 
@@ -63,7 +61,8 @@ def test_one_call_fills_every_layer(ops):
     pid = prims.my_cube.id
     assert ltorch.my_cube is my_cube and callable(clang.my_cube)
     assert prims.elementwise_ops["my_cube"].prim is prims.my_cube
-    assert pid in prims.torch_impls and pid in vjp_rules and pid in jvp_rules and pid in batching_rules
+    record = rules_of(pid)
+    assert pid in prims.torch_impls and None not in (record.vjp, record.jvp, record.batch)
     # the torch language symbol decomposes into the prim, with clang's promotion of an integer input
     trc = tf.trace(lambda x: my_cube(x), torch.ones(3, dtype=torch.int64))
     (bsym,) = [b for b in trc.bound_symbols if b.sym is my_cube]

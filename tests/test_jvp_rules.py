@@ -1,6 +1,6 @@
-"""jvp_rules: each rule, run eagerly on real tensors and traced through jit (which checks the
+"""The prims' JVP rules: each rule, run eagerly on real tensors and traced through jit (which checks the
 prims' metas), against torch.func.jvp through the prim's own torch implementation. The cases
-are vjp_rules' (tests/test_vjp_rules.py), plus a few that only forward mode needs."""
+are the VJP rules' (tests/test_vjp_rules.py), plus a few that only forward mode needs."""
 
 import pytest
 import torch
@@ -9,9 +9,7 @@ from torch.func import jvp
 import thunderfn
 from thunderfn import prims
 from thunderfn.prims import PrimIDs
-from thunderfn.transforms import jvp_rules as jvp_module
-from thunderfn.transforms.jvp_rules import NOT_DIFFERENTIATED, RecordedCall, jvp_rules
-from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, vjp_rules
+from thunderfn.core.rules import TAG_NOT_DIFFERENTIABLE, RecordedCall, rules, rules_of
 
 from test_vjp_rules import CASES as VJP_CASES, F64, _is_float_tensor, _leaves, _map, randn, t
 
@@ -77,7 +75,7 @@ def _tangents(args, only, gen):
 def _run_rule(pid, args, kwargs, tangents):
     prim = getattr(prims, pid.name.lower())
     tangents = tuple(tuple(x) if isinstance(x, list) else x for x in tangents)
-    return jvp_rules[pid].fwd(RecordedCall(prim, tuple(args), dict(kwargs), prim(*args, **kwargs)), tangents)
+    return rules_of(pid).jvp.fwd(RecordedCall(prim, tuple(args), dict(kwargs), prim(*args, **kwargs)), tangents)
 
 
 def _expected(pid, args, kwargs, tangents):
@@ -189,23 +187,26 @@ def test_pow_second_order_is_finite_at_a_zero_base_and_matches_torch_elsewhere(p
 
 # -- coverage ------------------------------------------------------------------------------
 def test_every_prim_with_a_vjp_rule_has_a_jvp_rule_or_a_reason():
-    missing = [p for p in vjp_rules if isinstance(p, PrimIDs) and p not in jvp_rules and p not in NOT_DIFFERENTIATED]
-    assert not missing, f"prims with a vjp rule but no jvp rule and no declaration: {missing}"
-    unaccounted = [p for p in PrimIDs if p not in jvp_rules and p not in NON_DIFFERENTIABLE and p not in NOT_DIFFERENTIATED]
-    assert not unaccounted, f"prims with no jvp rule and no declaration: {unaccounted}"
-    assert not (set(jvp_rules) & NON_DIFFERENTIABLE) and not (set(jvp_rules) & set(NOT_DIFFERENTIATED))
-    assert all(isinstance(reason, str) and reason for reason in NOT_DIFFERENTIATED.values())
-    assert jvp_module.NON_DIFFERENTIABLE is NON_DIFFERENTIABLE
+    """Each prim has a JVP rule, or its tag says its outputs carry no gradient (in both modes: the one
+    tag), or its record says why it has no rule; never two of these; and a JVP rule exactly where the
+    prim has a VJP rule."""
+    for p in PrimIDs:
+        record = rules_of(p)
+        tagged = TAG_NOT_DIFFERENTIABLE in getattr(prims, p.name.lower()).tags
+        declared = [record.jvp is not None, tagged, record.underivable is not None]
+        assert sum(declared) == 1, f"prims.{p.name.lower()}: a JVP rule, the tag, an underivable reason: {declared}"
+        assert (record.jvp is None) == (record.vjp is None), f"prims.{p.name.lower()}: a rule in one mode only"
+        assert record.underivable is None or (isinstance(record.underivable, str) and record.underivable)
 
 
 def test_every_prim_rule_has_a_case():
     """(Torch-level forward rules are checked in tests/test_vjp_conventions.py.)"""
     tested = {p.values[0] for p in CASES}
-    prim_rules = {k for k in jvp_rules if isinstance(k, PrimIDs)}
+    prim_rules = {k for k, r in rules.items() if isinstance(k, PrimIDs) and r.jvp is not None}
     assert prim_rules <= tested, f"rules without a test case: {prim_rules - tested}"
 
 
 def test_complex_arguments_are_refused_with_the_prim_named():
     z = torch.tensor([1 + 2j])
     with pytest.raises(NotImplementedError, match="prims.sin"):
-        jvp_rules[PrimIDs.SIN].fwd(RecordedCall(prims.sin, (z,), {}, prims.sin(z)), (torch.ones_like(z),))
+        rules_of(PrimIDs.SIN).jvp.fwd(RecordedCall(prims.sin, (z,), {}, prims.sin(z)), (torch.ones_like(z),))

@@ -1,6 +1,7 @@
-"""One registration style per table: every entry of vjp_rules, jvp_rules, batching_rules and an
-executor's lowerings is one explicit rule type, entered through one function that the public
-spellings (defvjp, custom_vjp.defvjp, defbatch, register_operator(batch_rule=), register_lowering,
+"""One registration style per table: every symbol's rules are one record of the rule table (its VJP,
+JVP and batching rule, each one explicit rule type), and an executor's lowerings are explicit
+Lowerings; each is entered through one function that the public spellings (defvjp,
+custom_vjp.defvjp, defbatch, register_operator(batch_rule=), register_lowering,
 register_implementation, add_operator_executor, register_prim) wrap."""
 from __future__ import annotations
 
@@ -17,9 +18,8 @@ from thunderfn.executors import (Lowering, OperatorExecutor, RunAsItself, RunAsO
                                  add_operator_executor)
 from thunderfn.executors.torch_executor import prim_impls
 from thunderfn.testing.registries import RegistrySnapshot
-from thunderfn.transforms.batching_rules import BatchRule, batching_rules, defbatch, register_batch
-from thunderfn.transforms.jvp_rules import JVPRule, jvp_rules, register_jvp
-from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, rule_for, vjp_rules
+from thunderfn.core.rules import BatchRule, JVPRule, Rules, VJPRule, rules, rules_of, set_rule
+from thunderfn.transforms.rules.define import defbatch, vjp_rule_for
 
 
 @pytest.fixture(autouse=True)
@@ -29,41 +29,42 @@ def _registrations_undone():
     snapshot.restore()
 
 
-def test_every_vjp_jvp_and_batching_table_entry_is_its_rule_type():
-    assert vjp_rules and all(isinstance(rule, VJPRule) for rule in vjp_rules.values())
-    assert jvp_rules and all(isinstance(rule, JVPRule) for rule in jvp_rules.values())
-    assert batching_rules and all(isinstance(rule, BatchRule) for rule in batching_rules.values())
+def test_every_rule_of_every_record_is_its_rule_type():
+    assert rules and all(isinstance(record, Rules) for record in rules.values())
+    for kind, rule_type in (("vjp", VJPRule), ("jvp", JVPRule), ("batch", BatchRule)):
+        entered = [getattr(record, kind) for record in rules.values() if getattr(record, kind) is not None]
+        assert entered and all(isinstance(rule, rule_type) for rule in entered)
 
 
 def test_the_tables_refuse_anything_but_their_rule_type():
     with pytest.raises(TypeError, match="must be a VJPRule"):
-        register_vjp("some.symbol", lambda res, g: (g,))
+        set_rule("some.symbol", "vjp", lambda res, g: (g,))
     with pytest.raises(TypeError, match="must be a JVPRule"):
-        register_jvp("some.symbol", lambda res, t: t[0])
+        set_rule("some.symbol", "jvp", lambda res, t: t[0])
     with pytest.raises(TypeError, match="must be a BatchRule"):
-        register_batch("some.symbol", lambda args, dims, kwargs, out: (args[0], dims[0]))
+        set_rule("some.symbol", "batch", lambda call, dims: (call.args[0], dims[0]))
     with pytest.raises(TypeError, match="action is"):
         Lowering(None, lambda a: a)
     with pytest.raises(TypeError, match="must be a Lowering"):
         OperatorExecutor("ex").add_lowering(ltorch.mul, lambda a, b: a * b)
 
 
-def test_custom_vjp_enters_vjp_rules_as_a_vjp_rule_and_leaves_with_its_function():
+def test_custom_vjp_enters_the_rule_table_as_a_vjp_rule_and_leaves_with_its_function():
     f = tf.custom_vjp(torch.sin)
     f.defvjp(lambda x: (torch.sin(x), x), lambda x, g: (g * torch.cos(x),))
     key = f._symbol.id
-    assert isinstance(vjp_rules[key], VJPRule)
+    assert isinstance(rules_of(key).vjp, VJPRule)
     del f
     gc.collect()
-    assert key not in vjp_rules
+    assert key not in rules
 
 
 def test_applies_restricts_a_vjp_rule_to_some_calls():
     q = torch.randn(1, 2, 3, 4)
     for dropout_p, has_rule in ((0.0, True), (0.5, False)):  # with dropout, the decomposition is differentiated
         (bsym,) = tf.trace(lambda q: F.scaled_dot_product_attention(q, q, q, dropout_p=dropout_p), q).bound_symbols
-        assert (rule_for(bsym) is vjp_rules[ltorch.scaled_dot_product_attention.id]) == has_rule
-        assert has_rule or rule_for(bsym) is None
+        assert (vjp_rule_for(bsym) is rules_of(ltorch.scaled_dot_product_attention.id).vjp) == has_rule
+        assert has_rule or vjp_rule_for(bsym) is None
 
 
 def test_each_public_lowering_spelling_makes_one_explicit_action():
@@ -109,30 +110,47 @@ def _doubling_operator(ex, **batch_rule):
                                 fn=lambda a: a * 2, **batch_rule)
 
 
-def test_defbatch_and_an_operators_batch_rule_enter_the_batching_table_by_symbol_id():
+def test_defbatch_and_an_operators_batch_rule_enter_the_rule_table_by_symbol_id():
     @defbatch("some.symbol", "other.symbol")
-    def rule(args, dims, kwargs, out):
-        return args[0], dims[0]
+    def rule(call, dims):
+        return call.args[0], dims[0]
 
-    assert batching_rules["some.symbol"] == batching_rules["other.symbol"] == BatchRule(rule)
+    assert rules_of("some.symbol").batch == rules_of("other.symbol").batch == BatchRule(rule)
     ex = OperatorExecutor("batched_ex")
     calls = []
 
-    def batch_double(args, dims, kwargs, out):
+    def batch_double(call, dims):
         calls.append(dims)
-        return op(args[0]), dims[0]
+        return op(call.args[0]), dims[0]
 
     op = _doubling_operator(ex, batch_rule=batch_double)
-    assert batching_rules[op.id] == BatchRule(batch_double)
+    assert rules_of(op.id).batch == BatchRule(batch_double)
     x = torch.randn(4, 3)
     torch.testing.assert_close(tf.vmap(lambda a: op(a), in_axes=1)(x.T), x * 2)
     assert calls == [(1,)]
 
 
 def test_a_new_executor_of_the_same_name_does_not_inherit_an_operators_batch_rule():
-    first = _doubling_operator(OperatorExecutor("renewed_ex"), batch_rule=lambda args, dims, kwargs, out: (args[0], dims[0]))
-    assert first.id in batching_rules
+    first = _doubling_operator(OperatorExecutor("renewed_ex"), batch_rule=lambda call, dims: (call.args[0], dims[0]))
+    assert rules_of(first.id).batch is not None
     again = _doubling_operator(OperatorExecutor("renewed_ex"))
-    assert again.id == first.id and again.id not in batching_rules
+    assert again.id == first.id and rules_of(again.id).batch is None
     with pytest.raises(tf.errors.BatchingError, match="no batching rule"):
         tf.vmap(lambda a: again(a))(torch.ones(2, 3))
+
+
+def test_an_operators_batch_rule_in_the_older_four_argument_form_still_batches():
+    """register_operator(batch_rule=) takes batch(args, dims, kwargs, out) too, as before rules took a call."""
+    ex = OperatorExecutor("older_form_ex")
+    op = _doubling_operator(ex, batch_rule=lambda args, dims, kwargs, out: (op(args[0]), dims[0]))
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(tf.vmap(lambda a: op(a), in_axes=1)(x.T), x * 2)
+
+
+def test_a_rule_record_is_replaced_whole_so_a_snapshot_restores_it():
+    before = rules_of(ltorch.mul.id)
+    snapshot = RegistrySnapshot()
+    set_rule(ltorch.mul.id, "batch", BatchRule(lambda call, dims: NotImplemented))
+    assert rules_of(ltorch.mul.id) is not before and before.batch is None
+    snapshot.restore()
+    assert rules_of(ltorch.mul.id) is before

@@ -9,7 +9,8 @@ import torch
 import thunderfn as tf
 from thunderfn.executors import sdpa
 from thunderfn.torch.reductions import sum_to
-from thunderfn.transforms import user_functions, vjp_rules, vjp_rules_torch
+from thunderfn.transforms import user_functions
+from thunderfn.transforms.rules import common, linalg, nn, reductions
 
 
 @pytest.mark.parametrize("shape, to", [((2, 3, 4), (3, 4)), ((2, 3, 4), (3, 1)), ((2, 3, 4), ()), ((2, 3), (2, 3)),
@@ -22,8 +23,8 @@ def test_sum_to_undoes_broadcasting(shape, to):
 
 
 def test_one_helper_everywhere():
-    assert vjp_rules.sum_to is sum_to and user_functions.sum_to is sum_to and sdpa.sum_to is sum_to
-    assert vjp_rules_torch._sum_to is sum_to
+    assert common.sum_to is sum_to and user_functions.sum_to is sum_to and sdpa.sum_to is sum_to
+    assert linalg.sum_to is sum_to and nn.sum_to is sum_to and reductions.sum_to is sum_to
 
 
 def test_a_broadcast_zero_dim_operand_gets_its_cotangent_summed():

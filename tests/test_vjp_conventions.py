@@ -1,4 +1,4 @@
-"""torch's gradient at edge points (transforms/vjp_rules_torch.py): where torch's backward formula picks a value
+"""torch's gradient at edge points (the torch-language rules in transforms/rules/): where torch's backward formula picks a value
 the decomposition's derivative does not give (logsigmoid at 0, the norm of a zero vector, the std of a constant
 tensor, a loss at an infinite difference, binary_cross_entropy at 0 or 1, gaussian_nll_loss's clamped var,
 torch.max(x, dim) at a tie), thunderfn's gradient is torch.autograd's, in float64; at ordinary points the second
@@ -276,7 +276,7 @@ def test_low_precision_gradient_has_the_arguments_dtype_and_torchs_accuracy(name
 
 
 _x34 = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-FORWARD_MODE = {  # torch-level functions whose forward rule is derived from their VJP rule (transforms/jvp_rules.py)
+FORWARD_MODE = {  # torch-level functions whose forward rule is derived from their VJP rule (transforms/rules/)
     "logsigmoid": (F.logsigmoid, t(0.0, 1.0, -1e3, 1e3)),
     "silu-overflow": (F.silu, t(-1e3, 1e3, 0.5)),
     "sigmoid-overflow": (torch.sigmoid, t(-1e3, 1e3)),
@@ -313,13 +313,13 @@ def test_forward_mode_tangent_matches_torch_func_jvp(name):
 
 
 def test_every_torch_level_forward_rule_has_a_case():
+    from thunderfn.core.rules import rules
     from thunderfn.prims import PrimIDs
-    from thunderfn.transforms.jvp_rules import jvp_rules
 
     # (user rules enter the table too: tf.custom_jvp functions under ("custom_jvp", n), a torch.autograd.Function's
     # jvp staticmethod under its call's ("custom_vjp", n); they are not torch-level rules)
-    torch_level = {k for k in jvp_rules
-                   if not isinstance(k, PrimIDs) and not (isinstance(k, tuple) and k[0] in ("custom_jvp", "custom_vjp"))}
+    torch_level = {k for k, r in rules.items() if r.jvp is not None
+                   and not isinstance(k, PrimIDs) and not (isinstance(k, tuple) and k[0] in ("custom_jvp", "custom_vjp"))}
     reached = set()
     for fn, x in FORWARD_MODE.values():
         trc = tf.trace(fn, x)

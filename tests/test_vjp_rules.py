@@ -1,4 +1,4 @@
-"""vjp_rules: each rule, run eagerly on real tensors and traced through jit (which checks
+"""The prims' VJP rules: each rule, run eagerly on real tensors and traced through jit (which checks
 the prims' metas), against torch.autograd through the prim's own torch implementation."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 import thunderfn
 from thunderfn import prims
 from thunderfn.prims import PrimIDs
-from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, RecordedCall, vjp_rules
+from thunderfn.core.rules import TAG_NOT_DIFFERENTIABLE, RecordedCall, rules, rules_of
 
 F64 = torch.float64
 _gen = torch.Generator().manual_seed(0)
@@ -181,7 +181,7 @@ def _leaves(x):
 
 def _run_rule(pid, args, kwargs, g):
     prim = getattr(prims, pid.name.lower())
-    return vjp_rules[pid].bwd(RecordedCall(prim, tuple(args), dict(kwargs), prim(*args, **kwargs)), g)
+    return rules_of(pid).vjp.bwd(RecordedCall(prim, tuple(args), dict(kwargs), prim(*args, **kwargs)), g)
 
 
 def _expected(pid, args, kwargs, drop):
@@ -227,23 +227,30 @@ def test_rule_matches_torch_autograd_eagerly_and_traced(pid, args, kwargs, drop)
     _assert_cotangents(traced(list(args), g), expected, args, "traced")
 
 
+def _not_differentiable(pid) -> bool:
+    return TAG_NOT_DIFFERENTIABLE in getattr(prims, pid.name.lower()).tags
+
+
 def test_every_prim_is_differentiated_or_declared_otherwise():
-    unaccounted = [p for p in PrimIDs if p not in vjp_rules and p not in NON_DIFFERENTIABLE and p not in NOT_DIFFERENTIATED]
-    assert not unaccounted, f"prims with no vjp rule and no declaration: {unaccounted}"
-    assert not (set(vjp_rules) & NON_DIFFERENTIABLE) and not (set(vjp_rules) & set(NOT_DIFFERENTIATED))
-    assert all(isinstance(reason, str) and reason for reason in NOT_DIFFERENTIATED.values())
+    """Each prim has a VJP rule, or its tag says its outputs carry no gradient, or its record says why it
+    has no rule; never two of these."""
+    for p in PrimIDs:
+        record = rules_of(p)
+        declared = [record.vjp is not None, _not_differentiable(p), record.underivable is not None]
+        assert sum(declared) == 1, f"prims.{p.name.lower()}: a VJP rule, the tag, an underivable reason: {declared}"
+        assert record.underivable is None or (isinstance(record.underivable, str) and record.underivable)
 
 
 def test_every_rule_has_a_case():
     tested = {p.values[0] for p in CASES}
-    prim_rules = {k for k in vjp_rules if isinstance(k, PrimIDs)}  # custom_vjp functions add their own entries
+    prim_rules = {k for k, r in rules.items() if isinstance(k, PrimIDs) and r.vjp is not None}  # (custom_vjp: others)
     assert prim_rules <= tested, f"rules without a test case: {prim_rules - tested}"
 
 
 def test_complex_arguments_are_refused_with_the_prim_named():
     z = torch.tensor([1 + 2j])
     with pytest.raises(NotImplementedError, match="prims.sin"):
-        vjp_rules[PrimIDs.SIN].bwd(RecordedCall(prims.sin, (z,), {}, prims.sin(z)), torch.ones_like(z))
+        rules_of(PrimIDs.SIN).vjp.bwd(RecordedCall(prims.sin, (z,), {}, prims.sin(z)), torch.ones_like(z))
 
 
 def _second_order(pid, args, kwargs, drop, use_rule):
@@ -259,7 +266,7 @@ def _second_order(pid, args, kwargs, drop, use_rule):
         cots = tuple(None if i in drop or not o.dtype.is_floating_point else
                      torch.randn(o.shape, generator=gen, dtype=o.dtype).requires_grad_(True) for i, o in enumerate(outs))
         if use_rule:
-            firsts = _leaves(vjp_rules[pid].bwd(RecordedCall(prim, tuple(targs), dict(kwargs), out), cots if isinstance(out, tuple) else cots[0]))
+            firsts = _leaves(rules_of(pid).vjp.bwd(RecordedCall(prim, tuple(targs), dict(kwargs), out), cots if isinstance(out, tuple) else cots[0]))
             firsts = [f for f, a in zip(firsts, _leaves(targs)) if _is_float_tensor(a)]
         else:
             pairs = [(o, c) for o, c in zip(outs, cots) if c is not None and o.requires_grad]
@@ -275,7 +282,7 @@ def _second_order(pid, args, kwargs, drop, use_rule):
 
 # torch's double backward of pow is nan at a zero base (0 * inf inside its formula); ours is finite
 _NAN_IN_TORCH = ("pow-zero-base-and-exponent", "pow-zero-base-number")
-# a known limitation, see vjp_rules._cumprod_vjp: the second derivative with respect to the first zero is dropped
+# a known limitation, see transforms/rules/reductions.py's _cumprod_vjp: the second derivative with respect to the first zero is dropped
 _WRONG_SECOND_ORDER = ("cumprod-zeros",)
 SECOND_ORDER_CASES = [c for c in CASES if c.id not in _NAN_IN_TORCH + _WRONG_SECOND_ORDER
                       and any(map(_is_float_tensor, _leaves(c.values[1])))]

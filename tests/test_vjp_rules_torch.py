@@ -1,8 +1,10 @@
-"""Torch-level VJP rules (transforms/vjp_rules_torch.py) for the ops of a transformer training step:
+"""Torch-level VJP rules (transforms/rules/: nn.py, linalg.py, elementwise.py) for the ops of a transformer training step:
 the forward keeps each op whole (its torch function runs in the execution trace, where without the
 rule its decomposition runs), and the gradient and the second derivative (a Hessian-vector product)
 match torch.autograd in float64, at the edge cases too: ignored targets, label smoothing, fully
 masked attention rows, broadcast biases and masks, 1-D inputs."""
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,8 +13,8 @@ import thunderfn as tf
 import thunderfn.torch as ltorch
 from thunderfn.core.interception import lift_constants
 from thunderfn.testing.gradients import assert_low_precision_as_accurate_as_torch, assert_second_derivative_matches_torch, torch_grads
+from thunderfn.core.rules import RecordedCall, rules, rules_of
 from thunderfn.errors import InternalError
-from thunderfn.transforms.vjp_rules import RecordedCall, vjp_rules
 
 F64 = torch.float64
 _gen = torch.Generator().manual_seed(0)
@@ -283,7 +285,7 @@ def test_forward_runs_the_op_whole_where_without_the_rule_it_runs_decomposed(sym
     fn, args = CASES[name]
     with_rule = _statements(fn, args)
     assert sum(call in s for s in with_rule) == 1, "\n".join(with_rule)
-    monkeypatch.delitem(vjp_rules, symbol.id)
+    monkeypatch.setitem(rules, symbol.id, dataclasses.replace(rules_of(symbol.id), vjp=None))
     decomposed = _statements(fn, args)
     assert not any(call in s for s in decomposed)
 

@@ -12,7 +12,7 @@ import thunderfn as tf
 from thunderfn import prims
 from thunderfn.errors import BatchingError
 from thunderfn.prims import PrimIDs
-from thunderfn.transforms.batching_rules import NOT_BATCHED, BatchRule, batching_rules
+from thunderfn.core.rules import TAG_NOT_BATCHED, BatchRule, rules, rules_of
 from thunderfn.testing import strategies as tst
 
 FUNCTIONS = {  # name -> (fn, per-example shapes of its args)
@@ -431,13 +431,18 @@ _CAPTURED = torch.tensor([1.0, -2.0])
 
 
 # -- coverage ------------------------------------------------------------------------------
+def _not_batched(p) -> bool:
+    return TAG_NOT_BATCHED in getattr(prims, p.name.lower()).tags
+
+
 def test_every_prim_has_a_batching_rule_or_a_reason():
-    unaccounted = [p for p in PrimIDs if p not in batching_rules and p not in NOT_BATCHED]
-    assert not unaccounted, f"prims with no batching rule and no declaration: {unaccounted}"
-    assert not set(batching_rules) & set(NOT_BATCHED)
-    assert all(isinstance(reason, str) and reason for reason in NOT_BATCHED.values())
+    """Each prim has a batching rule or is tagged as never batched (it takes no tensor), not both."""
+    for p in PrimIDs:
+        assert (rules_of(p).batch is not None) != _not_batched(p), f"prims.{p.name.lower()}: a rule or the tag"
     # a prim declared without a rule is one the driver never batches: it takes no tensor
-    for p in NOT_BATCHED:
+    not_batched = [p for p in PrimIDs if _not_batched(p)]
+    assert not_batched
+    for p in not_batched:
         x = tst.make((BATCH, 3), torch.float64, 0)
         made = {PrimIDs.FULL: lambda a: prims.full((3,), 2.0, device=a.device, dtype=a.dtype),
                 PrimIDs.IOTA: lambda a: prims.iota(3, start=0, step=1, device=a.device, dtype=a.dtype)}[p]
@@ -445,4 +450,5 @@ def test_every_prim_has_a_batching_rule_or_a_reason():
 
 
 def test_every_batching_table_entry_is_a_batch_rule():
-    assert batching_rules and all(isinstance(rule, BatchRule) for rule in batching_rules.values())
+    batch_rules = [record.batch for record in rules.values() if record.batch is not None]
+    assert batch_rules and all(isinstance(rule, BatchRule) for rule in batch_rules)

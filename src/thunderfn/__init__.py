@@ -18,8 +18,6 @@ from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn.transforms.custom_jvp import custom_jvp
 # torch.autograd.Function and custom ops with register_autograd keep their backward when traced
 from thunderfn.transforms import user_functions  # noqa: F401
-# convolution and pooling differentiate by eager's backward kernels (they read autodiff's wants_gradient)
-from thunderfn.transforms import vjp_rules_conv_pool  # noqa: F401
 from thunderfn import executors  # noqa: F401
 from thunderfn import extend  # noqa: F401  (the executor API under Thunder's name)
 from thunderfn import distributed  # noqa: F401  (tf.distributed: ddp on torch.distributed)

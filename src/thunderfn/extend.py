@@ -1,9 +1,13 @@
-"""`thunderfn.extend`: the executor API under the name Thunder's tutorials import it by.
+"""`thunderfn.extend`: adding to thunderfn from outside it.
 
-`from thunderfn.extend import OperatorExecutor, register_executor` is
-`from thunderfn.executors import ...`: the same objects. Thunder names with no
-counterpart here raise an AttributeError that says what to use instead
-(docs/porting-from-thunder.md has the whole table).
+- Primitives with their rules, in one call: `primitive` (any operation) and `elementwise_op`
+  (an elementwise one, whose rules come from its partial derivatives). `defvjp`, `defjvp`,
+  `defbatch` give an existing symbol a rule; every rule receives a `RecordedCall`.
+- The executor API under the name Thunder's tutorials import it by:
+  `from thunderfn.extend import OperatorExecutor, register_executor` is
+  `from thunderfn.executors import ...`: the same objects. Thunder names with no counterpart
+  here raise an AttributeError that says what to use instead (docs/porting-from-thunder.md has
+  the whole table).
 """
 from __future__ import annotations
 
@@ -16,25 +20,67 @@ from thunderfn.executors import (Executor, FusionExecutor, OperatorExecutor, add
                                  add_operator_executor, available, deregister_executor, get_all_executors,
                                  get_default_executors, get_executor, register_executor, remove_default_executor,
                                  set_default_executors)
-from thunderfn.errors import ArgumentValueError
+from thunderfn.core.rules import RecordedCall
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 from thunderfn.executors import nvfuser as nvfuser_executor
 from thunderfn.torch import elementwise as ltorch_elementwise
-from thunderfn.transforms import batching_rules, jvp_rules
+from thunderfn.transforms.rules import elementwise as elementwise_rules
+from thunderfn.transforms.rules.define import defbatch, defjvp, defvjp
 
 __all__ = ["Executor", "FusionExecutor", "OperatorExecutor", "add_default_executor", "add_operator_executor",
            "available", "deregister_executor", "get_all_executors", "get_default_executors", "get_executor",
-           "register_executor", "remove_default_executor", "set_default_executors", "elementwise_op"]
+           "register_executor", "remove_default_executor", "set_default_executors", "elementwise_op", "primitive",
+           "defvjp", "defjvp", "defbatch", "RecordedCall"]
+
+
+def primitive(name: str, *, meta: Callable, impl: Callable, vjp: Callable | None = None, jvp: Callable | None = None,
+              batch: Callable | None = None, tags: Sequence[str] = ()):
+    """Add a primitive from outside the library, with its rules, in one call: what a prims.py entry
+    and its op family's rules give a library prim. Returns the prim, also `tf.prims.<name>`, usable in
+    traced code (`jit`, `grad`, `jvp`, `vmap`) and on real tensors.
+
+    - `meta(*args, **kwargs)`: proxies (and Python values) in, output proxies out (a tuple for several
+      outputs); it checks its inputs as torch would. Sizes are symbolic where the call has them (a
+      dynamic dimension): compute with them, do not convert them to int.
+    - `impl(*args, **kwargs)`: the same on real tensors, in torch (how it runs eagerly and on the torch
+      executor).
+    - `vjp(call, g)`: reverse mode, in the torch language (torch functions on the proxies): one
+      cotangent per positional argument (None: none), given `call` (a RecordedCall: `call.args`,
+      `call.kwargs`, `call.out`, and `call.arg(name)` by the name in meta's signature) and `g`, the
+      output's cotangent (a tuple for several outputs, None where an output has none).
+    - `jvp(call, tangents)`: forward mode, the output's tangent (a tuple for several outputs, None for
+      a zero one), given one tangent per positional argument (None: zero).
+    - `batch(call, dims)`: vmap, `(batched output, its batch dim)`, where call.args hold the batched
+      arguments, `dims` their batch dimensions (None: unbatched) and call.out one example's output.
+    - `tags`: facts transforms read (core/rules.py's TAG_ names: "not_differentiable", ...).
+    A rule left None is one the transform that needs it refuses with a named error naming the
+    primitive and the missing rule; a name already taken is refused here."""
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise ArgumentValueError(f"tf.extend.primitive: a primitive's name must be a Python identifier, got {name!r}")
+    if hasattr(prims, name):
+        raise ArgumentValueError(f"tf.extend.primitive: the name {name!r} is taken (prims.{name} exists); "
+                                 f"choose another")
+    for role, fn in (("meta", meta), ("impl", impl), ("vjp", vjp), ("jvp", jvp), ("batch", batch)):
+        if fn is not None and not callable(fn):
+            raise ArgumentTypeError(f"tf.extend.primitive {name!r}: {role} must be a function, got {type(fn).__name__}")
+    if isinstance(tags, str) or not all(isinstance(tag, str) for tag in tags):
+        raise ArgumentTypeError(f"tf.extend.primitive {name!r}: tags must be a sequence of strings, got {tags!r}")
+    prim = prims.make_prim(f"extend.{name}", name, meta=meta, impl=impl, tags=tuple(tags))
+    for define, rule in ((defvjp, vjp), (defjvp, jvp), (defbatch, batch)):
+        if rule is not None:
+            define(prim.id)(rule)
+    return prim
 
 
 def elementwise_op(name: str, kinds: Sequence[str], promotion: prims.Promotion, *, impl: Callable,
                    partials: Sequence[Callable], ltorch: prims.TorchSymbol | None = prims.SYMBOL,
                    nvfuser: str | None = None):
     """Add an elementwise op from outside the library, with one call: what a line of prims.py's
-    elementwise table and its vjp_rules.partials entry give a library op. Makes the prim
+    elementwise table and its `partials` entry (transforms/rules/elementwise.py) give a library op. Makes the prim
     `prims.<name>` (taking tensors of the dtype `kinds`, prims.FLOAT and friends) computing `impl`
     on real tensors; clang's `clang.<name>` (promoting by `promotion`, broadcasting); its VJP and JVP
     rules from `partials`, one per operand (`partial(g, *operands, out)` is g times d(out)/d(operand),
-    in the torch language, as vjp_rules.partials are written); its batching rule; nvFuser's op
+    in the torch language, as the library's partials are written); its batching rule; nvFuser's op
     `nvfuser` where named; and, unless `ltorch` is None, the torch-language symbol `ltorch.<name>`
     (standing for the callables `ltorch.also` names), which it returns (the prim otherwise).
     The number of partials says how many operands it takes (1 or 2)."""
@@ -44,8 +90,7 @@ def elementwise_op(name: str, kinds: Sequence[str], promotion: prims.Promotion, 
     prim = make(name, kinds, promotion, name=name, impl=impl, ltorch=ltorch, nvfuser=nvfuser)
     op = prims.elementwise_ops[name]
     clang.define(op)
-    jvp_rules.defpartials(prim.id, *partials)
-    batching_rules.defbatch_elementwise(prim)
+    elementwise_rules.defpartials(prim, *partials)
     if op.nvfuser is not None:
         nvfuser_executor.translations[prim.id] = nvfuser_executor.elementwise_rule(op)
     return prim if ltorch is None else ltorch_elementwise.plain_symbol(op)

@@ -7,7 +7,7 @@ that before calling them.
 
 The elementwise prims are one line each of the elementwise table (`exp = unary_op(...)`,
 `elementwise_ops`), from which clang, the torch language, the torch executor and nvFuser
-make their parts; their derivatives are transforms/vjp_rules.py's `partials`.
+make their parts; their derivatives are transforms/rules/elementwise.py's `partials`.
 
 Every prim also computes on real tensors, with its torch implementation (`torch_impls`:
 torch's own function or one of prims_eager.py's): importing this module is
@@ -30,6 +30,7 @@ import torch
 from thunderfn import prims_eager
 from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.rules import TAG_CHEAP, TAG_MOVES_DATA_ONLY, TAG_NOT_BATCHED, TAG_NOT_DIFFERENTIABLE
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import computation_key, data_dependent_size
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, invalid_argument
@@ -76,7 +77,7 @@ class PrimIDs(enum.Enum):
     CUMSUM = enum.auto(); CUMPROD = enum.auto(); SORT = enum.auto(); TOPK = enum.auto()
 
 
-def make_prim(id, name: str, *, meta: Callable, tags: Sequence = ()) -> Symbol:
+def make_prim(id, name: str, *, meta: Callable, impl: Callable | None = None, tags: Sequence = ()) -> Symbol:
     """Define a prim: `id` (a PrimIDs member or any hashable), `name` (an identifier,
     printed as prims.<name>), `meta` (proxies in, output proxies out).
 
@@ -84,11 +85,14 @@ def make_prim(id, name: str, *, meta: Callable, tags: Sequence = ()) -> Symbol:
     decomposition into existing prims (most new operations are better written as a
     torch-language symbol, see tf.torch.torchsymbol). `meta(*args, **kwargs)` receives
     TensorProxy objects and Python values, checks them as torch would (thunderfn.prims.check)
-    and returns the output proxies. `tags`: properties transforms read ("random", ...).
+    and returns the output proxies. `impl`, when given, is how it computes on real tensors, eagerly and
+    on the torch executor (`implement`). `tags`: properties transforms read ("random", core/rules.py's
+    TAG_ constants, ...).
     Returns the Symbol, also set as `thunderfn.prims.<name>`; a name that is not an identifier
     is an ArgumentValueError. It runs nowhere until an executor implements it, usually torch's:
     `tf.executors.torch_ex.register_prim(prim, fn)`; it is differentiable once it has a VJP
-    rule (thunderfn.transforms.vjp_rules.defvjp), batchable once it has a batching rule.
+    rule (tf.extend.defvjp), batchable once it has a batching rule (tf.extend.defbatch);
+    tf.extend.primitive makes one with its implementation and rules in one call.
 
         >>> import torch, thunderfn as tf
         >>> from thunderfn.testing.registries import RegistrySnapshot
@@ -109,6 +113,8 @@ def make_prim(id, name: str, *, meta: Callable, tags: Sequence = ()) -> Symbol:
     sym = Symbol(name, id, meta=meta, is_prim=True, print_name=f"prims.{name}",
                  namespace={"prims": _this_module}, tags=frozenset(tags))
     setattr(_this_module, name, sym)
+    if impl is not None:
+        implement(sym, impl)
     return sym
 
 
@@ -231,7 +237,7 @@ class ElementwiseOp:
     (promotes by `promotion`, broadcasts, calls the prim), the torch-language symbol (`ltorch`, a
     TorchSymbol, or None where it is hand-written or absent), and nvFuser's op of the name `nvfuser`
     (None: no same-named op), taken for dtypes of `nvfuser_kinds`. Derivatives are the transforms'
-    (transforms/vjp_rules.py's `partials`, one line per prim: they are written in the torch
+    (transforms/rules/elementwise.py's `partials`, one line per prim: they are written in the torch
     language, which this layer cannot import)."""
     prim: Symbol
     kinds: tuple
@@ -263,6 +269,13 @@ def _add_op(prim, arity, kinds, promotion, ltorch, nvfuser, nvfuser_kinds, clang
     return prim
 
 
+def _elementwise_tags(kinds, promotion) -> tuple:
+    """An elementwise prim's tags: one whose output is never floating point (a comparison, a bitwise
+    op) carries no gradient."""
+    inexact_out = promotion is not Promotion.ALWAYS_BOOL and (FLOAT in kinds or COMPLEX in kinds)
+    return ("elementwise",) if inexact_out else ("elementwise", TAG_NOT_DIFFERENTIABLE)
+
+
 def _unary_meta(name, supported, promotion):
     def meta(a):
         check_tensor(a, f"prims.{name}")
@@ -279,7 +292,8 @@ def unary_op(id, kinds=(FLOAT, COMPLEX), promotion=Promotion.DEFAULT, *, name=No
     member (named by it) or, outside the library, any hashable with `name`; `impl` its torch
     implementation (torch.<name> unless given)."""
     name = _op_name(id, name)
-    prim = make_prim(id, name, meta=_unary_meta(name, tuple(kinds), promotion), tags=("elementwise",))
+    prim = make_prim(id, name, meta=_unary_meta(name, tuple(kinds), promotion),
+                     tags=_elementwise_tags(kinds, promotion))
     return _add_op(prim, 1, kinds, promotion, ltorch, nvfuser, nvfuser_kinds, True, impl)
 
 
@@ -314,7 +328,8 @@ def binary_op(id, kinds=ANY, promotion=Promotion.DEFAULT, *, name=None, impl=Non
     False leaves clang's function to be written by hand."""
     name = _op_name(id, name)
     impl = impl if impl is not None else getattr(torch, name)
-    prim = make_prim(id, name, meta=meta or _binary_meta(name, tuple(kinds), promotion), tags=("elementwise",))
+    prim = make_prim(id, name, meta=meta or _binary_meta(name, tuple(kinds), promotion),
+                     tags=_elementwise_tags(kinds, promotion))
     return _add_op(prim, 2, kinds, promotion, ltorch, nvfuser, nvfuser_kinds, clang, impl,
                    prims_eager.with_tensor_operands(impl))
 
@@ -422,7 +437,7 @@ def _where_meta(pred, a, b):
     return _out(pred, dtype=dtype)
 
 
-make_prim(PrimIDs.WHERE, "where", meta=_where_meta, tags=("elementwise",))
+make_prim(PrimIDs.WHERE, "where", meta=_where_meta, impl=torch.where, tags=("elementwise",))
 
 
 # -- reductions ------------------------------------------------------------------------
@@ -430,7 +445,7 @@ def _reduced_shape(a, dims) -> tuple:
     return tuple(s for i, s in enumerate(a.shape) if i not in dims)
 
 
-def _reduction(id, name, out_dtype=None):
+def _reduction(id, name, impl, out_dtype=None):
     def meta(a, dims):
         check_tensor(a, f"prims.{name}")
         dims = canonical_dims(dims, a.ndim) if a.ndim else ()  # a 0-dim tensor takes dim 0, reducing nothing
@@ -439,13 +454,13 @@ def _reduction(id, name, out_dtype=None):
                 check(a.shape[d] != 0, lambda: f"{name}(): Expected reduction dim {d} to have non-zero size.", IndexError)
         return _out(a, shape=_reduced_shape(a, dims), dtype=out_dtype(a.dtype) if out_dtype else a.dtype)
 
-    return make_prim(id, name, meta=meta, tags=("reduction",))
+    return make_prim(id, name, meta=meta, impl=impl, tags=("reduction",))
 
 
-_reduction(PrimIDs.SUM, "sum")
-_reduction(PrimIDs.PROD, "prod")
-_reduction(PrimIDs.AMAX, "amax")
-_reduction(PrimIDs.AMIN, "amin")
+_reduction(PrimIDs.SUM, "sum", prims_eager.reduce_sum)
+_reduction(PrimIDs.PROD, "prod", prims_eager.reduce_prod)
+_reduction(PrimIDs.AMAX, "amax", prims_eager.reduce_amax)
+_reduction(PrimIDs.AMIN, "amin", prims_eager.reduce_amin)
 
 
 def _var_meta(a, dims, *, correction):
@@ -455,7 +470,7 @@ def _var_meta(a, dims, *, correction):
     return _out(a, shape=_reduced_shape(a, dims), dtype=dtypes.to_real(a.dtype))
 
 
-make_prim(PrimIDs.VAR, "var", meta=_var_meta, tags=("reduction",))
+make_prim(PrimIDs.VAR, "var", meta=_var_meta, impl=prims_eager.reduce_var, tags=("reduction",))
 
 
 def _var_mean_meta(a, dims, *, correction):
@@ -463,10 +478,10 @@ def _var_mean_meta(a, dims, *, correction):
     return var, _out(var, dtype=a.dtype)
 
 
-make_prim(PrimIDs.VAR_MEAN, "var_mean", meta=_var_mean_meta, tags=("reduction",))
+make_prim(PrimIDs.VAR_MEAN, "var_mean", meta=_var_mean_meta, impl=prims_eager.reduce_var_mean, tags=("reduction",))
 
 
-def _arg_reduction(id, name):
+def _arg_reduction(id, name, impl):
     def meta(a, dim):
         check_tensor(a, f"prims.{name}")
         if dim is None:
@@ -476,11 +491,11 @@ def _arg_reduction(id, name):
         check(a.ndim == 0 or a.shape[d] != 0, lambda: f"{name}(): Expected reduction dim {d} to have non-zero size.", IndexError)
         return _out(a, shape=_reduced_shape(a, (d,)), dtype=torch.int64)
 
-    return make_prim(id, name, meta=meta, tags=("reduction",))
+    return make_prim(id, name, meta=meta, impl=impl, tags=("reduction", TAG_NOT_DIFFERENTIABLE))  # (integer indices)
 
 
-_arg_reduction(PrimIDs.ARGMAX, "argmax")
-_arg_reduction(PrimIDs.ARGMIN, "argmin")
+_arg_reduction(PrimIDs.ARGMAX, "argmax", torch.argmax)
+_arg_reduction(PrimIDs.ARGMIN, "argmin", torch.argmin)
 
 
 # -- shapes ----------------------------------------------------------------------------
@@ -498,7 +513,8 @@ def _broadcast_in_dim_meta(a, shape, broadcast_dimensions):
     return _out(a, shape=shape)
 
 
-make_prim(PrimIDs.BROADCAST_IN_DIM, "broadcast_in_dim", meta=_broadcast_in_dim_meta, tags=("shape",))
+make_prim(PrimIDs.BROADCAST_IN_DIM, "broadcast_in_dim", meta=_broadcast_in_dim_meta, impl=prims_eager.broadcast_in_dim,
+          tags=("shape", TAG_MOVES_DATA_ONLY))
 
 
 def _reshape_meta(a, shape):
@@ -509,7 +525,7 @@ def _reshape_meta(a, shape):
     return _out(a, shape=shape)
 
 
-make_prim(PrimIDs.RESHAPE, "reshape", meta=_reshape_meta, tags=("shape",))
+make_prim(PrimIDs.RESHAPE, "reshape", meta=_reshape_meta, impl=torch.reshape, tags=("shape", TAG_MOVES_DATA_ONLY))
 
 
 def _transpose_meta(a, permutation):
@@ -521,7 +537,7 @@ def _transpose_meta(a, permutation):
     return _out(a, shape=tuple(a.shape[p] for p in perm))
 
 
-make_prim(PrimIDs.TRANSPOSE, "transpose", meta=_transpose_meta, tags=("shape",))
+make_prim(PrimIDs.TRANSPOSE, "transpose", meta=_transpose_meta, impl=torch.permute, tags=("shape", TAG_MOVES_DATA_ONLY))
 
 
 def _slice_meta(a, start_indices, end_indices, strides=None):
@@ -536,7 +552,7 @@ def _slice_meta(a, start_indices, end_indices, strides=None):
     return _out(a, shape=tuple(shape))
 
 
-make_prim(PrimIDs.SLICE, "slice", meta=_slice_meta, tags=("shape",))
+make_prim(PrimIDs.SLICE, "slice", meta=_slice_meta, impl=prims_eager.slice_prim, tags=("shape", TAG_MOVES_DATA_ONLY))
 
 
 def _squeeze_meta(a, dims):
@@ -546,7 +562,7 @@ def _squeeze_meta(a, dims):
     return _out(a, shape=_reduced_shape(a, dims))
 
 
-make_prim(PrimIDs.SQUEEZE, "squeeze", meta=_squeeze_meta, tags=("shape",))
+make_prim(PrimIDs.SQUEEZE, "squeeze", meta=_squeeze_meta, impl=torch.squeeze, tags=("shape", TAG_MOVES_DATA_ONLY))
 
 
 def _cat_meta(tensors, dim):
@@ -567,7 +583,7 @@ def _cat_meta(tensors, dim):
     return _out(first, shape=tuple(shape))
 
 
-make_prim(PrimIDs.CAT, "cat", meta=_cat_meta, tags=("shape",))
+make_prim(PrimIDs.CAT, "cat", meta=_cat_meta, impl=torch.cat, tags=("shape", TAG_MOVES_DATA_ONLY))
 
 
 def _flip_meta(a, dims):
@@ -576,7 +592,7 @@ def _flip_meta(a, dims):
     return _out(a)
 
 
-make_prim(PrimIDs.FLIP, "flip", meta=_flip_meta, tags=("shape",))
+make_prim(PrimIDs.FLIP, "flip", meta=_flip_meta, impl=torch.flip, tags=("shape", TAG_MOVES_DATA_ONLY))
 
 
 # -- indexing --------------------------------------------------------------------------
@@ -598,7 +614,7 @@ def _take_meta(a, index, dim):
     return _out(a, shape=tuple(shape))
 
 
-make_prim(PrimIDs.TAKE, "take", meta=_take_meta)
+make_prim(PrimIDs.TAKE, "take", meta=_take_meta, impl=prims_eager.take)
 
 
 def _take_along_axis_meta(a, index, dim):
@@ -613,7 +629,7 @@ def _take_along_axis_meta(a, index, dim):
     return _out(a, shape=index.shape)
 
 
-make_prim(PrimIDs.TAKE_ALONG_AXIS, "take_along_axis", meta=_take_along_axis_meta)
+make_prim(PrimIDs.TAKE_ALONG_AXIS, "take_along_axis", meta=_take_along_axis_meta, impl=prims_eager.take_along_axis)
 
 
 def _nonzero_meta(a):
@@ -627,7 +643,8 @@ def _nonzero_meta(a):
     return TensorProxy(shape=(count, a.ndim), dtype=torch.int64, device=a.device)
 
 
-make_prim(PrimIDs.NONZERO, "nonzero", meta=_nonzero_meta)
+make_prim(PrimIDs.NONZERO, "nonzero", meta=_nonzero_meta, impl=torch.nonzero,
+          tags=(TAG_NOT_DIFFERENTIABLE,))  # (integer indices)
 
 
 # -- conversions -----------------------------------------------------------------------
@@ -639,7 +656,9 @@ def _convert_element_type_meta(a, dtype):
     return _out(a, dtype=dtype)
 
 
-make_prim(PrimIDs.CONVERT_ELEMENT_TYPE, "convert_element_type", meta=_convert_element_type_meta)
+make_prim(PrimIDs.CONVERT_ELEMENT_TYPE, "convert_element_type", meta=_convert_element_type_meta,
+          impl=prims_eager.convert_element_type,
+          tags=(TAG_MOVES_DATA_ONLY, TAG_CHEAP))
 
 
 def _device_put_meta(a, device):
@@ -647,7 +666,8 @@ def _device_put_meta(a, device):
     return _out(a, device=torch.device(device))
 
 
-make_prim(PrimIDs.DEVICE_PUT, "device_put", meta=_device_put_meta)
+make_prim(PrimIDs.DEVICE_PUT, "device_put", meta=_device_put_meta, impl=prims_eager.device_put,
+          tags=(TAG_MOVES_DATA_ONLY,))
 
 
 # -- linear algebra --------------------------------------------------------------------
@@ -690,10 +710,14 @@ def _matmul_meta(a, b):
     return _out(a, shape=matmul_shape(a.shape, b.shape))
 
 
-make_prim(PrimIDs.MATMUL, "matmul", meta=_matmul_meta)
+make_prim(PrimIDs.MATMUL, "matmul", meta=_matmul_meta, impl=torch.matmul)
 
 
 # -- factories -------------------------------------------------------------------------
+# a factory's output is a constant (no gradient), cheap to make again, and the same for every example of a batch
+_FACTORY_TAGS = (TAG_NOT_DIFFERENTIABLE, TAG_CHEAP, TAG_NOT_BATCHED)
+
+
 def _full_meta(shape, fill_value, *, device, dtype):
     check(all(symbolic.is_int(s) for s in shape), lambda: f"full(): shape must be a sequence of ints, got {shape}", TypeError)
     check(all(s >= 0 for s in shape), lambda: f"Trying to create tensor with negative dimension {min(shape)}: {list(shape)}")
@@ -701,7 +725,7 @@ def _full_meta(shape, fill_value, *, device, dtype):
     return TensorProxy(shape=tuple(shape), dtype=dtype, device=torch.device(device))
 
 
-make_prim(PrimIDs.FULL, "full", meta=_full_meta)
+make_prim(PrimIDs.FULL, "full", meta=_full_meta, impl=torch.full, tags=_FACTORY_TAGS)
 
 
 def _iota_meta(length, *, start, step, device, dtype):
@@ -709,7 +733,7 @@ def _iota_meta(length, *, start, step, device, dtype):
     return TensorProxy(shape=(length,), dtype=dtype, device=torch.device(device))
 
 
-make_prim(PrimIDs.IOTA, "iota", meta=_iota_meta)
+make_prim(PrimIDs.IOTA, "iota", meta=_iota_meta, impl=prims_eager.iota, tags=_FACTORY_TAGS)
 
 
 # -- scans and sorting -----------------------------------------------------------------
@@ -717,18 +741,18 @@ make_prim(PrimIDs.IOTA, "iota", meta=_iota_meta)
 # does O(n^2) or O(n log n) work where the scan does O(n), and rounds differently from
 # torch's sequential accumulation. Sorting and top-k have no decomposition into the
 # other prims at all.
-def _scan(id, name):
+def _scan(id, name, impl):
     def meta(a, dim):
         check_tensor(a, f"prims.{name}")
         canonical_dim(dim, a.ndim)
         check_dtype_supported(a.dtype is not torch.bool, name, a.dtype, f" (ltorch.{name} converts bool to int64)")
         return _out(a)
 
-    return make_prim(id, name, meta=meta, tags=("scan",))
+    return make_prim(id, name, meta=meta, impl=impl, tags=("scan",))
 
 
-_scan(PrimIDs.CUMSUM, "cumsum")
-_scan(PrimIDs.CUMPROD, "cumprod")
+_scan(PrimIDs.CUMSUM, "cumsum", prims_eager.cumsum)
+_scan(PrimIDs.CUMPROD, "cumprod", prims_eager.cumprod)
 
 
 def _sort_meta(a, dim, descending, stable):
@@ -737,7 +761,7 @@ def _sort_meta(a, dim, descending, stable):
     return _out(a), _out(a, dtype=torch.int64)
 
 
-make_prim(PrimIDs.SORT, "sort", meta=_sort_meta)
+make_prim(PrimIDs.SORT, "sort", meta=_sort_meta, impl=prims_eager.sort_prim)
 
 
 def _topk_meta(a, k, dim, largest, sorted):
@@ -752,7 +776,7 @@ def _topk_meta(a, k, dim, largest, sorted):
     return _out(a, shape=tuple(shape)), _out(a, shape=tuple(shape), dtype=torch.int64)
 
 
-make_prim(PrimIDs.TOPK, "topk", meta=_topk_meta)
+make_prim(PrimIDs.TOPK, "topk", meta=_topk_meta, impl=prims_eager.topk_prim)
 
 
 # -- scattering and padding ------------------------------------------------------------
@@ -763,7 +787,7 @@ make_prim(PrimIDs.TOPK, "topk", meta=_topk_meta)
 # reads only that corner of a larger src; ltorch slices it). pad is jax.lax.pad, slice's
 # transpose (a strided slice transposes to interior padding, which no other prim makes),
 # and one fusible op where cat-with-full would be several.
-def _scatter(id, name):
+def _scatter(id, name, impl):
     def meta(a, index, value, dim):
         check_tensor(a, f"prims.{name}")
         check_tensor(index, f"prims.{name}", "index")
@@ -779,11 +803,11 @@ def _scatter(id, name):
                   lambda: f"Expected index {list(index.shape)} to be no larger than self {list(a.shape)} apart from dimension {d}")
         return _out(a)
 
-    return make_prim(id, name, meta=meta)
+    return make_prim(id, name, meta=meta, impl=impl)
 
 
-_scatter(PrimIDs.SCATTER, "scatter")
-_scatter(PrimIDs.SCATTER_ADD, "scatter_add")
+_scatter(PrimIDs.SCATTER, "scatter", prims_eager.scatter_prim)
+_scatter(PrimIDs.SCATTER_ADD, "scatter_add", prims_eager.scatter_add_prim)
 
 
 def _pad_meta(a, padding_value, padding_config):
@@ -803,23 +827,6 @@ def _pad_meta(a, padding_value, padding_config):
     return _out(a, shape=tuple(shape))
 
 
-make_prim(PrimIDs.PAD, "pad", meta=_pad_meta)
+make_prim(PrimIDs.PAD, "pad", meta=_pad_meta, impl=prims_eager.pad_prim, tags=(TAG_MOVES_DATA_ONLY,))
 
 
-# -- on real tensors: the torch implementations of the prims outside the elementwise table ------------
-_other_impls = {
-    PrimIDs.WHERE: torch.where, PrimIDs.SUM: prims_eager.reduce_sum, PrimIDs.PROD: prims_eager.reduce_prod,
-    PrimIDs.AMAX: prims_eager.reduce_amax, PrimIDs.AMIN: prims_eager.reduce_amin, PrimIDs.VAR: prims_eager.reduce_var,
-    PrimIDs.VAR_MEAN: prims_eager.reduce_var_mean, PrimIDs.ARGMAX: torch.argmax, PrimIDs.ARGMIN: torch.argmin,
-    PrimIDs.BROADCAST_IN_DIM: prims_eager.broadcast_in_dim, PrimIDs.RESHAPE: torch.reshape,
-    PrimIDs.TRANSPOSE: torch.permute, PrimIDs.SLICE: prims_eager.slice_prim, PrimIDs.SQUEEZE: torch.squeeze,
-    PrimIDs.CAT: torch.cat, PrimIDs.FLIP: torch.flip, PrimIDs.TAKE: prims_eager.take,
-    PrimIDs.TAKE_ALONG_AXIS: prims_eager.take_along_axis, PrimIDs.NONZERO: torch.nonzero, PrimIDs.CONVERT_ELEMENT_TYPE: prims_eager.convert_element_type,
-    PrimIDs.DEVICE_PUT: prims_eager.device_put, PrimIDs.MATMUL: torch.matmul, PrimIDs.FULL: torch.full,
-    PrimIDs.IOTA: prims_eager.iota, PrimIDs.CUMSUM: prims_eager.cumsum, PrimIDs.CUMPROD: prims_eager.cumprod,
-    PrimIDs.SORT: prims_eager.sort_prim, PrimIDs.TOPK: prims_eager.topk_prim, PrimIDs.SCATTER: prims_eager.scatter_prim,
-    PrimIDs.SCATTER_ADD: prims_eager.scatter_add_prim, PrimIDs.PAD: prims_eager.pad_prim,
-}
-for _id, _impl in _other_impls.items():
-    implement(getattr(_this_module, _id.name.lower()), _impl)
-del _id, _impl

@@ -184,7 +184,7 @@ def _print_breakpoint(bsym, ns) -> str:
 
 
 # Kept where they are (no_dce), run by no executor; reverse mode keeps them in the forward, and
-# vmap gives them the batched values (transforms/batching_rules_torch.py).
+# vmap gives them the batched values (transforms/rules/statements.py).
 # `debug_print('loss {}', _debug_structure0, t5)`: the format, the arguments' pytree structure, the leaves.
 debug_print = Symbol("debug_print", "python.debug_print", is_prim=True, printer=_print_statement,
                      eager=format_and_print, tags=frozenset({"no_dce"}))

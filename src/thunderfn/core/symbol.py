@@ -95,7 +95,7 @@ class Symbol:
     def parameters(self) -> dict:
         """{name: (position, default)} of the function the symbol is called as (a composite's body, a
         prim's meta): position None for a keyword-only parameter, default `inspect.Parameter.empty`
-        for a required one. How a rule reads an argument by name (transforms/vjp_rules.py's
+        for a required one. How a rule reads an argument by name (core/rules.py's
         RecordedCall.arg); inspected once per symbol, on first use, so tracing pays nothing for it."""
         fn = self.fn if self.fn is not None else self.meta
         try:

@@ -15,7 +15,7 @@ import keyword
 from typing import Any, Callable
 
 from thunderfn.core import context
-from thunderfn.core.batching import BatchRule, register_batch, unregister_batch
+from thunderfn.core.rules import BatchRule, as_batch_rule, drop_rule, set_rule
 # the rule types live in core: executor_lower (a transform) reads them, and transforms do not import executors
 from thunderfn.core.lowering import Lowering, LoweringAction, RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace  # noqa: F401
 from thunderfn.core.symbol import Symbol
@@ -92,11 +92,11 @@ class OperatorExecutor(Executor):
         traced for output metadata; `meta` alone (proxies in, output proxies out) makes a new
         primitive, differentiable once a vjp is registered for it (`register_lowering(operator,
         vjp=(fwd, bwd))`). Given both, `meta` says the outputs (no tracing of `like` per call),
-        and `like` may give None for an output that carries no derivative. `batch_rule(args,
-        dims, kwargs, out) -> (output, out dims)`, with the conventions of
-        thunderfn/transforms/batching_rules.py, is how tf.vmap batches the operator (it may
-        return NotImplemented for a call it does not handle); it enters tf.vmap's table under the
-        operator's symbol id, as a BatchRule (core/batching.py). `traceable`: fn is torch code
+        and `like` may give None for an output that carries no derivative. `batch_rule(call,
+        dims) -> (output, out dims)`, with the conventions of thunderfn/transforms/rules/define.py
+        (the older form `batch_rule(args, dims, kwargs, out)` is still taken), is how tf.vmap
+        batches the operator (it may return NotImplemented for a call it does not handle); it
+        becomes the batching rule of the operator's symbol (core/rules.py). `traceable`: fn is torch code
         without side effects that a tracing compiler can follow (torch operators, no data-dependent
         Python), so a fusion executor that calls such operators (Inductor) may run it inside a
         region instead of ending the region at it."""
@@ -112,9 +112,9 @@ class OperatorExecutor(Executor):
                      eager=fn, executor=self, like=like, tags=frozenset({"traceable"} if traceable else ()))
         self.operators[name] = sym
         if batch_rule is not None:
-            register_batch(sym.id, batch_rule if isinstance(batch_rule, BatchRule) else BatchRule(batch_rule))
+            set_rule(sym.id, "batch", as_batch_rule(batch_rule))
         elif not replacing:  # a rule left under this id by an earlier executor of the same name is not this operator's
-            unregister_batch(sym.id)
+            drop_rule(sym.id, "batch")
         return sym
 
     def register_lowering(self, symbol_or_id, *, checker: Callable | None = None, lower: Callable | None = None,

@@ -278,9 +278,8 @@ def _updated_running_stats(input, running_mean, running_var, stats_dims, momentu
     momentum * batch + (1 - momentum) * running, with the unbiased batch variance. Instance
     norm (torch's batch norm on (1, N*C, ...)) first averages the N per-instance statistics.
 
-    Its derivative is not this body's but torch's, in its rules (transforms/jvp_rules.py,
-    vjp_rules_torch.py): torch's kernel writes the new values into the running statistics outside
-    autograd, so the input's derivative does not reach them, and each statistic keeps the derivative
+    Its derivative is not this body's but torch's, in its rules (transforms/rules/nn.py): torch's
+    kernel writes the new values into the running statistics outside autograd, so the input's derivative does not reach them, and each statistic keeps the derivative
     it had before the write: torch.func.jvp gives the new running_mean the tangent of the old one
     (not (1 - momentum) times it, the derivative of the formula), and reverse mode passes the new
     one's cotangent back to the old one, the transpose (torch.autograd refuses a running statistic

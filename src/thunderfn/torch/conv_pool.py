@@ -2,7 +2,7 @@
 
 None of these has a decomposition: convolution and pooling run as opaque torch ops (torch/opaque.py),
 which vmap and jvp batch and differentiate through torch.func. Reverse mode has rules for them
-(transforms/vjp_rules_conv_pool.py), so that a training step runs what eager autograd runs: the forward
+(transforms/rules/conv_pool.py), so that a training step runs what eager autograd runs: the forward
 op once, then one of torch's backward kernels below (convolution_backward, ...), reading what eager
 saves. The kernels are opaque ops too; a second derivative differentiates them through torch.func
 (each has a derivative formula in torch).

@@ -147,7 +147,7 @@ def _composite(fn) -> Symbol:
 def unshard(shard, shape, gid: int = 0):
     """The whole parameter of shape `shape` from each rank's flat, padded shard: an all_gather, the
     padding cut off, reshaped. Its gradient is the reduce_scatter of the whole gradient, averaged
-    over the ranks (transforms/vjp_rules_torch.py), so each rank's shard gets its part of the mean."""
+    over the ranks (transforms/rules/collectives.py), so each rank's shard gets its part of the mean."""
     full = all_gather(shard, gid)
     return reshape(narrow(full, 0, 0, math.prod(shape)), tuple(shape))
 
@@ -156,7 +156,7 @@ def unshard(shard, shape, gid: int = 0):
 def unshard_bucket(shards, shapes, gid: int = 0):
     """Several parameters whole from their shards with one all_gather: each rank's shards are
     concatenated, gathered, and each parameter's columns cut out of the (world, total) result.
-    Its gradient is one reduce_scatter (transforms/vjp_rules_torch.py)."""
+    Its gradient is one reduce_scatter (transforms/rules/collectives.py)."""
     world = world_size(gid)
     row = sum(s.shape[0] for s in shards)
     rows = reshape(all_gather(cat(list(shards)) if len(shards) > 1 else shards[0], gid), (world, row))

@@ -338,7 +338,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
                   f"{clang.legacy_type_name(input)} instead (while checking arguments for embedding)")
     # padding_idx and scale_grad_by_freq only shape the gradient (a zero row, counts), which differentiating
     # this gather does not give: reverse mode always takes embedding's rule (aten's embedding_dense_backward,
-    # transforms/vjp_rules_torch.py); forward mode's derivative, like torch's, ignores both
+    # transforms/rules/nn.py); forward mode's derivative, like torch's, ignores both
     flat = prims.take(weight, clang.reshape(input, (input.numel(),)), 0)
     return clang.reshape(flat, tuple(input.shape) + (weight.shape[1],))
 

@@ -16,6 +16,7 @@ from thunderfn import clang, prims
 from thunderfn.clang import maybe_convert_to_dtype
 from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.rules import TAG_NOT_DIFFERENTIABLE
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import ArgumentTypeError, UnsupportedOpError
 from thunderfn.prims import canonical_dim, check
@@ -320,9 +321,10 @@ def contiguous(a, memory_format=torch.contiguous_format):
     return a
 
 
-@torchsymbol(torch.detach, T.detach)
+# its output does not require grad, in reverse and forward mode
+@torchsymbol(torch.detach, T.detach, tags=(TAG_NOT_DIFFERENTIABLE,))
 def detach(a):
-    # the value itself; differentiation stops here (vjp_rules_torch.py), and torch runs detach (a view). Inside a
+    # the value itself; differentiation stops here (its tag), and torch runs detach (a view). Inside a
     # decomposition (running statistics computed from a batch) it must be a value of its own, or the transforms
     # would follow the input's name through it: a reshape to its own shape.
     trc = context.current_trace()

@@ -1,7 +1,7 @@
 """Transforms: functions from functions to functions. Each is an interpreter over a
-trace plus a rule table keyed by symbol: reverse mode (autodiff.py with vjp_rules.py,
-vjp_rules_torch.py and vjp_rules_conv_pool.py), forward mode (forward_mode.py with jvp_rules.py), batching (vmap.py
-with batching_rules.py), custom_vjp, the split of a differentiated trace for
+trace plus the rule each symbol's record gives it (core/rules.py; the rules are written one
+module per op family under rules/): reverse mode (autodiff.py), forward mode
+(forward_mode.py), batching (vmap.py), custom_vjp, the split of a differentiated trace for
 torch.autograd (autograd_split.py), and lowering onto executors (executor_lower.py).
 
 May import: core, prims, clang and the torch language; never executors (transforms know

@@ -2,8 +2,8 @@
 
 The driver is small. The function is traced straight into the trace being built
 (so the forward is ordinary recorded ops), then its recorded region is walked
-backwards: a bound symbol with a rule in `vjp_rules` (transforms/vjp_rules.py) maps
-its output cotangent to input cotangents; a symbol without one is differentiated
+backwards: a bound symbol with a VJP rule (its record in core/rules.py, written in its op
+family's module under transforms/rules/) maps its output cotangent to input cotangents; a symbol without one is differentiated
 through its subsymbols (its decomposition); an opaque torch op is differentiated
 when the compiled function runs, by torch.func.vjp (transforms/resolve.py gives
 the order, the same in every transform). The rules are written in
@@ -33,6 +33,7 @@ from thunderfn.prims import PrimIDs
 from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.rules import TAG_MOVES_DATA_ONLY, TAG_NOT_DIFFERENTIABLE, RecordedCall, VJPRule, rules_of
 from thunderfn.core.pytree import of_positions, tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled
 from thunderfn.core.decorators import with_options_form
@@ -41,11 +42,11 @@ from thunderfn.errors import (ArgumentTypeError, CotangentError, InternalError, 
                               SavedTensorModifiedError, TransformArgumentError, UnsupportedOpError)
 from thunderfn.torch.opaque import autograd_connections, may_draw, torch_vjp_op
 from thunderfn.torch.random import get_rng_state_op
-from thunderfn.transforms import vjp_rules_torch  # noqa: F401  (the torch-language symbols' rules join vjp_rules)
+from thunderfn.transforms import rules as _rules  # noqa: F401  (every op family's rules join the table)
 from thunderfn.transforms.executor_lower import claiming_rule, claims_whole, trace_in_place_of
 from thunderfn.transforms.resolve import Transform, Way, resolve
-from thunderfn.transforms.vjp_rules import (NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, RecordedCall, VJPRule, _zeros, backwards,
-                                            rule_for, vjp_rules)
+from thunderfn.transforms.rules.common import zeros_like
+from thunderfn.transforms.rules.define import backwards, vjp_rule_for
 
 
 def _carries_gradient(x) -> bool:
@@ -88,7 +89,7 @@ def _accumulate(cts: dict, proxy: TensorProxy, ct) -> None:
 
 def _materialized(ct, proxy):
     """A cotangent as the backward returns it: a known zero made zeros of proxy's shape."""
-    return _zeros(proxy) if ct is _ZERO else ct
+    return zeros_like(proxy) if ct is _ZERO else ct
 
 
 def _grad_modes(region: list, enabled: bool) -> list:
@@ -104,7 +105,7 @@ def _grad_modes(region: list, enabled: bool) -> list:
 
 def _inert(bsym) -> bool:
     """No derivative flows through it: a statement, or an op whose outputs never carry gradient."""
-    return bsym.sym.printer is not None or bsym.sym.id in NON_DIFFERENTIABLE
+    return bsym.sym.printer is not None or TAG_NOT_DIFFERENTIABLE in bsym.sym.tags
 
 
 def _refusal(bsym) -> UnsupportedOpError:
@@ -114,15 +115,15 @@ def _refusal(bsym) -> UnsupportedOpError:
             f"thunderfn cannot differentiate {bsym.sym.print_name}, an operator of executor '{ex.name}' defined with "
             f"meta=: register a vjp for it, {ex.name}.register_lowering({bsym.sym.print_name}, vjp=(fwd, bwd)), or "
             f"define it with like= to differentiate it through that function.")
-    why = NOT_DIFFERENTIATED.get(bsym.sym.id, "it has no VJP rule and no decomposition")
+    why = rules_of(bsym.sym.id).underivable or "it has no VJP rule and no decomposition"
     return UnsupportedOpError(
         f"thunderfn cannot differentiate {bsym.sym.print_name}: {why}. Give it a rule with "
-        f"thunderfn.transforms.vjp_rules.defvjp, or compute this part outside the differentiated function.")
+        f"tf.extend.defvjp, or compute this part outside the differentiated function.")
 
 
 # reverse mode as transforms/resolve.py sees it: a VJP rule where it applies (custom_vjp functions and
-# user autograd.Functions enter vjp_rules too), else an operator's like= function, else the decomposition
-REVERSE = Transform("reverse mode", vjp_rules, _refusal, applies=VJPRule.applies_to, inert=_inert, follows_like=True)
+# user autograd.Functions enter the rule table too), else an operator's like= function, else the decomposition
+REVERSE = Transform("reverse mode", "vjp", _refusal, applies=VJPRule.applies_to, inert=_inert, follows_like=True)
 
 
 def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
@@ -147,7 +148,7 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
         args, kwargs = bsym.args, bsym.kwargs
         if kwargs and bsym.sym.fn is not None:  # rules give cotangents by position: no tensor by keyword
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
-        in_cts = vjp_rules[bsym.sym.id].bwd(RecordedCall(bsym.sym, args, kwargs, bsym.output), g)
+        in_cts = rules_of(bsym.sym.id).vjp.bwd(RecordedCall(bsym.sym, args, kwargs, bsym.output), g)
         for arg, ct in zip(args, in_cts):
             if ct is None:
                 continue
@@ -188,19 +189,13 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
     raise REVERSE.refusal(bsym)
 
 
-# Prims whose VJP reads only shapes and dtypes, never a value of the forward.
-_MOVES_DATA_ONLY = frozenset({PrimIDs.RESHAPE, PrimIDs.SQUEEZE, PrimIDs.TRANSPOSE, PrimIDs.BROADCAST_IN_DIM,
-                              PrimIDs.SLICE, PrimIDs.FLIP, PrimIDs.CAT, PrimIDs.PAD, PrimIDs.CONVERT_ELEMENT_TYPE,
-                              PrimIDs.DEVICE_PUT})
-
-
 def _moves_data_only(bsym) -> bool:
     """A composite made only of views, reshapes, copies and conversions (x.contiguous(), x.view(...),
     x.to(...), torch.cat([x])). It runs whole in the forward, so torch's own op decides view or
     copy (and checks x.view's strides) as in eager; its backward still differentiates the
     decomposition, which needs no residual from it."""
     return bool(bsym.subsymbols) and all(
-        sub.sym.id in _MOVES_DATA_ONLY if sub.sym.is_prim else rule_for(sub) is None and _moves_data_only(sub)
+        TAG_MOVES_DATA_ONLY in sub.sym.tags if sub.sym.is_prim else vjp_rule_for(sub) is None and _moves_data_only(sub)
         for sub in bsym.subsymbols)
 
 
@@ -227,7 +222,7 @@ def _reads_only_its_own_values(bsym) -> bool:
 
     def differentiated(bsyms):  # the bound symbols whose rules the backward applies
         for b in bsyms:
-            if b.sym.is_prim or not b.subsymbols or rule_for(b) is not None:
+            if b.sym.is_prim or not b.subsymbols or vjp_rule_for(b) is not None:
                 yield b
             else:
                 yield from differentiated(b.subsymbols)
@@ -251,7 +246,7 @@ def _with_residuals(bsyms: list, executors) -> list:
         if rule is not None and rule.vjp is not None:
             flat.extend(trace_in_place_of(bsym, rule.vjp, "the executor's vjp"))
             continue
-        keep = (inert or rule_for(bsym) is not None or not bsym.subsymbols or claims_whole(rule)
+        keep = (inert or vjp_rule_for(bsym) is not None or not bsym.subsymbols or claims_whole(rule)
                 or _moves_data_only(bsym) or _passes_an_input_through(bsym) or _reads_only_its_own_values(bsym))
         flat.extend([bsym] if keep else _with_residuals(list(bsym.subsymbols), executors))
     return flat

@@ -41,7 +41,8 @@ from thunderfn.errors import ArgumentRuntimeError, InternalError, SavedTensorMod
 from thunderfn.torch.opaque import autograd_connections
 from thunderfn.transforms.autodiff import trace_vjp
 from thunderfn.transforms.user_functions import differentiable_outputs
-from thunderfn.transforms.vjp_rules import NON_DIFFERENTIABLE, rule_for
+from thunderfn.core.rules import TAG_NOT_DIFFERENTIABLE
+from thunderfn.transforms.rules.define import vjp_rule_for
 
 
 @dataclasses.dataclass
@@ -106,13 +107,13 @@ def _depends_on_inputs(bsyms: list, names: set) -> set:
     for bsym in bsyms:
         if bsym.sym is set_grad_enabled:
             grad_enabled = bool(bsym.args[0])
-        elif grad_enabled and bsym.sym.id not in NON_DIFFERENTIABLE and any(p.name in reached for p in bsym.proxy_args()):
+        elif grad_enabled and TAG_NOT_DIFFERENTIABLE not in bsym.sym.tags and any(p.name in reached for p in bsym.proxy_args()):
             # a symbol with a VJP rule follows torch's formula (which may give zeros); others, their decomposition
             if "user_function" in bsym.sym.tags:  # a Function's outputs marked non-differentiable do not require grad
                 through = differentiable_outputs(bsym)
             else:
                 through = _depends_on_inputs(list(bsym.subsymbols), reached) if (
-                    bsym.subsymbols and rule_for(bsym) is None) else _opaque_reach(bsym, reached)
+                    bsym.subsymbols and vjp_rule_for(bsym) is None) else _opaque_reach(bsym, reached)
             reached.update(o.name for o in bsym.proxy_outs()
                            if dtypes.is_inexact(o.dtype) and (through is None or o.name in through))
     return reached

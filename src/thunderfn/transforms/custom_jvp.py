@@ -11,7 +11,7 @@
 
 Traced, a call records one symbol of its own (one per structure of the arguments, whose
 tensors are its flat positional arguments) whose body is `fn`, so the forward is fn's ops.
-Its entry in jvp_rules calls the rule. Its entry in vjp_rules differentiates the rule: the
+Its JVP rule calls the rule. Its VJP rule differentiates the rule: the
 tangent output is linear in the tangents, so the vector-Jacobian product of
 `tangents -> rule(primals, tangents)[1]`, taken by the reverse-mode driver at zero tangents,
 is the transpose the rule defines (JAX transposes the linear part; the same numbers). So
@@ -43,8 +43,7 @@ from thunderfn.core.symbol import Symbol
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 from thunderfn.transforms.autodiff import as_trace_constants, trace_vjp
 from thunderfn.transforms.custom_vjp import refuse_traced_nondiff_args
-from thunderfn.transforms.jvp_rules import JVPRule, register_jvp, unregister_jvp
-from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, unregister_vjp
+from thunderfn.core.rules import JVPRule, VJPRule, drop_rule, set_rule
 
 _ids = itertools.count()
 
@@ -111,8 +110,8 @@ class custom_jvp:
         `@f.defjvp` can decorate the rule as in JAX."""
         self.jvp = jvp
         for symbol_id in [s.id for s in self._symbols.values()]:  # a new rule: new symbols, traced anew
-            unregister_jvp(symbol_id)
-            unregister_vjp(symbol_id)
+            drop_rule(symbol_id, "jvp")
+            drop_rule(symbol_id, "vjp")
         self._symbols = {}
         return jvp
 
@@ -127,8 +126,8 @@ class custom_jvp:
             sym = Symbol(f"custom_jvp_{name}", ("custom_jvp", next(_ids)), fn=_Primal(self, spec),
                          print_name=f"custom_jvp_{name}", tags=frozenset({"always_record"}))
             # The tables hold the rules weakly: a custom_jvp made in a loop goes away with its last user.
-            register_jvp(sym.id, JVPRule(_Weak(self, "_tangent_out", spec)))
-            register_vjp(sym.id, VJPRule(_Weak(self, "_cotangents", spec)))
+            set_rule(sym.id, "jvp", JVPRule(_Weak(self, "_tangent_out", spec)))
+            set_rule(sym.id, "vjp", VJPRule(_Weak(self, "_cotangents", spec)))
             weakref.finalize(self, _unregister, sym.id)
             self._symbols[spec] = sym
         return sym
@@ -244,8 +243,8 @@ class _Weak:
 
 
 def _unregister(symbol_id) -> None:
-    unregister_jvp(symbol_id)
-    unregister_vjp(symbol_id)
+    drop_rule(symbol_id, "jvp")
+    drop_rule(symbol_id, "vjp")
 
 
 def primal_of(sym):

@@ -5,7 +5,7 @@
     f.defvjp(fwd, bwd)   # fwd(*args) -> (out, residuals); bwd(*nondiff_args, residuals, g) -> one entry per arg
 
 Traced, a call records one symbol of its own whose body is `fwd` and whose outputs are
-(out, residuals); its entry in vjp_rules calls `bwd`, after checking that bwd returned
+(out, residuals); its VJP rule in the rule table calls `bwd`, after checking that bwd returned
 one cotangent (or None) per differentiable argument with the argument's structure and
 shapes. Called with real tensors outside any transform, it is `fn`, unless torch.autograd
 will differentiate the call (grad mode on, a tensor requiring grad among its arguments):
@@ -35,7 +35,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.transforms.autodiff import trace_vjp
-from thunderfn.transforms.vjp_rules import VJPRule, register_vjp, unregister_vjp
+from thunderfn.core.rules import VJPRule, drop_rule, set_rule
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 
 _ids = itertools.count()
@@ -116,8 +116,8 @@ class custom_vjp:
                               print_name=f"custom_vjp_{name}", tags=frozenset({"always_record"}))
         # The table holds the rule weakly: a custom_vjp made in a loop (and the tensors its
         # functions close over) goes away with its last user, and its entry with it.
-        register_vjp(self._symbol.id, VJPRule(_WeakBackward(self)))
-        weakref.finalize(self, unregister_vjp, self._symbol.id)
+        set_rule(self._symbol.id, "vjp", VJPRule(_WeakBackward(self)))
+        weakref.finalize(self, drop_rule, self._symbol.id, "vjp")
         return self
 
     @property
@@ -248,7 +248,7 @@ class custom_vjp:
 
 
 class _WeakBackward:
-    """A custom_vjp's bwd in its vjp_rules entry, called while the custom_vjp is alive."""
+    """A custom_vjp's bwd as its VJP rule, called while the custom_vjp is alive."""
 
     def __init__(self, owner: custom_vjp):
         self._owner = weakref.ref(owner)

@@ -1,7 +1,7 @@
 """Forward mode: jvp.
 
-The function is traced into the trace being built, composites without a rule in
-`jvp_rules` (transforms/jvp_rules.py) are replaced by their decomposition, and the
+The function is traced into the trace being built, composites without a JVP rule
+(core/rules.py's record) are replaced by their decomposition, and the
 recorded region is walked forward: each bound symbol maps its inputs' tangents to
 its output's, by its rule, its like= function (an executor's operator) or, for an
 opaque torch op, torch.func.jvp when the compiled function runs, from the generator state
@@ -27,7 +27,7 @@ from thunderfn.torch.opaque import torch_jvp_op
 from thunderfn.transforms.autodiff import (_compiled, _carries_gradient, _grad_modes, as_trace_constants, as_trace_values,
                                           differentiating, value_without_aux, with_generator_states)
 from thunderfn.transforms.custom_vjp import custom_vjp
-from thunderfn.transforms.jvp_rules import NON_DIFFERENTIABLE, NOT_DIFFERENTIATED, RecordedCall, jvp_rules
+from thunderfn.core.rules import TAG_NOT_DIFFERENTIABLE, RecordedCall, rules_of
 from thunderfn.transforms.resolve import Transform, Way, resolve
 
 
@@ -39,7 +39,8 @@ def _is_custom_vjp(bsym) -> bool:
 
 
 def _keep_whole(bsym) -> bool:
-    return (bsym.sym.id in jvp_rules or _is_custom_vjp(bsym) or bsym.sym.id in NON_DIFFERENTIABLE or bsym.sym.printer is not None
+    return (rules_of(bsym.sym.id).jvp is not None or _is_custom_vjp(bsym) or TAG_NOT_DIFFERENTIABLE in bsym.sym.tags
+            or bsym.sym.printer is not None
             or not bsym.subsymbols or not any(_carries_gradient(a) for a in bsym.flat_args())
             or not any(_carries_gradient(o) for o in bsym.flat_outs()))
 
@@ -53,7 +54,7 @@ def _flattened(bsyms: list) -> list:
 
 def _inert(bsym) -> bool:
     """No tangent flows through it: a statement, or an op whose outputs never carry one (comparisons, argmax)."""
-    return (bsym.sym.printer is not None or bsym.sym.id in NON_DIFFERENTIABLE
+    return (bsym.sym.printer is not None or TAG_NOT_DIFFERENTIABLE in bsym.sym.tags
             or not any(_carries_gradient(o) for o in bsym.flat_outs()))
 
 
@@ -66,13 +67,13 @@ def _refusal(bsym) -> Exception:
             f"forward mode (tf.jvp, tf.jacfwd, tf.hessian) reached '{name}', a tf.custom_vjp function: its rule is "
             f"reverse-mode only, and differentiating its body instead would ignore it. Define it with tf.custom_jvp "
             f"(whose rule both modes use), or use reverse mode (tf.jacrev, tf.jacrev(tf.jacrev(f)) for a Hessian).")
-    why = NOT_DIFFERENTIATED.get(bsym.sym.id, "it has no JVP rule and no decomposition")
+    why = rules_of(bsym.sym.id).underivable or "it has no JVP rule and no decomposition"
     return UnsupportedOpError(f"thunderfn cannot differentiate {bsym.sym.print_name} in forward mode: {why}.")
 
 
 # forward mode as transforms/resolve.py sees it: _flattened inlined every decomposition without a rule
 # before the walk (a custom_vjp's it keeps whole, so that, without a JVP rule, it is refused)
-FORWARD = Transform("forward mode", jvp_rules, _refusal, inert=_inert, follows_like=True, decomposes=False)
+FORWARD = Transform("forward mode", "jvp", _refusal, inert=_inert, follows_like=True, decomposes=False)
 
 
 def _push_forward(bsym, tangents: dict, rng_states: dict) -> None:
@@ -88,7 +89,7 @@ def _push_forward(bsym, tangents: dict, rng_states: dict) -> None:
         if kwarg_tangents and bsym.sym.fn is not None:  # rules take tangents by position: no tensor by keyword
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
             arg_tangents = tuple(entry_by_name(a, tangents) for a in args)
-        out_tangent = jvp_rules[bsym.sym.id].fwd(RecordedCall(bsym.sym, args, kwargs, bsym.output), arg_tangents)
+        out_tangent = rules_of(bsym.sym.id).jvp.fwd(RecordedCall(bsym.sym, args, kwargs, bsym.output), arg_tangents)
     elif way is Way.LIKE:  # an executor's operator defined like= a function: that function's tangent
         out_tangent = _like_tangent(bsym, tangents)
     elif way is Way.OPAQUE:

@@ -4,7 +4,7 @@
 the jitted module's forward trace rebuilds each whole parameter with `unshard` (an
 all_gather) before its use, and `unshard`'s gradient reduce-scatters the whole gradient,
 so the backward ends with each rank's shard of the averaged gradient
-(torch/distributed.py, transforms/vjp_rules_torch.py). What remains is what the backward
+(torch/distributed.py, transforms/rules/collectives.py). What remains is what the backward
 may keep between the two halves:
 
 - "SHARD_GRAD_OP": a gathered parameter the backward reads is a residual like any other:

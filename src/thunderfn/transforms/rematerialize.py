@@ -53,14 +53,15 @@ from typing import Callable, Iterable
 from thunderfn.core import symbolic
 from thunderfn.core.passes import dce, makes_new_memory
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.rules import TAG_CHEAP
 from thunderfn.core.statements import write_back
 from thunderfn.core.trace import stamp_provenance
-from thunderfn.prims import PrimIDs
 from thunderfn.errors import InternalError
 
-# Primitives that are cheap to compute again, besides the elementwise ones and the
-# shape/view ones: a dtype conversion, and factories (which read nothing).
-_CHEAP_UNTAGGED_PRIMS = frozenset({PrimIDs.CONVERT_ELEMENT_TYPE, PrimIDs.FULL, PrimIDs.IOTA})
+# Primitives that are cheap to compute again: the elementwise ones, the shape/view ones, and those
+# tagged so where they are made (a dtype conversion, and factories, which read nothing)
+_CHEAP_TAGS = frozenset({"elementwise", "shape", TAG_CHEAP})
+
 # A reduction whose output is at least this fraction of its input is recomputed; one that shrinks
 # more is banned, since its output is cheap to save and costly to recompute (functorch's 4x rule:
 # it keeps normalizations' statistics saved).
@@ -86,7 +87,7 @@ def cheap_to_recompute(bsym) -> bool:
         return all(cheap_to_recompute(s) for s in bsym.subsymbols)
     if not sym.is_prim or sym.executor is not None:  # an executor's own operator: a kernel, not ours to judge
         return False
-    if sym.tags & {"elementwise", "shape"} or sym.id in _CHEAP_UNTAGGED_PRIMS:
+    if sym.tags & _CHEAP_TAGS:
         return True
     if "reduction" in sym.tags:
         read = sum(nbytes(p) for p in bsym.proxy_args())

@@ -7,15 +7,16 @@ symbol it has to transform. The answer is a `Way`, tried in this order:
   through, such as a comparison or a statement);
 - CUSTOM: a function with a user's rule of its own, which the transform treats its own way
   (vmap: a tf.custom_vjp or tf.custom_jvp function, batched as one of its batched parts);
-- RULE: its rule in the transform's table, where the rule takes this call;
+- RULE: its rule of the transform's kind (core/rules.py's record), where the rule takes this call;
 - LIKE: an executor's operator defined like= a function, which stands in for it;
 - DECOMPOSITION: its subsymbols, a composite's body, each resolved in turn;
 - OPAQUE: an opaque torch op, transformed by torch.func when the compiled function runs;
 - REFUSE: none of those; the transform raises its named error, `transform.refusal(bsym)`.
 
-What differs between transforms is data, a `Transform`: its table, when a rule takes a call,
-which symbols are inert or custom, whether like= stands in, whether decompositions are left to
-it (forward mode inlines them before its walk), and its error. `without_rule` is the same
+What differs between transforms is data, a `Transform`: which rule of a symbol's record it
+reads, when a rule takes a call, which symbols are inert or custom, whether like= stands in,
+whether decompositions are left to it (forward mode inlines them before its walk), and its
+error. `without_rule` is the same
 answer once the rule is out of the question: vmap asks it when a rule declines a call.
 
 The answer is asked once per bound symbol while a transform traces, so it allocates nothing:
@@ -26,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 from typing import Callable
+
+from thunderfn.core.rules import rules
 
 
 class Way(enum.Enum):
@@ -42,14 +45,15 @@ class Way(enum.Enum):
 class Transform:
     """What one transform brings to resolve().
 
-    `rules`: its table, symbol id -> rule. `refusal(bsym)`: its named error, for REFUSE.
+    `kind`: which rule of a symbol's record it reads ("vjp", "jvp" or "batch"). `refusal(bsym)`: its
+    named error, for REFUSE.
     `applies(rule, bsym)`: whether the rule takes this call (None: always). `inert(bsym)`,
     `custom(bsym)`: whether bsym is INERT or CUSTOM here (None: never). `follows_like`: an
     executor's operator defined like= a function is transformed through that function.
     `decomposes`: a composite's subsymbols are walked here (False where the transform
     inlined every decomposition it needs before its walk)."""
     name: str
-    rules: dict
+    kind: str
     refusal: Callable
     applies: Callable | None = None
     inert: Callable | None = None
@@ -64,7 +68,8 @@ def resolve(bsym, transform: Transform) -> Way:
         return Way.INERT
     if transform.custom is not None and transform.custom(bsym):
         return Way.CUSTOM
-    rule = transform.rules.get(bsym.sym.id)
+    record = rules.get(bsym.sym.id)
+    rule = getattr(record, transform.kind) if record is not None else None
     if rule is not None and (transform.applies is None or transform.applies(rule, bsym)):
         return Way.RULE
     return without_rule(bsym, transform)

@@ -54,8 +54,8 @@ from thunderfn.errors import BatchingError, UserGradientError
 from thunderfn.torch.opaque import run_opaque
 from thunderfn.torch.reductions import sum_to
 from thunderfn.transforms.custom_vjp import custom_vjp
-from thunderfn.transforms.jvp_rules import JVPRule, register_jvp, unregister_jvp
-from thunderfn.transforms.vjp_rules import wants_gradient
+from thunderfn.core.rules import JVPRule, drop_rule, set_rule
+from thunderfn.transforms.rules.define import wants_gradient
 
 _NAMESPACE = "thunderfn"
 
@@ -248,8 +248,8 @@ class UserFunction(custom_vjp):
         self.defvjp(self._fwd, self._bwd)
         self._symbol.name = self._symbol.print_name = f"user_function_{forward_only.__name__}"
         self._symbol.tags = self._symbol.tags | {"user_function"}
-        register_jvp(self._symbol.id, JVPRule(_WeakJVP(self)))
-        weakref.finalize(self, unregister_jvp, self._symbol.id)
+        set_rule(self._symbol.id, "jvp", JVPRule(_WeakJVP(self)))
+        weakref.finalize(self, drop_rule, self._symbol.id, "jvp")
         # vmap (transforms/vmap.py) asks a custom_vjp for its own batching: None means vmap its fwd and bwd
         self.vmap_rule = None if spec.generate_vmap_rule and spec.vmap is None else self._batch
 
@@ -422,7 +422,7 @@ def differentiable_outputs(bsym) -> set:
 
 
 class _WeakJVP:
-    """A UserFunction's tangent rule in jvp_rules, called while the UserFunction is alive."""
+    """A UserFunction's JVP rule, called while the UserFunction is alive."""
 
     def __init__(self, owner: UserFunction):
         self._owner = weakref.ref(owner)

@@ -4,8 +4,8 @@ The function is traced for one example (each batched input replaced by a proxy w
 batch dimension) into a scratch scope, and the recorded region is walked forward: every
 value carries a batch dimension (an int) or None (the same for every example). A bound
 symbol none of whose arguments is batched is kept as it is, once for the whole batch; one
-with a batched argument is replaced by what its rule in `batching_rules`
-(transforms/batching_rules.py) emits; a tf.custom_vjp function becomes a custom_vjp of its
+with a batched argument is replaced by what its batching rule (core/rules.py's record, written in
+its op family's module under transforms/rules/) emits; a tf.custom_vjp function becomes a custom_vjp of its
 vmapped fwd and bwd, a tf.custom_jvp one a custom_jvp of its vmapped function and rule; a
 symbol without a rule is batched through its decomposition (its subsymbols); an opaque torch
 op through torch.func.vmap when the compiled function runs; any other raises BatchingError
@@ -29,6 +29,7 @@ from thunderfn.core import context
 from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import of_leaves, output_leaves, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
+from thunderfn.core.rules import RecordedCall, rules_of
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.decorators import with_options_form
 from thunderfn.core.trace import up_to_date
@@ -37,8 +38,7 @@ from thunderfn import clang, prims
 from thunderfn.torch import inplace
 from thunderfn.torch.opaque import _meta, named_functorch_refusal
 from thunderfn.transforms.autodiff import _compiled, as_trace_constants
-from thunderfn.transforms import batching_rules_torch  # noqa: F401  (registers the torch-language rules)
-from thunderfn.transforms.batching_rules import batching_rules, move_batch_dim
+from thunderfn.transforms.rules.common import move_batch_dim
 from thunderfn.transforms.custom_jvp import custom_jvp, primal_of, spec_of
 from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn.transforms.resolve import Transform, Way, resolve, without_rule
@@ -165,7 +165,7 @@ class _Batching:
                 self._custom_jvp(bsym)
             return
         if way is Way.RULE:  # an executor's operator's rule too, entered by register_operator
-            if self._apply(batching_rules[bsym.sym.id], bsym):
+            if self._apply(rules_of(bsym.sym.id).batch, bsym):
                 return
             way = without_rule(bsym, VMAP)  # the rule declined this call
         if way is Way.DECOMPOSITION:
@@ -182,7 +182,7 @@ class _Batching:
         if any(isinstance(v, TensorProxy) for v in tree_leaves(kwargs)) and bsym.sym.fn is not None:
             args, kwargs = tensors_by_position(bsym.sym, args, kwargs)  # rules take tensors by position
         dims = tuple(entry_by_name(a, self.dims) for a in args)
-        result = rule.batch(_batched(args, self.values), dims, kwargs, bsym.output)
+        result = rule.batch(RecordedCall(bsym.sym, _batched(args, self.values), kwargs, bsym.output), dims)
         if result is NotImplemented:
             return False
         out, out_dims = result
@@ -256,7 +256,7 @@ def _refusal(bsym) -> BatchingError:
         how = (f"register it with one: {bsym.sym.executor.name}.register_operator('{bsym.sym.name}', ..., "
                f"batch_rule=rule)")
     else:
-        how = "register one with @thunderfn.transforms.batching_rules.defbatch(symbol id)"
+        how = "register one with @tf.extend.defbatch(symbol id)"
     return BatchingError(
         f"vmap cannot batch {bsym.sym.print_name}: it has no batching rule, no decomposition and no torch "
         f"function to batch with torch.func.vmap. Give it a rule (docs/vmap.md): {how}; or call it outside "
@@ -265,7 +265,7 @@ def _refusal(bsym) -> BatchingError:
 
 # vmap as transforms/resolve.py sees it: no symbol is inert (one with no batched input never gets here),
 # an operator's like= function does not stand in for it (its batch_rule does)
-VMAP = Transform("vmap", batching_rules, _refusal, custom=_is_custom)
+VMAP = Transform("vmap", "batch", _refusal, custom=_is_custom)
 
 
 def _draws_random(bsym) -> bool:
@@ -273,7 +273,7 @@ def _draws_random(bsym) -> bool:
     return "random" in bsym.sym.tags or any(_draws_random(sub) for sub in bsym.subsymbols)
 
 
-# Each custom_vjp's batched forms, by in_axes: kept alive with it, since vjp_rules holds a
+# Each custom_vjp's batched forms, by in_axes: kept alive with it, since the rule table holds a
 # custom_vjp's rule only while the custom_vjp lives.
 _batched_forms: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 

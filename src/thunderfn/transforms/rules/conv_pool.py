@@ -1,4 +1,5 @@
-"""VJP rules for convolution and pooling: eager's backward kernels, from what eager saves.
+"""Rules of the convolution and pooling family: VJP rules that run eager's backward kernels, from what
+eager saves.
 
 The forward ops are opaque (torch/conv_pool.py): without a rule, reverse mode would differentiate each
 through torch.func when the backward runs, which runs the forward op again before its backward. With
@@ -15,9 +16,8 @@ other (eager pads the input first; the padded input, which the kernel would read
 
 vmap and jvp do not use these rules: they batch and differentiate the opaque ops through torch.func.
 The kernels are opaque too, so a second derivative differentiates them through torch.func (each has
-a derivative formula in torch). This module reads which inputs the backward being traced needs
-gradients for (autodiff's wants_gradient), so it sits above autodiff and joins vjp_rules on import
-(thunderfn/__init__.py imports it).
+a derivative formula in torch). The rules read which inputs the backward being traced needs gradients
+for (define.wants_gradient).
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ import math
 import thunderfn.torch as ltorch
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.torch import conv_pool as kernels
-from thunderfn.transforms.vjp_rules import defvjp, wants_gradient
+from thunderfn.transforms.rules.common import only_input
+from thunderfn.transforms.rules.define import defvjp, wants_gradient
 
 
 def _bound(args, kwargs, params) -> dict:
@@ -46,10 +47,6 @@ def _covered(*args, **kwargs) -> bool:
     positional argument is what rules return) and real (complex autodiff goes through torch.func)."""
     return (not any(isinstance(v, TensorProxy) for v in kwargs.values())
             and all(a.dtype.is_floating_point for a in args if isinstance(a, TensorProxy)))
-
-
-def _only_input(call, ct) -> tuple:
-    return (ct,) + (None,) * (len(call.args) - 1)
 
 
 def _as_2d(t):
@@ -134,9 +131,9 @@ def _max_pool_rule(dims: int):
         if dims == 1:
             dx = kernels.max_pool2d_with_indices_backward(_as_2d(g), _as_2d(x), (1,) + kernel, (1,) + stride,
                                                           (0,) + padding, (1,) + dilation, ceil_mode, _as_2d(indices))
-            return _only_input(call, ltorch.squeeze(dx, -2))
+            return only_input(call, ltorch.squeeze(dx, -2))
         kernel_of = {2: kernels.max_pool2d_with_indices_backward, 3: kernels.max_pool3d_with_indices_backward}[dims]
-        return _only_input(call, kernel_of(g, x, kernel, stride, padding, dilation, ceil_mode, indices))
+        return only_input(call, kernel_of(g, x, kernel, stride, padding, dilation, ceil_mode, indices))
 
     return bwd
 
@@ -150,9 +147,9 @@ def _avg_pool_rule(dims: int):
         if dims == 1:  # (avg_pool1d has no divisor_override)
             dx = kernels.avg_pool2d_backward(_as_2d(g), _as_2d(x), (1,) + kernel, (1,) + stride, (0,) + padding,
                                              ceil_mode, count_include_pad, None)
-            return _only_input(call, ltorch.squeeze(dx, -2))
+            return only_input(call, ltorch.squeeze(dx, -2))
         kernel_of = {2: kernels.avg_pool2d_backward, 3: kernels.avg_pool3d_backward}[dims]
-        return _only_input(call, kernel_of(g, x, kernel, stride, padding, ceil_mode, count_include_pad,
+        return only_input(call, kernel_of(g, x, kernel, stride, padding, ceil_mode, count_include_pad,
                                           a["divisor_override"]))
 
     return bwd
@@ -164,11 +161,11 @@ def _adaptive_avg_pool_rule(dims: int):
         divide, as eager's does); otherwise _adaptive_avg_pool{2,3}d_backward."""
         x = call.args[0]
         if all(s == 1 for s in call.out.shape[-dims:]):
-            return _only_input(call, ltorch.div(ltorch.expand(g, tuple(x.shape)), math.prod(x.shape[-dims:])))
+            return only_input(call, ltorch.div(ltorch.expand(g, tuple(x.shape)), math.prod(x.shape[-dims:])))
         if dims == 1:
-            return _only_input(call, ltorch.squeeze(kernels.adaptive_avg_pool2d_backward(_as_2d(g), _as_2d(x)), -2))
+            return only_input(call, ltorch.squeeze(kernels.adaptive_avg_pool2d_backward(_as_2d(g), _as_2d(x)), -2))
         kernel_of = {2: kernels.adaptive_avg_pool2d_backward, 3: kernels.adaptive_avg_pool3d_backward}[dims]
-        return _only_input(call, kernel_of(g, x))
+        return only_input(call, kernel_of(g, x))
 
     return bwd
 
@@ -178,9 +175,9 @@ def _adaptive_max_pool_rule(dims: int):
         x, (_, indices), g = call.args[0], call.out, g[0]
         if dims == 1:
             dx = kernels.adaptive_max_pool2d_backward(_as_2d(g), _as_2d(x), _as_2d(indices))
-            return _only_input(call, ltorch.squeeze(dx, -2))
+            return only_input(call, ltorch.squeeze(dx, -2))
         kernel_of = {2: kernels.adaptive_max_pool2d_backward, 3: kernels.adaptive_max_pool3d_backward}[dims]
-        return _only_input(call, kernel_of(g, x, indices))
+        return only_input(call, kernel_of(g, x, indices))
 
     return bwd
 
