@@ -115,10 +115,12 @@ def _refusal(bsym) -> UnsupportedOpError:
             f"thunderfn cannot differentiate {bsym.sym.print_name}, an operator of executor '{ex.name}' defined with "
             f"meta=: register a vjp for it, {ex.name}.register_lowering({bsym.sym.print_name}, vjp=(fwd, bwd)), or "
             f"define it with like= to differentiate it through that function.")
+    name = bsym.sym.print_name
     why = rules_of(bsym.sym.id).underivable or "it has no VJP rule and no decomposition"
     return UnsupportedOpError(
-        f"thunderfn cannot differentiate {bsym.sym.print_name}: {why}. Give it a rule with "
-        f"tf.extend.defvjp, or compute this part outside the differentiated function.")
+        f"thunderfn cannot differentiate {name}: {why}. Give it a VJP rule, @tf.extend.defvjp({name}.id) on "
+        f"a function vjp(call, g) (tf.extend.primitive's vjp=), or compute this part outside the differentiated "
+        f"function.")
 
 
 # reverse mode as transforms/resolve.py sees it: a VJP rule where it applies (custom_vjp functions and

@@ -67,8 +67,12 @@ def _refusal(bsym) -> Exception:
             f"forward mode (tf.jvp, tf.jacfwd, tf.hessian) reached '{name}', a tf.custom_vjp function: its rule is "
             f"reverse-mode only, and differentiating its body instead would ignore it. Define it with tf.custom_jvp "
             f"(whose rule both modes use), or use reverse mode (tf.jacrev, tf.jacrev(tf.jacrev(f)) for a Hessian).")
-    why = rules_of(bsym.sym.id).underivable or "it has no JVP rule and no decomposition"
-    return UnsupportedOpError(f"thunderfn cannot differentiate {bsym.sym.print_name} in forward mode: {why}.")
+    name, record = bsym.sym.print_name, rules_of(bsym.sym.id)
+    why = record.underivable or "it has no JVP rule and no decomposition"
+    reverse = "; reverse mode (tf.grad, tf.vjp, tf.jacrev) differentiates it by its VJP rule" if record.vjp else ""
+    return UnsupportedOpError(
+        f"thunderfn cannot differentiate {name} in forward mode: {why}. Give it a JVP rule, "
+        f"@tf.extend.defjvp({name}.id) on a function jvp(call, tangents) (tf.extend.primitive's jvp=){reverse}.")
 
 
 # forward mode as transforms/resolve.py sees it: _flattened inlined every decomposition without a rule

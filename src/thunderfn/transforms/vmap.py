@@ -256,7 +256,8 @@ def _refusal(bsym) -> BatchingError:
         how = (f"register it with one: {bsym.sym.executor.name}.register_operator('{bsym.sym.name}', ..., "
                f"batch_rule=rule)")
     else:
-        how = "register one with @tf.extend.defbatch(symbol id)"
+        how = (f"@tf.extend.defbatch({bsym.sym.print_name}.id) on a function batch(call, dims) "
+               f"(tf.extend.primitive's batch=)")
     return BatchingError(
         f"vmap cannot batch {bsym.sym.print_name}: it has no batching rule, no decomposition and no torch "
         f"function to batch with torch.func.vmap. Give it a rule (docs/vmap.md): {how}; or call it outside "
