@@ -53,8 +53,11 @@ def primitive(name: str, *, meta: Callable, impl: Callable, vjp: Callable | None
     - `batch(call, dims)`: vmap, `(batched output, its batch dim)`, where call.args hold the batched
       arguments, `dims` their batch dimensions (None: unbatched) and call.out one example's output.
     - `tags`: facts transforms read (core/rules.py's TAG_ names: "not_differentiable", ...).
-    A rule left None is one the transform that needs it refuses with a named error naming the
-    primitive and the missing rule; a name already taken is refused here."""
+    A rule left None is one the transform that needs it (tf.grad, tf.jvp, tf.vmap) refuses with a
+    named error naming the primitive and the missing rule. (A jitted function whose inputs require
+    grad and which calls a primitive without a VJP rule runs `impl` under torch.autograd instead, as
+    calling it eagerly would: right where impl is differentiable torch code.) A name already taken is
+    refused here."""
     if not (isinstance(name, str) and name.isidentifier()):
         raise ArgumentValueError(f"tf.extend.primitive: a primitive's name must be a Python identifier, got {name!r}")
     if hasattr(prims, name):
