@@ -248,7 +248,8 @@ class JitState:
             key = named(key, leaves)
             reason = self.why_miss(key, args, kwargs, leaves)
             tensors = [x for x in leaves if isinstance(x, Tensor)]
-            open_dims, hints = open_dimensions(self.options.dynamic, key, tensors, self.compiled_keys(), self.marked_dynamic)
+            open_dims, hints = open_dimensions(self.options.dynamic, key, tensors, self.compiled_keys(),
+                                               self.marked_dynamic)
             if self.n_entries >= self.cache_size_limit:
                 if not self.evict_past_limit:
                     self.warn_limit(reason)
