@@ -10,6 +10,7 @@ import torch
 import thunderfn as tf
 from thunderfn import compile_stages
 from thunderfn.errors import UnsupportedOpError
+from thunderfn.jit_options import JitOptions
 from thunderfn.transforms.ddp import DataParallel
 
 STAGE_NAMES = ["trace", "optimize", "split", "rematerialize", "distribute", "lower", "generate"]
@@ -20,9 +21,7 @@ def _made_by(trc) -> str:
 
 
 def _begin(fn, *args, **options):
-    settings = dict(fallback=True, disable_torch_autograd=False, rematerialize=None, distributed=None)
-    settings.update(options)
-    return compile_stages.begin(fn, fn.__name__, args, {}, None, **settings)
+    return compile_stages.begin(fn, fn.__name__, args, {}, JitOptions(**options))
 
 
 def test_the_stages_are_the_pipeline_architecture_md_lists_in_order():

@@ -220,6 +220,11 @@ def test_backend_options_reach_tf_jit_and_unknown_ones_are_refused():
         torch.compile(lambda x: x + 1, backend="thunderfn", options={"fusoin": True})(torch.randn(2))
     with pytest.raises(tf.errors.ArgumentValueError, match="unsupported must be one of"):
         tf.dynamo.backend(unsupported="cpu")
+    # a bad value is refused naming the option (it used to run each graph eagerly after a warning)
+    with pytest.raises(tf.errors.ArgumentValueError, match="cache_size_limit must be a positive int"):
+        tf.dynamo.backend(cache_size_limit=0)
+    with pytest.raises(Exception, match="cache_size_limit must be a positive int"):
+        torch.compile(lambda x: x + 2, backend="thunderfn", options={"cache_size_limit": 0})(torch.randn(2))
 
 
 def test_explain_refuses_what_the_backend_did_not_compile():

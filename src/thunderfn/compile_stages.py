@@ -51,6 +51,7 @@ from thunderfn.executors.fusion import FusionExecutor
 from thunderfn.executors.torch_rewrites import (UnlessFunctorch, collapse_reshapes, lift_number_operands,
                                                 records_no_autograd, reuse_dead_buffers,
                                                 write_into_written_back_inputs)
+from thunderfn.jit_options import JitOptions
 from thunderfn.torch.autocast import autocast_state
 from thunderfn.torch.autocast import switched_off as autocast_switched_off
 from thunderfn.transforms.autograd_split import CompiledSplit, Split, try_split
@@ -79,10 +80,8 @@ class Compilation:
     name: str  # the function's, for errors
     args: tuple
     kwargs: dict
-    executors: list  # resolved, in priority order
-    disable_torch_autograd: bool
-    rematerialize: bool | None  # jit's option: see _rematerializes
-    distributed: object  # DataParallel, Sharded or None (tf.distributed's configuration of the module)
+    options: JitOptions  # tf.jit's (distributed: tf.distributed's configuration of the module, or None)
+    executors: tuple  # options.executors resolved, in priority order
     sizes: symbolic.SymbolicInputs | None  # the dimensions traced symbolic, if any
     called_with_grad: bool = False
     traces: list[Trace] = dataclasses.field(default_factory=list)  # the forward's (or the only) traces
@@ -97,14 +96,13 @@ class Compilation:
     compiled: Callable | None = None  # generate: what the cache entry calls with the call's tensors
 
 
-def begin(fn, name: str, args, kwargs, executors, *, fallback: bool, disable_torch_autograd: bool, rematerialize,
-          distributed, open_dims=None, hints=None) -> Compilation:
-    """A compile of fn for this call, with the dimensions in open_dims (tensor number -> dims) symbolic,
-    traced at the sizes in hints ((tensor number, dim) -> size) where given."""
+def begin(fn, name: str, args, kwargs, options: JitOptions, open_dims=None, hints=None) -> Compilation:
+    """A compile of fn for this call with tf.jit's options, with the dimensions in open_dims (tensor number
+    -> dims) symbolic, traced at the sizes in hints ((tensor number, dim) -> size) where given."""
     progress.stage("choosing executors")
     sizes = symbolic.SymbolicInputs(open_dims, hints) if open_dims else None
-    return Compilation(fn, name, args, kwargs, _executors.resolve(executors, fallback=fallback),
-                       disable_torch_autograd, rematerialize, distributed, sizes)
+    return Compilation(fn, name, args, kwargs, options, _executors.resolve(options.executors,
+                                                                           fallback=options.fallback), sizes)
 
 
 def trace(c: Compilation) -> Compilation:
@@ -116,7 +114,7 @@ def trace(c: Compilation) -> Compilation:
     with context.active_executors(c.executors):
         # With disable_torch_autograd the function runs under no_grad: traced so too, or a
         # torch.enable_grad() block inside it would switch grad back on from the recorded mode.
-        with recorder, (torch.no_grad() if c.disable_torch_autograd else contextlib.nullcontext()), \
+        with recorder, (torch.no_grad() if c.options.disable_torch_autograd else contextlib.nullcontext()), \
                 symbolic.opening(c.sizes):
             c.traces.append(trace_function(c.fn, *c.args, **c.kwargs))
     c.guards = recorder.guards
@@ -127,7 +125,7 @@ def optimize(c: Compilation) -> Compilation:
     progress.stage("optimizing the trace")
     c.traces.append(timed_pass("Dead Code Elimination", dce, c.traces[-1]))
     c.traces.append(timed_pass(CSE, cse, c.traces[-1]))
-    distribution = _distribution(c.distributed)
+    distribution = _distribution(c.options.distributed)
     if distribution is not None and distribution.forward is not None:
         c.traces.append(distribution.forward(c.traces[-1]))
     return c
@@ -135,7 +133,7 @@ def optimize(c: Compilation) -> Compilation:
 
 def split(c: Compilation) -> Compilation:
     # (grad mode as it is after tracing: a function called under no_grad that switches it on is differentiated)
-    if not c.disable_torch_autograd and torch.is_grad_enabled():
+    if not c.options.disable_torch_autograd and torch.is_grad_enabled():
         progress.stage("differentiating: the forward and backward traces")
         c.split, c.why_no_backward = try_split(c.traces[-1], c.executors)
         c.tried_split = True
@@ -147,7 +145,7 @@ def split(c: Compilation) -> Compilation:
 
 
 def rematerialize(c: Compilation) -> Compilation:
-    if c.split is None or not _rematerializes(c.rematerialize, c.executors):
+    if c.split is None or not _rematerializes(c.options.rematerialize, c.executors):
         return c
     progress.stage("rematerialization")
     forward_trace, backward_trace = rematerialized(c.split.forward, c.split.backward)
@@ -160,18 +158,19 @@ def rematerialize(c: Compilation) -> Compilation:
 
 
 def distribute(c: Compilation) -> Compilation:
-    distribution = _distribution(c.distributed)
+    distribution = _distribution(c.options.distributed)
     if distribution is None:
         return c
     if c.split is None:
-        if torch.is_grad_enabled() and not c.disable_torch_autograd and any(p.requires_grad for p in c.traces[0].args):
+        differentiated = torch.is_grad_enabled() and not c.options.disable_torch_autograd
+        if differentiated and any(p.requires_grad for p in c.traces[0].args):
             raise UnsupportedOpError(
                 f"tf.distributed synchronizes gradients in thunderfn's own backward trace, and "
                 f"'{c.name}' has none: {c.why_no_backward}. For data parallelism, wrap the module in "
                 f"torch's DistributedDataParallel instead: DistributedDataParallel(tf.jit(module)).")
         return c
     progress.stage(distribution.stage)
-    distribution.split(c, c.distributed)
+    distribution.split(c, c.options.distributed)
     c.backward_rewritten = True
     return c
 
@@ -179,10 +178,11 @@ def distribute(c: Compilation) -> Compilation:
 def lower(c: Compilation) -> Compilation:
     if c.split is None:
         # writing into dead intermediates is legal where torch.autograd records nothing
-        no_autograd = c.disable_torch_autograd or not torch.is_grad_enabled() or records_no_autograd(c.traces[-1])
+        no_autograd = (c.options.disable_torch_autograd or not torch.is_grad_enabled()
+                       or records_no_autograd(c.traces[-1]))
         progress.stage("lowering onto executors, code generation")
         c.forward_lowered = lower_for_execution(c.traces[-1], c.executors, no_autograd=no_autograd,
-                                                no_grad=c.disable_torch_autograd)
+                                                no_grad=c.options.disable_torch_autograd)
         c.traces += c.forward_lowered.traces
         return c
     # the derivative's rules repeat work (x * x's backward computes g * x twice): each half is CSE'd again;

@@ -27,7 +27,7 @@ import torch
 
 from thunderfn.cache_key import LEAVES, CacheKey, TensorPart
 from thunderfn.core import symbolic
-from thunderfn.errors import ArgumentIndexError, ArgumentTypeError, ArgumentValueError
+from thunderfn.errors import ArgumentIndexError, ArgumentTypeError
 
 _generated = itertools.count()
 # a TensorPart's shape comes first: a key pattern compares the fields after it as one slice (SymbolicSizes.matches)
@@ -83,11 +83,6 @@ def _mark(t, dim, attribute: str, what: str) -> None:
                                      f"{max(t.ndim, 1) - 1}], but got {d})")
         marked.add(d % max(t.ndim, 1))
     setattr(t, attribute, marked)
-
-
-def check_option(dynamic) -> None:
-    if dynamic not in (None, True, False):
-        raise ArgumentValueError(f"dynamic must be None (automatic), True or False, got {dynamic!r}")
 
 
 def open_dimensions(dynamic, key: CacheKey, tensors: list, compiled_keys, marked: dict | None = None) -> tuple[dict, dict]:

@@ -159,6 +159,6 @@ def _trace_error(fn, args, kwargs) -> str | None:
     return None
 
 
-def _traced_by(fn):
-    """In place of jit (for a ThunderModule's forward too): a function that only traces fn."""
+def _traced_by(fn, *options):
+    """In place of jit (for a ThunderModule's forward too, given its options): a function that only traces fn."""
     return lambda *args, **kwargs: trace(fn, *args, **kwargs)

@@ -1,6 +1,7 @@
 """jit: compile once per input signature and guards, cache, and run the cached code.
 
-A jitted function's JitState keeps its options and its cache. A call with a new
+A jitted function's JitState keeps its options (a JitOptions, each value checked when
+tf.jit is called: jit_options.py) and its cache. A call with a new
 signature is compiled by the stages of compile_stages.py (trace, optimize, split,
 rematerialize, distribute, lower, generate) into a cache entry.
 
@@ -42,7 +43,6 @@ from typing import Callable, Sequence
 import torch
 
 from thunderfn import cache_misses, compile_stages
-from thunderfn import executors as _executors
 from thunderfn.cache_entry import CacheEntry
 from thunderfn.cache_key import CacheKey, named, tensor_fields
 from thunderfn.core import artifacts, context, progress
@@ -51,10 +51,11 @@ from thunderfn.core.interception import is_numpy_scalar
 from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.trace import Trace
 from thunderfn.core.decorators import with_options_form
-from thunderfn.dynamic_shapes import SymbolicSizes, check_option, open_dimensions, served_key
+from thunderfn.dynamic_shapes import SymbolicSizes, open_dimensions, served_key
 from thunderfn.fast_path import fast_dispatcher, fast_key, hit_function, miss, positional_arities
 from thunderfn.core.dynamo_opaque import opaque_to_dynamo
-from thunderfn.errors import ArgumentTypeError, ArgumentValueError, NoTraceError
+from thunderfn.errors import ArgumentTypeError, NoTraceError
+from thunderfn.jit_options import DEFAULT_CACHE_SIZE_LIMIT, JitOptions
 from thunderfn.module import jit_module
 from thunderfn.static_args import StaticArguments
 from thunderfn.static_args import resolve as resolve_static
@@ -67,34 +68,22 @@ _get_default_dtype = torch.get_default_dtype
 _new = tuple.__new__
 _any_autocast = torch._C._is_any_autocast_enabled
 
-DEFAULT_CACHE_SIZE_LIMIT = 8  # torch.compile's recompile_limit
 _FAST_CACHE_LIMIT = 256  # concrete signatures the fast path keeps (see JitState.run)
 
 
 class JitState:
-    """What a jitted function keeps: its caches, its statistics and its most recent compile's traces."""
+    """What a jitted function keeps: its options, its caches, its statistics and its most recent compile's traces."""
 
-    def __init__(self, fn, executors, *, fallback, static_argnums, static_argnames, disable_torch_autograd,
-                 cache_size_limit=DEFAULT_CACHE_SIZE_LIMIT, rematerialize=None, cache_dir=None, distributed=None,
-                 dynamic=None):
+    def __init__(self, fn, options: JitOptions, static: StaticArguments | None = None):
         self.fn = fn
-        self.dynamic = dynamic  # None (automatic), True or False: see dynamic_shapes.py
+        self.options = options  # checked when tf.jit was called (jit_options.py); a copy compiles alike: tf.profile
         # tensor number -> dimensions symbolic in every compile, as if marked with tf.mark_dynamic on every call
         # (set by the torch.compile backend for the dimensions Dynamo made symbolic)
         self.marked_dynamic: dict = {}
-        self.executors = executors
-        self.cache_dir = cache_dir
-        self.distributed = distributed  # DataParallel, Sharded or None
-        self.rematerialize = rematerialize  # None, True or False: see compile_stages._rematerializes
-        self.fallback = fallback
         # checked against fn's signature now (static_args.py); a jitted module's forward gets them resolved
-        self.static = (static_argnums if isinstance(static_argnums, StaticArguments)
-                       else resolve_static(fn, static_argnums, static_argnames))
+        self.static = static if static is not None else resolve_static(fn, options.static_argnums,
+                                                                        options.static_argnames)
         self.static_argnums, self.static_argnames = self.static.argnums, self.static.argnames
-        self.disable_torch_autograd = disable_torch_autograd
-        if not (isinstance(cache_size_limit, int) and cache_size_limit >= 1):
-            raise ArgumentValueError(f"cache_size_limit must be a positive int, got {cache_size_limit!r}")
-        self.cache_size_limit = cache_size_limit
         self.lock = threading.RLock()
         self.fast_cache: dict = {}  # fast key -> the entry's check-and-call function (see fast_hit)
         # (number of positional tensors, keyword names in the call's order) -> the check-and-call function
@@ -116,7 +105,10 @@ class JitState:
         self.last_traces: list[Trace] = []
         self.last_backward_traces: list[Trace] = []
         self.why_no_backward = "it has not been called with an input that requires grad under grad mode"
-        self.jit_options: dict = {}  # the keyword arguments tf.jit was given (a copy compiled alike: tf.profile)
+
+    @property
+    def cache_size_limit(self) -> int:
+        return self.options.cache_size_limit
 
     def key(self, leaves, spec) -> CacheKey:
         """The call's cache key, its parts plain tuples in the order of TensorPart's and ValuePart's fields
@@ -149,10 +141,7 @@ class JitState:
     def compile(self, args, kwargs, leaves, key, open_dims=None, hints=None) -> CacheEntry:
         """The entry for a call, compiled (compile_stages.py) with the dimensions in open_dims (tensor number
         -> dims) symbolic, traced at the sizes in hints ((tensor number, dim) -> size) where given."""
-        c = compile_stages.begin(self.fn, _fn_name(self.fn), args, kwargs, self.executors, fallback=self.fallback,
-                                 disable_torch_autograd=self.disable_torch_autograd,
-                                 rematerialize=self.rematerialize, distributed=self.distributed,
-                                 open_dims=open_dims, hints=hints)
+        c = compile_stages.begin(self.fn, _fn_name(self.fn), args, kwargs, self.options, open_dims, hints)
         try:
             c = compile_stages.run(c)
         finally:  # (said by an error that a later stage raises, too)
@@ -241,7 +230,7 @@ class JitState:
             self.stats[0] += 1
             return self.run(entry, args, kwargs, leaves)
         # told on stderr if it takes long (core/progress.py); artifacts written where configured (core/artifacts.py)
-        with progress.compiling(_fn_name(self.fn)), artifacts.writing_to(self.cache_dir):
+        with progress.compiling(_fn_name(self.fn)), artifacts.writing_to(self.options.cache_dir):
             entry = self.compiled_entry(key, args, kwargs, leaves)
             if entry is None:
                 return self.fn(*args, **kwargs)
@@ -259,7 +248,8 @@ class JitState:
             key = named(key, leaves)
             reason = self.why_miss(key, args, kwargs, leaves)
             tensors = [x for x in leaves if isinstance(x, Tensor)]
-            open_dims, hints = open_dimensions(self.dynamic, key, tensors, self.compiled_keys(), self.marked_dynamic)
+            open_dims, hints = open_dimensions(self.options.dynamic, key, tensors, self.compiled_keys(),
+                                               self.marked_dynamic)
             if self.n_entries >= self.cache_size_limit:
                 if not self.evict_past_limit:
                     self.warn_limit(reason)
@@ -294,7 +284,7 @@ class JitState:
         """Compile and cache the entry for a call like this one without running it (the torch.compile
         backend compiles each graph when Dynamo hands it over, with Dynamo's example inputs)."""
         leaves, spec = tree_flatten((args, kwargs))
-        with progress.compiling(_fn_name(self.fn)), artifacts.writing_to(self.cache_dir):
+        with progress.compiling(_fn_name(self.fn)), artifacts.writing_to(self.options.cache_dir):
             entry = self.compiled_entry(self.key(leaves, spec), args, kwargs, leaves)
         if entry is not None:  # (counted as the miss it is: the first call is then a hit)
             self.last_traces, self.last_backward_traces = entry.traces, entry.backward_traces
@@ -372,7 +362,7 @@ class JitState:
         warnings.warn(
             f"thunderfn.jit: '{_fn_name(self.fn)}' reached cache_size_limit ({self.cache_size_limit}) and now runs "
             f"eagerly for calls that match none of its compiled entries. Last recompiles: {'; '.join(reasons)}. "
-            f"{cache_misses.limit_advice(reasons, self.dynamic, self.pinned_sizes)}", stacklevel=4)
+            f"{cache_misses.limit_advice(reasons, self.options.dynamic, self.pinned_sizes)}", stacklevel=4)
 
 
 def _without(open_dims: dict, dims) -> dict:
@@ -449,27 +439,28 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     `tf.mark_dynamic(t, dim)` and `tf.mark_static(t, dim)` decide for one tensor's dimension.
 
     `distributed`: set by tf.distributed.ddp and fsdp on the modules they prepare (how the
-    module's gradients are synchronized: transforms/ddp.py, transforms/fsdp.py), not by users.
+    module's gradients are synchronized: transforms/ddp.py, transforms/fsdp.py), not by users;
+    an nn.Module given one is refused (write `tf.jit(tf.distributed.ddp(model))`).
+
+    Every option's value is checked here, once, whatever fn is (a JitOptions: jit_options.py):
+    a bad one is an ArgumentTypeError or ArgumentValueError naming the option.
     """
-    options = {name: value for name, value in locals().items() if name != "fn"}  # as given: tf.profile's twin
-    if rematerialize is not None and not isinstance(rematerialize, bool):  # checked here: a module jits its forward later
-        raise ArgumentValueError(f"rematerialize must be None (on where a fusion executor is used), True or False, "
-                         f"got {rematerialize!r}")
-    if fusion is not False:
-        executors = _executors.with_fusion(executors, fusion)
-    elif executors is not None:  # one executor alone ("inductor") is a list of one
-        executors = _executors.as_priority_list(executors)
-    check_option(dynamic)
+    options = JitOptions(executors=executors, fallback=fallback, static_argnums=static_argnums,
+                         static_argnames=static_argnames, disable_torch_autograd=disable_torch_autograd,
+                         cache_size_limit=cache_size_limit, rematerialize=rematerialize, cache_dir=cache_dir,
+                         distributed=distributed, fusion=fusion, dynamic=dynamic)
+    return jit_with_options(fn, options)
+
+
+def jit_with_options(fn: Callable, options: JitOptions, static: StaticArguments | None = None):
+    """tf.jit with its options checked already (a JitOptions): what a jitted module compiles its forward
+    with (`static` then its forward's static arguments, resolved), tf.profile's twin and the torch.compile
+    backend."""
     if isinstance(fn, torch.nn.Module):
-        return jit_module(fn, jit, executors=executors, fallback=fallback, disable_torch_autograd=disable_torch_autograd,
-                          cache_size_limit=cache_size_limit, rematerialize=rematerialize, cache_dir=cache_dir,
-                          dynamic=dynamic, static_argnums=static_argnums, static_argnames=static_argnames)
+        return jit_module(fn, jit_with_options, options)
     if not callable(fn):
         raise ArgumentTypeError(f"jit expects a callable or an nn.Module, got {type(fn).__name__}")
-    state = JitState(fn, executors, fallback=fallback, static_argnums=static_argnums, static_argnames=static_argnames,
-                     disable_torch_autograd=disable_torch_autograd, cache_size_limit=cache_size_limit,
-                     rematerialize=rematerialize, cache_dir=cache_dir, distributed=distributed, dynamic=dynamic)
-    state.jit_options = options
+    state = JitState(fn, options, static)
     fast_cache, call_slow = state.fast_cache, state.call_slow
     use_fast_path = not state.static
 

@@ -32,6 +32,8 @@ from thunderfn.core import context
 from thunderfn.core.context import to_identifier
 from thunderfn.core import pytree
 from thunderfn.errors import ArgumentValueError, UnsupportedOpError
+from thunderfn.jit_options import JitOptions
+from thunderfn.static_args import StaticArguments
 from thunderfn.static_args import resolve as resolve_static
 from thunderfn.torch import distributed as collectives
 
@@ -81,8 +83,9 @@ _creating = threading.Lock()
 
 
 class ThunderModule(torch.nn.Module):
-    def __init__(self, module: torch.nn.Module, jit, **jit_options):
-        """jit: thunderfn.jit, which compiles forward with jit_options."""
+    def __init__(self, module: torch.nn.Module, jit, options: JitOptions, static: StaticArguments):
+        """jit: what compiles forward, called as jit(forward, options, static) (thunderfn.jit's jit_with_options);
+        options: tf.jit's, all of them; static: forward's static arguments, resolved against its signature."""
         super().__init__()
         # Held outside _modules so names and state_dict keys are the original module's.
         object.__setattr__(self, "_thunderfn_module", module)
@@ -91,7 +94,8 @@ class ThunderModule(torch.nn.Module):
         object.__setattr__(self, "_parameters", module._parameters)
         object.__setattr__(self, "_buffers", module._buffers)
         self._thunderfn_jit = jit
-        self._thunderfn_options = jit_options
+        self._thunderfn_options = options
+        self._thunderfn_static = static
         self._thunderfn_forget_compiled()
 
     def _thunderfn_forget_compiled(self):
@@ -119,16 +123,14 @@ class ThunderModule(torch.nn.Module):
 
     def _make_jitted(self):
         module = self.module
-        options = dict(self._thunderfn_options)
+        options = self._thunderfn_options
         parallel = module.__dict__.get("_thunderfn_data_parallel")
         sharded = module.__dict__.get("_thunderfn_fsdp")
         if parallel is not None and parallel.sync:  # gradients all-reduced in the backward (transforms/ddp.py)
-            options["distributed"] = dataclasses.replace(parallel)
+            options = dataclasses.replace(options, distributed=dataclasses.replace(parallel))
         if sharded is not None:
-            options["distributed"] = sharded
+            options = dataclasses.replace(options, distributed=sharded)
         slots = self._slots()
-        if "static_argnums" in options:  # forward's, resolved by jit_module: counted after the state inputs
-            options["static_argnums"] = options["static_argnums"].after(len(slots))
         param_names = [n for n, _ in module.named_parameters()]
         buffer_names = [n for n, _ in module.named_buffers()]
 
@@ -153,7 +155,8 @@ class ThunderModule(torch.nn.Module):
 
         forward.__name__ = forward.__qualname__ = _forward_name(module)  # named in error messages
         forward.__signature__ = _forward_signature(module, param_names + buffer_names)
-        jitted = self._thunderfn_forward = self._thunderfn_jit(forward, **options)
+        static = self._thunderfn_static.after(len(slots))  # forward's static arguments, after the state inputs
+        jitted = self._thunderfn_forward = self._thunderfn_jit(forward, options, static)
         if parallel is not None:
             self._thunderfn_by_sync[parallel.sync] = jitted
         return jitted
@@ -412,8 +415,10 @@ def _has_uninitialized_parameters(module: torch.nn.Module) -> bool:
                for m in module.modules())
 
 
-def jit_module(module: torch.nn.Module, jit, **jit_options) -> ThunderModule:
-    """tf.jit(module): jit is thunderfn.jit, which compiles the module's forward with jit_options."""
+def jit_module(module: torch.nn.Module, jit, options: JitOptions | None = None) -> ThunderModule:
+    """tf.jit(module): jit compiles the module's forward with tf.jit's options (see ThunderModule; None: the
+    defaults)."""
+    options = options if options is not None else JitOptions()
     if isinstance(module, torch.nn.parallel.DistributedDataParallel):
         # its forward prepares its reducer for the autograd graph of real outputs, which a trace has not
         raise UnsupportedOpError(
@@ -422,12 +427,14 @@ def jit_module(module: torch.nn.Module, jit, **jit_options) -> ThunderModule:
             "DistributedDataParallel(tf.jit(model)), or use thunderfn's own: tf.jit(tf.distributed.ddp(model)).")
     if isinstance(module, ThunderModule):  # jit of a jitted module: the module, jitted with these options
         module = module.module
+    if options.distributed is not None:
+        raise ArgumentValueError(
+            "distributed is set by tf.distributed.ddp and fsdp on the module they prepare (which a jitted module's "
+            "forward reads); for a module, write tf.jit(tf.distributed.ddp(model)) or "
+            "tf.jit(tf.distributed.fsdp(model))")
     # checked now, against forward's own signature (bound: its indices start after self)
-    static = resolve_static(module.forward, jit_options.pop("static_argnums", ()),
-                            jit_options.pop("static_argnames", ()), name=_forward_name(module))
-    if static:
-        jit_options["static_argnums"] = static
-    return ThunderModule(module, jit, **jit_options)
+    static = resolve_static(module.forward, options.static_argnums, options.static_argnames, name=_forward_name(module))
+    return ThunderModule(module, jit, options, static)
 
 
 def _forward_name(module: torch.nn.Module) -> str:

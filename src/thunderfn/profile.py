@@ -24,8 +24,8 @@ from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import Trace
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 from thunderfn.executors.fusion import FusionExecutor
-from thunderfn.jit import JitState, jit
-from thunderfn.module import ThunderModule
+from thunderfn.jit import JitState, jit_with_options
+from thunderfn.module import ThunderModule, jit_module
 
 _UNTIMED = {"python.del"}  # statements that free memory: their time is the next operation's
 
@@ -156,12 +156,12 @@ def _twin(jitted, args):
     leaves = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     if isinstance(jitted, ThunderModule):
         module = jitted.module
-        twin = ThunderModule(module, jitted._thunderfn_jit, **jitted._thunderfn_options)
+        twin = jit_module(module, jitted._thunderfn_jit, jitted._thunderfn_options)
         return twin, module, leaves + [p for p in module.parameters() if p.requires_grad]
     state = getattr(jitted, "_thunderfn_state", None)
     if not isinstance(state, JitState):
         raise ArgumentTypeError(f"profile expects a function or module returned by tf.jit, got {type(jitted).__name__}")
-    return jit(state.fn, **state.jit_options), state.fn, leaves
+    return jit_with_options(state.fn, state.options), state.fn, leaves
 
 
 def _step(fn, args, kwargs, wrt) -> None:

@@ -1,7 +1,8 @@
 """static_argnums and static_argnames: which arguments of a jitted function are static, by JAX's rules.
 
 `resolve` reads them against the function's signature once, when jit is called (for a module, against
-its forward's, without self):
+its forward's, without self), each already a tuple of ints or of strs (JitOptions checked their types:
+jit_options.py):
 
 - each names the other where the signature can: an index whose parameter can be passed by keyword adds
   that name, and a name of a parameter that can be passed by position adds its index, so an argument is
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import operator
 
 import torch
 
@@ -85,11 +85,11 @@ class StaticArguments:
                     f"frozen dataclass)") from None
 
 
-def resolve(fn, static_argnums, static_argnames, *, name: str | None = None) -> StaticArguments:
-    """fn's static arguments from jit's options, checked against fn's signature (the module docstring's
-    rules). `name` names fn in messages (default: its __name__)."""
+def resolve(fn, argnums: tuple[int, ...], argnames: tuple[str, ...], *, name: str | None = None) -> StaticArguments:
+    """fn's static arguments from jit's options (a tuple each, as JitOptions holds them: jit_options.py),
+    checked against fn's signature (the module docstring's rules). `name` names fn in messages (default:
+    its __name__)."""
     name = name or getattr(fn, "__name__", type(fn).__name__)
-    argnums, argnames = _as_indices(static_argnums), _as_names(static_argnames)
     if not argnums and not argnames:
         return StaticArguments(name)
     try:
@@ -125,33 +125,6 @@ def resolve(fn, static_argnums, static_argnames, *, name: str | None = None) -> 
     argnums = {*argnums, *(index[p.name] for p in both if p.name in argnames)}
     argnames = [*argnames, *(p.name for p in both if index[p.name] in argnums)]
     return StaticArguments(name, tuple(sorted(argnums)), tuple(dict.fromkeys(argnames)))
-
-
-def _as_indices(argnums) -> tuple[int, ...]:
-    if argnums is None:
-        return ()
-    try:
-        return (operator.index(argnums),)
-    except TypeError:
-        pass
-    try:
-        return tuple(operator.index(i) for i in argnums)
-    except TypeError:
-        raise ArgumentTypeError(f"static_argnums must be an int or a sequence of ints, got {argnums!r}") from None
-
-
-def _as_names(argnames) -> tuple[str, ...]:
-    if argnames is None:
-        return ()
-    if isinstance(argnames, str):
-        return (argnames,)
-    try:
-        names = tuple(argnames)
-    except TypeError:
-        names = None
-    if names is None or not all(isinstance(a, str) for a in names):
-        raise ArgumentTypeError(f"static_argnames must be a str or a sequence of strs, got {argnames!r}")
-    return names
 
 
 def _parameters(signature: inspect.Signature) -> str:

@@ -31,22 +31,30 @@ from thunderfn.dynamo.graph_runner import graph_function
 from thunderfn.dynamo.report import GraphRecord, Piece, Records
 from thunderfn.dynamo.splitting import KnownOnlyAtRunTime, concrete, example_value, split_around, unsupported_nodes
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
-from thunderfn.jit import jit
+from thunderfn.jit import jit_with_options
+from thunderfn.jit_options import NAMES as JIT_OPTIONS, JitOptions
 
 UNSUPPORTED_RUNNERS = ("eager", "inductor")
-_JIT_OPTIONS = frozenset(inspect.signature(inspect.unwrap(jit)).parameters) - {"fn", "distributed"}
+_KNOWN_OPTIONS = frozenset(JIT_OPTIONS) - {"distributed"} | {"unsupported"}  # tf.jit's, but not distributed
 
 
-def _checked_options(options: dict, where: str) -> dict:
-    unknown = sorted(set(options) - _JIT_OPTIONS - {"unsupported"})
+def _known(options: dict, where: str) -> dict:
+    """options, each a known option's (`where` they were given, for the message)."""
+    unknown = sorted(set(options) - _KNOWN_OPTIONS)
     if unknown:
         raise ArgumentValueError(f"Unexpected optimization option {', '.join(map(repr, unknown))} for the thunderfn "
-                                 f"backend ({where}); known options: {', '.join(sorted(_JIT_OPTIONS | {'unsupported'}))}")
+                                 f"backend ({where}); known options: {', '.join(sorted(_KNOWN_OPTIONS))}")
+    return options
+
+
+def _parsed(options: dict) -> tuple[JitOptions, str]:
+    """(tf.jit's options among `options`, each value checked: jit_options.py; what runs the graph pieces
+    thunderfn cannot take)."""
     runner = options.get("unsupported", "eager")
     if runner not in UNSUPPORTED_RUNNERS:
         raise ArgumentValueError(f"unsupported must be one of {UNSUPPORTED_RUNNERS} (what runs the graph pieces "
                                  f"thunderfn cannot take), got {runner!r}")
-    return options
+    return JitOptions(**{name: value for name, value in options.items() if name != "unsupported"}), runner
 
 
 class Backend:
@@ -55,23 +63,25 @@ class Backend:
     plus `unsupported`: what runs graph pieces thunderfn cannot take, "eager" or "inductor"."""
 
     def __init__(self, **options):
-        self.options = _checked_options(options, "tf.dynamo.backend")
+        self.given = _known(options, "tf.dynamo.backend")
+        self.options, self.runner = _parsed(options)  # checked once, here
         self.records = Records()
         self.__name__ = "thunderfn"
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.given.items())
         return f"thunderfn.dynamo.backend({shown})"
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None):
         if not isinstance(gm, torch.fx.GraphModule):
             raise ArgumentTypeError(f"the thunderfn backend expects a torch.fx.GraphModule (Dynamo's graph), got "
                                     f"{type(gm).__name__}")
-        settings = {**self.options, **_checked_options(dict(options or {}), "torch.compile(options=...)")}
-        runner = settings.pop("unsupported", "eager")
+        parsed, runner = self.options, self.runner
+        if options:  # torch.compile(options=...)'s, over the backend's own
+            parsed, runner = _parsed({**self.given, **_known(dict(options), "torch.compile(options=...)")})
         record = GraphRecord.of(gm, mode)
         self.records.add(_compiling_wrapper(), record)
-        return compile_graph(gm, list(example_inputs), settings, runner, record)
+        return compile_graph(gm, list(example_inputs), parsed, runner, record)
 
     def reset(self) -> None:  # torch._dynamo.reset() calls it: the graphs it forgets leave the report too
         self.records.clear()
@@ -90,7 +100,7 @@ def _compiling_wrapper():
     return caller if caller is not None and hasattr(caller, "compiler_fn") else None
 
 
-def _compile_piece(gm: torch.fx.GraphModule, examples: list | None, settings: dict):
+def _compile_piece(gm: torch.fx.GraphModule, examples: list | None, options: JitOptions):
     """(gm compiled by tf.jit, what Dynamo calls). The entry for these inputs is compiled now, not
     at the first call (then, where an input's size is known only at run time).
 
@@ -105,8 +115,8 @@ def _compile_piece(gm: torch.fx.GraphModule, examples: list | None, settings: di
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     sizes = _sizes_read_from_tensors(placeholders) if examples is not None else None
     if sizes:
-        return _compile_symbolic_piece(gm, examples, [_recorded(n) for n in placeholders], settings, sizes)
-    jitted = jit(graph_function(gm), **settings)
+        return _compile_symbolic_piece(gm, examples, [_recorded(n) for n in placeholders], options, sizes)
+    jitted = jit_with_options(graph_function(gm), options)
     if examples is None:
         return jitted, jitted
     examples = tuple(concrete(x) for x in examples)
@@ -149,7 +159,7 @@ def _sizes_read_from_tensors(placeholders: list) -> dict | None:
     return sizes
 
 
-def _compile_symbolic_piece(gm: torch.fx.GraphModule, examples: list, recorded: list, settings: dict, sizes: dict):
+def _compile_symbolic_piece(gm: torch.fx.GraphModule, examples: list, recorded: list, options: JitOptions, sizes: dict):
     """(the jitted graph, what Dynamo calls) for a graph whose size inputs are dimensions of its tensor inputs:
     the jitted function takes the other inputs and reads each size from its tensor, and the dimensions Dynamo
     made symbolic are symbolic in thunderfn's trace (tf.jit's dynamic shapes), so one entry serves every size."""
@@ -167,7 +177,7 @@ def _compile_symbolic_piece(gm: torch.fx.GraphModule, examples: list, recorded: 
         return run_graph(*[size(i, args) if i in sizes else args[at[i]] for i in range(len(examples))])
 
     with_sizes_from_tensors.__name__ = getattr(run_graph, "__name__", "graph")
-    jitted = jit(with_sizes_from_tensors, **settings)
+    jitted = jit_with_options(with_sizes_from_tensors, options)
     tensors = [recorded[i] for i in kept if isinstance(recorded[i], torch.Tensor)]
     jitted._thunderfn_state.marked_dynamic = {
         k: frozenset(d for d, n in enumerate(t.shape) if isinstance(n, torch.SymInt)) for k, t in enumerate(tensors)}
@@ -186,10 +196,11 @@ def _run_elsewhere(gm: torch.fx.GraphModule, examples: list | None, runner: str)
     return gm.forward
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, settings: dict, runner: str, record: GraphRecord):
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: JitOptions, runner: str,
+                  record: GraphRecord):
     """The callable Dynamo runs for gm (see module docstring)."""
     try:
-        jitted, call = _compile_piece(gm, example_inputs, settings)
+        jitted, call = _compile_piece(gm, example_inputs, options)
     except Exception as whole_error:  # noqa: BLE001  (the check below says which nodes, or the graph runs elsewhere)
         try:
             unsupported = unsupported_nodes(gm, [concrete(x) for x in example_inputs])
@@ -203,12 +214,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, settings: dict
                           f"({type(whole_error).__name__}: {whole_error}). tf.dynamo.explain(compiled) lists it.",
                           stacklevel=2)
             return _run_elsewhere(gm, example_inputs, runner)
-        return _compile_split(gm, example_inputs, settings, runner, record, unsupported)
+        return _compile_split(gm, example_inputs, options, runner, record, unsupported)
     record.pieces.append(Piece("thunderfn", gm, fn=jitted))
     return call
 
 
-def _compile_split(gm, example_inputs, settings, runner, record, unsupported):
+def _compile_split(gm, example_inputs, options, runner, record, unsupported):
     for u in unsupported:
         if u.higher_order_op is not None:
             warnings.warn(f"thunderfn's torch.compile backend runs torch.ops.higher_order.{u.higher_order_op} "
@@ -236,7 +247,7 @@ def _compile_split(gm, example_inputs, settings, runner, record, unsupported):
         if ours:
             try:
                 with torch.set_grad_enabled(grad_mode):
-                    jitted, fn = _compile_piece(piece_gm, examples, settings)
+                    jitted, fn = _compile_piece(piece_gm, examples, options)
                 record.pieces.append(Piece("thunderfn", piece_gm, fn=jitted))
             except Exception as e:  # noqa: BLE001
                 fn = _run_elsewhere(piece_gm, examples, runner)
