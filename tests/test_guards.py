@@ -1,5 +1,5 @@
 """Guards (core/guards.py, jit.py): a compiled entry runs only while the Python state its
-trace read is unchanged; anything else retraces and says why (issue 10, items 7-9, 16, 18)."""
+trace read is unchanged; anything else retraces and says why."""
 import gc
 import linecache
 import warnings
@@ -37,7 +37,7 @@ class WithSubmodules(torch.nn.Module):
         return self.drop(self.bn(self.linear(x)))
 
 
-# -- item 7: every submodule's training flag --------------------------------------------------
+# -- every submodule's training flag ---------------------------------------------------------
 def test_submodule_eval_retraces_to_the_eval_trace():
     model, x = WithSubmodules(), torch.randn(8, 4)
     jm = tf.jit(model)
@@ -60,7 +60,7 @@ def test_mc_dropout_submodule_in_training_under_an_eval_model():
     assert not torch.equal(expected, model.eval()(x))
 
 
-# -- item 8: hooks, attributes, closed-over and global values ----------------------------------
+# -- hooks, attributes, closed-over and global values -----------------------------------------
 def test_forward_hook_registered_after_the_first_call_runs():
     model, x = Tempered(), torch.randn(2, 4)
     jm = tf.jit(model)
@@ -175,7 +175,7 @@ def test_value_written_by_the_traced_code_is_not_guarded():
     assert counter.calls == 1 and tf.cache_info(jf)["misses"] == 1
 
 
-# -- item 9: tensors held by plain objects passed as arguments ---------------------------------
+# -- tensors held by plain objects passed as arguments ----------------------------------------
 def test_tensor_held_by_a_plain_argument_is_not_frozen():
     class Box:
         def __init__(self, t):
@@ -192,7 +192,7 @@ def test_tensor_held_by_a_plain_argument_is_not_frozen():
     assert jf(x, box).tolist() == [11.0] * 3
 
 
-# -- item 16: cache_info counts the hits of the fast path ---------------------------------------
+# -- cache_info counts the hits of the fast path ----------------------------------------------
 def test_cache_info_counts_fast_path_hits():
     jf, x = tf.jit(lambda a, b: a * b), torch.randn(3)
     for _ in range(5):
@@ -201,7 +201,7 @@ def test_cache_info_counts_fast_path_hits():
     assert (info["hits"], info["misses"], info["entries"]) == (4, 1, 1)
 
 
-# -- item 18: cache_size_limit, reasons, freeing -------------------------------------------------
+# -- cache_size_limit, reasons, freeing --------------------------------------------------------
 def test_cache_size_limit_warns_once_and_runs_eagerly():
     jf = tf.jit(lambda x, n: x * n, cache_size_limit=2)
     x = torch.ones(2)

@@ -1,7 +1,6 @@
 """Optimizer-style code under tf.jit matches eager: `.grad` is read when the compiled function
-is called (issue 10, item 10), in-place updates of parameters under no_grad and whole
-optimizer steps give eager's parameters and state (item 12), and torch.func's transforms
-work over jitted functions (item 13)."""
+is called, in-place updates of parameters under no_grad and whole optimizer steps give
+eager's parameters and state, and torch.func's transforms work over jitted functions."""
 import copy
 
 import pytest
@@ -20,7 +19,7 @@ def _backward(model, x):
     (model(x) ** 2).sum().backward()
 
 
-# -- item 10: .grad at call time ----------------------------------------------------------------
+# -- .grad read at call time ---------------------------------------------------------------------
 def test_grad_of_captured_parameter_is_read_at_call_time_not_trace_time():
     lin = torch.nn.Linear(3, 2)
     jitted = tf.jit(lambda: lin.weight.grad * 2)
@@ -67,7 +66,7 @@ def test_assigning_grad_inside_a_traced_function_is_refused_by_name():
         tf.jit(reset)()
 
 
-# -- item 12: in-place updates under no_grad, optimizer steps ----------------------------------------
+# -- in-place updates under no_grad, optimizer steps -------------------------------------------------
 def test_no_grad_update_of_captured_parameters_matches_eager():
     model, ref = _model(), _model()
 
@@ -216,7 +215,7 @@ def test_capturable_and_fused_optimizers_are_refused_by_name(flag):
     assert all(len(s) == 0 for s in opt.state.values())  # nothing was left behind by the refused trace
 
 
-# -- item 13: torch.func over tf.jit ---------------------------------------------------------------
+# -- torch.func over tf.jit ------------------------------------------------------------------------
 def _f(x):
     return (x.sin() * x.exp()).sum()
 

@@ -15,7 +15,7 @@ def _gather_rows(x, index):
     return torch.gather(x, 0, index)
 
 
-# -- item 5: global state restored when the compiled function raises --------------------------
+# -- global state restored when the compiled function raises ----------------------------------
 def test_grad_mode_is_restored_when_an_op_under_no_grad_raises_at_run_time():
     def f(x, index):
         y = x * 2
@@ -133,7 +133,7 @@ def test_default_dtype_left_changed_by_the_traced_code_is_changed_on_every_call(
     assert torch.get_default_dtype() == torch.float64
 
 
-# -- item 6: other threads' random draws do not disturb a compile ------------------------------
+# -- other threads' random draws do not disturb a compile --------------------------------------
 class _Drawing:
     """A thread drawing random numbers from torch's global generator until stopped."""
 
@@ -199,7 +199,7 @@ def test_reseeding_inside_the_traced_function_is_still_refused_by_name():
             tf.jit(seeds_the_generator_itself)(torch.randn(3))
 
 
-# -- item 17: names resolved by attribute walks, never by evaluating strings --------------------
+# -- names resolved by attribute walks, never by evaluating strings -----------------------------
 def test_torch_names_resolve_by_attribute_walk_without_evaluating_strings(monkeypatch):
     from thunderfn.core.interception import resolve_torch_name
 
@@ -224,7 +224,7 @@ def test_torch_names_resolve_by_attribute_walk_without_evaluating_strings(monkey
     assert evaluated == []
 
 
-# -- item 15: numpy scalars and any parameter name torch accepts -------------------------------
+# -- numpy scalars and any parameter name torch accepts ----------------------------------------
 NUMPY_SCALARS = [np.float32(2.5), np.float64(-0.0), np.float16(0.5), np.int64(3), np.uint8(2), np.bool_(True)]
 
 
