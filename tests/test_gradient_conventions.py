@@ -1,6 +1,6 @@
-"""Gradient conventions in training loops: every output keeps
-its position in the cotangents, integer outputs get none, which tensors get a gradient
-(None vs zeros) is eager's, and custom_vjp rules hold everywhere."""
+"""Gradient conventions in training loops: every output keeps its position in the cotangents,
+integer outputs get none, the derivative with respect to a Python float is a 0-d tensor (as JAX's),
+and which tensors get a gradient (None vs zeros) and which outputs require grad is eager's."""
 import pytest
 import torch
 
@@ -89,46 +89,6 @@ def test_grad_with_respect_to_floats_mixed_with_tensors_matches_torch():
 def test_grad_with_respect_to_a_python_int_is_refused_like_jax():
     with pytest.raises(TypeError, match="requires floating-point inputs.*Python int 3"):
         tf.grad(lambda x: x * 2)(3)
-
-
-# -- a custom_vjp rule holds in eager calls that torch differentiates ------------------------------
-def _straight_through_round():
-    def st_round(x, scale):
-        return torch.round(x * scale) / scale
-
-    rounded = tf.custom_vjp(st_round, nondiff_argnums=(1,))
-    rounded.defvjp(lambda x, scale: (st_round(x, scale), None), lambda scale, res, g: (g,))
-    return rounded
-
-
-def test_custom_vjp_rule_holds_when_called_eagerly_with_tensors_requiring_grad():
-    st_round = _straight_through_round()
-    x = torch.randn(5)
-    grads = []
-    for call in (st_round, tf.jit(st_round)):
-        leaf = x.clone().requires_grad_()
-        (call(leaf, 4.0) * torch.arange(5.0)).sum().backward()
-        grads.append(leaf.grad)
-    via_grad = tf.grad(lambda t: (st_round(t, 4.0) * torch.arange(5.0)).sum())(x)
-    torch.testing.assert_close(grads[0], torch.arange(5.0))  # the rule, not round's zero derivative
-    torch.testing.assert_close(grads[1], grads[0])
-    torch.testing.assert_close(via_grad, grads[0])
-
-
-def test_custom_vjp_without_grad_runs_the_primal_function():
-    calls = []
-
-    @tf.custom_vjp
-    def f(x):
-        calls.append("fn")
-        return x * 2
-
-    f.defvjp(lambda x: (calls.append("fwd") or x * 2, None), lambda res, g: (g * 2,))
-    x = torch.randn(3)
-    torch.testing.assert_close(f(x), x * 2)
-    with torch.no_grad():
-        f(x.requires_grad_())
-    assert calls == ["fn", "fn"]
 
 
 # -- None vs zeros, and which outputs require grad, as eager -----------------------------------------
