@@ -2,8 +2,6 @@
 scalars among them), outputs, modules, nesting, and generated code that user-chosen names cannot break."""
 import ast
 import collections
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -619,28 +617,6 @@ def test_strings_that_reach_generated_code_stay_names_or_comments():
     source = str(trc)
     assert all(line.startswith(("#", "import", "def", " ", "from")) or not line for line in source.splitlines())
     torch.testing.assert_close(trc.python_callable()(torch.ones(2)), torch.full((2,), 2.0))
-
-
-# -- torch.compile over jit -------------------------------------------------------------------
-def test_torch_compile_of_a_jitted_function_runs_it_as_one_call_with_eager_values():
-    def f(a):
-        return a.sin() * 2
-
-    a = torch.randn(3, requires_grad=True)
-    out = torch.compile(tf.jit(f))(a)
-    torch.testing.assert_close(out, f(a))
-    out.sum().backward()
-    torch.testing.assert_close(a.grad, 2 * a.detach().cos())
-    model = torch.nn.Linear(3, 2)
-    jitted = tf.jit(model)
-    calls_it = torch.compile(lambda x: jitted(x).relu() + 1)  # a graph break around the jitted call
-    torch.testing.assert_close(calls_it(a.detach()), model(a.detach()).relu() + 1)
-
-
-def test_importing_thunderfn_does_not_import_dynamo():
-    code = "import sys, thunderfn; assert 'torch._dynamo' not in sys.modules, 'thunderfn imported torch._dynamo'"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
 
 
 # -- torch state changed by the traced code ---------------------------------------------------
