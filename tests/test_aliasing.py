@@ -207,7 +207,7 @@ def test_prims_decomposition_of_aliasing_ops_stays_functional():
         torch.testing.assert_close(prims_only(x), fn(x))
 
 
-# -- item 14: checks eager makes on layouts hold under jit -------------------------------------------
+# -- checks eager makes on layouts hold under jit ----------------------------------------------------
 VIEW_MESSAGE = "view size is not compatible with input tensor's size and stride"
 OVERLAP_MESSAGE = "more than one element of the written-to tensor refers to a single memory location"
 

@@ -110,7 +110,7 @@ def _eager_and_jit_grads(fn, *inputs):
     return out_e, [t.grad for t in a], out_j, [t.grad for t in b]
 
 
-# -- the examples -----------------------------------------------------------------------
+# -- a deliberately wrong backward is the gradient, not autodiff of forward -----------------------
 @pytest.mark.parametrize("fn_cls", [WrongSquare, WrongSquareNew])
 def test_jit_output_requires_grad_and_backward_uses_the_functions_backward(fn_cls):
     w = _rand(3, 3)

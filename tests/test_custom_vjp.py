@@ -1,5 +1,6 @@
-"""custom_vjp: a user's gradient replaces autodiff of the body, composes with jit and grad,
-and mistakes in fwd/bwd are reported naming the function and the position."""
+"""custom_vjp: a user's gradient replaces autodiff of the body, composes with jit and grad, holds in
+eager calls that torch.autograd differentiates, and mistakes in fwd/bwd are reported naming the
+function and the position."""
 import pytest
 import torch
 from hypothesis import given
@@ -190,3 +191,43 @@ def test_fwd_may_call_the_function_itself():
     leaf = x.clone().requires_grad_()
     softplus(leaf).sum().backward()  # eager, differentiated by torch.autograd through the rule
     torch.testing.assert_close(leaf.grad, torch.sigmoid(x))
+
+
+# -- called eagerly: the rule holds where torch.autograd differentiates, else the function runs ---
+def _straight_through_round():
+    def st_round(x, scale):
+        return torch.round(x * scale) / scale
+
+    rounded = tf.custom_vjp(st_round, nondiff_argnums=(1,))
+    rounded.defvjp(lambda x, scale: (st_round(x, scale), None), lambda scale, res, g: (g,))
+    return rounded
+
+
+def test_custom_vjp_rule_holds_when_called_eagerly_with_tensors_requiring_grad():
+    st_round = _straight_through_round()
+    x = torch.randn(5)
+    grads = []
+    for call in (st_round, tf.jit(st_round)):
+        leaf = x.clone().requires_grad_()
+        (call(leaf, 4.0) * torch.arange(5.0)).sum().backward()
+        grads.append(leaf.grad)
+    via_grad = tf.grad(lambda t: (st_round(t, 4.0) * torch.arange(5.0)).sum())(x)
+    torch.testing.assert_close(grads[0], torch.arange(5.0))  # the rule, not round's zero derivative
+    torch.testing.assert_close(grads[1], grads[0])
+    torch.testing.assert_close(via_grad, grads[0])
+
+
+def test_custom_vjp_without_grad_runs_the_primal_function():
+    calls = []
+
+    @tf.custom_vjp
+    def f(x):
+        calls.append("fn")
+        return x * 2
+
+    f.defvjp(lambda x: (calls.append("fwd") or x * 2, None), lambda res, g: (g * 2,))
+    x = torch.randn(3)
+    torch.testing.assert_close(f(x), x * 2)
+    with torch.no_grad():
+        f(x.requires_grad_())
+    assert calls == ["fn", "fn"]

@@ -1,7 +1,8 @@
 """thunderfn as a torch.compile backend (docs/torch_compile.md): Dynamo captures graphs and breaks
 them around what it cannot capture; thunderfn compiles each graph, splitting it around nodes it
 cannot take. The law for every test: the compiled function gives eager's outputs and gradients
-(presence included), and the report says what ran where and why."""
+(presence included), and the report says what ran where and why. A jitted function inside torch.compile
+runs as one call, with this backend or torch's default (Inductor)."""
 import copy
 import subprocess
 import sys
@@ -240,6 +241,23 @@ def test_torch_compile_of_a_jitted_function_runs_it_as_one_call():
     compiled = torch.compile(lambda x: jitted(x) * 2, backend="thunderfn")
     x = torch.randn(4)
     torch.testing.assert_close(compiled(x), f(x) * 2)
+
+
+@needs_inductor
+def test_torch_compile_with_inductor_of_a_jitted_function_gives_eager_values_and_gradients():
+    """torch.compile's default backend (Inductor) compiles its kernels: seconds, a minute with a cold cache."""
+    def f(a):
+        return a.sin() * 2
+
+    a = torch.randn(3, requires_grad=True)
+    out = torch.compile(tf.jit(f))(a)
+    torch.testing.assert_close(out, f(a))
+    out.sum().backward()
+    torch.testing.assert_close(a.grad, 2 * a.detach().cos())
+    model = torch.nn.Linear(3, 2)
+    jitted = tf.jit(model)
+    calls_it = torch.compile(lambda x: jitted(x).relu() + 1)  # a graph break around the jitted call
+    torch.testing.assert_close(calls_it(a.detach()), model(a.detach()).relu() + 1)
 
 
 def test_map_is_unrolled_and_a_nested_compile_region_inlined():

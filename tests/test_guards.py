@@ -1,8 +1,11 @@
-"""Guards (core/guards.py, jit.py): a compiled entry runs only while the Python state its
-trace read is unchanged; anything else retraces and says why (issue 10, items 7-9, 16, 18)."""
+"""Guards (core/guards.py, jit.py): a compiled entry runs only while the Python state its trace read
+(training flags, hooks, attributes, closed-over and global values, the input layout it relies on) is
+unchanged; anything else retraces, says why, and counts against the cache's size limit. What the traced
+code writes is not guarded, and a dropped function frees what its cache entries held."""
 import gc
 import linecache
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -37,7 +40,7 @@ class WithSubmodules(torch.nn.Module):
         return self.drop(self.bn(self.linear(x)))
 
 
-# -- item 7: every submodule's training flag --------------------------------------------------
+# -- every submodule's training flag ---------------------------------------------------------------
 def test_submodule_eval_retraces_to_the_eval_trace():
     model, x = WithSubmodules(), torch.randn(8, 4)
     jm = tf.jit(model)
@@ -60,7 +63,7 @@ def test_mc_dropout_submodule_in_training_under_an_eval_model():
     assert not torch.equal(expected, model.eval()(x))
 
 
-# -- item 8: hooks, attributes, closed-over and global values ----------------------------------
+# -- hooks, module attributes, closed-over and global values the trace read ------------------------
 def test_forward_hook_registered_after_the_first_call_runs():
     model, x = Tempered(), torch.randn(2, 4)
     jm = tf.jit(model)
@@ -158,6 +161,7 @@ def test_closed_over_number_under_grad_is_guarded():
     assert g(x).tolist() == [7.0] * 3
 
 
+# -- Python state the traced code writes: not guarded, and no traced tensor left in it -------------
 def test_value_written_by_the_traced_code_is_not_guarded():
     # A counter the function bumps runs once, at trace time; guarding it would retrace forever.
     class Counter:
@@ -173,112 +177,6 @@ def test_value_written_by_the_traced_code_is_not_guarded():
     for _ in range(3):
         jf(x)
     assert counter.calls == 1 and tf.cache_info(jf)["misses"] == 1
-
-
-# -- item 9: tensors held by plain objects passed as arguments ---------------------------------
-def test_tensor_held_by_a_plain_argument_is_not_frozen():
-    class Box:
-        def __init__(self, t):
-            self.t = t
-
-    def f(x, box):
-        return x + box.t
-
-    jf, box, x = tf.jit(f), Box(torch.ones(3)), torch.zeros(3)
-    assert jf(x, box).tolist() == [1.0] * 3
-    box.t = torch.full((3,), 10.0)
-    assert jf(x, box).tolist() == [10.0] * 3
-    box.t.add_(1)  # in place: the same object, read by reference
-    assert jf(x, box).tolist() == [11.0] * 3
-
-
-# -- item 16: cache_info counts the hits of the fast path ---------------------------------------
-def test_cache_info_counts_fast_path_hits():
-    jf, x = tf.jit(lambda a, b: a * b), torch.randn(3)
-    for _ in range(5):
-        jf(x, x)
-    info = tf.cache_info(jf)
-    assert (info["hits"], info["misses"], info["entries"]) == (4, 1, 1)
-
-
-# -- item 18: cache_size_limit, reasons, freeing -------------------------------------------------
-def test_cache_size_limit_warns_once_and_runs_eagerly():
-    jf = tf.jit(lambda x, n: x * n, cache_size_limit=2)
-    x = torch.ones(2)
-    jf(x, 1.0)
-    jf(x, 2.0)
-    with pytest.warns(UserWarning, match=r"cache_size_limit \(2\).*argument 1 changed from 2.0 to 3.0"):
-        assert jf(x, 3.0).tolist() == [3.0, 3.0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once only
-        assert jf(x, 4.0).tolist() == [4.0, 4.0]
-    assert tf.cache_info(jf)["entries"] == 2
-    assert jf(x, 1.0).tolist() == [1.0, 1.0]  # cached entries still run compiled
-
-
-def test_transforms_past_the_cache_size_limit_drop_their_oldest_entry():
-    # tf.grad has no eager form to fall back to: it keeps working, with at most the limit cached
-    # (each exponent is a Python number, baked in: a signature of its own; a new shape would not be, see
-    # tests/test_dynamic_shapes.py)
-    g = tf.grad(lambda x, k: (x ** k).sum())
-    for k in range(1, 12):
-        torch.testing.assert_close(g(torch.ones(3), k), torch.full((3,), float(k)))
-    assert tf.cache_info(g)["entries"] == 8
-    torch.testing.assert_close(g(torch.ones(3), 11), torch.full((3,), 11.0))
-    assert tf.cache_info(g)["misses"] == 11
-
-
-def test_cache_info_explains_each_recompile():
-    jf = tf.jit(lambda x: x.sum())
-    jf(torch.ones(2))
-    jf(torch.ones(3))
-    jf(torch.ones(3, dtype=torch.float64))
-    with torch.no_grad():
-        jf(torch.ones(2))
-    assert tf.cache_info(jf)["recompiles"] == [
-        "tensor argument 0 changed: shape (2,) -> (3,): compiled with symbolic sizes s0 = argument 'x'.shape[0]",
-        "tensor argument 0 changed: dtype torch.float32 -> torch.float64",
-        "torch's grad mode changed (is_grad_enabled() was True, now False)",
-    ]
-
-
-def test_cache_size_limit_is_validated():
-    with pytest.raises(ValueError, match="cache_size_limit must be a positive int"):
-        tf.jit(lambda x: x, cache_size_limit=0)
-
-
-def test_dropped_jitted_function_frees_its_generated_source():
-    def make():
-        jf = tf.jit(lambda x: x * 3)
-        jf(torch.ones(2))
-        return [k for k in linecache.cache if str(k).startswith("<thunderfn generated")]
-
-    before = {k for k in linecache.cache if str(k).startswith("<thunderfn generated")}
-    made = set(make()) - before
-    gc.collect()
-    assert made and not (made & set(linecache.cache))
-
-
-def test_custom_vjp_made_in_a_loop_does_not_keep_its_tensors_alive():
-    import weakref
-
-    def make(captured):
-        @tf.custom_vjp
-        def f(x):
-            return x * captured
-
-        f.defvjp(lambda x: (x * captured, x), lambda res, g: (g * captured,))
-        return f
-
-    refs = []
-    for _ in range(3):
-        captured = torch.ones(1000)
-        refs.append(weakref.ref(captured))
-        f = make(captured)
-        tf.grad(lambda x: f(x).sum())(torch.ones(1000))
-        del f, captured
-    gc.collect()
-    assert all(r() is None for r in refs)
 
 
 def test_storing_a_traced_tensor_on_the_module_is_refused_and_leaves_no_proxy():
@@ -297,6 +195,23 @@ def test_storing_a_traced_tensor_on_the_module_is_refused_and_leaves_no_proxy():
     with pytest.raises(tf.UnsupportedOpError, match=r"stored a tensor it computed in 'KeepsActivation.last'"):
         tf.jit(model)(torch.randn(2, 3))
     assert model.last is None
+
+
+# -- tensors held by plain objects passed as arguments ---------------------------------------------
+def test_tensor_held_by_a_plain_argument_is_not_frozen():
+    class Box:
+        def __init__(self, t):
+            self.t = t
+
+    def f(x, box):
+        return x + box.t
+
+    jf, box, x = tf.jit(f), Box(torch.ones(3)), torch.zeros(3)
+    assert jf(x, box).tolist() == [1.0] * 3
+    box.t = torch.full((3,), 10.0)
+    assert jf(x, box).tolist() == [10.0] * 3
+    box.t.add_(1)  # in place: the same object, read by reference
+    assert jf(x, box).tolist() == [11.0] * 3
 
 
 # -- input layout: part of the signature where the trace relies on it ------------------------------
@@ -339,6 +254,7 @@ def test_input_strides_a_reshape_relies_on_are_part_of_the_signature():
     assert tf.cache_info(jitted)["misses"] == 2
 
 
+# -- a symbolic compile guards what the traced code read, not torch's shape machinery --------------
 def test_a_symbolic_compile_records_no_guards_in_the_code_torchs_shape_machinery_runs():
     """A symbolic trace runs thousands of sympy (ShapeEnv) and networkx functions; watched, each added
     guards on sympy's objects (10,000 for one reshape), checked on every call of the entry."""
@@ -347,3 +263,90 @@ def test_a_symbolic_compile_records_no_guards_in_the_code_torchs_shape_machinery
     torch.testing.assert_close(jitted(x), (x * 2).reshape(-1, 2).sum(0))
     (entry,) = jitted._thunderfn_state.symbolic_entries
     assert len(entry.guards) < 100, len(entry.guards)
+
+
+# -- the cache: hits counted, a size limit, and the reason for each recompile ----------------------
+def test_cache_info_counts_fast_path_hits():
+    jf, x = tf.jit(lambda a, b: a * b), torch.randn(3)
+    for _ in range(5):
+        jf(x, x)
+    info = tf.cache_info(jf)
+    assert (info["hits"], info["misses"], info["entries"]) == (4, 1, 1)
+
+
+def test_cache_info_explains_each_recompile():
+    jf = tf.jit(lambda x: x.sum())
+    jf(torch.ones(2))
+    jf(torch.ones(3))
+    jf(torch.ones(3, dtype=torch.float64))
+    with torch.no_grad():
+        jf(torch.ones(2))
+    assert tf.cache_info(jf)["recompiles"] == [
+        "tensor argument 0 changed: shape (2,) -> (3,): compiled with symbolic sizes s0 = argument 'x'.shape[0]",
+        "tensor argument 0 changed: dtype torch.float32 -> torch.float64",
+        "torch's grad mode changed (is_grad_enabled() was True, now False)",
+    ]
+
+
+def test_cache_size_limit_warns_once_and_runs_eagerly():
+    jf = tf.jit(lambda x, n: x * n, cache_size_limit=2)
+    x = torch.ones(2)
+    jf(x, 1.0)
+    jf(x, 2.0)
+    with pytest.warns(UserWarning, match=r"cache_size_limit \(2\).*argument 1 changed from 2.0 to 3.0"):
+        assert jf(x, 3.0).tolist() == [3.0, 3.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only
+        assert jf(x, 4.0).tolist() == [4.0, 4.0]
+    assert tf.cache_info(jf)["entries"] == 2
+    assert jf(x, 1.0).tolist() == [1.0, 1.0]  # cached entries still run compiled
+
+
+def test_transforms_past_the_cache_size_limit_drop_their_oldest_entry():
+    # tf.grad has no eager form to fall back to: it keeps working, with at most the limit cached
+    # (each exponent is a Python number, baked in: a signature of its own; a new shape would not be, see
+    # tests/test_dynamic_shapes.py)
+    g = tf.grad(lambda x, k: (x ** k).sum())
+    for k in range(1, 12):
+        torch.testing.assert_close(g(torch.ones(3), k), torch.full((3,), float(k)))
+    assert tf.cache_info(g)["entries"] == 8
+    torch.testing.assert_close(g(torch.ones(3), 11), torch.full((3,), 11.0))
+    assert tf.cache_info(g)["misses"] == 11
+
+
+def test_cache_size_limit_is_validated():
+    with pytest.raises(ValueError, match="cache_size_limit must be a positive int"):
+        tf.jit(lambda x: x, cache_size_limit=0)
+
+
+# -- a dropped function frees what its cache entries held ------------------------------------------
+def test_dropped_jitted_function_frees_its_generated_source():
+    def make():
+        jf = tf.jit(lambda x: x * 3)
+        jf(torch.ones(2))
+        return [k for k in linecache.cache if str(k).startswith("<thunderfn generated")]
+
+    before = {k for k in linecache.cache if str(k).startswith("<thunderfn generated")}
+    made = set(make()) - before
+    gc.collect()
+    assert made and not (made & set(linecache.cache))
+
+
+def test_custom_vjp_made_in_a_loop_does_not_keep_its_tensors_alive():
+    def make(captured):
+        @tf.custom_vjp
+        def f(x):
+            return x * captured
+
+        f.defvjp(lambda x: (x * captured, x), lambda res, g: (g * captured,))
+        return f
+
+    refs = []
+    for _ in range(3):
+        captured = torch.ones(1000)
+        refs.append(weakref.ref(captured))
+        f = make(captured)
+        tf.grad(lambda x: f(x).sum())(torch.ones(1000))
+        del f, captured
+    gc.collect()
+    assert all(r() is None for r in refs)

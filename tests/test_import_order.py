@@ -1,7 +1,8 @@
 """Import order changes nothing: with torch._dynamo imported before thunderfn (torch.testing's
 internals and many libraries do it), Dynamo has already wrapped some of torch's functions
 (torch.manual_seed) when thunderfn registers its handlers and recorders. Each check runs in a
-fresh interpreter, where the order can still be chosen."""
+fresh interpreter, where the order can still be chosen; there, too, importing thunderfn alone does not
+import torch._dynamo."""
 import os
 import subprocess
 import sys
@@ -69,3 +70,9 @@ def test_interception_and_random_tests_pass_with_torch_dynamo_imported_first():
                            os.path.join(TESTS, "test_interception.py"), os.path.join(TESTS, "test_random.py")],
                           capture_output=True, text=True, env=ENV, cwd=os.path.dirname(TESTS), timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_importing_thunderfn_does_not_import_dynamo():
+    code = "import sys, thunderfn; assert 'torch._dynamo' not in sys.modules, 'thunderfn imported torch._dynamo'"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -1,6 +1,7 @@
 """Interception (core/interception.py, core/proxies.py): every way user code calls torch
 reaches thunderfn while tracing, and metadata questions are answered without tracing."""
 import functools
+import sys
 
 import pytest
 import torch
@@ -291,3 +292,26 @@ def test_registering_a_wrapper_registers_the_function_it_wraps(monkeypatch):
 def test_metadata_queries_through_a_wrapper_are_answered_at_trace_time():
     size = functools.wraps(torch.Tensor.size)(lambda t, *a: torch.Tensor.size(t, *a))
     assert interception.is_metadata_query(size)
+
+
+# -- torch names resolved by attribute walks, never by evaluating strings -------------------------
+def test_torch_names_resolve_by_attribute_walk_without_evaluating_strings(monkeypatch):
+    evaluated = []
+
+    def no_eval(source, *args, **kwargs):
+        evaluated.append(source)
+        raise AssertionError(f"thunderfn evaluated {source!r}")
+
+    for name, module in list(sys.modules.items()):  # a module-level `eval` shadows the builtin in that module
+        if name == "thunderfn" or name.startswith("thunderfn."):
+            monkeypatch.setattr(module, "eval", no_eval, raising=False)
+    assert interception.resolve_torch_name("torch.nn.functional.gelu") is torch.nn.functional.gelu
+    assert interception.resolve_torch_name("torch.linalg.svd") is torch.linalg.svd
+    assert interception.resolve_torch_name("torch.no_such_function") is None
+    assert interception.resolve_torch_name("torch.add(1, 2)") is None  # an expression is not a name
+    assert interception.resolve_torch_name("os.system") is None  # only names inside torch
+    # opaque ops and torch executor operators are named the same way
+    jf = tf.jit(lambda x: torch.special.i0e(x) + torch.nn.functional.softsign(x))
+    x = torch.randn(4)
+    torch.testing.assert_close(jf(x), torch.special.i0e(x) + torch.nn.functional.softsign(x))
+    assert evaluated == []

@@ -1,4 +1,4 @@
-"""Jitted modules as objects users share, copy, save and wrap (issue 10, items 4 and 13):
+"""Jitted modules as objects users share, copy, save and wrap:
 threads compiling and using one module, deepcopy, torch.save, jit of a jitted module."""
 import copy
 import io
@@ -27,7 +27,7 @@ def _no_proxies_in(module: torch.nn.Module) -> bool:
     return not any(isinstance(t, TensorProxy) for t in tensors + tables)
 
 
-# -- item 4: threads ---------------------------------------------------------------------------
+# -- threads compiling and calling one module --------------------------------------------------
 def test_concurrent_first_calls_compile_once_and_never_expose_proxies():
     model = MLP()
     jm, x = tf.jit(model), torch.randn(3, 8)
@@ -87,7 +87,7 @@ def test_tracing_a_module_never_replaces_its_tensors():
     assert before.keys() == after.keys() and all(before[n] is after[n] for n in before)
 
 
-# -- item 13: copies, checkpoints, wrapping -----------------------------------------------------
+# -- copies, checkpoints, wrapping ------------------------------------------------------------
 def test_deepcopy_of_a_called_jitted_module_is_an_independent_working_copy():
     model = MLP()
     jm, x = tf.jit(model), torch.randn(2, 8)

@@ -1,7 +1,7 @@
 """Optimizer-style code under tf.jit matches eager: `.grad` is read when the compiled function
-is called (issue 10, item 10), in-place updates of parameters under no_grad and whole
-optimizer steps give eager's parameters and state (item 12), and torch.func's transforms
-work over jitted functions (item 13)."""
+is called, and in-place updates of parameters under no_grad and whole optimizer steps give
+eager's parameters and state; what cannot be traced (capturable, fused, a value-dependent step) is
+refused by name and leaves the optimizer's state as it was."""
 import copy
 
 import pytest
@@ -20,7 +20,7 @@ def _backward(model, x):
     (model(x) ** 2).sum().backward()
 
 
-# -- item 10: .grad at call time ----------------------------------------------------------------
+# -- .grad read at call time ---------------------------------------------------------------------
 def test_grad_of_captured_parameter_is_read_at_call_time_not_trace_time():
     lin = torch.nn.Linear(3, 2)
     jitted = tf.jit(lambda: lin.weight.grad * 2)
@@ -67,7 +67,7 @@ def test_assigning_grad_inside_a_traced_function_is_refused_by_name():
         tf.jit(reset)()
 
 
-# -- item 12: in-place updates under no_grad, optimizer steps ----------------------------------------
+# -- in-place updates of parameters under no_grad ---------------------------------------------------
 def test_no_grad_update_of_captured_parameters_matches_eager():
     model, ref = _model(), _model()
 
@@ -117,6 +117,7 @@ def test_reading_a_parameter_under_grad_mode_after_a_no_grad_update_is_refused_b
         tf.jit(update_then_use)(torch.randn(2, 3))
 
 
+# -- optimizer steps: eager's parameters and state -----------------------------------------------------
 OPTIMIZERS = {
     "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
     "sgd_momentum_foreach": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True),
@@ -216,56 +217,6 @@ def test_capturable_and_fused_optimizers_are_refused_by_name(flag):
     assert all(len(s) == 0 for s in opt.state.values())  # nothing was left behind by the refused trace
 
 
-# -- item 13: torch.func over tf.jit ---------------------------------------------------------------
-def _f(x):
-    return (x.sin() * x.exp()).sum()
-
-
-def _g(x):
-    return x.sin() * x.exp()
-
-
-def test_torch_func_transforms_over_a_jitted_function_match_eager():
-    x, xs = torch.randn(3), torch.randn(5, 3)
-    jf, jg = tf.jit(_f), tf.jit(_g)
-    torch.testing.assert_close(torch.func.grad(jf)(x), torch.func.grad(_f)(x))
-    ct = torch.randn(3)
-    torch.testing.assert_close(torch.func.vjp(jg, x)[1](ct), torch.func.vjp(_g, x)[1](ct))
-    torch.testing.assert_close(torch.func.jacrev(jg)(x), torch.func.jacrev(_g)(x))
-    torch.testing.assert_close(torch.func.vmap(torch.func.grad(jf))(xs), torch.func.vmap(torch.func.grad(_f))(xs))
-    lin = torch.nn.Linear(3, 2)  # captured parameters requiring grad ride along as extra inputs
-    loss = tf.jit(lambda x: torch.tanh(lin(x)).sum())
-    torch.testing.assert_close(torch.func.grad(loss)(x), torch.func.grad(lambda x: torch.tanh(lin(x)).sum())(x))
-    assert lin.weight.grad is None
-
-
-def test_second_derivatives_through_torch_are_refused_by_name():
-    x = torch.randn(3)
-    jf = tf.jit(_f)
-    with pytest.raises(tf.UnsupportedOpError, match=r"tf\.grad\(tf\.grad\(f\)\)"):
-        torch.func.grad(lambda y: torch.func.grad(jf)(y).sum())(x)
-    with pytest.raises(tf.UnsupportedOpError, match="forward-mode AD"):
-        torch.func.hessian(jf)(x)
-
-
-def test_backward_needing_the_old_value_of_a_tensor_written_in_place_raises_like_eager():
-    def make(buf):
-        def f(x):
-            y = x * buf  # autograd saves buf's old value for x's gradient
-            buf.add_(1)
-            return y.sum()
-        return f
-
-    x = torch.randn(3, requires_grad=True)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        make(torch.ones(3))(x).backward()
-    buf = torch.ones(3)
-    out = tf.jit(make(buf))(x)
-    assert torch.equal(buf, torch.full((3,), 2.0))
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        out.backward()
-
-
 def test_a_failed_trace_of_an_optimizer_step_leaves_its_state_as_it_was():
     class DataDependent(torch.optim.SGD):
         def step(self, closure=None):
@@ -281,34 +232,3 @@ def test_a_failed_trace_of_an_optimizer_step_leaves_its_state_as_it_was():
     with pytest.raises(tf.ConcretizationError):
         tf.jit(opt.step)()
     assert len(opt.state) == 0  # no proxy left in the optimizer's state
-
-
-def test_per_sample_gradients_with_torch_func_over_a_jitted_loss_match_eager():
-    model = _model()
-    params = {k: v.detach() for k, v in model.named_parameters()}
-
-    def loss(params, x):
-        return tf.functional_call(model, params, (x,)).square().sum()
-
-    def eager_loss(params, x):
-        return torch.func.functional_call(model, params, (x,)).square().sum()
-
-    xs = torch.randn(6, 4)
-    got = torch.func.vmap(torch.func.grad(tf.jit(loss)), in_dims=(None, 0))(params, xs)
-    want = torch.func.vmap(torch.func.grad(eager_loss), in_dims=(None, 0))(params, xs)
-    torch.testing.assert_close(got, want)
-
-
-def test_backward_inside_a_jitted_training_step_is_refused_by_name():
-    model = torch.nn.Linear(3, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-
-    def train_step(x):
-        loss = model(x).sum()
-        loss.backward()
-        opt.step()
-        return loss
-
-    with pytest.raises(tf.UnsupportedOpError, match=r"loss\.backward\(\).*call backward\(\) outside"):
-        tf.jit(train_step)(torch.randn(2, 3))
-    assert model.weight.grad is None and len(opt.state) == 0

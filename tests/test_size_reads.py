@@ -67,7 +67,8 @@ def test_each_size_read_after_a_long_call_then_length_one(name, dynamic):
 
 
 def test_int_of_a_size_then_length_one_returns_length_one():
-    """The issue's program: a length-1 call after a length-5 call returned a length-5 result."""
+    """int(x.shape[1]) read in a position-embedding slice: a length-1 call after a length-5 call once
+    returned a length-5 result."""
     pos, emb = torch.randn(128, 4), torch.randn(50, 4)
 
     def g(idx):

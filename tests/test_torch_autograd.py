@@ -1,6 +1,7 @@
 """jit and torch.autograd: when an input requires grad, a jitted function returns tensors
-whose backward is thunderfn's backward trace (transforms/autograd_split.py), and
-loss.backward() fills .grad exactly as eager does."""
+whose backward is thunderfn's backward trace (transforms/autograd_split.py),
+loss.backward() fills .grad exactly as eager does, and torch.func's transforms over a jitted
+function match them over the function."""
 import collections
 import copy
 
@@ -518,3 +519,87 @@ def test_compiled_backward_takes_its_arguments_in_a_list_it_empties():
     args = [torch.randn(a.shape) for a in bwd.args]
     grads = bwd.python_callable()(args)
     assert args == [] and grads[0] is None and grads[1].shape == w.shape
+
+
+# -- backward() and in-place writes: eager's error, or a refusal by name where tracing cannot follow --
+def test_backward_needing_the_old_value_of_a_tensor_written_in_place_raises_like_eager():
+    def make(buf):
+        def f(x):
+            y = x * buf  # autograd saves buf's old value for x's gradient
+            buf.add_(1)
+            return y.sum()
+        return f
+
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        make(torch.ones(3))(x).backward()
+    buf = torch.ones(3)
+    out = tf.jit(make(buf))(x)
+    assert torch.equal(buf, torch.full((3,), 2.0))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward()
+
+
+def test_backward_inside_a_jitted_training_step_is_refused_by_name():
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train_step(x):
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    with pytest.raises(tf.UnsupportedOpError, match=r"loss\.backward\(\).*call backward\(\) outside"):
+        tf.jit(train_step)(torch.randn(2, 3))
+    assert model.weight.grad is None and len(opt.state) == 0
+
+
+# -- torch.func's transforms over a jitted function --------------------------------------------------
+def _sin_exp_sum(x):
+    return (x.sin() * x.exp()).sum()
+
+
+def _sin_exp(x):
+    return x.sin() * x.exp()
+
+
+def test_torch_func_transforms_over_a_jitted_function_match_eager():
+    x, xs = torch.randn(3), torch.randn(5, 3)
+    jf, jg = tf.jit(_sin_exp_sum), tf.jit(_sin_exp)
+    torch.testing.assert_close(torch.func.grad(jf)(x), torch.func.grad(_sin_exp_sum)(x))
+    ct = torch.randn(3)
+    torch.testing.assert_close(torch.func.vjp(jg, x)[1](ct), torch.func.vjp(_sin_exp, x)[1](ct))
+    torch.testing.assert_close(torch.func.jacrev(jg)(x), torch.func.jacrev(_sin_exp)(x))
+    torch.testing.assert_close(torch.func.vmap(torch.func.grad(jf))(xs),
+                               torch.func.vmap(torch.func.grad(_sin_exp_sum))(xs))
+    lin = torch.nn.Linear(3, 2)  # captured parameters requiring grad ride along as extra inputs
+    loss = tf.jit(lambda x: torch.tanh(lin(x)).sum())
+    torch.testing.assert_close(torch.func.grad(loss)(x), torch.func.grad(lambda x: torch.tanh(lin(x)).sum())(x))
+    assert lin.weight.grad is None
+
+
+def test_second_derivatives_through_torch_are_refused_by_name():
+    x = torch.randn(3)
+    jf = tf.jit(_sin_exp_sum)
+    with pytest.raises(tf.UnsupportedOpError, match=r"tf\.grad\(tf\.grad\(f\)\)"):
+        torch.func.grad(lambda y: torch.func.grad(jf)(y).sum())(x)
+    with pytest.raises(tf.UnsupportedOpError, match="forward-mode AD"):
+        torch.func.hessian(jf)(x)
+
+
+def test_per_sample_gradients_with_torch_func_over_a_jitted_loss_match_eager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(params, x):
+        return tf.functional_call(model, params, (x,)).square().sum()
+
+    def eager_loss(params, x):
+        return torch.func.functional_call(model, params, (x,)).square().sum()
+
+    xs = torch.randn(6, 4)
+    got = torch.func.vmap(torch.func.grad(tf.jit(loss)), in_dims=(None, 0))(params, xs)
+    want = torch.func.vmap(torch.func.grad(eager_loss), in_dims=(None, 0))(params, xs)
+    torch.testing.assert_close(got, want)
