@@ -26,13 +26,31 @@ from thunderfn.transforms.rules.common import (as_scalars, as_vectors, computed,
 from thunderfn.transforms.rules.define import defbatch, defjvp, deflinear, defvjp
 
 
-# -- reductions --------------------------------------------------------------------------
+# -- reductions: the batch dimension to the front, the reduced dimensions shifted by one ------------
+def _reduction(prim):
+    def rule(call, dims):
+        args, kwargs = call.args, call.kwargs
+        a = move_to_front(args[0], dims[0])
+        n = a.ndim - 1
+        reduced = shifted_dims(args[1], n) if n else ()  # a 0-dim example reduces nothing
+        return prim(a, reduced, *args[2:], **kwargs), 0
+
+    return rule
+
+
+# sum
 @defvjp(PrimIDs.SUM)
 def _sum_vjp(call, g):
     a, dims = call.args
     return (unreduce(g, a, reduced_dims(a, dims)) if is_float_tensor(a) else None), None
 
 
+defjvp(PrimIDs.SUM)(lambda call, t: prims.sum(t[0], call.args[1]))
+defbatch(PrimIDs.SUM)(_reduction(prims.sum))
+
+
+# prod: its derivative (the product of the other elements, exact at zeros) is its VJP rule's
+# cotangent for an output cotangent of ones, and so is amax's and amin's (ties share equally)
 @defvjp(PrimIDs.PROD)
 def _prod_vjp(call, g):
     """Product of all the other elements, by exclusive prefix and suffix products (no
@@ -58,6 +76,11 @@ def _prod_vjp(call, g):
     return ltorch.mul(unreduce(g, a, dims), ltorch.permute(others, inverse_permutation(perm))), None
 
 
+defjvp(PrimIDs.PROD)(lambda call, t: contract(t[0], _prod_vjp(call, ones_like(call.out))[0], reduced_dims(*call.args)))
+defbatch(PrimIDs.PROD)(_reduction(prims.prod))
+
+
+# amax and amin
 def _extremum_reduction_vjp(call, g):
     """torch (amax, amin) distributes g equally among the elements tied for the extremum;
     where the extremum is NaN no element equals it, and the gradient is NaN, as torch's."""
@@ -71,8 +94,13 @@ def _extremum_reduction_vjp(call, g):
 
 
 defvjp(PrimIDs.AMAX, PrimIDs.AMIN)(_extremum_reduction_vjp)
+defjvp(PrimIDs.AMAX, PrimIDs.AMIN)(lambda call, t: contract(
+    t[0], _extremum_reduction_vjp(call, ones_like(call.out))[0], reduced_dims(*call.args)))
+defbatch(PrimIDs.AMAX)(_reduction(prims.amax))
+defbatch(PrimIDs.AMIN)(_reduction(prims.amin))
 
 
+# var and var_mean
 def _var_mean_vjp(a, dims, correction, g_var, g_mean):
     dims = canonical_dims(dims, a.ndim) if a.ndim else ()
     n = math.prod(a.shape[d] for d in dims)
@@ -90,14 +118,6 @@ defvjp(PrimIDs.VAR)(lambda call, g: (_var_mean_vjp(*call.args, call.arg("correct
 defvjp(PrimIDs.VAR_MEAN)(lambda call, g: (_var_mean_vjp(*call.args, call.arg("correction"), *g), None))
 
 
-defjvp(PrimIDs.SUM)(lambda call, t: prims.sum(t[0], call.args[1]))
-# the derivative of prod (product of the other elements, exact at zeros) and of amax/amin (ties
-# share equally, as in torch) is the vjp rule's cotangent for an output cotangent of ones
-defjvp(PrimIDs.PROD)(lambda call, t: contract(t[0], _prod_vjp(call, ones_like(call.out))[0], reduced_dims(*call.args)))
-defjvp(PrimIDs.AMAX, PrimIDs.AMIN)(lambda call, t: contract(
-    t[0], _extremum_reduction_vjp(call, ones_like(call.out))[0], reduced_dims(*call.args)))
-
-
 def _var_jvp(call, var, t):
     """var' = sum(2 (a - mean) t) / (n - correction)."""
     a, dims = call.args
@@ -112,21 +132,7 @@ def _mean_jvp(a, dims, t):
 
 defjvp(PrimIDs.VAR)(lambda call, t: _var_jvp(call, call.out, t[0]))
 defjvp(PrimIDs.VAR_MEAN)(lambda call, t: (_var_jvp(call, call.out[0], t[0]), _mean_jvp(*call.args, t[0])))
-
-
-def _reduction(prim):
-    def rule(call, dims):
-        args, kwargs = call.args, call.kwargs
-        a = move_to_front(args[0], dims[0])
-        n = a.ndim - 1
-        reduced = shifted_dims(args[1], n) if n else ()  # a 0-dim example reduces nothing
-        return prim(a, reduced, *args[2:], **kwargs), 0
-
-    return rule
-
-
-for _prim in (prims.sum, prims.prod, prims.amax, prims.amin, prims.var):
-    defbatch(_prim.id)(_reduction(_prim))
+defbatch(PrimIDs.VAR)(_reduction(prims.var))
 
 
 _var_mean_reduction = _reduction(prims.var_mean)
@@ -137,6 +143,7 @@ def _var_mean_batch(call, dims):
     return _var_mean_reduction(call, dims)[0], (0, 0)
 
 
+# argmax and argmin: indices, tagged not differentiable where they are made; batched only
 def _arg_reduction(prim):
     def rule(call, dims):
         args = call.args
@@ -151,11 +158,11 @@ def _arg_reduction(prim):
     return rule
 
 
-for _prim in (prims.argmax, prims.argmin):
-    defbatch(_prim.id)(_arg_reduction(_prim))
+defbatch(PrimIDs.ARGMAX)(_arg_reduction(prims.argmax))
+defbatch(PrimIDs.ARGMIN)(_arg_reduction(prims.argmin))
 
 
-# -- scans and sorting ---------------------------------------------------------------------
+# -- scans and sorting: batched along their one dimension -----------------------------------------
 def _along_one_dim(prim):
     """cumsum(a, dim), cumprod(a, dim), sort(a, dim, ...), topk(a, k, dim, ...): the dim shifts."""
     dim_position = 2 if prim is prims.topk else 1
@@ -173,9 +180,7 @@ def _along_one_dim(prim):
     return rule
 
 
-for _prim in (prims.cumsum, prims.cumprod, prims.sort, prims.topk):
-    defbatch(_prim.id)(_along_one_dim(_prim))
-
+# cumsum: linear
 def _reverse_cumsum(x, dim):
     return ltorch.flip(ltorch.cumsum(ltorch.flip(x, (dim,)), dim), (dim,))
 
@@ -188,8 +193,10 @@ def _cumsum_vjp(call, g):
 
 
 deflinear(prims.cumsum, _cumsum_vjp)
+defbatch(PrimIDs.CUMSUM)(_along_one_dim(prims.cumsum))
 
 
+# cumprod
 @defvjp(PrimIDs.CUMPROD)
 def _cumprod_vjp(call, g):
     """torch computes this gradient at run time. With zeros in the input, an exact gradient
@@ -202,20 +209,6 @@ def _cumprod_vjp(call, g):
     (ct,) = torch_vjp_op(prim_impls[PrimIDs.CUMPROD], (a, dim), {}, (g,), (0,), None)
     return ct, None
 
-
-def _selected_vjp(call, g):
-    """sort and topk pick elements of a: their value cotangent goes back to the picked places."""
-    a, dim = call.args[0], call.args[2 if len(call.args) == 5 else 1]
-    g_values = g[0]
-    if g_values is None or not is_float_tensor(a):
-        return (None,) * len(call.args)
-    if a.ndim == 0:
-        return (g_values,) + (None,) * (len(call.args) - 1)
-    d = canonical_dim(dim, a.ndim)
-    return (ltorch.scatter_add(zeros_like(a), d, call.out[1], g_values),) + (None,) * (len(call.args) - 1)
-
-
-defvjp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_vjp)
 
 @defjvp(PrimIDs.CUMPROD)
 def _cumprod_jvp(call, t):
@@ -234,6 +227,25 @@ def _cumprod_jvp(call, t):
     return prims.sum(prims.where(prims.le(j, k), prims.cumprod(replaced, d + 1), 0.0), (d,))
 
 
+defbatch(PrimIDs.CUMPROD)(_along_one_dim(prims.cumprod))
+
+
+# sort and topk
+def _selected_vjp(call, g):
+    """sort and topk pick elements of a: their value cotangent goes back to the picked places."""
+    a, dim = call.args[0], call.args[2 if len(call.args) == 5 else 1]
+    g_values = g[0]
+    if g_values is None or not is_float_tensor(a):
+        return (None,) * len(call.args)
+    if a.ndim == 0:
+        return (g_values,) + (None,) * (len(call.args) - 1)
+    d = canonical_dim(dim, a.ndim)
+    return (ltorch.scatter_add(zeros_like(a), d, call.out[1], g_values),) + (None,) * (len(call.args) - 1)
+
+
+defvjp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_vjp)
+
+
 def _selected_jvp(call, t):
     """sort and topk pick elements of a: the values' tangent is the tangent at the picked places."""
     a, dim = call.args[0], call.args[2 if len(call.args) == 5 else 1]
@@ -242,6 +254,8 @@ def _selected_jvp(call, t):
 
 
 defjvp(PrimIDs.SORT, PrimIDs.TOPK)(_selected_jvp)
+defbatch(PrimIDs.SORT)(_along_one_dim(prims.sort))
+defbatch(PrimIDs.TOPK)(_along_one_dim(prims.topk))
 
 
 # -- torch's conventions at edge points: norms, std, losses, max and min -----------------------------------
