@@ -4,6 +4,8 @@
 the argument pytrees become proxies named after the parameters they came from,
 everything else is baked in as a constant, and every torch call is recorded.
 A composite symbol called on real tensors runs by the same means (`_run_decomposition`).
+While a trace is built, the state of the building is its Tracer's (core/tracer.py), which
+the finished trace does not keep.
 
 May import: the rest of core/, errors.py.
 """
@@ -35,7 +37,7 @@ class Trace:
     BoundSymbol), `output` (a pytree of proxies and constants) and `provenance` (which pass
     made it, printed on the first line). `str(trace)` is runnable Python source, the trace's
     debugging interface; `python_callable()` compiles it into a function of real tensors.
-    Traces are built by tracing, not by hand.
+    Traces are built by tracing (core/tracer.py's Tracer records into them), not by hand.
 
         >>> import torch, thunderfn as tf
         >>> trc = tf.trace(lambda x: torch.cos(x).sum(), torch.ones(3))
@@ -67,7 +69,8 @@ class Trace:
         # passes on every call (core/call_time.py's guarded, cache_entry.py's CacheEntry). They stay with the
         # trace because they are part of what it computes from: a `.grad` read is an input of the trace (its
         # proxy is among `args`), and a guard or layout fact is a condition under which the trace is the
-        # function's. Written while tracing; a pass's trace (derive) has none, the computation trace's hold.
+        # function's. Written while tracing, into the computation trace (the one jit reads them from); a
+        # pass's trace (derive) starts without them.
         self.grad_reads: dict = {}  # `.grad`s read while tracing: key -> call_time.GradRead
         self.guards: list = []  # callables returning why the trace went stale, or None
         # Layout facts about input tensors the trace relies on (whether x.contiguous() is x or a copy):
