@@ -194,8 +194,8 @@ class Tracer:
             self.trace.layout_reads.setdefault(found[0], {})[(what, get)] = value
             return
         tensor, name = self.real_tensor(proxy), proxy.name
-        self.trace.guards.append(lambda: None if get(tensor) == value else
-                                 f"the captured tensor {name}'s {what} was {value} when traced and is {get(tensor)} now")
+        self.trace.guards.append(lambda: None if get(tensor) == value else f"the captured tensor {name}'s {what} "
+                                 f"was {value} when traced and is {get(tensor)} now")
 
     # -- in-place writes ---------------------------------------------------------------
     def rebind(self, proxy: TensorProxy, value: TensorProxy, *, because: str) -> None:

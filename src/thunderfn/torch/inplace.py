@@ -485,10 +485,10 @@ def check_fresh(args, kwargs) -> None:
             # In eager the tensor is still a leaf that requires grad, now holding the new value; in the trace its
             # new value was computed under no_grad, so autograd would not reach the tensor through this use.
             raise UnsupportedOpError(
-                f"'{tracer.trace.fn_name}' reads {a.origin[0] if a.origin else a.name}, which requires grad, under grad "
-                f"mode after writing into it in place under torch.no_grad() (an optimizer step, say). thunderfn cannot "
-                f"differentiate through the updated tensor in the same function: end the jitted function after the "
-                f"update, and use the tensor in the next call.")
+                f"'{tracer.trace.fn_name}' reads {a.origin[0] if a.origin else a.name}, which requires grad, under "
+                f"grad mode after writing into it in place under torch.no_grad() (an optimizer step, say). thunderfn "
+                f"cannot differentiate through the updated tensor in the same function: end the jitted function after "
+                f"the update, and use the tensor in the next call.")
 
 
 def _is_basic_key(key) -> bool:

@@ -148,8 +148,8 @@ def _finish(snapshots: list, tracer, failed: bool) -> None:
             for s in snapshots:
                 s.restore()
             raise StepChangesOptimizerState(
-                f"tracing '{tracer.trace.fn_name}' stepped a {type(snap.opt).__name__} whose step changed its Python state "
-                f"({why}); a compiled function would make that change only once. tf.jit runs such a call eagerly "
+                f"tracing '{tracer.trace.fn_name}' stepped a {type(snap.opt).__name__} whose step changed its Python "
+                f"state ({why}); a compiled function would make that change only once. tf.jit runs such a call eagerly "
                 f"(the first step creates the optimizer's state) and traces the next one; other transforms cannot.")
     for snap in snapshots:
         tracer.trace.guards.append(functools.partial(_Snapshot.why_changed, snap))
