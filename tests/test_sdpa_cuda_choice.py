@@ -13,7 +13,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import thunderfn as tf
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.trace import Trace, tracing
+from thunderfn.core.trace import Trace
+from thunderfn.core.tracer import tracing
 from thunderfn.executors import sdpa, sdpa_choice
 from thunderfn.executors.sdpa import sdpa_ex
 from thunderfn.torch import nn as tnn

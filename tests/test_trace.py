@@ -1,13 +1,17 @@
 """Traces (core/trace.py, core/printing.py, core/passes.py): what `tf.trace` records,
 that `str(trace)` is Python that runs, and what the passes do to it."""
 import ast
+import gc
 import re
+import weakref
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import thunderfn as tf
+from thunderfn.core import context
+from thunderfn.core.tracer import Tracer
 
 
 @pytest.fixture
@@ -329,3 +333,63 @@ def test_symbol_returning_namedtuple_or_dict_binds_every_output_in_printed_code(
     torch.testing.assert_close(trc.python_callable()(a), a * 2 + a * 2 + a + 1)
     jf = tf.jit(fn)
     torch.testing.assert_close(jf(a), a * 2 + a * 2 + a + 1)
+
+
+
+# -- the IR apart from the tracer (core/tracer.py) ----------------------------------------------------------
+# What a Trace holds: the program, what printing and code generation read, and the facts its calls are checked
+# against (Trace.__init__ says which and why). The rest was its Tracer's, dropped when tracing ended.
+TRACE_ATTRIBUTES = {"fn_name", "def_name", "args_in_list", "size_args", "args", "bound_symbols", "output",
+                    "provenance", "names", "grad_reads", "guards", "layout_reads"}
+
+
+def _keeps_tracing_state(tracers: list, w: torch.Tensor):
+    """fn(x): in-place writes into the input and a view of it, a tensor made at trace time, a captured tensor
+    (w) and its .grad, x.contiguous() (a layout fact): each is bookkeeping of the tracer while fn runs."""
+    def fn(x):
+        if context.current_tracer() is not None:  # (also run eagerly, as the reference)
+            tracers.append(weakref.ref(context.current_tracer()))
+        view = x[0]
+        x.add_(1)
+        made = torch.tensor([1.0, 2.0])
+        g = w.grad
+        return view * w + made + x.contiguous().sum() + (g if g is not None else 0)
+
+    return fn
+
+
+def _holds_only_the_program(trc) -> None:
+    assert set(vars(trc)) <= TRACE_ATTRIBUTES, set(vars(trc)) - TRACE_ATTRIBUTES
+    assert not any(isinstance(v, Tracer) for v in vars(trc).values())
+
+
+def test_a_finished_trace_holds_only_the_program_and_its_tracer_is_gone():
+    tracers, w = [], torch.randn(2)
+    w.grad = torch.ones(2)
+    x = torch.randn(3, 2)
+    trc = tf.trace(_keeps_tracing_state(tracers, w), x)
+    _holds_only_the_program(trc)
+    assert trc.grad_reads and any(b.sym.name == "write_back" for b in trc.bound_symbols)  # (it did all that)
+    assert context.current_tracer() is None and context.current_trace() is None
+    gc.collect()
+    assert len(tracers) == 1 and tracers[0]() is None  # nothing holds the tracer, so nothing through it
+    x_alive = weakref.ref(x)
+    del x
+    gc.collect()
+    assert x_alive() is None  # the trace keeps no reference to the caller's tensor
+
+
+def test_every_trace_a_compile_makes_holds_only_the_program():
+    tracers, w = [], torch.randn(2, requires_grad=True)
+    w.grad = torch.ones(2)
+    jitted = tf.jit(_keeps_tracing_state(tracers, w))
+    x = torch.randn(3, 2)
+    out = jitted(x.clone())
+    torch.testing.assert_close(out, _keeps_tracing_state([], w)(x.clone()))
+    out.sum().backward()
+    traces = tf.last_traces(jitted) + tf.last_backward_traces(jitted)
+    assert len(tf.last_backward_traces(jitted)) > 0
+    for trc in traces:
+        _holds_only_the_program(trc)
+    gc.collect()
+    assert tracers and all(t() is None for t in tracers)

@@ -8,7 +8,7 @@ An entry serves a call when every fact its trace relied on holds for that call, 
    compiling call's: a length-1 call is traced at another length, dynamic_shapes.open_dimensions);
 2. the sizes: the relations the trace relied on between its symbolic sizes (`s0 == s1`, `s0 <= 128`),
    SymbolicSizes in dynamic_shapes.py;
-3. the input layouts the trace read (a tensor's strides: Trace.rely_on_layout);
+3. the input layouts the trace read (a tensor's strides: Tracer.rely_on_layout);
 4. the guards on Python state the trace read (core/guards.py: module flags, globals, closures);
 5. the state it reads at call time (core/call_time.py: `.grad`, an optimizer's settings).
 
@@ -40,7 +40,7 @@ class CacheEntry:
         self.guards_hold = guards.compile()  # None: nothing to check
         self.fast_hit = None  # its check-and-call function for the fast path (see JitState.fast_hit), once made
         self.keyword_hit = None  # the same for a call with keyword tensors (see JitState.keyword_hit)
-        # (tensor number, what, get, value): layout facts the trace relies on (Trace.rely_on_layout), part of
+        # (tensor number, what, get, value): layout facts the trace relies on (Tracer.rely_on_layout), part of
         # the signature of the inputs they are about (most traces have none)
         self.layout = tuple((position, what, get, value) for position, facts in traces[0].layout_reads.items()
                             for (what, get), value in facts.items())

@@ -33,11 +33,11 @@ def print(fmt: str, *args, **kwargs) -> None:  # noqa: A001 (jax.debug.print's n
     if not isinstance(fmt, str):
         raise ArgumentTypeError(f"tf.debug.print: fmt must be a format string, got {type(fmt).__name__}")
     leaves, spec = tree_flatten((args, kwargs))
-    trc = context.current_trace()
-    if trc is None:
+    tracer = context.current_tracer()
+    if tracer is None:
         format_and_print(fmt, spec, *leaves)
         return
-    trc.emit(debug_print.bind(fmt, spec, *leaves, output=None))
+    tracer.emit(debug_print.bind(fmt, spec, *leaves, output=None))
 
 
 def breakpoint(*values) -> None:  # noqa: A001 (Python's builtin's name, as jax.debug.breakpoint)
@@ -54,8 +54,8 @@ def breakpoint(*values) -> None:  # noqa: A001 (Python's builtin's name, as jax.
         [1.0, 2.718281...]
         >>> sys.breakpointhook = sys.__breakpointhook__
     """
-    trc = context.current_trace()
-    if trc is None:
+    tracer = context.current_tracer()
+    if tracer is None:
         break_into_debugger(*values)
         return
-    trc.emit(debug_breakpoint.bind(*values, output=None))
+    tracer.emit(debug_breakpoint.bind(*values, output=None))

@@ -11,7 +11,8 @@ differs traces again.
 
 `Guarded` is what jit caches for such a trace: `guard(tensors)` says why the entry
 does not fit this call (or None), and calling it reads the extra inputs. Other
-modules add guards of their own to `Trace.guards` (see torch/optim.py).
+modules add guards of their own to `Trace.guards` (see torch/optim.py). Both stay with the computation
+trace (Trace.grad_reads, Trace.guards): the generated code takes the `.grad`s as inputs.
 """
 from __future__ import annotations
 
@@ -56,24 +57,25 @@ class GradRead:
 
 def read_grad(t):
     """`t.grad` while tracing (the handler of torch.Tensor.grad's getter)."""
-    trc = context.current_trace()
-    if trc is None:
+    tracer = context.current_tracer()
+    if tracer is None:
         return t.grad if isinstance(t, torch.Tensor) else None
+    trc = tracer.trace
     if isinstance(t, TensorProxy):
-        frozen = trc.mutated.get(id(t), (t,))[0]  # after x.add_(...), x.grad is still the caller's x's
+        frozen = tracer.mutated.get(id(t), (t,))[0]  # after x.add_(...), x.grad is still the caller's x's
         if frozen.constant is not None:
             t = frozen.constant
         else:
             position = next((i for i, a in enumerate(trc.args) if a is frozen), None)
-            if position is None or frozen.name not in trc.input_tensors:
+            if position is None or frozen.name not in tracer.input_tensors:
                 # computed inside the function: a non-leaf, or a leaf made here; eager's .grad is None
                 return None
-            return _record(trc, trc.input_tensors[frozen.name], position, f"the .grad of {frozen.origin[0]}")
+            return _record(trc, tracer.input_tensors[frozen.name], position, f"the .grad of {frozen.origin[0]}")
     return _record(trc, t, None, f"the .grad of a captured {TensorProxy.type_string(t)} tensor")
 
 
 def _record(trc, tensor: torch.Tensor, position, name: str):
-    if len(context.trace_stack()) > 1:
+    if len(context.tracer_stack()) > 1:
         raise UnsupportedOpError(
             f"{name} is read inside a thunderfn transform (tf.grad, tf.vmap, ...) applied within another traced "
             f"function; thunderfn reads .grad at call time only at the outermost level. Read it in the jitted "

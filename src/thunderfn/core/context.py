@@ -1,4 +1,5 @@
-"""Which trace is being built right now.
+"""Which trace is being built right now, and by which Tracer (core/tracer.py: the state of a trace
+while it is built, gone when it is done).
 
 Traces nest: a transform called while an outer trace is being built traces its own
 function into an inner trace and then emits the transformed result into the outer
@@ -18,7 +19,7 @@ from thunderfn.errors import InternalError
 
 class _TracingState(threading.local):
     def __init__(self):
-        self.stack: list = []  # traces being built, innermost last
+        self.stack: list = []  # the Tracers of the traces being built, innermost last
         self.executors: tuple = ()  # the priority list the function being traced will be lowered onto
         self.stand_ins: list = []  # {id(tensor): (tensor, proxy)} scopes, innermost last (see `standing_in`)
 
@@ -52,7 +53,8 @@ def rng_reseeds() -> int:
 functorch_active = torch._C._are_functorch_transforms_active
 
 
-def trace_stack() -> list:
+def tracer_stack() -> list:
+    """The Tracers of the traces being built, outermost first (the outermost: the function jit compiles)."""
     return _local.stack
 
 
@@ -98,6 +100,12 @@ def current_executors() -> tuple:
 
 def current_trace():
     """The innermost trace being built, or None when running eagerly."""
+    stack = _local.stack
+    return stack[-1].trace if stack else None
+
+
+def current_tracer():
+    """The Tracer building the innermost trace (core/tracer.py), or None when running eagerly."""
     stack = _local.stack
     return stack[-1] if stack else None
 
@@ -156,10 +164,10 @@ def is_safe_name(name) -> bool:
 
 
 def new_name(preferred: str | None = None, prefix: str = "t") -> str:
-    trc = current_trace()
-    if trc is None:
+    stack = _local.stack
+    if not stack:
         raise InternalError("proxies can only be created while a trace is being built")
-    return trc.names.take(preferred, prefix)
+    return stack[-1].trace.names.take(preferred, prefix)
 
 
 # -- jit, for transforms called with real tensors ----------------------------------------------

@@ -310,7 +310,7 @@ def lift_constants(tree):
     """Real tensors met while tracing become constant proxies, read by reference; numpy
     scalars become the Python numbers torch takes them for."""
     if isinstance(tree, torch.Tensor):
-        return context.current_trace().constant(tree)
+        return context.current_tracer().constant(tree)
     if type(tree).__module__ == "numpy":
         return python_scalar(tree)
     if type(tree) in (list, tuple):
@@ -397,8 +397,8 @@ class TracingMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        trc = context.current_trace()
-        if trc is None or trc.symbol_depth:
+        tracer = context.current_tracer()
+        if tracer is None or tracer.symbol_depth:
             return func(*args, **kwargs)
         return dispatch(func, args, kwargs)
 

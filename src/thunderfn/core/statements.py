@@ -155,7 +155,7 @@ def emit_runtime_check(condition, error: str, message: str) -> None:
     """Record a value check (condition: a 0-dim bool proxy) in the trace being built."""
     if error not in _CHECK_ERRORS:
         raise InternalError(f"runtime checks raise one of {sorted(_CHECK_ERRORS)}, not {error}")
-    context.current_trace().emit(runtime_check.bind(condition, error, message, output=None))
+    context.current_tracer().emit(runtime_check.bind(condition, error, message, output=None))
 
 
 # -- tf.debug (thunderfn/debug.py): values at run time ---------------------------------------

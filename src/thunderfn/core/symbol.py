@@ -79,14 +79,14 @@ class Symbol:
         return f"[Symbol name={self.print_name}]"
 
     def __call__(self, /, *args, **kwargs):
-        trc = context.current_trace()
-        if trc is None:
+        tracer = context.current_tracer()
+        if tracer is None:
             if self.is_prim:
                 if self.eager is None:
                     raise InternalError(f"{self.print_name} has no eager implementation")
                 return self.eager(*args, **kwargs)
             return _eager_composite(self, args, kwargs)
-        return trc.record(self, args, kwargs)
+        return tracer.record(self, args, kwargs)
 
     def bind(self, *args, output, subsymbols=(), **kwargs) -> "BoundSymbol":
         return BoundSymbol(self, args, kwargs, output, tuple(subsymbols))

@@ -216,8 +216,7 @@ def _as_custom_vjp(ex: Executor, symbol_or_id, vjp):
 
 def _meta_from_like(like: Callable) -> Callable:
     def meta(*args, **kwargs):
-        trc = context.current_trace()
-        with trc.scope():
+        with context.current_tracer().scope():
             return like(*args, **kwargs)
 
     return meta

@@ -82,7 +82,7 @@ def torchsymbol(*torch_fns: Callable, name: str | None = None, id=None, tags=())
 
 def _fresh_outputs(fn: Callable) -> Callable:
     """fn, except that an input it returns unchanged comes back as a new proxy (a reshape to
-    its own shape), noted in `Trace.identities`, when called at the top level of a trace.
+    its own shape), noted in `Tracer.identities`, when called at the top level of a trace.
 
     Eager torch returns such an input itself (`x.to(x.dtype)`), a view of it (`x.reshape(x.shape)`,
     `x[...]`), a copy (`torch.cat([x])`) or, depending on x's layout at run time, either
@@ -93,8 +93,8 @@ def _fresh_outputs(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def body(*args, **kwargs):
         out = fn(*args, **kwargs)
-        trc = context.current_trace()
-        if trc is None or trc.symbol_depth != 1:  # inside a decomposition nothing is visible to the user
+        tracer = context.current_tracer()
+        if tracer is None or tracer.symbol_depth != 1:  # inside a decomposition nothing is visible to the user
             return out
         # (no any()/all() here: this module's namespace holds torch.any and torch.all's symbols)
         outs = {id(o) for o in tree_leaves(out) if isinstance(o, TensorProxy)}
@@ -106,7 +106,7 @@ def _fresh_outputs(fn: Callable) -> Callable:
             if not isinstance(o, TensorProxy) or id(o) not in inputs:
                 return o
             new = prims.reshape(o, tuple(o.shape))
-            trc.identities[id(new)] = (new, o)
+            tracer.identities[id(new)] = (new, o)
             return new
 
         return tree_map(fresh, out)

@@ -33,8 +33,8 @@ def _sizes_math(func) -> bool:
 def dispatch(func, args, kwargs):
     """Trace one torch call. Called only while a trace is being built."""
     handler = find_handler(func)
-    trc = context.current_trace()
-    if trc is None:
+    tracer = context.current_tracer()
+    if tracer is None:
         raise ProxyOutsideTraceError(
             f"{torch_name(func)} was called on a thunderfn proxy outside of tracing: a traced tensor was kept past its "
             f"trace (in a global, a closure, an attribute, or a Trace's .output) and used later. Only real tensors "
@@ -57,11 +57,11 @@ def dispatch(func, args, kwargs):
             with torch._C.DisableTorchFunction():
                 result = func(*args, **kwargs)
             if isinstance(result, torch.Tensor):  # a fresh tensor on every eager call: see core/trace.py's trace()
-                trc.created[id(result)] = result
+                tracer.created[id(result)] = result
             return result
     written = args[0] if args else None
     args, kwargs = lift_constants(args), lift_constants(kwargs)
-    if trc.mutated or trc.rebinds:
+    if tracer.mutated or tracer.rebinds:
         inplace.check_fresh(args, kwargs)
     # Writes into an argument: functionalized (torch/inplace.py).
     if inplace.is_in_place(func):
@@ -89,6 +89,6 @@ def dispatch(func, args, kwargs):
     result = handler(*args, **kwargs) if handler is not None else run_opaque(func, args, kwargs)
     if finish is not None:
         result = finish(result)
-    if trc.identities or inplace.is_view_op(func):
+    if tracer.identities or inplace.is_view_op(func):
         inplace.track_views(func, args, kwargs, result)
     return result

@@ -66,7 +66,7 @@ def _list_index(k: list) -> TensorProxy:
         t = torch.tensor(k)
     if t.numel() == 0:
         t = t.long()
-    return context.current_trace().constant(t)
+    return context.current_tracer().constant(t)
 
 
 def _normalize_key(a, key) -> list:
@@ -673,5 +673,5 @@ def combinations(input, r=2, with_replacement=False):
     picks = [i for combo in choose(range(input.shape[0]), r) for i in combo]
     if not picks:
         return clang.full((0, r), 0, device=input.device, dtype=input.dtype)
-    index = context.current_trace().constant(torch.tensor(picks, dtype=torch.int64, device=input.device))
+    index = context.current_tracer().constant(torch.tensor(picks, dtype=torch.int64, device=input.device))
     return clang.reshape(prims.take(input, index, 0), (len(picks) // r, r))

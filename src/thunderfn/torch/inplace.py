@@ -3,7 +3,7 @@
 The IR is functional, so `x.add_(y)` is traced as `t = add(x, y)` and the proxy
 object `x` is *rebound* to `t`: every Python reference to that object now denotes
 the new value, as every reference to the tensor sees the mutation in eager.
-Earlier recorded uses keep the old value (Trace.rebind freezes them).
+Earlier recorded uses keep the old value (Tracer.rebind freezes them).
 
 Mutating an input or a captured tensor is visible to the caller, as in eager: the
 compiled function ends with `x.copy_(<final value>)` and returns the caller's
@@ -105,7 +105,7 @@ class Alias:
     layout_dependent: bool = False
     stale_message: str | None = None  # why reading this tensor is refused
     # Layout facts about inputs (root, what, get, value; see _view_in_eager) that decided whether this
-    # tensor, or one it was made from, is a view or a copy: relied on (Trace.rely_on_layout) once the
+    # tensor, or one it was made from, is a view or a copy: relied on (Tracer.rely_on_layout) once the
     # answer matters, when it is written or read after its base changed; and, for a copy, its source
     copy_of: TensorProxy | None = None
     facts: tuple = ()
@@ -154,14 +154,14 @@ def track_views(func, args, kwargs, out) -> None:
     which outputs share storage with which input, and how to make them again. Until the traced
     code first writes in place nothing can tell a view from a copy, so the calls are kept and
     tracked then (`settle_views`): a function without in-place writes pays nothing for views."""
-    trc = context.current_trace()
+    tracer = context.current_tracer()
     identities = {}
     for o in tree_leaves(out):
-        entry = trc.identities.pop(id(o), None) if trc.identities and isinstance(o, TensorProxy) else None
+        entry = tracer.identities.pop(id(o), None) if tracer.identities and isinstance(o, TensorProxy) else None
         if entry is not None and entry[0] is o:
             identities[id(o)] = entry
-    if trc.views_to_track is not None:
-        trc.views_to_track.append((func, args, kwargs, out, identities))
+    if tracer.views_to_track is not None:
+        tracer.views_to_track.append((func, args, kwargs, out, identities))
         return
     _track_views(func, args, kwargs, out, identities)
 
@@ -169,8 +169,8 @@ def track_views(func, args, kwargs, out) -> None:
 def settle_views() -> None:
     """Track the views made before the traced code's first in-place write (called before each
     write; from then on views are tracked as they are made)."""
-    trc = context.current_trace()
-    made, trc.views_to_track = trc.views_to_track, None
+    tracer = context.current_tracer()
+    made, tracer.views_to_track = tracer.views_to_track, None
     for call in made or ():
         _track_views(*call)
 
@@ -242,9 +242,9 @@ def _view_in_eager(func, args, kwargs, root, steps) -> tuple:
     meta tensor laid out as the input or captured tensor root stands for, replaying the view steps
     to args[0]; the fact is relied on (`_rely`) only where the answer changes a result. (None, None)
     when root is a value the traced code computed, whose layout tracing does not know."""
-    trc = context.current_trace()
+    tracer = context.current_tracer()
     facts: list = []
-    probe = _eager_layout(trc, root, facts) if steps is not None else None
+    probe = _eager_layout(tracer, root, facts) if steps is not None else None
     if probe is None:
         return None, None
     try:
@@ -267,21 +267,21 @@ def _view_in_eager(func, args, kwargs, root, steps) -> tuple:
 _LAYOUT_DEPTH = 8  # how many ops back a computed tensor's layout is worked out from its inputs'
 
 
-def _eager_layout(trc, proxy, facts: list, depth: int = 0):
+def _eager_layout(tracer, proxy, facts: list, depth: int = 0):
     """A meta tensor laid out as the tensor proxy denotes is in eager, or None when unknown: an
     input's or captured tensor's own layout (its strides join `facts`), or, for a value the traced
     code computed with a torch op (not written in place since), that op's meta kernel applied to its
     inputs' layouts (x.clone() keeps x's strides, torch.zeros(...) is contiguous)."""
-    known = trc.layouts.get(id(proxy))
+    known = tracer.layouts.get(id(proxy))
     if known is None or known[2] is not proxy:
         own: list = []
-        known = trc.layouts[id(proxy)] = (_work_out_layout(trc, proxy, own, depth), tuple(own), proxy)
+        known = tracer.layouts[id(proxy)] = (_work_out_layout(tracer, proxy, own, depth), tuple(own), proxy)
     facts.extend(known[1])
     return known[0]
 
 
-def _work_out_layout(trc, proxy, facts: list, depth: int):
-    tensor = trc.real_tensor(proxy)
+def _work_out_layout(tracer, proxy, facts: list, depth: int):
+    tensor = tracer.real_tensor(proxy)
     if tensor is not None:
         if symbolic.has_symbols(tuple(proxy.shape)):
             # strides change with a symbolic size: a contiguous input is probed as contiguous in its symbolic
@@ -294,9 +294,9 @@ def _work_out_layout(trc, proxy, facts: list, depth: int):
         facts.append((proxy, "stride()", torch.Tensor.stride, tensor.stride()))
         with torch._C.DisableTorchFunction():
             return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
-    if depth >= _LAYOUT_DEPTH or id(proxy) in trc.rebound:
+    if depth >= _LAYOUT_DEPTH or id(proxy) in tracer.rebound:
         return None
-    producer = trc.producer(proxy)
+    producer = tracer.producer(proxy)
     if producer is None or producer.sym.torch_fn is None or "opaque" in producer.sym.tags:
         return None
     ok = True
@@ -304,7 +304,7 @@ def _work_out_layout(trc, proxy, facts: list, depth: int):
     def meta(x):
         nonlocal ok
         if isinstance(x, TensorProxy):
-            probe = _eager_layout(trc, x, facts, depth + 1)
+            probe = _eager_layout(tracer, x, facts, depth + 1)
             ok = ok and probe is not None
             return probe
         if isinstance(x, (tuple, list)):
@@ -330,9 +330,9 @@ def _rely(info: Alias) -> None:
     """The tensor's view-or-copy answer now changes a result: the layout facts it came from join
     the trace's signature (once)."""
     if info is not None and info.facts:
-        trc = context.current_trace()
+        tracer = context.current_tracer()
         for fact in info.facts:
-            trc.rely_on_layout(*fact)
+            tracer.rely_on_layout(*fact)
         info.facts = ()
 
 
@@ -453,7 +453,7 @@ def refresh(view: TensorProxy) -> None:
     value = base
     for step in info.steps:
         value = _replay(step, value)
-    context.current_trace().rebind(view, value, because=f"a write into {base.name}")
+    context.current_tracer().rebind(view, value, because=f"a write into {base.name}")
     info.seen = _alias(base).version
 
 
@@ -461,19 +461,19 @@ def _replay(step: ViewStep, parent):
     """step's view of parent, traced (parent is a new value: the view's base after a write)."""
     if step.func is None:
         return parent
-    trc = context.current_trace()
+    tracer = context.current_tracer()
     handler = find_handler(step.func)
     args, kwargs = (parent, *step.args), dict(step.kwargs)
     out = handler(*args, **kwargs) if handler is not None else run_opaque(step.func, args, kwargs)
     value = [o for o in tree_leaves(out) if isinstance(o, TensorProxy)][step.index]
-    trc.identities.pop(id(value), None)  # a replay is not the user's call: torch/base.py's note is not wanted
+    tracer.identities.pop(id(value), None)  # a replay is not the user's call: torch/base.py's note is not wanted
     return value
 
 
 def check_fresh(args, kwargs) -> None:
     """Bring views whose base was written since up to date (`refresh`); refuse a tensor requiring
     grad read under grad mode after it was written under no_grad."""
-    trc = context.current_trace()
+    tracer = context.current_tracer()
     grad_enabled = torch.is_grad_enabled()
     for a in tree_leaves((args, kwargs)):
         if not isinstance(a, TensorProxy):
@@ -481,14 +481,14 @@ def check_fresh(args, kwargs) -> None:
         if a.alias is not None and a.alias.stale_message:
             raise UnsupportedOpError(a.alias.stale_message)
         refresh(a)
-        if grad_enabled and trc.written_without_grad(a):
+        if grad_enabled and tracer.written_without_grad(a):
             # In eager the tensor is still a leaf that requires grad, now holding the new value; in the trace its
             # new value was computed under no_grad, so autograd would not reach the tensor through this use.
             raise UnsupportedOpError(
-                f"'{trc.fn_name}' reads {a.origin[0] if a.origin else a.name}, which requires grad, under grad mode "
-                f"after writing into it in place under torch.no_grad() (an optimizer step, say). thunderfn cannot "
-                f"differentiate through the updated tensor in the same function: end the jitted function after the "
-                f"update, and use the tensor in the next call.")
+                f"'{tracer.trace.fn_name}' reads {a.origin[0] if a.origin else a.name}, which requires grad, under "
+                f"grad mode after writing into it in place under torch.no_grad() (an optimizer step, say). thunderfn "
+                f"cannot differentiate through the updated tensor in the same function: end the jitted function after "
+                f"the update, and use the tensor in the next call.")
 
 
 def _is_basic_key(key) -> bool:
@@ -583,7 +583,7 @@ def _cast_like_target(value, target, what: str):
 def run_in_place(func, args, kwargs):
     """Trace an in-place torch call on a proxy (or a call with out=/inplace=True)."""
     settle_views()
-    trc = context.current_trace()
+    tracer = context.current_tracer()
     name = torch_name(func)
     short = name.rsplit(".", 1)[-1]
     if short.startswith("_foreach_"):  # one in-place op per tensor of the lists (torch/foreach.py)
@@ -599,7 +599,7 @@ def run_in_place(func, args, kwargs):
             args[2].alias.base is target and args[2].alias.key == args[1]):
         return None  # x[k] = v where v is x[k], already written back when v was mutated: nothing to do
     if info is not None and info.layout_dependent:
-        return _write_layout_dependent(trc, func, name, short, args, kwargs)
+        return _write_layout_dependent(tracer, func, name, short, args, kwargs)
     if info is not None and info.base is not None:
         check_writable(target, name)
     new_value = _cast_like_target(_functional(func, short, args, kwargs), target, name)
@@ -607,7 +607,7 @@ def run_in_place(func, args, kwargs):
     return target if short != "__setitem__" else None
 
 
-def _write_layout_dependent(trc, func, name, short, args, kwargs):
+def _write_layout_dependent(tracer, func, name, short, args, kwargs):
     """An in-place write into x.contiguous() (or x.reshape(...), ...) where x is a tensor the
     function computed, whose layout tracing does not know: in eager the write goes into x or into
     a copy. The write goes to the result, and neither x nor its views may be read afterwards. (For
@@ -615,7 +615,7 @@ def _write_layout_dependent(trc, func, name, short, args, kwargs):
     refuses only where that probe could not run.)"""
     target = args[0]
     root = target.alias.base
-    if trc.real_tensor(root) is not None:
+    if tracer.real_tensor(root) is not None:
         raise UnsupportedOpError(
             f"{name} mutates {target.name}, which in eager is {root.name} itself or a copy of it depending on "
             f"{root.name}'s memory layout at run time (x.contiguous(), x.reshape(...)); {root.name} is an input of "
@@ -717,11 +717,11 @@ def _permutation(step: ViewStep, parent) -> list:
 
 
 def rebind(proxy: TensorProxy, value: TensorProxy, *, because: str) -> None:
-    """An in-place write into proxy, traced: it denotes value from now on (Trace.rebind). A view
+    """An in-place write into proxy, traced: it denotes value from now on (Tracer.rebind). A view
     written into writes its base (step by step back from the view), whose other views are then
     out of date until read (`refresh`)."""
     settle_views()
-    trc = context.current_trace()
+    tracer = context.current_tracer()
     info = proxy.alias
     _rely(info)  # written: whether it is a view (of an input) or a copy now changes what the caller sees
     if info is not None and info.base is not None and not info.layout_dependent:
@@ -734,9 +734,9 @@ def rebind(proxy: TensorProxy, value: TensorProxy, *, because: str) -> None:
         for step, parent in zip(reversed(info.steps), reversed(parents)):
             new_base = _written_back(parent, step, new_base)
         rebind(base, new_base, because=f"{because} on its view {proxy.name}")
-        trc.rebind(proxy, value, because=because)
+        tracer.rebind(proxy, value, because=because)
         info.seen = _alias(base).version
         return
-    trc.rebind(proxy, value, because=because)
+    tracer.rebind(proxy, value, because=because)
     if info is not None:
         info.version += 1

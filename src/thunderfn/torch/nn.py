@@ -573,8 +573,8 @@ def _every_argument(original, /, *args, **kwargs):
     """torch 2.13's F.l1_loss leaves `weight` out of its __torch_function__ call, so a traced
     call would silently lose it. Standing in front of it: while tracing, dispatch the call with
     every argument (to the symbol, registered for the original); otherwise, torch's own function."""
-    trc = context.current_trace()
-    if trc is None or trc.symbol_depth:
+    tracer = context.current_tracer()
+    if tracer is None or tracer.symbol_depth:
         return original(*args, **kwargs)
     return dispatch(original, args, kwargs)
 

@@ -42,8 +42,8 @@ stand_in_front(_BatchNorm, "forward", _batch_norm_cumulative_average)
 
 def _functional_call_traced(original, module, parameters_and_buffers, args=None, kwargs=None, *, tie_weights=True,
                             strict=False):
-    trc = context.current_trace()
-    if trc is None:
+    tracer = context.current_tracer()
+    if tracer is None:
         return original(module, parameters_and_buffers, args, kwargs, tie_weights=tie_weights, strict=strict)
     named = dict(module.named_parameters(remove_duplicate=False))
     named.update(module.named_buffers(remove_duplicate=False))
@@ -58,7 +58,7 @@ def _functional_call_traced(original, module, parameters_and_buffers, args=None,
                                  "the given tensor would stand in under every name of the tied weight. Pass the value "
                                  "for every name of it, or use tie_weights=True.")
     args = () if args is None else args if isinstance(args, tuple) else (args,)
-    pairs = [(named[name], trc.constant(value) if isinstance(value, torch.Tensor) else value)
+    pairs = [(named[name], tracer.constant(value) if isinstance(value, torch.Tensor) else value)
              for name, value in given.items()]
     with context.standing_in(pairs):
         return module(*args, **(kwargs or {}))

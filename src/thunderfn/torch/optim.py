@@ -52,10 +52,10 @@ _local = _Local()
 
 
 def _tracing_root():
-    trc = context.current_trace()
-    if trc is None or trc.symbol_depth:
+    tracer = context.current_tracer()
+    if tracer is None or tracer.symbol_depth:
         return None
-    return context.trace_stack()[0]
+    return context.tracer_stack()[0]
 
 
 # -- snapshots of an optimizer's Python state -------------------------------------------------
@@ -134,7 +134,7 @@ def _refuse_unsupported(opt: torch.optim.Optimizer) -> None:
                     f"default (foreach or for-loop) implementation, {flag}=False.")
 
 
-def _finish(snapshots: list, trc, failed: bool) -> None:
+def _finish(snapshots: list, tracer, failed: bool) -> None:
     """When the trace is done: undo what tracing did to the optimizers' Python state, and either
     refuse the trace (a step changed that state) or guard it (the state must stay as traced)."""
     _local.stepping = 0
@@ -148,16 +148,16 @@ def _finish(snapshots: list, trc, failed: bool) -> None:
             for s in snapshots:
                 s.restore()
             raise StepChangesOptimizerState(
-                f"tracing '{trc.fn_name}' stepped a {type(snap.opt).__name__} whose step changed its Python state "
-                f"({why}); a compiled function would make that change only once. tf.jit runs such a call eagerly "
+                f"tracing '{tracer.trace.fn_name}' stepped a {type(snap.opt).__name__} whose step changed its Python "
+                f"state ({why}); a compiled function would make that change only once. tf.jit runs such a call eagerly "
                 f"(the first step creates the optimizer's state) and traces the next one; other transforms cannot.")
     for snap in snapshots:
-        trc.guards.append(functools.partial(_Snapshot.why_changed, snap))
+        tracer.trace.guards.append(functools.partial(_Snapshot.why_changed, snap))
 
 
 def _before_step(opt, args, kwargs) -> None:
-    trc = _tracing_root()
-    if trc is None:
+    root = _tracing_root()
+    if root is None:
         return
     _refuse_unsupported(opt)
     if args[1:2] != (None,) and args[1:] or kwargs.get("closure") is not None:
@@ -165,10 +165,10 @@ def _before_step(opt, args, kwargs) -> None:
             f"{type(opt).__name__}.step(closure) inside a traced function: the closure runs the model and "
             f"loss.backward(), which thunderfn does not trace. Call backward outside, then the jitted step without "
             f"a closure.")
-    snapshots = trc.finish_data.get(__name__)
+    snapshots = root.finish_data.get(__name__)
     if snapshots is None:
-        snapshots = trc.finish_data[__name__] = []
-        trc.finishers.append(functools.partial(_finish, snapshots))
+        snapshots = root.finish_data[__name__] = []
+        root.finishers.append(functools.partial(_finish, snapshots))
     if not any(s.opt is opt for s in snapshots):  # the state the trace starts from
         snapshots.append(_Snapshot(opt))
     _local.stepping += 1

@@ -82,8 +82,8 @@ cuda_get_rng_state_op = _state_reader("cuda.get_rng_state")
 
 
 def _tracing():
-    trc = context.current_trace()
-    return trc if trc is not None and not trc.symbol_depth else None
+    tracer = context.current_tracer()
+    return tracer if tracer is not None and not tracer.symbol_depth else None
 
 
 def _recording(name, record, reseeds: bool, current):
@@ -92,12 +92,12 @@ def _recording(name, record, reseeds: bool, current):
 
     @functools.wraps(current)
     def wrapper(*args, **kwargs):
-        trc = _tracing()
-        if trc is None:
+        tracer = _tracing()
+        if tracer is None:
             if reseeds:  # lets a trace in another thread tell this reseed from its own (core/trace.py)
                 context.note_rng_reseed()
             return current(*args, **kwargs)
-        return record(trc, *args, **kwargs)
+        return record(tracer, *args, **kwargs)
 
     wrapper.__thunderfn_original__ = _original[name]
     return wrapper
@@ -109,32 +109,32 @@ def _seed_value(name, seed) -> int:
     return int(seed)
 
 
-def _record_manual_seed(trc, seed):
-    trc.emit(manual_seed_statement.bind(_seed_value("manual_seed", seed), output=None))
+def _record_manual_seed(tracer, seed):
+    tracer.emit(manual_seed_statement.bind(_seed_value("manual_seed", seed), output=None))
     return torch.default_generator
 
 
-def _record_cuda_manual_seed(trc, seed):
-    trc.emit(cuda_manual_seed_statement.bind(_seed_value("cuda.manual_seed", seed), output=None))
+def _record_cuda_manual_seed(tracer, seed):
+    tracer.emit(cuda_manual_seed_statement.bind(_seed_value("cuda.manual_seed", seed), output=None))
 
 
-def _record_cuda_manual_seed_all(trc, seed):
-    trc.emit(cuda_manual_seed_all_statement.bind(_seed_value("cuda.manual_seed_all", seed), output=None))
+def _record_cuda_manual_seed_all(tracer, seed):
+    tracer.emit(cuda_manual_seed_all_statement.bind(_seed_value("cuda.manual_seed_all", seed), output=None))
 
 
 def _refuse(name, why):
-    def record(trc, /, *args, **kwargs):
-        raise UnsupportedOpError(f"'{trc.fn_name}' calls torch.{name}(), which {why}, so the compiled function "
-                                 f"could not do it again on later calls. Call it outside the jitted function.")
+    def record(tracer, /, *args, **kwargs):
+        raise UnsupportedOpError(f"'{tracer.trace.fn_name}' calls torch.{name}(), which {why}, so the compiled "
+                                 f"function could not do it again on later calls. Call it outside the jitted function.")
 
     return record
 
 
-def _record_get_rng_state(trc):
+def _record_get_rng_state(tracer):
     return get_rng_state_op()
 
 
-def _record_cuda_get_rng_state(trc, device="cuda"):
+def _record_cuda_get_rng_state(tracer, device="cuda"):
     return cuda_get_rng_state_op(device)
 
 
@@ -142,12 +142,12 @@ def _lifted(state):
     return lift_constants(state)
 
 
-def _record_set_rng_state(trc, new_state):
-    trc.emit(set_rng_state_statement.bind(_lifted(new_state), output=None))
+def _record_set_rng_state(tracer, new_state):
+    tracer.emit(set_rng_state_statement.bind(_lifted(new_state), output=None))
 
 
-def _record_cuda_set_rng_state(trc, new_state, device="cuda"):
-    trc.emit(cuda_set_rng_state_statement.bind(_lifted(new_state), device, output=None))
+def _record_cuda_set_rng_state(tracer, new_state, device="cuda"):
+    tracer.emit(cuda_set_rng_state_statement.bind(_lifted(new_state), device, output=None))
 
 
 _NONDETERMINISTIC = "reseeds from a nondeterministic source and returns the seed, a value tracing cannot know"

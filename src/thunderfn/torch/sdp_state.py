@@ -62,6 +62,6 @@ def guard_trace() -> None:
     """While tracing: make the outermost trace's compiled function retrace when the switches change."""
     if context.current_trace() is None:
         return
-    root = context.trace_stack()[0]
+    root = context.tracer_stack()[0].trace
     if not any(getattr(g, "func", None) is why_changed for g in root.guards):
         root.guards.append(functools.partial(why_changed, snapshot()))

@@ -327,8 +327,8 @@ def detach(a):
     # the value itself; differentiation stops here (its tag), and torch runs detach (a view). Inside a
     # decomposition (running statistics computed from a batch) it must be a value of its own, or the transforms
     # would follow the input's name through it: a reshape to its own shape.
-    trc = context.current_trace()
-    return a if trc is None or trc.symbol_depth <= 1 else prims.reshape(a, tuple(a.shape))
+    tracer = context.current_tracer()
+    return a if tracer is None or tracer.symbol_depth <= 1 else prims.reshape(a, tuple(a.shape))
 
 
 @torchsymbol(torch.clone, T.clone)

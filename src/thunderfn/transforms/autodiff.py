@@ -284,13 +284,13 @@ def with_generator_states(region: list, active: set) -> tuple[list, dict]:
     what is differentiated, which grows here by what depends on it) and may draw random numbers.
     Both modes differentiate such an op by running it again under torch.func, from that state, so
     that it draws what it first drew (torch/opaque.py: torch_vjp, torch_jvp)."""
-    trc = context.current_trace()
+    tracer = context.current_tracer()
     emitted, states = [], {}
     for bsym in region:
         if any(isinstance(a, TensorProxy) and a.name in active for a in bsym.flat_args()):
             active.update(o.name for o in bsym.proxy_outs())
             if "opaque" in bsym.sym.tags and bsym.sym.torch_fn is not None and may_draw(bsym.sym.torch_fn):
-                with trc.scope() as state_read:
+                with tracer.scope() as state_read:
                     states[id(bsym)] = get_rng_state_op()
                 emitted.extend(state_read)
         emitted.append(bsym)
@@ -298,40 +298,40 @@ def with_generator_states(region: list, active: set) -> tuple[list, dict]:
 
 
 @contextlib.contextmanager
-def differentiating(trc):
-    """trc.scope(), with torch's grad mode on while the transform traces the function it
+def differentiating(tracer):
+    """tracer.scope(), with torch's grad mode on while the transform traces the function it
     differentiates: a functional transform computes its derivative whatever the mode outside it
     (torch.func and JAX do), so `with torch.no_grad(): tf.grad(f)(x)` is f's gradient. The switch is
     the transform's, not the compiled function's: nothing is recorded for it, so a region under
     an outer no_grad stays one for an enclosing transform (as torch.func's levels see it). A
     `torch.no_grad()` block inside the function still stops gradients there (recorded as switches,
     see _grad_modes); the caller's mode comes back when the block ends, also on an error."""
-    trc.sync_grad_mode()  # a no_grad block just entered by the caller, recorded before the region
-    outside = trc.grad_enabled
-    with trc.scope() as recorded, torch.enable_grad():
-        trc.grad_enabled = True
+    tracer.sync_grad_mode()  # a no_grad block just entered by the caller, recorded before the region
+    outside = tracer.grad_enabled
+    with tracer.scope() as recorded, torch.enable_grad():
+        tracer.grad_enabled = True
         try:
             yield recorded
         finally:
             switches = [b for b in recorded if b.sym is set_grad_enabled]
             if (bool(switches[-1].args[0]) if switches else outside) != outside:  # the compiled function's mode back
                 recorded.append(set_grad_enabled.bind(outside, output=None))
-            trc.grad_enabled = outside
+            tracer.grad_enabled = outside
 
 
 def as_trace_constants(tree):
     """tree with each real tensor (one a traced function captured) as the trace's proxy for it."""
-    trc = context.current_trace()
-    return tree_map(lambda x: trc.constant(x) if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy) else x,
-                    tree)
+    tracer = context.current_tracer()
+    return tree_map(lambda x: tracer.constant(x) if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy)
+                    else x, tree)
 
 
 def as_trace_values(primals):
     """primals with each real tensor (one the traced function captured and differentiates with
     respect to, `tf.grad(f)(w)` inside a jitted function) replaced by a copy made in the trace:
     the tensor itself would be a captured constant, which no derivative reaches."""
-    trc = context.current_trace()
-    return tree_map(lambda x: ltorch.clone(trc.constant(x)) if isinstance(x, torch.Tensor) else x, primals)
+    tracer = context.current_tracer()
+    return tree_map(lambda x: ltorch.clone(tracer.constant(x)) if isinstance(x, torch.Tensor) else x, primals)
 
 
 def trace_vjp(fn: Callable, primals: Sequence, executors=None):
@@ -344,19 +344,19 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
         # tf.grad(f) called while a function is being jitted: the executors are that jit's argument,
         # which f's caller cannot hand to tf.grad, so jit announces them for the trace it builds.
         executors = context.current_executors()
-    trc = context.current_trace()
+    tracer = context.current_tracer()
     primals = as_trace_values(up_to_date(primals))
     # the primals' names before fn runs: fn may write into a primal in place, after which the same proxy
     # object names its new value (torch/inplace.py); the derivative is with respect to the value passed in
     primal_names = [p.name if isinstance(p, TensorProxy) else None for p in tree_leaves(primals)]
     primal_proxies = [p if isinstance(p, TensorProxy) else None for p in tree_leaves(primals)]
-    with differentiating(trc) as recorded:
+    with differentiating(tracer) as recorded:
         # a tensor made outside torch's hooks (torch.tensor(1.)): a constant
         out = as_trace_constants(up_to_date(fn(*primals)))
     tape = _Tape(executors)
     region = _record_forward(_with_residuals(recorded, executors), primal_names, tape)
     for bsym in region:
-        trc.emit(bsym)
+        tracer.emit(bsym)
     modes = _grad_modes(region, True)
 
     def backward(cotangents):
@@ -674,12 +674,12 @@ class _Pullback:
     def build(self, value, backward) -> tuple:
         """While the forward is traced: record backward(stand-in cotangents) aside, and return the
         values it reads from the forward (the residuals, the forward's extra outputs)."""
-        trc = context.current_trace()
+        tracer = context.current_tracer()
         out_leaves, self.out_spec = tree_flatten(value)
         self.outputs = [(tuple(o.shape), o.dtype, o.device) if _carries_gradient(o) else None for o in out_leaves]
         self.cotangents = [TensorProxy(shape=m[0], dtype=m[1], device=m[2]) if m is not None else None
                            for m in self.outputs]
-        with trc.scope() as recorded:
+        with tracer.scope() as recorded:
             self.grads = backward(tree_unflatten(self.out_spec, self.cotangents))
         self.bsyms = recorded
         defined = {c.name for c in self.cotangents if c is not None}
@@ -736,7 +736,7 @@ class _Pullback:
     def _replay(self, residuals, cotangents):
         """The recorded backward again, on these residuals and cotangents, into the trace being
         built: each bound symbol called anew (fresh names; an enclosing transform sees its ops)."""
-        trc = context.current_trace()
+        tracer = context.current_tracer()
         env = {p.name: v for p, v in zip(self.residuals, as_trace_constants(list(residuals)))}
         env.update((p.name, c) for p, c in zip((c for c in self.cotangents if c is not None), cotangents))
 
@@ -744,17 +744,17 @@ class _Pullback:
             return env.get(x.name, x) if isinstance(x, TensorProxy) else x
 
         with torch.set_grad_enabled(torch.is_grad_enabled()):  # the caller's mode back after replayed switches
-            self._replay_into(trc, env, value)
+            self._replay_into(tracer, env, value)
         return optree.tree_map(value, self.grads, none_is_leaf=True, namespace="thunderfn")
 
-    def _replay_into(self, trc, env, value) -> None:
+    def _replay_into(self, tracer, env, value) -> None:
         for bsym in self.bsyms:
             args, kwargs = optree.tree_map(value, (bsym.args, bsym.kwargs), none_is_leaf=True, namespace="thunderfn")
             if bsym.sym is set_grad_enabled:  # a no_grad block in a recomputed forward: switched, and so recorded
                 torch._C._set_grad_enabled(bool(args[0]))
                 continue
             if bsym.sym.printer is not None:
-                trc.emit(bsym.sym.bind(*args, output=bsym.output, **kwargs))
+                tracer.emit(bsym.sym.bind(*args, output=bsym.output, **kwargs))
                 continue
             out = bsym.sym(*args, **kwargs)
             for o, r in zip(optree.tree_leaves(bsym.output, none_is_leaf=True, namespace="thunderfn"),

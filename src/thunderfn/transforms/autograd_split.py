@@ -36,7 +36,8 @@ from thunderfn.core.passes import dce
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_unflatten
 from thunderfn.core.statements import set_grad_enabled, write_back
-from thunderfn.core.trace import Trace, stamp_provenance, tracing
+from thunderfn.core.trace import Trace, stamp_provenance
+from thunderfn.core.tracer import tracing
 from thunderfn.errors import ArgumentRuntimeError, InternalError, SavedTensorModifiedError, UnsupportedOpError
 from thunderfn.torch.opaque import autograd_connections
 from thunderfn.transforms.autodiff import trace_vjp
@@ -170,10 +171,10 @@ def split_forward_backward(computation: Trace, executors) -> Split:
     differentiable = [o.name in reached for o in outputs]
 
     joint = Trace(computation.fn_name, names=computation.names)
-    with tracing(joint):
+    with tracing(joint) as joint_tracer:
         def replay(*_):
             for bsym in computation.bound_symbols:
-                joint.emit(bsym)
+                joint_tracer.emit(bsym)
             return outputs
 
         _, backward = trace_vjp(replay, wrt, executors)
@@ -207,7 +208,7 @@ def split_forward_backward(computation: Trace, executors) -> Split:
         """The backward differentiated again with no cotangent at the absent positions (of the differentiable
         outputs), which the VJP rules then skip: eager's autograd does no work for an output nobody used."""
         began = time.perf_counter_ns()
-        with tracing(joint):
+        with tracing(joint, joint_tracer):  # (built on from where the first backward left it: its grad mode too)
             start_at = len(joint.bound_symbols)
             it = iter(c if i not in absent else None for i, c in enumerate(cotangents))
             grads_now = backward([next(it) if d else None for d in differentiable])

@@ -27,7 +27,8 @@ import time
 
 from thunderfn import torch as ltorch
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.trace import Trace, stamp_provenance, tracing
+from thunderfn.core.trace import Trace, stamp_provenance
+from thunderfn.core.tracer import tracing
 from thunderfn.torch import distributed as collectives
 
 
@@ -71,11 +72,9 @@ def bucketed_all_reduce(bwd: Trace, positions, config: DataParallel) -> Trace:
     for bucket in buckets:
         launch_after.setdefault(max(produced_at.get(g.name, -1) for _, g in bucket), []).append(bucket)
 
-    new = bwd.derive("")
-    new.bound_symbols = []
-    new._scopes = [new.bound_symbols]
+    new = bwd.derive("", [])
     pending = []
-    with tracing(new):
+    with tracing(new) as tracer:
         def launch(bucket):
             flat = ltorch.cat([ltorch.reshape(g, (-1,)) for _, g in bucket]) if len(bucket) > 1 else \
                 ltorch.reshape(bucket[0][1], (-1,))
@@ -85,7 +84,7 @@ def bucketed_all_reduce(bwd: Trace, positions, config: DataParallel) -> Trace:
         for bucket in launch_after.get(-1, ()):  # gradients the backward receives as they are
             launch(bucket)
         for k, bsym in enumerate(bwd.bound_symbols):
-            new.emit(bsym)
+            tracer.emit(bsym)
             for bucket in launch_after.get(k, ()):
                 launch(bucket)
         output = list(bwd.output)

@@ -23,7 +23,7 @@ from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import python_alias
 from thunderfn.core.symbol import BoundSymbol, Symbol
-from thunderfn.core.trace import tracing
+from thunderfn.core.tracer import tracing
 from thunderfn.errors import ExecutorError
 
 
@@ -79,8 +79,7 @@ def claims_whole(rule) -> bool:
 def trace_in_place_of(bsym, fn, who: str) -> list:
     """Trace fn(*bsym.args, **bsym.kwargs) and rename its outputs to bsym's, so the rest of
     the trace is untouched: the bound symbols that replace bsym."""
-    trc = context.current_trace()
-    with trc.scope() as emitted:
+    with context.current_tracer().scope() as emitted:
         result = fn(*bsym.args, **bsym.kwargs)
     new_leaves, _ = tree_flatten(result)
     old_leaves, _ = tree_flatten(bsym.output)

@@ -133,7 +133,7 @@ def _opaque_tangent(bsym, tangents, rng_state):
 def trace_jvp(fn: Callable, primals, tangents):
     """While a trace is being built: fn(*primals) traced into it, and the tangent of its output
     for these tangents of the primals' leaves (a pytree like the output)."""
-    trc = context.current_trace()
+    tracer = context.current_tracer()
     primals = as_trace_values(up_to_date(primals))
     tangents = lift_constants(tangents)  # real tensors (tf.jvp called inside a traced function) read as constants
     env: dict = {}
@@ -144,12 +144,12 @@ def trace_jvp(fn: Callable, primals, tangents):
             # keyed by the name the primal has now: fn may write into it in place, after which the same
             # proxy object names its new value (torch/inplace.py), whose tangent the rules compute
             env[p.name] = clang.maybe_convert_to_dtype(t, p.dtype)
-    with differentiating(trc) as recorded:  # whatever the grad mode outside, as reverse mode
+    with differentiating(tracer) as recorded:  # whatever the grad mode outside, as reverse mode
         out = as_trace_constants(up_to_date(fn(*primals)))  # a constant output gets a zero tangent
     region = _flattened(recorded)
     emitted, rng_states = with_generator_states(region, set(env))
     for bsym in emitted:
-        trc.emit(bsym)
+        tracer.emit(bsym)
     for bsym, enabled in zip(region, _grad_modes(region, True)):
         if enabled:
             _push_forward(bsym, env, rng_states)

@@ -213,15 +213,15 @@ def _as_user_code():
     body would otherwise run once, at trace time). It ends in the grad mode it began in, as a
     Function's forward and backward do in eager: a switch the user code made and did not undo
     (Dynamo's captured forward ends with one) is undone and recorded so, inside the body."""
-    trc = context.current_trace()
-    depth, trc.symbol_depth = trc.symbol_depth, 0
+    tracer = context.current_tracer()
+    depth, tracer.symbol_depth = tracer.symbol_depth, 0
     mode = torch.is_grad_enabled()
     try:
         yield
     finally:
         torch._C._set_grad_enabled(mode)
-        trc.sync_grad_mode()
-        trc.symbol_depth = depth
+        tracer.sync_grad_mode()
+        tracer.symbol_depth = depth
 
 
 def _fresh(x, inputs: set):
@@ -374,13 +374,13 @@ class UserFunction(custom_vjp):
                 f"generate_vmap_rule = True (torch.func.vmap refuses it too). Set `generate_vmap_rule = True` on the "
                 f"class when its forward and backward are torch operations vmap can batch, or define "
                 f"`vmap(info, in_dims, *args)`.{self.spec.note}")
-        trc = context.current_trace()
+        tracer = context.current_tracer()
         out, residuals = bsym.output
         if any(isinstance(r, TensorProxy) for r in tree_leaves(residuals)):
             # a backward recorded already (vmap of a gradient) reads the residuals: batch them through the
             # forward's recorded ops; the outputs come from the user's rule below
             values, dims = dict(batching.values), dict(batching.dims)
-            with trc.scope() as tried:
+            with tracer.scope() as tried:
                 try:
                     for sub in bsym.subsymbols:
                         batching.run(sub)
@@ -388,7 +388,7 @@ class UserFunction(custom_vjp):
                     tried.clear()
                     batching.values, batching.dims = values, dims
             for b in tried:
-                trc.emit(b)
+                tracer.emit(b)
         args = tuple(optree.tree_map(lambda v: batching.values.get(v.name, v) if isinstance(v, TensorProxy) else v,
                                      a, none_is_leaf=True, namespace=_NAMESPACE) for a in bsym.args)
         in_dims = tuple(entry_by_name(a, batching.dims) for a in bsym.args)
@@ -498,12 +498,12 @@ _watchers = threading.local()  # tf.examine's: called with each Function class a
 
 @functools.wraps(_original_apply)
 def _apply(cls, *args, **kwargs):
-    trc = context.current_trace()
+    tracer = context.current_tracer()
     # Traced: a call on traced tensors, or one user code makes on real tensors (captured ones) at the
     # top of the trace. Not a call thunderfn's own machinery makes on real or meta tensors while
     # tracing (an opaque op's shapes and autograd connections), which runs with torch functions off.
-    if trc is not None and (any(isinstance(x, TensorProxy) for x in tree_leaves((args, kwargs))) or (
-            trc.symbol_depth == 0 and torch._C._is_torch_function_enabled())):
+    if tracer is not None and (any(isinstance(x, TensorProxy) for x in tree_leaves((args, kwargs))) or (
+            tracer.symbol_depth == 0 and torch._C._is_torch_function_enabled())):
         if cls is _CheckpointFunction:
             # torch.utils.checkpoint(use_reentrant=True): its backward recomputes the function under
             # torch.autograd; the gradient it computes is the function's own, so the function is traced

@@ -133,7 +133,7 @@ class _Batching:
         return any(isinstance(a, TensorProxy) and a.name in self.dims for a in bsym.flat_args())
 
     def run(self, bsym) -> None:
-        trc = context.current_trace()
+        tracer = context.current_tracer()
         if _draws_random(bsym):  # a random op, or a composite that draws inside (F.dropout): the mode decides
             if self.randomness == "error":
                 raise BatchingError(
@@ -155,7 +155,7 @@ class _Batching:
                     self.run(sub)
                 return
         if not self.is_batched(bsym):  # the same for every example: computed once
-            trc.emit(bsym)
+            tracer.emit(bsym)
             return
         way = resolve(bsym, VMAP)
         if way is Way.CUSTOM:
@@ -347,7 +347,7 @@ def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, random
     updates of batched inputs: {leaf index: its new value} (for the caller to write back, as
     it knows whether args are the caller's tensors or one chunk's slices of them).
     `chunked`: the batch is one of several chunks."""
-    trc = context.current_trace()
+    tracer = context.current_tracer()
     batching = _Batching(batch_size, randomness, chunked)
     leaves, spec = tree_flatten(args)
     examples = []
@@ -360,17 +360,17 @@ def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, random
         batching.bind(example, leaf, d)
         examples.append(example)
     names = [x.name if isinstance(x, TensorProxy) else None for x in examples]  # an in-place op renames
-    with trc.scope() as recorded:
+    with tracer.scope() as recorded:
         out = as_trace_constants(up_to_date(fn(*tree_unflatten(spec, examples))))  # a constant output: the same for every example
     for bsym in recorded:
         batching.run(bsym)
-    updates = _in_place_updates(trc, batching, leaves, examples, names, in_dims)
+    updates = _in_place_updates(tracer, batching, leaves, examples, names, in_dims)
     return optree.tree_map(
         lambda o: BatchedValue(batching.values.get(o.name, o), batching.dims.get(o.name)) if isinstance(o, TensorProxy) else o,
         out, namespace="thunderfn"), updates
 
 
-def _in_place_updates(trc, batching: _Batching, leaves, examples, names, in_dims) -> dict:
+def _in_place_updates(tracer, batching: _Batching, leaves, examples, names, in_dims) -> dict:
     """An in-place op on an example (x.add_(y)) rebinds its proxy to the new value: the batched
     input's new value is the batched new value (at the input's batch dim), so the caller's
     tensor is written as torch.func.vmap writes it. A batched value written into a tensor that
@@ -386,7 +386,7 @@ def _in_place_updates(trc, batching: _Batching, leaves, examples, names, in_dims
         else:
             value = move_batch_dim(value, dim, d)
         updates[i] = value
-    rebound = [live for _, live in trc.mutated.values()] + [
+    rebound = [live for _, live in tracer.mutated.values()] + [
         x for x, name, d in zip(leaves, names, in_dims) if d is None and isinstance(x, TensorProxy) and x.name != name]
     for live in rebound:
         if live.name in batching.dims:
@@ -536,9 +536,10 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
         return placed, [axis for _, axis in paths_axes], spec, updates
 
     def transformed(*args, **kwargs):
-        trc = context.current_trace()  # a real tensor passed in while tracing (one captured by the caller) is a constant
-        args = up_to_date(tree_map(lambda x: trc.constant(x) if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy)
-                                   else x, args))
+        # a real tensor passed in while tracing (one captured by the caller) is a constant
+        tracer = context.current_tracer()
+        args = up_to_date(tree_map(lambda x: tracer.constant(x) if isinstance(x, torch.Tensor)
+                                   and not isinstance(x, TensorProxy) else x, args))
         dims, batch_size = _in_dims(in_axes, args)
         body = functools.partial(fn, **kwargs) if kwargs else fn
         leaves, arg_spec = tree_flatten(args)

@@ -24,7 +24,7 @@ def _batched_statement(statement):
     def batch(call, dims):
         args = call.args
         batched = [move_to_front(a, d) if d is not None else a for a, d in zip(args, dims)]
-        context.current_trace().emit(statement.bind(*batched, output=None))
+        context.current_tracer().emit(statement.bind(*batched, output=None))
         return None, None
 
     batch.__name__ = f"_{statement.name}"
