@@ -210,7 +210,7 @@ def main(argv=None) -> None:
     lengths = random.Random(0).sample(range(8, 129), n_lengths)
     print(f"{n_lengths} lengths in [8, 128], batch {BATCH}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
-    print(f"| model | variant | compiles | first pass (s) | steady step (ms) | vs eager | loss error |")
+    print("| model | variant | compiles | first pass (s) | steady step (ms) | vs eager | loss error |")
     print("|---|---|---|---|---|---|---|")
     for name in args.models:
         for r in run(name, variants, lengths):

@@ -36,7 +36,6 @@ import tempfile
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import thunderfn as tf

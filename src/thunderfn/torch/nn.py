@@ -545,8 +545,6 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
 def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
     """torch's formula op for op; its check that var has no negative entry reads values, so it
     is a runtime check (a ValueError when the compiled function runs, as in eager)."""
-    import numbers
-
     if isinstance(var, symbolic.NUMBER_TYPES):
         check(var >= 0, lambda: "var has negative entry/entries", ValueError)
         var = clang.full(input.shape, float(var), device=input.device, dtype=input.dtype)

@@ -690,10 +690,10 @@ class _Pullback:
         if symbolic.has_unbacked([tuple(p.shape) for p in [*self.residuals, *out_leaves] if isinstance(p, TensorProxy)]):
             # (its replay would compute with sizes of the forward's trace that the backward's call cannot bind)
             raise UnsupportedOpError(
-                f"tf.vjp called with real tensors cannot keep the pullback of a function whose output or saved "
-                f"values have a size known only at run time (a boolean mask's selection, nonzero, unique): "
-                f"differentiate it with tf.grad or tf.value_and_grad, through torch.autograd on tf.jit(fn), or "
-                f"call tf.vjp inside a jitted function")
+                "tf.vjp called with real tensors cannot keep the pullback of a function whose output or saved "
+                "values have a size known only at run time (a boolean mask's selection, nonzero, unique): "
+                "differentiate it with tf.grad or tf.value_and_grad, through torch.autograd on tf.jit(fn), or "
+                "call tf.vjp inside a jitted function")
         # a captured tensor is read as it is now (as torch.autograd saves it); the rest, as computed
         return tuple(p for p in self.residuals if p.constant is None)
 

@@ -26,7 +26,6 @@ from thunderfn.errors import TransformArgumentError
 from thunderfn.transforms.autodiff import _compiled, positional_argnums, vjp
 from thunderfn.transforms.forward_mode import jvp
 from thunderfn.transforms.vmap import vmap
-from thunderfn.errors import ArgumentTypeError
 
 
 def _argnums(fn, argnums, args, transform: str) -> tuple[tuple, bool]:
