@@ -36,9 +36,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_models import _LLAMA_LIKE, _without_dropout  # noqa: E402  (a sibling script, not a package)
-
 import thunderfn as tf  # noqa: E402
+from bench_models import _LLAMA_LIKE, _without_dropout  # noqa: E402  (a sibling script, not a package)
 from thunderfn.testing.optional_libraries import import_torchvision, why_unavailable  # noqa: E402
 
 BATCH = 4

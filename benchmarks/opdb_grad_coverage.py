@@ -35,7 +35,15 @@ import torch
 from torch.utils import _pytree as pytree
 
 import thunderfn as tf
-from harness import add_sample_options, check_tolerances, error_outcome, Timeout, entry_name, print_failures, run_all  # (run from benchmarks/ or the root)
+from harness import (  # (run from benchmarks/ or the root)
+    Timeout,
+    add_sample_options,
+    check_tolerances,
+    entry_name,
+    error_outcome,
+    print_failures,
+    run_all,
+)
 from opdb_coverage import first_samples  # the sibling forward harness
 
 

@@ -14,8 +14,15 @@ import torch.nn.functional as F
 import thunderfn as tf
 import thunderfn.torch as ltorch
 from thunderfn import executors
-from thunderfn.executors import (Lowering, OperatorExecutor, RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace,
-                                 add_operator_executor)
+from thunderfn.executors import (
+    Lowering,
+    OperatorExecutor,
+    RunAsItself,
+    RunAsOperator,
+    RunWithTorch,
+    TraceInPlace,
+    add_operator_executor,
+)
 from thunderfn.executors.torch_executor import prim_impls
 from thunderfn.testing.registries import RegistrySnapshot
 from thunderfn.core.rules import BatchRule, JVPRule, Rules, VJPRule, rules, rules_of, set_rule

@@ -14,8 +14,8 @@ import thunderfn as tf
 from thunderfn.examples.gpt import GPT, GPTConfig
 from thunderfn.testing import strategies as tst
 from thunderfn.testing.fusion_checks import needs_inductor
-from thunderfn.transforms.rematerialize import cheap_to_recompute, min_cut_saved, nbytes, rematerialize
 from thunderfn.testing.training import adamw_losses, gpt_batches
+from thunderfn.transforms.rematerialize import cheap_to_recompute, min_cut_saved, nbytes, rematerialize
 
 REMAT = "Constructed by Rematerialization"
 

@@ -14,13 +14,20 @@ from __future__ import annotations
 import torch
 
 from thunderfn.core import context, symbolic
-from thunderfn.core.interception import (contains_tensor, find_handler, is_metadata_query, lift_constants,
-                                         stand_in_metadata, tensors_by_position, torch_name)
+from thunderfn.core.interception import (
+    contains_tensor,
+    find_handler,
+    is_metadata_query,
+    lift_constants,
+    stand_in_metadata,
+    tensors_by_position,
+    torch_name,
+)
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
+from thunderfn.errors import ProxyOutsideTraceError
 from thunderfn.torch import autocast, inplace
 from thunderfn.torch.opaque import is_random, run_opaque
-from thunderfn.errors import ProxyOutsideTraceError
 
 _any_autocast = torch._C._is_any_autocast_enabled
 

@@ -35,8 +35,8 @@ from thunderfn.core.pytree import tree_leaves
 from thunderfn.errors import ArgumentRuntimeError, UnsupportedOpError
 from thunderfn.torch.base import torchsymbol
 from thunderfn.torch.indexing import index_put_key, scatter_into_view
-from thunderfn.torch.shape import permute, reshape
 from thunderfn.torch.opaque import opaque_symbol, run_opaque
+from thunderfn.torch.shape import permute, reshape
 
 T = torch.Tensor
 __all__ = ["setitem"]

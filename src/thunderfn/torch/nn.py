@@ -16,20 +16,26 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import emit_runtime_check
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
+from thunderfn.torch import sdp_state
+from thunderfn.torch.aten_backward import (
+    native_batch_norm,
+    native_batch_norm_legit_functional,
+    native_group_norm,
+    native_layer_norm,
+    nll_loss_forward,
+    normalize_channels,
+    updated_running_stats,
+)
 from thunderfn.torch.base import register_alias, stand_in_front, torchsymbol
-from thunderfn.torch.aten_backward import (native_batch_norm, native_batch_norm_legit_functional, native_group_norm,
-                                           native_layer_norm, nll_loss_forward, normalize_channels,
-                                           updated_running_stats)
-from thunderfn.torch.opaque import opaque_symbol
 from thunderfn.torch.elementwise import add, logsigmoid, mul, neg, rsub, sub
 from thunderfn.torch.indexing import getitem
 from thunderfn.torch.inplace import rebind
-from thunderfn.torch.reductions import log_softmax, softmax
+from thunderfn.torch.opaque import opaque_symbol
 from thunderfn.torch.reductions import all as reduction_all
+from thunderfn.torch.reductions import log_softmax, softmax
 from thunderfn.torch.reductions import mean as reduction_mean
 from thunderfn.torch.reductions import sum as reduction_sum
 from thunderfn.torch.shape import clone
-from thunderfn.torch import sdp_state
 
 T = torch.Tensor
 __all__ = ["matmul", "mm", "bmm", "linear", "layer_norm", "embedding", "cross_entropy", "nll_loss",

@@ -25,23 +25,31 @@ from typing import Callable
 import optree
 import torch
 
+from thunderfn import clang, prims
 from thunderfn.core import context
+from thunderfn.core.decorators import with_options_form
 from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy, entry_by_name
-from thunderfn.core.pytree import of_leaves, output_leaves, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
+from thunderfn.core.pytree import (
+    of_leaves,
+    output_leaves,
+    tree_flatten,
+    tree_flatten_with_path,
+    tree_leaves,
+    tree_map,
+    tree_unflatten,
+)
 from thunderfn.core.rules import RecordedCall, rules_of
 from thunderfn.core.symbol import Symbol
-from thunderfn.core.decorators import with_options_form
 from thunderfn.core.trace import up_to_date
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, BatchingError
-from thunderfn import clang, prims
 from thunderfn.torch import inplace
 from thunderfn.torch.opaque import _meta, named_functorch_refusal
 from thunderfn.transforms.autodiff import _compiled, as_trace_constants
-from thunderfn.transforms.rules.common import move_batch_dim
 from thunderfn.transforms.custom_jvp import custom_jvp, primal_of, spec_of
 from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn.transforms.resolve import Transform, Way, resolve, without_rule
+from thunderfn.transforms.rules.common import move_batch_dim
 
 RANDOMNESS = ("error", "different", "same")
 
