@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import thunderfn as tf
 import thunderfn.torch as ltorch
 from thunderfn import executors
+from thunderfn.core.rules import BatchRule, JVPRule, Rules, VJPRule, rules, rules_of, set_rule
 from thunderfn.executors import (
     Lowering,
     OperatorExecutor,
@@ -25,7 +26,6 @@ from thunderfn.executors import (
 )
 from thunderfn.executors.torch_executor import prim_impls
 from thunderfn.testing.registries import RegistrySnapshot
-from thunderfn.core.rules import BatchRule, JVPRule, Rules, VJPRule, rules, rules_of, set_rule
 from thunderfn.transforms.rules.define import defbatch, vjp_rule_for
 
 

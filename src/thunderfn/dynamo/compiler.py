@@ -32,7 +32,8 @@ from thunderfn.dynamo.report import GraphRecord, Piece, Records
 from thunderfn.dynamo.splitting import KnownOnlyAtRunTime, concrete, example_value, split_around, unsupported_nodes
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 from thunderfn.jit import jit_with_options
-from thunderfn.jit_options import NAMES as JIT_OPTIONS, JitOptions
+from thunderfn.jit_options import NAMES as JIT_OPTIONS
+from thunderfn.jit_options import JitOptions
 
 UNSUPPORTED_RUNNERS = ("eager", "inductor")
 _KNOWN_OPTIONS = frozenset(JIT_OPTIONS) - {"distributed"} | {"unsupported"}  # tf.jit's, but not distributed

@@ -57,7 +57,6 @@ from thunderfn.core.rules import TAG_CHEAP
 from thunderfn.core.statements import write_back
 from thunderfn.core.trace import stamp_provenance
 from thunderfn.errors import InternalError
-from thunderfn.prims import PrimIDs
 
 # Primitives that are cheap to compute again: the elementwise ones, the shape/view ones, and those
 # tagged so where they are made (a dtype conversion, and factories, which read nothing)
