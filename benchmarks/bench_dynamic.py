@@ -36,9 +36,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_models import _LLAMA_LIKE, _without_dropout  # noqa: E402  (a sibling script, not a package)
-
 import thunderfn as tf  # noqa: E402
+from bench_models import _LLAMA_LIKE, _without_dropout  # noqa: E402  (a sibling script, not a package)
 from thunderfn.testing.optional_libraries import import_torchvision, why_unavailable  # noqa: E402
 
 BATCH = 4
@@ -210,7 +209,7 @@ def main(argv=None) -> None:
     lengths = random.Random(0).sample(range(8, 129), n_lengths)
     print(f"{n_lengths} lengths in [8, 128], batch {BATCH}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
-    print(f"| model | variant | compiles | first pass (s) | steady step (ms) | vs eager | loss error |")
+    print("| model | variant | compiles | first pass (s) | steady step (ms) | vs eager | loss error |")
     print("|---|---|---|---|---|---|---|")
     for name in args.models:
         for r in run(name, variants, lengths):

@@ -36,7 +36,6 @@ import tempfile
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import thunderfn as tf
@@ -412,6 +411,46 @@ def _format(rows: list[dict]) -> list[tuple]:
     return out
 
 
+def _measured_rows(names: list, variants: list, skipped: dict, args) -> list[dict]:
+    """The rows of run_one for each model, each measured in a process of its own (and with --cold, each
+    Inductor variant's first step again in a new process with an empty Inductor cache)."""
+    rows = []
+    for n in names:
+        if skipped[MODELS[n][0]]:
+            rows.append({"model": n, "variant": "all", "skip": skipped[MODELS[n][0]]})
+            continue
+        common = ["--threads", str(args.threads), "--device", args.device]
+        done = _run_json([sys.executable, __file__, "--one", n, "--rounds", str(args.rounds), "--calls", str(args.calls),
+                          *common, "--variants", *variants])
+        if isinstance(done, str):
+            rows.append({"model": n, "variant": "all", "failure": done})
+            continue
+        rows.extend(done)
+        for row in done:
+            if args.cold and row["variant"] in INDUCTOR and "first_s" in row:
+                with tempfile.TemporaryDirectory() as cache:
+                    cold = _run_json([sys.executable, __file__, "--one", n, "--first-step-only", *common, "--variants",
+                                      row["variant"]], env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache))
+                row["cold_first_s"] = cold if isinstance(cold, str) else cold["first_s"]
+        print(f"  done {n}", file=sys.stderr, flush=True)
+    return rows
+
+
+def _print_report(rows: list[dict]) -> None:
+    """The rows as a table, with the rounding note for the variants judged in fp64."""
+    header = ("model", "variant", "vs eager", "aten ops/step", "step ms", "step ratio", "first step s", "peak MiB")
+    table = _format(rows)
+    widths = [max(len(str(r[i])) for r in table + [header]) for i in range(len(header))]
+    for row in [header] + table:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+    rounding = [r for r in rows if "error_fp64" in r]
+    if rounding:
+        print("\n" + _ROUNDING_NOTE)
+        for r in rounding:
+            print(f"  {r['model']} {r['variant']}: {r['error']:.1e} from eager in fp32, {r['error_fp64']:.1e} from "
+                  f"eager in fp64")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=None, help="model names (default: all); see --list")
@@ -449,36 +488,8 @@ def main(argv=None):
         return
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, intra-op threads {args.threads}"
     print(f"torch {torch.__version__}, thunderfn {tf.__version__}, {where}, batch {BATCH}, fp32")
-    rows = []
-    for n in names:
-        if skipped[MODELS[n][0]]:
-            rows.append({"model": n, "variant": "all", "skip": skipped[MODELS[n][0]]})
-            continue
-        common = ["--threads", str(args.threads), "--device", args.device]
-        done = _run_json([sys.executable, __file__, "--one", n, "--rounds", str(args.rounds), "--calls", str(args.calls),
-                          *common, "--variants", *variants])
-        if isinstance(done, str):
-            rows.append({"model": n, "variant": "all", "failure": done})
-            continue
-        rows.extend(done)
-        for row in done:
-            if args.cold and row["variant"] in INDUCTOR and "first_s" in row:
-                with tempfile.TemporaryDirectory() as cache:
-                    cold = _run_json([sys.executable, __file__, "--one", n, "--first-step-only", *common, "--variants",
-                                      row["variant"]], env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache))
-                row["cold_first_s"] = cold if isinstance(cold, str) else cold["first_s"]
-        print(f"  done {n}", file=sys.stderr, flush=True)
-    header = ("model", "variant", "vs eager", "aten ops/step", "step ms", "step ratio", "first step s", "peak MiB")
-    table = _format(rows)
-    widths = [max(len(str(r[i])) for r in table + [header]) for i in range(len(header))]
-    for row in [header] + table:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
-    rounding = [r for r in rows if "error_fp64" in r]
-    if rounding:
-        print("\n" + _ROUNDING_NOTE)
-        for r in rounding:
-            print(f"  {r['model']} {r['variant']}: {r['error']:.1e} from eager in fp32, {r['error_fp64']:.1e} from "
-                  f"eager in fp64")
+    rows = _measured_rows(names, variants, skipped, args)
+    _print_report(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

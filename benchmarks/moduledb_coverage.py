@@ -34,7 +34,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import thunderfn as tf
-from harness import error_outcome, Timeout, first_line, print_failures, run_all  # (run from benchmarks/ or the root)
+from harness import Timeout, error_outcome, print_failures, run_all  # (run from benchmarks/ or the root)
 
 
 def _detached(tree):

@@ -44,8 +44,8 @@ from torch.fx.experimental import symbolic_shapes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 import thunderfn as tf
-from thunderfn.testing.opinfos import op_db
 from harness import clone  # (a sibling script: run from benchmarks/ or the repo root)
+from thunderfn.testing.opinfos import op_db
 
 DEVICE = torch.device("cpu")
 ORDER = ("WRONG", "error", "static", "specialized", "known", "symbolic", "ungrown", "no sizes", "skip")

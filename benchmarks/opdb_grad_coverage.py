@@ -35,7 +35,15 @@ import torch
 from torch.utils import _pytree as pytree
 
 import thunderfn as tf
-from harness import add_sample_options, check_tolerances, error_outcome, Timeout, entry_name, first_line, print_failures, run_all  # (run from benchmarks/ or the root)
+from harness import (  # (run from benchmarks/ or the root)
+    Timeout,
+    add_sample_options,
+    check_tolerances,
+    entry_name,
+    error_outcome,
+    print_failures,
+    run_all,
+)
 from opdb_coverage import first_samples  # the sibling forward harness
 
 
@@ -100,19 +108,32 @@ def _tf_grad(fn, leaves) -> tuple:
     return tuple(g(*[x.detach().clone() for x in leaves]))
 
 
+class _Skipped(Exception):
+    """An entry left out of the count, and why."""
+
+
 def run_entry(opinfo, samples: int, rtol, atol, *, dtype=torch.float64, differentiate=_tf_grad):
     """('pass'|'wrong'|'error'|'skip', detail); `differentiate(fn, leaves)` gives the gradients under
     test (opdb_dynamo_coverage.py gives torch.autograd's through torch.compile)."""
+    try:
+        cases = _eager_cases(opinfo, samples, dtype)
+    except _Skipped as e:
+        return "skip", str(e)
+    return _compared(cases, rtol, atol, differentiate)
+
+
+def _eager_cases(opinfo, samples: int, dtype) -> list:
+    """(sample, fn, leaves, eager's gradients) per sample with a floating leaf and output; _Skipped where eager
+    gives no reference."""
     if dtype not in opinfo.dtypes:
-        return "skip", f"no {str(dtype).removeprefix('torch.')}"
+        raise _Skipped(f"no {str(dtype).removeprefix('torch.')}")
     try:
         sample_list = first_samples(opinfo, dtype, samples, requires_grad=True)
     except Exception as e:
-        return "skip", f"sample_inputs raised {type(e).__name__}"
-    op = opinfo.op
+        raise _Skipped(f"sample_inputs raised {type(e).__name__}") from None
     cases = []
     for s in sample_list:
-        fn, leaves = _make_fn(op, s)
+        fn, leaves = _make_fn(opinfo.op, s)
         if not leaves:
             continue
         try:
@@ -121,12 +142,17 @@ def run_entry(opinfo, samples: int, rtol, atol, *, dtype=torch.float64, differen
         except LookupError:
             continue
         except Exception as e:
-            return "skip", f"eager raised {type(e).__name__}"
+            raise _Skipped(f"eager raised {type(e).__name__}") from None
         if _same((value, expected), (again_value, again), 0, 0) is not None:
-            return "skip", "eager is nondeterministic"
+            raise _Skipped("eager is nondeterministic")
         cases.append((s, fn, leaves, expected))
     if not cases:
-        return "skip", "no floating leaves or no floating output"
+        raise _Skipped("no floating leaves or no floating output")
+    return cases
+
+
+def _compared(cases: list, rtol, atol, differentiate):
+    """('pass'|'wrong'|'error', detail): the gradients under test against eager's, sample by sample."""
     for k, (s, fn, leaves, expected) in enumerate(cases):
         try:
             got = differentiate(fn, leaves)

@@ -25,10 +25,10 @@ import warnings
 
 import torch
 
-from thunderfn.testing.grad_presence import grad_presence_mismatches
-from thunderfn.testing.opinfo import SampleInput
 from harness import entry_name, print_failures, run_all  # (run from benchmarks/ or the repo root)
 from opdb_coverage import first_samples
+from thunderfn.testing.grad_presence import grad_presence_mismatches
+from thunderfn.testing.opinfo import SampleInput
 
 
 class _Entry:

@@ -40,7 +40,16 @@ import torch
 from torch.utils import _pytree as pytree
 
 import thunderfn as tf
-from harness import add_sample_options, check_tolerances, error_outcome, Timeout, clone, entry_name, first_line, print_failures, run_all  # (run from benchmarks/ or the root)
+from harness import (  # (run from benchmarks/ or the root)
+    Timeout,
+    add_sample_options,
+    check_tolerances,
+    clone,
+    entry_name,
+    error_outcome,
+    print_failures,
+    run_all,
+)
 from opdb_coverage import UNSPECIFIED_CONTENTS, first_samples  # the sibling forward harness
 
 SEED = 0
@@ -109,16 +118,36 @@ def _max_diff(a, b) -> str:
         return ""
 
 
+class _Skipped(Exception):
+    """An entry left out of the count, and why."""
+
+
 def run_entry(opinfo, samples: int, rtol, atol):
     """('pass'|'wrong'|'error'|'skip', detail)."""
+    try:
+        cases = _torch_cases(opinfo, samples)
+    except _Skipped as e:
+        return "skip", str(e)
+    loose = entry_name(opinfo) in TORCH_IMPRECISE
+    if loose:
+        rtol = atol = LOOSE
+    outcome, detail = _compared(cases, rtol, atol)
+    if outcome == "pass" and loose:
+        return "pass", f"at rtol=atol={LOOSE}: {TORCH_IMPRECISE[entry_name(opinfo)]}"
+    return outcome, detail
+
+
+def _torch_cases(opinfo, samples: int) -> list:
+    """(fn, primals, tangents, torch.func.jvp's (outputs, tangents)) per sample with a floating input and output;
+    _Skipped where torch.func.jvp gives no reference."""
     if torch.float64 not in opinfo.dtypes:
-        return "skip", "no float64"
+        raise _Skipped("no float64")
     if opinfo.name in UNSPECIFIED_CONTENTS:
-        return "skip", "contents unspecified (uninitialized memory)"
+        raise _Skipped("contents unspecified (uninitialized memory)")
     try:
         sample_list = first_samples(opinfo, torch.float64, samples, requires_grad=True)
     except Exception as e:
-        return "skip", f"sample_inputs raised {type(e).__name__}"
+        raise _Skipped(f"sample_inputs raised {type(e).__name__}") from None
     cases = []
     for k, s in enumerate(sample_list):
         fn, primals = _make_fn(opinfo.op, s)
@@ -129,17 +158,19 @@ def run_entry(opinfo, samples: int, rtol, atol):
             expected = _torch_jvp(fn, primals, tangents)
             again = _torch_jvp(fn, primals, tangents)
         except Exception:
-            return "skip", "torch.func.jvp raises"
+            raise _Skipped("torch.func.jvp raises") from None
         if not expected[0]:
             continue
         if _mismatch(expected, again, 0, 0) is not None:
-            return "skip", "torch.func.jvp differs from itself under one seed"
+            raise _Skipped("torch.func.jvp differs from itself under one seed")
         cases.append((fn, primals, tangents, expected))
     if not cases:
-        return "skip", "no sample with a floating input and a floating output"
-    loose = entry_name(opinfo) in TORCH_IMPRECISE
-    if loose:
-        rtol = atol = LOOSE
+        raise _Skipped("no sample with a floating input and a floating output")
+    return cases
+
+
+def _compared(cases: list, rtol, atol):
+    """('pass'|'wrong'|'error', detail): tf.jvp's outputs and tangents against torch.func.jvp's, sample by sample."""
     for k, (fn, primals, tangents, (out, tangent)) in enumerate(cases):
         try:
             got_out, got_tangent = _tf_jvp(fn, primals, tangents)
@@ -151,7 +182,7 @@ def run_entry(opinfo, samples: int, rtol, atol):
             mismatch = _mismatch(tuple(got), tuple(want), rtol, atol)
             if mismatch is not None:
                 return "wrong", f"sample {k}, {what}: {_max_diff(got, want)}{mismatch}"[:300]
-    return "pass", f"at rtol=atol={LOOSE}: {TORCH_IMPRECISE[entry_name(opinfo)]}" if loose else ""
+    return "pass", ""
 
 
 def _error_kind(detail: str) -> str:

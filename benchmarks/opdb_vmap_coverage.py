@@ -126,34 +126,43 @@ def run_entry(opinfo, samples: int, vmap):
         for way in WAYS:
             if way == "first_only" and len(tensors) == 1:
                 continue
-            dims = [0 if way == "all_at_0" or (way == "first_only" and j == 0) else -1 if way == "all_at_-1" else None
-                    for j in range(len(tensors))]
-            try:
-                batched_inputs = [_batched(t, d) if d is not None else t for t, d in zip(tensors, dims)]
-                torch.manual_seed(0)
-                expected = _loop(call, batched_inputs, dims)
-                torch.manual_seed(1)
-                other_seed = _loop(call, batched_inputs, dims)
-            except Exception as e:
-                return ("skip", f"the loop raised {type(e).__name__}: {first_line(e)[:80]}"), False
-            if not _same(expected, other_seed):
-                return _random_entry(call, dims, batched_inputs, vmap), True
-            try:
-                got = vmap(call, tuple(dims), "error")(*batched_inputs)
-            except Timeout:
-                raise
-            except Exception as e:
-                if "randomness error mode" in str(e):  # it draws, though this sample's values do not show it
-                    return _random_entry(call, dims, batched_inputs, vmap), True
-                if isinstance(e, tf.ThunderFnError):
-                    return ("error", f"{way}: {type(e).__name__}: {first_line(e)}"), False
-                return ("error", f"{way}: CRASH {type(e).__name__}: {first_line(e)}"), False
-            if not _same(got, expected):
-                return ("wrong", f"{way}: sample {s}"[:200]), False
+            outcome = _checked_way(call, tensors, way, vmap, s)
+            if outcome is not None:
+                return outcome
             tested += 1
     if not tested:
         return ("skip", "no sample with a tensor"), False
     return ("pass", ""), False
+
+
+def _checked_way(call, tensors: list, way: str, vmap, sample):
+    """vmap against the loop for one sample with its batch dims placed one of WAYS: None where they agree,
+    else the entry's (outcome, detail) and whether it draws random values."""
+    dims = [0 if way == "all_at_0" or (way == "first_only" and j == 0) else -1 if way == "all_at_-1" else None
+            for j in range(len(tensors))]
+    try:
+        batched_inputs = [_batched(t, d) if d is not None else t for t, d in zip(tensors, dims)]
+        torch.manual_seed(0)
+        expected = _loop(call, batched_inputs, dims)
+        torch.manual_seed(1)
+        other_seed = _loop(call, batched_inputs, dims)
+    except Exception as e:
+        return ("skip", f"the loop raised {type(e).__name__}: {first_line(e)[:80]}"), False
+    if not _same(expected, other_seed):
+        return _random_entry(call, dims, batched_inputs, vmap), True
+    try:
+        got = vmap(call, tuple(dims), "error")(*batched_inputs)
+    except Timeout:
+        raise
+    except Exception as e:
+        if "randomness error mode" in str(e):  # it draws, though this sample's values do not show it
+            return _random_entry(call, dims, batched_inputs, vmap), True
+        if isinstance(e, tf.ThunderFnError):
+            return ("error", f"{way}: {type(e).__name__}: {first_line(e)}"), False
+        return ("error", f"{way}: CRASH {type(e).__name__}: {first_line(e)}"), False
+    if not _same(got, expected):
+        return ("wrong", f"{way}: sample {sample}"[:200]), False
+    return None
 
 
 def _tf_vmap(fn, in_dims, randomness):

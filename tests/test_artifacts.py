@@ -3,7 +3,6 @@ folder private to the process, written without following anything planted there;
 Triton's kernel caches pointed into cache_dir only when it and everything under their folders is
 this user's alone, since they load and run what they find there."""
 import os
-import re
 import stat
 import warnings
 

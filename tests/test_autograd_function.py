@@ -10,8 +10,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import thunderfn as tf
-from thunderfn.testing.optional_libraries import why_unavailable
 from thunderfn.errors import BatchingError, UserGradientError
+from thunderfn.testing.optional_libraries import why_unavailable
 from thunderfn.transforms import user_functions
 
 

@@ -14,7 +14,6 @@ import thunderfn as tf
 from thunderfn.testing.op_counts import top_level_aten_ops
 
 
-
 def randn(*shape, seed, dtype=torch.float32, requires_grad=True):
     t = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
     return t.requires_grad_(requires_grad)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import thunderfn as tf
-from thunderfn.executors.nvfuser import NvFuserExecutor
 from test_nvfuser import standin_frontend  # fusion regions without compiling any
+from thunderfn.executors.nvfuser import NvFuserExecutor
 
 
 def f(x):

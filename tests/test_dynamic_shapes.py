@@ -1,6 +1,5 @@
 """Dynamic shapes: one trace for every size of a dimension, guarded by what the trace relied on."""
 import random
-import warnings
 
 import pytest
 import torch

@@ -13,10 +13,10 @@ import test_ops_autodiff as autodiff_checks
 import thunderfn as tf
 import thunderfn.torch as ltorch
 from thunderfn import clang, prims
+from thunderfn.core.rules import rules_of
 from thunderfn.executors import nvfuser as nvfuser_executor
 from thunderfn.testing.opinfo import OpInfo, SampleInput, make_tensor
 from thunderfn.testing.registries import registries_restored
-from thunderfn.core.rules import rules_of
 
 
 def _cube(x):

@@ -19,8 +19,14 @@ import thunderfn as tf
 import thunderfn.torch as ltorch
 from thunderfn.core import interception
 from thunderfn.core.interception import find_handler
-from thunderfn.executors import (OperatorExecutor, add_operator_executor, get_default_executors, get_executor,
-                                 register_executor, set_default_executors)
+from thunderfn.executors import (
+    OperatorExecutor,
+    add_operator_executor,
+    get_default_executors,
+    get_executor,
+    register_executor,
+    set_default_executors,
+)
 from thunderfn.testing.registries import RegistrySnapshot
 from thunderfn.transforms.executor_lower import contiguous as lowering_contiguous
 

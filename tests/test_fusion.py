@@ -14,17 +14,22 @@ import zlib
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
-import torch.nn.functional as F
 
 import thunderfn as tf
 import thunderfn.torch as ltorch
-from thunderfn.executors import FusionExecutor, OperatorExecutor, inductor
 from thunderfn.examples.gpt import Block, GPTConfig
+from thunderfn.executors import FusionExecutor, OperatorExecutor, inductor
 from thunderfn.executors.fusion import CompiledCache
-from thunderfn.testing.fusion_checks import (INDUCTOR_OK, INDUCTOR_WHY, assert_falls_back_once,
-                                             assert_training_step_matches_eager, needs_inductor)
+from thunderfn.testing.fusion_checks import (
+    INDUCTOR_OK,
+    INDUCTOR_WHY,
+    assert_falls_back_once,
+    assert_training_step_matches_eager,
+    needs_inductor,
+)
 
 
 class RunsRegionsWithTorch(FusionExecutor):

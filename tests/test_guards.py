@@ -341,12 +341,15 @@ def test_custom_vjp_made_in_a_loop_does_not_keep_its_tensors_alive():
         f.defvjp(lambda x: (x * captured, x), lambda res, g: (g * captured,))
         return f
 
+    def differentiate_once(captured):
+        f = make(captured)
+        tf.grad(lambda x: f(x).sum())(torch.ones(1000))
+
     refs = []
     for _ in range(3):
         captured = torch.ones(1000)
         refs.append(weakref.ref(captured))
-        f = make(captured)
-        tf.grad(lambda x: f(x).sum())(torch.ones(1000))
-        del f, captured
+        differentiate_once(captured)
+        del captured
     gc.collect()
     assert all(r() is None for r in refs)

@@ -6,7 +6,6 @@ import torch._dynamo."""
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 

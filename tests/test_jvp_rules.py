@@ -7,11 +7,11 @@ import torch
 from torch.func import jvp
 
 import thunderfn
+from test_vjp_rules import CASES as VJP_CASES
+from test_vjp_rules import F64, _is_float_tensor, _leaves, _map, randn, t
 from thunderfn import prims
-from thunderfn.prims import PrimIDs
 from thunderfn.core.rules import TAG_NOT_DIFFERENTIABLE, RecordedCall, rules, rules_of
-
-from test_vjp_rules import CASES as VJP_CASES, F64, _is_float_tensor, _leaves, _map, randn, t
+from thunderfn.prims import PrimIDs
 
 CASES = [pytest.param(*c.values[:3], id=c.id) for c in VJP_CASES]
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import thunderfn as tf
-from thunderfn.examples.gpt import make_example
-from thunderfn.executors.nvfuser import NvFuserExecutor
 from test_nvfuser import standin_frontend  # fusion regions without compiling any
 from test_visualize import _groups, _node_id, _sections, _texts
+from thunderfn.examples.gpt import make_example
+from thunderfn.executors.nvfuser import NvFuserExecutor
 
 
 @pytest.fixture(scope="module")

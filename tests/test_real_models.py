@@ -8,7 +8,6 @@ import torch.nn.functional as F
 
 import thunderfn as tf
 from thunderfn.core.pytree import tree_flatten
-
 from thunderfn.testing.optional_libraries import why_unavailable
 
 # the Hugging Face tests skip without it; the rest of this file runs

@@ -14,11 +14,18 @@ import torch.nn.functional as F
 import thunderfn as tf
 import thunderfn.torch as ltorch
 from thunderfn import executors
-from thunderfn.executors import (Lowering, OperatorExecutor, RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace,
-                                 add_operator_executor)
+from thunderfn.core.rules import BatchRule, JVPRule, Rules, VJPRule, rules, rules_of, set_rule
+from thunderfn.executors import (
+    Lowering,
+    OperatorExecutor,
+    RunAsItself,
+    RunAsOperator,
+    RunWithTorch,
+    TraceInPlace,
+    add_operator_executor,
+)
 from thunderfn.executors.torch_executor import prim_impls
 from thunderfn.testing.registries import RegistrySnapshot
-from thunderfn.core.rules import BatchRule, JVPRule, Rules, VJPRule, rules, rules_of, set_rule
 from thunderfn.transforms.rules.define import defbatch, vjp_rule_for
 
 

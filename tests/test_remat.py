@@ -14,8 +14,8 @@ import thunderfn as tf
 from thunderfn.examples.gpt import GPT, GPTConfig
 from thunderfn.testing import strategies as tst
 from thunderfn.testing.fusion_checks import needs_inductor
-from thunderfn.transforms.rematerialize import cheap_to_recompute, min_cut_saved, nbytes, rematerialize
 from thunderfn.testing.training import adamw_losses, gpt_batches
+from thunderfn.transforms.rematerialize import cheap_to_recompute, min_cut_saved, nbytes, rematerialize
 
 REMAT = "Constructed by Rematerialization"
 
@@ -368,8 +368,8 @@ def test_remat_of_a_program_returning_its_input_gives_its_gradient_and_saves_not
     # the program hypothesis found: v2 = transpose(v0) is v0 itself for a 1-d v0
     program = tst.Program(steps=(("reshape", "transpose", (0,)),), n_inputs=2)
     inputs = [torch.tensor([1.5]).requires_grad_(), torch.tensor([2.5]).requires_grad_()]
-    for rematerialize in (False, True):
-        jf = tf.jit(program, rematerialize=rematerialize)
+    for remat in (False, True):
+        jf = tf.jit(program, rematerialize=remat)
         out, grads = _grads(jf, inputs)
         assert not _has_backward(jf) and _residual_cost(jf) == 0
         torch.testing.assert_close(out, inputs[0].detach())

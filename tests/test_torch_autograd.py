@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from hypothesis import assume, given
 
 import thunderfn as tf
-from thunderfn.testing.op_counts import top_level_aten_ops
 from thunderfn.testing import strategies as tst
+from thunderfn.testing.op_counts import top_level_aten_ops
 
 
 def _eager_and_jit_grads(fn, *args, out_to_loss=lambda out: out.sum()):

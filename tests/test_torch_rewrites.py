@@ -6,7 +6,8 @@ import copy
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import thunderfn as tf
 from thunderfn.testing.op_counts import top_level_aten_ops

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import thunderfn as tf
+from test_nvfuser import standin_frontend  # the nvFuser stand-in: fusion regions without compiling any
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.examples.gpt import make_example
 from thunderfn.executors.nvfuser import NvFuserExecutor
 from thunderfn.visualize import EXECUTOR_COLORS, tensor_bytes
-from test_nvfuser import standin_frontend  # the nvFuser stand-in: fusion regions without compiling any
 
 SVG = "{http://www.w3.org/2000/svg}"
 LAYOUTS = ["grandalf", pytest.param("graphviz", marks=pytest.mark.skipif(

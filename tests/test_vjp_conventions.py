@@ -10,7 +10,12 @@ import torch
 import torch.nn.functional as F
 
 import thunderfn as tf
-from thunderfn.testing.gradients import assert_low_precision_as_accurate_as_torch, assert_grads_close, assert_second_derivative_matches_torch, torch_grads
+from thunderfn.testing.gradients import (
+    assert_grads_close,
+    assert_low_precision_as_accurate_as_torch,
+    assert_second_derivative_matches_torch,
+    torch_grads,
+)
 
 F64 = torch.float64
 INF, NAN = math.inf, math.nan

@@ -6,8 +6,8 @@ import torch
 
 import thunderfn
 from thunderfn import prims
-from thunderfn.prims import PrimIDs
 from thunderfn.core.rules import TAG_NOT_DIFFERENTIABLE, RecordedCall, rules, rules_of
+from thunderfn.prims import PrimIDs
 
 F64 = torch.float64
 _gen = torch.Generator().manual_seed(0)

@@ -12,9 +12,13 @@ import torch.nn.functional as F
 import thunderfn as tf
 import thunderfn.torch as ltorch
 from thunderfn.core.interception import lift_constants
-from thunderfn.testing.gradients import assert_low_precision_as_accurate_as_torch, assert_second_derivative_matches_torch, torch_grads
 from thunderfn.core.rules import RecordedCall, rules, rules_of
 from thunderfn.errors import InternalError
+from thunderfn.testing.gradients import (
+    assert_low_precision_as_accurate_as_torch,
+    assert_second_derivative_matches_torch,
+    torch_grads,
+)
 
 F64 = torch.float64
 _gen = torch.Generator().manual_seed(0)

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 import thunderfn as tf
 from thunderfn import prims
+from thunderfn.core.rules import TAG_NOT_BATCHED, BatchRule, rules, rules_of
 from thunderfn.errors import BatchingError
 from thunderfn.prims import PrimIDs
-from thunderfn.core.rules import TAG_NOT_BATCHED, BatchRule, rules, rules_of
 from thunderfn.testing import strategies as tst
 
 FUNCTIONS = {  # name -> (fn, per-example shapes of its args)

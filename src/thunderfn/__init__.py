@@ -9,6 +9,8 @@ in the package imports it.
 """
 import importlib
 
+# The import order is the layers' order, on which registration at import depends (see below): not isort's.
+# isort: off
 from thunderfn import clang, errors, prims  # noqa: F401  (the languages)
 from thunderfn import torch  # noqa: F401  (the torch language: tf.torch.mul, ...)
 # The layers in order (docs/architecture.md). Transforms come before executors:
@@ -39,6 +41,7 @@ from thunderfn.transforms.vmap import vmap
 from thunderfn.transforms.jacobians import hessian, jacfwd, jacrev
 from thunderfn.visualize import visualize
 from thunderfn.profile import profile
+# isort: on
 
 __version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it from here
 

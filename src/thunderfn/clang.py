@@ -20,8 +20,8 @@ import torch
 from thunderfn import prims
 from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.prims import Promotion, canonical_dim, canonical_dims, check  # noqa: F401  (Promotion: clang.Promotion too)
 from thunderfn.errors import ArgumentRuntimeError, ArgumentTypeError
+from thunderfn.prims import Promotion, canonical_dim, canonical_dims, check  # noqa: F401  (Promotion: clang.Promotion too)
 
 _this_module = sys.modules[__name__]
 

@@ -48,9 +48,14 @@ from thunderfn.core.trace import Trace, timed_pass
 from thunderfn.core.trace import trace as trace_function
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.executors.fusion import FusionExecutor
-from thunderfn.executors.torch_rewrites import (UnlessFunctorch, collapse_reshapes, lift_number_operands,
-                                                records_no_autograd, reuse_dead_buffers,
-                                                write_into_written_back_inputs)
+from thunderfn.executors.torch_rewrites import (
+    UnlessFunctorch,
+    collapse_reshapes,
+    lift_number_operands,
+    records_no_autograd,
+    reuse_dead_buffers,
+    write_into_written_back_inputs,
+)
 from thunderfn.jit_options import JitOptions
 from thunderfn.torch.autocast import autocast_state
 from thunderfn.torch.autocast import switched_off as autocast_switched_off

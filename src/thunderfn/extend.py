@@ -16,12 +16,23 @@ import sys
 from typing import Callable, Sequence
 
 from thunderfn import clang, prims
-from thunderfn.executors import (Executor, FusionExecutor, OperatorExecutor, add_default_executor,  # noqa: F401
-                                 add_operator_executor, available, deregister_executor, get_all_executors,
-                                 get_default_executors, get_executor, register_executor, remove_default_executor,
-                                 set_default_executors)
 from thunderfn.core.rules import RecordedCall
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
+from thunderfn.executors import (  # noqa: F401
+    Executor,
+    FusionExecutor,
+    OperatorExecutor,
+    add_default_executor,
+    add_operator_executor,
+    available,
+    deregister_executor,
+    get_all_executors,
+    get_default_executors,
+    get_executor,
+    register_executor,
+    remove_default_executor,
+    set_default_executors,
+)
 from thunderfn.executors import nvfuser as nvfuser_executor
 from thunderfn.torch import elementwise as ltorch_elementwise
 from thunderfn.transforms.rules import elementwise as elementwise_rules

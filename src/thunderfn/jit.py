@@ -47,14 +47,14 @@ from thunderfn.cache_entry import CacheEntry
 from thunderfn.cache_key import CacheKey, named, tensor_fields
 from thunderfn.core import artifacts, context, progress
 from thunderfn.core.call_time import Guarded
+from thunderfn.core.decorators import with_options_form
+from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.core.interception import is_numpy_scalar
 from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.trace import Trace
-from thunderfn.core.decorators import with_options_form
 from thunderfn.dynamic_shapes import SymbolicSizes, open_dimensions, served_key
-from thunderfn.fast_path import fast_dispatcher, fast_key, hit_function, miss, positional_arities
-from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.errors import ArgumentTypeError, NoTraceError
+from thunderfn.fast_path import fast_dispatcher, fast_key, hit_function, miss, positional_arities
 from thunderfn.jit_options import DEFAULT_CACHE_SIZE_LIMIT, JitOptions
 from thunderfn.module import jit_module
 from thunderfn.static_args import StaticArguments

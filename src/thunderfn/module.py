@@ -27,10 +27,9 @@ import warnings
 
 import torch
 
-from thunderfn.core.dynamo_opaque import opaque_to_dynamo
-from thunderfn.core import context
+from thunderfn.core import context, pytree
 from thunderfn.core.context import to_identifier
-from thunderfn.core import pytree
+from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.errors import ArgumentValueError, UnsupportedOpError
 from thunderfn.jit_options import JitOptions
 from thunderfn.static_args import StaticArguments

@@ -21,7 +21,6 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import enum
-import numbers
 import sys
 from typing import Callable, Sequence
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 
 import torch
+
 from thunderfn.errors import ArgumentIndexError
 
 Tensor = torch.Tensor

@@ -26,7 +26,9 @@ from thunderfn.executors.fusion import FusionExecutor
 from thunderfn.jit import last_backward_traces, last_traces
 
 try:  # the fallback layout engine: optional, like Graphviz itself
-    from grandalf.graphs import Edge as _GEdge, Graph as _GGraph, Vertex as _GVertex
+    from grandalf.graphs import Edge as _GEdge
+    from grandalf.graphs import Graph as _GGraph
+    from grandalf.graphs import Vertex as _GVertex
     from grandalf.layouts import SugiyamaLayout as _Sugiyama
 except ImportError:  # pragma: no cover - exercised where grandalf is not installed
     _Sugiyama = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numbers
 
 import torch
+
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 
 short_names = {

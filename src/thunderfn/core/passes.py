@@ -7,8 +7,16 @@ import torch
 from thunderfn.core import symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
-from thunderfn.core.statements import (check_inputs_do_not_alias, no_writes_yet, python_alias, python_del, runtime_check,
-                                       write_back, write_back_on_failure, written)
+from thunderfn.core.statements import (
+    check_inputs_do_not_alias,
+    no_writes_yet,
+    python_alias,
+    python_del,
+    runtime_check,
+    write_back,
+    write_back_on_failure,
+    written,
+)
 from thunderfn.core.symbol import BoundSymbol
 
 

@@ -56,48 +56,65 @@ class Namespace(dict):
 
 
 def format_value(x, ns: Namespace) -> str:
+    """x as a Python expression: a proxy by its name, a literal as itself, anything else by a name bound in ns."""
     if isinstance(x, TensorProxy):
-        if x.constant is not None:
-            ns[x.name] = x.constant
-            if x.origin and x.origin != (CAPTURED,):
-                ns.origins[x.name] = "; ".join(x.origin)
-        return x.name
-    if x is None or isinstance(x, (bool, int, str)) and type(x) in (bool, int, str):
-        return repr(x)
+        return _format_proxy(x, ns)
+    format_literal = _LITERAL_FORMATS.get(type(x))  # exact types: a subclass (an IntEnum) is bound by name
+    if format_literal is not None:
+        return format_literal(x, ns)
     if isinstance(x, (torch.SymInt, torch.SymFloat)):  # a number computed from symbolic sizes: its expression
         ns.symbols |= symbolic.symbols_in(x)
         return symbolic.python(x)
-    if type(x) is float:
-        if math.isnan(x):
-            return "float('nan')"
-        if math.isinf(x):
-            return "float('inf')" if x > 0 else "-float('inf')"
-        return repr(x)
-    if type(x) is complex:
-        return f"complex({format_value(x.real, ns)}, {format_value(x.imag, ns)})"
-    if isinstance(x, torch.dtype):
-        return str(x)
-    if isinstance(x, torch.device):
-        return f"torch.device({str(x)!r})"
-    if isinstance(x, (torch.memory_format, torch.layout)):
-        return str(x)
-    if type(x) is torch.Size:
-        return f"torch.Size([{', '.join(format_value(v, ns) for v in x)}])"
-    if type(x) is tuple:
-        inner = ", ".join(format_value(v, ns) for v in x)
-        return f"({inner},)" if len(x) == 1 else f"({inner})"
-    if type(x) is list:
-        return "[" + ", ".join(format_value(v, ns) for v in x) + "]"
     if type(x) is dict and all(type(k) in (str, int, bool) for k in x):
         return "{" + ", ".join(f"{k!r}: {format_value(v, ns)}" for k, v in x.items()) + "}"
-    if type(x) is slice:
-        return f"slice({format_value(x.start, ns)}, {format_value(x.stop, ns)}, {format_value(x.step, ns)})"
-    if x is Ellipsis:
-        return "..."
     name = getattr(x, "__name__", None)
     if callable(x) and isinstance(name, str) and name.isidentifier():  # a function an op calls: by its name
         return ns.bind_object(x, f"_{name}_")
     return ns.bind_object(x)
+
+
+def _format_proxy(x: TensorProxy, ns: Namespace) -> str:
+    if x.constant is not None:
+        ns[x.name] = x.constant
+        if x.origin and x.origin != (CAPTURED,):
+            ns.origins[x.name] = "; ".join(x.origin)
+    return x.name
+
+
+def _format_float(x: float, ns: Namespace) -> str:
+    if math.isnan(x):
+        return "float('nan')"
+    if math.isinf(x):
+        return "float('inf')" if x > 0 else "-float('inf')"
+    return repr(x)
+
+
+def _format_tuple(x: tuple, ns: Namespace) -> str:
+    inner = ", ".join(format_value(v, ns) for v in x)
+    return f"({inner},)" if len(x) == 1 else f"({inner})"
+
+
+def _format_repr(x, ns: Namespace) -> str:
+    return repr(x)
+
+
+def _format_str(x, ns: Namespace) -> str:
+    return str(x)
+
+
+# The values with a literal form, by exact type.
+_LITERAL_FORMATS = {
+    type(None): _format_repr, bool: _format_repr, int: _format_repr, str: _format_repr,
+    float: _format_float,
+    complex: lambda x, ns: f"complex({format_value(x.real, ns)}, {format_value(x.imag, ns)})",
+    torch.dtype: _format_str, torch.memory_format: _format_str, torch.layout: _format_str,
+    torch.device: lambda x, ns: f"torch.device({str(x)!r})",
+    torch.Size: lambda x, ns: f"torch.Size([{', '.join(format_value(v, ns) for v in x)}])",
+    tuple: _format_tuple,
+    list: lambda x, ns: "[" + ", ".join(format_value(v, ns) for v in x) + "]",
+    slice: lambda x, ns: f"slice({format_value(x.start, ns)}, {format_value(x.stop, ns)}, {format_value(x.step, ns)})",
+    type(Ellipsis): lambda x, ns: "...",
+}
 
 
 def format_call(bsym, ns: Namespace) -> str:

@@ -32,7 +32,8 @@ from thunderfn.dynamo.report import GraphRecord, Piece, Records
 from thunderfn.dynamo.splitting import KnownOnlyAtRunTime, concrete, example_value, split_around, unsupported_nodes
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 from thunderfn.jit import jit_with_options
-from thunderfn.jit_options import NAMES as JIT_OPTIONS, JitOptions
+from thunderfn.jit_options import NAMES as JIT_OPTIONS
+from thunderfn.jit_options import JitOptions
 
 UNSUPPORTED_RUNNERS = ("eager", "inductor")
 _KNOWN_OPTIONS = frozenset(JIT_OPTIONS) - {"distributed"} | {"unsupported"}  # tf.jit's, but not distributed
@@ -202,16 +203,17 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, options: JitOp
     try:
         jitted, call = _compile_piece(gm, example_inputs, options)
     except Exception as whole_error:  # noqa: BLE001  (the check below says which nodes, or the graph runs elsewhere)
+        error = whole_error  # the error reported if no node is to blame: the compile's, or the check's own
         try:
             unsupported = unsupported_nodes(gm, [concrete(x) for x in example_inputs])
         except Exception as check_error:  # noqa: BLE001
             unsupported = []
-            whole_error = check_error
+            error = check_error
         if not unsupported:
-            record.pieces.append(Piece(runner, gm, error=f"{type(whole_error).__name__}: {whole_error}"))
+            record.pieces.append(Piece(runner, gm, error=f"{type(error).__name__}: {error}"))
             warnings.warn(f"thunderfn's torch.compile backend runs the graph ending at {record.where} "
                           f"{'eagerly' if runner == 'eager' else 'through Inductor'}: thunderfn could not compile it "
-                          f"({type(whole_error).__name__}: {whole_error}). tf.dynamo.explain(compiled) lists it.",
+                          f"({type(error).__name__}: {error}). tf.dynamo.explain(compiled) lists it.",
                           stacklevel=2)
             return _run_elsewhere(gm, example_inputs, runner)
         return _compile_split(gm, example_inputs, options, runner, record, unsupported)

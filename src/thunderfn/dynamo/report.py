@@ -16,6 +16,7 @@ import weakref
 
 import torch.fx
 
+
 def count_nodes(gm: torch.fx.GraphModule) -> int:
     """The nodes of gm that compute (not its inputs, output or attribute reads)."""
     return sum(1 for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr"))

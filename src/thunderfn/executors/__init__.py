@@ -8,11 +8,18 @@ from __future__ import annotations
 from thunderfn import prims
 from thunderfn import torch as ltorch
 from thunderfn.core.symbol import Symbol
-from thunderfn.executors.base import (Executor, Lowering, OperatorExecutor, RunAsItself, RunAsOperator, RunWithTorch,
-                                     TraceInPlace)
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError, ExecutorError
+from thunderfn.executors.base import (
+    Executor,
+    Lowering,
+    OperatorExecutor,
+    RunAsItself,
+    RunAsOperator,
+    RunWithTorch,
+    TraceInPlace,
+)
 from thunderfn.executors.fusion import FusionExecutor, Region
 from thunderfn.executors.torch_executor import torch_ex, torch_prims_ex
-from thunderfn.errors import ArgumentTypeError, ArgumentValueError, ExecutorError
 
 __all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Region", "Lowering", "TraceInPlace", "RunAsOperator", "RunAsItself",
            "RunWithTorch", "register_executor", "get_executor", "get_default_executors", "set_default_executors",
@@ -241,6 +248,8 @@ def available() -> dict[str, str]:
 register_executor(torch_ex)
 register_executor(torch_prims_ex)
 
+# (grouped by kind, kernels then fusion, rather than in isort's order)
+# isort: off
 # Kernel executors: each module imports its library (triton, apex) only when first used.
 from thunderfn.executors.sdpa import sdpa_ex  # noqa: E402
 from thunderfn.executors.cudnn_sdpa import cudnn_sdpa_ex  # noqa: E402
@@ -251,6 +260,7 @@ from thunderfn.executors.apex_crossentropy import apex_crossentropy_ex  # noqa: 
 # imports nvFuser only when a region first builds its definition.
 from thunderfn.executors.inductor import inductor_background_ex, inductor_ex  # noqa: E402
 from thunderfn.executors.nvfuser import nvfuser_ex  # noqa: E402
+# isort: on
 
 for _kernel_ex in (sdpa_ex, cudnn_sdpa_ex, transformer_engine_ex, triton_crossentropy_ex, apex_crossentropy_ex, inductor_ex,
                    inductor_background_ex, nvfuser_ex):

@@ -27,10 +27,10 @@ import torch
 
 from thunderfn import clang, prims
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.errors import ExecutorError
 from thunderfn.executors.base import OperatorExecutor
 from thunderfn.executors.triton_crossentropy import class_rows, per_positional, unrows
 from thunderfn.torch import nn as tnn
-from thunderfn.errors import ExecutorError
 
 _DTYPES = (torch.float32, torch.float16)
 _MODULE = "apex.contrib.xentropy"

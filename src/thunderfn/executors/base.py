@@ -15,9 +15,10 @@ import keyword
 from typing import Any, Callable
 
 from thunderfn.core import context
-from thunderfn.core.rules import BatchRule, as_batch_rule, drop_rule, set_rule
+
 # the rule types live in core: executor_lower (a transform) reads them, and transforms do not import executors
 from thunderfn.core.lowering import Lowering, LoweringAction, RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace  # noqa: F401
+from thunderfn.core.rules import BatchRule, as_batch_rule, drop_rule, set_rule
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, ExecutorError
 

@@ -42,12 +42,18 @@ from thunderfn.core import symbolic
 from thunderfn.core.passes import del_last_used
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves, tree_map
-from thunderfn.core.statements import check_inputs_do_not_alias, python_alias, set_default_dtype, set_grad_enabled, write_back
+from thunderfn.core.statements import (
+    check_inputs_do_not_alias,
+    python_alias,
+    set_default_dtype,
+    set_grad_enabled,
+    write_back,
+)
 from thunderfn.core.symbol import BoundSymbol, Symbol
 from thunderfn.core.trace import Trace
+from thunderfn.errors import ArgumentNotImplementedError, InternalError
 from thunderfn.executors.base import Executor
 from thunderfn.executors.torch_executor import TorchExecutor
-from thunderfn.errors import ArgumentNotImplementedError, InternalError
 
 # Statements nothing may move across: grad mode and default dtype change what every later op
 # does; write-backs and the aliasing check must see the inputs before and after every read.

@@ -37,12 +37,12 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from thunderfn import prims
 from thunderfn.core import symbolic
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.executors.fusion import CompiledCache, FusionExecutor, Region, positional_signature
-from thunderfn import prims
-from thunderfn.prims import PrimIDs
 from thunderfn.errors import ExecutorError
+from thunderfn.executors.fusion import CompiledCache, FusionExecutor, Region, positional_signature
+from thunderfn.prims import PrimIDs
 
 FRONTENDS = ("nvfuser_direct", "nvfuser")  # the current module first; the legacy one was removed in 2026
 

@@ -38,6 +38,8 @@ May import: core/, the torch language, executors/torch_executor.py.
 """
 from __future__ import annotations
 
+import collections
+
 import torch
 
 from thunderfn.core import symbolic
@@ -143,50 +145,63 @@ def collapse_reshapes(trc):
     intermediate nothing else returns: the caller never gets one tensor twice, nor an input back as a
     new value. Values are the same either way; a reshape may return a view or a copy, and nothing
     after lowering writes into a reshape's result (reuse_dead_buffers leaves views alone)."""
-    returned = output_names(trc)
-    inputs = {p.name for p in tree_leaves(trc.args) if isinstance(p, TensorProxy)}
-    readers: dict = {}
-    for b in trc.bound_symbols:
-        for a in b.proxy_args():
-            readers[a.name] = readers.get(a.name, 0) + 1
-    origin: dict = {}  # a kept reshape's output -> the tensor its chain started from
-    renamed: dict = {}  # a dropped reshape's output -> what its readers read instead
-    summed: dict = {}  # a sum's output -> its position in `out`
-    out = []
+    collapsing = _CollapsingReshapes(trc)
     for bsym in trc.bound_symbols:
-        if renamed:
-            bsym = bsym.swap(renamed)
-        fn = _torch_fn(bsym)
-        if fn is torch.narrow and _keeps_everything(bsym) and bsym.output.name not in returned:
-            renamed[bsym.output.name] = bsym.args[0]  # a narrow to the whole length (cat's backward, one piece)
-            continue
-        if fn is torch.sum and isinstance(bsym.output, TensorProxy) and len(bsym.args) == 2 and not bsym.kwargs:
-            summed[bsym.output.name] = len(out)
-        if fn not in _RESHAPES or not isinstance(bsym.output, TensorProxy) or bsym.kwargs:
-            out.append(bsym)
-            continue
-        y, x = bsym.output, origin.get(bsym.args[0].name, bsym.args[0])
-        if symbolic.same_shape(x.shape, y.shape) and x.dtype == y.dtype and (y.name not in returned or (
-                x.name not in returned and x.name not in inputs and x.name not in origin)):
-            renamed[y.name] = x
-            if y.name in returned:  # x is returned in its place now
-                returned.add(x.name)
-            continue
-        position = summed.get(x.name)
-        if (position is not None and readers.get(x.name) == 1 and x.name not in returned
-                and symbolic.same_shape(y.shape, _keepdim_shape(out[position]))):
-            total = out[position]
-            out[position] = BoundSymbol(total.sym, total.args, {"keepdim": True}, y, total.subsymbols)
-            continue
-        if x is not bsym.args[0]:
-            bsym = BoundSymbol(bsym.sym, (x, *bsym.args[1:]), bsym.kwargs, y, bsym.subsymbols)
-        origin[y.name] = x
-        out.append(bsym)
+        collapsing.add(bsym.swap(collapsing.renamed) if collapsing.renamed else bsym)
+    out, renamed = collapsing.out, collapsing.renamed
     if len(out) == len(trc.bound_symbols) and all(a is b for a, b in zip(out, trc.bound_symbols)):
         return trc
     collapsed = trc.derive("Collapse reshapes", out)
     collapsed.output = tree_map(lambda p: renamed.get(p.name, p) if isinstance(p, TensorProxy) else p, trc.output)
     return dce(collapsed)
+
+
+class _CollapsingReshapes:
+    """collapse_reshapes' walk over a trace's bound symbols: `out`, the ones kept (some rewritten), and
+    `renamed`, what the readers of a dropped reshape's output read instead."""
+
+    def __init__(self, trc):
+        self.returned = output_names(trc)
+        self.inputs = {p.name for p in tree_leaves(trc.args) if isinstance(p, TensorProxy)}
+        self.readers = collections.Counter(a.name for b in trc.bound_symbols for a in b.proxy_args())
+        self.origin: dict = {}  # a kept reshape's output -> the tensor its chain started from
+        self.renamed: dict = {}  # a dropped reshape's output -> what its readers read instead
+        self.summed: dict = {}  # a sum's output -> its position in `out`
+        self.out: list = []
+
+    def add(self, bsym) -> None:
+        fn = _torch_fn(bsym)
+        if fn is torch.narrow and _keeps_everything(bsym) and bsym.output.name not in self.returned:
+            self.renamed[bsym.output.name] = bsym.args[0]  # a narrow to the whole length (cat's backward, one piece)
+            return
+        if fn is torch.sum and isinstance(bsym.output, TensorProxy) and len(bsym.args) == 2 and not bsym.kwargs:
+            self.summed[bsym.output.name] = len(self.out)
+        if fn in _RESHAPES and isinstance(bsym.output, TensorProxy) and not bsym.kwargs:
+            self._add_reshape(bsym)
+        else:
+            self.out.append(bsym)
+
+    def _add_reshape(self, bsym) -> None:
+        """A reshape y of x (of the tensor x's chain of reshapes started from): dropped where y has x's shape,
+        folded into x's sum as keepdim=True where it only keeps the reduced dims, else made to reshape x."""
+        y, x = bsym.output, self.origin.get(bsym.args[0].name, bsym.args[0])
+        returned = self.returned
+        if symbolic.same_shape(x.shape, y.shape) and x.dtype == y.dtype and (y.name not in returned or (
+                x.name not in returned and x.name not in self.inputs and x.name not in self.origin)):
+            self.renamed[y.name] = x
+            if y.name in returned:  # x is returned in its place now
+                returned.add(x.name)
+            return
+        position = self.summed.get(x.name)
+        if (position is not None and self.readers.get(x.name) == 1 and x.name not in returned
+                and symbolic.same_shape(y.shape, _keepdim_shape(self.out[position]))):
+            total = self.out[position]
+            self.out[position] = BoundSymbol(total.sym, total.args, {"keepdim": True}, y, total.subsymbols)
+            return
+        if x is not bsym.args[0]:
+            bsym = BoundSymbol(bsym.sym, (x, *bsym.args[1:]), bsym.kwargs, y, bsym.subsymbols)
+        self.origin[y.name] = x
+        self.out.append(bsym)
 
 
 def _keeps_everything(bsym) -> bool:
@@ -268,11 +283,7 @@ def write_into_written_back_inputs(trc):
                     if b.sym is write_back and (len(b.args) < 3 or b.args[2] is None) and not b.args[0].requires_grad}
     if not written_back:
         return trc
-    readers: dict = {}  # name -> indices of the bound symbols that read it (a write-back's target is written, not read)
-    for i, b in enumerate(bsyms):
-        read = b.proxy_args()[1:] if b.sym in _WRITE_BACKS else b.proxy_args()
-        for a in {a.name for a in read}:
-            readers.setdefault(a, []).append(i)
+    readers = _reader_indices(bsyms)
     outputs = output_names(trc)
     lives_in = {name: name for name in written_back}  # value -> the written-back tensor whose memory holds it
 
@@ -306,14 +317,30 @@ def write_into_written_back_inputs(trc):
             changed = True
     if not changed:
         return trc
-    done = {b.args[0].name for b in out if b.sym is write_back and lives_in.get(b.args[1].name) == b.args[0].name}
-    # what write_back_on_failure_pass added for those tensors: a failure leaves them written as eager's ops do
-    slots = {b.args[0] for b in out if b.sym is write_back_on_failure and b.args[1].name in done}
-    out = [b for b in out if not (b.sym in _WRITE_BACKS and b.args[0 if b.sym is write_back else 1].name in done
-                                  or b.sym is written and b.args[0] in slots)]
+    return trc.derive("Write into written-back inputs", _without_writes_done_in_place(out, lives_in))
+
+
+def _reader_indices(bsyms: list) -> dict:
+    """name -> indices of the bound symbols that read it (a write-back's target is written, not read)."""
+    readers: dict = {}
+    for i, b in enumerate(bsyms):
+        read = b.proxy_args()[1:] if b.sym in _WRITE_BACKS else b.proxy_args()
+        for a in {a.name for a in read}:
+            readers.setdefault(a, []).append(i)
+    return readers
+
+
+def _without_writes_done_in_place(bsyms: list, lives_in: dict) -> list:
+    """bsyms without the write-backs of the values that now live in the tensor they were to be written into
+    (lives_in: value -> that tensor), nor the bookkeeping for a failure write_back_on_failure_pass added for
+    those tensors: a failure leaves them written as eager's ops do."""
+    done = {b.args[0].name for b in bsyms if b.sym is write_back and lives_in.get(b.args[1].name) == b.args[0].name}
+    slots = {b.args[0] for b in bsyms if b.sym is write_back_on_failure and b.args[1].name in done}
+    out = [b for b in bsyms if not (b.sym in _WRITE_BACKS and b.args[0 if b.sym is write_back else 1].name in done
+                                    or b.sym is written and b.args[0] in slots)]
     if not any(b.sym is write_back_on_failure for b in out):
         out = [b for b in out if b.sym is not no_writes_yet]
-    return trc.derive("Write into written-back inputs", out)
+    return out
 
 
 def _torch_fn(bsym):

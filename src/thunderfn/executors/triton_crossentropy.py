@@ -229,7 +229,8 @@ class TritonCrossEntropyExecutor(OperatorExecutor):
     def __init__(self):
         version = None
         if triton_installed():
-            from importlib.metadata import PackageNotFoundError, version as dist_version
+            from importlib.metadata import PackageNotFoundError
+            from importlib.metadata import version as dist_version
 
             try:
                 version = dist_version("triton")

@@ -12,11 +12,11 @@ input's `.grad` being None, or the gradients' values.
 from __future__ import annotations
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 import thunderfn as tf
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.testing.opinfo import SampleInput
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 
 def _is_float(x) -> bool:

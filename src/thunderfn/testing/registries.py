@@ -11,8 +11,8 @@ import contextlib
 
 from thunderfn import clang, executors, prims
 from thunderfn import torch as ltorch
-from thunderfn.core.rules import rules
 from thunderfn.core.interception import handlers
+from thunderfn.core.rules import rules
 from thunderfn.executors import nvfuser
 from thunderfn.torch import elementwise as ltorch_elementwise
 from thunderfn.transforms.rules.elementwise import partials

@@ -16,6 +16,10 @@ The torch language may import core/, prims and clang, never transforms or execut
 from __future__ import annotations
 
 from thunderfn.core import interception
+
+# The order is deliberate, not isort's: each family registers its torch callables on import, and a later star
+# import wins a name two families define.
+# isort: off
 from thunderfn.torch.base import register_alias, symbols, torchsymbol  # noqa: F401
 from thunderfn.torch.elementwise import *  # noqa: E402,F401,F403
 from thunderfn.torch.reductions import *  # noqa: E402,F401,F403
@@ -35,6 +39,7 @@ from thunderfn.torch.statistics import *  # noqa: E402,F401,F403
 from thunderfn.torch.aten_backward import *  # noqa: E402,F401,F403
 from thunderfn.torch.conv_pool import *  # noqa: E402,F401,F403
 from thunderfn.torch import dispatch as _dispatch  # noqa: E402
+# isort: on
 
 # Core traces every torch call it intercepts with the torch language's dispatcher (core/interception.py).
 interception.set_dispatcher(_dispatch.dispatch)

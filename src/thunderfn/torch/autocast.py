@@ -29,8 +29,8 @@ import torch
 from thunderfn import clang
 from thunderfn.core.interception import torch_name
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.errors import ThunderFnError, UnsupportedOpError
 from thunderfn.core.pytree import tree_flatten, tree_map, tree_unflatten
+from thunderfn.errors import ThunderFnError, UnsupportedOpError
 
 _MATMULS = {"mm", "bmm", "matmul", "__matmul__", "__rmatmul__", "addmm", "addbmm", "baddbmm", "linear", "vecdot",
             "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "conv_tbc",

@@ -20,8 +20,8 @@ from thunderfn.core.interception import register_handler
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves, tree_map
 from thunderfn.core.symbol import Symbol
-from thunderfn.torch.opaque import opaque_symbol
 from thunderfn.errors import ArgumentValueError
+from thunderfn.torch.opaque import opaque_symbol
 
 # The package, thunderfn.torch, which is importing this module: symbols are its attributes.
 _package = sys.modules[__name__.rpartition(".")[0]]

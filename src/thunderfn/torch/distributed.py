@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import Symbol
-from thunderfn.torch.shape import cat, narrow, reshape
 from thunderfn.errors import ArgumentValueError
+from thunderfn.torch.shape import cat, narrow, reshape
 
 _groups: list = [None]  # group id -> process group; None is torch's default group
 

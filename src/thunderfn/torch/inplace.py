@@ -35,8 +35,8 @@ from thunderfn.core.pytree import tree_leaves
 from thunderfn.errors import ArgumentRuntimeError, UnsupportedOpError
 from thunderfn.torch.base import torchsymbol
 from thunderfn.torch.indexing import index_put_key, scatter_into_view
-from thunderfn.torch.shape import permute, reshape
 from thunderfn.torch.opaque import opaque_symbol, run_opaque
+from thunderfn.torch.shape import permute, reshape
 
 T = torch.Tensor
 __all__ = ["setitem"]
@@ -176,12 +176,7 @@ def settle_views() -> None:
 
 
 def _track_views(func, args, kwargs, out, identities: dict) -> None:
-    tracked = set()
-    for o in tree_leaves(out):
-        entry = identities.get(id(o)) if isinstance(o, TensorProxy) else None
-        if entry is not None:
-            _track_identity(func, args, kwargs, o, entry[1])
-            tracked.add(id(o))
+    tracked = _track_identities(func, args, kwargs, out, identities)
     source = args[0] if args else None
     if not is_view_op(func) or not isinstance(source, TensorProxy):
         return
@@ -195,16 +190,11 @@ def _track_views(func, args, kwargs, out, identities: dict) -> None:
     if short in _VIEW_OR_COPY:
         is_view, layout_facts = _view_in_eager(func, args, kwargs, root, steps)
         if is_view is None:  # an intermediate's layout, which tracing does not know
-            for o in outs:
-                if o is not source and o is not root and id(o) not in tracked:
-                    o.alias = Alias(base=root, made_by=torch_name(func), seen=_alias(root).version,
-                                    layout_dependent=True)
+            _mark_layout_dependent(func, source, root, outs, tracked)
             return
         facts += layout_facts
         if not is_view:  # eager copies
-            for o in outs:
-                if id(o) not in tracked:
-                    o.alias = Alias(copy_of=root, seen=_alias(root).version, facts=facts)
+            _mark_copies(root, outs, tracked, facts)
             return
     for index, o in enumerate(outs):
         if o is source or o is root or id(o) in tracked:
@@ -216,6 +206,33 @@ def _track_views(func, args, kwargs, out, identities: dict) -> None:
                         seen=_alias(root).version,
                         key=key if root is source and key is not None and _is_basic_key(key) else None,
                         overlapping=_overlapping(short, source, o, args, kwargs), facts=facts)
+
+
+def _track_identities(func, args, kwargs, out, identities: dict) -> set:
+    """Tracks the outputs that are an input given back unchanged (identities: id -> (output, input));
+    the ids of those outputs."""
+    tracked = set()
+    for o in tree_leaves(out):
+        entry = identities.get(id(o)) if isinstance(o, TensorProxy) else None
+        if entry is not None:
+            _track_identity(func, args, kwargs, o, entry[1])
+            tracked.add(id(o))
+    return tracked
+
+
+def _mark_layout_dependent(func, source, root, outs: list, tracked: set) -> None:
+    """The outputs of a view-or-copy op on a value whose layout tracing does not know: views of root or copies,
+    as its layout at run time decides."""
+    for o in outs:
+        if o is not source and o is not root and id(o) not in tracked:
+            o.alias = Alias(base=root, made_by=torch_name(func), seen=_alias(root).version, layout_dependent=True)
+
+
+def _mark_copies(root, outs: list, tracked: set, facts: tuple) -> None:
+    """The outputs of a view-or-copy op that copies in eager: copies of root."""
+    for o in outs:
+        if id(o) not in tracked:
+            o.alias = Alias(copy_of=root, seen=_alias(root).version, facts=facts)
 
 
 def _overlapping(short, source, view, args, kwargs) -> bool:

@@ -16,20 +16,26 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import emit_runtime_check
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported
+from thunderfn.torch import sdp_state
+from thunderfn.torch.aten_backward import (
+    native_batch_norm,
+    native_batch_norm_legit_functional,
+    native_group_norm,
+    native_layer_norm,
+    nll_loss_forward,
+    normalize_channels,
+    updated_running_stats,
+)
 from thunderfn.torch.base import register_alias, stand_in_front, torchsymbol
-from thunderfn.torch.aten_backward import (native_batch_norm, native_batch_norm_legit_functional, native_group_norm,
-                                           native_layer_norm, nll_loss_forward, normalize_channels,
-                                           updated_running_stats)
-from thunderfn.torch.opaque import opaque_symbol
 from thunderfn.torch.elementwise import add, logsigmoid, mul, neg, rsub, sub
 from thunderfn.torch.indexing import getitem
 from thunderfn.torch.inplace import rebind
-from thunderfn.torch.reductions import log_softmax, softmax
+from thunderfn.torch.opaque import opaque_symbol
 from thunderfn.torch.reductions import all as reduction_all
+from thunderfn.torch.reductions import log_softmax, softmax
 from thunderfn.torch.reductions import mean as reduction_mean
 from thunderfn.torch.reductions import sum as reduction_sum
 from thunderfn.torch.shape import clone
-from thunderfn.torch import sdp_state
 
 T = torch.Tensor
 __all__ = ["matmul", "mm", "bmm", "linear", "layer_norm", "embedding", "cross_entropy", "nll_loss",
@@ -545,8 +551,6 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
 def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
     """torch's formula op for op; its check that var has no negative entry reads values, so it
     is a runtime check (a ValueError when the compiled function runs, as in eager)."""
-    import numbers
-
     if isinstance(var, symbolic.NUMBER_TYPES):
         check(var >= 0, lambda: "var has negative entry/entries", ValueError)
         var = clang.full(input.shape, float(var), device=input.device, dtype=input.dtype)

@@ -146,49 +146,62 @@ def _backprop(bsym, cts: dict, tape: "_Tape") -> None:
         out_cts = [_materialized(c, o) for c, o in zip(out_cts, outs)]
     out_cts = [None if c is _ZERO else c for c in out_cts]
     if way is Way.RULE:
-        g = out_cts[0] if isinstance(bsym.output, TensorProxy) else tuple(out_cts)
-        args, kwargs = bsym.args, bsym.kwargs
-        if kwargs and bsym.sym.fn is not None:  # rules give cotangents by position: no tensor by keyword
-            args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
-        in_cts = rules_of(bsym.sym.id).vjp.bwd(RecordedCall(bsym.sym, args, kwargs, bsym.output), g)
-        for arg, ct in zip(args, in_cts):
-            if ct is None:
-                continue
-            # a tensor, or a pytree of them (cat's list, a custom_vjp's dict), None entries meaning zero
-            arg_leaves = tree_leaves(arg) if not isinstance(arg, TensorProxy) else [arg]
-            ct_leaves = optree.tree_leaves(ct, none_is_leaf=True, namespace="thunderfn") if not isinstance(ct, TensorProxy) else [ct]
-            for a, c in zip(arg_leaves, ct_leaves):
-                if isinstance(a, TensorProxy):
-                    _accumulate(cts, a, c)
+        _backprop_rule(bsym, out_cts, cts)
         return
-    # An executor's operator defined like= a function, or a composite an executor claims whole
-    # (_with_residuals kept it so): the backward recomputes that function and differentiates it.
-    recompute = bsym.sym.like if way is Way.LIKE else None
-    if (way is Way.DECOMPOSITION and bsym.sym.fn is not None
-            and claims_whole(claiming_rule(bsym, tape.executors))):
-        recompute = bsym.sym.fn
+    recompute = _recomputed_function(bsym, way, tape.executors)
     if recompute is not None:
-        wanted = [i for i, c in enumerate(out_cts) if c is not None]
-
-        def recomputed_outputs(args, kwargs):
-            leaves = optree.tree_leaves(recompute(*args, **kwargs), none_is_leaf=True, namespace="thunderfn")
-            return tuple(leaves[i] for i in wanted)
-
-        _, backward = trace_vjp(recomputed_outputs, (bsym.args, bsym.kwargs), tape.executors)
-        in_cts = backward(tuple(out_cts[i] for i in wanted))  # a tensor passed twice gets its total twice
-        totals = {leaf.name: (leaf, ct) for leaf, ct in zip(tree_leaves((bsym.args, bsym.kwargs)), in_cts)
-                  if isinstance(leaf, TensorProxy)}
-        for leaf, ct in totals.values():
-            _accumulate(cts, leaf, ct)
-        return
-    if way is Way.DECOMPOSITION:
+        _backprop_recomputed(bsym, recompute, out_cts, cts, tape.executors)
+    elif way is Way.DECOMPOSITION:
         for sub in reversed(bsym.subsymbols):
             _backprop(sub, cts, tape)
-        return
-    if way is Way.OPAQUE:
+    elif way is Way.OPAQUE:
         _backprop_opaque(bsym, out_cts, cts, tape)
-        return
-    raise REVERSE.refusal(bsym)
+    else:
+        raise REVERSE.refusal(bsym)
+
+
+def _backprop_rule(bsym, out_cts: list, cts: dict) -> None:
+    """Accumulates the inputs' cotangents bsym's VJP rule gives."""
+    g = out_cts[0] if isinstance(bsym.output, TensorProxy) else tuple(out_cts)
+    args, kwargs = bsym.args, bsym.kwargs
+    if kwargs and bsym.sym.fn is not None:  # rules give cotangents by position: no tensor by keyword
+        args, kwargs = tensors_by_position(bsym.sym, args, kwargs)
+    in_cts = rules_of(bsym.sym.id).vjp.bwd(RecordedCall(bsym.sym, args, kwargs, bsym.output), g)
+    for arg, ct in zip(args, in_cts):
+        if ct is None:
+            continue
+        # a tensor, or a pytree of them (cat's list, a custom_vjp's dict), None entries meaning zero
+        arg_leaves = tree_leaves(arg) if not isinstance(arg, TensorProxy) else [arg]
+        ct_leaves = optree.tree_leaves(ct, none_is_leaf=True, namespace="thunderfn") if not isinstance(ct, TensorProxy) else [ct]
+        for a, c in zip(arg_leaves, ct_leaves):
+            if isinstance(a, TensorProxy):
+                _accumulate(cts, a, c)
+
+
+def _recomputed_function(bsym, way: Way, executors) -> Callable | None:
+    """The function the backward recomputes and differentiates for bsym, if any: an executor's operator
+    defined like= a function, or a composite an executor claims whole (_with_residuals kept it so)."""
+    if way is Way.LIKE:
+        return bsym.sym.like
+    if way is Way.DECOMPOSITION and bsym.sym.fn is not None and claims_whole(claiming_rule(bsym, executors)):
+        return bsym.sym.fn
+    return None
+
+
+def _backprop_recomputed(bsym, recompute: Callable, out_cts: list, cts: dict, executors) -> None:
+    """Accumulates the inputs' cotangents of bsym computed by differentiating `recompute` on its arguments."""
+    wanted = [i for i, c in enumerate(out_cts) if c is not None]
+
+    def recomputed_outputs(args, kwargs):
+        leaves = optree.tree_leaves(recompute(*args, **kwargs), none_is_leaf=True, namespace="thunderfn")
+        return tuple(leaves[i] for i in wanted)
+
+    _, backward = trace_vjp(recomputed_outputs, (bsym.args, bsym.kwargs), executors)
+    in_cts = backward(tuple(out_cts[i] for i in wanted))  # a tensor passed twice gets its total twice
+    totals = {leaf.name: (leaf, ct) for leaf, ct in zip(tree_leaves((bsym.args, bsym.kwargs)), in_cts)
+              if isinstance(leaf, TensorProxy)}
+    for leaf, ct in totals.values():
+        _accumulate(cts, leaf, ct)
 
 
 def _moves_data_only(bsym) -> bool:
@@ -690,10 +703,10 @@ class _Pullback:
         if symbolic.has_unbacked([tuple(p.shape) for p in [*self.residuals, *out_leaves] if isinstance(p, TensorProxy)]):
             # (its replay would compute with sizes of the forward's trace that the backward's call cannot bind)
             raise UnsupportedOpError(
-                f"tf.vjp called with real tensors cannot keep the pullback of a function whose output or saved "
-                f"values have a size known only at run time (a boolean mask's selection, nonzero, unique): "
-                f"differentiate it with tf.grad or tf.value_and_grad, through torch.autograd on tf.jit(fn), or "
-                f"call tf.vjp inside a jitted function")
+                "tf.vjp called with real tensors cannot keep the pullback of a function whose output or saved "
+                "values have a size known only at run time (a boolean mask's selection, nonzero, unique): "
+                "differentiate it with tf.grad or tf.value_and_grad, through torch.autograd on tf.jit(fn), or "
+                "call tf.vjp inside a jitted function")
         # a captured tensor is read as it is now (as torch.autograd saves it); the rest, as computed
         return tuple(p for p in self.residuals if p.constant is None)
 

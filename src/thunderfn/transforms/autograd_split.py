@@ -154,19 +154,7 @@ def split_forward_backward(computation: Trace, executors) -> Split:
     wrt = [p for p in inputs if p.requires_grad and dtypes.is_inexact(p.dtype)]
 
     out_leaves, out_spec = tree_flatten(computation.output)
-    outputs, leaf_plan, position = [], [], {}
-    for leaf in out_leaves:
-        if not isinstance(leaf, TensorProxy):
-            leaf_plan.append(("value", leaf))
-        elif leaf.name in input_names:  # eager returns the caller's tensor itself
-            leaf_plan.append(("input", input_names[leaf.name]))
-        elif leaf.constant is not None:
-            leaf_plan.append(("value", leaf.constant))
-        else:
-            if leaf.name not in position:
-                position[leaf.name] = len(outputs)
-                outputs.append(leaf)
-            leaf_plan.append(("out", position[leaf.name]))
+    outputs, leaf_plan = _outputs_and_leaf_plan(out_leaves, input_names)
     reached = _depends_on_inputs(computation.bound_symbols, {p.name for p in wrt})
     differentiable = [o.name in reached for o in outputs]
 
@@ -228,6 +216,26 @@ def split_forward_backward(computation: Trace, executors) -> Split:
     stamp_provenance(bwd, "Forward and backward split", start)
     return Split(fwd, bwd, differentiable, leaf_plan, out_spec, tuple(p.constant for p in captured), constants,
                  backward_without, size_plan)
+
+
+def _outputs_and_leaf_plan(out_leaves: list, input_names: dict) -> tuple[list, list]:
+    """The forward's tensor outputs (each computed tensor once), and how each output leaf is given back:
+    ("value", v) as a value of its own, ("input", i) as the caller's i-th input itself (as eager returns
+    it), ("out", j) as the forward's j-th output."""
+    outputs, leaf_plan, position = [], [], {}
+    for leaf in out_leaves:
+        if not isinstance(leaf, TensorProxy):
+            leaf_plan.append(("value", leaf))
+        elif leaf.name in input_names:  # eager returns the caller's tensor itself
+            leaf_plan.append(("input", input_names[leaf.name]))
+        elif leaf.constant is not None:
+            leaf_plan.append(("value", leaf.constant))
+        else:
+            if leaf.name not in position:
+                position[leaf.name] = len(outputs)
+                outputs.append(leaf)
+            leaf_plan.append(("out", position[leaf.name]))
+    return outputs, leaf_plan
 
 
 def _holders_of_data_dependent_sizes(forward: list, bwd: Trace, args: list) -> list:

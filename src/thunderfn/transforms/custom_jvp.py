@@ -39,11 +39,11 @@ import thunderfn.torch as ltorch
 from thunderfn.core import context, dtypes
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_unflatten
+from thunderfn.core.rules import JVPRule, VJPRule, drop_rule, set_rule
 from thunderfn.core.symbol import Symbol
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 from thunderfn.transforms.autodiff import as_trace_constants, trace_vjp
 from thunderfn.transforms.custom_vjp import refuse_traced_nondiff_args
-from thunderfn.core.rules import JVPRule, VJPRule, drop_rule, set_rule
 
 _ids = itertools.count()
 

@@ -33,10 +33,10 @@ from thunderfn import prims
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
-from thunderfn.core.symbol import Symbol
-from thunderfn.transforms.autodiff import trace_vjp
 from thunderfn.core.rules import VJPRule, drop_rule, set_rule
+from thunderfn.core.symbol import Symbol
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
+from thunderfn.transforms.autodiff import trace_vjp
 
 _ids = itertools.count()
 

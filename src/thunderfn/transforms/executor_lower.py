@@ -19,8 +19,8 @@ import torch
 from thunderfn.core import context
 from thunderfn.core.interception import handled_by
 from thunderfn.core.lowering import RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace
-from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.statements import python_alias
 from thunderfn.core.symbol import BoundSymbol, Symbol
 from thunderfn.core.tracer import tracing

@@ -21,13 +21,21 @@ from thunderfn.core import context
 from thunderfn.core.interception import lift_constants, tensors_by_position
 from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
+from thunderfn.core.rules import TAG_NOT_DIFFERENTIABLE, RecordedCall, rules_of
 from thunderfn.core.trace import up_to_date
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, ForwardModeError, UnsupportedOpError
 from thunderfn.torch.opaque import torch_jvp_op
-from thunderfn.transforms.autodiff import (_compiled, _carries_gradient, _grad_modes, as_trace_constants, as_trace_values,
-                                          differentiating, value_without_aux, with_generator_states)
+from thunderfn.transforms.autodiff import (
+    _carries_gradient,
+    _compiled,
+    _grad_modes,
+    as_trace_constants,
+    as_trace_values,
+    differentiating,
+    value_without_aux,
+    with_generator_states,
+)
 from thunderfn.transforms.custom_vjp import custom_vjp
-from thunderfn.core.rules import TAG_NOT_DIFFERENTIABLE, RecordedCall, rules_of
 from thunderfn.transforms.resolve import Transform, Way, resolve
 
 

@@ -20,13 +20,12 @@ import optree
 import torch
 
 from thunderfn.core import symbolic
-from thunderfn.core.pytree import NAMESPACE, of_positions, tree_flatten, tree_unflatten
 from thunderfn.core.decorators import with_options_form
+from thunderfn.core.pytree import NAMESPACE, of_positions, tree_flatten, tree_unflatten
 from thunderfn.errors import TransformArgumentError
 from thunderfn.transforms.autodiff import _compiled, positional_argnums, vjp
 from thunderfn.transforms.forward_mode import jvp
 from thunderfn.transforms.vmap import vmap
-from thunderfn.errors import ArgumentTypeError
 
 
 def _argnums(fn, argnums, args, transform: str) -> tuple[tuple, bool]:

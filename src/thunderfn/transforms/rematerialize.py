@@ -267,93 +267,83 @@ def _written_in_forward(forward) -> set:
     return written
 
 
-def rematerialize(forward, backward, recomputable: Callable = cheap_to_recompute):
-    """(forward, backward) of a split (autograd_split.Split's traces) with the residuals chosen by
-    a minimum cut over saved bytes: the backward recomputes, from the new residuals, the values
-    the cut does not save, with the forward's own bound symbols, each group placed just before
-    the first backward op that reads it. `recomputable(bsym)` says which forward ops may run
-    again (default: cheap_to_recompute); random draws and statements never do, nor ops reading
-    a tensor the forward writes into. Returns the traces unchanged when no cut saves fewer
-    bytes than the split's residuals."""
-    start = time.perf_counter_ns()
-    outputs, residuals = forward.output
-    n_residuals = len(residuals)
-    cotangents = backward.args[n_residuals:]
-    output_names = {p.name for p in outputs}
-    written = _written_in_forward(forward)
+class _ForwardValues:
+    """The min-cut problem read off a forward trace: every value it defines, top-level or inside a
+    decomposition, with the values its op reads (`arguments`), those that cannot be recomputed
+    (`fixed`), and the bound symbols that define them, in order (`producers`)."""
 
-    proxies = {p.name: p for p in forward.args}
-    arguments, fixed = {}, set()
-    producers = []  # the bound symbols that define values, top-level or inside a decomposition, in order
+    def __init__(self, forward, recomputable: Callable):
+        self.recomputable = recomputable
+        self.written = _written_in_forward(forward)
+        self.proxies = {p.name: p for p in forward.args}
+        self.arguments, self.fixed = {}, set()
+        self.producers = []
+        for bsym in forward.bound_symbols:
+            self.add(bsym)
 
-    def add(bsym):
+    def add(self, bsym) -> None:
         reads = [p.name for p in bsym.proxy_args() if p.constant is None]  # captured constants are always there
-        repeatable = not _has_effects(bsym) and recomputable(bsym) and not any(n in written for n in reads)
+        repeatable = not _has_effects(bsym) and self.recomputable(bsym) and not any(n in self.written for n in reads)
         if not repeatable and bsym.subsymbols:
-            # An op not to repeat whole (layer_norm: its statistics are reductions) may still have cheap
-            # parts: its decomposition joins the graph, so that its normalized output can be recomputed
-            # from its saved statistics. The decomposition's intermediates cannot be saved (the op runs
-            # as one call, they never exist); its outputs can, as any value.
-            defined_before = {o.name for o in bsym.proxy_outs() if o.name in proxies}
-            for sub in bsym.subsymbols:
-                add(sub)
-            for o in bsym.proxy_outs():
-                if o.name in defined_before:  # an input passed through: not ours to move
-                    fixed.add(o.name)
-                elif o.name not in proxies:  # computed otherwise than by its decomposition's ops
-                    proxies[o.name], arguments[o.name] = o, reads
-                    fixed.add(o.name)
+            self._add_decomposition(bsym, reads)
             return
         new = False
         for o in bsym.proxy_outs():
-            if o.name in proxies:  # defined twice (an input passed through): not ours to move
-                fixed.add(o.name)
+            if o.name in self.proxies:  # defined twice (an input passed through): not ours to move
+                self.fixed.add(o.name)
                 continue
-            proxies[o.name], arguments[o.name], new = o, reads, True
+            self.proxies[o.name], self.arguments[o.name], new = o, reads, True
             if not repeatable:
-                fixed.add(o.name)
+                self.fixed.add(o.name)
         if new:
-            producers.append(bsym)
+            self.producers.append(bsym)
 
-    for bsym in forward.bound_symbols:
-        add(bsym)
-    needed = {p.name for p in residuals}
-    if not needed <= proxies.keys():  # a residual the forward does not define (none known): leave the split alone
-        return forward, backward
-    runtime_values = {p.name for p in forward.args} | {o.name for b in forward.bound_symbols for o in b.proxy_outs()}
-    unsaveable = proxies.keys() - runtime_values
-    cost = {name: 0 if name in output_names else nbytes(p) for name, p in proxies.items()}
-    before = sum(cost[p.name] for p in residuals)
-    cut = min_cut_saved(proxies, cost, arguments, fixed, needed, unsaveable)
-    if cut.saved_bytes >= before:
-        return forward, backward
+    def _add_decomposition(self, bsym, reads: list) -> None:
+        """An op not to repeat whole (layer_norm: its statistics are reductions) may still have cheap
+        parts: its decomposition joins the graph, so that its normalized output can be recomputed
+        from its saved statistics. The decomposition's intermediates cannot be saved (the op runs
+        as one call, they never exist); its outputs can, as any value."""
+        defined_before = {o.name for o in bsym.proxy_outs() if o.name in self.proxies}
+        for sub in bsym.subsymbols:
+            self.add(sub)
+        for o in bsym.proxy_outs():
+            if o.name in defined_before:  # an input passed through: not ours to move
+                self.fixed.add(o.name)
+            elif o.name not in self.proxies:  # computed otherwise than by its decomposition's ops
+                self.proxies[o.name], self.arguments[o.name] = o, reads
+                self.fixed.add(o.name)
 
-    # residuals the split had keep their places; new ones follow in forward order
+
+def _recomputations(producers: list, cut: Cut, backward) -> list:
+    """The forward's bound symbols that compute the values the cut recomputes, in forward order.
+    An op with several outputs, one saved and another recomputed: the copy's saved output gets a
+    name of its own, so that each name is defined once in the backward."""
     saved = set(cut.saved)
-    new_residuals = [p for p in residuals if p.name in saved]
-    new_residuals += [proxies[n] for n in cut.saved if n not in needed]
-    recompute = []  # the forward's bound symbols that compute the recomputed values, in forward order
+    recompute = []
     for bsym in producers:
         outs = bsym.proxy_outs()
         if any(o.name in cut.recomputed for o in outs):
-            # an op with several outputs, one saved and another recomputed: the copy's saved output gets
-            # a name of its own, so that each name is defined once in the backward
             renamed = {o.name: TensorProxy.like(o, name=backward.names.take(prefix="t"))
                        for o in outs if o.name in saved}
             recompute.append(bsym.swap(renamed))
+    return recompute
 
-    # place each recomputation before the first backward op that reads its outputs (directly, or
-    # through a later recomputation): recomputed values then live no longer than needed
+
+def _placed_before_first_reads(backward, recompute: list) -> list:
+    """The backward's bound symbols with each recomputation placed before the first op that reads
+    its outputs (directly, or through a later recomputation): recomputed values then live no
+    longer than needed."""
+    end = len(backward.bound_symbols)
     first_read = {}
     for i, bsym in enumerate(backward.bound_symbols):
         for p in bsym.proxy_args():
             first_read.setdefault(p.name, i)
     for g in backward.output:
         if isinstance(g, TensorProxy):
-            first_read.setdefault(g.name, len(backward.bound_symbols))
+            first_read.setdefault(g.name, end)
     position = {}
     for bsym in reversed(recompute):
-        at = min(first_read.get(o.name, len(backward.bound_symbols)) for o in bsym.proxy_outs())
+        at = min(first_read.get(o.name, end) for o in bsym.proxy_outs())
         position[id(bsym)] = at
         for p in bsym.proxy_args():
             first_read[p.name] = min(first_read.get(p.name, at), at)
@@ -364,7 +354,40 @@ def rematerialize(forward, backward, recomputable: Callable = cheap_to_recompute
     for i, bsym in enumerate(backward.bound_symbols):
         body += before_op.pop(i, [])
         body.append(bsym)
-    body += before_op.pop(len(backward.bound_symbols), [])
+    body += before_op.pop(end, [])
+    return body
+
+
+def rematerialize(forward, backward, recomputable: Callable = cheap_to_recompute):
+    """(forward, backward) of a split (autograd_split.Split's traces) with the residuals chosen by
+    a minimum cut over saved bytes: the backward recomputes, from the new residuals, the values
+    the cut does not save, with the forward's own bound symbols, each group placed just before
+    the first backward op that reads it. `recomputable(bsym)` says which forward ops may run
+    again (default: cheap_to_recompute); random draws and statements never do, nor ops reading
+    a tensor the forward writes into. Returns the traces unchanged when no cut saves fewer
+    bytes than the split's residuals."""
+    start = time.perf_counter_ns()
+    outputs, residuals = forward.output
+    cotangents = backward.args[len(residuals):]
+    output_names = {p.name for p in outputs}
+    values = _ForwardValues(forward, recomputable)
+    proxies = values.proxies
+    needed = {p.name for p in residuals}
+    if not needed <= proxies.keys():  # a residual the forward does not define (none known): leave the split alone
+        return forward, backward
+    runtime_values = {p.name for p in forward.args} | {o.name for b in forward.bound_symbols for o in b.proxy_outs()}
+    unsaveable = proxies.keys() - runtime_values
+    cost = {name: 0 if name in output_names else nbytes(p) for name, p in proxies.items()}
+    before = sum(cost[p.name] for p in residuals)
+    cut = min_cut_saved(proxies, cost, values.arguments, values.fixed, needed, unsaveable)
+    if cut.saved_bytes >= before:
+        return forward, backward
+
+    # residuals the split had keep their places; new ones follow in forward order
+    saved = set(cut.saved)
+    new_residuals = [p for p in residuals if p.name in saved]
+    new_residuals += [proxies[n] for n in cut.saved if n not in needed]
+    body = _placed_before_first_reads(backward, _recomputations(values.producers, cut, backward))
 
     new_backward = backward.derive("", body)
     new_backward.args = new_residuals + list(cotangents)

@@ -50,11 +50,11 @@ from thunderfn.core import context, dtypes
 from thunderfn.core.interception import lift_constants, register_handler_finder
 from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import tree_leaves
+from thunderfn.core.rules import JVPRule, drop_rule, set_rule
 from thunderfn.errors import BatchingError, UserGradientError
 from thunderfn.torch.opaque import run_opaque
 from thunderfn.torch.reductions import sum_to
 from thunderfn.transforms.custom_vjp import custom_vjp
-from thunderfn.core.rules import JVPRule, drop_rule, set_rule
 from thunderfn.transforms.rules.define import wants_gradient
 
 _NAMESPACE = "thunderfn"

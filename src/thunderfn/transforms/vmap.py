@@ -25,23 +25,31 @@ from typing import Callable
 import optree
 import torch
 
+from thunderfn import clang, prims
 from thunderfn.core import context
+from thunderfn.core.decorators import with_options_form
 from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy, entry_by_name
-from thunderfn.core.pytree import of_leaves, output_leaves, tree_flatten, tree_flatten_with_path, tree_leaves, tree_map, tree_unflatten
+from thunderfn.core.pytree import (
+    of_leaves,
+    output_leaves,
+    tree_flatten,
+    tree_flatten_with_path,
+    tree_leaves,
+    tree_map,
+    tree_unflatten,
+)
 from thunderfn.core.rules import RecordedCall, rules_of
 from thunderfn.core.symbol import Symbol
-from thunderfn.core.decorators import with_options_form
 from thunderfn.core.trace import up_to_date
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, BatchingError
-from thunderfn import clang, prims
 from thunderfn.torch import inplace
 from thunderfn.torch.opaque import _meta, named_functorch_refusal
 from thunderfn.transforms.autodiff import _compiled, as_trace_constants
-from thunderfn.transforms.rules.common import move_batch_dim
 from thunderfn.transforms.custom_jvp import custom_jvp, primal_of, spec_of
 from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn.transforms.resolve import Transform, Way, resolve, without_rule
+from thunderfn.transforms.rules.common import move_batch_dim
 
 RANDOMNESS = ("error", "different", "same")
 
@@ -133,29 +141,11 @@ class _Batching:
         return any(isinstance(a, TensorProxy) and a.name in self.dims for a in bsym.flat_args())
 
     def run(self, bsym) -> None:
-        tracer = context.current_tracer()
-        if _draws_random(bsym):  # a random op, or a composite that draws inside (F.dropout): the mode decides
-            if self.randomness == "error":
-                raise BatchingError(
-                    f"vmap: called random operation {bsym.sym.print_name} while in randomness error mode. Please either "
-                    f"use the 'same' or 'different' randomness flags on vmap or perform the randomness operation out "
-                    f"of vmap")
-            if self.randomness == "same" and self.chunked:  # traced once per chunk, it would draw once per chunk
-                raise BatchingError(
-                    f"vmap: randomness='same' with a chunk_size smaller than the batch would draw "
-                    f"{bsym.sym.print_name}'s values once per chunk, not once for the batch; leave chunk_size None, "
-                    f"or draw the values outside vmap and pass them in with in_axes None")
-            # "different": every draw is per example, even one whose inputs are shared; "same": a draw
-            # with shared inputs is made once, one with batched inputs as torch.func.vmap makes it
-            if "random" in bsym.sym.tags and (self.randomness == "different" or self.is_batched(bsym)):
-                self._opaque(bsym)
-                return
-            if "random" not in bsym.sym.tags and self.randomness == "different" and not self.is_batched(bsym):
-                for sub in bsym.subsymbols:  # shared inputs, but its draws inside are per example
-                    self.run(sub)
-                return
+        # a random op, or a composite that draws inside (F.dropout): the mode decides
+        if _draws_random(bsym) and self._ran_by_randomness(bsym):
+            return
         if not self.is_batched(bsym):  # the same for every example: computed once
-            tracer.emit(bsym)
+            context.current_tracer().emit(bsym)
             return
         way = resolve(bsym, VMAP)
         if way is Way.CUSTOM:
@@ -175,6 +165,30 @@ class _Batching:
             self._opaque(bsym)
         else:
             raise VMAP.refusal(bsym)
+
+    def _ran_by_randomness(self, bsym) -> bool:
+        """Refuses bsym, which draws random values, where the randomness mode forbids it, and runs it where the
+        mode makes its draws per example; False where it is batched as any other op."""
+        if self.randomness == "error":
+            raise BatchingError(
+                f"vmap: called random operation {bsym.sym.print_name} while in randomness error mode. Please either "
+                f"use the 'same' or 'different' randomness flags on vmap or perform the randomness operation out "
+                f"of vmap")
+        if self.randomness == "same" and self.chunked:  # traced once per chunk, it would draw once per chunk
+            raise BatchingError(
+                f"vmap: randomness='same' with a chunk_size smaller than the batch would draw "
+                f"{bsym.sym.print_name}'s values once per chunk, not once for the batch; leave chunk_size None, "
+                f"or draw the values outside vmap and pass them in with in_axes None")
+        # "different": every draw is per example, even one whose inputs are shared; "same": a draw
+        # with shared inputs is made once, one with batched inputs as torch.func.vmap makes it
+        if "random" in bsym.sym.tags and (self.randomness == "different" or self.is_batched(bsym)):
+            self._opaque(bsym)
+            return True
+        if "random" not in bsym.sym.tags and self.randomness == "different" and not self.is_batched(bsym):
+            for sub in bsym.subsymbols:  # shared inputs, but its draws inside are per example
+                self.run(sub)
+            return True
+        return False
 
     def _apply(self, rule, bsym) -> bool:
         """Batch bsym by its rule; False where the rule declines the call (NotImplemented)."""

@@ -11,9 +11,9 @@ import operator
 
 import torch
 
-from thunderfn.torch.indexing import index_put_key
 from thunderfn.testing.opinfo import ALL, OpInfo, SampleInput, make_tensor
 from thunderfn.testing.opinfos.shape import SOME, err, function_and_method, maker, method, x234
+from thunderfn.torch.indexing import index_put_key
 
 ALL_SLICE = slice(None)
 OUT_OF_RANGE_VALUE = r"index (-?\d+ is )?out of (bounds|range)"  # torch's gather/indexing or index_select's wording
