@@ -15,7 +15,9 @@ import threading
 import unicodedata
 
 import torch
+
 from thunderfn.errors import InternalError
+
 
 class _TracingState(threading.local):
     def __init__(self):

@@ -22,8 +22,8 @@ from thunderfn.core import context, symbolic
 from thunderfn.core.interception import lift_constants
 from thunderfn.core.printing import compile_trace, format_trace
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.symbol import Symbol, set_eager_composite
 from thunderfn.core.pytree import adopt_torch_registrations, tree_flatten, tree_flatten_with_path, tree_unflatten
+from thunderfn.core.symbol import Symbol, set_eager_composite
 from thunderfn.core.tracer import Tracer, data_dependent_error, tracing
 from thunderfn.errors import EscapedProxyError, UnsupportedOpError
 

@@ -29,17 +29,24 @@ import optree
 import torch
 
 import thunderfn.torch as ltorch
-from thunderfn.prims import PrimIDs
 from thunderfn.core import context, dtypes, symbolic
+from thunderfn.core.decorators import with_options_form
 from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.rules import TAG_MOVES_DATA_ONLY, TAG_NOT_DIFFERENTIABLE, RecordedCall, VJPRule, rules_of
 from thunderfn.core.pytree import of_positions, tree_flatten, tree_leaves, tree_map, tree_unflatten
+from thunderfn.core.rules import TAG_MOVES_DATA_ONLY, TAG_NOT_DIFFERENTIABLE, RecordedCall, VJPRule, rules_of
 from thunderfn.core.statements import set_grad_enabled
-from thunderfn.core.decorators import with_options_form
 from thunderfn.core.trace import up_to_date
-from thunderfn.errors import (ArgumentTypeError, CotangentError, InternalError, OutputError,
-                              SavedTensorModifiedError, TransformArgumentError, UnsupportedOpError)
+from thunderfn.errors import (
+    ArgumentTypeError,
+    CotangentError,
+    InternalError,
+    OutputError,
+    SavedTensorModifiedError,
+    TransformArgumentError,
+    UnsupportedOpError,
+)
+from thunderfn.prims import PrimIDs
 from thunderfn.torch.opaque import autograd_connections, may_draw, torch_vjp_op
 from thunderfn.torch.random import get_rng_state_op
 from thunderfn.transforms import rules as _rules  # noqa: F401  (every op family's rules join the table)

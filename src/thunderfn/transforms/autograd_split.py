@@ -35,15 +35,15 @@ from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.passes import dce
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_unflatten
+from thunderfn.core.rules import TAG_NOT_DIFFERENTIABLE
 from thunderfn.core.statements import set_grad_enabled, write_back
 from thunderfn.core.trace import Trace, stamp_provenance
 from thunderfn.core.tracer import tracing
 from thunderfn.errors import ArgumentRuntimeError, InternalError, SavedTensorModifiedError, UnsupportedOpError
 from thunderfn.torch.opaque import autograd_connections
 from thunderfn.transforms.autodiff import trace_vjp
-from thunderfn.transforms.user_functions import differentiable_outputs
-from thunderfn.core.rules import TAG_NOT_DIFFERENTIABLE
 from thunderfn.transforms.rules.define import vjp_rule_for
+from thunderfn.transforms.user_functions import differentiable_outputs
 
 
 @dataclasses.dataclass

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 
 import thunderfn.torch as ltorch
+from thunderfn.errors import UnsupportedOpError
 from thunderfn.torch import distributed as collectives
 from thunderfn.transforms.rules.define import defvjp
-from thunderfn.errors import UnsupportedOpError
 
 
 def _synchronous(call, name: str) -> None:

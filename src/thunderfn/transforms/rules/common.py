@@ -10,9 +10,9 @@ import thunderfn.torch as ltorch
 from thunderfn import clang, prims
 from thunderfn.core import dtypes, symbolic
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.errors import InternalError
 from thunderfn.prims import canonical_dim, canonical_dims
 from thunderfn.torch.reductions import sum_to
-from thunderfn.errors import InternalError
 
 
 def is_tensor(x) -> bool:

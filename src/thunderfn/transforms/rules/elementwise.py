@@ -18,9 +18,20 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.rules import JVPRule, rules_of, set_rule, set_underivable
 from thunderfn.prims import PrimIDs
 from thunderfn.torch.elementwise import _SELU_ALPHA, _SELU_SCALE
-from thunderfn.transforms.rules.common import (add_tangents, as_tensor_like, batch_size_of, expanded_like,
-                                               is_float_tensor, move_to_front, only_input, operand_cotangent, square,
-                                               tangent_like, to_dtype, zeros_like)
+from thunderfn.transforms.rules.common import (
+    add_tangents,
+    as_tensor_like,
+    batch_size_of,
+    expanded_like,
+    is_float_tensor,
+    move_to_front,
+    only_input,
+    operand_cotangent,
+    square,
+    tangent_like,
+    to_dtype,
+    zeros_like,
+)
 from thunderfn.transforms.rules.define import defbatch, defjvp, deflinear, defvjp
 
 

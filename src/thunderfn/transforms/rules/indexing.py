@@ -13,11 +13,21 @@ import torch
 import thunderfn.torch as ltorch
 from thunderfn import prims
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.prims import PrimIDs, canonical_dim
-from thunderfn.transforms.rules.common import (as_scalars, as_vectors, batch_size_of, batched_front, is_float_tensor,
-                                               move_to_front, operand_cotangent, or_zeros, shifted_dims, zeros_like)
-from thunderfn.transforms.rules.define import defbatch, defjvp, deflinear, defvjp
 from thunderfn.errors import BatchingError
+from thunderfn.prims import PrimIDs, canonical_dim
+from thunderfn.transforms.rules.common import (
+    as_scalars,
+    as_vectors,
+    batch_size_of,
+    batched_front,
+    is_float_tensor,
+    move_to_front,
+    operand_cotangent,
+    or_zeros,
+    shifted_dims,
+    zeros_like,
+)
+from thunderfn.transforms.rules.define import defbatch, defjvp, deflinear, defvjp
 
 # torch.func.vmap's refusal, in its words: each example would have its own number of rows
 DYNAMIC_SHAPE_REFUSAL = ("vmap: We do not support batching operators that can output dynamic shape. Attempted to vmap "

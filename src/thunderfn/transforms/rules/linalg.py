@@ -11,8 +11,14 @@ from thunderfn import prims
 from thunderfn.core import symbolic
 from thunderfn.prims import PrimIDs
 from thunderfn.torch.reductions import sum_to
-from thunderfn.transforms.rules.common import (add_tangents, batch_size_of, is_float_tensor, matrix_t, move_to_front,
-                                               reshaped)
+from thunderfn.transforms.rules.common import (
+    add_tangents,
+    batch_size_of,
+    is_float_tensor,
+    matrix_t,
+    move_to_front,
+    reshaped,
+)
 from thunderfn.transforms.rules.define import defbatch, defjvp, defvjp
 
 

@@ -20,9 +20,23 @@ from thunderfn.prims import PrimIDs, canonical_dim, canonical_dims
 from thunderfn.prims import torch_impls as prim_impls
 from thunderfn.torch.opaque import torch_vjp_op
 from thunderfn.torch.reductions import _correction, _var_args, sum_to
-from thunderfn.transforms.rules.common import (as_scalars, as_vectors, computed, contract, in_dtype,
-                                               inverse_permutation, is_float_tensor, move_to_front, ones_like,
-                                               only_input, reduced_dims, row_sum, shifted_dims, unreduce, zeros_like)
+from thunderfn.transforms.rules.common import (
+    as_scalars,
+    as_vectors,
+    computed,
+    contract,
+    in_dtype,
+    inverse_permutation,
+    is_float_tensor,
+    move_to_front,
+    ones_like,
+    only_input,
+    reduced_dims,
+    row_sum,
+    shifted_dims,
+    unreduce,
+    zeros_like,
+)
 from thunderfn.transforms.rules.define import defbatch, defjvp, deflinear, defvjp
 
 

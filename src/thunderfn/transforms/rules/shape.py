@@ -12,8 +12,17 @@ import thunderfn.torch as ltorch
 from thunderfn import prims
 from thunderfn.core import symbolic
 from thunderfn.prims import PrimIDs, canonical_dim
-from thunderfn.transforms.rules.common import (batch_size_of, batched_front, inverse_permutation, is_float_tensor,
-                                               move_to_front, operand_cotangent, or_zeros, shifted_dims, zeros_like)
+from thunderfn.transforms.rules.common import (
+    batch_size_of,
+    batched_front,
+    inverse_permutation,
+    is_float_tensor,
+    move_to_front,
+    operand_cotangent,
+    or_zeros,
+    shifted_dims,
+    zeros_like,
+)
 from thunderfn.transforms.rules.define import defbatch, defjvp, deflinear, defvjp
 
 
