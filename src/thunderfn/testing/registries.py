@@ -2,7 +2,7 @@
 one) that adds executors, prims or torch-language symbols leaves the process as it found
 it: the executor registry and defaults, the interception table, the torch language's
 symbols, the prims and clang modules, the prims' torch implementations and elementwise table,
-the rule table (core/rules.py), the elementwise partials and nvFuser's translations.
+the rule table (core/rules.py) and nvFuser's translations.
 Everything added in between is removed, including what a module first imported in between
 registers at import time: import such modules before taking the snapshot."""
 from __future__ import annotations
@@ -15,12 +15,11 @@ from thunderfn.core.interception import handlers
 from thunderfn.core.rules import rules
 from thunderfn.executors import nvfuser
 from thunderfn.torch import elementwise as ltorch_elementwise
-from thunderfn.transforms.rules.elementwise import partials
 
 
 def _tables():
     return ([executors._registry, executors._defaults, handlers, ltorch.symbols, prims.torch_impls, prims.number_impls,
-             prims.elementwise_ops, rules, partials, nvfuser.translations,
+             prims.elementwise_ops, rules, nvfuser.translations,
              ltorch_elementwise.plain, ltorch_elementwise.__all__], [ltorch, prims, clang, ltorch_elementwise])
 
 

@@ -244,7 +244,6 @@ def defpartials(prim, *fns) -> None:
     """Give an elementwise prim its partial derivatives, one per positional input (`partials` above
     says how they are written), and so its VJP and JVP rules; and its batching rule. The one way in
     for an elementwise prim, the library's and thunderfn.extend.elementwise_op's."""
-    partials[prim.id] = tuple(fns)
     defvjp(prim.id)(vjp_from_partials(fns))
     defjvp(prim.id)(jvp_from_partials(fns))
     defbatch(prim.id)(_elementwise_batch(prim))
