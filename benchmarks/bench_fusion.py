@@ -54,7 +54,8 @@ def make_workloads(n: int):
 def main(argv=None) -> None:
     options = parse_timing_options(
         argv, __doc__.splitlines()[0], rounds=9, round_ms=100.0, warmup=5,
-        extra=lambda parser: parser.add_argument("--n", type=int, default=2048, help="x is n x n (default 2048: 4M floats)"))
+        extra=lambda parser: parser.add_argument("--n", type=int, default=2048,
+                                                 help="x is n x n (default 2048: 4M floats)"))
     print(f"inductor executor: {tf.executors.available()['inductor']}")
     rows = []
     with torch.no_grad():

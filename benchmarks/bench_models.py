@@ -405,7 +405,8 @@ def _format(rows: list[dict]) -> list[tuple]:
             "ok (fp64)" if r.get("error_fp64", float("inf")) <= TOLERANCE else f"err {r['error']:.1e}")
         out.append((r["model"], r["variant"], correct, f"{r['ops']}" + (f" ({r['ops'] / e['ops']:.2f}x)" if e else ""),
                     f"{r['step_ms']:.2f}", f"{r['step_ms'] / e['step_ms']:.2f}x" if e else "",
-                    f"{r['first_s']:.2f}" + (f" (cold {r['cold_first_s']:.1f})" if isinstance(r.get("cold_first_s"), float)
+                    f"{r['first_s']:.2f}" + (f" (cold {r['cold_first_s']:.1f})"
+                                             if isinstance(r.get("cold_first_s"), float)
                                              else f" ({r['cold_first_s']})" if "cold_first_s" in r else ""),
                     f"{r['peak_mib']:.1f}"))
     return out
@@ -420,8 +421,8 @@ def _measured_rows(names: list, variants: list, skipped: dict, args) -> list[dic
             rows.append({"model": n, "variant": "all", "skip": skipped[MODELS[n][0]]})
             continue
         common = ["--threads", str(args.threads), "--device", args.device]
-        done = _run_json([sys.executable, __file__, "--one", n, "--rounds", str(args.rounds), "--calls", str(args.calls),
-                          *common, "--variants", *variants])
+        done = _run_json([sys.executable, __file__, "--one", n, "--rounds", str(args.rounds), "--calls",
+                          str(args.calls), *common, "--variants", *variants])
         if isinstance(done, str):
             rows.append({"model": n, "variant": "all", "failure": done})
             continue

@@ -186,7 +186,8 @@ def parse_timing_options(argv, description: str, *, rounds: int, round_ms: float
     if extra is not None:
         extra(parser)
     parser.add_argument("--rounds", type=int, default=rounds, help="timed rounds per variant; the median is reported")
-    parser.add_argument("--round-ms", type=float, default=round_ms, help="target duration of one round (sets calls/round)")
+    parser.add_argument("--round-ms", type=float, default=round_ms,
+                        help="target duration of one round (sets calls/round)")
     parser.add_argument("--warmup", type=int, default=warmup, help="untimed calls after the first call")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: on a busy 2-core machine a second thread "

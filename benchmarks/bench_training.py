@@ -5,12 +5,12 @@ side by side in one process.
     python benchmarks/bench_training.py --no-compile   # skip torch.compile (its cold compile takes ~10 s)
 
 Variants: eager, thunderfn.jit with the default executors, thunderfn.jit with the Inductor fusion
-executor first (which rematerializes by default), the same without rematerialization, and torch.compile. Workloads: an MLP (4 x Linear 1024 with GELU, batch 64) and a GPT block (n_embd 256, 4 heads,
-sequence 128, batch 8). Columns: median step time, ratio to eager, first step (tracing and
-compiling included), the tensors autograd keeps between forward and backward (the activation
-memory; measured through saved-tensor hooks, so on CPU too) and the peak memory allocated during
-a step (on CUDA torch's peak counter; on CPU the running sum of the profiler's allocation events). Every variant's gradients are checked against eager
-before timing, and timing rounds alternate between the variants.
+executor first (which rematerializes by default), the same without rematerialization, and torch.compile. Workloads: an
+MLP (4 x Linear 1024 with GELU, batch 64) and a GPT block (n_embd 256, 4 heads, sequence 128, batch 8). Columns: median
+step time, ratio to eager, first step (tracing and compiling included), the tensors autograd keeps between forward and
+backward (the activation memory; measured through saved-tensor hooks, so on CPU too) and the peak memory allocated
+during a step (on CUDA torch's peak counter; on CPU the running sum of the profiler's allocation events). Every
+variant's gradients are checked against eager before timing, and timing rounds alternate between the variants.
 """
 from __future__ import annotations
 
@@ -176,7 +176,8 @@ def main(argv=None):
     for name, make in WORKLOADS.items():
         torch.manual_seed(0)
         base, loss_of = make(device)
-        variants = {name: (lambda make_one=make_one: make_one(copy.deepcopy(base))) for name, make_one in VARIANTS.items()
+        variants = {name: (lambda make_one=make_one: make_one(copy.deepcopy(base)))
+                    for name, make_one in VARIANTS.items()
                     if not (args.no_compile and name == "torch.compile")}
         reference, ready, first = None, {}, {}
         for variant, make_variant in variants.items():

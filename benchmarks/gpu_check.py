@@ -52,7 +52,8 @@ class Case:
     executors: list | None  # thunderfn executors (names) for the jitted run
     needs: tuple = ()  # executors that must be available for the case to run (else: skipped, with why)
     backend: object = None  # the SDPA backend torch's side runs under (None: torch's default choice)
-    jit_backend: object = None  # the SDPA backend thunderfn's side is jitted and run under (None: the switches as they are)
+    # the SDPA backend thunderfn's side is jitted and run under (None: the switches as they are)
+    jit_backend: object = None
     reference: object = None  # torch's side (None: fn itself, run eagerly)
     bytes_moved: object = None  # (inputs) -> bytes the kernel must move, for bandwidth
     target: str = ""
@@ -247,7 +248,8 @@ def gpt_block_step(reps: int) -> list[dict]:
     torch.manual_seed(0)
     idx = torch.randint(0, config.vocab_size, (config.batch_size, config.block_size), device="cuda")
     variants = {"eager": lambda m: m, "thunderfn": tf.jit,
-                "thunderfn + inductor": lambda m: tf.jit(m, executors=[*tf.executors.get_default_executors(), "inductor"]),
+                "thunderfn + inductor": lambda m: tf.jit(m,
+                                                         executors=[*tf.executors.get_default_executors(), "inductor"]),
                 "torch.compile": torch.compile}
     rows, eager_ms = [], None
     for name, wrap in variants.items():
@@ -265,7 +267,8 @@ def gpt_block_step(reps: int) -> list[dict]:
         ms = _timed(lambda: step(), (), reps)
         eager_ms = ms if eager_ms is None else eager_ms
         rows.append({"case": f"GPT-2-small block train step: {name}", "status": "ok", "ms": ms,
-                     "speedup_vs_eager": eager_ms / ms, "target": ">= 1.3x eager with fusion" if "inductor" in name else ""})
+                     "speedup_vs_eager": eager_ms / ms,
+                     "target": ">= 1.3x eager with fusion" if "inductor" in name else ""})
     return rows
 
 
@@ -335,7 +338,8 @@ def main(argv=None) -> int:
                       f"torch {r['torch_device_ms']:.3f} ms]")
         if r.get("kernels"):
             extra += f" ran: {r['kernels']}"
-        print(f"{r['case']:78} {r['status']:8} {ms:9.3f} {speedup:8.2f}  {r.get('target', '')}{extra} {r.get('why', '')}")
+        print(f"{r['case']:78} {r['status']:8} {ms:9.3f} {speedup:8.2f}  "
+              f"{r.get('target', '')}{extra} {r.get('why', '')}")
     with open(args.json, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "bandwidth_gbs": bandwidth, "when": time.ctime(),
                    "rows": rows}, f, indent=1)

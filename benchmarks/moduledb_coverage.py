@@ -1,4 +1,5 @@
-"""How many of torch's nn modules train under `tf.jit(module)` exactly like eager: torch's ModuleInfo database as the yardstick.
+"""How many of torch's nn modules train under `tf.jit(module)` exactly like eager: torch's ModuleInfo database as the
+yardstick.
 
 For every entry of `torch.testing._internal.common_modules.module_db`, the first N
 module inputs (CPU, float64, requires_grad=True) are run in training and in eval
@@ -68,7 +69,8 @@ def _mismatch(eager, jitted) -> str | None:
             return f"{name}: {len(j)} under jit, {len(e)} eager"
         for i, (a, b) in enumerate(zip(e, j)):
             if (a is None) != (b is None):
-                return f"{name} {i}: {'None' if b is None else 'a tensor'} under jit, {'None' if a is None else 'a tensor'} eager"
+                return (f"{name} {i}: {'None' if b is None else 'a tensor'} under jit, "
+                        f"{'None' if a is None else 'a tensor'} eager")
             if a is None:
                 continue
             try:

@@ -110,8 +110,8 @@ def main(argv=None) -> int:
                                    timeout=args.timeout)
     compared = results["pass"] + results["error"] + results["wrong"]
     print(f"\nop_db under torch.autocast('cpu', bfloat16), tf.jit against eager: {results['pass']} of {compared} "
-          f"pass ({100 * results['pass'] / max(compared, 1):.1f}%), error {results['error']}, WRONG {results['wrong']}; "
-          f"left out {results['skip']}; {time.perf_counter() - start:.0f} s")
+          f"pass ({100 * results['pass'] / max(compared, 1):.1f}%), error {results['error']}, WRONG "
+          f"{results['wrong']}; left out {results['skip']}; {time.perf_counter() - start:.0f} s")
     print_failures(failures)
     return 1 if results["wrong"] else 0
 

@@ -102,8 +102,8 @@ def main(argv=None) -> int:
     entries = [(entry_name(o), o) for o in op_db if args.k in entry_name(o)]
     results, failures, _ = run_all(entries, lambda o: run_entry(o, args.samples), verbose=args.verbose)
     counted = results["pass"] + results["wrong"] + results["error"]
-    print(f"\nop_db entries: {sum(results.values())}; left out (eager raises, nondeterministic, unspecified contents or no samples): "
-          f"{results['skip']}; counted: {counted}")
+    print(f"\nop_db entries: {sum(results.values())}; left out (eager raises, nondeterministic, unspecified "
+          f"contents or no samples): {results['skip']}; counted: {counted}")
     if counted:
         print(f"pass {results['pass']} ({100 * results['pass'] / counted:.1f}%), "
               f"error {results['error']}, WRONG {results['wrong']}   [{time.perf_counter() - start:.0f} s]")

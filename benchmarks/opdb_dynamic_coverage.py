@@ -73,7 +73,8 @@ _asked: list[str] = []
 
 def _thunderfn_frame() -> str:
     frames = [f for f in traceback.extract_stack()
-              if f.filename.startswith(THUNDERFN_SOURCE) and not f.filename.endswith(("symbolic.py", "symbolic_shapes.py"))]
+              if f.filename.startswith(THUNDERFN_SOURCE)
+              and not f.filename.endswith(("symbolic.py", "symbolic_shapes.py"))]
     if not frames:
         return "?"
     f = frames[-1]
@@ -360,7 +361,8 @@ def forward_mode(op, sample):
     except Outcome as o:
         if o.kind != "WRONG" or not _finite_differences_agree(case, leaves, others):
             raise
-        return "known", f"torch.func.jvp is not the derivative here: central differences in float64 agree with thunderfn's; {o.detail}"
+        return ("known", "torch.func.jvp is not the derivative here: central differences in float64 agree with "
+                         f"thunderfn's; {o.detail}")
 
 
 def _finite_differences_agree(case, leaves, others) -> bool:
@@ -496,7 +498,8 @@ def main(argv=None) -> int:
         worst = min(counted, key=lambda r: ORDER.index(r[1]))
         per_op[op.name] = worst
         if args.verbose:
-            print(f"{worst[1]:11} {op.name:40} {time.perf_counter() - t0:5.1f}s {worst[0]} {worst[2][:400]}", flush=True)
+            print(f"{worst[1]:11} {op.name:40} {time.perf_counter() - t0:5.1f}s {worst[0]} {worst[2][:400]}",
+                  flush=True)
         if args.verbose > 1:
             for part, kind, detail in results:
                 if kind not in ("symbolic", "no sizes", "skip"):

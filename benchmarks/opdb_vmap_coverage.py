@@ -6,8 +6,8 @@ every tensor of the call batched at dim 0; every tensor batched at dim -1; only 
 first tensor batched (at 0), the others shared (in_axes None). A floating example k
 is the sample's tensor scaled by 1 + k/4, so examples differ; integer and boolean
 tensors (indices, masks) repeat. The reference is the law's right side, a loop over the
-examples (`x.select(dim, k)`, views of the batched input), eager, its outputs stacked; the batched run is `tf.vmap` of a function taking the call's tensors
-positionally, with in_axes per tensor.
+examples (`x.select(dim, k)`, views of the batched input), eager, its outputs stacked; the batched run is `tf.vmap` of a
+function taking the call's tensors positionally, with in_axes per tensor.
 
 An entry passes when every way of every sample matches (assert_close, NaNs equal).
 Entries are left out when the loop raises, its examples' outputs cannot be stacked

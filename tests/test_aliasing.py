@@ -45,7 +45,8 @@ GRAD_VIEW_EXEMPT = {
 
 def _exempt(problem: str) -> bool:
     name = problem.split(" on ", 1)[0]
-    marker = {"narrow": "'Tensor():int64', ", "narrow.method": "'Tensor():int64', ", "getitem": "'Tensor():int64')"}.get(name)
+    marker = {"narrow": "'Tensor():int64', ", "narrow.method": "'Tensor():int64', ",
+              "getitem": "'Tensor():int64')"}.get(name)
     return marker is not None and marker in problem and "jit False, eager True" in problem
 
 
@@ -242,7 +243,8 @@ def test_in_place_writes_into_expanded_tensors_raise_torchs_error():
     x = torch.randn(3, 4)
     _raises_like_eager(lambda x: x.expand(2, 3, 4).add_(1), x, match=OVERLAP_MESSAGE)
     _raises_like_eager(lambda x: torch.broadcast_to(x, (2, 3, 4)).mul_(2), x, match=OVERLAP_MESSAGE)
-    _raises_like_eager(lambda x, y: torch.add(y, 1, out=x.expand(2, 3, 4)), x, torch.randn(2, 3, 4), match=OVERLAP_MESSAGE)
+    _raises_like_eager(lambda x, y: torch.add(y, 1, out=x.expand(2, 3, 4)), x, torch.randn(2, 3, 4),
+                       match=OVERLAP_MESSAGE)
     _raises_like_eager(lambda x: x.add_(1), torch.randn(4).expand(3, 4), match=OVERLAP_MESSAGE)
     # expanding a size-1 dimension to size 1 shares nothing: allowed, as in eager
     y = torch.randn(3, 1)

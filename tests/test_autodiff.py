@@ -139,7 +139,8 @@ _COMPOSED_WITH_VJP_FN = {  # (thunderfn's, torch.func's), each given (vjp_fn, co
     "grad_of_vjp_fn": (lambda v, c: tf.grad(lambda u: v(u)[0].pow(2).sum())(c),
                        lambda v, c: torch.func.grad(lambda u: v(u)[0].pow(2).sum())(c)),
     "jvp_of_vjp_fn": (lambda v, c: tf.jvp(v, (c,), (c,))[1], lambda v, c: torch.func.jvp(v, (c,), (c,))[1]),
-    "vmap_of_vjp_fn": (lambda v, c: tf.vmap(v)(torch.stack([c, 2 * c])), lambda v, c: torch.func.vmap(v)(torch.stack([c, 2 * c]))),
+    "vmap_of_vjp_fn": (lambda v, c: tf.vmap(v)(torch.stack([c, 2 * c])),
+                       lambda v, c: torch.func.vmap(v)(torch.stack([c, 2 * c]))),
     "jit_of_vjp_fn": (lambda v, c: tf.jit(v)(c), lambda v, c: v(c)),
 }
 
@@ -196,8 +197,10 @@ def test_no_grad_block_stops_the_gradient():
 _SIN_SUM = lambda t: (torch.sin(t) * t).sum()  # noqa: E731
 _UNDER_NO_GRAD = {
     "grad": (lambda x: tf.grad(_SIN_SUM)(x), lambda x: torch.func.grad(_SIN_SUM)(x)),
-    "value_and_grad": (lambda x: tf.value_and_grad(_SIN_SUM)(x), lambda x: torch.func.grad_and_value(_SIN_SUM)(x)[::-1]),
-    "vjp": (lambda x: tf.vjp(torch.sin, x)[1](torch.ones_like(x)), lambda x: torch.func.vjp(torch.sin, x)[1](torch.ones_like(x))),
+    "value_and_grad": (lambda x: tf.value_and_grad(_SIN_SUM)(x),
+                       lambda x: torch.func.grad_and_value(_SIN_SUM)(x)[::-1]),
+    "vjp": (lambda x: tf.vjp(torch.sin, x)[1](torch.ones_like(x)),
+            lambda x: torch.func.vjp(torch.sin, x)[1](torch.ones_like(x))),
     "jacrev": (lambda x: tf.jacrev(torch.sin)(x), lambda x: torch.func.jacrev(torch.sin)(x)),
     "jacfwd": (lambda x: tf.jacfwd(torch.sin)(x), lambda x: torch.func.jacfwd(torch.sin)(x)),
     "hessian": (lambda x: tf.hessian(_SIN_SUM)(x), lambda x: torch.func.hessian(_SIN_SUM)(x)),
@@ -427,12 +430,14 @@ def test_differentiating_with_respect_to_a_captured_tensor_inside_jit_is_not_zer
 
 
 # -- where torch.func answers, so does thunderfn ---------------------------------------------------
-@pytest.mark.parametrize("constant", [lambda t: torch.tensor(1.0), lambda t: torch.ones(()), lambda t: t.detach().sum()],
+@pytest.mark.parametrize("constant",
+                         [lambda t: torch.tensor(1.0), lambda t: torch.ones(()), lambda t: t.detach().sum()],
                          ids=["torch_tensor", "ones", "detached"])
 def test_grad_of_a_scalar_that_ignores_the_input_is_zeros(constant):
     for x in (torch.tensor(0.5), torch.ones(3)):
         torch.testing.assert_close(tf.grad(constant)(x), torch.func.grad(constant)(x))
-        torch.testing.assert_close(tf.vjp(constant, x)[1](torch.tensor(1.0)), torch.func.vjp(constant, x)[1](torch.tensor(1.0)))
+        torch.testing.assert_close(tf.vjp(constant, x)[1](torch.tensor(1.0)),
+                                   torch.func.vjp(constant, x)[1](torch.tensor(1.0)))
 
 
 @pytest.mark.parametrize("transform", [tf.grad, tf.value_and_grad])

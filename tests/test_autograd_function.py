@@ -184,7 +184,8 @@ def test_gradient_reversal_gives_the_negated_scaled_gradient():
 def test_an_output_that_is_the_input_gets_the_functions_gradient():
     x = _rand(3)
     torch.testing.assert_close(tf.grad(lambda x: Identity.apply(x).sum())(x), torch.full((3,), 2.0, dtype=x.dtype))
-    torch.testing.assert_close(tf.grad(lambda x: (Identity.apply(x) + x).sum())(x), torch.full((3,), 3.0, dtype=x.dtype))
+    torch.testing.assert_close(tf.grad(lambda x: (Identity.apply(x) + x).sum())(x),
+                               torch.full((3,), 3.0, dtype=x.dtype))
 
 
 def test_straight_through_estimator_passes_the_gradient_round_does_not():

@@ -19,13 +19,14 @@ EAGER = types.SimpleNamespace(
     sigmoid_backward=aten.sigmoid_backward.default, threshold_backward=aten.threshold_backward.default,
     softmax_backward_data=aten._softmax_backward_data.default,
     log_softmax_backward_data=aten._log_softmax_backward_data.default,
-    native_layer_norm=aten.native_layer_norm.default, native_layer_norm_backward=aten.native_layer_norm_backward.default,
+    native_layer_norm=aten.native_layer_norm.default,
+    native_layer_norm_backward=aten.native_layer_norm_backward.default,
     native_batch_norm=aten.native_batch_norm.default,
     native_batch_norm_legit_functional=aten._native_batch_norm_legit_functional.default,
     native_batch_norm_backward=aten.native_batch_norm_backward.default,
-    native_group_norm=aten.native_group_norm.default, native_group_norm_backward=aten.native_group_norm_backward.default,
-    nll_loss_forward=aten.nll_loss_forward.default, nll_loss_backward=aten.nll_loss_backward.default,
-    embedding_dense_backward=aten.embedding_dense_backward.default,
+    native_group_norm=aten.native_group_norm.default,
+    native_group_norm_backward=aten.native_group_norm_backward.default, nll_loss_forward=aten.nll_loss_forward.default,
+    nll_loss_backward=aten.nll_loss_backward.default, embedding_dense_backward=aten.embedding_dense_backward.default,
 )
 F32, F64 = torch.float32, torch.float64
 NONE, MEAN, SUM = 0, 1, 2  # aten's reduction enum
@@ -99,7 +100,8 @@ case("native_layer_norm", "native_layer_norm", lambda ops, x, w, b: ops.native_l
      lambda d: (randn(3, 4, 5, dtype=d, seed=0) * 2 + 1, randn(5, dtype=d, seed=1), randn(5, dtype=d, seed=2)))
 case("native_layer_norm-2-dims-no-weight-no-bias", "native_layer_norm",
      lambda ops, x: ops.native_layer_norm(x, [4, 5], None, None, 1e-5), lambda d: (randn(3, 4, 5, dtype=d, seed=0),))
-case("native_layer_norm-weight-only", "native_layer_norm", lambda ops, x, w: ops.native_layer_norm(x, (5,), w, None, 1e-3),
+case("native_layer_norm-weight-only", "native_layer_norm",
+     lambda ops, x, w: ops.native_layer_norm(x, (5,), w, None, 1e-3),
      lambda d: (randn(2, 5, dtype=d, seed=0), randn(5, dtype=d, seed=1)))
 
 
@@ -197,13 +199,15 @@ for _reduction, _rname in ((NONE, "none"), (MEAN, "mean"), (SUM, "sum")):
     case(f"nll_loss_forward-{_rname}-all-ignored", "nll_loss_forward",
          lambda ops, x, t, r=_reduction: ops.nll_loss_forward(x, t, None, r, -100), lambda d: (logp(d), IGNORED))
     case(f"nll_loss_forward-{_rname}-1d-input", "nll_loss_forward",
-         lambda ops, x, t, r=_reduction: ops.nll_loss_forward(x, t, None, r, -100), lambda d: (logp(d)[0], torch.tensor(3)))
+         lambda ops, x, t, r=_reduction: ops.nll_loss_forward(x, t, None, r, -100),
+         lambda d: (logp(d)[0], torch.tensor(3)))
     case(f"nll_loss_backward-{_rname}-weight-ignored-rows", "nll_loss_backward",
          lambda ops, g, x, t, w, tw, r=_reduction: ops.nll_loss_backward(g, x, t, w, r, -100, tw),
          lambda d, r=_reduction: (randn(*((6,) if r == NONE else ()), dtype=d, seed=5), logp(d), TARGETS,
                                   torch.rand(5, generator=torch.Generator().manual_seed(4), dtype=d),
-                                  total_weight(logp(d), TARGETS, torch.rand(5, generator=torch.Generator().manual_seed(4),
-                                                                            dtype=d), r)))
+                                  total_weight(logp(d), TARGETS,
+                                               torch.rand(5, generator=torch.Generator().manual_seed(4),
+                                                          dtype=d), r)))
     case(f"nll_loss_backward-{_rname}-all-ignored", "nll_loss_backward",
          lambda ops, g, x, t, tw, r=_reduction: ops.nll_loss_backward(g, x, t, None, r, -100, tw),
          lambda d, r=_reduction: (randn(*((6,) if r == NONE else ()), dtype=d, seed=5), logp(d), IGNORED,
@@ -307,7 +311,8 @@ def weighted_sum(outs):
         if out is not None:
             key = tuple(out.shape)
             if key not in _cotangents:
-                _cotangents[key] = torch.randn(key, generator=torch.Generator().manual_seed(len(_cotangents)), dtype=F64)
+                _cotangents[key] = torch.randn(key,
+                                               generator=torch.Generator().manual_seed(len(_cotangents)), dtype=F64)
             total = total + (out * _cotangents[key]).sum()
     return total
 
@@ -318,7 +323,8 @@ GRAD_CASES: dict = {
     "gelu_backward-tanh": (CASES["gelu_backward-tanh"][1], lambda: CASES["gelu_backward-tanh"][2](F64), (0, 1)),
     "tanh_backward": (CASES["tanh_backward"][1], lambda: CASES["tanh_backward"][2](F64), (0, 1)),
     "sigmoid_backward": (CASES["sigmoid_backward"][1], lambda: CASES["sigmoid_backward"][2](F64), (0, 1)),
-    "threshold_backward": (CASES["threshold_backward-relu"][1], lambda: CASES["threshold_backward-relu"][2](F64), (0, 1)),
+    "threshold_backward": (CASES["threshold_backward-relu"][1],
+                           lambda: CASES["threshold_backward-relu"][2](F64), (0, 1)),
     "softmax_backward_data": (CASES["softmax_backward_data-dim-1-of-3"][1],
                               lambda: CASES["softmax_backward_data-dim-1-of-3"][2](F64), (0, 1)),
     "log_softmax_backward_data": (CASES["log_softmax_backward_data-dim-0"][1],
@@ -328,8 +334,9 @@ GRAD_CASES: dict = {
                           lambda: CASES["native_layer_norm"][2](F64), (0, 1, 2)),
     # layer_norm's double backward: mean and rstd recomputed from the input, as autograd sees them
     "native_layer_norm_backward": (
-        lambda ops, g, x, w, b: ops.native_layer_norm_backward(g, x, [5], *ops.native_layer_norm(x, [5], w, b, 1e-5)[1:],
-                                                               w, b, [True, True, True]),
+        lambda ops, g, x, w, b: ops.native_layer_norm_backward(g, x, [5],
+                                                               *ops.native_layer_norm(x, [5], w, b, 1e-5)[1:], w, b,
+                                                               [True, True, True]),
         lambda: (randn(3, 4, 5, dtype=F64, seed=3), randn(3, 4, 5, dtype=F64, seed=0), randn(5, dtype=F64, seed=1),
                  randn(5, dtype=F64, seed=2)), (0, 1, 2)),
     "native_layer_norm_backward-no-weight": (

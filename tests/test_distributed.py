@@ -108,7 +108,8 @@ def test_fsdp_trains_like_one_process_keeping_a_shard_of_each_parameter(strategy
     assert starts and len(waits) == len(starts) and max(starts) < min(waits)
     assert any("matmul(" in line for line in bwd[min(starts):max(starts)])  # overlapped with computation
     # one all_gather and one reduce_scatter per parameter (6), or per Linear (3) with bucketing="module"
-    gathers = [line for line in forward.splitlines() if "dist_all_gather(" in line and not line.lstrip().startswith("#")]
+    gathers = [line for line in forward.splitlines() if "dist_all_gather(" in line
+               and not line.lstrip().startswith("#")]
     assert len(gathers) == (3 if bucketing == "module" else 6)
 
 

@@ -27,8 +27,8 @@ PUBLIC = [
     "thunderfn.executors.get_default_executors", "thunderfn.executors.set_default_executors",
     "thunderfn.executors.add_operator_executor", "thunderfn.executors.available", "thunderfn.distributed.ddp",
     "thunderfn.distributed.fsdp", "thunderfn.distributed.full_parameters", "thunderfn.dynamo.backend",
-    "thunderfn.dynamo.explain", "thunderfn.debug.print", "thunderfn.debug.breakpoint", "thunderfn.visualize", "thunderfn.profile",
-    "thunderfn.testing.check_grads", "thunderfn.examine", "thunderfn.functional_call",
+    "thunderfn.dynamo.explain", "thunderfn.debug.print", "thunderfn.debug.breakpoint", "thunderfn.visualize",
+    "thunderfn.profile", "thunderfn.testing.check_grads", "thunderfn.examine", "thunderfn.functional_call",
     "thunderfn.register_pytree_node",
 ]
 

@@ -283,7 +283,8 @@ def test_a_size_one_that_broadcasts_stays_static_and_the_rest_symbolic():
     info = tf.cache_info(jitted)
     assert info["misses"] == 1 and not info["static_fallbacks"], info
     (pinned,) = info["pinned"]  # with why: broadcasting the 1 against the other size, traced at 2, failed
-    assert pinned.startswith("tensor 0's dimension 1 == 1 (its trace at size 2 could not take 1: ") and "must match" in pinned
+    assert (pinned.startswith("tensor 0's dimension 1 == 1 (its trace at size 2 could not take 1: ")
+            and "must match" in pinned)
     # (a's and b's first sizes are one symbol, named after either: the addition guarded them equal)
     assert {"argument 'a'.shape[0]", "argument 'b'.shape[0]"} & set(info["symbolic"][0].values())
 
@@ -439,7 +440,8 @@ class _CausalSelfAttention(torch.nn.Module):
         super().__init__()
         self.qkv, self.proj, self.heads = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d), heads
         self.register_buffer("bias", torch.tril(torch.ones(max_len, max_len)).view(1, 1, max_len, max_len))
-        self.wte, self.wpe, self.head = torch.nn.Embedding(50, d), torch.nn.Embedding(max_len, d), torch.nn.Linear(d, 50)
+        self.wte, self.wpe, self.head = (torch.nn.Embedding(50, d), torch.nn.Embedding(max_len, d),
+                                         torch.nn.Linear(d, 50))
 
     def forward(self, idx, targets):
         B, T = idx.size()

@@ -297,7 +297,8 @@ def test_a_cotangent_of_the_wrong_shape_names_the_output_and_both_shapes():
         vjp_fn((torch.ones(3), torch.ones(2)))
     assert "internal" not in str(raised.value) and isinstance(raised.value, tf.errors.InvalidArgumentError)
     _, vjp_fn = tf.vjp(torch.sin, torch.randn(3))
-    with pytest.raises(RuntimeError, match=r"cotangent (for the output|of output 0) has shape \(4,\), but that output has shape \(3,\)"):
+    with pytest.raises(RuntimeError, match=r"cotangent (for the output|of output 0) has shape \(4,\), but that "
+                                           r"output has shape \(3,\)"):
         vjp_fn(torch.ones(4))
 
 
@@ -345,7 +346,8 @@ def test_a_thunder_name_from_thunderfn_extend_gives_the_porting_hint_in_a_from_i
 
 def test_a_batching_error_for_an_operator_suggests_its_batch_rule_registration():
     ex = tf.executors.OperatorExecutor("batchless")
-    op = ex.register_operator("opaque_double", meta=lambda a: tf.TensorProxy(shape=a.shape, dtype=a.dtype, device=a.device),
+    op = ex.register_operator("opaque_double",
+                              meta=lambda a: tf.TensorProxy(shape=a.shape, dtype=a.dtype, device=a.device),
                               fn=lambda a: a * 2)
     with pytest.raises(tf.errors.BatchingError, match=r"batchless.register_operator\('opaque_double', \.\.\., "
                                                       r"batch_rule=rule\)") as raised:

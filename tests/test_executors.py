@@ -128,7 +128,8 @@ def test_operator_defined_like_a_function_is_differentiable_through_it():
 
 def test_operator_defined_by_meta_is_not_differentiable_until_it_has_a_vjp():
     ex = OperatorExecutor("meta_ex")
-    square = ex.register_operator("square", meta=lambda a: tf.TensorProxy(shape=a.shape, dtype=a.dtype, device=a.device),
+    square = ex.register_operator("square",
+                                  meta=lambda a: tf.TensorProxy(shape=a.shape, dtype=a.dtype, device=a.device),
                                   fn=lambda a: a * a)
     f = lambda a: square(a).sum()  # noqa: E731
     torch.testing.assert_close(tf.jit(f, executors=[ex])(A), (A * A).sum())
@@ -177,7 +178,8 @@ def test_an_operator_with_meta_and_like_takes_its_outputs_from_meta_and_its_deri
 
     ex = OperatorExecutor("sin_meta_like")
     op = ex.register_operator(
-        "sin_and_index", meta=lambda x: (tf.TensorProxy.like(x), tf.TensorProxy(shape=(), dtype=torch.int64, device=x.device)),
+        "sin_and_index",
+        meta=lambda x: (tf.TensorProxy.like(x), tf.TensorProxy(shape=(), dtype=torch.int64, device=x.device)),
         like=sin_and_index_like, fn=lambda x: (torch.sin(x), torch.tensor(7)))
     x = torch.randn(5, dtype=torch.float64)
 

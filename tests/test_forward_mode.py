@@ -77,7 +77,8 @@ def test_jvp_argument_errors():
         tf.jvp(lambda a, b: a + b, (torch.randn(2), torch.randn(2)), (torch.randn(2),))
 
 
-@pytest.mark.parametrize("constant", [lambda t: torch.tensor(1.0), lambda t: (torch.ones(2), t)], ids=["tensor", "tuple"])
+@pytest.mark.parametrize("constant", [lambda t: torch.tensor(1.0), lambda t: (torch.ones(2), t)],
+                         ids=["tensor", "tuple"])
 def test_jvp_of_an_output_that_ignores_the_input_is_zeros_not_none(constant):
     x = torch.tensor(0.5)
     got = tf.jvp(constant, (x,), (torch.ones(()),))
@@ -113,7 +114,8 @@ def _norm_with_running_stats(norm):
 RUNNING_STATS = {
     "instance_norm": _norm_with_running_stats(
         lambda x, m, v, w: F.instance_norm(x, m, v, w, None, use_input_stats=True, momentum=0.3)),
-    "batch_norm": _norm_with_running_stats(lambda x, m, v, w: F.batch_norm(x, m, v, w, None, training=True, momentum=0.3)),
+    "batch_norm": _norm_with_running_stats(lambda x, m, v, w: F.batch_norm(x, m, v, w, None,
+                                                                           training=True, momentum=0.3)),
 }
 
 

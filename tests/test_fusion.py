@@ -241,7 +241,8 @@ def test_regions_form_in_the_backward_trace_too():
 # Random dataflow graphs: elementwise ops (fused), matmuls and an opaque op (not fused) reading
 # any earlier values. Whatever regions form, the trace must still run in a valid order (a cycle
 # between regions, or a region placed before a value it reads, fails to run) and match eager.
-_UNARY = {"sin": torch.sin, "exp_neg": lambda a: torch.exp(-a.abs()), "histc_sum": lambda a: torch.histc(a, 4).sum() + a}
+_UNARY = {"sin": torch.sin, "exp_neg": lambda a: torch.exp(-a.abs()),
+          "histc_sum": lambda a: torch.histc(a, 4).sum() + a}
 _BINARY = {"add": torch.add, "mul": torch.mul, "matmul": torch.matmul}
 
 

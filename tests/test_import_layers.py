@@ -182,7 +182,8 @@ def test_the_checks_fail_on_a_bad_import(monkeypatch):
     monkeypatch.setitem(IMPORTS, "thunderfn.executors.base", found)
     with pytest.raises(AssertionError, match=r"executors.base \(executors\) imports thunderfn.transforms.custom_vjp"):
         test_every_module_imports_only_its_layer_or_lower_ones()
-    with pytest.raises(AssertionError, match="executors.base imports thunderfn.transforms.custom_vjp inside a function"):
+    with pytest.raises(AssertionError,
+                       match="executors.base imports thunderfn.transforms.custom_vjp inside a function"):
         test_no_thunderfn_import_hides_inside_a_function()
     jit_at_top = ("thunderfn.jit", 1, False)
     monkeypatch.setitem(IMPORTS, "thunderfn.core.trace", IMPORTS["thunderfn.core.trace"] + [jit_at_top])

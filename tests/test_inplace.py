@@ -182,7 +182,8 @@ NORMS_WITH_RUNNING_STATS = {
     "batch_norm_1d_length": (lambda: torch.nn.BatchNorm1d(3), (4, 3, 5)),
     "batch_norm_2d": (lambda: torch.nn.BatchNorm2d(3), (2, 3, 4, 4)),
     "instance_norm_1d": (lambda: torch.nn.InstanceNorm1d(3, track_running_stats=True), (4, 3, 5)),
-    "instance_norm_2d_affine": (lambda: torch.nn.InstanceNorm2d(3, affine=True, track_running_stats=True), (2, 3, 4, 4)),
+    "instance_norm_2d_affine": (lambda: torch.nn.InstanceNorm2d(3, affine=True,
+                                                                track_running_stats=True), (2, 3, 4, 4)),
 }
 
 

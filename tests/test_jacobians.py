@@ -43,7 +43,8 @@ def test_jacobian_of_a_matrix_function_matches_torch_func(transform, reference):
 def test_pytrees_in_and_out_take_jaxs_structure(transform, reference, argnums):
     params = {"w": torch.randn(4, 3, dtype=torch.float64), "b": torch.randn(3, dtype=torch.float64)}
     x = torch.randn(2, 4, dtype=torch.float64)
-    assert_trees_close(transform(f_pytrees, argnums=argnums)(params, x), reference(f_pytrees, argnums=argnums)(params, x))
+    assert_trees_close(transform(f_pytrees, argnums=argnums)(params, x),
+                       reference(f_pytrees, argnums=argnums)(params, x))
 
 
 @pytest.mark.parametrize("transform", [tf.jacrev, tf.jacfwd], ids=["jacrev", "jacfwd"])

@@ -88,9 +88,11 @@ def _expected(pid, args, kwargs, tangents):
 
 
 def _assert_tangent(got, expected_out, expected_tangent, where):
-    outs, tans = (expected_out, expected_tangent) if isinstance(expected_out, tuple) else ((expected_out,), (expected_tangent,))
+    outs, tans = ((expected_out, expected_tangent) if isinstance(expected_out, tuple)
+                  else ((expected_out,), (expected_tangent,)))
     if isinstance(expected_out, tuple):
-        assert isinstance(got, tuple) and len(got) == len(outs), f"{where}: expected one tangent per output, got {got!r}"
+        assert isinstance(got,
+                          tuple) and len(got) == len(outs), f"{where}: expected one tangent per output, got {got!r}"
     else:
         got = (got,)
     for i, (g, o, e) in enumerate(zip(got, outs, tans)):
@@ -164,7 +166,8 @@ def _second_order(pid, args, kwargs, use_rule):
     first = first_order(*primals, *tans)
     if first is None or (isinstance(first, tuple) and all(f is None for f in first)):
         return None
-    return jvp(lambda *xs: tuple(f for f in _leaves(first_order(*xs)) if f is not None), tuple(primals + tans), directions)[1]
+    return jvp(lambda *xs: tuple(f for f in _leaves(first_order(*xs)) if f is not None),
+               tuple(primals + tans), directions)[1]
 
 
 @pytest.mark.parametrize("pid, args, kwargs", [c for c in CASES if c.id not in _NAN_IN_TORCH])

@@ -55,7 +55,8 @@ def _check_forward(op, dtype, jfn):
         actual = jfn(*sample.args, **sample.kwargs)
         # assert_close compares sequences by their items; torch's named tuples (torch.max's
         # values/indices) must come back as such, or `.values` breaks in user code
-        assert type(actual) is type(expected), f"{op.name} on {sample}: returned {type(actual)}, torch returns {type(expected)}"
+        assert type(actual) is type(expected), \
+            f"{op.name} on {sample}: returned {type(actual)}, torch returns {type(expected)}"
         torch.testing.assert_close(actual, expected, equal_nan=True, atol=atol, rtol=rtol,
                                    msg=lambda m, s=sample: f"{op.name} on {s}:\n{m}")
 

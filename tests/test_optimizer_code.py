@@ -192,7 +192,8 @@ def test_load_state_dict_replacing_the_state_tensors_retraces():
         _backward(ref, x)
         step()
         ref_opt.step()
-    opt.load_state_dict(copy.deepcopy(ref_opt.state_dict()))  # new state tensors: the compiled step must not keep the old ones
+    # new state tensors: the compiled step must not keep the old ones
+    opt.load_state_dict(copy.deepcopy(ref_opt.state_dict()))
     x = torch.randn(5, 4)
     _backward(model, x)
     _backward(ref, x)

@@ -54,7 +54,8 @@ def _assert_outputs_equal(got, want):
 
 @needs_transformers
 @pytest.mark.parametrize("make", [_gpt2, _llama], ids=["gpt2", "llama"])
-@pytest.mark.parametrize("options", [{}, {"attention_mask": True, "return_dict": False}], ids=["defaults", "mask-tuple"])
+@pytest.mark.parametrize("options", [{}, {"attention_mask": True, "return_dict": False}],
+                         ids=["defaults", "mask-tuple"])
 def test_hugging_face_causal_lm_trains_under_jit_like_eager(make, options):
     torch.manual_seed(0)
     eager = make()
@@ -155,14 +156,16 @@ def test_multihead_attention_is_traced_through_and_trains_like_eager(case):
     def sequence(length, dim):
         if call.get("unbatched"):
             return torch.randn(length, dim, dtype=torch.float64)
-        return torch.randn(*((N, length) if module_options.get("batch_first") else (length, N)), dim, dtype=torch.float64)
+        return torch.randn(*((N, length) if module_options.get("batch_first") else (length, N)), dim,
+                           dtype=torch.float64)
 
     q = sequence(L, 8).requires_grad_()
     k, v = sequence(kv_len, module_options.get("kdim", 8)), sequence(kv_len, module_options.get("vdim", 8))
     kwargs = {key: value for key, value in call.items() if key not in ("unbatched", "attn_mask", "key_padding_mask")}
     masks = {"causal": torch.nn.Transformer.generate_square_subsequent_mask(L, dtype=torch.float64),
              "float_3d": torch.randn(N * 2, L, S, dtype=torch.float64),
-             "bool": torch.tensor([[False, True, False, False], [False, False, True, False], [False, False, False, True]])}
+             "bool": torch.tensor([[False, True, False, False], [False, False, True, False],
+                                   [False, False, False, True]])}
     if "attn_mask" in call:
         kwargs["attn_mask"] = masks[call["attn_mask"]]
     if call.get("key_padding_mask"):

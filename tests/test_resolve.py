@@ -55,7 +55,8 @@ def test_each_transform_treats_each_kind_of_symbol_as_its_table_and_inputs_say()
     cases = {  # symbol: (reverse, forward, vmap)
         "a prim with rules": (lambda x: prims.sin(x), Way.RULE, Way.RULE, Way.RULE),
         "a comparison": (lambda x: prims.gt(x, 0.0), Way.INERT, Way.INERT, Way.RULE),
-        "a composite without rules": (lambda x: torch.outer(x[0, 0, 0], x[0, 0, 1]), Way.DECOMPOSITION, Way.REFUSE, Way.DECOMPOSITION),
+        "a composite without rules": (lambda x: torch.outer(x[0, 0, 0], x[0, 0, 1]), Way.DECOMPOSITION, Way.REFUSE,
+                                      Way.DECOMPOSITION),
         "an opaque torch op": (lambda x: F.interpolate(x[0], scale_factor=2), Way.OPAQUE, Way.OPAQUE, Way.OPAQUE),
         "an operator defined like=": (lambda x: like_op(x), Way.LIKE, Way.LIKE, Way.REFUSE),
         "an operator defined meta=": (lambda x: meta_op(x), Way.REFUSE, Way.REFUSE, Way.REFUSE),

@@ -31,7 +31,8 @@ def _cuda(*shape, dtype=torch.bfloat16, requires_grad=True):
 
 
 def _qkv(L=16, S=16, E=64, dtype=torch.bfloat16, heads=4, kv_heads=4):
-    return _cuda(2, heads, L, E, dtype=dtype), _cuda(2, kv_heads, S, E, dtype=dtype), _cuda(2, kv_heads, S, E, dtype=dtype)
+    return (_cuda(2, heads, L, E, dtype=dtype), _cuda(2, kv_heads, S, E, dtype=dtype),
+            _cuda(2, kv_heads, S, E, dtype=dtype))
 
 
 @emulated

@@ -45,7 +45,8 @@ def _check(jitted, program, lengths):
             continue
         got = _run(jitted, x, other)
         assert not isinstance(got, Exception), f"call {n} (lengths {lengths[:n + 1]}): {got!r}"
-        assert got[0].shape == expected[0].shape, f"call {n} of lengths {lengths}: {got[0].shape} != {expected[0].shape}"
+        assert got[0].shape == expected[0].shape, \
+            f"call {n} of lengths {lengths}: {got[0].shape} != {expected[0].shape}"
         torch.testing.assert_close(got, expected, equal_nan=True, msg=lambda m: f"call {n} of lengths {lengths}: {m}")
 
 

@@ -101,8 +101,8 @@ def test_a_decorator_checks_when_it_decorates():
     (functools.partial(scale, torch.ones(1)), dict(static_argnums=0), ((0,), ("n",))),  # partial: what is left
     (torch.sin, dict(static_argnums=(1, -1)), ((-1, 1), ())),  # no signature: nothing to check, as in JAX
 ], ids=["index", "negative", "duplicate", "name", "keyword-only", "both", "positional-only", "name-to-index",
-        "negative-positional-or-keyword", "star-args", "star-args-negative", "star-args-named", "star-kwargs", "star-kwargs-own-name",
-        "partial", "builtin"])
+        "negative-positional-or-keyword", "star-args", "star-args-negative", "star-args-named", "star-kwargs",
+        "star-kwargs-own-name", "partial", "builtin"])
 def test_indices_and_names_complete_each_other_through_the_signature(fn, options, resolved):
     assert _resolved(tf.jit(fn, **options)) == resolved
 

@@ -174,7 +174,8 @@ def test_opaque_op_in_a_jitted_function_is_differentiated_by_torch():
     torch.manual_seed(0)
     x = torch.randn(1, 2, 6, 6, dtype=torch.float64, requires_grad=True)
     grid = torch.rand(1, 4, 4, 2, dtype=torch.float64).mul(2).sub(1).requires_grad_()
-    jf, expected, got = _eager_and_jit_grads(lambda x, grid: F.grid_sample(x, grid, align_corners=False).relu(), x, grid)
+    jf, expected, got = _eager_and_jit_grads(lambda x, grid: F.grid_sample(x, grid,
+                                                                           align_corners=False).relu(), x, grid)
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e)
     assert "torch_vjp" in str(tf.last_backward_traces(jf)[-1])

@@ -15,7 +15,8 @@ from thunderfn.testing.strategies import ALL_DTYPES, make, shapes
 
 OPS = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
 NUMBERS = st.one_of(st.integers(-2**62, 2**62), st.sampled_from([0, 1, -1, 2, 3, 2**40]),
-                    st.floats(allow_nan=False, allow_infinity=False, width=64), st.sampled_from([0.1, 1 / 3, 1e-8, -2.5]))
+                    st.floats(allow_nan=False, allow_infinity=False, width=64),
+                    st.sampled_from([0.1, 1 / 3, 1e-8, -2.5]))
 
 
 def lines(trc) -> list[str]:

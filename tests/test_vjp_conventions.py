@@ -1,5 +1,5 @@
-"""torch's gradient at edge points (the torch-language rules in transforms/rules/): where torch's backward formula picks a value
-the decomposition's derivative does not give (logsigmoid at 0, the norm of a zero vector, the std of a constant
+"""torch's gradient at edge points (the torch-language rules in transforms/rules/): where torch's backward formula picks
+a value the decomposition's derivative does not give (logsigmoid at 0, the norm of a zero vector, the std of a constant
 tensor, a loss at an infinite difference, binary_cross_entropy at 0 or 1, gaussian_nll_loss's clamped var,
 torch.max(x, dim) at a tie), thunderfn's gradient is torch.autograd's, in float64; at ordinary points the second
 derivative (a Hessian-vector product through the rule's backward) is torch's too."""
@@ -74,8 +74,9 @@ for name, f in (("logsigmoid", F.logsigmoid), ("silu", F.silu), ("elu", F.elu), 
     ordinary(name, lambda x, f=f: weighted(f(x)), wide)
 ordinary("elu-alpha", lambda x: weighted(F.elu(x, 0.7)), wide)
 ordinary("celu-alpha", lambda x: weighted(F.celu(x, 1.5)), wide)
-ordinary("bce_with_logits-pos_weight", lambda x, y: F.binary_cross_entropy_with_logits(x, y, pos_weight=t(2.0, 0.5, 1.0, 3.0)),
-         x34, torch.rand(3, 4, generator=_gen, dtype=F64))
+ordinary("bce_with_logits-pos_weight",
+         lambda x, y: F.binary_cross_entropy_with_logits(x, y, pos_weight=t(2.0, 0.5, 1.0, 3.0)), x34,
+         torch.rand(3, 4, generator=_gen, dtype=F64))
 
 # vector norms: a zero vector (the whole tensor, or one row); ties and NaN for ord inf
 zero_row = torch.cat([torch.zeros(1, 4, dtype=F64), randn(2, 4)])
@@ -83,7 +84,8 @@ ties = t(3.0, -3.0, 1.0, 2.0)
 for ord in (2, 1, 3, 1.5, 0.5, -1, INF, -INF, 0):
     edge(f"vector_norm-zero-vector-ord{ord}", lambda x, ord=ord: torch.linalg.vector_norm(x, ord) * 1.5,
          torch.zeros(4, dtype=F64))
-    edge(f"vector_norm-zero-row-ord{ord}", lambda x, ord=ord: weighted(torch.linalg.vector_norm(x, ord, dim=1)), zero_row)
+    edge(f"vector_norm-zero-row-ord{ord}",
+         lambda x, ord=ord: weighted(torch.linalg.vector_norm(x, ord, dim=1)), zero_row)
     if ord != 0:  # a count: no gradient to differentiate again
         ordinary(f"vector_norm-ord{ord}", lambda x, ord=ord: weighted(torch.linalg.vector_norm(x, ord, dim=-1)), x34)
 edge("vector_norm-keepdim-dims", lambda x: weighted(torch.linalg.vector_norm(x, 3, dim=(0, 2), keepdim=True)),
@@ -109,12 +111,14 @@ ordinary("normalize-default", lambda x: weighted(F.normalize(x)), x34)
 const_row = torch.cat([torch.full((1, 4), 2.5, dtype=F64), randn(2, 4)])
 edge("std-constant", lambda x: torch.std(x) * 2.0, torch.full((5,), 3.0, dtype=F64))
 edge("std-constant-row-dim", lambda x: weighted(torch.std(x, 1)), const_row)
-edge("std-constant-row-keepdim-correction0", lambda x: weighted(torch.std(x, dim=-1, keepdim=True, correction=0)), const_row)
+edge("std-constant-row-keepdim-correction0",
+     lambda x: weighted(torch.std(x, dim=-1, keepdim=True, correction=0)), const_row)
 edge("std-constant-unbiased-positional", lambda x: torch.std(x, False) * 2.0, const_row[:1])
 edge("std-one-element", lambda x: torch.std(x) * 2.0, t(1.5))
 edge("std-one-element-dim", lambda x: weighted(torch.std(x, 1)), randn(3, 1))
 edge("std-0d", lambda x: torch.std(x, correction=0) * 2.0, torch.tensor(1.5, dtype=F64))
-edge("std_mean-constant", lambda x: (lambda s, m: s * 2.0 + m * 3.0)(*torch.std_mean(x)), torch.full((5,), 3.0, dtype=F64))
+edge("std_mean-constant", lambda x: (lambda s, m: s * 2.0 + m * 3.0)(*torch.std_mean(x)),
+     torch.full((5,), 3.0, dtype=F64))
 edge("std_mean-constant-row-std-only", lambda x: weighted(torch.std_mean(x, 1)[0]), const_row)
 edge("std_mean-mean-only", lambda x: weighted(torch.std_mean(x, 1, keepdim=True)[1]), const_row)
 edge("var-constant", lambda x: weighted(torch.var(x, 1)), const_row)
@@ -134,12 +138,14 @@ for reduction in ("mean", "sum", "none"):
              lambda x, y, r=reduction, b=beta: weighted(F.smooth_l1_loss(x, y, reduction=r, beta=b)), inf_diff, target6)
     edge(f"huber-inf-{reduction}", lambda x, y, r=reduction: weighted(F.huber_loss(x, y, reduction=r, delta=0.7)),
          inf_diff, target6)
-    edge(f"huber-inf-weight-{reduction}", lambda x, y, w, r=reduction: weighted(F.huber_loss(x, y, reduction=r, weight=w)),
-         inf_diff, target6, torch.rand(6, generator=_gen, dtype=F64))
-    ordinary(f"smooth_l1-{reduction}", lambda x, y, r=reduction: weighted(F.smooth_l1_loss(x, y, reduction=r, beta=0.8)),
-             x34, y34)
-    ordinary(f"huber-weight-{reduction}", lambda x, y, w, r=reduction: weighted(F.huber_loss(x, y, reduction=r, weight=w)),
-             x34, y34, torch.rand(3, 4, generator=_gen, dtype=F64))
+    edge(f"huber-inf-weight-{reduction}",
+         lambda x, y, w, r=reduction: weighted(F.huber_loss(x, y, reduction=r, weight=w)), inf_diff, target6,
+         torch.rand(6, generator=_gen, dtype=F64))
+    ordinary(f"smooth_l1-{reduction}",
+             lambda x, y, r=reduction: weighted(F.smooth_l1_loss(x, y, reduction=r, beta=0.8)), x34, y34)
+    ordinary(f"huber-weight-{reduction}",
+             lambda x, y, w, r=reduction: weighted(F.huber_loss(x, y, reduction=r, weight=w)), x34, y34,
+             torch.rand(3, 4, generator=_gen, dtype=F64))
 edge("smooth_l1-legacy-reduce", lambda x, y: weighted(F.smooth_l1_loss(x, y, reduce=False)), inf_diff, target6)
 edge("smooth_l1-broadcast-target", lambda x, y: F.smooth_l1_loss(x, y), t(INF, 0.5, -3.0).expand(2, 3).clone(),
      t(0.0, 0.0, 1.0))
@@ -155,8 +161,8 @@ for reduction in ("mean", "sum", "none"):
         x, y, weight=t(0.5, 2.0, 1.0, 1.5, 0.1, 3.0), reduction=r)), bce_x, bce_y)
     ordinary(f"bce-{reduction}", lambda x, y, r=reduction: weighted(F.binary_cross_entropy(x, y, reduction=r)),
              torch.rand(3, 4, generator=_gen, dtype=F64) * 0.9 + 0.05, torch.rand(3, 4, generator=_gen, dtype=F64))
-edge("bce-broadcast-weight", lambda x, y: F.binary_cross_entropy(x, y, weight=t(2.0, 0.5)), t(0.0, 1.0, 0.3, 0.9).reshape(2, 2),
-     t(0.2, 0.7, 1.0, 0.0).reshape(2, 2))
+edge("bce-broadcast-weight", lambda x, y: F.binary_cross_entropy(x, y, weight=t(2.0, 0.5)),
+     t(0.0, 1.0, 0.3, 0.9).reshape(2, 2), t(0.2, 0.7, 1.0, 0.0).reshape(2, 2))
 edge("bce-legacy-size_average", lambda x, y: F.binary_cross_entropy(x, y, size_average=False), bce_x, bce_y)
 ordinary("bce-weight", lambda x, y: F.binary_cross_entropy(x, y, weight=t(2.0, 0.5, 1.0, 0.7)),
          torch.rand(3, 4, generator=_gen, dtype=F64) * 0.9 + 0.05, torch.rand(3, 4, generator=_gen, dtype=F64))
@@ -165,15 +171,18 @@ ordinary("bce-weight", lambda x, y: F.binary_cross_entropy(x, y, weight=t(2.0, 0
 small_var = t(1e-9, 0.0, 2.0, 1e-7, 0.5)
 gx, gy = t(0.5, 0.2, -1.0, 0.0, 3.0), t(0.0, 1.0, 0.5, 0.0, 2.0)
 for reduction in ("mean", "sum", "none"):
-    edge(f"gaussian_nll-small-var-{reduction}", lambda x, y, v, r=reduction: weighted(F.gaussian_nll_loss(x, y, v, reduction=r)),
-         gx, gy, small_var)
-    ordinary(f"gaussian_nll-{reduction}", lambda x, y, v, r=reduction: weighted(F.gaussian_nll_loss(x, y, v, reduction=r)),
-             x34, y34, torch.rand(3, 4, generator=_gen, dtype=F64) + 0.2)
+    edge(f"gaussian_nll-small-var-{reduction}",
+         lambda x, y, v, r=reduction: weighted(F.gaussian_nll_loss(x, y, v, reduction=r)), gx, gy, small_var)
+    ordinary(f"gaussian_nll-{reduction}",
+             lambda x, y, v, r=reduction: weighted(F.gaussian_nll_loss(x, y, v, reduction=r)), x34, y34,
+             torch.rand(3, 4, generator=_gen, dtype=F64) + 0.2)
 edge("gaussian_nll-full-eps", lambda x, y, v: F.gaussian_nll_loss(x, y, v, full=True, eps=0.1), gx, gy, small_var)
 edge("gaussian_nll-homoscedastic", lambda x, y, v: F.gaussian_nll_loss(x, y, v), x34, y34, t(1e-8, 0.4, 2.0))
-edge("gaussian_nll-size1-var-dim", lambda x, y, v: F.gaussian_nll_loss(x, y, v), x34, y34, t(1e-8, 0.4, 2.0).reshape(3, 1))
+edge("gaussian_nll-size1-var-dim", lambda x, y, v: F.gaussian_nll_loss(x, y, v), x34, y34,
+     t(1e-8, 0.4, 2.0).reshape(3, 1))
 edge("gaussian_nll-number-var", lambda x, y: F.gaussian_nll_loss(x, y, 1e-9), gx, gy)
-ordinary("gaussian_nll-homoscedastic", lambda x, y, v: F.gaussian_nll_loss(x, y, v, full=True), x34, y34, t(0.3, 0.4, 2.0))
+ordinary("gaussian_nll-homoscedastic", lambda x, y, v: F.gaussian_nll_loss(x, y, v, full=True), x34, y34,
+         t(0.3, 0.4, 2.0))
 
 # max, min: ties and NaN
 tied = t(1.0, 3.0, 3.0, 0.0, 3.0, -1.0, -1.0, 2.0).reshape(2, 4)
@@ -189,8 +198,8 @@ for name, f in (("max", torch.max), ("min", torch.min)):
     edge(f"{name}-binary-broadcast", lambda x, y, f=f: weighted(f(x, y)), tied, t(3.0, 0.0, 3.0, 2.0))
     edge(f"{name}-binary-0d-other", lambda x, y, f=f: weighted(f(x, y)), tied, torch.tensor(3.0, dtype=F64))
     edge(f"{name}-0d-dim", lambda x, f=f: f(x, 0).values * 2.0, torch.tensor(1.5, dtype=F64))
-    edge(f"{name}-method-indices-used", lambda x, name=name: weighted(getattr(x, name)(1)[0] * getattr(x, name)(1).indices),
-         tied)
+    edge(f"{name}-method-indices-used",
+         lambda x, name=name: weighted(getattr(x, name)(1)[0] * getattr(x, name)(1).indices), tied)
     ordinary(f"{name}-dim", lambda x, f=f: weighted(f(x, 1).values ** 2), x34)
     ordinary(f"{name}-binary", lambda x, y, f=f: weighted(f(x, y) ** 2), x34, y34)
     ordinary(f"{name}-all", lambda x, f=f: f(x) ** 3, x34)
@@ -269,8 +278,9 @@ def test_integer_and_bool_max_and_min_are_not_differentiated(name, dtype):
     assert_grads_close(tf.grad(fn, argnums=(0,))(x), torch_grads(fn, (x,))[1])
 
 
-LOW_PRECISION = ["logsigmoid", "silu", "elu", "vector_norm-ord2", "vector_norm-ord3", "normalize-p2.0", "std-dim-keepdim",
-                 "smooth_l1-mean", "huber-weight-mean", "bce-mean", "gaussian_nll-mean", "max-dim", "min-binary"]
+LOW_PRECISION = ["logsigmoid", "silu", "elu", "vector_norm-ord2", "vector_norm-ord3", "normalize-p2.0",
+                 "std-dim-keepdim", "smooth_l1-mean", "huber-weight-mean", "bce-mean", "gaussian_nll-mean",
+                 "max-dim", "min-binary"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -324,7 +334,8 @@ def test_every_torch_level_forward_rule_has_a_case():
     # (user rules enter the table too: tf.custom_jvp functions under ("custom_jvp", n), a torch.autograd.Function's
     # jvp staticmethod under its call's ("custom_vjp", n); they are not torch-level rules)
     torch_level = {k for k, r in rules.items() if r.jvp is not None
-                   and not isinstance(k, PrimIDs) and not (isinstance(k, tuple) and k[0] in ("custom_jvp", "custom_vjp"))}
+                   and not isinstance(k, PrimIDs)
+                   and not (isinstance(k, tuple) and k[0] in ("custom_jvp", "custom_vjp"))}
     reached = set()
     for fn, x in FORWARD_MODE.values():
         trc = tf.trace(fn, x)

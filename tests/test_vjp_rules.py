@@ -38,14 +38,15 @@ def case(id, pid, *args, drop=(), **kwargs):
 
 
 _DOMAINS = {
-    "log": lambda *s: uniform(0.5, 2, *s), "log2": lambda *s: uniform(0.5, 2, *s), "log10": lambda *s: uniform(0.5, 2, *s),
-    "sqrt": lambda *s: uniform(0.5, 2, *s), "rsqrt": lambda *s: uniform(0.5, 2, *s), "lgamma": lambda *s: uniform(0.5, 3, *s),
-    "log1p": lambda *s: uniform(-0.5, 2, *s), "asin": lambda *s: uniform(-0.9, 0.9, *s), "acos": lambda *s: uniform(-0.9, 0.9, *s),
-    "atanh": lambda *s: uniform(-0.9, 0.9, *s), "erfinv": lambda *s: uniform(-0.9, 0.9, *s), "acosh": lambda *s: uniform(1.2, 3, *s),
-    "reciprocal": away_from_zero,
+    "log": lambda *s: uniform(0.5, 2, *s), "log2": lambda *s: uniform(0.5, 2, *s),
+    "log10": lambda *s: uniform(0.5, 2, *s), "sqrt": lambda *s: uniform(0.5, 2, *s),
+    "rsqrt": lambda *s: uniform(0.5, 2, *s), "lgamma": lambda *s: uniform(0.5, 3, *s),
+    "log1p": lambda *s: uniform(-0.5, 2, *s), "asin": lambda *s: uniform(-0.9, 0.9, *s),
+    "acos": lambda *s: uniform(-0.9, 0.9, *s), "atanh": lambda *s: uniform(-0.9, 0.9, *s),
+    "erfinv": lambda *s: uniform(-0.9, 0.9, *s), "acosh": lambda *s: uniform(1.2, 3, *s), "reciprocal": away_from_zero,
 }
-for name in ("abs neg exp exp2 expm1 log log1p log2 log10 sqrt rsqrt reciprocal sin cos tan asin acos atan sinh cosh tanh "
-             "asinh acosh atanh erf erfc erfinv lgamma floor ceil round trunc sign").split():
+for name in ("abs neg exp exp2 expm1 log log1p log2 log10 sqrt rsqrt reciprocal sin cos tan asin acos "
+             "atan sinh cosh tanh asinh acosh atanh erf erfc erfinv lgamma floor ceil round trunc sign").split():
     make = _DOMAINS.get(name, lambda *s: uniform(-1.2, 1.2, *s))
     case(f"{name}-2d", PrimIDs[name.upper()], make(3, 4))
     case(f"{name}-0d", PrimIDs[name.upper()], make())
@@ -191,19 +192,21 @@ def _expected(pid, args, kwargs, drop):
     with torch.enable_grad():
         out = getattr(prims, pid.name.lower())(*targs, **kwargs)
     outs = out if isinstance(out, tuple) else (out,)
-    cots = tuple(None if i in drop or not o.dtype.is_floating_point else torch.randn(o.shape, generator=_gen, dtype=o.dtype)
+    cots = tuple(None if i in drop
+                 or not o.dtype.is_floating_point else torch.randn(o.shape, generator=_gen, dtype=o.dtype)
                  for i, o in enumerate(outs))
     inputs = [x for x in _leaves(targs) if _is_float_tensor(x)]
     pairs = [(o, c) for o, c in zip(outs, cots) if c is not None and o.requires_grad]
-    grads = torch.autograd.grad([o for o, _ in pairs], inputs, [c for _, c in pairs], allow_unused=True) if pairs and inputs \
-        else [None] * len(inputs)
+    grads = (torch.autograd.grad([o for o, _ in pairs], inputs, [c for _, c in pairs], allow_unused=True)
+             if pairs and inputs else [None] * len(inputs))
     by_id = {id(x): (torch.zeros_like(x) if gr is None else gr) for x, gr in zip(inputs, grads)}
     expected = _map(lambda x: by_id.get(id(x)), targs)
     return expected, (cots if isinstance(out, tuple) else cots[0])
 
 
 def _assert_cotangents(got, expected, args, where):
-    assert isinstance(got, tuple) and len(got) == len(args), f"{where}: expected one cotangent per argument, got {got!r}"
+    assert isinstance(got,
+                      tuple) and len(got) == len(args), f"{where}: expected one cotangent per argument, got {got!r}"
     for i, (c, e, a) in enumerate(zip(got, expected, args)):
         if isinstance(a, list):
             _assert_cotangents(c, tuple(e), a, f"{where}, argument {i}")
@@ -264,9 +267,11 @@ def _second_order(pid, args, kwargs, drop, use_rule):
         out = prim(*targs, **kwargs)
         outs = out if isinstance(out, tuple) else (out,)
         cots = tuple(None if i in drop or not o.dtype.is_floating_point else
-                     torch.randn(o.shape, generator=gen, dtype=o.dtype).requires_grad_(True) for i, o in enumerate(outs))
+                     torch.randn(o.shape, generator=gen, dtype=o.dtype).requires_grad_(True)
+                     for i, o in enumerate(outs))
         if use_rule:
-            firsts = _leaves(rules_of(pid).vjp.bwd(RecordedCall(prim, tuple(targs), dict(kwargs), out), cots if isinstance(out, tuple) else cots[0]))
+            firsts = _leaves(rules_of(pid).vjp.bwd(RecordedCall(prim, tuple(targs), dict(kwargs), out),
+                                                   cots if isinstance(out, tuple) else cots[0]))
             firsts = [f for f, a in zip(firsts, _leaves(targs)) if _is_float_tensor(a)]
         else:
             pairs = [(o, c) for o, c in zip(outs, cots) if c is not None and o.requires_grad]
@@ -277,12 +282,14 @@ def _second_order(pid, args, kwargs, drop, use_rule):
         wrt = inputs + [c for c in cots if c is not None]
         if not total.requires_grad:
             return [torch.zeros_like(x) for x in wrt]
-        return [torch.zeros_like(x) if s is None else s for x, s in zip(wrt, torch.autograd.grad(total, wrt, allow_unused=True))]
+        return [torch.zeros_like(x) if s is None else s
+                for x, s in zip(wrt, torch.autograd.grad(total, wrt, allow_unused=True))]
 
 
 # torch's double backward of pow is nan at a zero base (0 * inf inside its formula); ours is finite
 _NAN_IN_TORCH = ("pow-zero-base-and-exponent", "pow-zero-base-number")
-# a known limitation, see transforms/rules/reductions.py's _cumprod_vjp: the second derivative with respect to the first zero is dropped
+# a known limitation, see transforms/rules/reductions.py's _cumprod_vjp: the second derivative with respect to the first
+# zero is dropped
 _WRONG_SECOND_ORDER = ("cumprod-zeros",)
 SECOND_ORDER_CASES = [c for c in CASES if c.id not in _NAN_IN_TORCH + _WRONG_SECOND_ORDER
                       and any(map(_is_float_tensor, _leaves(c.values[1])))]

@@ -1,4 +1,5 @@
-"""Torch-level VJP rules (transforms/rules/: nn.py, linalg.py, elementwise.py) for the ops of a transformer training step:
+"""Torch-level VJP rules (transforms/rules/: nn.py, linalg.py, elementwise.py) for the ops of a transformer training
+step:
 the forward keeps each op whole (its torch function runs in the execution trace, where without the
 rule its decomposition runs), and the gradient and the second derivative (a Hessian-vector product)
 match torch.autograd in float64, at the edge cases too: ignored targets, label smoothing, fully
@@ -69,7 +70,8 @@ case("gelu-tanh", lambda x: weighted(F.gelu(x, approximate="tanh")), _wide)
 
 # layer_norm
 case("layer_norm-weight-bias", lambda x, w, b: weighted(F.layer_norm(x, (5,), w, b)), x3, randn(5), randn(5))
-case("layer_norm-two-normalized-dims", lambda x, w, b: weighted(F.layer_norm(x, (3, 5), w, b)), x3, randn(3, 5), randn(3, 5))
+case("layer_norm-two-normalized-dims", lambda x, w, b: weighted(F.layer_norm(x, (3, 5), w, b)), x3,
+     randn(3, 5), randn(3, 5))
 case("layer_norm-no-weight-no-bias", lambda x: weighted(F.layer_norm(x, (5,))), x3)
 case("layer_norm-weight-only-eps", lambda x, w: weighted(F.layer_norm(x, (5,), w, eps=0.1)), x3, randn(5))
 case("layer_norm-no-batch-dims", lambda x, w, b: weighted(F.layer_norm(x, (5,), w, b)), randn(5), randn(5), randn(5))
@@ -77,7 +79,8 @@ _layer_norm = torch.nn.LayerNorm(5).double()
 case("layer_norm-module", lambda x: weighted(_layer_norm(x)), x3)
 
 # softmax, log_softmax
-_masked = randn(3, 4).masked_fill(torch.tensor([[0, 1, 0, 1], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool), -float("inf"))
+_masked = randn(3, 4).masked_fill(torch.tensor([[0, 1, 0, 1], [1, 0, 0, 0], [0, 0, 0, 0]],
+                                               dtype=torch.bool), -float("inf"))
 for name, f in (("softmax", F.softmax), ("log_softmax", F.log_softmax)):
     case(f"{name}-last-dim", lambda x, f=f: weighted(f(x, -1)), x3)
     case(f"{name}-dim-0", lambda x, f=f: weighted(f(x, 0)), x3)
@@ -94,7 +97,8 @@ for reduction in ("mean", "sum", "none"):
     for smoothing in (0.0, 0.15):
         for wname, w in (("", None), ("-weight", class_weight)):
             case(f"cross_entropy-{reduction}-ls{smoothing}{wname}",
-                 lambda x, r=reduction, s=smoothing, w=w: weighted(F.cross_entropy(x, targets, w, reduction=r, label_smoothing=s)),
+                 lambda x, r=reduction, s=smoothing, w=w: weighted(F.cross_entropy(x, targets, w, reduction=r,
+                                                                                   label_smoothing=s)),
                  logits)
 case("cross_entropy-ignore_index-a-class", lambda x: F.cross_entropy(x, targets.clamp(min=0), ignore_index=2), logits)
 case("cross_entropy-spatial", lambda x: F.cross_entropy(x, torch.tensor([[[0, 1], [-100, 2]], [[2, 2], [1, 0]]]),
@@ -103,15 +107,18 @@ case("cross_entropy-spatial-none-weight", lambda x: weighted(F.cross_entropy(
     x, torch.tensor([[[0, 1], [-100, 2]], [[2, 2], [1, 0]]]), class_weight[:3], reduction="none")), randn(2, 3, 2, 2))
 case("cross_entropy-1d-input", lambda x: F.cross_entropy(x, torch.tensor(3), label_smoothing=0.2), randn(5))
 case("cross_entropy-1d-input-none", lambda x: F.cross_entropy(x, torch.tensor(3), reduction="none") * 1.3, randn(5))
-case("cross_entropy-byte-targets", lambda x: F.cross_entropy(x, torch.tensor([1, 0, 4, 2, 3, 3], dtype=torch.uint8)), logits)
+case("cross_entropy-byte-targets",
+     lambda x: F.cross_entropy(x, torch.tensor([1, 0, 4, 2, 3, 3], dtype=torch.uint8)), logits)
 case("cross_entropy-legacy-reduce", lambda x: weighted(F.cross_entropy(x, targets, reduce=False)), logits)
 case("cross_entropy-probabilities", lambda x, p: F.cross_entropy(x, p), logits, torch.softmax(randn(6, 5), -1))
-case("cross_entropy-probabilities-weight-ls-sum", lambda x, p, w: F.cross_entropy(x, p, w, reduction="sum", label_smoothing=0.1),
-     logits, torch.softmax(randn(6, 5), -1), class_weight)
+case("cross_entropy-probabilities-weight-ls-sum",
+     lambda x, p, w: F.cross_entropy(x, p, w, reduction="sum", label_smoothing=0.1), logits,
+     torch.softmax(randn(6, 5), -1), class_weight)
 case("cross_entropy-probabilities-none-spatial", lambda x, p: weighted(F.cross_entropy(x, p, reduction="none")),
      randn(2, 3, 4), torch.softmax(randn(2, 3, 4), 1))
 # torch gives the weight no gradient with class indices (nll_loss refuses it): checked against the loss written out
-case("cross_entropy-weight-gradient-by-formula", lambda x, w: F.cross_entropy(x, targets, w, label_smoothing=0.15), logits, class_weight)
+case("cross_entropy-weight-gradient-by-formula", lambda x, w: F.cross_entropy(x, targets, w, label_smoothing=0.15),
+     logits, class_weight)
 
 # scaled_dot_product_attention
 q, k, v = randn(2, 3, 4, 8), randn(2, 3, 6, 8), randn(2, 3, 6, 5)
@@ -127,13 +134,15 @@ case("sdpa-scale", lambda q, k, v: weighted(sdpa(q, k, v, scale=0.2)), q, k, v)
 case("sdpa-bool-mask-fully-masked-row", lambda q, k, v: weighted(sdpa(q, k, v, _rows_masked)), q, k, v)
 case("sdpa-float-mask-gradient", lambda q, k, v, m: weighted(sdpa(q, k, v, attn_mask=m)), q, k, v, randn(4, 6))
 case("sdpa-float-mask-fully-masked-row", lambda q, k, v, m: weighted(sdpa(q, k, v, attn_mask=m)), q, k, v, _float_mask)
-case("sdpa-float32-mask", lambda q, k, v, m: weighted(sdpa(q, k, v, attn_mask=m)), q, k, v, randn(4, 6, dtype=torch.float32))
+case("sdpa-float32-mask", lambda q, k, v, m: weighted(sdpa(q, k, v, attn_mask=m)), q, k, v,
+     randn(4, 6, dtype=torch.float32))
 case("sdpa-3d-inputs", lambda q, k, v: weighted(sdpa(q, k, v)), randn(3, 4, 8), randn(3, 6, 8), randn(3, 6, 5))
 case("sdpa-2d-inputs", lambda q, k, v: weighted(sdpa(q, k, v)), randn(4, 8), randn(6, 8), randn(6, 8))
 case("sdpa-broadcast-batch", lambda q, k, v: weighted(sdpa(q, k, v)), q, randn(1, 3, 6, 8), randn(2, 1, 6, 5))
 case("sdpa-grouped-query", lambda q, k, v: weighted(sdpa(q, k, v, enable_gqa=True, is_causal=True)),
      randn(2, 6, 4, 8), randn(2, 2, 4, 8), randn(2, 3, 4, 8))
-case("sdpa-no-keys", lambda q, k, v: weighted(sdpa(q, k, v) + q[..., :5]), randn(2, 4, 8), randn(2, 0, 8), randn(2, 0, 5))
+case("sdpa-no-keys", lambda q, k, v: weighted(sdpa(q, k, v) + q[..., :5]), randn(2, 4, 8),
+     randn(2, 0, 8), randn(2, 0, 5))
 
 # embedding
 table, ids = randn(10, 3), torch.tensor([[1, 2, 1], [9, 0, 1]])
@@ -255,7 +264,8 @@ def test_tensors_passed_by_keyword_get_their_gradient(call):
         torch.testing.assert_close(g, e)
 
 
-@pytest.mark.parametrize("options", [{"padding_idx": 1}, {"scale_grad_by_freq": True}], ids=["padding_idx", "scale_grad_by_freq"])
+@pytest.mark.parametrize("options", [{"padding_idx": 1}, {"scale_grad_by_freq": True}],
+                         ids=["padding_idx", "scale_grad_by_freq"])
 def test_embedding_gradient_options_still_match_torch(options):
     fn = lambda w: weighted(F.embedding(ids, w, **options))  # noqa: E731
     fn(table)  # makes its cotangent
@@ -271,7 +281,8 @@ WHOLE = {  # symbol -> (case, the torch call its execution-trace line makes)
     ltorch.softmax: ("softmax-last-dim", "torch.nn.functional.softmax("),
     ltorch.log_softmax: ("log_softmax-last-dim", "torch.nn.functional.log_softmax("),
     ltorch.cross_entropy: ("cross_entropy-mean-ls0.15-weight", "torch.nn.functional.cross_entropy("),
-    ltorch.scaled_dot_product_attention: ("sdpa-float-mask-gradient", "torch.nn.functional.scaled_dot_product_attention("),
+    ltorch.scaled_dot_product_attention: ("sdpa-float-mask-gradient",
+                                          "torch.nn.functional.scaled_dot_product_attention("),
     ltorch.embedding: ("embedding", "torch.nn.functional.embedding("),
 }
 
@@ -361,7 +372,8 @@ def _in_trace(t):
     return lift_constants(t)
 
 
-NAMED_OPTIONS = {  # option -> (args, the torch call in the execution trace, torch with the option and without, the symbol's calls)
+# option -> (args, the torch call in the execution trace, torch with the option and without, the symbol's calls)
+NAMED_OPTIONS = {
     "hardtanh-min_val-max_val": (
         (_wide,), "torch.nn.functional.hardtanh(",
         lambda x: weighted(F.hardtanh(x, -0.5, 2.0)), lambda x: weighted(F.hardtanh(x)), {
@@ -419,7 +431,8 @@ def test_recorded_call_reads_arguments_by_their_names_in_the_symbols_signature()
     by_default = RecordedCall(sym, (q, k, v), {}, out)
     assert positional.arg("is_causal") is by_keyword.arg("is_causal") is True
     assert positional.arg("scale") == by_keyword.arg("scale") == 0.5
-    assert by_default.arg("is_causal") is False and by_default.arg("scale") is None and by_default.arg("attn_mask") is None
+    assert (by_default.arg("is_causal") is False and by_default.arg("scale") is None
+            and by_default.arg("attn_mask") is None)
     assert positional.arg("value") is by_default.arg("value") is v
     # keyword-only parameters: by keyword or their default
     assert RecordedCall(ltorch.std, (q, 1), {"correction": 0}, out).arg("correction") == 0

@@ -25,12 +25,14 @@ FUNCTIONS = {  # name -> (fn, per-example shapes of its args)
     "matmul_matrix_vector": (lambda a, b: a @ b + (b @ b), [(3, 4), (4,)]),
     "matmul_batched_stack": (lambda a, b: (a.reshape(2, 3, 2) @ b.reshape(2, 2)).sum(0), [(3, 4), (4,)]),
     "softmax_layer_norm": (lambda a, b: F.layer_norm(a.softmax(-1), (4,)) * b, [(3, 4), (4,)]),
-    "indexing": (lambda a, b: a[torch.tensor([2, 0])].sum(0) + a[:, b.argmax()].sum() + a.gather(1, torch.tensor([[0], [1], [3]])),
+    "indexing": (lambda a, b: (a[torch.tensor([2, 0])].sum(0) + a[:, b.argmax()].sum()
+                               + a.gather(1, torch.tensor([[0], [1], [3]]))),
                  [(3, 4), (4,)]),
     "scans_sort": (lambda a, b: a.cumsum(1) + torch.sort(a, 1).values - torch.topk(b, 2).values.sum(), [(3, 4), (4,)]),
     "pad_convert": (lambda a, b: F.pad(a, (1, 1)).to(torch.float32).double() + 1, [(3, 4), (4,)]),
     "factories": (lambda a, b: a + torch.ones(3, 4, dtype=a.dtype) * torch.arange(4, dtype=a.dtype), [(3, 4), (4,)]),
-    "opaque_torch_op": (lambda a, b: F.max_pool1d(a[None], 2)[0] + b[:2], [(3, 4), (4,)]),  # torch.func.vmap at run time
+    # torch.func.vmap at run time
+    "opaque_torch_op": (lambda a, b: F.max_pool1d(a[None], 2)[0] + b[:2], [(3, 4), (4,)]),
 }
 BATCH = 5
 
@@ -97,8 +99,10 @@ def test_vmap_of_a_random_in_place_program_writes_each_example_as_the_program_do
 # -- composition ---------------------------------------------------------------------------------
 def _mlp_params():
     g = torch.Generator().manual_seed(0)
-    return {"w1": torch.randn(4, 8, dtype=torch.float64, generator=g), "b1": torch.randn(8, dtype=torch.float64, generator=g),
-            "w2": torch.randn(8, 3, dtype=torch.float64, generator=g), "b2": torch.randn(3, dtype=torch.float64, generator=g)}
+    return {"w1": torch.randn(4, 8, dtype=torch.float64, generator=g),
+            "b1": torch.randn(8, dtype=torch.float64, generator=g),
+            "w2": torch.randn(8, 3, dtype=torch.float64, generator=g),
+            "b2": torch.randn(3, dtype=torch.float64, generator=g)}
 
 
 def _mlp_mse(p, x, y):
@@ -173,12 +177,14 @@ def test_out_axes_pytrees_and_unbatched_outputs():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: tf.vmap(torch.sin, in_axes=2)(torch.ones(3, 4)), r"args\[0\] the batch dim 2, out of range for a tensor of 2 dims"),
+    (lambda: tf.vmap(torch.sin, in_axes=2)(torch.ones(3, 4)),
+     r"args\[0\] the batch dim 2, out of range for a tensor of 2 dims"),
     (lambda: tf.vmap(lambda x, p: x + p["w"], in_axes=(0, {"w": 0}))(torch.ones(3), {"w": torch.ones(4)}),
      r"inconsistent batch sizes: args\[0\] has 3 along its batch dim but args\[1\]\['w'\] has 4"),
     (lambda: tf.vmap(lambda x, s: x * s)(torch.ones(3), 2.0), r"args\[1\] the batch dim 0, but it is a float"),
     (lambda: tf.vmap(torch.sin, in_axes=None)(torch.ones(3)), "no input is batched"),
-    (lambda: tf.vmap(lambda x, y: x + y, in_axes=(0,))(torch.ones(3), torch.ones(3)), "one entry per positional argument"),
+    (lambda: tf.vmap(lambda x, y: x + y, in_axes=(0,))(torch.ones(3), torch.ones(3)),
+     "one entry per positional argument"),
     (lambda: tf.vmap(lambda x: x * 2, out_axes=None)(torch.ones(3)), r"out_axes is None for the output output"),
     (lambda: tf.vmap(lambda x: x * 2, out_axes=2)(torch.ones(3)), r"output the batch dim 2, out of range"),
     (lambda: tf.vmap(lambda x: (x, 3))(torch.ones(3)), r"output\[1\] the batch dim 0, but it is a int"),
@@ -380,7 +386,8 @@ def test_per_example_gradients_through_claimed_attention_fold_into_one_fused_for
     operators batch by folding the vmapped batch into the kernels' batch (one call each), and the
     gradients are torch.func's."""
     q = torch.randn(3, 2, 4, 4, 8)
-    masks = {None: None, "bool_2d": torch.ones(4, 4, dtype=torch.bool).tril(), "per_example_4d": torch.randn(3, 2, 1, 4, 4)}
+    masks = {None: None, "bool_2d": torch.ones(4, 4, dtype=torch.bool).tril(),
+             "per_example_4d": torch.randn(3, 2, 1, 4, 4)}
     m = masks[mask]
     if mask == "per_example_4d":
         def loss(q, k, v, m):

@@ -29,7 +29,8 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import register_pytree_node
 from thunderfn.core.symbol import BoundSymbol, Symbol
 from thunderfn.core.trace import Trace, trace
-from thunderfn.errors import ConcretizationError, EscapedProxyError, ThunderFnError, UnsupportedOpError, UserGradientError
+from thunderfn.errors import (ConcretizationError, EscapedProxyError, ThunderFnError, UnsupportedOpError,
+                              UserGradientError)
 from thunderfn.dynamic_shapes import mark_dynamic, mark_static
 from thunderfn.examine import Examination, examine
 from thunderfn.jit import cache_info, jit, last_backward_traces, last_traces
@@ -54,7 +55,9 @@ def __getattr__(name):
     raise AttributeError(f"module 'thunderfn' has no attribute {name!r}")
 
 __all__ = [
-    "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "custom_jvp", "trace", "last_traces", "last_backward_traces", "cache_info", "visualize", "profile", "mark_dynamic", "mark_static", "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
-    "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "EscapedProxyError", "UserGradientError", "prims", "clang", "torch",
-    "executors", "errors", "dynamo", "debug", "testing",
+    "jit", "grad", "value_and_grad", "vjp", "jvp", "vmap", "jacrev", "jacfwd", "hessian", "custom_vjp", "custom_jvp",
+    "trace", "last_traces", "last_backward_traces", "cache_info", "visualize", "profile", "mark_dynamic", "mark_static",
+    "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
+    "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "EscapedProxyError",
+    "UserGradientError", "prims", "clang", "torch", "executors", "errors", "dynamo", "debug", "testing",
 ]

@@ -165,7 +165,8 @@ def train_demo(options) -> int:
               + ("   (jit: trace and compile)" if step == 0 else ""))
     if options.steps > 1:
         eager_ms, jit_ms = (statistics.median(t[1:]) for t in times)
-        print(f"\nmedian step after the first: eager {eager_ms:.2f} ms, jit {jit_ms:.2f} ms ({jit_ms / eager_ms:.2f}x eager)")
+        print(f"\nmedian step after the first: eager {eager_ms:.2f} ms, jit {jit_ms:.2f} ms "
+              f"({jit_ms / eager_ms:.2f}x eager)")
     print(f"{'PASS' if agree else 'FAIL'}: the jitted model's losses {'follow' if agree else 'do NOT follow'} eager's "
           f"(rtol={LOSS_RTOL:g})")
     return 0 if agree else 1

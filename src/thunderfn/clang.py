@@ -84,7 +84,8 @@ LEGACY_TYPE_NAMES = {
 }
 
 
-# how torch's C++ kernels name dtypes in their messages ("expected m1 and m2 to have the same dtype, but got: float != int")
+# how torch's C++ kernels name dtypes in their messages ("expected m1 and m2 to have the same dtype, but got: float !=
+# int")
 CPP_TYPE_NAMES = {
     torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16",
     torch.int64: "long int", torch.int32: "int", torch.int16: "short int", torch.int8: "signed char",
@@ -205,7 +206,8 @@ def infer_shape(shape, numel: int) -> tuple:
     unknown = [i for i, s in enumerate(shape) if symbolic.is_minus_one(s)]
     check(len(unknown) <= 1, lambda: "only one dimension can be inferred")
     for i, s in enumerate(shape):
-        check(symbolic.is_size(s) or s >= -1, lambda: f"invalid shape dimension {s} at index {i} of shape {list(shape)}")
+        check(symbolic.is_size(s) or s >= -1,
+              lambda: f"invalid shape dimension {s} at index {i} of shape {list(shape)}")
     if unknown:
         known = 1
         for i, s in enumerate(shape):

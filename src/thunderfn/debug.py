@@ -4,8 +4,8 @@
 not exist yet). `tf.debug.print("loss {}", loss)` records a statement instead: the compiled
 function formats and prints the real values on every call, in program order, under jit, grad,
 vjp, jvp and vmap (once for the batch, each value with its batch dimension first, as
-jax.debug.print), and in a backward. Outside tracing it prints at once. `tf.debug.breakpoint()` likewise stops in pdb on every call of the compiled
-function, in a frame whose `values` holds the tensors passed to it (`p values`).
+jax.debug.print), and in a backward. Outside tracing it prints at once. `tf.debug.breakpoint()` likewise stops in pdb on
+every call of the compiled function, in a frame whose `values` holds the tensors passed to it (`p values`).
 """
 from __future__ import annotations
 

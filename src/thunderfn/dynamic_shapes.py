@@ -85,7 +85,8 @@ def _mark(t, dim, attribute: str, what: str) -> None:
     setattr(t, attribute, marked)
 
 
-def open_dimensions(dynamic, key: CacheKey, tensors: list, compiled_keys, marked: dict | None = None) -> tuple[dict, dict]:
+def open_dimensions(dynamic, key: CacheKey, tensors: list, compiled_keys,
+                    marked: dict | None = None) -> tuple[dict, dict]:
     """(tensor number -> the dimensions a compile for this call leaves symbolic (empty: a static compile),
     (tensor number, dim) -> the size to trace an open dimension of size 1 with).
 

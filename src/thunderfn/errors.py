@@ -74,7 +74,8 @@ def invalid_argument(builtin: type) -> type:
         return builtin
     if builtin not in _INVALID_ARGUMENT:  # a rarer builtin torch raises (ZeroDivisionError, AssertionError)
         _INVALID_ARGUMENT[builtin] = type(f"Argument{builtin.__name__}", (InvalidArgumentError, builtin),
-                                          {"__module__": __name__, "__doc__": f"An InvalidArgumentError that is a {builtin.__name__}."})
+                                          {"__module__": __name__,
+                                           "__doc__": f"An InvalidArgumentError that is a {builtin.__name__}."})
     return _INVALID_ARGUMENT[builtin]
 
 

@@ -80,7 +80,8 @@ def _classify(func, args, kwargs) -> tuple[str, str]:
         return "user gradient", ("custom op with register_autograd: its backward is the gradient; vmap by torch's "
                                  "vmap of the op and the backward; no jvp")
     if lookup(_VALUE_READS, func):
-        return "needs a value", "reads a tensor's value: keep it a tensor (torch.where), or pass it as a static argument"
+        return ("needs a value",
+                "reads a tensor's value: keep it a tensor (torch.where), or pass it as a static argument")
     if is_in_place(func):
         return "in-place", "functionalized (written back if it mutates an input or captured tensor)"
     handler = find_handler(func)

@@ -63,7 +63,8 @@ def _shape_check(a: str, i: int, shape, namespace: dict) -> list[str]:
     if None not in shape:
         namespace[f"shape{i}"] = shape
         return [f"{a}.shape == shape{i}"]
-    return [f"len({a}.shape) == {len(shape)}", *(f"{a}.shape[{d}] == {n}" for d, n in enumerate(shape) if n is not None)]
+    return [f"len({a}.shape) == {len(shape)}",
+            *(f"{a}.shape[{d}] == {n}" for d, n in enumerate(shape) if n is not None)]
 
 
 MISS = object()  # what a check-and-call function returns when the call is not its entry's

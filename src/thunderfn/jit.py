@@ -293,7 +293,8 @@ class JitState:
     def run(self, entry: CacheEntry, args, kwargs, leaves):
         """Call a cache entry, and make it the fast path's for calls like this one."""
         self.last_traces, self.last_backward_traces = entry.traces, entry.backward_traces
-        if (not self.static_argnums and not entry.key.autocast and len(entry.tensor_positions) == len(args) + len(kwargs)
+        if (not self.static_argnums and not entry.key.autocast
+                and len(entry.tensor_positions) == len(args) + len(kwargs)
                 and all(isinstance(a, Tensor) for a in args) and all(isinstance(v, Tensor) for v in kwargs.values())
                 and not (isinstance(entry.fn, Guarded) and entry.fn.grad_reads)):
             # (an entry reading .grad at call time takes extra inputs: it stays on this path)
@@ -491,8 +492,8 @@ context.register_jit(jit, jit_evicting)
 def _compiled_state(fn, what: str) -> JitState:
     state = getattr(fn, "_thunderfn_state", None)
     if state is None:
-        raise ArgumentTypeError(f"{what} expects a function returned by thunderfn.jit (or another thunderfn transform), "
-                        f"got {_fn_name(fn)}")
+        raise ArgumentTypeError(f"{what} expects a function returned by thunderfn.jit (or another "
+                                f"thunderfn transform), got {_fn_name(fn)}")
     if not state.last_traces:
         raise NoTraceError(f"'{_fn_name(fn)}' has not been called yet, so it has no traces")
     return state

@@ -470,6 +470,7 @@ def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=
     named.update(name for name, _ in module.named_buffers(remove_duplicate=False))
     unknown = set(parameters_and_buffers) - named
     if unknown:
-        raise ArgumentValueError(f"functional_call: {type(module).__name__} has no parameters or buffers named {sorted(unknown)}")
+        raise ArgumentValueError(f"functional_call: {type(module).__name__} has no parameters or buffers "
+                                 f"named {sorted(unknown)}")
     return torch.func.functional_call(module, parameters_and_buffers, args if isinstance(args, tuple) else (args,),
                                       kwargs or {})

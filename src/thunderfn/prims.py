@@ -43,7 +43,8 @@ class PrimIDs(enum.Enum):
     LOG = enum.auto(); LOG1P = enum.auto(); LOG2 = enum.auto(); LOG10 = enum.auto()
     SQRT = enum.auto(); RSQRT = enum.auto(); RECIPROCAL = enum.auto()
     SIN = enum.auto(); COS = enum.auto(); TAN = enum.auto(); ASIN = enum.auto(); ACOS = enum.auto(); ATAN = enum.auto()
-    SINH = enum.auto(); COSH = enum.auto(); TANH = enum.auto(); ASINH = enum.auto(); ACOSH = enum.auto(); ATANH = enum.auto()
+    SINH = enum.auto(); COSH = enum.auto(); TANH = enum.auto()
+    ASINH = enum.auto(); ACOSH = enum.auto(); ATANH = enum.auto()
     ERF = enum.auto(); ERFC = enum.auto(); ERFINV = enum.auto(); LGAMMA = enum.auto(); DIGAMMA = enum.auto()
     FLOOR = enum.auto(); CEIL = enum.auto(); ROUND = enum.auto(); TRUNC = enum.auto(); SIGN = enum.auto()
     SIGNBIT = enum.auto(); BITWISE_NOT = enum.auto(); ISFINITE = enum.auto(); ISNAN = enum.auto()
@@ -132,7 +133,8 @@ def check_tensor(a, opname: str, argname: str = "input") -> None:
 
 def canonical_dim(dim: int, ndim: int) -> int:
     n = max(ndim, 1)
-    check(-n <= dim < n, lambda: f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})", IndexError)
+    check(-n <= dim < n,
+          lambda: f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})", IndexError)
     return dim % n
 
 
@@ -179,7 +181,8 @@ def dtype_kind(dtype) -> str:
 _SCALAR_TYPE_NAMES = {
     torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
     torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-    torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble", torch.complex32: "ComplexHalf",
+    torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+    torch.complex32: "ComplexHalf",
 }
 
 
@@ -203,8 +206,8 @@ class Promotion(enum.Enum):
     BOOL_TO_LONG = "bool_to_long"  # bool results become int64 (sum of bools)
 
 
-DEFAULT, INT_TO_FLOAT, ALWAYS_BOOL, COMPLEX_TO_FLOAT = (Promotion.DEFAULT, Promotion.INT_TO_FLOAT, Promotion.ALWAYS_BOOL,
-                                                        Promotion.COMPLEX_TO_FLOAT)
+DEFAULT, INT_TO_FLOAT, ALWAYS_BOOL, COMPLEX_TO_FLOAT = (Promotion.DEFAULT, Promotion.INT_TO_FLOAT,
+                                                        Promotion.ALWAYS_BOOL, Promotion.COMPLEX_TO_FLOAT)
 
 
 def _prim_dtype(promotion: Promotion, dtype: torch.dtype) -> torch.dtype:
@@ -310,11 +313,14 @@ def _binary_meta(name, supported=ANY, promotion=Promotion.DEFAULT):
             check(a.shape == b.shape or a.ndim == 0 or b.ndim == 0,
                   lambda: f"prims.{name}: expected inputs of the same shape, got {tuple(a.shape)} and {tuple(b.shape)} "
                           f"(clang.{name} broadcasts)")
-            check(a.device == b.device or (a.ndim == 0 and a.device.type == "cpu") or (b.ndim == 0 and b.device.type == "cpu"),
-                  lambda: f"Expected all tensors to be on the same device, but found at least two devices, {a.device} and {b.device}!")
+            check(a.device == b.device or (a.ndim == 0 and a.device.type == "cpu")
+                  or (b.ndim == 0 and b.device.type == "cpu"),
+                  lambda: "Expected all tensors to be on the same device, but found at least two devices, "
+                          f"{a.device} and {b.device}!")
         big = max(tensors, key=lambda t: t.ndim)
         dtype = tensors[0].dtype
-        check_dtype_supported(dtype_kind(dtype) in supported, name, dtype, f" (prims.{name} takes {' or '.join(supported)} tensors)")
+        check_dtype_supported(dtype_kind(dtype) in supported, name, dtype,
+                              f" (prims.{name} takes {' or '.join(supported)} tensors)")
         return _out(big, dtype=_prim_dtype(promotion, dtype))
 
     return meta
@@ -386,19 +392,21 @@ pow = binary_op(PrimIDs.POW, ANY, nvfuser="pow")
 maximum = binary_op(PrimIDs.MAXIMUM, ANY, ltorch=TorchSymbol(number_input=False, number_other=False), nvfuser="maximum")
 minimum = binary_op(PrimIDs.MINIMUM, ANY, ltorch=TorchSymbol(number_input=False, number_other=False), nvfuser="minimum")
 eq = binary_op(PrimIDs.EQ, ANY, ALWAYS_BOOL, ltorch=TorchSymbol((_T.__eq__,), number_input=False), nvfuser="eq")
-ne = binary_op(PrimIDs.NE, ANY, ALWAYS_BOOL, ltorch=TorchSymbol((_T.__ne__, torch.not_equal, _T.not_equal), number_input=False),
-               nvfuser="ne")
-lt = binary_op(PrimIDs.LT, ANY, ALWAYS_BOOL, ltorch=TorchSymbol((_T.__lt__, torch.less, _T.less), number_input=False), nvfuser="lt")
-le = binary_op(PrimIDs.LE, ANY, ALWAYS_BOOL, ltorch=TorchSymbol((_T.__le__, torch.less_equal, _T.less_equal), number_input=False),
-               nvfuser="le")
-gt = binary_op(PrimIDs.GT, ANY, ALWAYS_BOOL, ltorch=TorchSymbol((_T.__gt__, torch.greater, _T.greater), number_input=False),
-               nvfuser="gt")
+ne = binary_op(PrimIDs.NE, ANY, ALWAYS_BOOL,
+               ltorch=TorchSymbol((_T.__ne__, torch.not_equal, _T.not_equal), number_input=False), nvfuser="ne")
+lt = binary_op(PrimIDs.LT, ANY, ALWAYS_BOOL,
+               ltorch=TorchSymbol((_T.__lt__, torch.less, _T.less), number_input=False), nvfuser="lt")
+le = binary_op(PrimIDs.LE, ANY, ALWAYS_BOOL,
+               ltorch=TorchSymbol((_T.__le__, torch.less_equal, _T.less_equal), number_input=False), nvfuser="le")
+gt = binary_op(PrimIDs.GT, ANY, ALWAYS_BOOL,
+               ltorch=TorchSymbol((_T.__gt__, torch.greater, _T.greater), number_input=False), nvfuser="gt")
 ge = binary_op(PrimIDs.GE, ANY, ALWAYS_BOOL,
                ltorch=TorchSymbol((_T.__ge__, torch.greater_equal, _T.greater_equal), number_input=False), nvfuser="ge")
 fmod = binary_op(PrimIDs.FMOD, (FLOAT, INT), nvfuser="fmod")
 remainder = binary_op(PrimIDs.REMAINDER, (FLOAT, INT), nvfuser="remainder")
 atan2 = binary_op(PrimIDs.ATAN2, (FLOAT,), INT_TO_FLOAT,
-                  ltorch=TorchSymbol((_T.arctan2, torch.arctan2), number_input=False, number_other=False), nvfuser="atan2")
+                  ltorch=TorchSymbol((_T.arctan2, torch.arctan2), number_input=False, number_other=False),
+                  nvfuser="atan2")
 copysign = binary_op(PrimIDs.COPYSIGN, (FLOAT,), INT_TO_FLOAT, ltorch=TorchSymbol(number_input=False))
 nextafter = binary_op(PrimIDs.NEXTAFTER, (FLOAT,), INT_TO_FLOAT, nvfuser="nextafter")
 bitwise_and = binary_op(PrimIDs.BITWISE_AND, (INT, BOOL), ltorch=TorchSymbol((_T.__and__,)), nvfuser="bitwise_and")
@@ -426,12 +434,15 @@ div = binary_op(PrimIDs.DIV, (FLOAT, INT, COMPLEX), meta=_div_meta, clang=False)
 
 def _where_meta(pred, a, b):
     check_tensor(pred, "prims.where", "condition")
-    check(pred.dtype is torch.bool, lambda: f"where expected condition to be a boolean tensor, but got a tensor with dtype {pred.dtype}")
+    check(pred.dtype is torch.bool,
+          lambda: f"where expected condition to be a boolean tensor, but got a tensor with dtype {pred.dtype}")
     tensors = [x for x in (pred, a, b) if isinstance(x, TensorProxy)]
     values = [x for x in (a, b) if isinstance(x, TensorProxy)]
     check(all(t.shape == pred.shape or t.ndim == 0 for t in tensors),
-          lambda: f"prims.where: expected inputs of the same shape, got {[tuple(t.shape) for t in tensors]} (clang.where broadcasts)")
-    check(len({t.dtype for t in values}) <= 1, lambda: f"expected scalar type {values[0].dtype} but found {values[-1].dtype}")
+          lambda: f"prims.where: expected inputs of the same shape, got {[tuple(t.shape) for t in tensors]} "
+                  "(clang.where broadcasts)")
+    check(len({t.dtype for t in values}) <= 1,
+          lambda: f"expected scalar type {values[0].dtype} but found {values[-1].dtype}")
     dtype = values[0].dtype if values else dtypes.result_type(a, b)
     return _out(pred, dtype=dtype)
 
@@ -450,7 +461,8 @@ def _reduction(id, name, impl, out_dtype=None):
         dims = canonical_dims(dims, a.ndim) if a.ndim else ()  # a 0-dim tensor takes dim 0, reducing nothing
         if name in ("amax", "amin"):  # no identity element to return for an empty reduction
             for d in dims:
-                check(a.shape[d] != 0, lambda: f"{name}(): Expected reduction dim {d} to have non-zero size.", IndexError)
+                check(a.shape[d] != 0,
+                      lambda: f"{name}(): Expected reduction dim {d} to have non-zero size.", IndexError)
         return _out(a, shape=_reduced_shape(a, dims), dtype=out_dtype(a.dtype) if out_dtype else a.dtype)
 
     return make_prim(id, name, meta=meta, impl=impl, tags=("reduction",))
@@ -464,7 +476,8 @@ _reduction(PrimIDs.AMIN, "amin", prims_eager.reduce_amin)
 
 def _var_meta(a, dims, *, correction):
     check_tensor(a, "prims.var")
-    check(dtypes.is_inexact(a.dtype), lambda: f"std and var only support floating point and complex dtypes, got {a.dtype}")
+    check(dtypes.is_inexact(a.dtype),
+          lambda: f"std and var only support floating point and complex dtypes, got {a.dtype}")
     dims = canonical_dims(dims, a.ndim)
     return _out(a, shape=_reduced_shape(a, dims), dtype=dtypes.to_real(a.dtype))
 
@@ -484,10 +497,12 @@ def _arg_reduction(id, name, impl):
     def meta(a, dim):
         check_tensor(a, f"prims.{name}")
         if dim is None:
-            check(a.numel() > 0, lambda: f"{name}(): Expected reduction dim to be specified for input.numel() == 0.", IndexError)
+            check(a.numel() > 0,
+                  lambda: f"{name}(): Expected reduction dim to be specified for input.numel() == 0.", IndexError)
             return _out(a, shape=(), dtype=torch.int64)
         d = canonical_dim(dim, a.ndim)
-        check(a.ndim == 0 or a.shape[d] != 0, lambda: f"{name}(): Expected reduction dim {d} to have non-zero size.", IndexError)
+        check(a.ndim == 0 or a.shape[d] != 0,
+              lambda: f"{name}(): Expected reduction dim {d} to have non-zero size.", IndexError)
         return _out(a, shape=_reduced_shape(a, (d,)), dtype=torch.int64)
 
     return make_prim(id, name, meta=meta, impl=impl, tags=("reduction", TAG_NOT_DIFFERENTIABLE))  # (integer indices)
@@ -504,7 +519,8 @@ def _broadcast_in_dim_meta(a, shape, broadcast_dimensions):
     check(len(bdims) == a.ndim, lambda: f"prims.broadcast_in_dim: need one broadcast dimension per input dimension, "
                                         f"got {bdims} for a {a.ndim}-d tensor")
     check(all(0 <= d < len(shape) for d in bdims) and list(bdims) == sorted(set(bdims)),
-          lambda: f"prims.broadcast_in_dim: broadcast_dimensions {bdims} must be increasing and within the {len(shape)}-d output")
+          lambda: f"prims.broadcast_in_dim: broadcast_dimensions {bdims} must be increasing and within the "
+                  f"{len(shape)}-d output")
     for i, d in enumerate(bdims):
         check(symbolic.expands_to(a.shape[i], shape[d]),
               lambda: f"The expanded size of the tensor ({shape[d]}) must match the existing size ({a.shape[i]}) "
@@ -520,7 +536,8 @@ def _reshape_meta(a, shape):
     check_tensor(a, "prims.reshape")
     shape = tuple(shape)
     check(all(symbolic.is_int(s) and s >= 0 for s in shape), lambda: f"prims.reshape: invalid shape {shape}")
-    check(symbolic.product(shape) == a.numel(), lambda: f"shape '{list(shape)}' is invalid for input of size {a.numel()}")
+    check(symbolic.product(shape) == a.numel(),
+          lambda: f"shape '{list(shape)}' is invalid for input of size {a.numel()}")
     return _out(a, shape=shape)
 
 
@@ -531,7 +548,8 @@ def _transpose_meta(a, permutation):
     check_tensor(a, "prims.transpose")
     perm = tuple(permutation)
     check(sorted(perm) == list(range(a.ndim)),
-          lambda: f"permute(sparse_coo): number of dimensions in the tensor input does not match the length of the desired ordering of dimensions i.e. input.dim() = {a.ndim} is not equal to len(dims) = {len(perm)}"
+          lambda: "permute(sparse_coo): number of dimensions in the tensor input does not match the length of the "
+                  f"desired ordering of dimensions i.e. input.dim() = {a.ndim} is not equal to len(dims) = {len(perm)}"
           if len(perm) != a.ndim else "permute(): duplicate dims are not allowed.")
     return _out(a, shape=tuple(a.shape[p] for p in perm))
 
@@ -546,7 +564,8 @@ def _slice_meta(a, start_indices, end_indices, strides=None):
           lambda: f"prims.slice: expected {a.ndim} start, end and stride values")
     shape = []
     for s, e, st, n in zip(start_indices, end_indices, strides, a.shape):
-        check(0 <= s <= e <= n and st >= 1, lambda: f"prims.slice: invalid slice [{s}:{e}:{st}] of a dimension of length {n}")
+        check(0 <= s <= e <= n and st >= 1,
+              lambda: f"prims.slice: invalid slice [{s}:{e}:{st}] of a dimension of length {n}")
         shape.append((e - s + st - 1) // st)
     return _out(a, shape=tuple(shape))
 
@@ -557,7 +576,8 @@ make_prim(PrimIDs.SLICE, "slice", meta=_slice_meta, impl=prims_eager.slice_prim,
 def _squeeze_meta(a, dims):
     check_tensor(a, "prims.squeeze")
     dims = canonical_dims(dims, a.ndim)
-    check(all(a.shape[d] == 1 for d in dims), lambda: f"prims.squeeze: dims {dims} of shape {tuple(a.shape)} are not all 1")
+    check(all(a.shape[d] == 1 for d in dims),
+          lambda: f"prims.squeeze: dims {dims} of shape {tuple(a.shape)} are not all 1")
     return _out(a, shape=_reduced_shape(a, dims))
 
 
@@ -565,18 +585,23 @@ make_prim(PrimIDs.SQUEEZE, "squeeze", meta=_squeeze_meta, impl=torch.squeeze, ta
 
 
 def _cat_meta(tensors, dim):
-    check(isinstance(tensors, (list, tuple)) and len(tensors) > 0, lambda: "torch.cat(): expected a non-empty list of Tensors", ValueError if not tensors else TypeError)
+    check(isinstance(tensors, (list, tuple)) and len(tensors) > 0,
+          lambda: "torch.cat(): expected a non-empty list of Tensors", ValueError if not tensors else TypeError)
     for t in tensors:
         check_tensor(t, "prims.cat", "tensors")
     first = tensors[0]
     d = canonical_dim(dim, first.ndim)
     for i, t in enumerate(tensors):
-        check(t.ndim == first.ndim, lambda: f"Tensors must have same number of dimensions: got {first.ndim} and {t.ndim}")
-        check(t.dtype == first.dtype, lambda: f"prims.cat: expected tensors of one dtype, got {first.dtype} and {t.dtype} (ltorch.cat promotes)")
-        check(t.device == first.device, lambda: f"Expected all tensors to be on the same device, but found at least two devices, {first.device} and {t.device}!")
+        check(t.ndim == first.ndim,
+              lambda: f"Tensors must have same number of dimensions: got {first.ndim} and {t.ndim}")
+        check(t.dtype == first.dtype, lambda: f"prims.cat: expected tensors of one dtype, got {first.dtype} and "
+                                              f"{t.dtype} (ltorch.cat promotes)")
+        check(t.device == first.device, lambda: "Expected all tensors to be on the same device, but found at least "
+                                                f"two devices, {first.device} and {t.device}!")
         for j in range(first.ndim):
             check(j == d or t.shape[j] == first.shape[j],
-                  lambda: f"Sizes of tensors must match except in dimension {d}. Expected size {first.shape[j]} but got size {t.shape[j]} for tensor number {i} in the list.")
+                  lambda: f"Sizes of tensors must match except in dimension {d}. Expected size {first.shape[j]} but "
+                          f"got size {t.shape[j]} for tensor number {i} in the list.")
     shape = list(first.shape)
     shape[d] = builtins.sum(t.shape[d] for t in tensors)  # `sum` is the prim here
     return _out(first, shape=tuple(shape))
@@ -621,10 +646,12 @@ def _take_along_axis_meta(a, index, dim):
     _check_index(index, "gather")
     d = canonical_dim(dim, a.ndim)
     # torch reads a 0-dim tensor as 1-dim here
-    check(max(index.ndim, 1) == max(a.ndim, 1), lambda: "Index tensor must have the same number of dimensions as input tensor")
+    check(max(index.ndim, 1) == max(a.ndim, 1),
+          lambda: "Index tensor must have the same number of dimensions as input tensor")
     for i in range(min(a.ndim, index.ndim)):
         check(i == d or index.shape[i] <= a.shape[i],
-              lambda: f"Size does not match at dimension {i} expected index {list(index.shape)} to be no larger than self {list(a.shape)} apart from dimension {d}")
+              lambda: f"Size does not match at dimension {i} expected index {list(index.shape)} to be no larger than "
+                      f"self {list(a.shape)} apart from dimension {d}")
     return _out(a, shape=index.shape)
 
 
@@ -648,7 +675,8 @@ make_prim(PrimIDs.NONZERO, "nonzero", meta=_nonzero_meta, impl=torch.nonzero,
 
 # -- conversions -----------------------------------------------------------------------
 def _convert_element_type_meta(a, dtype):
-    check(isinstance(dtype, torch.dtype), lambda: f"prims.convert_element_type: expected a torch.dtype, got {dtype!r}", TypeError)
+    check(isinstance(dtype, torch.dtype),
+          lambda: f"prims.convert_element_type: expected a torch.dtype, got {dtype!r}", TypeError)
     if isinstance(a, symbolic.NUMBER_TYPES):
         raise ArgumentTypeError("prims.convert_element_type converts tensors; convert numbers in Python")
     check_tensor(a, "prims.convert_element_type")
@@ -675,7 +703,8 @@ def _broadcast_batch(a_batch, b_batch) -> list:
     a_batch, b_batch = (1,) * (ndim - len(a_batch)) + tuple(a_batch), (1,) * (ndim - len(b_batch)) + tuple(b_batch)
     for j, (x, y) in enumerate(zip(a_batch, b_batch)):
         check(symbolic.broadcastable(x, y),
-              lambda: f"The size of tensor a ({x}) must match the size of tensor b ({y}) at non-singleton dimension {j}")
+              lambda: f"The size of tensor a ({x}) must match the size of tensor b ({y}) at "
+                      f"non-singleton dimension {j}")
     return [symbolic.broadcast_size(x, y) for x, y in zip(a_batch, b_batch)]
 
 
@@ -685,7 +714,8 @@ def matmul_shape(a_shape, b_shape) -> tuple:
     check(an > 0 and bn > 0, lambda: f"both arguments to matmul need to be at least 1D, but they are {an}D and {bn}D")
     if an == 1 and bn == 1:
         check(a_shape[0] == b_shape[0],
-              lambda: f"inconsistent tensor size, expected tensor [{a_shape[0]}] and src [{b_shape[0]}] to have the same number of elements, but got {a_shape[0]} and {b_shape[0]} elements respectively")
+              lambda: f"inconsistent tensor size, expected tensor [{a_shape[0]}] and src [{b_shape[0]}] to have the "
+                      f"same number of elements, but got {a_shape[0]} and {b_shape[0]} elements respectively")
         return ()
     a2 = (1, a_shape[0]) if an == 1 else tuple(a_shape)
     b2 = (b_shape[0], 1) if bn == 1 else tuple(b_shape)
@@ -693,11 +723,13 @@ def matmul_shape(a_shape, b_shape) -> tuple:
     if bn == 1:  # torch folds a's batch into rows: a matrix-vector product
         check(a2[-1] == b2[-2], lambda: f"size mismatch, got input ({rows}), mat ({rows}x{a2[-1]}), vec ({b_shape[0]})")
     elif bn == 2:  # a's batch folds into rows: one matrix product
-        check(a2[-1] == b2[-2], lambda: f"mat1 and mat2 shapes cannot be multiplied ({rows if an > 2 else a2[-2]}x{a2[-1]} and {b2[-2]}x{b2[-1]})")
+        check(a2[-1] == b2[-2], lambda: "mat1 and mat2 shapes cannot be multiplied "
+                                        f"({rows if an > 2 else a2[-2]}x{a2[-1]} and {b2[-2]}x{b2[-1]})")
     batch = _broadcast_batch(a2[:-2], b2[:-2])
     if bn > 2:  # a batched matrix product over the broadcast batch
         b = symbolic.product(batch)
-        check(a2[-1] == b2[-2], lambda: f"Expected size for first two dimensions of batch2 tensor to be: [{b}, {a2[-1]}] but got: [{b}, {b2[-2]}].")
+        check(a2[-1] == b2[-2], lambda: f"Expected size for first two dimensions of batch2 tensor to be: [{b}, "
+                                        f"{a2[-1]}] but got: [{b}, {b2[-2]}].")
     return tuple(batch + ([] if an == 1 else [a2[-2]]) + ([] if bn == 1 else [b2[-1]]))
 
 
@@ -705,7 +737,8 @@ def _matmul_meta(a, b):
     check_tensor(a, "prims.matmul")
     check_tensor(b, "prims.matmul", "other")
     check(a.dtype == b.dtype, lambda: f"expected m1 and m2 to have the same dtype, but got: {a.dtype} != {b.dtype}")
-    check(a.device == b.device, lambda: f"Expected all tensors to be on the same device, but found at least two devices, {a.device} and {b.device}!")
+    check(a.device == b.device, lambda: "Expected all tensors to be on the same device, but found at least two "
+                                        f"devices, {a.device} and {b.device}!")
     return _out(a, shape=matmul_shape(a.shape, b.shape))
 
 
@@ -718,9 +751,12 @@ _FACTORY_TAGS = (TAG_NOT_DIFFERENTIABLE, TAG_CHEAP, TAG_NOT_BATCHED)
 
 
 def _full_meta(shape, fill_value, *, device, dtype):
-    check(all(symbolic.is_int(s) for s in shape), lambda: f"full(): shape must be a sequence of ints, got {shape}", TypeError)
-    check(all(s >= 0 for s in shape), lambda: f"Trying to create tensor with negative dimension {min(shape)}: {list(shape)}")
-    check(isinstance(fill_value, symbolic.NUMBER_TYPES), lambda: f"full(): fill_value must be a number, got {type(fill_value).__name__}", TypeError)
+    check(all(symbolic.is_int(s) for s in shape),
+          lambda: f"full(): shape must be a sequence of ints, got {shape}", TypeError)
+    check(all(s >= 0 for s in shape),
+          lambda: f"Trying to create tensor with negative dimension {min(shape)}: {list(shape)}")
+    check(isinstance(fill_value, symbolic.NUMBER_TYPES),
+          lambda: f"full(): fill_value must be a number, got {type(fill_value).__name__}", TypeError)
     return TensorProxy(shape=tuple(shape), dtype=dtype, device=torch.device(device))
 
 
@@ -728,7 +764,8 @@ make_prim(PrimIDs.FULL, "full", meta=_full_meta, impl=torch.full, tags=_FACTORY_
 
 
 def _iota_meta(length, *, start, step, device, dtype):
-    check(symbolic.is_int(length) and length >= 0, lambda: f"prims.iota: length must be a non-negative int, got {length}")
+    check(symbolic.is_int(length) and length >= 0,
+          lambda: f"prims.iota: length must be a non-negative int, got {length}")
     return TensorProxy(shape=(length,), dtype=dtype, device=torch.device(device))
 
 
@@ -794,12 +831,14 @@ def _scatter(id, name, impl):
         check(index.dtype in (torch.int64, torch.int32), lambda: f"{name}(): Expected dtype int32/int64 for index")
         d = canonical_dim(dim, a.ndim)
         check(value.dtype == a.dtype, lambda: f"{name}(): Expected self.dtype to be equal to src.dtype")
-        check(max(index.ndim, 1) == max(a.ndim, 1), lambda: "Index tensor must have the same number of dimensions as self tensor")
+        check(max(index.ndim, 1) == max(a.ndim, 1),
+              lambda: "Index tensor must have the same number of dimensions as self tensor")
         check(tuple(value.shape) == tuple(index.shape),
               lambda: f"prims.{name}: value must have index's shape {list(index.shape)}, got {list(value.shape)}")
         for i in range(min(a.ndim, index.ndim)):
             check(i == d or index.shape[i] <= a.shape[i],
-                  lambda: f"Expected index {list(index.shape)} to be no larger than self {list(a.shape)} apart from dimension {d}")
+                  lambda: f"Expected index {list(index.shape)} to be no larger than self {list(a.shape)} "
+                          f"apart from dimension {d}")
         return _out(a)
 
     return make_prim(id, name, meta=meta, impl=impl)

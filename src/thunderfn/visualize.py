@@ -111,7 +111,8 @@ def _engine(layout: str) -> str:
         raise ArgumentValueError(f"visualize: layout must be 'auto', 'graphviz' or 'grandalf', got {layout!r}")
     has_dot, has_grandalf = shutil.which("dot") is not None, _Sugiyama is not None
     if layout == "graphviz" and not has_dot:
-        raise UnsupportedOpError("visualize: layout='graphviz' needs Graphviz's `dot` on PATH (apt-get install graphviz)")
+        raise UnsupportedOpError("visualize: layout='graphviz' needs Graphviz's `dot` on PATH "
+                                 "(apt-get install graphviz)")
     if layout == "grandalf" and not has_grandalf:
         raise UnsupportedOpError("visualize: layout='grandalf' needs grandalf (pip install grandalf)")
     if layout == "auto":
@@ -128,7 +129,8 @@ def _traces_of(fn_or_trace):
     if isinstance(fn_or_trace, Trace):
         return [("trace", fn_or_trace, {}, None)]
     if not callable(fn_or_trace):
-        raise ArgumentTypeError(f"visualize expects a function from tf.jit or a Trace, got {type(fn_or_trace).__name__}")
+        raise ArgumentTypeError("visualize expects a function from tf.jit or a Trace, got "
+                                f"{type(fn_or_trace).__name__}")
     forward = last_traces(fn_or_trace)
     if not forward:
         raise ArgumentValueError("visualize: this function has not been compiled yet; call it once first")
@@ -263,8 +265,9 @@ def _svg_graphviz(graph: Dataflow) -> str:
                 f'tooltip="{tooltip}", class="{n.kind}"{border}];')
 
     for region, executor in graph.regions.items():
-        lines.append(f'subgraph "cluster_{region}" {{ label="{_region_label(graph, region, executor)}"; style="dashed,rounded"; '
-                     f'color="{executor_color(executor)}"; penwidth=2; fontname="Helvetica"; fontsize=11;')
+        lines.append(f'subgraph "cluster_{region}" {{ label="{_region_label(graph, region, executor)}"; '
+                     f'style="dashed,rounded"; color="{executor_color(executor)}"; penwidth=2; '
+                     'fontname="Helvetica"; fontsize=11;')
         lines += [node_line(n) for n in graph.nodes_of(region)]
         lines.append("}")
     lines += [node_line(n) for n in graph.nodes.values() if n.region is None]

@@ -58,7 +58,8 @@ def to_complex(dtype: torch.dtype) -> torch.dtype:
 
 
 def to_real(dtype: torch.dtype) -> torch.dtype:
-    return {torch.complex128: torch.float64, torch.complex64: torch.float32, torch.complex32: torch.float16}.get(dtype, dtype)
+    return {torch.complex128: torch.float64, torch.complex64: torch.float32,
+            torch.complex32: torch.float16}.get(dtype, dtype)
 
 
 def scalar_dtype(value) -> torch.dtype:

@@ -379,7 +379,8 @@ class GuardRecorder:
         for table in _MODULE_HOOK_TABLES:
             hooks = module.__dict__.get(table)
             if hooks is not None:
-                self.guards.add(hooks, "", None, "pending keys", f"the {table.lstrip('_').replace('_', ' ')} of {owner}")
+                self.guards.add(hooks, "", None, "pending keys",
+                                f"the {table.lstrip('_').replace('_', ' ')} of {owner}")
         globals_ = sys.modules["torch.nn.modules.module"].__dict__
         for table in _GLOBAL_HOOK_TABLES:
             hooks = globals_.get(table)

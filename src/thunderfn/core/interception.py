@@ -340,7 +340,8 @@ def tensors_by_position(symbol, args, kwargs):
     params = _positional_parameters(symbol.fn)
     names = [p.name for p in params]
     for torch_name_, position in _TORCH_KEYWORDS.items():
-        if torch_name_ in kwargs and torch_name_ not in names and position < len(names) and names[position] not in kwargs:
+        if (torch_name_ in kwargs and torch_name_ not in names and position < len(names)
+                and names[position] not in kwargs):
             kwargs = dict(kwargs)
             kwargs[names[position]] = kwargs.pop(torch_name_)
     named = [i for i, p in enumerate(params) if i >= len(args) and contains_tensor(kwargs.get(p.name))]

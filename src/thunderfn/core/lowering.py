@@ -46,5 +46,5 @@ class Lowering:
 
     def __post_init__(self):
         if not isinstance(self.action, LoweringAction):
-            raise ArgumentTypeError(f"a Lowering's action is TraceInPlace, RunAsOperator, RunAsItself or RunWithTorch, got "
-                            f"{type(self.action).__name__}")
+            raise ArgumentTypeError("a Lowering's action is TraceInPlace, RunAsOperator, RunAsItself "
+                                    f"or RunWithTorch, got {type(self.action).__name__}")

@@ -34,7 +34,8 @@ def dce(trc):
     kept = []
     for bsym in reversed(trc.bound_symbols):
         outs = bsym.proxy_outs()
-        if "no_dce" in bsym.sym.tags or any(o.name in needed for o in outs) or makes.get(id(bsym), set()) & sizes_needed:
+        if ("no_dce" in bsym.sym.tags or any(o.name in needed for o in outs)
+                or makes.get(id(bsym), set()) & sizes_needed):
             kept.append(bsym)
             needed.update(a.name for a in bsym.proxy_args())
             sizes_needed |= symbolic.unbacked_names((bsym.args, bsym.kwargs))

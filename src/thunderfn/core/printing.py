@@ -125,11 +125,13 @@ def format_call(bsym, ns: Namespace) -> str:
     parts += [f"{k}={format_value(v, ns)}" for k, v in bsym.kwargs.items()]
     if not all(part.isidentifier() for part in bsym.sym.print_name.split(".")):
         # generated code is compiled: a name that is not a dotted identifier would be code, not a name
-        raise ArgumentValueError(f"{bsym.sym.name!r} prints as {bsym.sym.print_name!r}, which is not a (dotted) Python name")
+        raise ArgumentValueError(f"{bsym.sym.name!r} prints as {bsym.sym.print_name!r}, which is not a "
+                                 "(dotted) Python name")
     for name, value in bsym.sym.namespace.items():  # an executor's operator named like a helper must not replace it
         if ns.setdefault(name, value) is not value:
-            raise ArgumentValueError(f"generated code would bind '{name}' to two different objects ({bsym.sym.print_name} and "
-                             f"an earlier name); rename the operator (register_operator's name)")
+            raise ArgumentValueError(f"generated code would bind '{name}' to two different objects "
+                                     f"({bsym.sym.print_name} and an earlier name); rename the operator "
+                                     "(register_operator's name)")
     return f"{bsym.sym.print_name}({', '.join(parts)})"
 
 
@@ -364,7 +366,8 @@ def render(trc) -> tuple[str, Namespace]:
     params = ", ".join([*(a.name for a in trc.args), *trc.size_args])
     if trc.args_in_list:  # the caller's list is its only reference to each tensor: emptied, each dies at its del
         n_params = len(trc.args) + len(trc.size_args)
-        unpack = [f"  {params}{',' if n_params == 1 else ''} = {ARGS_LIST}", f"  {ARGS_LIST}.clear()"] if n_params else []
+        unpack = ([f"  {params}{',' if n_params == 1 else ''} = {ARGS_LIST}", f"  {ARGS_LIST}.clear()"]
+                  if n_params else [])
         body, params = unpack + body, ARGS_LIST
     source = "\n".join(header + ["", f"def {trc.def_name}({params}):", *body]) + "\n"
     return source, ns
@@ -392,7 +395,8 @@ def _held(trc) -> set:
 
 
 def _local_names(trc) -> set:
-    return {a.name for a in trc.args} | {o.name for b in trc.bound_symbols for o in b.proxy_outs() if o.constant is None}
+    return {a.name for a in trc.args} | {o.name for b in trc.bound_symbols for o in b.proxy_outs()
+                                         if o.constant is None}
 
 
 def _renamed(trc, names: set):

@@ -1,8 +1,8 @@
 """TensorProxy: what traced code holds in place of a tensor.
 
 A proxy is not a torch.Tensor subclass. It carries metadata only (shapes are
-concrete, as in JAX, or symbolic where jit opened a dimension: core/symbolic.py), and every torch call made on it, as a function
-(`torch.add(p, q)`), a method (`p.view(2, 3)`) or an operator (`p @ q`), is traced
+concrete, as in JAX, or symbolic where jit opened a dimension: core/symbolic.py), and every torch call made on it, as a
+function (`torch.add(p, q)`), a method (`p.view(2, 3)`) or an operator (`p @ q`), is traced
 by the symbol registered for that torch callable: core/interception.py, which
 imports this module, gives TensorProxy those entry points (`__torch_function__`,
 `__getattr__`, the operators, `.grad`). Asking for a value (`bool(p)`, `p.item()`)
@@ -192,18 +192,21 @@ class TensorProxy(Proxy):
         self._concretize("complex(tensor)", "Use tensor ops or pass the number as a static argument.")
 
     def __index__(self):
-        self._concretize("using a tensor as a Python index", "Index with a tensor (x[idx]) or pass the index as a static argument.")
+        self._concretize("using a tensor as a Python index",
+                         "Index with a tensor (x[idx]) or pass the index as a static argument.")
 
     def __iter__(self):
         if not self.shape:
             raise ConcretizationError(
                 f"iteration over a 0-d tensor: {self._described()} has no dimension to iterate over. "
-                f"Iterate over a tensor with at least one dimension (x.reshape(1)), or unpack outside the jitted function."
+                "Iterate over a tensor with at least one dimension (x.reshape(1)), or unpack outside "
+                "the jitted function."
             )
         return iter(self.unbind(0))
 
     def __array__(self, *args, **kwargs):
-        self._concretize("converting a tensor to a NumPy array", "Return the tensor and convert it outside the jitted function.")
+        self._concretize("converting a tensor to a NumPy array",
+                         "Return the tensor and convert it outside the jitted function.")
 
     # Everything else (methods, operators, torch functions, .grad) is a torch call, routed by
     # core/interception.py.

@@ -171,7 +171,8 @@ def computation_key(proxy: TensorProxy, depth: int = 16):
     leaves, spec = optree.tree_flatten((producer.args, producer.kwargs), none_is_leaf=True, namespace="thunderfn")
     try:
         return (producer.sym.id, position, spec, *(computation_key(x, depth - 1) if isinstance(x, TensorProxy) else
-                                                   (type(x), x.hex() if type(x) is float else _hashed(x)) for x in leaves))
+                                                   (type(x), x.hex() if type(x) is float else _hashed(x))
+                                                   for x in leaves))
     except TypeError:  # (an argument with no value key: the proxy is its own)
         return proxy.name
 
@@ -334,7 +335,8 @@ def _run_decomposition(sym: Symbol, args, kwargs):
     def run(bsyms):
         for bsym in bsyms:
             if bsym.sym.is_prim:
-                args_, kwargs_ = optree.tree_map(value, (bsym.args, bsym.kwargs), none_is_leaf=True, namespace="thunderfn")
+                args_, kwargs_ = optree.tree_map(value, (bsym.args, bsym.kwargs), none_is_leaf=True,
+                                                 namespace="thunderfn")
                 result = bsym.sym(*args_, **kwargs_)
                 outs = optree.tree_leaves(bsym.output, none_is_leaf=True, namespace="thunderfn")
                 results = optree.tree_leaves(result, none_is_leaf=True, namespace="thunderfn")
@@ -393,8 +395,9 @@ def _refuse_escaping_proxies(output, fn_name: str) -> None:
             raise EscapedProxyError(
                 f"'{fn_name}' returns a {cls.__module__}.{cls.__qualname__} holding a traced tensor ({where}), but "
                 f"thunderfn cannot see inside a {cls.__qualname__}: the compiled function could not put the real "
-                f"tensor back. Register the type as a pytree container, with tf.register_pytree_node({cls.__qualname__}, "
-                f"flatten, unflatten) or torch.utils._pytree.register_pytree_node, or return its tensors instead.")
+                "tensor back. Register the type as a pytree container, with "
+                f"tf.register_pytree_node({cls.__qualname__}, flatten, unflatten) or "
+                "torch.utils._pytree.register_pytree_node, or return its tensors instead.")
 
 
 def _find_proxy(obj, where: str, seen: set, depth: int = 0) -> str | None:

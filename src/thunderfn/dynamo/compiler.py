@@ -242,7 +242,8 @@ def _compile_split(gm, example_inputs, options, runner, record, unsupported):
         piece_gm = getattr(split, node.target)
         ours = takes[int(node.target.rpartition("_")[2])]
         try:
-            examples = [inputs[p.target] if p.target in inputs else example_value(originals[p.target].meta["example_value"])
+            examples = [inputs[p.target] if p.target in inputs
+                        else example_value(originals[p.target].meta["example_value"])
                         for p in piece_gm.graph.nodes if p.op == "placeholder"]
         except KnownOnlyAtRunTime:  # a data-dependent size: compiled at the first call
             examples = None

@@ -147,7 +147,8 @@ class Explanation:
     def __str__(self) -> str:
         if not self.graphs:
             return ("No graphs: Dynamo has not handed the thunderfn backend a graph for this object (it has not run "
-                    "yet, or Dynamo reused graphs compiled for an equal torch.compile call, or ran everything eagerly).")
+                    "yet, or Dynamo reused graphs compiled for an equal torch.compile call, or ran "
+                    "everything eagerly).")
         pieces = [p for g in self.graphs for p in g.pieces]
         ours = sum(p.n_nodes for p in pieces if p.runner == "thunderfn")
         total = sum(p.n_nodes for p in pieces)
@@ -157,8 +158,8 @@ class Explanation:
                  f"nodes."]
         modes = {g.mode for g in self.graphs if g.mode not in (None, "default")}
         if modes:
-            lines.append(f"torch.compile's mode {', '.join(sorted(modes))} is Inductor's setting: the thunderfn backend "
-                         f"does not use it (pass fusion=True in options= for fusion).")
+            lines.append(f"torch.compile's mode {', '.join(sorted(modes))} is Inductor's setting: "
+                         f"the thunderfn backend does not use it (pass fusion=True in options= for fusion).")
         for position, g in enumerate(self.graphs):
             lines += ["", *g.describe(position)]
         return "\n".join(lines)

@@ -21,10 +21,11 @@ from thunderfn.executors.base import (
 from thunderfn.executors.fusion import FusionExecutor, Region
 from thunderfn.executors.torch_executor import torch_ex, torch_prims_ex
 
-__all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Region", "Lowering", "TraceInPlace", "RunAsOperator", "RunAsItself",
-           "RunWithTorch", "register_executor", "get_executor", "get_default_executors", "set_default_executors",
-           "add_operator_executor", "add_default_executor", "remove_default_executor", "get_all_executors",
-           "deregister_executor", "available", "resolve", "with_fusion", "torch_ex", "torch_prims_ex"]
+__all__ = ["Executor", "OperatorExecutor", "FusionExecutor", "Region", "Lowering", "TraceInPlace",
+           "RunAsOperator", "RunAsItself", "RunWithTorch", "register_executor", "get_executor", "get_default_executors",
+           "set_default_executors", "add_operator_executor", "add_default_executor", "remove_default_executor",
+           "get_all_executors", "deregister_executor", "available", "resolve", "with_fusion", "torch_ex",
+           "torch_prims_ex"]
 
 _registry: dict[str, Executor] = {}
 _defaults: list[Executor] = []
@@ -46,11 +47,13 @@ def register_executor(ex: Executor, *, replace: bool = False) -> Executor:
         >>> tf.executors.register_executor(tf.executors.OperatorExecutor("docs_example_ex"))
         Traceback (most recent call last):
         ...
-        thunderfn.errors.ArgumentValueError: an executor named 'docs_example_ex' is already registered (pass replace=True to replace it)
+        thunderfn.errors.ArgumentValueError: an executor named 'docs_example_ex' is already registered
+        (pass replace=True to replace it)
         >>> tf.executors.deregister_executor(ex)
     """
     if ex.name in _registry and _registry[ex.name] is not ex and not replace:
-        raise ArgumentValueError(f"an executor named '{ex.name}' is already registered (pass replace=True to replace it)")
+        raise ArgumentValueError(f"an executor named '{ex.name}' is already registered (pass "
+                                 "replace=True to replace it)")
     _registry[ex.name] = ex
     return ex
 
@@ -220,8 +223,8 @@ def with_fusion(executors, fusion) -> list:
     chosen = get_default_executors() if executors is None else [resolve_one(e) for e in as_priority_list(executors)]
     fusion_ex = resolve_one("inductor" if fusion is True else fusion)
     if not isinstance(fusion_ex, FusionExecutor):
-        raise ArgumentValueError(f"fusion= takes True or a fusion executor (inductor, nvfuser, ...), got '{fusion_ex.name}', "
-                                 f"which is not one; list it in executors= instead")
+        raise ArgumentValueError("fusion= takes True or a fusion executor (inductor, nvfuser, ...), got "
+                                 f"'{fusion_ex.name}', which is not one; list it in executors= instead")
     return [*(e for e in chosen if e is not fusion_ex), fusion_ex]
 
 
@@ -262,8 +265,8 @@ from thunderfn.executors.inductor import inductor_background_ex, inductor_ex  # 
 from thunderfn.executors.nvfuser import nvfuser_ex  # noqa: E402
 # isort: on
 
-for _kernel_ex in (sdpa_ex, cudnn_sdpa_ex, transformer_engine_ex, triton_crossentropy_ex, apex_crossentropy_ex, inductor_ex,
-                   inductor_background_ex, nvfuser_ex):
+for _kernel_ex in (sdpa_ex, cudnn_sdpa_ex, transformer_engine_ex, triton_crossentropy_ex,
+                   apex_crossentropy_ex, inductor_ex, inductor_background_ex, nvfuser_ex):
     register_executor(_kernel_ex)
 # The defaults ahead of the torch fallback: fused attention wherever it can run.
 set_default_executors([ex for ex in (sdpa_ex,) if ex.availability()[0]])

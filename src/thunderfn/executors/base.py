@@ -25,7 +25,8 @@ from thunderfn.errors import ArgumentTypeError, ArgumentValueError, ExecutorErro
 
 def check_identifier(kind: str, name) -> str:
     if not context.is_safe_name(name):
-        raise ArgumentValueError(f"{kind} name must be a Python identifier that thunderfn does not reserve, got {name!r}")
+        raise ArgumentValueError(f"{kind} name must be a Python identifier that thunderfn does not "
+                                 f"reserve, got {name!r}")
     return name
 
 
@@ -34,7 +35,8 @@ class Executor:
 
     def __init__(self, name: str, version=None):
         if not (isinstance(name, str) and name.isidentifier() and name.isascii() and not keyword.iskeyword(name)):
-            raise ArgumentValueError(f"an executor's name must be an ASCII Python identifier (not a keyword), got {name!r}")
+            raise ArgumentValueError("an executor's name must be an ASCII Python identifier (not a "
+                                     f"keyword), got {name!r}")
         self.name = name
         self.version = version
 
@@ -105,7 +107,8 @@ class OperatorExecutor(Executor):
         if like is None and meta is None:
             raise ArgumentTypeError(f"register_operator('{name}'): give like= or meta= (or both)")
         if name in self.operators and not replace:
-            raise ArgumentValueError(f"executor '{self.name}' already has an operator '{name}' (pass replace=True to replace it)")
+            raise ArgumentValueError(f"executor '{self.name}' already has an operator '{name}' (pass "
+                                     "replace=True to replace it)")
         if meta is None:
             meta = _meta_from_like(like)
         replacing = name in self.operators
@@ -127,7 +130,8 @@ class OperatorExecutor(Executor):
         conventions or a `tf.custom_vjp` function, is how reverse mode differentiates the
         symbol wherever this executor claims it."""
         if checker is not None and not callable(checker):
-            raise ArgumentTypeError(f"executor '{self.name}': the checker for {_symbol_name(symbol_or_id)} must be callable")
+            raise ArgumentTypeError(f"executor '{self.name}': the checker for "
+                                    f"{_symbol_name(symbol_or_id)} must be callable")
         action = self._action(symbol_or_id, lower)
         self.add_lowering(symbol_or_id, Lowering(checker, action, _as_custom_vjp(self, symbol_or_id, vjp)),
                           replace=replace)
@@ -136,8 +140,8 @@ class OperatorExecutor(Executor):
         """The one way a rule enters this executor's table: register_lowering, register_implementation
         and executors.add_operator_executor wrap it."""
         if not isinstance(lowering, Lowering):
-            raise ArgumentTypeError(f"executor '{self.name}': the rule for {_symbol_name(symbol_or_id)} must be a Lowering, "
-                            f"got {type(lowering).__name__}")
+            raise ArgumentTypeError(f"executor '{self.name}': the rule for {_symbol_name(symbol_or_id)} "
+                                    f"must be a Lowering, got {type(lowering).__name__}")
         if _key(symbol_or_id) in self.lowerings and not replace:
             raise ArgumentValueError(f"executor '{self.name}' already has a lowering for {_symbol_name(symbol_or_id)} "
                              f"(pass replace=True to replace it)")
@@ -152,9 +156,9 @@ class OperatorExecutor(Executor):
             return TraceInPlace(lower)
         own = next((op for op in self.operators.values() if op.id == _key(symbol_or_id)), None)
         if own is None:
-            raise ArgumentTypeError(f"executor '{self.name}': give lower= for {_symbol_name(symbol_or_id)} (a function traced "
-                            f"in its place, or one of this executor's operators); only the executor's own operators "
-                            f"run as themselves")
+            raise ArgumentTypeError(f"executor '{self.name}': give lower= for "
+                                    f"{_symbol_name(symbol_or_id)} (a function traced in its place, or one of this "
+                                    f"executor's operators); only the executor's own operators run as themselves")
         return RunAsOperator(own)
 
     def register_implementation(self, symbol_or_id, op: Symbol | None = None, *, checker: Callable | None = None,
@@ -200,8 +204,8 @@ def _as_custom_vjp(ex: Executor, symbol_or_id, vjp):
             f"function. A Thunder grad_transform's get_grad(out) is bwd's grad_output and its put_grads(args, grads) "
             f"is bwd's return value: see docs/porting-from-thunder.md.")
     if not (isinstance(vjp, tuple) and len(vjp) == 2 and all(callable(f) for f in vjp)):
-        raise ArgumentTypeError(f"executor '{ex.name}': vjp for {_symbol_name(symbol_or_id)} must be a (fwd, bwd) pair of "
-                        f"functions or a tf.custom_vjp function, got {type(vjp).__name__}")
+        raise ArgumentTypeError(f"executor '{ex.name}': vjp for {_symbol_name(symbol_or_id)} must be "
+                                f"a (fwd, bwd) pair of functions or a tf.custom_vjp function, got {type(vjp).__name__}")
     name = symbol_or_id.name if isinstance(symbol_or_id, Symbol) else str(symbol_or_id)
 
     def primal(*args, **kwargs):  # only ever called while tracing, where custom_vjp records fwd instead

@@ -124,7 +124,8 @@ class CuDNNSDPAExecutor(OperatorExecutor):
     # cotangent per positional argument the symbol was called with (so fwd records how many)
     def vjp_fwd(self, *args, **kwargs):
         a = inspect.signature(cudnn_sdpa_checker).bind(*args, **kwargs).arguments
-        query, key, value, is_causal, scale = a["query"], a["key"], a["value"], a.get("is_causal", False), a.get("scale")
+        query, key, value, is_causal, scale = (a["query"], a["key"], a["value"],
+                                               a.get("is_causal", False), a.get("scale"))
         out, lse, seed, offset = self.fwd(query, key, value, is_causal, scale)
         return out, (query, key, value, out, lse, seed, offset, is_causal, scale, len(args))
 

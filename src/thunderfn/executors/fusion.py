@@ -22,8 +22,8 @@ this module is shared by every fusion executor (Inductor, nvFuser):
 3. The schedule: the groups in a topological order that keeps the trace's order where
    it can (ties go to the group whose first member came first), so an unfused trace
    comes out unchanged. A region worth fusing (`worth_fusing`: two ops or more, one
-   an elementwise op or a reduction, by default) becomes one bound symbol, `inductor_fusion_0(...)`, whose subsymbols are
-   the fused ops (printed as comments) and whose callable is `compile_region(region)`.
+   an elementwise op or a reduction, by default) becomes one bound symbol, `inductor_fusion_0(...)`, whose subsymbols
+   are the fused ops (printed as comments) and whose callable is `compile_region(region)`.
 
 May import: core/, executors/base.py, executors/torch_executor.py.
 """
@@ -480,7 +480,8 @@ def positional_signature(region: Region, ops: list, op_name: Callable) -> str:
     for op in ops:
         for p in op.proxy_outs():
             names.setdefault(p.name, f"v{len(names)}")
-        lines.append(f"{tree_map(positional, op.output)!r} = {op_name(op)}{tree_map(positional, (op.args, op.kwargs))!r}")
+        lines.append(f"{tree_map(positional, op.output)!r} = "
+                     f"{op_name(op)}{tree_map(positional, (op.args, op.kwargs))!r}")
     lines.append(f"return {[names[p.name] for p in region.outputs]}")
     return "\n".join(lines)
 

@@ -201,8 +201,8 @@ def _fold_mask(mask, dim, batch: int, heads_batch: int):
 
 
 def _batch_folded(operators: dict, operator: str, n_tensors: int, n_rng: int = 0, n_batched_out: int | None = None):
-    """The batch rule of the operator named `operator` (in `operators`, an executor's), whose first n_tensors arguments are
-    (batch, heads, ...) tensors (the logsumexp (batch, heads, L) too), then n_rng rng-state tensors,
+    """The batch rule of the operator named `operator` (in `operators`, an executor's), whose first n_tensors arguments
+    are (batch, heads, ...) tensors (the logsumexp (batch, heads, L) too), then n_rng rng-state tensors,
     then (attn_mask, is_causal, scale): one call on the vmapped batch times the kernel's batch. Its
     first n_batched_out results (all if None) are per example; the rest (rng state) are shared."""
     def rule(args, dims, kwargs, out):
@@ -250,7 +250,8 @@ def sdpa_checker(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
         return sdpa_choice.cpu_choice(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) == sdp_state.FLASH
     if not all(hasattr(aten, n) for n in _CUDA_OPS):
         return False
-    if any(t.ndim != 4 for t in qkv) or not (query.dtype == key.dtype == value.dtype) or query.dtype not in _CUDA_DTYPES:
+    if (any(t.ndim != 4 for t in qkv) or not (query.dtype == key.dtype == value.dtype)
+            or query.dtype not in _CUDA_DTYPES):
         return False
     (B, H, _, E), (Bk, Hk, S, Ek), (Bv, Hv, Sv, Ev) = query.shape, key.shape, value.shape
     if not (B == Bk == Bv) or S != Sv or E != Ek or H != Hk or Hk != Hv:

@@ -88,7 +88,8 @@ class TorchExecutor(Executor):
             fn = prim_impls[sym.id]
             if sym.id in _number_impls:
                 a, b = bsym.args[:2]
-                if not isinstance(a, prims.TensorProxy) or not (isinstance(b, prims.TensorProxy) or sym.name in _SCALAR_SECOND):
+                if (not isinstance(a, prims.TensorProxy)
+                        or not (isinstance(b, prims.TensorProxy) or sym.name in _SCALAR_SECOND)):
                     fn = _number_impls[sym.id]
             name = _helper_names.get(fn)
         else:

@@ -212,7 +212,8 @@ def _keeps_everything(bsym) -> bool:
 def _keepdim_shape(total) -> tuple:
     """The shape of `torch.sum(x, dims)` with keepdim=True."""
     x, dims = total.args
-    dims = {d % x.ndim for d in ((dims,) if isinstance(dims, int) else dims)} if dims not in (None, ()) else set(range(x.ndim))
+    dims = ({d % x.ndim for d in ((dims,) if isinstance(dims, int) else dims)} if dims not in (None, ())
+            else set(range(x.ndim)))
     return tuple(1 if i in dims else n for i, n in enumerate(x.shape))
 
 

@@ -172,8 +172,9 @@ def _collectives_under_transforms(rank, world):
             "jit_grad": tf.jit(tf.grad(gathered_sum_of_squares))(x)}
 
 
-SCENARIOS = {"torch_ddp_of_jit": _torch_ddp_of_jit, "torch_ddp_of_compiled": _torch_ddp_of_compiled, "tf_ddp": _tf_ddp, "tf_ddp_no_sync": _tf_ddp_no_sync,
-             "different_models": _different_models, "refusals": _refusals, "collectives_under_transforms": _collectives_under_transforms, "fused_with_inductor": _fused_with_inductor,
+SCENARIOS = {"torch_ddp_of_jit": _torch_ddp_of_jit, "torch_ddp_of_compiled": _torch_ddp_of_compiled, "tf_ddp": _tf_ddp,
+             "tf_ddp_no_sync": _tf_ddp_no_sync, "different_models": _different_models, "refusals": _refusals,
+             "collectives_under_transforms": _collectives_under_transforms, "fused_with_inductor": _fused_with_inductor,
              "fsdp_full_shard": _fsdp("FULL_SHARD"), "fsdp_shard_grad_op": _fsdp("SHARD_GRAD_OP"),
              "fsdp_full_shard_by_module": _fsdp("FULL_SHARD", "module"),
              "fsdp_shard_grad_op_by_module": _fsdp("SHARD_GRAD_OP", "module")}

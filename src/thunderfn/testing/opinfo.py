@@ -61,7 +61,8 @@ class OpInfo:
 
 
 # -- sample helpers shared by the op modules ----------------------------------------------
-def make_tensor(shape, *, device="cpu", dtype=torch.float32, low=None, high=None, noncontiguous=False, exclude_zero=False):
+def make_tensor(shape, *, device="cpu", dtype=torch.float32, low=None, high=None, noncontiguous=False,
+                exclude_zero=False):
     """torch.testing.make_tensor with thunderfn's defaults."""
     return torch.testing.make_tensor(tuple(shape), device=device, dtype=dtype, low=low, high=high,
                                      noncontiguous=noncontiguous, exclude_zero=exclude_zero)

@@ -53,9 +53,10 @@ def python_scalars():
 
 # -- random programs ---------------------------------------------------------------------
 UNARY = {
-    "sin": torch.sin, "exp": lambda x: torch.exp(x.clamp(max=4)), "tanh": torch.tanh, "neg": torch.neg, "abs": torch.abs,
-    "sigmoid": torch.sigmoid, "relu": torch.relu, "gelu": torch.nn.functional.gelu, "square": torch.square,
-    "log1p_abs": lambda x: torch.log1p(x.abs()), "softmax": lambda x: torch.softmax(x, -1) if x.ndim else x,
+    "sin": torch.sin, "exp": lambda x: torch.exp(x.clamp(max=4)), "tanh": torch.tanh, "neg": torch.neg,
+    "abs": torch.abs, "sigmoid": torch.sigmoid, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+    "square": torch.square, "log1p_abs": lambda x: torch.log1p(x.abs()),
+    "softmax": lambda x: torch.softmax(x, -1) if x.ndim else x,
 }
 BINARY = {
     "add": torch.add, "mul": torch.mul, "sub": lambda a, b: a - b, "maximum": torch.maximum,

@@ -9,7 +9,8 @@ def gpt_batches(config, steps: int, seed: int = 1) -> list[tuple]:
     """`steps` random (idx, targets) batches for a GPT of `config` (thunderfn.examples.gpt)."""
     g = torch.Generator().manual_seed(seed)
     shape = (config.batch_size, config.block_size)
-    return [(torch.randint(0, config.vocab_size, shape, generator=g), torch.randint(0, config.vocab_size, shape, generator=g))
+    return [(torch.randint(0, config.vocab_size, shape, generator=g),
+             torch.randint(0, config.vocab_size, shape, generator=g))
             for _ in range(steps)]
 
 

@@ -31,9 +31,9 @@ from thunderfn.torch.shape import detach
 aten = torch.ops.aten
 __all__ = ["gelu_backward", "softmax_backward_data", "log_softmax_backward_data", "native_layer_norm",
            "native_layer_norm_backward", "native_batch_norm", "native_batch_norm_legit_functional",
-           "native_batch_norm_backward", "native_group_norm", "native_group_norm_backward", "nll_loss_forward", "nll_loss_backward", "embedding_dense_backward",
-           "tanh_backward", "sigmoid_backward", "threshold_backward", "silu_backward", "hardswish_backward",
-           "hardsigmoid_backward", "hardtanh_backward"]
+           "native_batch_norm_backward", "native_group_norm", "native_group_norm_backward", "nll_loss_forward",
+           "nll_loss_backward", "embedding_dense_backward", "tanh_backward", "sigmoid_backward", "threshold_backward",
+           "silu_backward", "hardswish_backward", "hardsigmoid_backward", "hardtanh_backward"]
 
 
 def _aten(op):
@@ -159,8 +159,9 @@ def _layer_norm_dims(input, normalized_shape, weight, bias):
     """(normalized dims, the statistics' shape: the batch dims, then 1 per normalized dim), with aten's checks."""
     normalized_shape = tuple(normalized_shape)
     n = len(normalized_shape)
-    check(n > 0, lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, "
-                         f"but got normalized_shape = {list(normalized_shape)}")
+    check(n > 0,
+          lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, "
+                  f"but got normalized_shape = {list(normalized_shape)}")
     for name, p in (("weight", weight), ("bias", bias)):
         check(p is None or tuple(p.shape) == normalized_shape,
               lambda: f"Expected {name} to be of same shape as normalized_shape, but got {name} of shape "
@@ -279,9 +280,9 @@ def _updated_running_stats(input, running_mean, running_var, stats_dims, momentu
     norm (torch's batch norm on (1, N*C, ...)) first averages the N per-instance statistics.
 
     Its derivative is not this body's but torch's, in its rules (transforms/rules/nn.py): torch's
-    kernel writes the new values into the running statistics outside autograd, so the input's derivative does not reach them, and each statistic keeps the derivative
-    it had before the write: torch.func.jvp gives the new running_mean the tangent of the old one
-    (not (1 - momentum) times it, the derivative of the formula), and reverse mode passes the new
+    kernel writes the new values into the running statistics outside autograd, so the input's derivative does not reach
+    them, and each statistic keeps the derivative it had before the write: torch.func.jvp gives the new running_mean the
+    tangent of the old one (not (1 - momentum) times it, the derivative of the formula), and reverse mode passes the new
     one's cotangent back to the old one, the transpose (torch.autograd refuses a running statistic
     that requires grad)."""
     check(running_mean is not None and running_var is not None,
@@ -303,7 +304,8 @@ def _updated_running_stats(input, running_mean, running_var, stats_dims, momentu
 
 # a composite of its own (not an ltorch symbol: it mirrors no torch function), so that its rules apply
 updated_running_stats = Symbol("updated_running_stats", ("torch", "updated_running_stats"), fn=_updated_running_stats,
-                               print_name="updated_running_stats", namespace={"updated_running_stats": _updated_running_stats})
+                               print_name="updated_running_stats",
+                               namespace={"updated_running_stats": _updated_running_stats})
 
 
 def _batch_norm_stats_dtype(input, *params):
@@ -494,8 +496,8 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
     want_input, want_weight, want_bias = (bool(m) for m in output_mask)
     # aten writes grad_weight and grad_bias into tensors like the weight
     check(not (want_weight or want_bias) or weight is not None,
-          lambda: "native_group_norm_backward: output_mask[1] and [2] (grad_weight, grad_bias) need weight; pass weight "
-                  "or set them to False")
+          lambda: "native_group_norm_backward: output_mask[1] and [2] (grad_weight, grad_bias) need "
+                  "weight; pass weight or set them to False")
     compute, blocks = _group_norm_blocks(input, weight, N, C, HxW, group)
     x, dy = (clang.reshape(maybe_convert_to_dtype(t, compute), blocks) for t in (input, grad_out))
     xhat = clang.mul(clang.sub(x, _per_group(mean, blocks, compute)), _per_group(rstd, blocks, compute))

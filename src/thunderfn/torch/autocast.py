@@ -63,10 +63,10 @@ FLOAT32 = {
         "grid_sampler_2d", "grid_sampler_3d", "cholesky_inverse", "cholesky_solve", "inverse", "pinverse",
         "lu_solve", "orgqr", "ormqr", "geqrf", "triangular_solve"}),
     "cuda": frozenset(_LOSSES | {
-        "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt", "sinh",
-        "tan", "pow", "__pow__", "__rpow__", "softplus", "layer_norm", "group_norm", "cosine_similarity", "dist", "pdist",
-        "cdist", "renorm", "logsumexp", "softmax", "log_softmax", "cumsum", "cumprod", "prod", "sum", "norm",
-        "vector_norm", "matrix_norm", "interpolate"}),
+        "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
+        "rsqrt", "sinh", "tan", "pow", "__pow__", "__rpow__", "softplus", "layer_norm", "group_norm",
+        "cosine_similarity", "dist", "pdist", "cdist", "renorm", "logsumexp", "softmax", "log_softmax",
+        "cumsum", "cumprod", "prod", "sum", "norm", "vector_norm", "matrix_norm", "interpolate"}),
 }
 
 # Cast floating inputs to the widest floating dtype among them.

@@ -110,7 +110,8 @@ def _gathered_meta(x, gid: int = 0, async_op: bool = False):
 def _scattered_meta(x, op: str = "sum", gid: int = 0, async_op: bool = False):
     world = world_size(gid)
     if x.shape[0] % world:
-        raise ArgumentValueError(f"reduce_scatter: dim 0 of a {tuple(x.shape)} tensor does not split into {world} equal shards")
+        raise ArgumentValueError(f"reduce_scatter: dim 0 of a {tuple(x.shape)} tensor does not split into "
+                                 f"{world} equal shards")
     return TensorProxy(shape=(x.shape[0] // world, *x.shape[1:]), dtype=x.dtype, device=x.device)
 
 

@@ -31,7 +31,8 @@ def _export(sym):
 
 
 def _torch_callables(name: str, *extra):
-    fns = [f for f in (getattr(torch, name, None), getattr(T, name, None), getattr(torch.special, name, None)) if f is not None]
+    fns = [f for f in (getattr(torch, name, None), getattr(T, name, None), getattr(torch.special, name, None))
+           if f is not None]
     return (*fns, *extra)
 
 
@@ -140,7 +141,8 @@ def _scaled_combine(combine, a, b, alpha):
     """a combine alpha * b, with torch's checks on alpha and its single rounding: torch's
     kernels scale and combine in the computation dtype (f32 for half types)."""
     dtype = dtypes.result_type(a, b)
-    check(not isinstance(alpha, bool) or dtype is torch.bool, lambda: "Boolean alpha only supported for Boolean results.")
+    check(not isinstance(alpha, bool) or dtype is torch.bool,
+          lambda: "Boolean alpha only supported for Boolean results.")
     check(dtypes.is_inexact(dtype) or isinstance(alpha, numbers.Integral),
           lambda: "For integral input tensors, argument alpha must not be a floating point number.")
     if alpha == 1:
@@ -168,8 +170,8 @@ def sub(a, b, *, alpha=1):
           lambda: "Subtraction, the `-` operator, with two bool tensors is not supported. "
                   "Use the `^` or `logical_xor()` operator instead.")
     check(not (_is_bool(a) or _is_bool(b)),
-          lambda: "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a mask, "
-                  "use the `~` or `logical_not()` operator instead.")
+          lambda: "Subtraction, the `-` operator, with a bool tensor is not supported. If you are "
+                  "trying to invert a mask, use the `~` or `logical_not()` operator instead.")
     return _scaled_combine(clang.sub, a, b, alpha)
 
 
@@ -227,7 +229,8 @@ def pow(a, b):
     _check_operands("pow", a, b)
     # x**2 is x*x bit for bit in torch; no other exponent is special-cased, because torch's
     # own shortcuts differ by dtype (x**0.5 is sqrt for float32 but std::pow for float16)
-    if isinstance(b, symbolic.NUMBER_TYPES) and not isinstance(b, bool) and b == 2 and is_tensor(a) and dtypes.is_inexact(a.dtype):
+    if (isinstance(b, symbolic.NUMBER_TYPES) and not isinstance(b, bool) and b == 2 and is_tensor(a)
+            and dtypes.is_inexact(a.dtype)):
         return clang.mul(a, a)
     return clang.pow(a, b)
 
@@ -271,14 +274,16 @@ def logical_xor(a, b):
 def where(condition, input=None, other=None):
     if input is None and other is None:  # torch.nonzero(condition, as_tuple=True): of a data-dependent length
         check(is_tensor(condition),
-              lambda: f"where(): argument 'condition' (position 1) must be Tensor, not {type(condition).__name__}", TypeError)
+              lambda: f"where(): argument 'condition' (position 1) must be Tensor, not {type(condition).__name__}",
+              TypeError)
         return tuple(clang.nonzero_columns(condition))
     check(input is not None and other is not None,
-          lambda: "where() received an invalid combination of arguments: expected (Tensor condition) or (Tensor condition, "
-                  "Tensor input, Tensor other)",
+          lambda: "where() received an invalid combination of arguments: expected (Tensor condition) "
+                  "or (Tensor condition, Tensor input, Tensor other)",
           TypeError)
     check(is_tensor(condition),
-          lambda: f"where(): argument 'condition' (position 1) must be Tensor, not {type(condition).__name__}", TypeError)
+          lambda: f"where(): argument 'condition' (position 1) must be Tensor, not {type(condition).__name__}",
+          TypeError)
     # torch still takes uint8 conditions (with a deprecation warning); anything else is an error
     check(condition.dtype in (torch.bool, torch.uint8),
           lambda: f"where expected condition to be a boolean tensor, but got a tensor with dtype "
@@ -327,8 +332,9 @@ def lerp(start, end, weight):
     dtype = dtypes.result_type(start, end)
     check_dtype_supported(dtypes.is_inexact(dtype), "lerp_kernel", dtype)
     check(start.dtype == end.dtype and (not is_tensor(weight) or weight.dtype == start.dtype),
-          lambda: f"expected dtype {str(start.dtype)[6:]} for `{'end' if end.dtype != start.dtype else 'weight'}` but got "
-                  f"dtype {str(end.dtype if end.dtype != start.dtype else weight.dtype)[6:]}")
+          lambda: f"expected dtype {str(start.dtype)[6:]} for "
+                  f"`{'end' if end.dtype != start.dtype else 'weight'}` but got dtype "
+                  f"{str(end.dtype if end.dtype != start.dtype else weight.dtype)[6:]}")
     # torch's formula, in float32 for half types: the endpoint nearer the weight anchors the
     # result, so lerp(a, b, 1) == b exactly
     compute = dtypes.computation_dtype(dtype)
@@ -364,7 +370,8 @@ def _in_computation_dtype(fn):
 
 
 def _no_inplace(name, inplace):
-    check(not inplace, lambda: f"{name}(inplace=True) mutates its input, which thunderfn does not trace yet; use inplace=False",
+    check(not inplace,
+          lambda: f"{name}(inplace=True) mutates its input, which thunderfn does not trace yet; use inplace=False",
           UnsupportedOpError)
 
 
@@ -518,8 +525,9 @@ _FINFO_MAX_TEXT = {torch.float32: "3.40282e+38", torch.float64: "1.79769e+308", 
 @torchsymbol(F.softshrink)
 def softshrink(a, lambd=0.5):
     check_dtype_supported(dtypes.is_float(a.dtype), "softshrink_check", a.dtype)
-    check(lambd >= 0, lambda: f"lambda must be in range [0, {_FINFO_MAX_TEXT.get(a.dtype, torch.finfo(a.dtype).max)}] for "
-                              f"input dtype {prims.scalar_type_name(a.dtype)}, but found {lambd:g}")
+    check(lambd >= 0,
+          lambda: f"lambda must be in range [0, {_FINFO_MAX_TEXT.get(a.dtype, torch.finfo(a.dtype).max)}] for "
+                  f"input dtype {prims.scalar_type_name(a.dtype)}, but found {lambd:g}")
     x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype))
     # x * 0 (not 0) in the middle band, so NaN stays NaN
     out = clang.where(clang.gt(x, lambd), clang.sub(x, lambd),
@@ -542,13 +550,15 @@ def glu(a, dim=-1):
 
 @torchsymbol(F.prelu, torch.prelu, T.prelu)
 def prelu(a, weight):
-    check(weight.ndim <= 1, lambda: f"prelu: Expected `weight` to be a scalar or 1D tensor, but got: ndim = {weight.ndim}")
+    check(weight.ndim <= 1,
+          lambda: f"prelu: Expected `weight` to be a scalar or 1D tensor, but got: ndim = {weight.ndim}")
     channels = a.shape[1] if a.ndim >= 2 else 1
     check(weight.numel() == 1 or weight.numel() == channels,
-          lambda: f"Mismatch of parameter numbers and input channel size. Found parameter numbers = {weight.numel()} and "
-                  f"channel size = {channels}.")
-    check(a.dtype == weight.dtype, lambda: f"prelu: Type promoting not supported. Got {prims.scalar_type_name(a.dtype)} and "
-                                           f"{prims.scalar_type_name(weight.dtype)}")
+          lambda: "Mismatch of parameter numbers and input channel size. Found parameter numbers = "
+                  f"{weight.numel()} and channel size = {channels}.")
+    check(a.dtype == weight.dtype,
+          lambda: f"prelu: Type promoting not supported. Got {prims.scalar_type_name(a.dtype)} and "
+                  f"{prims.scalar_type_name(weight.dtype)}")
     check_dtype_supported(dtypes.is_inexact(a.dtype), "prelu_cpu", a.dtype)
     compute = dtypes.computation_dtype(a.dtype)
     x, w = maybe_convert_to_dtype(a, compute), maybe_convert_to_dtype(weight, compute)
@@ -585,7 +595,8 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
     # checks dim (torch's norm also takes a tuple of dims); a 0-dim input has nothing to reduce
     dims = clang.reduction_dims(input, tuple(dim) if isinstance(dim, (tuple, list)) else (dim,))
     # torch rounds the norm to the input's dtype, clamps it there and divides elementwise
-    norm = maybe_convert_to_dtype(_vector_norm_keepdim(maybe_convert_to_dtype(input, dtypes.computation_dtype(input.dtype)),
+    norm = maybe_convert_to_dtype(_vector_norm_keepdim(maybe_convert_to_dtype(input,
+                                                                              dtypes.computation_dtype(input.dtype)),
                                                        p, dims), input.dtype)
     norm = clang.where(clang.lt(norm, eps), eps, norm)
     return clang.true_divide(input, norm)
@@ -609,11 +620,13 @@ register_alias(T.__neg__, lambda self: neg(self))
 register_alias(T.__pos__, lambda self: self)
 register_alias(T.negative, lambda self: neg(self))
 register_alias(torch.negative, lambda self: neg(self))
-register_alias(T.__invert__, lambda self: plain["bitwise_not"](self) if self.dtype is not torch.bool else logical_not(self))
+register_alias(T.__invert__,
+               lambda self: plain["bitwise_not"](self) if self.dtype is not torch.bool else logical_not(self))
 
 
 __all__ += ["neg", "abs", "round", "real", "isinf", "isneginf", "isposinf", "square", "sigmoid", "logical_not",
             "logical_and", "logical_or", "logical_xor", "add", "sub", "rsub", "mul", "div", "floor_divide", "remainder",
             "fmod", "pow", "nextafter", "where", "clamp", "clamp_min", "clamp_max", "lerp", "relu", "gelu", "silu",
             "leaky_relu", "elu", "softplus", "hardtanh", "relu6", "mish", "hardswish", "hardsigmoid", "selu", "celu",
-            "logsigmoid", "softsign", "tanhshrink", "threshold", "hardshrink", "softshrink", "glu", "prelu", "normalize"]
+            "logsigmoid", "softsign", "tanhshrink", "threshold", "hardshrink", "softshrink", "glu",
+            "prelu", "normalize"]

@@ -37,14 +37,16 @@ def _size(size: tuple, name: str) -> tuple:
         size = tuple(size[0])
     for s in size:
         check(symbolic.is_int(s),
-              lambda: f"{name}(): argument 'size' must be tuple of ints, but found element of type {type(s).__name__}", TypeError)
+              lambda: f"{name}(): argument 'size' must be tuple of ints, but found element of type {type(s).__name__}",
+              TypeError)
     check(all(s >= 0 for s in size), lambda: "zeros: Dimension size must be non-negative." if name == "zeros"
           else f"Trying to create tensor with negative dimension {min(size)}: {list(size)}")
     return tuple(size)
 
 
 def _check_unsupported(layout=None, out=None):
-    check(layout in (None, torch.strided), lambda: f"thunderfn supports strided tensors only, got layout={layout}", UnsupportedOpError)
+    check(layout in (None, torch.strided), lambda: f"thunderfn supports strided tensors only, got layout={layout}",
+          UnsupportedOpError)
     check(out is None, lambda: "out= writes in place; thunderfn does not trace out= arguments (use the result instead)",
           UnsupportedOpError)
 
@@ -65,7 +67,8 @@ def _filled(size, fill_value, *, device, dtype):
     here, it gets a zero tangent in forward mode and a zero gradient in reverse mode, which keeps
     <vjp(ct), t> == <ct, jvp(t)>. (torch.fill and Tensor.fill_ take a Tensor, and differentiate it.)"""
     if isinstance(fill_value, TensorProxy):
-        check(fill_value.ndim == 0, lambda: "full(): argument 'fill_value' (position 2) must be Number, not Tensor", TypeError)
+        check(fill_value.ndim == 0,
+              lambda: "full(): argument 'fill_value' (position 2) must be Number, not Tensor", TypeError)
         return clang.expand_to(maybe_convert_to_dtype(detach(fill_value), dtype), size)
     return clang.full(size, fill_value, device=device, dtype=dtype)
 
@@ -77,7 +80,8 @@ def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=F
 
 
 def _constant_factory(value, name):
-    def factory(*size, dtype=None, layout=None, device=None, pin_memory=False, requires_grad=False, out=None, memory_format=None):
+    def factory(*size, dtype=None, layout=None, device=None, pin_memory=False, requires_grad=False, out=None,
+                memory_format=None):
         _check_unsupported(layout, out)
         return clang.full(_size(size, name), value, device=_device(device),
                           dtype=dtype or torch.get_default_dtype())
@@ -94,7 +98,8 @@ empty = torchsymbol(torch.empty, name="empty")(_constant_factory(0, "empty"))
 def _like_factory(value):
     def factory(a, *, dtype=None, layout=None, device=None, pin_memory=False, requires_grad=False, memory_format=None):
         _check_unsupported(layout)
-        return clang.full(a.shape, value, device=_device(device) if device is not None else a.device, dtype=dtype or a.dtype)
+        return clang.full(a.shape, value, device=_device(device) if device is not None else a.device,
+                          dtype=dtype or a.dtype)
 
     return factory
 
@@ -105,9 +110,11 @@ empty_like = torchsymbol(torch.empty_like, name="empty_like")(_like_factory(0))
 
 
 @torchsymbol(torch.full_like)
-def full_like(a, fill_value, *, dtype=None, layout=None, device=None, pin_memory=False, requires_grad=False, memory_format=None):
+def full_like(a, fill_value, *, dtype=None, layout=None, device=None, pin_memory=False, requires_grad=False,
+              memory_format=None):
     _check_unsupported(layout)
-    return _filled(a.shape, fill_value, device=_device(device) if device is not None else a.device, dtype=dtype or a.dtype)
+    return _filled(a.shape, fill_value, device=_device(device) if device is not None else a.device,
+                   dtype=dtype or a.dtype)
 
 
 def _new_factory(value, name):
@@ -138,7 +145,8 @@ def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=False, 
 
 
 @torchsymbol(torch.arange)
-def arange(start, end=None, step=1, *, out=None, dtype=None, layout=None, device=None, pin_memory=False, requires_grad=False):
+def arange(start, end=None, step=1, *, out=None, dtype=None, layout=None, device=None, pin_memory=False,
+           requires_grad=False):
     _check_unsupported(layout, out)
     if end is None:
         start, end = 0, start
@@ -148,8 +156,10 @@ def arange(start, end=None, step=1, *, out=None, dtype=None, layout=None, device
     for v in (start, end, step):
         if isinstance(v, TensorProxy):
             raise UnsupportedOpError("arange() with tensor bounds has a length that depends on their values, which "
-                                     "thunderfn cannot trace; pass Python numbers (shapes such as x.shape[0] are numbers)")
-        check(isinstance(v, (numbers.Real, torch.SymInt)), lambda: f"arange(): argument 'end' must be Number, not {type(v).__name__}", TypeError)
+                                     "thunderfn cannot trace; pass Python numbers (shapes such as "
+                                     "x.shape[0] are numbers)")
+        check(isinstance(v, (numbers.Real, torch.SymInt)),
+              lambda: f"arange(): argument 'end' must be Number, not {type(v).__name__}", TypeError)
     integral = all(isinstance(v, (numbers.Integral, torch.SymInt)) for v in (start, end, step))
     if dtype is None:
         dtype = torch.int64 if integral else torch.get_default_dtype()
@@ -158,6 +168,7 @@ def arange(start, end=None, step=1, *, out=None, dtype=None, layout=None, device
     if not dtypes.is_inexact(dtype):
         # torch truncates fractional bounds for integer dtypes but sizes the result differently per dtype
         check(integral, lambda: f"arange() with integer dtype {dtype} and fractional start, end or step rounds them in "
-                                f"ways torch does not agree on across integer dtypes; thunderfn refuses rather than guess. "
-                                f"Pass integers (int(end)) or a floating dtype", UnsupportedOpError)
+                                "ways torch does not agree on across integer dtypes; thunderfn "
+                                f"refuses rather than guess. Pass integers (int(end)) or a floating dtype",
+              UnsupportedOpError)
     return clang.arange(start, end, step, device=_device(device), dtype=dtype)

@@ -28,9 +28,9 @@ from thunderfn.torch.base import torchsymbol
 from thunderfn.torch.shape import _zero, diagonal
 
 T = torch.Tensor
-__all__ = ["getitem", "nonzero", "argwhere", "masked_select", "index_select", "gather", "take_along_dim", "scatter", "scatter_add", "index_add", "index_copy",
-           "index_fill", "masked_fill", "index_put", "take", "put", "slice_scatter", "select_scatter", "diagonal_scatter",
-           "scatter_reduce", "combinations"]
+__all__ = ["getitem", "nonzero", "argwhere", "masked_select", "index_select", "gather", "take_along_dim", "scatter",
+           "scatter_add", "index_add", "index_copy", "index_fill", "masked_fill", "index_put", "take", "put",
+           "slice_scatter", "select_scatter", "diagonal_scatter", "scatter_reduce", "combinations"]
 
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
@@ -57,7 +57,8 @@ class _BoolScalarIndex:
 
 def _sequence_is_tuple(key: list) -> bool:
     """torch's legacy rule: a list holding sequences, slices, None, ... or tensors means a tuple."""
-    return len(key) < 32 and any(isinstance(k, (list, tuple, slice, TensorProxy)) or k is None or k is Ellipsis for k in key)
+    return (len(key) < 32
+            and any(isinstance(k, (list, tuple, slice, TensorProxy)) or k is None or k is Ellipsis for k in key))
 
 
 def _list_index(k: list) -> TensorProxy:
@@ -80,16 +81,17 @@ def _normalize_key(a, key) -> list:
         if _is_mask(k):
             continue
         check(k is None or k is Ellipsis or isinstance(k, (int, torch.SymInt, slice, TensorProxy, _BoolScalarIndex)),
-              lambda: "only integers, slices (`:`), ellipsis (`...`), None and long or byte Variables are valid indices "
-                      f"(got {type(k).__name__})", IndexError)
+              lambda: "only integers, slices (`:`), ellipsis (`...`), None and long or byte "
+                      f"Variables are valid indices (got {type(k).__name__})", IndexError)
         if isinstance(k, TensorProxy):
-            check(k.dtype in _INDEX_DTYPES, lambda: "tensors used as indices must be long, int, byte or bool tensors", IndexError)
+            check(k.dtype in _INDEX_DTYPES,
+                  lambda: "tensors used as indices must be long, int, byte or bool tensors", IndexError)
         if isinstance(k, slice):
             check(k.step != 0, lambda: "slice step cannot be zero", ValueError)
     consumed = sum(k.ndim if _is_mask(k) else 1 for k in key if isinstance(k, (int, torch.SymInt, slice, TensorProxy)))
     check(a.ndim > 0 or not any(isinstance(k, (int, torch.SymInt)) for k in key),
-          lambda: "invalid index of a 0-dim tensor. Use `tensor.item()` in Python or `tensor.item<T>()` in C++ to convert "
-                  "a 0-dim tensor to a number", IndexError)
+          lambda: "invalid index of a 0-dim tensor. Use `tensor.item()` in Python or "
+                  "`tensor.item<T>()` in C++ to convert a 0-dim tensor to a number", IndexError)
     check(consumed <= a.ndim, lambda: f"too many indices for tensor of dimension {a.ndim}", IndexError)
     ellipses = [i for i, k in enumerate(key) if k is Ellipsis]
     # torch accepts some keys with several ellipses with surprising results; refusing is clearer
@@ -243,9 +245,12 @@ def take_along_dim(a, indices, dim=None):
     if dim is None:
         return prims.take_along_axis(clang.reshape(a, (-1,)), clang.reshape(indices, (-1,)), 0)
     check(indices.dtype is torch.int64,
-          lambda: f"torch.take_along_dim(): dtype of indices should be Long but got {clang.LEGACY_TYPE_NAMES[indices.dtype][:-len('Tensor')]}")
-    check(a.ndim == indices.ndim, lambda: f"torch.take_along_dim(): input and indices should have the same number of dimensions, "
-                                          f"but got {a.ndim} dimensions for input, and {indices.ndim} dimensions for indices")
+          lambda: "torch.take_along_dim(): dtype of indices should be Long but got "
+                  f"{clang.LEGACY_TYPE_NAMES[indices.dtype][:-len('Tensor')]}")
+    check(a.ndim == indices.ndim,
+          lambda: f"torch.take_along_dim(): input and indices should have the same number of dimensions, "
+                  f"but got {a.ndim} dimensions for input, and {indices.ndim} "
+                  "dimensions for indices")
     check(a.ndim > 0, lambda: f"Dimension specified as {dim} but tensor has no dimensions", IndexError)
     d = prims.canonical_dim(dim, a.ndim)
     # every dim but `dim` broadcasts
@@ -253,7 +258,8 @@ def take_along_dim(a, indices, dim=None):
     a_shape, i_shape = list(others), list(others)
     a_shape[d], i_shape[d] = a.shape[d], indices.shape[d]
     # along a dim torch counts a negative index from the end (gather does not, nor the backward's scatter_add)
-    return prims.take_along_axis(clang.expand_to(a, a_shape), _count_from_end(clang.expand_to(indices, i_shape), a.shape[d]), d)
+    return prims.take_along_axis(clang.expand_to(a, a_shape),
+                                 _count_from_end(clang.expand_to(indices, i_shape), a.shape[d]), d)
 
 
 # -- functional writes: scatter, index_*, masked_fill, index_put, take, put -----------------
@@ -261,7 +267,8 @@ def _fill_value(value, a, opname):
     """A fill value for a: a number converted as torch converts it (truncating into integer
     dtypes), or a 0-dim tensor converted to a's dtype."""
     if isinstance(value, TensorProxy):
-        check(value.ndim == 0, lambda: f"{opname} only supports a 0-dimensional value tensor, but got tensor with {value.ndim} dimension(s).")
+        check(value.ndim == 0, lambda: f"{opname} only supports a 0-dimensional value tensor, but got tensor with "
+                                       f"{value.ndim} dimension(s).")
         return maybe_convert_to_dtype(value, a.dtype)
     if a.dtype is torch.bool:
         return bool(value)
@@ -288,14 +295,18 @@ def _check_scatter(a, dim, index, src, name):
     d = prims.canonical_dim(dim, a.ndim)
     if symbolic.holds(index.numel() == 0):
         return d
-    check(max(index.ndim, 1) == max(a.ndim, 1), lambda: "Index tensor must have the same number of dimensions as self tensor")
-    check(src is None or max(index.ndim, 1) == max(src.ndim, 1), lambda: "Index tensor must have the same number of dimensions as src tensor")
+    check(max(index.ndim, 1) == max(a.ndim, 1),
+          lambda: "Index tensor must have the same number of dimensions as self tensor")
+    check(src is None or max(index.ndim, 1) == max(src.ndim, 1),
+          lambda: "Index tensor must have the same number of dimensions as src tensor")
     too_big = any(i != d and index.shape[i] > a.shape[i] for i in range(min(index.ndim, a.ndim)))
     if src is not None:
         too_big = too_big or any(index.shape[i] > src.shape[i] for i in range(min(index.ndim, src.ndim)))
-        check(not too_big, lambda: f"Expected index {list(index.shape)} to be no larger than self {list(a.shape)} apart from "
-                                   f"dimension {d} and to be no larger size than src {list(src.shape)}")
-    check(not too_big, lambda: f"Expected index {list(index.shape)} to be no larger than self {list(a.shape)} apart from dimension {d}")
+        check(not too_big,
+              lambda: f"Expected index {list(index.shape)} to be no larger than self {list(a.shape)} apart from "
+                      f"dimension {d} and to be no larger size than src {list(src.shape)}")
+    check(not too_big, lambda: f"Expected index {list(index.shape)} to be no larger than self {list(a.shape)} "
+                               f"apart from dimension {d}")
     return d
 
 
@@ -361,7 +372,8 @@ def _check_index_source(a, d, index, source, name):
     check(index.numel() == (source.shape[d] if source.ndim else 1),
           lambda: f"{name}(): Number of indices ({index.numel()}) should be equal to source.size(dim): "
                   f"({source.shape[d] if source.ndim else 1}), for dim: {d}" if name == "index_add_" else
-                  f"{name}(): Number of indices ({index.numel()}) should be equal to source.size(dim) ({source.shape[d] if source.ndim else 1})",
+                  f"{name}(): Number of indices ({index.numel()}) should be equal to source.size(dim) "
+                  f"({source.shape[d] if source.ndim else 1})",
           IndexError if name == "index_copy_" else RuntimeError)
 
 
@@ -386,10 +398,13 @@ def index_add(a, dim, index, source, *, alpha=1):
 @torchsymbol(torch.index_copy, T.index_copy)
 def index_copy(a, dim, index, source):
     d = prims.canonical_dim(dim, a.ndim)
-    check(index.dtype is torch.int64, lambda: f"index_copy_(): Expected a long tensor for index, but got {clang.scalar_type_name(index.dtype)}")
+    check(index.dtype is torch.int64,
+          lambda: f"index_copy_(): Expected a long tensor for index, but got {clang.scalar_type_name(index.dtype)}")
     check(index.ndim <= 1, lambda: f"index_copy_(): Index should have dimension 1 or 0 (got {index.ndim})", IndexError)
-    check(a.dtype == source.dtype, lambda: f"index_copy_(): self and source expected to have the same dtype, but got (self) "
-                                           f"{clang.scalar_type_name(a.dtype)} and (source) {clang.scalar_type_name(source.dtype)}")
+    check(a.dtype == source.dtype,
+          lambda: f"index_copy_(): self and source expected to have the same dtype, but got (self) "
+                  f"{clang.scalar_type_name(a.dtype)} and (source) "
+                  f"{clang.scalar_type_name(source.dtype)}")
     for i in range(max(a.ndim, source.ndim)):
         if i == d:
             continue
@@ -484,8 +499,8 @@ def index_put_entries(a, indices, values, accumulate=False):
         values = clang.expand_to(values, clang.broadcast_shapes(values.shape, result_shape))
         check(tuple(values.shape) == result_shape, lambda: "")
     except InvalidArgumentError:
-        raise ArgumentRuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing "
-                           f"result of shape {list(result_shape)}") from None
+        raise ArgumentRuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be "
+                                   f"broadcast to indexing result of shape {list(result_shape)}") from None
     k = linear.numel()
     flat = clang.reshape(moved, pre + (merged,) + post)
     values = clang.reshape(values, pre + (k,) + post)
@@ -519,18 +534,22 @@ def _mask_put(a, indices, pos, values, accumulate):
 
 @torchsymbol(torch.index_put, T.index_put)
 def index_put(a, indices, values, accumulate=False):
-    check(isinstance(indices, (tuple, list)), lambda: f"index_put(): argument 'indices' (position 2) must be tuple of Tensors, "
-                                                      f"not {type(indices).__name__}", TypeError)
+    check(isinstance(indices, (tuple, list)),
+          lambda: f"index_put(): argument 'indices' (position 2) must be tuple of Tensors, "
+                  f"not {type(indices).__name__}", TypeError)
     for k, i in enumerate(indices):
-        check(isinstance(i, TensorProxy), lambda: f"expected Tensor as element {k} in argument 1, but got {type(i).__name__}", TypeError)
-    check(len(indices) > 0, lambda: "index_put with no indices writes every element; thunderfn refuses it as torch does "
-                                    "(use torch.where or expand)")
+        check(isinstance(i, TensorProxy),
+              lambda: f"expected Tensor as element {k} in argument 1, but got {type(i).__name__}", TypeError)
+    check(len(indices) > 0,
+          lambda: "index_put with no indices writes every element; thunderfn refuses it as torch does "
+                  "(use torch.where or expand)")
     return index_put_entries(a, indices, values, accumulate)
 
 
 @torchsymbol(torch.take, T.take)
 def take(a, index):
-    check(index.dtype is torch.int64, lambda: f"take(): Expected a long tensor for index, but got {clang.scalar_type_name(index.dtype)}")
+    check(index.dtype is torch.int64,
+          lambda: f"take(): Expected a long tensor for index, but got {clang.scalar_type_name(index.dtype)}")
     check(a.numel() > 0 or index.numel() == 0, lambda: "take(): tried to take from an empty tensor", IndexError)
     if symbolic.holds(index.numel() == 0):
         return clang.full(index.shape, 0, device=a.device, dtype=a.dtype)
@@ -541,11 +560,16 @@ def take(a, index):
 
 @torchsymbol(torch.put, T.put)
 def put(a, index, source, accumulate=False):
-    check(index.dtype is torch.int64, lambda: f"put_(): Expected a long tensor for index, but got {clang.scalar_type_name(index.dtype)}")
-    check(a.dtype == source.dtype, lambda: f"put_(): self and source expected to have the same dtype, but got self.dtype = "
-                                           f"{clang.scalar_type_name(a.dtype)} and source.dtype = {clang.scalar_type_name(source.dtype)}")
-    check(index.numel() == source.numel(), lambda: f"put_(): Expected source and index to have the same number of elements, "
-                                                   f"but got source.numel() = {source.numel()}, index.numel() = {index.numel()}", IndexError)
+    check(index.dtype is torch.int64,
+          lambda: f"put_(): Expected a long tensor for index, but got {clang.scalar_type_name(index.dtype)}")
+    check(a.dtype == source.dtype,
+          lambda: f"put_(): self and source expected to have the same dtype, but got self.dtype = "
+                  f"{clang.scalar_type_name(a.dtype)} and source.dtype = "
+                  f"{clang.scalar_type_name(source.dtype)}")
+    check(index.numel() == source.numel(),
+          lambda: f"put_(): Expected source and index to have the same number of elements, "
+                  f"but got source.numel() = {source.numel()}, "
+                  f"index.numel() = {index.numel()}", IndexError)
     check(a.numel() > 0 or index.numel() == 0, lambda: "put_(): Tried to put elements into an empty tensor", IndexError)
     if symbolic.holds(index.numel() == 0):
         return clang.add(a, False) if a.dtype is torch.bool else clang.add(a, 0)
@@ -586,13 +610,14 @@ def index_put_key(a, key, value, accumulate=False):
         value = clang.expand_to(value, clang.broadcast_shapes(value.shape, target.shape))
         check(tuple(value.shape) == tuple(target.shape), lambda: "")
     except InvalidArgumentError:
-        raise ArgumentRuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} cannot be broadcast to indexing "
-                           f"result of shape {list(target.shape)}") from None
+        raise ArgumentRuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} cannot be "
+                                   f"broadcast to indexing result of shape {list(target.shape)}") from None
     k = target.numel()
     if symbolic.holds(k == 0):
         return clang.add(a, False) if a.dtype is torch.bool else clang.add(a, 0)
     flat = clang.reshape(a, (n,))
-    out = (prims.scatter_add if accumulate else prims.scatter)(flat, clang.reshape(target, (k,)), clang.reshape(value, (k,)), 0)
+    out = (prims.scatter_add if accumulate else prims.scatter)(flat, clang.reshape(target, (k,)),
+                                                               clang.reshape(value, (k,)), 0)
     return clang.reshape(out, tuple(a.shape))
 
 
@@ -603,7 +628,8 @@ def scatter_into_view(a, view, src):
     n = a.numel()
     target = view(clang.reshape(prims.iota(n, start=0, step=1, device=a.device, dtype=torch.int64), tuple(a.shape)))
     check(tuple(src.shape) == tuple(target.shape), lambda: f"expected src to have a size equal to the slice of self. "
-                                                           f"src size = {list(src.shape)}, slice size = {list(target.shape)}")
+                                                           f"src size = {list(src.shape)}, slice size = "
+                                                           f"{list(target.shape)}")
     src = maybe_convert_to_dtype(src, a.dtype)
     k = target.numel()
     if symbolic.holds(k == 0):
@@ -624,7 +650,8 @@ def slice_scatter(a, src, dim=0, start=None, end=None, step=1):
 def select_scatter(a, src, dim, index):
     d = prims.canonical_dim(dim, a.ndim)
     n = a.shape[d]
-    check(-n <= index < n, lambda: f"select(): index {index} out of range for tensor of size {list(a.shape)} at dimension {d}",
+    check(-n <= index < n,
+          lambda: f"select(): index {index} out of range for tensor of size {list(a.shape)} at dimension {d}",
           IndexError)
     i = index % n
     return scatter_into_view(a, lambda p: clang.squeeze(clang.slice_in_dim(p, i, i + 1, 1, d), (d,)), src)
@@ -640,16 +667,19 @@ _SCATTER_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
 
 @torchsymbol(torch.scatter_reduce, T.scatter_reduce)
 def scatter_reduce(a, dim, index, src, reduce, *, include_self=True):
-    check(reduce in _SCATTER_REDUCTIONS, lambda: f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    check(reduce in _SCATTER_REDUCTIONS,
+          lambda: f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
     d = _check_scatter(a, dim, index, src, "scatter")
     if reduce not in ("sum", "mean"):
         raise DecompositionUnavailable  # no scatter_mul/max/min prims: torch runs it
-    prims.check_dtype_supported(reduce == "sum" or a.dtype is not torch.bool, "scatter_gather_tensor_cpu_reduce_mean", a.dtype)
+    prims.check_dtype_supported(reduce == "sum" or a.dtype is not torch.bool,
+                                "scatter_gather_tensor_cpu_reduce_mean", a.dtype)
     if symbolic.holds(index.numel() == 0):
         return _scatter(a, d, index, src, prims.scatter_add)
     base = a
     if not include_self:  # the written positions start from zero instead of a
-        base = _scatter(a, d, index, clang.full(index.shape, _zero(a.dtype), device=a.device, dtype=a.dtype), prims.scatter)
+        base = _scatter(a, d, index,
+                        clang.full(index.shape, _zero(a.dtype), device=a.device, dtype=a.dtype), prims.scatter)
     total = _scatter(base, d, index, src, prims.scatter_add)
     if reduce == "sum":
         return total

@@ -277,7 +277,8 @@ def _view_in_eager(func, args, kwargs, root, steps) -> tuple:
         return None, None
     if short_name(func) == "contiguous" and not steps and len(facts) == 1 and facts[0][0] is root:  # an input's
         fmt = kwargs.get("memory_format", torch.contiguous_format)
-        facts = [(root, f"is_contiguous(memory_format={fmt})", _is_contiguous_as[fmt], probe.is_contiguous(memory_format=fmt))]
+        facts = [(root, f"is_contiguous(memory_format={fmt})", _is_contiguous_as[fmt],
+                  probe.is_contiguous(memory_format=fmt))]
     return result is probe or result._base is probe, tuple(facts)
 
 
@@ -510,7 +511,8 @@ def check_fresh(args, kwargs) -> None:
 
 def _is_basic_key(key) -> bool:
     items = key if isinstance(key, tuple) else (key,)
-    return all(k is None or k is Ellipsis or isinstance(k, (int, torch.SymInt, slice)) and not isinstance(k, bool) for k in items)
+    return all(k is None or k is Ellipsis or isinstance(k, (int, torch.SymInt, slice))
+               and not isinstance(k, bool) for k in items)
 
 
 # -- functional forms ------------------------------------------------------------------------
@@ -560,7 +562,8 @@ def _functional(func, short: str, args, kwargs):
     target = args[0]
     if short in _REFUSED:
         raise UnsupportedOpError(f"{torch_name(func)} changes the tensor's shape, storage or autograd state in place, "
-                                 f"which thunderfn does not trace; use the out-of-place form ({short[:-1]}) and its result")
+                                 "which thunderfn does not trace; use the out-of-place form "
+                                 f"({short[:-1]}) and its result")
     if short == "__setitem__":
         return setitem(target, args[1], args[2])
     if short == "copy_":
@@ -586,8 +589,8 @@ def _cast_like_target(value, target, what: str):
     if not isinstance(value, TensorProxy):
         raise UnsupportedOpError(f"{what} did not produce a tensor")
     if not torch.can_cast(value.dtype, target.dtype):
-        raise ArgumentRuntimeError(f"result type {prims.scalar_type_name(value.dtype)} can't be cast to the desired output "
-                           f"type {prims.scalar_type_name(target.dtype)}")
+        raise ArgumentRuntimeError(f"result type {prims.scalar_type_name(value.dtype)} can't be cast "
+                                   f"to the desired output type {prims.scalar_type_name(target.dtype)}")
     if tuple(value.shape) != tuple(target.shape):
         try:
             value = clang.expand_to(value, target.shape)

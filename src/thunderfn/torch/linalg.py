@@ -51,7 +51,8 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     check(mat1.ndim == 2, lambda: f"mat1 must be a matrix, got {mat1.ndim}-D tensor")
     check(mat2.ndim == 2, lambda: f"mat2 must be a matrix, got {mat2.ndim}-D tensor")
     check(mat1.shape[1] == mat2.shape[0], lambda: f"mat1 and mat2 shapes cannot be multiplied "
-                                                  f"({mat1.shape[0]}x{mat1.shape[1]} and {mat2.shape[0]}x{mat2.shape[1]})")
+                                                  f"({mat1.shape[0]}x{mat1.shape[1]} and "
+                                                  f"{mat2.shape[0]}x{mat2.shape[1]})")
     for t in (input, mat1):
         check(t.dtype == mat2.dtype, lambda: f"self and mat2 must have the same dtype, but got "
                                              f"{scalar_type_name(t.dtype)} and {scalar_type_name(mat2.dtype)}")
@@ -70,8 +71,8 @@ def _check_batches(batch1, batch2):
 def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
     _check_batches(batch1, batch2)
     check(batch1.shape[0] == batch2.shape[0] and batch1.shape[2] == batch2.shape[1],
-          lambda: f"Expected size for first two dimensions of batch2 tensor to be: [{batch1.shape[0]}, {batch1.shape[2]}] "
-                  f"but got: [{batch2.shape[0]}, {batch2.shape[1]}].")
+          lambda: "Expected size for first two dimensions of batch2 tensor to be: "
+                  f"[{batch1.shape[0]}, {batch1.shape[2]}] but got: [{batch2.shape[0]}, {batch2.shape[1]}].")
     check(input.dtype == batch1.dtype, lambda: f"expected scalar type {scalar_type_name(batch1.dtype)} but found "
                                                f"{scalar_type_name(input.dtype)}")
     product = _round_to(_computed_matmul(batch1, batch2), batch1)
@@ -83,8 +84,9 @@ def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
     _check_batches(batch1, batch2)
     check(batch1.shape[0] == batch2.shape[0],
           lambda: f"batch1 and batch2 must have same number of batches, got {batch1.shape[0]} and {batch2.shape[0]}")
-    check(batch1.shape[2] == batch2.shape[1], lambda: f"Incompatible matrix sizes for bmm ({batch1.shape[1]}x{batch1.shape[2]} "
-                                                      f"and {batch2.shape[1]}x{batch2.shape[2]})")
+    check(batch1.shape[2] == batch2.shape[1],
+          lambda: f"Incompatible matrix sizes for bmm ({batch1.shape[1]}x{batch1.shape[2]} "
+                  f"and {batch2.shape[1]}x{batch2.shape[2]})")
     check(input.dtype == batch1.dtype, lambda: f"expected scalar type {scalar_type_name(batch1.dtype)} but found "
                                                f"{scalar_type_name(input.dtype)}")
     # the sum over batches of batch1[b] @ batch2[b] is one matrix product: (n, B*m) @ (B*m, p)
@@ -104,8 +106,8 @@ def _check_matrix_vector(input_ndim, mat, vec):
 def addmv(input, mat, vec, *, beta=1, alpha=1):
     _check_matrix_vector(input.ndim, mat, vec)
     check(mat.shape[1] == vec.shape[0] and input.numel() in (1, mat.shape[0]),
-          lambda: f"size mismatch, got input ({input.shape[0] if input.ndim else 1}), mat ({mat.shape[0]}x{mat.shape[1]}), "
-                  f"vec ({vec.shape[0]})")
+          lambda: f"size mismatch, got input ({input.shape[0] if input.ndim else 1}), mat "
+                  f"({mat.shape[0]}x{mat.shape[1]}), vec ({vec.shape[0]})")
     check(input.dtype == mat.dtype == vec.dtype,
           lambda: f"addmv input tensors must have the same dtype, but got {scalar_type_name(input.dtype)}, "
                   f"{scalar_type_name(mat.dtype)}, and {scalar_type_name(vec.dtype)}")
@@ -117,7 +119,8 @@ def addmv(input, mat, vec, *, beta=1, alpha=1):
 def mv(input, vec):
     _check_matrix_vector(1, input, vec)
     check(input.shape[1] == vec.shape[0],
-          lambda: f"size mismatch, got input ({input.shape[0]}), mat ({input.shape[0]}x{input.shape[1]}), vec ({vec.shape[0]})")
+          lambda: f"size mismatch, got input ({input.shape[0]}), mat ({input.shape[0]}x{input.shape[1]}), "
+                  f"vec ({vec.shape[0]})")
     check(input.dtype == vec.dtype,
           lambda: f"addmv input tensors must have the same dtype, but got "
                   f"{scalar_type_name(torch.promote_types(input.dtype, vec.dtype))}, {scalar_type_name(input.dtype)}, "
@@ -169,7 +172,8 @@ def _einsum_term(term: str, offset: int, what: str) -> list:
             labels.append("...")
             i += 3
             continue
-        check(c.isascii() and c.isalpha(), lambda: f"einsum(): invalid subscript given at index {offset + i} in the equation "
+        check(c.isascii() and c.isalpha(),
+              lambda: f"einsum(): invalid subscript given at index {offset + i} in the equation "
                                                     f"string, subscripts must be in [a-zA-Z]")
         labels.append(c)
         i += 1
@@ -177,8 +181,9 @@ def _einsum_term(term: str, offset: int, what: str) -> list:
 
 
 def _einsum_parse(equation: str, operands):
-    check(isinstance(equation, str), lambda: "einsum(): the equation must be a string (the sublist format is not supported "
-                                             "while tracing)", UnsupportedOpError)
+    check(isinstance(equation, str),
+          lambda: "einsum(): the equation must be a string (the sublist format is not supported "
+                  "while tracing)", UnsupportedOpError)
     eq = equation.replace(" ", "")
     lhs, arrow, rhs = eq.partition("->")
     terms, offsets, pos = lhs.split(","), [], 0
@@ -192,11 +197,14 @@ def _einsum_parse(equation: str, operands):
         labels = _einsum_term(term, offset, f"operand {k}")
         letters = len([c for c in labels if c != "..."])
         if "..." in labels:
-            check(letters <= t.ndim, lambda: f"einsum(): the number of subscripts in the equation ({letters}) is more than "
-                                             f"the number of dimensions ({t.ndim}) for operand {k}")
+            check(letters <= t.ndim,
+                  lambda: f"einsum(): the number of subscripts in the equation ({letters}) is more than "
+                          f"the number of dimensions ({t.ndim}) for operand {k}")
         else:
-            check(letters == t.ndim, lambda: f"einsum(): the number of subscripts in the equation ({letters}) does not match "
-                                             f"the number of dimensions ({t.ndim}) for operand {k} and no ellipsis was given")
+            check(letters == t.ndim,
+                  lambda: f"einsum(): the number of subscripts in the equation ({letters}) does not match "
+                          f"the number of dimensions ({t.ndim}) for operand {k} and "
+                          "no ellipsis was given")
         inputs.append(labels)
     n_ell = max([t.ndim - len(ls) + 1 for ls, t in zip(inputs, operands) if "..." in ls], default=0)
     expanded = []
@@ -212,9 +220,11 @@ def _einsum_parse(equation: str, operands):
     if arrow:
         out = _einsum_term(rhs, len(lhs) + 2, "the output")
         for i, label in enumerate(out):
-            check(label == "..." or label not in out[:i], lambda: f"einsum(): output subscript {label} appears more than once in the output")
-            check(label == "..." or label in counts, lambda: f"einsum(): output subscript {label} does not appear in the "
-                                                             f"equation for any input operand")
+            check(label == "..." or label not in out[:i],
+                  lambda: f"einsum(): output subscript {label} appears more than once in the output")
+            check(label == "..." or label in counts,
+                  lambda: f"einsum(): output subscript {label} does not appear in the "
+                          f"equation for any input operand")
         if "..." in out:
             i = out.index("...")
             out = out[:i] + list(range(n_ell)) + out[i + 1:]
@@ -230,8 +240,9 @@ def _einsum_diagonal(t, labels, k):
         pos = [i for i, x in enumerate(labels) if x == label]
         n = t.shape[pos[0]]
         for p in pos[1:]:
-            check(t.shape[p] == n, lambda: f"einsum(): subscript {label} is repeated for operand {k} but the sizes don't "
-                                           f"match, {t.shape[p]} != {n}")
+            check(t.shape[p] == n,
+                  lambda: f"einsum(): subscript {label} is repeated for operand {k} but the sizes don't "
+                          f"match, {t.shape[p]} != {n}")
         keep = [i for i in range(t.ndim) if i not in pos]
         t = clang.reshape(clang.permute(t, keep + pos), tuple(t.shape[i] for i in keep) + (n ** len(pos),))
         # in the flattened (n, n, ..., n) block, the diagonal is every (1 + n + n^2 + ...)-th element
@@ -293,8 +304,9 @@ def einsum(equation, *operands):
         operands = tuple(operands[0])
     inputs, out = _einsum_parse(equation, operands)
     for i, t in enumerate(operands[1:], 1):
-        check(t.dtype == operands[0].dtype, lambda: f"expected scalar type {scalar_type_name(operands[0].dtype)} but found "
-                                                    f"{scalar_type_name(t.dtype)}")
+        check(t.dtype == operands[0].dtype,
+              lambda: f"expected scalar type {scalar_type_name(operands[0].dtype)} but found "
+                      f"{scalar_type_name(t.dtype)}")
     sizes: dict = {}
     tensors = []
     for k, (t, labels) in enumerate(zip(operands, inputs)):
@@ -319,8 +331,9 @@ def einsum(equation, *operands):
 # -- tensordot and kron -----------------------------------------------------------------------
 @torchsymbol(torch.tensordot)
 def tensordot(a, b, dims=2, out=None):
-    check(out is None, lambda: "torch.tensordot(out=...) writes into an argument, which thunderfn does not trace; use the "
-                               "result instead", UnsupportedOpError)
+    check(out is None,
+          lambda: "torch.tensordot(out=...) writes into an argument, which thunderfn does not trace; use the "
+                  "result instead", UnsupportedOpError)
     check(a.dtype == b.dtype, lambda: "both inputs should have same dtype")
     if isinstance(dims, numbers.Integral):
         check(dims >= 0, lambda: f"tensordot expects dims >= 0, but got dims={dims}")
@@ -347,7 +360,8 @@ def tensordot(a, b, dims=2, out=None):
     k = math.prod(a.shape[i] for i in ca)
     left = clang.reshape(clang.permute(a, free_a + ca), (math.prod(a.shape[i] for i in free_a), k))
     right = clang.reshape(clang.permute(b, cb + free_b), (k, math.prod(b.shape[i] for i in free_b)))
-    return clang.reshape(prims.matmul(left, right), tuple(a.shape[i] for i in free_a) + tuple(b.shape[i] for i in free_b))
+    return clang.reshape(prims.matmul(left, right),
+                         tuple(a.shape[i] for i in free_a) + tuple(b.shape[i] for i in free_b))
 
 
 def is_tensor_like(x) -> bool:

@@ -39,14 +39,15 @@ from thunderfn.torch.shape import clone
 
 T = torch.Tensor
 __all__ = ["matmul", "mm", "bmm", "linear", "layer_norm", "embedding", "cross_entropy", "nll_loss",
-           "scaled_dot_product_attention", "dropout", "mse_loss", "rms_norm", "batch_norm", "instance_norm", "group_norm",
-           "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
-           "soft_margin_loss", "softmin"]
+           "scaled_dot_product_attention", "dropout", "mse_loss", "rms_norm", "batch_norm",
+           "instance_norm", "group_norm", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+           "binary_cross_entropy_with_logits", "kl_div", "soft_margin_loss", "softmin"]
 
 
 def _check_same_dtype(a, b):
     check(a.dtype == b.dtype, lambda: f"expected m1 and m2 to have the same dtype, but got: "
-                                      f"{clang.CPP_TYPE_NAMES.get(a.dtype, a.dtype)} != {clang.CPP_TYPE_NAMES.get(b.dtype, b.dtype)}")
+                                      f"{clang.CPP_TYPE_NAMES.get(a.dtype, a.dtype)} != "
+                                      f"{clang.CPP_TYPE_NAMES.get(b.dtype, b.dtype)}")
 
 
 @torchsymbol(torch.matmul, T.matmul, T.__matmul__)
@@ -65,7 +66,8 @@ register_alias(T.__rmatmul__, lambda self, other: matmul(other, self))
 def mm(a, b):
     check(a.ndim == 2, lambda: "self must be a matrix")
     check(b.ndim == 2, lambda: "mat2 must be a matrix")
-    check(a.shape[1] == b.shape[0], lambda: f"mat1 and mat2 shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and {b.shape[0]}x{b.shape[1]})")
+    check(a.shape[1] == b.shape[0], lambda: f"mat1 and mat2 shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
+                                            f"{b.shape[0]}x{b.shape[1]})")
     _check_same_dtype(a, b)
     return prims.matmul(a, b)
 
@@ -75,25 +77,31 @@ def bmm(a, b):
     check(a.ndim == 3, lambda: "batch1 must be a 3D tensor")
     check(b.ndim == 3, lambda: "batch2 must be a 3D tensor")
     check(a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1],
-          lambda: f"Expected size for first two dimensions of batch2 tensor to be: [{a.shape[0]}, {a.shape[2]}] but got: [{b.shape[0]}, {b.shape[1]}].")
-    check(a.dtype == b.dtype, lambda: f"expected scalar type {clang.scalar_type_name(a.dtype)} but found {clang.scalar_type_name(b.dtype)}")
+          lambda: f"Expected size for first two dimensions of batch2 tensor to be: [{a.shape[0]}, {a.shape[2]}] but "
+                  f"got: [{b.shape[0]}, {b.shape[1]}].")
+    check(a.dtype == b.dtype,
+          lambda: f"expected scalar type {clang.scalar_type_name(a.dtype)} but found {clang.scalar_type_name(b.dtype)}")
     return prims.matmul(a, b)
 
 
 @torchsymbol(F.linear, torch._C._nn.linear)
 def linear(input, weight, bias=None):
-    check(input.ndim >= 1, lambda: f"both arguments to linear need to be at least 1D, but they are {input.ndim}D and {weight.ndim}D")
+    check(input.ndim >= 1,
+          lambda: f"both arguments to linear need to be at least 1D, but they are {input.ndim}D and {weight.ndim}D")
     check(weight.ndim in (1, 2), lambda: f"t() expects a tensor with <= 2 dimensions, but self is {weight.ndim}D")
     check(bias is None or weight.ndim == 2, lambda: f"mat2 must be a matrix, got {weight.ndim}-D tensor")
     _check_same_dtype(input, weight)
     if bias is None:
         return prims.matmul(input, clang.transpose(weight, 0, 1) if weight.ndim == 2 else weight)
     check(bias.dtype == input.dtype, lambda: f"self and mat2 must have the same dtype, but got "
-                                             f"{clang.scalar_type_name(bias.dtype)} and {clang.scalar_type_name(weight.dtype)}")
+                                             f"{clang.scalar_type_name(bias.dtype)} and "
+                                             f"{clang.scalar_type_name(weight.dtype)}")
     if bias.ndim <= 1:  # torch adds it to the output with input's batch dims folded into rows
         rows, n_out, n = symbolic.product(input.shape[:-1]), weight.shape[0], bias.shape[0] if bias.ndim else 1
-        check(symbolic.expands_to(n, n_out), lambda: f"The expanded size of the tensor ({n_out}) must match the existing size ({n}) at "
-                                       f"non-singleton dimension 1.  Target sizes: [{rows}, {n_out}].  Tensor sizes: [{n}]")
+        check(symbolic.expands_to(n, n_out),
+              lambda: f"The expanded size of the tensor ({n_out}) must match the existing size ({n}) at "
+                                       f"non-singleton dimension 1.  Target sizes: [{rows}, "
+                                       f"{n_out}].  Tensor sizes: [{n}]")
     # torch's fused kernel adds the bias before rounding a half-precision result once; so do we
     compute = dtypes.computation_dtype(input.dtype)
     x, w, b = (maybe_convert_to_dtype(t, compute) for t in (input, weight, bias))
@@ -105,12 +113,14 @@ def linear(input, weight, bias=None):
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     _check_normalized_shape("layer_norm", input, normalized_shape, (("weight", weight), ("bias", bias)),
                             shape_text=lambda shape: f"[*, {', '.join(map(str, shape))}]")
-    check(dtypes.is_float(input.dtype), lambda: f"\"LayerNormKernelImpl\" not implemented for '{clang.scalar_type_name(input.dtype)}'",
+    check(dtypes.is_float(input.dtype),
+          lambda: f"\"LayerNormKernelImpl\" not implemented for '{clang.scalar_type_name(input.dtype)}'",
           NotImplementedError)
     for p in (weight, bias):
         # float32 parameters may go with a half-precision input; otherwise parameters match the input
         check(p is None or p.dtype == input.dtype or p.dtype is torch.float32 and input.dtype in dtypes.low_precision,
-              lambda: f"mixed dtype (CPU): expect parameter to have scalar type of {clang.scalar_type_name(input.dtype)}")
+              lambda: "mixed dtype (CPU): expect parameter to have scalar type of "
+                      f"{clang.scalar_type_name(input.dtype)}")
     # aten's native_layer_norm also returns the mean and rstd its backward reads: reverse mode saves them
     return native_layer_norm(input, list(normalized_shape), weight, bias, eps)[0]
 
@@ -118,18 +128,21 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
 def _check_normalized_shape(fn_name, input, normalized_shape, params, *, shape_text):
     """torch's checks of normalized_shape against the input and the (name, tensor) params; the normalized dims."""
     check(isinstance(normalized_shape, (tuple, list, torch.Size)),
-          lambda: f"{fn_name}(): argument 'normalized_shape' (position 2) must be tuple of ints, not {type(normalized_shape).__name__}",
+          lambda: f"{fn_name}(): argument 'normalized_shape' (position 2) must be tuple of ints, not "
+                  f"{type(normalized_shape).__name__}",
           TypeError)
     normalized_shape = tuple(normalized_shape)
     n = len(normalized_shape)
-    check(n > 0, lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, "
-                         f"but got normalized_shape = {list(normalized_shape)}")
+    check(n > 0,
+          lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, "
+                  f"but got normalized_shape = {list(normalized_shape)}")
     for name, p in params:
         check(p is None or tuple(p.shape) == normalized_shape,
-              lambda: f"Expected {name} to be of same shape as normalized_shape, but got {name} of shape {list(p.shape)} and normalized_shape = {list(normalized_shape)}")
+              lambda: f"Expected {name} to be of same shape as normalized_shape, but got {name} of shape "
+                      f"{list(p.shape)} and normalized_shape = {list(normalized_shape)}")
     check(tuple(input.shape[input.ndim - n:]) == normalized_shape and input.ndim >= n,
-          lambda: f"Given normalized_shape={list(normalized_shape)}, expected input with shape {shape_text(normalized_shape)}, "
-                  f"but got input of size{list(input.shape)}")
+          lambda: f"Given normalized_shape={list(normalized_shape)}, expected input with shape "
+                  f"{shape_text(normalized_shape)}, but got input of size{list(input.shape)}")
     return tuple(range(input.ndim - n, input.ndim))
 
 
@@ -175,7 +188,8 @@ def _check_more_than_one_value(input, count_dims, what, shape_text):
 def _check_batch_norm(input, running_mean, running_var, weight, bias, training):
     """F.batch_norm's and torch's checks, in their order."""
     if training:  # F.batch_norm's own check, before torch's
-        _check_more_than_one_value(input, (0, *range(2, input.ndim)), "value per channel", f"torch.Size({list(input.shape)})")
+        _check_more_than_one_value(input, (0, *range(2, input.ndim)), "value per channel",
+                                   f"torch.Size({list(input.shape)})")
     if not training:
         check(running_mean is not None, lambda: "running_mean must be defined in evaluation mode")
         check(running_var is not None, lambda: "running_var must be defined in evaluation mode")
@@ -266,7 +280,8 @@ register_alias(torch.ops.aten.native_batch_norm.default, _native_batch_norm_entr
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
                   momentum=0.1, eps=1e-5):
     if use_input_stats:  # F.instance_norm's own check, before torch's
-        _check_more_than_one_value(input, tuple(range(2, input.ndim)), "spatial element", f"torch.Size({list(input.shape)})")
+        _check_more_than_one_value(input, tuple(range(2, input.ndim)), "spatial element",
+                                   f"torch.Size({list(input.shape)})")
     check(not use_input_stats or running_mean is None and running_var is None,
           lambda: "instance_norm(use_input_stats=True) with running_mean/running_var updates running_mean/running_var "
                   "in place, which thunderfn does not trace yet; pass running_mean=None and running_var=None",
@@ -302,8 +317,10 @@ def _instance_norm_entry(input, running_mean=None, running_var=None, weight=None
     of the latter, functionalized (as for batch norm)."""
     if not (use_input_stats and (running_mean is not None or running_var is not None)):
         return instance_norm(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
-    _check_more_than_one_value(input, tuple(range(2, input.ndim)), "spatial element", f"torch.Size({list(input.shape)})")
-    out, new_mean, new_var = _instance_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps)
+    _check_more_than_one_value(input, tuple(range(2, input.ndim)), "spatial element",
+                               f"torch.Size({list(input.shape)})")
+    out, new_mean, new_var = _instance_norm_running_update(input, running_mean, running_var, weight,
+                                                           bias, momentum, eps)
     _rebind_running_stats(running_mean, running_var, new_mean, new_var, "instance_norm(use_input_stats=True)")
     return out
 
@@ -320,12 +337,13 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     grouped = [n * c // num_groups, num_groups, *input.shape[2:]]
     check(symbolic.product([grouped[0], *grouped[2:]]) != 1,
           lambda: f"Expected more than 1 value per channel when training, got input size {grouped}", ValueError)
-    check(c % num_groups == 0, lambda: f"Expected number of channels in input to be divisible by num_groups, but got input "
-                                       f"of shape {list(input.shape)} and num_groups={num_groups}")
+    check(c % num_groups == 0,
+          lambda: f"Expected number of channels in input to be divisible by num_groups, but got input "
+                  f"of shape {list(input.shape)} and num_groups={num_groups}")
     for name, p in (("weight", weight), ("bias", bias)):
         check(p is None or p.ndim == 1 and p.numel() == c,
-              lambda: f"Expected {name} to be a vector of size equal to the number of channels in input, but got {name} "
-                      f"of shape {list(p.shape)} and input of shape {list(input.shape)}")
+              lambda: f"Expected {name} to be a vector of size equal to the number of channels in "
+                      f"input, but got {name} of shape {list(p.shape)} and input of shape {list(input.shape)}")
     check_dtype_supported(dtypes.is_float(input.dtype), "GroupNormKernelImpl", input.dtype)
     _check_norm_params(input, weight, bias)
     # aten's native_group_norm also returns the mean and rstd its backward reads: reverse mode saves them
@@ -334,14 +352,17 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
 
 @torchsymbol(F.embedding)
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
-    check(max_norm is None, lambda: "embedding(max_norm=...) renormalizes the weight in place; thunderfn does not trace that",
+    check(max_norm is None,
+          lambda: "embedding(max_norm=...) renormalizes the weight in place; thunderfn does not trace that",
           UnsupportedOpError)
     check(weight.ndim == 2, lambda: "'weight' must be 2-D")
     if padding_idx is not None:  # padding_idx only shapes the gradient; the forward ignores it
-        check(-weight.shape[0] <= padding_idx < weight.shape[0], lambda: "Padding_idx must be within num_embeddings", AssertionError)
+        check(-weight.shape[0] <= padding_idx < weight.shape[0],
+              lambda: "Padding_idx must be within num_embeddings", AssertionError)
     check(input.dtype in (torch.int64, torch.int32),
-          lambda: f"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but got "
-                  f"{clang.legacy_type_name(input)} instead (while checking arguments for embedding)")
+          lambda: "Expected tensor for argument #1 'indices' to have one of the following scalar "
+                  f"types: Long, Int; but got {clang.legacy_type_name(input)} instead (while checking "
+                  "arguments for embedding)")
     # padding_idx and scale_grad_by_freq only shape the gradient (a zero row, counts), which differentiating
     # this gather does not give: reverse mode always takes embedding's rule (aten's embedding_dense_backward,
     # transforms/rules/nn.py); forward mode's derivative, like torch's, ignores both
@@ -379,9 +400,11 @@ def _check_class_targets(input, target, weight):
     """torch's checks on nll_loss's (and cross_entropy's class-index) arguments, in torch's order."""
     check(input.ndim >= 1, lambda: f"Expected 1 or more dimensions (got {input.ndim})", ValueError)
     if input.ndim == 1 and target.ndim == 1:
-        check(target.shape[0] == 1, lambda: f"For 1D input, 1D target must have size 1, but got target size: {target.shape[0]}", ValueError)
+        check(target.shape[0] == 1,
+              lambda: f"For 1D input, 1D target must have size 1, but got target size: {target.shape[0]}", ValueError)
     check(input.ndim == 1 or target.ndim >= 1 and input.shape[0] == target.shape[0],
-          lambda: f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({target.shape[0] if target.ndim else 1}).",
+          lambda: f"Expected input batch_size ({input.shape[0]}) to match target batch_size "
+                  f"({target.shape[0] if target.ndim else 1}).",
           ValueError)
     if input.ndim >= 3:
         check(tuple(target.shape[1:]) == tuple(input.shape[2:]),
@@ -390,11 +413,13 @@ def _check_class_targets(input, target, weight):
         check(target.ndim <= 1, lambda: "0D or 1D target tensor expected, multi-target not supported")
     n_classes = input.shape[1] if input.ndim > 1 else input.shape[0]
     check(weight is None or weight.ndim == 1 and weight.shape[0] == n_classes,
-          lambda: f"weight tensor should be defined either for all {n_classes} classes or no classes but got weight tensor of shape: {list(weight.shape)}")
+          lambda: f"weight tensor should be defined either for all {n_classes} classes or no classes but got weight "
+                  f"tensor of shape: {list(weight.shape)}")
     check(target.dtype in (torch.int64, torch.uint8),
           lambda: f"expected target dtype to be Long or Byte, but got {clang.scalar_type_name(target.dtype)}")
     check(weight is None or weight.dtype == input.dtype,
-          lambda: f"expected scalar type {clang.scalar_type_name(input.dtype)} but found {clang.scalar_type_name(weight.dtype)}")
+          lambda: f"expected scalar type {clang.scalar_type_name(input.dtype)} but found "
+                  f"{clang.scalar_type_name(weight.dtype)}")
 
 
 def _nll(logp, target, weight, ignore_index, reduction):
@@ -422,8 +447,8 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     _check_reduction(reduction)
     _check_class_targets(input, target, weight)
     kernel = "nll_loss_out_frame" if input.ndim <= 2 else "nll_loss2d_forward_out_frame"
-    check(dtypes.is_float(input.dtype), lambda: f"\"{kernel}\" not implemented for '{clang.scalar_type_name(input.dtype)}'",
-          NotImplementedError)
+    check(dtypes.is_float(input.dtype),
+          lambda: f"\"{kernel}\" not implemented for '{clang.scalar_type_name(input.dtype)}'", NotImplementedError)
     return _nll(input, target, weight, ignore_index, reduction)
 
 
@@ -437,14 +462,16 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     probabilities = tuple(target.shape) == tuple(input.shape)  # torch's rule: same shape means class probabilities
     if probabilities:
         check(dtypes.is_float(target.dtype),
-              lambda: f"Expected floating point type for target with class probabilities, got {clang.scalar_type_name(target.dtype)}")
+              lambda: "Expected floating point type for target with class probabilities, got "
+                      f"{clang.scalar_type_name(target.dtype)}")
         check(ignore_index < 0, lambda: "ignore_index is not supported for floating point target")
         n_classes = input.shape[canonical_dim(class_dim, input.ndim)]
         check(weight is None or weight.ndim == 1 and weight.shape[0] == n_classes,
-              lambda: f"cross_entropy: weight tensor should be defined either for all {n_classes} classes or no classes but got weight tensor of shape: {list(weight.shape)}")
+              lambda: f"cross_entropy: weight tensor should be defined either for all {n_classes} classes or no "
+                      f"classes but got weight tensor of shape: {list(weight.shape)}")
     kernel = "log_softmax_lastdim_kernel_impl" if class_dim == input.ndim - 1 else "log_softmax_kernel_impl"
-    check(dtypes.is_float(input.dtype), lambda: f"\"{kernel}\" not implemented for '{clang.scalar_type_name(input.dtype)}'",
-          NotImplementedError)
+    check(dtypes.is_float(input.dtype),
+          lambda: f"\"{kernel}\" not implemented for '{clang.scalar_type_name(input.dtype)}'", NotImplementedError)
     if probabilities:
         return _cross_entropy_with_probabilities(input, target, weight, class_dim, reduction, label_smoothing)
     _check_class_targets(input, target, weight)
@@ -496,14 +523,15 @@ def _cross_entropy_with_probabilities(input, target, weight, class_dim, reductio
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     reduction = _legacy_reduction(size_average, reduce, reduction)
     if weight is not None:  # torch's Python path for weights: its own messages, mean divides by the weights' sum
-        check(tuple(weight.shape) == tuple(input.shape), lambda: "Weights and input must have the same size.", ValueError)
+        check(tuple(weight.shape) == tuple(input.shape),
+              lambda: "Weights and input must have the same size.", ValueError)
         check(reduction in ("none", "mean", "sum"),
               lambda: f"Invalid reduction mode: {reduction}. Expected one of 'none', 'mean', 'sum'.", ValueError)
     else:
         _check_reduction(reduction)
     diff = clang.sub(input, target)
-    check(dtypes.is_inexact(diff.dtype), lambda: f"\"mse_cpu\" not implemented for '{clang.scalar_type_name(diff.dtype)}'",
-          NotImplementedError)
+    check(dtypes.is_inexact(diff.dtype),
+          lambda: f"\"mse_cpu\" not implemented for '{clang.scalar_type_name(diff.dtype)}'", NotImplementedError)
     loss = clang.mul(diff, diff)
     if weight is not None:
         loss = clang.mul(loss, weight)
@@ -535,7 +563,8 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
     reduction = _legacy_reduction(size_average, reduce, reduction)
     input, target = _broadcast_pair(input, target)
     if weight is not None:  # torch's Python path for weights, as mse_loss's
-        check(tuple(weight.shape) == tuple(input.shape), lambda: "Weights and input must have the same size.", ValueError)
+        check(tuple(weight.shape) == tuple(input.shape),
+              lambda: "Weights and input must have the same size.", ValueError)
         check(reduction in ("none", "mean", "sum"),
               lambda: f"Invalid reduction mode: {reduction}. Expected one of 'none', 'mean', 'sum'.", ValueError)
         loss = clang.mul(clang.abs(sub(input, target)), weight)
@@ -606,7 +635,8 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     check(beta >= 0, lambda: "smooth_l1_loss does not support negative values for beta.")
     x, y, dtype = _float_loss("smooth_l1_loss", "smooth_l1_cpu", input, target)
     z = clang.abs(clang.sub(x, y))
-    loss = clang.where(clang.lt(z, beta), clang.true_divide(clang.mul(clang.mul(z, z), 0.5), beta), clang.sub(z, 0.5 * beta))
+    loss = clang.where(clang.lt(z, beta), clang.true_divide(clang.mul(clang.mul(z, z), 0.5), beta),
+                       clang.sub(z, 0.5 * beta))
     return _apply_reduction(maybe_convert_to_dtype(loss, dtype), reduction)
 
 
@@ -614,7 +644,8 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
 def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     input, target = _broadcast_pair(input, target)
     if weight is not None:
-        check(tuple(weight.shape) == tuple(input.shape), lambda: "Weights and input must have the same size.", ValueError)
+        check(tuple(weight.shape) == tuple(input.shape),
+              lambda: "Weights and input must have the same size.", ValueError)
     else:
         _check_reduction(reduction)
     check(delta > 0, lambda: "huber_loss does not support non-positive values for delta.")
@@ -638,14 +669,14 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
     check(tuple(target.shape) == tuple(input.shape),
-          lambda: f"Using a target size ({_torch_size(target)}) that is different to the input size ({_torch_size(input)}) "
-                  "is deprecated. Please ensure they have the same size.", ValueError)
+          lambda: f"Using a target size ({_torch_size(target)}) that is different to the input size "
+                  f"({_torch_size(input)}) is deprecated. Please ensure they have the same size.", ValueError)
     if weight is not None:  # F.binary_cross_entropy expands weight to the target's shape
         for i in range(1, min(weight.ndim, target.ndim) + 1):
             check(symbolic.expands_to(weight.shape[-i], target.shape[-i]),
-                  lambda: f"Attempting to broadcast a dimension of length {weight.shape[-i]} at {-i}! Mismatching argument "
-                          f"at index 1 had {_torch_size(weight)}; but expected shape should be broadcastable to "
-                          f"{list(target.shape)}")
+                  lambda: f"Attempting to broadcast a dimension of length {weight.shape[-i]} at {-i}! "
+                          f"Mismatching argument at index 1 had {_torch_size(weight)}; but expected shape should "
+                          f"be broadcastable to {list(target.shape)}")
         weight = clang.expand_to(weight, target.shape)
     check_dtype_supported(dtypes.is_float(input.dtype), "binary_cross_entropy", input.dtype)
     check(target.dtype == input.dtype, lambda: f"Found dtype {prims.scalar_type_name(target.dtype)} but expected "
@@ -670,7 +701,8 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
     check(tuple(target.shape) == tuple(input.shape),
-          lambda: f"Target size ({_torch_size(target)}) must be the same as input size ({_torch_size(input)})", ValueError)
+          lambda: f"Target size ({_torch_size(target)}) must be the same as input size ({_torch_size(input)})",
+          ValueError)
     # torch's own sequence of ops, each rounding in its dtype:
     # (1 - target) * input - log_weight * logsigmoid(input), log_weight = (pos_weight - 1) * target + 1
     log_sigmoid = logsigmoid(input)
@@ -700,7 +732,8 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
     kernel_reduction = _legacy_reduction(size_average, reduce, reduction) if legacy else \
         ("sum" if reduction == "batchmean" else reduction)
     _check_reduction(kernel_reduction)
-    check(dtypes.is_inexact(input.dtype) and dtypes.is_inexact(target.dtype), lambda: "kl_div: Integral inputs not supported.")
+    check(dtypes.is_inexact(input.dtype) and dtypes.is_inexact(target.dtype),
+          lambda: "kl_div: Integral inputs not supported.")
     # torch's formulas, op by op
     if log_target:
         loss = clang.mul(clang.exp(target), clang.sub(target, input))
@@ -734,16 +767,19 @@ def _cpp_name(dtype):
 @torchsymbol(F.scaled_dot_product_attention)
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
-    check(0.0 <= dropout_p <= 1.0, lambda: f"dropout probability has to be between 0 and 1, but got {dropout_p}", ValueError)
+    check(0.0 <= dropout_p <= 1.0,
+          lambda: f"dropout probability has to be between 0 and 1, but got {dropout_p}", ValueError)
     if isinstance(query, TensorProxy):
         sdp_state.guard_trace()  # executors lower attention by torch's backend switches (torch/sdp_state.py)
     check(query.ndim >= 2 and key.ndim >= 2 and value.ndim >= 2,
           lambda: f"Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: {query.ndim} "
                   f"key.dim: {key.ndim} and value.dim: {value.ndim} instead.")
     check(query.dtype == key.dtype == value.dtype,
-          lambda: f"Expected query, key, and value to have the same dtype, but got query.dtype: {_cpp_name(query.dtype)} "
-                  f"key.dtype: {_cpp_name(key.dtype)} and value.dtype: {_cpp_name(value.dtype)} instead.")
-    check(dtypes.is_float(query.dtype), lambda: f"expected scalar type Float but found {clang.scalar_type_name(query.dtype)}")
+          lambda: "Expected query, key, and value to have the same dtype, but got query.dtype: "
+                  f"{_cpp_name(query.dtype)} key.dtype: {_cpp_name(key.dtype)} and value.dtype: "
+                  f"{_cpp_name(value.dtype)} instead.")
+    check(dtypes.is_float(query.dtype),
+          lambda: f"expected scalar type Float but found {clang.scalar_type_name(query.dtype)}")
     check(attn_mask is None or attn_mask.dtype in (torch.bool, torch.float32, query.dtype),
           lambda: f"Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: "
                   f"{_cpp_name(attn_mask.dtype)} and  query.dtype: {_cpp_name(query.dtype)} instead.")
@@ -811,7 +847,8 @@ def dropout(input, p=0.5, training=True, inplace=False):
         return input
     if p == 1.0:
         return clang.mul(input, False if input.dtype is torch.bool else 0)  # torch multiplies by zeros: NaN stays NaN
-    check(dtypes.is_float(input.dtype), lambda: f"result type Float can't be cast to the desired output type {input.dtype}")
+    check(dtypes.is_float(input.dtype),
+          lambda: f"result type Float can't be cast to the desired output type {input.dtype}")
     return clang.mul(input, opaque_symbol(dropout_noise)(input, 1.0 - p))
 
 

@@ -48,10 +48,11 @@ def _functional_call_traced(original, module, parameters_and_buffers, args=None,
     named = dict(module.named_parameters(remove_duplicate=False))
     named.update(module.named_buffers(remove_duplicate=False))
     if strict:
-        missing, unexpected = sorted(set(named) - set(parameters_and_buffers)), sorted(set(parameters_and_buffers) - set(named))
+        missing, unexpected = (sorted(set(named) - set(parameters_and_buffers)),
+                               sorted(set(parameters_and_buffers) - set(named)))
         if missing or unexpected:
-            raise ArgumentRuntimeError(f"Error(s) in reparametrizing for {type(module).__name__}: missing key(s) {missing}, "
-                                       f"unexpected key(s) {unexpected}")
+            raise ArgumentRuntimeError(f"Error(s) in reparametrizing for {type(module).__name__}: "
+                                       f"missing key(s) {missing}, unexpected key(s) {unexpected}")
     given = {name: value for name, value in parameters_and_buffers.items() if name in named}
     if not tie_weights and any(named[a] is named[b] for a in given for b in named if a != b):
         raise UnsupportedOpError("functional_call(tie_weights=False) on a module with tied weights is not traced: "

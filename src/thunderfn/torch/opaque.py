@@ -178,7 +178,8 @@ def _run_on_meta(fn, name: str, meta_args, meta_kwargs, *, retried: bool = True)
                                   "without output_size", "Meta tensors"))
         if data_dependent and not retried:
             raise _ValuesDecideShape from None
-        # Proxies carry no strides (meta tensors here are contiguous): a complaint about layout is ours, not the input's.
+        # Proxies carry no strides (meta tensors here are contiguous): a complaint about layout is ours, not the
+        # input's.
         meta_specific = data_dependent or isinstance(e, NotImplementedError) or any(
             w in reason.lower() for w in ("meta", "stride", "contiguous", "major", "layout", "data pointer", "storage"))
         if not meta_specific and isinstance(e, (IndexError, ValueError, TypeError, RuntimeError)):

@@ -21,7 +21,8 @@ from thunderfn.torch.shape import reshape
 T = torch.Tensor
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "var", "std", "var_mean", "std_mean", "argmax",
            "argmin", "all", "any", "softmax", "log_softmax", "logsumexp", "count_nonzero", "cumsum", "cumprod",
-           "logcumsumexp", "cummax", "cummin", "sort", "argsort", "msort", "topk", "vector_norm", "norm", "aminmax", "nansum", "nanmean"]
+           "logcumsumexp", "cummax", "cummin", "sort", "argsort", "msort", "topk", "vector_norm", "norm", "aminmax",
+           "nansum", "nanmean"]
 
 
 def sum_to(x, shape):
@@ -56,22 +57,24 @@ def _sum_dtype(a, dtype):
 def sum(a, dim=None, keepdim=False, *, dtype=None):
     dims = reduction_dims(a, dim)
     out_dtype = _sum_dtype(a, dtype)
-    return _finish(_accumulate(maybe_convert_to_dtype(a, out_dtype), out_dtype, prims.sum, dims), a, dims, keepdim, out_dtype)
+    return _finish(_accumulate(maybe_convert_to_dtype(a, out_dtype), out_dtype, prims.sum, dims), a, dims,
+                   keepdim, out_dtype)
 
 
 @torchsymbol(torch.prod, T.prod)
 def prod(a, dim=None, keepdim=False, *, dtype=None):
     dims = reduction_dims(a, dim)
     out_dtype = _sum_dtype(a, dtype)
-    return _finish(_accumulate(maybe_convert_to_dtype(a, out_dtype), out_dtype, prims.prod, dims), a, dims, keepdim, out_dtype)
+    return _finish(_accumulate(maybe_convert_to_dtype(a, out_dtype), out_dtype, prims.prod, dims), a, dims,
+                   keepdim, out_dtype)
 
 
 @torchsymbol(torch.mean, T.mean)
 def mean(a, dim=None, keepdim=False, *, dtype=None):
     out_dtype = dtype or a.dtype
     check(dtypes.is_inexact(out_dtype),
-          lambda: f"mean(): could not infer output dtype. {'Input' if dtype is None else 'Optional'} dtype must be either "
-                  f"a floating point or complex dtype. Got: {scalar_type_name(out_dtype)}")
+          lambda: f"mean(): could not infer output dtype. {'Input' if dtype is None else 'Optional'} "
+                  f"dtype must be either a floating point or complex dtype. Got: {scalar_type_name(out_dtype)}")
     dims = reduction_dims(a, dim)
     n = 1
     for d in dims:
@@ -268,7 +271,8 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     x, dims, out_dtype = _softmax_input(input, dim, dtype, "log_softmax")
     shifted = _shifted(x, dims)
-    lse = keepdim_reshape(clang.log(prims.sum(clang.exp(shifted), dims)), x, dims) if dims else clang.log(clang.exp(shifted))
+    lse = (keepdim_reshape(clang.log(prims.sum(clang.exp(shifted), dims)), x, dims) if dims
+           else clang.log(clang.exp(shifted)))
     return maybe_convert_to_dtype(clang.sub(shifted, lse), out_dtype)
 
 
@@ -280,7 +284,8 @@ for _torch_fn, _symbol in ((torch.softmax, softmax), (T.softmax, softmax), (torc
 @torchsymbol(torch.logsumexp, T.logsumexp, torch.special.logsumexp)
 def logsumexp(a, dim, keepdim=False):
     dims = reduction_dims(a, dim)
-    x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype) if dtypes.is_inexact(a.dtype) else torch.get_default_dtype())
+    x = maybe_convert_to_dtype(a, dtypes.computation_dtype(a.dtype) if dtypes.is_inexact(a.dtype)
+                               else torch.get_default_dtype())
     if x.numel() == 0:
         out = clang.log(prims.sum(clang.exp(x), dims))
     else:
@@ -355,7 +360,8 @@ def _extreme_scan(a, dim, name, takes_later, identity):
                                clang.slice_in_dim(indices, 0, n - shift, dim=d)], d)
         later = takes_later(values, earlier_v)
         if dtypes.is_float(a.dtype):
-            later = clang.bitwise_or(clang.isnan(values), clang.bitwise_and(clang.bitwise_not(clang.isnan(earlier_v)), later))
+            later = clang.bitwise_or(clang.isnan(values),
+                                     clang.bitwise_and(clang.bitwise_not(clang.isnan(earlier_v)), later))
         values, indices = clang.where(later, values, earlier_v), clang.where(later, indices, earlier_i)
         shift *= 2
     return getattr(torch.return_types, name)((values, indices))
@@ -410,23 +416,29 @@ def _ord_name(ord) -> str:
 @torchsymbol(torch.linalg.vector_norm)
 def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     check(isinstance(ord, (int, float)) and not isinstance(ord, bool),
-          lambda: f"linalg_vector_norm(): argument 'ord' (position 2) must be Number, not {type(ord).__name__}", TypeError)
+          lambda: f"linalg_vector_norm(): argument 'ord' (position 2) must be Number, not {type(ord).__name__}",
+          TypeError)
     check(dtypes.is_inexact(x.dtype),
-          lambda: f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {scalar_type_name(x.dtype)}")
+          lambda: "linalg.vector_norm: Expected a floating point or complex tensor as input. Got "
+                  f"{scalar_type_name(x.dtype)}")
     if dtype is not None:
         check(dtypes.is_inexact(dtype),
-              lambda: f"linalg.vector_norm: dtype should be floating point or complex, but got {scalar_type_name(dtype)}")
+              lambda: "linalg.vector_norm: dtype should be floating point or complex, but got "
+                      f"{scalar_type_name(dtype)}")
         check(torch.promote_types(x.dtype, dtype) == dtype,
               lambda: f"linalg.vector_norm: the dtype of the input ({scalar_type_name(x.dtype)}) should be convertible "
                       f"without narrowing to the specified dtype ({scalar_type_name(dtype)})")
     dims = reduction_dims(x, dim)
     if ord < 0 or ord == float("inf"):  # min, max and negative powers have no identity for an empty reduction
         if dim is None or (not isinstance(dim, int) and len(dim) == 0):
-            check(x.numel() > 0, lambda: f"linalg.vector_norm cannot compute the {_ord_name(ord)} norm on an empty tensor "
-                                         f"because the operation does not have an identity")
+            check(x.numel() > 0,
+                  lambda: f"linalg.vector_norm cannot compute the {_ord_name(ord)} norm on an empty tensor "
+                          f"because the operation does not have an identity")
         for d in dims:
-            check(x.shape[d] > 0, lambda: f"linalg.vector_norm cannot compute the {_ord_name(ord)} norm on the dimension "
-                                          f"{d}because this dimension is empty and the operation does not have an identity")
+            check(x.shape[d] > 0,
+                  lambda: f"linalg.vector_norm cannot compute the {_ord_name(ord)} norm on the dimension "
+                          f"{d}because this dimension is empty and the operation does "
+                          "not have an identity")
     in_dtype = dtype or x.dtype
     out_dtype = dtypes.to_real(in_dtype)
     a = clang.abs(maybe_convert_to_dtype(maybe_convert_to_dtype(x, in_dtype), dtypes.computation_dtype(in_dtype)))
@@ -461,7 +473,8 @@ def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
 @torchsymbol(torch.aminmax, T.aminmax)
 def aminmax(a, *, dim=None, keepdim=False):
     if dim is None:
-        check(a.numel() > 0, lambda: "aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity.")
+        check(a.numel() > 0,
+              lambda: "aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity.")
     dims = reduction_dims(a, dim)
     for d in dims:
         check(a.shape[d] > 0, lambda: f"aminmax: Expected reduction dim {d} to have non-zero size.", IndexError)
@@ -480,7 +493,8 @@ def nansum(a, dim=None, keepdim=False, *, dtype=None):
 
 @torchsymbol(torch.nanmean, T.nanmean)
 def nanmean(a, dim=None, keepdim=False, *, dtype=None):
-    check(dtypes.is_inexact(a.dtype), lambda: f"nanmean(): expected input to have floating point or complex dtype but got "
-                                              f"{scalar_type_name(a.dtype)}")
+    check(dtypes.is_inexact(a.dtype),
+          lambda: f"nanmean(): expected input to have floating point or complex dtype but got "
+                  f"{scalar_type_name(a.dtype)}")
     count = sum(clang.bitwise_not(clang.isnan(a)), dim, keepdim)
     return clang.true_divide(nansum(a, dim, keepdim, dtype=dtype), count)

@@ -23,10 +23,11 @@ from thunderfn.prims import canonical_dim, check
 from thunderfn.torch.base import register_alias, torchsymbol
 
 T = torch.Tensor
-__all__ = ["reshape", "view", "permute", "transpose", "t", "squeeze", "unsqueeze", "expand", "expand_as", "cat", "stack",
-           "split", "chunk", "flatten", "unflatten", "contiguous", "unbind", "movedim", "to", "type_as", "clone",
-           "broadcast_to", "view_as", "reshape_as", "narrow", "flip", "hstack", "vstack", "column_stack", "tril", "triu", "diagonal",
-           "diag_embed", "diag", "rot90", "roll", "repeat", "tile", "repeat_interleave", "pad"]
+__all__ = ["reshape", "view", "permute", "transpose", "t", "squeeze", "unsqueeze", "expand",
+           "expand_as", "cat", "stack", "split", "chunk", "flatten", "unflatten", "contiguous", "unbind", "movedim",
+           "to", "type_as", "clone", "broadcast_to", "view_as", "reshape_as", "narrow", "flip", "hstack", "vstack",
+           "column_stack", "tril", "triu", "diagonal", "diag_embed", "diag", "rot90", "roll", "repeat", "tile",
+           "repeat_interleave", "pad"]
 
 
 def _shape_args(shape):
@@ -35,8 +36,8 @@ def _shape_args(shape):
         shape = tuple(shape[0])
     for s in shape:
         check(symbolic.is_int(s),
-              lambda: f"reshape(): argument 'shape' must be tuple of ints, but found element of type {type(s).__name__}",
-              TypeError)
+              lambda: f"reshape(): argument 'shape' must be tuple of ints, but found element of type "
+                      f"{type(s).__name__}", TypeError)
     return tuple(shape)
 
 
@@ -100,28 +101,31 @@ register_alias(torch.ops.aten.sym_numel.default, lambda a: a.numel())
 
 
 def _mT(a, attr):
-    check(a.ndim != 1, lambda: f"tensor.{attr} is only supported on matrices or batches of matrices. Got {a.ndim}-D tensor.")
+    check(a.ndim != 1,
+          lambda: f"tensor.{attr} is only supported on matrices or batches of matrices. Got {a.ndim}-D tensor.")
     _check_real(a, attr)
     return transpose(a, -2, -1) if a.ndim else a  # the 0-D tensor itself, as in eager (deprecated in torch)
 
 
 def _H(a):
-    check(a.ndim == 2 or a.ndim == 0, lambda: f"tensor.H is only supported on matrices (2-D tensors). Got {a.ndim}-D tensor."
+    check(a.ndim == 2 or a.ndim == 0,
+          lambda: f"tensor.H is only supported on matrices (2-D tensors). Got {a.ndim}-D tensor."
           + (" For batches of matrices, consider using tensor.mH" if a.ndim > 2 else ""))
     _check_real(a, "H")
     return transpose(a, 0, 1) if a.ndim == 2 else a  # the 0-D tensor itself, as in eager
 
 
 def _check_real(a, attr):
-    check(not a.dtype.is_complex, lambda: f"tensor.{attr} conjugates complex tensors, which thunderfn does not trace yet",
-          UnsupportedOpError)
+    check(not a.dtype.is_complex,
+          lambda: f"tensor.{attr} conjugates complex tensors, which thunderfn does not trace yet", UnsupportedOpError)
 
 
 @torchsymbol(torch.movedim, T.movedim, torch.moveaxis, T.moveaxis)
 def movedim(a, source, destination):
     src = (source,) if isinstance(source, int) else tuple(source)
     dst = (destination,) if isinstance(destination, int) else tuple(destination)
-    check(len(src) == len(dst), lambda: f"movedim: Invalid source or destination dims: source ({list(src)} dims) should contain the same number of dims as destination ({list(dst)} dims)")
+    check(len(src) == len(dst), lambda: f"movedim: Invalid source or destination dims: source ({list(src)} dims) "
+                                        f"should contain the same number of dims as destination ({list(dst)} dims)")
     src = tuple(canonical_dim(d, a.ndim) for d in src)
     dst = tuple(canonical_dim(d, a.ndim) for d in dst)
     check(len(set(src)) == len(src), lambda: f"movedim: repeated dim in `source` ({list(source)})")
@@ -152,14 +156,17 @@ def expand(a, *shape):
     check(len(shape) > 0, lambda: 'expand() missing 1 required positional arguments: "size"', TypeError)
     shape = _shape_args(shape)
     check(len(shape) >= a.ndim,
-          lambda: f"expand({clang.legacy_type_name(a)}{{[{', '.join(map(str, a.shape))}]}}, size=[{', '.join(map(str, shape))}]): the number of sizes "
-                  f"provided ({len(shape)}) must be greater or equal to the number of dimensions in the tensor ({a.ndim})")
+          lambda: f"expand({clang.legacy_type_name(a)}{{[{', '.join(map(str, a.shape))}]}}, "
+                  f"size=[{', '.join(map(str, shape))}]): the number of sizes provided ({len(shape)}) must be greater "
+                  f"or equal to the number of dimensions in the tensor ({a.ndim})")
     offset = len(shape) - a.ndim
     resolved = tuple(a.shape[i - offset] if s == -1 and i >= offset else s for i, s in enumerate(shape))
-    check(all(s >= 0 for s in resolved), lambda: f"The expanded size of the tensor (-1) isn't allowed in a leading, non-existing dimension {shape.index(-1)}")
+    check(all(s >= 0 for s in resolved), lambda: "The expanded size of the tensor (-1) isn't allowed in a leading, "
+                                                 f"non-existing dimension {shape.index(-1)}")
     for i in reversed(range(offset, len(shape))):  # torch checks from the last dimension, and names the first it finds
         n = a.shape[i - offset]
-        check(symbolic.expands_to(n, resolved[i]), lambda: f"The expanded size of the tensor ({resolved[i]}) must match the existing size "
+        check(symbolic.expands_to(n, resolved[i]),
+              lambda: f"The expanded size of the tensor ({resolved[i]}) must match the existing size "
                                              f"({n}) at non-singleton dimension {i}.  Target sizes: {list(shape)}.  "
                                              f"Tensor sizes: {list(a.shape)}")
     return clang.expand_to(a, resolved)
@@ -176,13 +183,15 @@ def broadcast_to(a, size):
 
 
 def _check_tensor_list(tensors, name):
-    check(isinstance(tensors, (list, tuple)), lambda: f"{name.split('.')[-1]}(): argument 'tensors' (position 1) must be tuple of Tensors, "
-                                                      f"not {'Tensor' if isinstance(tensors, TensorProxy) else type(tensors).__name__}", TypeError)
+    check(isinstance(tensors, (list, tuple)),
+          lambda: f"{name.split('.')[-1]}(): argument 'tensors' (position 1) must be tuple of Tensors, not "
+                  f"{'Tensor' if isinstance(tensors, TensorProxy) else type(tensors).__name__}", TypeError)
     if name == "torch.cat":
         check(len(tensors) > 0, lambda: "torch.cat(): expected a non-empty list of Tensors", ValueError)
     check(len(tensors) > 0, lambda: f"{name} expects a non-empty TensorList")
     for i, t in enumerate(tensors):
-        check(isinstance(t, TensorProxy), lambda: f"expected Tensor as element {i} in argument 0, but got {type(t).__name__}", TypeError)
+        check(isinstance(t, TensorProxy),
+              lambda: f"expected Tensor as element {i} in argument 0, but got {type(t).__name__}", TypeError)
 
 
 @torchsymbol(torch.cat, torch.concat, torch.concatenate)
@@ -201,7 +210,8 @@ def stack(tensors, dim=0):
     _check_tensor_list(tensors, "stack")
     first = tensors[0]
     for i, t in enumerate(tensors):
-        check(t.shape == first.shape, lambda: f"stack expects each tensor to be equal size, but got {list(first.shape)} at entry 0 and {list(t.shape)} at entry {i}")
+        check(t.shape == first.shape, lambda: "stack expects each tensor to be equal size, but got "
+                                              f"{list(first.shape)} at entry 0 and {list(t.shape)} at entry {i}")
     d = canonical_dim(dim, first.ndim + 1)
     return clang.cat([clang.unsqueeze(t, d) for t in tensors], d)
 
@@ -234,16 +244,20 @@ def split(a, split_size_or_sections, dim=0):
     if symbolic.is_int(split_size_or_sections):
         size = split_size_or_sections
         check(size >= 0, lambda: f"split expects split_size be non-negative, but got split_size={size}")
-        check(size > 0 or n == 0, lambda: f"split_size can only be 0 if dimension size is 0, but got dimension size of {n}")
+        check(size > 0 or n == 0,
+              lambda: f"split_size can only be 0 if dimension size is 0, but got dimension size of {n}")
         # an empty dimension still splits into one (empty) piece
         sizes = [size] * (n // size) + ([n % size] if n % size else []) if size and n else [0]
     else:
         sizes = list(split_size_or_sections)
         for s in sizes:
             check(symbolic.is_int(s),
-                  lambda: f"split_with_sizes(): argument 'split_sizes' (position 2) must be tuple of ints, not {type(s).__name__}", TypeError)
-        check(all(s >= 0 for s in sizes), lambda: f"split_with_sizes expects split_sizes have only non-negative entries, but got split_sizes={sizes}")
-        check(sum(sizes) == n, lambda: f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at dimension {d}), but got split_sizes={sizes}")
+                  lambda: "split_with_sizes(): argument 'split_sizes' (position 2) must be tuple of ints, "
+                          f"not {type(s).__name__}", TypeError)
+        check(all(s >= 0 for s in sizes), lambda: "split_with_sizes expects split_sizes have only non-negative "
+                                                  f"entries, but got split_sizes={sizes}")
+        check(sum(sizes) == n, lambda: f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's "
+                                       f"size at dimension {d}), but got split_sizes={sizes}")
     outs, start = [], 0
     for s in sizes:
         outs.append(clang.slice_in_dim(a, start, start + s, 1, d))
@@ -282,9 +296,11 @@ def narrow(a, dim, start, length):
                               maybe_convert_to_dtype(first, torch.int64))
         return prims.take(a, positions, d)
     n = a.shape[d]
-    check(-n <= start <= n, lambda: f"start out of range (expected to be in range of [{-n}, {n}], but got {start})", IndexError)
+    check(-n <= start <= n,
+          lambda: f"start out of range (expected to be in range of [{-n}, {n}], but got {start})", IndexError)
     start = start + n if start < 0 else start
-    check(0 <= start and start + length <= a.shape[d], lambda: f"start ({start}) + length ({length}) exceeds dimension size ({a.shape[d]}).")
+    check(0 <= start and start + length <= a.shape[d],
+          lambda: f"start ({start}) + length ({length}) exceeds dimension size ({a.shape[d]}).")
     return clang.slice_in_dim(a, start, start + length, 1, d)
 
 
@@ -295,14 +311,16 @@ def flatten(a, start_dim=0, end_dim=-1):
 
 @torchsymbol(torch.unflatten, T.unflatten)
 def unflatten(a, dim, sizes):
-    check(a.ndim > 0, lambda: "unflatten got an unexpected error:\nDimension specified as 0 but tensor has no dimensions")
+    check(a.ndim > 0,
+          lambda: "unflatten got an unexpected error:\nDimension specified as 0 but tensor has no dimensions")
     d = canonical_dim(dim, a.ndim)
     sizes = tuple(sizes)
     check(len(sizes) > 0, lambda: "unflatten: sizes must be non-empty")
     check(sizes.count(-1) <= 1, lambda: "unflatten got an unexpected error:\nonly one dimension can be inferred")
     n, known = a.shape[d], symbolic.product(s for s in sizes if s != -1)
     check(n % known == 0 if -1 in sizes and known else known == n,
-          lambda: f"unflatten: Provided sizes {list(sizes)} don't multiply up to the size of dim {dim} ({n}) in the input tensor")
+          lambda: f"unflatten: Provided sizes {list(sizes)} don't multiply up to the size of dim {dim} "
+                  f"({n}) in the input tensor")
     sizes = clang.infer_shape(sizes, a.shape[d])
     return clang.reshape(a, tuple(a.shape[:d]) + sizes + tuple(a.shape[d + 1:]))
 
@@ -344,7 +362,8 @@ def _to_args(a, args, kwargs):
     dtype = kwargs.pop("dtype", None)
     copy = kwargs.pop("copy", False)
     kwargs.pop("non_blocking", None), kwargs.pop("memory_format", None)
-    check(not kwargs, lambda: f"to() received an invalid combination of arguments - got ({', '.join(f'{k}={type(v).__name__}' for k, v in kwargs.items())}, )", TypeError)
+    check(not kwargs, lambda: "to() received an invalid combination of arguments - got "
+                              f"({', '.join(f'{k}={type(v).__name__}' for k, v in kwargs.items())}, )", TypeError)
     flags = [arg for arg in args if isinstance(arg, bool)]  # to(dtype, non_blocking, copy)
     copy = copy or (len(flags) >= 2 and flags[1])
     for arg in args:
@@ -383,15 +402,16 @@ def type_as(a, other):
 
 
 for _method, _dtype in (("float", torch.float32), ("double", torch.float64), ("half", torch.float16),
-                        ("bfloat16", torch.bfloat16), ("long", torch.int64), ("int", torch.int32), ("short", torch.int16),
-                        ("char", torch.int8), ("byte", torch.uint8), ("bool", torch.bool), ("cfloat", torch.complex64),
-                        ("cdouble", torch.complex128)):
+                        ("bfloat16", torch.bfloat16), ("long", torch.int64), ("int", torch.int32),
+                        ("short", torch.int16), ("char", torch.int8), ("byte", torch.uint8), ("bool", torch.bool),
+                        ("cfloat", torch.complex64), ("cdouble", torch.complex128)):
     if hasattr(T, _method):
         register_alias(getattr(T, _method), lambda a, memory_format=None, _d=_dtype: to(a, _d))
 
 
 register_alias(T.cpu, lambda a, memory_format=None: to(a, "cpu"))
-register_alias(T.cuda, lambda a, device=None, non_blocking=False, memory_format=None: to(a, torch.device("cuda", device) if isinstance(device, int) else (device or "cuda")))
+register_alias(T.cuda, lambda a, device=None, non_blocking=False, memory_format=None:
+               to(a, torch.device("cuda", device) if isinstance(device, int) else (device or "cuda")))
 register_alias(T.type, lambda a, dtype=None, non_blocking=False, **kwargs: _type(a, dtype))
 
 
@@ -502,7 +522,8 @@ def roll(a, shifts, dims=()):
     if not dims:
         check(len(shifts) == 1, lambda: f"shifts and dimensions must align. shifts: {len(shifts)}, dims:0")
         return clang.reshape(roll(clang.reshape(a, (a.numel(),)), shifts, 0), tuple(a.shape))
-    check(len(shifts) == len(dims), lambda: f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
+    check(len(shifts) == len(dims),
+          lambda: f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
     out = a
     for shift, dim in zip(shifts, dims):
         d = canonical_dim(dim, a.ndim)
@@ -518,7 +539,8 @@ def _repeat(a, repeats):
           lambda: "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
     shape = (1,) * (len(repeats) - a.ndim) + tuple(a.shape)
     out_shape = [r * s for r, s in zip(repeats, shape)]
-    check(all(r >= 0 for r in repeats), lambda: f"Trying to create tensor with negative dimension {min(out_shape)}: {out_shape}")
+    check(all(r >= 0 for r in repeats),
+          lambda: f"Trying to create tensor with negative dimension {min(out_shape)}: {out_shape}")
     # each dim of size s becomes (r, s), broadcast from (1, s), then merged: whole copies, in order
     spread = tuple(x for r, s in zip(repeats, shape) for x in (r, s))
     expanded = prims.broadcast_in_dim(clang.reshape(a, shape), spread, tuple(range(1, 2 * len(shape), 2)))
@@ -565,8 +587,9 @@ _PAD_MODES = ("constant", "reflect", "replicate", "circular")
 def pad(a, pad, mode="constant", value=None):
     pad = tuple(pad)
     check(len(pad) % 2 == 0, lambda: "Padding length must be divisible by 2")
-    check(len(pad) // 2 <= a.ndim, lambda: f"Padding length should be less than or equal to two times the input dimension "
-                                           f"but got padding length {len(pad)} and input of dimension {a.ndim}")
+    check(len(pad) // 2 <= a.ndim,
+          lambda: f"Padding length should be less than or equal to two times the input dimension "
+                  f"but got padding length {len(pad)} and input of dimension {a.ndim}")
     check(mode in _PAD_MODES, lambda: f"Unrecognised padding mode {mode}", NotImplementedError)
     # pad lists (low, high) pairs from the last dim backwards
     pairs = {a.ndim - 1 - i: (pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)}
@@ -589,14 +612,16 @@ def pad(a, pad, mode="constant", value=None):
         prims.check_dtype_supported(a.dtype is not torch.bool, kernel, a.dtype)
         checked = range(a.ndim - k - 1 if a.ndim == k + 2 else 0, a.ndim) if mode == "reflect" else pairs
         check(all(a.shape[d] != 0 for d in checked),
-              lambda: f"Expected {k + 1}D or {k + 2}D (batch mode) tensor with possibly 0 batch size and other non-zero "
-                      f"dimensions for input, but got: {list(a.shape)}")
+              lambda: f"Expected {k + 1}D or {k + 2}D (batch mode) tensor with possibly 0 batch "
+                      f"size and other non-zero dimensions for input, but got: {list(a.shape)}")
     out = a
     for d, (lo, hi) in sorted(pairs.items()):
         n = a.shape[d]
         if mode == "reflect":
-            check(lo < n and hi < n, lambda: f"Argument #{2 * k + 2}: Padding size should be less than the corresponding "
-                                             f"input dimension, but got: padding ({lo}, {hi}) at dimension {d} of input {list(a.shape)}")
+            check(lo < n and hi < n,
+                  lambda: f"Argument #{2 * k + 2}: Padding size should be less than the corresponding "
+                          f"input dimension, but got: padding ({lo}, {hi}) at dimension {d} of "
+                          f"input {list(a.shape)}")
         out = _pad_dim(out, d, lo, hi, mode)
     return out
 

@@ -17,14 +17,17 @@ __all__ = ["cov", "corrcoef"]
 
 
 def _check_weights(w, name, n):
-    check(w.ndim <= 1, lambda: f"cov(): expected {name} to have one or fewer dimensions but got {name} with {w.ndim} dimensions")
-    check(w.numel() == n, lambda: f"cov(): expected {name} to have the same number of elements as observations, but got {w.numel()} != {n}")
+    check(w.ndim <= 1,
+          lambda: f"cov(): expected {name} to have one or fewer dimensions but got {name} with {w.ndim} dimensions")
+    check(w.numel() == n, lambda: f"cov(): expected {name} to have the same number of elements as observations, but "
+                                  f"got {w.numel()} != {n}")
     emit_runtime_check(all_(clang.ge(w, 0)), "RuntimeError", f"cov(): {name} cannot be negative")
 
 
 @torchsymbol(torch.cov, T.cov)
 def cov(input, *, correction=1, fweights=None, aweights=None):
-    check(input.ndim <= 2, lambda: f"cov(): expected input to have two or fewer dimensions but got an input with {input.ndim} dimensions")
+    check(input.ndim <= 2, lambda: "cov(): expected input to have two or fewer dimensions but got an input with "
+                                   f"{input.ndim} dimensions")
     x = input if input.ndim == 2 else clang.reshape(input, (1, -1))
     n = x.shape[1]
     dtype = input.dtype if dtypes.is_inexact(input.dtype) else torch.get_default_dtype()
@@ -35,7 +38,8 @@ def cov(input, *, correction=1, fweights=None, aweights=None):
         _check_weights(fweights, "fweights", n)
         w = fweights
     if aweights is not None:
-        check(dtypes.is_float(aweights.dtype), lambda: f"cov(): expected aweights to have floating point dtype but got {aweights.dtype}")
+        check(dtypes.is_float(aweights.dtype),
+              lambda: f"cov(): expected aweights to have floating point dtype but got {aweights.dtype}")
         _check_weights(aweights, "aweights", n)
         w = aweights if w is None else clang.mul(w, aweights)
     if w is None:
@@ -49,7 +53,8 @@ def cov(input, *, correction=1, fweights=None, aweights=None):
         if aweights is None:
             norm = clang.sub(w_sum, correction)
         else:
-            norm = clang.sub(w_sum, clang.true_divide(clang.mul(prims.sum(clang.mul(w, aweights), (0,)), correction), w_sum))
+            norm = clang.sub(w_sum,
+                             clang.true_divide(clang.mul(prims.sum(clang.mul(w, aweights), (0,)), correction), w_sum))
     if isinstance(norm, symbolic.NUMBER_TYPES):  # (a symbolic size's n - correction: guarded on its sign)
         norm = max(norm, 0)
     else:

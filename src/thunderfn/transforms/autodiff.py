@@ -3,8 +3,8 @@
 The driver is small. The function is traced straight into the trace being built
 (so the forward is ordinary recorded ops), then its recorded region is walked
 backwards: a bound symbol with a VJP rule (its record in core/rules.py, written in its op
-family's module under transforms/rules/) maps its output cotangent to input cotangents; a symbol without one is differentiated
-through its subsymbols (its decomposition); an opaque torch op is differentiated
+family's module under transforms/rules/) maps its output cotangent to input cotangents; a symbol without one is
+differentiated through its subsymbols (its decomposition); an opaque torch op is differentiated
 when the compiled function runs, by torch.func.vjp (transforms/resolve.py gives
 the order, the same in every transform). The rules are written in
 traceable ops, so the backward is recorded too and can itself be differentiated:
@@ -179,7 +179,8 @@ def _backprop_rule(bsym, out_cts: list, cts: dict) -> None:
             continue
         # a tensor, or a pytree of them (cat's list, a custom_vjp's dict), None entries meaning zero
         arg_leaves = tree_leaves(arg) if not isinstance(arg, TensorProxy) else [arg]
-        ct_leaves = optree.tree_leaves(ct, none_is_leaf=True, namespace="thunderfn") if not isinstance(ct, TensorProxy) else [ct]
+        ct_leaves = (optree.tree_leaves(ct, none_is_leaf=True, namespace="thunderfn")
+                     if not isinstance(ct, TensorProxy) else [ct])
         for a, c in zip(arg_leaves, ct_leaves):
             if isinstance(a, TensorProxy):
                 _accumulate(cts, a, c)
@@ -500,9 +501,10 @@ def _check_inexact(leaves, what: str, fn) -> None:
                             f"differentiate, but got the Python {type(leaf).__name__} {leaf!r}. Pass a float "
                             f"(2.0) or a floating tensor, or leave it out of argnums.")
         if isinstance(leaf, TensorProxy) and not dtypes.is_inexact(leaf.dtype):
-            raise ArgumentTypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point (or complex) inputs to "
-                            f"differentiate, but got a {leaf.dtype} tensor. Pass it as an argument you do not "
-                            f"differentiate with respect to (argnums), or convert it with .float().")
+            raise ArgumentTypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point "
+                                    f"(or complex) inputs to differentiate, but got a {leaf.dtype} tensor. Pass it as "
+                                    "an argument you do not differentiate with respect to (argnums), or "
+                                    "convert it with .float().")
 
 
 def _zeros_for_none(cts, primal_leaves):
@@ -551,7 +553,8 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
         if not (isinstance(value, TensorProxy) and value.numel() == 1):
             shape = tuple(value.shape) if isinstance(value, TensorProxy) else type(value).__name__
             raise OutputError(f"grad of '{getattr(fn, '__name__', fn)}' requires a scalar output, but it returned "
-                               f"{shape}. Reduce it first (out.sum()), or use tf.vjp / tf.jacrev for non-scalar outputs.")
+                               f"{shape}. Reduce it first (out.sum()), or use tf.vjp / tf.jacrev "
+                               "for non-scalar outputs.")
         ones = ltorch.full(tuple(value.shape), 1, device=value.device, dtype=value.dtype)
         flat_cts = backward((ones, tree_map(lambda _: None, aux)) if has_aux else ones)
         flat_cts = _zeros_for_none(flat_cts, tree_leaves(diff))
@@ -707,7 +710,8 @@ class _Pullback:
         read = [p for b in recorded for p in b.proxy_args()] + [p for p in tree_leaves(self.grads)
                                                                   if isinstance(p, TensorProxy)]
         self.residuals = list({p.name: p for p in read if p.name not in defined}.values())
-        if symbolic.has_unbacked([tuple(p.shape) for p in [*self.residuals, *out_leaves] if isinstance(p, TensorProxy)]):
+        if symbolic.has_unbacked([tuple(p.shape) for p in [*self.residuals, *out_leaves]
+                                  if isinstance(p, TensorProxy)]):
             # (its replay would compute with sizes of the forward's trace that the backward's call cannot bind)
             raise UnsupportedOpError(
                 "tf.vjp called with real tensors cannot keep the pullback of a function whose output or saved "

@@ -108,7 +108,8 @@ def _depends_on_inputs(bsyms: list, names: set) -> set:
     for bsym in bsyms:
         if bsym.sym is set_grad_enabled:
             grad_enabled = bool(bsym.args[0])
-        elif grad_enabled and TAG_NOT_DIFFERENTIABLE not in bsym.sym.tags and any(p.name in reached for p in bsym.proxy_args()):
+        elif (grad_enabled and TAG_NOT_DIFFERENTIABLE not in bsym.sym.tags
+                  and any(p.name in reached for p in bsym.proxy_args())):
             # a symbol with a VJP rule follows torch's formula (which may give zeros); others, their decomposition
             if "user_function" in bsym.sym.tags:  # a Function's outputs marked non-differentiable do not require grad
                 through = differentiable_outputs(bsym)
@@ -492,9 +493,10 @@ class CompiledSplit:
         for t in self.constants:
             if t.requires_grad:
                 raise ArgumentRuntimeError(
-                    f"a tensor captured by the jitted '{self.fn_name}' ({TensorProxy.type_string(t)}) requires grad now "
-                    f"but did not when the function was compiled, so the compiled backward treats it as a constant. "
-                    f"jit the function again after changing requires_grad, or pass the tensor as an argument.")
+                    f"a tensor captured by the jitted '{self.fn_name}' "
+                    f"({TensorProxy.type_string(t)}) requires grad now but did not when the function was compiled, so "
+                    "the compiled backward treats it as a constant. jit the function again after changing "
+                    "requires_grad, or pass the tensor as an argument.")
         if self.captured:
             inputs = inputs + self.captured
         if context.functorch_active():  # torch.func over the jitted function: torch's own way in

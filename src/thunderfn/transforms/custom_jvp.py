@@ -136,8 +136,9 @@ class custom_jvp:
         if kwargs:  # keyword arguments by position, as JAX resolves them
             bound = inspect.signature(self.fn).bind(*args, **kwargs)
             if bound.kwargs:
-                raise ArgumentTypeError(f"custom_jvp '{self._name}': keyword-only arguments ({sorted(bound.kwargs)}) have no "
-                                f"tangent position; make them positional, or close over them")
+                raise ArgumentTypeError(f"custom_jvp '{self._name}': keyword-only arguments "
+                                        f"({sorted(bound.kwargs)}) have no tangent position; make them "
+                                        "positional, or close over them")
             args = bound.args
         if context.current_trace() is None:
             if self.jvp is not None and torch.is_grad_enabled() and any(
@@ -150,7 +151,8 @@ class custom_jvp:
             raise ArgumentTypeError(f"custom_jvp '{self._name}' has no rule yet: call {self._name}.defjvp(jvp) first")
         refuse_traced_nondiff_args("custom_jvp", self._name, self.nondiff_argnums, args,
                                    "pass tensors as ordinary arguments")
-        leaves, spec = tree_flatten(as_trace_constants(args))  # a captured tensor: a value the rule gets a zero tangent for
+        # a captured tensor: a value the rule gets a zero tangent for
+        leaves, spec = tree_flatten(as_trace_constants(args))
         return self._symbol_for(spec)(*leaves)
 
     # -- the rule, split into what the rule sees ----------------------------------------------------
@@ -167,8 +169,8 @@ class custom_jvp:
         _, tangents = self.split_args(tree_unflatten(spec, list(tangent_leaves)))
         result = self.jvp(*nondiff, primals, tangents)
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
-            raise ArgumentTypeError(f"custom_jvp '{self._name}': the jvp rule must return a pair (primal_out, tangent_out), "
-                            f"got {type(result).__name__}")
+            raise ArgumentTypeError(f"custom_jvp '{self._name}': the jvp rule must return a pair "
+                                    f"(primal_out, tangent_out), got {type(result).__name__}")
         tangent_out = result[1]
         out_spec = optree.tree_structure(out, none_is_leaf=True, namespace="thunderfn")
         try:

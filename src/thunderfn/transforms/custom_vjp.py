@@ -167,7 +167,8 @@ class custom_vjp:
                 return self._with_rule()(*args, **kwargs)
             return self.fn(*args, **kwargs)
         if self._symbol is None:
-            raise ArgumentTypeError(f"custom_vjp '{self._name}' has no rule yet: call {self._name}.defvjp(fwd, bwd) first")
+            raise ArgumentTypeError(f"custom_vjp '{self._name}' has no rule yet: call "
+                                    f"{self._name}.defvjp(fwd, bwd) first")
         refuse_traced_nondiff_args("custom_vjp", self._name, self.nondiff_argnums, args,
                                    "pass tensors as ordinary arguments (bwd may return None for them)")
         out, _residuals = self._symbol(*args, **kwargs)
@@ -192,11 +193,13 @@ class custom_vjp:
         diff_positions = [i for i in range(len(args)) if i not in self.nondiff_argnums]
         cts = self.bwd(*nondiff, residuals, g_out)
         if not isinstance(cts, tuple):
-            raise ArgumentTypeError(f"custom_vjp '{self._name}': bwd must return a tuple with one entry per differentiable "
-                            f"argument ({len(diff_positions)}), got {type(cts).__name__}")
+            raise ArgumentTypeError(f"custom_vjp '{self._name}': bwd must return a tuple with one "
+                                    f"entry per differentiable argument ({len(diff_positions)}), got "
+                                    f"{type(cts).__name__}")
         if len(cts) != len(diff_positions):
-            raise ArgumentTypeError(f"custom_vjp '{self._name}': bwd returned {len(cts)} cotangents, but the function has "
-                            f"{len(diff_positions)} differentiable arguments (positions {diff_positions})")
+            raise ArgumentTypeError(f"custom_vjp '{self._name}': bwd returned {len(cts)} cotangents, "
+                                    f"but the function has {len(diff_positions)} differentiable arguments "
+                                    f"(positions {diff_positions})")
         result = [None] * len(args)
         for position, ct in zip(diff_positions, cts):
             result[position] = self._checked(position, args[position], ct)
@@ -230,7 +233,8 @@ class custom_vjp:
 
         _, backward = trace_vjp(wanted_residuals, call.args)
         arg_cts = backward(tuple(flat_g[n_out + i] for i in wanted))
-        return {a.name: ct for a, ct in zip(tree_leaves(call.args), arg_cts) if isinstance(a, TensorProxy) and ct is not None}
+        return {a.name: ct for a, ct in zip(tree_leaves(call.args), arg_cts) if isinstance(a, TensorProxy)
+                and ct is not None}
 
     def _checked(self, position, arg, ct):
         if ct is None:
@@ -238,12 +242,13 @@ class custom_vjp:
         arg_leaves, arg_spec = tree_flatten(arg)
         ct_leaves, ct_spec = tree_flatten(ct)
         if ct_spec != arg_spec:
-            raise ArgumentTypeError(f"custom_vjp '{self._name}': the cotangent bwd returned for argument {position} has "
-                            f"structure {ct_spec}, but the argument has {arg_spec}")
+            raise ArgumentTypeError(f"custom_vjp '{self._name}': the cotangent bwd returned for "
+                                    f"argument {position} has structure {ct_spec}, but the argument has {arg_spec}")
         for a, c in zip(arg_leaves, ct_leaves):
             if isinstance(a, TensorProxy) and isinstance(c, TensorProxy) and tuple(a.shape) != tuple(c.shape):
-                raise ArgumentValueError(f"custom_vjp '{self._name}': the cotangent bwd returned for argument {position} has "
-                                 f"shape {tuple(c.shape)}, but the argument has shape {tuple(a.shape)}")
+                raise ArgumentValueError(f"custom_vjp '{self._name}': the cotangent bwd returned for "
+                                         f"argument {position} has shape {tuple(c.shape)}, but the argument has "
+                                         f"shape {tuple(a.shape)}")
         return ct
 
 

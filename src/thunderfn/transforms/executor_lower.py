@@ -128,9 +128,9 @@ def lower_bsyms(bsyms, executors) -> list:
             out.extend(lower_bsyms(bsym.subsymbols, executors))
             continue
         tried = ", ".join(ex.name for ex in executors) or "none"
-        raise ExecutorError(f"Could not find executor for bound symbol:\n  {bsym}\nExecutors tried (in priority order): "
-                           f"{tried}. Add an executor that implements {bsym.sym.print_name}, or keep the torch "
-                           f"executor as the fallback (fallback=True).")
+        raise ExecutorError(f"Could not find executor for bound symbol:\n  {bsym}\nExecutors tried "
+                            f"(in priority order): {tried}. Add an executor that implements "
+                            f"{bsym.sym.print_name}, or keep the torch executor as the fallback (fallback=True).")
     return out
 
 

@@ -148,7 +148,8 @@ def trace_jvp(fn: Callable, primals, tangents):
     for p, t in zip(tree_leaves(primals), tree_leaves(tangents)):
         if _carries_gradient(p) and t is not None:
             if tuple(t.shape) != tuple(p.shape):
-                raise ArgumentValueError(f"jvp: a tangent has shape {tuple(t.shape)} where its primal has {tuple(p.shape)}")
+                raise ArgumentValueError(f"jvp: a tangent has shape {tuple(t.shape)} where its primal "
+                                         f"has {tuple(p.shape)}")
             # keyed by the name the primal has now: fn may write into it in place, after which the same
             # proxy object names its new value (torch/inplace.py), whose tangent the rules compute
             env[p.name] = clang.maybe_convert_to_dtype(t, p.dtype)

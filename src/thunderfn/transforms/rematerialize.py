@@ -219,7 +219,8 @@ def min_cut_saved(values: Iterable[str], cost: dict, arguments: dict, fixed: set
             graph.add_edge(node_in(v) + 1, sink, infinite)
     flow = graph.max_flow(source, sink)
     if flow >= infinite:  # cannot happen for a well-formed problem (saving all of `needed` is finite)
-        raise InternalError("no finite cut: a needed value depends on something that can be neither saved nor recomputed")
+        raise InternalError("no finite cut: a needed value depends on something that can be neither "
+                            "saved nor recomputed")
     sink_side = graph.reaching(sink)
     saved = [v for v in values if node_in(v) not in sink_side and node_in(v) + 1 in sink_side]
     # the values to recompute: what `needed` reads, back to the saved values

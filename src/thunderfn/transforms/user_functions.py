@@ -348,7 +348,8 @@ class UserFunction(custom_vjp):
             raise UserGradientError(
                 f"tf.jvp / tf.jacfwd of {self.spec.name}: it defines no jvp staticmethod, and its backward does not "
                 f"give forward-mode derivatives. Define `jvp(ctx, *input_tangents)` (save what it needs with "
-                f"ctx.save_for_forward), or differentiate in reverse mode (tf.grad, tf.vjp, tf.jacrev).{self.spec.note}")
+                f"ctx.save_for_forward), or differentiate in reverse mode (tf.grad, tf.vjp, "
+                f"tf.jacrev).{self.spec.note}")
         info = residuals[3]
         filled = tuple(t if t is not None else (ltorch.full(a[0], 0, device=arg.device, dtype=a[1])
                                                 if a is not None and dtypes.is_inexact(a[1]) else None)

@@ -90,8 +90,9 @@ def _torch_vmap_meta(fn, in_dims, args, kwargs, randomness="error", batch_size=N
         for leaf, d in zip(tree_leaves((args, kwargs)), in_dims)])
     # a vmap inside vmap batches the inner one's torch_vmap call, whose outputs its own meta knows
     out = _torch_vmap_meta(*example[0], **example[1]) if fn is torch_vmap else _meta(fn, example[0], example[1])
-    return tree_unflatten(tree_flatten(out)[1], [TensorProxy(shape=(batch,) + tuple(o.shape), dtype=o.dtype, device=o.device)
-                                                 for o in tree_leaves(out)])
+    return tree_unflatten(tree_flatten(out)[1],
+                          [TensorProxy(shape=(batch,) + tuple(o.shape), dtype=o.dtype, device=o.device)
+                           for o in tree_leaves(out)])
 
 
 def _torch_vmap_symbol(name: str, tags: set) -> Symbol:
@@ -344,7 +345,8 @@ def _batched_custom_jvp(original: custom_jvp, spec, axes: tuple, example_output)
 
 def _axes_like(axes, ct):
     """axes (a prefix) expanded to ct's structure."""
-    return tree_unflatten(tree_flatten(ct)[1], [axis for _, _, axis in _prefix_leaves(axes, ct, "cotangent", "in_axes")])
+    return tree_unflatten(tree_flatten(ct)[1],
+                          [axis for _, _, axis in _prefix_leaves(axes, ct, "cotangent", "in_axes")])
 
 
 def _to_arg_axis(ct, axis):
@@ -375,13 +377,14 @@ def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, random
         examples.append(example)
     names = [x.name if isinstance(x, TensorProxy) else None for x in examples]  # an in-place op renames
     with tracer.scope() as recorded:
-        out = as_trace_constants(up_to_date(fn(*tree_unflatten(spec, examples))))  # a constant output: the same for every example
+        # a constant output: the same for every example
+        out = as_trace_constants(up_to_date(fn(*tree_unflatten(spec, examples))))
     for bsym in recorded:
         batching.run(bsym)
     updates = _in_place_updates(tracer, batching, leaves, examples, names, in_dims)
     return optree.tree_map(
-        lambda o: BatchedValue(batching.values.get(o.name, o), batching.dims.get(o.name)) if isinstance(o, TensorProxy) else o,
-        out, namespace="thunderfn"), updates
+        lambda o: BatchedValue(batching.values.get(o.name, o), batching.dims.get(o.name))
+        if isinstance(o, TensorProxy) else o, out, namespace="thunderfn"), updates
 
 
 def _in_place_updates(tracer, batching: _Batching, leaves, examples, names, in_dims) -> dict:
@@ -424,16 +427,18 @@ def _prefix_leaves(spec, tree, path: str, what: str) -> list:
                 for keys, leaf in zip(*tree_flatten_with_path(tree)[:2])]
     if isinstance(spec, (tuple, list)) and not hasattr(spec, "_fields"):
         if not isinstance(tree, (tuple, list)) or len(tree) != len(spec):
-            raise ArgumentValueError(f"vmap: {what} at {path or 'the top level'} is a {type(spec).__name__} of {len(spec)} "
-                             f"entries, which does not match the value there "
-                             f"({type(tree).__name__}{f' of {len(tree)}' if isinstance(tree, (tuple, list)) else ''}); "
-                             f"give one entry per element, or one int/None for all of it")
+            raise ArgumentValueError(f"vmap: {what} at {path or 'the top level'} is a "
+                                     f"{type(spec).__name__} of {len(spec)} entries, which does not "
+                                     f"match the value there ({type(tree).__name__}"
+                                     f"{f' of {len(tree)}' if isinstance(tree, (tuple, list)) else ''}); "
+                                     f"give one entry per element, or one int/None for all of it")
         return [x for i, (s, t) in enumerate(zip(spec, tree)) for x in _prefix_leaves(s, t, f"{path}[{i}]", what)]
     if isinstance(spec, dict):
         if not isinstance(tree, dict) or set(tree) != set(spec):
-            raise ArgumentValueError(f"vmap: {what} at {path or 'the top level'} is a dict with keys {sorted(map(repr, spec))}, "
-                             f"which does not match the value there ({type(tree).__name__}"
-                             f"{f' with keys {sorted(map(repr, tree))}' if isinstance(tree, dict) else ''})")
+            raise ArgumentValueError(f"vmap: {what} at {path or 'the top level'} is a dict with keys "
+                                     f"{sorted(map(repr, spec))}, which does not match the value there "
+                                     f"({type(tree).__name__}"
+                                     f"{f' with keys {sorted(map(repr, tree))}' if isinstance(tree, dict) else ''})")
         try:  # the order optree flattens a dict in
             keys = sorted(spec)
         except TypeError:
@@ -457,8 +462,9 @@ def _in_dims(in_axes, args: tuple) -> tuple[list, int]:
             dims.append(None)
             continue
         if not isinstance(leaf, TensorProxy):
-            raise ArgumentValueError(f"vmap: in_axes gives {path} the batch dim {axis}, but it is a {type(leaf).__name__}, "
-                             f"not a tensor; only tensors can be batched: give it in_axes None")
+            raise ArgumentValueError(f"vmap: in_axes gives {path} the batch dim {axis}, but it is a "
+                                     f"{type(leaf).__name__}, not a tensor; only tensors can be batched: "
+                                     "give it in_axes None")
         if not -leaf.ndim <= axis < leaf.ndim:
             raise ArgumentValueError(f"vmap: in_axes gives {path} the batch dim {axis}, out of range for a tensor of "
                              f"{leaf.ndim} dims (shape {tuple(leaf.shape)})")
@@ -470,8 +476,8 @@ def _in_dims(in_axes, args: tuple) -> tuple[list, int]:
                          "inputs); give at least one tensor argument a batch dim")
     for path, size in sizes[1:]:
         if size != sizes[0][1]:
-            raise ArgumentValueError(f"vmap: inconsistent batch sizes: {sizes[0][0]} has {sizes[0][1]} along its batch dim "
-                             f"but {path} has {size}")
+            raise ArgumentValueError(f"vmap: inconsistent batch sizes: {sizes[0][0]} has {sizes[0][1]} "
+                                     f"along its batch dim but {path} has {size}")
     return dims, sizes[0][1]
 
 
@@ -491,8 +497,8 @@ def _output(leaf, out_axis, path: str, batch_size: int):
         return value
     rank = value.ndim + (dim is None)
     if not -rank <= out_axis < rank:
-        raise ArgumentValueError(f"vmap: out_axes gives the output {path} the batch dim {out_axis}, out of range for its "
-                         f"{rank} dims (with the batch dim)")
+        raise ArgumentValueError(f"vmap: out_axes gives the output {path} the batch dim {out_axis}, "
+                                 f"out of range for its {rank} dims (with the batch dim)")
     axis = out_axis % rank
     if dim is None:  # the same for every example: repeated along the batch dim (an expand, no copy)
         shape = tuple(value.shape[:axis]) + (batch_size,) + tuple(value.shape[axis:])
@@ -569,7 +575,8 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
         bounds = [(start, min(start + chunk_size, batch_size)) for start in range(0, batch_size, chunk_size)]
         chunks = []
         for start, stop in bounds:
-            sliced = [leaf if d is None else clang.slice_in_dim(leaf, start, stop, dim=d) for leaf, d in zip(leaves, dims)]
+            sliced = [leaf if d is None else clang.slice_in_dim(leaf, start, stop, dim=d)
+                      for leaf, d in zip(leaves, dims)]
             chunks.append(batched(body, tree_unflatten(arg_spec, sliced), dims, stop - start, chunked=True))
         for i in sorted(set().union(*(updates for *_, updates in chunks))):
             pieces = [updates[i] if i in updates else clang.slice_in_dim(leaves[i], start, stop, dim=dims[i])

@@ -9,7 +9,8 @@ DTYPES = (torch.float32, torch.float64)
 
 
 def _pair(device, dtype, shape=(3, 4)):
-    return make_tensor(shape, device=device, dtype=dtype), make_tensor(shape, device=device, dtype=dtype, low=-4, high=4)
+    return (make_tensor(shape, device=device, dtype=dtype),
+            make_tensor(shape, device=device, dtype=dtype, low=-4, high=4))
 
 
 def gelu_backward_samples(device, dtype):
@@ -74,7 +75,8 @@ def native_layer_norm_backward_samples(device, dtype):
 def _batch_norm_inputs(device, dtype):
     x = make_tensor((4, 3, 5), device=device, dtype=dtype)
     w, b = make_tensor((3,), device=device, dtype=dtype), make_tensor((3,), device=device, dtype=dtype)
-    mean, var = make_tensor((3,), device=device, dtype=dtype), make_tensor((3,), device=device, dtype=dtype, low=0.5, high=2)
+    mean, var = (make_tensor((3,), device=device, dtype=dtype),
+                 make_tensor((3,), device=device, dtype=dtype, low=0.5, high=2))
     return x, w, b, mean, var
 
 

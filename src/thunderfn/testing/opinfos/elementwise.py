@@ -62,7 +62,8 @@ def _errors(*cases):
 
 def _number_refused(name, position):
     """A Python number where torch's signature wants a tensor: TypeError."""
-    args = (lambda d: (make_tensor((2,), device=d), 2)) if position == 2 else (lambda d: (2, make_tensor((2,), device=d)))
+    args = ((lambda d: (make_tensor((2,), device=d), 2)) if position == 2
+            else (lambda d: (2, make_tensor((2,), device=d))))
     return (args, {}, TypeError, rf"{name}\(\)")
 
 
@@ -125,7 +126,8 @@ def binary_samples(low=None, high=None, *, rhs_low=None, rhs_high=None, exclude_
                 make_other = _maker(device, other, low, high, exclude_zero=exclude_zero)
                 yield SampleInput((make_other(()), b((2, 3))), name="promotion with a 0-dim float64 lhs")
             make_other = _maker(device, other, rhs_low, rhs_high, exclude_zero=exclude_zero)
-            yield SampleInput((a((2, 3)), make_other(() if other is torch.float64 else (2, 3))), name=f"promotion with {other}")
+            yield SampleInput((a((2, 3)), make_other(() if other is torch.float64 else (2, 3))),
+                              name=f"promotion with {other}")
         if dtype.is_floating_point:
             values = torch.tensor(EXTREMALS, device=device, dtype=dtype)
             grid = torch.cartesian_prod(values, values)
@@ -161,7 +163,8 @@ def _not_implemented_for(dtype, *shapes):
 
 def _bad_broadcast():
     return (lambda device: (make_tensor((2, 3), device=device), make_tensor((3, 2), device=device)), {},
-            RuntimeError, r"The size of tensor a \(3\) must match the size of tensor b \(2\) at non-singleton dimension 1")
+            RuntimeError,
+            r"The size of tensor a \(3\) must match the size of tensor b \(2\) at non-singleton dimension 1")
 
 
 def _binary_errors(*extra):
@@ -199,8 +202,9 @@ opinfos += [
            error_inputs=_errors(_not_implemented_for(torch.bool))),
     OpInfo("round", torch.round, unary_samples(-20, 20), dtypes=NUMBERS,
            error_inputs=_errors(_not_implemented_for(torch.bool))),
-    OpInfo("round_decimals", torch.round, unary_samples(-20, 20, variants=({"decimals": 2}, {"decimals": -1}, {"decimals": 0})),
-           dtypes=FLOATS, error_inputs=_errors(
+    OpInfo("round_decimals", torch.round,
+           unary_samples(-20, 20, variants=({"decimals": 2}, {"decimals": -1}, {"decimals": 0})), dtypes=FLOATS,
+           error_inputs=_errors(
                (_t(3, dtype=torch.int64), {"decimals": 2}, NotImplementedError, "not implemented for 'Long'"))),
     OpInfo("sign", torch.sign, unary_samples(), dtypes=ALL),
     OpInfo("signbit", torch.signbit, unary_samples(), dtypes=ALL),
@@ -274,7 +278,8 @@ def _where_samples(device, dtype):
     yield SampleInput((cond((2, 3)), 2.0, 3), name="two scalars")
     for other in (torch.float64, torch.int64, torch.bool):
         if other is not dtype:
-            yield SampleInput((cond((2, 3)), a((2, 3)), make_tensor((2, 3), device=device, dtype=other)), name="promotion")
+            yield SampleInput((cond((2, 3)), a((2, 3)), make_tensor((2, 3), device=device, dtype=other)),
+                              name="promotion")
             yield SampleInput((cond((2, 3)), make_tensor((), device=device, dtype=other), a((2, 3))), name="promotion")
 
 
@@ -307,36 +312,40 @@ opinfos += [
                (lambda d: (make_tensor((2,), device=d), "a"), {}, TypeError, r"add\(\): argument 'other'"),
                (lambda d: ("a", make_tensor((2,), device=d)), {}, TypeError, r"add\(\): argument 'input'"))),
     OpInfo("operator.add", operator.add, binary_samples(), dtypes=(torch.float32, torch.int64, torch.bool)),
-    OpInfo("sub", torch.sub, _chain(binary_samples(scalars=(2, 2.5), lhs_scalars=(2, 2.5), mixed=(torch.float64, torch.int64)),
-                                    _alpha_samples), dtypes=NUMBERS,
+    OpInfo("sub", torch.sub,
+           _chain(binary_samples(scalars=(2, 2.5), lhs_scalars=(2, 2.5), mixed=(torch.float64, torch.int64)),
+                  _alpha_samples), dtypes=NUMBERS,
            error_inputs=_binary_errors(
                (lambda d: (make_tensor((2,), device=d, dtype=torch.bool),) * 2, {}, RuntimeError,
                 "Subtraction, the `-` operator, with two bool tensors is not supported"),
                (lambda d: (make_tensor((2,), device=d, dtype=torch.bool), 1), {}, RuntimeError,
                 "Subtraction, the `-` operator, with a bool tensor is not supported"),
-               (lambda d: (make_tensor((2,), device=d), make_tensor((2,), device=d, dtype=torch.bool)), {}, RuntimeError,
-                "Subtraction, the `-` operator, with a bool tensor is not supported"),
+               (lambda d: (make_tensor((2,), device=d), make_tensor((2,), device=d, dtype=torch.bool)),
+                {}, RuntimeError, "Subtraction, the `-` operator, with a bool tensor is not supported"),
                (lambda d: (make_tensor((2,), device=d), True), {}, RuntimeError,
                 "Subtraction, the `-` operator, with a bool tensor is not supported"),
                (lambda d: (make_tensor((2,), device=d),) * 2, {"alpha": True}, RuntimeError,
                 "Boolean alpha only supported for Boolean results"))),
     OpInfo("operator.sub", operator.sub, binary_samples(scalars=(2, 2.5), mixed=(torch.int64,)),
            dtypes=(torch.float32, torch.int64)),
-    OpInfo("rsub", torch.rsub, _chain(binary_samples(scalars=(2, 2.5), mixed=(torch.float64, torch.int64)), _alpha_samples),
-           dtypes=NUMBERS, error_inputs=_errors(
+    OpInfo("rsub", torch.rsub,
+           _chain(binary_samples(scalars=(2, 2.5), mixed=(torch.float64, torch.int64)), _alpha_samples), dtypes=NUMBERS,
+           error_inputs=_errors(
                (lambda d: (make_tensor((2,), device=d, dtype=torch.bool),) * 2, {}, RuntimeError,
                 "Subtraction, the `-` operator, with two bool tensors is not supported"))),
     OpInfo("mul", torch.mul, binary_samples(lhs_scalars=(2, 2.5, True)), dtypes=ALL,
            error_inputs=_binary_errors((lambda d: (make_tensor((2,), device=d), None), {}, TypeError,
                                         r"mul\(\): argument 'other'"))),
     OpInfo("operator.mul", operator.mul, binary_samples(), dtypes=(torch.float32, torch.int64, torch.bool)),
-    OpInfo("div", torch.div, _chain(binary_samples(exclude_zero=True, lhs_scalars=(2, 2.5)), _rounding_samples), dtypes=ALL,
+    OpInfo("div", torch.div,
+           _chain(binary_samples(exclude_zero=True, lhs_scalars=(2, 2.5)), _rounding_samples), dtypes=ALL,
            error_inputs=_binary_errors(
                (lambda d: (make_tensor((2,), device=d),) * 2, {"rounding_mode": "bad"}, RuntimeError,
                 "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found 'bad'"),
                (lambda d: (make_tensor((2,), device=d, dtype=torch.bool),) * 2, {"rounding_mode": "floor"},
                 NotImplementedError, "not implemented for 'Bool'"))),
-    OpInfo("operator.truediv", operator.truediv, binary_samples(exclude_zero=True), dtypes=(torch.float32, torch.int64)),
+    OpInfo("operator.truediv", operator.truediv, binary_samples(exclude_zero=True),
+           dtypes=(torch.float32, torch.int64)),
     OpInfo("floor_divide", torch.floor_divide,
            binary_samples(exclude_zero=True, lhs_scalars=(7,), mixed=(torch.float64, torch.int64)),
            dtypes=NUMBERS, error_inputs=_binary_errors(_not_implemented_for(torch.bool, (2,), (2,)))),
@@ -348,14 +357,17 @@ opinfos += [
     OpInfo("operator.mod", operator.mod, binary_samples(exclude_zero=True, scalars=(3, 2.5), mixed=()),
            dtypes=(torch.float32, torch.int64)),
     OpInfo("fmod", torch.fmod, binary_samples(exclude_zero=True, scalars=(3, 2.5), mixed=(torch.float64, torch.int64)),
-           dtypes=NUMBERS, error_inputs=_binary_errors(_not_implemented_for(torch.bool, (2,), (2,)), _number_refused("fmod", 1))),
-    OpInfo("pow", torch.pow, _chain(binary_samples(-4, 4, rhs_low=0, rhs_high=4, scalars=(2, 0.5, 3), lhs_scalars=(2, 1.5),
-                                                   mixed=(torch.float64, torch.int64)), _pow_samples),
+           dtypes=NUMBERS,
+           error_inputs=_binary_errors(_not_implemented_for(torch.bool, (2,), (2,)), _number_refused("fmod", 1))),
+    OpInfo("pow", torch.pow,
+           _chain(binary_samples(-4, 4, rhs_low=0, rhs_high=4, scalars=(2, 0.5, 3), lhs_scalars=(2, 1.5),
+                                 mixed=(torch.float64, torch.int64)), _pow_samples),
            dtypes=NUMBERS, error_inputs=_binary_errors(
                _not_implemented_for(torch.bool, (2,), (2,)),
                (lambda d: (make_tensor((2,), device=d, dtype=torch.int64), -1), {}, RuntimeError,
                 "Integers to negative integer powers are not allowed"))),
-    OpInfo("operator.pow", operator.pow, _chain(binary_samples(-4, 4, rhs_low=0, rhs_high=4, scalars=(2, 0.5), mixed=()),
+    OpInfo("operator.pow", operator.pow,
+           _chain(binary_samples(-4, 4, rhs_low=0, rhs_high=4, scalars=(2, 0.5), mixed=()),
                                                _pow_samples), dtypes=(torch.float32, torch.int64)),
     OpInfo("maximum", torch.maximum, binary_samples(scalars=()), dtypes=ALL, error_inputs=_binary_errors(
         _number_refused("maximum", 1), (lambda d: (make_tensor((2,), device=d), 2.5), {}, TypeError,
@@ -372,8 +384,9 @@ opinfos += [
 
 # -- bitwise, comparison and logical ops -----------------------------------------------------
 opinfos += [
-    OpInfo(name, getattr(torch, name), binary_samples(scalars=(2, True), lhs_scalars=(5,), mixed=(torch.int64, torch.bool)),
-           dtypes=BITWISE, error_inputs=_binary_errors(_not_implemented_for(torch.float32, (2,), (2,))))
+    OpInfo(name, getattr(torch, name),
+           binary_samples(scalars=(2, True), lhs_scalars=(5,), mixed=(torch.int64, torch.bool)), dtypes=BITWISE,
+           error_inputs=_binary_errors(_not_implemented_for(torch.float32, (2,), (2,))))
     for name in ("bitwise_and", "bitwise_or", "bitwise_xor")
 ] + [
     OpInfo(name, getattr(torch, name), binary_samples(**_SHIFT), dtypes=INTS,
@@ -383,14 +396,16 @@ opinfos += [
     OpInfo(f"operator.{name}", getattr(operator, name), binary_samples(**_SHIFT), dtypes=(torch.int64, torch.uint8))
     for name in ("lshift", "rshift")
 ] + [
-    OpInfo(f"operator.{name}", getattr(operator, name), binary_samples(scalars=(3,), mixed=()), dtypes=(torch.int32, torch.bool))
+    OpInfo(f"operator.{name}", getattr(operator, name), binary_samples(scalars=(3,), mixed=()),
+           dtypes=(torch.int32, torch.bool))
     for name in ("and_", "or_", "xor")
 ] + [
     OpInfo(name, getattr(torch, name), binary_samples(scalars=(2, 2.5, True)), dtypes=ALL,
            error_inputs=_binary_errors(_number_refused(name, 1)))
     for name in ("eq", "ne", "lt", "le", "gt", "ge")
 ] + [
-    OpInfo(f"operator.{name}", getattr(operator, name), binary_samples(scalars=(2, 2.5)), dtypes=(torch.float32, torch.int64))
+    OpInfo(f"operator.{name}", getattr(operator, name), binary_samples(scalars=(2, 2.5)),
+           dtypes=(torch.float32, torch.int64))
     for name in ("eq", "ne", "lt", "le", "gt", "ge")
 ] + [
     OpInfo(name, getattr(torch, name), binary_samples(scalars=()), dtypes=ALL, error_inputs=_binary_errors(
@@ -405,9 +420,11 @@ opinfos += [
         (lambda d: (make_tensor((2,), device=d, dtype=torch.bool), True), {}, RuntimeError,
          "Subtraction, the `-` operator, with two bool tensors is not supported"))),
     OpInfo("reflected_mul", _reflected(operator.mul), reflected_samples((2, 2.5, True)), dtypes=ALL),
-    OpInfo("reflected_truediv", _reflected(operator.truediv), reflected_samples((2, 2.5, True), exclude_zero=True), dtypes=ALL),
+    OpInfo("reflected_truediv", _reflected(operator.truediv),
+           reflected_samples((2, 2.5, True), exclude_zero=True), dtypes=ALL),
     OpInfo("reflected_pow", _reflected(operator.pow), reflected_samples((2, 1.5), low=0, high=4), dtypes=NUMBERS),
-    OpInfo("reflected_floordiv", _reflected(operator.floordiv), reflected_samples((7, 2.5), exclude_zero=True), dtypes=NUMBERS),
+    OpInfo("reflected_floordiv", _reflected(operator.floordiv), reflected_samples((7, 2.5), exclude_zero=True),
+           dtypes=NUMBERS),
     OpInfo("reflected_mod", _reflected(operator.mod), reflected_samples((7, 2.5), exclude_zero=True), dtypes=NUMBERS),
     OpInfo("reflected_and", _reflected(operator.and_), reflected_samples((6, True)), dtypes=BITWISE),
     OpInfo("reflected_or", _reflected(operator.or_), reflected_samples((6, True)), dtypes=BITWISE),
@@ -486,10 +503,10 @@ opinfos += [
          "The size of tensor a"),
         (lambda d: (make_tensor((2,), device=d), 2, 0.5), {}, TypeError,
          r"lerp\(\) received an invalid combination of arguments"),
-        (lambda d: (make_tensor((2,), device=d), make_tensor((2,), device=d, dtype=torch.float64), 0.5), {}, RuntimeError,
-         "expected dtype .* for `end` but got dtype"),
-        (lambda d: (make_tensor((2,), device=d),) * 2 + (make_tensor((2,), device=d, dtype=torch.float64),), {}, RuntimeError,
-         "expected dtype .* for `weight` but got dtype"))),
+        (lambda d: (make_tensor((2,), device=d), make_tensor((2,), device=d, dtype=torch.float64), 0.5),
+         {}, RuntimeError, "expected dtype .* for `end` but got dtype"),
+        (lambda d: (make_tensor((2,), device=d),) * 2 + (make_tensor((2,), device=d, dtype=torch.float64),),
+         {}, RuntimeError, "expected dtype .* for `weight` but got dtype"))),
 ]
 
 # -- activations -----------------------------------------------------------------------------
@@ -504,13 +521,15 @@ opinfos += [
            error_inputs=None),
     # no +inf: torch's vectorized float32/bfloat16 GELU kernel returns NaN there, float64's returns inf
     OpInfo("nn.functional.gelu", F.gelu, unary_samples(variants=({}, {"approximate": "tanh"}),
-                                                       extremals=tuple(v for v in EXTREMALS if v != INF)), dtypes=FLOATS,
+                                                       extremals=tuple(v for v in EXTREMALS
+                                                                       if v != INF)), dtypes=FLOATS,
            error_inputs=_errors(_int_input_error(),
                                 (_t(2), {"approximate": "bad"}, RuntimeError,
                                  "approximate argument must be either none or tanh"))),
     OpInfo("nn.functional.silu", F.silu, unary_samples(), dtypes=FLOATS,
            error_inputs=_errors(_int_input_error())),
-    OpInfo("nn.functional.leaky_relu", F.leaky_relu, unary_samples(variants=({}, {"negative_slope": 0.2})), dtypes=FLOATS,
+    OpInfo("nn.functional.leaky_relu", F.leaky_relu,
+           unary_samples(variants=({}, {"negative_slope": 0.2})), dtypes=FLOATS,
            error_inputs=_errors(_int_input_error())),
     OpInfo("nn.functional.elu", F.elu, unary_samples(variants=({}, {"alpha": 0.5})), dtypes=FLOATS,
            error_inputs=_errors(_int_input_error())),
@@ -520,7 +539,8 @@ opinfos += [
     OpInfo("nn.functional.hardtanh", F.hardtanh, unary_samples(variants=({}, {"min_val": -2.0, "max_val": 3.0})),
            dtypes=FLOATS + (torch.int64, torch.int32, torch.int8), error_inputs=_errors(
                (_t(2, dtype=torch.bool), {}, RuntimeError, "Bool inputs not supported for hardtanh"),
-               (_t(2, dtype=torch.uint8), {}, RuntimeError, "cannot do hardtanh on an unsigned type with negative limits"))),
+               (_t(2, dtype=torch.uint8), {}, RuntimeError,
+                "cannot do hardtanh on an unsigned type with negative limits"))),
     OpInfo("nn.functional.relu6", F.relu6, unary_samples(), dtypes=NUMBERS, error_inputs=_errors(
         (_t(2, dtype=torch.bool), {}, RuntimeError, "Bool inputs not supported for hardtanh"))),
     OpInfo("nn.functional.mish", F.mish, unary_samples(), dtypes=FLOATS,
@@ -590,7 +610,8 @@ opinfos += [
     OpInfo("selu", torch.selu, unary_samples(), dtypes=(torch.float32,)),
     OpInfo("nn.functional.celu", F.celu, unary_samples(variants=({}, {"alpha": 0.5}, {"alpha": 2.0})), dtypes=FLOATS,
            error_inputs=_errors(_int_input_error(),
-                                (_t(2), {"alpha": 0.0}, RuntimeError, "ZeroDivisionError: alpha cannot be 0 for CELU"))),
+                                (_t(2), {"alpha": 0.0}, RuntimeError,
+                                 "ZeroDivisionError: alpha cannot be 0 for CELU"))),
     OpInfo("celu", torch.celu, unary_samples(variants=({}, {"alpha": 0.5})), dtypes=(torch.float32,)),
     OpInfo("nn.functional.logsigmoid", F.logsigmoid, unary_samples(-30, 30), dtypes=FLOATS,
            error_inputs=_errors(_not_implemented_for(torch.int64), _not_implemented_for(torch.bool))),
@@ -605,7 +626,8 @@ opinfos += [
            error_inputs=_errors(
                (lambda d: (make_tensor((2,), device=d, dtype=torch.bool), 0, 1), {}, NotImplementedError,
                 "\"threshold_cpu\" not implemented for 'Bool'"))),
-    OpInfo("threshold", torch.threshold, unary_samples(variants=({"threshold": 0.5, "value": 2.0},)), dtypes=(torch.float32,)),
+    OpInfo("threshold", torch.threshold, unary_samples(variants=({"threshold": 0.5, "value": 2.0},)),
+           dtypes=(torch.float32,)),
     OpInfo("nn.functional.hardshrink", F.hardshrink, unary_samples(variants=({}, {"lambd": 1.0}, {"lambd": 0.0})),
            dtypes=FLOATS, error_inputs=_errors(_not_implemented_for(torch.int64))),
     OpInfo("hardshrink", torch.hardshrink, unary_samples(variants=({}, {"lambd": 1.5})), dtypes=(torch.float32,)),
@@ -620,7 +642,8 @@ opinfos += [
         (_t(), {}, RuntimeError, "glu does not support scalars because halving size must be even"),
         (_t(2, 3), {}, RuntimeError, "Halving dimension must be even, but dimension 1 is size 3"),
         (_t(3, 2), {"dim": 0}, RuntimeError, "Halving dimension must be even, but dimension 0 is size 3"),
-        (_t(3, 2), {"dim": 2}, IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"),
+        (_t(3, 2), {"dim": 2}, IndexError,
+         r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"),
         (_t(2, 4, dtype=torch.int64), {}, NotImplementedError, "\"glu_cpu\" not implemented for 'Long'"))),
     OpInfo("nn.functional.prelu", F.prelu, _prelu_samples, dtypes=FLOATS, error_inputs=_errors(
         (lambda d: (make_tensor((2, 4), device=d), make_tensor((2, 2), device=d)), {}, RuntimeError,
@@ -633,7 +656,8 @@ opinfos += [
          "prelu: Type promoting not supported. Got Float and Double"),
         (lambda d: (make_tensor((2, 4), device=d, dtype=torch.float16), make_tensor((4,), device=d)), {}, RuntimeError,
          "prelu: Type promoting not supported. Got Half and Float"),
-        (lambda d: (make_tensor((2, 4), device=d, dtype=torch.int64), make_tensor((4,), device=d, dtype=torch.int64)), {},
+        (lambda d: (make_tensor((2, 4), device=d, dtype=torch.int64),
+                    make_tensor((4,), device=d, dtype=torch.int64)), {},
          NotImplementedError,
          "\"prelu_cpu\" not implemented for 'Long'"))),
     OpInfo("prelu", torch.prelu, _prelu_samples, dtypes=(torch.float32,)),
@@ -641,6 +665,7 @@ opinfos += [
     OpInfo("nn.functional.normalize", F.normalize, _normalize_samples, dtypes=FLOATS, error_inputs=_errors(
         (_t(2, 3, dtype=torch.int64), {}, RuntimeError,
          "linalg.vector_norm: Expected a floating point or complex tensor as input. Got Long"),
-        (_t(2, 3), {"dim": 2}, IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"),
+        (_t(2, 3), {"dim": 2}, IndexError,
+         r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"),
         (_t(3), {}, IndexError, r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)"))),
 ]

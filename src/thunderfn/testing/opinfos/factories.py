@@ -28,13 +28,14 @@ def constant_factory_samples(device, dtype):
 
 def constant_factory_errors(name):
     def errors(device):
-        negative = "zeros: Dimension size must be non-negative." if name == "zeros" else "Trying to create tensor with negative dimension"
+        negative = ("zeros: Dimension size must be non-negative." if name == "zeros"
+                    else "Trying to create tensor with negative dimension")
         yield err((-1,), RuntimeError, negative + ("" if name == "zeros" else r" -1: \[-1\]"))
         yield err(((2, -3),), RuntimeError, negative + ("" if name == "zeros" else r" -3: \[2, -3\]"))
         yield err((2, 3.0), TypeError, "must be tuple of ints")
         if name != "ones":  # (torch has no sparse ones either)
-            yield err((2, 3), UnsupportedOpError, "thunderfn supports strided tensors only", {"layout": torch.sparse_coo},
-                      torch_raises=False)
+            yield err((2, 3), UnsupportedOpError, "thunderfn supports strided tensors only",
+                      {"layout": torch.sparse_coo}, torch_raises=False)
     return errors
 
 
@@ -50,9 +51,11 @@ def full_samples(device, dtype):
 
 def full_errors(device):
     yield err(((-1, 2), 1.0), RuntimeError, r"Trying to create tensor with negative dimension -1: \[-1, 2\]")
-    yield err(((2,), make_tensor((2,))), TypeError, r"full\(\): argument 'fill_value' \(position 2\) must be Number, not Tensor")
+    yield err(((2,), make_tensor((2,))), TypeError,
+              r"full\(\): argument 'fill_value' \(position 2\) must be Number, not Tensor")
     # the fill value is checked where it is written, when the function runs
-    yield err(((2,), 300), RuntimeError, "value cannot be converted to type uint8_t without overflow", {"dtype": torch.uint8})
+    yield err(((2,), 300), RuntimeError, "value cannot be converted to type uint8_t without overflow",
+              {"dtype": torch.uint8})
 
 
 def full_with_tensor_fill_samples(device, dtype):
@@ -95,7 +98,8 @@ def new_factory_samples(device, dtype):
 
 def new_factory_errors(device):
     yield err((make_tensor((2,)), -1), RuntimeError, r"Trying to create tensor with negative dimension -1: \[-1\]")
-    yield err((make_tensor((2,)), 2, -1), RuntimeError, r"Trying to create tensor with negative dimension -1: \[2, -1\]")
+    yield err((make_tensor((2,)), 2, -1), RuntimeError,
+              r"Trying to create tensor with negative dimension -1: \[2, -1\]")
 
 
 def new_full_samples(device, dtype):
@@ -107,7 +111,8 @@ def new_full_samples(device, dtype):
 
 
 def new_full_errors(device):
-    yield err((make_tensor((2,)), (-1,), 1), RuntimeError, r"Trying to create tensor with negative dimension -1: \[-1\]")
+    yield err((make_tensor((2,)), (-1,), 1), RuntimeError,
+              r"Trying to create tensor with negative dimension -1: \[-1\]")
 
 
 def scalar_tensor_samples(device, dtype):
@@ -121,7 +126,8 @@ def scalar_tensor_samples(device, dtype):
 
 def arange_samples(device, dtype):
     if dtype.is_floating_point:
-        for args in [(5,), (1, 5), (0, 10, 3), (5, 0, -1), (0, 1, 0.25), (0.5, 3), (-1.5, 2.0, 0.5), (3, 3), (4.0, 1, -0.75)]:
+        for args in [(5,), (1, 5), (0, 10, 3), (5, 0, -1), (0, 1, 0.25), (0.5, 3), (-1.5, 2.0, 0.5), (3, 3),
+                     (4.0, 1, -0.75)]:
             yield SampleInput(args, {"dtype": dtype, "device": device})
     else:
         for args in [(5,), (1, 5), (0, 10, 3), (5, 0, -1), (-3, 4, 2), (3, 3), (0,)]:
@@ -141,9 +147,10 @@ def arange_errors(device):
     yield err((float("nan"),), RuntimeError, "unsupported range: 0 -> nan")
     yield err((10,), NotImplementedError, "\"arange_cpu\" not implemented for 'Bool'", {"dtype": torch.bool})
     # thunderfn-only refusals
-    yield err((torch.tensor(5),), UnsupportedOpError, "arange\\(\\) with tensor bounds has a length that depends on their values",
+    yield err((torch.tensor(5),), UnsupportedOpError,
+              "arange\\(\\) with tensor bounds has a length that depends on their values", torch_raises=False)
+    yield err((0, 5, 1.5), UnsupportedOpError, "fractional start, end or step", {"dtype": torch.int32},
               torch_raises=False)
-    yield err((0, 5, 1.5), UnsupportedOpError, "fractional start, end or step", {"dtype": torch.int32}, torch_raises=False)
 
 
 # -- factories next to tensor inputs -------------------------------------------------------

@@ -86,9 +86,12 @@ def getitem_errors(device):
     yield err((x, (0, 0, 0, 0)), IndexError, "too many indices for tensor of dimension 3")
     yield err((x, (None, 0, 0, 0, 0)), IndexError, "too many indices for tensor of dimension 3")
     yield err((make_tensor(()), 0), IndexError, r"invalid index of a 0-dim tensor. Use `tensor.item\(\)`")
-    yield err((x, 1.5), IndexError, r"only integers, slices \(`:`\), ellipsis \(`...`\), None and long or byte Variables are valid indices")
-    yield err((x, idx(1, dtype=torch.int8)), IndexError, "tensors used as indices must be long, int, byte or bool tensors")
-    yield err((x, idx(1.0, dtype=torch.float32)), IndexError, "tensors used as indices must be long, int, byte or bool tensors")
+    yield err((x, 1.5), IndexError,
+              r"only integers, slices \(`:`\), ellipsis \(`...`\), None and long or byte Variables are valid indices")
+    yield err((x, idx(1, dtype=torch.int8)), IndexError,
+              "tensors used as indices must be long, int, byte or bool tensors")
+    yield err((x, idx(1.0, dtype=torch.float32)), IndexError,
+              "tensors used as indices must be long, int, byte or bool tensors")
     yield err((x, slice(None, None, 0)), ValueError, "slice step cannot be zero")
     yield err((x, slice(None, None, -1)), ValueError, "step must be greater than zero")
     yield err((x, (idx(0, 1), ALL_SLICE, idx(0, 1, 2))), IndexError,
@@ -98,11 +101,14 @@ def getitem_errors(device):
     yield err((x, (idx(0, 1), idx(1, 4))), IndexError, OUT_OF_RANGE_VALUE)
     yield err((x, (ALL_SLICE, idx(0, 1), idx(-6, 0))), IndexError, OUT_OF_RANGE_VALUE)
     yield err((x, idx(True, False, dtype=torch.bool)), IndexError,
-              r"The shape of the mask \[2\] at index 0 does not match the shape of the indexed tensor \[3, 4, 5\] at index 0")
+              r"The shape of the mask \[2\] at index 0 does not match the shape of the indexed tensor "
+              r"\[3, 4, 5\] at index 0")
     yield err((x, (ALL_SLICE, make_tensor((4, 4), dtype=torch.bool))), IndexError,
-              r"The shape of the mask \[4, 4\] at index 1 does not match the shape of the indexed tensor \[3, 4, 5\] at index 2")
+              r"The shape of the mask \[4, 4\] at index 1 does not match the shape of the indexed tensor "
+              r"\[3, 4, 5\] at index 2")
     # torch accepts several ellipses with results no rule explains; thunderfn refuses
-    yield err((x, (Ellipsis, Ellipsis)), IndexError, r"an index can only have a single ellipsis \('...'\)", torch_raises=False)
+    yield err((x, (Ellipsis, Ellipsis)), IndexError, r"an index can only have a single ellipsis \('...'\)",
+              torch_raises=False)
 
 
 def nonzero_samples(device, dtype):
@@ -152,7 +158,8 @@ def index_select_samples(device, dtype):
 
 def index_select_errors(device):
     x = x234()
-    yield err((x, 1, idx(1.0, dtype=torch.float32)), RuntimeError, r"index_select\(\): Expected dtype int32 or int64 for index")
+    yield err((x, 1, idx(1.0, dtype=torch.float32)), RuntimeError,
+              r"index_select\(\): Expected dtype int32 or int64 for index")
     yield err((x, 1, idx(1, 2).reshape(2, 1)), IndexError, r"index_select\(\): Index is supposed to be a vector")
     yield err((x, 3, idx(1)), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
     # (torch's own kernel raises RuntimeError for these on a middle dim, IndexError on the first and last)
@@ -175,11 +182,14 @@ def gather_samples(device, dtype):
 
 def gather_errors(device):
     x = x234()
-    yield err((x, 1, torch.zeros(2, 2, dtype=torch.int64)), RuntimeError, "Index tensor must have the same number of dimensions as input tensor")
+    yield err((x, 1, torch.zeros(2, 2, dtype=torch.int64)), RuntimeError,
+              "Index tensor must have the same number of dimensions as input tensor")
     yield err((x, 1, torch.zeros(3, 2, 4, dtype=torch.int64)), RuntimeError,
-              r"Size does not match at dimension 0 expected index \[3, 2, 4\] to be no larger than self \[2, 3, 4\] apart from dimension 1")
+              r"Size does not match at dimension 0 expected index \[3, 2, 4\] to be no larger than self \[2, 3, 4\] "
+              r"apart from dimension 1")
     yield err((x, 1, torch.zeros(2, 2, 4)), RuntimeError, r"gather\(\): Expected dtype int32/int64 for index")
-    yield err((x, 3, torch.zeros(2, 2, 4, dtype=torch.int64)), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
+    yield err((x, 3, torch.zeros(2, 2, 4, dtype=torch.int64)), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
     yield err((x, 1, torch.full((2, 2, 4), 3)), RuntimeError, "index 3 is out of bounds for dimension 1 with size 3")
 
 
@@ -188,7 +198,8 @@ def take_along_dim_samples(device, dtype):
     yield SampleInput((mk(3, 4, 5), randidx((7,), 60, low=0)))
     yield SampleInput((mk(3, 4, 5), randidx((2, 3), 60, low=0)))
     yield SampleInput((mk(3, 4, 5), randidx((3, 2, 5), 4, low=0), 1))
-    yield SampleInput((mk(3, 4, 5), randidx((3, 2, 5), 4, low=-4), 1))  # along a dim, negative indices count from the end
+    # along a dim, negative indices count from the end
+    yield SampleInput((mk(3, 4, 5), randidx((3, 2, 5), 4, low=-4), 1))
     yield SampleInput((mk(3, 4, 5), randidx((1, 6, 1), 4, low=0), 1))  # index broadcasts over the other dims
     yield SampleInput((mk(1, 4, 1), randidx((3, 2, 5), 4, low=0), 1))  # input broadcasts over the other dims
     yield SampleInput((mk(3, 4, 5, noncontiguous=True), randidx((3, 4, 2), 5, low=0), -1))
@@ -199,12 +210,16 @@ def take_along_dim_samples(device, dtype):
 def take_along_dim_errors(device):
     x = x234()
     yield err((x, torch.zeros(2, 2, dtype=torch.int64), 1), RuntimeError,
-              r"torch.take_along_dim\(\): input and indices should have the same number of dimensions, but got 3 dimensions for input, and 2 dimensions for indices")
-    yield err((x, torch.zeros(2, 2, 4, dtype=torch.int32), 1), RuntimeError, r"torch.take_along_dim\(\): dtype of indices should be Long but got Int")
-    yield err((x, torch.zeros(2, 2, 4), 1), RuntimeError, r"torch.take_along_dim\(\): dtype of indices should be Long but got Float")
+              r"torch.take_along_dim\(\): input and indices should have the same number of dimensions, but got 3 "
+              r"dimensions for input, and 2 dimensions for indices")
+    yield err((x, torch.zeros(2, 2, 4, dtype=torch.int32), 1), RuntimeError,
+              r"torch.take_along_dim\(\): dtype of indices should be Long but got Int")
+    yield err((x, torch.zeros(2, 2, 4), 1), RuntimeError,
+              r"torch.take_along_dim\(\): dtype of indices should be Long but got Float")
     yield err((x, torch.zeros(3, 2, 4, dtype=torch.int64), 1), RuntimeError,
               r"The size of tensor a \(2\) must match the size of tensor b \(3\) at non-singleton dimension 0")
-    yield err((make_tensor(()), torch.tensor(0), 0), IndexError, "Dimension specified as 0 but tensor has no dimensions")
+    yield err((make_tensor(()), torch.tensor(0), 0), IndexError,
+              "Dimension specified as 0 but tensor has no dimensions")
 
 
 opinfos: list[OpInfo] = [
@@ -237,8 +252,10 @@ def scatter_samples(device, dtype):
     mk = maker(device, dtype)
     yield SampleInput((mk(3, 4, 5), 0, unique_index((2, 4, 5), 0, 3), mk(2, 4, 5)))
     yield SampleInput((mk(3, 4, 5), 1, unique_index((3, 2, 5), 1, 4), mk(3, 3, 6)))  # src larger than index
-    yield SampleInput((mk(3, 4, 5), -1, unique_index((2, 3, 4), 2, 5, torch.int32), mk(2, 3, 4)))  # index smaller than self
-    yield SampleInput((mk(3, 4, 5, noncontiguous=True), 2, unique_index((3, 4, 5), 2, 5), mk(3, 4, 5, noncontiguous=True)))
+    # index smaller than self
+    yield SampleInput((mk(3, 4, 5), -1, unique_index((2, 3, 4), 2, 5, torch.int32), mk(2, 3, 4)))
+    yield SampleInput((mk(3, 4, 5, noncontiguous=True), 2, unique_index((3, 4, 5), 2, 5),
+                       mk(3, 4, 5, noncontiguous=True)))
     yield SampleInput((mk(3, 4), 0, torch.zeros(0, 4, dtype=torch.int64), mk(2, 4)))
     yield SampleInput((mk(0, 4), 1, torch.zeros(0, 2, dtype=torch.int64), mk(0, 2)))
     yield SampleInput((mk(), 0, torch.tensor(0), mk()))
@@ -268,16 +285,22 @@ def scatter_reduce_samples(device, dtype):
 def scatter_errors(device):
     x = make_tensor((3, 4))
     i = idx(0, 1, 2, 0).reshape(1, 4)
-    yield err((x, 0, i.float(), make_tensor((1, 4))), RuntimeError, r"scatter\(\): Expected dtype int32/int64 for index")
-    yield err((x, 0, i, make_tensor((1, 4), dtype=torch.float64)), RuntimeError, r"scatter\(\): Expected self.dtype to be equal to src.dtype")
+    yield err((x, 0, i.float(), make_tensor((1, 4))), RuntimeError,
+              r"scatter\(\): Expected dtype int32/int64 for index")
+    yield err((x, 0, i, make_tensor((1, 4), dtype=torch.float64)), RuntimeError,
+              r"scatter\(\): Expected self.dtype to be equal to src.dtype")
     yield err((x, 2, i, 1.0), IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
-    yield err((x, 0, torch.zeros(1, 1, 1, dtype=torch.int64), 1.0), RuntimeError, "Index tensor must have the same number of dimensions as self tensor")
+    yield err((x, 0, torch.zeros(1, 1, 1, dtype=torch.int64), 1.0), RuntimeError,
+              "Index tensor must have the same number of dimensions as self tensor")
     yield err((x, 0, torch.zeros(4, 5, dtype=torch.int64), 1.0), RuntimeError,
               r"Expected index \[4, 5\] to be no larger than self \[3, 4\] apart from dimension 0")
     yield err((x, 0, torch.zeros(1, 5, dtype=torch.int64), make_tensor((1, 4))), RuntimeError,
-              r"Expected index \[1, 5\] to be no larger than self \[3, 4\] apart from dimension 0 and to be no larger size than src \[1, 4\]")
-    yield err((x, 0, i, make_tensor(())), RuntimeError, "Index tensor must have the same number of dimensions as src tensor")
-    yield err((x, 0, i, make_tensor((1, 4))), RuntimeError, "reduce argument must be either add or multiply.", {"reduce": "max"})
+              r"Expected index \[1, 5\] to be no larger than self \[3, 4\] apart from dimension 0 and to be no larger "
+              r"size than src \[1, 4\]")
+    yield err((x, 0, i, make_tensor(())), RuntimeError,
+              "Index tensor must have the same number of dimensions as src tensor")
+    yield err((x, 0, i, make_tensor((1, 4))), RuntimeError, "reduce argument must be either add or multiply.",
+              {"reduce": "max"})
     yield err((x, 0, idx(3).reshape(1, 1), 1.0), RuntimeError, "index 3 is out of bounds for dimension 0 with size 3")
 
 
@@ -296,14 +319,17 @@ def scatter_add_errors(device):
     yield err((x, 0, idx(0, 1, 2, 0).reshape(1, 4), make_tensor((1, 4), dtype=torch.float64)), RuntimeError,
               r"scatter_add\(\): Expected self.dtype to be equal to src.dtype")
     yield err((x, 0, idx(0, 1, 2, 0).reshape(1, 4), make_tensor((1, 3))), RuntimeError,
-              r"Expected index \[1, 4\] to be no larger than self \[3, 4\] apart from dimension 0 and to be no larger size than src \[1, 3\]")
-    yield err((x, 0, idx(0, 5).reshape(1, 2), make_tensor((1, 2))), RuntimeError, "index 5 is out of bounds for dimension 0 with size 3")
+              r"Expected index \[1, 4\] to be no larger than self \[3, 4\] apart from dimension 0 and to be no larger "
+              r"size than src \[1, 3\]")
+    yield err((x, 0, idx(0, 5).reshape(1, 2), make_tensor((1, 2))), RuntimeError,
+              "index 5 is out of bounds for dimension 0 with size 3")
 
 
 def index_add_samples(device, dtype):
     mk = maker(device, dtype)
     yield SampleInput((mk(3, 4), 0, idx(0, 2, 0, 1), mk(4, 4)))  # duplicates sum
-    yield SampleInput((mk(3, 4), 1, idx(3, 0, dtype=torch.int32), mk(3, 2)), {"alpha": True if dtype is torch.bool else 2})
+    yield SampleInput((mk(3, 4), 1, idx(3, 0, dtype=torch.int32), mk(3, 2)),
+                      {"alpha": True if dtype is torch.bool else 2})
     yield SampleInput((mk(3, 4, 5), -1, randidx((6,), 5, low=0), mk(3, 4, 6, noncontiguous=True)))
     yield SampleInput((mk(3, 4), 0, torch.zeros(0, dtype=torch.int64), mk(0, 4)))
     yield SampleInput((mk(), 0, idx(0), mk()))
@@ -321,10 +347,13 @@ def index_add_errors(device):
               r"index_add_\(\): Number of indices \(2\) should be equal to source.size\(dim\): \(3\), for dim: 0")
     yield err((x, 0, i.reshape(1, 2), make_tensor((2, 4))), IndexError,
               r"index_add_\(\): Index is supposed to be a vector, but got dim: 2 with type: Long and size: \[1, 2\]")
-    yield err((x, 0, i.float(), make_tensor((2, 4))), RuntimeError, r"index_add_\(\): Expected dtype int32/int64 for index but got: Float")
+    yield err((x, 0, i.float(), make_tensor((2, 4))), RuntimeError,
+              r"index_add_\(\): Expected dtype int32/int64 for index but got: Float")
     yield err((x, 0, i, make_tensor((2, 5))), RuntimeError,
-              r"source tensor shape must match self tensor shape, excluding the specified dimension. Got self.shape = \[3, 4\] source.shape = \[2, 5\]")
-    yield err((x, 2, i, make_tensor((2, 4))), IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
+              r"source tensor shape must match self tensor shape, excluding the specified dimension. Got self.shape = "
+              r"\[3, 4\] source.shape = \[2, 5\]")
+    yield err((x, 2, i, make_tensor((2, 4))), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
 
 
 def index_copy_samples(device, dtype):
@@ -340,12 +369,17 @@ def index_copy_errors(device):
     x = make_tensor((3, 4))
     i = idx(0, 2)
     yield err((x, 0, i, make_tensor((2, 4), dtype=torch.float64)), RuntimeError,
-              r"index_copy_\(\): self and source expected to have the same dtype, but got \(self\) Float and \(source\) Double")
-    yield err((x, 0, i, make_tensor((3, 4))), IndexError, r"index_copy_\(\): Number of indices \(2\) should be equal to source.size\(dim\) \(3\)")
-    yield err((x, 0, i.int(), make_tensor((2, 4))), RuntimeError, r"index_copy_\(\): Expected a long tensor for index, but got Int")
+              r"index_copy_\(\): self and source expected to have the same dtype, but got \(self\) Float "
+              r"and \(source\) Double")
+    yield err((x, 0, i, make_tensor((3, 4))), IndexError,
+              r"index_copy_\(\): Number of indices \(2\) should be equal to source.size\(dim\) \(3\)")
+    yield err((x, 0, i.int(), make_tensor((2, 4))), RuntimeError,
+              r"index_copy_\(\): Expected a long tensor for index, but got Int")
     yield err((x, 1, i, make_tensor((2, 4))), RuntimeError,
-              r"index_copy_\(\): Source/destination tensor must have same slice shapes. Destination slice shape: 3 at dimension 0 and source slice shape: 2 at dimension 0.")
-    yield err((x, 0, i.reshape(1, 2), make_tensor((2, 4))), IndexError, r"index_copy_\(\): Index should have dimension 1 or 0 \(got 2\)")
+              r"index_copy_\(\): Source/destination tensor must have same slice shapes. Destination slice shape: 3 at "
+              r"dimension 0 and source slice shape: 2 at dimension 0.")
+    yield err((x, 0, i.reshape(1, 2), make_tensor((2, 4))), IndexError,
+              r"index_copy_\(\): Index should have dimension 1 or 0 \(got 2\)")
 
 
 def index_fill_samples(device, dtype):
@@ -353,7 +387,8 @@ def index_fill_samples(device, dtype):
     fill = True if dtype is torch.bool else 3 if not dtype.is_floating_point else 2.5
     yield SampleInput((mk(3, 4), 0, idx(0, 2, 0), fill))  # repeated positions fill once
     yield SampleInput((mk(3, 4), 1, idx(-1, 1), torch.tensor(fill, dtype=dtype)))
-    yield SampleInput((mk(3, 4, 5, noncontiguous=True), -1, torch.tensor(4), torch.tensor(1, dtype=torch.float64)))  # converted
+    # converted
+    yield SampleInput((mk(3, 4, 5, noncontiguous=True), -1, torch.tensor(4), torch.tensor(1, dtype=torch.float64)))
     yield SampleInput((mk(3, 4), 0, torch.zeros(0, dtype=torch.int64), fill))
     yield SampleInput((mk(), 0, idx(0), fill))
     yield SampleInput((mk(0, 3), 1, idx(2), fill))
@@ -366,8 +401,10 @@ def index_fill_errors(device):
     yield err((x, 0, idx(0, 2), make_tensor((1,))), RuntimeError,
               r"index_fill_ only supports a 0-dimensional value tensor, but got tensor with 1 dimension\(s\).")
     yield err((x, 0, idx(0, 2).reshape(1, 2), 1.0), RuntimeError, "Index has to be a vector/scalar")
-    yield err((x, 0, idx(0, 2, dtype=torch.int32), 1.0), IndexError, r"index_fill_\(\): Expected dtype int64 for index.")
-    yield err((x, 2, idx(0), 1.0), IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
+    yield err((x, 0, idx(0, 2, dtype=torch.int32), 1.0), IndexError,
+              r"index_fill_\(\): Expected dtype int64 for index.")
+    yield err((x, 2, idx(0), 1.0), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
 
 
 def masked_fill_samples(device, dtype):
@@ -387,7 +424,8 @@ def masked_fill_samples(device, dtype):
 
 def masked_fill_errors(device):
     x = make_tensor((3, 4))
-    yield err((x, make_tensor((3, 4)), 1.0), RuntimeError, "masked_fill_ only supports boolean masks, but got mask with dtype float")
+    yield err((x, make_tensor((3, 4)), 1.0), RuntimeError,
+              "masked_fill_ only supports boolean masks, but got mask with dtype float")
     yield err((x, make_tensor((3, 4), dtype=torch.uint8), 1.0), RuntimeError,
               "masked_fill_ only supports boolean masks, but got mask with dtype unsigned char")
     yield err((x, make_tensor((2, 4), dtype=torch.bool), 1.0), RuntimeError,
@@ -407,7 +445,8 @@ def index_put_samples(device, dtype):
         yield SampleInput((mk(3, 4, 5), (idx(0, 1).reshape(2, 1), idx(1, 3, 2)), mk(2, 3, 5)), kw)  # broadcast indices
         yield SampleInput((mk(3, 4, 5, noncontiguous=True), (idx(2, 0), idx(1, 0), idx(4, 4)), mk(2)), kw)
         yield SampleInput((mk(3, 4), (torch.zeros(0, dtype=torch.int64),), mk(0, 4)), kw)
-        yield SampleInput((mk(3, 4), (make_tensor((3, 4), dtype=torch.bool),), mk()), kw)  # one mask, one value: a where
+        # one mask, one value: a where
+        yield SampleInput((mk(3, 4), (make_tensor((3, 4), dtype=torch.bool),), mk()), kw)
         yield SampleInput((mk(3, 4), (idx(True, False, True, dtype=torch.bool),), mk(1)), kw)
     yield SampleInput((mk(3, 4), (idx(2, 1, dtype=torch.int32),), mk(2, 1)))
     # as many values as the mask has True entries: no decomposition, torch runs it (the shape is a's)
@@ -417,18 +456,24 @@ def index_put_samples(device, dtype):
 def index_put_errors(device):
     x = make_tensor((3, 4))
     yield err((x, (idx(0, 2),), make_tensor((2, 4), dtype=torch.float64)), RuntimeError,
-              "Index put requires the source and destination dtypes match, got Float for the destination and Double for the source.")
+              "Index put requires the source and destination dtypes match, got Float for the destination and "
+              "Double for the source.")
     yield err((x, (idx(0, 2),), make_tensor((3, 4))), RuntimeError,
-              r"shape mismatch: value tensor of shape \[3, 4\] cannot be broadcast to indexing result of shape \[2, 4\]")
-    yield err((x, (None, idx(0, 2)), make_tensor((3, 2))), TypeError, "expected Tensor as element 0 in argument 1, but got NoneType")
-    yield err((x, (idx(0, 2), idx(0, 2), idx(0)), make_tensor((2,))), IndexError, r"too many indices for tensor of dimension 2 \(got 3\)")
+              r"shape mismatch: value tensor of shape \[3, 4\] cannot be broadcast to indexing "
+              r"result of shape \[2, 4\]")
+    yield err((x, (None, idx(0, 2)), make_tensor((3, 2))), TypeError,
+              "expected Tensor as element 0 in argument 1, but got NoneType")
+    yield err((x, (idx(0, 2), idx(0, 2), idx(0)), make_tensor((2,))), IndexError,
+              r"too many indices for tensor of dimension 2 \(got 3\)")
     yield err((x, (idx(0.0, 2.0, dtype=torch.float32),), make_tensor((2, 4))), IndexError,
               "tensors used as indices must be long, int, byte or bool tensors")
     yield err((x, (idx(0, 2), idx(0, 1, 2)), make_tensor((2,))), IndexError,
               r"shape mismatch: indexing tensors could not be broadcast together with shapes \[2\], \[3\]")
     yield err((x, (idx(True, False, dtype=torch.bool),), make_tensor(())), IndexError,
-              r"The shape of the mask \[2\] at index 0 does not match the shape of the indexed tensor \[3, 4\] at index 0")
-    yield err((make_tensor(()), (torch.tensor(0),), make_tensor(())), IndexError, r"too many indices for tensor of dimension 0 \(got 1\)")
+              r"The shape of the mask \[2\] at index 0 does not match the shape of the indexed "
+              r"tensor \[3, 4\] at index 0")
+    yield err((make_tensor(()), (torch.tensor(0),), make_tensor(())), IndexError,
+              r"too many indices for tensor of dimension 0 \(got 1\)")
 
 
 def take_samples(device, dtype):
@@ -443,7 +488,8 @@ def take_samples(device, dtype):
 def take_errors(device):
     x = make_tensor((3, 4))
     yield err((x, idx(1, dtype=torch.int32)), RuntimeError, r"take\(\): Expected a long tensor for index, but got Int")
-    yield err((x, idx(1.0, dtype=torch.float32)), RuntimeError, r"take\(\): Expected a long tensor for index, but got Float")
+    yield err((x, idx(1.0, dtype=torch.float32)), RuntimeError,
+              r"take\(\): Expected a long tensor for index, but got Float")
     yield err((make_tensor((0,)), idx(0)), IndexError, r"take\(\): tried to take from an empty tensor")
     # value checks, when the function runs: torch's take and the decomposition's index_select word them differently
     yield err((x, idx(12)), IndexError, "out of range")
@@ -453,7 +499,8 @@ def take_errors(device):
 def put_samples(device, dtype):
     mk = maker(device, dtype)
     yield SampleInput((mk(3, 4), torch.randperm(12)[:5] - 6, mk(5)))  # negative entries count from the end
-    yield SampleInput((mk(3, 4), randidx((2, 3), 12), mk(3, 2)), {"accumulate": True})  # duplicates sum; shapes may differ
+    # duplicates sum; shapes may differ
+    yield SampleInput((mk(3, 4), randidx((2, 3), 12), mk(3, 2)), {"accumulate": True})
     yield SampleInput((mk(3, 4, noncontiguous=True), torch.randperm(12)[:4].reshape(2, 2), mk(4, noncontiguous=True)))
     yield SampleInput((mk(), idx(0), mk()))
     yield SampleInput((mk(3, 4), torch.zeros(0, dtype=torch.int64), mk(0)))
@@ -462,11 +509,15 @@ def put_samples(device, dtype):
 def put_errors(device):
     x = make_tensor((3, 4))
     yield err((x, idx(0, -1), make_tensor((3,))), IndexError,
-              r"put_\(\): Expected source and index to have the same number of elements, but got source.numel\(\) = 3, index.numel\(\) = 2")
+              r"put_\(\): Expected source and index to have the same number of elements, but got source.numel\(\) = "
+              r"3, index.numel\(\) = 2")
     yield err((x, idx(0, -1), make_tensor((2,), dtype=torch.int64)), RuntimeError,
-              r"put_\(\): self and source expected to have the same dtype, but got self.dtype = Float and source.dtype = Long")
-    yield err((x, idx(0, 1, dtype=torch.int32), make_tensor((2,))), RuntimeError, r"put_\(\): Expected a long tensor for index, but got Int")
-    yield err((make_tensor((0,)), idx(0), make_tensor((1,))), IndexError, r"put_\(\): Tried to put elements into an empty tensor")
+              r"put_\(\): self and source expected to have the same dtype, but got self.dtype = Float "
+              r"and source.dtype = Long")
+    yield err((x, idx(0, 1, dtype=torch.int32), make_tensor((2,))), RuntimeError,
+              r"put_\(\): Expected a long tensor for index, but got Int")
+    yield err((make_tensor((0,)), idx(0), make_tensor((1,))), IndexError,
+              r"put_\(\): Tried to put elements into an empty tensor")
 
 
 def functional_setitem(a, key, value):
@@ -501,9 +552,11 @@ def index_put_key_samples(device, dtype):
 def index_put_key_errors(device):
     x = make_tensor((3, 4))
     yield err((x, idx(0, 2), make_tensor((4,), dtype=torch.float64)), RuntimeError,
-              "Index put requires the source and destination dtypes match, got Float for the destination and Double for the source.")
+              "Index put requires the source and destination dtypes match, got Float for the destination and "
+              "Double for the source.")
     # a basic key: torch copies into the view, so its copy_ wording
-    yield err((x, 0, make_tensor((3,))), RuntimeError, r"The expanded size of the tensor \(4\) must match the existing size \(3\)")
+    yield err((x, 0, make_tensor((3,))), RuntimeError,
+              r"The expanded size of the tensor \(4\) must match the existing size \(3\)")
     yield err((x, 3, 1.0), IndexError, "index 3 is out of bounds for dimension 0 with size 3")
 
 
@@ -547,7 +600,8 @@ def slice_scatter_errors(device):
     x = make_tensor((3, 4))
     yield err((x, make_tensor((3, 3)), 1, 1, 3), RuntimeError,
               r"expected src to have a size equal to the slice of self. src size = \[3, 3\], slice size = \[3, 2\]")
-    yield err((x, make_tensor((3, 4)), 2), IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
+    yield err((x, make_tensor((3, 4)), 2), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
     yield err((x, make_tensor((3, 2)), 1, 1, 3, 0), RuntimeError, "slice step must be positive")
 
 
@@ -563,7 +617,8 @@ def select_scatter_samples(device, dtype):
 
 def select_scatter_errors(device):
     x = make_tensor((3, 4))
-    yield err((x, make_tensor((4,)), 0, 3), IndexError, r"select\(\): index 3 out of range for tensor of size \[3, 4\] at dimension 0")
+    yield err((x, make_tensor((4,)), 0, 3), IndexError,
+              r"select\(\): index 3 out of range for tensor of size \[3, 4\] at dimension 0")
     yield err((x, make_tensor((3,)), 0, 1), RuntimeError,
               r"expected src to have a size equal to the slice of self. src size = \[3\], slice size = \[4\]")
 
@@ -597,7 +652,8 @@ def scatter_reduce_samples(device, dtype):
     reductions = ("sum", "amax") if dtype is torch.bool else ("sum", "mean", "prod", "amax", "amin")
     for reduce in reductions:  # prod, amax and amin run as opaque torch ops (no prims for them)
         for include_self in (True, False):
-            yield SampleInput((mk(3, 4), 0, randidx((5, 4), 3, low=0), mk(5, 4), reduce), {"include_self": include_self})
+            yield SampleInput((mk(3, 4), 0, randidx((5, 4), 3, low=0), mk(5, 4), reduce),
+                              {"include_self": include_self})
     yield SampleInput((mk(3, 4, 5, noncontiguous=True), -1, randidx((3, 2, 6), 5, low=0), mk(3, 4, 7), "sum"))
     yield SampleInput((mk(3, 4), 1, torch.zeros(3, 0, dtype=torch.int64), mk(3, 0), "sum"))
     yield SampleInput((mk(), 0, torch.tensor(0), mk(), "sum"))
@@ -606,10 +662,12 @@ def scatter_reduce_samples(device, dtype):
 def scatter_reduce_errors(device):
     x = make_tensor((3, 4))
     i = idx(0, 1, 2, 0).reshape(1, 4)
-    yield err((x, 0, i, make_tensor((1, 4)), "foo"), RuntimeError, "reduce argument must be either sum, prod, mean, amax or amin, got foo")
-    yield err((x, 0, i, make_tensor((1, 4), dtype=torch.float64), "sum"), RuntimeError, r"scatter\(\): Expected self.dtype to be equal to src.dtype")
-    yield err((make_tensor((3, 4), dtype=torch.bool), 0, i, make_tensor((1, 4), dtype=torch.bool), "mean"), NotImplementedError,
-              "\"scatter_gather_tensor_cpu_reduce_mean\" not implemented for 'Bool'")
+    yield err((x, 0, i, make_tensor((1, 4)), "foo"), RuntimeError,
+              "reduce argument must be either sum, prod, mean, amax or amin, got foo")
+    yield err((x, 0, i, make_tensor((1, 4), dtype=torch.float64), "sum"), RuntimeError,
+              r"scatter\(\): Expected self.dtype to be equal to src.dtype")
+    yield err((make_tensor((3, 4), dtype=torch.bool), 0, i, make_tensor((1, 4), dtype=torch.bool), "mean"),
+              NotImplementedError, "\"scatter_gather_tensor_cpu_reduce_mean\" not implemented for 'Bool'")
 
 
 opinfos += [

@@ -33,7 +33,8 @@ def addmm_errors(device):
     r = make_tensor
     yield err((r((2, 4)), r((3,)), r((3, 4))), RuntimeError, "mat1 must be a matrix, got 1-D tensor")
     yield err((r((2, 4)), r((2, 3)), r((3,))), RuntimeError, "mat2 must be a matrix, got 1-D tensor")
-    yield err((r((2, 4)), r((2, 3)), r((5, 4))), RuntimeError, r"mat1 and mat2 shapes cannot be multiplied \(2x3 and 5x4\)")
+    yield err((r((2, 4)), r((2, 3)), r((5, 4))), RuntimeError,
+              r"mat1 and mat2 shapes cannot be multiplied \(2x3 and 5x4\)")
     yield err((r((3, 4)), r((2, 3)), r((3, 4))), RuntimeError,
               r"The expanded size of the tensor \(2\) must match the existing size \(3\) at non-singleton dimension 0")
     yield err((r((2, 4)), r((2, 3)), r((3, 4), dtype=torch.float64)), RuntimeError,
@@ -72,9 +73,12 @@ def addbmm_samples(device, dtype):
 
 def addbmm_errors(device):
     r = make_tensor
-    yield err((r((2, 4)), r((2, 2, 3)), r((3, 3, 4))), RuntimeError, "batch1 and batch2 must have same number of batches, got 2 and 3")
-    yield err((r((2, 4)), r((2, 2, 3)), r((2, 5, 4))), RuntimeError, r"Incompatible matrix sizes for bmm \(2x3 and 5x4\)")
-    yield err((r((3, 4)), r((2, 2, 3)), r((2, 3, 4))), RuntimeError, r"The expanded size of the tensor \(2\) must match")
+    yield err((r((2, 4)), r((2, 2, 3)), r((3, 3, 4))), RuntimeError,
+              "batch1 and batch2 must have same number of batches, got 2 and 3")
+    yield err((r((2, 4)), r((2, 2, 3)), r((2, 5, 4))), RuntimeError,
+              r"Incompatible matrix sizes for bmm \(2x3 and 5x4\)")
+    yield err((r((3, 4)), r((2, 2, 3)), r((2, 3, 4))), RuntimeError,
+              r"The expanded size of the tensor \(2\) must match")
 
 
 def addmv_samples(device, dtype):
@@ -186,19 +190,23 @@ def einsum_samples(device, dtype):
 
 def einsum_errors(device):
     r = lambda *s: make_tensor(s)
-    yield err(("ij,jk", r(2, 3)), RuntimeError, r"einsum\(\): fewer operands were provided than specified in the equation")
-    yield err(("ij", r(2, 3), r(3, 4)), RuntimeError, r"einsum\(\): more operands were provided than specified in the equation")
-    yield err(("ij->i", r(2, 3, 4)), RuntimeError, r"einsum\(\): the number of subscripts in the equation \(2\) does not "
-                                                    r"match the number of dimensions \(3\) for operand 0 and no ellipsis was given")
+    yield err(("ij,jk", r(2, 3)), RuntimeError,
+              r"einsum\(\): fewer operands were provided than specified in the equation")
+    yield err(("ij", r(2, 3), r(3, 4)), RuntimeError,
+              r"einsum\(\): more operands were provided than specified in the equation")
+    yield err(("ij->i", r(2, 3, 4)), RuntimeError,
+              r"einsum\(\): the number of subscripts in the equation \(2\) does not match the number of dimensions "
+              r"\(3\) for operand 0 and no ellipsis was given")
     yield err(("ij->ii", r(2, 3)), RuntimeError, r"einsum\(\): output subscript i appears more than once in the output")
-    yield err(("ij->k", r(2, 3)), RuntimeError, r"einsum\(\): output subscript k does not appear in the equation for any "
-                                                r"input operand")
-    yield err(("i1->i", r(2, 3)), RuntimeError, r"einsum\(\): invalid subscript given at index 1 in the equation string, "
-                                                r"subscripts must be in \[a-zA-Z\]")
-    yield err(("ij,jk->ik", r(2, 3), r(4, 5)), RuntimeError, r"einsum\(\): subscript j has size 4 for operand 1 which does "
-                                                             r"not broadcast with previously seen size 3")
-    yield err(("ii->i", r(2, 3)), RuntimeError, r"einsum\(\): subscript i is repeated for operand 0 but the sizes don't "
-                                                r"match, 3 != 2")
+    yield err(("ij->k", r(2, 3)), RuntimeError,
+              r"einsum\(\): output subscript k does not appear in the equation for any input operand")
+    yield err(("i1->i", r(2, 3)), RuntimeError,
+              r"einsum\(\): invalid subscript given at index 1 in the equation string, subscripts "
+              r"must be in \[a-zA-Z\]")
+    yield err(("ij,jk->ik", r(2, 3), r(4, 5)), RuntimeError,
+              r"einsum\(\): subscript j has size 4 for operand 1 which does not broadcast with previously seen size 3")
+    yield err(("ii->i", r(2, 3)), RuntimeError,
+              r"einsum\(\): subscript i is repeated for operand 0 but the sizes don't match, 3 != 2")
     yield err(("ij,jk->ik", r(2, 3), make_tensor((3, 5), dtype=torch.float64)), RuntimeError,
               "expected scalar type Float but found Double")
 
@@ -216,12 +224,13 @@ def tensordot_samples(device, dtype):
 
 def tensordot_errors(device):
     r = lambda *s: make_tensor(s)
-    yield err((r(2, 3), r(4, 5), 1), RuntimeError, "contracted dimensions need to match, but first has size 3 in dim -1 "
-                                                   "and second has size 4 in dim 0")
+    yield err((r(2, 3), r(4, 5), 1), RuntimeError,
+              "contracted dimensions need to match, but first has size 3 in dim -1 and second has size 4 in dim 0")
     yield err((r(2, 3), r(3, 5), -1), RuntimeError, "tensordot expects dims >= 0, but got dims=-1")
-    yield err((r(2, 3), r(3, 5), ([1], [1])), RuntimeError, "contracted dimensions need to match, but first has size 3 in "
-                                                            "dim 1 and second has size 5 in dim 1")
-    yield err((r(2, 3), make_tensor((3, 5), dtype=torch.float64), 1), RuntimeError, "both inputs should have same dtype")
+    yield err((r(2, 3), r(3, 5), ([1], [1])), RuntimeError,
+              "contracted dimensions need to match, but first has size 3 in dim 1 and second has size 5 in dim 1")
+    yield err((r(2, 3), make_tensor((3, 5), dtype=torch.float64), 1), RuntimeError,
+              "both inputs should have same dtype")
 
 
 def kron_samples(device, dtype):

@@ -47,15 +47,20 @@ def matmul_samples(device, dtype):
 def matmul_errors(device):
     r = make_tensor
     yield err((r(()), r((3,))), RuntimeError, "both arguments to matmul need to be at least 1D, but they are 0D and 1D")
-    yield err((r((3,)), r((4,))), RuntimeError, r"inconsistent tensor size, expected tensor \[3\] and src \[4\] to have the same number of elements")
+    yield err((r((3,)), r((4,))), RuntimeError,
+              r"inconsistent tensor size, expected tensor \[3\] and src \[4\] to have the same number of elements")
     yield err((r((2, 3)), r((4, 2))), RuntimeError, r"mat1 and mat2 shapes cannot be multiplied \(2x3 and 4x2\)")
     yield err((r((5, 2, 3)), r((4, 2))), RuntimeError, r"mat1 and mat2 shapes cannot be multiplied \(10x3 and 4x2\)")
     yield err((r((3,)), r((4, 2))), RuntimeError, r"mat1 and mat2 shapes cannot be multiplied \(1x3 and 4x2\)")
     yield err((r((5, 2, 3)), r((4,))), RuntimeError, r"size mismatch, got input \(10\), mat \(10x3\), vec \(4\)")
-    yield err((r((5, 2, 3)), r((5, 4, 2))), RuntimeError, r"Expected size for first two dimensions of batch2 tensor to be: \[5, 3\] but got: \[5, 4\].")
-    yield err((r((2, 2, 3)), r((3, 3, 2))), RuntimeError, r"The size of tensor a \(2\) must match the size of tensor b \(3\) at non-singleton dimension 0")
-    yield err((r((2, 3)), r((3, 4), dtype=torch.float64)), RuntimeError, "expected m1 and m2 to have the same dtype, but got: float != double")
-    yield err((r((3,)), r((3,), dtype=torch.int32)), RuntimeError, "dot : expected both vectors to have same dtype, but found Float and Int")
+    yield err((r((5, 2, 3)), r((5, 4, 2))), RuntimeError,
+              r"Expected size for first two dimensions of batch2 tensor to be: \[5, 3\] but got: \[5, 4\].")
+    yield err((r((2, 2, 3)), r((3, 3, 2))), RuntimeError,
+              r"The size of tensor a \(2\) must match the size of tensor b \(3\) at non-singleton dimension 0")
+    yield err((r((2, 3)), r((3, 4), dtype=torch.float64)), RuntimeError,
+              "expected m1 and m2 to have the same dtype, but got: float != double")
+    yield err((r((3,)), r((3,), dtype=torch.int32)), RuntimeError,
+              "dot : expected both vectors to have same dtype, but found Float and Int")
 
 
 # a real tensor on the left of `@` with a traced one on the right: Python calls the proxy's __rmatmul__
@@ -90,7 +95,8 @@ def mm_errors(device):
     yield err((r((2, 2, 3)), r((3, 4))), RuntimeError, "self must be a matrix")
     yield err((r((2, 3)), r((3,))), RuntimeError, "mat2 must be a matrix")
     yield err((r((2, 3)), r((4, 5))), RuntimeError, r"mat1 and mat2 shapes cannot be multiplied \(2x3 and 4x5\)")
-    yield err((r((2, 3)), r((3, 4), dtype=torch.float64)), RuntimeError, "expected m1 and m2 to have the same dtype, but got: float != double")
+    yield err((r((2, 3)), r((3, 4), dtype=torch.float64)), RuntimeError,
+              "expected m1 and m2 to have the same dtype, but got: float != double")
 
 
 def bmm_samples(device, dtype):
@@ -105,9 +111,12 @@ def bmm_errors(device):
     r = make_tensor
     yield err((r((2, 3)), r((2, 3, 4))), RuntimeError, "batch1 must be a 3D tensor")
     yield err((r((2, 2, 3)), r((3, 4))), RuntimeError, "batch2 must be a 3D tensor")
-    yield err((r((2, 2, 3)), r((3, 3, 4))), RuntimeError, r"Expected size for first two dimensions of batch2 tensor to be: \[2, 3\] but got: \[3, 3\].")
-    yield err((r((2, 2, 3)), r((2, 4, 4))), RuntimeError, r"Expected size for first two dimensions of batch2 tensor to be: \[2, 3\] but got: \[2, 4\].")
-    yield err((r((2, 2, 3)), r((2, 3, 4), dtype=torch.float16)), RuntimeError, "expected scalar type Float but found Half")
+    yield err((r((2, 2, 3)), r((3, 3, 4))), RuntimeError,
+              r"Expected size for first two dimensions of batch2 tensor to be: \[2, 3\] but got: \[3, 3\].")
+    yield err((r((2, 2, 3)), r((2, 4, 4))), RuntimeError,
+              r"Expected size for first two dimensions of batch2 tensor to be: \[2, 3\] but got: \[2, 4\].")
+    yield err((r((2, 2, 3)), r((2, 3, 4), dtype=torch.float16)), RuntimeError,
+              "expected scalar type Float but found Half")
 
 
 def linear_samples(device, dtype):
@@ -133,10 +142,16 @@ def linear_errors(device):
     yield err((x, r((3,)), r(())), RuntimeError, "mat2 must be a matrix, got 1-D tensor")
     yield err((x, r((4, 5))), RuntimeError, r"mat1 and mat2 shapes cannot be multiplied \(2x3 and 5x4\)")
     yield err((r((6, 2, 3)), r((4, 5))), RuntimeError, r"mat1 and mat2 shapes cannot be multiplied \(12x3 and 5x4\)")
-    yield err((x, r((4, 3), dtype=torch.float64)), RuntimeError, "expected m1 and m2 to have the same dtype, but got: float != double")
-    yield err((x, w, r((4,), dtype=torch.float64)), RuntimeError, "self and mat2 must have the same dtype, but got Double and Float")
-    yield err((x, w, r((5,))), RuntimeError, r"The expanded size of the tensor \(4\) must match the existing size \(5\) at non-singleton dimension 1.  Target sizes: \[2, 4\].  Tensor sizes: \[5\]")
-    yield err((r((5, 2, 3)), w, r((5,))), RuntimeError, r"The expanded size of the tensor \(4\) must match the existing size \(5\) at non-singleton dimension 1.  Target sizes: \[10, 4\]")
+    yield err((x, r((4, 3), dtype=torch.float64)), RuntimeError,
+              "expected m1 and m2 to have the same dtype, but got: float != double")
+    yield err((x, w, r((4,), dtype=torch.float64)), RuntimeError,
+              "self and mat2 must have the same dtype, but got Double and Float")
+    yield err((x, w, r((5,))), RuntimeError,
+              r"The expanded size of the tensor \(4\) must match the existing size \(5\) at non-singleton dimension "
+              r"1.  Target sizes: \[2, 4\].  Tensor sizes: \[5\]")
+    yield err((r((5, 2, 3)), w, r((5,))), RuntimeError,
+              r"The expanded size of the tensor \(4\) must match the existing size \(5\) at non-singleton dimension "
+              r"1.  Target sizes: \[10, 4\]")
 
 
 # -- normalization and lookup --------------------------------------------------------------
@@ -158,14 +173,22 @@ def layer_norm_samples(device, dtype):
 def layer_norm_errors(device):
     r = make_tensor
     x = r((2, 3, 4))
-    yield err((x, 4), TypeError, r"layer_norm\(\): argument 'normalized_shape' \(position 2\) must be tuple of ints, not int")
-    yield err((x, ()), RuntimeError, r"Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, but got normalized_shape = \[\]")
-    yield err((x, (3,)), RuntimeError, r"Given normalized_shape=\[3\], expected input with shape \[\*, 3\], but got input of size\[2, 3, 4\]")
-    yield err((r((4,)), (2, 4)), RuntimeError, r"Given normalized_shape=\[2, 4\], expected input with shape \[\*, 2, 4\], but got input of size\[4\]")
-    yield err((x, (4,), r((3,))), RuntimeError, r"Expected weight to be of same shape as normalized_shape, but got weight of shape \[3\] and normalized_shape = \[4\]")
-    yield err((x, (4,), r((4,)), r((5,))), RuntimeError, r"Expected bias to be of same shape as normalized_shape, but got bias of shape \[5\] and normalized_shape = \[4\]")
-    yield err((r((2, 4), dtype=torch.int64), (4,)), NotImplementedError, "\"LayerNormKernelImpl\" not implemented for 'Long'")
-    yield err((r((2, 4)), (4,), r((4,), dtype=torch.float64)), RuntimeError, r"mixed dtype \(CPU\): expect parameter to have scalar type of Float")
+    yield err((x, 4), TypeError,
+              r"layer_norm\(\): argument 'normalized_shape' \(position 2\) must be tuple of ints, not int")
+    yield err((x, ()), RuntimeError, r"Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
+                                     r"least one element, but got normalized_shape = \[\]")
+    yield err((x, (3,)), RuntimeError,
+              r"Given normalized_shape=\[3\], expected input with shape \[\*, 3\], but got input of size\[2, 3, 4\]")
+    yield err((r((4,)), (2, 4)), RuntimeError,
+              r"Given normalized_shape=\[2, 4\], expected input with shape \[\*, 2, 4\], but got input of size\[4\]")
+    yield err((x, (4,), r((3,))), RuntimeError, r"Expected weight to be of same shape as normalized_shape, but got "
+                                                r"weight of shape \[3\] and normalized_shape = \[4\]")
+    yield err((x, (4,), r((4,)), r((5,))), RuntimeError, r"Expected bias to be of same shape as normalized_shape, but "
+                                                         r"got bias of shape \[5\] and normalized_shape = \[4\]")
+    yield err((r((2, 4), dtype=torch.int64), (4,)), NotImplementedError,
+              "\"LayerNormKernelImpl\" not implemented for 'Long'")
+    yield err((r((2, 4)), (4,), r((4,), dtype=torch.float64)), RuntimeError,
+              r"mixed dtype \(CPU\): expect parameter to have scalar type of Float")
 
 
 def embedding_samples(device, dtype):
@@ -184,7 +207,8 @@ def embedding_samples(device, dtype):
 def embedding_errors(device):
     w = make_tensor((4, 5))
     yield err((make_tensor((3,)), w), RuntimeError,
-              r"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but got torch.FloatTensor instead")
+              r"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but "
+              r"got torch.FloatTensor instead")
     yield err((torch.tensor([1]), make_tensor((4,))), RuntimeError, "'weight' must be 2-D")
     yield err((torch.tensor([1]), w), AssertionError, "Padding_idx must be within num_embeddings", {"padding_idx": 4})
     yield err((torch.tensor([1]), w), AssertionError, "Padding_idx must be within num_embeddings", {"padding_idx": -5})
@@ -246,12 +270,17 @@ def cross_entropy_errors(device):
     yield err((r((2, 5, 3)), class_targets(2, 4)), RuntimeError, r"Expected target size \[2, 3\], got \[2, 4\]")
     yield err((x, r((4, 4))), RuntimeError, "0D or 1D target tensor expected, multi-target not supported")
     yield err((x, t.int()), RuntimeError, "expected target dtype to be Long or Byte, but got Int")
-    yield err((x, t, r((4,))), RuntimeError, r"weight tensor should be defined either for all 5 classes or no classes but got weight tensor of shape: \[4\]")
-    yield err((x, probabilities(4, 5), r((4,))), RuntimeError, r"cross_entropy: weight tensor should be defined either for all 5 classes")
-    yield err((x, probabilities(4, 5)), RuntimeError, "ignore_index is not supported for floating point target", {"ignore_index": 1})
-    yield err((r(()), torch.tensor(0)), RuntimeError, "Expected floating point type for target with class probabilities, got Long")
+    yield err((x, t, r((4,))), RuntimeError, r"weight tensor should be defined either for all 5 classes or no classes "
+                                             r"but got weight tensor of shape: \[4\]")
+    yield err((x, probabilities(4, 5), r((4,))), RuntimeError,
+              r"cross_entropy: weight tensor should be defined either for all 5 classes")
+    yield err((x, probabilities(4, 5)), RuntimeError, "ignore_index is not supported for floating point target",
+              {"ignore_index": 1})
+    yield err((r(()), torch.tensor(0)), RuntimeError,
+              "Expected floating point type for target with class probabilities, got Long")
     yield err((r((4, 5), dtype=torch.int64), t), NotImplementedError, "not implemented for 'Long'")
-    yield err((r((5,)), class_targets(2)), ValueError, "For 1D input, 1D target must have size 1, but got target size: 2")
+    yield err((r((5,)), class_targets(2)), ValueError,
+              "For 1D input, 1D target must have size 1, but got target size: 2")
 
 
 def nll_loss_samples(device, dtype):
@@ -279,7 +308,8 @@ def nll_loss_errors(device):
     yield err((r((2, 5, 3)), class_targets(2, 4)), RuntimeError, r"Expected target size \[2, 3\], got \[2, 4\]")
     yield err((x, t, r((4,))), RuntimeError, "weight tensor should be defined either for all 5 classes or no classes")
     yield err((x, t, r((5,), dtype=torch.float64)), RuntimeError, "expected scalar type Float but found Double")
-    yield err((r((4, 5), dtype=torch.int64), t), NotImplementedError, "\"nll_loss_out_frame\" not implemented for 'Long'")
+    yield err((r((4, 5), dtype=torch.int64), t), NotImplementedError,
+              "\"nll_loss_out_frame\" not implemented for 'Long'")
 
 
 def mse_loss_samples(device, dtype):
@@ -292,7 +322,8 @@ def mse_loss_samples(device, dtype):
     yield SampleInput((mk(0, 3), mk(0, 3)), {"reduction": "sum"})
     yield SampleInput((mk(2, 3, noncontiguous=True), mk(3, 2).T), {"size_average": False})
     yield SampleInput((mk(2, 3), mk(2, 3), None, None, "mean", make_tensor((2, 3), dtype=dtype, low=0, high=2)))
-    yield SampleInput((mk(2, 3), mk(2, 3)), {"weight": make_tensor((2, 3), dtype=dtype, low=0.5, high=2), "reduction": "sum"})
+    yield SampleInput((mk(2, 3), mk(2, 3)),
+                      {"weight": make_tensor((2, 3), dtype=dtype, low=0.5, high=2), "reduction": "sum"})
 
 
 def mse_loss_errors(device):
@@ -300,9 +331,13 @@ def mse_loss_errors(device):
     x = r((2, 3))
     yield err((x, x), ValueError, "avg is not a valid value for reduction", {"reduction": "avg"})
     yield err((x, x), ValueError, "Weights and input must have the same size.", {"weight": r((3,))})
-    yield err((x, x), ValueError, "Invalid reduction mode: avg. Expected one of 'none', 'mean', 'sum'.", {"weight": x, "reduction": "avg"})
-    yield err((r((2, 3), dtype=torch.int64), r((2, 3), dtype=torch.int64)), NotImplementedError, "\"mse_cpu\" not implemented for 'Long'")
-    yield err((x, r((4, 3))), RuntimeError, r"The size of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 0|The size of tensor a \(2\) must match the size of tensor b \(4\) at non-singleton dimension 0")
+    yield err((x, x), ValueError, "Invalid reduction mode: avg. Expected one of 'none', 'mean', 'sum'.",
+              {"weight": x, "reduction": "avg"})
+    yield err((r((2, 3), dtype=torch.int64), r((2, 3), dtype=torch.int64)), NotImplementedError,
+              "\"mse_cpu\" not implemented for 'Long'")
+    yield err((x, r((4, 3))), RuntimeError,
+              r"The size of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 0|The size "
+              r"of tensor a \(2\) must match the size of tensor b \(4\) at non-singleton dimension 0")
 
 
 # -- attention -------------------------------------------------------------------------------
@@ -336,13 +371,22 @@ def sdpa_samples(device, dtype):
 def sdpa_errors(device):
     r = make_tensor
     q = r((2, 4, 8))
-    yield err((r((8,)), r((8,)), r((8,))), RuntimeError, "Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: 1 key.dim: 1 and value.dim: 1 instead.")
-    yield err((q, r((2, 4, 8), dtype=torch.float64), q), RuntimeError, "Expected query, key, and value to have the same dtype, but got query.dtype: float key.dtype: double and value.dtype: float instead.")
+    yield err((r((8,)), r((8,)), r((8,))), RuntimeError,
+              "Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: 1 key.dim: 1 and "
+              "value.dim: 1 instead.")
+    yield err((q, r((2, 4, 8), dtype=torch.float64), q), RuntimeError,
+              "Expected query, key, and value to have the same dtype, but got query.dtype: float key.dtype: double and "
+              "value.dtype: float instead.")
     yield err((r((2, 4, 8), dtype=torch.int64),) * 3, RuntimeError, "expected scalar type Float but found Long")
-    yield err((q, q, q, r((4, 4), dtype=torch.float16)), RuntimeError, "Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: c10::Half and  query.dtype: float instead.")
-    yield err((r((2, 6, 4, 8)), r((2, 4, 4, 8)), r((2, 4, 4, 8))), RuntimeError, "Number of heads in key and value must divide the number of heads in", {"enable_gqa": True})
-    yield err((r((2, 6, 4, 8)), r((2, 4, 4, 8)), r((2, 4, 4, 8))), RuntimeError, r"The size of tensor a \(6\) must match the size of tensor b \(4\) at non-singleton dimension 1")
-    yield err((q, r((2, 4, 7)), q), RuntimeError, r"Expected size for first two dimensions of batch2 tensor to be: \[2, 8\] but got: \[2, 7\].")
+    yield err((q, q, q, r((4, 4), dtype=torch.float16)), RuntimeError,
+              "Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: "
+              "c10::Half and  query.dtype: float instead.")
+    yield err((r((2, 6, 4, 8)), r((2, 4, 4, 8)), r((2, 4, 4, 8))), RuntimeError,
+              "Number of heads in key and value must divide the number of heads in", {"enable_gqa": True})
+    yield err((r((2, 6, 4, 8)), r((2, 4, 4, 8)), r((2, 4, 4, 8))), RuntimeError,
+              r"The size of tensor a \(6\) must match the size of tensor b \(4\) at non-singleton dimension 1")
+    yield err((q, r((2, 4, 7)), q), RuntimeError,
+              r"Expected size for first two dimensions of batch2 tensor to be: \[2, 8\] but got: \[2, 7\].")
 
 
 # -- dropout ---------------------------------------------------------------------------------
@@ -394,11 +438,16 @@ def rms_norm_samples(device, dtype):
 def rms_norm_errors(device):
     r = make_tensor
     x = r((2, 3, 4))
-    yield err((x, 4), TypeError, r"rms_norm\(\): argument 'normalized_shape' \(position 2\) must be tuple of ints, not int")
-    yield err((x, ()), RuntimeError, r"Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, but got normalized_shape = \[\]")
-    yield err((x, (3,)), RuntimeError, r"Given normalized_shape=\[3\], expected input with shape \[\*3\], but got input of size\[2, 3, 4\]")
-    yield err((x, (2, 4)), RuntimeError, r"Given normalized_shape=\[2, 4\], expected input with shape \[\*2, 4\], but got input of size\[2, 3, 4\]")
-    yield err((x, (4,), r((3,))), RuntimeError, r"Expected weight to be of same shape as normalized_shape, but got weight of shape \[3\] and normalized_shape = \[4\]")
+    yield err((x, 4), TypeError,
+              r"rms_norm\(\): argument 'normalized_shape' \(position 2\) must be tuple of ints, not int")
+    yield err((x, ()), RuntimeError, r"Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
+                                     r"least one element, but got normalized_shape = \[\]")
+    yield err((x, (3,)), RuntimeError,
+              r"Given normalized_shape=\[3\], expected input with shape \[\*3\], but got input of size\[2, 3, 4\]")
+    yield err((x, (2, 4)), RuntimeError, r"Given normalized_shape=\[2, 4\], expected input with shape \[\*2, 4\], but "
+                                         r"got input of size\[2, 3, 4\]")
+    yield err((x, (4,), r((3,))), RuntimeError, r"Expected weight to be of same shape as normalized_shape, but got "
+                                                r"weight of shape \[3\] and normalized_shape = \[4\]")
     yield err((r((2, 4), dtype=torch.int64), (4,)), NotImplementedError, "\"rms_norm\" not implemented for 'Long'")
     yield err((r(()), (1,)), ValueError, "Input tensor must have at least 1 dimensions, but got 0")
 
@@ -423,7 +472,8 @@ def gaussian_nll_loss_errors(device):
     yield err((x, x, -torch.ones(4, 3, device=device)), ValueError, "var has negative entry/entries")
     yield err((x, x, -1.0), ValueError, "var has negative entry/entries")
     yield err((x, x, make_tensor((2, 2), device=device, low=0.1, high=1)), ValueError, "var is of incorrect size")
-    yield err((x, x, make_tensor((4, 3), device=device, low=0.1, high=1)), ValueError, "max is not valid", {"reduction": "max"})
+    yield err((x, x, make_tensor((4, 3), device=device, low=0.1, high=1)), ValueError, "max is not valid",
+              {"reduction": "max"})
 
 
 def batch_norm_running_update(input, running_mean, running_var, weight, bias, momentum, eps):
@@ -465,7 +515,8 @@ def batch_norm_samples(device, dtype):
     yield SampleInput((mk(6, 3), None, None, w, b, True), name="batch statistics, 2-D, affine")
     yield SampleInput((mk(2, 3, 2, 2), None, None, w, None, True, 0.1, 0.01), name="batch statistics, 4-D")
     yield SampleInput((mk(0, 3, 2), None, None), {"training": True}, "batch statistics, empty batch")
-    yield SampleInput((mk(0), None, None), {"training": True}, "batch statistics, empty 1-D input")  # aten checks nothing
+    # aten checks nothing
+    yield SampleInput((mk(0), None, None), {"training": True}, "batch statistics, empty 1-D input")
     yield SampleInput((mk(0), mk(0), mk(0)), name="eval, empty 1-D input")
     yield SampleInput((mk(4, 2, 3).transpose(1, 2), None, None, w, b, True), name="batch statistics, transposed")
     if dtype in HALF:  # float32 statistics and parameters with a half-precision input
@@ -480,16 +531,21 @@ def batch_norm_errors(device):
     mean, var = _stats(3, torch.float32)
     yield err((x, None, None), RuntimeError, "running_mean must be defined in evaluation mode")
     yield err((x, mean, None), RuntimeError, "running_var must be defined in evaluation mode")
-    yield err((r((1, 3)), None, None), ValueError, r"Expected more than 1 value per channel when training, got input size torch.Size\(\[1, 3\]\)", {"training": True})
-    yield err((r((1, 3, 1)), None, None), ValueError, r"Expected more than 1 value per channel when training, got input size torch.Size\(\[1, 3, 1\]\)", {"training": True})
+    yield err((r((1, 3)), None, None), ValueError, r"Expected more than 1 value per channel when training, got input "
+                                                   r"size torch.Size\(\[1, 3\]\)", {"training": True})
+    yield err((r((1, 3, 1)), None, None), ValueError, r"Expected more than 1 value per channel when training, got "
+                                                      r"input size torch.Size\(\[1, 3, 1\]\)", {"training": True})
     yield err((x, r((4,)), var), RuntimeError, "running_mean should contain 3 elements not 4")
     yield err((x, mean, var, r((4,))), RuntimeError, "weight should contain 3 elements not 4")
     yield err((x, mean, var, None, r((4,))), RuntimeError, "bias should contain 3 elements not 4")
     yield err((x, None, None, r((4,))), RuntimeError, "weight should contain 3 elements not 4", {"training": True})
     yield err((r((3,)), mean, var), RuntimeError, "running_mean should contain 0 elements not 3")
-    yield err((r((2, 3, 4), dtype=torch.int64), mean, var), NotImplementedError, "\"batch_norm\" not implemented for 'Long'")
-    yield err((x, mean.double(), var.double()), RuntimeError, r"mixed dtype \(CPU\): expect parameter to have scalar type of Float")
-    yield err((x, None, None, r((3,), dtype=torch.float64)), RuntimeError, r"mixed dtype \(CPU\): expect parameter to have scalar type of Float", {"training": True})
+    yield err((r((2, 3, 4), dtype=torch.int64), mean, var), NotImplementedError,
+              "\"batch_norm\" not implemented for 'Long'")
+    yield err((x, mean.double(), var.double()), RuntimeError,
+              r"mixed dtype \(CPU\): expect parameter to have scalar type of Float")
+    yield err((x, None, None, r((3,), dtype=torch.float64)), RuntimeError,
+              r"mixed dtype \(CPU\): expect parameter to have scalar type of Float", {"training": True})
 
 
 def instance_norm_samples(device, dtype):
@@ -507,9 +563,12 @@ def instance_norm_errors(device):
     r = make_tensor
     x = r((2, 3, 4))
     mean, var = _stats(3, torch.float32)
-    yield err((r((2, 3)),), ValueError, r"Expected more than 1 spatial element when training, got input size torch.Size\(\[2, 3\]\)")
-    yield err((r((2, 3, 1)),), ValueError, r"Expected more than 1 spatial element when training, got input size torch.Size\(\[2, 3, 1\]\)")
-    yield err((x,), RuntimeError, "Expected running_mean and running_var to be defined when use_input_stats is false", {"use_input_stats": False})
+    yield err((r((2, 3)),), ValueError,
+              r"Expected more than 1 spatial element when training, got input size torch.Size\(\[2, 3\]\)")
+    yield err((r((2, 3, 1)),), ValueError,
+              r"Expected more than 1 spatial element when training, got input size torch.Size\(\[2, 3, 1\]\)")
+    yield err((x,), RuntimeError, "Expected running_mean and running_var to be defined when use_input_stats is false",
+              {"use_input_stats": False})
     yield err((x,), RuntimeError, "weight should contain 6 elements not 8", {"weight": r((4,))})
     yield err((r((2, 3, 4), dtype=torch.int64),), NotImplementedError, "\"batch_norm\" not implemented for 'Long'")
 
@@ -531,14 +590,20 @@ def group_norm_samples(device, dtype):
 def group_norm_errors(device):
     r = make_tensor
     x = r((2, 6, 3))
-    yield err((x, 4), RuntimeError, r"Expected number of channels in input to be divisible by num_groups, but got input of shape \[2, 6, 3\] and num_groups=4")
+    yield err((x, 4), RuntimeError, r"Expected number of channels in input to be divisible by num_groups, but got "
+                                    r"input of shape \[2, 6, 3\] and num_groups=4")
     yield err((r((6,)), 3), RuntimeError, "Expected at least 2 dimensions for input tensor but received 1")
     yield err((x, 0), ZeroDivisionError, "integer division or modulo by zero")
-    yield err((r((1, 2)), 2), ValueError, r"Expected more than 1 value per channel when training, got input size \[1, 2\]")
-    yield err((x, 3, r((5,))), RuntimeError, r"Expected weight to be a vector of size equal to the number of channels in input, but got weight of shape \[5\] and input of shape \[2, 6, 3\]")
-    yield err((x, 3, None, r((5,))), RuntimeError, "Expected bias to be a vector of size equal to the number of channels in input")
-    yield err((r((2, 6, 3), dtype=torch.int64), 3), NotImplementedError, "\"GroupNormKernelImpl\" not implemented for 'Long'")
-    yield err((x, 3, r((6,), dtype=torch.float64)), RuntimeError, r"mixed dtype \(CPU\): expect parameter to have scalar type of Float")
+    yield err((r((1, 2)), 2), ValueError,
+              r"Expected more than 1 value per channel when training, got input size \[1, 2\]")
+    yield err((x, 3, r((5,))), RuntimeError, r"Expected weight to be a vector of size equal to the number of channels "
+                                             r"in input, but got weight of shape \[5\] and input of shape \[2, 6, 3\]")
+    yield err((x, 3, None, r((5,))), RuntimeError,
+              "Expected bias to be a vector of size equal to the number of channels in input")
+    yield err((r((2, 6, 3), dtype=torch.int64), 3), NotImplementedError,
+              "\"GroupNormKernelImpl\" not implemented for 'Long'")
+    yield err((x, 3, r((6,), dtype=torch.float64)), RuntimeError,
+              r"mixed dtype \(CPU\): expect parameter to have scalar type of Float")
 
 
 # -- more losses -----------------------------------------------------------------------------
@@ -570,7 +635,8 @@ def _reduction_errors(*extra):
     def error_inputs(device):
         x = make_tensor((2, 3))
         yield err((x, x), ValueError, "avg is not a valid value for reduction", {"reduction": "avg"})
-        yield err((x, make_tensor((4,))), RuntimeError, r"The size of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 1")
+        yield err((x, make_tensor((4,))), RuntimeError,
+                  r"The size of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 1")
         for e in extra:
             yield e(device)
     return error_inputs
@@ -601,20 +667,28 @@ def bce_samples(device, dtype):
     yield SampleInput((p(2, 3), p(2, 3)), {"size_average": False})
     # log clamped at -100: a certain wrong prediction costs 100, not inf
     edges = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.5], device=device, dtype=dtype)
-    yield SampleInput((edges, torch.tensor([0.0, 1.0, 1.0, 0.0, 0.3], device=device, dtype=dtype)), {"reduction": "none"}, "0 and 1")
+    yield SampleInput((edges, torch.tensor([0.0, 1.0, 1.0, 0.0, 0.3], device=device, dtype=dtype)),
+                      {"reduction": "none"}, "0 and 1")
 
 
 def bce_errors(device):
     r = make_tensor
     x = r((2, 3), low=0, high=1)
     yield err((x, x), ValueError, "avg is not a valid value for reduction", {"reduction": "avg"})
-    yield err((x, r((3,), low=0, high=1)), ValueError, r"Using a target size \(torch.Size\(\[3\]\)\) that is different to the input size \(torch.Size\(\[2, 3\]\)\) is deprecated. Please ensure they have the same size.")
-    yield err((x, x, r((4,))), RuntimeError, r"Attempting to broadcast a dimension of length 4 at -1! Mismatching argument at index 1 had torch.Size\(\[4\]\); but expected shape should be broadcastable to \[2, 3\]")
-    yield err((r((2, 3), dtype=torch.int64),) * 2, NotImplementedError, "\"binary_cross_entropy\" not implemented for 'Long'")
+    yield err((x, r((3,), low=0, high=1)), ValueError,
+              r"Using a target size \(torch.Size\(\[3\]\)\) that is different to the input size \(torch.Size\(\[2, "
+              r"3\]\)\) is deprecated. Please ensure they have the same size.")
+    yield err((x, x, r((4,))), RuntimeError,
+              r"Attempting to broadcast a dimension of length 4 at -1! Mismatching argument at index 1 had "
+              r"torch.Size\(\[4\]\); but expected shape should be broadcastable to \[2, 3\]")
+    yield err((r((2, 3), dtype=torch.int64),) * 2, NotImplementedError,
+              "\"binary_cross_entropy\" not implemented for 'Long'")
     yield err((x, x.double()), RuntimeError, "Found dtype Double but expected Float")
     # checked when the compiled function runs
-    yield err((torch.tensor([0.5, 1.5]), torch.tensor([0.0, 1.0])), RuntimeError, "all elements of input should be between 0 and 1")
-    yield err((torch.tensor([float("nan")]), torch.tensor([1.0])), RuntimeError, "all elements of input should be between 0 and 1")
+    yield err((torch.tensor([0.5, 1.5]), torch.tensor([0.0, 1.0])), RuntimeError,
+              "all elements of input should be between 0 and 1")
+    yield err((torch.tensor([float("nan")]), torch.tensor([1.0])), RuntimeError,
+              "all elements of input should be between 0 and 1")
 
 
 def bce_logits_samples(device, dtype):
@@ -623,7 +697,8 @@ def bce_logits_samples(device, dtype):
     pw = lambda *shape: make_tensor(shape, device=device, dtype=dtype, low=0.1, high=3)
     for reduction in ("mean", "sum", "none"):
         yield SampleInput((mk(2, 3), p(2, 3)), {"reduction": reduction})
-        yield SampleInput((mk(2, 3), p(2, 3), pw(3)), {"reduction": reduction, "pos_weight": pw(3)}, "weight and pos_weight")
+        yield SampleInput((mk(2, 3), p(2, 3), pw(3)), {"reduction": reduction, "pos_weight": pw(3)},
+                          "weight and pos_weight")
     yield SampleInput((mk(2, 3), p(2, 3), pw(2, 3)), name="weight")
     yield SampleInput((mk(2, 3), p(2, 3)), {"pos_weight": pw(2, 3)}, "pos_weight")
     yield SampleInput((mk(2, 3), p(2, 3)), {"pos_weight": pw(1)}, "one pos_weight")
@@ -640,11 +715,15 @@ def bce_logits_errors(device):
     r = make_tensor
     x = r((2, 3))
     yield err((x, x), ValueError, "avg is not a valid value for reduction", {"reduction": "avg"})
-    yield err((x, r((3,))), ValueError, r"Target size \(torch.Size\(\[3\]\)\) must be the same as input size \(torch.Size\(\[2, 3\]\)\)")
-    yield err((x, x), RuntimeError, r"The size of tensor a \(4\) must match the size of tensor b \(3\) at non-singleton dimension 1", {"pos_weight": r((4,))})
-    yield err((x, x, r((4,))), RuntimeError, r"The size of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 1")
+    yield err((x, r((3,))), ValueError,
+              r"Target size \(torch.Size\(\[3\]\)\) must be the same as input size \(torch.Size\(\[2, 3\]\)\)")
+    yield err((x, x), RuntimeError, r"The size of tensor a \(4\) must match the size of tensor b \(3\) at "
+                                    r"non-singleton dimension 1", {"pos_weight": r((4,))})
+    yield err((x, x, r((4,))), RuntimeError,
+              r"The size of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 1")
     yield err((r((2, 3), dtype=torch.int64), x), NotImplementedError, "\"log_sigmoid_cpu\" not implemented for 'Long'")
-    yield err((x, r((2, 3), dtype=torch.int64)), RuntimeError, "result type Float can't be cast to the desired output type Long")
+    yield err((x, r((2, 3), dtype=torch.int64)), RuntimeError,
+              "result type Float can't be cast to the desired output type Long")
 
 
 def kl_div_samples(device, dtype):
@@ -668,7 +747,9 @@ def kl_div_errors(device):
     r = make_tensor
     x = r((2, 3))
     yield err((x, x), ValueError, "avg is not a valid value for reduction", {"reduction": "avg"})
-    yield err((x, r((4,))), RuntimeError, r"The size of tensor a \(4\) must match the size of tensor b \(3\) at non-singleton dimension 1|The size of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 1")
+    yield err((x, r((4,))), RuntimeError,
+              r"The size of tensor a \(4\) must match the size of tensor b \(3\) at non-singleton dimension 1|The size "
+              r"of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 1")
     yield err((x, r((2, 3), dtype=torch.int64)), RuntimeError, "kl_div: Integral inputs not supported.")
     yield err((r((2, 3), dtype=torch.int64), x), RuntimeError, "kl_div: Integral inputs not supported.")
 
@@ -689,8 +770,10 @@ def soft_margin_errors(device):
     r = make_tensor
     x = r((2, 3))
     yield err((x, x), ValueError, "avg is not a valid value for reduction", {"reduction": "avg"})
-    yield err((x, r((4,))), RuntimeError, r"The size of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 1")
-    yield err((r((2, 3), dtype=torch.int64), x), RuntimeError, "result type Float can't be cast to the desired output type Long")
+    yield err((x, r((4,))), RuntimeError,
+              r"The size of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 1")
+    yield err((r((2, 3), dtype=torch.int64), x), RuntimeError,
+              "result type Float can't be cast to the desired output type Long")
 
 
 def softmin_samples(device, dtype):
@@ -709,8 +792,10 @@ def softmin_samples(device, dtype):
 
 
 def softmin_errors(device):
-    yield err((make_tensor((3, 4)), 2), IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
-    yield err((make_tensor((3, 4), dtype=torch.bool), 1), RuntimeError, "Negation, the `-` operator, on a bool tensor is not supported")
+    yield err((make_tensor((3, 4)), 2), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
+    yield err((make_tensor((3, 4), dtype=torch.bool), 1), RuntimeError,
+              "Negation, the `-` operator, on a bool tensor is not supported")
 
 opinfos: list[OpInfo] = [
     OpInfo("matmul", torch.matmul, matmul_samples, MATMUL_DTYPES, matmul_errors),
@@ -725,7 +810,8 @@ opinfos: list[OpInfo] = [
     OpInfo("linear", F.linear, linear_samples, MATMUL_DTYPES, linear_errors),
     OpInfo("layer_norm", F.layer_norm, layer_norm_samples, FLOATS, layer_norm_errors),
     OpInfo("embedding", F.embedding, embedding_samples, ALL, embedding_errors),
-    OpInfo("cross_entropy", F.cross_entropy, cross_entropy_samples, FLOATS, cross_entropy_errors, dtype_tolerances=HALF_LOSS_TOLERANCES),
+    OpInfo("cross_entropy", F.cross_entropy, cross_entropy_samples, FLOATS, cross_entropy_errors,
+           dtype_tolerances=HALF_LOSS_TOLERANCES),
     OpInfo("nll_loss", F.nll_loss, nll_loss_samples, FLOATS, nll_loss_errors, dtype_tolerances=HALF_LOSS_TOLERANCES),
     OpInfo("mse_loss", F.mse_loss, mse_loss_samples, FLOATS, mse_loss_errors),
     # torch's CPU attention accumulates blockwise (flash-style), ours in one pass: equal up to rounding
@@ -733,7 +819,8 @@ opinfos: list[OpInfo] = [
            dtype_tolerances={torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-2, 2e-2)}),
     OpInfo("dropout", F.dropout, dropout_samples, ALL, dropout_errors),
     OpInfo("rms_norm", F.rms_norm, rms_norm_samples, FLOATS, rms_norm_errors),
-    OpInfo("batch_norm", F.batch_norm, batch_norm_samples, FLOATS, batch_norm_errors, dtype_tolerances=HALF_NORM_TOLERANCES),
+    OpInfo("batch_norm", F.batch_norm, batch_norm_samples, FLOATS, batch_norm_errors,
+           dtype_tolerances=HALF_NORM_TOLERANCES),
     OpInfo("gaussian_nll_loss", F.gaussian_nll_loss, gaussian_nll_loss_samples, FLOATS, gaussian_nll_loss_errors,
            dtype_tolerances=HALF_NORM_TOLERANCES),
     OpInfo("batch_norm_running_update", batch_norm_running_update, batch_norm_running_update_samples, FLOATS,
@@ -742,21 +829,29 @@ opinfos: list[OpInfo] = [
            dtype_tolerances=HALF_NORM_TOLERANCES),
     OpInfo("instance_norm", F.instance_norm, instance_norm_samples, FLOATS, instance_norm_errors,
            dtype_tolerances=HALF_NORM_TOLERANCES),
-    OpInfo("group_norm", F.group_norm, group_norm_samples, FLOATS, group_norm_errors, dtype_tolerances=HALF_NORM_TOLERANCES),
+    OpInfo("group_norm", F.group_norm, group_norm_samples, FLOATS, group_norm_errors,
+           dtype_tolerances=HALF_NORM_TOLERANCES),
     OpInfo("l1_loss", F.l1_loss, _pair_loss_samples(), FLOATS, _reduction_errors()),
     # torch's half-precision smooth_l1/huber kernels differ between float16 and bfloat16 in what they round
     # (|x - y|, beta) before computing in float32; the decompositions compute in float32 and round once
     OpInfo("smooth_l1_loss", F.smooth_l1_loss, _pair_loss_samples(({}, {"beta": 0.5}, {"beta": 0.0})), FLOATS,
            _reduction_errors(_int_loss_error("smooth_l1_cpu"),
-                             lambda d: err((make_tensor((2,)),) * 2, RuntimeError, "smooth_l1_loss does not support negative values for beta.", {"beta": -1.0})),
+                             lambda d: err((make_tensor((2,)),) * 2, RuntimeError,
+                                           "smooth_l1_loss does not support negative values for beta.",
+                                           {"beta": -1.0})),
            dtype_tolerances=HALF_LOSS_TOLERANCES),
     OpInfo("huber_loss", F.huber_loss, _pair_loss_samples(({}, {"delta": 0.5}, {"delta": 2.0}), legacy=False), FLOATS,
            _reduction_errors(_int_loss_error("huber_cpu"),
-                             lambda d: err((make_tensor((2,)),) * 2, RuntimeError, "huber_loss does not support non-positive values for delta.", {"delta": 0.0}),
-                             lambda d: err((make_tensor((2, 3)),) * 2, ValueError, "Weights and input must have the same size.", {"weight": make_tensor((3,))})),
+                             lambda d: err((make_tensor((2,)),) * 2, RuntimeError,
+                                           "huber_loss does not support non-positive values for delta.",
+                                           {"delta": 0.0}),
+                             lambda d: err((make_tensor((2, 3)),) * 2, ValueError,
+                                           "Weights and input must have the same size.",
+                                           {"weight": make_tensor((3,))})),
            dtype_tolerances=HALF_LOSS_TOLERANCES),
     OpInfo("huber_loss.weighted", F.huber_loss, huber_weighted_samples, FLOATS, dtype_tolerances=HALF_LOSS_TOLERANCES),
-    OpInfo("binary_cross_entropy", F.binary_cross_entropy, bce_samples, FLOATS, bce_errors, dtype_tolerances=HALF_LOSS_TOLERANCES),
+    OpInfo("binary_cross_entropy", F.binary_cross_entropy, bce_samples, FLOATS, bce_errors,
+           dtype_tolerances=HALF_LOSS_TOLERANCES),
     OpInfo("binary_cross_entropy_with_logits", F.binary_cross_entropy_with_logits, bce_logits_samples, FLOATS,
            bce_logits_errors, dtype_tolerances=HALF_LOSS_TOLERANCES),
     OpInfo("kl_div", F.kl_div, kl_div_samples, FLOATS, kl_div_errors, dtype_tolerances=HALF_LOSS_TOLERANCES),

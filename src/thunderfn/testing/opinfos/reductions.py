@@ -201,7 +201,8 @@ def _implicit_dim_samples(device, dtype):
 
 def _int_softmax_samples(device, dtype):
     """Integer inputs are softmaxed only with an explicit floating dtype."""
-    yield SampleInput((make_tensor((2, 3), device=device, dtype=dtype), 1), {"dtype": torch.float32}, "int input, dtype")
+    yield SampleInput((make_tensor((2, 3), device=device, dtype=dtype), 1), {"dtype": torch.float32},
+                      "int input, dtype")
 
 
 def _logsumexp_samples(device, dtype):
@@ -243,9 +244,11 @@ _DUPLICATE_DIMS = (_x(2, 3, args=((0, -2),)), {}, RuntimeError, "dim 0 appears m
 _HALF_TOLERANCES = {torch.float16: (1e-3, 1e-3), torch.bfloat16: (8e-3, 1.6e-2)}
 
 opinfos: list[OpInfo] = [
-    OpInfo("sum", torch.sum, _chain(reduction_samples(), _dtype_kwarg_samples((torch.float64, torch.int32))), dtypes=ALL,
+    OpInfo("sum", torch.sum,
+           _chain(reduction_samples(), _dtype_kwarg_samples((torch.float64, torch.int32))), dtypes=ALL,
            error_inputs=_errors(_DIM_OUT_OF_RANGE, _NEGATIVE_DIM_OUT_OF_RANGE, _DUPLICATE_DIMS)),
-    OpInfo("Tensor.sum", _method("sum"), reduction_samples(dim_kinds=("none", "tuple")), dtypes=(torch.float32, torch.bool)),
+    OpInfo("Tensor.sum", _method("sum"), reduction_samples(dim_kinds=("none", "tuple")),
+           dtypes=(torch.float32, torch.bool)),
     # Values of magnitude <= 1.5 keep 24-element products inside float16's range. torch multiplies
     # half types in half on some paths (dim reductions, strided inputs) and in float32 on others;
     # the decomposition always uses float32, so half results differ by a few ulps.
@@ -256,8 +259,9 @@ opinfos: list[OpInfo] = [
     OpInfo("mean", torch.mean, _chain(reduction_samples(), _dtype_kwarg_samples((torch.float64,))), dtypes=FLOATS,
            error_inputs=_errors(
                _DIM_OUT_OF_RANGE, _DUPLICATE_DIMS,
-               (_x(2, 3, dtype=torch.int64), {}, RuntimeError, r"mean\(\): could not infer output dtype. Input dtype must be "
-                                                              r"either a floating point or complex dtype. Got: Long"),
+               (_x(2, 3, dtype=torch.int64), {}, RuntimeError,
+                r"mean\(\): could not infer output dtype. Input dtype must be either a floating point or "
+                r"complex dtype. Got: Long"),
                (_x(2, 3, dtype=torch.int32), {}, RuntimeError, "could not infer output dtype.* Got: Int"),
                (_x(2, 3, dtype=torch.bool), {}, RuntimeError, "could not infer output dtype.* Got: Bool"),
                (_x(2, 3), {"dtype": torch.int64}, RuntimeError,
@@ -270,7 +274,8 @@ opinfos: list[OpInfo] = [
            error_inputs=_errors(_DIM_OUT_OF_RANGE, _empty_dim("amin"), _empty_without_dim("amin"))),
     OpInfo("max", torch.max, _max_samples, dtypes=ALL, error_inputs=_errors(
         _DIM_OUT_OF_RANGE, _empty_dim("max"), _empty_without_dim("max"),
-        (lambda d: (make_tensor((2, 3), device=d), make_tensor((3, 2), device=d)), {}, RuntimeError, "The size of tensor a"))),
+        (lambda d: (make_tensor((2, 3), device=d), make_tensor((3, 2), device=d)), {}, RuntimeError,
+         "The size of tensor a"))),
     OpInfo("min", torch.min, _max_samples, dtypes=ALL, error_inputs=_errors(
         _DIM_OUT_OF_RANGE, _empty_dim("min"), _empty_without_dim("min"))),
     OpInfo("Tensor.max", _method("max"), _max_samples, dtypes=(torch.float32, torch.int64)),
@@ -282,7 +287,8 @@ opinfos: list[OpInfo] = [
         (_x(3, dtype=torch.bool), {}, RuntimeError, r"argmin\(\): does not support bool input"))),
     OpInfo("var", torch.var, _var_samples, dtypes=FLOATS, error_inputs=_errors(
         _DIM_OUT_OF_RANGE,
-        (_x(2, 3), {"unbiased": True, "correction": 1}, TypeError, r"var\(\) received an invalid combination of arguments"),
+        (_x(2, 3), {"unbiased": True, "correction": 1}, TypeError,
+         r"var\(\) received an invalid combination of arguments"),
         (_x(2, 3, dtype=torch.int64), {}, RuntimeError, "std and var only support floating point and complex dtypes"))),
     OpInfo("std", torch.std, _var_samples, dtypes=FLOATS, error_inputs=_errors(
         _DIM_OUT_OF_RANGE,
@@ -553,31 +559,36 @@ opinfos += [
     OpInfo("topk", torch.topk, _topk_samples, dtypes=NUMBERS, error_inputs=_errors(
         (_x(2, 3, args=(4,)), {}, RuntimeError, "selected index k out of range"),
         (_x(2, 3, args=(-1,)), {}, RuntimeError, "selected index k out of range"),
-        (_x(2, 3, args=(1, 2)), {}, IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"),
+        (_x(2, 3, args=(1, 2)), {}, IndexError,
+         r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"),
         (_x(3, dtype=torch.bool, args=(1,)), {}, RuntimeError, "topk does not support bool dtypes on CPU"))),
     OpInfo("Tensor.topk", _method("topk"), _topk_samples, dtypes=(torch.float32,)),
     OpInfo("linalg.vector_norm", torch.linalg.vector_norm, _vector_norm_samples, dtypes=FLOATS,
            dtype_tolerances=_NORM_TOLERANCES, error_inputs=_errors(
         (_x(3, dtype=torch.int64), {}, RuntimeError,
          "linalg.vector_norm: Expected a floating point or complex tensor as input. Got Long"),
-        (_x(0, args=(INF,)), {}, RuntimeError, "linalg.vector_norm cannot compute the inf norm on an empty tensor because "
-                                               "the operation does not have an identity"),
+        (_x(0, args=(INF,)), {}, RuntimeError,
+         "linalg.vector_norm cannot compute the inf norm on an empty tensor because the operation does "
+         "not have an identity"),
         (_x(0, args=(-1,)), {}, RuntimeError, "linalg.vector_norm cannot compute the -1 norm on an empty tensor"),
-        (_x(0, 3, args=(INF, 0)), {}, RuntimeError, "linalg.vector_norm cannot compute the inf norm on the dimension 0because "
-                                                    "this dimension is empty and the operation does not have an identity"),
-        (_x(3, args=("fro",)), {}, TypeError, r"linalg_vector_norm\(\): argument 'ord' \(position 2\) must be Number, not str"),
-        (_x(3), {"dtype": torch.int64}, RuntimeError, "linalg.vector_norm: dtype should be floating point or complex, but got Long"),
+        (_x(0, 3, args=(INF, 0)), {}, RuntimeError,
+         "linalg.vector_norm cannot compute the inf norm on the dimension 0because this dimension is empty "
+         "and the operation does not have an identity"),
+        (_x(3, args=("fro",)), {}, TypeError,
+         r"linalg_vector_norm\(\): argument 'ord' \(position 2\) must be Number, not str"),
+        (_x(3), {"dtype": torch.int64}, RuntimeError,
+         "linalg.vector_norm: dtype should be floating point or complex, but got Long"),
         (_x(3, dtype=torch.float64), {"dtype": torch.float32}, RuntimeError,
-         r"linalg.vector_norm: the dtype of the input \(Double\) should be convertible without narrowing to the specified "
-         r"dtype \(Float\)"),
+         r"linalg.vector_norm: the dtype of the input \(Double\) should be convertible without "
+         r"narrowing to the specified dtype \(Float\)"),
         (_x(2, 3, args=(2, 2)), {}, IndexError, r"Dimension out of range"))),
     OpInfo("norm", torch.norm, _norm_samples, dtypes=FLOATS, dtype_tolerances=_NORM_TOLERANCES, error_inputs=_errors(
         (_x(3, dtype=torch.int64), {}, RuntimeError,
          "linalg.vector_norm: Expected a floating point or complex tensor as input. Got Long"))),
     OpInfo("Tensor.norm", _method("norm"), _method_norm_samples, dtypes=(torch.float32,)),
     OpInfo("aminmax", torch.aminmax, _aminmax_samples, dtypes=ALL, error_inputs=_errors(
-        (_x(0), {}, RuntimeError, r"aminmax\(\): cannot compute aminmax over an empty dimension as the operation has no "
-                                  r"identity."),
+        (_x(0), {}, RuntimeError,
+         r"aminmax\(\): cannot compute aminmax over an empty dimension as the operation has no identity."),
         (_x(2, 0), {"dim": 1}, IndexError, "aminmax: Expected reduction dim 1 to have non-zero size."),
         (_x(2, 3), {"dim": 2}, IndexError, r"Dimension out of range"))),
     OpInfo("nansum", torch.nansum, _chain(reduction_samples(), _dtype_kwarg_samples((torch.float64, torch.int32)),

@@ -81,7 +81,8 @@ def reshape_errors(device):
     yield err((x, (-2, 12)), RuntimeError, r"invalid shape dimension -2 at index 0 of shape \[-2, 12\]")
     yield err((x, (2, -1, 0)), RuntimeError, r"shape '\[2, -1, 0\]' is invalid for input of size 24")
     yield err((make_tensor((0, 3)), (-1, 0)), RuntimeError,
-              r"cannot reshape tensor of 0 elements into shape \[-1, 0\] because the unspecified dimension size -1 can be any value")
+              r"cannot reshape tensor of 0 elements into shape \[-1, 0\] because the unspecified dimension "
+              r"size -1 can be any value")
 
 
 def view_samples(device, dtype):
@@ -136,7 +137,9 @@ def permute_method_samples(device, dtype):
 
 def permute_errors(device):
     x = x234()
-    yield err((x, (0, 1)), RuntimeError, r"number of dimensions in the tensor input does not match the length of the desired ordering of dimensions i.e. input.dim\(\) = 3 is not equal to len\(dims\) = 2")
+    yield err((x, (0, 1)), RuntimeError,
+              r"number of dimensions in the tensor input does not match the length of the desired ordering of "
+              r"dimensions i.e. input.dim\(\) = 3 is not equal to len\(dims\) = 2")
     yield err((x, (0, 1, 1)), RuntimeError, r"permute\(\): duplicate dims are not allowed")
     yield err((x, (0, 1, -2)), RuntimeError, r"permute\(\): duplicate dims are not allowed")
     yield err((x, (0, 1, 3)), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
@@ -154,7 +157,8 @@ def transpose_samples(device, dtype):
 
 def transpose_errors(device):
     yield err((x234(), 0, 3), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
-    yield err((make_tensor(()), 0, 1), IndexError, r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)")
+    yield err((make_tensor(()), 0, 1), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)")
 
 
 def t_samples(device, dtype):
@@ -183,13 +187,15 @@ def mT_samples(device, dtype):
 
 def mT_errors(name):
     def errors(device):
-        yield err((make_tensor((3,)),), RuntimeError, rf"tensor.{name} is only supported on matrices or batches of matrices. Got 1-D tensor.")
+        yield err((make_tensor((3,)),), RuntimeError,
+                  rf"tensor.{name} is only supported on matrices or batches of matrices. Got 1-D tensor.")
     return errors
 
 
 def conjugating_errors(device):
     yield from mT_errors("mH")(device)
-    yield err((make_tensor((2, 2), dtype=torch.complex64),), UnsupportedOpError, "conjugates complex tensors", torch_raises=False)
+    yield err((make_tensor((2, 2), dtype=torch.complex64),), UnsupportedOpError, "conjugates complex tensors",
+              torch_raises=False)
 
 
 def H_samples(device, dtype):
@@ -199,9 +205,12 @@ def H_samples(device, dtype):
 
 
 def H_errors(device):
-    yield err((x234(),), RuntimeError, r"tensor.H is only supported on matrices \(2-D tensors\). Got 3-D tensor. For batches of matrices, consider using tensor.mH")
-    yield err((make_tensor((3,)),), RuntimeError, r"tensor.H is only supported on matrices \(2-D tensors\). Got 1-D tensor.")
-    yield err((make_tensor((2, 2), dtype=torch.complex64),), UnsupportedOpError, "conjugates complex tensors", torch_raises=False)
+    yield err((x234(),), RuntimeError, r"tensor.H is only supported on matrices \(2-D tensors\). Got 3-D tensor. For "
+                                       r"batches of matrices, consider using tensor.mH")
+    yield err((make_tensor((3,)),), RuntimeError,
+              r"tensor.H is only supported on matrices \(2-D tensors\). Got 1-D tensor.")
+    yield err((make_tensor((2, 2), dtype=torch.complex64),), UnsupportedOpError, "conjugates complex tensors",
+              torch_raises=False)
 
 
 def movedim_samples(device, dtype):
@@ -217,7 +226,8 @@ def movedim_samples(device, dtype):
 
 def movedim_errors(device):
     x = x234()
-    yield err((x, (0, 1), (2,)), RuntimeError, r"movedim: Invalid source or destination dims: source \(\[0, 1\] dims\) should contain the same number of dims as destination \(\[2\] dims\)")
+    yield err((x, (0, 1), (2,)), RuntimeError, r"movedim: Invalid source or destination dims: source \(\[0, 1\] dims\) "
+                                               r"should contain the same number of dims as destination \(\[2\] dims\)")
     yield err((x, (0, 0), (1, 2)), RuntimeError, r"movedim: repeated dim in `source` \(\[0, 0\]\)")
     yield err((x, (0, 1), (2, -1)), RuntimeError, r"movedim: repeated dim in `destination` \(\[2, -1\]\)")
     yield err((x, 3, 0), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
@@ -243,7 +253,8 @@ def squeeze_errors(device):
     x = x234()
     yield err((x, 3), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
     yield err((x, (0, 0)), RuntimeError, "dim 0 appears multiple times in the list of dims")
-    yield err((make_tensor(()), 1), IndexError, r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)")
+    yield err((make_tensor(()), 1), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)")
 
 
 def unsqueeze_samples(device, dtype):
@@ -274,10 +285,16 @@ def expand_samples(device, dtype):
 
 def expand_errors(device):
     x = x234()
-    yield err((x, 3, 4), RuntimeError, r"expand\(torch.FloatTensor\{\[2, 3, 4\]\}, size=\[3, 4\]\): the number of sizes provided \(2\) must be greater or equal to the number of dimensions in the tensor \(3\)")
-    yield err((make_tensor((2, 3), dtype=torch.int64), 3), RuntimeError, r"expand\(torch.LongTensor\{\[2, 3\]\}, size=\[3\]\)")
-    yield err((x, 2, 5, 4), RuntimeError, r"The expanded size of the tensor \(5\) must match the existing size \(3\) at non-singleton dimension 1.  Target sizes: \[2, 5, 4\].  Tensor sizes: \[2, 3, 4\]")
-    yield err((x, -1, 2, 3, 4), RuntimeError, r"The expanded size of the tensor \(-1\) isn't allowed in a leading, non-existing dimension 0")
+    yield err((x, 3, 4), RuntimeError,
+              r"expand\(torch.FloatTensor\{\[2, 3, 4\]\}, size=\[3, 4\]\): the number of sizes provided \(2\) must be "
+              r"greater or equal to the number of dimensions in the tensor \(3\)")
+    yield err((make_tensor((2, 3), dtype=torch.int64), 3), RuntimeError,
+              r"expand\(torch.LongTensor\{\[2, 3\]\}, size=\[3\]\)")
+    yield err((x, 2, 5, 4), RuntimeError,
+              r"The expanded size of the tensor \(5\) must match the existing size \(3\) at non-singleton dimension "
+              r"1.  Target sizes: \[2, 5, 4\].  Tensor sizes: \[2, 3, 4\]")
+    yield err((x, -1, 2, 3, 4), RuntimeError,
+              r"The expanded size of the tensor \(-1\) isn't allowed in a leading, non-existing dimension 0")
 
 
 def expand_as_samples(device, dtype):
@@ -288,8 +305,10 @@ def expand_as_samples(device, dtype):
 
 
 def expand_as_errors(device):
-    yield err((x234(), make_tensor((3, 4))), RuntimeError, r"expand\(torch.FloatTensor\{\[2, 3, 4\]\}, size=\[3, 4\]\): the number of sizes provided \(2\)")
-    yield err((x234(), make_tensor((2, 5, 4))), RuntimeError, r"The expanded size of the tensor \(5\) must match the existing size \(3\)")
+    yield err((x234(), make_tensor((3, 4))), RuntimeError,
+              r"expand\(torch.FloatTensor\{\[2, 3, 4\]\}, size=\[3, 4\]\): the number of sizes provided \(2\)")
+    yield err((x234(), make_tensor((2, 5, 4))), RuntimeError,
+              r"The expanded size of the tensor \(5\) must match the existing size \(3\)")
 
 
 def broadcast_to_samples(device, dtype):
@@ -302,8 +321,10 @@ def broadcast_to_samples(device, dtype):
 
 
 def broadcast_to_errors(device):
-    yield err((x234(), (2, 5, 4)), RuntimeError, r"The expanded size of the tensor \(5\) must match the existing size \(3\) at non-singleton dimension 1")
-    yield err((x234(), (3, 4)), RuntimeError, r"the number of sizes provided \(2\) must be greater or equal to the number of dimensions in the tensor \(3\)")
+    yield err((x234(), (2, 5, 4)), RuntimeError,
+              r"The expanded size of the tensor \(5\) must match the existing size \(3\) at non-singleton dimension 1")
+    yield err((x234(), (3, 4)), RuntimeError, r"the number of sizes provided \(2\) must be greater or equal to the "
+                                              r"number of dimensions in the tensor \(3\)")
 
 
 # -- joining -------------------------------------------------------------------------------
@@ -323,9 +344,12 @@ def cat_samples(device, dtype):
 
 def cat_errors(device):
     x = x234()
-    yield err(([x, make_tensor((2, 4, 4))],), RuntimeError, r"Sizes of tensors must match except in dimension 0. Expected size 3 but got size 4 for tensor number 1 in the list.")
+    yield err(([x, make_tensor((2, 4, 4))],), RuntimeError,
+              r"Sizes of tensors must match except in dimension 0. Expected size 3 but got size 4 for tensor "
+              r"number 1 in the list.")
     yield err(([x, make_tensor((3, 4))],), RuntimeError, "Tensors must have same number of dimensions: got 3 and 2")
-    yield err(([make_tensor(()), make_tensor(())],), RuntimeError, r"zero-dimensional tensor \(at position 0\) cannot be concatenated")
+    yield err(([make_tensor(()), make_tensor(())],), RuntimeError,
+              r"zero-dimensional tensor \(at position 0\) cannot be concatenated")
     yield err(([],), ValueError, r"torch.cat\(\): expected a non-empty list of Tensors")
     yield err(([x, x], 3), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
     yield err(([x, 1],), TypeError, "expected Tensor as element 1 in argument 0, but got int")
@@ -344,9 +368,11 @@ def stack_samples(device, dtype):
 
 
 def stack_errors(device):
-    yield err(([x234(), make_tensor((2, 3, 5))],), RuntimeError, r"stack expects each tensor to be equal size, but got \[2, 3, 4\] at entry 0 and \[2, 3, 5\] at entry 1")
+    yield err(([x234(), make_tensor((2, 3, 5))],), RuntimeError,
+              r"stack expects each tensor to be equal size, but got \[2, 3, 4\] at entry 0 and \[2, 3, 5\] at entry 1")
     yield err(([],), RuntimeError, "stack expects a non-empty TensorList")
-    yield err(([x234(), x234()], 4), IndexError, r"Dimension out of range \(expected to be in range of \[-4, 3\], but got 4\)")
+    yield err(([x234(), x234()], 4), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-4, 3\], but got 4\)")
 
 
 def hstack_samples(device, dtype):
@@ -376,7 +402,8 @@ def column_stack_samples(device, dtype):
 def xstack_errors(name):
     def errors(device):
         yield err(([],), RuntimeError, f"{name} expects a non-empty TensorList")
-        yield err(([make_tensor((2, 3)), make_tensor((3, 4))],), RuntimeError, "Sizes of tensors must match except in dimension")
+        yield err(([make_tensor((2, 3)), make_tensor((3, 4))],), RuntimeError,
+                  "Sizes of tensors must match except in dimension")
     return errors
 
 
@@ -405,8 +432,10 @@ def split_errors(device):
     x = x234()
     yield err((x, -1), RuntimeError, "split expects split_size be non-negative, but got split_size=-1")
     yield err((x, 0), RuntimeError, "split_size can only be 0 if dimension size is 0, but got dimension size of 2")
-    yield err((x, [1, 1], 1), RuntimeError, r"split_with_sizes expects split_sizes to sum exactly to 3 \(input tensor's size at dimension 1\), but got split_sizes=\[1, 1\]")
-    yield err((x, [1, -1, 4], -1), RuntimeError, r"split_with_sizes expects split_sizes have only non-negative entries, but got split_sizes=\[1, -1, 4\]")
+    yield err((x, [1, 1], 1), RuntimeError, r"split_with_sizes expects split_sizes to sum exactly to 3 \(input "
+                                            r"tensor's size at dimension 1\), but got split_sizes=\[1, 1\]")
+    yield err((x, [1, -1, 4], -1), RuntimeError,
+              r"split_with_sizes expects split_sizes have only non-negative entries, but got split_sizes=\[1, -1, 4\]")
     yield err((x, 1, 3), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
     yield err((make_tensor(()), 1), RuntimeError, "split expects at least a 1-dimensional tensor")
 
@@ -420,7 +449,8 @@ def chunk_samples(device, dtype):
 
 def chunk_errors(device):
     yield err((x234(), 0), RuntimeError, "chunk expects `chunks` to be greater than 0, got: 0")
-    yield err((x234(), 2, -4), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got -4\)")
+    yield err((x234(), 2, -4), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-3, 2\], but got -4\)")
     yield err((make_tensor(()), 1), RuntimeError, "chunk expects at least a 1-dimensional tensor")
 
 
@@ -477,7 +507,8 @@ def flatten_samples(device, dtype):
 def flatten_errors(device):
     yield err((x234(), 2, 0), RuntimeError, r"flatten\(\) has invalid args: start_dim cannot come after end_dim")
     yield err((x234(), 0, 3), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
-    yield err((make_tensor(()), 1), IndexError, r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)")
+    yield err((make_tensor(()), 1), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)")
 
 
 def unflatten_samples(device, dtype):
@@ -491,7 +522,8 @@ def unflatten_samples(device, dtype):
 
 def unflatten_errors(device):
     x = x234()
-    yield err((x, 1, (2, 2)), RuntimeError, r"unflatten: Provided sizes \[2, 2\] don't multiply up to the size of dim 1 \(3\) in the input tensor")
+    yield err((x, 1, (2, 2)), RuntimeError,
+              r"unflatten: Provided sizes \[2, 2\] don't multiply up to the size of dim 1 \(3\) in the input tensor")
     yield err((x, 2, (-1, -1)), RuntimeError, "only one dimension can be inferred")
     yield err((x, 2, ()), RuntimeError, "unflatten: sizes must be non-empty")
     yield err((make_tensor(()), 0, (1,)), RuntimeError, "Dimension specified as 0 but tensor has no dimensions")
@@ -563,7 +595,8 @@ def to_samples(device, dtype):
 
 
 def to_errors(device):
-    yield err((x234(),), TypeError, r"to\(\) received an invalid combination of arguments - got \(foo=int, \)", {"foo": 1})
+    yield err((x234(),), TypeError,
+              r"to\(\) received an invalid combination of arguments - got \(foo=int, \)", {"foo": 1})
 
 
 def type_as_samples(device, dtype):
@@ -598,7 +631,8 @@ def conversion_samples(device, dtype):
     yield SampleInput((mk(3, 4, noncontiguous=True),))
 
 
-CONVERSIONS = ("float", "double", "half", "bfloat16", "long", "int", "short", "char", "byte", "bool", "cfloat", "cdouble")
+CONVERSIONS = ("float", "double", "half", "bfloat16", "long", "int", "short", "char", "byte", "bool",
+               "cfloat", "cdouble")
 
 opinfos: list[OpInfo] = [
     OpInfo("reshape", torch.reshape, reshape_samples, ALL, reshape_errors),
@@ -610,7 +644,8 @@ opinfos: list[OpInfo] = [
     OpInfo("permute.method", method("permute"), permute_method_samples, SOME, permute_errors),
     OpInfo("transpose", torch.transpose, transpose_samples, ALL, transpose_errors),
     *(OpInfo(f"transpose.{name}", fn, transpose_samples, SOME, transpose_errors)
-      for name, fn in [("method", method("transpose")), ("swapaxes", torch.swapaxes), ("swapdims", method("swapdims"))]),
+      for name, fn in [("method", method("transpose")), ("swapaxes", torch.swapaxes),
+                       ("swapdims", method("swapdims"))]),
     *function_and_method("t", t_samples, t_errors),
     OpInfo("Tensor.T", attribute("T"), T_samples, ALL),
     OpInfo("Tensor.mT", attribute("mT"), mT_samples, ALL, mT_errors("mT")),
@@ -685,8 +720,10 @@ def diagonal_samples(device, dtype):
 
 def diagonal_errors(device):
     yield err((x234(), 0, 0, 0), RuntimeError, "diagonal dimensions cannot be identical 0, 0")
-    yield err((x234(), 0, 0, 3), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
-    yield err((make_tensor((3,)),), IndexError, r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)")
+    yield err((x234(), 0, 0, 3), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
+    yield err((make_tensor((3,)),), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)")
 
 
 def diag_embed_samples(device, dtype):
@@ -700,8 +737,10 @@ def diag_embed_samples(device, dtype):
 
 def diag_embed_errors(device):
     yield err((make_tensor((2, 3)), 0, 0, 0), RuntimeError, "diagonal dimensions cannot be identical 0, 0")
-    yield err((make_tensor((2, 3)), 0, 0, 3), IndexError, r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
-    yield err((make_tensor(()),), IndexError, r"Dimension out of range \(expected to be in range of \[-1, 0\], but got -2\)")
+    yield err((make_tensor((2, 3)), 0, 0, 3), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)")
+    yield err((make_tensor(()),), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-1, 0\], but got -2\)")
 
 
 def diag_samples(device, dtype):
@@ -774,7 +813,8 @@ def repeat_samples(device, dtype):
 
 def repeat_errors(device):
     x = make_tensor((3, 4))
-    yield err((x, 2), RuntimeError, "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
+    yield err((x, 2), RuntimeError,
+              "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
     yield err((x, 2, -1, 1), RuntimeError, r"Trying to create tensor with negative dimension -3: \[2, -3, 4\]")
     yield err((x,), TypeError, r'repeat\(\) missing 1 required positional arguments: "repeats"')
 
@@ -791,7 +831,8 @@ def tile_samples(device, dtype):
 
 
 def tile_errors(device):
-    yield err((make_tensor((3, 4)), (-1,)), RuntimeError, r"Trying to create tensor with negative dimension -4: \[3, -4\]")
+    yield err((make_tensor((3, 4)), (-1,)), RuntimeError,
+              r"Trying to create tensor with negative dimension -4: \[3, -4\]")
 
 
 def repeat_interleave_samples(device, dtype):
@@ -811,7 +852,8 @@ def repeat_interleave_errors(device):
     yield err((x, -1), RuntimeError, "Repeats must be non-negative")
     yield err((x, 2), RuntimeError, "repeat_interleave: Invalid output_size, expected 24 but got 3", {"output_size": 3})
     yield err((x, 2, 2), IndexError, r"Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)")
-    yield err((make_tensor(()), 2, 0), IndexError, r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)")
+    yield err((make_tensor(()), 2, 0), IndexError,
+              r"Dimension out of range \(expected to be in range of \[-1, 0\], but got 1\)")
 
 
 def pad_samples(device, dtype):
@@ -845,19 +887,25 @@ def pad_errors(device):
     x3 = make_tensor((1, 3, 4))
     yield err((x, (1, 2, 3)), RuntimeError, "Padding length must be divisible by 2")
     yield err((x, (1, 2, 3, 4, 5, 6)), RuntimeError,
-              "Padding length should be less than or equal to two times the input dimension but got padding length 6 and input of dimension 2")
+              "Padding length should be less than or equal to two times the input dimension but got padding length 6 "
+              "and input of dimension 2")
     yield err((x, (-3, -2)), RuntimeError, r"narrow\(\): length must be non-negative.")
     yield err((x3, (1, 2), "foo"), NotImplementedError, "Unrecognised padding mode foo")
     yield err((x3, (1, 2), "reflect", 1.0), RuntimeError, "Padding mode \"reflect\" doesn't take in value argument")
-    yield err((make_tensor((4,)), (1, 2), "reflect"), NotImplementedError, "Padding size 2 is not supported for 1D input tensor.")
-    yield err((x3, (1, 2, 1, 1, 1, 1), "circular"), NotImplementedError, "Padding size 6 is not supported for 3D input tensor.")
+    yield err((make_tensor((4,)), (1, 2), "reflect"), NotImplementedError,
+              "Padding size 2 is not supported for 1D input tensor.")
+    yield err((x3, (1, 2, 1, 1, 1, 1), "circular"), NotImplementedError,
+              "Padding size 6 is not supported for 3D input tensor.")
     yield err((x3, (1, 4), "reflect"), RuntimeError,
-              r"Argument #4: Padding size should be less than the corresponding input dimension, but got: padding \(1, 4\) at dimension 2 of input \[1, 3, 4\]")
+              r"Argument #4: Padding size should be less than the corresponding input dimension, but got: padding \(1, "
+              r"4\) at dimension 2 of input \[1, 3, 4\]")
     yield err((x3, (1, 5), "circular"), RuntimeError, "Padding value causes wrapping around more than once.")
     yield err((make_tensor((0, 4)), (1, 2), "reflect"), RuntimeError,
-              r"Expected 2D or 3D \(batch mode\) tensor with possibly 0 batch size and other non-zero dimensions for input, but got: \[0, 4\]")
+              r"Expected 2D or 3D \(batch mode\) tensor with possibly 0 batch size and other non-zero dimensions for "
+              r"input, but got: \[0, 4\]")
     yield err((make_tensor((1, 2, 0)), (1, 1), "replicate"), RuntimeError,
-              r"Expected 2D or 3D \(batch mode\) tensor with possibly 0 batch size and other non-zero dimensions for input, but got: \[1, 2, 0\]")
+              r"Expected 2D or 3D \(batch mode\) tensor with possibly 0 batch size and other non-zero dimensions for "
+              r"input, but got: \[1, 2, 0\]")
     yield err((make_tensor((1, 3, 4), dtype=torch.bool), (1, 2), "reflect"), NotImplementedError,
               "\"reflection_pad1d\" not implemented for 'Bool'")
     yield err((make_tensor((1, 3, 4), dtype=torch.bool), (1, 2, 1, 1), "replicate"), NotImplementedError,

@@ -91,8 +91,9 @@ def _convolution_rule(dims: int, transposed: bool):
         unbatched = x.ndim == dims + 1
         dx, dw, db = kernels.convolution_backward(
             ltorch.unsqueeze(g, 0) if unbatched else g, ltorch.unsqueeze(x, 0) if unbatched else x, w,
-            None if b is None else list(b.shape), _per_dim(a["stride"], dims), _padding(a["padding"], w, dilation, dims),
-            dilation, transposed, _per_dim(a.get("output_padding", 0), dims), a["groups"], mask)
+            None if b is None else list(b.shape), _per_dim(a["stride"], dims),
+            _padding(a["padding"], w, dilation, dims), dilation, transposed, _per_dim(a.get("output_padding", 0), dims),
+            a["groups"], mask)
         if unbatched and dx is not None:
             dx = ltorch.squeeze(dx, 0)
         return ((dx, dw, db) + (None,) * len(call.args))[:len(call.args)]

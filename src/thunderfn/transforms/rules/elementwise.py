@@ -103,7 +103,8 @@ def _extremum(loses):
 
 def _mod_db(rounding_mode):
     """fmod and remainder are a - b * trunc(a / b) and a - b * floor(a / b): b's partial."""
-    return lambda g, a, b, y: ltorch.mul(ltorch.neg(g), ltorch.div(as_tensor_like(a, y), b, rounding_mode=rounding_mode))
+    return lambda g, a, b, y: ltorch.mul(ltorch.neg(g),
+                                         ltorch.div(as_tensor_like(a, y), b, rounding_mode=rounding_mode))
 
 
 def _div_da(g, a, b, y, rounding_mode=None):
@@ -158,15 +159,18 @@ partials = {
     PrimIDs.REMAINDER: (lambda g, a, b, y: g, _mod_db("floor")),
     PrimIDs.POW: (_pow_da, _pow_db),
     PrimIDs.ATAN2: (lambda g, a, b, y: ltorch.mul(g, ltorch.mul(as_tensor_like(b, y), _atan2_recip(a, b, y))),
-                    lambda g, a, b, y: ltorch.mul(g, ltorch.mul(ltorch.neg(as_tensor_like(a, y)), _atan2_recip(a, b, y)))),
+                    lambda g, a, b, y: ltorch.mul(g,
+                                                  ltorch.mul(ltorch.neg(as_tensor_like(a, y)), _atan2_recip(a, b, y)))),
     PrimIDs.MAXIMUM: (_extremum(ltorch.lt), _extremum(ltorch.gt)),
     PrimIDs.MINIMUM: (_extremum(ltorch.gt), _extremum(ltorch.lt)),
     # copysign: g * sign(a) * sign(b) in torch's form, out / a, 0 where a == 0; b's gradient is zeros, as torch's
-    PrimIDs.COPYSIGN: (lambda g, a, b, y: ltorch.mul(g, ltorch.where(expanded_like(ltorch.eq(a, 0.0), y), 0.0, ltorch.div(y, a))),
+    PrimIDs.COPYSIGN: (lambda g, a, b, y: ltorch.mul(g, ltorch.where(expanded_like(ltorch.eq(a, 0.0), y), 0.0,
+                                                                     ltorch.div(y, a))),
                        _zero),
     # nextafter(a, b) is a, one ulp towards b: torch passes g to a, except where a == b, where it gives 0
     PrimIDs.NEXTAFTER: (lambda g, a, b, y: _where0(ltorch.ne(a, b), g), _zero),
-    PrimIDs.WHERE: (None, lambda g, pred, a, b, y: _where0(pred, g), lambda g, pred, a, b, y: ltorch.where(pred, 0.0, g)),
+    PrimIDs.WHERE: (None, lambda g, pred, a, b, y: _where0(pred, g),
+                    lambda g, pred, a, b, y: ltorch.where(pred, 0.0, g)),
 }
 
 
@@ -278,14 +282,16 @@ def _binary(prim_id, fwd):
     and ta, tb as out-shaped tangents or None."""
     def rule(call, t):
         (a, b), out = call.args, call.out
-        return fwd(as_tensor_like(a, out), as_tensor_like(b, out), tangent_like(t[0], out), tangent_like(t[1], out), out)
+        return fwd(as_tensor_like(a, out), as_tensor_like(b, out), tangent_like(t[0], out),
+                   tangent_like(t[1], out), out)
 
     rule.__name__ = f"_{prim_id.name.lower()}_jvp"
     defjvp(prim_id)(_float_out(rule))
 
 
 _binary(PrimIDs.ATAN2, lambda a, b, ta, tb, out: prims.div(
-    add_tangents(_mul_or_none(ta, b), None if tb is None else prims.neg(prims.mul(tb, a))), prims.add(square(a), square(b))))
+    add_tangents(_mul_or_none(ta, b), None if tb is None else prims.neg(prims.mul(tb, a))),
+    prims.add(square(a), square(b))))
 
 
 def _extremum_fwd(a_wins):
@@ -344,8 +350,8 @@ defvjp(ltorch.hardsigmoid.id)(lambda call, g: only_input(call, ltorch.hardsigmoi
 defvjp(ltorch.hardswish.id)(lambda call, g: only_input(call, ltorch.hardswish_backward(g, call.args[0])))
 # like threshold_backward: linear in its gradient; its `self` gets zeros (torch's formula), not None
 defvjp(ltorch.hardtanh_backward.id)(lambda call, g: (
-    ltorch.hardtanh_backward(g, call.arg("self"), call.arg("min_val"), call.arg("max_val")), zeros_like(call.arg("self")),
-    None, None))
+    ltorch.hardtanh_backward(g, call.arg("self"), call.arg("min_val"), call.arg("max_val")),
+    zeros_like(call.arg("self")), None, None))
 
 
 @defvjp(ltorch.softplus.id)
@@ -354,7 +360,8 @@ def _softplus_vjp(call, g):  # torch: g past the threshold, else g * z / (z + 1)
     beta, threshold = call.arg("beta"), call.arg("threshold")
     scaled = ltorch.mul(x, beta)
     z = ltorch.exp(scaled)
-    return only_input(call, ltorch.where(ltorch.gt(scaled, threshold), g, ltorch.mul(g, ltorch.div(z, ltorch.add(z, 1.0)))))
+    return only_input(call,
+                      ltorch.where(ltorch.gt(scaled, threshold), g, ltorch.mul(g, ltorch.div(z, ltorch.add(z, 1.0)))))
 
 
 # torch: g * sigmoid(-x), 1/2 at 0 (the decomposition's min(x, 0) and |x| both give 0 there)

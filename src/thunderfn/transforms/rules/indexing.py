@@ -31,8 +31,8 @@ from thunderfn.transforms.rules.define import defbatch, defjvp, deflinear, defvj
 
 # torch.func.vmap's refusal, in its words: each example would have its own number of rows
 DYNAMIC_SHAPE_REFUSAL = ("vmap: We do not support batching operators that can output dynamic shape. Attempted to vmap "
-                         "over aten::{op}. Please file an issue at https://github.com/pytorch/pytorch/issues if you need "
-                         "this feature.")
+                         "over aten::{op}. Please file an issue at "
+                         "https://github.com/pytorch/pytorch/issues if you need this feature.")
 
 
 def _same_rank_operands(prim, n_tensors: int):

@@ -82,7 +82,8 @@ def _linear_vjp(call, g):  # out = x @ w.T + b; w is (out, in), or (in,) for a d
     rows = symbolic.product(x.shape[:-1])
     if w.ndim == 1:
         dx = ltorch.mul(ltorch.unsqueeze(g, -1) if g.ndim else g, w)
-        dw = ltorch.mul(g, x) if x.ndim == 1 else ltorch.matmul(ltorch.reshape(g, (rows,)), ltorch.reshape(x, (rows, w.shape[0])))
+        dw = (ltorch.mul(g, x) if x.ndim == 1
+              else ltorch.matmul(ltorch.reshape(g, (rows,)), ltorch.reshape(x, (rows, w.shape[0]))))
     else:
         dx = ltorch.matmul(g, w)
         g2, x2 = ltorch.reshape(g, (rows, w.shape[0])), ltorch.reshape(x, (rows, w.shape[1]))

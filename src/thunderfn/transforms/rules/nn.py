@@ -323,7 +323,8 @@ def _scaled_dot_product_attention_vjp(call, g):
     dq = ltorch.mul(ltorch.matmul(dscores, k), scale)
     dk = ltorch.mul(ltorch.matmul(matrix_t(dscores), q), scale)
     dmask = None if attn_mask is None or attn_mask.dtype is torch.bool else sum_to(dscores, attn_mask.shape)
-    cts = (sum_to(dq, query.shape), sum_to(_fold_heads(dk, key), key.shape), sum_to(_fold_heads(dv, value), value.shape))
+    cts = (sum_to(dq, query.shape), sum_to(_fold_heads(dk, key), key.shape),
+           sum_to(_fold_heads(dv, value), value.shape))
     return cts + (dmask,) + (None,) * (len(call.args) - 4)
 
 
@@ -409,7 +410,8 @@ def _huber_loss_vjp(call, g):
     if weight is None:
         return _difference_cotangents(call, ltorch.mul(slope, k)) + (None,) * (len(call.args) - 2)
     z = ltorch.abs(diff)
-    loss = ltorch.where(ltorch.lt(z, delta), ltorch.mul(ltorch.mul(z, z), 0.5), ltorch.mul(ltorch.sub(z, 0.5 * delta), delta))
+    loss = ltorch.where(ltorch.lt(z, delta), ltorch.mul(ltorch.mul(z, z), 0.5),
+                        ltorch.mul(ltorch.sub(z, 0.5 * delta), delta))
     cts = _difference_cotangents(call, ltorch.mul(ltorch.mul(slope, k), in_dtype(weight, diff.dtype)))
     return cts + (None, None, sum_to(ltorch.mul(loss, k), weight.shape)) + (None,) * (len(call.args) - 5)
 

@@ -237,7 +237,8 @@ def _cumprod_jvp(call, t):
     keep = tuple(range(d)) + tuple(range(d + 1, a.ndim + 1))
     iota = prims.iota(n, start=0, step=1, device=a.device, dtype=torch.int64)
     j, k = prims.broadcast_in_dim(iota, shape, (d,)), prims.broadcast_in_dim(iota, shape, (d + 1,))
-    replaced = prims.where(prims.eq(j, k), prims.broadcast_in_dim(t[0], shape, keep), prims.broadcast_in_dim(a, shape, keep))
+    replaced = prims.where(prims.eq(j, k), prims.broadcast_in_dim(t[0], shape, keep),
+                           prims.broadcast_in_dim(a, shape, keep))
     return prims.sum(prims.where(prims.le(j, k), prims.cumprod(replaced, d + 1), 0.0), (d,))
 
 
@@ -316,7 +317,8 @@ def _mean_vjp(call, g):  # eager's MeanBackward: g expanded back over the reduce
     x = call.args[0]
     dims, keepdim = clang.reduction_dims(x, call.arg("dim")), call.arg("keepdim")
     n = math.prod(x.shape[d] for d in dims)
-    spread = ltorch.expand(g if g.ndim == 0 else _kept(g, x, dims, keepdim), tuple(x.shape))  # (a 0-d g expands as it is)
+    # (a 0-d g expands as it is)
+    spread = ltorch.expand(g if g.ndim == 0 else _kept(g, x, dims, keepdim), tuple(x.shape))
     return only_input(call, in_dtype(ltorch.div(spread, n), x.dtype) if dtypes.is_inexact(x.dtype) else None)
 
 
