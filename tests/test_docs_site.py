@@ -29,7 +29,8 @@ PUBLIC = [
     "thunderfn.distributed.fsdp", "thunderfn.distributed.full_parameters", "thunderfn.dynamo.backend",
     "thunderfn.dynamo.explain", "thunderfn.debug.print", "thunderfn.debug.breakpoint", "thunderfn.visualize",
     "thunderfn.profile", "thunderfn.testing.check_grads", "thunderfn.examine", "thunderfn.functional_call",
-    "thunderfn.register_pytree_node",
+    "thunderfn.register_pytree_node", "thunderfn.cond", "thunderfn.scan", "thunderfn.while_loop",
+    "thunderfn.fori_loop", "thunderfn.extend.primitive",
 ]
 
 

@@ -28,7 +28,7 @@ SRC = os.path.dirname(PACKAGE_DIR)
 # submodule of it); "thunderfn" alone is the package __init__.
 LAYERS = [
     ("core", ("thunderfn.core", "thunderfn.errors")),
-    ("prims", ("thunderfn.prims_eager", "thunderfn.prims")),
+    ("prims", ("thunderfn.prims_eager", "thunderfn.prims_control_flow", "thunderfn.prims")),
     ("clang", ("thunderfn.clang",)),
     ("torch language", ("thunderfn.torch",)),
     ("transforms", ("thunderfn.transforms",)),

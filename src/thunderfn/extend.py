@@ -68,7 +68,20 @@ def primitive(name: str, *, meta: Callable, impl: Callable, vjp: Callable | None
     named error naming the primitive and the missing rule. (A jitted function whose inputs require
     grad and which calls a primitive without a VJP rule runs `impl` under torch.autograd instead, as
     calling it eagerly would: right where impl is differentiable torch code.) A name already taken is
-    refused here."""
+    refused here.
+
+        >>> import torch, thunderfn as tf
+        >>> from thunderfn.testing.registries import RegistrySnapshot
+        >>> snapshot = RegistrySnapshot()  # to undo this example's registrations at its end
+        >>> def cube_meta(x):
+        ...     return tf.TensorProxy(shape=x.shape, dtype=x.dtype, device=x.device)
+        >>> cube = tf.extend.primitive("docs_cube", meta=cube_meta, impl=lambda x: x ** 3,
+        ...                            vjp=lambda call, g: (g * 3 * call.args[0] ** 2,))
+        >>> x = torch.tensor([1.0, 2.0])
+        >>> tf.jit(cube)(x), tf.grad(lambda x: cube(x).sum())(x)
+        (tensor([1., 8.]), tensor([ 3., 12.]))
+        >>> snapshot.restore()
+    """
     if not (isinstance(name, str) and name.isidentifier()):
         raise ArgumentValueError(f"tf.extend.primitive: a primitive's name must be a Python identifier, got {name!r}")
     if hasattr(prims, name):

@@ -68,6 +68,9 @@ def format_value(x, ns: Namespace) -> str:
     if type(x) is dict and all(type(k) in (str, int, bool) for k in x):
         return "{" + ", ".join(f"{k!r}: {format_value(v, ns)}" for k, v in x.items()) + "}"
     name = getattr(x, "__name__", None)
+    if callable(getattr(x, "nested_lines", None)):  # a body (core/bodies.py), printed below by its own unique name
+        ns[name] = x
+        return name
     if callable(x) and isinstance(name, str) and name.isidentifier():  # a function an op calls: by its name
         return ns.bind_object(x, f"_{name}_")
     return ns.bind_object(x)
@@ -164,7 +167,8 @@ def _annotation(out) -> str:
     return ", ".join(f"{p.name}: {p.type_string()}" for p in proxies)
 
 
-def format_bsym(bsym, indent: int = 0, ns: Namespace | None = None, comment: bool = False) -> list[str]:
+def format_bsym(bsym, indent: int = 0, ns: Namespace | None = None, comment: bool = False,
+                bodies_shown: bool = False) -> list[str]:
     ns = Namespace() if ns is None else ns
     pad = "  " * indent
     if bsym.sym.printer is not None:
@@ -180,11 +184,20 @@ def format_bsym(bsym, indent: int = 0, ns: Namespace | None = None, comment: boo
     if note:
         line = f"{line}  # {note}"
     lines = [f"{pad}# {line}" if comment else f"{pad}{line}"]
-    for sub in bsym.subsymbols:
-        lines += format_bsym(sub, indent + 1, Namespace(), comment=True)
+    bodies = [] if bodies_shown else _bodies(bsym)
+    for body in bodies:  # a control-flow primitive's bodies (core/bodies.py), shown as a decomposition is
+        lines += [f"{pad}  # {body_line}" for body_line in body.nested_lines()]
+    for sub in bsym.subsymbols:  # (a lowered primitive's subsymbol calls the bodies shown above)
+        lines += format_bsym(sub, indent + 1, Namespace(), comment=True, bodies_shown=bool(bodies) or bodies_shown)
     if not comment:
         lines += _bind_data_dependent_sizes(bsym.output, ns, pad)
     return lines
+
+
+def _bodies(bsym) -> list:
+    """The bodies among bsym's arguments: objects that can print their statements (core/bodies.py's Body,
+    which this module cannot import: bodies.py imports trace.py, which imports this)."""
+    return [a for a in bsym.args if callable(getattr(a, "nested_lines", None))]
 
 
 def _bind_data_dependent_sizes(out, ns: Namespace, pad: str) -> list[str]:

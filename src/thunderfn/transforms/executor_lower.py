@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from thunderfn.core import context
+from thunderfn.core.bodies import Body
 from thunderfn.core.interception import handled_by
 from thunderfn.core.lowering import RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace
 from thunderfn.core.proxies import TensorProxy
@@ -104,12 +105,22 @@ contiguous = Symbol("contiguous", "executor_lower.contiguous", meta=lambda a, me
                     eager=torch.Tensor.contiguous)
 
 
+def _with_lowered_bodies(bsym, executors):
+    """bsym, its bodies (a control-flow primitive's: core/bodies.py) lowered onto the same executors, so
+    that they run as execution traces: executors claim the ops inside a body as anywhere else."""
+    if not any(isinstance(a, Body) for a in bsym.args):
+        return bsym
+    args = tuple(a.lowered(lambda trc: lower_trace(trc, executors)) if isinstance(a, Body) else a for a in bsym.args)
+    return BoundSymbol(bsym.sym, args, bsym.kwargs, bsym.output, bsym.subsymbols)
+
+
 def lower_bsyms(bsyms, executors) -> list:
     out = []
     for bsym in bsyms:
         if bsym.sym.printer is not None or bsym.sym is contiguous:  # del / alias statements, a lowering's copies
             out.append(bsym)
             continue
+        bsym = _with_lowered_bodies(bsym, executors)
         ex, rule = _claim(bsym, executors)
         if rule is not None:
             match rule.action:

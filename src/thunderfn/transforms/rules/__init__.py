@@ -6,14 +6,15 @@ holds helpers the families share. Random ops have no rules here: they run as opa
 differentiated and batched by torch.func with their draws replayed (transforms/autodiff.py,
 forward_mode.py, vmap.py).
 """
-from thunderfn.transforms.rules import (  # noqa: F401
-                                        collectives,
-                                        conv_pool,
-                                        elementwise,
-                                        indexing,
-                                        linalg,
-                                        nn,
-                                        reductions,
-                                        shape,
-                                        statements,
+from thunderfn.transforms.rules import (  # noqa: F401  (imported for the rules they enter)
+    collectives,
+    control_flow,
+    conv_pool,
+    elementwise,
+    indexing,
+    linalg,
+    nn,
+    reductions,
+    shape,
+    statements,
 )

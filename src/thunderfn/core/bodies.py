@@ -1,0 +1,124 @@
+"""Bodies: functions traced once into traces of their own, which control-flow primitives call.
+
+`trace_body(fn, operands, name)` traces fn once on stand-ins for its operands (a pytree of
+tensors) into a Trace of its own, sharing the enclosing trace's names. Tensors of the enclosing
+trace that fn reads without taking them as operands (a closure over a weight) become inputs of
+the body after its operands, its `captured` proxies, which the primitive passes to it. A tensor
+fn closes over that is not being traced is a constant of the body, as anywhere in traced code.
+
+A Body is called with flat tensors (its operands' leaves, then its captured tensors) and returns
+the flat leaves of fn's output. It runs its trace as generated code: the trace it was traced into
+or, once lowered onto executors (transforms/executor_lower.py), the execution trace, compiled
+once. Printed, a bound symbol that calls bodies shows each body's statements below it, as a
+decomposition's are shown.
+
+May import: the rest of core/ (trace.py, tracer.py and below), errors.py.
+"""
+from __future__ import annotations
+
+import itertools
+
+from thunderfn.core import context
+from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.pytree import tree_flatten, tree_unflatten
+from thunderfn.core.trace import Trace
+from thunderfn.core.tracer import tracing
+from thunderfn.errors import ArgumentTypeError, UnsupportedOpError
+
+_ids = itertools.count()
+
+
+class Body:
+    """A function traced once (see the module docstring). `trace`: its trace, whose inputs are its
+    operands' leaves then `captured`'s stand-ins; `out_tree`: the structure of fn's output, whose
+    leaves `outputs` (the trace's output proxies) are; `fn_name`: fn's name, for errors."""
+
+    def __init__(self, name: str, fn_name: str, trace: Trace, n_operands: int, captured: tuple, out_tree):
+        self.__name__ = name  # how generated code names it: a callable bound by name (core/printing.py)
+        self.fn_name = fn_name
+        self.trace = trace
+        self.n_operands = n_operands
+        self.captured = captured
+        self.out_tree = out_tree
+        self._run = None
+
+    @property
+    def outputs(self) -> list:
+        return list(self.trace.output)
+
+    def lowered(self, lower) -> "Body":
+        """This body with its trace replaced by lower(trace) (an execution trace)."""
+        return Body(self.__name__, self.fn_name, lower(self.trace), self.n_operands, self.captured, self.out_tree)
+
+    def nested_lines(self) -> list[str]:
+        """Its trace's statements, for printing below the bound symbol that calls it."""
+        params = ", ".join(p.name for p in self.trace.args)
+        return [f"def {self.__name__}({params}):"] + ["  " + line for line in _statements(self.trace)]
+
+    def __call__(self, *flat):
+        if self._run is None:
+            self._run = self.trace.python_callable()
+        out = self._run(*flat)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    def __repr__(self) -> str:
+        return f"<body {self.__name__} of {self.fn_name}>"
+
+
+def _statements(trc: Trace) -> list[str]:
+    lines = str(trc).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("def "))
+    return [line.strip("\n")[2:] if line.startswith("  ") else line for line in lines[start + 1:]]
+
+
+def trace_body(fn, operands, kind: str) -> Body:
+    """Trace fn(*operands) once into a Body (the module docstring). `operands`: a tuple of pytrees
+    of tensors (TensorProxy objects of the enclosing trace, or tensors), each leaf a stand-in's
+    example; `kind` names the body in generated code (cond_true, scan_body, ...)."""
+    outer = context.current_trace()
+    if outer is None:
+        raise UnsupportedOpError(f"{kind}: bodies are traced inside a trace being built")
+    leaves, in_tree = tree_flatten(operands)
+    for leaf in leaves:
+        if not isinstance(leaf, TensorProxy):
+            raise ArgumentTypeError(f"{kind}: every operand must be a tensor, got {type(leaf).__name__} (pass Python "
+                                    f"values by closing over them)")
+    fn_name = getattr(fn, "__name__", type(fn).__name__)
+    trc = Trace(fn_name, names=outer.names)
+    with tracing(trc) as tracer:
+        inputs = [TensorProxy.like(leaf) for leaf in leaves]
+        trc.args = list(inputs)
+        out = fn(*tree_unflatten(in_tree, inputs))
+        out_leaves, out_tree = tree_flatten(out)
+        for leaf in out_leaves:
+            if not isinstance(leaf, TensorProxy):
+                raise ArgumentTypeError(f"{kind} '{fn_name}': every output must be a tensor, got "
+                                        f"{type(leaf).__name__}")
+        if tracer.mutated:
+            raise UnsupportedOpError(f"{kind} '{fn_name}' writes in place into a tensor it did not make; return the "
+                                     f"new value instead")
+    captured = _captured(trc)
+    trc.args = inputs + captured
+    trc.output = tuple(out_leaves)
+    return Body(f"{kind}_{next(_ids)}", fn_name, trc, len(inputs), tuple(captured), out_tree)
+
+
+def _captured(trc: Trace) -> list:
+    """Proxies the body reads that neither its inputs nor its own statements make: the enclosing trace's."""
+    known = {p.name for p in trc.args}
+    captured, seen = [], set()
+
+    def visit(bsyms):
+        for bsym in bsyms:
+            for p in bsym.proxy_args():
+                if p.name not in known and p.name not in seen and p.constant is None:
+                    seen.add(p.name)
+                    captured.append(p)
+            known.update(o.name for o in bsym.proxy_outs())
+
+    visit(trc.bound_symbols)
+    for p in trc.output if isinstance(trc.output, (tuple, list)) else ():
+        if isinstance(p, TensorProxy) and p.name not in known and p.name not in seen and p.constant is None:
+            seen.add(p.name)
+            captured.append(p)
+    return captured

@@ -1,0 +1,209 @@
+"""tf.cond, tf.scan, tf.while_loop and tf.fori_loop: each body traced once and run as compiled code, with
+the results of the Python `if`, `for` and `while` they stand for, pytrees in and out; mismatched branches
+or carries refused naming the function and the leaf; the transforms that do not reach into bodies yet
+refusing by name, while torch.autograd trains through a jitted function that uses them."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import thunderfn as tf
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError, BatchingError, UnsupportedOpError
+from thunderfn.executors import OperatorExecutor
+
+F64 = torch.float64
+
+
+def _randn(*shape):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape) + len(shape)), dtype=F64)
+
+
+# -- cond -------------------------------------------------------------------------------------
+def _branchy(x, w):
+    """A branch on a value, over a pytree, one branch closing over an input and one over a constant."""
+    scale = torch.tensor(3.0, dtype=F64)
+    return tf.cond(x.sum() > 0,
+                   lambda d: {"y": d["a"] * w, "n": d["a"].sum()},
+                   lambda d: {"y": d["a"] - scale, "n": d["a"].mean()},
+                   {"a": x})
+
+
+def _branchy_in_python(x, w):
+    return {"y": x * w, "n": x.sum()} if x.sum() > 0 else {"y": x - 3.0, "n": x.mean()}
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_cond_runs_the_branch_the_value_picks_with_one_compile(sign):
+    f = tf.jit(_branchy)
+    w = _randn(4)
+    for x in (sign * _randn(4).abs(), -sign * _randn(4).abs()):
+        torch.testing.assert_close(f(x, w), _branchy_in_python(x, w))
+    assert tf.cache_info(f)["entries"] == 1
+
+
+def test_cond_on_real_tensors_and_on_a_python_bool_runs_the_branch():
+    x, w = _randn(3).abs(), _randn(3)
+    torch.testing.assert_close(_branchy(x, w), _branchy_in_python(x, w))
+    assert tf.jit(lambda x: tf.cond(True, lambda x: x + 1, lambda x: x - 1, x))(x).equal(x + 1)
+
+
+def test_cond_traces_each_branch_once_and_prints_them_nested():
+    f = tf.jit(_branchy)
+    f(_randn(4), _randn(4))
+    source = str(tf.last_traces(f)[0])
+    assert source.count("prims.cond(") == 1
+    assert "def cond_true_" in source and "def cond_false_" in source
+
+
+@pytest.mark.parametrize("false_fn, match", [
+    (lambda d: {"y": d["a"].sum(), "n": d["a"].sum()}, r"\['y'\] of shape \(\) .* has shape \(4,\)"),
+    (lambda d: {"y": d["a"]}, "the same structure"),
+    (lambda d: {"y": d["a"].to(torch.float32), "n": d["a"].sum()}, "dtype torch.float32"),
+])
+def test_cond_branches_that_disagree_are_refused_naming_the_leaf(false_fn, match):
+    with pytest.raises(ArgumentTypeError, match=match):
+        tf.jit(lambda x: tf.cond(x.sum() > 0, lambda d: {"y": d["a"], "n": d["a"].sum()}, false_fn, {"a": x}))(
+            _randn(4))
+
+
+def test_cond_predicate_must_be_one_bool():
+    with pytest.raises(ArgumentTypeError, match="one-element bool tensor"):
+        tf.jit(lambda x: tf.cond(x > 0, lambda x: x, lambda x: -x, x))(_randn(4))
+    with pytest.raises(ArgumentTypeError, match="one-element bool tensor"):
+        tf.jit(lambda x: tf.cond(x.sum(), lambda x: x, lambda x: -x, x))(_randn(4))
+
+
+# -- scan -------------------------------------------------------------------------------------
+def _rnn_step(w):
+    def step(carry, x):
+        h = torch.tanh(carry["h"] @ w + x)
+        return {"h": h, "t": carry["t"] + 1}, (h.sum(), h * 2)
+
+    return step
+
+
+def _scan_in_python(f, init, xs, reverse=False):
+    carry, ys = init, []
+    for x in (reversed(xs) if reverse else xs):
+        carry, y = f(carry, x)
+        ys.append(y)
+    ys = ys[::-1] if reverse else ys
+    return carry, tuple(torch.stack([y[i] for y in ys]) for i in range(len(ys[0])))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scan_matches_a_python_loop_with_pytrees(reverse):
+    w, xs = _randn(3, 3) / 3, _randn(6, 3)
+    init = {"h": torch.zeros(3, dtype=F64), "t": torch.zeros((), dtype=F64)}
+    f = tf.jit(lambda w, xs: tf.scan(_rnn_step(w), init, xs, reverse=reverse))
+    expected = _scan_in_python(_rnn_step(w), init, xs, reverse)
+    torch.testing.assert_close(f(w, xs), expected)
+    torch.testing.assert_close(tf.scan(_rnn_step(w), init, xs, reverse=reverse), expected)  # on real tensors
+
+
+def test_scan_without_xs_takes_length_steps():
+    f = tf.jit(lambda c: tf.scan(lambda c, _: (c * 2, c), c, None, length=4))
+    carry, ys = f(torch.ones(2, dtype=F64))
+    torch.testing.assert_close(carry, torch.full((2,), 16.0, dtype=F64))
+    torch.testing.assert_close(ys, torch.tensor([[1.0, 1.0], [2.0, 2.0], [4.0, 4.0], [8.0, 8.0]], dtype=F64))
+
+
+def test_scan_is_one_statement_whatever_its_length():
+    """The body is traced once: the trace of 1,000 steps has as many statements as that of 10."""
+    sizes = {}
+    for steps in (10, 1000):
+        f = tf.jit(lambda xs: tf.scan(lambda c, x: (c + x.sin(), c), torch.zeros(2, dtype=F64), xs))
+        xs = _randn(steps, 2)
+        carry, _ = f(xs)
+        torch.testing.assert_close(carry, xs.sin().sum(0))
+        sizes[steps] = str(tf.last_traces(f)[-1]).count("\n")
+    assert sizes[10] == sizes[1000]
+
+
+def test_scan_refuses_a_carry_that_changes_and_a_body_that_returns_no_pair():
+    with pytest.raises(ArgumentTypeError, match="scan: '<lambda>' returns the output of shape \\(\\)"):
+        tf.jit(lambda xs: tf.scan(lambda c, x: (c.sum(), c), torch.zeros(2), xs))(torch.ones(3, 2))
+    with pytest.raises(ArgumentTypeError, match="must return a pair"):
+        tf.jit(lambda xs: tf.scan(lambda c, x: c + x, torch.zeros(2), xs))(torch.ones(3, 2))
+    with pytest.raises(ArgumentValueError, match="different leading dimensions"):
+        tf.jit(lambda a, b: tf.scan(lambda c, x: (c, c), torch.zeros(2), (a, b)))(torch.ones(3, 2), torch.ones(4, 2))
+    with pytest.raises(ArgumentValueError, match="give length"):
+        tf.jit(lambda c: tf.scan(lambda c, x: (c, c), c, None))(torch.ones(2))
+
+
+# -- while_loop and fori_loop ----------------------------------------------------------------------
+def test_a_data_dependent_while_loop_compiles_once_for_every_trip_count():
+    def halve(x):
+        return tf.while_loop(lambda s: s["x"].sum() > 1, lambda s: {"x": s["x"] / 2, "n": s["n"] + 1},
+                             {"x": x, "n": torch.zeros((), dtype=torch.int64)})
+
+    f = tf.jit(halve)
+    for start in (0.5, 4.0, 4096.0):
+        x = torch.full((2,), start, dtype=F64)
+        out = f(x)
+        expected, n = x, 0
+        while expected.sum() > 1:
+            expected, n = expected / 2, n + 1
+        torch.testing.assert_close(out["x"], expected)
+        assert int(out["n"]) == n
+    assert tf.cache_info(f)["entries"] == 1
+    torch.testing.assert_close(halve(torch.full((2,), 4.0, dtype=F64))["x"], torch.full((2,), 0.5, dtype=F64))
+
+
+def test_while_loop_body_must_keep_the_carry():
+    with pytest.raises(ArgumentTypeError, match="while_loop: '<lambda>' returns"):
+        tf.jit(lambda x: tf.while_loop(lambda x: x.sum() > 1, lambda x: x.sum(), x))(torch.ones(2))
+
+
+def test_fori_loop_matches_a_python_for_loop():
+    def body(i, c):
+        return c * 0.5 + i
+
+    x = _randn(3)
+    expected = x
+    for i in range(2, 7):
+        expected = body(i, expected)
+    torch.testing.assert_close(tf.jit(lambda x: tf.fori_loop(2, 7, body, x))(x), expected)
+    torch.testing.assert_close(tf.fori_loop(2, 7, body, x), expected)
+    with pytest.raises(ArgumentTypeError, match="Python ints"):
+        tf.jit(lambda x: tf.fori_loop(0, x.sum(), body, x))(x)
+
+
+# -- transforms and executors ---------------------------------------------------------------------
+def test_torch_autograd_trains_through_a_jitted_function_with_control_flow():
+    w, xs = _randn(3, 3) / 3, _randn(5, 3)
+    init = {"h": torch.zeros(3, dtype=F64), "t": torch.zeros((), dtype=F64)}
+
+    def loss(w, xs):
+        carry, (sums, hs) = tf.scan(_rnn_step(w), init, xs)
+        return tf.cond(carry["h"].sum() > 0, lambda a: (a * 2).sum(), lambda a: a.sum(), hs) + sums.sum()
+
+    w1, xs1 = w.clone().requires_grad_(), xs.clone().requires_grad_()
+    tf.jit(loss)(w1, xs1).backward()
+    w2, xs2 = w.clone().requires_grad_(), xs.clone().requires_grad_()
+    loss(w2, xs2).backward()  # on real tensors: Python's loop and branch
+    torch.testing.assert_close((w1.grad, xs1.grad), (w2.grad, xs2.grad))
+
+
+def test_transforms_that_do_not_reach_into_bodies_refuse_by_name():
+    def f(xs):
+        return tf.scan(lambda c, x: (c + x, c), torch.zeros(2), xs)[0].sum()
+
+    xs = torch.ones(3, 2)
+    with pytest.raises(UnsupportedOpError, match="cannot differentiate prims.scan: transforms do not reach"):
+        tf.grad(f)(xs)
+    with pytest.raises(UnsupportedOpError, match="prims.scan in forward mode"):
+        tf.jvp(f, (xs,), (xs,))
+    with pytest.raises(BatchingError, match="prims.scan"):
+        tf.vmap(f)(torch.ones(4, 3, 2))
+
+
+def test_executors_claim_the_ops_inside_a_body():
+    ex = OperatorExecutor("body_mul_ex")
+    op = ex.register_operator("body_mul", like=lambda a, b: a * b, fn=torch.mul)
+    ex.register_lowering(tf.torch.mul, lower=op)
+    f = tf.jit(lambda xs: tf.scan(lambda c, x: (c * x, c), torch.ones(2, dtype=F64), xs), executors=[ex])
+    xs = _randn(4, 2)
+    torch.testing.assert_close(f(xs)[0], xs.prod(0))
+    body = [line for line in str(tf.last_traces(f)[-1]).splitlines() if "def scan_body_" in line]
+    assert body and "body_mul(" in str(tf.last_traces(f)[-1]).split(body[0])[1]
