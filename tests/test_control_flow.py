@@ -1,7 +1,8 @@
 """tf.cond, tf.scan, tf.while_loop and tf.fori_loop: each body traced once and run as compiled code, with
 the results of the Python `if`, `for` and `while` they stand for, pytrees in and out; mismatched branches
-or carries refused naming the function and the leaf; the transforms that do not reach into bodies yet
-refusing by name, while torch.autograd trains through a jitted function that uses them."""
+or carries refused naming the function and the leaf; reverse mode through cond, scan and fori_loop equal to
+torch.func's through the Python they stand for, to second order; the transforms that do not reach into
+bodies yet refusing by name, while torch.autograd trains through a jitted function that uses them."""
 from __future__ import annotations
 
 import pytest
@@ -185,17 +186,81 @@ def test_torch_autograd_trains_through_a_jitted_function_with_control_flow():
     torch.testing.assert_close((w1.grad, xs1.grad), (w2.grad, xs2.grad))
 
 
+def _cond_loss(x, w):
+    out = _branchy(x, w)
+    return (out["y"] ** 2).sum() + out["n"] * w.sum()
+
+
+def _cond_loss_in_python(x, w):
+    out = _branchy_in_python(x, w)
+    return (out["y"] ** 2).sum() + out["n"] * w.sum()
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_grad_through_cond_is_the_taken_branchs_to_second_order(sign):
+    x, w = sign * _randn(4).abs(), _randn(4)
+    expected = torch.func.grad(_cond_loss_in_python, argnums=(0, 1))(x, w)
+    torch.testing.assert_close(tf.grad(_cond_loss, argnums=(0, 1))(x, w), expected)
+    torch.testing.assert_close(tf.jit(tf.grad(_cond_loss, argnums=(0, 1)))(x, w), expected)
+    torch.testing.assert_close(tf.grad(lambda x: tf.grad(_cond_loss)(x, w).sum())(x),
+                               torch.func.grad(lambda x: torch.func.grad(_cond_loss_in_python)(x, w).sum())(x))
+
+
+def _rnn_loss(scan, reverse):
+    def loss(w, xs, h0):
+        init = {"h": h0, "t": torch.zeros((), dtype=torch.int64)}  # an integer carry gets no cotangent
+        carry, (sums, hs) = scan(_rnn_step_int(w), init, xs, reverse=reverse)
+        return (carry["h"] ** 2).sum() + sums.sum() + (hs ** 2).mean()
+
+    return loss
+
+
+def _rnn_step_int(w):
+    def step(carry, x):
+        h = torch.tanh(carry["h"] @ w + x)
+        return {"h": h, "t": carry["t"] + 1}, (h.sum(), h * 2)
+
+    return step
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_grad_through_scan_equals_torch_funcs_through_the_python_loop(reverse):
+    w, xs, h0 = _randn(3, 3) / 3, _randn(5, 3), _randn(3)
+    ours, theirs = _rnn_loss(tf.scan, reverse), _rnn_loss(_scan_in_python, reverse)
+    expected = torch.func.grad(theirs, argnums=(0, 1, 2))(w, xs, h0)
+    torch.testing.assert_close(tf.grad(ours, argnums=(0, 1, 2))(w, xs, h0), expected)
+    torch.testing.assert_close(tf.jit(tf.grad(ours, argnums=(0, 1, 2)))(w, xs, h0), expected)
+    torch.testing.assert_close(tf.grad(lambda w: tf.grad(ours)(w, xs, h0).sum())(w),
+                               torch.func.grad(lambda w: torch.func.grad(theirs)(w, xs, h0).sum())(w))
+
+
+def test_grad_through_fori_loop_and_scan_without_xs():
+    def body(i, c):
+        return torch.sin(c) * 0.9 + i * 0.1
+
+    def python(c):
+        for i in range(3):
+            c = body(torch.tensor(i), c)
+        return c.sum()
+
+    x = _randn(3)
+    torch.testing.assert_close(tf.grad(lambda c: tf.fori_loop(0, 3, body, c).sum())(x), torch.func.grad(python)(x))
+    torch.testing.assert_close(tf.grad(lambda c: tf.scan(lambda c, _: (c.sin(), c), c, None, length=3)[0].sum())(x),
+                               torch.func.grad(lambda c: c.sin().sin().sin().sum())(x))
+
+
 def test_transforms_that_do_not_reach_into_bodies_refuse_by_name():
     def f(xs):
         return tf.scan(lambda c, x: (c + x, c), torch.zeros(2), xs)[0].sum()
 
     xs = torch.ones(3, 2)
-    with pytest.raises(UnsupportedOpError, match="cannot differentiate prims.scan: transforms do not reach"):
-        tf.grad(f)(xs)
     with pytest.raises(UnsupportedOpError, match="prims.scan in forward mode"):
         tf.jvp(f, (xs,), (xs,))
     with pytest.raises(BatchingError, match="prims.scan"):
         tf.vmap(f)(torch.ones(4, 3, 2))
+    with pytest.raises(UnsupportedOpError, match="cannot differentiate prims.while_loop: reverse mode through a "
+                                                 "while_loop is not supported"):
+        tf.grad(lambda x: tf.while_loop(lambda x: x.sum() > 1, lambda x: x / 2, x).sum())(torch.full((2,), 4.0))
 
 
 def test_executors_claim_the_ops_inside_a_body():

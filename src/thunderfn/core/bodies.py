@@ -20,7 +20,7 @@ import itertools
 
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_flatten, tree_unflatten
+from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.trace import Trace
 from thunderfn.core.tracer import tracing
 from thunderfn.errors import ArgumentTypeError, UnsupportedOpError
@@ -54,6 +54,27 @@ class Body:
         """Its trace's statements, for printing below the bound symbol that calls it."""
         params = ", ".join(p.name for p in self.trace.args)
         return [f"def {self.__name__}({params}):"] + ["  " + line for line in _statements(self.trace)]
+
+    def inline(self, *flat):
+        """Record the body's statements into the trace being built, on these inputs (its operands' leaves
+        then its captured tensors), as calls of the same symbols: what a rule that differentiates or
+        batches the body starts from. Returns the flat outputs."""
+        tracer = context.current_tracer()
+        env = {p.name: v for p, v in zip(self.trace.args, flat)}
+
+        def value(x):
+            if not isinstance(x, TensorProxy):
+                return x
+            if x.name in env:
+                return env[x.name]
+            return tracer.constant(x.constant) if x.constant is not None else x
+
+        for bsym in self.trace.bound_symbols:
+            out = bsym.sym(*tree_map(value, bsym.args), **tree_map(value, bsym.kwargs))
+            for old, new in zip(tree_leaves(bsym.output), tree_leaves(out)):
+                if isinstance(old, TensorProxy):
+                    env[old.name] = new
+        return tuple(value(o) for o in self.trace.output)
 
     def __call__(self, *flat):
         if self._run is None:

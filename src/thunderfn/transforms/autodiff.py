@@ -53,7 +53,7 @@ from thunderfn.transforms import rules as _rules  # noqa: F401  (every op family
 from thunderfn.transforms.executor_lower import claiming_rule, claims_whole, trace_in_place_of
 from thunderfn.transforms.resolve import Transform, Way, resolve
 from thunderfn.transforms.rules.common import zeros_like
-from thunderfn.transforms.rules.define import backwards, vjp_rule_for
+from thunderfn.transforms.rules.define import backwards, register_trace_vjp, vjp_rule_for
 
 
 def _carries_gradient(x) -> bool:
@@ -401,6 +401,9 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
                 for name, proxy in zip(primal_names, primal_proxies)]
 
     return out, backward
+
+
+register_trace_vjp(trace_vjp)
 
 
 def cotangent_leaves(out_spec, cotangents) -> list:

@@ -1,17 +1,116 @@
 """Rules of the control-flow family: cond, scan and while_loop (prims_control_flow.py).
 
-They have no derivative or batching rule yet: reverse mode, forward mode and vmap refuse them by
-name, saying why (below), rather than differentiate or batch them wrongly. A jitted function whose
-inputs require grad still trains through them: torch.autograd differentiates the bodies as they run,
-as it differentiates eager code.
+A rule that needs a body's derivative differentiates the body's trace, replayed on proxies
+(Body.inline), inside a new body of the same primitive: reverse mode through cond is a cond of the
+branches' VJPs, run by the same predicate; through scan, a scan recomputing each step's carry and a
+scan in the other direction of the body's VJP. The new bodies are traced like any other, so a second
+derivative differentiates them again. Where a primitive has no rule (forward mode and vmap of all
+three, reverse mode of while_loop) the transforms refuse it by name rather than differentiate or batch
+it wrongly; a jitted function whose inputs require grad still trains through a while_loop,
+torch.autograd differentiating the bodies as they run.
 """
 from __future__ import annotations
 
 from thunderfn import prims, prims_control_flow  # noqa: F401  (makes prims.cond, scan, while_loop)
 from thunderfn.core.rules import set_underivable
+from thunderfn.torch import control_flow
+from thunderfn.transforms.rules.common import is_float_tensor, zeros_like
+from thunderfn.transforms.rules.define import defvjp, trace_vjp
 
-_NOT_YET = ("transforms do not reach into its bodies yet; differentiate a tf.jit-ted function with .backward() "
-            "(torch.autograd runs through the bodies), or write the loop or branch in Python")
+# reverse mode needs every step's carry, and a while_loop's number of steps is known only when it runs
+_WHILE_LOOP = ("reverse mode through a while_loop is not supported (as in JAX: its number of steps is known only "
+               "when it runs); write the loop with tf.fori_loop or tf.scan, whose length is known, or call .backward() "
+               "on a tf.jit-ted function (torch.autograd runs through the bodies)")
 
-for _prim in (prims.cond, prims.scan, prims.while_loop):
-    set_underivable(_prim.id, _NOT_YET)
+
+# -- cond: the VJP is a cond of the branches' VJPs ----------------------------------------------------
+def _branch_vjp(body, mine: int, float_positions: list):
+    """A function of (operands, true_captured, false_captured, output cotangents) giving the cotangents of
+    the float leaves among them for one branch: its VJP, zeros for the other branch's captured tensors
+    (both branches of the backward's cond return the same structure)."""
+    def vjp(operands, true_captured, false_captured, cts):
+        captured = (true_captured, false_captured)[mine]
+        _, backward = trace_vjp(lambda ops, cap: body.inline(*ops, *cap), (operands, captured))
+        grads = backward(tuple(cts))
+        own = dict(zip(range(len(operands)), grads[:len(operands)]))
+        leaves = list(operands) + list(true_captured) + list(false_captured)
+        start = len(operands) + (0 if mine == 0 else len(true_captured))
+        own.update({start + i: g for i, g in enumerate(grads[len(operands):])})
+        return tuple(own.get(i) if own.get(i) is not None else zeros_like(leaves[i]) for i in float_positions)
+
+    vjp.__name__ = f"{body.fn_name}_vjp"
+    return vjp
+
+
+@defvjp(prims.cond.id)
+def _cond_vjp(call, g):
+    pred, true_body, false_body, operands, true_captured, false_captured = call.args
+    cts = tuple(c if c is not None or not is_float_tensor(o) else zeros_like(o) for o, c in zip(call.out, g))
+    leaves = list(operands) + list(true_captured) + list(false_captured)
+    float_positions = [i for i, x in enumerate(leaves) if is_float_tensor(x)]
+    grads = control_flow.cond(pred, _branch_vjp(true_body, 0, float_positions),
+                              _branch_vjp(false_body, 1, float_positions),
+                              tuple(operands), tuple(true_captured), tuple(false_captured), cts)
+    by_position = dict(zip(float_positions, grads))
+    flat = [by_position.get(i) for i in range(len(leaves))]
+    n_ops, n_true = len(operands), len(true_captured)
+    return (None, None, None, tuple(flat[:n_ops]), tuple(flat[n_ops:n_ops + n_true]), tuple(flat[n_ops + n_true:]))
+
+
+# -- scan: a forward scan recomputing the carries, then a reverse scan of the body's VJP --------------------
+def _floats(leaves) -> list:
+    return [i for i, x in enumerate(leaves) if is_float_tensor(x)]
+
+
+def _zeros_or(g, like):
+    return zeros_like(like) if g is None else g
+
+
+@defvjp(prims.scan.id)
+def _scan_vjp(call, g):
+    """The carry each step started from is recomputed by a forward scan (the body saves nothing), then a
+    scan in the other direction runs the body's VJP step by step: it carries the cotangent of the carry
+    and the sum of the captured tensors' cotangents, and stacks the cotangents of xs."""
+    body, init, xs, captured, length, reverse = call.args
+    n_carry, n_x = len(init), len(xs)
+    carry_out, ys_out = call.out[:n_carry], call.out[n_carry:]
+    float_carry, float_x, float_captured = _floats(init), _floats(xs), _floats(captured)
+    y_examples = body.outputs[n_carry:]
+    float_y = _floats(y_examples)
+
+    def recompute(carry, x):
+        return tuple(body.inline(*carry, *x, *captured)[:n_carry]), carry
+
+    _, started_from = control_flow.scan(recompute, tuple(init), tuple(xs), length=length, reverse=reverse)
+    g_carry = tuple(_zeros_or(g[i], carry_out[i]) for i in float_carry)
+    g_ys = tuple(_zeros_or(g[n_carry + i], ys_out[i]) for i in float_y)
+
+    def back_step(state, step):
+        g_c, g_k = state
+        carry, x, g_y = step
+        _, backward = trace_vjp(lambda c, x, k: body.inline(*c, *x, *k), (carry, x, captured))
+        cts = [None] * (n_carry + len(y_examples))
+        for i, gc in zip(float_carry, g_c):
+            cts[i] = gc
+        for i, gy in zip(float_y, g_y):
+            cts[n_carry + i] = gy
+        grads = backward(tuple(cts))
+        new_g_c = tuple(_zeros_or(grads[i], carry[i]) for i in float_carry)
+        new_g_k = tuple(acc if grads[n_carry + n_x + i] is None else acc + grads[n_carry + n_x + i]
+                        for i, acc in zip(float_captured, g_k))
+        return (new_g_c, new_g_k), tuple(_zeros_or(grads[n_carry + i], x[i]) for i in float_x)
+
+    zero_k = tuple(zeros_like(captured[i]) for i in float_captured)
+    (g_init, g_captured), g_xs = control_flow.scan(back_step, (g_carry, zero_k), (started_from, tuple(xs), g_ys),
+                                                   length=length, reverse=not reverse)
+    return (None, _placed(g_init, float_carry, n_carry), _placed(g_xs, float_x, n_x),
+            _placed(g_captured, float_captured, len(captured)), None, None)
+
+
+def _placed(values, positions, n) -> tuple:
+    """values, one per position, as a tuple of n entries (None elsewhere)."""
+    by_position = dict(zip(positions, values))
+    return tuple(by_position.get(i) for i in range(n))
+
+
+set_underivable(prims.while_loop.id, _WHILE_LOOP)

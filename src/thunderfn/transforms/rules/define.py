@@ -125,6 +125,24 @@ def deflinear(prim, transpose: Callable) -> None:
     defvjp(prim.id)(transpose)
 
 
+# Reverse mode's trace_vjp (transforms/autodiff.py), for rules that differentiate a function of their
+# own (a control-flow primitive's body): autodiff imports the rule modules, so it hands itself down
+# when imported rather than be imported by them.
+_trace_vjp = None
+
+
+def register_trace_vjp(fn) -> None:
+    """Called once, by transforms/autodiff.py when it is imported."""
+    global _trace_vjp
+    _trace_vjp = fn
+
+
+def trace_vjp(fn, primals):
+    """autodiff.trace_vjp(fn, primals): trace fn(*primals) into the trace being built and return (out,
+    backward), backward(cotangents) giving one cotangent per primal leaf."""
+    return _trace_vjp(fn, primals)
+
+
 def vjp_rule_for(bsym) -> VJPRule | None:
     """The VJP rule that differentiates this bound symbol, or None (then its decomposition does)."""
     rule = rules_of(bsym.sym.id).vjp
