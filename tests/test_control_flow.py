@@ -249,13 +249,53 @@ def test_grad_through_fori_loop_and_scan_without_xs():
                                torch.func.grad(lambda c: c.sin().sin().sin().sum())(x))
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_jvp_through_cond_is_the_taken_branchs(sign):
+    x, w, t = sign * _randn(4).abs(), _randn(4), _randn(2, 2).flatten()
+
+    def ours(x):
+        out = _branchy(x, w)
+        return out["y"] * out["n"]
+
+    def theirs(x):
+        out = _branchy_in_python(x, w)
+        return out["y"] * out["n"]
+
+    torch.testing.assert_close(tf.jvp(ours, (x,), (t,)), torch.func.jvp(theirs, (x,), (t,)))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_jvp_through_scan_and_forward_over_reverse(reverse):
+    w, xs, h0 = _randn(3, 3) / 3, _randn(5, 3), _randn(3)
+    tangents = (_randn(3, 3), _randn(5, 3) * 0.5, _randn(3) * 2)
+    ours, theirs = _rnn_loss(tf.scan, reverse), _rnn_loss(_scan_in_python, reverse)
+    torch.testing.assert_close(tf.jvp(ours, (w, xs, h0), tangents), torch.func.jvp(theirs, (w, xs, h0), tangents))
+    torch.testing.assert_close(tf.jvp(lambda w: tf.grad(ours)(w, xs, h0), (w,), (tangents[0],)),
+                               torch.func.jvp(lambda w: torch.func.grad(theirs)(w, xs, h0), (w,), (tangents[0],)))
+
+
+def test_jvp_through_while_loop_takes_the_steps_the_values_take():
+    def ours(x):
+        return tf.while_loop(lambda x: x.sum() > 1, lambda x: x * x * 0.5, x)
+
+    def theirs(x):
+        while x.sum() > 1:
+            x = x * x * 0.5
+        return x
+
+    # x * x / 2 shrinks each below a sum of 1, in two steps, two and none
+    for x in (torch.tensor([1.5, 1.2], dtype=F64), torch.tensor([1.3, 0.9], dtype=F64),
+              torch.tensor([0.5, 0.2], dtype=F64)):
+        t = torch.ones_like(x)
+        torch.testing.assert_close(tf.jvp(ours, (x,), (t,)), torch.func.jvp(theirs, (x,), (t,)))
+        torch.testing.assert_close(tf.jit(lambda x, t: tf.jvp(ours, (x,), (t,)))(x, t),
+                                   torch.func.jvp(theirs, (x,), (t,)))
+
+
 def test_transforms_that_do_not_reach_into_bodies_refuse_by_name():
     def f(xs):
         return tf.scan(lambda c, x: (c + x, c), torch.zeros(2), xs)[0].sum()
 
-    xs = torch.ones(3, 2)
-    with pytest.raises(UnsupportedOpError, match="prims.scan in forward mode"):
-        tf.jvp(f, (xs,), (xs,))
     with pytest.raises(BatchingError, match="prims.scan"):
         tf.vmap(f)(torch.ones(4, 3, 2))
     with pytest.raises(UnsupportedOpError, match="cannot differentiate prims.while_loop: reverse mode through a "

@@ -37,6 +37,7 @@ from thunderfn.transforms.autodiff import (
 )
 from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn.transforms.resolve import Transform, Way, resolve
+from thunderfn.transforms.rules.define import register_trace_jvp
 
 
 def _is_custom_vjp(bsym) -> bool:
@@ -168,6 +169,9 @@ def trace_jvp(fn: Callable, primals, tangents):
                       else clang.full(o.shape, 0, device=o.device, dtype=o.dtype)
                       for o, t in zip(out_leaves, tangent_leaves)]
     return out, tree_unflatten(out_spec, tangent_leaves)
+
+
+register_trace_jvp(trace_jvp)
 
 
 def jvp(fn: Callable, primals, tangents, has_aux: bool = False):

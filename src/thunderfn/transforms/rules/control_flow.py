@@ -4,9 +4,9 @@ A rule that needs a body's derivative differentiates the body's trace, replayed 
 (Body.inline), inside a new body of the same primitive: reverse mode through cond is a cond of the
 branches' VJPs, run by the same predicate; through scan, a scan recomputing each step's carry and a
 scan in the other direction of the body's VJP. The new bodies are traced like any other, so a second
-derivative differentiates them again. Where a primitive has no rule (forward mode and vmap of all
-three, reverse mode of while_loop) the transforms refuse it by name rather than differentiate or batch
-it wrongly; a jitted function whose inputs require grad still trains through a while_loop,
+derivative differentiates them again. Forward mode runs the same primitive over primals and tangents
+together. Where a primitive has no rule (vmap of all three, reverse mode of while_loop) the transforms
+refuse it by name rather than differentiate or batch it wrongly; a jitted function whose inputs require grad still trains through a while_loop,
 torch.autograd differentiating the bodies as they run.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from thunderfn import prims, prims_control_flow  # noqa: F401  (makes prims.cond
 from thunderfn.core.rules import set_underivable
 from thunderfn.torch import control_flow
 from thunderfn.transforms.rules.common import is_float_tensor, zeros_like
-from thunderfn.transforms.rules.define import defvjp, trace_vjp
+from thunderfn.transforms.rules.define import defjvp, defvjp, trace_jvp, trace_vjp
 
 # reverse mode needs every step's carry, and a while_loop's number of steps is known only when it runs
 _WHILE_LOOP = ("reverse mode through a while_loop is not supported (as in JAX: its number of steps is known only "
@@ -111,6 +111,93 @@ def _placed(values, positions, n) -> tuple:
     """values, one per position, as a tuple of n entries (None elsewhere)."""
     by_position = dict(zip(positions, values))
     return tuple(by_position.get(i) for i in range(n))
+
+
+# -- forward mode: the same primitive over primals and tangents together -------------------------------------
+def _float_tangents(leaves, tangents) -> tuple:
+    """The tangents of the float leaves, zeros for those given none."""
+    return tuple(_zeros_or(t, x) for x, t in zip(leaves, tangents) if is_float_tensor(x))
+
+
+def _each(tangents, leaves) -> tuple:
+    """A tuple argument's tangents, one per leaf (forward mode gives None for a tuple none of whose leaves has one)."""
+    return (None,) * len(leaves) if tangents is None else tuple(tangents)
+
+
+def _full_tangents(leaves, float_tangents) -> tuple:
+    """One tangent per leaf again: the float leaves' from float_tangents, zeros (which forward mode reads as
+    no tangent) for the others, so that the tangents' leaves line up with the primals'."""
+    it = iter(float_tangents)
+    return tuple(next(it) if is_float_tensor(x) else zeros_like(x) for x in leaves)
+
+
+def _output_tangents(outs, tangents) -> tuple:
+    return tuple(t if is_float_tensor(o) else None for o, t in zip(outs, tangents))
+
+
+@defjvp(prims.cond.id)
+def _cond_jvp(call, tangents):
+    """A cond, by the same predicate, of each branch's tangent."""
+    pred, true_body, false_body, operands, true_captured, false_captured = call.args
+    leaves = tuple(operands) + tuple(true_captured) + tuple(false_captured)
+    t_leaves = _float_tangents(leaves, _each(tangents[3], operands) + _each(tangents[4], true_captured)
+                               + _each(tangents[5], false_captured))
+
+    def branch(body, mine: int):
+        def jvp(operands, true_captured, false_captured, t_float):
+            full = _full_tangents(tuple(operands) + tuple(true_captured) + tuple(false_captured), t_float)
+            n_ops, n_true = len(operands), len(true_captured)
+            captured, t_captured = ((true_captured, full[n_ops:n_ops + n_true]) if mine == 0
+                                    else (false_captured, full[n_ops + n_true:]))
+            _, t_out = trace_jvp(lambda ops, cap: body.inline(*ops, *cap), (tuple(operands), tuple(captured)),
+                                 (full[:n_ops], tuple(t_captured)))
+            return tuple(t_out)
+
+        jvp.__name__ = f"{body.fn_name}_jvp"
+        return jvp
+
+    t_out = control_flow.cond(pred, branch(true_body, 0), branch(false_body, 1), tuple(operands),
+                              tuple(true_captured), tuple(false_captured), t_leaves)
+    return _output_tangents(call.out, t_out)
+
+
+@defjvp(prims.scan.id)
+def _scan_jvp(call, tangents):
+    """A scan carrying each carry's tangent beside it and stacking each y's tangent beside it."""
+    body, init, xs, captured, length, reverse = call.args
+    n_carry = len(init)
+    t_init = _float_tangents(init, _each(tangents[1], init))
+    t_xs = _float_tangents(xs, _each(tangents[2], xs))
+    t_captured = _full_tangents(captured, _float_tangents(captured, _each(tangents[3], captured)))
+
+    def step(state, step_xs):
+        (carry, t_carry), (x, t_x) = state, step_xs
+        out, t_out = trace_jvp(lambda c, x, k: body.inline(*c, *x, *k), (carry, x, tuple(captured)),
+                               (_full_tangents(carry, t_carry), _full_tangents(x, t_x), t_captured))
+        new_carry, t_ys = tuple(out[:n_carry]), t_out[n_carry:]
+        return (new_carry, _float_tangents(new_carry, t_out[:n_carry])), _float_tangents(out[n_carry:], t_ys)
+
+    (_, t_carry), t_ys = control_flow.scan(step, (tuple(init), t_init), (tuple(xs), t_xs), length=length,
+                                           reverse=reverse)
+    return (_output_tangents(call.out[:n_carry], _full_tangents(init, t_carry))
+            + _output_tangents(call.out[n_carry:], _full_tangents(call.out[n_carry:], t_ys)))
+
+
+@defjvp(prims.while_loop.id)
+def _while_loop_jvp(call, tangents):
+    """A while_loop carrying each carry's tangent beside it, stopped by the primal carry."""
+    cond_body, body, init, cond_captured, body_captured = call.args
+    t_captured = _full_tangents(body_captured, _float_tangents(body_captured, _each(tangents[4], body_captured)))
+
+    def step(state):
+        carry, t_carry = state
+        out, t_out = trace_jvp(lambda c, k: body.inline(*c, *k), (carry, tuple(body_captured)),
+                               (_full_tangents(carry, t_carry), t_captured))
+        return tuple(out), _float_tangents(tuple(out), t_out)
+
+    _, t_carry = control_flow.while_loop(lambda state: cond_body.inline(*state[0], *cond_captured)[0], step,
+                                         (tuple(init), _float_tangents(init, _each(tangents[2], init))))
+    return _output_tangents(call.out, _full_tangents(init, t_carry))
 
 
 set_underivable(prims.while_loop.id, _WHILE_LOOP)

@@ -126,7 +126,7 @@ def deflinear(prim, transpose: Callable) -> None:
 
 
 # Reverse mode's trace_vjp (transforms/autodiff.py), for rules that differentiate a function of their
-# own (a control-flow primitive's body): autodiff imports the rule modules, so it hands itself down
+# own (a control-flow primitive's body): the drivers import the rule modules, so each hands itself down
 # when imported rather than be imported by them.
 _trace_vjp = None
 
@@ -141,6 +141,22 @@ def trace_vjp(fn, primals):
     """autodiff.trace_vjp(fn, primals): trace fn(*primals) into the trace being built and return (out,
     backward), backward(cotangents) giving one cotangent per primal leaf."""
     return _trace_vjp(fn, primals)
+
+
+# Forward mode's trace_jvp (transforms/forward_mode.py), handed down likewise.
+_trace_jvp = None
+
+
+def register_trace_jvp(fn) -> None:
+    """Called once, by transforms/forward_mode.py when it is imported."""
+    global _trace_jvp
+    _trace_jvp = fn
+
+
+def trace_jvp(fn, primals, tangents):
+    """forward_mode.trace_jvp(fn, primals, tangents): trace fn(*primals) into the trace being built and
+    return (out, the tangent of out), zeros where an output gets none."""
+    return _trace_jvp(fn, primals, tangents)
 
 
 def vjp_rule_for(bsym) -> VJPRule | None:
