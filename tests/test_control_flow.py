@@ -1,15 +1,16 @@
 """tf.cond, tf.scan, tf.while_loop and tf.fori_loop: each body traced once and run as compiled code, with
 the results of the Python `if`, `for` and `while` they stand for, pytrees in and out; mismatched branches
-or carries refused naming the function and the leaf; reverse mode through cond, scan and fori_loop equal to
-torch.func's through the Python they stand for, to second order; the transforms that do not reach into
-bodies yet refusing by name, while torch.autograd trains through a jitted function that uses them."""
+or carries refused naming the function and the leaf; reverse mode through cond, scan and fori_loop, forward
+mode through all four and vmap of all four equal to torch.func's through the Python they stand for (to
+second order, and vmap(grad)); reverse mode through while_loop refused by name, as in JAX, while
+torch.autograd trains through a jitted function that uses it."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import thunderfn as tf
-from thunderfn.errors import ArgumentTypeError, ArgumentValueError, BatchingError, UnsupportedOpError
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError, UnsupportedOpError
 from thunderfn.executors import OperatorExecutor
 
 F64 = torch.float64
@@ -292,12 +293,53 @@ def test_jvp_through_while_loop_takes_the_steps_the_values_take():
                                    torch.func.jvp(theirs, (x,), (t,)))
 
 
-def test_transforms_that_do_not_reach_into_bodies_refuse_by_name():
-    def f(xs):
-        return tf.scan(lambda c, x: (c + x, c), torch.zeros(2), xs)[0].sum()
+def test_vmap_of_cond_with_a_batched_and_a_shared_predicate():
+    """vmap(f)(x)[i] == f(x[i]): a batched predicate runs both branches and selects per example."""
+    w, xs = _randn(4), torch.cat([_randn(3, 4).abs(), -_randn(3, 4).abs()])
+    ours = tf.vmap(lambda x: _branchy(x, w))(xs)
+    for i, x in enumerate(xs):
+        torch.testing.assert_close({k: v[i] for k, v in ours.items()}, _branchy_in_python(x, w))
+    shared = tf.vmap(lambda x, s: tf.cond(s > 0, lambda x: x * w, lambda x: x.sin(), x), in_axes=(0, None))
+    torch.testing.assert_close(shared(xs, torch.tensor(-1.0)), xs.sin())
+    torch.testing.assert_close(tf.jit(shared)(xs, torch.tensor(1.0)), xs * w)
 
-    with pytest.raises(BatchingError, match="prims.scan"):
-        tf.vmap(f)(torch.ones(4, 3, 2))
+
+@pytest.mark.parametrize("in_axes", [(None, 0, None), (None, 1, 0), (0, 0, 0)])
+def test_vmap_of_scan_and_per_example_gradients_of_an_rnn(in_axes):
+    w, xs, h0 = _randn(3, 3) / 3, _randn(4, 5, 3), _randn(3)
+    ws, h0s = torch.stack([w * (1 + i / 10) for i in range(4)]), torch.stack([h0 * (i - 1) for i in range(4)])
+    args = (ws if in_axes[0] == 0 else w, xs if in_axes[1] == 0 else xs.movedim(0, 1), h0s if in_axes[2] == 0 else h0)
+
+    def example(i):
+        return tuple(a if d is None else a.select(d, i) for a, d in zip(args, in_axes))
+
+    ours, theirs = _rnn_loss(tf.scan, False), _rnn_loss(_scan_in_python, False)
+    values = tf.vmap(ours, in_axes=in_axes)(*args)
+    grads = tf.vmap(tf.grad(ours), in_axes=in_axes)(*args)
+    for i in range(4):
+        torch.testing.assert_close(values[i], theirs(*example(i)))
+        torch.testing.assert_close(grads[i], torch.func.grad(theirs)(*example(i)))
+
+
+def test_vmap_of_while_loop_runs_until_every_example_is_done():
+    def ours(x):
+        return tf.while_loop(lambda s: s[0].sum() > 1, lambda s: (s[0] * 0.5, s[1] + 1), (x, torch.tensor(0)))
+
+    def theirs(x):
+        n = 0
+        while x.sum() > 1:
+            x, n = x * 0.5, n + 1
+        return x, n
+
+    xs = torch.rand(5, 2, dtype=F64) * torch.tensor([[1.0], [4.0], [10.0], [0.2], [100.0]], dtype=F64)
+    batched, steps = tf.jit(tf.vmap(ours))(xs)
+    for i, x in enumerate(xs):
+        expected, n = theirs(x)
+        torch.testing.assert_close(batched[i], expected)
+        assert int(steps[i]) == n
+
+
+def test_transforms_that_do_not_reach_into_bodies_refuse_by_name():
     with pytest.raises(UnsupportedOpError, match="cannot differentiate prims.while_loop: reverse mode through a "
                                                  "while_loop is not supported"):
         tf.grad(lambda x: tf.while_loop(lambda x: x.sum() > 1, lambda x: x / 2, x).sum())(torch.full((2,), 4.0))

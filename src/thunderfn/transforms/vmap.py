@@ -50,6 +50,7 @@ from thunderfn.transforms.custom_jvp import custom_jvp, primal_of, spec_of
 from thunderfn.transforms.custom_vjp import custom_vjp
 from thunderfn.transforms.resolve import Transform, Way, resolve, without_rule
 from thunderfn.transforms.rules.common import move_batch_dim
+from thunderfn.transforms.rules.define import register_vmap
 
 RANDOMNESS = ("error", "different", "same")
 
@@ -600,3 +601,5 @@ class _Leaf:
     """A stand-in for an output leaf while out_axes is matched against the output's structure."""
     __slots__ = ()
 
+
+register_vmap(vmap)

@@ -1,21 +1,24 @@
 """Rules of the control-flow family: cond, scan and while_loop (prims_control_flow.py).
 
-A rule that needs a body's derivative differentiates the body's trace, replayed on proxies
-(Body.inline), inside a new body of the same primitive: reverse mode through cond is a cond of the
-branches' VJPs, run by the same predicate; through scan, a scan recomputing each step's carry and a
-scan in the other direction of the body's VJP. The new bodies are traced like any other, so a second
-derivative differentiates them again. Forward mode runs the same primitive over primals and tangents
-together. Where a primitive has no rule (vmap of all three, reverse mode of while_loop) the transforms
-refuse it by name rather than differentiate or batch it wrongly; a jitted function whose inputs require grad still trains through a while_loop,
-torch.autograd differentiating the bodies as they run.
+A rule that needs a body's derivative or batched form transforms the body's trace, replayed on
+proxies (Body.inline), inside a new body of the same primitive, so a second transform transforms it
+again:
+- reverse mode through cond is a cond of the branches' VJPs, by the same predicate; through scan, a
+  scan recomputing each step's carry, then a scan in the other direction of the body's VJP; through
+  while_loop it is refused by name, as in JAX (its number of steps is known only when it runs), while a
+  jitted function whose inputs require grad still trains through it with torch.autograd;
+- forward mode runs the same primitive over primals and tangents together;
+- vmap runs it over the batched bodies: a batched predicate runs both branches and selects, a batched
+  while_loop runs until every example is done, each keeping its carry once its condition fails.
 """
 from __future__ import annotations
 
+import thunderfn.torch as ltorch
 from thunderfn import prims, prims_control_flow  # noqa: F401  (makes prims.cond, scan, while_loop)
 from thunderfn.core.rules import set_underivable
 from thunderfn.torch import control_flow
-from thunderfn.transforms.rules.common import is_float_tensor, zeros_like
-from thunderfn.transforms.rules.define import defjvp, defvjp, trace_jvp, trace_vjp
+from thunderfn.transforms.rules.common import batched_front, is_float_tensor, move_to_front, zeros_like
+from thunderfn.transforms.rules.define import defbatch, defjvp, defvjp, trace_jvp, trace_vjp, vmap
 
 # reverse mode needs every step's carry, and a while_loop's number of steps is known only when it runs
 _WHILE_LOOP = ("reverse mode through a while_loop is not supported (as in JAX: its number of steps is known only "
@@ -198,6 +201,91 @@ def _while_loop_jvp(call, tangents):
     _, t_carry = control_flow.while_loop(lambda state: cond_body.inline(*state[0], *cond_captured)[0], step,
                                          (tuple(init), _float_tangents(init, _each(tangents[2], init))))
     return _output_tangents(call.out, _full_tangents(init, t_carry))
+
+
+# -- vmap: the primitive over the bodies batched, every example's carry batched at dim 0 -------------------
+def _dims(dims, leaves) -> tuple:
+    """A tuple argument's batch dims, one per leaf (None for a tuple none of whose leaves is batched)."""
+    return (None,) * len(leaves) if dims is None else tuple(dims)
+
+
+def _select(pred, on_true, on_false):
+    """Per example, on_true's value where pred (a (batch,) bool) holds, on_false's elsewhere; all batched at 0."""
+    return tuple(ltorch.where(ltorch.reshape(pred, (pred.shape[0],) + (1,) * (t.ndim - 1)), t, f)
+                 for t, f in zip(on_true, on_false))
+
+
+def _batch_size(args, dims) -> int:
+    for a, d in zip(args, dims):
+        if d is not None:
+            return a.shape[d]
+    raise ValueError("no batched argument")
+
+
+@defbatch(prims.cond.id)
+def _cond_batch(call, dims):
+    """Both branches batched (the operands' batch dims as they are); a predicate the same for every example
+    picks one, a batched one runs both and selects each example's result, as JAX does."""
+    pred, true_body, false_body, operands, true_captured, false_captured = call.args
+    in_axes = (_dims(dims[3], operands), _dims(dims[4], true_captured), _dims(dims[5], false_captured))
+
+    def branch(body, mine: int):
+        def batched(ops, t_cap, f_cap):
+            return vmap(lambda o, t, f: body.inline(*o, *(t, f)[mine]), in_axes=in_axes)(ops, t_cap, f_cap)
+
+        batched.__name__ = f"{body.fn_name}_batched"
+        return batched
+
+    args = (tuple(operands), tuple(true_captured), tuple(false_captured))
+    if dims[0] is None:
+        out = control_flow.cond(pred, branch(true_body, 0), branch(false_body, 1), *args)
+    else:
+        out = _select(move_to_front(pred, dims[0]), branch(true_body, 0)(*args), branch(false_body, 1)(*args))
+    return tuple(out), (0,) * len(out)
+
+
+@defbatch(prims.scan.id)
+def _scan_batch(call, dims):
+    """A scan of the batched body over every example at once: the carry batched at dim 0 from the start (a
+    carry the same for every example at first may not stay so), xs with time first and the batch second,
+    the ys stacked with the batch at dim 1."""
+    body, init, xs, captured, length, reverse = call.args
+    init_dims, x_dims, k_dims = _dims(dims[1], init), _dims(dims[2], xs), _dims(dims[3], captured)
+    batch = _batch_size(tuple(init) + tuple(xs) + tuple(captured), init_dims + x_dims + k_dims)
+    carry = tuple(batched_front(c, d, batch) for c, d in zip(init, init_dims))
+    # time stays dim 0; a batched x's batch dim goes to 1, so that each step's slice has it at 0
+    xs = tuple(x if d is None else ltorch.movedim(x, d, 1) for x, d in zip(xs, x_dims))
+    step_axes = (tuple(0 for _ in carry), tuple(None if d is None else 0 for d in x_dims), k_dims)
+    n_carry = len(init)
+
+    def step(carry, x):
+        out = vmap(lambda c, x, k: body.inline(*c, *x, *k), in_axes=step_axes)(carry, x, tuple(captured))
+        return tuple(out[:n_carry]), tuple(out[n_carry:])
+
+    carry_out, ys = control_flow.scan(step, carry, tuple(xs), length=length, reverse=reverse)
+    return tuple(carry_out) + tuple(ys), (0,) * n_carry + (1,) * len(ys)
+
+
+@defbatch(prims.while_loop.id)
+def _while_loop_batch(call, dims):
+    """As JAX: the loop runs while some example's condition holds; each step the examples whose condition
+    no longer holds keep their carry."""
+    cond_body, body, init, cond_captured, body_captured = call.args
+    init_dims = _dims(dims[2], init)
+    cond_dims, body_dims = _dims(dims[3], cond_captured), _dims(dims[4], body_captured)
+    batch = _batch_size(tuple(init) + tuple(cond_captured) + tuple(body_captured), init_dims + cond_dims + body_dims)
+    carry = tuple(batched_front(c, d, batch) for c, d in zip(init, init_dims))
+    zeros = tuple(0 for _ in carry)
+
+    def holds(carry):
+        return vmap(lambda c, k: cond_body.inline(*c, *k)[0], in_axes=(zeros, cond_dims))(carry, tuple(cond_captured))
+
+    def step(carry):
+        new = vmap(lambda c, k: body.inline(*c, *k), in_axes=(zeros, body_dims))(carry, tuple(body_captured))
+        return _select(holds(carry), tuple(new), carry)
+
+    out = control_flow.while_loop(lambda carry: ltorch.any(holds(carry)), step, carry)
+    return tuple(out), (0,) * len(out)
 
 
 set_underivable(prims.while_loop.id, _WHILE_LOOP)

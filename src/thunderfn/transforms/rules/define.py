@@ -159,6 +159,21 @@ def trace_jvp(fn, primals, tangents):
     return _trace_jvp(fn, primals, tangents)
 
 
+# tf.vmap (transforms/vmap.py), handed down likewise, for batching rules that batch a function of their own.
+_vmap = None
+
+
+def register_vmap(fn) -> None:
+    """Called once, by transforms/vmap.py when it is imported."""
+    global _vmap
+    _vmap = fn
+
+
+def vmap(fn, in_axes=0, out_axes=0):
+    """tf.vmap(fn, in_axes, out_axes), called while a trace is being built: fn batched into it."""
+    return _vmap(fn, in_axes=in_axes, out_axes=out_axes)
+
+
 def vjp_rule_for(bsym) -> VJPRule | None:
     """The VJP rule that differentiates this bound symbol, or None (then its decomposition does)."""
     rule = rules_of(bsym.sym.id).vjp
