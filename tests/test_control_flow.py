@@ -354,3 +354,40 @@ def test_executors_claim_the_ops_inside_a_body():
     torch.testing.assert_close(f(xs)[0], xs.prod(0))
     body = [line for line in str(tf.last_traces(f)[-1]).splitlines() if "def scan_body_" in line]
     assert body and "body_mul(" in str(tf.last_traces(f)[-1]).split(body[0])[1]
+
+
+# -- torch's own operators inside traced code: the same primitives ----------------------------------------
+def test_torch_cond_inside_traced_code_is_tf_cond():
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda x: x * 2, lambda x: -x.sin(), (x,))
+
+    def in_python(x):
+        return x * 2 if x.sum() > 0 else -x.sin()
+
+    for x in (_randn(3).abs(), -_randn(3).abs()):
+        torch.testing.assert_close(tf.jit(f)(x), in_python(x))
+        torch.testing.assert_close(tf.grad(lambda x: (f(x) ** 2).sum())(x),
+                                   torch.func.grad(lambda x: (in_python(x) ** 2).sum())(x))
+    jitted = tf.jit(f)
+    jitted(_randn(3))
+    assert "prims.cond(" in str(tf.last_traces(jitted)[0])
+
+
+def test_torch_while_loop_scan_and_map_inside_traced_code():
+    from torch._higher_order_ops import map as torch_map
+    from torch._higher_order_ops import scan as torch_scan
+    from torch._higher_order_ops import while_loop as torch_while_loop
+
+    def halve(x):
+        return torch_while_loop(lambda a, n: a.sum() > 1, lambda a, n: (a * 0.5, n + 1), (x, torch.tensor(0)))
+
+    x = torch.full((2,), 40.0, dtype=F64)
+    torch.testing.assert_close(tf.jit(halve)(x), halve(x))  # (torch's own on real tensors)
+
+    def cumulative(xs):
+        return torch_scan(lambda c, x: (c + x, c * x), torch.zeros(2, 3, dtype=F64), xs, dim=1)
+
+    xs = _randn(2, 5, 3)
+    torch.testing.assert_close(tf.jit(cumulative)(xs), cumulative(xs))
+    w, rows = _randn(2, 3), _randn(4, 2)
+    torch.testing.assert_close(tf.jit(lambda rows, w: torch_map(lambda r, w: r @ w, rows, w))(rows, w), rows @ w)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch._higher_order_ops as higher_order_ops
 
 from thunderfn import (
     prims,
@@ -24,6 +25,7 @@ from thunderfn.core.bodies import Body, trace_body
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path, tree_unflatten
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
+from thunderfn.torch.base import stand_in_front
 
 __all__ = ["cond", "fori_loop", "scan", "while_loop"]
 
@@ -219,3 +221,54 @@ def fori_loop(lower: int, upper: int, body_fn: Callable, init):
     start = prims.full((), lower, device="cpu", dtype=torch.int64)
     (_, carry), _ = scan(step, (start, init), None, length=max(upper - lower, 0))
     return carry
+
+
+# -- torch's own control-flow operators, inside traced code: the same primitives ------------------------------
+# torch.cond and torch._higher_order_ops' while_loop, scan and map are Python functions that check their
+# arguments before any torch op runs, so they never reach thunderfn's interception: they are rewritten here
+# (torch/base.py's stand_in_front) to run as tf.cond, tf.while_loop and tf.scan when they are handed a traced
+# tensor, and as torch's own otherwise. (Code that imported them before thunderfn holds torch's functions.)
+def _traced(*trees) -> bool:
+    return context.current_trace() is not None and any(
+        isinstance(x, TensorProxy) for x in tree_flatten(trees)[0])
+
+
+def _torch_cond(original, pred, true_fn, false_fn, operands=(), *args, **kwargs):
+    if args or kwargs or not _traced(pred, operands):
+        return original(pred, true_fn, false_fn, operands, *args, **kwargs)
+    return cond(pred, true_fn, false_fn, *operands)
+
+
+def _torch_while_loop(original, cond_fn, body_fn, carried_inputs, *args, **kwargs):
+    if args or kwargs or not _traced(carried_inputs):
+        return original(cond_fn, body_fn, carried_inputs, *args, **kwargs)
+    return while_loop(lambda carry: cond_fn(*carry), lambda carry: tuple(body_fn(*carry)), tuple(carried_inputs))
+
+
+def _moved(tree, source: int, destination: int):
+    leaves, spec = tree_flatten(tree)
+    return tree_unflatten(spec, [torch.movedim(x, source, destination) for x in leaves])
+
+
+def _torch_scan(original, combine_fn, init, xs, *, dim: int = 0, reverse: bool = False, **kwargs):
+    if kwargs or not _traced(init, xs):
+        return original(combine_fn, init, xs, dim=dim, reverse=reverse, **kwargs)
+    carry, ys = scan(combine_fn, init, _moved(xs, dim, 0), reverse=reverse)
+    return carry, _moved(ys, 0, dim)  # torch stacks the ys along dim too
+
+
+def _torch_map(original, f, xs, *args):
+    if not _traced(xs, args):
+        return original(f, xs, *args)
+    return scan(lambda carry, x: (carry, f(x, *args)), (), xs)[1]
+
+
+def _install_torch_operators() -> None:
+    stand_in_front(torch, "cond", _torch_cond)
+    stand_in_front(higher_order_ops, "cond", _torch_cond)
+    stand_in_front(higher_order_ops, "while_loop", _torch_while_loop)
+    stand_in_front(higher_order_ops, "scan", _torch_scan)
+    stand_in_front(higher_order_ops, "map", _torch_map)
+
+
+_install_torch_operators()
