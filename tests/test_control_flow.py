@@ -12,6 +12,7 @@ import torch
 import thunderfn as tf
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError, UnsupportedOpError
 from thunderfn.executors import OperatorExecutor
+from thunderfn.testing.fusion_checks import needs_inductor
 
 F64 = torch.float64
 
@@ -391,3 +392,16 @@ def test_torch_while_loop_scan_and_map_inside_traced_code():
     torch.testing.assert_close(tf.jit(cumulative)(xs), cumulative(xs))
     w, rows = _randn(2, 3), _randn(4, 2)
     torch.testing.assert_close(tf.jit(lambda rows, w: torch_map(lambda r, w: r @ w, rows, w))(rows, w), rows @ w)
+
+
+@needs_inductor
+def test_fusion_leaves_a_loop_to_its_bodies_and_fuses_around_it(recwarn):
+    """A fusion compiler tracing the scan's call would unroll or refuse its loop: the call stays outside every
+    region (its body is compiled code of its own), and the ops after it fuse."""
+    f = tf.jit(lambda xs: tf.scan(lambda c, x: (c.sin() + x, c), torch.zeros(2), xs)[0].exp() + 1, fusion=True)
+    xs = torch.ones(3, 2)
+    expected = _scan_in_python(lambda c, x: (c.sin() + x, (c,)), torch.zeros(2), xs)[0].exp() + 1
+    torch.testing.assert_close(f(xs), expected)
+    source = str(tf.last_traces(f)[-1])
+    assert source.count("inductor_fusion") >= 1 and "_scan_impl(" in source
+    assert not [w for w in recwarn if "could not compile" in str(w.message)]

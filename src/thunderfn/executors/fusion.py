@@ -39,6 +39,7 @@ from typing import Callable
 import torch
 
 from thunderfn.core import symbolic
+from thunderfn.core.bodies import Body
 from thunderfn.core.passes import del_last_used
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves, tree_map
@@ -227,12 +228,19 @@ def absorbable(ex: FusionExecutor, bsym) -> bool:
     return ex.absorbs_traceable_operators and "traceable" in bsym.sym.tags
 
 
+def calls_bodies(bsym) -> bool:
+    """Whether bsym is a control-flow primitive's call (core/bodies.py): its bodies are compiled code of their
+    own, lowered onto the same executors, and a compiler tracing the call would unroll or refuse its loop."""
+    return any(isinstance(a, Body) for a in bsym.args) or any(calls_bodies(s) for s in bsym.subsymbols)
+
+
 def fusion_candidate(ex: FusionExecutor, bsym) -> bool:
     outs = bsym.flat_outs()
     # (an output may be None where the op skips it: convolution_backward's bias gradient when there is no bias)
     # A call given a symbolic size (a reshape to (s0, 4)) stays outside unless the executor takes sizes as
     # inputs (accepts_symbolic_arguments): compiled code holding its ops' arguments as constants would bake one size.
     return ((runs_on_torch(bsym) or absorbable(ex, bsym)) and not has_effects(bsym) and bool(bsym.proxy_outs())
+            and not calls_bodies(bsym)
             and (ex.accepts_symbolic_arguments or not symbolic.has_symbols((bsym.args, bsym.kwargs)))
             and (ex.accepts_data_dependent_sizes
                  or not symbolic.has_unbacked([(bsym.args, bsym.kwargs), *(tuple(p.shape) for p in bsym.proxies())]))
