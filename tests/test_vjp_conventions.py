@@ -317,6 +317,10 @@ FORWARD_MODE = {  # torch-level functions whose forward rule is derived from the
     "std-of-constant": (torch.std, t(1.0, 1.0)),
     "std-dim-correction0": (lambda x: x.std(dim=0, correction=0), _x34),
     "normalize": (F.normalize, _x34),
+    # the control-flow primitives (transforms/rules/control_flow.py), against torch.func over the Python they stand for
+    "cond": (lambda x: tf.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x * 2, x), t(0.5, -1.0)),
+    "scan": (lambda x: tf.scan(lambda c, xi: (c * xi + 1, c.sin()), x[0], x)[1], t(0.5, -1.0, 2.0)),
+    "while_loop": (lambda x: tf.while_loop(lambda x: x.sum() > 1, lambda x: x * 0.5, x), t(3.0, 1.0)),
 }
 
 

@@ -17,7 +17,7 @@ import thunderfn.torch as ltorch
 from thunderfn import prims, prims_control_flow  # noqa: F401  (makes prims.cond, scan, while_loop)
 from thunderfn.core.rules import set_underivable
 from thunderfn.torch import control_flow
-from thunderfn.transforms.rules.common import batched_front, is_float_tensor, move_to_front, zeros_like
+from thunderfn.transforms.rules.common import batch_size_of, batched_front, is_float_tensor, move_to_front, zeros_like
 from thunderfn.transforms.rules.define import defbatch, defjvp, defvjp, trace_jvp, trace_vjp, vmap
 
 # reverse mode needs every step's carry, and a while_loop's number of steps is known only when it runs
@@ -215,13 +215,6 @@ def _select(pred, on_true, on_false):
                  for t, f in zip(on_true, on_false))
 
 
-def _batch_size(args, dims) -> int:
-    for a, d in zip(args, dims):
-        if d is not None:
-            return a.shape[d]
-    raise ValueError("no batched argument")
-
-
 @defbatch(prims.cond.id)
 def _cond_batch(call, dims):
     """Both branches batched (the operands' batch dims as they are); a predicate the same for every example
@@ -251,7 +244,7 @@ def _scan_batch(call, dims):
     the ys stacked with the batch at dim 1."""
     body, init, xs, captured, length, reverse = call.args
     init_dims, x_dims, k_dims = _dims(dims[1], init), _dims(dims[2], xs), _dims(dims[3], captured)
-    batch = _batch_size(tuple(init) + tuple(xs) + tuple(captured), init_dims + x_dims + k_dims)
+    batch = batch_size_of(tuple(init) + tuple(xs) + tuple(captured), init_dims + x_dims + k_dims)
     carry = tuple(batched_front(c, d, batch) for c, d in zip(init, init_dims))
     # time stays dim 0; a batched x's batch dim goes to 1, so that each step's slice has it at 0
     xs = tuple(x if d is None else ltorch.movedim(x, d, 1) for x, d in zip(xs, x_dims))
@@ -273,7 +266,7 @@ def _while_loop_batch(call, dims):
     cond_body, body, init, cond_captured, body_captured = call.args
     init_dims = _dims(dims[2], init)
     cond_dims, body_dims = _dims(dims[3], cond_captured), _dims(dims[4], body_captured)
-    batch = _batch_size(tuple(init) + tuple(cond_captured) + tuple(body_captured), init_dims + cond_dims + body_dims)
+    batch = batch_size_of(tuple(init) + tuple(cond_captured) + tuple(body_captured), init_dims + cond_dims + body_dims)
     carry = tuple(batched_front(c, d, batch) for c, d in zip(init, init_dims))
     zeros = tuple(0 for _ in carry)
 
