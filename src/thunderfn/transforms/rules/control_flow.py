@@ -122,9 +122,10 @@ def _float_tangents(leaves, tangents) -> tuple:
     return tuple(_zeros_or(t, x) for x, t in zip(leaves, tangents) if is_float_tensor(x))
 
 
-def _each(tangents, leaves) -> tuple:
-    """A tuple argument's tangents, one per leaf (forward mode gives None for a tuple none of whose leaves has one)."""
-    return (None,) * len(leaves) if tangents is None else tuple(tangents)
+def _per_leaf(entries, leaves) -> tuple:
+    """A tuple argument's tangents or batch dims, one per leaf (the transforms give None for a tuple none of
+    whose leaves has one)."""
+    return (None,) * len(leaves) if entries is None else tuple(entries)
 
 
 def _full_tangents(leaves, float_tangents) -> tuple:
@@ -143,8 +144,8 @@ def _cond_jvp(call, tangents):
     """A cond, by the same predicate, of each branch's tangent."""
     pred, true_body, false_body, operands, true_captured, false_captured = call.args
     leaves = tuple(operands) + tuple(true_captured) + tuple(false_captured)
-    t_leaves = _float_tangents(leaves, _each(tangents[3], operands) + _each(tangents[4], true_captured)
-                               + _each(tangents[5], false_captured))
+    t_leaves = _float_tangents(leaves, _per_leaf(tangents[3], operands) + _per_leaf(tangents[4], true_captured)
+                               + _per_leaf(tangents[5], false_captured))
 
     def branch(body, mine: int):
         def jvp(operands, true_captured, false_captured, t_float):
@@ -169,9 +170,9 @@ def _scan_jvp(call, tangents):
     """A scan carrying each carry's tangent beside it and stacking each y's tangent beside it."""
     body, init, xs, captured, length, reverse = call.args
     n_carry = len(init)
-    t_init = _float_tangents(init, _each(tangents[1], init))
-    t_xs = _float_tangents(xs, _each(tangents[2], xs))
-    t_captured = _full_tangents(captured, _float_tangents(captured, _each(tangents[3], captured)))
+    t_init = _float_tangents(init, _per_leaf(tangents[1], init))
+    t_xs = _float_tangents(xs, _per_leaf(tangents[2], xs))
+    t_captured = _full_tangents(captured, _float_tangents(captured, _per_leaf(tangents[3], captured)))
 
     def step(state, step_xs):
         (carry, t_carry), (x, t_x) = state, step_xs
@@ -190,7 +191,7 @@ def _scan_jvp(call, tangents):
 def _while_loop_jvp(call, tangents):
     """A while_loop carrying each carry's tangent beside it, stopped by the primal carry."""
     cond_body, body, init, cond_captured, body_captured = call.args
-    t_captured = _full_tangents(body_captured, _float_tangents(body_captured, _each(tangents[4], body_captured)))
+    t_captured = _full_tangents(body_captured, _float_tangents(body_captured, _per_leaf(tangents[4], body_captured)))
 
     def step(state):
         carry, t_carry = state
@@ -199,16 +200,11 @@ def _while_loop_jvp(call, tangents):
         return tuple(out), _float_tangents(tuple(out), t_out)
 
     _, t_carry = control_flow.while_loop(lambda state: cond_body.inline(*state[0], *cond_captured)[0], step,
-                                         (tuple(init), _float_tangents(init, _each(tangents[2], init))))
+                                         (tuple(init), _float_tangents(init, _per_leaf(tangents[2], init))))
     return _output_tangents(call.out, _full_tangents(init, t_carry))
 
 
 # -- vmap: the primitive over the bodies batched, every example's carry batched at dim 0 -------------------
-def _dims(dims, leaves) -> tuple:
-    """A tuple argument's batch dims, one per leaf (None for a tuple none of whose leaves is batched)."""
-    return (None,) * len(leaves) if dims is None else tuple(dims)
-
-
 def _select(pred, on_true, on_false):
     """Per example, on_true's value where pred (a (batch,) bool) holds, on_false's elsewhere; all batched at 0."""
     return tuple(ltorch.where(ltorch.reshape(pred, (pred.shape[0],) + (1,) * (t.ndim - 1)), t, f)
@@ -220,7 +216,7 @@ def _cond_batch(call, dims):
     """Both branches batched (the operands' batch dims as they are); a predicate the same for every example
     picks one, a batched one runs both and selects each example's result, as JAX does."""
     pred, true_body, false_body, operands, true_captured, false_captured = call.args
-    in_axes = (_dims(dims[3], operands), _dims(dims[4], true_captured), _dims(dims[5], false_captured))
+    in_axes = (_per_leaf(dims[3], operands), _per_leaf(dims[4], true_captured), _per_leaf(dims[5], false_captured))
 
     def branch(body, mine: int):
         def batched(ops, t_cap, f_cap):
@@ -243,7 +239,7 @@ def _scan_batch(call, dims):
     carry the same for every example at first may not stay so), xs with time first and the batch second,
     the ys stacked with the batch at dim 1."""
     body, init, xs, captured, length, reverse = call.args
-    init_dims, x_dims, k_dims = _dims(dims[1], init), _dims(dims[2], xs), _dims(dims[3], captured)
+    init_dims, x_dims, k_dims = _per_leaf(dims[1], init), _per_leaf(dims[2], xs), _per_leaf(dims[3], captured)
     batch = batch_size_of(tuple(init) + tuple(xs) + tuple(captured), init_dims + x_dims + k_dims)
     carry = tuple(batched_front(c, d, batch) for c, d in zip(init, init_dims))
     # time stays dim 0; a batched x's batch dim goes to 1, so that each step's slice has it at 0
@@ -264,8 +260,8 @@ def _while_loop_batch(call, dims):
     """As JAX: the loop runs while some example's condition holds; each step the examples whose condition
     no longer holds keep their carry."""
     cond_body, body, init, cond_captured, body_captured = call.args
-    init_dims = _dims(dims[2], init)
-    cond_dims, body_dims = _dims(dims[3], cond_captured), _dims(dims[4], body_captured)
+    init_dims = _per_leaf(dims[2], init)
+    cond_dims, body_dims = _per_leaf(dims[3], cond_captured), _per_leaf(dims[4], body_captured)
     batch = batch_size_of(tuple(init) + tuple(cond_captured) + tuple(body_captured), init_dims + cond_dims + body_dims)
     carry = tuple(batched_front(c, d, batch) for c, d in zip(init, init_dims))
     zeros = tuple(0 for _ in carry)
