@@ -30,7 +30,8 @@ PUBLIC = [
     "thunderfn.dynamo.explain", "thunderfn.debug.print", "thunderfn.debug.breakpoint", "thunderfn.visualize",
     "thunderfn.profile", "thunderfn.testing.check_grads", "thunderfn.examine", "thunderfn.functional_call",
     "thunderfn.register_pytree_node", "thunderfn.cond", "thunderfn.scan", "thunderfn.while_loop",
-    "thunderfn.fori_loop", "thunderfn.extend.primitive",
+    "thunderfn.fori_loop", "thunderfn.extend.primitive", "thunderfn.checkpoint", "thunderfn.checkpoint_name",
+    "thunderfn.checkpoint_policies",
 ]
 
 

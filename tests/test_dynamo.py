@@ -15,6 +15,7 @@ import torch.utils.checkpoint
 from torch._higher_order_ops.map import map as map_over_leading_dim
 
 import thunderfn as tf
+from thunderfn.dynamo import graph_runner
 from thunderfn.testing.fusion_checks import needs_inductor
 
 
@@ -137,7 +138,7 @@ def test_a_user_autograd_function_keeps_its_own_backward():
     assert "user_function" in str(tf.last_traces(fn)[0])  # the Function is one call with its own rule
 
 
-def test_activation_checkpointing_is_inlined_and_gradients_are_exact():
+def test_activation_checkpointing_is_a_checkpoint_region_and_gradients_are_exact():
     def block(x, w):
         return (x @ w).relu().sin()
 
@@ -146,9 +147,11 @@ def test_activation_checkpointing_is_inlined_and_gradients_are_exact():
         return torch.utils.checkpoint.checkpoint(block, y, w, use_reentrant=False).sum()
 
     compiled = assert_like_eager(f, (4, 4), (4, 4))
-    graph = tf.dynamo.explain(compiled).graphs[0].graph
-    assert "tag_activation_checkpoint" in graph.code  # Dynamo's op, which thunderfn took
-    assert not tf.dynamo.explain(compiled).splits
+    report = tf.dynamo.explain(compiled)
+    assert "tag_activation_checkpoint" in report.graphs[0].graph.code  # Dynamo's op, which thunderfn took
+    assert not report.splits
+    (fn,) = report.thunderfn_functions
+    assert [b.sym.name for b in tf.last_traces(fn)[0].bound_symbols].count("checkpoint") == 2
 
 
 def test_dynamic_shapes_from_dynamo_are_symbolic_in_thunderfn_too_and_exact():
@@ -183,7 +186,15 @@ def test_a_size_dynamo_passes_that_no_tensor_holds_stays_a_value_per_call():
         torch.testing.assert_close(compiled(x), f(x))
 
 
-def test_a_higher_order_op_without_a_rule_runs_eagerly_with_a_warning_naming_it():
+def _without_a_rule_for_cond(monkeypatch):
+    """A higher-order operator thunderfn does not take, for the tests of what the splitter does with one (every
+    operator Dynamo makes on CPU has a rule)."""
+    monkeypatch.delitem(graph_runner.HIGHER_ORDER_RULES, "cond")
+
+
+def test_a_higher_order_op_without_a_rule_runs_eagerly_with_a_warning_naming_it(monkeypatch):
+    _without_a_rule_for_cond(monkeypatch)
+
     def f(x):
         y = x.sin()
         return torch.cond(y.sum() > 0, lambda a: a.cos(), lambda a: a.exp(), (y,)) * 2
@@ -197,8 +208,34 @@ def test_a_higher_order_op_without_a_rule_runs_eagerly_with_a_warning_naming_it(
     assert [p.runner for p in report.graphs[0].pieces] == ["thunderfn", "eager", "thunderfn"]
 
 
+def test_torchs_control_flow_operators_are_thunderfns_primitives_not_split_out():
+    from torch._higher_order_ops import scan, while_loop
+
+    def branch(x):
+        y = x.sin()
+        return torch.cond(y.sum() > 0, lambda a: a.cos(), lambda a: a.exp(), (y,)) * 2
+
+    def loop(x):  # (at least one step: torch 2.13's eager while_loop gives a wrong gradient for none, 0.5 for 1)
+        return while_loop(lambda x, n: x.sum() > 1, lambda x, n: (x / 2, n + 1), (x.abs() + 1, torch.tensor(0)))[0]
+
+    def scanned(x):
+        return scan(lambda c, x: (c + x, (c * x).sin()), torch.zeros(3), x)[1].sum(0)
+
+    for fn, shape, primitive in ((branch, (5,), "cond"), (loop, (3,), "while_loop"), (scanned, (4, 3), "scan")):
+        compiled = assert_like_eager(fn, shape)
+        report = tf.dynamo.explain(compiled)
+        assert not report.splits, fn.__name__
+        (thunderfn_fn,) = report.thunderfn_functions
+        assert primitive in [b.sym.name for b in tf.last_traces(thunderfn_fn)[0].bound_symbols]
+    compiled = torch.compile(loop, backend="thunderfn")
+    for scale in (10.0, 1000.0):  # a trip count the values decide: the graph compiled once
+        torch.testing.assert_close(compiled(torch.full((3,), scale)), loop(torch.full((3,), scale)))
+    assert len(tf.dynamo.explain(compiled).graphs) == 1
+
+
 @needs_inductor
-def test_pieces_thunderfn_cannot_take_run_through_inductor_when_asked():
+def test_pieces_thunderfn_cannot_take_run_through_inductor_when_asked(monkeypatch):
+    _without_a_rule_for_cond(monkeypatch)
     def f(x):
         y = x.sin()
         return torch.cond(y.sum() > 0, lambda a: a.cos(), lambda a: a.exp(), (y,)) * 2
@@ -260,12 +297,14 @@ def test_torch_compile_with_inductor_of_a_jitted_function_gives_eager_values_and
     torch.testing.assert_close(calls_it(a.detach()), model(a.detach()).relu() + 1)
 
 
-def test_map_is_unrolled_and_a_nested_compile_region_inlined():
+def test_map_is_a_scan_and_a_nested_compile_region_inlined():
     def f(xs, y):
         return map_over_leading_dim(lambda x, y: (x * y).sin(), xs, y).sum(0) * 2
 
     compiled = assert_like_eager(f, (3, 4), (4,))
-    assert "map_impl" in tf.dynamo.explain(compiled).graphs[0].graph.code and not tf.dynamo.explain(compiled).splits
+    report = tf.dynamo.explain(compiled)
+    assert "map_impl" in report.graphs[0].graph.code and not report.splits
+    assert "scan" in [b.sym.name for b in tf.last_traces(report.thunderfn_functions[0])[0].bound_symbols]
 
     @torch.compiler.nested_compile_region
     def region(x):
@@ -276,7 +315,8 @@ def test_map_is_unrolled_and_a_nested_compile_region_inlined():
     assert not tf.dynamo.explain(compiled).splits
 
 
-def test_a_graph_split_inside_no_grad_and_autocast_regions_keeps_eagers_modes_and_gradients():
+def test_a_graph_split_inside_no_grad_and_autocast_regions_keeps_eagers_modes_and_gradients(monkeypatch):
+    _without_a_rule_for_cond(monkeypatch)
     def f(x):
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             y = x @ x.t()

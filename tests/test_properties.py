@@ -97,3 +97,110 @@ def test_jit_of_in_place_program_equals_program_and_mutates_inputs_alike(program
     torch.testing.assert_close(got, expected, equal_nan=True)
     for mutated, reference in zip(jit_inputs, eager_inputs):
         torch.testing.assert_close(mutated, reference, equal_nan=True)
+
+
+# -- control flow: tf.scan and tf.cond bodies made of random programs ---------------------------------------------
+def _loop(body, init, xs):
+    """What tf.scan stands for: a Python loop."""
+    carry, ys = init, []
+    for x in xs:
+        carry, y = body(carry, x)
+        ys.append(y)
+    return carry, torch.stack(ys)
+
+
+def _finite(*tensors) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def _central_differences(f, args, eps=1e-6):
+    """The gradient of the scalar f(*args) with respect to each of args, by central differences."""
+    grads = []
+    for i, a in enumerate(args):
+        g = torch.zeros_like(a)
+        for j in range(a.numel()):
+            shifted = []
+            for sign in (1, -1):
+                moved = [x.clone() for x in args]
+                moved[i].view(-1)[j] += sign * eps
+                shifted.append(f(*moved))
+            g.view(-1)[j] = (shifted[0] - shifted[1]) / (2 * eps)
+        grads.append(g)
+    return tuple(grads)
+
+
+@given(tst.scan_bodies(), tst.scan_inputs())
+def test_jit_of_scan_equals_its_python_loop(body, inputs):
+    """jit(scan(f))(init, xs) == the Python loop of f over xs."""
+    expected = _eager_or_none(_loop, body, *inputs)
+    assume(expected is not None and _finite(*expected))
+    torch.testing.assert_close(tf.jit(lambda init, xs: tf.scan(body, init, xs))(*inputs), expected)
+
+
+@given(tst.scan_bodies(), tst.scan_inputs())
+def test_grad_of_scan_matches_finite_differences(body, inputs):
+    """grad(scan loss) == its gradient by central differences (float64)."""
+    def loss(init, xs):
+        carry, ys = tf.scan(body, init, xs)
+        return carry.sum() + ys.square().sum()
+
+    value = _eager_or_none(loss, *inputs)
+    assume(value is not None and _finite(value))
+    torch.testing.assert_close(tf.grad(loss, argnums=(0, 1))(*inputs), _central_differences(loss, inputs),
+                               atol=1e-5, rtol=1e-4)
+
+
+@given(tst.scan_bodies(), tst.scan_inputs(batch=3))
+def test_vmap_of_scan_is_scan_of_each_example(body, inputs):
+    """vmap(scan(f))(init, xs)[i] == scan(f)(init[i], xs[i])."""
+    init, xs = inputs
+    each = [_eager_or_none(_loop, body, init[i], xs[i]) for i in range(init.shape[0])]
+    assume(all(e is not None and _finite(*e) for e in each))
+    batched = tf.vmap(lambda init, xs: tf.scan(body, init, xs))(init, xs)
+    for i, expected in enumerate(each):
+        torch.testing.assert_close((batched[0][i], batched[1][i]), expected)
+
+
+def _branching(branches):
+    true_fn, false_fn = branches
+
+    def f(x, y):
+        return tf.cond(x.sum() > 0, true_fn, false_fn, x, y)
+    return f
+
+
+def _branched_eagerly(branches, x, y):
+    true_fn, false_fn = branches
+    return true_fn(x, y) if x.sum() > 0 else false_fn(x, y)
+
+
+@given(tst.cond_branches(), tst.program_inputs(dtypes=(torch.float64,)))
+def test_jit_of_cond_equals_its_python_if(branches, inputs):
+    """jit(cond(p, f, g))(x) == f(x) if p else g(x)."""
+    expected = _eager_or_none(_branched_eagerly, branches, *inputs)
+    assume(expected is not None and _finite(expected))
+    torch.testing.assert_close(tf.jit(_branching(branches))(*inputs), expected)
+
+
+@given(tst.cond_branches(), tst.program_inputs(dtypes=(torch.float64,)))
+def test_grad_of_cond_matches_finite_differences(branches, inputs):
+    """grad(cond loss) == its gradient by central differences, away from the predicate's boundary."""
+    def loss(x, y):
+        return _branching(branches)(x, y).square().sum()
+
+    value = _eager_or_none(loss, *inputs)
+    assume(value is not None and _finite(value) and abs(float(inputs[0].sum())) > 1e-3)
+    torch.testing.assert_close(tf.grad(loss, argnums=(0, 1))(*inputs), _central_differences(loss, inputs),
+                               atol=1e-5, rtol=1e-4)
+
+
+@given(tst.cond_branches(), tst.program_inputs(dtypes=(torch.float64,)))
+def test_vmap_of_cond_is_cond_of_each_example(branches, inputs):
+    """vmap(cond(p(x), f, g))(x)[i] == cond(p(x[i]), f, g)(x[i]): a predicate that differs between examples."""
+    x, y = inputs
+    assume(x.ndim >= 2)
+    each = [_eager_or_none(_branched_eagerly, branches, x[i], y[i]) for i in range(x.shape[0])]
+    assume(all(e is not None and _finite(e) for e in each))
+    batched = tf.vmap(_branching(branches))(x, y)
+    for i, expected in enumerate(each):
+        torch.testing.assert_close(batched[i], expected)

@@ -321,6 +321,9 @@ FORWARD_MODE = {  # torch-level functions whose forward rule is derived from the
     "cond": (lambda x: tf.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x * 2, x), t(0.5, -1.0)),
     "scan": (lambda x: tf.scan(lambda c, xi: (c * xi + 1, c.sin()), x[0], x)[1], t(0.5, -1.0, 2.0)),
     "while_loop": (lambda x: tf.while_loop(lambda x: x.sum() > 1, lambda x: x * 0.5, x), t(3.0, 1.0)),
+    "checkpoint": (lambda x: tf.checkpoint(lambda x: tf.checkpoint_name(x.sin(), "s") * x,
+                                           policy=tf.checkpoint_policies.save_only_these_names("s"))(x), t(0.5, -1.0)),
+    "checkpoint_name": (lambda x: tf.checkpoint_name(x.sin(), "s") * x, t(0.5, -1.0)),
 }
 
 

@@ -39,6 +39,8 @@ from thunderfn.transforms import executor_lower
 from thunderfn.transforms.autodiff import grad, value_and_grad, vjp
 from thunderfn.transforms.forward_mode import jvp
 from thunderfn.transforms.vmap import vmap
+from thunderfn.torch import checkpoint_policies
+from thunderfn.torch.checkpoint import checkpoint, checkpoint_name
 from thunderfn.torch.control_flow import cond, fori_loop, scan, while_loop
 from thunderfn.transforms.jacobians import hessian, jacfwd, jacrev
 from thunderfn.visualize import visualize
@@ -61,5 +63,5 @@ __all__ = [
     "examine", "Examination", "functional_call", "executor_lower", "Trace", "Symbol", "BoundSymbol", "TensorProxy",
     "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "EscapedProxyError",
     "UserGradientError", "prims", "clang", "torch", "executors", "errors", "dynamo", "debug", "testing",
-    "cond", "scan", "while_loop", "fori_loop",
+    "cond", "scan", "while_loop", "fori_loop", "checkpoint", "checkpoint_name", "checkpoint_policies",
 ]

@@ -5,10 +5,15 @@ on the operands (and the tensors it captured), by a one-element bool tensor; `pr
 init, xs, captured, length, reverse)` runs the body `length` times, carrying its first outputs
 from one step to the next, and stacks its other outputs along a new first dimension;
 `prims.while_loop(cond_body, body, init, cond_captured, body_captured)` runs the body on its carry
-while cond_body says so, however many times that is. All take and return flat tuples of tensors:
-torch/control_flow.py's tf.cond, tf.scan, tf.while_loop and tf.fori_loop give them the user's
-pytrees. A body runs as generated code (its trace, lowered with the jit's executors by
-transforms/executor_lower.py), never unrolled into the enclosing trace.
+while cond_body says so, however many times that is; `prims.checkpoint(body, operands, captured, policy,
+n_saved)` runs the body once, and marks it for reverse mode as a region to compute again in the
+backward (all but the values `policy` saves; its last n_saved outputs are such values, made outputs by
+reverse mode: transforms/rules/checkpoint.py). `prims.checkpoint_name(x, name)` is x, named for a
+checkpoint policy. All take and return flat tuples of tensors:
+torch/control_flow.py's tf.cond, tf.scan, tf.while_loop and tf.fori_loop, and torch/checkpoint.py's
+tf.checkpoint, give them the user's pytrees. A body runs as generated code (its trace, lowered with
+the jit's executors by transforms/executor_lower.py), never unrolled into the enclosing trace; a
+checkpoint's body alone is inlined there, once reverse mode has decided what it computes again.
 
 May import: core/, prims.py.
 """
@@ -18,6 +23,7 @@ import torch
 
 from thunderfn.core import symbolic
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.rules import TAG_CHEAP
 from thunderfn.prims import _out, check, make_prim
 
 
@@ -74,3 +80,31 @@ def _while_loop_impl(cond_body, body, init, cond_captured, body_captured):
 
 
 make_prim("control_flow.while_loop", "while_loop", meta=_while_loop_meta, impl=_while_loop_impl)
+
+
+def _checkpoint_meta(body, operands, captured, policy, n_saved):
+    check(isinstance(n_saved, int) and 0 <= n_saved <= len(body.outputs),
+          lambda: f"checkpoint: n_saved must be an int between 0 and the body's outputs, got {n_saved}")
+    return tuple(_out(o) for o in body.outputs)
+
+
+def _checkpoint_impl(body, operands, captured, policy, n_saved):
+    return body(*operands, *captured)
+
+
+make_prim("control_flow.checkpoint", "checkpoint", meta=_checkpoint_meta, impl=_checkpoint_impl)
+
+
+def _checkpoint_name_meta(x, name):
+    check(isinstance(x, TensorProxy), lambda: f"checkpoint_name: expected a tensor, got {type(x).__name__}", TypeError)
+    check(isinstance(name, str), lambda: f"checkpoint_name: the name must be a str, got {type(name).__name__}",
+          TypeError)
+    return _out(x)
+
+
+def _checkpoint_name_impl(x, name):
+    return x
+
+
+make_prim("control_flow.checkpoint_name", "checkpoint_name", meta=_checkpoint_name_meta, impl=_checkpoint_name_impl,
+          tags=(TAG_CHEAP,))

@@ -3,8 +3,9 @@
 `trace_body(fn, operands, name)` traces fn once on stand-ins for its operands (a pytree of
 tensors) into a Trace of its own, sharing the enclosing trace's names. Tensors of the enclosing
 trace that fn reads without taking them as operands (a closure over a weight) become inputs of
-the body after its operands, its `captured` proxies, which the primitive passes to it. A tensor
-fn closes over that is not being traced is a constant of the body, as anywhere in traced code.
+the body after its operands, its `captured` proxies, which the primitive passes to it; so do the
+enclosing trace's proxies of real tensors fn closes over (a module's weights), as the enclosing
+trace's constants.
 
 A Body is called with flat tensors (its operands' leaves, then its captured tensors) and returns
 the flat leaves of fn's output. It runs its trace as generated code: the trace it was traced into
@@ -18,9 +19,12 @@ from __future__ import annotations
 
 import itertools
 
+import optree
+
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from thunderfn.core.symbol import BoundSymbol
 from thunderfn.core.trace import Trace
 from thunderfn.core.tracer import tracing
 from thunderfn.errors import ArgumentTypeError, UnsupportedOpError
@@ -55,12 +59,14 @@ class Body:
         params = ", ".join(p.name for p in self.trace.args)
         return [f"def {self.__name__}({params}):"] + ["  " + line for line in _statements(self.trace)]
 
-    def inline(self, *flat):
+    def inline(self, *flat, env: dict | None = None):
         """Record the body's statements into the trace being built, on these inputs (its operands' leaves
         then its captured tensors), as calls of the same symbols: what a rule that differentiates or
-        batches the body starts from. Returns the flat outputs."""
+        batches the body starts from. Returns the flat outputs. `env`, when given, is filled with each of
+        the body's values (by name) as recorded here."""
         tracer = context.current_tracer()
-        env = {p.name: v for p, v in zip(self.trace.args, flat)}
+        env = {} if env is None else env
+        env.update({p.name: v for p, v in zip(self.trace.args, flat)})
 
         def value(x):
             if not isinstance(x, TensorProxy):
@@ -76,6 +82,19 @@ class Body:
                     env[old.name] = new
         return tuple(value(o) for o in self.trace.output)
 
+    def statements_as(self, flat: tuple, outputs: tuple) -> list | None:
+        """The body's statements with its inputs renamed to `flat` and its outputs to `outputs` (a call's
+        output proxies): the call inlined into the trace that makes it, each value inside keeping its name
+        (unique: every trace shares its enclosing trace's names). None where that cannot be done by renaming:
+        an output that is an input, or the same value twice."""
+        made = {o.name for b in self.trace.bound_symbols for o in b.proxy_outs()}
+        own = [o.name for o in self.trace.output]
+        if len(set(own)) != len(own) or not set(own) <= made:
+            return None
+        names = {p.name: v for p, v in zip(self.trace.args, flat)}
+        names.update({o.name: new for o, new in zip(self.trace.output, outputs)})
+        return [renamed(b, names) for b in self.trace.bound_symbols]
+
     def __call__(self, *flat):
         if self._run is None:
             self._run = self.trace.python_callable()
@@ -84,6 +103,17 @@ class Body:
 
     def __repr__(self) -> str:
         return f"<body {self.__name__} of {self.fn_name}>"
+
+
+def renamed(bsym, names: dict):
+    """bsym with the proxies named in `names` replaced by their entries, in its arguments, outputs and
+    decomposition."""
+    def sub(tree):
+        return optree.tree_map(lambda x: names.get(x.name, x) if isinstance(x, TensorProxy) else x, tree,
+                               none_is_leaf=True, namespace="thunderfn")
+
+    return BoundSymbol(bsym.sym, sub(bsym.args), sub(bsym.kwargs), sub(bsym.output),
+                       tuple(renamed(s, names) for s in bsym.subsymbols))
 
 
 def _statements(trc: Trace) -> list[str]:
@@ -124,22 +154,37 @@ def trace_body(fn, operands, kind: str) -> Body:
     return Body(f"{kind}_{next(_ids)}", fn_name, trc, len(inputs), tuple(captured), out_tree)
 
 
+def body_of_region(bsyms: list, fn_name: str, kind: str) -> Body:
+    """A Body of statements already recorded in the trace being built (a region of it): its inputs the
+    values they read from outside, its outputs every tensor they make, under the same names, so that the
+    primitive calling it can stand in their place."""
+    outer = context.current_trace()
+    trc = Trace(fn_name, names=outer.names)
+    trc.bound_symbols = list(bsyms)
+    captured = _captured(trc)
+    outputs = list({o.name: o for b in bsyms for o in b.proxy_outs()}.values())
+    trc.args, trc.output = list(captured), tuple(outputs)
+    return Body(f"{kind}_{next(_ids)}", fn_name, trc, 0, tuple(captured), tree_flatten(tuple(outputs))[1])
+
+
 def _captured(trc: Trace) -> list:
-    """Proxies the body reads that neither its inputs nor its own statements make: the enclosing trace's."""
+    """Proxies the body reads that neither its inputs nor its own statements make: the enclosing trace's,
+    its captured tensors among them (a module's weights), so that the enclosing trace sees them read by the
+    call and differentiates with respect to those that require grad."""
     known = {p.name for p in trc.args}
     captured, seen = [], set()
 
     def visit(bsyms):
         for bsym in bsyms:
             for p in bsym.proxy_args():
-                if p.name not in known and p.name not in seen and p.constant is None:
+                if p.name not in known and p.name not in seen:
                     seen.add(p.name)
                     captured.append(p)
             known.update(o.name for o in bsym.proxy_outs())
 
     visit(trc.bound_symbols)
     for p in trc.output if isinstance(trc.output, (tuple, list)) else ():
-        if isinstance(p, TensorProxy) and p.name not in known and p.name not in seen and p.constant is None:
+        if isinstance(p, TensorProxy) and p.name not in known and p.name not in seen:
             seen.add(p.name)
             captured.append(p)
     return captured

@@ -65,9 +65,12 @@ class RecordedCall(NamedTuple):
 class VJPRule:
     """How reverse mode differentiates one symbol: `bwd(call, g)` is the cotangent of each
     positional argument. `applies(*args, **kwargs) -> bool`, when given, restricts the rule to
-    some calls of a composite symbol: the others are differentiated through its decomposition."""
+    some calls of a composite symbol: the others are differentiated through its decomposition.
+    `residuals(bsym) -> bsym`, when given, is the call reverse mode runs in the forward in bsym's
+    place: the same call made to also return values bwd then reads (a checkpoint's saved values)."""
     bwd: Callable
     applies: Callable | None = None
+    residuals: Callable | None = None
 
     def applies_to(self, bsym) -> bool:
         return self.applies is None or bool(self.applies(*bsym.args, **bsym.kwargs))

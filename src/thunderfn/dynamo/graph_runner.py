@@ -8,17 +8,17 @@ its higher-order operators (a subgraph and how to run it), is the rule table bel
 the operator's name:
 
 - `wrap`, `invoke_subgraph`: the subgraph, inlined;
-- `tag_activation_checkpoint` (torch.utils.checkpoint): the subgraph, inlined; which forward
-  values the backward recomputes is the rematerialization pass's choice, as for a checkpointed
-  function traced by tf.jit;
+- `tag_activation_checkpoint` (torch.utils.checkpoint): the subgraph as a checkpoint region saving
+  nothing (torch/checkpoint.py), computed again in the backward as eager's;
 - `autograd_function_apply` (a user's torch.autograd.Function): a Function whose forward
   runs the forward subgraph and whose backward runs the backward subgraph, traced by
   transforms/user_functions.py as any Function is (the backward subgraph is the VJP rule);
-- `cond` on a Python or constant predicate: the branch it picks; `map`: unrolled over the
-  leading dimension and stacked.
+- `cond`, `while_loop`, `scan` and `map_impl` (torch.cond and torch._higher_order_ops' loops): tf.cond,
+  tf.while_loop and tf.scan of the subgraphs, the control-flow primitives user code reaches, so a
+  predicate or trip count known only when the graph runs is one statement of the trace.
 
-Any other higher-order operator, and `cond` on a traced tensor, raises
-UnsupportedHigherOrderOp: the splitter (dynamo/splitting.py) runs that node outside thunderfn.
+Any other higher-order operator raises UnsupportedHigherOrderOp: the splitter (dynamo/splitting.py)
+runs that node outside thunderfn.
 
 The api layer: the torch.compile backend's machinery. It never imports torch._dynamo.
 """
@@ -32,8 +32,9 @@ from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from thunderfn.core import context
-from thunderfn.core.proxies import TensorProxy
 from thunderfn.errors import UnsupportedOpError
+from thunderfn.torch import control_flow
+from thunderfn.torch.checkpoint import checkpoint_region
 
 
 class UnsupportedHigherOrderOp(UnsupportedOpError):
@@ -136,23 +137,49 @@ def _invoke_subgraph(body, _identifier, *args):
     return run_graph(body, args)
 
 
-def _cond(pred, true_fn, false_fn, operands):
-    if isinstance(pred, TensorProxy):
-        raise UnsupportedHigherOrderOp("cond", "its predicate is a traced tensor (a value known only when the "
-                                              "graph runs)")
-    return run_graph(true_fn if bool(pred) else false_fn, tuple(operands))
+def _graph_of(gm, *extra):
+    """The subgraph as a function of its leading arguments, `extra` passed after them."""
+    def run(*leading):
+        return run_graph(gm, (*leading, *extra))
+    run.__name__ = gm.__class__.__name__
+    return run
+
+
+def _cond(pred, true_fn, false_fn, operands, *additional):
+    return control_flow.cond(pred, _graph_of(true_fn, *additional), _graph_of(false_fn, *additional), *operands)
+
+
+def _as_tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _while_loop(cond_fn, body_fn, carried_inputs, additional_inputs=()):
+    def holds(carry):
+        return _as_tuple(run_graph(cond_fn, (*carry, *additional_inputs)))[0]
+
+    def step(carry):
+        return _as_tuple(run_graph(body_fn, (*carry, *additional_inputs)))
+
+    return control_flow.while_loop(holds, step, tuple(carried_inputs))
+
+
+def _scan(combine_fn, init, xs, additional_inputs=()):
+    n_carry = len(init)
+
+    def step(carry, x):
+        out = _as_tuple(run_graph(combine_fn, (*carry, *x, *additional_inputs)))
+        return out[:n_carry], out[n_carry:]
+
+    carry, ys = control_flow.scan(step, tuple(init), tuple(xs))
+    return [*carry, *ys]
 
 
 def _map(body, xs, pos_args):
-    xs = list(xs)
-    n = xs[0].shape[0]
-    results = [run_graph(body, (*(x[i] for x in xs), *pos_args)) for i in range(n)]
-    if not results:
-        raise UnsupportedHigherOrderOp("map", "it maps over an empty leading dimension")
-    first = results[0]
-    if isinstance(first, (tuple, list)):
-        return type(first)(torch.stack([r[j] for r in results]) for j in range(len(first)))
-    return torch.stack(results)
+    return control_flow.scan(lambda carry, x: (carry, run_graph(body, (*x, *pos_args))), (), tuple(xs))[1]
+
+
+def _checkpoint(body, *args, **_options):
+    return checkpoint_region(_graph_of(body), *args)
 
 
 def _autograd_function_apply(fwd, bwd, *args, non_differentiable_idx=(), saved_for_backward_idx=(), dirty_idx=(),
@@ -184,9 +211,11 @@ def _autograd_function_apply(fwd, bwd, *args, non_differentiable_idx=(), saved_f
 
 HIGHER_ORDER_RULES = {
     "wrap": _inline,
-    "tag_activation_checkpoint": _inline,
+    "tag_activation_checkpoint": _checkpoint,
     "invoke_subgraph": _invoke_subgraph,
     "autograd_function_apply": _autograd_function_apply,
     "cond": _cond,
     "map_impl": _map,
+    "while_loop": _while_loop,
+    "scan": _scan,
 }

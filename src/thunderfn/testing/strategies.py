@@ -129,6 +129,51 @@ def program_inputs(draw, n_inputs: int = 2, dtypes=FLOAT_DTYPES):
     return tuple(make(shape, dtype, draw(st.integers(0, 2**16))) for _ in range(n_inputs))
 
 
+# -- bodies of control flow (tf.scan, tf.cond) made of random programs ------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ScanBody:
+    """A tf.scan body f(carry, x) -> (carry, y) around a random program of the carry and the step's x: y is
+    the program's value, the new carry the old one moved by the mean of y, squashed (so that it keeps its
+    shape and stays bounded over the steps)."""
+    program: Program
+
+    def __call__(self, carry, x):
+        y = self.program(carry, x)
+        return torch.tanh(carry + y.mean()), y
+
+
+@dataclasses.dataclass(frozen=True)
+class Branch:
+    """A tf.cond branch f(x, y) -> a value of x's shape and dtype, around a random program of x and y."""
+    program: Program
+
+    def __call__(self, x, y):
+        return torch.tanh(x + self.program(x, y).mean())
+
+
+@st.composite
+def scan_bodies(draw, max_steps: int = 4):
+    return ScanBody(draw(programs(n_inputs=2, max_steps=max_steps)))
+
+
+@st.composite
+def cond_branches(draw, max_steps: int = 4):
+    """A pair of branches (true_fn, false_fn)."""
+    return Branch(draw(programs(n_inputs=2, max_steps=max_steps))), Branch(draw(programs(n_inputs=2,
+                                                                                           max_steps=max_steps)))
+
+
+@st.composite
+def scan_inputs(draw, batch: int | None = None, dtype=torch.float64):
+    """(init, xs): a carry of a random shape and 1 to 4 steps of xs of the same shape; with `batch`, both with
+    a leading batch dimension of that size (xs's steps second)."""
+    shape = draw(shapes(min_dims=1, max_dims=2, max_side=3))
+    steps = draw(st.integers(1, 4))
+    front = (batch,) if batch is not None else ()
+    return (make(front + shape, dtype, draw(st.integers(0, 2**16))),
+            make(front + (steps,) + shape, dtype, draw(st.integers(0, 2**16))))
+
+
 @dataclasses.dataclass(frozen=True)
 class ValueGraph:
     """A small forward computation as rematerialization sees it (transforms/rematerialize.py's

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from thunderfn import prims, prims_control_flow  # noqa: F401  (makes prims.checkpoint)
 from thunderfn.core import context
 from thunderfn.core.bodies import Body
 from thunderfn.core.interception import handled_by
@@ -114,11 +115,24 @@ def _with_lowered_bodies(bsym, executors):
     return BoundSymbol(bsym.sym, args, bsym.kwargs, bsym.output, bsym.subsymbols)
 
 
+def _inlined_checkpoint(bsym) -> list | None:
+    """A checkpoint's statements in place of its call (None for any other bound symbol): what to compute
+    again was reverse mode's business, done by now; inlined, the body's ops fuse with those around it."""
+    if bsym.sym.id != prims.checkpoint.id:
+        return None
+    body, operands, captured, _policy, _n_saved = bsym.args
+    return body.statements_as(tuple(operands) + tuple(captured), tuple(bsym.output))
+
+
 def lower_bsyms(bsyms, executors) -> list:
     out = []
     for bsym in bsyms:
         if bsym.sym.printer is not None or bsym.sym is contiguous:  # del / alias statements, a lowering's copies
             out.append(bsym)
+            continue
+        inlined = _inlined_checkpoint(bsym)
+        if inlined is not None:
+            out.extend(lower_bsyms(inlined, executors))
             continue
         bsym = _with_lowered_bodies(bsym, executors)
         ex, rule = _claim(bsym, executors)

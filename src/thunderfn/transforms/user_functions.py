@@ -52,6 +52,7 @@ from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.core.rules import JVPRule, drop_rule, set_rule
 from thunderfn.errors import BatchingError, UserGradientError
+from thunderfn.torch.checkpoint import checkpoint
 from thunderfn.torch.opaque import run_opaque
 from thunderfn.torch.reductions import sum_to
 from thunderfn.transforms.custom_vjp import custom_vjp
@@ -506,11 +507,10 @@ def _apply(cls, *args, **kwargs):
     if tracer is not None and (any(isinstance(x, TensorProxy) for x in tree_leaves((args, kwargs))) or (
             tracer.symbol_depth == 0 and torch._C._is_torch_function_enabled())):
         if cls is _CheckpointFunction:
-            # torch.utils.checkpoint(use_reentrant=True): its backward recomputes the function under
-            # torch.autograd; the gradient it computes is the function's own, so the function is traced
-            # (what the trace recomputes in the backward is the rematerialization pass's choice)
+            # torch.utils.checkpoint(use_reentrant=True): a region computed again in the backward, saving
+            # nothing but its inputs, as eager's (torch/checkpoint.py)
             run_function, _preserve_rng_state, *rest = args
-            return run_function(*rest)
+            return checkpoint(run_function)(*rest)
         args, kwargs = _bound_positionally(cls, args, kwargs)
         return apply(function_spec(cls), args, kwargs)
     for watch in getattr(_watchers, "stack", ()):

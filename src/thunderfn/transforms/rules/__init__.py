@@ -7,6 +7,7 @@ differentiated and batched by torch.func with their draws replayed (transforms/a
 forward_mode.py, vmap.py).
 """
 from thunderfn.transforms.rules import (  # noqa: F401  (imported for the rules they enter)
+    checkpoint,
     collectives,
     control_flow,
     conv_pool,

@@ -176,3 +176,30 @@ def as_scalars(result, batch_size: int):
 def shifted_dims(dims, per_example_ndim: int) -> tuple:
     """Dimension arguments of a per-example tensor, as dimensions of its batched form (batch at 0)."""
     return tuple(canonical_dim(d, per_example_ndim) + 1 for d in dims)
+
+
+# -- tuples of tensors, for rules whose arguments are tuples of them (the control-flow primitives) ----------
+def zeros_or(g, like):
+    return zeros_like(like) if g is None else g
+
+
+def float_tangents(leaves, tangents) -> tuple:
+    """The tangents of the float leaves, zeros for those given none."""
+    return tuple(zeros_or(t, x) for x, t in zip(leaves, tangents) if is_float_tensor(x))
+
+
+def per_leaf(entries, leaves) -> tuple:
+    """A tuple argument's tangents or batch dims, one per leaf (the transforms give None for a tuple none of
+    whose leaves has one)."""
+    return (None,) * len(leaves) if entries is None else tuple(entries)
+
+
+def full_tangents(leaves, float_tangents) -> tuple:
+    """One tangent per leaf again: the float leaves' from float_tangents, zeros (which forward mode reads as
+    no tangent) for the others, so that the tangents' leaves line up with the primals'."""
+    it = iter(float_tangents)
+    return tuple(next(it) if is_float_tensor(x) else zeros_like(x) for x in leaves)
+
+
+def output_tangents(outs, tangents) -> tuple:
+    return tuple(t if is_float_tensor(o) else None for o, t in zip(outs, tangents))

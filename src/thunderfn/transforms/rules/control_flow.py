@@ -17,7 +17,18 @@ import thunderfn.torch as ltorch
 from thunderfn import prims, prims_control_flow  # noqa: F401  (makes prims.cond, scan, while_loop)
 from thunderfn.core.rules import set_underivable
 from thunderfn.torch import control_flow
-from thunderfn.transforms.rules.common import batch_size_of, batched_front, is_float_tensor, move_to_front, zeros_like
+from thunderfn.transforms.rules.common import (
+    batch_size_of,
+    batched_front,
+    float_tangents,
+    full_tangents,
+    is_float_tensor,
+    move_to_front,
+    output_tangents,
+    per_leaf,
+    zeros_like,
+    zeros_or,
+)
 from thunderfn.transforms.rules.define import defbatch, defjvp, defvjp, trace_jvp, trace_vjp, vmap
 
 # reverse mode needs every step's carry, and a while_loop's number of steps is known only when it runs
@@ -65,10 +76,6 @@ def _floats(leaves) -> list:
     return [i for i, x in enumerate(leaves) if is_float_tensor(x)]
 
 
-def _zeros_or(g, like):
-    return zeros_like(like) if g is None else g
-
-
 @defvjp(prims.scan.id)
 def _scan_vjp(call, g):
     """The carry each step started from is recomputed by a forward scan (the body saves nothing), then a
@@ -85,8 +92,8 @@ def _scan_vjp(call, g):
         return tuple(body.inline(*carry, *x, *captured)[:n_carry]), carry
 
     _, started_from = control_flow.scan(recompute, tuple(init), tuple(xs), length=length, reverse=reverse)
-    g_carry = tuple(_zeros_or(g[i], carry_out[i]) for i in float_carry)
-    g_ys = tuple(_zeros_or(g[n_carry + i], ys_out[i]) for i in float_y)
+    g_carry = tuple(zeros_or(g[i], carry_out[i]) for i in float_carry)
+    g_ys = tuple(zeros_or(g[n_carry + i], ys_out[i]) for i in float_y)
 
     def back_step(state, step):
         g_c, g_k = state
@@ -98,10 +105,10 @@ def _scan_vjp(call, g):
         for i, gy in zip(float_y, g_y):
             cts[n_carry + i] = gy
         grads = backward(tuple(cts))
-        new_g_c = tuple(_zeros_or(grads[i], carry[i]) for i in float_carry)
+        new_g_c = tuple(zeros_or(grads[i], carry[i]) for i in float_carry)
         new_g_k = tuple(acc if grads[n_carry + n_x + i] is None else acc + grads[n_carry + n_x + i]
                         for i, acc in zip(float_captured, g_k))
-        return (new_g_c, new_g_k), tuple(_zeros_or(grads[n_carry + i], x[i]) for i in float_x)
+        return (new_g_c, new_g_k), tuple(zeros_or(grads[n_carry + i], x[i]) for i in float_x)
 
     zero_k = tuple(zeros_like(captured[i]) for i in float_captured)
     (g_init, g_captured), g_xs = control_flow.scan(back_step, (g_carry, zero_k), (started_from, tuple(xs), g_ys),
@@ -117,39 +124,17 @@ def _placed(values, positions, n) -> tuple:
 
 
 # -- forward mode: the same primitive over primals and tangents together -------------------------------------
-def _float_tangents(leaves, tangents) -> tuple:
-    """The tangents of the float leaves, zeros for those given none."""
-    return tuple(_zeros_or(t, x) for x, t in zip(leaves, tangents) if is_float_tensor(x))
-
-
-def _per_leaf(entries, leaves) -> tuple:
-    """A tuple argument's tangents or batch dims, one per leaf (the transforms give None for a tuple none of
-    whose leaves has one)."""
-    return (None,) * len(leaves) if entries is None else tuple(entries)
-
-
-def _full_tangents(leaves, float_tangents) -> tuple:
-    """One tangent per leaf again: the float leaves' from float_tangents, zeros (which forward mode reads as
-    no tangent) for the others, so that the tangents' leaves line up with the primals'."""
-    it = iter(float_tangents)
-    return tuple(next(it) if is_float_tensor(x) else zeros_like(x) for x in leaves)
-
-
-def _output_tangents(outs, tangents) -> tuple:
-    return tuple(t if is_float_tensor(o) else None for o, t in zip(outs, tangents))
-
-
 @defjvp(prims.cond.id)
 def _cond_jvp(call, tangents):
     """A cond, by the same predicate, of each branch's tangent."""
     pred, true_body, false_body, operands, true_captured, false_captured = call.args
     leaves = tuple(operands) + tuple(true_captured) + tuple(false_captured)
-    t_leaves = _float_tangents(leaves, _per_leaf(tangents[3], operands) + _per_leaf(tangents[4], true_captured)
-                               + _per_leaf(tangents[5], false_captured))
+    t_leaves = float_tangents(leaves, per_leaf(tangents[3], operands) + per_leaf(tangents[4], true_captured)
+                               + per_leaf(tangents[5], false_captured))
 
     def branch(body, mine: int):
         def jvp(operands, true_captured, false_captured, t_float):
-            full = _full_tangents(tuple(operands) + tuple(true_captured) + tuple(false_captured), t_float)
+            full = full_tangents(tuple(operands) + tuple(true_captured) + tuple(false_captured), t_float)
             n_ops, n_true = len(operands), len(true_captured)
             captured, t_captured = ((true_captured, full[n_ops:n_ops + n_true]) if mine == 0
                                     else (false_captured, full[n_ops + n_true:]))
@@ -162,7 +147,7 @@ def _cond_jvp(call, tangents):
 
     t_out = control_flow.cond(pred, branch(true_body, 0), branch(false_body, 1), tuple(operands),
                               tuple(true_captured), tuple(false_captured), t_leaves)
-    return _output_tangents(call.out, t_out)
+    return output_tangents(call.out, t_out)
 
 
 @defjvp(prims.scan.id)
@@ -170,38 +155,38 @@ def _scan_jvp(call, tangents):
     """A scan carrying each carry's tangent beside it and stacking each y's tangent beside it."""
     body, init, xs, captured, length, reverse = call.args
     n_carry = len(init)
-    t_init = _float_tangents(init, _per_leaf(tangents[1], init))
-    t_xs = _float_tangents(xs, _per_leaf(tangents[2], xs))
-    t_captured = _full_tangents(captured, _float_tangents(captured, _per_leaf(tangents[3], captured)))
+    t_init = float_tangents(init, per_leaf(tangents[1], init))
+    t_xs = float_tangents(xs, per_leaf(tangents[2], xs))
+    t_captured = full_tangents(captured, float_tangents(captured, per_leaf(tangents[3], captured)))
 
     def step(state, step_xs):
         (carry, t_carry), (x, t_x) = state, step_xs
         out, t_out = trace_jvp(lambda c, x, k: body.inline(*c, *x, *k), (carry, x, tuple(captured)),
-                               (_full_tangents(carry, t_carry), _full_tangents(x, t_x), t_captured))
+                               (full_tangents(carry, t_carry), full_tangents(x, t_x), t_captured))
         new_carry, t_ys = tuple(out[:n_carry]), t_out[n_carry:]
-        return (new_carry, _float_tangents(new_carry, t_out[:n_carry])), _float_tangents(out[n_carry:], t_ys)
+        return (new_carry, float_tangents(new_carry, t_out[:n_carry])), float_tangents(out[n_carry:], t_ys)
 
     (_, t_carry), t_ys = control_flow.scan(step, (tuple(init), t_init), (tuple(xs), t_xs), length=length,
                                            reverse=reverse)
-    return (_output_tangents(call.out[:n_carry], _full_tangents(init, t_carry))
-            + _output_tangents(call.out[n_carry:], _full_tangents(call.out[n_carry:], t_ys)))
+    return (output_tangents(call.out[:n_carry], full_tangents(init, t_carry))
+            + output_tangents(call.out[n_carry:], full_tangents(call.out[n_carry:], t_ys)))
 
 
 @defjvp(prims.while_loop.id)
 def _while_loop_jvp(call, tangents):
     """A while_loop carrying each carry's tangent beside it, stopped by the primal carry."""
     cond_body, body, init, cond_captured, body_captured = call.args
-    t_captured = _full_tangents(body_captured, _float_tangents(body_captured, _per_leaf(tangents[4], body_captured)))
+    t_captured = full_tangents(body_captured, float_tangents(body_captured, per_leaf(tangents[4], body_captured)))
 
     def step(state):
         carry, t_carry = state
         out, t_out = trace_jvp(lambda c, k: body.inline(*c, *k), (carry, tuple(body_captured)),
-                               (_full_tangents(carry, t_carry), t_captured))
-        return tuple(out), _float_tangents(tuple(out), t_out)
+                               (full_tangents(carry, t_carry), t_captured))
+        return tuple(out), float_tangents(tuple(out), t_out)
 
     _, t_carry = control_flow.while_loop(lambda state: cond_body.inline(*state[0], *cond_captured)[0], step,
-                                         (tuple(init), _float_tangents(init, _per_leaf(tangents[2], init))))
-    return _output_tangents(call.out, _full_tangents(init, t_carry))
+                                         (tuple(init), float_tangents(init, per_leaf(tangents[2], init))))
+    return output_tangents(call.out, full_tangents(init, t_carry))
 
 
 # -- vmap: the primitive over the bodies batched, every example's carry batched at dim 0 -------------------
@@ -216,7 +201,7 @@ def _cond_batch(call, dims):
     """Both branches batched (the operands' batch dims as they are); a predicate the same for every example
     picks one, a batched one runs both and selects each example's result, as JAX does."""
     pred, true_body, false_body, operands, true_captured, false_captured = call.args
-    in_axes = (_per_leaf(dims[3], operands), _per_leaf(dims[4], true_captured), _per_leaf(dims[5], false_captured))
+    in_axes = (per_leaf(dims[3], operands), per_leaf(dims[4], true_captured), per_leaf(dims[5], false_captured))
 
     def branch(body, mine: int):
         def batched(ops, t_cap, f_cap):
@@ -239,7 +224,7 @@ def _scan_batch(call, dims):
     carry the same for every example at first may not stay so), xs with time first and the batch second,
     the ys stacked with the batch at dim 1."""
     body, init, xs, captured, length, reverse = call.args
-    init_dims, x_dims, k_dims = _per_leaf(dims[1], init), _per_leaf(dims[2], xs), _per_leaf(dims[3], captured)
+    init_dims, x_dims, k_dims = per_leaf(dims[1], init), per_leaf(dims[2], xs), per_leaf(dims[3], captured)
     batch = batch_size_of(tuple(init) + tuple(xs) + tuple(captured), init_dims + x_dims + k_dims)
     carry = tuple(batched_front(c, d, batch) for c, d in zip(init, init_dims))
     # time stays dim 0; a batched x's batch dim goes to 1, so that each step's slice has it at 0
@@ -260,8 +245,8 @@ def _while_loop_batch(call, dims):
     """As JAX: the loop runs while some example's condition holds; each step the examples whose condition
     no longer holds keep their carry."""
     cond_body, body, init, cond_captured, body_captured = call.args
-    init_dims = _per_leaf(dims[2], init)
-    cond_dims, body_dims = _per_leaf(dims[3], cond_captured), _per_leaf(dims[4], body_captured)
+    init_dims = per_leaf(dims[2], init)
+    cond_dims, body_dims = per_leaf(dims[3], cond_captured), per_leaf(dims[4], body_captured)
     batch = batch_size_of(tuple(init) + tuple(cond_captured) + tuple(body_captured), init_dims + cond_dims + body_dims)
     carry = tuple(batched_front(c, d, batch) for c, d in zip(init, init_dims))
     zeros = tuple(0 for _ in carry)

@@ -71,9 +71,10 @@ def _named_like(wrapper, rule):
     return wrapper
 
 
-def defvjp(*symbol_ids, applies=None):
+def defvjp(*symbol_ids, applies=None, residuals=None):
     """Enter the decorated `bwd(call, g)` as the VJP rule of each symbol id, refusing complex
-    arguments; `applies(*args, **kwargs)`, when given, restricts it to the calls it says yes to."""
+    arguments; `applies(*args, **kwargs)`, when given, restricts it to the calls it says yes to;
+    `residuals(bsym)`, when given, is the forward call that returns what bwd reads (VJPRule)."""
     def register(bwd):
         def checked(call: RecordedCall, g):
             refuse_complex("vjp", symbol_ids[0], call.args)
@@ -82,7 +83,7 @@ def defvjp(*symbol_ids, applies=None):
             return bwd(call, g)
 
         for sid in symbol_ids:
-            set_rule(sid, "vjp", VJPRule(_named_like(checked, bwd), applies))
+            set_rule(sid, "vjp", VJPRule(_named_like(checked, bwd), applies, residuals))
         return bwd
 
     return register
