@@ -231,3 +231,6 @@ def test_bad_arguments_are_named_errors():
         tf.checkpoint(layer, policy="nothing")
     with pytest.raises(ArgumentTypeError, match="the name must be a str"):
         tf.checkpoint_name(torch.ones(2), 3)
+    with pytest.raises(ValueError, match="Unexpected keyword arguments: scale"):  # torch's own words
+        tf.jit(lambda x: torch_checkpoint.checkpoint(lambda x, scale: x * scale, x, scale=2, use_reentrant=True))(
+            torch.ones(2))

@@ -28,7 +28,7 @@ from thunderfn.core import context
 from thunderfn.core.bodies import body_of_region, trace_body
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
-from thunderfn.errors import ArgumentTypeError
+from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 from thunderfn.torch import checkpoint_policies
 from thunderfn.torch.base import stand_in_front
 
@@ -172,8 +172,8 @@ def _torch_checkpoint(original, function, *args, use_reentrant=None, context_fn=
     for option in _OPTIONS:
         kwargs.pop(option, None)
     if use_reentrant and (kwargs or context_fn is not torch_checkpoint.noop_context_fn):
-        raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs) if kwargs else
-                         "Passing `context_fn` or `debug` is only supported when use_reentrant=False.")
+        raise ArgumentValueError("Unexpected keyword arguments: " + ",".join(kwargs) if kwargs else
+                                 "Passing `context_fn` or `debug` is only supported when use_reentrant=False.")
     if context_fn is not torch_checkpoint.noop_context_fn:
         _warn_context_fn()
     return checkpoint_region(function, *args, **kwargs)
