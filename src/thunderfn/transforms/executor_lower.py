@@ -21,6 +21,7 @@ from thunderfn.core import context
 from thunderfn.core.bodies import Body
 from thunderfn.core.interception import handled_by
 from thunderfn.core.lowering import RunAsItself, RunAsOperator, RunWithTorch, TraceInPlace
+from thunderfn.core.passes import dce
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.statements import python_alias
@@ -106,12 +107,23 @@ contiguous = Symbol("contiguous", "executor_lower.contiguous", meta=lambda a, me
                     eager=torch.Tensor.contiguous)
 
 
+def _lowered_body(trc, executors):
+    """A body's execution trace: lowered onto the executors, then fused by those that fuse (a fusion
+    executor's `fuse`), so that a loop's step runs its fused kernels each time."""
+    lowered = dce(lower_trace(trc, executors))
+    for ex in executors:
+        if callable(getattr(ex, "fuse", None)):
+            lowered = ex.fuse(lowered)
+    return lowered
+
+
 def _with_lowered_bodies(bsym, executors):
     """bsym, its bodies (a control-flow primitive's: core/bodies.py) lowered onto the same executors, so
-    that they run as execution traces: executors claim the ops inside a body as anywhere else."""
+    that they run as execution traces: executors claim the ops inside a body, and fuse them, as anywhere
+    else."""
     if not any(isinstance(a, Body) for a in bsym.args):
         return bsym
-    args = tuple(a.lowered(lambda trc: lower_trace(trc, executors)) if isinstance(a, Body) else a for a in bsym.args)
+    args = tuple(a.lowered(lambda trc: _lowered_body(trc, executors)) if isinstance(a, Body) else a for a in bsym.args)
     return BoundSymbol(bsym.sym, args, bsym.kwargs, bsym.output, bsym.subsymbols)
 
 
