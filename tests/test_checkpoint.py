@@ -234,3 +234,29 @@ def test_bad_arguments_are_named_errors():
     with pytest.raises(ValueError, match="Unexpected keyword arguments: scale"):  # torch's own words
         tf.jit(lambda x: torch_checkpoint.checkpoint(lambda x, scale: x * scale, x, scale=2, use_reentrant=True))(
             torch.ones(2))
+
+
+def test_hugging_face_gradient_checkpointing_under_jit_saves_what_eagers_saves():
+    transformers = pytest.importorskip("transformers", reason="the Hugging Face model needs transformers")
+    config = transformers.GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=64, n_positions=32, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids = torch.randint(0, 64, (2, 16))
+    excluded = {p.data_ptr() for p in model.parameters()}
+
+    def grads_and_bytes(fn):
+        model.zero_grad()
+        nbytes = _saved_bytes(lambda ids: fn(ids), ids, excluded)
+        return nbytes, [p.grad.clone() for p in model.parameters()]
+
+    def loss(ids):
+        return model(ids, labels=ids).loss
+
+    eager_bytes, eager_grads = grads_and_bytes(loss)
+    jitted = tf.jit(loss)
+    jit_bytes, jit_grads = grads_and_bytes(jitted)
+    torch.testing.assert_close(jit_grads, eager_grads)
+    assert jit_bytes <= 1.5 * eager_bytes
+    assert [b.sym.name for b in tf.last_traces(jitted)[0].bound_symbols].count("checkpoint") == 3

@@ -486,3 +486,21 @@ def test_a_write_through_a_reshape_of_a_tensor_of_unknown_layout_is_refused_by_n
     fn = _view_written_then_base_returned(lambda y: y.reshape(4, 3))
     with pytest.raises(tf.UnsupportedOpError, match="memory layout at run time"):
         tf.vmap(fn)(torch.randn(2, 3, 4))
+
+
+def test_requires_grad_on_a_value_the_function_computed_changes_no_gradient():
+    # (Hugging Face's gradient checkpointing hooks the embeddings' output so) eager: a no-op where the value
+    # already requires grad; the caller's own tensors' flags stay the caller's to change
+    w = torch.randn(3, requires_grad=True)
+
+    def f(x):
+        h = x * w
+        h.requires_grad_(True)
+        return h.sin().sum()
+
+    x = torch.randn(3)
+    tf.jit(f)(x).backward()
+    expected = torch.autograd.grad(f(x), w)[0]
+    torch.testing.assert_close(w.grad, expected)
+    with pytest.raises(tf.UnsupportedOpError, match="requires_grad_"):
+        tf.jit(lambda x: x.requires_grad_(True) * 2)(torch.randn(3))

@@ -600,6 +600,14 @@ def _cast_like_target(value, target, what: str):
     return clang.maybe_convert_to_dtype(value, target.dtype)
 
 
+def _changes_no_gradient(tracer, target, requires_grad=True) -> bool:
+    """Whether x.requires_grad_(requires_grad) changes no gradient the function computes: x is a value it
+    computed (not the caller's tensor), and it asks for gradients. In eager, where x already requires grad
+    the call does nothing; where it does not, x becomes a leaf nothing flows into, whose own gradient the
+    caller cannot see."""
+    return bool(requires_grad) and tracer.real_tensor(target) is None
+
+
 def run_in_place(func, args, kwargs):
     """Trace an in-place torch call on a proxy (or a call with out=/inplace=True)."""
     settle_views()
@@ -611,6 +619,8 @@ def run_in_place(func, args, kwargs):
     target = args[0]
     if not isinstance(target, TensorProxy):
         raise UnsupportedOpError(f"{name} mutates {type(target).__name__}, not a tensor")
+    if short == "requires_grad_" and _changes_no_gradient(tracer, target, *args[1:], **kwargs):
+        return target  # (a forward hook of Hugging Face's gradient checkpointing does this to embeddings' outputs)
     check_fresh(args, kwargs)
     info = target.alias
     if info is not None and info.overlapping and short != "__setitem__":
