@@ -5,10 +5,10 @@
 
 Sections:
 - scan-first-call: the first call of `tf.jit(tf.grad(loss))` of an RNN (h = tanh(h @ W + x @ U)) over 10 to
-  10,000 steps, each in a fresh process (imports excluded, tracing, compiling and running included): written
-  with tf.scan, and written as a Python loop (which tracing unrolls; up to 1,000 steps), beside eager's first
-  step (forward and torch.autograd's backward) and torch.compile's of the Python loop (which Dynamo unrolls;
-  up to 100 steps);
+  10,000 steps, each in a fresh process (imports excluded, tracing, compiling and running included), and that
+  less the second call (the compile's own cost): written with tf.scan, and written as a Python loop (which
+  tracing unrolls; up to 1,000 steps), beside eager's first step (forward and torch.autograd's backward) and
+  torch.compile's of the Python loop (which Dynamo unrolls; up to 100 steps);
 - scan-step: the median time of a 1,000-step RNN's forward and of a training step (forward and backward):
   tf.jit of tf.scan against an eager Python loop and against a Python loop of a torch.compile-d cell;
 - while-loop: a loop whose trip count depends on the data (halve x while its norm exceeds 1) called on inputs
@@ -27,6 +27,7 @@ variants within one run.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -66,25 +67,24 @@ def rnn_loop(w, u, xs):
     return torch.stack(hs).square().mean()
 
 
-def _first_call(variant: str, steps: int) -> float:
-    """Run in a fresh process: the seconds of the first call of one variant."""
+def _first_call(variant: str, steps: int) -> tuple[float, float]:
+    """Run in a fresh process: the seconds of the first call of one variant, and of its second."""
     w, u, xs = rnn_inputs(steps)
-    if variant == "eager":
+    if variant in ("eager", "torch.compile"):
         w.requires_grad_(), u.requires_grad_()
+        fn = torch.compile(rnn_loop) if variant == "torch.compile" else rnn_loop
+
+        def step():
+            return torch.autograd.grad(fn(w, u, xs), (w, u))
+    else:
+        step = functools.partial(tf.jit(tf.grad(rnn_scan if variant == "tf.scan" else rnn_loop, argnums=(0, 1))),
+                                 w, u, xs)
+    times = []
+    for _ in range(2):
         start = time.perf_counter()
-        rnn_loop(w, u, xs).backward()
-        return time.perf_counter() - start
-    if variant == "torch.compile":
-        w.requires_grad_(), u.requires_grad_()
-        compiled = torch.compile(rnn_loop)
-        start = time.perf_counter()
-        compiled(w, u, xs).backward()
-        return time.perf_counter() - start
-    fn = rnn_scan if variant == "tf.scan" else rnn_loop
-    step = tf.jit(tf.grad(fn, argnums=(0, 1)))
-    start = time.perf_counter()
-    step(w, u, xs)
-    return time.perf_counter() - start
+        step()
+        times.append(time.perf_counter() - start)
+    return times[0], times[1]
 
 
 def _in_fresh_process(*child_args, timeout: float = 600) -> dict | None:
@@ -100,7 +100,8 @@ def _in_fresh_process(*child_args, timeout: float = 600) -> dict | None:
 
 
 def scan_first_call(args) -> None:
-    print("\n## scan-first-call: first call of tf.jit(tf.grad(rnn)) in a fresh process, seconds\n")
+    print("\n## scan-first-call: the first call of the RNN's gradient in a fresh process, seconds (and the first "
+          "call less the second: what compiling took)\n")
     limits = {"tf.scan": 10_000, "Python loop (unrolled)": 1_000, "eager": 10_000, "torch.compile": 100}
     steps_list = [10, 100, 1_000, 10_000]
     print("| variant | " + " | ".join(f"{n:,} steps" for n in steps_list) + " |")
@@ -112,10 +113,10 @@ def scan_first_call(args) -> None:
                 cells.append("not run")
                 continue
             out = _in_fresh_process("first-call", variant, steps)
-            cells.append("timeout" if out is None else f"{out['seconds']:.2f}")
+            cells.append("timeout" if out is None else f"{out['first']:.2f} ({out['first'] - out['second']:.2f})")
         print(f"| {variant} | " + " | ".join(cells) + " |")
-    print("\n(not run: the Python loop unrolls, 1,000 steps take seconds to trace and 10,000 over a minute; "
-          "torch.compile unrolls it likewise)")
+    print("\n(not run: tracing unrolls the Python loop, 1,000 steps take seconds and 10,000 over a minute; "
+          "Dynamo unrolls it likewise)")
 
 
 # -- timing ---------------------------------------------------------------------------------------------
@@ -139,15 +140,14 @@ def scan_step(args) -> None:
     w, u, xs = rnn_inputs(steps)
     wg, ug = w.clone().requires_grad_(), u.clone().requires_grad_()
 
-    def cell(h, x):
-        return torch.tanh(h @ w + x @ u)
-
-    compiled_cell = torch.compile(cell)
+    @torch.compile
+    def compiled_cell(h, x, w_, u_):
+        return torch.tanh(h @ w_ + x @ u_)
 
     def compiled_loop(w_, u_, xs_):
         h, hs = torch.zeros(BATCH, WIDTH), []
         for x in xs_:
-            h = compiled_cell(h, x)
+            h = compiled_cell(h, x, w_, u_)
             hs.append(h)
         return torch.stack(hs).square().mean()
 
@@ -328,8 +328,11 @@ def main() -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     if args.child:
         kind, *rest = args.child
-        seconds = (_first_call(rest[0], int(rest[1])) if kind == "first-call" else _checkpoint_first_call(rest[0]))
-        print(json.dumps({"seconds": seconds}))
+        if kind == "first-call":
+            first, second = _first_call(rest[0], int(rest[1]))
+            print(json.dumps({"first": first, "second": second}))
+        else:
+            print(json.dumps({"seconds": _checkpoint_first_call(rest[0])}))
         return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for name in args.sections:

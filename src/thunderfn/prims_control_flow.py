@@ -2,8 +2,9 @@
 
 `prims.cond(pred, true_body, false_body, operands, true_captured, false_captured)` runs one body
 on the operands (and the tensors it captured), by a one-element bool tensor; `prims.scan(body,
-init, xs, captured, length, reverse)` runs the body `length` times, carrying its first outputs
-from one step to the next, and stacks its other outputs along a new first dimension;
+init, xs, captured, length, reverse, n_saved=0)` runs the body `length` times, carrying its first
+outputs from one step to the next, and stacks its other outputs along a new first dimension (the last
+n_saved of them are the carries each step started from, made outputs by reverse mode);
 `prims.while_loop(cond_body, body, init, cond_captured, body_captured)` runs the body on its carry
 while cond_body says so, however many times that is; `prims.checkpoint(body, operands, captured, policy,
 n_saved)` runs the body once, and marks it for reverse mode as a region to compute again in the
@@ -42,7 +43,7 @@ def _cond_impl(pred, true_body, false_body, operands, true_captured, false_captu
 make_prim("control_flow.cond", "cond", meta=_cond_meta, impl=_cond_impl)
 
 
-def _scan_meta(body, init, xs, captured, length, reverse):
+def _scan_meta(body, init, xs, captured, length, reverse, n_saved=0):
     check(symbolic.is_int(length) and length >= 0, lambda: f"scan: length must be a non-negative int, got {length}")
     outs = body.outputs
     carry = tuple(_out(o) for o in outs[:len(init)])
@@ -50,7 +51,7 @@ def _scan_meta(body, init, xs, captured, length, reverse):
     return carry + ys
 
 
-def _scan_impl(body, init, xs, captured, length, reverse):
+def _scan_impl(body, init, xs, captured, length, reverse, n_saved=0):
     carry, ys = tuple(init), []
     for i in (range(length - 1, -1, -1) if reverse else range(length)):
         out = body(*carry, *(x[i] for x in xs), *captured)

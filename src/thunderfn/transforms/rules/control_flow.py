@@ -3,8 +3,9 @@
 A rule that needs a body's derivative or batched form transforms the body's trace, replayed on
 proxies (Body.inline), inside a new body of the same primitive, so a second transform transforms it
 again:
-- reverse mode through cond is a cond of the branches' VJPs, by the same predicate; through scan, a
-  scan recomputing each step's carry, then a scan in the other direction of the body's VJP; through
+- reverse mode through cond is a cond of the branches' VJPs, by the same predicate; through scan, the
+  forward scan keeping the carry each step started from (the rule's residuals), then a scan in the other
+  direction of the body's VJP, computing each step's other values again; through
   while_loop it is refused by name, as in JAX (its number of steps is known only when it runs), while a
   jitted function whose inputs require grad still trains through it with torch.autograd;
 - forward mode runs the same primitive over primals and tangents together;
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import thunderfn.torch as ltorch
 from thunderfn import prims, prims_control_flow  # noqa: F401  (makes prims.cond, scan, while_loop)
+from thunderfn.core.bodies import trace_body
+from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.rules import set_underivable
 from thunderfn.torch import control_flow
 from thunderfn.transforms.rules.common import (
@@ -71,18 +74,37 @@ def _cond_vjp(call, g):
     return (None, None, None, tuple(flat[:n_ops]), tuple(flat[n_ops:n_ops + n_true]), tuple(flat[n_ops + n_true:]))
 
 
-# -- scan: a forward scan recomputing the carries, then a reverse scan of the body's VJP --------------------
+# -- scan: the carries each step started from, then a reverse scan of the body's VJP --------------------------
 def _floats(leaves) -> list:
     return [i for i, x in enumerate(leaves) if is_float_tensor(x)]
 
 
-@defvjp(prims.scan.id)
+def _scan_saving_carries(bsym):
+    """The scan as reverse mode runs it in the forward: its body also returns the carry each step started
+    from, stacked as extra ys (n_saved of them), which the backward reads instead of computing them again
+    (the body's other values it computes again, step by step, as a checkpointed body's)."""
+    body, init, xs, captured, length, reverse = bsym.args
+    if bsym.kwargs.get("n_saved", 0) or not init:
+        return bsym
+    n_carry = len(init)
+
+    def with_carries(*flat):
+        return tuple(body.inline(*flat)) + tuple(flat[:n_carry])
+
+    with_carries.__name__ = body.fn_name
+    saving = trace_body(with_carries, tuple(body.trace.args), "scan_body")
+    outputs = tuple(bsym.output) + tuple(TensorProxy.like(c, shape=(length, *c.shape)) for c in init)
+    return prims.scan.bind(saving, init, xs, captured, length, reverse, n_saved=n_carry, output=outputs)
+
+
+@defvjp(prims.scan.id, residuals=_scan_saving_carries)
 def _scan_vjp(call, g):
-    """The carry each step started from is recomputed by a forward scan (the body saves nothing), then a
-    scan in the other direction runs the body's VJP step by step: it carries the cotangent of the carry
-    and the sum of the captured tensors' cotangents, and stacks the cotangents of xs."""
+    """The carry each step started from, as the forward saved it (or, in a scan that saved none, recomputed by
+    a forward scan), then a scan in the other direction runs the body's VJP step by step: it carries the
+    cotangent of the carry and the sum of the captured tensors' cotangents, and stacks the cotangents of xs."""
     body, init, xs, captured, length, reverse = call.args
     n_carry, n_x = len(init), len(xs)
+    n_saved = call.kwargs.get("n_saved", 0)
     carry_out, ys_out = call.out[:n_carry], call.out[n_carry:]
     float_carry, float_x, float_captured = _floats(init), _floats(xs), _floats(captured)
     y_examples = body.outputs[n_carry:]
@@ -91,7 +113,11 @@ def _scan_vjp(call, g):
     def recompute(carry, x):
         return tuple(body.inline(*carry, *x, *captured)[:n_carry]), carry
 
-    _, started_from = control_flow.scan(recompute, tuple(init), tuple(xs), length=length, reverse=reverse)
+    saved = call.out[len(call.out) - n_saved:] if n_saved else ()
+    if saved and all(c is None for c in g[len(call.out) - n_saved:]):  # (a second derivative reaches them)
+        started_from = tuple(saved)
+    else:
+        _, started_from = control_flow.scan(recompute, tuple(init), tuple(xs), length=length, reverse=reverse)
     g_carry = tuple(zeros_or(g[i], carry_out[i]) for i in float_carry)
     g_ys = tuple(zeros_or(g[n_carry + i], ys_out[i]) for i in float_y)
 
