@@ -39,6 +39,7 @@ import torch
 import torch.utils.checkpoint as torch_checkpoint
 
 import thunderfn as tf
+from thunderfn.testing.training import saved_bytes
 
 WIDTH, BATCH = 16, 4  # the RNN: small, so that the cost per step, not the arithmetic, is measured
 MLP_WIDTH, MLP_BATCH, MLP_LAYERS = 512, 256, 8
@@ -265,20 +266,6 @@ def _checkpoint_first_call(name: str) -> float:
     return time.perf_counter() - start
 
 
-def saved_bytes(fn, x, excluded: set) -> int:
-    kept = {}
-
-    def pack(t):
-        if t.data_ptr() not in excluded:
-            kept[(t.data_ptr(), tuple(t.shape))] = t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = fn(x)
-    loss.backward()
-    return sum(kept.values())
-
-
 def checkpoint(args) -> None:
     x = mlp_input()
     built = {name: checkpoint_variant(name) for name in CHECKPOINT_VARIANTS}
@@ -287,7 +274,7 @@ def checkpoint(args) -> None:
     for name, (layers, fn) in built.items():
         excluded = {p.data_ptr() for p in layers.parameters()} | {x.data_ptr()}
         layers.zero_grad()
-        nbytes = saved_bytes(fn, x, excluded)
+        nbytes = saved_bytes(fn, x, excluded=excluded)
         grads = [p.grad.clone() for p in layers.parameters()]
         if reference is None:
             reference = grads

@@ -10,6 +10,7 @@ import torch.utils.checkpoint as torch_checkpoint
 
 import thunderfn as tf
 from thunderfn.errors import ArgumentTypeError
+from thunderfn.testing.training import saved_bytes
 
 P = tf.checkpoint_policies
 
@@ -152,22 +153,6 @@ def test_torch_utils_checkpoint_held_from_before_is_honoured_too(xw):
     assert [b.sym.name for b in tf.last_traces(f)[0].bound_symbols][0] == "checkpoint"
 
 
-def _saved_bytes(fn, x, excluded) -> int:
-    """Bytes of the distinct tensors torch.autograd keeps for the backward of fn(x), besides `excluded`
-    (the parameters and the input, alive anyway)."""
-    kept = {}
-
-    def pack(t):
-        if t.data_ptr() not in excluded:
-            kept[(t.data_ptr(), tuple(t.shape))] = t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = fn(x)
-    loss.backward()
-    return sum(kept.values())
-
-
 def test_an_mlp_saves_what_eager_checkpointing_saves():
     torch.manual_seed(0)
     layers = torch.nn.ModuleList([torch.nn.Linear(64, 64) for _ in range(8)])
@@ -192,10 +177,10 @@ def test_an_mlp_saves_what_eager_checkpointing_saves():
         fn(x).backward()
         return [p.grad.clone() for p in layers.parameters()]
 
-    eager = _saved_bytes(torch_checkpointed, x, excluded)
+    eager = saved_bytes(torch_checkpointed, x, excluded=excluded)
     expected = grads_of(torch_checkpointed)
     for fn in (tf.jit(torch_checkpointed), tf.jit(tf_checkpointed)):
-        assert _saved_bytes(fn, x, excluded) <= 1.5 * eager
+        assert saved_bytes(fn, x, excluded=excluded) <= 1.5 * eager
         torch.testing.assert_close(grads_of(fn), expected)
 
 
@@ -248,7 +233,7 @@ def test_hugging_face_gradient_checkpointing_under_jit_saves_what_eagers_saves()
 
     def grads_and_bytes(fn):
         model.zero_grad()
-        nbytes = _saved_bytes(lambda ids: fn(ids), ids, excluded)
+        nbytes = saved_bytes(fn, ids, excluded=excluded)
         return nbytes, [p.grad.clone() for p in model.parameters()]
 
     def loss(ids):
