@@ -405,3 +405,23 @@ def test_fusion_leaves_a_loop_to_its_bodies_and_fuses_around_it(recwarn):
     source = str(tf.last_traces(f)[-1])
     assert source.count("inductor_fusion") >= 2 and "_scan_impl(" in source  # the body's ops fused too
     assert not [w for w in recwarn if "could not compile" in str(w.message)]
+
+
+def test_a_custom_vjp_inside_a_scan_body_gives_its_rule_every_step():
+    @tf.custom_vjp
+    def clipped_gradient(x):
+        return x
+
+    clipped_gradient.defvjp(lambda x: (x, None), lambda residuals, g: (g.clamp(-0.1, 0.1),))
+
+    def step(w):
+        def body(h, x):
+            h = clipped_gradient(torch.tanh(h @ w + x))
+            return h, (h.sum(),)
+        return body
+
+    w, xs = _randn(3, 3), _randn(5, 3)
+    expected = tf.grad(lambda w: _scan_in_python(step(w), torch.zeros(3, dtype=F64), xs)[1][0].sum())(w)
+    scanned = tf.grad(lambda w: tf.scan(step(w), torch.zeros(3, dtype=F64), xs)[1][0].sum())
+    torch.testing.assert_close(scanned(w), expected)
+    torch.testing.assert_close(tf.jit(scanned)(w), expected)
