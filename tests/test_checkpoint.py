@@ -2,6 +2,7 @@
 gradients against eager's (torch.autograd, without checkpointing), what the forward keeps for the
 backward (the backward trace's inputs, and bytes packed under torch.autograd.graph.saved_tensors_hooks
 against eager torch.utils.checkpoint's), and every transform through a checkpoint."""
+import copy
 import functools
 
 import pytest
@@ -245,3 +246,19 @@ def test_hugging_face_gradient_checkpointing_under_jit_saves_what_eagers_saves()
     torch.testing.assert_close(jit_grads, eager_grads)
     assert jit_bytes <= 1.5 * eager_bytes
     assert [b.sym.name for b in tf.last_traces(jitted)[0].bound_symbols].count("checkpoint") == 3
+
+
+def test_a_checkpointed_block_with_batch_norm_updates_its_statistics_once():
+    # eager torch.utils.checkpoint runs BatchNorm's update again in its recomputation (num_batches_tracked
+    # counts 2 per step); without checkpointing, and under torch.compile, it counts 1, as here
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    plain = copy.deepcopy(block)
+    x = torch.randn(8, 4)
+    jitted = tf.jit(lambda x: torch_checkpoint.checkpoint(block, x, use_reentrant=False).square().sum())
+    for _ in range(2):
+        jitted(x).backward()
+        plain(x).square().sum().backward()
+    torch.testing.assert_close(block[1].running_mean, plain[1].running_mean)
+    assert int(block[1].num_batches_tracked) == int(plain[1].num_batches_tracked) == 2
+    torch.testing.assert_close([p.grad for p in block.parameters()], [p.grad for p in plain.parameters()])

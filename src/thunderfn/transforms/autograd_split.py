@@ -31,6 +31,7 @@ import optree
 import torch
 from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead_wrappers
 
+from thunderfn import prims, prims_control_flow  # noqa: F401  (makes prims.checkpoint)
 from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.passes import dce
 from thunderfn.core.proxies import TensorProxy
@@ -440,6 +441,15 @@ def _second_derivative_message(fn_name: str) -> str:
             f"tf.jvp(tf.grad(f), ...).")
 
 
+def _read_as_saved(bsym) -> list:
+    """What a bound symbol of the backward reads as the forward left it: all it reads, but the captured tensors
+    a checkpoint's backward computes again from, which it reads as they are when the backward runs, as eager's
+    recomputation does (BatchNorm's running statistics, which the forward updated, in a checkpointed block)."""
+    if bsym.sym.id == prims.checkpoint.id:
+        return [p for p in bsym.proxy_args() if p.constant is None]
+    return bsym.proxy_args()
+
+
 class CompiledSplit:
     """A split, compiled: call it with the input tensors to get the user's output structure."""
 
@@ -460,7 +470,7 @@ class CompiledSplit:
         # Tensors the forward writes back into whose old values the backward reads: eager's autograd saved them
         # before the in-place write, and its version check makes backward() raise; so does ours.
         written = {b.args[0].name: b.args[0] for b in split.forward.bound_symbols if b.sym is write_back}
-        read = [*split.forward.output[1], *(p for b in split.backward.bound_symbols for p in b.proxy_args())]
+        read = [*split.forward.output[1], *(p for b in split.backward.bound_symbols for p in _read_as_saved(b))]
         self.modified_residuals = list({p.name: written[p.name] for p in read if p.name in written}.values())
         residual_plan = [("input", inputs[r.name]) if r.name in inputs else
                          ("output", outputs[r.name]) if r.name in outputs else ("new", None)

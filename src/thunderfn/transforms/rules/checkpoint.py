@@ -122,6 +122,20 @@ def _taking_saved(backward: Body, made: dict) -> None:
     backward.trace = dce(trc)
 
 
+def _read_only(backward: Body, leaves: list) -> list:
+    """The operands the backward's trace still reads, the others dropped from its inputs (a captured counter
+    that the forward only updated, BatchNorm's num_batches_tracked, and that the caller's code writes after the
+    forward, must not be kept for the backward)."""
+    trc = backward.trace
+    read = {p.name for b in trc.bound_symbols for p in b.proxy_args()}
+    read |= {p.name for p in trc.output if isinstance(p, TensorProxy)}
+    n = len(leaves)
+    kept = [i for i, p in enumerate(trc.args[:n]) if p.name in read]
+    trc.args = [trc.args[i] for i in kept] + list(trc.args[n:])
+    backward.n_operands = len(kept)
+    return [leaves[i] for i in kept]
+
+
 @defvjp(prims.checkpoint.id, residuals=_saving_residuals)
 def _checkpoint_vjp(call, g):
     body, operands, captured, policy, n_saved = call.args
@@ -133,7 +147,7 @@ def _checkpoint_vjp(call, g):
     operands_of_backward = (tuple(flat), saved, tuple(g[i] for i in wanted))
     backward = trace_body(fn, operands_of_backward, "checkpoint_backward")
     _taking_saved(backward, made)
-    leaves = tree_flatten(operands_of_backward)[0]
+    leaves = _read_only(backward, tree_flatten(operands_of_backward)[0])
     grads = prims.checkpoint(backward, tuple(leaves), backward.captured, checkpoint_policies.nothing_saveable, 0)
     by_position = dict(zip(float_in, grads))
     cts = [by_position.get(i) for i in range(len(flat))]
