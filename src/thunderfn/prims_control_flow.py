@@ -52,18 +52,20 @@ def _scan_meta(body, init, xs, captured, length, reverse, n_saved=0):
 
 
 def _scan_impl(body, init, xs, captured, length, reverse, n_saved=0):
+    run, n_carry = body.runner(), len(init)
     carry, ys = tuple(init), []
+    # each step's slices made up front, one unbind per leaf (indexing x[i] every step costs an op each)
+    steps = list(zip(*(x.unbind(0) for x in xs))) if xs else [()] * length
     for i in (range(length - 1, -1, -1) if reverse else range(length)):
-        out = body(*carry, *(x[i] for x in xs), *captured)
-        carry, y = out[:len(init)], out[len(init):]
-        ys.append(y)
+        out = run(*carry, *steps[i], *captured)
+        carry = out[:n_carry]
+        ys.append(out[n_carry:])
     if reverse:
         ys.reverse()
-    n_ys = len(body.outputs) - len(init)
     if not ys:  # no step: empty stacks of the per-step shapes
-        return carry + tuple(torch.empty((0, *o.shape), dtype=o.dtype, device=o.device)
-                             for o in body.outputs[len(init):])
-    return carry + tuple(torch.stack([y[j] for y in ys]) for j in range(n_ys))
+        return tuple(carry) + tuple(torch.empty((0, *o.shape), dtype=o.dtype, device=o.device)
+                                    for o in body.outputs[n_carry:])
+    return tuple(carry) + tuple(torch.stack(y) for y in zip(*ys))
 
 
 make_prim("control_flow.scan", "scan", meta=_scan_meta, impl=_scan_impl)
@@ -74,10 +76,11 @@ def _while_loop_meta(cond_body, body, init, cond_captured, body_captured):
 
 
 def _while_loop_impl(cond_body, body, init, cond_captured, body_captured):
+    holds, step = cond_body.runner(), body.runner()
     carry = tuple(init)
-    while bool(cond_body(*carry, *cond_captured)[0]):
-        carry = body(*carry, *body_captured)
-    return carry
+    while bool(holds(*carry, *cond_captured)[0]):
+        carry = step(*carry, *body_captured)
+    return tuple(carry)
 
 
 make_prim("control_flow.while_loop", "while_loop", meta=_while_loop_meta, impl=_while_loop_impl)

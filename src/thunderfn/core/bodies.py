@@ -95,10 +95,15 @@ class Body:
         names.update({o.name: new for o, new in zip(self.trace.output, outputs)})
         return [renamed(b, names) for b in self.trace.bound_symbols]
 
-    def __call__(self, *flat):
+    def runner(self):
+        """The body's generated function, compiled once: flat tensors in, the tuple of its flat outputs out
+        (what a loop calls each step, without __call__'s checks)."""
         if self._run is None:
             self._run = self.trace.python_callable()
-        out = self._run(*flat)
+        return self._run
+
+    def __call__(self, *flat):
+        out = self.runner()(*flat)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
     def __repr__(self) -> str:
