@@ -201,7 +201,7 @@ def while_loop(args) -> None:
             torch.testing.assert_close(fn(x), expected)
             times[name] = (time.perf_counter() - start) * 1e3
         trips = int(torch.log2(x[0] / expected[0]).round())
-        rows.append((trips, times, tf.cache_info(jitted).misses, counters["stats"]["unique_graphs"]))
+        rows.append((trips, times, tf.cache_info(jitted)["misses"], counters["stats"]["unique_graphs"]))
     print("\n## while-loop: a data-dependent trip count; compiles so far and this call's ms (first calls)\n")
     print("| trips | tf.jit compiles | tf.jit ms | torch.compile graphs | torch.compile ms |\n|---|---|---|---|---|")
     for trips, times, misses, graphs in rows:

@@ -23,7 +23,7 @@ import optree
 
 from thunderfn.core import context
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from thunderfn.core.pytree import tree_flatten, tree_unflatten
 from thunderfn.core.symbol import BoundSymbol
 from thunderfn.core.trace import Trace
 from thunderfn.core.tracer import tracing
@@ -61,26 +61,20 @@ class Body:
 
     def inline(self, *flat, env: dict | None = None):
         """Record the body's statements into the trace being built, on these inputs (its operands' leaves
-        then its captured tensors), as calls of the same symbols: what a rule that differentiates or
-        batches the body starts from. Returns the flat outputs. `env`, when given, is filled with each of
-        the body's values (by name) as recorded here."""
+        then its captured tensors): what a rule that differentiates or batches the body starts from (the
+        drivers transform what is recorded). Each statement is recorded as it is, under fresh names, not
+        traced again (no decomposition made anew). Returns the flat outputs; `env`, when given, is filled with
+        each of the body's values (by name) as recorded here."""
         tracer = context.current_tracer()
-        env = {} if env is None else env
-        env.update({p.name: v for p, v in zip(self.trace.args, flat)})
-
-        def value(x):
-            if not isinstance(x, TensorProxy):
-                return x
-            if x.name in env:
-                return env[x.name]
-            return tracer.constant(x.constant) if x.constant is not None else x
-
+        names = {p.name: v for p, v in zip(self.trace.args, flat)}
         for bsym in self.trace.bound_symbols:
-            out = bsym.sym(*tree_map(value, bsym.args), **tree_map(value, bsym.kwargs))
-            for old, new in zip(tree_leaves(bsym.output), tree_leaves(out)):
-                if isinstance(old, TensorProxy):
-                    env[old.name] = new
-        return tuple(value(o) for o in self.trace.output)
+            for p in _made(bsym):
+                if p.name not in names:
+                    names[p.name] = TensorProxy.like(p)
+            tracer.emit(renamed(bsym, names))
+        if env is not None:
+            env.update(names)
+        return tuple(names.get(o.name, o) if isinstance(o, TensorProxy) else o for o in self.trace.output)
 
     def statements_as(self, flat: tuple, outputs: tuple) -> list | None:
         """The body's statements with its inputs renamed to `flat` and its outputs to `outputs` (a call's
@@ -119,6 +113,13 @@ def renamed(bsym, names: dict):
 
     return BoundSymbol(bsym.sym, sub(bsym.args), sub(bsym.kwargs), sub(bsym.output),
                        tuple(renamed(s, names) for s in bsym.subsymbols))
+
+
+def _made(bsym):
+    """The proxies bsym makes: its outputs, and its decomposition's values."""
+    yield from bsym.proxy_outs()
+    for sub in bsym.subsymbols:
+        yield from _made(sub)
 
 
 def _statements(trc: Trace) -> list[str]:
