@@ -4,6 +4,7 @@ backward (the backward trace's inputs, and bytes packed under torch.autograd.gra
 against eager torch.utils.checkpoint's), and every transform through a checkpoint."""
 import copy
 import functools
+import re
 
 import pytest
 import torch
@@ -262,3 +263,21 @@ def test_a_checkpointed_block_with_batch_norm_updates_its_statistics_once():
     torch.testing.assert_close(block[1].running_mean, plain[1].running_mean)
     assert int(block[1].num_batches_tracked) == int(plain[1].num_batches_tracked) == 2
     torch.testing.assert_close([p.grad for p in block.parameters()], [p.grad for p in plain.parameters()])
+
+
+def test_the_visualized_forward_keeps_fewer_bytes_when_checkpointed(tmp_path):
+    torch.manual_seed(0)
+    x, w = torch.randn(16, 8), torch.randn(8, 8)
+
+    def model(x, w, wrap):
+        for _ in range(4):
+            x = wrap(lambda x, w: torch.tanh(torch.sin(x @ w) @ w))(x, w)
+        return x.sum()
+
+    kept = {}
+    for name, wrap in (("plain", lambda f: f), ("checkpointed", tf.checkpoint)):
+        f = tf.jit(lambda x, w: model(x, w, wrap))
+        f(x, w.clone().requires_grad_()).backward()
+        page = open(tf.visualize(f, tmp_path / f"{name}.html")).read()
+        kept[name] = float(re.search(r"\d+ tensors, ([\d.]+) KiB", page).group(1))
+    assert kept["checkpointed"] < kept["plain"]
