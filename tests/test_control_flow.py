@@ -425,3 +425,38 @@ def test_a_custom_vjp_inside_a_scan_body_gives_its_rule_every_step():
     scanned = tf.grad(lambda w: tf.scan(step(w), torch.zeros(3, dtype=F64), xs)[1][0].sum())
     torch.testing.assert_close(scanned(w), expected)
     torch.testing.assert_close(tf.jit(scanned)(w), expected)
+
+
+def _dropped(x, w):
+    return torch.nn.functional.dropout(torch.tanh(x @ w), 0.5)
+
+
+@pytest.mark.parametrize("construct", ["scan", "cond"])
+def test_random_draws_in_a_body_are_the_forwards_in_the_backward(construct):
+    """The backward reads the mask the forward drew (saved with the body's residuals), never a new draw:
+    the jitted function's gradient is eager's under the same seed."""
+    w, xs = _randn(4, 4), _randn(6, 3, 4).abs()
+
+    def step(w):
+        def body(h, x):
+            h = _dropped(h + x, w)
+            return h, (h,)
+        return body
+
+    def structured(w):
+        if construct == "scan":
+            return tf.scan(step(w), torch.zeros(3, 4, dtype=F64), xs)[1][0].sum()
+        return tf.cond(xs.sum() > 0, _dropped, lambda x, w: x @ w, xs[0], w).sum()
+
+    def in_python(w):
+        if construct == "scan":
+            return _scan_in_python(step(w), torch.zeros(3, 4, dtype=F64), xs)[1][0].sum()
+        return _dropped(xs[0], w).sum()
+
+    grads = []
+    for fn in (tf.jit(structured), in_python):
+        wg = w.clone().requires_grad_()
+        torch.manual_seed(3)
+        fn(wg).backward()
+        grads.append(wg.grad)
+    torch.testing.assert_close(grads[0], grads[1])

@@ -1,7 +1,8 @@
 """The control-flow primitives: cond and scan, whose bodies are core/bodies.py's Body objects.
 
-`prims.cond(pred, true_body, false_body, operands, true_captured, false_captured)` runs one body
-on the operands (and the tensors it captured), by a one-element bool tensor; `prims.scan(body,
+`prims.cond(pred, true_body, false_body, operands, true_captured, false_captured, n_saved=0)` runs
+one body on the operands (and the tensors it captured), by a one-element bool tensor (the last n_saved
+outputs of both are values reverse mode saves for the backward, zeros from the branch not taken); `prims.scan(body,
 init, xs, captured, length, reverse, n_saved=0)` runs the body `length` times, carrying its first
 outputs from one step to the next, and stacks its other outputs along a new first dimension (the last
 n_saved of them are the carries each step started from, made outputs by reverse mode);
@@ -28,13 +29,13 @@ from thunderfn.core.rules import TAG_CHEAP
 from thunderfn.prims import _out, check, make_prim
 
 
-def _cond_meta(pred, true_body, false_body, operands, true_captured, false_captured):
+def _cond_meta(pred, true_body, false_body, operands, true_captured, false_captured, n_saved=0):
     check(isinstance(pred, TensorProxy) and pred.dtype is torch.bool and pred.numel() == 1,
           lambda: f"cond: the predicate must be a one-element bool tensor, got {pred!r}", TypeError)
     return tuple(_out(o) for o in true_body.outputs)
 
 
-def _cond_impl(pred, true_body, false_body, operands, true_captured, false_captured):
+def _cond_impl(pred, true_body, false_body, operands, true_captured, false_captured, n_saved=0):
     if bool(pred):
         return true_body(*operands, *true_captured)
     return false_body(*operands, *false_captured)

@@ -23,7 +23,7 @@ from thunderfn import (
 from thunderfn.core import context
 from thunderfn.core.bodies import Body, trace_body
 from thunderfn.core.proxies import TensorProxy
-from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path, tree_unflatten
+from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path, tree_map, tree_unflatten
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 from thunderfn.torch.base import stand_in_front
 
@@ -73,6 +73,7 @@ def cond(pred, true_fn: Callable, false_fn: Callable, *operands):
         raise ArgumentTypeError(f"cond: the predicate must be a Python bool or a one-element bool tensor, got a "
                                 f"tensor of dtype {pred.dtype} and shape {tuple(pred.shape)}")
     pred = prims.reshape(pred, ()) if pred.ndim else pred
+    operands = tree_map(lambda x: _as_proxy(x) if isinstance(x, torch.Tensor) else x, operands)
     true_body = trace_body(true_fn, operands, "cond_true")
     false_body = trace_body(false_fn, operands, "cond_false")
     _check_agree("cond", false_body.fn_name, f"true_fn '{true_body.fn_name}'s", _structure(false_body),

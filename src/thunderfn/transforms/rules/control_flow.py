@@ -3,9 +3,10 @@
 A rule that needs a body's derivative or batched form transforms the body's trace, replayed on
 proxies (Body.inline), inside a new body of the same primitive, so a second transform transforms it
 again:
-- reverse mode through cond is a cond of the branches' VJPs, by the same predicate; through scan, the
-  forward scan keeping the carry each step started from (the rule's residuals), then a scan in the other
-  direction of the body's VJP, computing each step's other values again; through
+- reverse mode through cond is a cond of the branches' VJPs, by the same predicate, each reading the values
+  its branch saved in the forward (the rule's residuals; zeros for the other branch's); through scan, the
+  forward keeping each step's residuals and starting carry, stacked, then a scan in the other direction of
+  the body's VJP reading them (transforms/rules/residuals.py builds the bodies); through
   while_loop it is refused by name, as in JAX (its number of steps is known only when it runs), while a
   jitted function whose inputs require grad still trains through it with torch.autograd;
 - forward mode runs the same primitive over primals and tangents together;
@@ -19,6 +20,7 @@ from thunderfn import prims, prims_control_flow  # noqa: F401  (makes prims.cond
 from thunderfn.core.bodies import trace_body
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.rules import set_underivable
+from thunderfn.errors import UnsupportedOpError
 from thunderfn.torch import control_flow
 from thunderfn.transforms.rules.common import (
     batch_size_of,
@@ -33,6 +35,7 @@ from thunderfn.transforms.rules.common import (
     zeros_or,
 )
 from thunderfn.transforms.rules.define import defbatch, defjvp, defvjp, trace_jvp, trace_vjp, vmap
+from thunderfn.transforms.rules.residuals import backward_body, draws, saving_forward
 
 # reverse mode needs every step's carry, and a while_loop's number of steps is known only when it runs
 _WHILE_LOOP = ("reverse mode through a while_loop is not supported (as in JAX: its number of steps is known only "
@@ -59,9 +62,46 @@ def _branch_vjp(body, mine: int, float_positions: list):
     return vjp
 
 
-@defvjp(prims.cond.id)
+def _cond_saving_residuals(bsym):
+    """The cond as reverse mode runs it in the forward: each branch, differentiated, also returns the values its
+    backward reads, and zeros in the place of the other branch's (both return one structure), as JAX's cond."""
+    pred, true_body, false_body, operands, true_captured, false_captured = bsym.args
+    if bsym.kwargs.get("n_saved", 0):
+        return bsym
+    found = [saving_forward(body, list(body.trace.args), lambda b: True, body.__name__.rsplit("_", 1)[0])
+             for body in (true_body, false_body)]
+    saved = [f[1] if f is not None else [] for f in found]
+    if not saved[0] and not saved[1]:
+        return bsym
+
+    def saving_branch(mine: int):
+        forward = found[mine][0] if found[mine] is not None else (true_body, false_body)[mine]
+
+        def branch(*flat):
+            out = tuple(forward.inline(*flat))
+            zeros = tuple(zeros_like(r) for r in saved[1 - mine])
+            return out + zeros if mine == 0 else out[:len(bsym.output)] + zeros + out[len(bsym.output):]
+
+        branch.__name__ = forward.fn_name
+        body = (true_body, false_body)[mine]
+        return trace_body(branch, tuple(body.trace.args), body.__name__.rsplit("_", 1)[0])
+
+    outputs = tuple(bsym.output) + tuple(TensorProxy.like(r) for r in saved[0] + saved[1])
+    return prims.cond.bind(pred, saving_branch(0), saving_branch(1), operands, true_captured, false_captured,
+                           n_saved=len(saved[0]) + len(saved[1]), output=outputs)
+
+
+@defvjp(prims.cond.id, residuals=_cond_saving_residuals)
 def _cond_vjp(call, g):
+    """A cond, by the same predicate, of the branches' VJPs, each reading what its branch saved (or, in a cond
+    that saved nothing or whose saved values a second derivative differentiates, recomputing its values)."""
     pred, true_body, false_body, operands, true_captured, false_captured = call.args
+    n_saved = call.kwargs.get("n_saved", 0)
+    n_out = len(call.out) - n_saved
+    if n_saved and all(c is None for c in g[n_out:]):
+        return _cond_vjp_from_saved(call, g)
+    if n_saved:
+        _refuse_drawing_again((true_body, false_body), "cond")
     cts = tuple(c if c is not None or not is_float_tensor(o) else zeros_like(o) for o, c in zip(call.out, g))
     leaves = list(operands) + list(true_captured) + list(false_captured)
     float_positions = [i for i, x in enumerate(leaves) if is_float_tensor(x)]
@@ -74,37 +114,91 @@ def _cond_vjp(call, g):
     return (None, None, None, tuple(flat[:n_ops]), tuple(flat[n_ops:n_ops + n_true]), tuple(flat[n_ops + n_true:]))
 
 
+def _cond_vjp_from_saved(call, g):
+    pred, true_body, false_body, operands, true_captured, false_captured = call.args
+    n_saved = call.kwargs["n_saved"]
+    n_out = len(call.out) - n_saved
+    wanted = [i for i in range(n_out) if is_float_tensor(call.out[i])]
+    leaves = list(operands) + list(true_captured) + list(false_captured)
+    float_positions = [i for i, x in enumerate(leaves) if is_float_tensor(x)]
+    n_ops, n_true = len(operands), len(true_captured)
+
+    def branch_vjp(body, mine: int):
+        outs = body.outputs
+        backward, float_in = backward_body(body, n_saved, (tuple(body.trace.args), tuple(outs[n_out:]),
+                                                           tuple(outs[i] for i in wanted)), wanted,
+                                           f"{body.fn_name}_vjp")
+        start = n_ops + (0 if mine == 0 else n_true)  # where this branch's captured tensors sit among the leaves
+
+        def vjp(operands, true_captured, false_captured, saved, cts):
+            given = backward.inline(*operands, *(true_captured, false_captured)[mine], *saved, *cts)
+            own = {i if i < n_ops else start + i - n_ops: ct for i, ct in zip(float_in, given)}
+            everything = list(operands) + list(true_captured) + list(false_captured)
+            return tuple(own[i] if i in own else zeros_like(everything[i]) for i in float_positions)
+
+        vjp.__name__ = f"{body.fn_name}_vjp"
+        return vjp
+
+    cts = tuple(zeros_or(g[i], call.out[i]) for i in wanted)
+    grads = control_flow.cond(pred, branch_vjp(true_body, 0), branch_vjp(false_body, 1), tuple(operands),
+                              tuple(true_captured), tuple(false_captured), tuple(call.out[n_out:]), cts)
+    by_position = dict(zip(float_positions, grads))
+    flat = [by_position.get(i) for i in range(len(leaves))]
+    return (None, None, None, tuple(flat[:n_ops]), tuple(flat[n_ops:n_ops + n_true]), tuple(flat[n_ops + n_true:]))
+
+
+def _refuse_drawing_again(bodies, what: str) -> None:
+    """The VJPs that compute a body's values again would draw its random numbers again, other than the forward's:
+    refused by name (reached only where a second derivative differentiates what the forward saved)."""
+    if any(draws(b) for body in bodies for b in body.trace.bound_symbols):
+        raise UnsupportedOpError(f"reverse mode through a {what} whose body draws random numbers, differentiated "
+                                 f"again through what its forward saved: its values would be drawn anew; take the "
+                                 f"random draws outside the {what} and pass them in")
+
+
 # -- scan: the carries each step started from, then a reverse scan of the body's VJP --------------------------
 def _floats(leaves) -> list:
     return [i for i, x in enumerate(leaves) if is_float_tensor(x)]
 
 
-def _scan_saving_carries(bsym):
-    """The scan as reverse mode runs it in the forward: its body also returns the carry each step started
-    from, stacked as extra ys (n_saved of them), which the backward reads instead of computing them again
-    (the body's other values it computes again, step by step, as a checkpointed body's)."""
+def _scan_saving_residuals(bsym):
+    """The scan as reverse mode runs it in the forward: its body, differentiated, also returns each step the
+    values the step's backward reads, then the carry the step started from, stacked as extra ys (n_saved of
+    them), which the backward scan reads instead of computing them again. A body that is a checkpoint saves
+    what its policy says (its own residuals rule ran inside)."""
     body, init, xs, captured, length, reverse = bsym.args
-    if bsym.kwargs.get("n_saved", 0) or not init:
+    if bsym.kwargs.get("n_saved", 0):
         return bsym
     n_carry = len(init)
+    found = saving_forward(body, list(body.trace.args), lambda b: True, "scan_body")
+    saving, saved = found if found is not None else (body, [])
+    if not saved and not n_carry:
+        return bsym
 
     def with_carries(*flat):
-        return tuple(body.inline(*flat)) + tuple(flat[:n_carry])
+        return tuple(saving.inline(*flat)) + tuple(flat[:n_carry])
 
     with_carries.__name__ = body.fn_name
     saving = trace_body(with_carries, tuple(body.trace.args), "scan_body")
-    outputs = tuple(bsym.output) + tuple(TensorProxy.like(c, shape=(length, *c.shape)) for c in init)
-    return prims.scan.bind(saving, init, xs, captured, length, reverse, n_saved=n_carry, output=outputs)
+    stacked = [*saved, *init]
+    outputs = tuple(bsym.output) + tuple(TensorProxy.like(p, shape=(length, *p.shape)) for p in stacked)
+    return prims.scan.bind(saving, init, xs, captured, length, reverse, n_saved=len(stacked), output=outputs)
 
 
-@defvjp(prims.scan.id, residuals=_scan_saving_carries)
+@defvjp(prims.scan.id, residuals=_scan_saving_residuals)
 def _scan_vjp(call, g):
-    """The carry each step started from, as the forward saved it (or, in a scan that saved none, recomputed by
-    a forward scan), then a scan in the other direction runs the body's VJP step by step: it carries the
-    cotangent of the carry and the sum of the captured tensors' cotangents, and stacks the cotangents of xs."""
+    """A scan in the other direction of the body's VJP, step by step: it carries the cotangent of the carry
+    and the sum of the captured tensors' cotangents, and stacks the cotangents of xs. Each step reads what the
+    forward saved for it (_scan_saving_residuals); a scan that saved nothing (or whose saved values a second
+    derivative differentiates) first recomputes the carries with a forward scan, and each step its values."""
     body, init, xs, captured, length, reverse = call.args
-    n_carry, n_x = len(init), len(xs)
     n_saved = call.kwargs.get("n_saved", 0)
+    n_out = len(call.out) - n_saved
+    if n_saved and all(c is None for c in g[n_out:]):
+        return _scan_vjp_from_saved(call, g)
+    if n_saved:
+        _refuse_drawing_again((body,), "scan")
+    n_carry, n_x = len(init), len(xs)
     carry_out, ys_out = call.out[:n_carry], call.out[n_carry:]
     float_carry, float_x, float_captured = _floats(init), _floats(xs), _floats(captured)
     y_examples = body.outputs[n_carry:]
@@ -113,11 +207,7 @@ def _scan_vjp(call, g):
     def recompute(carry, x):
         return tuple(body.inline(*carry, *x, *captured)[:n_carry]), carry
 
-    saved = call.out[len(call.out) - n_saved:] if n_saved else ()
-    if saved and all(c is None for c in g[len(call.out) - n_saved:]):  # (a second derivative reaches them)
-        started_from = tuple(saved)
-    else:
-        _, started_from = control_flow.scan(recompute, tuple(init), tuple(xs), length=length, reverse=reverse)
+    _, started_from = control_flow.scan(recompute, tuple(init), tuple(xs), length=length, reverse=reverse)
     g_carry = tuple(zeros_or(g[i], carry_out[i]) for i in float_carry)
     g_ys = tuple(zeros_or(g[n_carry + i], ys_out[i]) for i in float_y)
 
@@ -131,13 +221,54 @@ def _scan_vjp(call, g):
         for i, gy in zip(float_y, g_y):
             cts[n_carry + i] = gy
         grads = backward(tuple(cts))
-        new_g_c = tuple(zeros_or(grads[i], carry[i]) for i in float_carry)
-        new_g_k = tuple(acc if grads[n_carry + n_x + i] is None else acc + grads[n_carry + n_x + i]
-                        for i, acc in zip(float_captured, g_k))
-        return (new_g_c, new_g_k), tuple(zeros_or(grads[n_carry + i], x[i]) for i in float_x)
+        return _step_cotangents(grads, carry, x, g_k, n_carry, n_x, float_carry, float_x, float_captured)
 
     zero_k = tuple(zeros_like(captured[i]) for i in float_captured)
     (g_init, g_captured), g_xs = control_flow.scan(back_step, (g_carry, zero_k), (started_from, tuple(xs), g_ys),
+                                                   length=length, reverse=not reverse)
+    return (None, _placed(g_init, float_carry, n_carry), _placed(g_xs, float_x, n_x),
+            _placed(g_captured, float_captured, len(captured)), None, None)
+
+
+def _step_cotangents(grads, carry, x, g_k, n_carry, n_x, float_carry, float_x, float_captured):
+    """A backward step's state and output from the cotangents of its inputs (carry, x, captured: None for
+    none): the carry's, the captured tensors' summed so far, and the x's."""
+    new_g_c = tuple(zeros_or(grads[i], carry[i]) for i in float_carry)
+    new_g_k = tuple(acc if grads[n_carry + n_x + i] is None else acc + grads[n_carry + n_x + i]
+                    for i, acc in zip(float_captured, g_k))
+    return (new_g_c, new_g_k), tuple(zeros_or(grads[n_carry + i], x[i]) for i in float_x)
+
+
+def _scan_vjp_from_saved(call, g):
+    """The scan's VJP reading, each step, the values and the carry the forward saved for it."""
+    body, init, xs, captured, length, reverse = call.args
+    n_saved = call.kwargs["n_saved"]
+    n_carry, n_x = len(init), len(xs)
+    n_out = len(call.out) - n_saved
+    outs = body.outputs
+    float_carry, float_x, float_captured = _floats(init), _floats(xs), _floats(captured)
+    wanted = [i for i in range(n_out) if is_float_tensor(outs[i])]
+    step_inputs = tuple(body.trace.args)
+    step_backward, float_in = backward_body(body, n_saved, (step_inputs, tuple(outs[n_out:]),
+                                                            tuple(outs[i] for i in wanted)), wanted, "scan_backward")
+    stacked = call.out[n_out:]
+    residuals, started_from = tuple(stacked[:n_saved - n_carry]), tuple(stacked[n_saved - n_carry:])
+    g_wanted = tuple(zeros_or(g[i], call.out[i]) for i in wanted if i >= n_carry)  # the ys', stacked
+    n_wanted_carry = sum(1 for i in wanted if i < n_carry)
+
+    def back_step(state, step):
+        g_c, g_k = state
+        carry, x, r, g_y = step
+        given = step_backward.inline(*carry, *x, *captured, *r, *carry, *g_c[:n_wanted_carry], *g_y)
+        grads = [None] * len(step_inputs)
+        for i, ct in zip(float_in, given):
+            grads[i] = ct
+        return _step_cotangents(grads, carry, x, g_k, n_carry, n_x, float_carry, float_x, float_captured)
+
+    g_carry = tuple(zeros_or(g[i], call.out[i]) for i in float_carry)
+    zero_k = tuple(zeros_like(captured[i]) for i in float_captured)
+    (g_init, g_captured), g_xs = control_flow.scan(back_step, (g_carry, zero_k),
+                                                   (started_from, tuple(xs), residuals, g_wanted),
                                                    length=length, reverse=not reverse)
     return (None, _placed(g_init, float_carry, n_carry), _placed(g_xs, float_x, n_x),
             _placed(g_captured, float_captured, len(captured)), None, None)
