@@ -460,3 +460,9 @@ def test_random_draws_in_a_body_are_the_forwards_in_the_backward(construct):
         fn(wg).backward()
         grads.append(wg.grad)
     torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_cond_takes_real_tensors_among_its_operands_inside_traced_code():
+    x, w = _randn(3).abs(), _randn(3)
+    got = tf.grad(lambda w: tf.cond(w.sum() > -100, lambda x, w: (x * w).sin(), lambda x, w: x, x, w).sum())(w)
+    torch.testing.assert_close(got, x * (x * w).cos())
