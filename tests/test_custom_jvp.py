@@ -141,3 +141,26 @@ def test_custom_jvp_with_options_is_a_decorator_too():
     x = torch.ones(2)
     torch.testing.assert_close(tf.jvp(lambda t: scaled(5.0, t), (x,), (x,))[1], torch.full((2,), 3.0))
     torch.testing.assert_close(tf.grad(lambda t: scaled(5.0, t).sum())(x), torch.full((2,), 3.0))
+
+
+def test_a_rule_calling_the_function_itself_holds_under_vmap_and_forward_mode():
+    # JAX's own custom_jvp example: the rule's primal output is f(x, y), a call of f itself
+    @tf.custom_jvp
+    def f(x, y):
+        return torch.sin(x) * y
+
+    @f.defjvp
+    def f_jvp(primals, tangents):  # 3x the true derivative in x: visibly the rule's
+        x, y = primals
+        x_dot, y_dot = tangents
+        return f(x, y), 3 * torch.cos(x) * x_dot * y + torch.sin(x) * y_dot
+
+    x, y, tx, ty = (tst.make((3, 4), torch.float64, seed) for seed in range(4))
+    rule_t = 3 * torch.cos(x) * tx * y + torch.sin(x) * ty
+    torch.testing.assert_close(tf.vmap(f)(x, y), torch.sin(x) * y)
+    torch.testing.assert_close(tf.jvp(f, (x, y), (tx, ty))[1], rule_t)
+    torch.testing.assert_close(tf.jvp(tf.vmap(f), (x, y), (tx, ty))[1], rule_t)
+    torch.testing.assert_close(tf.vmap(lambda *a: tf.jvp(f, a[:2], a[2:])[1])(x, y, tx, ty), rule_t)
+    per_example = tf.jit(tf.vmap(tf.grad(lambda x, y: f(x, y).sum(), argnums=(0, 1))))(x, y)
+    torch.testing.assert_close(per_example, (3 * torch.cos(x) * y, torch.sin(x)))
+    torch.testing.assert_close(tf.grad(lambda x: tf.vmap(f)(x, y).sum())(x), 3 * torch.cos(x) * y)

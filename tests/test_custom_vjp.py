@@ -231,3 +231,117 @@ def test_custom_vjp_without_grad_runs_the_primal_function():
     with torch.no_grad():
         f(x.requires_grad_())
     assert calls == ["fn", "fn"]
+
+
+# -- fwd calling the function itself, under every transform (thunderfn issue 38) -------------------
+def _jax_example(scale=1):
+    """JAX's own custom_vjp example, whose fwd calls f itself; `scale` multiplies the rule's
+    cotangent for x, so a result that is the rule's, not autodiff of the body, is visible."""
+    @tf.custom_vjp
+    def f(x, y):
+        return torch.sin(x) * y
+
+    def f_fwd(x, y):
+        return f(x, y), (torch.cos(x), torch.sin(x), y)
+
+    def f_bwd(res, g):
+        cos_x, sin_x, y = res
+        return (scale * cos_x * g * y, sin_x * g)
+
+    f.defvjp(f_fwd, f_bwd)
+    return f
+
+
+def _sin_times_y(x, y):
+    return torch.sin(x) * y
+
+
+_per_example_grads = torch.func.vmap(torch.func.grad(lambda x, y: _sin_times_y(x, y).sum(), argnums=(0, 1)))
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+@pytest.mark.parametrize("transform", ["vmap", "vmap(grad)", "grad(vmap)", "vmap(vmap)"])
+def test_fwd_calling_the_function_itself_under_vmap_and_its_compositions(transform, jitted):
+    f = _jax_example()
+    x, y = tst.make((3, 4), torch.float64, 0), tst.make((3, 4), torch.float64, 1)
+    run, expected = {
+        "vmap": (tf.vmap(f), lambda x, y: torch.func.vmap(_sin_times_y)(x, y)),
+        "vmap(grad)": (tf.vmap(tf.grad(lambda x, y: f(x, y).sum(), argnums=(0, 1))), _per_example_grads),
+        "grad(vmap)": (tf.grad(lambda x, y: tf.vmap(f)(x, y).sum()), lambda x, y: torch.cos(x) * y),
+        "vmap(vmap)": (tf.vmap(tf.vmap(f)), lambda x, y: torch.func.vmap(torch.func.vmap(_sin_times_y))(x, y)),
+    }[transform]
+    got = (tf.jit(run) if jitted else run)(x, y)
+    torch.testing.assert_close(got, expected(x, y))
+
+
+def test_under_vmap_a_fwd_calling_the_function_itself_still_uses_the_rule():
+    f = _jax_example(scale=3)  # the rule: 3x the true derivative in x
+    x, y = tst.make((3, 4), torch.float64, 0), tst.make((3, 4), torch.float64, 1)
+    per_example = tf.vmap(tf.grad(lambda x, y: f(x, y).sum(), argnums=(0, 1)))(x, y)
+    torch.testing.assert_close(per_example, (3 * torch.cos(x) * y, torch.sin(x)))
+    torch.testing.assert_close(tf.grad(lambda x: tf.vmap(f)(x, y).sum())(x), 3 * torch.cos(x) * y)
+
+
+def test_forward_mode_refuses_a_fwd_calling_the_function_itself_under_vmap_too():
+    f = _jax_example()
+    x, y = tst.make((3, 4), torch.float64, 0), tst.make((3, 4), torch.float64, 1)
+    for run in (lambda: tf.jvp(f, (x, y), (x, y)), lambda: tf.jvp(tf.vmap(f), (x, y), (x, y)),
+                lambda: tf.vmap(lambda x, y: tf.jvp(f, (x, y), (x, y))[1])(x, y)):
+        with pytest.raises(tf.errors.ForwardModeError, match="tf.custom_jvp"):
+            run()
+
+
+def test_the_docs_softplus_under_vmap_of_grad():
+    # docs/testing.md's example: fwd calls softplus itself
+    @tf.custom_vjp
+    def softplus(x):
+        return torch.nn.functional.softplus(x)
+
+    softplus.defvjp(lambda x: (softplus(x), x), lambda x, g: (g * torch.sigmoid(x),))
+    x = tst.make((4, 5), torch.float64, 0)
+    torch.testing.assert_close(tf.vmap(tf.grad(lambda t: softplus(t).sum()))(x), torch.sigmoid(x))
+    torch.testing.assert_close(tf.grad(lambda t: tf.vmap(softplus)(t).sum())(x), torch.sigmoid(x))
+
+
+@pytest.mark.parametrize("transform", ["jit", "grad", "vmap", "vmap(grad)"])
+def test_an_error_in_fwd_leaves_no_state_behind(transform):
+    """Were fwd's mark left set, the next traced call would be the primal and autodiff of the body
+    would silently replace the rule (here 3x the true derivative)."""
+    failing = [True]
+
+    @tf.custom_vjp
+    def f(x):
+        return torch.sin(x)
+
+    def f_fwd(x):
+        if failing[0]:
+            raise ValueError("fwd failed")
+        return f(x), x
+
+    f.defvjp(f_fwd, lambda x, g: (3 * g * torch.cos(x),))
+    x = tst.make((3, 4), torch.float64, 0)
+    loss = lambda t: f(t).sum()  # noqa: E731
+    run = {"jit": tf.jit(f), "grad": tf.grad(loss), "vmap": tf.vmap(f), "vmap(grad)": tf.vmap(tf.grad(loss))}[transform]
+    with pytest.raises(ValueError, match="fwd failed"):
+        run(x)
+    assert tf.core.context.tracer_stack() == []
+    failing[0] = False
+    torch.testing.assert_close(tf.grad(loss)(x), 3 * torch.cos(x))
+    torch.testing.assert_close(tf.vmap(tf.grad(loss))(x), 3 * torch.cos(x))
+
+
+def test_redefining_the_rule_after_vmap_used_it_takes_the_new_rule():
+    # vmap keeps each custom_vjp's batched form: it must follow defvjp, fwd and bwd alike
+    @tf.custom_vjp
+    def f(x):
+        return torch.sin(x)
+
+    f.defvjp(lambda x: (f(x), (torch.cos(x),)), lambda res, g: (res[0] * g,))
+    x = tst.make((3, 4), torch.float64, 0)
+    batched_grad = lambda: tf.grad(lambda t: tf.vmap(f)(t).sum())(x)  # noqa: E731
+    torch.testing.assert_close(batched_grad(), torch.cos(x))
+    f.defvjp(lambda x: (f(x), (2 * torch.cos(x),)), lambda res, g: (res[0] * g,))  # a new fwd, the same bwd
+    torch.testing.assert_close(batched_grad(), 2 * torch.cos(x))
+    f.defvjp(lambda x: (f(x), (torch.cos(x),)), lambda res, g: (5 * res[0] * g,))
+    torch.testing.assert_close(batched_grad(), 5 * torch.cos(x))
+    torch.testing.assert_close(tf.vmap(tf.grad(lambda t: f(t).sum()))(x), 5 * torch.cos(x))

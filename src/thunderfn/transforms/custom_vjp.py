@@ -126,7 +126,7 @@ class custom_vjp:
 
     # -- forward: fwd, recorded as this function's symbol ------------------------------------------
     def _forward(self, /, *args, **kwargs):
-        result = self._run_fwd(args, kwargs)
+        result = self.run_fwd(*args, **kwargs)
         if not (isinstance(result, tuple) and len(result) == 2):
             raise ArgumentTypeError(f"custom_vjp '{self._name}': fwd must return a pair (output, residuals), got "
                             f"{type(result).__name__}")
@@ -139,10 +139,13 @@ class custom_vjp:
                        else o, out)
         return out, residuals
 
-    def _run_fwd(self, args, kwargs):
-        """fwd(*args, **kwargs). A call of this function inside its own fwd (JAX's common
-        `def f_fwd(x): return f(x), x`) is its primal: recorded as this symbol again, whose body
-        is fwd, it would recurse without end."""
+    def run_fwd(self, /, *args, **kwargs):
+        """fwd(*args, **kwargs), in which a call of this function (JAX's common `def f_fwd(x): return
+        f(x), x`) is its primal, fn: recorded as this symbol again, whose body is fwd, it would recurse
+        without end. Whatever runs fwd goes through here: this symbol's body, the residuals' own
+        derivative, vmap's batched fwd (transforms/vmap.py), which traces fwd under a batched
+        custom_vjp of its own, so only this function's mark says that the call inside is the primal.
+        Reads self.fwd when called, so a form built from this one follows a later defvjp."""
         with self._inside_fwd():
             return self.fwd(*args, **kwargs)
 
@@ -157,7 +160,7 @@ class custom_vjp:
                 _running_fwd.ids.discard(id(self))
 
     def __call__(self, /, *args, **kwargs):
-        if id(self) in _running_fwd.ids:  # inside our own fwd: the primal function (_run_fwd)
+        if id(self) in _running_fwd.ids:  # inside our own fwd: the primal function (run_fwd)
             return self.fn(*args, **kwargs)
         if context.current_trace() is None:
             if self._symbol is not None and torch.is_grad_enabled() and any(
@@ -228,7 +231,7 @@ class custom_vjp:
             return {}
 
         def wanted_residuals(*args):
-            leaves = optree.tree_leaves(self._run_fwd(args, call.kwargs)[1], none_is_leaf=True, namespace="thunderfn")
+            leaves = optree.tree_leaves(self.run_fwd(*args, **call.kwargs)[1], none_is_leaf=True, namespace="thunderfn")
             return tuple(leaves[i] for i in wanted)
 
         _, backward = trace_vjp(wanted_residuals, call.args)

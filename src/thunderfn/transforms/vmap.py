@@ -315,7 +315,10 @@ def _batched_custom_vjp(original: custom_vjp, arg_axes, example_output) -> custo
                      if ct is not None else None for ct, axes in zip(cts, diff_axes))
 
     batched = custom_vjp(vmap(original.fn, in_axes=arg_axes), nondiff_argnums=nondiff)
-    batched.defvjp(vmap(original.fwd, in_axes=arg_axes, out_axes=out_axes), bwd)
+    # original.run_fwd, not original.fwd: inside, a call of original is its primal (batched as fn is),
+    # where recorded as original's symbol again it would be batched by this form again, without end;
+    # and it reads fwd when traced, as bwd reads bwd, so this cached form follows a later defvjp
+    batched.defvjp(vmap(original.run_fwd, in_axes=arg_axes, out_axes=out_axes), bwd)
     forms[key] = batched
     return batched
 
