@@ -1,6 +1,9 @@
 """custom_vjp: a user's gradient replaces autodiff of the body, composes with jit and grad, holds in
 eager calls that torch.autograd differentiates, and mistakes in fwd/bwd are reported naming the
 function and the position."""
+import gc
+import weakref
+
 import pytest
 import torch
 from hypothesis import given
@@ -345,3 +348,25 @@ def test_redefining_the_rule_after_vmap_used_it_takes_the_new_rule():
     f.defvjp(lambda x: (f(x), (torch.cos(x),)), lambda res, g: (5 * res[0] * g,))
     torch.testing.assert_close(batched_grad(), 5 * torch.cos(x))
     torch.testing.assert_close(tf.vmap(tf.grad(lambda t: f(t).sum()))(x), 5 * torch.cos(x))
+
+
+def _used_under_vmap_and_grad() -> list:
+    """Weak references to a custom_vjp and a custom_jvp that grad(vmap(.)) used, and nothing else holds."""
+    x = tst.make((3, 4), torch.float64, 0)
+    f = _jax_example()
+    tf.grad(lambda t: tf.vmap(f)(t, t).sum())(x)
+
+    @tf.custom_jvp
+    def g(x):
+        return torch.sin(x)
+
+    g.defjvp(lambda primals, tangents: (g(*primals), torch.cos(primals[0]) * tangents[0]))
+    tf.grad(lambda t: tf.vmap(g)(t).sum())(x)
+    return [weakref.ref(f), weakref.ref(g)]
+
+
+def test_a_custom_vjp_or_custom_jvp_vmap_batched_goes_away_with_its_last_user():
+    # vmap keeps each one's batched forms while it lives; the forms must not keep it alive themselves
+    alive = _used_under_vmap_and_grad()
+    gc.collect()
+    assert [r() for r in alive] == [None, None]

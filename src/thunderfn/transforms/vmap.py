@@ -291,7 +291,8 @@ def _draws_random(bsym) -> bool:
 
 
 # Each custom_vjp's batched forms, by in_axes: kept alive with it, since the rule table holds a
-# custom_vjp's rule only while the custom_vjp lives.
+# custom_vjp's rule only while the custom_vjp lives. A form reaches its original only weakly: held
+# strongly, the dictionary's value would keep its own key, and the original, alive for good.
 _batched_forms: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -305,20 +306,29 @@ def _batched_custom_vjp(original: custom_vjp, arg_axes, example_output) -> custo
     nondiff = original.nondiff_argnums
     diff_axes = [axes for i, axes in enumerate(arg_axes) if i not in nondiff]
     residual_axes = out_axes[1]
+    owner = weakref.ref(original)
+
+    # owner's run_fwd, not its fwd: inside, a call of original is its primal (batched as fn is),
+    # where recorded as original's symbol again it would be batched by this form again, without end;
+    # and it reads fwd when traced, as bwd reads bwd, so this cached form follows a later defvjp
+    def fwd(*args, **kwargs):
+        return owner().run_fwd(*args, **kwargs)
+
+    def fn(*args, **kwargs):  # a user Function's fn holds the Function (transforms/user_functions.py)
+        return owner().fn(*args, **kwargs)
+
+    fn.__name__, fwd.__name__ = original._name, f"{original._name}_fwd"
 
     def bwd(*args):
         nondiff_args, residuals, g = args[:-2], args[-2], args[-1]
-        cts = vmap(original.bwd, in_axes=(None,) * len(nondiff_args) + (residual_axes, 0), out_axes=0)(
+        cts = vmap(owner().bwd, in_axes=(None,) * len(nondiff_args) + (residual_axes, 0), out_axes=0)(
             *nondiff_args, residuals, g)
         # every cotangent came back batched at 0: a shared (unbatched) argument's is summed over the batch
         return tuple(optree.tree_map(_to_arg_axis, ct, _axes_like(axes, ct), namespace="thunderfn")
                      if ct is not None else None for ct, axes in zip(cts, diff_axes))
 
-    batched = custom_vjp(vmap(original.fn, in_axes=arg_axes), nondiff_argnums=nondiff)
-    # original.run_fwd, not original.fwd: inside, a call of original is its primal (batched as fn is),
-    # where recorded as original's symbol again it would be batched by this form again, without end;
-    # and it reads fwd when traced, as bwd reads bwd, so this cached form follows a later defvjp
-    batched.defvjp(vmap(original.run_fwd, in_axes=arg_axes, out_axes=out_axes), bwd)
+    batched = custom_vjp(vmap(fn, in_axes=arg_axes), nondiff_argnums=nondiff)
+    batched.defvjp(vmap(fwd, in_axes=arg_axes, out_axes=out_axes), bwd)
     forms[key] = batched
     return batched
 
@@ -333,13 +343,15 @@ def _batched_custom_jvp(original: custom_jvp, spec, axes: tuple, example_output)
     if key in forms:
         return forms[key]
 
+    owner = weakref.ref(original)  # weakly, as a custom_vjp's forms
+
     def per_example(*leaves):
-        return original.fn(*tree_unflatten(spec, list(leaves)))
+        return owner().fn(*tree_unflatten(spec, list(leaves)))
 
     def per_example_rule(primals, tangents):
-        nondiff, diff_primals = original.split_args(tree_unflatten(spec, list(primals)))
-        _, diff_tangents = original.split_args(tree_unflatten(spec, list(tangents)))
-        return original.jvp(*nondiff, diff_primals, diff_tangents)
+        nondiff, diff_primals = owner().split_args(tree_unflatten(spec, list(primals)))
+        _, diff_tangents = owner().split_args(tree_unflatten(spec, list(tangents)))
+        return owner().jvp(*nondiff, diff_primals, diff_tangents)
 
     batched = custom_jvp(vmap(per_example, in_axes=axes))
     batched.defjvp(vmap(per_example_rule, in_axes=(axes, axes), out_axes=(out_axes, out_axes)))
