@@ -446,7 +446,8 @@ def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=
     (torch/nn_modules.py), except that a name the module does not have is an error, not ignored.
     Tied weights (one tensor under several names) all take the value given for any of them.
 
-    `parameters_and_buffers`: {name as in module.named_parameters()/named_buffers(): tensor};
+    `parameters_and_buffers`: {name as in module.named_parameters()/named_buffers(): tensor}, or
+    a tuple of such dicts with distinct names (torch's (params, buffers), as tf.stack_module_state gives);
     `args`: a tuple of positional arguments (a single non-tuple value is taken as the one
     argument); `kwargs`: a dict. Returns the module's output. The module itself is left
     unchanged. Its use is making a module a function of its parameters, for tf.grad, tf.vmap
@@ -468,7 +469,9 @@ def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=
     """
     named = {name for name, _ in module.named_parameters(remove_duplicate=False)}
     named.update(name for name, _ in module.named_buffers(remove_duplicate=False))
-    unknown = set(parameters_and_buffers) - named
+    # torch's form (params, buffers), a sequence of dicts, too: torch refuses a name in two of them, or a non-dict
+    dicts = parameters_and_buffers if isinstance(parameters_and_buffers, (tuple, list)) else [parameters_and_buffers]
+    unknown = {name for d in dicts if isinstance(d, dict) for name in d} - named
     if unknown:
         raise ArgumentValueError(f"functional_call: {type(module).__name__} has no parameters or buffers "
                                  f"named {sorted(unknown)}")

@@ -97,7 +97,9 @@ def linearize(fn: Callable, *primals):
     fn runs once, when linearize is called, compiled; that run also computes the primal values
     the JVP needs (the residuals: cos(x) for sin(x)). jvp_fn is the tangent computation alone,
     compiled on first call: linear in the tangents, no op of fn's forward in it, so calling it
-    for many tangents repeats no forward work (at the cost of keeping the residuals alive).
+    for many tangents repeats no forward work (at the cost of keeping the residuals alive). The
+    exception is an opaque torch op (one thunderfn runs through torch.func.jvp, see docs/ops.md):
+    torch computes its tangent together with its output, so jvp_fn runs it again.
     tf.last_traces(jvp_fn) shows its traces, the first the tangent computation as traced.
 
         >>> import torch, thunderfn as tf
