@@ -31,7 +31,8 @@ PUBLIC = [
     "thunderfn.profile", "thunderfn.testing.check_grads", "thunderfn.examine", "thunderfn.functional_call",
     "thunderfn.register_pytree_node", "thunderfn.cond", "thunderfn.scan", "thunderfn.while_loop",
     "thunderfn.fori_loop", "thunderfn.extend.primitive", "thunderfn.checkpoint", "thunderfn.checkpoint_name",
-    "thunderfn.checkpoint_policies",
+    "thunderfn.checkpoint_policies", "thunderfn.eval_shape", "thunderfn.linearize",
+    "thunderfn.stack_module_state",
 ]
 
 

@@ -393,3 +393,31 @@ def test_every_trace_a_compile_makes_holds_only_the_program():
         _holds_only_the_program(trc)
     gc.collect()
     assert tracers and all(t() is None for t in tracers)
+
+
+# -- eval_shape: the output's shapes and dtypes, nothing computed ----------------------------------
+def test_eval_shape_gives_the_outputs_shapes_and_dtypes_as_meta_tensors():
+    def fn(x, w, n):
+        return {"h": torch.tanh(x @ w).to(torch.float16), "idx": x.argmax(-1), "n": n, "pair": (x.sum(), None)}
+
+    x, w = torch.randn(4, 3), torch.randn(3, 5)
+    shapes, real = tf.eval_shape(fn, x, w, 7), fn(x, w, 7)
+    assert shapes["n"] == 7 and shapes["pair"][1] is None
+    for got, want in ((shapes["h"], real["h"]), (shapes["idx"], real["idx"]), (shapes["pair"][0], real["pair"][0])):
+        assert got.device.type == "meta" and got.shape == want.shape and got.dtype == want.dtype
+
+
+def test_eval_shape_runs_nothing():
+    x = torch.ones(3)
+    rng = torch.get_rng_state()
+    out = tf.eval_shape(lambda x: x.add_(torch.rand(3)).mul(2), x)  # an in-place write and a draw, recorded only
+    assert out.device.type == "meta" and out.shape == (3,)
+    torch.testing.assert_close(x, torch.ones(3))
+    assert torch.equal(torch.get_rng_state(), rng)
+    huge = torch.empty(1 << 20, 1 << 20, device="meta")  # 4 TiB: only shapes can be computed on it
+    assert tf.eval_shape(lambda a: (a @ a.T).sum(0), huge).shape == (1 << 20,)
+
+
+def test_eval_shape_refuses_a_size_known_only_when_run():
+    with pytest.raises(tf.UnsupportedOpError, match="eval_shape: .* known only when it runs"):
+        tf.eval_shape(lambda x: x[x > 0], torch.randn(5))

@@ -459,3 +459,63 @@ def test_every_prim_has_a_batching_rule_or_a_reason():
 def test_every_batching_table_entry_is_a_batch_rule():
     batch_rules = [record.batch for record in rules.values() if record.batch is not None]
     assert batch_rules and all(isinstance(rule, BatchRule) for rule in batch_rules)
+
+
+# -- ensembles: tf.stack_module_state with tf.functional_call -------------------------------------
+class _MLP(torch.nn.Module):
+    def __init__(self, hidden=5):
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(3, hidden), torch.nn.Linear(hidden, 2)
+        self.norm = torch.nn.BatchNorm1d(hidden)
+
+    def forward(self, x):
+        return self.l2(self.norm(torch.relu(self.l1(x))))
+
+
+def test_an_ensemble_of_stacked_mlps_under_vmap_computes_each_model():
+    models = [_MLP().eval() for _ in range(3)]
+    for m in models:  # buffers that differ between the models, so using the wrong one shows
+        m.norm.running_mean.normal_()
+    params, buffers = tf.stack_module_state(models)
+    expected_params, expected_buffers = torch.func.stack_module_state(models)
+    for mine, torchs in ((params, expected_params), (buffers, expected_buffers)):
+        assert list(mine) == list(torchs)
+        for name in mine:
+            torch.testing.assert_close(mine[name], torchs[name])
+            assert mine[name].requires_grad == torchs[name].requires_grad
+            assert mine[name].is_leaf and mine[name].grad_fn is None
+    assert all(p.requires_grad for p in params.values()) and not any(b.requires_grad for b in buffers.values())
+    x = torch.randn(4, 3)
+    out = tf.vmap(lambda p, b, x: tf.functional_call(models[0], (p, b), (x,)), in_axes=(0, 0, None))(params, buffers, x)
+    assert out.shape == (3, 4, 2)
+    for i, m in enumerate(models):
+        torch.testing.assert_close(out[i], m(x))
+
+
+def test_stack_module_state_refuses_what_torch_refuses_in_its_words():
+    with pytest.raises(RuntimeError, match="stack_module_state: Expected at least one model, got 0."):
+        tf.stack_module_state([])
+    with pytest.raises(RuntimeError, match="Expected all models to be of the same class"):
+        tf.stack_module_state([_MLP(), torch.nn.Linear(3, 2)])
+    with pytest.raises(RuntimeError, match="Expected all models to have the same training/eval mode"):
+        tf.stack_module_state([_MLP(), _MLP().eval()])
+    with pytest.raises(RuntimeError, match=r"Expected l1.weight from each model to have the same shape"):
+        tf.stack_module_state([_MLP(5), _MLP(6)])
+    frozen = _MLP()
+    frozen.l1.weight.requires_grad_(False)
+    with pytest.raises(RuntimeError, match="Expected l1.weight from each model to have the same .requires_grad"):
+        tf.stack_module_state([_MLP(), frozen])
+    extra = _MLP()
+    extra.l3 = torch.nn.Linear(2, 2)
+    with pytest.raises(RuntimeError, match="Expected all models to have the same parameters, but model 1 has"):
+        tf.stack_module_state([_MLP(), extra])
+
+
+def test_functional_call_takes_torchs_tuple_of_dicts():
+    model = torch.nn.Linear(3, 2)
+    weight, bias = {"weight": torch.zeros(2, 3)}, {"bias": torch.ones(2)}
+    torch.testing.assert_close(tf.functional_call(model, (weight, bias), (torch.randn(4, 3),)), torch.ones(4, 2))
+    with pytest.raises(ValueError, match="appeared in multiple dictionaries"):
+        tf.functional_call(model, (weight, weight), (torch.randn(4, 3),))
+    with pytest.raises(tf.errors.ArgumentValueError, match=r"has no parameters or buffers named \['bais'\]"):
+        tf.functional_call(model, (weight, {"bais": torch.ones(2)}), (torch.randn(4, 3),))

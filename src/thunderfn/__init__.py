@@ -28,16 +28,17 @@ from thunderfn import debug  # noqa: F401  (tf.debug.print, tf.debug.breakpoint:
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import register_pytree_node
 from thunderfn.core.symbol import BoundSymbol, Symbol
-from thunderfn.core.trace import Trace, trace
+from thunderfn.core.trace import Trace, eval_shape, trace
 from thunderfn.errors import (ConcretizationError, EscapedProxyError, ThunderFnError, UnsupportedOpError,
                               UserGradientError)
 from thunderfn.dynamic_shapes import mark_dynamic, mark_static
 from thunderfn.examine import Examination, examine
 from thunderfn.jit import cache_info, jit, last_backward_traces, last_traces
-from thunderfn.module import functional_call
+from thunderfn.module import functional_call, stack_module_state
 from thunderfn.transforms import executor_lower
 from thunderfn.transforms.autodiff import grad, value_and_grad, vjp
 from thunderfn.transforms.forward_mode import jvp
+from thunderfn.transforms.linearize import linearize
 from thunderfn.transforms.vmap import vmap
 from thunderfn.torch import checkpoint_policies
 from thunderfn.torch.checkpoint import checkpoint, checkpoint_name
@@ -64,4 +65,5 @@ __all__ = [
     "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "EscapedProxyError",
     "UserGradientError", "prims", "clang", "torch", "executors", "errors", "dynamo", "debug", "testing",
     "cond", "scan", "while_loop", "fori_loop", "checkpoint", "checkpoint_name", "checkpoint_policies",
+    "linearize", "eval_shape", "stack_module_state",
 ]

@@ -30,7 +30,7 @@ import torch
 from thunderfn.core import context, pytree
 from thunderfn.core.context import to_identifier
 from thunderfn.core.dynamo_opaque import opaque_to_dynamo
-from thunderfn.errors import ArgumentValueError, UnsupportedOpError
+from thunderfn.errors import ArgumentRuntimeError, ArgumentValueError, UnsupportedOpError
 from thunderfn.jit_options import JitOptions
 from thunderfn.static_args import StaticArguments
 from thunderfn.static_args import resolve as resolve_static
@@ -446,7 +446,8 @@ def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=
     (torch/nn_modules.py), except that a name the module does not have is an error, not ignored.
     Tied weights (one tensor under several names) all take the value given for any of them.
 
-    `parameters_and_buffers`: {name as in module.named_parameters()/named_buffers(): tensor};
+    `parameters_and_buffers`: {name as in module.named_parameters()/named_buffers(): tensor}, or
+    a tuple of such dicts with distinct names (torch's (params, buffers), as tf.stack_module_state gives);
     `args`: a tuple of positional arguments (a single non-tuple value is taken as the one
     argument); `kwargs`: a dict. Returns the module's output. The module itself is left
     unchanged. Its use is making a module a function of its parameters, for tf.grad, tf.vmap
@@ -468,9 +469,67 @@ def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=
     """
     named = {name for name, _ in module.named_parameters(remove_duplicate=False)}
     named.update(name for name, _ in module.named_buffers(remove_duplicate=False))
-    unknown = set(parameters_and_buffers) - named
+    # torch's form (params, buffers), a sequence of dicts, too: torch refuses a name in two of them, or a non-dict
+    dicts = parameters_and_buffers if isinstance(parameters_and_buffers, (tuple, list)) else [parameters_and_buffers]
+    unknown = {name for d in dicts if isinstance(d, dict) for name in d} - named
     if unknown:
         raise ArgumentValueError(f"functional_call: {type(module).__name__} has no parameters or buffers "
                                  f"named {sorted(unknown)}")
     return torch.func.functional_call(module, parameters_and_buffers, args if isinstance(args, tuple) else (args,),
                                       kwargs or {})
+
+
+def stack_module_state(models) -> tuple[dict, dict]:
+    """The parameters and buffers of several models of one class, stacked: (params, buffers), two
+    dicts {name: tensor with a new leading dimension of len(models)}, as torch.func.stack_module_state.
+
+    Made for ensembles: tf.vmap over the stacked tensors of tf.functional_call on any one of
+    the models runs them all at once. Names are those of named_parameters() and named_buffers().
+    A parameter that requires grad in every model is stacked into a new leaf tensor that
+    requires grad (detached from the models' parameters, so it can be handed to an optimizer);
+    one that requires grad in none stays without. As torch, an empty list, models in different
+    training modes or of different classes, and a parameter requiring grad in some models only
+    are RuntimeErrors (ArgumentRuntimeError); so are models of one class with different
+    parameter or buffer names or shapes.
+
+        >>> import torch, thunderfn as tf
+        >>> models = [torch.nn.Linear(3, 2) for _ in range(4)]
+        >>> params, buffers = tf.stack_module_state(models)
+        >>> {name: tuple(p.shape) for name, p in params.items()}, buffers
+        ({'weight': (4, 2, 3), 'bias': (4, 2)}, {})
+        >>> def one_model(params, x):
+        ...     return tf.functional_call(models[0], params, (x,))
+        >>> x = torch.randn(5, 3)
+        >>> out = tf.vmap(one_model, in_axes=(0, None))(params, x)       # every model on x, at once
+        >>> torch.testing.assert_close(out[2], models[2](x))
+    """
+    models = list(models)
+    if not models:
+        raise ArgumentRuntimeError("stack_module_state: Expected at least one model, got 0.")
+    if not (all(m.training for m in models) or not any(m.training for m in models)):
+        raise ArgumentRuntimeError("stack_module_state: Expected all models to have the same training/eval mode.")
+    if any(type(m) is not type(models[0]) for m in models):
+        raise ArgumentRuntimeError("stack_module_state: Expected all models to be of the same class.")
+    return (_stacked([dict(m.named_parameters()) for m in models], "parameters"),
+            _stacked([dict(m.named_buffers()) for m in models], "buffers"))
+
+
+def _stacked(states: list, kind: str) -> dict:
+    """{name: the models' tensors of that name stacked} (torch.func's stacking of one state dict)."""
+    for i, state in enumerate(states[1:], 1):
+        if list(state) != list(states[0]):
+            raise ArgumentRuntimeError(f"stack_module_state: Expected all models to have the same {kind}, but model "
+                                       f"{i} has {list(state)} where model 0 has {list(states[0])}.")
+    stacked = {}
+    for name in states[0]:
+        tensors = [state[name] for state in states]
+        shapes = [tuple(t.shape) for t in tensors]
+        if len(set(shapes)) > 1:
+            raise ArgumentRuntimeError(f"stack_module_state: Expected {name} from each model to have the same shape, "
+                                       f"got {shapes}.")
+        requires_grad = [t.requires_grad for t in tensors]
+        if any(requires_grad) and not all(requires_grad):
+            raise ArgumentRuntimeError(f"Expected {name} from each model to have the same .requires_grad")
+        result = torch.stack(tensors)
+        stacked[name] = result.detach().requires_grad_() if all(requires_grad) else result
+    return stacked

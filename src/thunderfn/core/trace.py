@@ -319,6 +319,41 @@ def trace(fn, /, *args, **kwargs) -> Trace:
     return stamp_provenance(trc, "Tracing", start)
 
 
+def eval_shape(fn, /, *args, **kwargs):
+    """The shapes and dtypes of fn's outputs at these arguments, computing nothing (jax.eval_shape).
+
+    fn is traced as tf.trace traces it, on proxies, so no kernel runs, no random number is drawn
+    and an in-place write into an argument is recorded, not made. Each tensor of the output
+    pytree comes back as an empty tensor on device "meta" with the output's shape and dtype
+    (torch.empty(shape, dtype=dtype, device="meta")); other outputs (numbers, strings, None) pass
+    through as they are. The arguments may themselves be meta tensors, so a shape can be
+    checked for tensors too large to allocate. A size known only when fn runs (nonzero, a
+    boolean mask's selection) has no shape to give: an UnsupportedOpError.
+
+        >>> import torch, thunderfn as tf
+        >>> x = torch.empty(100_000, 100_000, device="meta")      # 40 GB, were it real
+        >>> w = torch.empty(100_000, 8, device="meta")
+        >>> out = tf.eval_shape(lambda x, w: (torch.sin(x) @ w).sum(0), x, w)
+        >>> out.shape, out.dtype, out.device
+        (torch.Size([8]), torch.float32, device(type='meta'))
+        >>> tf.eval_shape(lambda x: (x.to(torch.float16), x.shape[0]), torch.ones(2, 3))
+        (tensor(..., device='meta', size=(2, 3), dtype=torch.float16), 2)
+    """
+    trc = trace(fn, *args, **kwargs)
+
+    def empty_like(x):
+        if not isinstance(x, TensorProxy):
+            return x
+        if symbolic.has_unbacked(tuple(x.shape)):
+            raise UnsupportedOpError(
+                f"eval_shape: '{trc.fn_name}' returns a tensor whose size {tuple(x.shape)} is known only when it "
+                f"runs (a boolean mask's selection, nonzero, unique), so it has no shape to give without running it. "
+                f"Run the function (or tf.jit of it) to see the shape.")
+        return torch.empty(symbolic.hints(x.shape), dtype=x.dtype, device="meta")
+
+    return optree.tree_map(empty_like, trc.output, none_is_leaf=True, namespace="thunderfn")
+
+
 def _run_decomposition(sym: Symbol, args, kwargs):
     """A composite called on real tensors: its body is written for proxies (clang checks
     for them), so trace it on proxies of the arguments and run the recorded prims eagerly."""

@@ -771,24 +771,29 @@ class _Pullback:
         env = {p.name: v for p, v in zip(self.residuals, as_trace_constants(list(residuals)))}
         env.update((p.name, c) for p, c in zip((c for c in self.cotangents if c is not None), cotangents))
 
-        def value(x):
-            return env.get(x.name, x) if isinstance(x, TensorProxy) else x
-
         with torch.set_grad_enabled(torch.is_grad_enabled()):  # the caller's mode back after replayed switches
-            self._replay_into(tracer, env, value)
-        return optree.tree_map(value, self.grads, none_is_leaf=True, namespace="thunderfn")
+            replay_into(tracer, self.bsyms, env)
+        return optree.tree_map(lambda x: env.get(x.name, x) if isinstance(x, TensorProxy) else x, self.grads,
+                               none_is_leaf=True, namespace="thunderfn")
 
-    def _replay_into(self, tracer, env, value) -> None:
-        for bsym in self.bsyms:
-            args, kwargs = optree.tree_map(value, (bsym.args, bsym.kwargs), none_is_leaf=True, namespace="thunderfn")
-            if bsym.sym is set_grad_enabled:  # a no_grad block in a recomputed forward: switched, and so recorded
-                torch._C._set_grad_enabled(bool(args[0]))
-                continue
-            if bsym.sym.printer is not None:
-                tracer.emit(bsym.sym.bind(*args, output=bsym.output, **kwargs))
-                continue
-            out = bsym.sym(*args, **kwargs)
-            for o, r in zip(optree.tree_leaves(bsym.output, none_is_leaf=True, namespace="thunderfn"),
-                            optree.tree_leaves(out, none_is_leaf=True, namespace="thunderfn")):
-                if isinstance(o, TensorProxy):
-                    env[o.name] = r
+
+def replay_into(tracer, bsyms: list, env: dict) -> None:
+    """Recorded bound symbols called anew into the trace being built (fresh names: an enclosing transform
+    sees their ops), reading each proxy through env {recorded name: value now}, which gains their outputs."""
+
+    def value(x):
+        return env.get(x.name, x) if isinstance(x, TensorProxy) else x
+
+    for bsym in bsyms:
+        args, kwargs = optree.tree_map(value, (bsym.args, bsym.kwargs), none_is_leaf=True, namespace="thunderfn")
+        if bsym.sym is set_grad_enabled:  # a no_grad block in a recomputed forward: switched, and so recorded
+            torch._C._set_grad_enabled(bool(args[0]))
+            continue
+        if bsym.sym.printer is not None:
+            tracer.emit(bsym.sym.bind(*args, output=bsym.output, **kwargs))
+            continue
+        out = bsym.sym(*args, **kwargs)
+        for o, r in zip(optree.tree_leaves(bsym.output, none_is_leaf=True, namespace="thunderfn"),
+                        optree.tree_leaves(out, none_is_leaf=True, namespace="thunderfn")):
+            if isinstance(o, TensorProxy):
+                env[o.name] = r
