@@ -71,9 +71,11 @@ def test_jvp_inside_jit_and_with_aux():
 
 
 def test_jvp_argument_errors():
-    with pytest.raises(TypeError, match="tuples"):
+    with pytest.raises(RuntimeError, match="Expected primals to be a tuple"):  # torch.func's RuntimeError
         tf.jvp(torch.sin, torch.randn(2), torch.randn(2))
-    with pytest.raises(ValueError, match="same structure"):
+    with pytest.raises(TypeError, match="Expected primals to be a tuple"):  # and a TypeError, as before
+        tf.jvp(torch.sin, torch.randn(2), torch.randn(2))
+    with pytest.raises(RuntimeError, match="Expected primals and tangents to have the same python structure"):
         tf.jvp(lambda a, b: a + b, (torch.randn(2), torch.randn(2)), (torch.randn(2),))
 
 

@@ -114,8 +114,10 @@ class UserGradientError(ThunderFnError, RuntimeError):
 
 class TransformArgumentError(InvalidArgumentError, RuntimeError, TypeError):
     """A transform was called with arguments it cannot differentiate as asked: argnums naming a
-    positional argument the call does not have (argnums=-3 for two arguments), a complex input
-    to jacrev/jacfwd/hessian. RuntimeError as torch.func raises both, TypeError as a bad call is."""
+    positional argument the call does not have (argnums=-3 for two arguments), empty, repeated or
+    not ints; an integer tensor differentiated, a complex input to jacrev/jacfwd/hessian; jvp's
+    primals not a tuple, or tangents of another structure. RuntimeError as torch.func raises
+    each, TypeError as a bad call is."""
 
 
 class SavedTensorModifiedError(ThunderFnError, RuntimeError):

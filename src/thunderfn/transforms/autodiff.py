@@ -50,6 +50,7 @@ from thunderfn.prims import PrimIDs
 from thunderfn.torch.opaque import autograd_connections, may_draw, torch_vjp_op
 from thunderfn.torch.random import get_rng_state_op
 from thunderfn.transforms import rules as _rules  # noqa: F401  (every op family's rules join the table)
+from thunderfn.transforms.argnums import argnums_as_tuple, positional_argnums
 from thunderfn.transforms.executor_lower import claiming_rule, claims_whole, trace_in_place_of
 from thunderfn.transforms.resolve import Transform, Way, resolve
 from thunderfn.transforms.rules.common import zeros_like
@@ -415,8 +416,9 @@ def cotangent_leaves(out_spec, cotangents) -> list:
     try:
         return out_spec.flatten_up_to(cotangents)
     except (ValueError, TypeError) as e:
-        raise CotangentError(f"the cotangents must have the structure of the function's output, {out_spec}, with "
-                             f"None for outputs that get none; got {tree_flatten(cotangents)[1]} ({e})") from None
+        raise CotangentError(f"Expected pytree structure of cotangents to be the same as pytree structure of outputs "
+                             f"to the function. cotangents: {tree_flatten(cotangents)[1]}, primal output: {out_spec} "
+                             f"(give None for outputs that get no cotangent; {e})") from None
 
 
 def check_cotangent(ct, shape: tuple, position: int, n_outputs: int) -> None:
@@ -427,9 +429,10 @@ def check_cotangent(ct, shape: tuple, position: int, n_outputs: int) -> None:
         raise CotangentError(f"vjp: the cotangent for {which} must be a tensor of its shape {shape}, "
                              f"got {type(ct).__name__}. Pass None where an output gets no cotangent.")
     if tuple(ct.shape) != tuple(shape):
-        raise CotangentError(f"vjp: the cotangent for {which} has shape {tuple(ct.shape)}, but that output has "
-                             f"shape {tuple(shape)}: give each output a cotangent of its own shape (for "
-                             f"the gradient of out.sum(), torch.ones_like(out)).")
+        raise CotangentError(f"Mismatch in shape: grad_output[{position}] has a shape of torch.Size("
+                             f"{list(ct.shape)}) and output[{position}] has a shape of torch.Size({list(shape)}). "
+                             f"(vjp: give {which} a cotangent of its own shape; for the gradient of out.sum(), "
+                             f"torch.ones_like(out).)")
 
 
 # -- opaque torch ops: differentiated by torch when the compiled function runs ------------------
@@ -472,18 +475,6 @@ def _compiled(transformed, prepare=None):
     return wrapper
 
 
-def positional_argnums(fn, nums: tuple, n_args: int) -> tuple:
-    """nums (argnums as a tuple; negative counts from the end, as torch.func and JAX read it) as
-    positions among n_args positional arguments, or TransformArgumentError naming the bad one."""
-    for i in nums:
-        if not -n_args <= i < n_args:
-            raise TransformArgumentError(
-                f"Got argnum={i}, but only {n_args} positional inputs: differentiating '{getattr(fn, '__name__', fn)}' "
-                f"with respect to argument {i}, but it was called with {n_args} positional arguments. Pass that "
-                f"argument by position, or change argnums.")
-    return tuple(i % n_args for i in nums)
-
-
 def _float_as_tensor(x):
     """A Python float differentiated with respect to becomes a 0-d tensor of the default dtype
     (torch promotes the two alike), so its derivative is one too, as JAX returns a 0-d array;
@@ -503,15 +494,15 @@ def _floats_as_tensors(args, nums):
 
 def _check_inexact(leaves, what: str, fn) -> None:
     for leaf in leaves:
-        if type(leaf) in (int, bool):
+        if type(leaf) in (int, bool):  # torch.func's ValueError refuses every non-tensor; floats are ours
             raise ArgumentTypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point inputs to "
                             f"differentiate, but got the Python {type(leaf).__name__} {leaf!r}. Pass a float "
                             f"(2.0) or a floating tensor, or leave it out of argnums.")
         if isinstance(leaf, TensorProxy) and not dtypes.is_inexact(leaf.dtype):
-            raise ArgumentTypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point "
-                                    f"(or complex) inputs to differentiate, but got a {leaf.dtype} tensor. Pass it as "
-                                    "an argument you do not differentiate with respect to (argnums), or "
-                                    "convert it with .float().")
+            raise TransformArgumentError(f"only Tensors of floating point dtype can require gradients ({what} of "
+                                         f"'{getattr(fn, '__name__', fn)}' got a {leaf.dtype} tensor to "
+                                         "differentiate). Pass it as an argument you do not differentiate with "
+                                         "respect to (argnums), or convert it with .float().")
 
 
 def _zeros_for_none(cts, primal_leaves):
@@ -549,7 +540,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
         >>> torch.testing.assert_close(gw, torch.full((3, 2), 3.0))
     """
     single = isinstance(argnums, int)
-    nums = (argnums,) if single else tuple(argnums)
+    nums = argnums_as_tuple(argnums)
 
     def transformed(*args, **kwargs):
         nums_here = positional_argnums(fn, nums, len(args))
@@ -557,11 +548,15 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
         _check_inexact(tree_leaves(diff), "grad", fn)
         out, backward = trace_vjp(of_positions(fn, args, nums_here, kwargs), diff)
         value, aux = output_and_aux(out, fn, "grad") if has_aux else (out, None)
-        if not (isinstance(value, TensorProxy) and value.numel() == 1):
-            shape = tuple(value.shape) if isinstance(value, TensorProxy) else type(value).__name__
-            raise OutputError(f"grad of '{getattr(fn, '__name__', fn)}' requires a scalar output, but it returned "
-                               f"{shape}. Reduce it first (out.sum()), or use tf.vjp / tf.jacrev "
-                               "for non-scalar outputs.")
+        advice = (f"(grad of '{getattr(fn, '__name__', fn)}' requires a scalar output: reduce it first (out.sum()), "
+                  "or use tf.vjp / tf.jacrev for non-scalar outputs)")
+        if not isinstance(value, TensorProxy):
+            raise OutputError(f"grad_and_value(f)(*args): Expected f(*args) to return a Tensor, got {type(value)} "
+                              f"{advice}")
+        if value.numel() != 1:  # a one-element tensor of any rank is a scalar here (torch.func wants 0 dims)
+            raise OutputError(f"grad_and_value(f)(*args): Expected f(*args) to return a scalar Tensor, got tensor "
+                              f"with {value.ndim} dims. Maybe you wanted to use the vjp or jacrev APIs instead? "
+                              f"{advice}")
         ones = ltorch.full(tuple(value.shape), 1, device=value.device, dtype=value.dtype)
         flat_cts = backward((ones, tree_map(lambda _: None, aux)) if has_aux else ones)
         flat_cts = _zeros_for_none(flat_cts, tree_leaves(diff))
@@ -603,7 +598,7 @@ def grad(fn: Callable, argnums=0, has_aux: bool = False):
         return (g, value_or_pair[1]) if has_aux else g
 
     transformed.__name__ = f"grad_{getattr(fn, '__name__', 'fn')}"
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    nums = argnums_as_tuple(argnums)
     return _compiled(transformed, prepare=lambda args: _floats_as_tensors(args, nums))
 
 
@@ -617,8 +612,14 @@ def output_and_aux(result, fn, transform: str) -> tuple:
         got = f"a {type(result).__name__} of {len(result)}"
     else:
         got = f"a {type(result).__name__}"
-    raise OutputError(f"{transform}(has_aux=True) of '{getattr(fn, '__name__', fn)}': the function must return a pair "
-                      f"(output, aux), but it returned {got}. Return (output, aux), or leave out has_aux=True.")
+    raise OutputError(f"{_TORCH_CALL.get(transform, transform + ': ')}output of function f should be a tuple: "
+                      f"(output, aux) if has_aux is True. ({transform}(has_aux=True) of "
+                      f"'{getattr(fn, '__name__', fn)}': the function must return a pair (output, aux), but it "
+                      f"returned {got}. Return (output, aux), or leave out has_aux=True.)")
+
+
+# how torch.func's messages name each transform's call
+_TORCH_CALL = {"grad": "grad_and_value(f)(*args): ", "vjp": "vjp(f, *primals): ", "jvp": "jvp(f, primals, tangents): "}
 
 
 def value_without_aux(fn: Callable, has_aux: bool, transform: str = "vjp"):

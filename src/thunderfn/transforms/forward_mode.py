@@ -23,7 +23,7 @@ from thunderfn.core.proxies import TensorProxy, entry_by_name
 from thunderfn.core.pytree import of_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.rules import TAG_NOT_DIFFERENTIABLE, RecordedCall, rules_of
 from thunderfn.core.trace import up_to_date
-from thunderfn.errors import ArgumentTypeError, ArgumentValueError, ForwardModeError, UnsupportedOpError
+from thunderfn.errors import ArgumentRuntimeError, ForwardModeError, TransformArgumentError, UnsupportedOpError
 from thunderfn.torch.opaque import torch_jvp_op
 from thunderfn.transforms.autodiff import (
     _carries_gradient,
@@ -149,8 +149,10 @@ def trace_jvp(fn: Callable, primals, tangents):
     for p, t in zip(tree_leaves(primals), tree_leaves(tangents)):
         if _carries_gradient(p) and t is not None:
             if tuple(t.shape) != tuple(p.shape):
-                raise ArgumentValueError(f"jvp: a tangent has shape {tuple(t.shape)} where its primal "
-                                         f"has {tuple(p.shape)}")
+                raise ArgumentRuntimeError(f"Trying to set a forward gradient that has a different size than that "
+                                           f"of the original Tensor, this is not supported. Tensor is of size "
+                                           f"{list(p.shape)} while the given forward gradient is of size "
+                                           f"{list(t.shape)}. (jvp: give each primal a tangent of its shape)")
             # keyed by the name the primal has now: fn may write into it in place, after which the same
             # proxy object names its new value (torch/inplace.py), whose tangent the rules compute
             env[p.name] = clang.maybe_convert_to_dtype(t, p.dtype)
@@ -182,8 +184,9 @@ def jvp(fn: Callable, primals, tangents, has_aux: bool = False):
     the same structure, one tangent per primal leaf with its shape and dtype. `tangent_out` is
     shaped like `out`: the directional derivative, computed in forward mode alongside the
     output (one pass, no backward), as jax.jvp and torch.func.jvp. Unlike tf.vjp it evaluates
-    at once and returns values, not a function. primals and tangents that are not tuples are
-    an ArgumentTypeError; different structures, an ArgumentValueError. With `has_aux`, fn
+    at once and returns values, not a function. primals that are not a tuple, or tangents of
+    another structure, are a TransformArgumentError (a RuntimeError, as torch.func raises, and a
+    TypeError); a tangent of another shape, torch's RuntimeError. With `has_aux`, fn
     returns (out, aux) and aux is returned undifferentiated.
 
         >>> import torch, thunderfn as tf
@@ -193,12 +196,14 @@ def jvp(fn: Callable, primals, tangents, has_aux: bool = False):
         >>> _, t = tf.jvp(lambda a, b: a * b, (x, x), (torch.ones(3), torch.zeros(3)))
         >>> torch.testing.assert_close(t, x)  # d(a*b) along (1, 0) is b
     """
-    if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
-        raise ArgumentTypeError(f"jvp expects primals and tangents as tuples, got {type(primals).__name__} and "
-                        f"{type(tangents).__name__}")
-    if tree_flatten(primals)[1] != tree_flatten(tangents)[1]:
-        raise ArgumentValueError("jvp: primals and tangents must have the same structure, got "
-                         f"{tree_flatten(primals)[1]} and {tree_flatten(tangents)[1]}")
+    if not isinstance(primals, tuple):
+        raise TransformArgumentError(f"jvp(f, primals, tangents): Expected primals to be a tuple. E.g. it should be "
+                                     f"valid to call f(*primals). (got {type(primals).__name__})")
+    if not isinstance(tangents, tuple) or tree_flatten(primals)[1] != tree_flatten(tangents)[1]:
+        raise TransformArgumentError(
+            f"jvp(f, primals, tangents): Expected primals and tangents to have the same python structure. For "
+            f"example, if primals is a tuple of 3 tensors, tangents also must be. Got primals with structure "
+            f"{tree_flatten(primals)[1]} and tangents with structure {tree_flatten(tangents)[1]}")
 
     def transformed(primals, tangents):
         value_only, aux_box = value_without_aux(fn, has_aux, "jvp")

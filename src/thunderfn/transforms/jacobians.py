@@ -21,16 +21,18 @@ import torch
 
 from thunderfn.core import symbolic
 from thunderfn.core.decorators import with_options_form
+from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import NAMESPACE, of_positions, tree_flatten, tree_unflatten
-from thunderfn.errors import TransformArgumentError
-from thunderfn.transforms.autodiff import _compiled, positional_argnums, vjp
+from thunderfn.errors import ArgumentValueError, OutputError, TransformArgumentError
+from thunderfn.transforms.argnums import argnums_as_tuple, positional_argnums
+from thunderfn.transforms.autodiff import _compiled, vjp
 from thunderfn.transforms.forward_mode import jvp
 from thunderfn.transforms.vmap import vmap
 
 
 def _argnums(fn, argnums, args, transform: str) -> tuple[tuple, bool]:
     single = isinstance(argnums, int)
-    nums = positional_argnums(fn, (argnums,) if single else tuple(argnums), len(args))
+    nums = positional_argnums(fn, argnums_as_tuple(argnums), len(args))
     for k, leaf in enumerate(tree_flatten(tuple(args[i] for i in nums))[0]):
         if getattr(leaf, "dtype", None) is not None and leaf.dtype.is_complex:
             raise TransformArgumentError(
@@ -38,6 +40,19 @@ def _argnums(fn, argnums, args, transform: str) -> tuple[tuple, bool]:
                 f"(as torch.func). Differentiate with respect to its real and imaginary parts as two real tensors "
                 f"(torch.view_as_real), or use tf.vjp with a cotangent you choose.")
     return nums, single
+
+
+def _check_tensor_outputs(out, call: str, transform: str) -> None:
+    """A Jacobian has a real block per output tensor: any other output leaf, or a complex one, is
+    torch.func's RuntimeError (a complex output's Jacobian is not one real matrix)."""
+    for k, leaf in enumerate(tree_flatten(out)[0]):
+        if not isinstance(leaf, (TensorProxy, torch.Tensor)):
+            raise OutputError(f"{call}: expected f(*primals) to return only tensors, got unsupported type "
+                              f"{type(leaf)}")
+        if leaf.dtype.is_complex:  # torch's sentence says "input idx" for an output too
+            raise OutputError(f"{transform}: Expected all outputs to be real but received complex tensor at "
+                              f"flattened input idx: {k} (output {k}). Take its real and imaginary parts as two "
+                              f"real outputs (torch.view_as_real).")
 
 
 def _one_hot_rows(leaves) -> list:
@@ -91,12 +106,16 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
         torch.Size([3, 3])
         >>> torch.testing.assert_close(J, torch.diag(torch.cos(x)))
     """
+    if not (chunk_size is None or isinstance(chunk_size, int) and chunk_size > 0):
+        raise ArgumentValueError(f"jacrev: `chunk_size` should be greater than 0. (got {chunk_size!r})")
+
     def jacobian(*args, **kwargs):
         nums, single = _argnums(fn, argnums, args, "jacrev")
         primals = tuple(args[i] for i in nums)
         # keyword arguments are passed through and never differentiated, as in JAX
         result = vjp(of_positions(fn, args, nums, kwargs), *primals, has_aux=has_aux)
         out, vjp_fn = result[0], result[1]
+        _check_tensor_outputs(out, "vjp(f, *primals)", "jacrev")
         out_leaves, out_spec = tree_flatten(out)
         sizes = [o.numel() for o in out_leaves]
         primal_leaves = [tree_flatten(p) for p in primals]
@@ -147,7 +166,9 @@ def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
         of_primals = of_positions(fn, args, nums, kwargs)
 
         def push_forward(*tangent_leaves):
-            return jvp(of_primals, primals, tree_unflatten(spec, list(tangent_leaves)), has_aux=has_aux)
+            result = jvp(of_primals, primals, tree_unflatten(spec, list(tangent_leaves)), has_aux=has_aux)
+            _check_tensor_outputs(result[0], "jvp(f, primals, tangents)", "jacfwd")
+            return result
 
         # the output and aux are the same for every one-hot tangent: unbatched, computed once with them
         result = vmap(push_forward, out_axes=(None, 0, None) if has_aux else (None, 0))(*_one_hot_rows(flat))

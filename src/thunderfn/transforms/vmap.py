@@ -42,7 +42,7 @@ from thunderfn.core.pytree import (
 from thunderfn.core.rules import RecordedCall, rules_of
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import up_to_date
-from thunderfn.errors import ArgumentTypeError, ArgumentValueError, BatchingError
+from thunderfn.errors import ArgumentIndexError, ArgumentRuntimeError, ArgumentValueError, BatchingError
 from thunderfn.torch import inplace
 from thunderfn.torch.opaque import _meta, named_functorch_refusal
 from thunderfn.transforms.autodiff import _compiled, as_trace_constants
@@ -135,6 +135,9 @@ class _Batching:
         self.batch_size, self.randomness, self.chunked = batch_size, randomness, chunked
         self.values: dict = {}
         self.dims: dict = {}
+        # values drawn per example by a random op with shared inputs, or computed from such draws alone: one
+        # written in place into a shared tensor is torch's "different inplace randomness on an unbatched tensor"
+        self.drawn_per_example: set = set()
 
     def bind(self, per_example: TensorProxy, value: TensorProxy, dim: int) -> None:
         self.values[per_example.name], self.dims[per_example.name] = value, dim
@@ -143,6 +146,9 @@ class _Batching:
         return any(isinstance(a, TensorProxy) and a.name in self.dims for a in bsym.flat_args())
 
     def run(self, bsym) -> None:
+        batched_args = [a.name for a in bsym.flat_args() if isinstance(a, TensorProxy) and a.name in self.dims]
+        if batched_args and all(n in self.drawn_per_example for n in batched_args):  # (uniform_ scales its draw)
+            self.drawn_per_example.update(o.name for o in bsym.flat_outs() if isinstance(o, TensorProxy))
         # a random op, or a composite that draws inside (F.dropout): the mode decides
         if _draws_random(bsym) and self._ran_by_randomness(bsym):
             return
@@ -173,9 +179,9 @@ class _Batching:
         mode makes its draws per example; False where it is batched as any other op."""
         if self.randomness == "error":
             raise BatchingError(
-                f"vmap: called random operation {bsym.sym.print_name} while in randomness error mode. Please either "
-                f"use the 'same' or 'different' randomness flags on vmap or perform the randomness operation out "
-                f"of vmap")
+                f"vmap: called random operation while in randomness error mode. Please either use the 'same' or "
+                f"'different' randomness flags on vmap or perform the randomness operation out of vmap (the random "
+                f"operation: {bsym.sym.print_name})")
         if self.randomness == "same" and self.chunked:  # traced once per chunk, it would draw once per chunk
             raise BatchingError(
                 f"vmap: randomness='same' with a chunk_size smaller than the batch would draw "
@@ -184,6 +190,8 @@ class _Batching:
         # "different": every draw is per example, even one whose inputs are shared; "same": a draw
         # with shared inputs is made once, one with batched inputs as torch.func.vmap makes it
         if "random" in bsym.sym.tags and (self.randomness == "different" or self.is_batched(bsym)):
+            if not self.is_batched(bsym):
+                self.drawn_per_example.update(o.name for o in bsym.flat_outs() if isinstance(o, TensorProxy))
             self._opaque(bsym)
             return True
         if "random" not in bsym.sym.tags and self.randomness == "different" and not self.is_batched(bsym):
@@ -422,6 +430,12 @@ def _in_place_updates(tracer, batching: _Batching, leaves, examples, names, in_d
     rebound = [live for _, live in tracer.mutated.values()] + [
         x for x, name, d in zip(leaves, names, in_dims) if d is None and isinstance(x, TensorProxy) and x.name != name]
     for live in rebound:
+        if live.name in batching.drawn_per_example:
+            raise BatchingError(
+                "vmap: Cannot ask for different inplace randomness on an unbatched tensor. This will appear like "
+                "same randomness. If this is necessary for your usage, please file an issue with functorch. "
+                "(per-example draws are written in place into a tensor that is the same for every example, "
+                "in_axes None or captured: batch it, or draw out of place)")
         if live.name in batching.dims:
             raise BatchingError(
                 f"vmap: an in-place operation writes a batched value into {live.name}, a tensor that is the same for "
@@ -435,6 +449,15 @@ def _key(entry) -> str:
     return f"[{entry!r}]"
 
 
+# torch.func's names for in_axes and out_axes, and for what they describe: its sentences use them
+_TORCH_NAMES = {"in_axes": ("in_dims", "inputs"), "out_axes": ("out_dims", "outputs")}
+
+
+def _not_compatible(what: str) -> str:
+    dims, values = _TORCH_NAMES.get(what, (what, "values"))
+    return f"vmap: {dims} is not compatible with the structure of `{values}`."
+
+
 def _prefix_leaves(spec, tree, path: str, what: str) -> list:
     """(key path, leaf, axis) for every leaf of tree, the axis taken from `spec`, a pytree prefix
     of tree (an int or None covers everything below it)."""
@@ -443,7 +466,7 @@ def _prefix_leaves(spec, tree, path: str, what: str) -> list:
                 for keys, leaf in zip(*tree_flatten_with_path(tree)[:2])]
     if isinstance(spec, (tuple, list)) and not hasattr(spec, "_fields"):
         if not isinstance(tree, (tuple, list)) or len(tree) != len(spec):
-            raise ArgumentValueError(f"vmap: {what} at {path or 'the top level'} is a "
+            raise ArgumentValueError(f"{_not_compatible(what)} {what} at {path or 'the top level'} is a "
                                      f"{type(spec).__name__} of {len(spec)} entries, which does not "
                                      f"match the value there ({type(tree).__name__}"
                                      f"{f' of {len(tree)}' if isinstance(tree, (tuple, list)) else ''}); "
@@ -451,7 +474,7 @@ def _prefix_leaves(spec, tree, path: str, what: str) -> list:
         return [x for i, (s, t) in enumerate(zip(spec, tree)) for x in _prefix_leaves(s, t, f"{path}[{i}]", what)]
     if isinstance(spec, dict):
         if not isinstance(tree, dict) or set(tree) != set(spec):
-            raise ArgumentValueError(f"vmap: {what} at {path or 'the top level'} is a dict with keys "
+            raise ArgumentValueError(f"{_not_compatible(what)} {what} at {path or 'the top level'} is a dict with keys "
                                      f"{sorted(map(repr, spec))}, which does not match the value there "
                                      f"({type(tree).__name__}"
                                      f"{f' with keys {sorted(map(repr, tree))}' if isinstance(tree, dict) else ''})")
@@ -460,17 +483,30 @@ def _prefix_leaves(spec, tree, path: str, what: str) -> list:
         except TypeError:
             keys = list(spec)
         return [x for k in keys for x in _prefix_leaves(spec[k], tree[k], f"{path}[{k!r}]", what)]
-    raise ArgumentTypeError(f"vmap: {what} at {path or 'the top level'} must be an int, None, or a tuple/list/dict of "
-                    f"them matching the value's structure, got {spec!r}")
+    if what == "out_axes":
+        torch_says = ("vmap: `out_dims` must be an int, None or a python collection of ints representing where in the "
+                      "outputs the vmapped dimension should appear.")
+    else:
+        torch_says = f"vmap: Got in_dim={spec} for an input but in_dim must be either an integer dimension or None."
+    raise ArgumentValueError(f"{torch_says} ({what} at {path or 'the top level'} must be an int, None, or a "
+                             f"tuple/list/dict of them matching the value's structure, got {spec!r})")
 
 
 def _in_dims(in_axes, args: tuple) -> tuple[list, int]:
     """One batch dim (non-negative, or None) per leaf of args, and the batch size."""
     if isinstance(in_axes, list):
         in_axes = tuple(in_axes)
+    if not (in_axes is None or isinstance(in_axes, (int, tuple, dict))) or isinstance(in_axes, bool):
+        raise ArgumentValueError(f"vmap: expected `in_dims` to be int or a (potentially nested) tuple matching the "
+                                 f"structure of inputs, got: {type(in_axes)}. (in_axes: an int, None, or a "
+                                 f"tuple/list/dict of them)")
+    if not args:
+        raise ArgumentValueError("vmap: got no inputs. Maybe you forgot to add inputs, or you are trying to vmap over "
+                                 "a function with no inputs. The latter is unsupported.")
     if isinstance(in_axes, tuple) and len(in_axes) != len(args):
-        raise ArgumentValueError(f"vmap: in_axes is a tuple of {len(in_axes)} entries but the function was called with "
-                         f"{len(args)} positional arguments; give one entry per positional argument")
+        raise ArgumentValueError(f"{_not_compatible('in_axes')} in_axes is a tuple of {len(in_axes)} entries but the "
+                                 f"function was called with {len(args)} positional arguments; give one entry per "
+                                 "positional argument")
     spec = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
     dims, sizes = [], []
     for path, leaf, axis in _prefix_leaves(spec, args, "args", "in_axes"):
@@ -478,43 +514,47 @@ def _in_dims(in_axes, args: tuple) -> tuple[list, int]:
             dims.append(None)
             continue
         if not isinstance(leaf, TensorProxy):
-            raise ArgumentValueError(f"vmap: in_axes gives {path} the batch dim {axis}, but it is a "
-                                     f"{type(leaf).__name__}, not a tensor; only tensors can be batched: "
-                                     "give it in_axes None")
+            raise ArgumentValueError(f"vmap: Got in_dim={axis} for an input but the input is of type {type(leaf)}. "
+                                     f"We cannot vmap over non-Tensor arguments, please use None as the respective "
+                                     f"in_dim ({path})")
         if not -leaf.ndim <= axis < leaf.ndim:
-            raise ArgumentValueError(f"vmap: in_axes gives {path} the batch dim {axis}, out of range for a tensor of "
-                             f"{leaf.ndim} dims (shape {tuple(leaf.shape)})")
+            raise ArgumentValueError(f"vmap: Got in_dim={axis} for some input, but that input is a Tensor of "
+                                     f"dimensionality {leaf.ndim} so expected in_dim to satisfy -{leaf.ndim} <= "
+                                     f"in_dim < {leaf.ndim}. ({path} has shape {tuple(leaf.shape)})")
         d = axis % leaf.ndim
         dims.append(d)
         sizes.append((path, leaf.shape[d]))
     if not sizes:
-        raise ArgumentValueError("vmap: no input is batched: in_axes is None for every tensor (or there are no tensor "
-                         "inputs); give at least one tensor argument a batch dim")
+        raise ArgumentValueError("vmap: Expected at least one Tensor to vmap over (in_axes is None for every tensor, "
+                                 "or there are no tensor inputs); give at least one tensor argument a batch dim")
     for path, size in sizes[1:]:
         if size != sizes[0][1]:
-            raise ArgumentValueError(f"vmap: inconsistent batch sizes: {sizes[0][0]} has {sizes[0][1]} "
-                                     f"along its batch dim but {path} has {size}")
+            raise ArgumentValueError(f"vmap: Expected all tensors to have the same size in the mapped dimension, got "
+                                     f"sizes {[s for _, s in sizes]} for the mapped dimension ({sizes[0][0]} has "
+                                     f"{sizes[0][1]} along its batch dim but {path} has {size})")
     return dims, sizes[0][1]
 
 
-def _output(leaf, out_axis, path: str, batch_size: int):
+def _output(leaf, out_axis, path: str, batch_size: int, name: str):
     """A batched output leaf as the caller sees it: its batch dim moved to out_axis;
-    an unbatched tensor is broadcast along out_axis (torch.func's behaviour)."""
+    an unbatched tensor is broadcast along out_axis (torch.func's behaviour). `name`: fn's."""
     if not isinstance(leaf, BatchedValue):
         if out_axis is None:
             return leaf
-        raise ArgumentValueError(f"vmap: out_axes gives the output {path} the batch dim {out_axis}, but it is a "
-                         f"{type(leaf).__name__}, not a tensor; give it out_axes None")
+        raise ArgumentValueError(f"vmap({name}, ...): `{name}` must only return Tensors, got type {type(leaf)}. "
+                                 f"Did you mean to set out_dims= to None for output? (out_axes gives {path} the "
+                                 f"batch dim {out_axis})")
     value, dim = leaf.value, leaf.dim
     if out_axis is None:
         if dim is not None:
-            raise ArgumentValueError(f"vmap: out_axes is None for the output {path}, but it differs between examples "
-                             f"(it is batched); give it an int out_axes")
+            raise ArgumentValueError(f"vmap({name}, ...): `{name}` can not return a BatchedTensor when out_dim is "
+                                     f"None ({path} differs between examples; give it an int out_axes)")
         return value
     rank = value.ndim + (dim is None)
-    if not -rank <= out_axis < rank:
-        raise ArgumentValueError(f"vmap: out_axes gives the output {path} the batch dim {out_axis}, "
-                                 f"out of range for its {rank} dims (with the batch dim)")
+    if not -rank <= out_axis < rank:  # torch's IndexError for a dim out of range, in its words
+        raise ArgumentIndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got "
+                                 f"{out_axis}) (vmap: out_axes gives {path} the batch dim {out_axis}, counting "
+                                 f"the batch dim)")
     axis = out_axis % rank
     if dim is None:  # the same for every example: repeated along the batch dim (an expand, no copy)
         shape = tuple(value.shape[:axis]) + (batch_size,) + tuple(value.shape[axis:])
@@ -556,9 +596,11 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
         torch.Size([5, 3, 2])
     """
     if randomness not in RANDOMNESS:
-        raise ArgumentValueError(f"vmap: randomness must be one of {RANDOMNESS}, got {randomness!r}")
+        raise ArgumentRuntimeError(f"Only allowed values for randomness are 'error', 'different', or 'same'. Got "
+                                   f"{randomness}")
     if chunk_size is not None and not (isinstance(chunk_size, int) and chunk_size > 0):
-        raise ArgumentValueError(f"vmap: chunk_size must be None or a positive int, got {chunk_size!r}")
+        raise ArgumentValueError(f"vmap: chunk_size should be None or greater than 0. (got {chunk_size!r}; it is "
+                                 f"the number of examples batched together)")
     name = getattr(fn, "__name__", "fn")
 
     def batched(fn, args, dims, batch_size, chunked=False):
@@ -568,7 +610,7 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
         leaves, spec = tree_flatten(out)
         structure = optree.tree_map(lambda _: _Leaf(), out, namespace="thunderfn")
         paths_axes = [(path, axis) for path, _, axis in _prefix_leaves(out_axes, structure, "output", "out_axes")]
-        placed = [_output(leaf, axis, path, batch_size) for leaf, (path, axis) in zip(leaves, paths_axes)]
+        placed = [_output(leaf, axis, path, batch_size, name) for leaf, (path, axis) in zip(leaves, paths_axes)]
         return placed, [axis for _, axis in paths_axes], spec, updates
 
     def transformed(*args, **kwargs):
