@@ -139,3 +139,9 @@ def test_running_statistics_keep_their_tangent_across_the_update_as_in_torch(fn)
     cts = tuple(torch.randn(o.shape, dtype=torch.float64, generator=g) for o in out)
     _, vjp_fn = tf.vjp(fn, *primals)
     torch.testing.assert_close(_inner(vjp_fn(cts), tangents), _inner(cts, tangent))
+
+
+def test_a_real_tangent_made_complex_is_refused_not_dropped():
+    # x * 1j converts x to complex first: its tangent was silently dropped (a zero tangent, torch.func: 1j)
+    with pytest.raises(tf.UnsupportedOpError, match="complex tensors are not supported"):
+        tf.jvp(lambda x: x * 1j, (torch.ones(2),), (torch.ones(2),))

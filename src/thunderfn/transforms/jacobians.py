@@ -165,10 +165,14 @@ def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
         sizes = [p.numel() for p in flat]
         of_primals = of_positions(fn, args, nums, kwargs)
 
+        def checked(*primals):  # (as traced, before forward mode pushes a tangent through a complex op)
+            out = of_primals(*primals)
+            _check_tensor_outputs(out[0] if has_aux and isinstance(out, tuple) else out, "jvp(f, primals, tangents)",
+                                  "jacfwd")
+            return out
+
         def push_forward(*tangent_leaves):
-            result = jvp(of_primals, primals, tree_unflatten(spec, list(tangent_leaves)), has_aux=has_aux)
-            _check_tensor_outputs(result[0], "jvp(f, primals, tangents)", "jacfwd")
-            return result
+            return jvp(checked, primals, tree_unflatten(spec, list(tangent_leaves)), has_aux=has_aux)
 
         # the output and aux are the same for every one-hot tangent: unbatched, computed once with them
         result = vmap(push_forward, out_axes=(None, 0, None) if has_aux else (None, 0))(*_one_hot_rows(flat))

@@ -32,7 +32,7 @@ from thunderfn.transforms.rules.common import (
     to_dtype,
     zeros_like,
 )
-from thunderfn.transforms.rules.define import defbatch, defjvp, deflinear, defvjp
+from thunderfn.transforms.rules.define import defbatch, defjvp, deflinear, defvjp, refuse_complex
 
 
 def _where0(pred, x):
@@ -323,8 +323,13 @@ def _convert_element_type_vjp(call, g):
     return (to_dtype(g, a.dtype) if is_float_tensor(a) and is_float_tensor(call.out) else None), None
 
 
-defjvp(PrimIDs.CONVERT_ELEMENT_TYPE)(
-    lambda call, t: prims.convert_element_type(t[0], call.args[1]) if is_float_tensor(call.out) else None)
+@defjvp(PrimIDs.CONVERT_ELEMENT_TYPE)
+def _convert_element_type_jvp(call, t):
+    if is_float_tensor(call.out):
+        return prims.convert_element_type(t[0], call.args[1])
+    if call.out.dtype.is_complex and t[0] is not None:  # a real tangent made complex: no tangent would be wrong
+        refuse_complex("jvp", PrimIDs.CONVERT_ELEMENT_TYPE, (call.out,))
+    return None
 defbatch(PrimIDs.CONVERT_ELEMENT_TYPE)(_same_layout(prims.convert_element_type))
 
 deflinear(prims.device_put, lambda call, g: (
