@@ -184,3 +184,37 @@ def test_thunderfn_refuses_in_torch_funcs_words_with_its_builtin(call, sentence)
     assert sentence in str(theirs), f"torch.func's message changed: {theirs}"
     assert isinstance(ours, tf.ThunderFnError) and isinstance(ours, builtin), repr(ours)
     assert sentence in str(ours), f"\ntorch.func: {theirs}\nthunderfn:  {ours}"
+
+
+def test_the_options_torch_func_has():
+    x = torch.randn(3, dtype=torch.float64)
+    # jvp(strict=True): an output independent of the inputs is refused in torch.func's words
+    for jvp in (torch.func.jvp, tf.jvp):
+        with pytest.raises(RuntimeError, match="The output of f is independent of the inputs"):
+            jvp(lambda x: torch.ones(3, dtype=torch.float64), (x,), (torch.ones_like(x),), strict=True)
+    torch.testing.assert_close(tf.jvp(torch.sin, (x,), (torch.ones_like(x),), strict=True)[1], x.cos())
+    # jacfwd(randomness=): vmap's, over the input elements
+    torch.manual_seed(0)
+    same = tf.jacfwd(lambda x: x * torch.rand(()), randomness="same")(x)
+    torch.testing.assert_close(same, same[0, 0] * torch.eye(3, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="called random operation while in randomness error mode"):
+        tf.jacfwd(lambda x: x * torch.rand(()))(x)
+    # jacrev(_preallocate_and_copy=) is accepted, with the same result
+    torch.testing.assert_close(tf.jacrev(torch.sin, _preallocate_and_copy=True)(x), torch.diag(x.cos()))
+
+
+def test_functional_call_takes_tie_weights_and_strict():
+    model = torch.nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+    weight = {"weight": torch.zeros(2, 3)}
+    calls = (torch.func.functional_call, tf.functional_call,
+             lambda *a, **k: tf.grad(lambda w: tf.functional_call(model, {"weight": w}, (x,), strict=True).sum())(
+                 weight["weight"]))  # (traced)
+    torchs = r"Error\(s\) in reparametrizing for Linear:\n\tMissing key\(s\): 'bias'\."
+    for call in calls:
+        with pytest.raises(RuntimeError, match=torchs):
+            call(model, weight, (x,), strict=True)
+    torch.testing.assert_close(tf.functional_call(model, weight, (x,), tie_weights=False),
+                               torch.func.functional_call(model, weight, (x,), tie_weights=False))
+    grad = tf.grad(lambda w: tf.functional_call(model, {"weight": w}, (x,), strict=False).sum())(torch.ones(2, 3))
+    torch.testing.assert_close(grad, x.sum(0).expand(2, 3))

@@ -440,7 +440,8 @@ def _forward_name(module: torch.nn.Module) -> str:
     return f"{type(module).__name__}.forward"
 
 
-def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=(), kwargs=None):
+def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=(), kwargs=None, *,
+                    tie_weights: bool = True, strict: bool = False):
     """`module(*args, **kwargs)` with the given tensors in place of its parameters and buffers
     (by name; the rest are the module's own): torch.func.functional_call, which thunderfn traces
     (torch/nn_modules.py), except that a name the module does not have is an error, not ignored.
@@ -449,7 +450,9 @@ def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=
     `parameters_and_buffers`: {name as in module.named_parameters()/named_buffers(): tensor}, or
     a tuple of such dicts with distinct names (torch's (params, buffers), as tf.stack_module_state gives);
     `args`: a tuple of positional arguments (a single non-tuple value is taken as the one
-    argument); `kwargs`: a dict. Returns the module's output. The module itself is left
+    argument); `kwargs`: a dict; `tie_weights` and `strict` as torch.func's (tie_weights=False on a module
+    with tied weights is refused by name inside traced code; strict: every name given, none unknown, or
+    torch's RuntimeError). Returns the module's output. The module itself is left
     unchanged. Its use is making a module a function of its parameters, for tf.grad, tf.vmap
     (ensembles, per-example gradients) and tf.jacrev; an unknown name is an
     ArgumentValueError naming it.
@@ -476,7 +479,7 @@ def functional_call(module: torch.nn.Module, parameters_and_buffers: dict, args=
         raise ArgumentValueError(f"functional_call: {type(module).__name__} has no parameters or buffers "
                                  f"named {sorted(unknown)}")
     return torch.func.functional_call(module, parameters_and_buffers, args if isinstance(args, tuple) else (args,),
-                                      kwargs or {})
+                                      kwargs or {}, tie_weights=tie_weights, strict=strict)
 
 
 def stack_module_state(models) -> tuple[dict, dict]:

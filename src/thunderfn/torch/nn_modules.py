@@ -50,9 +50,11 @@ def _functional_call_traced(original, module, parameters_and_buffers, args=None,
     if strict:
         missing, unexpected = (sorted(set(named) - set(parameters_and_buffers)),
                                sorted(set(parameters_and_buffers) - set(named)))
-        if missing or unexpected:
-            raise ArgumentRuntimeError(f"Error(s) in reparametrizing for {type(module).__name__}: "
-                                       f"missing key(s) {missing}, unexpected key(s) {unexpected}")
+        if missing or unexpected:  # (torch's words)
+            errors = ([f"Unexpected key(s): {', '.join(map(repr, unexpected))}."] if unexpected else []) + (
+                [f"Missing key(s): {', '.join(map(repr, missing))}."] if missing else [])
+            raise ArgumentRuntimeError(f"Error(s) in reparametrizing for {module._get_name()}:\n\t"
+                                       + "\n\t".join(errors))
     given = {name: value for name, value in parameters_and_buffers.items() if name in named}
     if not tie_weights and any(named[a] is named[b] for a in given for b in named if a != b):
         raise UnsupportedOpError("functional_call(tie_weights=False) on a module with tied weights is not traced: "

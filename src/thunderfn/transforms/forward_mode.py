@@ -139,9 +139,10 @@ def _opaque_tangent(bsym, tangents, rng_state):
 
 
 # -- the driver and the function transform ------------------------------------------------------
-def trace_jvp(fn: Callable, primals, tangents):
+def trace_jvp(fn: Callable, primals, tangents, strict: bool = False):
     """While a trace is being built: fn(*primals) traced into it, and the tangent of its output
-    for these tangents of the primals' leaves (a pytree like the output)."""
+    for these tangents of the primals' leaves (a pytree like the output): zeros for an output that does
+    not depend on them, or with `strict`, torch.func's RuntimeError."""
     tracer = context.current_tracer()
     primals = as_trace_values(up_to_date(primals))
     tangents = lift_constants(tangents)  # real tensors (tf.jvp called inside a traced function) read as constants
@@ -167,6 +168,9 @@ def trace_jvp(fn: Callable, primals, tangents):
             _push_forward(bsym, env, rng_states)
     out_leaves, out_spec = tree_flatten(out)
     tangent_leaves = [env.get(o.name) if isinstance(o, TensorProxy) else None for o in out_leaves]
+    if strict and any(isinstance(o, TensorProxy) and t is None for o, t in zip(out_leaves, tangent_leaves)):
+        raise ArgumentRuntimeError("jvp(f, primals, tangents, strict=True): The output of f is independent of the "
+                                   "inputs. This is not allowed with strict=True.")
     tangent_leaves = [t if t is not None or not isinstance(o, TensorProxy)
                       else clang.full(o.shape, 0, device=o.device, dtype=o.dtype)
                       for o, t in zip(out_leaves, tangent_leaves)]
@@ -176,9 +180,10 @@ def trace_jvp(fn: Callable, primals, tangents):
 register_trace_jvp(trace_jvp)
 
 
-def jvp(fn: Callable, primals, tangents, has_aux: bool = False):
+def jvp(fn: Callable, primals, tangents, has_aux: bool = False, *, strict: bool = False):
     """The Jacobian-vector product of fn at `primals` along `tangents`: (out, tangent_out), or
-    (out, tangent_out, aux) with has_aux.
+    (out, tangent_out, aux) with has_aux. With `strict` (torch.func's), an output that does not depend
+    on the primals is a RuntimeError instead of a zero tangent.
 
     `primals`: a tuple of fn's positional arguments (pytrees of tensors); `tangents`: a tuple of
     the same structure, one tangent per primal leaf with its shape and dtype. `tangent_out` is
@@ -207,7 +212,7 @@ def jvp(fn: Callable, primals, tangents, has_aux: bool = False):
 
     def transformed(primals, tangents):
         value_only, aux_box = value_without_aux(fn, has_aux, "jvp")
-        out, tangent_out = trace_jvp(value_only, primals, tangents)
+        out, tangent_out = trace_jvp(value_only, primals, tangents, strict)
         return (out, tangent_out, aux_box[0]) if has_aux else (out, tangent_out)
 
     return _compiled(transformed)(primals, tangents)

@@ -87,7 +87,8 @@ def _blocks(batched, sizes):
 
 
 @with_options_form
-def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | None = None):
+def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | None = None,
+           _preallocate_and_copy: bool = False):
     """A function returning the Jacobian of fn with respect to the positional args in argnums,
     by reverse mode (one vjp per output element, batched with tf.vmap), as torch.func.jacrev.
 
@@ -95,7 +96,8 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
     an int, or a tuple of ints giving a tuple of Jacobians; outputs and inputs may be pytrees
     (the result nests output structure outside input structure). With `has_aux`, fn returns
     (out, aux) and this returns (jacobian, aux). `chunk_size` bounds how many output elements are
-    pulled back at once (less memory, more steps). Reverse mode suits fewer outputs than
+    pulled back at once (less memory, more steps). (`_preallocate_and_copy`, torch.func's way of
+    assembling chunks, is accepted and changes nothing: the result is the same.) Reverse mode suits fewer outputs than
     inputs; tf.jacfwd suits the opposite. An input the output does not depend on gets a block of
     zeros.
 
@@ -143,13 +145,14 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
 
 
 @with_options_form
-def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
+def jacfwd(fn: Callable, argnums=0, has_aux: bool = False, *, randomness: str = "error"):
     """A function returning the Jacobian of fn with respect to the positional args in argnums,
     by forward mode (one jvp per input element, batched with tf.vmap), as torch.func.jacfwd.
 
     Same shapes and arguments as tf.jacrev: for an output of shape O and an input of shape I,
     a (*O, *I) tensor; `argnums` an int or a tuple; with `has_aux`, (jacobian, aux). Forward
-    mode suits fewer inputs than outputs.
+    mode suits fewer inputs than outputs. `randomness` is tf.vmap's, over the input elements
+    ("error", "different" or "same"), as torch.func.jacfwd's.
 
         >>> import torch, thunderfn as tf
         >>> x = torch.tensor([0.0, 1.0, 2.0])
@@ -175,7 +178,8 @@ def jacfwd(fn: Callable, argnums=0, has_aux: bool = False):
             return jvp(checked, primals, tree_unflatten(spec, list(tangent_leaves)), has_aux=has_aux)
 
         # the output and aux are the same for every one-hot tangent: unbatched, computed once with them
-        result = vmap(push_forward, out_axes=(None, 0, None) if has_aux else (None, 0))(*_one_hot_rows(flat))
+        result = vmap(push_forward, out_axes=(None, 0, None) if has_aux else (None, 0),
+                      randomness=randomness)(*_one_hot_rows(flat))
         out_leaves, out_spec = tree_flatten(result[0])
         pushed_leaves = tree_flatten(result[1])[0]
         aux = result[2] if has_aux else None
