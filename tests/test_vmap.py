@@ -202,8 +202,6 @@ def test_vmap_errors_name_the_argument_and_the_problem(call, error, message):
 def test_vmap_refuses_random_ops_in_error_mode_and_bad_options_by_name():
     with pytest.raises(BatchingError, match="random operation .*randomness error mode"):
         tf.vmap(lambda x: x + torch.rand(3))(torch.ones(2, 3))
-    with pytest.raises(BatchingError, match="randomness='same' with a chunk_size .* once per chunk"):
-        tf.vmap(lambda x: x + torch.rand(3), randomness="same", chunk_size=1)(torch.ones(2, 3))
     with pytest.raises(ValueError, match="chunk_size should be None or greater than 0"):
         tf.vmap(torch.sin, chunk_size=0)
     with pytest.raises(RuntimeError, match="Only allowed values for randomness are 'error', 'different', or 'same'"):
@@ -342,11 +340,22 @@ def test_samplers_run_under_jit_with_eagers_draws(name):
 @pytest.mark.parametrize("fn", [lambda x: F.dropout(x, 0.5), lambda x: x + torch.rand(()),
                                 lambda x: torch.bernoulli(torch.full((3,), 0.5)) * x],
                          ids=["dropout_of_batched", "rand_shared", "bernoulli_shared"])
-def test_chunk_size_with_same_randomness_refuses_rather_than_draw_per_chunk(fn):
-    with pytest.raises(BatchingError, match="randomness='same' with a chunk_size .* once per chunk"):
-        tf.vmap(fn, randomness="same", chunk_size=2)(torch.ones(4, 3))
-    out = tf.vmap(fn, randomness="same", chunk_size=4)(torch.ones(4, 3))  # one chunk: the whole batch, one draw
-    assert all(torch.equal(out[0], out[i]) for i in range(4))
+def test_chunk_size_with_same_randomness_draws_what_torch_func_draws(fn):
+    """Every chunk draws from the generator's state before the first, as torch.func's chunks: the same values
+    for the whole batch, and the generator left where one chunk's draws leave it."""
+    for chunk_size in (1, 3, 4):
+        results = []
+        for vmap in (torch.func.vmap, tf.vmap):
+            torch.manual_seed(0)
+            try:
+                out = vmap(fn, randomness="same", chunk_size=chunk_size)(torch.ones(4, 3))
+                results.append((out, torch.rand(2)))
+            except RuntimeError as e:  # torch.func refuses same randomness on a batched input
+                results.append(str(e).split(".")[0])
+        if isinstance(results[0], str):
+            assert isinstance(results[1], str) and results[0] in results[1]
+        else:
+            torch.testing.assert_close(results[1], results[0])
 
 
 def test_nested_vmap_of_a_factory_draw_with_different_randomness():

@@ -131,8 +131,8 @@ def _batched(x, values: dict):
 class _Batching:
     """The state of one vmap's walk: each per-example proxy's batched value and batch dim, by name."""
 
-    def __init__(self, batch_size: int, randomness: str, chunked: bool = False):
-        self.batch_size, self.randomness, self.chunked = batch_size, randomness, chunked
+    def __init__(self, batch_size: int, randomness: str):
+        self.batch_size, self.randomness = batch_size, randomness
         self.values: dict = {}
         self.dims: dict = {}
         # values drawn per example by a random op with shared inputs, or computed from such draws alone: one
@@ -182,11 +182,6 @@ class _Batching:
                 f"vmap: called random operation while in randomness error mode. Please either use the 'same' or "
                 f"'different' randomness flags on vmap or perform the randomness operation out of vmap (the random "
                 f"operation: {bsym.sym.print_name})")
-        if self.randomness == "same" and self.chunked:  # traced once per chunk, it would draw once per chunk
-            raise BatchingError(
-                f"vmap: randomness='same' with a chunk_size smaller than the batch would draw "
-                f"{bsym.sym.print_name}'s values once per chunk, not once for the batch; leave chunk_size None, "
-                f"or draw the values outside vmap and pass them in with in_axes None")
         # "different": every draw is per example, even one whose inputs are shared; "same": a draw
         # with shared inputs is made once, one with batched inputs as torch.func.vmap makes it
         if "random" in bsym.sym.tags and (self.randomness == "different" or self.is_batched(bsym)):
@@ -379,16 +374,14 @@ def _to_arg_axis(ct, axis):
     return prims.sum(ct, (0,)) if axis is None else move_batch_dim(ct, 0, axis)
 
 
-def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, randomness: str, *,
-               chunked: bool = False):
+def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, randomness: str):
     """While a trace is being built: fn traced for one example and batched into it. `in_dims` has
     one batch dim (or None) per leaf of args. Returns fn's output pytree, each tensor leaf as
     a BatchedValue (dim None for a value the same for every example), and the in-place
     updates of batched inputs: {leaf index: its new value} (for the caller to write back, as
-    it knows whether args are the caller's tensors or one chunk's slices of them).
-    `chunked`: the batch is one of several chunks."""
+    it knows whether args are the caller's tensors or one chunk's slices of them)."""
     tracer = context.current_tracer()
-    batching = _Batching(batch_size, randomness, chunked)
+    batching = _Batching(batch_size, randomness)
     leaves, spec = tree_flatten(args)
     examples = []
     for leaf, d in zip(leaves, in_dims):
@@ -603,10 +596,10 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
                                  f"the number of examples batched together)")
     name = getattr(fn, "__name__", "fn")
 
-    def batched(fn, args, dims, batch_size, chunked=False):
+    def batched(fn, args, dims, batch_size):
         """fn's outputs for args (batch_size examples), flat, placed at out_axes; the output
         structure; and the in-place updates of batched inputs, by leaf index."""
-        out, updates = trace_vmap(fn, args, dims, batch_size, randomness, chunked=chunked)
+        out, updates = trace_vmap(fn, args, dims, batch_size, randomness)
         leaves, spec = tree_flatten(out)
         structure = optree.tree_map(lambda _: _Leaf(), out, namespace="thunderfn")
         paths_axes = [(path, axis) for path, _, axis in _prefix_leaves(out_axes, structure, "output", "out_axes")]
@@ -632,10 +625,15 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
         # are concatenated the same way and written back once, after the last chunk.
         bounds = [(start, min(start + chunk_size, batch_size)) for start in range(0, batch_size, chunk_size)]
         chunks = []
+        # randomness="same": every chunk draws from the generator's state before the first, so that it draws
+        # what the others draw, as torch.func's chunks do (torch.get_rng_state and set_rng_state, traced)
+        state = torch.get_rng_state() if randomness == "same" else None
         for start, stop in bounds:
+            if state is not None:
+                torch.set_rng_state(state)
             sliced = [leaf if d is None else clang.slice_in_dim(leaf, start, stop, dim=d)
                       for leaf, d in zip(leaves, dims)]
-            chunks.append(batched(body, tree_unflatten(arg_spec, sliced), dims, stop - start, chunked=True))
+            chunks.append(batched(body, tree_unflatten(arg_spec, sliced), dims, stop - start))
         for i in sorted(set().union(*(updates for *_, updates in chunks))):
             pieces = [updates[i] if i in updates else clang.slice_in_dim(leaves[i], start, stop, dim=dims[i])
                       for (*_, updates), (start, stop) in zip(chunks, bounds)]
