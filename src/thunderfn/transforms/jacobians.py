@@ -14,6 +14,7 @@ replaced by the structure of the differentiated argument (a tuple of them for a 
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import optree
@@ -168,6 +169,7 @@ def jacfwd(fn: Callable, argnums=0, has_aux: bool = False, *, randomness: str = 
         sizes = [p.numel() for p in flat]
         of_primals = of_positions(fn, args, nums, kwargs)
 
+        @functools.wraps(of_primals)  # (errors name the user's function)
         def checked(*primals):  # (as traced, before forward mode pushes a tangent through a complex op)
             out = of_primals(*primals)
             _check_tensor_outputs(out[0] if has_aux and isinstance(out, tuple) else out, "jvp(f, primals, tangents)",
