@@ -224,7 +224,8 @@ def test_bad_arguments_are_named_errors():
 
 
 def test_hugging_face_gradient_checkpointing_under_jit_saves_what_eagers_saves():
-    transformers = pytest.importorskip("transformers", reason="the Hugging Face model needs transformers")
+    transformers = pytest.importorskip("transformers",
+                                       reason="transformers is not installed: this test trains a Hugging Face GPT-2")
     config = transformers.GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=64, n_positions=32, resid_pdrop=0.0,
                                      embd_pdrop=0.0, attn_pdrop=0.0)
     torch.manual_seed(0)

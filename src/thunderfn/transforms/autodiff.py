@@ -694,6 +694,29 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
 
 
 # -- the pullback of an eager vjp: residuals computed by the forward, no re-run of fn ------------
+def replay_unless_modified(proxies: list, computed, run, transform: str, consequence: str) -> Callable:
+    """`lambda x: run(values, x)`, where values are the residuals `proxies` stand for (each a captured constant,
+    else the next of `computed`), refused as torch.autograd refuses it (SavedTensorModifiedError) once one of
+    them was written in place after it was computed: what tf.vjp's vjp_fn and tf.linearize's jvp_fn call.
+    `consequence`: what such a write would make of the result."""
+    computed = iter(computed)
+    values = [p.constant if p.constant is not None else next(computed) for p in proxies]
+    versions = [v._version if isinstance(v, torch.Tensor) else None for v in values]
+
+    def replay(x):
+        for p, v, version in zip(proxies, values, versions):
+            if version is not None and v._version != version:
+                raise SavedTensorModifiedError(
+                    f"one of the values {transform}_fn needs ({p.origin[0] if p.origin else 'an intermediate'}, "
+                    f"{TensorProxy.type_string(v)}) was modified by an in-place operation after tf.{transform} ran, "
+                    f"so {consequence}. Call tf.{transform} again after the change, or clone the tensor before "
+                    f"modifying it.")
+        return run(values, x)
+
+    replay._thunderfn_state = run._thunderfn_state
+    return replay
+
+
 class _Pullback:
     """What tf.vjp's vjp_fn runs when tf.vjp was called with real tensors, JAX's way: the forward
     (compiled) returns, besides the output, the residuals its backward reads; vjp_fn runs the
@@ -730,23 +753,13 @@ class _Pullback:
         return tuple(p for p in self.residuals if p.constant is None)
 
     def bind(self, computed) -> Callable:
-        computed = iter(computed)
-        values = [p.constant if p.constant is not None else next(computed) for p in self.residuals]
         # kept as they are (an input that requires grad stays connected, so vjp_fn's result is differentiable
-        # by torch.autograd as torch.func's is); an in-place write into an input, an output or a captured
-        # tensor after tf.vjp shows in its version, and is refused as torch.autograd refuses it
-        versions = [v._version if isinstance(v, torch.Tensor) else None for v in values]
-        run = context.jit_evicting(self._replay)
+        # by torch.autograd as torch.func's is)
+        run = replay_unless_modified(self.residuals, computed, context.jit_evicting(self._replay), "vjp",
+                                     "the gradient would not be the forward's")
 
         def vjp_fn(cotangents):
-            for p, v, version in zip(self.residuals, values, versions):
-                if version is not None and v._version != version:
-                    raise SavedTensorModifiedError(
-                        f"one of the values vjp_fn needs ({p.origin[0] if p.origin else 'an intermediate'}, "
-                        f"{TensorProxy.type_string(v)}) was modified by an in-place operation after tf.vjp ran, so the "
-                        f"gradient would not be the forward's. Call tf.vjp again after the change, or clone the "
-                        f"tensor before modifying it.")
-            return run(values, self._checked(cotangents))
+            return run(self._checked(cotangents))
 
         vjp_fn._thunderfn_state = run._thunderfn_state
         return vjp_fn

@@ -19,8 +19,8 @@ import torch
 from thunderfn.core import context, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_unflatten
-from thunderfn.errors import ArgumentRuntimeError, ArgumentTypeError, SavedTensorModifiedError, UnsupportedOpError
-from thunderfn.transforms.autodiff import _carries_gradient, as_trace_constants, replay_into
+from thunderfn.errors import ArgumentRuntimeError, ArgumentTypeError, UnsupportedOpError
+from thunderfn.transforms.autodiff import _carries_gradient, as_trace_constants, replay_into, replay_unless_modified
 from thunderfn.transforms.forward_mode import trace_jvp
 
 
@@ -130,20 +130,11 @@ def linearize(fn: Callable, *primals):
         return out, linearized.computed_residuals()
 
     out, computed = context.jit_evicting(forward)(primals)
-    computed = iter(computed)
-    residuals = [p.constant if p.constant is not None else next(computed) for p in linearized.residuals]
-    versions = [r._version for r in residuals]
-    run = context.jit_evicting(linearized.replay)
+    run = replay_unless_modified(linearized.residuals, computed, context.jit_evicting(linearized.replay),
+                                 "linearize", "the JVP would not be at the primals")
 
     def jvp_fn(*tangents):
-        for p, r, version in zip(linearized.residuals, residuals, versions):
-            if r._version != version:
-                raise SavedTensorModifiedError(
-                    f"one of the values jvp_fn needs ({p.origin[0] if p.origin else 'an intermediate'}, "
-                    f"{TensorProxy.type_string(r)}) was modified by an in-place operation after tf.linearize ran, so "
-                    f"the JVP would not be at the primals. Call tf.linearize again after the change, or clone the "
-                    f"tensor before modifying it.")
-        return run(residuals, linearized.checked_tangents(tangents))
+        return run(linearized.checked_tangents(tangents))
 
     jvp_fn._thunderfn_state = run._thunderfn_state
     return out, jvp_fn

@@ -96,12 +96,8 @@ def _cond_vjp(call, g):
     """A cond, by the same predicate, of the branches' VJPs, each reading what its branch saved (or, in a cond
     that saved nothing or whose saved values a second derivative differentiates, recomputing its values)."""
     pred, true_body, false_body, operands, true_captured, false_captured = call.args
-    n_saved = call.kwargs.get("n_saved", 0)
-    n_out = len(call.out) - n_saved
-    if n_saved and all(c is None for c in g[n_out:]):
+    if _reads_saved(call, g, (true_body, false_body), "cond"):
         return _cond_vjp_from_saved(call, g)
-    if n_saved:
-        _refuse_drawing_again((true_body, false_body), "cond")
     cts = tuple(c if c is not None or not is_float_tensor(o) else zeros_like(o) for o, c in zip(call.out, g))
     leaves = list(operands) + list(true_captured) + list(false_captured)
     float_positions = [i for i, x in enumerate(leaves) if is_float_tensor(x)]
@@ -147,13 +143,18 @@ def _cond_vjp_from_saved(call, g):
     return (None, None, None, tuple(flat[:n_ops]), tuple(flat[n_ops:n_ops + n_true]), tuple(flat[n_ops + n_true:]))
 
 
-def _refuse_drawing_again(bodies, what: str) -> None:
-    """The VJPs that compute a body's values again would draw its random numbers again, other than the forward's:
-    refused by name (reached only where a second derivative differentiates what the forward saved)."""
+def _reads_saved(call, g, bodies, what: str) -> bool:
+    """Whether the VJP of this cond or scan reads what its forward saved (its last n_saved outputs): so it does
+    unless a second derivative differentiates those, when the VJP computes the bodies' values again, which
+    would draw their random numbers anew, other than the forward's: refused by name where a body draws."""
+    n_saved = call.kwargs.get("n_saved", 0)
+    if not n_saved or all(c is None for c in g[len(call.out) - n_saved:]):
+        return bool(n_saved)
     if any(draws(b) for body in bodies for b in body.trace.bound_symbols):
         raise UnsupportedOpError(f"reverse mode through a {what} whose body draws random numbers, differentiated "
                                  f"again through what its forward saved: its values would be drawn anew; take the "
                                  f"random draws outside the {what} and pass them in")
+    return False
 
 
 # -- scan: the carries each step started from, then a reverse scan of the body's VJP --------------------------
@@ -192,12 +193,8 @@ def _scan_vjp(call, g):
     forward saved for it (_scan_saving_residuals); a scan that saved nothing (or whose saved values a second
     derivative differentiates) first recomputes the carries with a forward scan, and each step its values."""
     body, init, xs, captured, length, reverse = call.args
-    n_saved = call.kwargs.get("n_saved", 0)
-    n_out = len(call.out) - n_saved
-    if n_saved and all(c is None for c in g[n_out:]):
+    if _reads_saved(call, g, (body,), "scan"):
         return _scan_vjp_from_saved(call, g)
-    if n_saved:
-        _refuse_drawing_again((body,), "scan")
     n_carry, n_x = len(init), len(xs)
     carry_out, ys_out = call.out[:n_carry], call.out[n_carry:]
     float_carry, float_x, float_captured = _floats(init), _floats(xs), _floats(captured)
