@@ -1,5 +1,6 @@
 """Interception (core/interception.py, core/proxies.py): every way user code calls torch
 reaches thunderfn while tracing, and metadata questions are answered without tracing."""
+import copy
 import functools
 import sys
 
@@ -207,27 +208,66 @@ def test_torch_function_without_tensor_arguments_runs_once_and_becomes_a_constan
 
 
 def test_copying_a_proxy_gives_an_equivalent_proxy():
-    import copy
-
     def fn(p):
         return copy.copy(p) * 2 + copy.deepcopy(p)
 
     torch.testing.assert_close(tf.jit(fn)(X), X * 3)
 
 
-def test_protocol_lookups_on_a_proxy_are_attribute_errors_not_torch_calls():
+def test_copy_shares_and_deepcopy_clones_as_for_tensors():
     def fn(p):
-        assert not hasattr(p, "__dlpack__") and not hasattr(p, "__array_interface__")
+        shallow, deep = copy.copy(p), copy.deepcopy(p)
+        shallow.add_(1)  # writes through to p, as copy.copy's shared storage does in eager
+        deep.mul_(10)  # does not
+        return p, deep
+
+    x = torch.ones(3)
+    expected = fn(x.clone())
+    got = tf.jit(fn)(x.clone())
+    torch.testing.assert_close(got, expected)
+
+
+def test_protocol_lookups_on_a_proxy_answer_as_on_a_tensor():
+    def fn(p):
+        seen.append((hasattr(p, "__dlpack__"), hasattr(p, "__array_interface__"), hasattr(p, "no_such_method")))
         return p
 
-    tf.trace(fn, X)
-
-
-def test_isinstance_tensor_is_false_for_proxies_so_user_tree_maps_must_check_for_proxies():
-    # documents a design limit: proxies are not torch.Tensor subclasses
     seen = []
-    tf.trace(lambda p: seen.append((isinstance(p, torch.Tensor), isinstance(p, tf.TensorProxy))) or p, X)
-    assert seen == [(False, True)]
+    fn(X)
+    tf.trace(fn, X)
+    assert seen[0] == seen[1] == (True, False, False)
+
+
+def test_a_proxy_is_a_tensor_and_methods_called_through_the_class_are_traced():
+    def fn(x, y):
+        seen.append((isinstance(x, torch.Tensor), torch.is_tensor(x), torch.Tensor.dim(x), torch.Tensor.size(x, 1),
+                     torch.Tensor.shape.__get__(x)))
+        z = torch.Tensor.contiguous(x.t())
+        torch.Tensor.atan2_(z, y.t())
+        return torch.Tensor.add(z, 1), torch.Tensor.copy_(torch.empty_like(y), y)
+
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    seen = []
+    expected = fn(x, y)
+    got = tf.jit(fn)(x, y)
+    torch.testing.assert_close(got, expected)
+    assert seen[0] == seen[1] == (True, True, 2, 3, torch.Size([2, 3]))
+
+
+def test_a_value_request_through_the_class_is_a_concretization_error():
+    with pytest.raises(tf.ConcretizationError, match=r"tensor.item\(\)"):
+        tf.jit(lambda x: torch.Tensor.item(x))(X)
+    with pytest.raises(tf.ConcretizationError, match=r"bool\(tensor\)"):
+        tf.jit(lambda x: torch.Tensor.__bool__(x))(X)
+
+
+def test_a_call_that_skips_torch_function_is_refused_by_name_not_run_on_no_data():
+    def fn(x):
+        with torch._C.DisableTorchFunction():  # (the subclass's and tracing's overrides both)
+            return torch.sin(x)
+
+    with pytest.raises(tf.UnsupportedOpError, match=r"aten.sin.default reached a traced tensor without being traced"):
+        tf.jit(fn)(X)
 
 
 def _functions_dropping_arguments_in_torch_function():

@@ -363,7 +363,6 @@ def _route_forward(module: torch.nn.Module) -> None:
             if jitted is None:  # another thread, or the trace's own call of the module
                 return own(*args, **kwargs)
             try:
-                _refuse_prepared_masks(module, args, kwargs)
                 return jitted.forward(*args, **kwargs)
             finally:
                 _generating.jitted[id(module)] = jitted
@@ -383,21 +382,6 @@ def _unroute_forward(module: torch.nn.Module) -> None:
             del module.__dict__["forward"]
         else:
             module.__dict__["forward"] = route[0]
-
-
-def _refuse_prepared_masks(module, args, kwargs) -> None:
-    """A compileable cache (StaticCache: cache_implementation="static") makes Hugging Face's generate
-    prepare a 4D attention mask outside the model, which the model's masking code recognizes by
-    `isinstance(mask, torch.Tensor)`: a traced tensor is not one, so the mask would be read as a
-    2D padding mask (an error at best). Refused by name before anything is traced."""
-    for where in _state_arguments(args, kwargs):
-        cache = _argument(args, kwargs, where)
-        if getattr(cache, "is_compileable", False) and not all(getattr(cache, "is_linear", [False])):
-            raise UnsupportedOpError(
-                f"{type(module).__name__}.generate through tf.jit cannot use a {type(cache).__name__}: with a "
-                f"compileable cache Hugging Face's generate passes forward a prepared 4D attention mask, which the "
-                f"model recognizes with isinstance(mask, torch.Tensor), false for a traced tensor. Use the default "
-                f"dynamic cache (leave cache_implementation unset): its growing length is compiled once, symbolically.")
 
 
 def _top_level_hooks(module: torch.nn.Module) -> str:

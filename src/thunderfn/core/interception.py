@@ -28,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 
 from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.call_time import read_grad
-from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.proxies import TensorProxy, is_real_tensor
 from thunderfn.errors import InternalError, UnsupportedOpError
 
 # torch callable -> callable taking the same arguments with proxies in place of tensors
@@ -261,7 +261,7 @@ def stand_in_metadata(func, args, kwargs):
     """The answer to a shape query about a real tensor some proxy stands in for, from the proxy;
     NotImplemented when func is not such a query or args[0] has no stand-in."""
     query = lookup(_SHAPE_QUERIES, func)
-    stood = context.stand_in(args[0]) if query is not None and args and isinstance(args[0], torch.Tensor) else None
+    stood = context.stand_in(args[0]) if query is not None and args and is_real_tensor(args[0]) else None
     if stood is None:
         return NotImplemented
     name, is_method = query
@@ -278,7 +278,7 @@ def is_metadata_query(func) -> bool:
 
 
 def contains_tensor(tree) -> bool:
-    if isinstance(tree, (torch.Tensor, TensorProxy)):
+    if isinstance(tree, torch.Tensor):  # (a proxy is one)
         return True
     if isinstance(tree, (list, tuple)):
         return any(contains_tensor(x) for x in tree)
@@ -310,7 +310,7 @@ def lift_constants(tree):
     """Real tensors met while tracing become constant proxies, read by reference; numpy
     scalars become the Python numbers torch takes them for."""
     if isinstance(tree, torch.Tensor):
-        return context.current_tracer().constant(tree)
+        return tree if type(tree) is TensorProxy else context.current_tracer().constant(tree)
     if type(tree).__module__ == "numpy":
         return python_scalar(tree)
     if type(tree) in (list, tuple):
@@ -373,22 +373,14 @@ def set_dispatcher(fn) -> None:
 
 def dispatch(func, args, kwargs):
     """Trace one torch call (called only while a trace is being built)."""
+    if args and type(args[0]) is TensorProxy:
+        try:
+            answer = _ANSWERED_BY_PROXY.get(func)
+        except TypeError:  # unhashable
+            answer = None
+        if answer is not None:
+            return answer(*args, **kwargs)
     return _dispatcher(func, args, kwargs)
-
-
-def method(proxy: TensorProxy, name: str):
-    """`proxy.name` for a Tensor method: a callable that traces the method."""
-    torch_fn = getattr(torch.Tensor, name, None)
-    if torch_fn is None:
-        raise AttributeError(f"'Tensor' object has no attribute '{name}'")
-    if isinstance(torch_fn, property) or type(torch_fn) is type(torch.Tensor.shape):
-        return dispatch(torch_fn.__get__, (proxy,), {})
-
-    def bound(*args, **kwargs):
-        return dispatch(torch_fn, (proxy, *args), kwargs)
-
-    bound.__name__ = name
-    return bound
 
 
 class TracingMode(TorchFunctionMode):
@@ -412,10 +404,8 @@ def _proxy_torch_function(cls, func, types, args=(), kwargs=None):
 
 
 def _proxy_getattr(self, name):
-    if name.startswith("__") and name.endswith("__"):
-        # protocol lookups (copy's __deepcopy__/__setstate__, __dlpack__, ...) are not torch calls
-        raise AttributeError(f"'TensorProxy' object has no attribute '{name}'")
-    return method(self, name)
+    # only names torch.Tensor does not have reach here (its methods are found on the class)
+    raise AttributeError(f"'Tensor' object has no attribute '{name}'")
 
 
 def _proxy_grad(self):
@@ -440,14 +430,36 @@ TensorProxy.__torch_function__ = classmethod(_proxy_torch_function)
 TensorProxy.__getattr__ = _proxy_getattr
 TensorProxy.grad = property(_proxy_grad)
 # Python looks operators up on the type, so they must be set on the class.
-for _name in (
+_OPERATORS = (
     "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__ "
     "__rfloordiv__ __mod__ __rmod__ __pow__ __rpow__ __matmul__ __rmatmul__ __neg__ __pos__ __abs__ "
     "__invert__ __and__ __rand__ __or__ __ror__ __xor__ __rxor__ __lshift__ __rlshift__ __rshift__ "
     "__rrshift__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __getitem__ __setitem__ "
     "__iadd__ __isub__ __imul__ __itruediv__"
-).split():
+).split()
+for _name in _OPERATORS:
     if hasattr(torch.Tensor, _name):
         setattr(TensorProxy, _name, _operator(_name))
 # Comparisons return tensors, so keep identity hashing (proxies are dict keys).
 TensorProxy.__hash__ = object.__hash__
+
+
+def _answered_by_proxy() -> dict:
+    """torch.Tensor's metadata questions and value requests that TensorProxy answers itself in Python
+    (x.shape, x.dim(), x.item()), keyed by torch's callable: what a call through the class
+    (`torch.Tensor.dim(x)`, `torch.Tensor.shape.__get__(x)`) or a torch function mode receives."""
+    table = {}
+    for name, own in vars(TensorProxy).items():
+        theirs = getattr(torch.Tensor, name, None)
+        if theirs is None or name in ("grad", "__torch_function__", "__torch_dispatch__", "__init__", "__new__",
+                                      "__slots__", "__module__", "__doc__", "__hash__", "__format__") \
+                or name in _OPERATORS:
+            continue
+        if type(theirs) is type(torch.Tensor.shape) or isinstance(theirs, property):  # an attribute
+            table[theirs.__get__] = (lambda attr: lambda x: getattr(x, attr))(name)
+        elif callable(theirs):
+            table[theirs] = getattr(TensorProxy, name)
+    return table
+
+
+_ANSWERED_BY_PROXY = _answered_by_proxy()

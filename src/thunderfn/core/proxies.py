@@ -1,12 +1,18 @@
 """TensorProxy: what traced code holds in place of a tensor.
 
-A proxy is not a torch.Tensor subclass. It carries metadata only (shapes are
-concrete, as in JAX, or symbolic where jit opened a dimension: core/symbolic.py), and every torch call made on it, as a
-function (`torch.add(p, q)`), a method (`p.view(2, 3)`) or an operator (`p @ q`), is traced
-by the symbol registered for that torch callable: core/interception.py, which
-imports this module, gives TensorProxy those entry points (`__torch_function__`,
-`__getattr__`, the operators, `.grad`). Asking for a value (`bool(p)`, `p.item()`)
-raises ConcretizationError, which says what to do instead.
+A proxy is a torch.Tensor (a wrapper subclass without storage), so code that asks
+`isinstance(x, torch.Tensor)` takes the path it takes in eager and torch's methods called
+through the class (`torch.Tensor.contiguous(x)`) reach thunderfn. It carries metadata only
+(shapes are concrete, as in JAX, or symbolic where jit opened a dimension:
+core/symbolic.py), kept in Python attributes that answer `x.shape`, `x.dtype`, ... without
+asking torch. Every torch call made on it, as a function (`torch.add(p, q)`), a method
+(`p.view(2, 3)`, `torch.Tensor.view(p, 2, 3)`) or an operator (`p @ q`), is traced by the
+symbol registered for that torch callable: core/interception.py, which imports this module,
+gives TensorProxy those entry points (`__torch_function__`, the operators, `.grad`). A call
+that reaches torch's dispatcher with a proxy (torch functions turned off, a C++ path that
+skips `__torch_function__`) would compute nothing real: `__torch_dispatch__` refuses it by
+name. Asking for a value (`bool(p)`, `p.item()`) raises ConcretizationError, which says what
+to do instead.
 
 May import: core/context.py, core/dtypes.py, core/symbolic.py, errors.py.
 """
@@ -15,22 +21,20 @@ from __future__ import annotations
 import torch
 
 from thunderfn.core import context, dtypes, symbolic
-from thunderfn.errors import ArgumentIndexError, ArgumentTypeError, ConcretizationError
+from thunderfn.errors import ArgumentIndexError, ArgumentTypeError, ConcretizationError, UnsupportedOpError
 
 
 def _device_str(device: torch.device) -> str:
     return device.type if device.index is None else f"{device.type}:{device.index}"
 
 
-class Proxy:
-    __slots__ = ("name",)
-
-
 # The origin of a proxy for a tensor the traced function captured (a module's parameter, a global)
 CAPTURED = "a tensor captured by the traced function"
 
+_make_wrapper = torch.Tensor._make_wrapper_subclass
 
-class TensorProxy(Proxy):
+
+class TensorProxy(torch.Tensor):
     """Stand-in for a tensor while tracing: name, shape, dtype, device, requires_grad.
 
     ``constant`` holds the real tensor when the proxy stands for a tensor the traced
@@ -42,34 +46,45 @@ class TensorProxy(Proxy):
     methods thunderfn knows (each records a statement) and answer metadata questions
     (`.shape`, `.dtype`, `.ndim`, `.numel()`), but hold no values, so anything that needs a value
     (`if x.sum() > 0`, `x.item()`) raises ConcretizationError saying what to do instead. They
-    are not torch.Tensor instances. A prim's meta function receives proxies and returns new
+    are torch.Tensor instances without storage, so library code testing `isinstance(x, torch.Tensor)`
+    takes its tensor path, as in eager. A prim's meta function receives proxies and returns new
     ones for its outputs (`TensorProxy(shape=..., dtype=..., device=...)` or
     `TensorProxy.like(x)`); a proxy without a given name can only be made while a trace is being
     built.
 
         >>> import torch, thunderfn as tf
         >>> def f(x):
-        ...     print(x, x.shape, x.dtype)
+        ...     print(x, x.shape, x.dtype, isinstance(x, torch.Tensor))
         ...     return x * 2
         >>> _ = tf.trace(f, torch.ones(2, 3))
-        <TensorProxy name=x "cpu f32[2, 3]"> torch.Size([2, 3]) torch.float32
+        <TensorProxy name=x "cpu f32[2, 3]"> torch.Size([2, 3]) torch.float32 True
     """
 
-    __slots__ = ("shape", "dtype", "device", "requires_grad", "constant", "origin", "alias")
+    # Python attributes shadowing torch's: reading them asks neither torch nor __torch_function__
+    __slots__ = ("name", "shape", "dtype", "device", "requires_grad", "constant", "origin", "alias")
     # as torch.Tensor's: `np.float32(2.5) * proxy` defers to the proxy's __rmul__
     __array_priority__ = 1000
 
-    def __init__(self, name=None, *, shape, dtype, device, requires_grad=False, constant=None, origin=None):
+    def __new__(cls, name=None, *, shape, dtype, device, requires_grad=False, constant=None, origin=None):
+        shape = torch.Size(shape)
+        device = device if isinstance(device, torch.device) else torch.device(device)
+        # torch's own view of the wrapper (what C++ reading it without asking Python sees): the shape where it is
+        # concrete; a symbolic one stays in Python, so torch computes no strides of it (which could guard a size).
+        self = _make_wrapper(cls, shape if all(type(s) is int for s in shape) else (), dtype=dtype, device=device)
         self.name = name if name is not None else context.new_name()
-        self.shape = torch.Size(shape)
+        self.shape = shape
         self.dtype = dtype
-        self.device = device if isinstance(device, torch.device) else torch.device(device)
+        self.device = device
         self.requires_grad = bool(requires_grad)
         self.constant = constant
         # Human descriptions of where the value came from (("argument 'x'",)),
         # inherited by every value computed from it; ConcretizationError names them.
         self.origin = (origin,) if isinstance(origin, str) else tuple(origin or ())
         self.alias = None  # storage sharing with other proxies (views), see torch/inplace.py
+        return self
+
+    def __init__(self, *args, **kwargs):
+        pass  # (made by __new__: torch.Tensor's __init__ takes no metadata)
 
     @classmethod
     def like(cls, t, *, name=None, **overrides) -> "TensorProxy":
@@ -150,6 +165,22 @@ class TensorProxy(Proxy):
         return f"<TensorProxy name={self.name} {self.type_string()}>"
 
     __hash__ = object.__hash__
+    __format__ = object.__format__  # (torch.Tensor's formats values)
+
+    def __copy__(self):
+        return self  # copy.copy of a tensor shares its storage: the same value, written through either
+
+    def __deepcopy__(self, memo):
+        copied = memo[id(self)] = self.clone()  # as a tensor's: new storage holding the same values
+        return copied
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        # Reached only by a call that skipped __torch_function__: running it would compute on no data.
+        raise UnsupportedOpError(
+            f"{func} reached a traced tensor without being traced (torch's function overrides were turned off, "
+            f"or C++ code called it directly), so thunderfn cannot record it. Call the torch function itself "
+            f"inside the traced function, or give the operation a symbol of its own (docs/extending.md).")
 
     # -- values are not known while tracing -------------------------------------------
     def _described(self) -> str:
@@ -226,7 +257,12 @@ def _wrap_dim(dim: int, ndim: int) -> int:
 
 
 def is_proxy(x) -> bool:
-    return isinstance(x, Proxy)
+    return isinstance(x, TensorProxy)
+
+
+def is_real_tensor(x) -> bool:
+    """A torch.Tensor holding data: not a proxy (which is a torch.Tensor too)."""
+    return isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy)
 
 
 def entry_by_name(x, table: dict):

@@ -21,7 +21,7 @@ import torch
 from thunderfn.core import context, symbolic
 from thunderfn.core.interception import lift_constants
 from thunderfn.core.printing import compile_trace, format_trace
-from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.proxies import TensorProxy, is_real_tensor
 from thunderfn.core.pytree import adopt_torch_registrations, tree_flatten, tree_flatten_with_path, tree_unflatten
 from thunderfn.core.symbol import Symbol, set_eager_composite
 from thunderfn.core.tracer import Tracer, data_dependent_error, tracing
@@ -132,7 +132,7 @@ def proxify_inputs(tracer: Tracer, fn, args, kwargs):
     paths, leaves, spec = tree_flatten_with_path((tuple(args), dict(kwargs)))
     new_leaves = []
     for path, leaf in zip(paths, leaves):
-        if isinstance(leaf, torch.Tensor):
+        if is_real_tensor(leaf):
             top = names[path[1]] if path[0] == 0 else str(path[1])
             preferred = _path_name((top, *path[2:]))
             shape = leaf.shape
@@ -358,7 +358,7 @@ def _run_decomposition(sym: Symbol, args, kwargs):
     """A composite called on real tensors: its body is written for proxies (clang checks
     for them), so trace it on proxies of the arguments and run the recorded prims eagerly."""
     tensors = [x for x in optree.tree_leaves((tuple(args), dict(kwargs)), namespace="thunderfn")
-               if isinstance(x, torch.Tensor)]
+               if is_real_tensor(x)]
     trc = trace(sym, *args, **kwargs)
     env = {p.name: t for p, t in zip(trc.args, tensors)}
 

@@ -40,7 +40,7 @@ def _per_tensor_args(base: str, args: tuple, i: int, n: int) -> tuple:
             if len(a) != n:
                 raise ArgumentRuntimeError(f"Tensor lists must have the same number of tensors, got {n} and {len(a)}")
             out.append(a[i])
-        elif position == 3 and base in _KEYWORD_ONLY and isinstance(a, (TensorProxy, torch.Tensor)):
+        elif position == 3 and base in _KEYWORD_ONLY and isinstance(a, torch.Tensor):
             out.append(a[i])  # the `scalars` tensor: one value per position
         else:
             out.append(a)

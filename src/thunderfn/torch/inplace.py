@@ -375,7 +375,7 @@ def _symbolic_probes(*values):
     for v in tree_leaves(values):
         if isinstance(v, slice):  # (x[:T]: a bound may be a symbolic size)
             leaves += symbolic.symbolic_leaves((v.start, v.stop, v.step))
-        elif isinstance(v, (torch.Tensor, TensorProxy)):
+        elif isinstance(v, torch.Tensor):
             leaves += [n for n in v.shape if isinstance(n, torch.SymInt)]
         else:
             leaves += symbolic.symbolic_leaves(v)

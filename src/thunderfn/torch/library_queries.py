@@ -8,17 +8,13 @@
   `torch._dynamo.is_compiling()` and `torch._utils.is_compiling()`, call it).
   `torch.compiler.is_exporting()` stays False: thunderfn compiles, it does not export.
   Outside a trace, and on other threads, torch's own answer is returned.
-- **"Is this a tensor?"** A proxy is not a `torch.Tensor` instance, so torch's Python helpers
-  that test `isinstance(x, torch.Tensor)` before reading metadata would refuse it. Each one
-  rewritten below answers for proxies from their metadata and calls torch's own otherwise.
+- **"Is this a tensor?"** needs no answer here: a proxy is a `torch.Tensor` (core/proxies.py).
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from thunderfn.core import context
-from thunderfn.core.proxies import TensorProxy
 from thunderfn.torch.base import stand_in_front
 
 
@@ -31,10 +27,4 @@ def _is_compiling(original) -> bool:
     return torch.compiler.is_dynamo_compiling() or original() or context.current_trace() is not None
 
 
-def _none_or_dtype(original, input):
-    # nn.MultiheadAttention's mask canonicalization: the dtype of a mask, or None
-    return input.dtype if isinstance(input, TensorProxy) else original(input)
-
-
 stand_in_front(torch.compiler, "is_compiling", _is_compiling)
-stand_in_front(F, "_none_or_dtype", _none_or_dtype)  # (more of torch's isinstance helpers go here)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from thunderfn.core import context
+from thunderfn.core.proxies import is_real_tensor
 from thunderfn.errors import ArgumentRuntimeError, UnsupportedOpError
 from thunderfn.torch.base import stand_in_front
 
@@ -61,7 +62,7 @@ def _functional_call_traced(original, module, parameters_and_buffers, args=None,
                                  "the given tensor would stand in under every name of the tied weight. Pass the value "
                                  "for every name of it, or use tie_weights=True.")
     args = () if args is None else args if isinstance(args, tuple) else (args,)
-    pairs = [(named[name], tracer.constant(value) if isinstance(value, torch.Tensor) else value)
+    pairs = [(named[name], tracer.constant(value) if is_real_tensor(value) else value)
              for name, value in given.items()]
     with context.standing_in(pairs):
         return module(*args, **(kwargs or {}))

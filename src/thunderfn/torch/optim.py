@@ -32,7 +32,6 @@ import torch.optim.optimizer as optimizer_module
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from thunderfn.core import context
-from thunderfn.core.proxies import TensorProxy
 from thunderfn.errors import UnsupportedOpError
 
 __all__: list = []
@@ -187,7 +186,7 @@ def _read_step_as_python_number(original):
 
     @functools.wraps(original)
     def _get_value(x):
-        if _local.stepping and isinstance(x, (TensorProxy, torch.Tensor)) and _tracing_root() is not None:
+        if _local.stepping and isinstance(x, torch.Tensor) and _tracing_root() is not None:
             return x.to(torch.float64)
         return original(x)
 

@@ -32,7 +32,7 @@ import thunderfn.torch as ltorch
 from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.decorators import with_options_form
 from thunderfn.core.interception import tensors_by_position
-from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.proxies import TensorProxy, is_real_tensor
 from thunderfn.core.pytree import of_positions, tree_flatten, tree_leaves, tree_map, tree_unflatten
 from thunderfn.core.rules import TAG_MOVES_DATA_ONLY, TAG_NOT_DIFFERENTIABLE, RecordedCall, VJPRule, rules_of
 from thunderfn.core.statements import set_grad_enabled
@@ -348,8 +348,7 @@ def differentiating(tracer):
 def as_trace_constants(tree):
     """tree with each real tensor (one a traced function captured) as the trace's proxy for it."""
     tracer = context.current_tracer()
-    return tree_map(lambda x: tracer.constant(x) if isinstance(x, torch.Tensor) and not isinstance(x, TensorProxy)
-                    else x, tree)
+    return tree_map(lambda x: tracer.constant(x) if is_real_tensor(x) else x, tree)
 
 
 def as_trace_values(primals):
@@ -357,7 +356,7 @@ def as_trace_values(primals):
     respect to, `tf.grad(f)(w)` inside a jitted function) replaced by a copy made in the trace:
     the tensor itself would be a captured constant, which no derivative reaches."""
     tracer = context.current_tracer()
-    return tree_map(lambda x: ltorch.clone(tracer.constant(x)) if isinstance(x, torch.Tensor) else x, primals)
+    return tree_map(lambda x: ltorch.clone(tracer.constant(x)) if is_real_tensor(x) else x, primals)
 
 
 def trace_vjp(fn: Callable, primals: Sequence, executors=None):
@@ -425,7 +424,7 @@ def check_cotangent(ct, shape: tuple, position: int, n_outputs: int) -> None:
     """A caller's cotangent for one output: a tensor (traced or real) of that output's shape
     (torch.autograd's 'Mismatch in shape' is a RuntimeError; CotangentError is one, and a TypeError)."""
     which = "the output" if n_outputs == 1 else f"output {position} (counting the output's tensors in order)"
-    if not isinstance(ct, (TensorProxy, torch.Tensor)):
+    if not isinstance(ct, torch.Tensor):
         raise CotangentError(f"vjp: the cotangent for {which} must be a tensor of its shape {shape}, "
                              f"got {type(ct).__name__}. Pass None where an output gets no cotangent.")
     if tuple(ct.shape) != tuple(shape):

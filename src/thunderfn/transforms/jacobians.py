@@ -22,7 +22,6 @@ import torch
 
 from thunderfn.core import symbolic
 from thunderfn.core.decorators import with_options_form
-from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import NAMESPACE, of_positions, tree_flatten, tree_unflatten
 from thunderfn.errors import ArgumentValueError, OutputError, TransformArgumentError
 from thunderfn.transforms.argnums import argnums_as_tuple, positional_argnums
@@ -47,7 +46,7 @@ def _check_tensor_outputs(out, call: str, transform: str) -> None:
     """A Jacobian has a real block per output tensor: any other output leaf, or a complex one, is
     torch.func's RuntimeError (a complex output's Jacobian is not one real matrix)."""
     for k, leaf in enumerate(tree_flatten(out)[0]):
-        if not isinstance(leaf, (TensorProxy, torch.Tensor)):
+        if not isinstance(leaf, torch.Tensor):
             raise OutputError(f"{call}: expected f(*primals) to return only tensors, got unsupported type "
                               f"{type(leaf)}")
         if leaf.dtype.is_complex:  # torch's sentence says "input idx" for an output too

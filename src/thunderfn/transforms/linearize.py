@@ -112,7 +112,7 @@ def linearize(fn: Callable, *primals):
         ['add', 'mul']
     """
     for leaf in tree_flatten(primals)[0]:
-        if not isinstance(leaf, (torch.Tensor, TensorProxy)):
+        if not isinstance(leaf, torch.Tensor):
             raise ArgumentTypeError(f"linearize: expected the primals to be tensors (or pytrees of tensors), got "
                                     f"{type(leaf).__name__}")
     linearized = _Linearized()

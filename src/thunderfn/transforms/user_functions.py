@@ -67,7 +67,7 @@ def _leaves(tree) -> list:
 
 
 def _is_tensor(x) -> bool:
-    return isinstance(x, (TensorProxy, torch.Tensor))
+    return isinstance(x, torch.Tensor)
 
 
 def _differentiable(x) -> bool:

@@ -29,7 +29,7 @@ from thunderfn import clang, prims
 from thunderfn.core import context
 from thunderfn.core.decorators import with_options_form
 from thunderfn.core.interception import tensors_by_position
-from thunderfn.core.proxies import TensorProxy, entry_by_name
+from thunderfn.core.proxies import TensorProxy, entry_by_name, is_real_tensor
 from thunderfn.core.pytree import (
     of_leaves,
     output_leaves,
@@ -609,8 +609,7 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
     def transformed(*args, **kwargs):
         # a real tensor passed in while tracing (one captured by the caller) is a constant
         tracer = context.current_tracer()
-        args = up_to_date(tree_map(lambda x: tracer.constant(x) if isinstance(x, torch.Tensor)
-                                   and not isinstance(x, TensorProxy) else x, args))
+        args = up_to_date(tree_map(lambda x: tracer.constant(x) if is_real_tensor(x) else x, args))
         dims, batch_size = _in_dims(in_axes, args)
         body = functools.partial(fn, **kwargs) if kwargs else fn
         leaves, arg_spec = tree_flatten(args)

@@ -461,8 +461,9 @@ def index_put_errors(device):
     yield err((x, (idx(0, 2),), make_tensor((3, 4))), RuntimeError,
               r"shape mismatch: value tensor of shape \[3, 4\] cannot be broadcast to indexing "
               r"result of shape \[2, 4\]")
+    # (torch's argument parser counts from self in the method, x.index_put, where self is not an argument)
     yield err((x, (None, idx(0, 2)), make_tensor((3, 2))), TypeError,
-              "expected Tensor as element 0 in argument 1, but got NoneType")
+              "expected Tensor as element 0 in argument [01], but got NoneType")
     yield err((x, (idx(0, 2), idx(0, 2), idx(0)), make_tensor((2,))), IndexError,
               r"too many indices for tensor of dimension 2 \(got 3\)")
     yield err((x, (idx(0.0, 2.0, dtype=torch.float32),), make_tensor((2, 4))), IndexError,

@@ -17,9 +17,8 @@ SOME = (torch.float32, torch.int64, torch.bool)  # for extra spellings of an op 
 
 
 def method(name):
-    """`x.<name>(*args, **kwargs)`. Unbound Tensor methods refuse proxies (they check
-    `self`'s C type), so OpInfos for methods call them on the tensor, as users do;
-    `__wrapped__` names the Tensor method (inspect.unwrap finds it)."""
+    """`x.<name>(*args, **kwargs)`, as users call methods; `__wrapped__` names the Tensor method
+    (inspect.unwrap finds it)."""
     def call(a, *args, **kwargs):
         return getattr(a, name)(*args, **kwargs)
     call.__name__ = f"Tensor_{name}"

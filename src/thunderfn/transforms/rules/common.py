@@ -16,7 +16,7 @@ from thunderfn.torch.reductions import sum_to
 
 
 def is_tensor(x) -> bool:
-    return isinstance(x, (TensorProxy, torch.Tensor))
+    return isinstance(x, torch.Tensor)
 
 
 def is_float_tensor(x) -> bool:

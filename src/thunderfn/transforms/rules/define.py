@@ -52,7 +52,7 @@ def _tensors_in(args):
     for a in args:
         if isinstance(a, (list, tuple)):
             yield from _tensors_in(a)
-        elif isinstance(a, (TensorProxy, torch.Tensor)):
+        elif isinstance(a, torch.Tensor):
             yield a
 
 
