@@ -9,6 +9,7 @@ import torch.func
 import thunderfn as tf
 
 X, X2, M = torch.randn(3), torch.randn(2), torch.randn(3, 4)
+INT = torch.arange(3)
 COMPLEX = torch.randn(3, dtype=torch.complex64)
 
 # id: (the call, given torch.func or thunderfn, torch.func's sentence)
@@ -130,7 +131,28 @@ CASES = {
         lambda F: F.jacfwd(lambda x: 2.0)(X),
         "jvp(f, primals, tangents): expected f(*primals) to return only tensors, got unsupported type "
         "<class 'float'>"),
+    "jacrev-boolean-output": (
+        lambda F: F.jacrev(lambda x: x > 0)(X),
+        "vjp(f, ...): All outputs of f must be floating-point or complex Tensors, got Tensor with dtype torch.bool"),
+    "jacrev-returns-none": (
+        lambda F: F.jacrev(lambda x: None)(X),
+        "vjp(f, *primals): Expected f to be a function that has non-empty output (got output = [None])"),
     # what it is differentiated at
+    "jacrev-of-an-integer-tensor": (
+        lambda F: F.jacrev(lambda x: x.float())(INT),
+        "only Tensors of floating point dtype can require gradients"),
+    "vjp-of-a-string": (
+        lambda F: F.vjp(lambda s: torch.ones(1), "a"),
+        "Thing passed to transform API must be Tensor, got <class 'str'>"),
+    "grad-of-a-python-int": (  # (JAX's TypeError too: the error is both)
+        lambda F: F.grad(lambda x, n: x.sum() * n, argnums=1)(X, 2),
+        "Thing passed to transform API must be Tensor, got <class 'int'>"),
+    "vmap-chunk-size-a-float": (  # (torch's TypeError is Python's, from slicing; the error is a ValueError too)
+        lambda F: F.vmap(torch.sin, chunk_size=1.5)(X),
+        ""),
+    "jacrev-chunk-size-a-float": (
+        lambda F: F.jacrev(torch.sin, chunk_size=1.5)(X),
+        ""),
     "grad-of-an-integer-tensor": (
         lambda F: F.grad(lambda x: x.sum())(torch.arange(3)),
         "only Tensors of floating point dtype can require gradients"),
@@ -163,6 +185,27 @@ CASES = {
     "jvp-tangents-not-a-tuple": (
         lambda F: F.jvp(torch.sin, (X,), X),
         "Expected primals and tangents to have the same python structure."),
+    "jvp-no-primals": (
+        lambda F: F.jvp(lambda: torch.ones(1), (), ()),
+        "jvp(f, primals, tangents): Expected primals to contain at least one Tensor."),
+    "jvp-a-string-primal": (
+        lambda F: F.jvp(lambda s: torch.ones(1), ("a",), ("a",)),
+        "jvp(f, primals, tangents): Expected primals to only contain Tensors, got <class 'str'>"),
+    "jvp-a-float-tangent-of-a-tensor": (
+        lambda F: F.jvp(torch.sin, (X,), (1.0,)),
+        "jvp(f, primals, tangents): Expected tangents to only contain Tensors, got <class 'float'>"),
+    "jvp-integer-primal": (
+        lambda F: F.jvp(lambda x: x.float(), (INT,), (INT,)),
+        "Expected primal to be floating point or complex, but got: torch.int64"),
+    "jacfwd-integer-primal": (
+        lambda F: F.jacfwd(lambda x: x.float())(INT),
+        "Expected primal to be floating point or complex, but got: torch.int64"),
+    "hessian-integer-primal": (
+        lambda F: F.hessian(lambda x: x.float().sum())(INT),
+        "Expected primal to be floating point or complex, but got: torch.int64"),
+    "jacfwd-returns-none": (
+        lambda F: F.jacfwd(lambda x: None)(X),
+        "jvp(f, primals, tangents): Expected f to be a function that has non-empty output (got output = [None])"),
     "jvp-tangent-shape": (
         lambda F: F.jvp(torch.sin, (X,), (X2,)),
         "Trying to set a forward gradient that has a different size than that of the original Tensor, this is not "

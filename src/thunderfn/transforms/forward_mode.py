@@ -32,10 +32,10 @@ from thunderfn.transforms.autodiff import (
     as_trace_constants,
     as_trace_values,
     differentiating,
-    value_without_aux,
     with_generator_states,
 )
 from thunderfn.transforms.custom_vjp import custom_vjp
+from thunderfn.transforms.func_contracts import check_jvp_arguments, value_without_aux
 from thunderfn.transforms.resolve import Transform, Way, resolve
 from thunderfn.transforms.rules.define import register_trace_jvp
 
@@ -209,6 +209,7 @@ def jvp(fn: Callable, primals, tangents, has_aux: bool = False, *, strict: bool 
             f"jvp(f, primals, tangents): Expected primals and tangents to have the same python structure. For "
             f"example, if primals is a tuple of 3 tensors, tangents also must be. Got primals with structure "
             f"{tree_flatten(primals)[1]} and tangents with structure {tree_flatten(tangents)[1]}")
+    check_jvp_arguments(primals, tangents)
 
     def transformed(primals, tangents):
         value_only, aux_box = value_without_aux(fn, has_aux, "jvp")
