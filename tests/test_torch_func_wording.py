@@ -261,3 +261,22 @@ def test_functional_call_takes_tie_weights_and_strict():
                                torch.func.functional_call(model, weight, (x,), tie_weights=False))
     grad = tf.grad(lambda w: tf.functional_call(model, {"weight": w}, (x,), strict=False).sum())(torch.ones(2, 3))
     torch.testing.assert_close(grad, x.sum(0).expand(2, 3))
+
+
+def test_where_jax_takes_what_torch_func_refuses_thunderfn_takes_it():
+    # (each is refused by torch.func and taken by JAX: a JAX program keeps working; see
+    # docs/porting-from-torch-func.md)
+    x = torch.randn(3, dtype=torch.float64)
+    out, tangent = tf.jvp(torch.sin, [x], [torch.ones_like(x)])  # jax.jvp takes lists
+    torch.testing.assert_close(tangent, x.cos())
+    torch.testing.assert_close(tf.jacrev(lambda s: torch.stack([s, s ** 2]))(3.0), torch.tensor([1.0, 6.0]))
+    g, aux = tf.grad(lambda x: (x.sum(), "label"), has_aux=True)(x)  # any aux, as JAX's
+    assert aux == "label"
+    out, vjp_fn = tf.vjp(lambda x: (x.argmax(), x.exp()), x)  # an integer output gets no cotangent
+    torch.testing.assert_close(vjp_fn((None, torch.ones_like(x)))[0], x.exp())
+    # torch.func's vjp_fn options and vmap's names are taken too
+    torch.testing.assert_close(vjp_fn((None, torch.ones_like(x)), retain_graph=True, create_graph=False)[0], x.exp())
+    torch.testing.assert_close(tf.vmap(torch.mul, in_dims=(0, None), out_dims=1)(torch.ones(2, 3), x),
+                               torch.func.vmap(torch.mul, in_dims=(0, None), out_dims=1)(torch.ones(2, 3), x))
+    with pytest.raises(TypeError, match="got both in_axes= and in_dims="):
+        tf.vmap(torch.sin, in_axes=1, in_dims=0)

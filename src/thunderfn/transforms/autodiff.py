@@ -604,6 +604,9 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
     Called with real tensors, fn runs once, compiled, and saves what its backward needs:
     calling vjp_fn runs only the backward, as often as you like, and never calls fn again.
     vjp_fn is an ordinary function of its cotangents, which tf.jit, tf.grad and tf.vjp can trace.
+    (torch.func's vjp_fn options are accepted and change nothing: `retain_graph`, since every vjp_fn
+    may be called again, and `create_graph`, since its result is connected to torch.autograd
+    whenever a primal requires grad.)
 
         >>> import torch, thunderfn as tf
         >>> x = torch.tensor([0.0, 1.0, 2.0])
@@ -635,7 +638,7 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
     if context.current_trace() is not None:
         value, aux, backward = split(primals)
 
-        def vjp_fn(cotangents):
+        def vjp_fn(cotangents, retain_graph: bool = True, create_graph: bool | None = None):
             return cotangents_for(backward, cotangents, primals)
     else:
         pullback = _Pullback()
@@ -714,8 +717,8 @@ class _Pullback:
         run = replay_unless_modified(self.residuals, computed, context.jit_evicting(self._replay), "vjp",
                                      "the gradient would not be the forward's")
 
-        def vjp_fn(cotangents):
-            return run(self._checked(cotangents))
+        def vjp_fn(cotangents, retain_graph: bool = True, create_graph: bool | None = None):
+            return run(self._checked(cotangents))  # (torch.func's two options change nothing here: see vjp)
 
         vjp_fn._thunderfn_state = run._thunderfn_state
         return vjp_fn
