@@ -3,6 +3,7 @@ test_vmap.py: grad, vjp, jvp, the Jacobians, vmap's options, randomness, composi
 examples: MAML, ensembling, per-sample gradients), each run through torch.func and through thunderfn
 on the same inputs, in float64: the law is that thunderfn's result is torch.func's (to 1e-10)."""
 import copy
+from collections import namedtuple
 
 import pytest
 import torch
@@ -186,6 +187,28 @@ def test_vmap_of_matmul_like_ops_and_reductions():
     same(lambda F: F.vmap(torch.mm), rand(4, 2, 3), rand(4, 3, 5))
     same(lambda F: F.vmap(lambda x: x.softmax(-1).cumsum(0)), rand(3, 4, 5))
     same(lambda F: F.vmap(lambda x: torch.nn.functional.conv1d(x[None], torch.ones(2, 1, 3, dtype=D))), rand(3, 1, 8))
+
+
+def test_vmap_of_in_place_ops_unbatched_outputs_and_keywords():
+    same(lambda F: F.vmap(lambda x: x.clone().mul_(2).add_(1)), rand(3, 4))
+    same(lambda F: F.vmap(lambda x, y: (x * 2, y.sin()), (0, None), (0, None)), rand(3, 2), rand(5))
+    f = lambda x, *, scale: x * scale  # noqa: E731 (keyword arguments are not batched, in either)
+    close(tf.vmap(f)(rand(3, 2), scale=rand(2, seed=9)), torch.func.vmap(f)(rand(3, 2), scale=rand(2, seed=9)))
+
+
+def test_forward_and_reverse_mode_through_a_module_and_a_namedtuple():
+    model = _mlp()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    tangents = {k: torch.ones_like(v) for k, v in params.items()}
+    x = rand(4, 3)
+    close(tf.jvp(lambda p: tf.functional_call(model, p, (x,)), (params,), (tangents,)),
+          torch.func.jvp(lambda p: torch.func.functional_call(model, p, (x,)), (params,), (tangents,)))
+    Pair = namedtuple("Pair", "a b")
+    f = lambda pair: (pair.a.exp() * pair.b).sum()  # noqa: E731
+    same(lambda F: F.grad(f), Pair(rand(3), rand(3, seed=1)))
+    close(tf.hessian(lambda p: (tf.functional_call(model, p, (x,)) ** 2).sum())(params)["2.bias"]["2.bias"],
+          torch.func.hessian(lambda p: (torch.func.functional_call(model, p, (x,)) ** 2).sum())(params)["2.bias"][
+              "2.bias"])
 
 
 @pytest.mark.parametrize("randomness", ["different", "same"])
