@@ -121,6 +121,9 @@ CASES = {
         lambda F: F.grad(torch.sin)(X),
         "grad_and_value(f)(*args): Expected f(*args) to return a scalar Tensor, got tensor with 1 dims. Maybe you "
         "wanted to use the vjp or jacrev APIs instead?"),
+    "grad-of-a-one-element-vector": (  # (JAX refuses it too: "Gradient only defined for scalar-output functions")
+        lambda F: F.grad(lambda x: x.sum(0, keepdim=True))(X),
+        "grad_and_value(f)(*args): Expected f(*args) to return a scalar Tensor, got tensor with 1 dims."),
     "grad-of-a-float": (
         lambda F: F.grad(lambda x: 2.0)(X),
         "grad_and_value(f)(*args): Expected f(*args) to return a Tensor, got <class 'float'>"),

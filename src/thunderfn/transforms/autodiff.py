@@ -513,10 +513,11 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
     (value, aux) and this returns ((value, aux), gradient); aux is not differentiated.
 
     As in JAX (unlike torch.autograd.grad), an input the value does not depend on gets a
-    gradient of zeros, not None. fn must return one element (OutputError otherwise: use
-    tf.vjp or tf.jacrev for other outputs); an int, bool or str argument in argnums is a
-    TransformInputError (torch.func's ValueError, JAX's TypeError). Called with real tensors, the transformed function is traced once per
-    input signature and cached, as tf.jit is; it composes with every other transform.
+    gradient of zeros, not None. fn must return a 0-d tensor (OutputError otherwise: use
+    tf.vjp or tf.jacrev for other outputs, as torch.func and JAX do); an int, bool or str
+    argument in argnums is a TransformInputError (torch.func's ValueError, JAX's TypeError).
+    Called with real tensors, the transformed function is traced once per input signature and
+    cached, as tf.jit is; it composes with every other transform.
 
         >>> import torch, thunderfn as tf
         >>> def loss(w, x):
@@ -543,7 +544,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
         if not isinstance(value, TensorProxy):
             raise OutputError(f"grad_and_value(f)(*args): Expected f(*args) to return a Tensor, got {type(value)} "
                               f"{advice}")
-        if value.numel() != 1:  # a one-element tensor of any rank is a scalar here (torch.func wants 0 dims)
+        if value.ndim != 0:  # a 0-d tensor, as torch.func and JAX require (a one-element (1,) one is refused by both)
             raise OutputError(f"grad_and_value(f)(*args): Expected f(*args) to return a scalar Tensor, got tensor "
                               f"with {value.ndim} dims. Maybe you wanted to use the vjp or jacrev APIs instead? "
                               f"{advice}")
@@ -569,7 +570,7 @@ def grad(fn: Callable, argnums=0, has_aux: bool = False):
     `argnums`: an int (one gradient, shaped like that argument) or a tuple of ints (a tuple of
     gradients); each differentiated argument may be a pytree of floating tensors or a Python
     float. With `has_aux`, fn returns (value, aux) and this returns (gradient, aux). The rules
-    are value_and_grad's: fn must return a one-element tensor, an input it does not depend on
+    are value_and_grad's: fn must return a 0-d tensor, an input it does not depend on
     gets zeros (not None), and the result is compiled and cached per input signature. Nest it
     for higher derivatives, and wrap it in tf.vmap for per-example gradients.
 
