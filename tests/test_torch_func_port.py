@@ -164,6 +164,7 @@ def test_vmap_in_and_out_dims():
     same(lambda F: F.vmap(f, (0, None)), rand(3, 2), rand(7))
     same(lambda F: F.vmap(lambda x: (x, x.sum()), 0, (1, 0)), rand(3, 4))
     same(lambda F: F.vmap(f, (-1, None), -1), rand(2, 3), rand(4))
+    same(lambda F: F.vmap(torch.sin, 0, (1,)), rand(3, 2))  # a 1-tuple for a single output, as functorch tests
 
 
 def test_vmap_torch_funcs_keyword_names():

@@ -627,7 +627,10 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, randomness: str = "error", *, chun
         out, updates = trace_vmap(fn, args, dims, batch_size, randomness)
         leaves, spec = tree_flatten(out)
         structure = optree.tree_map(lambda _: _Leaf(), out, namespace="thunderfn")
-        paths_axes = [(path, axis) for path, _, axis in _prefix_leaves(out_axes, structure, "output", "out_axes")]
+        # torch.func reads out_dims=(d,) for a single output as d (JAX would refuse it: a program of either runs)
+        single = isinstance(out_axes, tuple) and len(out_axes) == 1 and isinstance(structure, _Leaf)
+        paths_axes = [(path, axis) for path, _, axis in _prefix_leaves(out_axes[0] if single else out_axes, structure,
+                                                                       "output", "out_axes")]
         placed = [_output(leaf, axis, path, batch_size, name) for leaf, (path, axis) in zip(leaves, paths_axes)]
         return placed, [axis for _, axis in paths_axes], spec, updates
 
