@@ -9,6 +9,7 @@ import torch.func
 import thunderfn as tf
 
 X, X2, M = torch.randn(3), torch.randn(2), torch.randn(3, 4)
+INT = torch.arange(3)
 COMPLEX = torch.randn(3, dtype=torch.complex64)
 
 # id: (the call, given torch.func or thunderfn, torch.func's sentence)
@@ -120,6 +121,9 @@ CASES = {
         lambda F: F.grad(torch.sin)(X),
         "grad_and_value(f)(*args): Expected f(*args) to return a scalar Tensor, got tensor with 1 dims. Maybe you "
         "wanted to use the vjp or jacrev APIs instead?"),
+    "grad-of-a-one-element-vector": (  # (JAX refuses it too: "Gradient only defined for scalar-output functions")
+        lambda F: F.grad(lambda x: x.sum(0, keepdim=True))(X),
+        "grad_and_value(f)(*args): Expected f(*args) to return a scalar Tensor, got tensor with 1 dims."),
     "grad-of-a-float": (
         lambda F: F.grad(lambda x: 2.0)(X),
         "grad_and_value(f)(*args): Expected f(*args) to return a Tensor, got <class 'float'>"),
@@ -130,7 +134,28 @@ CASES = {
         lambda F: F.jacfwd(lambda x: 2.0)(X),
         "jvp(f, primals, tangents): expected f(*primals) to return only tensors, got unsupported type "
         "<class 'float'>"),
+    "jacrev-boolean-output": (
+        lambda F: F.jacrev(lambda x: x > 0)(X),
+        "vjp(f, ...): All outputs of f must be floating-point or complex Tensors, got Tensor with dtype torch.bool"),
+    "jacrev-returns-none": (
+        lambda F: F.jacrev(lambda x: None)(X),
+        "vjp(f, *primals): Expected f to be a function that has non-empty output (got output = [None])"),
     # what it is differentiated at
+    "jacrev-of-an-integer-tensor": (
+        lambda F: F.jacrev(lambda x: x.float())(INT),
+        "only Tensors of floating point dtype can require gradients"),
+    "vjp-of-a-string": (
+        lambda F: F.vjp(lambda s: torch.ones(1), "a"),
+        "Thing passed to transform API must be Tensor, got <class 'str'>"),
+    "grad-of-a-python-int": (  # (JAX's TypeError too: the error is both)
+        lambda F: F.grad(lambda x, n: x.sum() * n, argnums=1)(X, 2),
+        "Thing passed to transform API must be Tensor, got <class 'int'>"),
+    "vmap-chunk-size-a-float": (  # (torch's TypeError is Python's, from slicing; the error is a ValueError too)
+        lambda F: F.vmap(torch.sin, chunk_size=1.5)(X),
+        ""),
+    "jacrev-chunk-size-a-float": (
+        lambda F: F.jacrev(torch.sin, chunk_size=1.5)(X),
+        ""),
     "grad-of-an-integer-tensor": (
         lambda F: F.grad(lambda x: x.sum())(torch.arange(3)),
         "only Tensors of floating point dtype can require gradients"),
@@ -163,6 +188,27 @@ CASES = {
     "jvp-tangents-not-a-tuple": (
         lambda F: F.jvp(torch.sin, (X,), X),
         "Expected primals and tangents to have the same python structure."),
+    "jvp-no-primals": (
+        lambda F: F.jvp(lambda: torch.ones(1), (), ()),
+        "jvp(f, primals, tangents): Expected primals to contain at least one Tensor."),
+    "jvp-a-string-primal": (
+        lambda F: F.jvp(lambda s: torch.ones(1), ("a",), ("a",)),
+        "jvp(f, primals, tangents): Expected primals to only contain Tensors, got <class 'str'>"),
+    "jvp-a-float-tangent-of-a-tensor": (
+        lambda F: F.jvp(torch.sin, (X,), (1.0,)),
+        "jvp(f, primals, tangents): Expected tangents to only contain Tensors, got <class 'float'>"),
+    "jvp-integer-primal": (
+        lambda F: F.jvp(lambda x: x.float(), (INT,), (INT,)),
+        "Expected primal to be floating point or complex, but got: torch.int64"),
+    "jacfwd-integer-primal": (
+        lambda F: F.jacfwd(lambda x: x.float())(INT),
+        "Expected primal to be floating point or complex, but got: torch.int64"),
+    "hessian-integer-primal": (
+        lambda F: F.hessian(lambda x: x.float().sum())(INT),
+        "Expected primal to be floating point or complex, but got: torch.int64"),
+    "jacfwd-returns-none": (
+        lambda F: F.jacfwd(lambda x: None)(X),
+        "jvp(f, primals, tangents): Expected f to be a function that has non-empty output (got output = [None])"),
     "jvp-tangent-shape": (
         lambda F: F.jvp(torch.sin, (X,), (X2,)),
         "Trying to set a forward gradient that has a different size than that of the original Tensor, this is not "
@@ -218,3 +264,22 @@ def test_functional_call_takes_tie_weights_and_strict():
                                torch.func.functional_call(model, weight, (x,), tie_weights=False))
     grad = tf.grad(lambda w: tf.functional_call(model, {"weight": w}, (x,), strict=False).sum())(torch.ones(2, 3))
     torch.testing.assert_close(grad, x.sum(0).expand(2, 3))
+
+
+def test_where_jax_takes_what_torch_func_refuses_thunderfn_takes_it():
+    # (each is refused by torch.func and taken by JAX: a JAX program keeps working; see
+    # docs/porting-from-torch-func.md)
+    x = torch.randn(3, dtype=torch.float64)
+    out, tangent = tf.jvp(torch.sin, [x], [torch.ones_like(x)])  # jax.jvp takes lists
+    torch.testing.assert_close(tangent, x.cos())
+    torch.testing.assert_close(tf.jacrev(lambda s: torch.stack([s, s ** 2]))(3.0), torch.tensor([1.0, 6.0]))
+    g, aux = tf.grad(lambda x: (x.sum(), "label"), has_aux=True)(x)  # any aux, as JAX's
+    assert aux == "label"
+    out, vjp_fn = tf.vjp(lambda x: (x.argmax(), x.exp()), x)  # an integer output gets no cotangent
+    torch.testing.assert_close(vjp_fn((None, torch.ones_like(x)))[0], x.exp())
+    # torch.func's vjp_fn options and vmap's names are taken too
+    torch.testing.assert_close(vjp_fn((None, torch.ones_like(x)), retain_graph=True, create_graph=False)[0], x.exp())
+    torch.testing.assert_close(tf.vmap(torch.mul, in_dims=(0, None), out_dims=1)(torch.ones(2, 3), x),
+                               torch.func.vmap(torch.mul, in_dims=(0, None), out_dims=1)(torch.ones(2, 3), x))
+    with pytest.raises(TypeError, match="got both in_axes= and in_dims="):
+        tf.vmap(torch.sin, in_axes=1, in_dims=0)

@@ -120,6 +120,13 @@ class TransformArgumentError(InvalidArgumentError, RuntimeError, TypeError):
     each, TypeError as a bad call is."""
 
 
+class TransformInputError(InvalidArgumentError, ValueError, TypeError):
+    """A transform was handed, where it takes tensors, what it cannot take as one: a string or a
+    Python int to differentiate (torch.func's "Thing passed to transform API must be Tensor"), an
+    integer tensor as a primal of forward mode, a chunk_size that is not an int. ValueError, as
+    torch.func raises each; TypeError, as JAX raises for an input it cannot differentiate."""
+
+
 class SavedTensorModifiedError(ThunderFnError, RuntimeError):
     """A value a backward needs (an input, an output, a captured tensor) was modified in place
     after the forward saved it (after tf.vjp ran; before loss.backward() of a jitted function), so

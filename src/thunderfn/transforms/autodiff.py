@@ -38,12 +38,10 @@ from thunderfn.core.rules import TAG_MOVES_DATA_ONLY, TAG_NOT_DIFFERENTIABLE, Re
 from thunderfn.core.statements import set_grad_enabled
 from thunderfn.core.trace import up_to_date
 from thunderfn.errors import (
-    ArgumentTypeError,
     CotangentError,
     InternalError,
     OutputError,
     SavedTensorModifiedError,
-    TransformArgumentError,
     UnsupportedOpError,
 )
 from thunderfn.prims import PrimIDs
@@ -52,6 +50,11 @@ from thunderfn.torch.random import get_rng_state_op
 from thunderfn.transforms import rules as _rules  # noqa: F401  (every op family's rules join the table)
 from thunderfn.transforms.argnums import argnums_as_tuple, positional_argnums
 from thunderfn.transforms.executor_lower import claiming_rule, claims_whole, trace_in_place_of
+from thunderfn.transforms.func_contracts import (
+    check_reverse_inputs,
+    output_and_aux,
+    value_without_aux,
+)
 from thunderfn.transforms.resolve import Transform, Way, resolve
 from thunderfn.transforms.rules.common import zeros_like
 from thunderfn.transforms.rules.define import backwards, register_trace_vjp, vjp_rule_for
@@ -491,19 +494,6 @@ def _floats_as_tensors(args, nums):
     return tuple(tree_map(_float_as_tensor, a) if i in nums or i - n in nums else a for i, a in enumerate(args))
 
 
-def _check_inexact(leaves, what: str, fn) -> None:
-    for leaf in leaves:
-        if type(leaf) in (int, bool):  # torch.func's ValueError refuses every non-tensor; floats are ours
-            raise ArgumentTypeError(f"{what} of '{getattr(fn, '__name__', fn)}' requires floating-point inputs to "
-                            f"differentiate, but got the Python {type(leaf).__name__} {leaf!r}. Pass a float "
-                            f"(2.0) or a floating tensor, or leave it out of argnums.")
-        if isinstance(leaf, TensorProxy) and not dtypes.is_inexact(leaf.dtype):
-            raise TransformArgumentError(f"only Tensors of floating point dtype can require gradients ({what} of "
-                                         f"'{getattr(fn, '__name__', fn)}' got a {leaf.dtype} tensor to "
-                                         "differentiate). Pass it as an argument you do not differentiate with "
-                                         "respect to (argnums), or convert it with .float().")
-
-
 def _zeros_for_none(cts, primal_leaves):
     return [c if c is not None else (ltorch.full(tuple(p.shape), 0, device=p.device, dtype=p.dtype)
                                      if isinstance(p, TensorProxy) else None)
@@ -522,10 +512,11 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
     (value, aux) and this returns ((value, aux), gradient); aux is not differentiated.
 
     As in JAX (unlike torch.autograd.grad), an input the value does not depend on gets a
-    gradient of zeros, not None. fn must return one element (OutputError otherwise: use
-    tf.vjp or tf.jacrev for other outputs); an int or bool argument in argnums is an
-    ArgumentTypeError. Called with real tensors, the transformed function is traced once per
-    input signature and cached, as tf.jit is; it composes with every other transform.
+    gradient of zeros, not None. fn must return a 0-d tensor (OutputError otherwise: use
+    tf.vjp or tf.jacrev for other outputs, as torch.func and JAX do); an int, bool or str
+    argument in argnums is a TransformInputError (torch.func's ValueError, JAX's TypeError).
+    Called with real tensors, the transformed function is traced once per input signature and
+    cached, as tf.jit is; it composes with every other transform.
 
         >>> import torch, thunderfn as tf
         >>> def loss(w, x):
@@ -544,7 +535,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
     def transformed(*args, **kwargs):
         nums_here = positional_argnums(fn, nums, len(args))
         diff = [args[i] for i in nums_here]
-        _check_inexact(tree_leaves(diff), "grad", fn)
+        check_reverse_inputs(tree_leaves(diff), "grad", fn, integer_tensors=False)
         out, backward = trace_vjp(of_positions(fn, args, nums_here, kwargs), diff)
         value, aux = output_and_aux(out, fn, "grad") if has_aux else (out, None)
         advice = (f"(grad of '{getattr(fn, '__name__', fn)}' requires a scalar output: reduce it first (out.sum()), "
@@ -552,7 +543,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
         if not isinstance(value, TensorProxy):
             raise OutputError(f"grad_and_value(f)(*args): Expected f(*args) to return a Tensor, got {type(value)} "
                               f"{advice}")
-        if value.numel() != 1:  # a one-element tensor of any rank is a scalar here (torch.func wants 0 dims)
+        if value.ndim != 0:  # a 0-d tensor, as torch.func and JAX require (a one-element (1,) one is refused by both)
             raise OutputError(f"grad_and_value(f)(*args): Expected f(*args) to return a scalar Tensor, got tensor "
                               f"with {value.ndim} dims. Maybe you wanted to use the vjp or jacrev APIs instead? "
                               f"{advice}")
@@ -578,7 +569,7 @@ def grad(fn: Callable, argnums=0, has_aux: bool = False):
     `argnums`: an int (one gradient, shaped like that argument) or a tuple of ints (a tuple of
     gradients); each differentiated argument may be a pytree of floating tensors or a Python
     float. With `has_aux`, fn returns (value, aux) and this returns (gradient, aux). The rules
-    are value_and_grad's: fn must return a one-element tensor, an input it does not depend on
+    are value_and_grad's: fn must return a 0-d tensor, an input it does not depend on
     gets zeros (not None), and the result is compiled and cached per input signature. Nest it
     for higher derivatives, and wrap it in tf.vmap for per-example gradients.
 
@@ -601,41 +592,6 @@ def grad(fn: Callable, argnums=0, has_aux: bool = False):
     return _compiled(transformed, prepare=lambda args: _floats_as_tensors(args, nums))
 
 
-def output_and_aux(result, fn, transform: str) -> tuple:
-    """(output, aux) of what fn returned under has_aux=True, which must be a pair."""
-    if isinstance(result, (tuple, list)) and len(result) == 2:
-        return result[0], result[1]
-    if isinstance(result, TensorProxy):
-        got = f"one tensor of shape {tuple(result.shape)}"
-    elif isinstance(result, (tuple, list)):
-        got = f"a {type(result).__name__} of {len(result)}"
-    else:
-        got = f"a {type(result).__name__}"
-    raise OutputError(f"{_TORCH_CALL.get(transform, transform + ': ')}output of function f should be a tuple: "
-                      f"(output, aux) if has_aux is True. ({transform}(has_aux=True) of "
-                      f"'{getattr(fn, '__name__', fn)}': the function must return a pair (output, aux), but it "
-                      f"returned {got}. Return (output, aux), or leave out has_aux=True.)")
-
-
-# how torch.func's messages name each transform's call
-_TORCH_CALL = {"grad": "grad_and_value(f)(*args): ", "vjp": "vjp(f, *primals): ", "jvp": "jvp(f, primals, tangents): "}
-
-
-def value_without_aux(fn: Callable, has_aux: bool, transform: str = "vjp"):
-    """(a function returning only fn's value, a list that receives its aux when called)."""
-    aux_box: list = []
-
-    def value_only(*args):
-        result = fn(*args)
-        if has_aux:
-            value, aux = output_and_aux(result, fn, transform)
-            aux_box.append(aux)
-            return value
-        return result
-
-    return value_only, aux_box
-
-
 def vjp(fn: Callable, *primals, has_aux: bool = False):
     """fn's output at `primals` and its pullback: (out, vjp_fn), or (out, vjp_fn, aux) with has_aux.
 
@@ -648,6 +604,9 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
     Called with real tensors, fn runs once, compiled, and saves what its backward needs:
     calling vjp_fn runs only the backward, as often as you like, and never calls fn again.
     vjp_fn is an ordinary function of its cotangents, which tf.jit, tf.grad and tf.vjp can trace.
+    (torch.func's vjp_fn options are accepted and change nothing: `retain_graph`, since every vjp_fn
+    may be called again, and `create_graph`, since its result is connected to torch.autograd
+    whenever a primal requires grad.)
 
         >>> import torch, thunderfn as tf
         >>> x = torch.tensor([0.0, 1.0, 2.0])
@@ -658,6 +617,7 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
         >>> torch.testing.assert_close(x_ct, torch.tensor([2.0, 0.0, 0.0]))
     """
     primals = _floats_as_tensors(primals, range(len(primals)))
+    check_reverse_inputs(tree_leaves(primals), "vjp", fn, integer_tensors=True)
 
     def split(primals):
         """trace fn: (value, aux, backward); only value is differentiated."""
@@ -678,7 +638,7 @@ def vjp(fn: Callable, *primals, has_aux: bool = False):
     if context.current_trace() is not None:
         value, aux, backward = split(primals)
 
-        def vjp_fn(cotangents):
+        def vjp_fn(cotangents, retain_graph: bool = True, create_graph: bool | None = None):
             return cotangents_for(backward, cotangents, primals)
     else:
         pullback = _Pullback()
@@ -757,8 +717,8 @@ class _Pullback:
         run = replay_unless_modified(self.residuals, computed, context.jit_evicting(self._replay), "vjp",
                                      "the gradient would not be the forward's")
 
-        def vjp_fn(cotangents):
-            return run(self._checked(cotangents))
+        def vjp_fn(cotangents, retain_graph: bool = True, create_graph: bool | None = None):
+            return run(self._checked(cotangents))  # (torch.func's two options change nothing here: see vjp)
 
         vjp_fn._thunderfn_state = run._thunderfn_state
         return vjp_fn

@@ -32,10 +32,10 @@ from thunderfn.transforms.autodiff import (
     as_trace_constants,
     as_trace_values,
     differentiating,
-    value_without_aux,
     with_generator_states,
 )
 from thunderfn.transforms.custom_vjp import custom_vjp
+from thunderfn.transforms.func_contracts import check_jvp_arguments, value_without_aux
 from thunderfn.transforms.resolve import Transform, Way, resolve
 from thunderfn.transforms.rules.define import register_trace_jvp
 
@@ -185,11 +185,12 @@ def jvp(fn: Callable, primals, tangents, has_aux: bool = False, *, strict: bool 
     (out, tangent_out, aux) with has_aux. With `strict` (torch.func's), an output that does not depend
     on the primals is a RuntimeError instead of a zero tangent.
 
-    `primals`: a tuple of fn's positional arguments (pytrees of tensors); `tangents`: a tuple of
-    the same structure, one tangent per primal leaf with its shape and dtype. `tangent_out` is
-    shaped like `out`: the directional derivative, computed in forward mode alongside the
-    output (one pass, no backward), as jax.jvp and torch.func.jvp. Unlike tf.vjp it evaluates
-    at once and returns values, not a function. primals that are not a tuple, or tangents of
+    `primals`: a tuple (or, as JAX takes it, a list) of fn's positional arguments (pytrees of
+    tensors, or Python floats as JAX takes them); `tangents`: a tuple of the same structure, one
+    tangent per primal leaf with its shape and dtype. `tangent_out` is shaped like `out`: the
+    directional derivative, computed in forward mode alongside the output (one pass, no
+    backward), as jax.jvp and torch.func.jvp. Unlike tf.vjp it evaluates at once and returns
+    values, not a function. primals that are not a tuple or list, or tangents of
     another structure, are a TransformArgumentError (a RuntimeError, as torch.func raises, and a
     TypeError); a tangent of another shape, torch's RuntimeError. With `has_aux`, fn
     returns (out, aux) and aux is returned undifferentiated.
@@ -201,6 +202,8 @@ def jvp(fn: Callable, primals, tangents, has_aux: bool = False, *, strict: bool 
         >>> _, t = tf.jvp(lambda a, b: a * b, (x, x), (torch.ones(3), torch.zeros(3)))
         >>> torch.testing.assert_close(t, x)  # d(a*b) along (1, 0) is b
     """
+    # a list is jax.jvp's too ("a tuple or a list of arguments"); torch.func takes only a tuple
+    primals, tangents = (tuple(p) if isinstance(p, list) else p for p in (primals, tangents))
     if not isinstance(primals, tuple):
         raise TransformArgumentError(f"jvp(f, primals, tangents): Expected primals to be a tuple. E.g. it should be "
                                      f"valid to call f(*primals). (got {type(primals).__name__})")
@@ -209,6 +212,7 @@ def jvp(fn: Callable, primals, tangents, has_aux: bool = False, *, strict: bool 
             f"jvp(f, primals, tangents): Expected primals and tangents to have the same python structure. For "
             f"example, if primals is a tuple of 3 tensors, tangents also must be. Got primals with structure "
             f"{tree_flatten(primals)[1]} and tangents with structure {tree_flatten(tangents)[1]}")
+    check_jvp_arguments(primals, tangents)
 
     def transformed(primals, tangents):
         value_only, aux_box = value_without_aux(fn, has_aux, "jvp")

@@ -22,11 +22,12 @@ import torch
 
 from thunderfn.core import symbolic
 from thunderfn.core.decorators import with_options_form
-from thunderfn.core.pytree import NAMESPACE, of_positions, tree_flatten, tree_unflatten
-from thunderfn.errors import ArgumentValueError, OutputError, TransformArgumentError
+from thunderfn.core.pytree import NAMESPACE, of_positions, tree_flatten, tree_leaves, tree_unflatten
+from thunderfn.errors import ArgumentValueError, OutputError, TransformArgumentError, TransformInputError
 from thunderfn.transforms.argnums import argnums_as_tuple, positional_argnums
-from thunderfn.transforms.autodiff import _compiled, vjp
+from thunderfn.transforms.autodiff import _compiled, _floats_as_tensors, vjp
 from thunderfn.transforms.forward_mode import jvp
+from thunderfn.transforms.func_contracts import check_jacrev_output, check_reverse_inputs, check_tensor_output
 from thunderfn.transforms.vmap import vmap
 
 
@@ -42,13 +43,14 @@ def _argnums(fn, argnums, args, transform: str) -> tuple[tuple, bool]:
     return nums, single
 
 
-def _check_tensor_outputs(out, call: str, transform: str) -> None:
-    """A Jacobian has a real block per output tensor: any other output leaf, or a complex one, is
-    torch.func's RuntimeError (a complex output's Jacobian is not one real matrix)."""
+def _check_tensor_outputs(out, transform: str) -> None:
+    """A Jacobian has a real block per output tensor: no output, any other output leaf, or a complex one
+    (whose Jacobian is not one real matrix), or for jacrev an integer one, is torch.func's RuntimeError."""
+    if transform == "jacrev":
+        check_jacrev_output(out)
+    else:
+        check_tensor_output(out, "jvp")
     for k, leaf in enumerate(tree_flatten(out)[0]):
-        if not isinstance(leaf, torch.Tensor):
-            raise OutputError(f"{call}: expected f(*primals) to return only tensors, got unsupported type "
-                              f"{type(leaf)}")
         if leaf.dtype.is_complex:  # torch's sentence says "input idx" for an output too
             raise OutputError(f"{transform}: Expected all outputs to be real but received complex tensor at "
                               f"flattened input idx: {k} (output {k}). Take its real and imaginary parts as two "
@@ -109,15 +111,18 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
         >>> torch.testing.assert_close(J, torch.diag(torch.cos(x)))
     """
     if not (chunk_size is None or isinstance(chunk_size, int) and chunk_size > 0):
-        raise ArgumentValueError(f"jacrev: `chunk_size` should be greater than 0. (got {chunk_size!r})")
+        raise (ArgumentValueError if isinstance(chunk_size, int) else TransformInputError)(
+            f"jacrev: `chunk_size` should be greater than 0. (got {chunk_size!r})")
 
     def jacobian(*args, **kwargs):
         nums, single = _argnums(fn, argnums, args, "jacrev")
+        args = _floats_as_tensors(args, nums)  # a Python float: a 0-d tensor, as JAX differentiates it
         primals = tuple(args[i] for i in nums)
+        check_reverse_inputs(tree_leaves(primals), "jacrev", fn, integer_tensors=False)  # (tf.vjp takes them)
         # keyword arguments are passed through and never differentiated, as in JAX
         result = vjp(of_positions(fn, args, nums, kwargs), *primals, has_aux=has_aux)
         out, vjp_fn = result[0], result[1]
-        _check_tensor_outputs(out, "vjp(f, *primals)", "jacrev")
+        _check_tensor_outputs(out, "jacrev")
         out_leaves, out_spec = tree_flatten(out)
         sizes = [o.numel() for o in out_leaves]
         primal_leaves = [tree_flatten(p) for p in primals]
@@ -163,6 +168,7 @@ def jacfwd(fn: Callable, argnums=0, has_aux: bool = False, *, randomness: str = 
     """
     def jacobian(*args, **kwargs):
         nums, single = _argnums(fn, argnums, args, "jacfwd")
+        args = _floats_as_tensors(args, nums)
         primals = tuple(args[i] for i in nums)
         flat, spec = tree_flatten(primals)
         sizes = [p.numel() for p in flat]
@@ -171,8 +177,7 @@ def jacfwd(fn: Callable, argnums=0, has_aux: bool = False, *, randomness: str = 
         @functools.wraps(of_primals)  # (errors name the user's function)
         def checked(*primals):  # (as traced, before forward mode pushes a tangent through a complex op)
             out = of_primals(*primals)
-            _check_tensor_outputs(out[0] if has_aux and isinstance(out, tuple) else out, "jvp(f, primals, tangents)",
-                                  "jacfwd")
+            _check_tensor_outputs(out[0] if has_aux and isinstance(out, tuple) else out, "jacfwd")
             return out
 
         def push_forward(*tangent_leaves):

@@ -42,7 +42,14 @@ from thunderfn.core.pytree import (
 from thunderfn.core.rules import RecordedCall, rules_of
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import up_to_date
-from thunderfn.errors import ArgumentIndexError, ArgumentRuntimeError, ArgumentValueError, BatchingError
+from thunderfn.errors import (
+    ArgumentIndexError,
+    ArgumentRuntimeError,
+    ArgumentTypeError,
+    ArgumentValueError,
+    BatchingError,
+    TransformInputError,
+)
 from thunderfn.torch import inplace
 from thunderfn.torch.opaque import _meta, named_functorch_refusal
 from thunderfn.transforms.autodiff import _compiled, as_trace_constants
@@ -555,8 +562,22 @@ def _output(leaf, out_axis, path: str, batch_size: int, name: str):
     return move_batch_dim(value, dim, axis)
 
 
+_UNSET = object()  # (in_dims=None means "not batched": an option not given needs its own mark)
+
+
+def _one_of(jax_value, default, torch_value, jax_name: str, torch_name: str):
+    """An option given by JAX's name or torch.func's, not both."""
+    if torch_value is _UNSET:
+        return jax_value
+    if jax_value is not default and jax_value != default:
+        raise ArgumentTypeError(f"vmap() got both {jax_name}= and {torch_name}=, JAX's and torch.func's names for one "
+                                f"option; pass one of them")
+    return torch_value
+
+
 @with_options_form
-def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chunk_size=None):
+def vmap(fn: Callable, in_axes=0, out_axes=0, randomness: str = "error", *, chunk_size=None, in_dims=_UNSET,
+         out_dims=_UNSET):
     """fn mapped over a batch dimension of its inputs, as one batched computation (no loop).
 
     `in_axes`: an int, None, or a tuple with one pytree prefix per positional argument (ints
@@ -569,7 +590,8 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
     Random ops are batched by torch.func.vmap with the same mode, so under a seed they draw
     what torch.func.vmap draws. `chunk_size`: None (the whole
     batch at once), or the number of examples batched together: the batch is split into chunks,
-    each batched as one program, and the outputs concatenated, bounding peak memory.
+    each batched as one program, and the outputs concatenated, bounding peak memory. `in_dims` and
+    `out_dims`, torch.func's names for in_axes and out_axes, are accepted too (one name for each).
 
     Returns a function taking fn's arguments with the batch dimensions added. Like
     torch.func.vmap (and unlike a Python loop) fn is traced once and each operation runs once
@@ -588,12 +610,15 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
         >>> per_example.shape
         torch.Size([5, 3, 2])
     """
+    in_axes = _one_of(in_axes, 0, in_dims, "in_axes", "in_dims")
+    out_axes = _one_of(out_axes, 0, out_dims, "out_axes", "out_dims")
     if randomness not in RANDOMNESS:
         raise ArgumentRuntimeError(f"Only allowed values for randomness are 'error', 'different', or 'same'. Got "
                                    f"{randomness}")
     if chunk_size is not None and not (isinstance(chunk_size, int) and chunk_size > 0):
-        raise ArgumentValueError(f"vmap: chunk_size should be None or greater than 0. (got {chunk_size!r}; it is "
-                                 f"the number of examples batched together)")
+        raise (ArgumentValueError if isinstance(chunk_size, int) else TransformInputError)(
+            f"vmap: chunk_size should be None or greater than 0. (got {chunk_size!r}; it is the number of examples "
+            f"batched together)")
     name = getattr(fn, "__name__", "fn")
 
     def batched(fn, args, dims, batch_size):
@@ -602,7 +627,10 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, *, randomness: str = "error", chun
         out, updates = trace_vmap(fn, args, dims, batch_size, randomness)
         leaves, spec = tree_flatten(out)
         structure = optree.tree_map(lambda _: _Leaf(), out, namespace="thunderfn")
-        paths_axes = [(path, axis) for path, _, axis in _prefix_leaves(out_axes, structure, "output", "out_axes")]
+        # torch.func reads out_dims=(d,) for a single output as d (JAX would refuse it: a program of either runs)
+        single = isinstance(out_axes, tuple) and len(out_axes) == 1 and isinstance(structure, _Leaf)
+        paths_axes = [(path, axis) for path, _, axis in _prefix_leaves(out_axes[0] if single else out_axes, structure,
+                                                                       "output", "out_axes")]
         placed = [_output(leaf, axis, path, batch_size, name) for leaf, (path, axis) in zip(leaves, paths_axes)]
         return placed, [axis for _, axis in paths_axes], spec, updates
 
