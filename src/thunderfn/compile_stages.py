@@ -68,6 +68,14 @@ from thunderfn.transforms.rematerialize import rematerialize as rematerialized
 CSE = "Common Subexpression Elimination"
 
 
+class FloatsStayStatic(UnsupportedOpError):
+    """A compile that traced floats as values met what cannot take them yet (torch.autograd's backward, a
+    `.grad` read at call time: both are called with the tensors alone); jit compiles with the floats' values."""
+
+    def __init__(self, why: str):
+        super().__init__(f"{why}: its Python floats stay values of the cache key (a compile per value)")
+
+
 @dataclasses.dataclass
 class Lowered:
     """One trace lowered for execution: the passes' traces (the last one runs), whether it runs under
@@ -101,11 +109,13 @@ class Compilation:
     compiled: Callable | None = None  # generate: what the cache entry calls with the call's tensors
 
 
-def begin(fn, name: str, args, kwargs, options: JitOptions, open_dims=None, hints=None) -> Compilation:
+def begin(fn, name: str, args, kwargs, options: JitOptions, open_dims=None, hints=None,
+          numbers=frozenset()) -> Compilation:
     """A compile of fn for this call with tf.jit's options, with the dimensions in open_dims (tensor number
-    -> dims) symbolic, traced at the sizes in hints ((tensor number, dim) -> size) where given."""
+    -> dims) symbolic, traced at the sizes in hints ((tensor number, dim) -> size) where given, and the floats
+    at the places `numbers` (among the call's flattened arguments) traced as values."""
     progress.stage("choosing executors")
-    sizes = symbolic.SymbolicInputs(open_dims, hints) if open_dims else None
+    sizes = symbolic.SymbolicInputs(open_dims or {}, hints, numbers) if open_dims or numbers else None
     return Compilation(fn, name, args, kwargs, options, _executors.resolve(options.executors,
                                                                            fallback=options.fallback), sizes)
 
@@ -123,6 +133,8 @@ def trace(c: Compilation) -> Compilation:
                 symbolic.opening(c.sizes):
             c.traces.append(trace_function(c.fn, *c.args, **c.kwargs))
     c.guards = recorder.guards
+    if c.sizes is not None and c.sizes.number_names and c.traces[-1].grad_reads:
+        raise FloatsStayStatic(f"'{c.name}' reads a .grad at call time")
     return c
 
 
@@ -142,6 +154,8 @@ def split(c: Compilation) -> Compilation:
         progress.stage("differentiating: the forward and backward traces")
         c.split, c.why_no_backward = try_split(c.traces[-1], c.executors)
         c.tried_split = True
+        if c.split is not None and c.sizes is not None and c.sizes.number_names:
+            raise FloatsStayStatic(f"'{c.name}' is differentiated by torch.autograd (an input requires grad)")
         if c.split is not None:
             # torch.autograd drives the two halves: see transforms/autograd_split.py
             c.traces.append(c.split.forward)

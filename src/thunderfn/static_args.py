@@ -28,7 +28,7 @@ import inspect
 
 import torch
 
-from thunderfn.core.pytree import tree_flatten
+from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -66,6 +66,14 @@ class StaticArguments:
         for name in self.argnames:
             if name in kwargs:
                 yield f"'{name}'", kwargs[name]
+
+    def leaf_positions(self, args, kwargs) -> frozenset:
+        """The places among the call's flattened arguments (tree_flatten((args, kwargs))) that its static
+        arguments hold: what jit never traces as a value (a float there keys the cache by its value)."""
+        positions = {i + self.offset if i >= 0 else len(args) + i for i in self.argnums}
+        paths = tree_flatten_with_path((tuple(args), dict(kwargs)))[0]
+        return frozenset(k for k, path in enumerate(paths)
+                         if (path[0] == 0 and path[1] in positions) or (path[0] == 1 and path[1] in self.argnames))
 
     def check(self, args, kwargs) -> None:
         """Refuse a call whose static arguments hold a tensor or cannot be hashed."""
