@@ -113,8 +113,8 @@ def _show_part(part) -> str:
     if type(part) is TensorPart:
         return repr(tuple(part))
     kind, value = part  # a ValuePart: its value, or the stand-in JitState.key made for it
-    if kind is float:
-        return repr(float.fromhex(value))
+    if kind is float:  # (None: an entry traced it as a value, any float)
+        return "any float" if value is None else repr(float.fromhex(value))
     if kind is complex:
         return repr(complex(float.fromhex(value[0]), float.fromhex(value[1])))
     if kind is slice:
