@@ -54,6 +54,7 @@ from thunderfn.core.interception import is_numpy_scalar
 from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.trace import Trace
 from thunderfn.core.tracer import FloatValueQuestion
+from thunderfn.donation import check_apart, donated_tensor_numbers
 from thunderfn.dynamic_shapes import SymbolicSizes, open_dimensions, served_key
 from thunderfn.errors import ArgumentTypeError, NoTraceError
 from thunderfn.fast_path import fast_dispatcher, fast_key, hit_function, miss, positional_arities
@@ -86,6 +87,11 @@ class JitState:
         self.static = static if static is not None else resolve_static(fn, options.static_argnums,
                                                                         options.static_argnames)
         self.static_argnums, self.static_argnames = self.static.argnums, self.static.argnames
+        # the arguments whose tensors the compiled code may write its results into (donation.py), or None
+        self.donated = (resolve_static(fn, options.donate_argnums, (), option="donate") if options.donate_argnums
+                        else None)
+        if self.donated is not None:
+            check_apart(self.donated, self.static)
         self.lock = threading.RLock()
         self.fast_cache: dict = {}  # fast key -> the entry's check-and-call function (see fast_hit)
         # (number of positional tensors, keyword names in the call's order) -> the check-and-call function
@@ -163,7 +169,9 @@ class JitState:
         return self.compile_once(args, kwargs, leaves, key, open_dims, hints)
 
     def compile_once(self, args, kwargs, leaves, key, open_dims=None, hints=None, numbers=frozenset()) -> CacheEntry:
-        c = compile_stages.begin(self.fn, _fn_name(self.fn), args, kwargs, self.options, open_dims, hints, numbers)
+        donated = donated_tensor_numbers(self.donated, args, kwargs, leaves) if self.donated else frozenset()
+        c = compile_stages.begin(self.fn, _fn_name(self.fn), args, kwargs, self.options, open_dims, hints, numbers,
+                                 donated)
         try:
             c = compile_stages.run(c)
         finally:  # (said by an error that a later stage raises, too)
@@ -425,7 +433,7 @@ def _fn_name(fn) -> str:
 def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = True, static_argnums=(),
         static_argnames=(), disable_torch_autograd: bool = False, cache_size_limit: int = DEFAULT_CACHE_SIZE_LIMIT,
         rematerialize: bool | None = None, cache_dir: str | os.PathLike | None = None, distributed=None,
-        fusion: bool | str = False, dynamic: bool | None = None):
+        fusion: bool | str = False, dynamic: bool | None = None, donate_argnums=()):
     """Compile fn: trace it per input signature, lower it onto `executors` (priority
     order; None means the defaults; the torch executor is appended unless
     `fallback=False`), generate Python once and cache it.
@@ -488,7 +496,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     options = JitOptions(executors=executors, fallback=fallback, static_argnums=static_argnums,
                          static_argnames=static_argnames, disable_torch_autograd=disable_torch_autograd,
                          cache_size_limit=cache_size_limit, rematerialize=rematerialize, cache_dir=cache_dir,
-                         distributed=distributed, fusion=fusion, dynamic=dynamic)
+                         distributed=distributed, fusion=fusion, dynamic=dynamic, donate_argnums=donate_argnums)
     return jit_with_options(fn, options)
 
 
