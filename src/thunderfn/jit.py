@@ -486,6 +486,15 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     makes every dimension symbolic from the start; False compiles every new size anew.
     `tf.mark_dynamic(t, dim)` and `tf.mark_static(t, dim)` decide for one tensor's dimension.
 
+    A float argument (top-level or in a pytree) seen with a second value is traced as a value from then
+    on, unless it is static or `dynamic=False`: the compiled function takes it after its tensors, so
+    one entry serves every value, and branching on it is a ConcretizationError (docs/jit.md, "Python floats").
+
+    `donate_argnums`: arguments whose tensors' memory the compiled code may reuse for a value of their
+    shape and dtype (jax.jit's donation; donation.py): an output comes back in a donated tensor's memory,
+    whose contents are unspecified after the call. Nothing is donated where torch.autograd differentiates
+    the compile.
+
     `distributed`: set by tf.distributed.ddp and fsdp on the modules they prepare (how the
     module's gradients are synchronized: transforms/ddp.py, transforms/fsdp.py), not by users;
     an nn.Module given one is refused (write `tf.jit(tf.distributed.ddp(model))`).

@@ -293,7 +293,13 @@ def _sources():
 
 @functools.cache
 def _printer():
-    return importlib.import_module("torch.utils._sympy.printers").PythonPrinter()
+    printers = importlib.import_module("torch.utils._sympy.printers")
+
+    class Printer(printers.PythonPrinter):
+        def _print_Float(self, expr) -> str:  # (a float as Python writes it: 0.1, not 0.10000000000000001)
+            return repr(float(expr))
+
+    return Printer()
 
 
 class SymbolicInputs:
