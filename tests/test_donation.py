@@ -108,3 +108,9 @@ def test_an_argument_both_static_and_donated_is_refused():
 def test_donate_argnums_on_a_module_is_refused():
     with pytest.raises(ValueError, match="donate_argnums is not supported for an nn.Module"):
         tf.jit(torch.nn.Linear(2, 2), donate_argnums=0)
+
+
+def test_profile_refuses_a_donating_function():
+    # (profile calls it many times with the same arguments: donation would consume them on the first)
+    with pytest.raises(ValueError, match="donate_argnums consumes the donated ones"):
+        tf.profile(tf.jit(_update, donate_argnums=0), torch.randn(3), torch.randn(3))
