@@ -130,12 +130,50 @@ def test_an_op_that_asks_the_value_keeps_the_floats_static():
     assert info["entries"] == 3 and "ltorch.dropout asks whether f0 >= 0.0" in info["static_fallbacks"][0]
 
 
-def test_a_compile_split_for_torch_autograd_keeps_floats_static_with_right_gradients():
+class _Tempered(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x, temperature):
+        return (torch.tanh(self.linear(x) / temperature) * temperature).sum()
+
+
+def test_torch_autograd_through_a_float_traced_as_a_value_gives_eager_gradients():
+    # the backward takes the float too (d/dx of tanh(x / t) * t reads t), after its residuals and cotangents
+    model = _Tempered()
+    jitted = tf.jit(model)
+    x = torch.randn(3, 4, requires_grad=True)
+    for t in (1.0, 2.0, 0.5, 3.0):
+        grads = []
+        for fn in (jitted, model):
+            model.zero_grad()
+            x.grad = None
+            fn(x, t).backward()
+            grads.append([p.grad.clone() for p in model.parameters()] + [x.grad.clone()])
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b)
+    info = tf.cache_info(jitted)
+    assert info["entries"] == 2 and info["symbolic"] == [{"f0": "argument 'temperature'"}]
+
+
+def test_torch_func_grad_over_a_float_traced_as_a_value():
+    jitted = tf.jit(lambda w, s: (torch.sin(w) * s).sum())
+    w = torch.randn(5)
+    for s in (0.1, 0.2, 0.3):
+        torch.testing.assert_close(torch.func.grad(jitted)(w, s), torch.cos(w) * s)
+    assert tf.cache_info(jitted)["entries"] == 2
+
+
+def test_a_differentiated_function_returning_a_number_computed_from_the_float_keeps_floats_static():
+    # (torch.autograd's Function returns tensors: a number from the float would be the trace's symbol)
     w = torch.randn(4, requires_grad=True)
-    jitted = tf.jit(lambda w, lr: (w * lr).sum())
+    jitted = tf.jit(lambda w, lr: ((w * lr).sum(), lr * 2))
     for lr in (0.1, 0.2, 0.3):
         w.grad = None
-        jitted(w, lr).backward()
+        loss, doubled = jitted(w, lr)
+        loss.backward()
+        assert doubled == lr * 2 and type(doubled) is float
         torch.testing.assert_close(w.grad, torch.full((4,), lr))
     info = tf.cache_info(jitted)
     assert info["entries"] == 3 and info["static_fallbacks"][0].startswith("FloatsStayStatic")

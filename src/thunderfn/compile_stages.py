@@ -72,8 +72,9 @@ CSE = "Common Subexpression Elimination"
 
 
 class FloatsStayStatic(UnsupportedOpError):
-    """A compile that traced floats as values met what cannot take them yet (torch.autograd's backward, a
-    `.grad` read at call time: both are called with the tensors alone); jit compiles with the floats' values."""
+    """A compile that traced floats as values met what cannot take them yet (a `.grad` read at call time, which
+    is passed where the floats are; a number computed from one returned through torch.autograd's Function, which
+    returns tensors); jit compiles with the floats' values."""
 
     def __init__(self, why: str):
         super().__init__(f"{why}: its Python floats stay values of the cache key (a compile per value)")
@@ -160,8 +161,10 @@ def split(c: Compilation) -> Compilation:
         progress.stage("differentiating: the forward and backward traces")
         c.split, c.why_no_backward = try_split(c.traces[-1], c.executors)
         c.tried_split = True
-        if c.split is not None and c.sizes is not None and c.sizes.number_names:
-            raise FloatsStayStatic(f"'{c.name}' is differentiated by torch.autograd (an input requires grad)")
+        if (c.split is not None and c.sizes is not None and c.sizes.number_names
+                and any(kind == "value" and symbolic.symbols_in(v) for kind, v in c.split.leaf_plan)):
+            raise FloatsStayStatic(f"'{c.name}' is differentiated by torch.autograd and returns a number computed "
+                                   f"from a float")
         if c.split is not None:
             # torch.autograd drives the two halves: see transforms/autograd_split.py
             c.traces.append(c.split.forward)

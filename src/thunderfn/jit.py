@@ -151,9 +151,10 @@ class JitState:
     def compile(self, args, kwargs, leaves, key, open_dims=None, hints=None, numbers=frozenset()) -> CacheEntry:
         """The entry for a call, compiled (compile_stages.py) with the dimensions in open_dims (tensor number
         -> dims) symbolic, traced at the sizes in hints ((tensor number, dim) -> size) where given, and the
-        floats at the places `numbers` traced as values. Where a compile cannot take floats as values (it is
-        split for torch.autograd: FloatsStayStatic; or fails with nothing else symbolic), this function's
-        floats stay static from then on (`floats_static` says why), and this compile is made without them."""
+        floats at the places `numbers` traced as values. Where a compile cannot take floats as values
+        (FloatsStayStatic: a .grad read, a number computed from one returned through torch.autograd; or it fails
+        with nothing else symbolic), this function's floats stay static from then on (`floats_static` says why),
+        and this compile is made without them."""
         if numbers and self.floats_static is None:
             try:
                 return self.compile_once(args, kwargs, leaves, key, open_dims, hints, numbers)
