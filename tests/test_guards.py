@@ -289,7 +289,8 @@ def test_cache_info_explains_each_recompile():
 
 
 def test_cache_size_limit_warns_once_and_runs_eagerly():
-    jf = tf.jit(lambda x, n: x * n, cache_size_limit=2)
+    # (dynamic=False: each float a compile of its own; by default the second value is traced as a value)
+    jf = tf.jit(lambda x, n: x * n, cache_size_limit=2, dynamic=False)
     x = torch.ones(2)
     jf(x, 1.0)
     jf(x, 2.0)
@@ -307,8 +308,16 @@ def test_transforms_past_the_cache_size_limit_drop_their_oldest_entry():
     # (each exponent is a Python number, baked in: a signature of its own; a new shape would not be, see
     # tests/test_dynamic_shapes.py)
     g = tf.grad(lambda x, k: (x ** k).sum())
-    for k in range(1, 12):
+    for k in range(1, 9):
         torch.testing.assert_close(g(torch.ones(3), k), torch.full((3,), float(k)))
+    # past the limit it says so once, in jit's words, and what it does instead
+    with pytest.warns(UserWarning, match=r"reached cache_size_limit \(8\) and now compiles each call that matches "
+                                         r"none of its compiled entries in place of its oldest entry"):
+        torch.testing.assert_close(g(torch.ones(3), 9), torch.full((3,), 9.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only
+        for k in range(10, 12):
+            torch.testing.assert_close(g(torch.ones(3), k), torch.full((3,), float(k)))
     assert tf.cache_info(g)["entries"] == 8
     torch.testing.assert_close(g(torch.ones(3), 11), torch.full((3,), 11.0))
     assert tf.cache_info(g)["misses"] == 11

@@ -48,6 +48,7 @@ BAD = {
     "fusion-a-number": (dict(fusion=3), ArgumentTypeError, "fusion must be True, False"),
     "fusion-not-a-fusion-executor": (dict(fusion="torch"), ArgumentValueError, "fusion= takes True or a fusion"),
     "dynamic": (dict(dynamic="auto"), ArgumentValueError, "dynamic must be None"),
+    "donate_argnums": (dict(donate_argnums="0"), ArgumentTypeError, "donate_argnums must be an int or a sequence"),
 }
 
 

@@ -27,14 +27,18 @@ from thunderfn.dynamic_shapes import SymbolicSizes
 
 
 class CacheEntry:
-    __slots__ = ("key", "fn", "traces", "backward_traces", "tensor_positions", "guards", "guards_hold", "fast_hit",
-                 "keyword_hit", "layout", "sizes", "facts")
+    __slots__ = ("key", "fn", "traces", "backward_traces", "tensor_positions", "number_positions", "call_positions",
+                 "guards", "guards_hold", "fast_hit", "keyword_hit", "layout", "sizes", "facts")
 
     def __init__(self, key: CacheKey, fn, traces, backward_traces, tensor_positions, guards,
-                 sizes: SymbolicSizes | None = None):
+                 sizes: SymbolicSizes | None = None, number_positions: tuple = ()):
         self.key = key  # the (named) key it serves: a symbolic size None (sizes.pattern), a pinned one its number
         self.fn, self.traces, self.backward_traces = fn, traces, backward_traces
         self.tensor_positions = tensor_positions  # where the call's flattened arguments hold its tensors
+        # where they hold the floats its trace took as values (core/symbolic.py's SymbolicInputs.number), passed
+        # after the tensors: fn is called with the leaves at call_positions
+        self.number_positions = number_positions
+        self.call_positions = tensor_positions + number_positions
         self.guards = guards
         self.sizes = sizes  # SymbolicSizes where the trace has symbolic dimensions, else None
         self.guards_hold = guards.compile()  # None: nothing to check

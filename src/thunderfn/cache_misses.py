@@ -63,8 +63,10 @@ def limit_advice(reasons: list, dynamic=None, pinned=()) -> str:
                           "what each trace relied on; pad or bucket inputs to a few sizes (docs/jit.md, "
                           "'Dynamic shapes').")
     if any(" changed from " in r for r in reasons):
-        advice.append("Each new value of a Python argument (a number, a string) compiles anew: pass a changing "
-                      "number as a tensor (torch.tensor(x)), which is an input and not baked in.")
+        advice.append("Each new value of a Python argument (an int, a string; a float only where it is static, "
+                      "dynamic=False, or cache_info's static_fallbacks say its trace could not take it as a value) "
+                      "compiles anew: pass a changing number as a tensor (torch.tensor(x)), which is an input and not "
+                      "baked in.")
     if not advice:
         advice.append("Each change listed compiles anew: keep it the same between calls where you can.")
     return " ".join(advice) + " Or raise cache_size_limit (tf.jit(fn, cache_size_limit=n)) to keep more entries."
@@ -111,8 +113,8 @@ def _show_part(part) -> str:
     if type(part) is TensorPart:
         return repr(tuple(part))
     kind, value = part  # a ValuePart: its value, or the stand-in JitState.key made for it
-    if kind is float:
-        return repr(float.fromhex(value))
+    if kind is float:  # (None: an entry traced it as a value, any float)
+        return "any float" if value is None else repr(float.fromhex(value))
     if kind is complex:
         return repr(complex(float.fromhex(value[0]), float.fromhex(value[1])))
     if kind is slice:

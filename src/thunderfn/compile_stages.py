@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
+import warnings
 from typing import Callable
 
 import torch
@@ -46,6 +48,7 @@ from thunderfn.core.guards import GuardRecorder, GuardSet
 from thunderfn.core.passes import cse, dce, del_last_used, write_back_on_failure_pass
 from thunderfn.core.trace import Trace, timed_pass
 from thunderfn.core.trace import trace as trace_function
+from thunderfn.donation import DonationSkipped, donating
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.executors.fusion import FusionExecutor
 from thunderfn.executors.torch_rewrites import (
@@ -68,6 +71,15 @@ from thunderfn.transforms.rematerialize import rematerialize as rematerialized
 CSE = "Common Subexpression Elimination"
 
 
+class FloatsStayStatic(UnsupportedOpError):
+    """A compile that traced floats as values met what cannot take them yet (a `.grad` read at call time, which
+    is passed where the floats are; a number computed from one returned through torch.autograd's Function, which
+    returns tensors); jit compiles with the floats' values."""
+
+    def __init__(self, why: str):
+        super().__init__(f"{why}: its Python floats stay values of the cache key (a compile per value)")
+
+
 @dataclasses.dataclass
 class Lowered:
     """One trace lowered for execution: the passes' traces (the last one runs), whether it runs under
@@ -88,6 +100,7 @@ class Compilation:
     options: JitOptions  # tf.jit's (distributed: tf.distributed's configuration of the module, or None)
     executors: tuple  # options.executors resolved, in priority order
     sizes: symbolic.SymbolicInputs | None  # the dimensions traced symbolic, if any
+    donated: frozenset = frozenset()  # the numbers of the input tensors whose memory it may reuse (donation.py)
     called_with_grad: bool = False
     traces: list[Trace] = dataclasses.field(default_factory=list)  # the forward's (or the only) traces
     backward: list[Trace] = dataclasses.field(default_factory=list)  # the split's backward traces
@@ -101,13 +114,17 @@ class Compilation:
     compiled: Callable | None = None  # generate: what the cache entry calls with the call's tensors
 
 
-def begin(fn, name: str, args, kwargs, options: JitOptions, open_dims=None, hints=None) -> Compilation:
+def begin(fn, name: str, args, kwargs, options: JitOptions, open_dims=None, hints=None,
+          numbers=frozenset(), donated=frozenset()) -> Compilation:
     """A compile of fn for this call with tf.jit's options, with the dimensions in open_dims (tensor number
-    -> dims) symbolic, traced at the sizes in hints ((tensor number, dim) -> size) where given."""
+    -> dims) symbolic, traced at the sizes in hints ((tensor number, dim) -> size) where given, the floats
+    at the places `numbers` (among the call's flattened arguments) traced as values, and the memory of the
+    input tensors numbered `donated` reused."""
     progress.stage("choosing executors")
-    sizes = symbolic.SymbolicInputs(open_dims, hints) if open_dims else None
+    sizes = symbolic.SymbolicInputs(open_dims or {}, hints, numbers) if open_dims or numbers else None
     return Compilation(fn, name, args, kwargs, options, _executors.resolve(options.executors,
-                                                                           fallback=options.fallback), sizes)
+                                                                           fallback=options.fallback), sizes,
+                       donated=frozenset(donated))
 
 
 def trace(c: Compilation) -> Compilation:
@@ -123,6 +140,8 @@ def trace(c: Compilation) -> Compilation:
                 symbolic.opening(c.sizes):
             c.traces.append(trace_function(c.fn, *c.args, **c.kwargs))
     c.guards = recorder.guards
+    if c.sizes is not None and c.sizes.number_names and c.traces[-1].grad_reads:
+        raise FloatsStayStatic(f"'{c.name}' reads a .grad at call time")
     return c
 
 
@@ -142,6 +161,10 @@ def split(c: Compilation) -> Compilation:
         progress.stage("differentiating: the forward and backward traces")
         c.split, c.why_no_backward = try_split(c.traces[-1], c.executors)
         c.tried_split = True
+        if (c.split is not None and c.sizes is not None and c.sizes.number_names
+                and any(kind == "value" and symbolic.symbols_in(v) for kind, v in c.split.leaf_plan)):
+            raise FloatsStayStatic(f"'{c.name}' is differentiated by torch.autograd and returns a number computed "
+                                   f"from a float")
         if c.split is not None:
             # torch.autograd drives the two halves: see transforms/autograd_split.py
             c.traces.append(c.split.forward)
@@ -186,10 +209,16 @@ def lower(c: Compilation) -> Compilation:
         no_autograd = (c.options.disable_torch_autograd or not torch.is_grad_enabled()
                        or records_no_autograd(c.traces[-1]))
         progress.stage("lowering onto executors, code generation")
+        donated = frozenset(c.traces[-1].args[k].name for k in c.donated)
         c.forward_lowered = lower_for_execution(c.traces[-1], c.executors, no_autograd=no_autograd,
-                                                no_grad=c.options.disable_torch_autograd)
+                                                no_grad=c.options.disable_torch_autograd, donated=donated)
         c.traces += c.forward_lowered.traces
         return c
+    if c.donated:
+        warnings.warn(f"thunderfn.jit: '{c.name}' donates nothing in this compile (donate_argnums): torch.autograd "
+                      f"differentiates it (an input requires grad), and may need a donated tensor's value for the "
+                      f"backward. Donate under torch.no_grad(), or differentiate with tf.grad.", DonationSkipped,
+                      stacklevel=2)
     # the derivative's rules repeat work (x * x's backward computes g * x twice): each half is CSE'd again;
     # both run without autograd recording (torch.autograd.Function's forward and backward)
     c.traces.append(timed_pass(CSE, cse, c.split.forward))
@@ -204,6 +233,10 @@ def lower(c: Compilation) -> Compilation:
 
 def generate(c: Compilation) -> Compilation:
     fn = generated(c.forward_lowered)
+    if c.donated and c.split is None:  # (the tensors it captured, read by reference, must not be written either)
+        captured = {id(p.constant): p.constant for b in c.traces[-1].bound_symbols for p in b.proxy_args()
+                    if isinstance(p.constant, torch.Tensor)}
+        fn = donating(fn, c.donated, tuple(captured.values()))
     if c.split is not None:
         executors, split_ = c.executors, c.split
 
@@ -271,11 +304,12 @@ def _distribution(config) -> Distribution | None:
 
 
 # -- lower and generate, for one trace ----------------------------------------------------------------
-def lower_for_execution(trc: Trace, executors, *, no_autograd: bool, no_grad: bool = False) -> Lowered:
+def lower_for_execution(trc: Trace, executors, *, no_autograd: bool, no_grad: bool = False,
+                        donated=frozenset()) -> Lowered:
     """The passes from a transformed trace to the one that runs (run under torch.no_grad() with `no_grad`):
     lower onto the executors, drop what lowering made unused, fuse, lift Python numbers, write into
-    written-back inputs and dead intermediates (only where the trace runs with `no_autograd` recording;
-    see executors/torch_rewrites.py), insert `del`s."""
+    written-back inputs and dead intermediates, and the inputs named in `donated` after their last read (only
+    where the trace runs with `no_autograd` recording; see executors/torch_rewrites.py), insert `del`s."""
     traces = [timed_pass("Transform for execution", lower_trace, trc, executors)]
     traces.append(timed_pass("Dead Code Elimination", dce, traces[-1]))
     collapsed = timed_pass("Collapse reshapes", collapse_reshapes, traces[-1])
@@ -289,7 +323,7 @@ def lower_for_execution(trc: Trace, executors, *, no_autograd: bool, no_grad: bo
     reused = lifted
     if no_autograd:
         for name, rewrite in (("Write into written-back inputs", write_into_written_back_inputs),
-                              ("Reuse dead buffers", reuse_dead_buffers)):
+                              ("Reuse dead buffers", functools.partial(reuse_dead_buffers, donated=donated))):
             rewritten = timed_pass(name, rewrite, reused)
             traces += [rewritten] if rewritten is not reused else []
             reused = rewritten

@@ -16,7 +16,9 @@ An entry with symbolic dimensions (`SymbolicSizes`) matches a call by a pattern 
 key, where each symbolic dimension is free, and then checks the guards its trace recorded on
 the sizes (core/symbolic.py): relations between dimensions, divisibility, the ranges a branch
 needed. A call that breaks one compiles anew. Python numbers stay static: they are values in the
-cache key (docs/sharp_bits.md).
+cache key (docs/sharp_bits.md), until a float is seen with a second value: then it is traced as a value,
+one symbol `f0` of the compile's ShapeEnv that the generated function takes after its tensors
+(core/symbolic.py's SymbolicInputs.number), and its entry serves every float there.
 """
 from __future__ import annotations
 
@@ -86,14 +88,20 @@ def _mark(t, dim, attribute: str, what: str) -> None:
 
 
 def open_dimensions(dynamic, key: CacheKey, tensors: list, compiled_keys,
-                    marked: dict | None = None) -> tuple[dict, dict]:
+                    marked: dict | None = None, static_leaves=frozenset()) -> tuple[dict, dict, frozenset]:
     """(tensor number -> the dimensions a compile for this call leaves symbolic (empty: a static compile),
-    (tensor number, dim) -> the size to trace an open dimension of size 1 with).
+    (tensor number, dim) -> the size to trace an open dimension of size 1 with, the places among the call's
+    flattened arguments of the Python floats traced as values).
 
     key is the call's cache key, compiled_keys the keys (or patterns) compiled
     so far: with dynamic=None, a dimension is opened when some compiled signature differs from this
-    call's in that dimension's size and nowhere but in sizes. `marked` (tensor number -> dims) opens
+    call's in that dimension's size and nowhere but in sizes and floats. `marked` (tensor number -> dims) opens
     dimensions as tf.mark_dynamic does, for every call (the torch.compile backend: the dims Dynamo made symbolic).
+
+    A float is opened the same way, unless dynamic=False or it is (in) a static argument (`static_leaves`):
+    when a compiled signature differs from this call's in its value and nowhere but in sizes and floats (a
+    learning rate that changes every step compiles twice, then never again: torch.compile's automatic
+    dynamic). An entry that traced it as a value serves every float there.
 
     A size of 1 is where broadcasting and many library branches (`if seq_len == 1`) decide differently: a
     trace made at 1 would be guarded to 1 and serve no other size. An open dimension of size 1 is traced at
@@ -101,17 +109,23 @@ def open_dimensions(dynamic, key: CacheKey, tensors: list, compiled_keys,
     none of its guards distinguishes 1, and otherwise 1 compiles an entry of its own."""
     parts = key.tensor_parts()
     opened: dict = {}
+    numbers: set = set()
     seen: dict = {}  # (tensor number, dim) -> a size it had in a compiled signature
     if dynamic is True:  # (a module's parameters stay static, as torch.compile keeps them: see the docstring)
         opened = {k: set(range(len(p.shape))) for k, p in enumerate(parts)
                   if not isinstance(tensors[k], torch.nn.Parameter)}
-    elif dynamic is None:
+    if dynamic is not False:
         for old in compiled_keys:
             changed = _changed_sizes(old, key)
-            for k, dims in (changed or {}).items():
-                opened.setdefault(k, set()).update(dims)
-                olds = old.tensor_parts()[k].shape
-                seen.update({(k, d): olds[d] for d in dims if olds[d] is not None and olds[d] >= 2})
+            if changed is None:
+                continue
+            sizes, floats = changed
+            numbers |= floats - set(static_leaves)
+            if dynamic is None:
+                for k, dims in sizes.items():
+                    opened.setdefault(k, set()).update(dims)
+                    olds = old.tensor_parts()[k].shape
+                    seen.update({(k, d): olds[d] for d in dims if olds[d] is not None and olds[d] >= 2})
     for k, dims in (marked or {}).items():
         opened.setdefault(k, set()).update(dims)
     for k, t in enumerate(tensors):
@@ -119,20 +133,24 @@ def open_dimensions(dynamic, key: CacheKey, tensors: list, compiled_keys,
         opened[k] -= set(getattr(t, STATIC_DIMS, ()))
     opened = {k: frozenset(dims) for k, dims in opened.items() if dims}
     hints = {(k, d): seen.get((k, d), 2) for k, dims in opened.items() for d in dims if parts[k].shape[d] == 1}
-    return opened, hints
+    return opened, hints, frozenset(numbers)
 
 
-def _changed_sizes(old: CacheKey, key: CacheKey) -> dict | None:
-    """tensor number -> the dimensions whose size differs between two keys, when they differ in sizes only
-    (the same structure, modes, dtypes, devices, ranks and other arguments); else None."""
+def _changed_sizes(old: CacheKey, key: CacheKey) -> tuple[dict, set] | None:
+    """(tensor number -> the dimensions whose size differs between two keys, the places of the Python floats
+    whose values differ) when they differ in those only (the same structure, modes, dtypes, devices, ranks and
+    other arguments); else None. A float an entry traced as a value (its pattern's value None) differs."""
     if len(old.leaves) != len(key.leaves) or old.head() != key.head():
         return None
-    changed, k = {}, 0
-    for a, b in zip(old.leaves, key.leaves):
+    changed, floats, k = {}, set(), 0
+    for i, (a, b) in enumerate(zip(old.leaves, key.leaves)):
         if (type(a) is TensorPart) != (type(b) is TensorPart):
             return None
         if type(a) is not TensorPart:
             if a != b:
+                if a.kind is float and b.kind is float:
+                    floats.add(i)
+                    continue
                 return None
             continue
         if a._replace(shape=None) != b._replace(shape=None) or len(a.shape) != len(b.shape):
@@ -141,26 +159,27 @@ def _changed_sizes(old: CacheKey, key: CacheKey) -> dict | None:
         if dims:
             changed[k] = dims
         k += 1
-    return changed
+    return changed, floats
 
 
 def served_key(key: CacheKey, inputs: symbolic.SymbolicInputs | None) -> CacheKey:
     """The key an entry compiled for `key` serves: each size its trace left symbolic None (free), each size it
-    pinned the number it was traced at. That number is not the call's where the call's size 1 was traced at
+    pinned the number it was traced at, each float it traced as a value ValuePart(float, None) (any float).
+    The number a size is pinned at is not the call's where the call's size 1 was traced at
     another (open_dimensions' hints): such an entry serves that other size, and the call compiles again."""
     if inputs is None:
         return key
     traced = inputs.traced_shapes()  # tensor number -> its shape as traced: an int, or None where symbolic
     leaves, k = [], 0
-    for part in key.leaves:
+    for i, part in enumerate(key.leaves):
         if type(part) is TensorPart:
             leaves.append(part._replace(shape=traced[k]))
             k += 1
+        elif i in inputs.numbers:
+            leaves.append(part._replace(value=None))
         else:
             leaves.append(part)
     return key._replace(leaves=tuple(leaves))
-
-
 class SymbolicSizes:
     """What an entry compiled with symbolic dimensions checks besides the rest of its key: its key pattern
     (served_key: each symbolic size free) and the guards its trace recorded on the sizes."""
@@ -199,7 +218,9 @@ class SymbolicSizes:
         terms = [f"len(leaves) == {len(pattern.leaves)}", f"key[:{LEAVES}] == head"]
         for i, p in enumerate(pattern.leaves):
             if type(p) is not TensorPart:
-                terms.append(f"leaves[{i}] == pattern[{i}]")
+                # (a float traced as a value: any float)
+                terms.append(f"leaves[{i}][0] is float" if p.kind is float and p.value is None
+                             else f"leaves[{i}] == pattern[{i}]")
                 continue
             # (a tensor's part against a non-tensor's: the comparisons below are False, or fail as caught below)
             terms += [f"leaves[{i}][{_SHAPE + 1}:] == pattern[{i}][{_SHAPE + 1}:]",

@@ -45,6 +45,7 @@ import torch
 from thunderfn import cache_misses, compile_stages
 from thunderfn.cache_entry import CacheEntry
 from thunderfn.cache_key import CacheKey, named, tensor_fields
+from thunderfn.compile_stages import FloatsStayStatic
 from thunderfn.core import artifacts, context, progress
 from thunderfn.core.call_time import Guarded
 from thunderfn.core.decorators import with_options_form
@@ -52,6 +53,8 @@ from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.core.interception import is_numpy_scalar
 from thunderfn.core.pytree import tree_flatten
 from thunderfn.core.trace import Trace
+from thunderfn.core.tracer import FloatValueQuestion
+from thunderfn.donation import check_apart, donated_tensor_numbers
 from thunderfn.dynamic_shapes import SymbolicSizes, open_dimensions, served_key
 from thunderfn.errors import ArgumentTypeError, NoTraceError
 from thunderfn.fast_path import fast_dispatcher, fast_key, hit_function, miss, positional_arities
@@ -84,6 +87,11 @@ class JitState:
         self.static = static if static is not None else resolve_static(fn, options.static_argnums,
                                                                         options.static_argnames)
         self.static_argnums, self.static_argnames = self.static.argnums, self.static.argnames
+        # the arguments whose tensors the compiled code may write its results into (donation.py), or None
+        self.donated = (resolve_static(fn, options.donate_argnums, (), option="donate") if options.donate_argnums
+                        else None)
+        if self.donated is not None:
+            check_apart(self.donated, self.static)
         self.lock = threading.RLock()
         self.fast_cache: dict = {}  # fast key -> the entry's check-and-call function (see fast_hit)
         # (number of positional tensors, keyword names in the call's order) -> the check-and-call function
@@ -99,8 +107,10 @@ class JitState:
         self.static_fallbacks: list[str] = []
         self.pinned_sizes: list[str] = []
         self.warned_limit = False
+        # why floats stay values of the cache key in this function's compiles (FloatsStayStatic), or None
+        self.floats_static: str | None = None
         # tf.grad and the other transforms cannot run eagerly (they need a trace): past the
-        # limit they drop their oldest entry instead (see jit_evicting).
+        # limit they warn as jit does and drop their oldest entry (see jit_evicting).
         self.evict_past_limit = False
         self.last_traces: list[Trace] = []
         self.last_backward_traces: list[Trace] = []
@@ -138,10 +148,31 @@ class JitState:
         return _new(CacheKey, (spec, _is_grad_enabled(), _get_default_dtype(),
                                autocast_state() if _any_autocast() else (), tuple(parts)))
 
-    def compile(self, args, kwargs, leaves, key, open_dims=None, hints=None) -> CacheEntry:
+    def compile(self, args, kwargs, leaves, key, open_dims=None, hints=None, numbers=frozenset()) -> CacheEntry:
         """The entry for a call, compiled (compile_stages.py) with the dimensions in open_dims (tensor number
-        -> dims) symbolic, traced at the sizes in hints ((tensor number, dim) -> size) where given."""
-        c = compile_stages.begin(self.fn, _fn_name(self.fn), args, kwargs, self.options, open_dims, hints)
+        -> dims) symbolic, traced at the sizes in hints ((tensor number, dim) -> size) where given, and the
+        floats at the places `numbers` traced as values. Where a compile cannot take floats as values
+        (FloatsStayStatic: a .grad read, a number computed from one returned through torch.autograd; or it fails
+        with nothing else symbolic), this function's floats stay static from then on (`floats_static` says why),
+        and this compile is made without them."""
+        if numbers and self.floats_static is None:
+            try:
+                return self.compile_once(args, kwargs, leaves, key, open_dims, hints, numbers)
+            except FloatsStayStatic as e:
+                self.floats_static = f"{type(e).__name__}: {e}"
+                self.static_fallbacks.append(self.floats_static)
+            except FloatValueQuestion:
+                raise
+            except Exception as e:
+                if not open_dims:
+                    self.floats_static = f"{type(e).__name__}: {str(e).strip()[:200]}"
+                raise
+        return self.compile_once(args, kwargs, leaves, key, open_dims, hints)
+
+    def compile_once(self, args, kwargs, leaves, key, open_dims=None, hints=None, numbers=frozenset()) -> CacheEntry:
+        donated = donated_tensor_numbers(self.donated, args, kwargs, leaves) if self.donated else frozenset()
+        c = compile_stages.begin(self.fn, _fn_name(self.fn), args, kwargs, self.options, open_dims, hints, numbers,
+                                 donated)
         try:
             c = compile_stages.run(c)
         finally:  # (said by an error that a later stage raises, too)
@@ -149,14 +180,18 @@ class JitState:
                 self.why_no_backward = c.why_no_backward
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor))
         served = served_key(key, c.sizes)
-        symbolic_sizes = SymbolicSizes(c.sizes, served) if c.sizes is not None and c.sizes.symbolic_dims else None
+        symbolic_sizes = (SymbolicSizes(c.sizes, served) if c.sizes is not None
+                          and (c.sizes.symbolic_dims or c.sizes.number_names) else None)
         if c.sizes is not None:
             self.pinned_sizes += c.sizes.pinned()
-        return CacheEntry(served, c.compiled, c.traces, c.backward, positions, c.guards, symbolic_sizes)
+        return CacheEntry(served, c.compiled, c.traces, c.backward, positions, c.guards, symbolic_sizes,
+                          tuple(sorted(numbers)))
 
-    def compile_serving(self, args, kwargs, leaves, key, open_dims, hints) -> CacheEntry:
+    def compile_serving(self, args, kwargs, leaves, key, open_dims, hints, numbers=frozenset()) -> CacheEntry:
         """An entry that serves this call, compiled with open_dims symbolic where that serves it, else with
-        this call's sizes (static_fallbacks says why: cache_info).
+        this call's sizes (static_fallbacks says why: cache_info). Floats traced as values (`numbers`) are
+        traced so in each attempt but the static one; where the compile cannot take them (FloatsStayStatic),
+        they stay static in this function's later compiles too.
 
         A size-1 dimension traced at another size (hints) may not take this call's 1: where its trace relied
         on that size (pinned it, or told 1 apart: it broadcast against another size), or failed, the entry is
@@ -164,7 +199,7 @@ class JitState:
         with every size static. Tracing symbolically may fail where a static trace does not (code that wants
         a Python int): the static compile is the answer then, and an error it raises names sizes as eager's
         does. Every entry is asked whether it serves this call before it runs it (CacheEntry.serves)."""
-        attempts = [(open_dims, hints)] if open_dims else []
+        attempts = [(open_dims, hints)] if open_dims or numbers else []
         narrowed = _without(open_dims, hints) if hints else None
         if narrowed:
             attempts.append((narrowed, {}))  # the size-1 dimensions static, the others symbolic
@@ -173,10 +208,11 @@ class JitState:
         if refused is not None:  # a trace at other sizes would be that entry again, and refuse this call again
             refusal = refused.sizes.failure(refused.tensors(leaves))
             attempts = attempts[1:]
-        for n, (dims, at) in enumerate(attempts):
+        for dims, at in attempts:
             try:
-                entry = self.compile(args, kwargs, leaves, key, dims, at)
-            except StepChangesOptimizerState:
+                entry = self.compile(args, kwargs, leaves, key, dims, at, numbers)
+            # (the traced code branching on a float traced as a value is said, not hidden by a static compile)
+            except (StepChangesOptimizerState, FloatValueQuestion):
                 raise
             except Exception as e:  # noqa: BLE001 (compiled again below; the first failure is the one reported)
                 failure = failure or e
@@ -248,22 +284,30 @@ class JitState:
             key = named(key, leaves)
             reason = self.why_miss(key, args, kwargs, leaves)
             tensors = [x for x in leaves if isinstance(x, Tensor)]
-            open_dims, hints = open_dimensions(self.options.dynamic, key, tensors, self.compiled_keys(),
-                                               self.marked_dynamic)
+            static_leaves = self.static.leaf_positions(args, kwargs) if self.static else frozenset()
+            open_dims, hints, numbers = open_dimensions(self.options.dynamic, key, tensors, self.compiled_keys(),
+                                                        self.marked_dynamic, static_leaves)
+            if self.floats_static is not None:
+                numbers = frozenset()
             if self.n_entries >= self.cache_size_limit:
+                self.warn_limit(reason)
                 if not self.evict_past_limit:
-                    self.warn_limit(reason)
                     self.stats[1] += 1
                     return None
                 self.evict_oldest()
             self.stats[1] += 1
             try:
-                entry = self.compile_serving(args, kwargs, leaves, key, open_dims, hints)
+                entry = self.compile_serving(args, kwargs, leaves, key, open_dims, hints, numbers)
             except StepChangesOptimizerState:  # an optimizer's first step creates its state: run it as eager does
                 return None
             if entry.sizes is not None and reason is not None:
-                opened = ", ".join(f"{name} = {where}" for name, where in entry.sizes.described.items())
-                reason = f"{reason}: compiled with symbolic sizes {opened}"
+                values = entry.sizes.inputs.number_names
+                sizes = ", ".join(f"{name} = {where}" for name, where in entry.sizes.described.items()
+                                  if name not in values)
+                floats = ", ".join(f"{name} = {where}" for name, where in values.items())
+                opened = " and ".join(([f"symbolic sizes {sizes}"] if sizes else [])
+                                      + ([f"floats traced as values {floats}"] if floats else []))
+                reason = f"{reason}: compiled with {opened}"
             if reason is not None:
                 self.recompile_reasons.append(reason)
             self.keep(entry)
@@ -306,7 +350,7 @@ class JitState:
                     # of tokens would keep thousands; the hot entry stays (the dispatcher holds it)
                     self.fast_cache.clear()
                 self.fast_cache[fast_key(args)] = self.fast_hit(entry)
-        return entry.fn(*map(leaves.__getitem__, entry.tensor_positions))  # (no comprehension's frame per call)
+        return entry.fn(*map(leaves.__getitem__, entry.call_positions))  # (no comprehension's frame per call)
 
     def evict_oldest(self) -> None:
         if self.cache:
@@ -360,9 +404,13 @@ class JitState:
             return
         self.warned_limit = True
         reasons = self.recompile_reasons[-3:] + ([reason] if reason else [])
+        # (a transform has no eager form: it compiles such a call in place of its oldest entry)
+        then = ("compiles each call that matches none of its compiled entries in place of its oldest entry (a "
+                "transform cannot run eagerly)" if self.evict_past_limit else
+                "runs eagerly for calls that match none of its compiled entries")
         warnings.warn(
-            f"thunderfn.jit: '{_fn_name(self.fn)}' reached cache_size_limit ({self.cache_size_limit}) and now runs "
-            f"eagerly for calls that match none of its compiled entries. Last recompiles: {'; '.join(reasons)}. "
+            f"thunderfn.jit: '{_fn_name(self.fn)}' reached cache_size_limit ({self.cache_size_limit}) and now {then}. "
+            f"Last recompiles: {'; '.join(reasons)}. "
             f"{cache_misses.limit_advice(reasons, self.options.dynamic, self.pinned_sizes)}", stacklevel=4)
 
 
@@ -386,7 +434,7 @@ def _fn_name(fn) -> str:
 def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = True, static_argnums=(),
         static_argnames=(), disable_torch_autograd: bool = False, cache_size_limit: int = DEFAULT_CACHE_SIZE_LIMIT,
         rematerialize: bool | None = None, cache_dir: str | os.PathLike | None = None, distributed=None,
-        fusion: bool | str = False, dynamic: bool | None = None):
+        fusion: bool | str = False, dynamic: bool | None = None, donate_argnums=()):
     """Compile fn: trace it per input signature, lower it onto `executors` (priority
     order; None means the defaults; the torch executor is appended unless
     `fallback=False`), generate Python once and cache it.
@@ -439,6 +487,15 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     makes every dimension symbolic from the start; False compiles every new size anew.
     `tf.mark_dynamic(t, dim)` and `tf.mark_static(t, dim)` decide for one tensor's dimension.
 
+    A float argument (top-level or in a pytree) seen with a second value is traced as a value from then
+    on, unless it is static or `dynamic=False`: the compiled function takes it after its tensors, so
+    one entry serves every value, and branching on it is a ConcretizationError (docs/jit.md, "Python floats").
+
+    `donate_argnums`: arguments whose tensors' memory the compiled code may reuse for a value of their
+    shape and dtype (jax.jit's donation; donation.py): an output comes back in a donated tensor's memory,
+    whose contents are unspecified after the call. Nothing is donated where torch.autograd differentiates
+    the compile.
+
     `distributed`: set by tf.distributed.ddp and fsdp on the modules they prepare (how the
     module's gradients are synchronized: transforms/ddp.py, transforms/fsdp.py), not by users;
     an nn.Module given one is refused (write `tf.jit(tf.distributed.ddp(model))`).
@@ -449,7 +506,7 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     options = JitOptions(executors=executors, fallback=fallback, static_argnums=static_argnums,
                          static_argnames=static_argnames, disable_torch_autograd=disable_torch_autograd,
                          cache_size_limit=cache_size_limit, rematerialize=rematerialize, cache_dir=cache_dir,
-                         distributed=distributed, fusion=fusion, dynamic=dynamic)
+                         distributed=distributed, fusion=fusion, dynamic=dynamic, donate_argnums=donate_argnums)
     return jit_with_options(fn, options)
 
 
@@ -478,8 +535,9 @@ def jit_with_options(fn: Callable, options: JitOptions, static: StaticArguments 
 
 
 def jit_evicting(fn: Callable, **options):
-    """jit for the function transforms (tf.grad's compiled form, ...): past cache_size_limit
-    the oldest entry is dropped, since a transform has no eager form to fall back to."""
+    """jit for the function transforms (tf.grad's compiled form, ...): past cache_size_limit it warns
+    once, as jit does, and drops its oldest entry for each new one, since a transform has no eager form
+    to fall back to."""
     jitted = jit(fn, **options)
     jitted._thunderfn_state.evict_past_limit = True
     return jitted

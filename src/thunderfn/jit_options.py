@@ -7,8 +7,8 @@ and everything that compiles as tf.jit does takes the record whole: the module p
 the compile stages (compile_stages.py), tf.profile's twin and the torch.compile backend
 (dynamo/compiler.py), which adds no option of its own to tf.jit's but `unsupported`.
 
-What needs the jitted function is checked later, once too: static_argnums and static_argnames against
-its signature when tf.jit is called (static_args.py), and whether each executor can run here when
+What needs the jitted function is checked later, once too: static_argnums, static_argnames and
+donate_argnums against its signature when tf.jit is called (static_args.py), and whether each executor can run here when
 it first compiles (executors.resolve).
 
 The api layer. May import: executors, transforms (the distributed configurations), core and errors.
@@ -33,7 +33,7 @@ DEFAULT_CACHE_SIZE_LIMIT = 8  # torch.compile's recompile_limit
 class JitOptions:
     """tf.jit's options (their meaning: tf.jit's docstring and docs/jit.md), checked and put in one form:
     `executors` a tuple (one executor alone is a tuple of one; with `fusion`, the fusion executor is last
-    in it), `static_argnums` a tuple of ints and `static_argnames` a tuple of strs."""
+    in it), `static_argnums` and `donate_argnums` tuples of ints and `static_argnames` a tuple of strs."""
     executors: tuple | None = None  # names or Executors in priority order; None: the defaults at compile time
     fallback: bool = True
     static_argnums: tuple[int, ...] = ()
@@ -45,12 +45,14 @@ class JitOptions:
     distributed: DataParallel | Sharded | None = None  # set by tf.distributed's modules, not by users
     fusion: bool | str | Executor = False
     dynamic: bool | None = None  # None (automatic), True or False: see dynamic_shapes.py
+    donate_argnums: tuple[int, ...] = ()  # arguments whose tensors' memory the compiled code may reuse (donation.py)
 
     def __post_init__(self):
         put = functools.partial(object.__setattr__, self)  # (a frozen record: each value stored in its checked form)
         put("executors", _priority_list(self.executors, self.fusion))
         put("fallback", _flag("fallback", self.fallback))
         put("static_argnums", _as_indices(self.static_argnums))
+        put("donate_argnums", _as_indices(self.donate_argnums, "donate_argnums"))
         put("static_argnames", _as_names(self.static_argnames))
         put("disable_torch_autograd", _flag("disable_torch_autograd", self.disable_torch_autograd))
         if not (isinstance(self.cache_size_limit, int) and self.cache_size_limit >= 1):
@@ -95,7 +97,7 @@ def _priority_list(executors, fusion) -> tuple | None:
     return chosen
 
 
-def _as_indices(argnums) -> tuple[int, ...]:
+def _as_indices(argnums, option: str = "static_argnums") -> tuple[int, ...]:
     if argnums is None:
         return ()
     try:
@@ -105,7 +107,7 @@ def _as_indices(argnums) -> tuple[int, ...]:
     try:
         return tuple(operator.index(i) for i in argnums)
     except TypeError:
-        raise ArgumentTypeError(f"static_argnums must be an int or a sequence of ints, got {argnums!r}") from None
+        raise ArgumentTypeError(f"{option} must be an int or a sequence of ints, got {argnums!r}") from None
 
 
 def _as_names(argnames) -> tuple[str, ...]:

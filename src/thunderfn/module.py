@@ -415,6 +415,11 @@ def jit_module(module: torch.nn.Module, jit, options: JitOptions | None = None) 
             "distributed is set by tf.distributed.ddp and fsdp on the module they prepare (which a jitted module's "
             "forward reads); for a module, write tf.jit(tf.distributed.ddp(model)) or "
             "tf.jit(tf.distributed.fsdp(model))")
+    if options.donate_argnums:
+        raise ArgumentValueError(
+            f"donate_argnums is not supported for an nn.Module ({type(module).__name__}): its parameters and "
+            f"buffers are the module's to keep. jit a function of the tensors to donate instead (an optimizer's "
+            f"update of a list of tensors)")
     # checked now, against forward's own signature (bound: its indices start after self)
     static = resolve_static(module.forward, options.static_argnums, options.static_argnames, name=_forward_name(module))
     return ThunderModule(module, jit, options, static)

@@ -161,6 +161,10 @@ def _twin(jitted, args):
     state = getattr(jitted, "_thunderfn_state", None)
     if not isinstance(state, JitState):
         raise ArgumentTypeError(f"profile expects a function or module returned by tf.jit, got {type(jitted).__name__}")
+    if state.options.donate_argnums:
+        raise ArgumentValueError(f"profile calls '{getattr(state.fn, '__name__', 'fn')}' many times with the same "
+                                 f"arguments, and donate_argnums consumes the donated ones on the first call: profile "
+                                 f"it jitted without donate_argnums")
     return jit_with_options(state.fn, state.options), state.fn, leaves
 
 

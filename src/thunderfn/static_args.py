@@ -28,7 +28,7 @@ import inspect
 
 import torch
 
-from thunderfn.core.pytree import tree_flatten
+from thunderfn.core.pytree import tree_flatten, tree_flatten_with_path
 from thunderfn.errors import ArgumentTypeError, ArgumentValueError
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -43,6 +43,7 @@ class StaticArguments:
     argnames: tuple[str, ...] = ()
     # positional inputs before the ones argnums count (a jitted module's parameters and buffers)
     offset: int = 0
+    option: str = "static"  # which option named them ("donate": donate_argnums), for messages
 
     def __bool__(self) -> bool:
         return bool(self.argnums or self.argnames)
@@ -58,7 +59,7 @@ class StaticArguments:
             if position < self.offset:
                 given = len(args) - self.offset
                 raise ArgumentValueError(
-                    f"jitted function '{self.function}' has static_argnums={self.argnums}, but was called with "
+                    f"jitted function '{self.function}' has {self.option}_argnums={self.argnums}, but was called with "
                     f"{given} positional argument{'' if given == 1 else 's'}: a negative index counts from the end "
                     f"of a call's positional arguments where the function takes *args")
             if position < len(args):
@@ -66,6 +67,14 @@ class StaticArguments:
         for name in self.argnames:
             if name in kwargs:
                 yield f"'{name}'", kwargs[name]
+
+    def leaf_positions(self, args, kwargs) -> frozenset:
+        """The places among the call's flattened arguments (tree_flatten((args, kwargs))) that its static
+        arguments hold: what jit never traces as a value (a float there keys the cache by its value)."""
+        positions = {i + self.offset if i >= 0 else len(args) + i for i in self.argnums}
+        paths = tree_flatten_with_path((tuple(args), dict(kwargs)))[0]
+        return frozenset(k for k, path in enumerate(paths)
+                         if (path[0] == 0 and path[1] in positions) or (path[0] == 1 and path[1] in self.argnames))
 
     def check(self, args, kwargs) -> None:
         """Refuse a call whose static arguments hold a tensor or cannot be hashed."""
@@ -85,17 +94,19 @@ class StaticArguments:
                     f"frozen dataclass)") from None
 
 
-def resolve(fn, argnums: tuple[int, ...], argnames: tuple[str, ...], *, name: str | None = None) -> StaticArguments:
+def resolve(fn, argnums: tuple[int, ...], argnames: tuple[str, ...], *, name: str | None = None,
+            option: str = "static") -> StaticArguments:
     """fn's static arguments from jit's options (a tuple each, as JitOptions holds them: jit_options.py),
     checked against fn's signature (the module docstring's rules). `name` names fn in messages (default:
-    its __name__)."""
+    its __name__). The donated arguments (`option="donate"`: donate_argnums) are resolved by the same rules
+    and named so in messages."""
     name = name or getattr(fn, "__name__", type(fn).__name__)
     if not argnums and not argnames:
-        return StaticArguments(name)
+        return StaticArguments(name, option=option)
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin without one: nothing to check against, as in JAX
-        return StaticArguments(name, tuple(sorted(set(argnums))), tuple(dict.fromkeys(argnames)))
+        return StaticArguments(name, tuple(sorted(set(argnums))), tuple(dict.fromkeys(argnames)), option=option)
     params = list(signature.parameters.values())
     positional = [p for p in params if p.kind in _POSITIONAL]
     takes_args = any(p.kind is p.VAR_POSITIONAL for p in params)
@@ -104,27 +115,27 @@ def resolve(fn, argnums: tuple[int, ...], argnames: tuple[str, ...], *, name: st
     if not takes_args:
         if any(not -n <= i < n for i in argnums):
             raise ArgumentValueError(
-                f"jitted function '{name}' has static_argnums={argnums}, but only accepts {n} positional "
+                f"jitted function '{name}' has {option}_argnums={argnums}, but only accepts {n} positional "
                 f"argument{'' if n == 1 else 's'}; its parameters: {_parameters(signature)}")
         argnums = tuple(i % n for i in argnums)
     kinds = {p.name: p.kind for p in params}
     not_by_keyword = [a for a in argnames if kinds.get(a) in _BY_POSITION_ONLY]
     if not_by_keyword:
         raise ArgumentValueError(
-            f"jitted function '{name}' has static_argnames={argnames}, but {_listed(not_by_keyword)} cannot be "
+            f"jitted function '{name}' has {option}_argnames={argnames}, but {_listed(not_by_keyword)} cannot be "
             f"passed by keyword (positional-only or *args): name {'it' if len(not_by_keyword) == 1 else 'them'} "
-            f"in static_argnums instead; its parameters: {_parameters(signature)}")
+            f"in {option}_argnums instead; its parameters: {_parameters(signature)}")
     unknown = [a for a in argnames if a not in kinds]
     if unknown and not takes_kwargs:
         raise ArgumentValueError(
-            f"jitted function '{name}' has static_argnames={argnames}, but {_listed(unknown)} "
+            f"jitted function '{name}' has {option}_argnames={argnames}, but {_listed(unknown)} "
             f"{'is not one of its parameters' if len(unknown) == 1 else 'are not among its parameters'}; "
             f"its parameters: {_parameters(signature)}")
     index = {p.name: i for i, p in enumerate(positional)}
     both = [p for p in positional if p.kind is p.POSITIONAL_OR_KEYWORD]
     argnums = {*argnums, *(index[p.name] for p in both if p.name in argnames)}
     argnames = [*argnames, *(p.name for p in both if index[p.name] in argnums)]
-    return StaticArguments(name, tuple(sorted(argnums)), tuple(dict.fromkeys(argnames)))
+    return StaticArguments(name, tuple(sorted(argnums)), tuple(dict.fromkeys(argnames)), option=option)
 
 
 def _parameters(signature: inspect.Signature) -> str:

@@ -262,12 +262,23 @@ def data_dependent_question(e, inputs: SymbolicInputs | None) -> tuple[str, str]
     if inputs is not None and not expr.free_symbols <= inputs.names.keys():
         inputs = None
     printed = python(expr, inputs) if inputs is not None else str(expr)
-    question = f"the value of {printed}" if getattr(expr, "is_integer", False) else f"whether {printed}"
+    question = (f"the value of {printed}" if getattr(expr, "is_integer", False) or getattr(expr, "is_Symbol", False)
+                else f"whether {printed}")
     if inputs is None:
         return question, "a size depends on tensor values"
     counts = [f"{inputs.names[u]} is {inputs.unbacked[inputs.names[u]]}" for u in
               sorted(_shapes().free_unbacked_symbols(expr), key=str) if inputs.names.get(u) in inputs.unbacked]
     return question, "; ".join(counts) or "a size depends on tensor values"
+
+
+def numbers_asked(e, inputs: SymbolicInputs | None) -> str | None:
+    """The floats traced as values that torch's refused question (e) reads, in words ("f0 is argument 'lr'"),
+    or None where it reads none."""
+    if inputs is None or not inputs.number_names:
+        return None
+    asked = [inputs.names[s] for s in sorted(e.cond.free_symbols, key=str)
+             if inputs.names.get(s) in inputs.number_names]
+    return "; ".join(f"{name} is {inputs.number_names[name]}" for name in asked) or None
 
 
 @functools.cache
@@ -282,7 +293,13 @@ def _sources():
 
 @functools.cache
 def _printer():
-    return importlib.import_module("torch.utils._sympy.printers").PythonPrinter()
+    printers = importlib.import_module("torch.utils._sympy.printers")
+
+    class Printer(printers.PythonPrinter):
+        def _print_Float(self, expr) -> str:  # (a float as Python writes it: 0.1, not 0.10000000000000001)
+            return repr(float(expr))
+
+    return Printer()
 
 
 class SymbolicInputs:
@@ -293,9 +310,12 @@ class SymbolicInputs:
     becomes a symbol too, traced at the size `hints` gives, so a length-1 call can share the trace unless
     the trace branched on it.""" 
 
-    def __init__(self, plan: dict, hints: dict | None = None):
+    def __init__(self, plan: dict, hints: dict | None = None, numbers=frozenset()):
         shapes = _shapes()
         self.plan = plan
+        # the places among the call's flattened arguments of the Python floats traced as values (`number`)
+        self.numbers = frozenset(numbers)
+        self.number_names: dict = {}  # "f0" -> "argument 'lr'", in the order the generated code takes them
         # (tensor number, dim) -> the size to trace a symbol at instead of the call's (see jit's dynamic_shapes.py)
         self.hints = hints or {}
         self.env = shapes.ShapeEnv(specialize_zero_one=False)
@@ -346,6 +366,18 @@ class SymbolicInputs:
             self.placeholders.append(n)
             dims.append(n)
         return torch.Size(dims)
+
+    def number(self, value: float, described: str) -> torch.SymFloat:
+        """A Python float traced as a value: a symbol "f<k>" the generated function takes after its tensors
+        (Trace.size_args), so one trace serves every value. Ops meet it as the Python float it stands for (a
+        number's type promotion: float32 * f0 stays float32), and arithmetic on it is an expression of it. It is
+        data-dependent to the ShapeEnv (unbacked): a question of its value (`if lr > 0.1`, float(lr)) cannot be
+        answered while tracing and is a ConcretizationError (core/tracer.py's data_dependent_error), never a guard."""
+        with self.env.ignore_fresh_unbacked_symbols():  # (bound as a parameter by generated code)
+            f = self.env.create_unbacked_symfloat()
+        self.names[f.node.expr] = name = f"f{len(self.number_names)}"
+        self.number_names[name] = described
+        return f
 
     def fake(self):
         """A FakeTensorMode on env (made once): where torch's kernels run on symbolic sizes, and where an op whose
@@ -416,7 +448,7 @@ class SymbolicInputs:
         trace relied on that size, so the entry's key holds it as a static size."""
         out = []
         for expr, name in self.names.items():
-            if name in self.unbacked:  # (a fact torch._check stated, checked where the op runs: no key)
+            if name in self.unbacked or name in self.number_names:  # (a torch._check fact, a float: no key)
                 continue
             value = self.env.simplify(expr)
             if value.is_number:
@@ -425,9 +457,10 @@ class SymbolicInputs:
         return out
 
     def still_symbolic(self) -> dict:
-        """"s0" -> where it comes from, for the symbols no guard specialized to a number."""
+        """"s0" -> where it comes from, for the symbols no guard specialized to a number, and each float traced as
+        a value ("f0" -> "argument 'lr'")."""
         names = {python(n) for n in self.placeholders if isinstance(n, torch.SymInt)}
-        return {name: where for name, where in self.described.items() if name in names}
+        return {**{name: where for name, where in self.described.items() if name in names}, **self.number_names}
 
     def guard_code(self, tensor_names: list[str]) -> str | None:
         """A Python expression over the call's tensors (named `tensor_names`, in input order) that holds

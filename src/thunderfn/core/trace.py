@@ -125,13 +125,22 @@ def arg_paths(fn, args, kwargs) -> tuple:
 
 def proxify_inputs(tracer: Tracer, fn, args, kwargs):
     """Replace every tensor leaf of (args, kwargs) by a named input proxy of the trace being built, with the
-    symbolic dimensions jit opened for this trace (core/symbolic.py), if any."""
+    symbolic dimensions jit opened for this trace (core/symbolic.py), if any; each float jit traces as a value
+    (its place among the flattened arguments in the symbolic inputs' `numbers`) by a symbol of it."""
     trc = tracer.trace
     names = arg_paths(fn, args, kwargs)
     open_dims = symbolic.current()
     paths, leaves, spec = tree_flatten_with_path((tuple(args), dict(kwargs)))
     new_leaves = []
-    for path, leaf in zip(paths, leaves):
+    for position, (path, leaf) in enumerate(zip(paths, leaves)):
+        if open_dims is not None and position in open_dims.numbers and type(leaf) is float:
+            # a float jit traces as a value: a parameter of the generated function after its tensors
+            top = names[path[1]] if path[0] == 0 else str(path[1])
+            number = open_dims.number(leaf, f"argument '{_path_name((top, *path[2:])) or top}'")
+            trc.size_args = [*trc.size_args, symbolic.python(number)]
+            tracer.sizes = open_dims
+            new_leaves.append(number)
+            continue
         if is_real_tensor(leaf):
             top = names[path[1]] if path[0] == 0 else str(path[1])
             preferred = _path_name((top, *path[2:]))
@@ -302,7 +311,8 @@ def trace(fn, /, *args, **kwargs) -> Trace:
         if isinstance(e, TypeError) and "TensorProxy" in str(e) and "descriptor" in str(e):
             raise _unbound_tensor_method(e, trc.fn_name) from None
         if symbolic.is_data_dependent_question(e):  # (asked by the traced code itself: an `if`, int(n), range(n))
-            raise data_dependent_error(e, f"'{trc.fn_name}' asks", (context.tracer_stack() or [tracer])[0]) from None
+            raise data_dependent_error(e, f"'{trc.fn_name}' asks", (context.tracer_stack() or [tracer])[0],
+                                       by_traced_code=True) from None
         raise
     finally:
         if tracer is not None:  # (a traceback's frames hold the tracer: it must not keep the caller's tensors alive)

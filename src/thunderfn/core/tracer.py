@@ -289,11 +289,23 @@ def tracing(trc, tracer: Tracer | None = None):
         stack.pop()
 
 
-def data_dependent_error(e, who: str, root: Tracer) -> ConcretizationError:
+class FloatValueQuestion(ConcretizationError):
+    """The traced code asked the value of a Python float jit traces as a value (`if lr > 0.1`, float(lr))."""
+
+
+def data_dependent_error(e, who: str, root: Tracer, *, by_traced_code: bool = False) -> ConcretizationError:
     """torch's refusal to answer a question of a data-dependent size (e), as the ConcretizationError that says
     which size, what counts it and what to do. `who` asks: an op ("ltorch.reshape asks") or the traced code;
     root is the outermost tracer (whose sizes name the symbols)."""
     question, sizes = symbolic.data_dependent_question(e, root.sizes)
+    floats = symbolic.numbers_asked(e, root.sizes)
+    if floats:  # (an op's question of one: jit compiles with the floats' values instead; the code's own is refused)
+        return (FloatValueQuestion if by_traced_code else ConcretizationError)(
+            f"{who} {question} while tracing '{root.trace.fn_name}', where {floats}: jit traces a Python float "
+            f"as a value once it has been called with a second value of it (dynamic=None), so its value is known "
+            f"only when the compiled function runs and tracing cannot answer. Name the argument in static_argnums "
+            f"or static_argnames to compile once per value, pass dynamic=False, or keep the computation in tensor "
+            f"ops (torch.where).")
     return ConcretizationError(
         f"{who} {question} while tracing '{root.trace.fn_name}', where {sizes}: a size known only when the compiled "
         f"function runs, so tracing cannot answer (and no check before the call could). State what the code relies "

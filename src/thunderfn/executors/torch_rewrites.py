@@ -217,12 +217,13 @@ def _keepdim_shape(total) -> tuple:
     return tuple(1 if i in dims else n for i, n in enumerate(x.shape))
 
 
-def reuse_dead_buffers(trc):
+def reuse_dead_buffers(trc, donated=frozenset()):
     """trc with each elementwise torch call whose first argument is a fresh intermediate read for
     the last time made to write its result there (see the module docstring for when this is legal:
-    the trace must not run under autograd recording)."""
+    the trace must not run under autograd recording). The inputs named in `donated` count as fresh
+    intermediates: their memory is the compiled function's to reuse (jit's donate_argnums, donation.py)."""
     bsyms = trc.bound_symbols
-    fresh, last_read = set(), {}
+    fresh, last_read = set(donated), {}
     aliasable = output_names(trc)  # the caller holds these
     for i, b in enumerate(bsyms):
         fresh_op = _torch_fn(b) in _FRESH

@@ -145,7 +145,7 @@ def _scaled_combine(combine, a, b, alpha):
           lambda: "Boolean alpha only supported for Boolean results.")
     check(dtypes.is_inexact(dtype) or isinstance(alpha, numbers.Integral),
           lambda: "For integral input tensors, argument alpha must not be a floating point number.")
-    if alpha == 1:
+    if symbolic.holds(alpha == 1):  # (a float jit traces as a value may be 1 or not: the general form)
         return combine(a, b)
     compute = dtypes.computation_dtype(dtype)
     a, b = maybe_convert_to_dtype(a, compute), maybe_convert_to_dtype(b, compute)
@@ -229,7 +229,8 @@ def pow(a, b):
     _check_operands("pow", a, b)
     # x**2 is x*x bit for bit in torch; no other exponent is special-cased, because torch's
     # own shortcuts differ by dtype (x**0.5 is sqrt for float32 but std::pow for float16)
-    if (isinstance(b, symbolic.NUMBER_TYPES) and not isinstance(b, bool) and b == 2 and is_tensor(a)
+    # (an exponent traced as a value is asked nothing: torch's kernel makes the same choice when it runs)
+    if (isinstance(b, symbolic.NUMBER_TYPES) and not isinstance(b, bool) and symbolic.holds(b == 2) and is_tensor(a)
             and dtypes.is_inexact(a.dtype)):
         return clang.mul(a, a)
     return clang.pow(a, b)

@@ -192,7 +192,7 @@ def split_forward_backward(computation: Trace, executors) -> Split:
     residuals += _holders_of_data_dependent_sizes(joint.bound_symbols[:n_forward], bwd, residuals + cotangents)
     bwd.args = residuals + cotangents
     bwd.args_in_list = True  # ThunderFunction.backward hands over its only references: residuals die as they are used
-    size_plan = _sizes_for_backward(computation.args, bwd)
+    size_plan = _sizes_for_backward(computation.args, bwd, computation.size_args)
 
     def backward_without(absent: frozenset):
         """The backward differentiated again with no cotangent at the absent positions (of the differentiable
@@ -259,10 +259,12 @@ def _holders_of_data_dependent_sizes(forward: list, bwd: Trace, args: list) -> l
     return list({p.name: p for p in holders.values()}.values())
 
 
-def _sizes_for_backward(inputs: list, bwd: Trace) -> tuple:
+def _sizes_for_backward(inputs: list, bwd: Trace, numbers=()) -> tuple:
     """Make the backward take, after its tensors, each symbolic size of the inputs that none of its own
     tensors holds as a dimension (its code computes with the forward's sizes: expand's VJP sums to an input's
-    shape); the (input number, dim) each is read from at call time, in that order."""
+    shape), and each float the forward takes as a value (`numbers`: its size parameters, after its tensor
+    inputs); the (input number, dim) each is read from at call time, in that order (dim None: the input is
+    that number)."""
     held = {symbolic.bare_symbol(n) for p in bwd.args for n in p.shape}
     plan = {}
     for i, p in enumerate(inputs):
@@ -270,6 +272,7 @@ def _sizes_for_backward(inputs: list, bwd: Trace) -> tuple:
             name = symbolic.bare_symbol(n)
             if name is not None and name not in held and name not in plan:
                 plan[name] = (i, d)
+    plan.update({name: (len(inputs) + k, None) for k, name in enumerate(numbers)})
     bwd.size_args = list(plan)
     return tuple(plan.values())
 
@@ -293,9 +296,10 @@ def _keep_for_backward(ctx, compiled, inputs, outputs, new_residuals, *, anchor_
     new tensor, per compiled.saved_from), and what the backward needs to know of the outputs."""
     ctx.compiled = compiled
     # the backward's size parameters (only a trace with symbolic sizes has any)
-    ctx.sizes = [inputs[i].shape[d] for i, d in compiled.size_plan] if compiled.size_plan else ()
+    ctx.sizes = ([inputs[i] if d is None else inputs[i].shape[d] for i, d in compiled.size_plan]
+                 if compiled.size_plan else ())
     ctx.output_meta = [(o.shape, o.dtype, o.device) for o in outputs]  # for zero cotangents (not the tensors)
-    source = (*inputs, *outputs, *new_residuals)
+    source = (*inputs[:len(inputs) - compiled.n_numbers], *outputs, *new_residuals)
     saved = [source[i] for i in compiled.saved_from]
     # A backward taken with create_graph=True ties its gradients through _NoSecondDerivative to an input
     # that requires grad: a saved input if there is one (most often a weight), else one kept for that
@@ -343,15 +347,16 @@ def _backward(ctx, *cotangents):
                                             [m for m, d in zip(ctx.output_meta, compiled.differentiable) if d])
     residuals += given
     residuals += ctx.sizes
+    numbers = (None,) * compiled.n_numbers  # (the floats the forward took as values get no gradient)
     if not torch.is_grad_enabled():
-        return (None, *backward(residuals))
+        return (None, *backward(residuals), *numbers)
     # create_graph=True (torch.func.grad and vjp always ask for it, so that they nest): give the first
     # derivative, and make differentiating it again raise instead of silently stopping at the residuals.
     with torch.no_grad():
         grads = backward(residuals)
     present = [g for g in grads if g is not None]
     it = iter(_NoSecondDerivative.apply(compiled.fn_name, anchor, *present) if present else ())
-    return (None, *(next(it) if g is not None else None for g in grads))
+    return (None, *(next(it) if g is not None else None for g in grads), *numbers)
 
 
 class ThunderFunction(torch.autograd.Function):
@@ -463,6 +468,9 @@ class CompiledSplit:
         self.differentiable = split.differentiable
         self.leaf_plan, self.out_spec, self.captured = split.leaf_plan, split.out_spec, split.captured
         self.size_plan = split.size_plan
+        # floats the forward takes as values (core/symbolic.py's SymbolicInputs.number): the last of its inputs,
+        # after the captured tensors, where jit passes them after the tensors
+        self.n_numbers = len(split.forward.size_args)
         self.constants = split.constants
         # per residual: ("input", i) / ("output", i) when it is one of those, else ("new", None)
         inputs = {p.name: i for i, p in enumerate(split.forward.args)}
@@ -508,7 +516,8 @@ class CompiledSplit:
                     "the compiled backward treats it as a constant. jit the function again after changing "
                     "requires_grad, or pass the tensor as an argument.")
         if self.captured:
-            inputs = inputs + self.captured
+            n = len(inputs) - self.n_numbers
+            inputs = inputs[:n] + self.captured + inputs[n:]
         if context.functorch_active():  # torch.func over the jitted function: torch's own way in
             outs = ThunderFunction.apply(self, *inputs)
         else:
