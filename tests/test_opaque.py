@@ -1,9 +1,13 @@
 """The fallback ladder's second rung: torch functions without a symbol run as opaque torch ops."""
+import optree
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import thunderfn as tf
+from thunderfn.testing import strategies as tst
 
 OPAQUE_CALLS = {
     "searchsorted": lambda x: torch.searchsorted(torch.sort(x, dim=-1).values, x),
@@ -142,3 +146,50 @@ def test_an_opaque_op_returning_none_is_batched_and_differentiated_forward():
     torch.testing.assert_close(tf.vmap(weight_grad)(g, x), torch.func.vmap(weight_grad)(g, x))
     torch.testing.assert_close(tf.jvp(weight_grad, (g[0], x[0]), (g[1], x[1])),
                                torch.func.jvp(weight_grad, (g[0], x[0]), (g[1], x[1])))
+
+
+# Ops torch gives no meta kernel, traced from a shape rule of their own (torch/opaque.py's _SHAPE_RULES): each
+# output's shape and dtype as eager's, and under vmap batched by torch.func.vmap when the function runs.
+def _lstsq(driver):
+    return lambda a, b: torch.linalg.lstsq(a, b, driver=driver)
+
+
+SHAPE_RULE_CALLS = {
+    "geqrf_tall": (torch.geqrf, [(5, 3)]),
+    "geqrf_wide_batched": (torch.geqrf, [(2, 3, 5)]),
+    "histogram_bin_count": (lambda x: torch.histogram(x, 4), [(7,)]),
+    "histogram_edges": (lambda x, edges: torch.histogram(x, edges.sort().values), [(7,), (3,)]),
+    **{f"lstsq_{driver}_{m}x{n}": (_lstsq(driver), [(m, n), (m, 2)])
+       for driver in ("gels", "gelsy", "gelsd", "gelss") for m, n in ((4, 3), (2, 3))
+       if not (m > n and driver in ("gelsd", "gelss"))},
+    "lstsq_vector_rhs": (_lstsq("gelsd"), [(3, 3), (3,)]),
+}
+
+
+@pytest.mark.parametrize("name", SHAPE_RULE_CALLS)
+def test_an_op_without_a_meta_kernel_traces_from_its_shape_rule(name):
+    fn, shapes = SHAPE_RULE_CALLS[name]
+    xs = [torch.randn(s, dtype=torch.float64) for s in shapes]
+    expected, got = fn(*xs), tf.jit(fn)(*xs)
+    assert type(got) is type(expected)
+    assert [(t.shape, t.dtype) for t in got] == [(t.shape, t.dtype) for t in expected]
+    torch.testing.assert_close(got, expected)
+
+
+def test_lstsq_whose_residuals_depend_on_the_rank_is_refused():
+    """gelsd and gelss return residuals (m > n) only where every matrix has full rank: only values tell."""
+    with pytest.raises(tf.errors.UnsupportedOpError, match="full rank"):
+        tf.jit(_lstsq("gelsd"))(torch.randn(4, 3), torch.randn(4, 2))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from([n for n in SHAPE_RULE_CALLS if n != "lstsq_vector_rhs"]), st.integers(1, 3),
+       st.integers(0, 2**16))
+def test_vmap_of_an_op_traced_from_its_shape_rule_is_the_op_on_each_example(name, batch, seed):
+    """vmap(f)(xs)[i] == f(xs[i]) for every example i (torch.func.vmap cannot batch lstsq with a vector
+    right-hand side, left out)."""
+    fn, shapes = SHAPE_RULE_CALLS[name]
+    xs = [tst.make((batch, *s), torch.float64, seed + i) for i, s in enumerate(shapes)]
+    out = tf.vmap(fn)(*xs)
+    for i in range(batch):
+        torch.testing.assert_close(optree.tree_map(lambda t: t[i], out), fn(*[x[i] for x in xs]))

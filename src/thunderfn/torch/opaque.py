@@ -28,7 +28,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import of_leaves, output_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import check_rng_untouched, symbolic_sizes
-from thunderfn.errors import ArgumentValueError, UnsupportedOpError, UserGradientError
+from thunderfn.errors import ArgumentRuntimeError, ArgumentValueError, UnsupportedOpError, UserGradientError
 
 _symbols: dict = {}  # torch callable -> its opaque symbol, made once
 
@@ -219,12 +219,76 @@ def _like_first_shape(x, *args, **kwargs):
     return TensorProxy(shape=tuple(x.shape), dtype=x.dtype, device=x.device)
 
 
+def _like(x, shape, dtype=None) -> TensorProxy:
+    return TensorProxy(shape=tuple(shape), dtype=dtype or x.dtype, device=x.device)
+
+
+def _geqrf_shape(a):
+    # no meta kernel: the Householder reflectors packed in a's shape, one scale per reflector
+    if a.ndim < 2:
+        raise ArgumentRuntimeError("torch.geqrf: input must have at least 2 dimensions.")
+    return torch.return_types.geqrf((_like(a, a.shape), _like(a, (*a.shape[:-2], min(a.shape[-2], a.shape[-1])))))
+
+
+def _histogram_shape(a, bins=100, *, range=None, weight=None, density=False):
+    # no meta kernel: bins counts and bins + 1 edges (bins given as a tensor of edges: one count fewer)
+    edges = bins.shape[0] if isinstance(bins, TensorProxy) else bins + 1
+    return torch.return_types.histogram((_like(a, (edges - 1,)), _like(a, (edges,))))
+
+
+_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
+def _lstsq_shape(a, b, rcond=None, *, driver=None):
+    # no meta kernel. Which outputs are computed depends on the driver (rank: not by gels; singular values: by
+    # gelsd and gelss; residuals: when m > n, not by gelsy); what is not computed is an empty tensor. gelsd and
+    # gelss compute residuals only where every matrix has full rank, which only the values tell: refused.
+    name = "torch.linalg.lstsq"
+    if a.ndim < 2:
+        raise ArgumentRuntimeError(f"{name}: input must have at least 2 dimensions.")
+    if b.ndim < 1:
+        raise ArgumentRuntimeError(f"{name}: other must have at least 1 dimension.")
+    if a.dtype != b.dtype:
+        raise ArgumentRuntimeError(f"{name}: Expected input and other to have the same dtype, but got input's dtype "
+                                   f"{a.dtype} and other's dtype {b.dtype}")
+    vector = b.ndim == 1 or (b.ndim == a.ndim - 1 and tuple(b.shape) == tuple(a.shape[:-1]))
+    if not vector and b.ndim != a.ndim:
+        raise ArgumentRuntimeError(f"{name}: input.dim() must be greater or equal to other.dim() and "
+                                   f"(input.dim() - other.dim()) <= 1")
+    m, n = a.shape[-2], a.shape[-1]
+    if m != b.shape[-1 if vector else -2]:
+        raise ArgumentRuntimeError(f"{name}: input.size(-2) should match other.size({-1 if vector else -2})")
+    default = "gels" if a.device.type == "cuda" else "gelsy"
+    driver = default if driver is None else driver
+    if driver not in _LSTSQ_DRIVERS or (a.device.type == "cuda" and driver != "gels"):
+        raise ArgumentRuntimeError(f"{name}: parameter `driver` should be one of "
+                                   f"{_LSTSQ_DRIVERS if a.device.type != 'cuda' else ('gels',)}")
+    if m > n and driver in ("gelsd", "gelss"):
+        raise UnsupportedOpError(f"{name} with driver {driver!r} and more rows than columns returns residuals only "
+                                 f"where every matrix has full rank, which tracing does not know; use driver='gels' "
+                                 f"or call it outside the jitted function")
+    k = 1 if vector else b.shape[-1]
+    a_batch = tuple(a.shape[:-2])
+    batch = tuple(torch.broadcast_shapes(a_batch, tuple(b.shape[:-1 if vector else -2])))
+    real = dtypes.to_real(a.dtype)
+    solution = _like(a, (*batch, n) if vector else (*batch, n, k))
+    residuals = _like(a, (*batch, k) if m > n and driver != "gelsy" else (0,), real)
+    rank = _like(a, a_batch if driver != "gels" else (0,), torch.int64)
+    singular_values = _like(a, (*a_batch, min(m, n)) if driver in ("gelsd", "gelss") else (0,), real)
+    return torch.return_types.linalg_lstsq((solution, residuals, rank, singular_values))
+
+
 # Ops whose meta kernel reads tensor values (lengths) although their outputs' shapes do not
 # depend on them, or that have no meta kernel at all: the shapes, from the arguments' shapes.
 _SHAPE_RULES = {
     torch.nn.functional.ctc_loss: _ctc_loss_shape,
     torch.binomial: _binomial_shape,
     torch._sample_dirichlet: _like_first_shape,
+    torch.geqrf: _geqrf_shape,
+    torch.Tensor.geqrf: _geqrf_shape,
+    torch.histogram: _histogram_shape,
+    torch.Tensor.histogram: _histogram_shape,
+    torch.linalg.lstsq: _lstsq_shape,
 }
 
 
