@@ -247,6 +247,16 @@ def test_vmap_of_a_batched_mask_with_one_count_per_example_is_each_examples_resu
         torch.testing.assert_close(optree.tree_map(lambda t: t[i], out), fn(xs[i]))
 
 
+def test_vmap_of_vmap_of_a_batched_mask_counts_every_inner_example():
+    x = torch.ones(2, 3, 4)
+    x[..., 0] = 0
+    fn = lambda x: x[x > 0] * 2  # noqa: E731
+    torch.testing.assert_close(tf.vmap(tf.vmap(fn))(x), torch.stack([torch.stack([fn(r) for r in m]) for m in x]))
+    x[1, 2, 1] = 0
+    with pytest.raises(tf.errors.BatchingError, match=r"found \[3, 3, 3, 3, 3, 2\] nonzero elements"):
+        tf.vmap(tf.vmap(fn))(x)
+
+
 @pytest.mark.parametrize("name", [n for n in BATCHED_MASKS if n != "mask-write"])
 def test_vmap_of_a_batched_mask_with_counts_that_differ_is_refused_naming_them(name):
     """A batch whose examples have different numbers of True elements would be ragged: refused when it runs.

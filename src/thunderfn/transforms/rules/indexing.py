@@ -156,3 +156,12 @@ def _nonzero_batch(call, dims):
     return _nonzero_of_each_example_op(call.out.shape[0])(move_to_front(call.args[0], dims[0])), 0
 
 
+@defbatch("vmap.nonzero_of_each_example")
+def _nonzero_of_each_example_batch(call, dims):
+    # vmap of vmap: the two batch dims folded into one, the examples of every inner batch counted together
+    a = move_to_front(call.args[0], dims[0])
+    outer, inner, count = a.shape[0], a.shape[1], call.out.shape[1]
+    folded = _nonzero_of_each_example_op(count)(prims.reshape(a, (outer * inner, *a.shape[2:])))
+    return prims.reshape(folded, (outer, inner, count, a.ndim - 2)), 0
+
+
