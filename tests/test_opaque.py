@@ -163,6 +163,10 @@ SHAPE_RULE_CALLS = {
        for driver in ("gels", "gelsy", "gelsd", "gelss") for m, n in ((4, 3), (2, 3))
        if not (m > n and driver in ("gelsd", "gelss"))},
     "lstsq_vector_rhs": (_lstsq("gelsd"), [(3, 3), (3,)]),
+    "istft": (lambda x: torch.istft(torch.complex(x[0], x[1]), 8, window=torch.hann_window(8, dtype=x.dtype)),
+              [(2, 5, 4)]),
+    "istft_length_complex": (lambda x: torch.istft(torch.complex(x[0], x[1]), 5, length=7, onesided=False,
+                                                   return_complex=True), [(2, 5, 3)]),
 }
 
 

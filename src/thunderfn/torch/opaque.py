@@ -278,6 +278,21 @@ def _lstsq_shape(a, b, rcond=None, *, driver=None):
     return torch.return_types.linalg_lstsq((solution, residuals, rank, singular_values))
 
 
+def _istft_shape(a, n_fft, hop_length=None, win_length=None, window=None, center=True, normalized=False,
+                 onesided=None, length=None, return_complex=False):
+    # its meta kernel asks whether the window's envelope is nonzero (a value, checked when it runs); the length
+    # is the frames' overlap-add, less n_fft // 2 at each end when centered, or `length`
+    if not a.dtype.is_complex:
+        raise ArgumentRuntimeError("istft requires a complex-valued input tensor matching the output from stft with "
+                                   "return_complex=True.")
+    if not 2 <= a.ndim <= 3:
+        raise ArgumentRuntimeError(f"istft expected a tensor with 2 or 3 dimensions of complex dtype, but got {a.ndim}")
+    hop = n_fft // 4 if hop_length is None else hop_length
+    overlap_added = n_fft + hop * (a.shape[-1] - 1)
+    samples = length if length is not None else overlap_added - (2 * (n_fft // 2) if center else 0)
+    return _like(a, (*a.shape[:-2], samples), a.dtype if return_complex else dtypes.to_real(a.dtype))
+
+
 # Ops whose meta kernel reads tensor values (lengths) although their outputs' shapes do not
 # depend on them, or that have no meta kernel at all: the shapes, from the arguments' shapes.
 _SHAPE_RULES = {
@@ -289,6 +304,8 @@ _SHAPE_RULES = {
     torch.histogram: _histogram_shape,
     torch.Tensor.histogram: _histogram_shape,
     torch.linalg.lstsq: _lstsq_shape,
+    torch.istft: _istft_shape,
+    torch.Tensor.istft: _istft_shape,
 }
 
 
