@@ -234,17 +234,32 @@ BATCHED_MASKS = {  # each a function of x whose mask (x > 0) is batched with x
 }
 
 
+# ops whose output size is counted from values, which torch.func.vmap has no batched form of: under tf.vmap they run
+# once per example (vmap.py's _stacked_examples), the examples' outputs stacked where their shapes agree
+SIZES_FROM_VALUES = {
+    **BATCHED_MASKS,
+    "unique": lambda x: torch.unique(x, return_counts=True),
+    "unique-dim": lambda x: torch.unique(torch.stack([x, x.flip(0)]), dim=1) * 2,
+}
+
+
 @settings(max_examples=10, deadline=None)
-@given(st.sampled_from(sorted(BATCHED_MASKS)), tst.tensors(shape=(6,), dtypes=(torch.float64,)),
+@given(st.sampled_from(sorted(SIZES_FROM_VALUES)), tst.tensors(shape=(6,), dtypes=(torch.float64,)),
        st.lists(st.permutations(range(6)), min_size=1, max_size=3))
 def test_vmap_of_a_batched_mask_with_one_count_per_example_is_each_examples_result(name, row, orders):
-    """vmap(f)(xs)[i] == f(xs[i]) where every example's mask has as many True elements (its rows are
-    permutations of one row): the batched nonzero positions, stacked (torch.func.vmap refuses any batched mask)."""
-    fn = BATCHED_MASKS[name]
+    """vmap(f)(xs)[i] == f(xs[i]) where every example's mask has as many True elements, and as many distinct values
+    (its rows are permutations of one row): the batched nonzero positions, stacked (torch.func.vmap refuses any
+    batched mask, and unique)."""
+    fn = SIZES_FROM_VALUES[name]
     xs = torch.stack([row[list(order)] for order in orders])
     out = tf.vmap(fn)(xs)
     for i in range(len(orders)):
         torch.testing.assert_close(optree.tree_map(lambda t: t[i], out), fn(xs[i]))
+
+
+def test_vmap_of_an_op_whose_examples_give_different_sizes_is_refused_naming_the_shapes():
+    with pytest.raises(tf.errors.BatchingError, match=r"unique gives outputs of shapes \[\(2,\), \(3,\)\]"):
+        tf.vmap(torch.unique)(torch.tensor([[1.0, 1.0, 2.0], [1.0, 2.0, 3.0]]))
 
 
 def test_vmap_of_vmap_of_a_batched_mask_counts_every_inner_example():

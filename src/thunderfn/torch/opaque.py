@@ -198,6 +198,13 @@ def _check_outputs(name: str, out) -> None:
                                      f"jitted function or keep the result as a tensor")
 
 
+def _like(x, shape, dtype=None):
+    """An output of a shape rule: a proxy while tracing, a meta tensor for a meta tensor (tf.examine's probe)."""
+    if isinstance(x, TensorProxy):
+        return TensorProxy(shape=tuple(shape), dtype=dtype or x.dtype, device=x.device)
+    return torch.empty(tuple(shape), dtype=dtype or x.dtype, device="meta")
+
+
 def _ctc_loss_shape(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean",
                     zero_infinity=False):
     # one loss per sequence (none of it unbatched) or their reduction: only the lengths' values are data
@@ -205,22 +212,18 @@ def _ctc_loss_shape(log_probs, targets, input_lengths, target_lengths, blank=0, 
         raise ArgumentValueError(f"{reduction} is not a valid value for reduction")
     batched = log_probs.ndim == 3
     shape = (log_probs.shape[1],) if reduction == "none" and batched else ()
-    return TensorProxy(shape=shape, dtype=log_probs.dtype, device=log_probs.device)
+    return _like(log_probs, shape)
 
 
 def _binomial_shape(count, prob, generator=None):
     # no meta kernel: one draw per element of count and prob broadcast, in count's dtype
     shape = torch.broadcast_shapes(tuple(count.shape), tuple(prob.shape))
-    return TensorProxy(shape=tuple(shape), dtype=count.dtype, device=count.device)
+    return _like(count, shape)
 
 
 def _like_first_shape(x, *args, **kwargs):
     # no meta kernel: a draw of x's shape and dtype (torch._sample_dirichlet: one simplex per row)
-    return TensorProxy(shape=tuple(x.shape), dtype=x.dtype, device=x.device)
-
-
-def _like(x, shape, dtype=None) -> TensorProxy:
-    return TensorProxy(shape=tuple(shape), dtype=dtype or x.dtype, device=x.device)
+    return _like(x, x.shape)
 
 
 def _geqrf_shape(a):
@@ -234,6 +237,18 @@ def _histogram_shape(a, bins=100, *, range=None, weight=None, density=False):
     # no meta kernel: bins counts and bins + 1 edges (bins given as a tensor of edges: one count fewer)
     edges = bins.shape[0] if isinstance(bins, TensorProxy) else bins + 1
     return torch.return_types.histogram((_like(a, (edges - 1,)), _like(a, (edges,))))
+
+
+def _histogramdd_shape(a, bins=10, *, range=None, weight=None, density=False):
+    # no meta kernel: one count per cell of the bins of the last dim's coordinates, and each coordinate's edges
+    dims = a.shape[-1]
+    if isinstance(bins, int):
+        bins = [bins] * dims
+    counts = [b.shape[0] - 1 if isinstance(b, TensorProxy | torch.Tensor) else b for b in bins]
+    if len(counts) != dims:
+        raise ArgumentRuntimeError(f"torch.histogramdd: expected {dims} sequences of bin edges for each of the "
+                                   f"{dims} dimensions of the input, but got {len(counts)}")
+    return torch.return_types.histogramdd((_like(a, counts), [_like(a, (n + 1,)) for n in counts]))
 
 
 _LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
@@ -264,9 +279,9 @@ def _lstsq_shape(a, b, rcond=None, *, driver=None):
         raise ArgumentRuntimeError(f"{name}: parameter `driver` should be one of "
                                    f"{_LSTSQ_DRIVERS if a.device.type != 'cuda' else ('gels',)}")
     if m > n and driver in ("gelsd", "gelss"):
-        raise UnsupportedOpError(f"{name} with driver {driver!r} and more rows than columns returns residuals only "
-                                 f"where every matrix has full rank, which tracing does not know; use driver='gels' "
-                                 f"or call it outside the jitted function")
+        raise UnsupportedOpError(f"{name} with driver {driver!r} and more rows than columns: whether it returns "
+                                 f"residuals depends on tensor values (only where every matrix has full rank), which "
+                                 f"tracing does not know. Use driver='gels', or call it outside the jitted function.")
     k = 1 if vector else b.shape[-1]
     a_batch = tuple(a.shape[:-2])
     batch = tuple(torch.broadcast_shapes(a_batch, tuple(b.shape[:-1 if vector else -2])))
@@ -305,6 +320,7 @@ _SHAPE_RULES = {
     torch.Tensor.histogram: _histogram_shape,
     torch.linalg.lstsq: _lstsq_shape,
     torch.istft: _istft_shape,
+    torch.histogramdd: _histogramdd_shape,
     torch.Tensor.istft: _istft_shape,
 }
 
@@ -390,7 +406,10 @@ def probe_opaque(fn, meta_args, meta_kwargs) -> str | None:
     """Why fn cannot run as an opaque op on these (meta) arguments, or None if it can."""
     name = torch_name(fn)
     try:
-        _check_outputs(name, _run_on_meta(fn, name, meta_args, meta_kwargs))
+        if fn in _SHAPE_RULES:  # (the rule reads shapes, dtypes and devices, which meta tensors have)
+            _SHAPE_RULES[fn](*meta_args, **meta_kwargs)
+        else:
+            _check_outputs(name, _run_on_meta(fn, name, meta_args, meta_kwargs))
     except UnsupportedOpError as e:
         return str(e).split(": ", 1)[-1]
     except Exception as e:
