@@ -193,9 +193,20 @@ def test_lstsq_whose_residuals_depend_on_the_rank_is_refused():
        st.integers(0, 2**16))
 def test_vmap_of_an_op_traced_from_its_shape_rule_is_the_op_on_each_example(name, batch, seed):
     """vmap(f)(xs)[i] == f(xs[i]) for every example i (torch.func.vmap cannot batch lstsq with a vector
-    right-hand side, left out)."""
+    right-hand side: below)."""
     fn, shapes = SHAPE_RULE_CALLS[name]
     xs = [tst.make((batch, *s), torch.float64, seed + i) for i, s in enumerate(shapes)]
     out = tf.vmap(fn)(*xs)
     for i in range(batch):
         torch.testing.assert_close(optree.tree_map(lambda t: t[i], out), fn(*[x[i] for x in xs]))
+
+
+def test_an_opaque_op_torch_func_fails_to_batch_is_a_batching_error_and_an_examples_own_error_is_torchs():
+    """torch.func.vmap raises for lstsq with a vector right-hand side although every example runs: its failure,
+    named. Where an example itself raises, that error is raised, as a loop over the examples would."""
+    with pytest.raises(tf.errors.BatchingError, match="vmap cannot batch linalg_lstsq"):
+        tf.vmap(_lstsq("gelsd"))(torch.randn(2, 3, 3), torch.randn(2, 3))
+    sorted_by = torch.tensor([[0, 1, 2], [5, 5, 5]])
+    with pytest.raises(RuntimeError, match="sorter index out of range") as info:
+        tf.vmap(lambda x, s: torch.searchsorted(x, x, sorter=s))(torch.randn(2, 3), sorted_by)
+    assert not isinstance(info.value, tf.errors.BatchingError)

@@ -80,10 +80,21 @@ def torch_vmap(fn, in_dims, args, kwargs, randomness="error", batch_size=None):
         named_functorch_refusal(fn, e)
         if any(w in str(e) for w in _NO_BATCHED_FORM) and positions and not is_random(fn):
             return rebuild(_stacked_examples(fn, call, [leaves[i] for i in positions], [in_dims[i] for i in positions]))
-        if str(e).startswith("vmap:") or "atching rule" in str(e) or "batched tensor" in str(e):
+        if str(e).startswith("vmap:") or "atching rule" in str(e) or "batched tensor" in str(e) or (
+                positions and not is_random(fn) and _runs_on_each_example(call, leaves, positions, in_dims)):
             raise BatchingError(f"vmap cannot batch {getattr(fn, '__name__', fn)} (an opaque torch op, batched by "
                                 f"torch.func.vmap): {str(e).splitlines()[0]}") from None
-        raise
+        raise  # (the op itself rejects these inputs, as it would in a loop over the examples)
+
+
+def _runs_on_each_example(call, leaves, positions, in_dims) -> bool:
+    """Whether the op runs on every example of the batch: if so, an error torch.func.vmap raised is its own failure
+    to batch the op (torch.linalg.lstsq with a vector right-hand side), not the inputs' fault. Where an example
+    raises, that example's error is raised, as a loop over the examples would."""
+    batch = leaves[positions[0]].shape[in_dims[positions[0]]]
+    for k in range(batch):
+        call(*(leaves[i].select(in_dims[i], k) for i in positions))
+    return True
 
 
 # torch.func.vmap's words for an op it has no batched form of at all, not even its fallback loop (an output whose
