@@ -1,17 +1,22 @@
 """How much of PyTorch `tf.vmap` batches: torch's OpInfo database as the yardstick.
 
 For every entry of `torch.testing._internal.common_methods_invocations.op_db`, the
-first N sample inputs (CPU, float32) are batched three ways, each with 3 examples:
-every tensor of the call batched at dim 0; every tensor batched at dim -1; only the
-first tensor batched (at 0), the others shared (in_axes None). A floating example k
-is the sample's tensor scaled by 1 + k/4, so examples differ; integer and boolean
-tensors (indices, masks) repeat. The reference is the law's right side, a loop over the
-examples (`x.select(dim, k)`, views of the batched input), eager, its outputs stacked; the batched run is `tf.vmap` of a
-function taking the call's tensors positionally, with in_axes per tensor.
+first N sample inputs (CPU, float32 where the op takes it) are batched three ways, each
+with 3 examples: every tensor of the call batched at dim 0; every tensor batched at dim -1;
+only the first tensor batched (at 0), the others shared (in_axes None). A floating example k
+is the sample's tensor scaled by 1 + k/4, so examples differ; integer and boolean tensors
+(indices, masks) repeat. An entry that does not take float32 (bitwise ops, gcd, view_as_real,
+one_hot, ...) is measured at the first of int64, complex64 and bool it takes, its integer
+and boolean examples varying too: example k is reversed (flipped over every dim) for odd k,
+which keeps its values (valid indices, counts) but moves them. The reference is the law's
+right side, a loop over the examples (`x.select(dim, k)`, views of the batched input),
+eager, its outputs stacked; the batched run is `tf.vmap` of a function taking the call's
+tensors positionally, with in_axes per tensor.
 
-An entry passes when every way of every sample matches (assert_close, NaNs equal).
-Entries are left out when the loop raises, its examples' outputs cannot be stacked
-(shapes differ between examples), or it returns something other than tensors. A random
+An entry passes when every way of every sample matches (assert_close, NaNs equal). A way
+whose loop raises, cannot stack its examples' outputs (shapes differ between examples) or
+returns something other than tensors is left out (a native_group_norm example strided by
+dim -1, say), and so is an entry with no way left. A random
 op (the loop under seed 0 and seed 1 disagree) cannot match a loop, whose three draws of
 one example are not one draw of the batch: it is batched with randomness="different"
 and compared with torch.func.vmap's draws under the same seed, and counted apart (left
@@ -53,14 +58,26 @@ def _same(a, b) -> bool:
         return False
 
 
-def _example(x: torch.Tensor, k: int) -> torch.Tensor:
+# the dtype of an entry's samples: float32, or the first of the others that the op takes
+DTYPES = (torch.float32, torch.int64, torch.complex64, torch.bool)
+
+
+def _dtype_of(opinfo) -> torch.dtype:
+    supported = opinfo.supported_dtypes("cpu")
+    return next((d for d in DTYPES if d in supported), torch.float32)
+
+
+def _example(x: torch.Tensor, k: int, vary_integers: bool) -> torch.Tensor:
     if x.is_floating_point() or x.is_complex():
         return x.detach() * (1 + k / 4)
+    if vary_integers and k % 2:
+        return x.detach().flip(tuple(range(x.ndim)))
     return x.detach().clone()
 
 
-def _batched(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return torch.stack([_example(x, k) for k in range(BATCH)], dim % (x.ndim + 1))  # dim -1 leaves examples strided
+def _batched(x: torch.Tensor, dim: int, vary_integers: bool) -> torch.Tensor:
+    # (dim -1 leaves examples strided)
+    return torch.stack([_example(x, k, vary_integers) for k in range(BATCH)], dim % (x.ndim + 1))
 
 
 def _call_with_tensors(op, spec, leaves, positions):
@@ -111,11 +128,12 @@ def run_entry(opinfo, samples: int, vmap):
     """('pass'|'wrong'|'error'|'skip', detail, random)."""
     if opinfo.name in UNSPECIFIED_CONTENTS:
         return ("skip", "contents unspecified (uninitialized memory)"), False
+    dtype = _dtype_of(opinfo)
     try:
-        sample_list = first_samples(opinfo, torch.float32, samples, requires_grad=False)
+        sample_list = first_samples(opinfo, dtype, samples, requires_grad=False)
     except Exception as e:
         return ("skip", f"sample_inputs raised {type(e).__name__}"), False
-    tested = 0
+    tested, left_out = 0, None
     for s in sample_list:
         leaves, spec = pytree.tree_flatten(((s.input, *s.args), s.kwargs))
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
@@ -126,22 +144,25 @@ def run_entry(opinfo, samples: int, vmap):
         for way in WAYS:
             if way == "first_only" and len(tensors) == 1:
                 continue
-            outcome = _checked_way(call, tensors, way, vmap, s)
+            outcome = _checked_way(call, tensors, way, vmap, s, vary_integers=dtype is not torch.float32)
+            if outcome is not None and outcome[0][0] == "skip" and not outcome[1]:
+                left_out = left_out or outcome  # (this way's loop raised: the entry counts with the other ways)
+                continue
             if outcome is not None:
                 return outcome
             tested += 1
     if not tested:
-        return ("skip", "no sample with a tensor"), False
+        return left_out or (("skip", "no sample with a tensor"), False)
     return ("pass", ""), False
 
 
-def _checked_way(call, tensors: list, way: str, vmap, sample):
+def _checked_way(call, tensors: list, way: str, vmap, sample, vary_integers: bool):
     """vmap against the loop for one sample with its batch dims placed one of WAYS: None where they agree,
     else the entry's (outcome, detail) and whether it draws random values."""
     dims = [0 if way == "all_at_0" or (way == "first_only" and j == 0) else -1 if way == "all_at_-1" else None
             for j in range(len(tensors))]
     try:
-        batched_inputs = [_batched(t, d) if d is not None else t for t, d in zip(tensors, dims)]
+        batched_inputs = [_batched(t, d, vary_integers) if d is not None else t for t, d in zip(tensors, dims)]
         torch.manual_seed(0)
         expected = _loop(call, batched_inputs, dims)
         torch.manual_seed(1)

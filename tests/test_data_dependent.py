@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import copy
 
+import optree
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import thunderfn as tf
+from thunderfn.testing import strategies as tst
 from thunderfn.testing.optional_libraries import why_unavailable
 
 # Each takes x of shape (6, 4); which elements it selects depends on x's values.
@@ -220,22 +224,63 @@ def test_fusion_leaves_ops_with_data_dependent_sizes_to_torch_and_matches_eager(
     assert not fused_after, fused_after  # nothing with the size u0 is
 
 
-VMAP_REFUSED = {
-    "nonzero": (torch.nonzero, "Attempted to vmap over aten::nonzero"),
-    "mask-index": (lambda x: x[x > 0], "Attempting to batch over indexing with a boolean mask"),
-    "masked_select": (lambda x: torch.masked_select(x, x > 0), "Attempted to vmap over `mask` in torch.masked_select"),
-    "where-condition": (lambda x: torch.where(x > 0), "Attempted to vmap over aten::where"),
+BATCHED_MASKS = {  # each a function of x whose mask (x > 0) is batched with x
+    "nonzero": torch.nonzero,
+    "argwhere": torch.argwhere,
+    "mask-index": lambda x: x[x > 0] * 2,
+    "masked_select": lambda x: torch.masked_select(x, x > 0),
+    "where-condition": lambda x: torch.where(x > 0),
+    "mask-write": lambda x: x.clone().index_put_((x > 0,), x.new_zeros(())),
 }
 
 
-@pytest.mark.parametrize("name", VMAP_REFUSED)
-def test_vmap_of_a_batched_mask_is_refused_in_torch_funcs_words(name):
-    fn, words = VMAP_REFUSED[name]
-    x = torch.randn(3, 4)
-    with pytest.raises(RuntimeError, match=words.replace("(", r"\(")):
-        torch.func.vmap(fn)(x)
-    with pytest.raises(tf.errors.BatchingError, match=words.replace("(", r"\(")):
-        tf.vmap(fn)(x)
+# ops whose output size is counted from values, which torch.func.vmap has no batched form of: under tf.vmap they run
+# once per example (vmap.py's _stacked_examples), the examples' outputs stacked where their shapes agree
+SIZES_FROM_VALUES = {
+    **BATCHED_MASKS,
+    "unique": lambda x: torch.unique(x, return_counts=True),
+    "unique-dim": lambda x: torch.unique(torch.stack([x, x.flip(0)]), dim=1) * 2,
+}
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.sampled_from(sorted(SIZES_FROM_VALUES)), tst.tensors(shape=(6,), dtypes=(torch.float64,)),
+       st.lists(st.permutations(range(6)), min_size=1, max_size=3))
+def test_vmap_of_a_batched_mask_with_one_count_per_example_is_each_examples_result(name, row, orders):
+    """vmap(f)(xs)[i] == f(xs[i]) where every example's mask has as many True elements, and as many distinct values
+    (its rows are permutations of one row): the batched nonzero positions, stacked (torch.func.vmap refuses any
+    batched mask, and unique)."""
+    fn = SIZES_FROM_VALUES[name]
+    xs = torch.stack([row[list(order)] for order in orders])
+    out = tf.vmap(fn)(xs)
+    for i in range(len(orders)):
+        torch.testing.assert_close(optree.tree_map(lambda t: t[i], out), fn(xs[i]))
+
+
+def test_vmap_of_an_op_whose_examples_give_different_sizes_is_refused_naming_the_shapes():
+    with pytest.raises(tf.errors.BatchingError, match=r"unique gives outputs of shapes \[\(2,\), \(3,\)\]"):
+        tf.vmap(torch.unique)(torch.tensor([[1.0, 1.0, 2.0], [1.0, 2.0, 3.0]]))
+
+
+def test_vmap_of_vmap_of_a_batched_mask_counts_every_inner_example():
+    x = torch.ones(2, 3, 4)
+    x[..., 0] = 0
+    fn = lambda x: x[x > 0] * 2  # noqa: E731
+    torch.testing.assert_close(tf.vmap(tf.vmap(fn))(x), torch.stack([torch.stack([fn(r) for r in m]) for m in x]))
+    x[1, 2, 1] = 0
+    with pytest.raises(tf.errors.BatchingError, match=r"found \[3, 3, 3, 3, 3, 2\] nonzero elements"):
+        tf.vmap(tf.vmap(fn))(x)
+
+
+@pytest.mark.parametrize("name", [n for n in BATCHED_MASKS if n != "mask-write"])
+def test_vmap_of_a_batched_mask_with_counts_that_differ_is_refused_naming_them(name):
+    """A batch whose examples have different numbers of True elements would be ragged: refused when it runs.
+    (A write through a mask is a where, of x's shape whatever the count.)"""
+    xs = torch.tensor([[1.0, 0.0, 2.0], [1.0, 2.0, 3.0]])
+    with pytest.raises(tf.errors.BatchingError, match=r"found \[2, 3\] nonzero elements in the examples"):
+        tf.vmap(BATCHED_MASKS[name])(xs)
+    write = BATCHED_MASKS["mask-write"]
+    torch.testing.assert_close(tf.vmap(write)(xs), torch.stack([write(x) for x in xs]))
 
 
 @pytest.mark.parametrize("fn", [

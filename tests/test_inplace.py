@@ -504,3 +504,18 @@ def test_requires_grad_on_a_value_the_function_computed_changes_no_gradient():
     torch.testing.assert_close(w.grad, expected)
     with pytest.raises(tf.UnsupportedOpError, match="requires_grad_"):
         tf.jit(lambda x: x.requires_grad_(True) * 2)(torch.randn(3))
+
+
+def test_resizing_to_its_own_shape_changes_nothing_and_any_other_resize_is_refused():
+    """x.resize_(x.shape) and x.resize_as_(y) with y of x's shape leave x as it is in eager (also per example,
+    under vmap); another size would leave what x's storage holds, which is not traced."""
+    def same(x, y):
+        return x.clone().resize_as_(y) * 2 + torch.resize_as_(x.clone(), y) + x.clone().resize_(*x.shape)
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    torch.testing.assert_close(tf.jit(same)(x, y), same(x, y))
+    torch.testing.assert_close(tf.vmap(same)(x, y), torch.stack([same(x[i], y[i]) for i in range(3)]))
+    for other in (lambda x: x.clone().resize_(12), lambda x: x.clone().resize_as_(x[0]),
+                  lambda x: x.clone().resize_(3, 4, memory_format=torch.contiguous_format)):
+        with pytest.raises(tf.errors.UnsupportedOpError, match="changes the tensor's shape"):
+            tf.jit(other)(x)

@@ -1,9 +1,13 @@
 """The fallback ladder's second rung: torch functions without a symbol run as opaque torch ops."""
+import optree
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import thunderfn as tf
+from thunderfn.testing import strategies as tst
 
 OPAQUE_CALLS = {
     "searchsorted": lambda x: torch.searchsorted(torch.sort(x, dim=-1).values, x),
@@ -142,3 +146,67 @@ def test_an_opaque_op_returning_none_is_batched_and_differentiated_forward():
     torch.testing.assert_close(tf.vmap(weight_grad)(g, x), torch.func.vmap(weight_grad)(g, x))
     torch.testing.assert_close(tf.jvp(weight_grad, (g[0], x[0]), (g[1], x[1])),
                                torch.func.jvp(weight_grad, (g[0], x[0]), (g[1], x[1])))
+
+
+# Ops torch gives no meta kernel, traced from a shape rule of their own (torch/opaque.py's _SHAPE_RULES): each
+# output's shape and dtype as eager's, and under vmap batched by torch.func.vmap when the function runs.
+def _lstsq(driver):
+    return lambda a, b: torch.linalg.lstsq(a, b, driver=driver)
+
+
+SHAPE_RULE_CALLS = {
+    "geqrf_tall": (torch.geqrf, [(5, 3)]),
+    "geqrf_wide_batched": (torch.geqrf, [(2, 3, 5)]),
+    "histogram_bin_count": (lambda x: torch.histogram(x, 4), [(7,)]),
+    "histogram_edges": (lambda x, edges: torch.histogram(x, edges.sort().values), [(7,), (3,)]),
+    "histogramdd": (lambda x: torch.histogramdd(x, [2, 3]), [(6, 2)]),  # (vmap: torch.func has no batched form)
+    **{f"lstsq_{driver}_{m}x{n}": (_lstsq(driver), [(m, n), (m, 2)])
+       for driver in ("gels", "gelsy", "gelsd", "gelss") for m, n in ((4, 3), (2, 3))
+       if not (m > n and driver in ("gelsd", "gelss"))},
+    "lstsq_vector_rhs": (_lstsq("gelsd"), [(3, 3), (3,)]),
+    "istft": (lambda x: torch.istft(torch.complex(x[0], x[1]), 8, window=torch.hann_window(8, dtype=x.dtype)),
+              [(2, 5, 4)]),
+    "istft_length_complex": (lambda x: torch.istft(torch.complex(x[0], x[1]), 5, length=7, onesided=False,
+                                                   return_complex=True), [(2, 5, 3)]),
+}
+
+
+@pytest.mark.parametrize("name", SHAPE_RULE_CALLS)
+def test_an_op_without_a_meta_kernel_traces_from_its_shape_rule(name):
+    fn, shapes = SHAPE_RULE_CALLS[name]
+    xs = [torch.randn(s, dtype=torch.float64) for s in shapes]
+    expected, got = fn(*xs), tf.jit(fn)(*xs)
+    assert type(got) is type(expected)
+    assert [(t.shape, t.dtype) for t in optree.tree_leaves(got)] == [(t.shape, t.dtype)
+                                                                     for t in optree.tree_leaves(expected)]
+    torch.testing.assert_close(got, expected)
+
+
+def test_lstsq_whose_residuals_depend_on_the_rank_is_refused():
+    """gelsd and gelss return residuals (m > n) only where every matrix has full rank: only values tell."""
+    with pytest.raises(tf.errors.UnsupportedOpError, match="every matrix has full rank"):
+        tf.jit(_lstsq("gelsd"))(torch.randn(4, 3), torch.randn(4, 2))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from([n for n in SHAPE_RULE_CALLS if n != "lstsq_vector_rhs"]), st.integers(1, 3),
+       st.integers(0, 2**16))
+def test_vmap_of_an_op_traced_from_its_shape_rule_is_the_op_on_each_example(name, batch, seed):
+    """vmap(f)(xs)[i] == f(xs[i]) for every example i (torch.func.vmap cannot batch lstsq with a vector
+    right-hand side: below)."""
+    fn, shapes = SHAPE_RULE_CALLS[name]
+    xs = [tst.make((batch, *s), torch.float64, seed + i) for i, s in enumerate(shapes)]
+    out = tf.vmap(fn)(*xs)
+    for i in range(batch):
+        torch.testing.assert_close(optree.tree_map(lambda t: t[i], out), fn(*[x[i] for x in xs]))
+
+
+def test_an_opaque_op_torch_func_fails_to_batch_is_a_batching_error_and_an_examples_own_error_is_torchs():
+    """torch.func.vmap raises for lstsq with a vector right-hand side although every example runs: its failure,
+    named. Where an example itself raises, that error is raised, as a loop over the examples would."""
+    with pytest.raises(tf.errors.BatchingError, match="vmap cannot batch linalg_lstsq"):
+        tf.vmap(_lstsq("gelsd"))(torch.randn(2, 3, 3), torch.randn(2, 3))
+    sorted_by = torch.tensor([[0, 1, 2], [5, 5, 5]])
+    with pytest.raises(RuntimeError, match="sorter index out of range") as info:
+        tf.vmap(lambda x, s: torch.searchsorted(x, x, sorter=s))(torch.randn(2, 3), sorted_by)
+    assert not isinstance(info.value, tf.errors.BatchingError)

@@ -8,7 +8,7 @@ classified the way tracing would treat it:
 - symbol: a thunderfn symbol with a hand-written decomposition (fusible, transformable);
 - opaque: no symbol; runs as an opaque torch op (torch executes it, shapes from meta);
 - in-place: functionalized (see torch/inplace.py);
-- unsupported: refused, with the reason (an output that depends on values as histogram's edges do, no meta kernel);
+- unsupported: refused, with the reason (an output that depends on values as lstsq's residuals do, no meta kernel);
 - needs a value: reads a tensor's value (`.item()`, `bool(t)`), a ConcretizationError under jit;
 - user gradient: a torch.autograd.Function, or a torch.library custom op with register_autograd,
   whose backward is its VJP rule (transforms/user_functions.py); the detail says how vmap and
@@ -133,11 +133,12 @@ def examine(fn, /, *args, **kwargs) -> Examination:
     given: clone tensors that fn modifies.
 
         >>> import torch, thunderfn as tf
-        >>> report = tf.examine(lambda x: torch.histogram(torch.sin(x), bins=4), torch.randn(4))
-        >>> report.jit_ready  # its bin edges are the input's extremes: values tracing does not know
+        >>> fit = lambda a, b: torch.linalg.lstsq(torch.sin(a), b, driver="gelsd")
+        >>> report = tf.examine(fit, torch.randn(4, 2), torch.randn(4, 1))
+        >>> report.jit_ready  # residuals only where sin(a) has full rank: a value tracing does not know
         False
         >>> [call.name for call in report.by_status("unsupported")]
-        ['torch.histogram']
+        ['torch.linalg.lstsq']
     """
     recorder = _Recorder()
     with torch.no_grad(), recorder, watching_functions(recorder.function_applied):

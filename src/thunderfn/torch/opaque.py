@@ -28,7 +28,7 @@ from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import of_leaves, output_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import check_rng_untouched, symbolic_sizes
-from thunderfn.errors import ArgumentValueError, UnsupportedOpError, UserGradientError
+from thunderfn.errors import ArgumentRuntimeError, ArgumentValueError, UnsupportedOpError, UserGradientError
 
 _symbols: dict = {}  # torch callable -> its opaque symbol, made once
 
@@ -198,6 +198,13 @@ def _check_outputs(name: str, out) -> None:
                                      f"jitted function or keep the result as a tensor")
 
 
+def _like(x, shape, dtype=None):
+    """An output of a shape rule: a proxy while tracing, a meta tensor for a meta tensor (tf.examine's probe)."""
+    if isinstance(x, TensorProxy):
+        return TensorProxy(shape=tuple(shape), dtype=dtype or x.dtype, device=x.device)
+    return torch.empty(tuple(shape), dtype=dtype or x.dtype, device="meta")
+
+
 def _ctc_loss_shape(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean",
                     zero_infinity=False):
     # one loss per sequence (none of it unbatched) or their reduction: only the lengths' values are data
@@ -205,18 +212,100 @@ def _ctc_loss_shape(log_probs, targets, input_lengths, target_lengths, blank=0, 
         raise ArgumentValueError(f"{reduction} is not a valid value for reduction")
     batched = log_probs.ndim == 3
     shape = (log_probs.shape[1],) if reduction == "none" and batched else ()
-    return TensorProxy(shape=shape, dtype=log_probs.dtype, device=log_probs.device)
+    return _like(log_probs, shape)
 
 
 def _binomial_shape(count, prob, generator=None):
     # no meta kernel: one draw per element of count and prob broadcast, in count's dtype
     shape = torch.broadcast_shapes(tuple(count.shape), tuple(prob.shape))
-    return TensorProxy(shape=tuple(shape), dtype=count.dtype, device=count.device)
+    return _like(count, shape)
 
 
 def _like_first_shape(x, *args, **kwargs):
     # no meta kernel: a draw of x's shape and dtype (torch._sample_dirichlet: one simplex per row)
-    return TensorProxy(shape=tuple(x.shape), dtype=x.dtype, device=x.device)
+    return _like(x, x.shape)
+
+
+def _geqrf_shape(a):
+    # no meta kernel: the Householder reflectors packed in a's shape, one scale per reflector
+    if a.ndim < 2:
+        raise ArgumentRuntimeError("torch.geqrf: input must have at least 2 dimensions.")
+    return torch.return_types.geqrf((_like(a, a.shape), _like(a, (*a.shape[:-2], min(a.shape[-2], a.shape[-1])))))
+
+
+def _histogram_shape(a, bins=100, *, range=None, weight=None, density=False):
+    # no meta kernel: bins counts and bins + 1 edges (bins given as a tensor of edges: one count fewer)
+    edges = bins.shape[0] if isinstance(bins, TensorProxy) else bins + 1
+    return torch.return_types.histogram((_like(a, (edges - 1,)), _like(a, (edges,))))
+
+
+def _histogramdd_shape(a, bins=10, *, range=None, weight=None, density=False):
+    # no meta kernel: one count per cell of the bins of the last dim's coordinates, and each coordinate's edges
+    dims = a.shape[-1]
+    if isinstance(bins, int):
+        bins = [bins] * dims
+    counts = [b.shape[0] - 1 if isinstance(b, TensorProxy | torch.Tensor) else b for b in bins]
+    if len(counts) != dims:
+        raise ArgumentRuntimeError(f"torch.histogramdd: expected {dims} sequences of bin edges for each of the "
+                                   f"{dims} dimensions of the input, but got {len(counts)}")
+    return torch.return_types.histogramdd((_like(a, counts), [_like(a, (n + 1,)) for n in counts]))
+
+
+_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
+def _lstsq_shape(a, b, rcond=None, *, driver=None):
+    # no meta kernel. Which outputs are computed depends on the driver (rank: not by gels; singular values: by
+    # gelsd and gelss; residuals: when m > n, not by gelsy); what is not computed is an empty tensor. gelsd and
+    # gelss compute residuals only where every matrix has full rank, which only the values tell: refused.
+    name = "torch.linalg.lstsq"
+    if a.ndim < 2:
+        raise ArgumentRuntimeError(f"{name}: input must have at least 2 dimensions.")
+    if b.ndim < 1:
+        raise ArgumentRuntimeError(f"{name}: other must have at least 1 dimension.")
+    if a.dtype != b.dtype:
+        raise ArgumentRuntimeError(f"{name}: Expected input and other to have the same dtype, but got input's dtype "
+                                   f"{a.dtype} and other's dtype {b.dtype}")
+    vector = b.ndim == 1 or (b.ndim == a.ndim - 1 and tuple(b.shape) == tuple(a.shape[:-1]))
+    if not vector and b.ndim != a.ndim:
+        raise ArgumentRuntimeError(f"{name}: input.dim() must be greater or equal to other.dim() and "
+                                   f"(input.dim() - other.dim()) <= 1")
+    m, n = a.shape[-2], a.shape[-1]
+    if m != b.shape[-1 if vector else -2]:
+        raise ArgumentRuntimeError(f"{name}: input.size(-2) should match other.size({-1 if vector else -2})")
+    default = "gels" if a.device.type == "cuda" else "gelsy"
+    driver = default if driver is None else driver
+    if driver not in _LSTSQ_DRIVERS or (a.device.type == "cuda" and driver != "gels"):
+        raise ArgumentRuntimeError(f"{name}: parameter `driver` should be one of "
+                                   f"{_LSTSQ_DRIVERS if a.device.type != 'cuda' else ('gels',)}")
+    if m > n and driver in ("gelsd", "gelss"):
+        raise UnsupportedOpError(f"{name} with driver {driver!r} and more rows than columns: whether it returns "
+                                 f"residuals depends on tensor values (only where every matrix has full rank), which "
+                                 f"tracing does not know. Use driver='gels', or call it outside the jitted function.")
+    k = 1 if vector else b.shape[-1]
+    a_batch = tuple(a.shape[:-2])
+    batch = tuple(torch.broadcast_shapes(a_batch, tuple(b.shape[:-1 if vector else -2])))
+    real = dtypes.to_real(a.dtype)
+    solution = _like(a, (*batch, n) if vector else (*batch, n, k))
+    residuals = _like(a, (*batch, k) if m > n and driver != "gelsy" else (0,), real)
+    rank = _like(a, a_batch if driver != "gels" else (0,), torch.int64)
+    singular_values = _like(a, (*a_batch, min(m, n)) if driver in ("gelsd", "gelss") else (0,), real)
+    return torch.return_types.linalg_lstsq((solution, residuals, rank, singular_values))
+
+
+def _istft_shape(a, n_fft, hop_length=None, win_length=None, window=None, center=True, normalized=False,
+                 onesided=None, length=None, return_complex=False):
+    # its meta kernel asks whether the window's envelope is nonzero (a value, checked when it runs); the length
+    # is the frames' overlap-add, less n_fft // 2 at each end when centered, or `length`
+    if not a.dtype.is_complex:
+        raise ArgumentRuntimeError("istft requires a complex-valued input tensor matching the output from stft with "
+                                   "return_complex=True.")
+    if not 2 <= a.ndim <= 3:
+        raise ArgumentRuntimeError(f"istft expected a tensor with 2 or 3 dimensions of complex dtype, but got {a.ndim}")
+    hop = n_fft // 4 if hop_length is None else hop_length
+    overlap_added = n_fft + hop * (a.shape[-1] - 1)
+    samples = length if length is not None else overlap_added - (2 * (n_fft // 2) if center else 0)
+    return _like(a, (*a.shape[:-2], samples), a.dtype if return_complex else dtypes.to_real(a.dtype))
 
 
 # Ops whose meta kernel reads tensor values (lengths) although their outputs' shapes do not
@@ -225,6 +314,14 @@ _SHAPE_RULES = {
     torch.nn.functional.ctc_loss: _ctc_loss_shape,
     torch.binomial: _binomial_shape,
     torch._sample_dirichlet: _like_first_shape,
+    torch.geqrf: _geqrf_shape,
+    torch.Tensor.geqrf: _geqrf_shape,
+    torch.histogram: _histogram_shape,
+    torch.Tensor.histogram: _histogram_shape,
+    torch.linalg.lstsq: _lstsq_shape,
+    torch.istft: _istft_shape,
+    torch.histogramdd: _histogramdd_shape,
+    torch.Tensor.istft: _istft_shape,
 }
 
 
@@ -309,7 +406,10 @@ def probe_opaque(fn, meta_args, meta_kwargs) -> str | None:
     """Why fn cannot run as an opaque op on these (meta) arguments, or None if it can."""
     name = torch_name(fn)
     try:
-        _check_outputs(name, _run_on_meta(fn, name, meta_args, meta_kwargs))
+        if fn in _SHAPE_RULES:  # (the rule reads shapes, dtypes and devices, which meta tensors have)
+            _SHAPE_RULES[fn](*meta_args, **meta_kwargs)
+        else:
+            _check_outputs(name, _run_on_meta(fn, name, meta_args, meta_kwargs))
     except UnsupportedOpError as e:
         return str(e).split(": ", 1)[-1]
     except Exception as e:

@@ -230,6 +230,32 @@ def column_stack(tensors):
     return cat([clang.reshape(t, (t.numel(), 1)) if t.ndim < 2 else t for t in tensors], 1)
 
 
+@torchsymbol(torch._chunk_cat)
+def chunk_cat(tensors, dim, num_chunks):
+    """Each tensor cut along dim into num_chunks equal chunks (zero-padded at the end to a multiple of num_chunks),
+    each chunk flattened, and chunk k of every tensor joined: (*the leading dims, num_chunks, their sizes summed)."""
+    _check_tensor_list(tensors, "_chunk_cat")
+    check(num_chunks >= 1, lambda: "_chunk_cat expects positive num_chunks")
+    for t in tensors:
+        check(t.numel() > 0, lambda: "_chunk_cat expects non-empty tensor")
+        check(t.dtype == tensors[0].dtype, lambda: "_chunk_cat expects all input tensors with the same dtype")
+        check(t.device == tensors[0].device, lambda: "_chunk_cat expects all inputs tensors on the same device")
+    if all(t.ndim == tensors[0].ndim for t in tensors):
+        dim = canonical_dim(dim, tensors[0].ndim)
+    else:
+        check(dim >= 0, lambda: "_chunk_cat expects non-negative dim when input tensors have different ndims")
+        check(all(dim < t.ndim for t in tensors), lambda: "_chunk_cat expects dim < ndim for all input tensors")
+    check(all(tuple(t.shape[:dim]) == tuple(tensors[0].shape[:dim]) for t in tensors),
+          lambda: "_chunk_cat expects same sizes of 0,...,dim-1 dimensions for all tensors")
+    chunked = []
+    for t in tensors:
+        padding = -t.shape[dim] % num_chunks
+        if padding:
+            t = pad(t, (0, 0) * (t.ndim - dim - 1) + (0, padding))
+        chunked.append(reshape(t, (*t.shape[:dim], num_chunks, -1)))
+    return clang.cat(chunked, dim + 1)
+
+
 @torchsymbol(torch.vstack)
 def vstack(tensors):
     _check_tensor_list(tensors, "vstack")

@@ -51,7 +51,7 @@ from thunderfn.errors import (
     TransformInputError,
 )
 from thunderfn.torch import inplace
-from thunderfn.torch.opaque import _meta, named_functorch_refusal
+from thunderfn.torch.opaque import _meta, is_random, named_functorch_refusal
 from thunderfn.transforms.autodiff import _compiled, as_trace_constants
 from thunderfn.transforms.custom_jvp import custom_jvp, primal_of, spec_of
 from thunderfn.transforms.custom_vjp import custom_vjp
@@ -85,10 +85,48 @@ def torch_vmap(fn, in_dims, args, kwargs, randomness="error", batch_size=None):
             *(leaves[i] for i in positions)))
     except RuntimeError as e:  # torch.func's own refusals, named as ours (an op drawing random numbers inside)
         named_functorch_refusal(fn, e)
-        if str(e).startswith("vmap:") or "atching rule" in str(e) or "batched tensor" in str(e):
+        if any(w in str(e) for w in _NO_BATCHED_FORM) and positions and not is_random(fn):
+            return rebuild(_stacked_examples(fn, call, [leaves[i] for i in positions], [in_dims[i] for i in positions]))
+        if str(e).startswith("vmap:") or "atching rule" in str(e) or "batched tensor" in str(e) or (
+                positions and not is_random(fn) and _runs_on_each_example(call, leaves, positions, in_dims)):
             raise BatchingError(f"vmap cannot batch {getattr(fn, '__name__', fn)} (an opaque torch op, batched by "
                                 f"torch.func.vmap): {str(e).splitlines()[0]}") from None
-        raise
+        raise  # (the op itself rejects these inputs, as it would in a loop over the examples)
+
+
+def _runs_on_each_example(call, leaves, positions, in_dims) -> bool:
+    """Whether the op runs on every example of the batch: if so, an error torch.func.vmap raised is its own failure
+    to batch the op (torch.linalg.lstsq with a vector right-hand side), not the inputs' fault. Where an example
+    raises, that example's error is raised, as a loop over the examples would."""
+    batch = leaves[positions[0]].shape[in_dims[positions[0]]]
+    for k in range(batch):
+        call(*(leaves[i].select(in_dims[i], k) for i in positions))
+    return True
+
+
+# torch.func.vmap's words for an op it has no batched form of at all, not even its fallback loop (an output whose
+# size depends on values: unique; an op the fallback cannot run: histogramdd)
+_NO_BATCHED_FORM = ("We could not generate a fallback", "can output dynamic shape")
+
+
+def _stacked_examples(fn, call, batched: list, dims: list) -> list:
+    """call's output leaves for each example (the batched leaves' `x.select(d, k)`), stacked at 0: torch.func's
+    own fallback, a loop, for an op it cannot loop over. The examples' outputs must agree in shape (a size
+    counted from values may differ): refused by name when they do not."""
+    batch = batched[0].shape[dims[0]]
+    outs = [call(*(x.select(d, k) for x, d in zip(batched, dims))) for k in range(batch)]
+    if not outs:
+        raise BatchingError(f"vmap cannot batch {getattr(fn, '__name__', fn)} over an empty batch: torch.func.vmap "
+                            f"has no batched form of it, and an empty batch shows no example's output shape")
+    stacked = []
+    for j in range(len(outs[0])):
+        shapes = [tuple(o[j].shape) for o in outs]
+        if len(set(shapes)) > 1:
+            raise BatchingError(f"vmap: {getattr(fn, '__name__', fn)} gives outputs of shapes {shapes} in the examples "
+                                f"of the batch (a size that depends on their values), which a batched tensor cannot "
+                                f"hold. Keep that size the same in every example, or loop over the examples.")
+        stacked.append(torch.stack([o[j] for o in outs]))
+    return stacked
 
 
 def _torch_vmap_meta(fn, in_dims, args, kwargs, randomness="error", batch_size=None):

@@ -398,6 +398,21 @@ def column_stack_samples(device, dtype):
     yield SampleInput(((mk(2, 2), mk(2)),))
 
 
+def chunk_cat_samples(device, dtype):
+    mk = maker(device, dtype)
+    yield SampleInput(([mk(2, 5, 3), mk(2, 4, noncontiguous=True)], 1, 3))  # padded to a multiple of 3
+    yield SampleInput(([mk(4, 3), mk(4, 6)], -1, 2))
+    yield SampleInput(([mk(7)], 0, 7))
+
+
+def chunk_cat_errors(device):
+    yield err(([make_tensor((2, 3))], 0, 0), RuntimeError, "_chunk_cat expects positive num_chunks")
+    yield err(([make_tensor((2, 3)), make_tensor((3, 3))], 1, 2), RuntimeError,
+              "_chunk_cat expects same sizes of 0,...,dim-1 dimensions for all tensors")
+    yield err(([make_tensor((2, 3)), make_tensor((2,))], -1, 2), RuntimeError,
+              "_chunk_cat expects non-negative dim when input tensors have different ndims")
+
+
 def xstack_errors(name):
     def errors(device):
         yield err(([],), RuntimeError, f"{name} expects a non-empty TensorList")
@@ -664,6 +679,7 @@ opinfos: list[OpInfo] = [
     OpInfo("hstack", torch.hstack, hstack_samples, ALL, xstack_errors("hstack")),
     OpInfo("vstack", torch.vstack, vstack_samples, ALL, xstack_errors("vstack")),
     OpInfo("column_stack", torch.column_stack, column_stack_samples, ALL, xstack_errors("column_stack")),
+    OpInfo("_chunk_cat", torch._chunk_cat, chunk_cat_samples, ALL, chunk_cat_errors),
     OpInfo("split", torch.split, split_samples, ALL, split_errors),
     OpInfo("split.method", method("split"), split_method_samples, SOME, split_errors),
     *function_and_method("chunk", chunk_samples, chunk_errors),

@@ -3,8 +3,8 @@ torch-language indexing whose batching has a rule of its own (a batched boolean 
 
 take and take_along_axis are linear in the tensor they read (their transpose is a scatter_add);
 scatter and scatter_add are linear in both the tensor and the values. nonzero's output is indices
-(tagged not differentiable where it is made), and vmap refuses it in torch.func's words: each
-example would have its own number of rows.
+(tagged not differentiable where it is made); batched, it is the nonzero positions of each example,
+stacked, which needs every example to have as many (checked when it runs: a ragged batch is refused).
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import torch
 import thunderfn.torch as ltorch
 from thunderfn import prims
 from thunderfn.core.proxies import TensorProxy
+from thunderfn.core.rules import TAG_NOT_DIFFERENTIABLE
+from thunderfn.core.symbol import Symbol
 from thunderfn.errors import BatchingError
 from thunderfn.prims import PrimIDs, canonical_dim
 from thunderfn.transforms.rules.common import (
@@ -28,11 +30,6 @@ from thunderfn.transforms.rules.common import (
     zeros_like,
 )
 from thunderfn.transforms.rules.define import defbatch, defjvp, deflinear, defvjp
-
-# torch.func.vmap's refusal, in its words: each example would have its own number of rows
-DYNAMIC_SHAPE_REFUSAL = ("vmap: We do not support batching operators that can output dynamic shape. Attempted to vmap "
-                         "over aten::{op}. Please file an issue at "
-                         "https://github.com/pytorch/pytorch/issues if you need this feature.")
 
 
 def _same_rank_operands(prim, n_tensors: int):
@@ -127,39 +124,44 @@ defbatch(PrimIDs.SCATTER)(_same_rank_operands(prims.scatter, 3))
 
 
 # -- nonzero ------------------------------------------------------------------------------------
+def nonzero_of_each_example(a: torch.Tensor) -> torch.Tensor:
+    """torch.nonzero(a[i]) for each example i (a batched at 0), stacked: the rows of torch.nonzero(a) whose
+    first column is i, in order, without that column. Stacking needs the same count in every example, checked
+    here, when the values are known (a ragged batch is refused by name)."""
+    nonzero = a != 0
+    counts = nonzero.sum(tuple(range(1, a.ndim))) if a.ndim > 1 else nonzero.long()
+    if a.shape[0] > 1 and not bool((counts == counts[0]).all()):
+        raise BatchingError(f"vmap: nonzero (argwhere, masked_select, a boolean mask's index) found {counts.tolist()} "
+                            "nonzero elements in the examples of the batch: its result would have a different length "
+                            "in each, which a batched tensor cannot hold. Keep the count the same in every example, "
+                            "or loop over the examples.")
+    count = int(counts[0]) if a.shape[0] else 0
+    return torch.nonzero(a)[:, 1:].reshape(a.shape[0], count, a.ndim - 1)
+
+
+def _nonzero_of_each_example_op(count) -> Symbol:
+    """nonzero_of_each_example as an op whose output's length is `count`, the example's data-dependent size
+    itself: what the example's program computed from that size (a slice to it, a broadcast against it) still
+    holds, and generated code binds the size from this op's output."""
+    def meta(a):
+        return TensorProxy(shape=(a.shape[0], count, a.ndim - 1), dtype=torch.int64, device=a.device)
+
+    return Symbol("nonzero_of_each_example", "vmap.nonzero_of_each_example", meta=meta, is_prim=True,
+                  namespace={"nonzero_of_each_example": nonzero_of_each_example}, eager=nonzero_of_each_example,
+                  torch_fn=nonzero_of_each_example, tags=frozenset({"opaque", TAG_NOT_DIFFERENTIABLE}))
+
+
 @defbatch(PrimIDs.NONZERO)
 def _nonzero_batch(call, dims):
-    raise BatchingError(DYNAMIC_SHAPE_REFUSAL.format(op="nonzero"))
+    return _nonzero_of_each_example_op(call.out.shape[0])(move_to_front(call.args[0], dims[0])), 0
 
 
-# -- torch-language indexing: a batched boolean mask has no batched form -----------------------
-def _is_mask(x) -> bool:
-    return isinstance(x, TensorProxy) and x.dtype in (torch.bool, torch.uint8)
+@defbatch("vmap.nonzero_of_each_example")
+def _nonzero_of_each_example_batch(call, dims):
+    # vmap of vmap: the two batch dims folded into one, the examples of every inner batch counted together
+    a = move_to_front(call.args[0], dims[0])
+    outer, inner, count = a.shape[0], a.shape[1], call.out.shape[1]
+    folded = _nonzero_of_each_example_op(count)(prims.reshape(a, (outer * inner, *a.shape[2:])))
+    return prims.reshape(folded, (outer, inner, count, a.ndim - 2)), 0
 
 
-@defbatch(ltorch.getitem.id)
-def _getitem(call, dims):
-    args = call.args
-    key, key_dims = args[1], dims[1]
-    keys, key_dims = (key, key_dims) if isinstance(key, (tuple, list)) else ((key,), (key_dims,))
-    if any(_is_mask(k) and d is not None for k, d in zip(keys, key_dims or (None,) * len(keys))):
-        raise BatchingError("vmap: We do not support batching operators that can support dynamic shape. Attempting to "
-                            "batch over indexing with a boolean mask.")
-    return NotImplemented
-
-
-@defbatch(ltorch.masked_select.id)
-def _masked_select(call, dims):
-    if dims[1] is not None:
-        raise BatchingError("vmap: Attempted to vmap over `mask` in torch.masked_select(self, mask) We cannot support "
-                            "this because for each batch this would return a differently shaped Tensor. Please file an "
-                            "issue at https://github.com/pytorch/pytorch/issues if you need this feature.")
-    return NotImplemented
-
-
-@defbatch(ltorch.where.id)
-def _where(call, dims):
-    args, kwargs = call.args, call.kwargs
-    if len(args) == 1 and not kwargs:  # torch.where(condition): its nonzero positions
-        raise BatchingError(DYNAMIC_SHAPE_REFUSAL.format(op="where"))
-    return NotImplemented
