@@ -27,7 +27,7 @@ from thunderfn.core.interception import resolve_torch_name, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import of_leaves, output_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
-from thunderfn.core.trace import check_rng_untouched, symbolic_sizes
+from thunderfn.core.trace import check_rng_untouched, symbolic_sizes, trace
 from thunderfn.errors import ArgumentValueError, UnsupportedOpError, UserGradientError
 
 _symbols: dict = {}  # torch callable -> its opaque symbol, made once
@@ -221,6 +221,7 @@ def _like_first_shape(x, *args, **kwargs):
 
 # Ops whose meta kernel reads tensor values (lengths) although their outputs' shapes do not
 # depend on them, or that have no meta kernel at all: the shapes, from the arguments' shapes.
+# The op family's module that knows an op registers its rule with shape_rule (torch/linalg.py: geqrf, lstsq).
 _SHAPE_RULES = {
     torch.nn.functional.ctc_loss: _ctc_loss_shape,
     torch.binomial: _binomial_shape,
@@ -228,12 +229,33 @@ _SHAPE_RULES = {
 }
 
 
+def shape_rule(*fns):
+    """Decorator: `rule(*args, **kwargs)` gives the outputs (proxies) of the opaque ops fns from their
+    arguments' shapes, where torch has no meta kernel or its kernel reads values. A rule may raise a
+    named refusal for the arguments whose outputs depend on values, and returns None where torch's meta
+    kernel decides after all."""
+    def register(rule):
+        for fn in fns:
+            _SHAPE_RULES[fn] = rule
+        return rule
+    return register
+
+
 def _meta(fn, args, kwargs):
     name = torch_name(fn)
     if "random" in opaque_symbol(fn).tags:
         check_rng_untouched(name)
     if fn in _SHAPE_RULES:
-        return _SHAPE_RULES[fn](*args, **kwargs)
+        out = _SHAPE_RULES[fn](*args, **kwargs)
+        if out is not None:
+            return out
+    return meta_outputs(fn, args, kwargs)
+
+
+def meta_outputs(fn, args, kwargs):
+    """fn's outputs as proxies, found by running torch's meta kernel on tensors standing for args and kwargs
+    (the proxies among them; a meta tensor among them stands for itself: a rule's strides)."""
+    name = torch_name(fn)
     leaves, spec = tree_flatten((args, kwargs))
     # symbolic sizes: the meta tensors are fake tensors of the trace's ShapeEnv, where torch's kernels can run
     fake = symbolic.fake_tensor_mode(n for x in leaves for n in (x.shape if isinstance(x, TensorProxy) else (x,)))
@@ -309,6 +331,9 @@ def probe_opaque(fn, meta_args, meta_kwargs) -> str | None:
     """Why fn cannot run as an opaque op on these (meta) arguments, or None if it can."""
     name = torch_name(fn)
     try:
+        if fn in _SHAPE_RULES:  # a rule makes proxies, so it answers inside a trace
+            trace(lambda *a, **k: fn(*a, **k), *meta_args, **meta_kwargs)
+            return None
         _check_outputs(name, _run_on_meta(fn, name, meta_args, meta_kwargs))
     except UnsupportedOpError as e:
         return str(e).split(": ", 1)[-1]
