@@ -212,3 +212,13 @@ def test_tensor_split_with_python_ints_runs_as_an_opaque_op():
     x = torch.randn(5, 4)
     fn = lambda x: (torch.tensor_split(x, [1, 3]), x.tensor_split(3, dim=1))  # noqa: E731
     torch.testing.assert_close(tf.jit(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("fn, args, says", [
+    (lambda a: a.to_sparse(), (torch.randn(3, 3),), "makes a sparse tensor"),
+    (lambda s, d: torch.sparse.mm(s, d, "sum"), (torch.eye(3).to_sparse_csr(), torch.randn(3, 2)),
+     "takes a torch.sparse_csr tensor"),
+], ids=["to_sparse", "sparse_mm_reduce"])
+def test_sparse_tensors_where_an_op_without_a_symbol_meets_them_are_refused_as_sparse(fn, args, says):
+    with pytest.raises(tf.UnsupportedOpError, match=f"{says}: thunderfn traces strided tensors only"):
+        tf.jit(fn)(*args)

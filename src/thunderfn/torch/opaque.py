@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from thunderfn.core import dtypes, symbolic
+from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.interception import resolve_torch_name, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import of_leaves, output_leaves, tree_flatten, tree_leaves, tree_unflatten
@@ -190,6 +190,18 @@ def _run_on_meta(fn, name: str, meta_args, meta_kwargs, *, retried: bool = True)
                                  f"Call it outside the jitted function.") from None
 
 
+def _refuse_sparse(fn, name: str, leaves) -> None:
+    """Where sparse tensors are why fn could not run on meta tensors (which are strided, as proxies are), say so."""
+    tracer = context.current_tracer()
+    real = [tracer.real_tensor(x) if tracer is not None and isinstance(x, TensorProxy) else None for x in leaves]
+    layouts = {t.layout for t in real if t is not None and t.layout != torch.strided}
+    if layouts or _short_name(fn).startswith("to_sparse"):
+        what = f"takes a {'/'.join(sorted(map(str, layouts)))} tensor" if layouts else "makes a sparse tensor"
+        raise UnsupportedOpError(f"{name} {what}: thunderfn traces strided tensors only (an op without a symbol runs "
+                                 f"on strided meta tensors to learn its shapes). Call it outside the jitted function "
+                                 f"(or pass x.to_dense())") from None
+
+
 def _check_outputs(name: str, out) -> None:
     for leaf in tree_flatten(out)[0]:
         if not isinstance(leaf, torch.Tensor) and leaf is not None:
@@ -260,10 +272,14 @@ def meta_outputs(fn, args, kwargs):
     # symbolic sizes: the meta tensors are fake tensors of the trace's ShapeEnv, where torch's kernels can run
     fake = symbolic.fake_tensor_mode(n for x in leaves for n in (x.shape if isinstance(x, TensorProxy) else (x,)))
     try:
-        out = _run_on_shapes(fn, name, leaves, spec, kwargs, fake, retried=fake is not None)
-    except _ValuesDecideShape:  # on fake tensors, where its output sizes become data-dependent sizes
-        fake = symbolic_sizes().fake()
-        out = _run_on_shapes(fn, name, leaves, spec, kwargs, fake)
+        try:
+            out = _run_on_shapes(fn, name, leaves, spec, kwargs, fake, retried=fake is not None)
+        except _ValuesDecideShape:  # on fake tensors, where its output sizes become data-dependent sizes
+            fake = symbolic_sizes().fake()
+            out = _run_on_shapes(fn, name, leaves, spec, kwargs, fake)
+    except UnsupportedOpError:
+        _refuse_sparse(fn, name, leaves)
+        raise
     if fake is not None:
         symbolic_sizes().adopt_fresh([x.shape for x in tree_leaves(out) if isinstance(x, torch.Tensor)],
                                      f"a size of the output of {name} (decided by its input's values)")
