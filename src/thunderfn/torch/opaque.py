@@ -9,8 +9,13 @@ An op whose output shape depends on values (unique, bincount, repeat_interleave 
 tensor of repeats) runs on fake tensors instead, where torch's kernel gives that size a
 data-dependent symbol (core/symbolic.py) that generated code binds from the op's output.
 
-Refused, with the reason, when even that cannot be right: no meta or fake kernel, a
-non-tensor output (a value), or a write into an argument (in-place and out= forms).
+Where torch has no meta kernel (or one that reads values or strides proxies lack) but the
+outputs' shapes follow from the arguments' shapes, the op's family module registers a rule
+(`shape_rule`: torch/linalg.py's geqrf and lstsq, torch/statistics.py's histogram).
+
+Refused, with the reason, when even that cannot be right: no meta or fake kernel and no rule,
+a non-tensor output (a value), a sparse tensor, or a write into an argument (in-place and out=
+forms).
 
 May import: core/.
 """
