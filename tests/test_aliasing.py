@@ -254,6 +254,27 @@ def test_in_place_writes_into_expanded_tensors_raise_torchs_error():
 def test_in_place_shape_changes_are_refused_by_name():
     with pytest.raises(tf.errors.UnsupportedOpError, match="resize_"):
         tf.jit(lambda x: x.resize_(2, 6))(torch.randn(3, 4))
+    with pytest.raises(tf.errors.UnsupportedOpError, match="resize_as_"):
+        tf.jit(lambda x, y: torch.resize_as_(x.clone(), y))(torch.randn(3, 4), torch.randn(12))
+
+
+def test_resizing_to_the_same_size_leaves_the_tensor_as_it_is():
+    """In eager resize_ to a tensor's own size (no memory format) returns it untouched, an input's too."""
+    fns = [lambda x: x.clone().resize_((3, 4)) * 2, lambda x: x.resize_(3, 4).add_(1),
+           lambda x: torch.resize_as_(x, x.T.T).sin(), lambda x: x[1:].resize_as_(x[:2]).mul_(3)]
+    for fn in fns:
+        x = torch.randn(3, 4)
+        expected_x = x.clone()
+        expected = fn(expected_x)
+        torch.testing.assert_close(tf.jit(fn)(x), expected)
+        torch.testing.assert_close(x, expected_x)  # what it wrote into the input, as eager
+    # torch refuses to resize a tensor that requires grad, even to its own size; a value computed from such a
+    # tensor may require grad, which the trace does not know: refused by name
+    w = torch.randn(3, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="cannot resize variables that require grad"):
+        tf.jit(lambda w: w.resize_(3, 4))(w)
+    with pytest.raises(tf.errors.UnsupportedOpError, match="Resize a detached tensor"):
+        tf.jit(lambda w: (w * 2).resize_(3, 4))(w)
 
 
 @pytest.mark.parametrize("make_alias", [lambda x: x.contiguous(), lambda x: x.reshape(-1), lambda x: x.flatten()],

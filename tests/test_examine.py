@@ -8,11 +8,11 @@ import thunderfn as tf
 def _program(x, w):
     h = F.gelu(x @ w)
     h += 1
-    fit = torch.linalg.lstsq(x, h, driver="gelsd").solution  # residuals only if x has full rank: refused
+    same = torch.allclose(h, h.T.T)
     counts = torch.histc(h, bins=4)
     if h.sum().item() > 0:
         h = h * 2
-    return h, fit, counts
+    return h, same, counts
 
 
 def test_examine_classifies_symbol_opaque_in_place_unsupported_and_value_reads(capsys):
@@ -20,11 +20,11 @@ def test_examine_classifies_symbol_opaque_in_place_unsupported_and_value_reads(c
     status = {c.name: c.status for c in report.calls}
     assert status["torch.nn.functional.gelu"] == "symbol"
     assert status["torch.histc"] == "opaque"
-    assert status["torch.linalg.lstsq"] == "unsupported"
+    assert status["torch.allclose"] == "unsupported"
     assert status["torch.Tensor.item"] == "needs a value"
     assert "in-place" in status.values()
     assert not report.jit_ready
-    assert "torch.linalg.lstsq" in str(report) and "not ready for tf.jit" in str(report)
+    assert "torch.allclose" in str(report) and "not ready for tf.jit" in str(report)
     assert capsys.readouterr().out == ""  # examine prints nothing itself: print(report) shows it once
     print(report)
     assert capsys.readouterr().out.count("distinct torch calls") == 1

@@ -150,6 +150,8 @@ def test_an_opaque_op_returning_none_is_batched_and_differentiated_forward():
 
 # Ops torch gives no meta kernel, traced from a shape rule of their own (torch/opaque.py's _SHAPE_RULES): each
 # output's shape and dtype as eager's, and under vmap batched by torch.func.vmap when the function runs.
+# torch has no meta kernel for these: their shapes are ruled from the arguments' shapes (shape_rule), and torch
+# computes the values when the compiled function runs
 def _lstsq(driver):
     return lambda a, b: torch.linalg.lstsq(a, b, driver=driver)
 
@@ -210,3 +212,75 @@ def test_an_opaque_op_torch_func_fails_to_batch_is_a_batching_error_and_an_examp
     with pytest.raises(RuntimeError, match="sorter index out of range") as info:
         tf.vmap(lambda x, s: torch.searchsorted(x, x, sorter=s))(torch.randn(2, 3), sorted_by)
     assert not isinstance(info.value, tf.errors.BatchingError)
+RULED_SHAPES = {
+    "geqrf_batched": (torch.geqrf, (torch.randn(2, 5, 3),)),
+    "geqrf_wide_method": (lambda a: a.geqrf(), (torch.randn(3, 5),)),
+    "histogram_count": (lambda a: torch.histogram(a, 4, density=True), (torch.randn(5, 3),)),
+    "histogram_edges": (lambda a, e: a.histogram(e, weight=a.abs()), (torch.randn(6), torch.tensor([-1.0, 0.0, 2.0]))),
+    "histogramdd_count": (lambda a: torch.histogramdd(a, 3), (torch.randn(5, 2),)),
+    "histogramdd_counts": (lambda a: torch.histogramdd(a, [2, 3, 4], density=True), (torch.randn(7, 3),)),
+    "histogramdd_edges": (lambda a, e: torch.histogramdd(a, [e, e[1:]]),
+                          (torch.randn(5, 2), torch.tensor([-1.0, 0.0, 2.0]))),
+    "lstsq_default_vector": (torch.linalg.lstsq, (torch.randn(4, 3), torch.randn(4))),
+    "lstsq_gels_tall_batched": (_lstsq("gels"), (torch.randn(2, 4, 3), torch.randn(2, 4, 2))),
+    "lstsq_gelsd_wide": (_lstsq("gelsd"), (torch.randn(2, 3), torch.randn(2, 2))),
+    "lstsq_gelss_square_complex": (_lstsq("gelss"), (torch.randn(3, 3, dtype=torch.complex64),
+                                                     torch.randn(3, 2, dtype=torch.complex64))),
+    "lstsq_gelsy_tall": (_lstsq("gelsy"), (torch.randn(5, 3), torch.randn(5, 2))),
+}
+
+
+@pytest.mark.parametrize("fn, args", RULED_SHAPES.values(), ids=RULED_SHAPES.keys())
+def test_ops_without_a_meta_kernel_run_as_opaque_ops_with_ruled_shapes(fn, args):
+    expected = fn(*args)
+    got = tf.jit(fn)(*args)
+    assert type(got) is type(expected)  # torch.return_types.*, histogramdd's edges a tuple
+    torch.testing.assert_close(got, expected)
+
+
+def test_scaled_mm_runs_though_its_meta_kernel_asks_for_strides_proxies_do_not_carry():
+    """torch._scaled_mm's meta kernel wants mat2 column-major: its shapes come from one that is, whatever the
+    strides of the tensor torch gets when the compiled function runs (its CPU kernel takes either)."""
+    a = torch.randn(15, 16).to(torch.float8_e4m3fn)
+    b = torch.randn(32, 16).to(torch.float8_e4m3fn)
+    scale = torch.tensor(1.0)
+    given = lambda a, b, s: torch._scaled_mm(a, b, s, s, out_dtype=torch.bfloat16)  # noqa: E731
+    made = lambda a, b, s: torch._scaled_mm(a, b.t(), s, s)  # noqa: E731
+    for mat2 in (b.t(), b.t().contiguous()):
+        torch.testing.assert_close(tf.jit(given)(a, mat2, scale), given(a, mat2, scale))
+    torch.testing.assert_close(tf.jit(made)(a, b, scale), made(a, b, scale))
+
+
+def test_lstsq_residuals_that_exist_only_at_full_rank_are_refused_with_the_drivers_that_work():
+    a, b = torch.randn(5, 3), torch.randn(5, 2)
+    with pytest.raises(tf.UnsupportedOpError, match="driver='gelsy' or 'gels'"):
+        tf.jit(_lstsq("gelsd"))(a, b)
+    with pytest.raises(RuntimeError, match="input.size\\(-2\\) should match other.size\\(-2\\)"):  # torch's words
+        tf.jit(_lstsq("gels"))(a, b[:4])
+
+
+@pytest.mark.parametrize("fn, advice", [
+    (lambda x: torch.allclose(x, x + 1e-9), r"torch.isclose\(input, other, rtol, atol, equal_nan\).all\(\)"),
+    (lambda x: x.equal(x), r"torch.eq\(input, other\).all\(\)"),
+    (lambda x: torch.tensor_split(x, torch.tensor([1, 3])), "list of ints"),
+    (lambda x: x.tensor_split(torch.tensor(2)), "list of ints"),
+], ids=["allclose", "equal", "tensor_split_indices", "tensor_split_sections"])
+def test_ops_whose_results_are_decided_by_values_are_refused_with_what_to_do_instead(fn, advice):
+    with pytest.raises(tf.UnsupportedOpError, match=advice):
+        tf.jit(fn)(torch.randn(5))
+
+
+def test_tensor_split_with_python_ints_runs_as_an_opaque_op():
+    x = torch.randn(5, 4)
+    fn = lambda x: (torch.tensor_split(x, [1, 3]), x.tensor_split(3, dim=1))  # noqa: E731
+    torch.testing.assert_close(tf.jit(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("fn, args, says", [
+    (lambda a: a.to_sparse(), (torch.randn(3, 3),), "makes a sparse tensor"),
+    (lambda s, d: torch.sparse.mm(s, d, "sum"), (torch.eye(3).to_sparse_csr(), torch.randn(3, 2)),
+     "takes a torch.sparse_csr tensor"),
+], ids=["to_sparse", "sparse_mm_reduce"])
+def test_sparse_tensors_where_an_op_without_a_symbol_meets_them_are_refused_as_sparse(fn, args, says):
+    with pytest.raises(tf.UnsupportedOpError, match=f"{says}: thunderfn traces strided tensors only"):
+        tf.jit(fn)(*args)

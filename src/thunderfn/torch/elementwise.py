@@ -18,6 +18,7 @@ from thunderfn.core import dtypes, symbolic
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import check, check_dtype_supported
 from thunderfn.torch.base import register_alias, torchsymbol
+from thunderfn.torch.opaque import shape_rule
 
 _this_module = sys.modules[__name__]
 T = torch.Tensor
@@ -631,3 +632,20 @@ __all__ += ["neg", "abs", "round", "real", "isinf", "isneginf", "isposinf", "squ
             "leaky_relu", "elu", "softplus", "hardtanh", "relu6", "mish", "hardswish", "hardsigmoid", "selu", "celu",
             "logsigmoid", "softsign", "tanhshrink", "threshold", "hardshrink", "softshrink", "glu",
             "prelu", "normalize"]
+
+
+# torch.allclose and torch.equal answer with a Python bool, which a trace cannot know: refused with the tensor form
+@shape_rule(torch.allclose, T.allclose)
+def _allclose_refusal(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    raise UnsupportedOpError(
+        "torch.allclose returns a Python bool, decided by tensor values that tracing does not know; use "
+        "torch.isclose(input, other, rtol, atol, equal_nan).all(), a bool tensor (return it and call .item() "
+        "outside), or call torch.allclose outside the jitted function")
+
+
+@shape_rule(torch.equal, T.equal)
+def _equal_refusal(input, other):
+    raise UnsupportedOpError(
+        "torch.equal returns a Python bool, decided by tensor values that tracing does not know; compare the shapes "
+        "in Python and use torch.eq(input, other).all(), a bool tensor (return it and call .item() outside), or call "
+        "torch.equal outside the jitted function")

@@ -28,7 +28,7 @@ import dataclasses
 import torch
 
 from thunderfn import clang, prims
-from thunderfn.core import context, interception, symbolic
+from thunderfn.core import context, dtypes, interception, symbolic
 from thunderfn.core.interception import find_handler, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_leaves
@@ -545,7 +545,7 @@ def setitem(a, key, value):
 
 
 # In-place ops that change the tensor's shape, storage or autograd identity rather than its values.
-_REFUSED = {"resize_", "resize_as_", "set_", "requires_grad_", "share_memory_", "detach_", "as_strided_", "t_",
+_REFUSED = {"set_", "requires_grad_", "share_memory_", "detach_", "as_strided_", "t_",
             "transpose_", "squeeze_", "unsqueeze_", "swapdims_", "swapaxes_", "retain_grad_"}
 
 
@@ -636,6 +636,8 @@ def run_in_place(func, args, kwargs):
     if short in ("resize_", "resize_as_") and _resizes_to_own_shape(short, target, args, kwargs):
         return target  # (any other size is refused below: what it leaves depends on the storage, not traced)
     check_fresh(args, kwargs)
+    if short in ("resize_", "resize_as_"):
+        return _resize_in_place(name, target, *args[1:], **kwargs)
     info = target.alias
     if info is not None and info.overlapping and short != "__setitem__":
         raise ArgumentRuntimeError(_OVERLAP_MESSAGE)
@@ -649,6 +651,31 @@ def run_in_place(func, args, kwargs):
     new_value = _cast_like_target(_functional(func, short, args, kwargs), target, name)
     rebind(target, new_value, because=name)
     return target if short != "__setitem__" else None
+
+
+def _resize_in_place(name: str, target, *size, memory_format=None):
+    """x.resize_(size) or x.resize_as_(other): in eager x becomes a tensor of that size over its storage. To its own
+    size, without a memory format, x stays as it is; to another size the tensor's shape changes in place, which
+    thunderfn does not trace (the new shape's elements are x's storage read in memory order)."""
+    if len(size) == 1 and isinstance(size[0], (TensorProxy, tuple, list)):  # resize_as_(other), resize_((sizes))
+        size = tuple(size[0].shape if isinstance(size[0], TensorProxy) else size[0])
+    if target.requires_grad:
+        raise ArgumentRuntimeError("cannot resize variables that require grad")
+    tracer = context.current_tracer()
+    if torch.is_grad_enabled() and dtypes.is_inexact(target.dtype) and any(p.requires_grad for p in tracer.trace.args):
+        # a value computed from them requires grad in eager, and eager refuses to resize it; the trace does not
+        # say which values those are
+        raise UnsupportedOpError(
+            f"{name} on {target.name}, a value computed while inputs require grad: eager refuses to resize a tensor "
+            f"that requires grad, and tracing does not know whether {target.name} does. Resize a detached tensor, "
+            f"or under torch.no_grad()")
+    if tuple(size) == tuple(target.shape) and memory_format is None:
+        return target
+    raise UnsupportedOpError(
+        f"{name} changes {target.name}'s shape in place (from {list(target.shape)} to {list(size)}"
+        f"{'' if memory_format is None else f', memory format {memory_format}'}), which thunderfn does not trace; "
+        f"use the out-of-place {target.name}.reshape(...) (or a new tensor) and its result, or call it outside the "
+        f"jitted function")
 
 
 def _write_layout_dependent(tracer, func, name, short, args, kwargs):

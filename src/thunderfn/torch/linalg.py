@@ -11,10 +11,12 @@ import torch
 from thunderfn import clang, prims
 from thunderfn.clang import keepdim_reshape, maybe_convert_to_dtype
 from thunderfn.core import dtypes, symbolic
+from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import UnsupportedOpError
 from thunderfn.prims import canonical_dim, check, check_dtype_supported, scalar_type_name
 from thunderfn.torch.base import torchsymbol
+from thunderfn.torch.opaque import meta_outputs, shape_rule
 
 T = torch.Tensor
 __all__ = ["addmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "outer", "einsum", "tensordot", "kron"]
@@ -377,3 +379,62 @@ def kron(input, other):
     b = clang.reshape(other, tuple(s for y in b_shape for s in (1, y)))
     return clang.reshape(clang.mul(a, b), tuple(x * y for x, y in zip(a_shape, b_shape)))
 
+
+
+# -- opaque LAPACK kernels torch gives no meta kernel: their outputs' shapes, from the arguments' shapes ----------
+def _like(x, shape, dtype=None) -> TensorProxy:
+    return TensorProxy(shape=tuple(shape), dtype=dtype or x.dtype, device=x.device)
+
+
+@shape_rule(torch.geqrf, T.geqrf)
+def _geqrf_shape(input):
+    check(input.ndim >= 2, lambda: "torch.geqrf: input must have at least 2 dimensions.")
+    m, n = input.shape[-2:]
+    return torch.return_types.geqrf((_like(input, input.shape), _like(input, (*input.shape[:-2], min(m, n)))))
+
+
+@shape_rule(torch.linalg.lstsq)
+def _lstsq_shape(A, B, rcond=None, *, driver=None):
+    # (torch's linalg_lstsq_out_info): the solution (*, n, k); residuals (*, k) for m > n, but for gelsy never; rank
+    # (A's batch) except for gels; singular values (*, min(m, n)) for gelsd and gelss; the rest empty
+    check(A.ndim >= 2, lambda: "torch.linalg.lstsq: input must have at least 2 dimensions.")
+    check(A.dtype == B.dtype, lambda: f"torch.linalg.lstsq: Expected input and other to have the same dtype, but got "
+                                      f"input's dtype {scalar_type_name(A.dtype)} and other's dtype "
+                                      f"{scalar_type_name(B.dtype)}")
+    check(B.ndim >= A.ndim - 1 and A.ndim - B.ndim <= 1,
+          lambda: "torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and "
+                  "(input.dim() - other.dim()) <= 1")
+    vector = B.ndim == A.ndim - 1
+    b_shape = (*B.shape, 1) if vector else tuple(B.shape)
+    m, n = A.shape[-2:]
+    check(b_shape[-2] == m, lambda: "torch.linalg.lstsq: input.size(-2) should match other.size(-2)")
+    if driver is None:
+        driver = "gels" if A.device.type == "cuda" else "gelsy"
+    if driver not in ("gels", "gelsy", "gelsd", "gelss") or tuple(A.shape[:-2]) != tuple(b_shape[:-2]):
+        return None  # torch's own words for a driver it does not know; batches broadcast: not ruled here
+    if m > n and driver in ("gelsd", "gelss"):
+        raise UnsupportedOpError(
+            f"torch.linalg.lstsq(driver={driver!r}) on tall matrices returns residuals only when every matrix has "
+            f"full rank, so the shape of the residuals depends on tensor values, which tracing does not know; use "
+            "driver='gelsy' or 'gels' (and compute residuals from the solution), or call it outside jit")
+    batch, k, real = tuple(A.shape[:-2]), b_shape[-1], dtypes.to_real(A.dtype)
+    solution = _like(A, (*batch, n) if vector else (*batch, n, k))
+    residuals = _like(A, (*batch, k) if m > n and driver != "gelsy" else (0,), real)
+    rank = _like(A, (0,) if driver == "gels" else batch, torch.int64)
+    singular_values = _like(A, (*batch, min(m, n)) if driver in ("gelsd", "gelss") else (0,), real)
+    return torch.return_types.linalg_lstsq((solution, residuals, rank, singular_values))
+
+
+def _column_major_mat2_shape(fn):
+    """The shapes of fn(mat1, mat2, ...), a scaled matmul whose kernel asks for mat2 column-major: proxies have no
+    strides, so torch's meta kernel runs with a mat2 that is (one that is not, at run time, gets torch's own error)."""
+    def rule(mat1, mat2, *args, **kwargs):
+        if not isinstance(mat2, TensorProxy) or mat2.ndim != 2 or symbolic.has_symbols(tuple(mat2.shape)):
+            return None
+        column_major = torch.empty_strided(tuple(mat2.shape), (1, mat2.shape[0]), dtype=mat2.dtype, device="meta")
+        return meta_outputs(fn, (mat1, column_major, *args), kwargs)
+    return rule
+
+
+for _scaled_mm in (torch._scaled_mm, torch._scaled_mm_v2):
+    shape_rule(_scaled_mm)(_column_major_mat2_shape(_scaled_mm))

@@ -9,8 +9,13 @@ An op whose output shape depends on values (unique, bincount, repeat_interleave 
 tensor of repeats) runs on fake tensors instead, where torch's kernel gives that size a
 data-dependent symbol (core/symbolic.py) that generated code binds from the op's output.
 
-Refused, with the reason, when even that cannot be right: no meta or fake kernel, a
-non-tensor output (a value), or a write into an argument (in-place and out= forms).
+Where torch has no meta kernel (or one that reads values or strides proxies lack) but the
+outputs' shapes follow from the arguments' shapes, the op's family module registers a rule
+(`shape_rule`: torch/linalg.py's geqrf and lstsq, torch/statistics.py's histogram).
+
+Refused, with the reason, when even that cannot be right: no meta or fake kernel and no rule,
+a non-tensor output (a value), a sparse tensor, or a write into an argument (in-place and out=
+forms).
 
 May import: core/.
 """
@@ -22,12 +27,12 @@ from typing import Callable
 
 import torch
 
-from thunderfn.core import dtypes, symbolic
+from thunderfn.core import context, dtypes, symbolic
 from thunderfn.core.interception import resolve_torch_name, torch_name
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import of_leaves, output_leaves, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.core.symbol import Symbol
-from thunderfn.core.trace import check_rng_untouched, symbolic_sizes
+from thunderfn.core.trace import check_rng_untouched, symbolic_sizes, trace
 from thunderfn.errors import ArgumentRuntimeError, ArgumentValueError, UnsupportedOpError, UserGradientError
 
 _symbols: dict = {}  # torch callable -> its opaque symbol, made once
@@ -190,6 +195,18 @@ def _run_on_meta(fn, name: str, meta_args, meta_kwargs, *, retried: bool = True)
                                  f"Call it outside the jitted function.") from None
 
 
+def _refuse_sparse(fn, name: str, leaves) -> None:
+    """Where sparse tensors are why fn could not run on meta tensors (which are strided, as proxies are), say so."""
+    tracer = context.current_tracer()
+    real = [tracer.real_tensor(x) if tracer is not None and isinstance(x, TensorProxy) else None for x in leaves]
+    layouts = {t.layout for t in real if t is not None and t.layout != torch.strided}
+    if layouts or _short_name(fn).startswith("to_sparse"):
+        what = f"takes a {'/'.join(sorted(map(str, layouts)))} tensor" if layouts else "makes a sparse tensor"
+        raise UnsupportedOpError(f"{name} {what}: thunderfn traces strided tensors only (an op without a symbol runs "
+                                 f"on strided meta tensors to learn its shapes). Call it outside the jitted function "
+                                 f"(or pass x.to_dense())") from None
+
+
 def _check_outputs(name: str, out) -> None:
     for leaf in tree_flatten(out)[0]:
         if not isinstance(leaf, torch.Tensor) and leaf is not None:
@@ -226,73 +243,6 @@ def _like_first_shape(x, *args, **kwargs):
     return _like(x, x.shape)
 
 
-def _geqrf_shape(a):
-    # no meta kernel: the Householder reflectors packed in a's shape, one scale per reflector
-    if a.ndim < 2:
-        raise ArgumentRuntimeError("torch.geqrf: input must have at least 2 dimensions.")
-    return torch.return_types.geqrf((_like(a, a.shape), _like(a, (*a.shape[:-2], min(a.shape[-2], a.shape[-1])))))
-
-
-def _histogram_shape(a, bins=100, *, range=None, weight=None, density=False):
-    # no meta kernel: bins counts and bins + 1 edges (bins given as a tensor of edges: one count fewer)
-    edges = bins.shape[0] if isinstance(bins, TensorProxy) else bins + 1
-    return torch.return_types.histogram((_like(a, (edges - 1,)), _like(a, (edges,))))
-
-
-def _histogramdd_shape(a, bins=10, *, range=None, weight=None, density=False):
-    # no meta kernel: one count per cell of the bins of the last dim's coordinates, and each coordinate's edges
-    dims = a.shape[-1]
-    if isinstance(bins, int):
-        bins = [bins] * dims
-    counts = [b.shape[0] - 1 if isinstance(b, TensorProxy | torch.Tensor) else b for b in bins]
-    if len(counts) != dims:
-        raise ArgumentRuntimeError(f"torch.histogramdd: expected {dims} sequences of bin edges for each of the "
-                                   f"{dims} dimensions of the input, but got {len(counts)}")
-    return torch.return_types.histogramdd((_like(a, counts), [_like(a, (n + 1,)) for n in counts]))
-
-
-_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
-
-
-def _lstsq_shape(a, b, rcond=None, *, driver=None):
-    # no meta kernel. Which outputs are computed depends on the driver (rank: not by gels; singular values: by
-    # gelsd and gelss; residuals: when m > n, not by gelsy); what is not computed is an empty tensor. gelsd and
-    # gelss compute residuals only where every matrix has full rank, which only the values tell: refused.
-    name = "torch.linalg.lstsq"
-    if a.ndim < 2:
-        raise ArgumentRuntimeError(f"{name}: input must have at least 2 dimensions.")
-    if b.ndim < 1:
-        raise ArgumentRuntimeError(f"{name}: other must have at least 1 dimension.")
-    if a.dtype != b.dtype:
-        raise ArgumentRuntimeError(f"{name}: Expected input and other to have the same dtype, but got input's dtype "
-                                   f"{a.dtype} and other's dtype {b.dtype}")
-    vector = b.ndim == 1 or (b.ndim == a.ndim - 1 and tuple(b.shape) == tuple(a.shape[:-1]))
-    if not vector and b.ndim != a.ndim:
-        raise ArgumentRuntimeError(f"{name}: input.dim() must be greater or equal to other.dim() and "
-                                   f"(input.dim() - other.dim()) <= 1")
-    m, n = a.shape[-2], a.shape[-1]
-    if m != b.shape[-1 if vector else -2]:
-        raise ArgumentRuntimeError(f"{name}: input.size(-2) should match other.size({-1 if vector else -2})")
-    default = "gels" if a.device.type == "cuda" else "gelsy"
-    driver = default if driver is None else driver
-    if driver not in _LSTSQ_DRIVERS or (a.device.type == "cuda" and driver != "gels"):
-        raise ArgumentRuntimeError(f"{name}: parameter `driver` should be one of "
-                                   f"{_LSTSQ_DRIVERS if a.device.type != 'cuda' else ('gels',)}")
-    if m > n and driver in ("gelsd", "gelss"):
-        raise UnsupportedOpError(f"{name} with driver {driver!r} and more rows than columns: whether it returns "
-                                 f"residuals depends on tensor values (only where every matrix has full rank), which "
-                                 f"tracing does not know. Use driver='gels', or call it outside the jitted function.")
-    k = 1 if vector else b.shape[-1]
-    a_batch = tuple(a.shape[:-2])
-    batch = tuple(torch.broadcast_shapes(a_batch, tuple(b.shape[:-1 if vector else -2])))
-    real = dtypes.to_real(a.dtype)
-    solution = _like(a, (*batch, n) if vector else (*batch, n, k))
-    residuals = _like(a, (*batch, k) if m > n and driver != "gelsy" else (0,), real)
-    rank = _like(a, a_batch if driver != "gels" else (0,), torch.int64)
-    singular_values = _like(a, (*a_batch, min(m, n)) if driver in ("gelsd", "gelss") else (0,), real)
-    return torch.return_types.linalg_lstsq((solution, residuals, rank, singular_values))
-
-
 def _istft_shape(a, n_fft, hop_length=None, win_length=None, window=None, center=True, normalized=False,
                  onesided=None, length=None, return_complex=False):
     # its meta kernel asks whether the window's envelope is nonzero (a value, checked when it runs); the length
@@ -310,19 +260,26 @@ def _istft_shape(a, n_fft, hop_length=None, win_length=None, window=None, center
 
 # Ops whose meta kernel reads tensor values (lengths) although their outputs' shapes do not
 # depend on them, or that have no meta kernel at all: the shapes, from the arguments' shapes.
+# The op family's module that knows an op registers its rule with shape_rule (torch/linalg.py: geqrf, lstsq).
 _SHAPE_RULES = {
     torch.nn.functional.ctc_loss: _ctc_loss_shape,
     torch.binomial: _binomial_shape,
     torch._sample_dirichlet: _like_first_shape,
-    torch.geqrf: _geqrf_shape,
-    torch.Tensor.geqrf: _geqrf_shape,
-    torch.histogram: _histogram_shape,
-    torch.Tensor.histogram: _histogram_shape,
-    torch.linalg.lstsq: _lstsq_shape,
     torch.istft: _istft_shape,
-    torch.histogramdd: _histogramdd_shape,
     torch.Tensor.istft: _istft_shape,
 }
+
+
+def shape_rule(*fns):
+    """Decorator: `rule(*args, **kwargs)` gives the outputs (proxies) of the opaque ops fns from their
+    arguments' shapes, where torch has no meta kernel or its kernel reads values. A rule may raise a
+    named refusal for the arguments whose outputs depend on values, and returns None where torch's meta
+    kernel decides after all."""
+    def register(rule):
+        for fn in fns:
+            _SHAPE_RULES[fn] = rule
+        return rule
+    return register
 
 
 def _meta(fn, args, kwargs):
@@ -330,15 +287,28 @@ def _meta(fn, args, kwargs):
     if "random" in opaque_symbol(fn).tags:
         check_rng_untouched(name)
     if fn in _SHAPE_RULES:
-        return _SHAPE_RULES[fn](*args, **kwargs)
+        out = _SHAPE_RULES[fn](*args, **kwargs)
+        if out is not None:
+            return out
+    return meta_outputs(fn, args, kwargs)
+
+
+def meta_outputs(fn, args, kwargs):
+    """fn's outputs as proxies, found by running torch's meta kernel on tensors standing for args and kwargs
+    (the proxies among them; a meta tensor among them stands for itself: a rule's strides)."""
+    name = torch_name(fn)
     leaves, spec = tree_flatten((args, kwargs))
     # symbolic sizes: the meta tensors are fake tensors of the trace's ShapeEnv, where torch's kernels can run
     fake = symbolic.fake_tensor_mode(n for x in leaves for n in (x.shape if isinstance(x, TensorProxy) else (x,)))
     try:
-        out = _run_on_shapes(fn, name, leaves, spec, kwargs, fake, retried=fake is not None)
-    except _ValuesDecideShape:  # on fake tensors, where its output sizes become data-dependent sizes
-        fake = symbolic_sizes().fake()
-        out = _run_on_shapes(fn, name, leaves, spec, kwargs, fake)
+        try:
+            out = _run_on_shapes(fn, name, leaves, spec, kwargs, fake, retried=fake is not None)
+        except _ValuesDecideShape:  # on fake tensors, where its output sizes become data-dependent sizes
+            fake = symbolic_sizes().fake()
+            out = _run_on_shapes(fn, name, leaves, spec, kwargs, fake)
+    except UnsupportedOpError:
+        _refuse_sparse(fn, name, leaves)
+        raise
     if fake is not None:
         symbolic_sizes().adopt_fresh([x.shape for x in tree_leaves(out) if isinstance(x, torch.Tensor)],
                                      f"a size of the output of {name} (decided by its input's values)")
@@ -406,10 +376,10 @@ def probe_opaque(fn, meta_args, meta_kwargs) -> str | None:
     """Why fn cannot run as an opaque op on these (meta) arguments, or None if it can."""
     name = torch_name(fn)
     try:
-        if fn in _SHAPE_RULES:  # (the rule reads shapes, dtypes and devices, which meta tensors have)
-            _SHAPE_RULES[fn](*meta_args, **meta_kwargs)
-        else:
-            _check_outputs(name, _run_on_meta(fn, name, meta_args, meta_kwargs))
+        if fn in _SHAPE_RULES:  # a rule makes proxies, so it answers inside a trace
+            trace(lambda *a, **k: fn(*a, **k), *meta_args, **meta_kwargs)
+            return None
+        _check_outputs(name, _run_on_meta(fn, name, meta_args, meta_kwargs))
     except UnsupportedOpError as e:
         return str(e).split(": ", 1)[-1]
     except Exception as e:

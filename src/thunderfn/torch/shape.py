@@ -21,6 +21,7 @@ from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import ArgumentTypeError, UnsupportedOpError
 from thunderfn.prims import canonical_dim, check
 from thunderfn.torch.base import register_alias, torchsymbol
+from thunderfn.torch.opaque import shape_rule
 
 T = torch.Tensor
 __all__ = ["reshape", "view", "permute", "transpose", "t", "squeeze", "unsqueeze", "expand",
@@ -682,3 +683,15 @@ def _pad_dim(a, d, lo, hi, mode):
 
 
 del dtypes
+
+
+@shape_rule(torch.tensor_split, T.tensor_split)
+def _tensor_split_refusal(input, indices_or_sections=None, dim=0, **kwargs):
+    # ints: torch's meta kernel; a tensor's values (also given as tensor_indices_or_sections=) decide how many pieces
+    # there are (a 0-dim tensor of sections) or their sizes (a 1-D tensor of indices)
+    if any(isinstance(v, TensorProxy) for v in (indices_or_sections, *kwargs.values())):
+        raise UnsupportedOpError(
+            "torch.tensor_split with a tensor of indices or sections: their values decide the pieces' sizes (and "
+            "how many there are), which tracing does not know; pass a Python int or list of ints "
+            "(indices.tolist() outside the jitted function), or call tensor_split outside it")
+    return None

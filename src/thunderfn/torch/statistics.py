@@ -1,5 +1,7 @@
 """Statistics: cov and corrcoef, decomposed. Weight checks that need values (no
-negative weights) become runtime checks, so invalid input fails as it does in eager."""
+negative weights) become runtime checks, so invalid input fails as it does in eager.
+histogram and histogramdd run as opaque torch ops (torch has no meta kernel for them): their
+shapes, from the bins' count, are ruled here; the edges' values are the kernel's."""
 from __future__ import annotations
 
 import torch
@@ -7,9 +9,11 @@ import torch
 from thunderfn import clang, prims
 from thunderfn.clang import maybe_convert_to_dtype
 from thunderfn.core import dtypes, symbolic
+from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.statements import emit_runtime_check
 from thunderfn.prims import check
 from thunderfn.torch.base import torchsymbol
+from thunderfn.torch.opaque import shape_rule
 from thunderfn.torch.reductions import all as all_
 
 T = torch.Tensor
@@ -76,3 +80,37 @@ def corrcoef(input):
     c = clang.true_divide(c, clang.unsqueeze(stddev, 1))
     c = clang.true_divide(c, clang.unsqueeze(stddev, 0))
     return clang.where(clang.gt(c, 1.0), 1.0, clang.where(clang.lt(c, -1.0), -1.0, c))
+
+
+def _bin_count(bins, op: str, dim: int) -> int:
+    """How many bins `bins` (a count, or a tensor of edges) makes along dimension dim."""
+    if isinstance(bins, TensorProxy):
+        check(bins.ndim == 1 and bins.numel() >= 1,
+              lambda: f"{op}(): bins tensor should have one dimension and at least 1 element, but got {bins.ndim} "
+                      f"dimensions and {bins.numel()} elements for dimension {dim}")
+        return bins.shape[0] - 1
+    check(bins > 0, lambda: f"{op}(): bins must be > 0, but got {bins} for dimension {dim}")
+    return bins
+
+
+def _edges(input, count) -> TensorProxy:
+    return TensorProxy(shape=(count + 1,), dtype=input.dtype, device=input.device)
+
+
+@shape_rule(torch.histogram, T.histogram)
+def _histogram_shape(input, bins=100, *, range=None, weight=None, density=False):
+    count = _bin_count(bins, "torch.histogram", 0)
+    hist = TensorProxy(shape=(count,), dtype=input.dtype, device=input.device)
+    return torch.return_types.histogram((hist, _edges(input, count)))
+
+
+@shape_rule(torch.histogramdd)
+def _histogramdd_shape(input, bins=10, *, range=None, weight=None, density=False):
+    check(input.ndim >= 1, lambda: "torch.histogramdd: input tensor should have at least 1 dimension, but got 0")
+    dims = input.shape[-1]
+    bins = [bins] * dims if isinstance(bins, int) else list(bins)
+    check(len(bins) == dims, lambda: "histogramdd: The size of bins must be equal to the innermost dimension of the "
+                                     "input.")
+    counts = [_bin_count(b, "torch.histogramdd", d) for d, b in enumerate(bins)]
+    hist = TensorProxy(shape=tuple(counts), dtype=input.dtype, device=input.device)
+    return torch.return_types.histogramdd((hist, tuple(_edges(input, c) for c in counts)))

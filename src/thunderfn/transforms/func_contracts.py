@@ -1,8 +1,9 @@
 """What torch.func checks of what a transform is given and of what the transformed function returns,
 refused with the builtin torch.func raises and its sentence (tests/test_torch_func_wording.py runs each
 call through both). Where JAX takes what torch.func refuses (a Python float to differentiate, anything
-in has_aux's aux, an integer output or primal of vjp, any output of vjp and jvp), thunderfn takes it as JAX does: a JAX program keeps working, and a torch.func
-program that ran keeps its result (docs/porting-from-torch-func.md lists these)."""
+in has_aux's aux, an integer output or primal of vjp, any output of vjp and jvp), thunderfn takes it as
+JAX does: a JAX program keeps working, and a torch.func program that ran keeps its result
+(docs/porting-from-torch-func.md lists these)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -23,7 +24,7 @@ def _name(fn) -> str:
 
 
 def _is_tensor(x) -> bool:
-    return isinstance(x, (TensorProxy, torch.Tensor))
+    return isinstance(x, torch.Tensor)  # (a proxy is one)
 
 
 def check_reverse_inputs(leaves, transform: str, fn, *, integer_tensors: bool) -> None:
