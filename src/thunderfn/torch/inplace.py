@@ -608,18 +608,6 @@ def _changes_no_gradient(tracer, target, requires_grad=True) -> bool:
     return bool(requires_grad) and tracer.real_tensor(target) is None
 
 
-def _resizes_to_own_shape(short: str, target, args, kwargs) -> bool:
-    """Whether x.resize_(sizes) or x.resize_as_(other) asks for x's own shape (and no memory format): in eager
-    that changes nothing, not even strides."""
-    if kwargs.get("memory_format") is not None or len(args) < 2:
-        return False
-    if short == "resize_as_":
-        shape = tuple(args[1].shape) if isinstance(args[1], TensorProxy) else None
-    else:
-        shape = tuple(args[1]) if len(args) == 2 and isinstance(args[1], (tuple, list, torch.Size)) else tuple(args[1:])
-    return shape is not None and all(isinstance(n, int) for n in shape) and shape == tuple(target.shape)
-
-
 def run_in_place(func, args, kwargs):
     """Trace an in-place torch call on a proxy (or a call with out=/inplace=True)."""
     settle_views()
@@ -633,8 +621,6 @@ def run_in_place(func, args, kwargs):
         raise UnsupportedOpError(f"{name} mutates {type(target).__name__}, not a tensor")
     if short == "requires_grad_" and _changes_no_gradient(tracer, target, *args[1:], **kwargs):
         return target  # (a forward hook of Hugging Face's gradient checkpointing does this to embeddings' outputs)
-    if short in ("resize_", "resize_as_") and _resizes_to_own_shape(short, target, args, kwargs):
-        return target  # (any other size is refused below: what it leaves depends on the storage, not traced)
     check_fresh(args, kwargs)
     if short in ("resize_", "resize_as_"):
         return _resize_in_place(name, target, *args[1:], **kwargs)
