@@ -88,6 +88,16 @@ def test_branching_on_a_float_traced_as_a_value_is_a_concretization_error_naming
         jitted(x, math.pi)  # (refused each time, not compiled per value behind the user's back)
 
 
+def test_formatting_a_float_traced_as_a_value_asks_its_value_not_its_symbols_name():
+    """f"{lr}" gave the symbol's name ("zuf0") as the string, silently: now it asks the value, as float(lr) does."""
+    jitted = tf.jit(lambda x, lr: (x * lr, f"{lr:.2f}"))
+    x = torch.randn(3)
+    assert jitted(x, 0.5)[1] == "0.50"
+    with pytest.raises(ConcretizationError, match="f0 is argument 'lr'.*static_argnums"):
+        jitted(x, 0.25)
+    assert tf.jit(lambda x, lr: (x * lr, f"{lr}"), static_argnums=1)(x, 0.25)[1] == "0.25"
+
+
 @pytest.mark.parametrize("static", [{"static_argnums": 1}, {"static_argnames": "lr"}, {"dynamic": False}])
 def test_static_arguments_and_dynamic_false_keep_a_float_static(static):
     def clipped(x, lr):

@@ -56,6 +56,17 @@ def is_int(x) -> bool:
     return isinstance(x, INT_TYPES) and not isinstance(x, bool)
 
 
+def _format_number(self, spec: str) -> str:
+    # torch.SymFloat has no __format__: object's printed the symbol's name (f"{lr}" gave "zuf0") where the program
+    # formats a number. Formatting asks the value, as float() does: the value where torch knows it, and for a float
+    # jit traces as a value, the ConcretizationError that names static_argnums (never a silent wrong string).
+    return format(float(self), spec)
+
+
+if "__format__" not in vars(torch.SymFloat):
+    torch.SymFloat.__format__ = _format_number
+
+
 def is_symbolic(x) -> bool:
     return isinstance(x, torch.SymInt)
 

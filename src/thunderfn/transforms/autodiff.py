@@ -391,7 +391,7 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
         """cotangents: a pytree with out's structure; None (or anything, for an integer or boolean
         output) where an output gets no cotangent. Every output keeps its position."""
         out_leaves, out_spec = tree_flatten(out)
-        ct_leaves = cotangent_leaves(out_spec, cotangents)
+        ct_leaves = cotangent_leaves(out_spec, cotangents, [_carries_gradient(o) for o in out_leaves])
         cts: dict = {}
         for i, (o, c) in enumerate(zip(out_leaves, ct_leaves)):
             if isinstance(o, TensorProxy) and c is not None:
@@ -413,8 +413,16 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
 register_trace_vjp(trace_vjp)
 
 
-def cotangent_leaves(out_spec, cotangents) -> list:
-    """The caller's cotangents, one leaf per output leaf (None where an output gets none)."""
+def cotangent_leaves(out_spec, cotangents, differentiable) -> list:
+    """The caller's cotangents, one leaf per output leaf (None where an output gets none). `differentiable`:
+    whether each output leaf takes a cotangent (a floating tensor)."""
+    if cotangents is None and out_spec.num_leaves == 1 and out_spec.is_leaf() and differentiable[0]:
+        # torch.func hands None to torch.autograd, which makes it ones for a one-element output (and refuses it
+        # for any other); JAX refuses it. Zeros, this convention's answer, would differ silently from torch.func's.
+        raise CotangentError(
+            "vjp_fn(None) for a function with one tensor output: torch.func takes None as ones for a one-element "
+            "output (torch.autograd's implicit gradient) and JAX refuses it, so thunderfn does not guess. Pass "
+            "torch.ones_like(out) for the gradient of out (torch.func's None), or torch.zeros_like(out).")
     try:
         return out_spec.flatten_up_to(cotangents)
     except (ValueError, TypeError) as e:
@@ -725,7 +733,7 @@ class _Pullback:
 
     def _checked(self, cotangents) -> list:
         """One cotangent per differentiable output (zeros for None), of its shape and dtype."""
-        leaves = cotangent_leaves(self.out_spec, cotangents)
+        leaves = cotangent_leaves(self.out_spec, cotangents, [m is not None for m in self.outputs])
         cts = []
         for i, (c, meta) in enumerate(zip(leaves, self.outputs)):
             if meta is None:
