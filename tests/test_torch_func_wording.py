@@ -37,6 +37,14 @@ CASES = {
         lambda F: F.vmap(lambda: torch.ones(1))(),
         "got no inputs. Maybe you forgot to add inputs, or you are trying to vmap over a function with no inputs. "
         "The latter is unsupported."),
+    "vmap-item": (
+        lambda F: F.vmap(lambda x: x.sum().item())(M),
+        "vmap: It looks like you're calling .item() on a Tensor. We don't support vmap over calling .item() on a "
+        "Tensor, please try to rewrite what you're doing with other operations."),
+    "vmap-data-dependent-control-flow": (
+        lambda F: F.vmap(lambda x: x if x.sum() > 0 else -x)(M),
+        "vmap: It looks like you're attempting to use a Tensor in some data-dependent control flow. We don't "
+        "support that yet"),
     # vmap: its options
     "vmap-chunk-size-0": (
         lambda F: F.vmap(torch.sin, chunk_size=0),

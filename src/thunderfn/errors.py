@@ -11,6 +11,11 @@ class ConcretizationError(ThunderFnError, TypeError):
     an ``if`` on a tensor). Shapes are concrete while tracing; tensor values are not."""
 
 
+class BatchedValueError(ConcretizationError, RuntimeError):
+    """A tensor's value was asked inside a function tf.vmap traces (``.item()``, an ``if`` on a tensor): the
+    ConcretizationError, and the RuntimeError torch.func's vmap raises, with its sentence."""
+
+
 class UnsupportedOpError(ThunderFnError, NotImplementedError):
     """A torch function has no thunderfn symbol and cannot fall back."""
 

@@ -24,9 +24,20 @@ class _TracingState(threading.local):
         self.stack: list = []  # the Tracers of the traces being built, innermost last
         self.executors: tuple = ()  # the priority list the function being traced will be lowered onto
         self.stand_ins: list = []  # {id(tensor): (tensor, proxy)} scopes, innermost last (see `standing_in`)
+        self.vmap_bodies = 0  # functions tf.vmap is tracing now (a value asked there is torch.func's vmap error)
 
 
 _local = _TracingState()
+
+
+@contextlib.contextmanager
+def tracing_vmap_body():
+    """Around the call of the function tf.vmap traces for one example."""
+    _local.vmap_bodies += 1
+    try:
+        yield
+    finally:
+        _local.vmap_bodies -= 1
 
 # Names generated code must never bind to a proxy: the modules the printed code
 # refers to, and Python's keywords and builtins that generated code uses.

@@ -21,7 +21,13 @@ from __future__ import annotations
 import torch
 
 from thunderfn.core import context, dtypes, symbolic
-from thunderfn.errors import ArgumentIndexError, ArgumentTypeError, ConcretizationError, UnsupportedOpError
+from thunderfn.errors import (
+    ArgumentIndexError,
+    ArgumentTypeError,
+    BatchedValueError,
+    ConcretizationError,
+    UnsupportedOpError,
+)
 
 
 def _device_str(device: torch.device) -> str:
@@ -32,6 +38,12 @@ def _device_str(device: torch.device) -> str:
 CAPTURED = "a tensor captured by the traced function"
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
+
+# torch.func's vmap's sentences for a value asked of a tensor (torch/_functorch/vmap.py's and C++'s)
+_VMAP_ITEM = ("vmap: It looks like you're calling .item() on a Tensor. We don't support vmap over calling .item() on "
+              "a Tensor, please try to rewrite what you're doing with other operations.")
+_VMAP_CONTROL_FLOW = ("vmap: It looks like you're attempting to use a Tensor in some data-dependent control flow. We "
+                      "don't support that yet.")
 
 
 class TensorProxy(torch.Tensor):
@@ -190,12 +202,12 @@ class TensorProxy(torch.Tensor):
         origin = f" (a value computed from {_describe_origin(self.origin)})" if self.origin else ""
         return f"tensor {self.name}{origin}{fn}"
 
-    def _concretize(self, what: str, instead: str):
-        raise ConcretizationError(
-            f"{what} needs the value of {self._described()}, but thunderfn traces "
-            f"with shapes only: tensor values are unknown until the compiled function runs. "
-            f"{instead}"
-        )
+    def _concretize(self, what: str, instead: str, vmap_sentence: str = _VMAP_CONTROL_FLOW):
+        message = (f"{what} needs the value of {self._described()}, but thunderfn traces "
+                   f"with shapes only: tensor values are unknown until the compiled function runs. {instead}")
+        if context._local.vmap_bodies:  # torch.func's vmap raises a RuntimeError in its own words
+            raise BatchedValueError(f"{vmap_sentence} ({message})")
+        raise ConcretizationError(message)
 
     def __bool__(self):
         self._concretize(
@@ -205,7 +217,8 @@ class TensorProxy(torch.Tensor):
         )
 
     def item(self):
-        self._concretize("tensor.item()", "Keep the value as a 0-dim tensor, or return it and call .item() outside.")
+        self._concretize("tensor.item()", "Keep the value as a 0-dim tensor, or return it and call .item() outside.",
+                         _VMAP_ITEM)
 
     def tolist(self):
         self._concretize("tensor.tolist()", "Return the tensor and convert it outside the jitted function.")

@@ -438,7 +438,7 @@ def trace_vmap(fn: Callable, args: tuple, in_dims: list, batch_size: int, random
         batching.bind(example, leaf, d)
         examples.append(example)
     names = [x.name if isinstance(x, TensorProxy) else None for x in examples]  # an in-place op renames
-    with tracer.scope() as recorded:
+    with tracer.scope() as recorded, context.tracing_vmap_body():
         # a constant output: the same for every example
         out = as_trace_constants(up_to_date(fn(*tree_unflatten(spec, examples))))
     for bsym in recorded:
