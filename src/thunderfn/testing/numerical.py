@@ -10,7 +10,7 @@ input it gets wrong. `order=2` checks the derivatives of the derivatives the sam
 `jax.test_util.check_grads` does.
 
 Only floating-point leaves are perturbed; integer and boolean leaves (indices, masks) are
-held fixed and get zero tangents. Finite differences are computed in each input's own
+held fixed (closed over: forward mode takes floating primals only). Finite differences are computed in each input's own
 dtype, so the step and the tolerances depend on it (`STEP` and `TOLERANCE` below).
 """
 from __future__ import annotations
@@ -50,7 +50,23 @@ def check_grads(f, args, order: int = 1, modes=("fwd", "rev"), atol=None, rtol=N
     if unknown or not modes:
         raise ArgumentValueError(f"check_grads: modes must name 'fwd' and/or 'rev', got {tuple(modes)!r}")
     options = _Options(atol, rtol, eps, torch.Generator().manual_seed(seed))
-    _check(f, tuple(args), order, tuple(modes), options, "")
+    g, floats = _of_float_leaves(f, tuple(args))
+    _check(g, floats, order, tuple(modes), options, "")
+
+
+def _of_float_leaves(f, args):
+    """(g, floats): g(*floats) is f(*args) with args' floating-point leaves given, every other leaf (an index, a
+    mask, a number) held fixed inside g, since forward mode, as torch.func's, takes floating primals only."""
+    leaves, spec = optree.tree_flatten(args, none_is_leaf=True, namespace=pytree.NAMESPACE)
+    where = [i for i, x in enumerate(leaves) if _is_float(x)]
+
+    def g(*floats):
+        merged = list(leaves)
+        for i, x in zip(where, floats):
+            merged[i] = x
+        return f(*optree.tree_unflatten(spec, merged))
+
+    return g, tuple(leaves[i] for i in where)
 
 
 class _Options:
