@@ -46,6 +46,52 @@ _VMAP_CONTROL_FLOW = ("vmap: It looks like you're attempting to use a Tensor in 
                       "don't support that yet.")
 
 
+class DerivedOrigin:
+    """Where a computed value came from: its inputs' origins, united (in order, each once) only when
+    something reads them, an error message. Uniting them at every op would copy, for a deep layer's
+    values, every parameter before it: tracing would grow quadratically with depth."""
+
+    __slots__ = ("_parents", "_united")
+
+    def __init__(self, parents):
+        self._parents = tuple(parents)  # origin tuples and DerivedOrigins, non-empty
+        self._united = None
+
+    def _origins(self) -> tuple:
+        if self._united is None:
+            seen: dict = {}
+            done: set = set()
+            stack = list(reversed(self._parents))
+            while stack:  # depth-first, in order: each origin where it first appears, as a union op by op would
+                o = stack.pop()
+                if not isinstance(o, DerivedOrigin):
+                    seen.update(dict.fromkeys(o))
+                elif o._united is not None:
+                    seen.update(dict.fromkeys(o._united))
+                elif id(o) not in done:
+                    done.add(id(o))
+                    stack.extend(reversed(o._parents))
+            self._united, self._parents = tuple(seen), ()
+        return self._united
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return len(self._origins())
+
+    def __iter__(self):
+        return iter(self._origins())
+
+    def __getitem__(self, index):
+        return self._origins()[index]
+
+    def __eq__(self, other):
+        return tuple(self) == (tuple(other) if isinstance(other, (tuple, DerivedOrigin)) else other)
+
+    __hash__ = None
+
+
 class TensorProxy(torch.Tensor):
     """Stand-in for a tensor while tracing: name, shape, dtype, device, requires_grad.
 
@@ -91,7 +137,8 @@ class TensorProxy(torch.Tensor):
         self.constant = constant
         # Human descriptions of where the value came from (("argument 'x'",)),
         # inherited by every value computed from it; ConcretizationError names them.
-        self.origin = (origin,) if isinstance(origin, str) else tuple(origin or ())
+        self.origin = (origin,) if isinstance(origin, str) else origin if isinstance(origin, DerivedOrigin) else \
+            tuple(origin or ())
         self.alias = None  # storage sharing with other proxies (views), see torch/inplace.py
         return self
 

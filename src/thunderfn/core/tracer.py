@@ -21,7 +21,7 @@ import torch
 
 from thunderfn.core import context, symbolic
 from thunderfn.core.interception import TracingMode
-from thunderfn.core.proxies import CAPTURED, TensorProxy
+from thunderfn.core.proxies import CAPTURED, DerivedOrigin, TensorProxy
 from thunderfn.core.statements import check_inputs_do_not_alias, set_default_dtype, set_grad_enabled, write_back
 from thunderfn.core.symbol import DecompositionUnavailable
 from thunderfn.errors import ArgumentRuntimeError, ConcretizationError, InternalError, UnsupportedOpError
@@ -320,13 +320,13 @@ def _described_target(p: TensorProxy) -> str:
 def _inherit_origin(bsym) -> None:
     """Outputs come from where their inputs came from, so a ConcretizationError on
     `x.sum() > 0` can name argument 'x'."""
-    origin = []
-    for p in bsym.proxy_args():
-        origin += [o for o in p.origin if o not in origin]
-    if origin:
+    parents = [p.origin for p in bsym.proxy_args() if p.origin]
+    if parents:
+        first = parents[0]
+        origin = first if all(o is first for o in parents) else DerivedOrigin(parents)
         for p in bsym.proxy_outs():
             if not p.origin:
-                p.origin = tuple(origin)
+                p.origin = origin
 
 
 def _only_passes_through(out, args, kwargs) -> bool:
