@@ -33,7 +33,6 @@ May import: errors.py.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import importlib
 import numbers
@@ -346,13 +345,13 @@ class SymbolicInputs:
             return replace(symbol, target, *rest)
 
         self.env._set_replacement = replacing  # (this ShapeEnv is ours alone: one per compile)
-        locate = self.env._get_sloc
-
-        def located(*args, **kwargs):  # each guard's location says which op and line of the traced code asked
-            sloc = locate(*args, **kwargs)
-            return dataclasses.replace(sloc, maybe_user_loc=where_traced(asked=True) or sloc.maybe_user_loc)
+        def located(framework_loc=None):  # each guard's location says which op and line of the traced code asked
+            # (from thunderfn's own stack walk: torch's, which this replaces, imports Dynamo's, Inductor's and
+            # export's modules the first time, to know which files are its own: half a second per process)
+            return shapes.SLoc(framework_loc, where_traced(asked=True))
 
         self.env._get_sloc = located
+        self.env._get_stack_summary = lambda is_debug=False, framework_loc=None: (located(framework_loc), "")
         # data-dependent sizes: "u0" -> what it counts ("the number of nonzero elements of t3 (ltorch.nonzero)")
         self.unbacked: dict = {}
         self._memo: dict = {}  # what a data-dependent size counts (an op and its input's name) -> the size
