@@ -10,6 +10,7 @@ from test_nvfuser import standin_frontend  # fusion regions without compiling an
 from test_visualize import _groups, _node_id, _sections, _texts
 from thunderfn.examples.gpt import make_example
 from thunderfn.executors.nvfuser import NvFuserExecutor
+from thunderfn.profile import Profile, Row
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,20 @@ def test_visualize_writes_the_times_into_the_picture(profiled, tmp_path):
         assert clusters and all(re.search(r"\(nvfuser\), \d+\.\d{3} ms$", c) for c in clusters)
         unfused = [_texts(g) for g in _groups(sections[title], "op") if "_" not in _node_id(g)]  # op{k}, not op{k}_{j}
         assert unfused and all(re.fullmatch(r"\d+\.\d{3} ms", texts[-1]) for texts in unfused)
+
+
+def test_the_table_shows_long_names_whole_and_in_line():
+    # a name cut to the column's width could read as another op (inductor_fusion_1 as ..._12)
+    long_name, long_executor = "inductor_fusion_12_of_a_model_with_many_regions_and_a_long_name", "executor_" * 4
+    rows = [Row("forward", 0, long_name, long_executor, 7, 2.5),
+            Row("backward", 1, "ltorch.add", "torch", 1, 0.25)]
+    table = str(Profile("f", 3, rows, 3.0, 4.0, {}))
+    assert f" {long_name} " in table and f" {long_executor} " in table
+    lines = table.splitlines()
+    header = next(line for line in lines if "operation or region" in line)
+    timed = [line for line in lines if line.startswith(("forward ", "backward "))]
+    assert len(timed) == 2 and all(len(line) == len(header) for line in timed)  # the columns line up
+    assert lines[0].endswith("(0.75x eager's time)")
 
 
 def test_bad_arguments_are_named():

@@ -2,6 +2,7 @@
 fusion regions as groups, and what the forward saves for the backward."""
 import re
 import shutil
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -105,3 +106,20 @@ def test_errors_say_what_to_do(tmp_path):
         tf.visualize(f, tmp_path / "f.html", layout="neato")
     with pytest.raises(TypeError, match="a function from tf.jit or a Trace"):
         tf.visualize(3, tmp_path / "f.html")
+
+
+def test_without_a_layout_engine_the_error_names_what_to_install(monkeypatch, tmp_path):
+    # the README's install (`pip install -e .`) has neither engine; the error must say how to get one
+    # the module by its name: the attribute thunderfn.visualize is the function tf.visualize
+    monkeypatch.setattr(sys.modules["thunderfn.visualize"], "_Sugiyama", None)  # grandalf not installed
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # nor Graphviz's dot
+    f = tf.jit(lambda x: torch.tanh(x) * 2)
+    f(torch.randn(3))
+    with pytest.raises(tf.errors.UnsupportedOpError, match=r"needs a layout engine") as raised:
+        tf.visualize(f, tmp_path / "f.html")
+    assert "pip install -e '.[visualize]'" in str(raised.value) and "apt-get install graphviz" in str(raised.value)
+    with pytest.raises(tf.errors.UnsupportedOpError, match=r"layout='grandalf' needs grandalf.*\.\[visualize\]"):
+        tf.visualize(f, tmp_path / "f.html", layout="grandalf")
+    with pytest.raises(tf.errors.UnsupportedOpError, match="layout='graphviz' needs Graphviz's `dot`.*apt-get"):
+        tf.visualize(f, tmp_path / "f.html", layout="graphviz")
+    assert not (tmp_path / "f.html").exists()

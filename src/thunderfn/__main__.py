@@ -127,7 +127,7 @@ def run_demo(options) -> int:
 
     print(f"\n== timings (median of {options.calls} calls each after 5 warmup calls, eager and jitted alternating) ==")
     print(f"eager:  {eager_us:10.1f} us per call")
-    print(f"jitted: {jit_us:10.1f} us per call ({jit_us / eager_us:.2f}x eager)")
+    print(f"jitted: {jit_us:10.1f} us per call ({jit_us / eager_us:.2f}x eager's time, lower is faster)")
     print(f"first jitted call: {first_call_ms:.1f} ms (trace, passes, code generation, one run); its stages:")
     for trace in traces:
         print(f"  {str(trace).splitlines()[0].lstrip('# ')}")
@@ -166,7 +166,7 @@ def train_demo(options) -> int:
     if options.steps > 1:
         eager_ms, jit_ms = (statistics.median(t[1:]) for t in times)
         print(f"\nmedian step after the first: eager {eager_ms:.2f} ms, jit {jit_ms:.2f} ms "
-              f"({jit_ms / eager_ms:.2f}x eager)")
+              f"({jit_ms / eager_ms:.2f}x eager's time, lower is faster)")
     print(f"{'PASS' if agree else 'FAIL'}: the jitted model's losses {'follow' if agree else 'do NOT follow'} eager's "
           f"(rtol={LOSS_RTOL:g})")
     return 0 if agree else 1

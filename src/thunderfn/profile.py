@@ -59,14 +59,23 @@ class Profile:
         return {e: tuple(t) for e, t in sorted(totals.items(), key=lambda kv: -sum(kv[1]))}
 
     def __str__(self) -> str:
+        eager = f", eager {self.eager_ms:.3f} ms ({self.step_ms / self.eager_ms:.2f}x eager's time)" \
+            if self.eager_ms else ""
         lines = [f"tf.profile({self.function}): median of {self.calls} steps"
                  f"{' (forward and backward)' if 'backward' in self.traces else ''}: jitted {self.step_ms:.3f} ms"
-                 + (f", eager {self.eager_ms:.3f} ms ({self.step_ms / self.eager_ms:.2f}x)" if self.eager_ms else ""),
-                 "", f"{'executor':<22}{'forward ms':>12}{'backward ms':>13}"]
-        lines += [f"{e:<22}{f:>12.3f}{b:>13.3f}" for e, (f, b) in self.by_executor().items()]
-        lines += ["", f"{'trace':<10}{'operation or region':<36}{'executor':<16}{'ops':>5}{'ms':>10}"]
-        for r in sorted(self.rows, key=lambda r: -r.ms)[:15]:
-            lines.append(f"{r.trace:<10}{r.name[:35]:<36}{str(r.executor):<16}{r.ops:>5}{r.ms:>10.3f}")
+                 + eager, ""]
+        totals = self.by_executor()
+        width = max([len("executor"), *map(len, totals)]) + 2
+        lines += [f"{'executor':<{width}}{'forward ms':>12}{'backward ms':>13}"]
+        lines += [f"{e:<{width}}{f:>12.3f}{b:>13.3f}" for e, (f, b) in totals.items()]
+        slowest = sorted(self.rows, key=lambda r: -r.ms)[:15]
+        # the columns are as wide as their longest entry: a name cut short may name another op
+        name_width = max([len("operation or region"), *(len(r.name) for r in slowest)]) + 2
+        executor_width = max([len("executor"), *(len(str(r.executor)) for r in slowest)]) + 2
+        lines += ["", f"{'trace':<10}{'operation or region':<{name_width}}{'executor':<{executor_width}}"
+                      f"{'ops':>5}{'ms':>10}"]
+        lines += [f"{r.trace:<10}{r.name:<{name_width}}{str(r.executor):<{executor_width}}{r.ops:>5}{r.ms:>10.3f}"
+                  for r in slowest]
         return "\n".join(lines)
 
 

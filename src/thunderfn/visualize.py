@@ -7,7 +7,8 @@ drawn inside one group per region; the tensors the forward saves for the backwar
 with their bytes. Given a `tf.profile(...)` result, each box and region also shows its time.
 
 Layout is not ours: Graphviz's `dot` lays the graph out where it is installed, else grandalf
-(a pure-Python Sugiyama layout, `pip install grandalf`); the page only draws the positions.
+(a pure-Python Sugiyama layout, the `visualize` extra); the page only draws the positions. The
+base install has neither, and visualize then raises UnsupportedOpError naming both installs.
 """
 from __future__ import annotations
 
@@ -106,19 +107,25 @@ def visualize(fn_or_trace, path, *, layout: str = "auto", profile=None) -> str:
     return str(path)
 
 
+# How to install each layout engine. The base install (`pip install -e .`) has neither: grandalf is
+# the `visualize` extra, and Graphviz is a system program, not a Python package.
+_INSTALL_GRANDALF = ("grandalf, a pure-Python layout: pip install grandalf, or the visualize extra "
+                     "(pip install -e '.[visualize]' in a clone, pip install 'thunderfn[visualize]' otherwise)")
+_INSTALL_GRAPHVIZ = "Graphviz's `dot` program on PATH: apt-get install graphviz (brew install graphviz on macOS)"
+
+
 def _engine(layout: str) -> str:
     if layout not in ("auto", "graphviz", "grandalf"):
         raise ArgumentValueError(f"visualize: layout must be 'auto', 'graphviz' or 'grandalf', got {layout!r}")
     has_dot, has_grandalf = shutil.which("dot") is not None, _Sugiyama is not None
     if layout == "graphviz" and not has_dot:
-        raise UnsupportedOpError("visualize: layout='graphviz' needs Graphviz's `dot` on PATH "
-                                 "(apt-get install graphviz)")
+        raise UnsupportedOpError(f"visualize: layout='graphviz' needs {_INSTALL_GRAPHVIZ}")
     if layout == "grandalf" and not has_grandalf:
-        raise UnsupportedOpError("visualize: layout='grandalf' needs grandalf (pip install grandalf)")
+        raise UnsupportedOpError(f"visualize: layout='grandalf' needs {_INSTALL_GRANDALF}")
     if layout == "auto":
         if not (has_dot or has_grandalf):
-            raise UnsupportedOpError("visualize needs a layout engine: Graphviz's `dot` on PATH (apt-get install "
-                                     "graphviz) or grandalf (pip install grandalf)")
+            raise UnsupportedOpError(f"visualize needs a layout engine and finds none installed; install either "
+                                     f"{_INSTALL_GRANDALF}; or {_INSTALL_GRAPHVIZ}")
         return "graphviz" if has_dot else "grandalf"
     return layout
 
