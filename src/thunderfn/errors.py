@@ -16,6 +16,11 @@ class BatchedValueError(ConcretizationError, RuntimeError):
     ConcretizationError, and the RuntimeError torch.func's vmap raises, with its sentence."""
 
 
+class SignatureMismatchError(ThunderFnError, TypeError):
+    """A function compiled ahead of time (tf.jit(f).lower(...).compile()) was called with another signature
+    than the one it was lowered for (JAX's TypeError for the same mistake)."""
+
+
 class UnsupportedOpError(ThunderFnError, NotImplementedError):
     """A torch function has no thunderfn symbol and cannot fall back."""
 

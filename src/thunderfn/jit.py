@@ -60,6 +60,7 @@ from thunderfn.errors import ArgumentTypeError, NoTraceError
 from thunderfn.fast_path import fast_dispatcher, fast_key, hit_function, miss, positional_arities
 from thunderfn.jit_options import DEFAULT_CACHE_SIZE_LIMIT, JitOptions
 from thunderfn.module import jit_module
+from thunderfn.stages import Lowered, lower
 from thunderfn.static_args import StaticArguments
 from thunderfn.static_args import resolve as resolve_static
 from thunderfn.torch.autocast import autocast_state
@@ -115,6 +116,14 @@ class JitState:
         self.last_traces: list[Trace] = []
         self.last_backward_traces: list[Trace] = []
         self.why_no_backward = "it has not been called with an input that requires grad under grad mode"
+
+    @property
+    def name(self) -> str:
+        return _fn_name(self.fn)
+
+    def lower(self, *args, **kwargs) -> Lowered:
+        """tf.jit(f).lower(*args, **kwargs): the program for this signature, compiled and not run (stages.py)."""
+        return lower(self, args, kwargs)
 
     @property
     def cache_size_limit(self) -> int:
@@ -531,6 +540,7 @@ def jit_with_options(fn: Callable, options: JitOptions, static: StaticArguments 
 
     functools.update_wrapper(jitted, fn)
     jitted._thunderfn_state = state
+    jitted.lower = state.lower  # JAX's stages: tf.jit(f).lower(*args).compile() (stages.py)
     return opaque_to_dynamo(jitted)  # torch.compile runs it as one call (core/dynamo_opaque.py)
 
 

@@ -32,6 +32,7 @@ from thunderfn.core.context import to_identifier
 from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.errors import ArgumentRuntimeError, ArgumentValueError, UnsupportedOpError
 from thunderfn.jit_options import JitOptions
+from thunderfn.stages import lower
 from thunderfn.static_args import StaticArguments
 from thunderfn.static_args import resolve as resolve_static
 from thunderfn.torch import distributed as collectives
@@ -173,6 +174,13 @@ class ThunderModule(torch.nn.Module):
         if self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks:
             return self._call_impl(*args, **kwargs)
         return self.forward(*args, **kwargs)
+
+    def lower(self, /, *args, **kwargs):
+        """tf.jit(model).lower(*args, **kwargs): forward's program for this signature, compiled and not run
+        (stages.py); its compile() reads the module's parameters and buffers when called, as forward does."""
+        jitted = self._jitted()
+        return lower(jitted._thunderfn_state, args, kwargs,
+                     prefix=lambda: [table[key] for table, key in self._thunderfn_slots])
 
     @opaque_to_dynamo  # torch.compile(tf.jit(model)) runs the compiled forward as one call
     def forward(self, /, *args, **kwargs):
