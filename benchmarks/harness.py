@@ -75,12 +75,13 @@ def entry_name(opinfo) -> str:
     return opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
 
 
-def in_fresh_process(script: str, *child_args, timeout: float = 600) -> dict | None:
-    """Run `script --child child_args...` in a new Python (cold: nothing imported, traced or compiled yet) and
-    return the JSON object its last `{`-line printed; None if it ran past `timeout` seconds."""
+def in_fresh_process(script: str, *child_args, timeout: float = 600, env: dict | None = None) -> dict | None:
+    """Run `script --child child_args...` in a new Python (cold: nothing imported, traced or compiled yet), with
+    `env` added to the environment, and return the JSON object its last `{`-line printed; None if it ran past
+    `timeout` seconds."""
     try:
         done = subprocess.run([sys.executable, script, "--child", *map(str, child_args)], capture_output=True,
-                              text=True, timeout=timeout, env={**os.environ, "THUNDERFN_PROGRESS": "0"})
+                              text=True, timeout=timeout, env={**os.environ, "THUNDERFN_PROGRESS": "0", **(env or {})})
     except subprocess.TimeoutExpired:
         return None
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
