@@ -86,7 +86,7 @@ def _gpt2_child(variant: str, layers: int, rounds: int) -> dict:
 
 
 def _cell(out) -> str:
-    return "timeout" if out is None else f"{out['first']:.2f}"
+    return "timeout" if out is None else f"{out['first']:.3f}"
 
 
 def section_gpt2(args) -> None:
