@@ -1,6 +1,6 @@
 """Compile time by depth: the first step of tf.jit as programs grow, each measured in a fresh process.
 
-    python benchmarks/bench_compile.py                    # every section, default sizes (about 3 minutes on 2 cores)
+    python benchmarks/bench_compile.py                    # every section, default sizes (about 1.5 minutes on 2 cores)
     python benchmarks/bench_compile.py --sections gpt2 --layers 2 8      # fewer depths
     python benchmarks/bench_compile.py --fusion --torch-compile           # also tf.jit(fusion=True), torch.compile
                                                                           # (minutes each at 32 and 64 layers)
