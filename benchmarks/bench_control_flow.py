@@ -29,16 +29,13 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import statistics
-import subprocess
-import sys
 import time
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
 import thunderfn as tf
+from harness import in_fresh_process, interleaved  # (a sibling script: run from benchmarks/ or the repo root)
 from thunderfn.testing.training import saved_bytes
 
 WIDTH, BATCH = 16, 4  # the RNN: small, so that the cost per step, not the arithmetic, is measured
@@ -88,18 +85,6 @@ def _first_call(variant: str, steps: int) -> tuple[float, float]:
     return times[0], times[1]
 
 
-def _in_fresh_process(*child_args, timeout: float = 600) -> dict | None:
-    try:
-        done = subprocess.run([sys.executable, __file__, "--child", *map(str, child_args)], capture_output=True,
-                              text=True, timeout=timeout, env={**os.environ, "THUNDERFN_PROGRESS": "0"})
-    except subprocess.TimeoutExpired:
-        return None
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"child {child_args} failed:\n{done.stderr[-2000:]}")
-    return json.loads(lines[-1])
-
-
 def scan_first_call(args) -> None:
     print("\n## scan-first-call: the first call of the RNN's gradient in a fresh process, seconds (and the first "
           "call less the second: what compiling took)\n")
@@ -113,7 +98,7 @@ def scan_first_call(args) -> None:
             if steps > limit:
                 cells.append("not run")
                 continue
-            out = _in_fresh_process("first-call", variant, steps)
+            out = in_fresh_process(__file__, "first-call", variant, steps)
             cells.append("timeout" if out is None else f"{out['first']:.2f} ({out['first'] - out['second']:.2f})")
         print(f"| {variant} | " + " | ".join(cells) + " |")
     print("\n(not run: tracing unrolls the Python loop, 1,000 steps take seconds and 10,000 over a minute; "
@@ -121,21 +106,6 @@ def scan_first_call(args) -> None:
 
 
 # -- timing ---------------------------------------------------------------------------------------------
-def interleaved(fns: dict, rounds: int, calls: int) -> dict:
-    """Median ms per call of each function; rounds alternate between them so that a machine that speeds up or
-    slows down affects all alike."""
-    for fn in fns.values():
-        fn(), fn()
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            times[name].append((time.perf_counter() - start) / calls * 1e3)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def scan_step(args) -> None:
     steps = 1_000
     w, u, xs = rnn_inputs(steps)
@@ -289,7 +259,7 @@ def checkpoint(args) -> None:
 
     times = interleaved({name: training_step(*built[name]) for name in built}, args.rounds, 2)
     for name in built:
-        out = _in_fresh_process("checkpoint-first-call", name)
+        out = in_fresh_process(__file__, "checkpoint-first-call", name)
         rows[name]["first"] = None if out is None else out["seconds"]
     print(f"\n## checkpoint: {MLP_LAYERS}-layer MLP (Linear {MLP_WIDTH} -> GELU, batch {MLP_BATCH}), each layer "
           f"checkpointed\n")

@@ -9,7 +9,12 @@ Each harness gives `run_all` its entries as (name, argument) pairs and a
 from __future__ import annotations
 
 import collections
+import json
+import os
 import signal
+import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -68,6 +73,36 @@ def check_tolerances(parser, args) -> None:
 
 def entry_name(opinfo) -> str:
     return opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
+
+
+def in_fresh_process(script: str, *child_args, timeout: float = 600, env: dict | None = None) -> dict | None:
+    """Run `script --child child_args...` in a new Python (cold: nothing imported, traced or compiled yet), with
+    `env` added to the environment, and return the JSON object its last `{`-line printed; None if it ran past
+    `timeout` seconds."""
+    try:
+        done = subprocess.run([sys.executable, script, "--child", *map(str, child_args)], capture_output=True,
+                              text=True, timeout=timeout, env={**os.environ, "THUNDERFN_PROGRESS": "0", **(env or {})})
+    except subprocess.TimeoutExpired:
+        return None
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"child {child_args} failed:\n{done.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def interleaved(fns: dict, rounds: int, calls: int) -> dict:
+    """Median ms per call of each function; rounds alternate between them so that a machine that speeds up or
+    slows down affects all alike."""
+    for fn in fns.values():
+        fn(), fn()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - start) / calls * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def run_all(entries, run_entry, *, verbose: bool, timeout: int = 0, keep_passes: bool = False):

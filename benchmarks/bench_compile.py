@@ -1,0 +1,206 @@
+"""Compile time by depth: the first step of tf.jit as programs grow, each measured in a fresh process.
+
+    python benchmarks/bench_compile.py                    # every section, default sizes (about 1.5 minutes on 2 cores)
+    python benchmarks/bench_compile.py --sections gpt2 --layers 2 8      # fewer depths
+    python benchmarks/bench_compile.py --fusion --torch-compile           # also tf.jit(fusion=True), torch.compile
+                                                                          # (minutes each at 32 and 64 layers)
+
+Sections:
+- gpt2: Hugging Face GPT-2 at tiny width (n_embd 64, 4 heads, vocab 256, dropout off, no KV cache), batch 2 x 32
+  tokens, one torch thread, at 2, 8, 32 and 64 layers (`--layers`): the first training step (`out = fn(ids,
+  labels=ids); out.loss.backward()`: tracing, compiling and running) of eager and of `tf.jit(model)`, each in a
+  process of its own after the imports, and the steady step of tf.jit against eager's in that process (median of
+  `--rounds` interleaved steps after the first). `--fusion` adds `tf.jit(model, fusion=True)`, `--torch-compile`
+  adds `torch.compile(model)` with Inductor's on-disk cache off (a cold compile).
+- per-op: straight-line programs of N = 100, 1,000 and 10,000 operations (`--ops`): a Python loop of
+  `x = torch.tanh(x @ w) + x` (three ops a pass: a matmul and two elementwise) on 4 x 4 tensors, summed. The first
+  call of `tf.jit(f)` and of `tf.jit(tf.grad(f))` in a fresh process, in ms per operation, and the ratio of the
+  largest N's ms/op to the smallest's: a compile linear in the program's length keeps it near 1 (issue 39's target:
+  within 2x).
+- unrolled: the first call of `tf.jit(tf.grad(f))` where f runs a Python loop of 1,000 passes of
+  `x = torch.sin(x) * 1.01` over 16 floats (tracing unrolls it into 2,000 operations; target under 1.5 s).
+
+Every time is the first call after imports and setup; a first call includes tracing, the transforms, compiling
+and one run. Benchmarks are not tests: nothing here asserts a time. On a shared machine, rerun and compare.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+import thunderfn as tf
+from harness import in_fresh_process, interleaved  # (a sibling script: run from benchmarks/ or the repo root)
+
+BATCH, TOKENS = 2, 32
+CHAIN_SIZE = 4  # the per-op chains' tensors: small, so that the cost per operation, not the arithmetic, is measured
+UNROLLED_STEPS = 1_000
+GPT2_VARIANTS = {"eager": "eager", "thunderfn": "tf.jit", "fusion": "tf.jit fusion=True",
+                 "torch.compile": "torch.compile"}
+
+
+# -- GPT-2 by depth -------------------------------------------------------------------------------------
+def gpt2(layers: int):
+    import transformers  # only here: the per-op children need not pay for importing it
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=layers, n_embd=64, n_head=4, vocab_size=256, n_positions=64,
+                                     use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).train()
+    ids = torch.randint(0, config.vocab_size, (BATCH, TOKENS))
+    return model, ids
+
+
+def _training_step(model, fn, ids):
+    def step():
+        model.zero_grad(set_to_none=True)
+        out = fn(ids, labels=ids)
+        out.loss.backward()
+        return out.loss.detach()
+    return step
+
+
+def _gpt2_child(variant: str, layers: int, rounds: int) -> dict:
+    model, ids = gpt2(layers)
+    if variant == "eager":
+        fn = model
+    elif variant == "thunderfn":
+        fn = tf.jit(model)
+    elif variant == "fusion":
+        fn = tf.jit(model, fusion=True)
+    else:
+        fn = torch.compile(model)
+    step = _training_step(model, fn, ids)
+    start = time.perf_counter()
+    loss = step()
+    first = time.perf_counter() - start
+    if variant == "eager":
+        return {"first": first}
+    eager_step = _training_step(model, model, ids)
+    error = (loss - eager_step()).abs().item()
+    medians = interleaved({"eager": eager_step, variant: step}, rounds, 1)
+    return {"first": first, "step_ms": medians[variant], "eager_ms": medians["eager"], "loss_error": error}
+
+
+def _cell(out) -> str:
+    return "timeout" if out is None else f"{out['first']:.3f}"
+
+
+def section_gpt2(args) -> None:
+    variants = ["thunderfn"] + ["fusion"] * args.fusion + ["torch.compile"] * args.torch_compile
+    print(f"\n## gpt2: Hugging Face GPT-2 (n_embd 64, 4 heads, vocab 256), batch {BATCH} x {TOKENS} tokens: the first "
+          f"training step in a fresh process, seconds; steady step x eager (median of {args.rounds})\n")
+    header = ["layers", "eager first"]
+    for v in variants:
+        header += [f"{GPT2_VARIANTS[v]} first", f"{GPT2_VARIANTS[v]} steady x eager"]
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    cold = {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
+    for layers in args.layers:
+        cells = [str(layers), _cell(in_fresh_process(__file__, "gpt2", "eager", layers, args.rounds,
+                                                     timeout=args.timeout))]
+        for v in variants:
+            out = in_fresh_process(__file__, "gpt2", v, layers, args.rounds, timeout=args.timeout,
+                                   env=cold if v == "torch.compile" else None)
+            if out is not None and out["loss_error"] > 1e-4:
+                raise RuntimeError(f"{v} at {layers} layers: loss differs from eager's by {out['loss_error']:.2e}")
+            steady = "timeout" if out is None else f"{out['step_ms'] / out['eager_ms']:.2f} ({out['step_ms']:.1f} ms)"
+            cells += [_cell(out), steady]
+        print("| " + " | ".join(cells) + " |", flush=True)
+
+
+# -- the per-operation law ------------------------------------------------------------------------------
+def chain(ops: int):
+    """f(x, w): `ops` operations in a straight line (each pass a matmul, a tanh and an add), then a sum."""
+    def f(x, w):
+        for _ in range(ops // 3):
+            x = torch.tanh(x @ w) + x
+        return x.sum()
+    return f
+
+
+def _first_call(fn, *args) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+def _per_op_child(transform: str, ops: int) -> dict:
+    torch.manual_seed(0)
+    x, w = torch.randn(CHAIN_SIZE, CHAIN_SIZE), torch.randn(CHAIN_SIZE, CHAIN_SIZE) / CHAIN_SIZE
+    f = chain(ops)
+    fn = tf.jit(f) if transform == "jit" else tf.jit(tf.grad(f))
+    return {"first": _first_call(fn, x, w)}
+
+
+def section_per_op(args) -> None:
+    print("\n## per-op: the first call of a straight-line chain of N operations in a fresh process, ms per "
+          "operation (seconds in all)\n")
+    header = ["transform"] + [f"N = {n:,}" for n in args.ops] + [f"ms/op at {args.ops[-1]:,} / at {args.ops[0]:,}"]
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for transform, label in (("jit", "tf.jit(f)"), ("grad", "tf.jit(tf.grad(f))")):
+        per_op, cells = {}, [label]
+        for n in args.ops:
+            out = in_fresh_process(__file__, "per-op", transform, n, timeout=args.timeout)
+            if out is None:
+                cells.append("timeout")
+                continue
+            per_op[n] = out["first"] * 1e3 / n
+            cells.append(f"{per_op[n]:.3f} ({out['first']:.2f} s)")
+        lo, hi = args.ops[0], args.ops[-1]
+        cells.append(f"{per_op[hi] / per_op[lo]:.2f}" if lo in per_op and hi in per_op else "n/a")
+        print("| " + " | ".join(cells) + " |", flush=True)
+
+
+# -- a Python loop that tracing unrolls -------------------------------------------------------------------
+def unrolled(x):
+    for _ in range(UNROLLED_STEPS):
+        x = torch.sin(x) * 1.01
+    return x.sum()
+
+
+def _unrolled_child() -> dict:
+    x = torch.randn(16)
+    return {"first": _first_call(tf.jit(tf.grad(unrolled)), x)}
+
+
+def section_unrolled(args) -> None:
+    out = in_fresh_process(__file__, "unrolled", timeout=args.timeout)
+    print(f"\n## unrolled: the first call of tf.jit(tf.grad(f)), f a {UNROLLED_STEPS:,}-pass Python loop of "
+          f"`x = torch.sin(x) * 1.01`, in a fresh process: {_cell(out)} s (target under 1.5 s)")
+
+
+SECTIONS = {"gpt2": section_gpt2, "per-op": section_per_op, "unrolled": section_unrolled}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
+    parser.add_argument("--layers", nargs="+", type=int, default=[2, 8, 32, 64])
+    parser.add_argument("--ops", nargs="+", type=int, default=[100, 1_000, 10_000])
+    parser.add_argument("--rounds", type=int, default=5, help="timed steady steps per variant (after two warm-ups)")
+    parser.add_argument("--fusion", action="store_true", help="also tf.jit(model, fusion=True) (minutes)")
+    parser.add_argument("--torch-compile", action="store_true", help="also torch.compile(model), cold (minutes)")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per fresh process")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.child:
+        kind, *rest = args.child
+        if kind == "gpt2":
+            out = _gpt2_child(rest[0], int(rest[1]), int(rest[2]))
+        elif kind == "per-op":
+            out = _per_op_child(rest[0], int(rest[1]))
+        else:
+            out = _unrolled_child()
+        print(json.dumps(out))
+        return
+    print(f"torch {torch.__version__}, 1 thread, {os.cpu_count()} CPU cores")
+    for name in args.sections:
+        SECTIONS[name](args)
+
+
+if __name__ == "__main__":
+    main()
