@@ -661,3 +661,18 @@ def test_an_error_raised_by_the_function_on_a_cache_hit_is_raised_once_not_retri
     with pytest.raises(AttributeError, match="raised by the operator"):
         jf(x)
     assert len(calls) == 1
+
+
+def test_a_call_of_many_tensors_switching_between_signatures_hits_each_entry():
+    """Past fast_path._UNPACKED_ARITY arguments (a jitted module's parameters) the dispatcher keeps them as one
+    tuple: hot entry, cache lookup and slow path must behave as for few arguments."""
+    def total(*xs):
+        return sum(x.sum() for x in xs)
+
+    jitted = tf.jit(total)
+    small = [torch.randn(2) for _ in range(40)]
+    large = [torch.randn(3) for _ in range(40)]
+    for args in (small, small, large, small, large):
+        torch.testing.assert_close(jitted(*args), total(*args))
+    info = tf.cache_info(jitted)
+    assert info["entries"] == 2 and info["misses"] == 2 and info["hits"] == 3

@@ -37,6 +37,9 @@ def _tensor_part_source(a: str) -> str:
     return ", ".join(f"{a}.{field}" for field in TensorPart._fields)
 
 
+_UNPACKED_ARITY = 32  # the most arguments a dispatcher branch unpacks into locals of its own
+
+
 def fast_key(args) -> tuple:
     """The key the dispatcher computes inline for these positional tensors (_FAST_KEY_MODES, then each
     tensor's TensorPart fields)."""
@@ -151,6 +154,26 @@ def fast_dispatcher(arities, fast_cache, keyword_cache, call_slow):
         lines.append(f"    global {', '.join(hot_names)}")
     lines += ["    if not kwargs:", "        n = len(args)"]
     for n in arities:
+        if n > _UNPACKED_ARITY:
+            # A jitted module's parameters are arguments: unpacked, hundreds of locals would make this frame
+            # most of a 16 KiB block of CPython 3.11's frame stack, and a compile (which runs below it, from
+            # call_slow) would cross into the next block and back on calls all the time, mapping and unmapping
+            # it (GPT-2 at 64 layers: 300k page faults, a third of the compile). args stays one tuple here.
+            lines += [f"        if n == {n}:",
+                      f"            out = hot{n}(*args)",
+                      "            if out is not MISS:",
+                      "                return out",
+                      "            try:",
+                      "                hit = fast_cache.get(fast_key(args))",
+                      "            except (AttributeError, TypeError):",
+                      "                hit = None",
+                      "            if hit is not None:",
+                      "                out = hit(*args)",
+                      "                if out is not MISS:",
+                      f"                    hot{n} = hit",
+                      "                    return out",
+                      "            return call_slow(args, kwargs)"]
+            continue
         names = [f"a{i}" for i in range(n)]
         call = ", ".join(names)
         key = ", ".join(_tensor_part_source(a) for a in names)
