@@ -159,31 +159,19 @@ def fast_dispatcher(arities, fast_cache, keyword_cache, call_slow):
             # most of a 16 KiB block of CPython 3.11's frame stack, and a compile (which runs below it, from
             # call_slow) would cross into the next block and back on calls all the time, mapping and unmapping
             # it (GPT-2 at 64 layers: 300k page faults, a third of the compile). args stays one tuple here.
-            lines += [f"        if n == {n}:",
-                      f"            out = hot{n}(*args)",
-                      "            if out is not MISS:",
-                      "                return out",
-                      "            try:",
-                      "                hit = fast_cache.get(fast_key(args))",
-                      "            except (AttributeError, TypeError):",
-                      "                hit = None",
-                      "            if hit is not None:",
-                      "                out = hit(*args)",
-                      "                if out is not MISS:",
-                      f"                    hot{n} = hit",
-                      "                    return out",
-                      "            return call_slow(args, kwargs)"]
-            continue
-        names = [f"a{i}" for i in range(n)]
-        call = ", ".join(names)
-        key = ", ".join(_tensor_part_source(a) for a in names)
+            unpack, call, key = [], "*args", "fast_key(args)"
+        else:
+            names = [f"a{i}" for i in range(n)]
+            unpack = [f"            {', '.join(names) + ',' if names else '_'} = args" if names else "            pass"]
+            call = ", ".join(names)
+            key = f"({_FAST_KEY_MODES}, {', '.join(_tensor_part_source(a) for a in names)})"
         lines += [f"        if n == {n}:",
-                  f"            {call + ',' if names else '_'} = args" if names else "            pass",
+                  *unpack,
                   f"            out = hot{n}({call})",
                   "            if out is not MISS:",
                   "                return out",
                   "            try:",
-                  f"                hit = fast_cache.get(({_FAST_KEY_MODES}, {key}))",
+                  f"                hit = fast_cache.get({key})",
                   "            except (AttributeError, TypeError):",
                   "                hit = None",
                   "            if hit is not None:",
