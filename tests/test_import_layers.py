@@ -36,7 +36,8 @@ LAYERS = [
     ("api", ("thunderfn.jit", "thunderfn.jit_options", "thunderfn.compile_stages", "thunderfn.cache_entry",
              "thunderfn.cache_key", "thunderfn.cache_misses", "thunderfn.fast_path", "thunderfn.visualize",
              "thunderfn.profile", "thunderfn.debug", "thunderfn.dynamic_shapes", "thunderfn.module",
-             "thunderfn.static_args", "thunderfn.donation", "thunderfn.stages", "thunderfn.examine", "thunderfn.extend",
+             "thunderfn.static_args", "thunderfn.donation", "thunderfn.blocks",
+             "thunderfn.stages", "thunderfn.examine", "thunderfn.extend",
              "thunderfn.distributed",
              "thunderfn.dynamo", "thunderfn")),
     # users of the api: the OpInfo database and test helpers, the demo and the example model it runs

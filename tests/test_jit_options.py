@@ -49,6 +49,7 @@ BAD = {
     "fusion-not-a-fusion-executor": (dict(fusion="torch"), ArgumentValueError, "fusion= takes True or a fusion"),
     "dynamic": (dict(dynamic="auto"), ArgumentValueError, "dynamic must be None"),
     "donate_argnums": (dict(donate_argnums="0"), ArgumentTypeError, "donate_argnums must be an int or a sequence"),
+    "reuse_blocks": (dict(reuse_blocks="yes"), ArgumentTypeError, "reuse_blocks must be True or False"),
 }
 
 

@@ -35,6 +35,7 @@ from thunderfn.dynamic_shapes import mark_dynamic, mark_static
 from thunderfn.examine import Examination, examine
 from thunderfn.jit import cache_info, jit, last_backward_traces, last_traces
 from thunderfn.module import functional_call, stack_module_state
+from thunderfn.blocks import nested_compile_region
 from thunderfn.transforms import executor_lower
 from thunderfn.transforms.autodiff import grad, value_and_grad, vjp
 from thunderfn.transforms.forward_mode import jvp
@@ -65,5 +66,5 @@ __all__ = [
     "register_pytree_node", "ThunderFnError", "ConcretizationError", "UnsupportedOpError", "EscapedProxyError",
     "UserGradientError", "prims", "clang", "torch", "executors", "errors", "dynamo", "debug", "testing",
     "cond", "scan", "while_loop", "fori_loop", "checkpoint", "checkpoint_name", "checkpoint_policies",
-    "linearize", "eval_shape", "stack_module_state",
+    "linearize", "eval_shape", "stack_module_state", "nested_compile_region",
 ]

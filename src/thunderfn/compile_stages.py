@@ -42,10 +42,14 @@ from typing import Callable
 import torch
 
 from thunderfn import executors as _executors
+from thunderfn import prims, prims_control_flow  # noqa: F401  (makes prims.block)
+from thunderfn.blocks import RetraceInline
 from thunderfn.core import context, progress, symbolic
+from thunderfn.core.bodies import Body
 from thunderfn.core.call_time import guarded
 from thunderfn.core.guards import GuardRecorder, GuardSet
 from thunderfn.core.passes import cse, dce, del_last_used, write_back_on_failure_pass
+from thunderfn.core.symbol import BoundSymbol
 from thunderfn.core.trace import Trace, timed_pass
 from thunderfn.core.trace import trace as trace_function
 from thunderfn.donation import DonationSkipped, donating
@@ -128,17 +132,22 @@ def begin(fn, name: str, args, kwargs, options: JitOptions, open_dims=None, hint
 
 
 def trace(c: Compilation) -> Compilation:
-    recorder = GuardRecorder(c.fn)
     # tf.grad & co. called inside the function differentiate for these executors (the VJPs they
     # register): jit's argument, which they cannot be handed otherwise (core/context.py)
     progress.stage("tracing")
     c.called_with_grad = torch.is_grad_enabled()
-    with context.active_executors(c.executors):
-        # With disable_torch_autograd the function runs under no_grad: traced so too, or a
-        # torch.enable_grad() block inside it would switch grad back on from the recorded mode.
-        with recorder, (torch.no_grad() if c.options.disable_torch_autograd else contextlib.nullcontext()), \
-                symbolic.opening(c.sizes):
-            c.traces.append(trace_function(c.fn, *c.args, **c.kwargs))
+    while True:  # again where a module's layer turned out not to be a block (blocks.py's RetraceInline)
+        recorder = GuardRecorder(c.fn)
+        try:
+            with context.active_executors(c.executors):
+                # With disable_torch_autograd the function runs under no_grad: traced so too, or a
+                # torch.enable_grad() block inside it would switch grad back on from the recorded mode.
+                with recorder, (torch.no_grad() if c.options.disable_torch_autograd else contextlib.nullcontext()), \
+                        symbolic.opening(c.sizes):
+                    c.traces.append(trace_function(c.fn, *c.args, **c.kwargs))
+            break
+        except RetraceInline:
+            continue
     c.guards = recorder.guards
     if c.sizes is not None and c.sizes.number_names and c.traces[-1].grad_reads:
         raise FloatsStayStatic(f"'{c.name}' reads a .grad at call time")
@@ -328,7 +337,37 @@ def lower_for_execution(trc: Trace, executors, *, no_autograd: bool, no_grad: bo
             traces += [rewritten] if rewritten is not reused else []
             reused = rewritten
     traces.append(timed_pass("Delete Last Used", del_last_used, traces[-1]))
+    with_bodies = timed_pass("Rewrite bodies", _bodies_rewritten, traces[-1], no_autograd)
+    traces += [with_bodies] if with_bodies is not traces[-1] else []
     return Lowered(traces, no_grad, lifted if reused is not lifted else None)
+
+
+def _runs_block(bsym) -> bool:
+    """Whether bsym calls a repeated layer's body (prims.block, as lowered: the torch executor calls its impl)."""
+    return bsym.sym.id == prims.block.id or any(sub.sym.id == prims.block.id for sub in bsym.subsymbols)
+
+
+def _bodies_rewritten(trc: Trace, no_autograd: bool) -> Trace:
+    """trc with the bodies its blocks run (prims.block: a repeated layer's, core/bodies.py) rewritten as a whole
+    trace is after lowering: reshapes collapsed, numbers lifted, dead buffers reused (where nothing records
+    autograd), `del`s inserted; once per body, however many calls share it."""
+    def rewritten(body: Body) -> Body:
+        done = body.__dict__.setdefault("_rewritten", {})
+        if no_autograd not in done:
+            def passes(t):
+                t = lift_number_operands(collapse_reshapes(t))
+                return del_last_used(reuse_dead_buffers(t) if no_autograd else t)
+            done[no_autograd] = body.lowered(passes)
+        return done[no_autograd]
+
+    bsyms, changed = [], False
+    for bsym in trc.bound_symbols:
+        if _runs_block(bsym):
+            bsym = BoundSymbol(bsym.sym, tuple(rewritten(a) if isinstance(a, Body) else a for a in bsym.args),
+                               bsym.kwargs, bsym.output, bsym.subsymbols)
+            changed = True
+        bsyms.append(bsym)
+    return trc.derive("Rewrite bodies", bsyms) if changed else trc
 
 
 def generated(lowered: Lowered) -> Callable:

@@ -443,7 +443,7 @@ def _fn_name(fn) -> str:
 def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = True, static_argnums=(),
         static_argnames=(), disable_torch_autograd: bool = False, cache_size_limit: int = DEFAULT_CACHE_SIZE_LIMIT,
         rematerialize: bool | None = None, cache_dir: str | os.PathLike | None = None, distributed=None,
-        fusion: bool | str = False, dynamic: bool | None = None, donate_argnums=()):
+        fusion: bool | str = False, dynamic: bool | None = None, donate_argnums=(), reuse_blocks: bool = True):
     """Compile fn: trace it per input signature, lower it onto `executors` (priority
     order; None means the defaults; the torch executor is appended unless
     `fallback=False`), generate Python once and cache it.
@@ -505,6 +505,10 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     whose contents are unspecified after the call. Nothing is donated where torch.autograd differentiates
     the compile.
 
+    `reuse_blocks`: for a module, its repeated layers (a transformer's ModuleList of blocks) are traced,
+    differentiated and lowered once, and every layer that is the same block (the same classes, state shapes
+    and guards, relative to the layer) calls that code (blocks.py); False traces every layer inline.
+
     `distributed`: set by tf.distributed.ddp and fsdp on the modules they prepare (how the
     module's gradients are synchronized: transforms/ddp.py, transforms/fsdp.py), not by users;
     an nn.Module given one is refused (write `tf.jit(tf.distributed.ddp(model))`).
@@ -515,7 +519,8 @@ def jit(fn: Callable, *, executors: Sequence | None = None, fallback: bool = Tru
     options = JitOptions(executors=executors, fallback=fallback, static_argnums=static_argnums,
                          static_argnames=static_argnames, disable_torch_autograd=disable_torch_autograd,
                          cache_size_limit=cache_size_limit, rematerialize=rematerialize, cache_dir=cache_dir,
-                         distributed=distributed, fusion=fusion, dynamic=dynamic, donate_argnums=donate_argnums)
+                         distributed=distributed, fusion=fusion, dynamic=dynamic, donate_argnums=donate_argnums,
+                         reuse_blocks=reuse_blocks)
     return jit_with_options(fn, options)
 
 

@@ -46,6 +46,7 @@ class JitOptions:
     fusion: bool | str | Executor = False
     dynamic: bool | None = None  # None (automatic), True or False: see dynamic_shapes.py
     donate_argnums: tuple[int, ...] = ()  # arguments whose tensors' memory the compiled code may reuse (donation.py)
+    reuse_blocks: bool = True  # a module's repeated layers traced, differentiated and lowered once (blocks.py)
 
     def __post_init__(self):
         put = functools.partial(object.__setattr__, self)  # (a frozen record: each value stored in its checked form)
@@ -55,6 +56,7 @@ class JitOptions:
         put("donate_argnums", _as_indices(self.donate_argnums, "donate_argnums"))
         put("static_argnames", _as_names(self.static_argnames))
         put("disable_torch_autograd", _flag("disable_torch_autograd", self.disable_torch_autograd))
+        put("reuse_blocks", _flag("reuse_blocks", self.reuse_blocks))
         if not (isinstance(self.cache_size_limit, int) and self.cache_size_limit >= 1):
             raise ArgumentValueError(f"cache_size_limit must be a positive int, got {self.cache_size_limit!r}")
         if not (self.rematerialize is None or isinstance(self.rematerialize, bool)):

@@ -19,6 +19,7 @@ May import: core/ (and anything below the api layer).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -27,6 +28,7 @@ import warnings
 
 import torch
 
+from thunderfn.blocks import reusing_blocks
 from thunderfn.core import context, pytree
 from thunderfn.core.context import to_identifier
 from thunderfn.core.dynamo_opaque import opaque_to_dynamo
@@ -149,7 +151,8 @@ class ThunderModule(torch.nn.Module):
             if held:  # the model changes a copy, whose new state is returned (see _state_arguments)
                 args, kwargs = _with_copies(args, kwargs, held)
             # read at trace time: the very tensors the caller just passed as inputs
-            with context.standing_in(zip([table[key] for table, key in slots], state)):
+            with context.standing_in(zip([table[key] for table, key in slots], state)), \
+                    (reusing_blocks(module) if options.reuse_blocks else contextlib.nullcontext()):
                 out = module(*args, **kwargs)
             return (out, tuple(_argument(args, kwargs, where) for where in held)) if held else out
 

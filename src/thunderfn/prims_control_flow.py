@@ -10,8 +10,11 @@ n_saved of them are the carries each step started from, made outputs by reverse 
 while cond_body says so, however many times that is; `prims.checkpoint(body, operands, captured, policy,
 n_saved)` runs the body once, and marks it for reverse mode as a region to compute again in the
 backward (all but the values `policy` saves; its last n_saved outputs are such values, made outputs by
-reverse mode: transforms/rules/checkpoint.py). `prims.checkpoint_name(x, name)` is x, named for a
-checkpoint policy. All take and return flat tuples of tensors:
+reverse mode: transforms/rules/checkpoint.py). `prims.block(body, operands, captured, n_saved=0)` runs
+the body once: one call of a repeated layer (blocks.py), whose body every call of the same layer shares, so
+that reverse mode differentiates it and executor_lower lowers it once for them all (the last n_saved outputs
+are the values its backward reads, made outputs by reverse mode). `prims.checkpoint_name(x, name)` is x,
+named for a checkpoint policy. All take and return flat tuples of tensors:
 torch/control_flow.py's tf.cond, tf.scan, tf.while_loop and tf.fori_loop, and torch/checkpoint.py's
 tf.checkpoint, give them the user's pytrees. A body runs as generated code (its trace, lowered with
 the jit's executors by transforms/executor_lower.py), never unrolled into the enclosing trace; a
@@ -98,6 +101,17 @@ def _checkpoint_impl(body, operands, captured, policy, n_saved):
 
 
 make_prim("control_flow.checkpoint", "checkpoint", meta=_checkpoint_meta, impl=_checkpoint_impl)
+
+
+def _block_meta(body, operands, captured, n_saved=0):
+    return tuple(_out(o) for o in body.outputs)
+
+
+def _block_impl(body, operands, captured, n_saved=0):
+    return body(*operands, *captured)
+
+
+make_prim("control_flow.block", "block", meta=_block_meta, impl=_block_impl)
 
 
 def _checkpoint_name_meta(x, name):

@@ -151,7 +151,10 @@ def trace_body(fn, operands, kind: str) -> Body:
             if not isinstance(leaf, TensorProxy):
                 raise ArgumentTypeError(f"{kind} '{fn_name}': every output must be a tensor, got "
                                         f"{type(leaf).__name__}")
-        if tracer.mutated:
+        # (a tensor of the enclosing trace written in place: the body's inputs, or what it captures, whose
+        # proxy objects the write has renamed; the error ends the enclosing trace, now inconsistent, too)
+        own = {p.name for p in inputs} | {o.name for b in trc.bound_symbols for o in b.proxy_outs()}
+        if tracer.mutated or tracer.written_names - own:
             raise UnsupportedOpError(f"{kind} '{fn_name}' writes in place into a tensor it did not make; return the "
                                      f"new value instead")
     captured = _captured(trc)

@@ -34,6 +34,7 @@ import itertools
 import os
 import sys
 import sysconfig
+import threading
 import types
 
 import torch
@@ -44,6 +45,7 @@ from thunderfn.errors import UnsupportedOpError
 
 _MISSING = object()
 _generated = itertools.count()
+_recording = threading.local()  # .stack: this thread's GuardRecorders, innermost last
 
 _THUNDERFN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -67,14 +69,14 @@ _STABLE_MODULES = ("torch", "thunderfn", "builtins", "math", "operator", "functo
                    "collections", "itertools", "dataclasses", "contextlib", "warnings", "abc", "enum")
 
 # The tables nn.Module consults on every call; registering a hook must retrace.
-_MODULE_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+MODULE_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
                        "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
-_GLOBAL_HOOK_TABLES = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+GLOBAL_HOOK_TABLES = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                        "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs",
                        "_global_forward_hooks_always_called")
 
 
-def _is_watched(filename: str) -> bool:
+def is_watched(filename: str) -> bool:
     """Whether a frame of code in this file can read state a trace bakes in."""
     if filename.startswith("<"):
         return not filename.startswith(("<thunderfn", "<frozen"))
@@ -156,7 +158,7 @@ class GuardSet:
 
     def watch(self, holder, key, what: str) -> None:
         """Guard whatever `holder[key]` holds when tracing ends (see `settle`)."""
-        value = _read(holder, key)
+        value = read_slot(holder, key)
         self.add(holder, key, _copy(value) if _by_value(value) else value, "pending", what)
 
     def settle(self) -> None:
@@ -167,7 +169,7 @@ class GuardSet:
                 self.records[slot] = (holder, key, tuple(holder), "keys", what)
             if how != "pending":
                 continue
-            value = _read(holder, key)
+            value = read_slot(holder, key)
             if not (value is first_read or _same(value, first_read)):
                 # Written by the traced code itself (a counter, a log): a side effect that happened
                 # once, at trace time. Guarding it would retrace on every call; docs/sharp_bits.md.
@@ -182,8 +184,8 @@ class GuardSet:
     def failure(self) -> str | None:
         """Why the guards do not hold now (the first that fails, in words), or None."""
         for holder, key, expected, how, what in self.records.values():
-            current = holder if how == "keys" else _read(holder, key)
-            if _holds(current, expected, how):
+            current = holder if how == "keys" else read_slot(holder, key)
+            if holds(current, expected, how):
                 continue
             if how == "keys":
                 return f"{what} changed (a hook was registered or removed)"
@@ -221,6 +223,12 @@ class GuardSet:
         return ns["guards_hold"]
 
 
+def current_recorder() -> GuardRecorder | None:
+    """The innermost GuardRecorder recording in this thread, or None."""
+    stack = getattr(_recording, "stack", None)
+    return stack[-1] if stack else None
+
+
 def _cell_contents(cell):
     try:
         return cell.cell_contents
@@ -228,11 +236,13 @@ def _cell_contents(cell):
         return _MISSING
 
 
-def _read(holder, key):
+def read_slot(holder, key):
+    """What a guard record reads: holder[key], or a cell's contents where key is None; MISSING if absent."""
     return _cell_contents(holder) if key is None else holder.get(key, _MISSING)
 
 
-def _holds(current, expected, how: str) -> bool:
+def holds(current, expected, how: str) -> bool:
+    """Whether a slot's current value satisfies a guard record's expectation (GuardSet.add's `how`)."""
     if how == "id":
         return current is expected
     if how == "absent":
@@ -259,10 +269,12 @@ class GuardRecorder:
     def __enter__(self):
         self._previous = sys.gettrace()
         sys.settrace(self._on_event)
+        _recording.__dict__.setdefault("stack", []).append(self)
         return self
 
     def __exit__(self, exc_type, *exc):
         sys.settrace(self._previous)
+        _recording.stack.pop()
         self._refuse_stored_proxies(raise_error=exc_type is None)
         self.guards.settle()
         return False
@@ -333,7 +345,7 @@ class GuardRecorder:
         code = frame.f_code
         watched = self._watched.get(code)
         if watched is None:
-            watched = self._watched[code] = _is_watched(code.co_filename)
+            watched = self._watched[code] = is_watched(code.co_filename)
         if not watched:
             return
         names = code.co_names
@@ -376,19 +388,19 @@ class GuardRecorder:
     def _guard_module(self, module: torch.nn.Module, what: str) -> None:
         owner = f"{type(module).__name__} '{what}'" if what == "self" else f"'{what}'"
         self.guards.watch(module.__dict__, "training", f"{owner}.training")
-        for table in _MODULE_HOOK_TABLES:
+        for table in MODULE_HOOK_TABLES:
             hooks = module.__dict__.get(table)
             if hooks is not None:
                 self.guards.add(hooks, "", None, "pending keys",
                                 f"the {table.lstrip('_').replace('_', ' ')} of {owner}")
         globals_ = sys.modules["torch.nn.modules.module"].__dict__
-        for table in _GLOBAL_HOOK_TABLES:
+        for table in GLOBAL_HOOK_TABLES:
             hooks = globals_.get(table)
             if hooks is not None:
                 self.guards.add(hooks, "", None, "pending keys", f"torch's {table.lstrip('_').replace('_', ' ')}")
 
     def _guard(self, holder, key, what: str, names, depth: int) -> None:
-        value = _read(holder, key)
+        value = read_slot(holder, key)
         if value is _MISSING or isinstance(value, TensorProxy) or _is_stable(value):
             return
         if isinstance(value, torch.Tensor):

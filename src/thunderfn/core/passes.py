@@ -206,7 +206,8 @@ def del_last_used(trc):
         if dead:
             out.append(python_del.bind(*dead, output=None))
         out.append(bsym)
-    unused_inputs = [a for a in trc.args if a.name not in seen]
+    # (an input that is a constant, a body's captured tensor, is read from where the code binds constants)
+    unused_inputs = [a for a in trc.args if a.name not in seen and a.constant is None]
     body = list(reversed(out))
     if unused_inputs:
         body.insert(0, python_del.bind(*unused_inputs, output=None))

@@ -45,6 +45,7 @@ class Namespace(dict):
         # and the torch._check facts about them it has checked (see _bind_data_dependent_sizes)
         self.bound: set[str] = set()
         self.checked: set = set()
+        self.bodies_printed: set[str] = set()  # a body shared by many calls (a repeated layer) prints once
 
     def bind_object(self, obj, prefix: str = "_obj") -> str:
         for name, value in self.items():
@@ -186,6 +187,10 @@ def format_bsym(bsym, indent: int = 0, ns: Namespace | None = None, comment: boo
     lines = [f"{pad}# {line}" if comment else f"{pad}{line}"]
     bodies = [] if bodies_shown else _bodies(bsym)
     for body in bodies:  # a control-flow primitive's bodies (core/bodies.py), shown as a decomposition is
+        if body.__name__ in ns.bodies_printed:
+            lines.append(f"{pad}  # ({body.__name__}: printed above, where it is first called)")
+            continue
+        ns.bodies_printed.add(body.__name__)
         lines += [f"{pad}  # {body_line}" for body_line in body.nested_lines()]
     for sub in bsym.subsymbols:  # (a lowered primitive's subsymbol calls the bodies shown above)
         lines += format_bsym(sub, indent + 1, Namespace(), comment=True, bodies_shown=bool(bodies) or bodies_shown)

@@ -57,6 +57,7 @@ class Tracer:
         self.write_modes: dict = {}  # id(live proxy) -> the grad modes its in-place writes ran under
         self.versions: dict = {}  # id(live proxy) -> the names of the values its in-place writes left, in order
         self.rebound: set = set()  # id(proxy) of every proxy written in place (its name is its new value's)
+        self.written_names: set = set()  # the names proxies had before their first write in place
         self.rebinds = 0  # in-place operations traced so far
         # view ops traced before the first in-place write, tracked when one happens (torch/inplace.py); None after
         self.views_to_track: list | None = []
@@ -215,6 +216,8 @@ class Tracer:
             self.versions.setdefault(id(proxy), []).append(value.name)
         trc.args = [frozen if a is proxy else a for a in trc.args]
         self.rebinds += 1
+        if id(proxy) not in self.rebound:
+            self.written_names.add(frozen.name)
         self.rebound.add(id(proxy))
         # In eager an in-place op never makes a tensor stop requiring grad (a leaf written under no_grad stays one)
         proxy.name, proxy.requires_grad, proxy.constant, proxy.origin = (

@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from thunderfn.blocks import nested_compile_region
 from thunderfn.torch import checkpoint_policies
 from thunderfn.torch.checkpoint import checkpoint, checkpoint_name
 from thunderfn.torch.control_flow import cond, fori_loop, scan, while_loop
@@ -93,6 +94,13 @@ def _named(x, w):
     return checkpoint_name(torch.sin(x @ w), "hidden") * w.sum()
 
 
+_shared_layer = nested_compile_region(_layer)
+
+
+def _stacked(x, w):
+    return _shared_layer(_shared_layer(x, w), w * 0.5)
+
+
 SAMPLES = (
     ControlFlowSample("cond-true", "control_flow.cond", lambda x, w: _branches(x, w),
                       lambda x, w: _python_if(x.sum() > 0, lambda x, w: torch.sin(x @ w),
@@ -117,6 +125,8 @@ SAMPLES = (
     ControlFlowSample("checkpoint-dots_saveable", "control_flow.checkpoint",
                       _checkpointed(checkpoint_policies.dots_saveable), _layer,
                       (_tensor(2, 3), _tensor(3, 3, seed=1))),
+    ControlFlowSample("nested_compile_region", "control_flow.block", _stacked,
+                      lambda x, w: _layer(_layer(x, w), w * 0.5), (_tensor(2, 3), _tensor(3, 3, seed=1))),
     ControlFlowSample("checkpoint_name", "control_flow.checkpoint_name", _named,
                       lambda x, w: torch.sin(x @ w) * w.sum(), (_tensor(2, 3), _tensor(3, 3, seed=1))),
 )

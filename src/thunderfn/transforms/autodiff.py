@@ -382,7 +382,9 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
         # a tensor made outside torch's hooks (torch.tensor(1.)): a constant
         out = as_trace_constants(up_to_date(fn(*primals)))
     tape = _Tape(executors)
-    region = _record_forward(_with_residuals(recorded, executors), primal_names, tape)
+    # (a rule that differentiates a body of its own, a block's or a scan's, does so for the same executors)
+    with context.active_executors(executors):
+        region = _record_forward(_with_residuals(recorded, executors), primal_names, tape)
     for bsym in region:
         tracer.emit(bsym)
     modes = _grad_modes(region, True)
@@ -399,9 +401,10 @@ def trace_vjp(fn: Callable, primals: Sequence, executors=None):
                 _accumulate(cts, o, c)
         backwards.tapes.append(tape)
         try:
-            for bsym, enabled in zip(reversed(region), reversed(modes)):
-                if enabled:
-                    _backprop(bsym, cts, tape)
+            with context.active_executors(executors):
+                for bsym, enabled in zip(reversed(region), reversed(modes)):
+                    if enabled:
+                        _backprop(bsym, cts, tape)
         finally:
             backwards.tapes.pop()
         return [_materialized(cts.get(name), proxy) if name is not None else None

@@ -117,13 +117,22 @@ def _lowered_body(trc, executors):
     return lowered
 
 
+def _lowered_once(body: Body, executors) -> Body:
+    """The body lowered onto the executors, once however many calls share it (a repeated layer's block)."""
+    lowered = body.__dict__.setdefault("_lowered", {})
+    key = tuple(map(id, executors))
+    if key not in lowered:
+        lowered[key] = (body.lowered(lambda trc: _lowered_body(trc, executors)), executors)  # (executors kept alive)
+    return lowered[key][0]
+
+
 def _with_lowered_bodies(bsym, executors):
     """bsym, its bodies (a control-flow primitive's: core/bodies.py) lowered onto the same executors, so
     that they run as execution traces: executors claim the ops inside a body, and fuse them, as anywhere
     else."""
     if not any(isinstance(a, Body) for a in bsym.args):
         return bsym
-    args = tuple(a.lowered(lambda trc: _lowered_body(trc, executors)) if isinstance(a, Body) else a for a in bsym.args)
+    args = tuple(_lowered_once(a, executors) if isinstance(a, Body) else a for a in bsym.args)
     return BoundSymbol(bsym.sym, args, bsym.kwargs, bsym.output, bsym.subsymbols)
 
 

@@ -1,5 +1,5 @@
-"""Rules of the checkpoint family: prims.checkpoint (tf.checkpoint, torch.utils.checkpoint) and
-prims.checkpoint_name.
+"""Rules of the family of bodies run once: prims.checkpoint (tf.checkpoint, torch.utils.checkpoint),
+prims.checkpoint_name, and prims.block (a repeated layer: blocks.py).
 
 Reverse mode through a checkpoint keeps from the forward only the body's inputs and the values its policy
 saves, and computes the rest again in the backward (transforms/rules/residuals.py builds both bodies):
@@ -11,6 +11,11 @@ saves, and computes the rest again in the backward (transforms/rules/residuals.p
   the inputs it reads, takes the saved values from the forward instead of computing them, and runs the
   body's VJP.
 Forward mode and vmap give a checkpoint, with the same policy, of the body's tangent or batched form.
+
+A block is a checkpoint that saves everything, and whose body many calls share (every layer of a model that is
+the same block): reverse mode builds its saving forward, and its backward for each set of wanted cotangents,
+once per body, and every call runs them as blocks, so that executor_lower lowers each once too. Forward mode and
+vmap treat it as the checkpoint it is.
 """
 from __future__ import annotations
 
@@ -103,6 +108,73 @@ def _checkpoint_batch(call, dims):
     batched.__name__ = f"{body.fn_name}_batched"
     out = checkpoint(batched, policy=policy)(tuple(operands), tuple(captured))
     return tuple(out), (0,) * len(out)
+
+
+# -- block: a checkpoint that saves everything, differentiated once for all its calls ------------------------
+def _once(body: Body, key, make):
+    """make(), computed once per body and key: what every call of a shared body reuses."""
+    made = body.__dict__.setdefault("_derived", {})
+    if key not in made:
+        made[key] = make()
+    return made[key]
+
+
+def _block_saving_residuals(bsym):
+    body, operands, captured = bsym.args
+    if bsym.kwargs.get("n_saved", 0):
+        return bsym
+    found = _once(body, "saving", lambda: saving_forward(body, list(operands) + list(captured), lambda b: True,
+                                                          "block"))
+    if found is None:
+        return bsym
+    saving, saved = found
+    outputs = tuple(bsym.output) + tuple(TensorProxy.like(p) for p in saved)
+    return prims.block.bind(saving, operands, captured, n_saved=len(saved), output=outputs)
+
+
+@defvjp(prims.block.id, residuals=_block_saving_residuals)
+def _block_vjp(call, g):
+    """A block of the body's backward (made once per body and wanted cotangents), reading what the forward
+    saved."""
+    body, operands, captured = call.args
+    n_saved = call.kwargs.get("n_saved", 0)
+    flat = list(operands) + list(captured)
+    outs = list(call.out)
+    wanted = [i for i, (o, c) in enumerate(zip(outs, g)) if c is not None and is_float_tensor(o)]
+    operands_of_backward = (tuple(flat), tuple(outs[len(outs) - n_saved:]), tuple(g[i] for i in wanted))
+
+    def make():
+        backward, float_in = backward_body(body, n_saved, operands_of_backward, wanted, "block_backward")
+        # the inputs the backward reads, by position among its operands' leaves (the others dropped once)
+        kept = _read_only(backward, list(range(len(tree_flatten(operands_of_backward)[0]))))
+        return backward, float_in, kept
+
+    backward, float_in, kept = _once(body, ("backward", tuple(wanted)), make)
+    if backward.captured:  # it reads a value of the call it was made for: that call's alone
+        del body._derived[("backward", tuple(wanted))]
+        backward, float_in, kept = make()
+    leaves = tree_flatten(operands_of_backward)[0]
+    grads = prims.block(backward, tuple(leaves[i] for i in kept), backward.captured)
+    by_position = dict(zip(float_in, grads))
+    cts = [by_position.get(i) for i in range(len(flat))]
+    return None, tuple(cts[:len(operands)]), tuple(cts[len(operands):])
+
+
+def _as_checkpoint(call):
+    """The block call as the checkpoint it is, for forward mode and vmap."""
+    body, operands, captured = call.args
+    return call._replace(symbol=prims.checkpoint, kwargs={}, args=(
+        body, operands, captured, checkpoint_policies.everything_saveable, call.kwargs.get("n_saved", 0)))
+
+
+@defjvp(prims.block.id)
+def _block_jvp(call, tangents):
+    return _checkpoint_jvp(_as_checkpoint(call), (None, tangents[1], tangents[2], None, None))
+
+
+@defbatch(prims.block.id)
+def _block_batch(call, dims):
+    return _checkpoint_batch(_as_checkpoint(call), (None, dims[1], dims[2], None, None))
 
 
 # checkpoint_name(x, name) is x: linear, its own transpose
