@@ -6,7 +6,8 @@ default step, `tf.jit(model)` (no fusion).
 
 Tiny width (n_embd 64, 4 heads, vocab 256), batch 2 x 32 tokens, training mode with dropout 0, fp32, on
 the CPU. A step is: gradients cleared, forward, loss, backward. Per depth it prints the median step time
-of each (rounds alternate between the two, `harness.interleaved`) and thunderfn's ratio to eager; the
+of each (rounds alternate between the two, `harness.interleaved`) and thunderfn's ratio to eager, in wall
+time and in this process's CPU time (which other processes on a shared machine do not inflate); the
 matrix multiplies (mm, addmm, bmm, baddbmm) and copies (copy_) one step runs, nested calls included
 (thunderfn/testing/op_counts.py: `kernel_counts`); the top-level aten ops of a step; and the largest
 gradient difference from eager. The default step runs eager's kernels on eager's operand layouts, so
@@ -20,6 +21,7 @@ import copy
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -54,21 +56,24 @@ def measure(n_layer: int, rounds: int, calls: int) -> dict:
         kernels = kernel_counts(lambda: step(model, idx, targets))
         row[name] = {"matmul": kernels["matmul"], "copy": kernels["copy"],
                      "aten_ops": sum(top_level_aten_ops(lambda: step(model, idx, targets)).values())}
-    times = interleaved({name: (lambda m=model: step(m, idx, targets)) for name, model in models.items()},
-                        rounds, calls)
+    steps = {name: (lambda m=model: step(m, idx, targets)) for name, model in models.items()}
+    wall, cpu = interleaved(steps, rounds, calls), interleaved(steps, rounds, calls, clock=time.process_time)
     for name in models:
-        row[name]["ms"] = times[name]
+        row[name]["ms"], row[name]["cpu_ms"] = wall[name], cpu[name]
     return row
 
 
+def _cells(r: dict) -> tuple:
+    e, t = r["eager"], r["thunderfn"]
+    return (str(r["layers"]), f"{e['ms']:.2f}", f"{t['ms']:.2f}", f"{t['ms'] / e['ms']:.2f}x",
+            f"{e['cpu_ms']:.2f}/{t['cpu_ms']:.2f}", f"{t['cpu_ms'] / e['cpu_ms']:.2f}x",
+            *(f"{e[k]}/{t[k]}" for k in ("matmul", "copy", "aten_ops")), f"{r['grad_error']:.1e}")
+
+
 def _print(rows: list[dict]) -> None:
-    header = ("layers", "eager ms", "thunderfn ms", "ratio", "matmuls eager/tf", "copies eager/tf",
-              "aten ops eager/tf", "grad error")
-    table = [header] + [
-        (str(r["layers"]), f"{r['eager']['ms']:.2f}", f"{r['thunderfn']['ms']:.2f}",
-         f"{r['thunderfn']['ms'] / r['eager']['ms']:.2f}x",
-         *(f"{r['eager'][k]}/{r['thunderfn'][k]}" for k in ("matmul", "copy", "aten_ops")), f"{r['grad_error']:.1e}")
-        for r in rows]
+    header = ("layers", "eager ms", "thunderfn ms", "ratio", "CPU ms eager/tf", "CPU ratio", "matmuls eager/tf",
+              "copies eager/tf", "aten ops eager/tf", "grad error")
+    table = [header] + [_cells(r) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
@@ -77,7 +82,7 @@ def _print(rows: list[dict]) -> None:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="*", default=[2, 8, 32])
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="also write the rows to this file")
