@@ -7,10 +7,11 @@ model, with interleaved timing rounds.
     python benchmarks/bench_models.py --models hf-bert --variants eager thunderfn thunderfn-backend torch.compile
     python benchmarks/bench_models.py --list                # the models, and why any are skipped
 
-Each model is a tiny random configuration from transformers, timm, torchvision or litgpt, in
-training mode with dropout and stochastic depth off (so every variant computes the same numbers), fp32,
-batch 2; the random generator is reseeded before each variant's first step all the same. A step is:
-gradients cleared, forward, loss, backward. Per model and variant it prints
+Each model is a tiny random configuration from transformers, timm, torchvision or litgpt, or nanoGPT's
+plain-PyTorch GPT (benchmarks/nanogpt.py; bench_nanogpt.py times it by depth), in training mode with
+dropout and stochastic depth off (so every variant computes the same numbers), fp32, batch 2; the random
+generator is reseeded before each variant's first step all the same. A step is: gradients cleared,
+forward, loss, backward. Per model and variant it prints
 - `ok` or the largest gradient error against eager (every parameter's gradient); `ok (fp64)` where a
   variant differs from eager in fp32 but matches eager run in fp64 (see _ROUNDING_NOTE); `refused` and
   the named error where tf.jit cannot trace a model, as JIT_REFUSES expects (Mixtral's router),
@@ -43,7 +44,8 @@ from thunderfn.testing.op_counts import top_level_aten_ops
 from thunderfn.testing.optional_libraries import import_torchvision, why_unavailable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_training import cpu_peak_bytes, interleaved_medians  # noqa: E402  (a sibling script, not a package)
+import nanogpt  # noqa: E402  (sibling scripts, not a package)
+from bench_training import cpu_peak_bytes, interleaved_medians  # noqa: E402
 
 BATCH = 2
 SEED = 0
@@ -185,7 +187,13 @@ def _litgpt(name, **fields):
     return build
 
 
+def _nanogpt():
+    model, ids, targets = nanogpt.tiny(n_layer=2, batch=BATCH)
+    return model, lambda m, dtype=torch.float32: m(ids, targets)[1]
+
+
 MODELS = {
+    "nanogpt": ("torch", _nanogpt),
     "hf-bert": ("transformers", _hf_masked_lm("BertConfig")),
     "hf-roberta": ("transformers", _hf_masked_lm("RobertaConfig")),
     "hf-t5": ("transformers", _hf_t5),

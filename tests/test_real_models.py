@@ -2,13 +2,21 @@
 (tiny random configs, built offline), torch.nn modules whose forward reads tensor values
 or tests isinstance(x, torch.Tensor), and what library code is told while it is traced."""
 
+import copy
+import os
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import thunderfn as tf
 from thunderfn.core.pytree import tree_flatten
+from thunderfn.testing.op_counts import kernel_counts
 from thunderfn.testing.optional_libraries import why_unavailable
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import nanogpt  # noqa: E402  (karpathy/nanoGPT's model.py, a script beside the benchmarks)
 
 # the Hugging Face tests skip without it; the rest of this file runs
 _NO_TRANSFORMERS = why_unavailable("transformers")
@@ -210,6 +218,26 @@ def test_multihead_attention_training_step_runs_attention_once_as_eager_does():
     assert jit_counts["aten::_scaled_dot_product_flash_attention_for_cpu"] == 1, jit_counts
     assert jit_counts["aten::_scaled_dot_product_flash_attention_for_cpu_backward"] == 1, jit_counts
     assert jit_counts["aten::linear"] <= eager_counts["aten::linear"], (jit_counts, eager_counts)
+
+
+def test_a_nanogpt_step_runs_no_more_matmuls_or_copies_than_eager_with_eagers_gradients():
+    """nanoGPT (plain PyTorch: fused c_attn split into heads by view/transpose, SDPA, heads put back by
+    transpose(1, 2).contiguous(), tied embedding and head): the default step keeps eager's operand layouts,
+    so it runs eager's matrix multiplies and no copy eager does not (the CPU attention backward once made
+    its incoming gradient contiguous in the other order, and the kernel copied it back: two per layer)."""
+    model, idx, targets = nanogpt.tiny(n_layer=2)
+    jitted = tf.jit(copy.deepcopy(model))
+
+    def step(module):
+        module.zero_grad(set_to_none=True)
+        module(idx, targets)[1].backward()
+
+    step(jitted)  # compiled here, so the step counted below runs the cached program
+    eager_counts, jit_counts = kernel_counts(lambda: step(model)), kernel_counts(lambda: step(jitted))
+    assert jit_counts["matmul"] <= eager_counts["matmul"] and jit_counts["copy"] <= eager_counts["copy"], \
+        (jit_counts, eager_counts)
+    for (name, p), q in zip(model.named_parameters(), jitted.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
 
 
 def test_batch_norm_cumulative_average_momentum_none_matches_eager_over_steps():

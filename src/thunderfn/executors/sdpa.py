@@ -71,8 +71,11 @@ def sdpa_flash_cpu(query, key, value, attn_mask, is_causal, scale):
 
 
 def sdpa_flash_cpu_bwd(grad_out, query, key, value, out, logsumexp, attn_mask, is_causal, scale):
+    # grad_out as it comes, as eager's autograd passes it: the kernel makes it contiguous in its own
+    # (B, L, heads, E) order, which the usual grad_out (heads put back by transpose(1, 2)) already is;
+    # a .contiguous() here copied it into (B, heads, L, E) and the kernel copied it back
     return tuple(aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad_out.contiguous(), *map(_last_dim_contiguous, (query, key, value)), out, logsumexp, 0.0, is_causal,
+        grad_out, *map(_last_dim_contiguous, (query, key, value)), out, logsumexp, 0.0, is_causal,
         attn_mask=attn_mask, scale=scale))
 
 

@@ -1,7 +1,9 @@
 """Counting what a step asks the dispatcher for: the aten ops torch.profiler records, each counted where
 Python code or torch.autograd called it (an aten op's own calls inside it are not counted). The CPU
 analogue of kernel launches, used by tests and benchmarks/bench_models.py to hold a jitted step to no
-more ops than eager's."""
+more ops than eager's. `kernel_counts` counts the matrix multiplies and copies a step runs wherever
+they are called from (addmm copies its bias into the output, contiguous() inside a kernel copies), to
+hold a jitted step to eager's operand layouts."""
 from __future__ import annotations
 
 import collections
@@ -23,3 +25,17 @@ def top_level_aten_ops(fn) -> collections.Counter:
         if parent is None:
             counts[event.name] += 1
     return counts
+
+
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+# every copy, wherever it comes from (clone, contiguous, reshape of a non-viewable tensor, .to), ends in copy_
+COPY_OPS = ("aten::copy_",)
+
+
+def kernel_counts(fn) -> dict:
+    """{"matmul": n, "copy": n}: the matrix multiplies and copies one call of fn() runs, nested calls included
+    (a copy that a kernel makes of an operand whose layout it cannot take counts as well)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    names = collections.Counter(event.name for event in prof.events())
+    return {"matmul": sum(names[n] for n in MATMUL_OPS), "copy": sum(names[n] for n in COPY_OPS)}
