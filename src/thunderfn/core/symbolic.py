@@ -385,29 +385,12 @@ def _guards_expression(env, placeholders) -> str | None:
     configuration: seconds, once per process); this is its algorithm for what a compile of ours has (no tensor
     placeholders, constraints or input equalities, no automatic-dynamic exclusions), in its order, printed by its
     printer. Where this torch's ShapeEnv is not the one it was written for, torch's own answers."""
-    shapes = _shapes()
     try:
         if getattr(env, "exclusion_constraints", None) or env._translation_validation_enabled:
             raise AttributeError("Dynamo's case")
-        source_type = _input_source()
-        sources = [source_type(f"t{i}") for i in range(len(placeholders))]
         symbol_to_source: dict = {}
-        printer = shapes.ShapeGuardPythonPrinter(symbol_to_source, lambda source: source.name, env.var_to_sources)
-        inputs = []
-        for source, value in zip(sources, placeholders):  # (torch's track_symint)
-            if isinstance(value, torch.SymInt) and value.node.maybe_as_int() is not None:
-                value = value.node.maybe_as_int()
-            if isinstance(value, torch.SymInt):
-                expr = value.node.expr
-                if isinstance(expr, shapes.sympy.Symbol):
-                    symbol_to_source.setdefault(expr, []).append(source)
-            else:
-                expr = shapes.sympy.Integer(value)
-            inputs.append((source, expr))
-        exprs = []
-        for source, expr in inputs:
-            if not (isinstance(expr, shapes.sympy.Symbol) and symbol_to_source[expr][0] == source):
-                exprs.append(f"{printer.print_source(source)} == {printer.doprint(expr)}")
+        printer = _shapes().ShapeGuardPythonPrinter(symbol_to_source, lambda source: source.name, env.var_to_sources)
+        exprs = _input_guards(placeholders, symbol_to_source, printer)
         issued = set()
         for guard in env.guards:
             if env._maybe_evaluate_static(guard.expr, axioms=(), size_oblivious=guard.size_oblivious) is not None:
@@ -416,21 +399,50 @@ def _guards_expression(env, placeholders) -> str | None:
             if expr not in issued:
                 issued.add(expr)
                 exprs.append(printer.doprint(expr))
-        sympy, int_oo = shapes.sympy, shapes.int_oo
-        for symbol in symbol_to_source:
-            r = env.var_to_range.get(symbol)
-            if r is None:
-                continue
-            bounds = []
-            if r.lower not in (-sympy.oo, -int_oo):
-                bounds.append(sympy.Le(r.lower, symbol, evaluate=False))
-            if r.upper not in (sympy.oo, int_oo):
-                bounds.append(sympy.Le(symbol, r.upper, evaluate=False))
-            if bounds:
-                exprs.append(printer.doprint(sympy.And(*bounds, evaluate=False)))
+        exprs += _range_guards(env, symbol_to_source, printer)
     except (AttributeError, TypeError):
         return env.produce_guards_expression(placeholders, ignore_static=True)
     return " and ".join(exprs) if exprs else None
+
+
+def _input_guards(placeholders, symbol_to_source: dict, printer) -> list[str]:
+    """produce_guards' first guards (its track_symint): each placeholder equal to its value where that is a number
+    or another placeholder's symbol; fills symbol_to_source (symbol -> the sources that hold it bare)."""
+    shapes = _shapes()
+    source_type = _input_source()
+    inputs = []
+    for i, value in enumerate(placeholders):
+        source = source_type(f"t{i}")
+        if isinstance(value, torch.SymInt) and value.node.maybe_as_int() is not None:
+            value = value.node.maybe_as_int()
+        if isinstance(value, torch.SymInt):
+            expr = value.node.expr
+            if isinstance(expr, shapes.sympy.Symbol):
+                symbol_to_source.setdefault(expr, []).append(source)
+        else:
+            expr = shapes.sympy.Integer(value)
+        inputs.append((source, expr))
+    return [f"{printer.print_source(source)} == {printer.doprint(expr)}" for source, expr in inputs
+            if not (isinstance(expr, shapes.sympy.Symbol) and symbol_to_source[expr][0] == source)]
+
+
+def _range_guards(env, symbol_to_source: dict, printer) -> list[str]:
+    """produce_guards' last guards: each input symbol's known range, where it has a bound."""
+    shapes = _shapes()
+    sympy, int_oo = shapes.sympy, shapes.int_oo
+    exprs = []
+    for symbol in symbol_to_source:
+        r = env.var_to_range.get(symbol)
+        if r is None:
+            continue
+        bounds = []
+        if r.lower not in (-sympy.oo, -int_oo):
+            bounds.append(sympy.Le(r.lower, symbol, evaluate=False))
+        if r.upper not in (sympy.oo, int_oo):
+            bounds.append(sympy.Le(symbol, r.upper, evaluate=False))
+        if bounds:
+            exprs.append(printer.doprint(sympy.And(*bounds, evaluate=False)))
+    return exprs
 
 
 def _without_lazy_trace_handler() -> None:
