@@ -18,6 +18,7 @@ def _slow_to_trace(x):
 
 def test_a_long_compile_reports_its_stages_and_their_times_on_stderr(monkeypatch, capsys):
     monkeypatch.setattr(progress, "THRESHOLD_S", 0.1)
+    monkeypatch.delenv("THUNDERFN_PROGRESS", raising=False)  # (reported even where the run silences it)
     tf.jit(_slow_to_trace)(torch.randn(3))
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("thunderfn: compiling '_slow_to_trace' (0.1 s so far): tracing")
@@ -65,6 +66,7 @@ def _figure(x: float) -> float:
 
 def test_a_training_steps_line_counts_its_backwards_first_run_where_its_regions_compile(monkeypatch, capsys):
     monkeypatch.setattr(progress, "THRESHOLD_S", 0.1)
+    monkeypatch.delenv("THUNDERFN_PROGRESS", raising=False)  # (reported even where the run silences it)
     ex = _CompilesOnFirstCall()
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
     jm = tf.jit(model, executors=[ex])
@@ -96,6 +98,7 @@ def test_a_backward_made_later_for_outputs_without_gradients_reports_its_compile
         return x.sin() * 2, x.cos() * 3
 
     monkeypatch.setattr(progress, "THRESHOLD_S", 0.1)
+    monkeypatch.delenv("THUNDERFN_PROGRESS", raising=False)  # (reported even where the run silences it)
     jf = tf.jit(two, executors=[_CompilesOnFirstCall()])
     x = torch.randn(3, requires_grad=True)
     a, b = jf(x)
@@ -108,7 +111,8 @@ def test_a_backward_made_later_for_outputs_without_gradients_reports_its_compile
     assert "compiling compiles_on_first_call_fusion" in err[-1] and "first step" not in err[-1]
 
 
-def test_a_short_training_step_prints_nothing(capsys):
+def test_a_short_training_step_prints_nothing(monkeypatch, capsys):
+    monkeypatch.delenv("THUNDERFN_PROGRESS", raising=False)
     x = torch.randn(3, requires_grad=True)
     tf.jit(lambda x: x.sin() * 2)(x).sum().backward()
     assert capsys.readouterr().err == ""
