@@ -1,7 +1,8 @@
 """Compile time by depth: the first step of tf.jit as programs grow, each measured in a fresh process.
 
-    python benchmarks/bench_compile.py                    # every section, default sizes (about 1.5 minutes on 2 cores)
+    python benchmarks/bench_compile.py                    # every section, default sizes (about 2 minutes on 2 cores)
     python benchmarks/bench_compile.py --sections gpt2 --layers 2 8      # fewer depths
+    python benchmarks/bench_compile.py --sections fresh --rounds 7       # one-time costs of a fresh process
     python benchmarks/bench_compile.py --fusion --torch-compile           # also tf.jit(fusion=True), torch.compile
                                                                           # (minutes each at 32 and 64 layers)
 
@@ -19,6 +20,10 @@ Sections:
   within 2x).
 - unrolled: the first call of `tf.jit(tf.grad(f))` where f runs a Python loop of 1,000 passes of
   `x = torch.sin(x) * 1.01` over 16 floats (tracing unrolls it into 2,000 operations; target under 1.5 s).
+- fresh: what a fresh process pays once (issue 39's target: each first compile under 1 s), median of `--rounds`
+  processes: `import thunderfn` after `import torch`; the first compile of `tf.jit(lambda x: x.sin() + 1)` on a
+  4 x 4 tensor (static); its first symbolic one, on 5 x 4 (a dimension made symbolic, as `dynamic=None` does on
+  the first size change: sympy and torch's ShapeEnv are imported then); and whether that imported torch._dynamo.
 
 Every time is the first call after imports and setup; a first call includes tracing, the transforms, compiling
 and one run. Benchmarks are not tests: nothing here asserts a time. On a shared machine, rerun and compare.
@@ -172,7 +177,40 @@ def section_unrolled(args) -> None:
           f"`x = torch.sin(x) * 1.01`, in a fresh process: {_cell(out)} s (target under 1.5 s)")
 
 
-SECTIONS = {"gpt2": section_gpt2, "per-op": section_per_op, "unrolled": section_unrolled}
+# -- what a fresh process pays once ----------------------------------------------------------------------
+_IMPORT_TIME = ("import time; start = time.perf_counter(); import torch; middle = time.perf_counter(); "
+                "import thunderfn; print(time.perf_counter() - middle)")
+
+
+def _fresh_child() -> dict:
+    import sys
+
+    f = tf.jit(lambda x: x.sin() + 1)
+    static = _first_call(f, torch.randn(4, 4))
+    symbolic = _first_call(f, torch.randn(5, 4))
+    if tf.cache_info(f)["misses"] != 2 or not tf.cache_info(f)["symbolic"]:
+        raise RuntimeError(f"the second size did not compile symbolic: {tf.cache_info(f)}")
+    return {"static": static, "symbolic": symbolic, "dynamo": "torch._dynamo" in sys.modules}
+
+
+def section_fresh(args) -> None:
+    import statistics
+    import subprocess
+    import sys
+
+    imports = [float(subprocess.run([sys.executable, "-c", _IMPORT_TIME], capture_output=True, text=True,
+                                    check=True).stdout) for _ in range(args.rounds)]
+    runs = [in_fresh_process(__file__, "fresh", timeout=args.timeout) for _ in range(args.rounds)]
+    runs = [r for r in runs if r is not None]
+    print(f"\n## fresh: what a fresh process pays once, median of {args.rounds} processes (target: each first "
+          f"compile under 1 s)\n")
+    print("| import thunderfn (after torch) | first static compile | first symbolic compile | imported torch._dynamo |"
+          "\n|---|---|---|---|")
+    print(f"| {statistics.median(imports):.3f} s | {statistics.median(r['static'] for r in runs):.3f} s | "
+          f"{statistics.median(r['symbolic'] for r in runs):.3f} s | {any(r['dynamo'] for r in runs)} |", flush=True)
+
+
+SECTIONS = {"gpt2": section_gpt2, "per-op": section_per_op, "unrolled": section_unrolled, "fresh": section_fresh}
 
 
 def main() -> None:
@@ -193,6 +231,8 @@ def main() -> None:
             out = _gpt2_child(rest[0], int(rest[1]), int(rest[2]))
         elif kind == "per-op":
             out = _per_op_child(rest[0], int(rest[1]))
+        elif kind == "fresh":
+            out = _fresh_child()
         else:
             out = _unrolled_child()
         print(json.dumps(out))

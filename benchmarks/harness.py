@@ -18,7 +18,6 @@ import sys
 import time
 
 import torch
-import torch._dynamo
 
 import thunderfn as tf
 
@@ -158,12 +157,16 @@ class ThunderfnBackend:
         self.compiles = 0
 
     def compile(self, fn):
+        import torch._dynamo  # (here, not at the top: bench_compile's fresh processes time compiles without it)
+
         if self.reset_each:
             torch._dynamo.reset()
         self.compiles += 1
         return torch.compile(fn, backend=self.backend, dynamic=self.dynamic)
 
     def clear(self) -> None:
+        import torch._dynamo
+
         torch._dynamo.reset()
         self.backend.records.clear()
         self.compiles = 0

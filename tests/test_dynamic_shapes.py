@@ -1,5 +1,8 @@
 """Dynamic shapes: one trace for every size of a dimension, guarded by what the trace relied on."""
 import random
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -7,6 +10,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import thunderfn as tf
+from thunderfn.core import symbolic
 from thunderfn.testing import strategies as tst
 
 
@@ -123,6 +127,48 @@ def test_divisibility_a_view_relied_on_is_guarded():
         torch.testing.assert_close(jitted(x), f(x))
     with pytest.raises(RuntimeError, match="invalid for input of size 10"):
         jitted(torch.randn(10))
+
+
+def _sizes_of_last_symbolic_entry(jitted) -> symbolic.SymbolicInputs:
+    return jitted._thunderfn_state.symbolic_entries[-1].sizes.inputs
+
+
+@pytest.mark.parametrize("program, calls", [
+    (lambda x: x.view(-1, 4).sum(1), [(8,), (12,)]),  # divisibility
+    (lambda x, y: x + y, [((5,), (5,)), ((7,), (7,))]),  # equal sizes of two inputs
+    (lambda x: x[: x.shape[0] // 2] * 2 if x.shape[0] > 6 else x, [(8, 3), (10, 3)]),  # a branch, a floor division
+    (lambda x: x.reshape(x.shape[0] * x.shape[1]).sum() + int(x.shape[1]), [(4, 3), (5, 6)]),  # a pinned size
+    (lambda x, w: (x @ w).tanh(), [((4, 3), (3, 2)), ((5, 7), (7, 2))]),  # inner sizes that must agree
+])
+def test_size_guards_are_the_expression_torchs_shapeenv_produces(program, calls):
+    """thunderfn prints a compile's size guards itself (core/symbolic.py's _guards_expression: torch's own
+    produce_guards imports torch._dynamo); it prints what torch's would, guard for guard."""
+    jitted = tf.jit(program)
+    for shapes in calls:
+        shapes = shapes if isinstance(shapes[0], tuple) else (shapes,)
+        jitted(*(torch.randn(s) for s in shapes))
+    inputs = _sizes_of_last_symbolic_entry(jitted)
+    expected = inputs.env.produce_guards_expression(inputs.placeholders, ignore_static=True)
+    assert symbolic._guards_expression(inputs.env, inputs.placeholders) == expected
+
+
+def test_a_symbolic_compile_imports_neither_dynamo_nor_inductor_and_leaves_torchs_modules_as_they_were():
+    """What ShapeEnv would import torch._dynamo for (a question of translation validation, guard sources, the
+    first structured-trace record) is answered without it: seconds of a small function's first symbolic compile."""
+    script = textwrap.dedent("""
+        import sys, torch, thunderfn as tf
+        f = tf.jit(lambda x: x.sin() + 1)
+        f(torch.randn(4, 4)); f(torch.randn(5, 4)); f(torch.randn(6, 4))
+        assert tf.cache_info(f)["misses"] == 2 and tf.cache_info(f)["symbolic"], tf.cache_info(f)
+        print(sorted(m for m in ("torch._dynamo", "torch._inductor", "torch.fx.experimental.validator")
+                     if m in sys.modules))
+        import torch.fx.experimental.validator as validator  # torch's own, whole, once asked for
+        print(validator.ValidationException.__name__, validator.translation_validation_enabled())
+        print(torch.compile(lambda x: x * 2, backend="eager")(torch.ones(2)).tolist())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["[]", "ValidationException False", "[2.0, 2.0]"]
 
 
 def test_dynamic_false_compiles_every_size():

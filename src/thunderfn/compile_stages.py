@@ -256,7 +256,10 @@ def generate(c: Compilation) -> Compilation:
         # a backward for calls where some outputs get no gradient, made when one first comes: from the split
         # as it is (where rematerialization or a distribution rewrote the backward, the absent gradients are zeros)
         plain = not c.backward_rewritten and split_.backward_without is not None
-        fn = CompiledSplit(split_, fn, generated(c.backward_lowered), backward_without if plain else None)
+        # the backward's first run, where fusion executors compile its regions, comes after this compile's
+        # line: reported as its continuation (core/progress.py)
+        fn = CompiledSplit(split_, fn, generated(c.backward_lowered), backward_without if plain else None,
+                           first_run=progress.later("the backward"))
         if not c.called_with_grad:
             # called under no_grad, the function switched grad on and left it on (a piece of a graph
             # torch.compile split): eager would record the rest for torch.autograd and leave the mode on

@@ -27,14 +27,21 @@ takes it as known, and generated code checks it where the op has run (`runtime_c
 compile has no ShapeEnv until its first data-dependent size makes one (`SymbolicInputs({})`).
 
 Imported by the core; torch's symbolic_shapes is imported on the first dynamic compile or data-dependent
-size (with sympy and torch._dynamo, which ShapeEnv imports: seconds, once per process), never otherwise.
+size (with sympy: half a second to a second, once per process), never otherwise. torch._dynamo, which a ShapeEnv
+would import for three things (its validator module's question whether translation validation is on, the
+Source types of guards, and the metadata of the process's first structured-trace record), is not: each is
+answered without it (_shape_env, _input_source and _guards_expression, _without_lazy_trace_handler), which
+took a small function's first symbolic compile from 3.4 s to under 1 s on 2 cores.
 May import: errors.py.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
+import inspect
+import logging
 import numbers
 import os
 import re
@@ -296,9 +303,162 @@ def _shapes():
     return importlib.import_module("torch.fx.experimental.symbolic_shapes")
 
 
+def _shape_env(**options):
+    """A ShapeEnv of torch's, made without importing torch._dynamo where that import would only say that torch's
+    translation validation (a debugging aid of Dynamo's, off unless configured) is off: ShapeEnv asks
+    torch.fx.experimental.validator, which imports torch._dynamo (seconds, once per process: most of a small
+    function's first symbolic compile). While the ShapeEnv is made, that module's name stands for a stand-in
+    that answers the question as the real one would and imports the real one for anything else it is asked."""
+    shapes = _shapes()
+    name = "torch.fx.experimental.validator"
+    config = importlib.import_module("torch.fx.experimental._config")
+    if name in sys.modules or getattr(config, "translation_validation", True):
+        return shapes.ShapeEnv(**options)
+    stand_in = _ValidatorStandIn(name)
+    with _stand_in_lock:
+        sys.modules.setdefault(name, stand_in)
+        try:
+            return shapes.ShapeEnv(**options)
+        finally:
+            if sys.modules.get(name) is stand_in:
+                del sys.modules[name]
+
+
+_stand_in_lock = threading.Lock()
+
+
+class _ValidatorStandIn(type(sys)):
+    """torch.fx.experimental.validator while a ShapeEnv is made (_shape_env): translation validation is off (as
+    the real module answers when its configuration says so); any other name imports the real module."""
+
+    @staticmethod
+    def translation_validation_enabled() -> bool:
+        return bool(importlib.import_module("torch.fx.experimental._config").translation_validation) and \
+            _real_validator().translation_validation_enabled()
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):  # (the import system's questions: `from m import x` asks for __path__)
+            raise AttributeError(attr)
+        return getattr(_real_validator(), attr)
+
+
+def _real_validator():
+    name = "torch.fx.experimental.validator"
+    if isinstance(sys.modules.get(name), _ValidatorStandIn):
+        del sys.modules[name]
+    return importlib.import_module(name)
+
+
 @functools.cache
-def _sources():
-    return importlib.import_module("torch._dynamo.source")
+def _input_source():
+    """The type of the `Source` (torch's name for where a symbol comes from) of an input's size: one of thunderfn's
+    with the name torch's LocalSource prints ("L['t0']"), so that making symbols imports nothing of Dynamo's; torch's
+    own where Dynamo is imported already or where torch's Source is not the one this was written for."""
+    guards = importlib.import_module("torch._guards")
+    if ("torch._dynamo.source" in sys.modules
+            or not isinstance(inspect.getattr_static(guards.Source, "name", None), functools.cached_property)
+            or not hasattr(guards.Source, "_name_template")):
+        return importlib.import_module("torch._dynamo.source").LocalSource
+
+    @dataclasses.dataclass(frozen=True)
+    class InputSize(guards.Source):
+        local_name: str
+
+        @property
+        def _name_template(self) -> str:
+            return f"L[{self.local_name!r}]"
+
+        @property
+        def guard_source(self):
+            return guards.GuardSource.LOCAL
+
+        def reconstruct_pycode(self, codegen) -> str:
+            return self.local_name
+
+    return InputSize
+
+
+def _guards_expression(env, placeholders) -> str | None:
+    """What `env.produce_guards_expression(placeholders, ignore_static=True)` returns for placeholders of ints and
+    SymInts of input sizes (this module's): a Python expression over L['t0'], L['t1'], ... (the placeholders) that
+    holds exactly where the guards do, or None. torch's imports torch._dynamo (for its Source types and its
+    configuration: seconds, once per process); this is its algorithm for what a compile of ours has (no tensor
+    placeholders, constraints or input equalities, no automatic-dynamic exclusions), in its order, printed by its
+    printer. Where this torch's ShapeEnv is not the one it was written for, torch's own answers."""
+    try:
+        if getattr(env, "exclusion_constraints", None) or env._translation_validation_enabled:
+            raise AttributeError("Dynamo's case")
+        symbol_to_source: dict = {}
+        printer = _shapes().ShapeGuardPythonPrinter(symbol_to_source, lambda source: source.name, env.var_to_sources)
+        exprs = _input_guards(placeholders, symbol_to_source, printer)
+        issued = set()
+        for guard in env.guards:
+            if env._maybe_evaluate_static(guard.expr, axioms=(), size_oblivious=guard.size_oblivious) is not None:
+                continue
+            expr = env.simplify(guard.expr)
+            if expr not in issued:
+                issued.add(expr)
+                exprs.append(printer.doprint(expr))
+        exprs += _range_guards(env, symbol_to_source, printer)
+    except (AttributeError, TypeError):
+        return env.produce_guards_expression(placeholders, ignore_static=True)
+    return " and ".join(exprs) if exprs else None
+
+
+def _input_guards(placeholders, symbol_to_source: dict, printer) -> list[str]:
+    """produce_guards' first guards (its track_symint): each placeholder equal to its value where that is a number
+    or another placeholder's symbol; fills symbol_to_source (symbol -> the sources that hold it bare)."""
+    shapes = _shapes()
+    source_type = _input_source()
+    inputs = []
+    for i, value in enumerate(placeholders):
+        source = source_type(f"t{i}")
+        if isinstance(value, torch.SymInt) and value.node.maybe_as_int() is not None:
+            value = value.node.maybe_as_int()
+        if isinstance(value, torch.SymInt):
+            expr = value.node.expr
+            if isinstance(expr, shapes.sympy.Symbol):
+                symbol_to_source.setdefault(expr, []).append(source)
+        else:
+            expr = shapes.sympy.Integer(value)
+        inputs.append((source, expr))
+    return [f"{printer.print_source(source)} == {printer.doprint(expr)}" for source, expr in inputs
+            if not (isinstance(expr, shapes.sympy.Symbol) and symbol_to_source[expr][0] == source)]
+
+
+def _range_guards(env, symbol_to_source: dict, printer) -> list[str]:
+    """produce_guards' last guards: each input symbol's known range, where it has a bound."""
+    shapes = _shapes()
+    sympy, int_oo = shapes.sympy, shapes.int_oo
+    exprs = []
+    for symbol in symbol_to_source:
+        r = env.var_to_range.get(symbol)
+        if r is None:
+            continue
+        bounds = []
+        if r.lower not in (-sympy.oo, -int_oo):
+            bounds.append(sympy.Le(r.lower, symbol, evaluate=False))
+        if r.upper not in (sympy.oo, int_oo):
+            bounds.append(sympy.Le(symbol, r.upper, evaluate=False))
+        if bounds:
+            exprs.append(printer.doprint(sympy.And(*bounds, evaluate=False)))
+    return exprs
+
+
+def _without_lazy_trace_handler() -> None:
+    """Let torch's structured-trace handler go now if it would go at the first record it is given: torch attaches
+    one to every process, which at its first record drops itself unless TORCH_TRACE (or Meta's infrastructure)
+    gives it a place to write; until then every ShapeEnv.create_symbol computes the record's metadata, a stack
+    symbolized by the profiler's machinery (which imports torch._inductor and torch._dynamo: seconds). Given an
+    empty record instead, it drops itself as it would have (the condition is torch's own, in LazyTraceHandler.emit)."""
+    try:
+        internal = importlib.import_module("torch._logging._internal")
+        for handler in list(internal.trace_log.handlers):
+            if (type(handler) is internal.LazyTraceHandler and handler.root_dir is None and handler.stream is None
+                    and hasattr(torch.version, "git_version") and os.getenv("MAST_HPC_JOB_NAME") is None):
+                handler.emit(logging.makeLogRecord({}))
+    except AttributeError:  # another torch's logging: it pays what it pays
+        pass
 
 
 @functools.cache
@@ -328,7 +488,8 @@ class SymbolicInputs:
         self.number_names: dict = {}  # "f0" -> "argument 'lr'", in the order the generated code takes them
         # (tensor number, dim) -> the size to trace a symbol at instead of the call's (see jit's dynamic_shapes.py)
         self.hints = hints or {}
-        self.env = shapes.ShapeEnv(specialize_zero_one=False)
+        _without_lazy_trace_handler()
+        self.env = _shape_env(specialize_zero_one=False)
         self.placeholders: list = []  # every dimension of every tensor input, in order (int or SymInt)
         self.access: list[tuple[int, int]] = []  # (tensor number, dim) of each placeholder
         self.names: dict = {}  # sympy symbol -> "s0": the printed name, in order of creation
@@ -363,7 +524,7 @@ class SymbolicInputs:
         for d, n in enumerate(shape):
             self.access.append((number, d))
             if d in open_dims and n >= 1:
-                source = _sources().LocalSource(f"t{len(self.placeholders)}")
+                source = _input_source()(f"t{len(self.placeholders)}")
                 at = self.hints.get((number, d), n)
                 # a symbol of its own, even where another dimension has the same size now (no duck sizing: two
                 # sizes equal by chance would be one symbol, and a size of a weight or a Python number the
@@ -480,7 +641,7 @@ class SymbolicInputs:
         unbacked = [g.expr for g in self.env.guards if _shapes().free_unbacked_symbols(g.expr)]
         if unbacked:
             raise InternalError(f"a guard of this compile reads a data-dependent size: {python(unbacked[0], self)}")
-        code = self.env.produce_guards_expression(self.placeholders, ignore_static=True)
+        code = _guards_expression(self.env, self.placeholders)
         if code is None:
             return None
 

@@ -34,6 +34,7 @@ docs/executors.md). Ask for it with `tf.jit(fn, executors=["inductor"])`.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import operator
@@ -147,17 +148,21 @@ class CompiledRegion:
         too, else None). Called holding _compile_lock."""
         fn, result = _compiled.get(key), None
         if fn is None:
-            progress.stage(f"Inductor compiling fusion region {self.region.name} ({len(self.region.bsyms)} ops)")
-            artifacts.point_kernel_caches()
-            try:
-                with warnings.catch_warnings():  # Inductor's own chatter (deprecations inside torch) is not the user's
-                    warnings.simplefilter("ignore")
-                    fn = compile_graph(region_graph(self.region), list(example_inputs))
-                if run:
-                    result = fn(*example_inputs)
-            except Exception as e:  # any failure inside Inductor: run the ops unfused instead
-                fn = self.fall_back(e)
-                result = fn(*example_inputs) if run else None
+            # a stage of the compile running on this thread, or (a call with a new layout) a compile of its own;
+            # the background thread's compile blocks no call and says nothing
+            with (progress.compiling_region(self.region.name, f"Inductor compiling fusion region {self.region.name} "
+                                                              f"({len(self.region.bsyms)} ops)")
+                  if run else contextlib.nullcontext()):
+                artifacts.point_kernel_caches()
+                try:
+                    with warnings.catch_warnings():  # Inductor's chatter (deprecations inside torch) is not the user's
+                        warnings.simplefilter("ignore")
+                        fn = compile_graph(region_graph(self.region), list(example_inputs))
+                    if run:
+                        result = fn(*example_inputs)
+                except Exception as e:  # any failure inside Inductor: run the ops unfused instead
+                    fn = self.fall_back(e)
+                    result = fn(*example_inputs) if run else None
             _compiled.keep(key, fn)
         return fn, result
 
@@ -248,7 +253,9 @@ class SymbolicRegion:
             return over_limit(self, args)
         if self.background:
             return self.compile_later(grad, entries, args)
-        with _compile_lock:
+        with _compile_lock, progress.compiling_region(
+                self.region.name, f"Inductor compiling fusion region {self.region.name} with symbolic sizes "
+                                  f"({len(self.region.bsyms)} ops)"):
             check, fn = self.compile(args)
             entries.append((check, fn))
         self.last_grad, self.last_check, self.last_fn = grad, check, fn
@@ -261,8 +268,6 @@ class SymbolicRegion:
     def compile(self, args):
         """(check, fn): Inductor's function for every call whose sizes and strides meet its guards, and
         those as a check over the call's arguments; where Inductor fails, the unfused function for all."""
-        progress.stage(f"Inductor compiling fusion region {self.region.name} with symbolic sizes "
-                       f"({len(self.region.bsyms)} ops)")
         artifacts.point_kernel_caches()
         try:
             env, examples = symbolic_examples(args[:self.n_tensors], args[self.n_tensors:], self.dynamic_dims)

@@ -38,7 +38,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from thunderfn import prims
-from thunderfn.core import symbolic
+from thunderfn.core import progress, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.errors import ExecutorError
 from thunderfn.executors.fusion import CompiledCache, FusionExecutor, Region, positional_signature
@@ -368,12 +368,15 @@ class NvFuserRegion:
             key = (self.signature, descriptors)
             fd = _definitions.get(key)
             if fd is None:
-                try:
-                    fd = build_definition(frontend, self.region, descriptors)
-                    result = fd.execute(list(tensors))
-                except Exception as e:  # any failure inside nvFuser: run the ops unfused instead
-                    fd = self.fall_back(e)
-                    result = self.run(fd, tensors)
+                # (its first execute compiles the kernels: a stage of the compile running here, or one of its own)
+                with progress.compiling_region(self.region.name, f"nvFuser compiling fusion region "
+                                                                 f"{self.region.name} ({len(self.region.bsyms)} ops)"):
+                    try:
+                        fd = build_definition(frontend, self.region, descriptors)
+                        result = fd.execute(list(tensors))
+                    except Exception as e:  # any failure inside nvFuser: run the ops unfused instead
+                        fd = self.fall_back(e)
+                        result = self.run(fd, tensors)
                 _definitions.keep(key, fd)
             else:
                 result = None

@@ -32,7 +32,7 @@ import torch
 from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead_wrappers
 
 from thunderfn import prims, prims_control_flow  # noqa: F401  (makes prims.checkpoint)
-from thunderfn.core import context, dtypes, symbolic
+from thunderfn.core import context, dtypes, progress, symbolic
 from thunderfn.core.passes import dce
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_flatten, tree_unflatten
@@ -343,7 +343,17 @@ def _backward(ctx, *cotangents):
             ctx.anchor = None  # let go of it as of the saved tensors (unless retain_graph=True)
     else:
         anchor = residuals.pop()
-    backward, given = compiled.backward_for([c for c, d in zip(cotangents, compiled.differentiable) if d],
+    cotangents = [c for c, d in zip(cotangents, compiled.differentiable) if d]
+    first_run = compiled.first_run_of(cotangents)
+    if first_run is None:
+        return _run_backward(ctx, compiled, cotangents, residuals, anchor)
+    with first_run:
+        return _run_backward(ctx, compiled, cotangents, residuals, anchor)
+
+
+def _run_backward(ctx, compiled, cotangents, residuals, anchor) -> tuple:
+    """_backward's rest: the backward for these cotangents run on the residuals."""
+    backward, given = compiled.backward_for(cotangents,
                                             [m for m, d in zip(ctx.output_meta, compiled.differentiable) if d])
     residuals += given
     residuals += ctx.sizes
@@ -458,8 +468,10 @@ def _read_as_saved(bsym) -> list:
 class CompiledSplit:
     """A split, compiled: call it with the input tensors to get the user's output structure."""
 
-    def __init__(self, split: Split, forward, backward, backward_without=None):
+    def __init__(self, split: Split, forward, backward, backward_without=None, first_run=None):
         self.forward, self.backward = forward, backward
+        # what reports the first backward's run, the rest of the compile (core/progress.py's `later`), until it runs
+        self.first_run = first_run
         # absent -> the backward for calls whose differentiable outputs at those positions get no gradient
         # (None: the full backward, with zeros for them), made by backward_without(absent) on first use
         self.backward_without = backward_without
@@ -491,6 +503,20 @@ class CompiledSplit:
         at_new = {k: n_in + n_out + j for j, k in enumerate(self.new_residuals)}
         self.saved_from = [i if kind == "input" else n_in + i if kind == "output" else at_new[k]
                            for k, (kind, i) in enumerate(residual_plan)]
+
+    def first_run_of(self, cotangents):
+        """A context reporting this backward's run as a compile (core/progress.py) where it is a first: the first
+        backward of all (the compile's continuation), or one for outputs without gradients that backward_for makes
+        now; its fusion regions compile in it. None for the calls after."""
+        if self.first_run is not None:
+            first_run, self.first_run = self.first_run, None
+            return first_run.running()
+        if self.backward_without is not None and any(c is None for c in cotangents):
+            absent = frozenset(i for i, c in enumerate(cotangents) if c is None)
+            if absent not in self.backward_by_absent:
+                return progress.compiling(f"the backward of '{self.fn_name}' for outputs without gradients",
+                                          quoted=False, stage_name="lowering it, its first run")
+        return None
 
     def backward_for(self, cotangents, metas) -> tuple:
         """(the backward to run, the cotangents to give it), for the differentiable outputs' cotangents and
