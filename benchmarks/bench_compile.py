@@ -9,10 +9,11 @@
 Sections:
 - gpt2: Hugging Face GPT-2 at tiny width (n_embd 64, 4 heads, vocab 256, dropout off, no KV cache), batch 2 x 32
   tokens, one torch thread, at 2, 8, 32 and 64 layers (`--layers`): the first training step (`out = fn(ids,
-  labels=ids); out.loss.backward()`: tracing, compiling and running) of eager and of `tf.jit(model)`, each in a
+  labels=ids); out.loss.backward()`: tracing, compiling and running) of eager and of `tf.jit(model)`, with its
+  repeated layers compiled once (the default) and with `reuse_blocks=False` (every layer traced), each in a
   process of its own after the imports, and the steady step of tf.jit against eager's in that process (median of
-  `--rounds` interleaved steps after the first). `--fusion` adds `tf.jit(model, fusion=True)`, `--torch-compile`
-  adds `torch.compile(model)` with Inductor's on-disk cache off (a cold compile).
+  `--rounds` interleaved steps after the first). `--fusion` adds `tf.jit(model, fusion=True)` (both ways),
+  `--torch-compile` adds `torch.compile(model)` with Inductor's on-disk cache off (a cold compile).
 - per-op: straight-line programs of N = 100, 1,000 and 10,000 operations (`--ops`): a Python loop of
   `x = torch.tanh(x @ w) + x` (three ops a pass: a matmul and two elementwise) on 4 x 4 tensors, summed. The first
   call of `tf.jit(f)` and of `tf.jit(tf.grad(f))` in a fresh process, in ms per operation, and the ratio of the
@@ -43,7 +44,8 @@ from harness import in_fresh_process, interleaved  # (a sibling script: run from
 BATCH, TOKENS = 2, 32
 CHAIN_SIZE = 4  # the per-op chains' tensors: small, so that the cost per operation, not the arithmetic, is measured
 UNROLLED_STEPS = 1_000
-GPT2_VARIANTS = {"eager": "eager", "thunderfn": "tf.jit", "fusion": "tf.jit fusion=True",
+GPT2_VARIANTS = {"eager": "eager", "thunderfn": "tf.jit", "no-reuse": "tf.jit reuse_blocks=False",
+                 "fusion": "tf.jit fusion=True", "fusion-no-reuse": "tf.jit fusion=True reuse_blocks=False",
                  "torch.compile": "torch.compile"}
 
 
@@ -74,8 +76,12 @@ def _gpt2_child(variant: str, layers: int, rounds: int) -> dict:
         fn = model
     elif variant == "thunderfn":
         fn = tf.jit(model)
+    elif variant == "no-reuse":
+        fn = tf.jit(model, reuse_blocks=False)
     elif variant == "fusion":
         fn = tf.jit(model, fusion=True)
+    elif variant == "fusion-no-reuse":
+        fn = tf.jit(model, fusion=True, reuse_blocks=False)
     else:
         fn = torch.compile(model)
     step = _training_step(model, fn, ids)
@@ -95,7 +101,8 @@ def _cell(out) -> str:
 
 
 def section_gpt2(args) -> None:
-    variants = ["thunderfn"] + ["fusion"] * args.fusion + ["torch.compile"] * args.torch_compile
+    variants = (["thunderfn", "no-reuse"] + ["fusion", "fusion-no-reuse"] * args.fusion
+                + ["torch.compile"] * args.torch_compile)
     print(f"\n## gpt2: Hugging Face GPT-2 (n_embd 64, 4 heads, vocab 256), batch {BATCH} x {TOKENS} tokens: the first "
           f"training step in a fresh process, seconds; steady step x eager (median of {args.rounds})\n")
     header = ["layers", "eager first"]
