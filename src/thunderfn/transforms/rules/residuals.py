@@ -87,12 +87,18 @@ def _taking_saved(backward: Body, saved: dict, forward: set) -> None:
     """backward's trace reading the saved values it was given where it computed them again: their
     statements (and every random draw of the forward it ran again) dropped."""
     trc = backward.trace
+    # Walked from the end: a statement of the forward run again is dropped where each of its outputs is saved or
+    # read by nothing kept after it (layer_norm's mean and rstd saved and its normalized output read only by a
+    # view that is saved too: run again, it would only overwrite the saved values), and every random draw.
+    live = {o.name for o in trc.output if isinstance(o, TensorProxy)}
     kept = []
-    for bsym in trc.bound_symbols:
+    for bsym in reversed(trc.bound_symbols):
         outs = bsym.proxy_outs()
-        if id(bsym) in forward and ((outs and all(o.name in saved for o in outs)) or draws(bsym)):
+        if id(bsym) in forward and (draws(bsym) or all(o.name in saved or o.name not in live for o in outs)):
             continue
+        live.update(p.name for p in bsym.proxy_args())
         kept.append(renamed(bsym, saved) if any(p.name in saved for p in bsym.proxy_args()) else bsym)
+    kept.reverse()
     trc.bound_symbols = kept
     trc.output = tuple(saved.get(o.name, o) if isinstance(o, TensorProxy) else o for o in trc.output)
     backward.trace = dce(trc)
