@@ -525,3 +525,50 @@ def test_every_op_decomposed_into_fusion_regions_matches_its_unfused_trace(op):
     for sample in list(op.sample_inputs("cpu", dtype))[:3]:
         torch.testing.assert_close(fused(*sample.args, **sample.kwargs), unfused(*sample.args, **sample.kwargs),
                                    equal_nan=True, msg=lambda m, s=sample: f"{op.name} on {s}:\n{m}")
+
+
+# -- fusion never loses: a compiled region slower than its unfused ops runs unfused --------------------------
+def _region_program(x):
+    return (torch.sin(x) * 3.5 + 0.25).cos().sum()
+
+
+def _choices_after_a_call(monkeypatch, slow: bool):
+    """tf.profile of _region_program under inductor, whose 'compiled' region (no Inductor compile: the choice
+    between compiled and unfused is what is tested) is its FX graph run as is after sleeping 10 ms, or, not
+    `slow`, its outputs on the first call's tensors handed back at once (the test calls it with those alone)."""
+    import time
+
+    def compile_graph(gm, example_inputs):
+        outputs = gm(*example_inputs)
+
+        def run(*tensors):
+            if slow:
+                time.sleep(0.01)
+                return gm(*tensors)
+            return outputs
+        return run
+
+    monkeypatch.setattr(inductor, "compile_graph", compile_graph)
+    monkeypatch.setattr(inductor, "_compiled", CompiledCache())
+    monkeypatch.setattr(inductor, "_choices", {})
+    jitted = tf.jit(_region_program, executors=["inductor"])
+    x = torch.randn(64)
+    torch.testing.assert_close(jitted(x), _region_program(x))
+    return tf.profile(jitted, x, calls=3)
+
+
+@needs_inductor
+def test_a_region_slower_compiled_than_its_unfused_ops_runs_unfused_and_the_profile_says_so(monkeypatch):
+    profile = _choices_after_a_call(monkeypatch, slow=True)
+    (row,) = [r for r in profile.rows if r.choices]
+    assert not row.choices[0].fused and row.choices[0].fused_ms > 10 > row.choices[0].unfused_ms
+    assert row.ms < 5  # the region's calls after the first run its unfused ops
+    assert "0 run compiled, 1 unfused (slower compiled)" in str(profile)
+
+
+@needs_inductor
+def test_a_region_faster_compiled_keeps_its_compiled_code(monkeypatch):
+    profile = _choices_after_a_call(monkeypatch, slow=False)
+    (row,) = [r for r in profile.rows if r.choices]
+    assert row.choices[0].fused and row.choices[0].fused_ms < row.choices[0].unfused_ms
+    assert "1 run compiled, 0 unfused" in str(profile)

@@ -39,6 +39,7 @@ class Row:
     executor: str | None
     ops: int  # the operations it runs (a region's fused ops; 1 otherwise)
     ms: float
+    choices: tuple = ()  # a fusion region's: how each layout it was compiled for runs (inductor.RegionChoice)
 
 
 @dataclasses.dataclass
@@ -76,6 +77,12 @@ class Profile:
                       f"{'ops':>5}{'ms':>10}"]
         lines += [f"{r.trace:<10}{r.name:<{name_width}}{str(r.executor):<{executor_width}}{r.ops:>5}{r.ms:>10.3f}"
                   for r in slowest]
+        timed = [r for r in self.rows if r.choices]
+        unfused = [r for r in timed if not all(c.fused for c in r.choices)]
+        if timed:
+            lines += ["", f"fusion regions timed against their unfused ops when compiled: {len(timed) - len(unfused)} "
+                          f"run compiled, {len(unfused)} unfused (slower compiled)"]
+            lines += [f"  {r.trace} {r.name}: {'; '.join(map(str, r.choices))}" for r in unfused]
         return "\n".join(lines)
 
 
@@ -148,8 +155,10 @@ def profile(jitted, *args, calls: int = 20, warmup: int = 3, **kwargs) -> Profil
             if not samples:
                 continue
             region = isinstance(bsym.sym.executor, FusionExecutor) and bool(bsym.subsymbols)
+            choices = getattr(bsym.sym.eager, "region_choices", None) if region else None
             rows.append(Row(titles.get(def_name, def_name), k, bsym.sym.name, getattr(bsym.sym.executor, "name", None),
-                            len(bsym.subsymbols) if region else 1, statistics.median(samples) * 1e3))
+                            len(bsym.subsymbols) if region else 1, statistics.median(samples) * 1e3,
+                            tuple(choices()) if choices is not None else ()))
     step_ms = _median_step_ms(jitted, args, kwargs, wrt, calls, warmup)
     try:
         eager_ms = _median_step_ms(original, args, kwargs, wrt, calls, warmup)

@@ -29,12 +29,21 @@ generated, no second guard system and recompile limit of Dynamo's own, and sizes
 symbolic exactly where the trace's are (Dynamo would also make static ones symbolic).
 Static regions take the per-layout path above, unchanged.
 
+Fusion never loses to the default path: a static region's first call with a layout, once
+compiled, times the compiled function against the region's ops run unfused (as the torch
+executor runs them) on the call's own tensors, alternating, and keeps the unfused ops where
+they take under FASTER_BY of the compiled time (Inductor's CPU convolutions, a region too
+small to gain). The choice is the layout's, shared by every region with the same ops (the
+process-wide cache), and tf.profile lists the regions that run unfused and their two times
+(`region_choices()`). `InductorExecutor(time_regions=False)` keeps every compiled region.
+
 Not a default executor: a first call pays seconds of compilation per region (see
 docs/executors.md). Ask for it with `tf.jit(fn, executors=["inductor"])`.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import operator
@@ -43,6 +52,7 @@ import queue
 import re
 import shutil
 import threading
+import time
 import warnings
 
 import torch
@@ -59,6 +69,25 @@ _compiled = CompiledCache()
 _compile_lock = threading.RLock()
 # the most layouts one region is compiled for (symbolic regions: compiles, each guarded to the sizes it takes)
 LAYOUT_LIMIT = 8
+# A compiled region is replaced by its unfused ops where those take under this fraction of its time (a tie keeps
+# the compiled one); each is timed TIMED_RUNS times, alternating, and its fastest run counts.
+FASTER_BY = 0.9
+TIMED_RUNS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionChoice:
+    """How a compiled region's layout runs: `fused` or not, from the two times measured on its first call."""
+    fused: bool
+    fused_ms: float
+    unfused_ms: float
+
+    def __str__(self) -> str:
+        kept = "compiled" if self.fused else "unfused (its compiled code was slower)"
+        return f"{kept}: compiled {self.fused_ms:.3f} ms, unfused {self.unfused_ms:.3f} ms"
+
+
+_choices: dict = {}  # the process-wide cache's key -> RegionChoice
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list):
@@ -77,10 +106,11 @@ class InductorExecutor(FusionExecutor):
     absorbs_traceable_operators = True  # attention kernels become Inductor's extern calls, as under torch.compile
     accepts_symbolic_arguments = True  # symbolic regions take their ops' size symbols as int inputs (module docstring)
 
-    def __init__(self, name: str = "inductor", *, compile_in_background: bool = False):
+    def __init__(self, name: str = "inductor", *, compile_in_background: bool = False, time_regions: bool = True):
         super().__init__(name, torch.__version__)
         self._availability = None
         self.compile_in_background = compile_in_background
+        self.time_regions = time_regions
 
     def availability(self) -> tuple[bool, str]:
         if self._availability is None:
@@ -101,18 +131,19 @@ class InductorExecutor(FusionExecutor):
     def compile_region(self, region: Region):
         if region.symbolic:
             return SymbolicRegion(region, background=self.compile_in_background)
-        return CompiledRegion(region, background=self.compile_in_background)
+        return CompiledRegion(region, background=self.compile_in_background, timed=self.time_regions)
 
 
 class CompiledRegion:
     """A region's callable: Inductor's compiled function for the layout of the inputs it is
     called with, compiled on the first call with that layout."""
 
-    def __init__(self, region: Region, *, background: bool = False):
+    def __init__(self, region: Region, *, background: bool = False, timed: bool = False):
         self.region = region
         self.signature = region_signature(region)
         self.by_layout: dict = {}
         self.background = background
+        self.timed = timed  # choose between the compiled function and the unfused ops by timing both (docstring)
         # The last call's grad mode and strides, and the function its layout ran: a region belongs to one
         # compiled trace, whose cache key fixes its inputs' shapes, dtypes, devices and requires_grad (given
         # the grad mode), so only strides can differ between its calls. Checking those alone costs a
@@ -163,8 +194,34 @@ class CompiledRegion:
                 except Exception as e:  # any failure inside Inductor: run the ops unfused instead
                     fn = self.fall_back(e)
                     result = fn(*example_inputs) if run else None
+                else:
+                    if run and self.timed:
+                        fn = self.faster(key, fn, example_inputs)
             _compiled.keep(key, fn)
         return fn, result
+
+    def faster(self, key, compiled, tensors):
+        """The compiled function or the region's unfused ops, whichever ran faster on these tensors (the
+        module docstring); the choice is recorded under the cache's key."""
+        unfused = self.region.unfused
+        sync = torch.cuda.synchronize if any(t.device.type == "cuda" for t in tensors) else (lambda: None)
+
+        def seconds(fn):
+            start = time.perf_counter()
+            fn(*tensors)
+            sync()
+            return time.perf_counter() - start
+
+        unfused(*tensors)  # (its first call makes its Python code)
+        runs = [(seconds(compiled), seconds(unfused)) for _ in range(TIMED_RUNS)]
+        fused_ms, unfused_ms = (min(r[i] for r in runs) * 1e3 for i in (0, 1))
+        choice = _choices[key] = RegionChoice(unfused_ms >= fused_ms * FASTER_BY, fused_ms, unfused_ms)
+        return compiled if choice.fused else unfused
+
+    def region_choices(self) -> list:
+        """The RegionChoice of each layout this region was timed for (tf.profile reports them)."""
+        return [_choices[(self.signature, layout)] for layout in self.by_layout
+                if (self.signature, layout) in _choices]
 
     def compile_later(self, layout, key, tensors):
         """Run unfused now; compile on the background thread for calls to come (see InductorExecutor)."""
