@@ -19,6 +19,7 @@ import time
 import torch
 
 from thunderfn.compile_stages import instrumenting
+from thunderfn.core.bodies import Body
 from thunderfn.core.pytree import tree_leaves
 from thunderfn.core.symbol import Symbol
 from thunderfn.core.trace import Trace
@@ -156,7 +157,10 @@ def profile(jitted, *args, calls: int = 20, warmup: int = 3, **kwargs) -> Profil
                 continue
             region = isinstance(bsym.sym.executor, FusionExecutor) and bool(bsym.subsymbols)
             choices = getattr(bsym.sym.eager, "region_choices", None) if region else None
-            rows.append(Row(titles.get(def_name, def_name), k, bsym.sym.name, getattr(bsym.sym.executor, "name", None),
+            # a call of a body (a repeated layer's block, a loop's step) names the body: many calls share one name
+            bodies = [a.__name__ for a in bsym.args if isinstance(a, Body)]
+            name = f"{bsym.sym.name}({', '.join(bodies)})" if bodies else bsym.sym.name
+            rows.append(Row(titles.get(def_name, def_name), k, name, getattr(bsym.sym.executor, "name", None),
                             len(bsym.subsymbols) if region else 1, statistics.median(samples) * 1e3,
                             tuple(choices()) if choices is not None else ()))
     step_ms = _median_step_ms(jitted, args, kwargs, wrt, calls, warmup)

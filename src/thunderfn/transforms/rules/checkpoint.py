@@ -124,7 +124,7 @@ def _block_saving_residuals(bsym):
     if bsym.kwargs.get("n_saved", 0):
         return bsym
     found = _once(body, "saving", lambda: saving_forward(body, list(operands) + list(captured), lambda b: True,
-                                                          "block"))
+                                                          "forward"))
     if found is None:
         return bsym
     saving, saved = found
