@@ -237,3 +237,20 @@ def test_a_region_whose_global_changed_between_calls_is_traced_again():
 
     x = torch.randn(3)
     torch.testing.assert_close(tf.jit(net)(x), net(x))
+
+
+def test_a_layer_called_under_no_grad_is_another_block_and_the_others_still_get_gradients():
+    class HalfFrozen(Stack):
+        def forward(self, x):
+            with torch.no_grad():
+                x = self.layers[0](x)
+            for layer in self.layers[1:]:
+                x = layer(x)
+            return self.head(x).sum()
+
+    torch.manual_seed(0)
+    model = HalfFrozen(3)
+    jitted = _train_step_matches_eager(model, torch.randn(3, 8))
+    assert model.layers[0].up.weight.grad is None and model.layers[2].up.weight.grad is not None
+    bodies = _blocks(_forward_trace(jitted))
+    assert len({id(b) for b in bodies}) == 2

@@ -14,7 +14,7 @@ Two layers are the same block when:
 - their classes, and the classes of their submodules at every relative path, are the same, and so are the
   names, shapes, dtypes, devices and requires_grad of their parameters and buffers;
 - the call passes the same structure, the same non-tensor values, and tensors of the same shapes, dtypes,
-  devices and requires_grad;
+  devices and requires_grad, under the same grad mode and autocast;
 - every guard the first layer's trace recorded (core/guards.py: everything its code read: attributes such
   as GPT-2's `layer_idx`, `training` flags, hooks, attention choices) holds for the other layer, each
   addressed relative to the layer (`attn.layer_idx` of this layer, not of layer 0); what the trace read
@@ -28,7 +28,7 @@ trace start again with its class traced inline (RetraceInline), as without reuse
 The trace prints each call of a block as `block(block_3, ...)`, the body's statements printed below its
 first call only. `tf.jit(model, reuse_blocks=False)` traces every layer inline.
 
-The api layer, below module.py. May import: core/, prims.
+The api layer, below module.py. May import: core/, prims, the torch language.
 """
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ from thunderfn.core.bodies import Body, trace_body
 from thunderfn.core.guards import MODULE_HOOK_TABLES, GuardRecorder, current_recorder, holds, is_watched, read_slot
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.errors import ArgumentTypeError, UnsupportedOpError
+from thunderfn.torch.autocast import autocast_state
 
 _STATE_TABLES = ("__dict__", "_parameters", "_buffers", "_modules") + MODULE_HOOK_TABLES
 _PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device)
@@ -306,7 +307,9 @@ def _call_layer(layer: torch.nn.Module, forward, *args, **kwargs):
     if flat is None:
         return forward(*args, **kwargs)
     operands, call = flat
-    key = (type(layer), call)
+    # (grad mode and autocast change what a layer's trace records: a layer called under torch.no_grad() is
+    # another block than one called with grad on)
+    key = (type(layer), call, torch.is_grad_enabled(), autocast_state())
     if key in reuse.inline:
         return forward(*args, **kwargs)
     guards = current_recorder().guards if current_recorder() is not None else None
@@ -416,7 +419,8 @@ def nested_compile_region(fn):
         if flat is None:
             return fn(*args, **kwargs)
         operands, call = flat
-        regions = trc.__dict__.setdefault("_regions", {}).setdefault((id(region), call), [])
+        key = (id(region), call, torch.is_grad_enabled(), autocast_state())
+        regions = trc.__dict__.setdefault("_regions", {}).setdefault(key, [])
         found = next((r for r in regions if r.holds_for(operands)), None)
         if found is None:
             recorder = GuardRecorder(fn)
