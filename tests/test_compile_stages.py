@@ -2,6 +2,7 @@
 ending in the function a cache entry runs; the same traces tf.last_traces shows."""
 from __future__ import annotations
 
+import gc
 import re
 
 import pytest
@@ -90,3 +91,28 @@ def test_the_distribute_stage_refuses_a_distributed_function_torch_must_differen
                                                  "tensor that requires grad. For data parallelism, wrap"):
         compile_stages.distribute(c)
     assert c.forward_lowered is None
+
+
+def test_the_cyclic_collector_is_paused_while_compiling_and_back_as_it_was_after():
+    seen = []
+
+    def f(x):
+        seen.append(gc.isenabled())  # read while tracing
+        return x.sin()
+
+    assert gc.isenabled()
+    tf.jit(f)(torch.randn(3))
+    assert seen == [False] and gc.isenabled()
+
+    def fails(x):
+        raise ValueError("not traceable")
+
+    with pytest.raises(ValueError):
+        tf.jit(fails)(torch.randn(3))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        tf.jit(lambda x: x.cos())(torch.randn(3))
+        assert not gc.isenabled()  # the caller's choice is kept
+    finally:
+        gc.enable()
