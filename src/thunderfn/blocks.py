@@ -73,12 +73,13 @@ class _Block:
     out_tree: object
     out_values: list  # _TENSOR where the output leaf is a tensor
     operands: tuple  # the first call's operand proxies, for matching shapes
+    structure: tuple = ()  # the layer's _structure
 
     def arguments_for(self, layer: torch.nn.Module, operands: list, structure: tuple, guards,
                       name: str) -> tuple | None:
         """The captured tensors to call the body with for `layer` (its own parameters and buffers, the shared
         tensors), or None where `layer` is not this block; the translated guards are added to `guards`."""
-        if structure != _structure(self.layer):
+        if structure != self.structure:
             return None
         if not all(_same_value(a, b) for a, b in zip(operands, self.operands)):
             return None
@@ -95,11 +96,11 @@ class _Block:
             translated.append((holder, key, expected, how, what.replace(f"'{type(layer).__name__}", f"'{name}", 1)))
         tensors = _state_tensors(layer)
         captured = []
-        for proxy, name in zip(self.body.captured, self.captured_names):
-            if name is None:
+        for proxy, state_name in zip(self.body.captured, self.captured_names):
+            if state_name is None:
                 captured.append(proxy)
                 continue
-            stood = context.stand_in(tensors.get(name))
+            stood = context.stand_in(tensors.get(state_name))
             if stood is None:
                 return None
             captured.append(stood)
@@ -127,7 +128,6 @@ class _Reuse:
         self.root = root
         self.thread = threading.get_ident()
         self.blocks: dict = {}
-        self.inline: set = set()  # keys of calls traced inline (their arguments are not a body's)
         self.names = {id(m): name or type(root).__name__ for name, m in root.named_modules()}
 
 
@@ -290,7 +290,7 @@ def _trace_block(layer, forward, args, kwargs, operands: list) -> _Block:
         if stood is not None:
             names.setdefault(stood.name, name)
     return _Block(body, layer, _relative_guards(layer, recorder.guards, read),
-                  [names.get(p.name) for p in body.captured], out_tree, out_values, tuple(operands))
+                  [names.get(p.name) for p in body.captured], out_tree, out_values, tuple(operands), _structure(layer))
 
 
 def _called(block_body: Body, operands: list, captured: tuple, out_tree, out_values):
@@ -310,8 +310,6 @@ def _call_layer(layer: torch.nn.Module, forward, *args, **kwargs):
     # (grad mode and autocast change what a layer's trace records: a layer called under torch.no_grad() is
     # another block than one called with grad on)
     key = (type(layer), call, torch.is_grad_enabled(), autocast_state())
-    if key in reuse.inline:
-        return forward(*args, **kwargs)
     guards = current_recorder().guards if current_recorder() is not None else None
     structure = _structure(layer)
     captured = None
