@@ -291,6 +291,9 @@ def test_low_precision_gradient_has_the_arguments_dtype_and_torchs_accuracy(name
 
 
 _x34 = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+# a layer whose calls share one traced body (prims.block: blocks.py), called twice
+_shared_sin_layer = tf.nested_compile_region(lambda x: x.sin() * x)
+
 FORWARD_MODE = {  # torch-level functions whose forward rule is derived from their VJP rule (transforms/rules/)
     "logsigmoid": (F.logsigmoid, t(0.0, 1.0, -1e3, 1e3)),
     "silu-overflow": (F.silu, t(-1e3, 1e3, 0.5)),
@@ -324,6 +327,7 @@ FORWARD_MODE = {  # torch-level functions whose forward rule is derived from the
     "checkpoint": (lambda x: tf.checkpoint(lambda x: tf.checkpoint_name(x.sin(), "s") * x,
                                            policy=tf.checkpoint_policies.save_only_these_names("s"))(x), t(0.5, -1.0)),
     "checkpoint_name": (lambda x: tf.checkpoint_name(x.sin(), "s") * x, t(0.5, -1.0)),
+    "block": (lambda x: _shared_sin_layer(_shared_sin_layer(x) * 2), t(0.5, -1.0)),
 }
 
 
