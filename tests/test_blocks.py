@@ -158,7 +158,8 @@ def test_the_printed_trace_shows_a_blocks_statements_once():
 
 
 def test_gpt2_layers_are_one_block_and_scaling_by_layer_index_stays_exact():
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="Hugging Face transformers is not installed (pip "
+                                                                 "install thunderfn[test] installs it)")
     for scaled in (False, True):
         torch.manual_seed(0)
         config = transformers.GPT2Config(n_layer=3, n_embd=32, n_head=2, vocab_size=64, n_positions=16,

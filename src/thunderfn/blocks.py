@@ -381,8 +381,7 @@ class _Region:
 
     def holds_for(self, operands: list) -> bool:
         return (not self.body.captured and all(_same_value(a, b) for a, b in zip(operands, self.operands))
-                and all(holds(holder if how == "keys" else read_slot(holder, key), expected, how)
-                        for holder, key, expected, how, _ in self.guards.records.values()))
+                and self.guards.failure() is None)
 
 
 def nested_compile_region(fn):

@@ -381,14 +381,12 @@ def _bodies_rewritten(trc: Trace, no_autograd: bool) -> Trace:
     """trc with the bodies its blocks run (prims.block: a repeated layer's, core/bodies.py) rewritten as a whole
     trace is after lowering: reshapes collapsed, numbers lifted, dead buffers reused (where nothing records
     autograd), `del`s inserted; once per body, however many calls share it."""
+    def passes(t):
+        t = lift_number_operands(collapse_reshapes(t))
+        return del_last_used(reuse_dead_buffers(t) if no_autograd else t)
+
     def rewritten(body: Body) -> Body:
-        done = body.__dict__.setdefault("_rewritten", {})
-        if no_autograd not in done:
-            def passes(t):
-                t = lift_number_operands(collapse_reshapes(t))
-                return del_last_used(reuse_dead_buffers(t) if no_autograd else t)
-            done[no_autograd] = body.lowered(passes)
-        return done[no_autograd]
+        return body.once(("rewritten", no_autograd), lambda: body.lowered(passes))
 
     bsyms, changed = [], False
     for bsym in trc.bound_symbols:

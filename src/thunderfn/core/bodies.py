@@ -45,10 +45,21 @@ class Body:
         self.captured = captured
         self.out_tree = out_tree
         self._run = None
+        self._derived: dict = {}  # see once()
 
     @property
     def outputs(self) -> list:
         return list(self.trace.output)
+
+    def once(self, key, make):
+        """make(), computed once per key for this body: what every call of a shared body (a repeated layer's
+        block) reuses, such as its derivative or its lowering. `forget(key)` drops it."""
+        if key not in self._derived:
+            self._derived[key] = make()
+        return self._derived[key]
+
+    def forget(self, key) -> None:
+        self._derived.pop(key, None)
 
     def lowered(self, lower) -> "Body":
         """This body with its trace replaced by lower(trace) (an execution trace)."""

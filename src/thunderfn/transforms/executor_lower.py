@@ -119,11 +119,9 @@ def _lowered_body(trc, executors):
 
 def _lowered_once(body: Body, executors) -> Body:
     """The body lowered onto the executors, once however many calls share it (a repeated layer's block)."""
-    lowered = body.__dict__.setdefault("_lowered", {})
-    key = tuple(map(id, executors))
-    if key not in lowered:
-        lowered[key] = (body.lowered(lambda trc: _lowered_body(trc, executors)), executors)  # (executors kept alive)
-    return lowered[key][0]
+    # (the executors kept with it: their ids are the key)
+    return body.once(("lowered", tuple(map(id, executors))),
+                     lambda: (body.lowered(lambda trc: _lowered_body(trc, executors)), executors))[0]
 
 
 def _with_lowered_bodies(bsym, executors):

@@ -111,19 +111,11 @@ def _checkpoint_batch(call, dims):
 
 
 # -- block: a checkpoint that saves everything, differentiated once for all its calls ------------------------
-def _once(body: Body, key, make):
-    """make(), computed once per body and key: what every call of a shared body reuses."""
-    made = body.__dict__.setdefault("_derived", {})
-    if key not in made:
-        made[key] = make()
-    return made[key]
-
-
 def _block_saving_residuals(bsym):
     body, operands, captured = bsym.args
     if bsym.kwargs.get("n_saved", 0):
         return bsym
-    found = _once(body, "saving", lambda: saving_forward(body, list(operands) + list(captured), lambda b: True,
+    found = body.once("saving", lambda: saving_forward(body, list(operands) + list(captured), lambda b: True,
                                                           "forward"))
     if found is None:
         return bsym
@@ -149,9 +141,9 @@ def _block_vjp(call, g):
         kept = _read_only(backward, list(range(len(tree_flatten(operands_of_backward)[0]))))
         return backward, float_in, kept
 
-    backward, float_in, kept = _once(body, ("backward", tuple(wanted)), make)
+    backward, float_in, kept = body.once(("backward", tuple(wanted)), make)
     if backward.captured:  # it reads a value of the call it was made for: that call's alone
-        del body._derived[("backward", tuple(wanted))]
+        body.forget(("backward", tuple(wanted)))
         backward, float_in, kept = make()
     leaves = tree_flatten(operands_of_backward)[0]
     grads = prims.block(backward, tuple(leaves[i] for i in kept), backward.captured)
