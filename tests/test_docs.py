@@ -143,7 +143,7 @@ def _readme_commands() -> dict[str, str]:
 def test_readme_has_demo_and_test_commands():
     commands = _readme_commands()
     assert "python -m thunderfn" in commands, "README.md lost its demo command"
-    assert "python -m pytest tests" in commands, "README.md lost its test command"
+    assert "python -m pytest -n 2 tests" in commands, "README.md lost its test command"
     for command in commands.values():
         assert "torch==2.13.0" in command, f"an unpinned torch would download gigabytes: {command}"
 
@@ -170,7 +170,7 @@ def test_the_readme_test_command_draws_the_same_property_examples_on_every_run()
 
 
 def test_ci_runs_the_readme_test_command():
-    readme_steps = [step.strip() for step in _readme_commands()["python -m pytest tests"].split("&&")]
+    readme_steps = [step.strip() for step in _readme_commands()["python -m pytest -n 2 tests"].split("&&")]
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
                 if line.strip() and not line.lstrip().startswith("#")]
 
