@@ -12,8 +12,11 @@ Sections:
   labels=ids); out.loss.backward()`: tracing, compiling and running) of eager and of `tf.jit(model)`, with its
   repeated layers compiled once (the default) and with `reuse_blocks=False` (every layer traced), each in a
   process of its own after the imports, and the steady step of tf.jit against eager's in that process (median of
-  `--rounds` interleaved steps after the first). `--fusion` adds `tf.jit(model, fusion=True)` (both ways),
-  `--torch-compile` adds `torch.compile(model)` with Inductor's on-disk cache off (a cold compile).
+  `--rounds` interleaved steps after the first). "warm" is `tf.jit(model)` in a second process with the same
+  `THUNDERFN_CACHE_DIR` as a first one, which wrote its compiled entry there (docs/jit.md, "Warm starts").
+  `--fusion` adds `tf.jit(model, fusion=True)` (with and without reuse, and warm: Inductor's and Triton's caches
+  in that folder too), `--torch-compile` adds `torch.compile(model)` with Inductor's on-disk cache off (a cold
+  compile) and warm (its caches filled by a first process).
 - per-op: straight-line programs of N = 100, 1,000 and 10,000 operations (`--ops`): a Python loop of
   `x = torch.tanh(x @ w) + x` (three ops a pass: a matmul and two elementwise) on 4 x 4 tensors, summed. The first
   call of `tf.jit(f)` and of `tf.jit(tf.grad(f))` in a fresh process, in ms per operation, and the ratio of the
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
 
 import torch
@@ -45,8 +49,11 @@ BATCH, TOKENS = 2, 32
 CHAIN_SIZE = 4  # the per-op chains' tensors: small, so that the cost per operation, not the arithmetic, is measured
 UNROLLED_STEPS = 1_000
 GPT2_VARIANTS = {"eager": "eager", "thunderfn": "tf.jit", "no-reuse": "tf.jit reuse_blocks=False",
-                 "fusion": "tf.jit fusion=True", "fusion-no-reuse": "tf.jit fusion=True reuse_blocks=False",
-                 "torch.compile": "torch.compile"}
+                 "warm": "tf.jit warm", "fusion": "tf.jit fusion=True", "fusion-warm": "tf.jit fusion=True warm",
+                 "fusion-no-reuse": "tf.jit fusion=True reuse_blocks=False", "torch.compile": "torch.compile",
+                 "torch.compile-warm": "torch.compile warm"}
+# variants measured in a second process, after a first one filled the caches in a folder of their own
+WARM = {"warm": "thunderfn", "fusion-warm": "fusion", "torch.compile-warm": "torch.compile"}
 
 
 # -- GPT-2 by depth -------------------------------------------------------------------------------------
@@ -72,6 +79,7 @@ def _training_step(model, fn, ids):
 
 def _gpt2_child(variant: str, layers: int, rounds: int) -> dict:
     model, ids = gpt2(layers)
+    variant = WARM.get(variant, variant)  # (its caches' folder is in the environment: section_gpt2)
     if variant == "eager":
         fn = model
     elif variant == "thunderfn":
@@ -101,8 +109,8 @@ def _cell(out) -> str:
 
 
 def section_gpt2(args) -> None:
-    variants = (["thunderfn", "no-reuse"] + ["fusion", "fusion-no-reuse"] * args.fusion
-                + ["torch.compile"] * args.torch_compile)
+    variants = (["thunderfn", "no-reuse", "warm"] + ["fusion", "fusion-warm", "fusion-no-reuse"] * args.fusion
+                + ["torch.compile", "torch.compile-warm"] * args.torch_compile)
     print(f"\n## gpt2: Hugging Face GPT-2 (n_embd 64, 4 heads, vocab 256), batch {BATCH} x {TOKENS} tokens: the first "
           f"training step in a fresh process, seconds; steady step x eager (median of {args.rounds})\n")
     header = ["layers", "eager first"]
@@ -114,8 +122,13 @@ def section_gpt2(args) -> None:
         cells = [str(layers), _cell(in_fresh_process(__file__, "gpt2", "eager", layers, args.rounds,
                                                      timeout=args.timeout))]
         for v in variants:
-            out = in_fresh_process(__file__, "gpt2", v, layers, args.rounds, timeout=args.timeout,
-                                   env=cold if v == "torch.compile" else None)
+            env = cold if v == "torch.compile" else None
+            if v in WARM:  # thunderfn's entries (cache_dir), Inductor's and Triton's caches: written, then read
+                caches = tempfile.mkdtemp(prefix="bench-warm-")
+                env = {"THUNDERFN_CACHE_DIR": caches, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
+                       "TRITON_CACHE_DIR": os.path.join(caches, "triton")}
+                in_fresh_process(__file__, "gpt2", v, layers, 1, timeout=args.timeout, env=env)
+            out = in_fresh_process(__file__, "gpt2", v, layers, args.rounds, timeout=args.timeout, env=env)
             if out is not None and out["loss_error"] > 1e-4:
                 raise RuntimeError(f"{v} at {layers} layers: loss differs from eager's by {out['loss_error']:.2e}")
             steady = "timeout" if out is None else f"{out['step_ms'] / out['eager_ms']:.2f} ({out['step_ms']:.1f} ms)"

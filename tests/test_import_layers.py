@@ -36,7 +36,7 @@ LAYERS = [
     ("api", ("thunderfn.jit", "thunderfn.jit_options", "thunderfn.compile_stages", "thunderfn.cache_entry",
              "thunderfn.cache_key", "thunderfn.cache_misses", "thunderfn.fast_path", "thunderfn.visualize",
              "thunderfn.profile", "thunderfn.debug", "thunderfn.dynamic_shapes", "thunderfn.module",
-             "thunderfn.static_args", "thunderfn.donation", "thunderfn.blocks",
+             "thunderfn.static_args", "thunderfn.donation", "thunderfn.blocks", "thunderfn.disk_cache",
              "thunderfn.stages", "thunderfn.examine", "thunderfn.extend",
              "thunderfn.distributed",
              "thunderfn.dynamo", "thunderfn")),

@@ -76,9 +76,10 @@ class _Block:
     structure: tuple = ()  # the layer's _structure
 
     def arguments_for(self, layer: torch.nn.Module, operands: list, structure: tuple, guards,
-                      name: str) -> tuple | None:
+                      name: str, where: tuple | None = None) -> tuple | None:
         """The captured tensors to call the body with for `layer` (its own parameters and buffers, the shared
-        tensors), or None where `layer` is not this block; the translated guards are added to `guards`."""
+        tensors), or None where `layer` is not this block; the translated guards are added to `guards`, with
+        their holders' paths from `where`, the layer's (core/guards.py's Path), where known."""
         if structure != self.structure:
             return None
         if not all(_same_value(a, b) for a, b in zip(operands, self.operands)):
@@ -93,7 +94,10 @@ class _Block:
                 expected = modules.get(expected.path)
             if not holds(holder if how == "keys" else read_slot(holder, key), expected, how):
                 return None
-            translated.append((holder, key, expected, how, what.replace(f"'{type(layer).__name__}", f"'{name}", 1)))
+            holder_path = (None if where is None else
+                           where + ((("submodule", path),) if path else ()) + (("attr", table),))
+            translated.append((holder, key, expected, how, what.replace(f"'{type(layer).__name__}", f"'{name}", 1),
+                               holder_path))
         tensors = _state_tensors(layer)
         captured = []
         for proxy, state_name in zip(self.body.captured, self.captured_names):
@@ -310,11 +314,13 @@ def _call_layer(layer: torch.nn.Module, forward, *args, **kwargs):
     # (grad mode and autocast change what a layer's trace records: a layer called under torch.no_grad() is
     # another block than one called with grad on)
     key = (type(layer), call, torch.is_grad_enabled(), autocast_state())
-    guards = current_recorder().guards if current_recorder() is not None else None
+    recorder = current_recorder()
+    guards, where = (recorder.guards, recorder.path_of(layer)) if recorder is not None else (None, None)
     structure = _structure(layer)
     captured = None
     for block in reuse.blocks.get(key, ()):
-        captured = block.arguments_for(layer, operands, structure, guards, reuse.names.get(id(layer), "layer"))
+        captured = block.arguments_for(layer, operands, structure, guards, reuse.names.get(id(layer), "layer"),
+                                       where)
         if captured is not None:
             break
     else:

@@ -430,7 +430,11 @@ def _compiled(t: Trace, no_grad: bool) -> Callable:
     if _instrumenting.instrument is not None:
         t = _instrumenting.instrument(t)
     fn = t.python_callable()
-    return torch.no_grad()(fn) if no_grad else fn
+    if not no_grad:
+        return fn
+    wrapped = torch.no_grad()(fn)
+    wrapped.__thunderfn_no_grad__ = fn  # (a compiled entry written to disk says so: disk_cache.py)
+    return wrapped
 
 
 def _rematerializes(option, executors) -> bool:

@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from thunderfn import cache_misses, compile_stages
+from thunderfn import cache_misses, compile_stages, disk_cache
 from thunderfn.cache_entry import CacheEntry
 from thunderfn.cache_key import CacheKey, named, tensor_fields
 from thunderfn.compile_stages import FloatsStayStatic
@@ -116,6 +116,8 @@ class JitState:
         self.last_traces: list[Trace] = []
         self.last_backward_traces: list[Trace] = []
         self.why_no_backward = "it has not been called with an input that requires grad under grad mode"
+        # what became of the last compiled entry with cache_dir set (disk_cache.py): loaded, or why not written
+        self.disk: str | None = None
 
     @property
     def name(self) -> str:
@@ -305,10 +307,17 @@ class JitState:
                     return None
                 self.evict_oldest()
             self.stats[1] += 1
+            if not open_dims and not numbers:  # a compile with this call's sizes: one written to disk may serve it
+                entry, self.disk = disk_cache.load(self, key, leaves)
+                if entry is not None:
+                    self.disk = "loaded from cache_dir"
+                    self.keep(entry)
+                    return entry
             try:
                 entry = self.compile_serving(args, kwargs, leaves, key, open_dims, hints, numbers)
             except StepChangesOptimizerState:  # an optimizer's first step creates its state: run it as eager does
                 return None
+            self.disk = disk_cache.save(self, entry) or self.disk
             if entry.sizes is not None and reason is not None:
                 values = entry.sizes.inputs.number_names
                 sizes = ", ".join(f"{name} = {where}" for name, where in entry.sizes.described.items()
@@ -616,7 +625,9 @@ def cache_info(fn) -> dict:
     with symbolic dimensions, oldest first, each symbol's source (`{"s0": "argument 'x'.shape[1]"}`)
     and `size_guards`, the facts about them its trace relied on; `pinned`, the sizes a symbolic compile's trace
     relied on being one number (so its entry holds them static: "s1 = argument 'x'.shape[1] == 3"), and
-    `static_fallbacks`, why each compile that asked for symbolic sizes compiled with static ones instead.
+    `static_fallbacks`, why each compile that asked for symbolic sizes compiled with static ones instead; `disk`,
+    with cache_dir set, what became of the last compiled entry: None (written), "loaded from cache_dir" (a warm
+    start, disk_cache.py), or why it was not written or an entry there was skipped.
 
         >>> import torch, thunderfn as tf
         >>> fast = tf.jit(lambda x: x * 2)
@@ -634,4 +645,4 @@ def cache_info(fn) -> dict:
             "cache_size_limit": state.cache_size_limit, "recompiles": list(state.recompile_reasons),
             "symbolic": [dict(e.sizes.described) for e in state.symbolic_entries],
             "size_guards": [list(e.sizes.facts) for e in state.symbolic_entries],
-            "pinned": list(state.pinned_sizes), "static_fallbacks": list(state.static_fallbacks)}
+            "pinned": list(state.pinned_sizes), "static_fallbacks": list(state.static_fallbacks), "disk": state.disk}

@@ -157,6 +157,7 @@ class ThunderModule(torch.nn.Module):
             return (out, tuple(_argument(args, kwargs, where) for where in held)) if held else out
 
         forward.__name__ = forward.__qualname__ = _forward_name(module)  # named in error messages
+        forward.__thunderfn_module__ = module  # what it is, by its class, for entries written to disk (disk_cache.py)
         forward.__signature__ = _forward_signature(module, param_names + buffer_names)
         static = self._thunderfn_static.after(len(slots))  # forward's static arguments, after the state inputs
         jitted = self._thunderfn_forward = self._thunderfn_jit(forward, options, static)

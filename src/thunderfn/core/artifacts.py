@@ -240,3 +240,81 @@ def point_kernel_caches() -> None:
             return
         for variable, sub in caches:
             os.environ.setdefault(variable, os.path.join(path, sub))
+
+
+# -- compiled entries (disk_cache.py): <dir>/entries/<lookup>/<entry>.json ------------------------------------
+ENTRIES = "entries"
+_unsafe_warned: set = set()  # entry folders a warning was given for
+
+
+def write_entry(lookup: str, name: str, text: str) -> bool:
+    """Write a compiled entry's file as `<dir>/entries/<lookup>/<name>` (folders made mode 0700, the file made
+    new and renamed into place); whether it is there now."""
+    root = directory()
+    if root is None or root in _unwritable:
+        return False
+    folder = os.path.join(os.path.abspath(root), ENTRIES, lookup)
+    path = os.path.join(folder, name)
+    try:
+        _make_private_dirs(folder)
+        if not os.path.lexists(path):  # (named by its contents' hash: one there already is the same)
+            _write_new(path, text)
+    except OSError as e:
+        _unwritable.add(root)
+        warnings.warn(f"thunderfn: cannot write compiled entries to cache_dir {root!r} ({e}); going on without "
+                      f"(the next process compiles again). Give a directory you can write to.", stacklevel=2)
+        return False
+    return True
+
+
+def remove_entry(lookup: str, name: str) -> None:
+    """Remove an entry file write_entry wrote (one a later file replaces)."""
+    root = directory()
+    if root is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(os.path.abspath(root), ENTRIES, lookup, name))
+
+
+def read_entries(lookup: str) -> list[tuple[str, str]]:
+    """(path, text) of each entry file in `<dir>/entries/<lookup>`, newest first: those that pass the check the
+    kernel caches pass (`_why_unsafe`: this user's, no symlink, not writable by others), as is every folder on
+    the way from `<dir>`. An entry holds generated source that is compiled and run: a folder or file that fails
+    the check is not read, and a warning (once per folder) names it."""
+    root = directory()
+    if root is None:
+        return []
+    root = os.path.abspath(root)
+    folder = os.path.join(root, ENTRIES, lookup)
+    if not os.path.isdir(folder):
+        return []
+    for path in (root, os.path.join(root, ENTRIES), folder):
+        why = _why_unsafe(path)[0]
+        if why is not None:
+            _warn_unsafe(folder, path, why)
+            return []
+    found = []
+    try:
+        with os.scandir(folder) as entries:
+            files = [entry.path for entry in entries if entry.name.endswith(".json")]
+    except OSError:
+        return []
+    for path in files:
+        why, st = _why_unsafe(path)
+        if why is not None:
+            _warn_unsafe(folder, path, why)
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                found.append((st.st_mtime_ns, path, f.read()))
+        except OSError:
+            continue
+    return [(path, text) for _, path, text in sorted(found, reverse=True)]
+
+
+def _warn_unsafe(folder: str, path: str, why: str) -> None:
+    if folder in _unsafe_warned:
+        return
+    _unsafe_warned.add(folder)
+    warnings.warn(f"thunderfn: not loading compiled entries from {folder!r}: {path!r} {why}. They hold code that "
+                  f"would run, so only you may write to cache_dir (chmod 700 keeps others out of all of it); remove "
+                  f"what is not yours. Compiling instead.", stacklevel=3)

@@ -39,7 +39,8 @@ import types
 
 import torch
 
-from thunderfn.core import context
+from thunderfn.core import context, portable
+from thunderfn.core.portable import NotPortable
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.errors import UnsupportedOpError
 
@@ -143,23 +144,29 @@ class GuardSet:
     def __init__(self):
         self.records: dict = {}  # (id(holder), key) -> record, so each slot is guarded once
         self._holders: list = []  # keeps holders alive while their ids are keys
+        # slot -> where its holder is found from the jitted function (a Path), where known: what a warm start in
+        # another process looks the slot up by (disk_cache.py)
+        self.paths: dict = {}
+        # the source files of the code the trace ran through (watched frames, and functions guarded by identity)
+        self.files: set = set()
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def add(self, holder, key, expected, how: str, what: str) -> None:
+    def add(self, holder, key, expected, how: str, what: str, path: tuple | None = None) -> None:
         """Guard `holder[key]` (a dict entry; for a cell, key is None and the cell's contents).
         how: 'value' (equal, same type), 'id' (the same object), 'keys' (a table holding the same
-        handles), 'absent' (the key stays missing)."""
+        handles), 'absent' (the key stays missing). path: where holder is found (see `Path`), if known."""
         slot = (id(holder), key)
         if slot not in self.records:
             self._holders.append(holder)
             self.records[slot] = (holder, key, expected, how, what)
+            self.paths[slot] = path
 
-    def watch(self, holder, key, what: str) -> None:
+    def watch(self, holder, key, what: str, path: tuple | None = None) -> None:
         """Guard whatever `holder[key]` holds when tracing ends (see `settle`)."""
         value = read_slot(holder, key)
-        self.add(holder, key, _copy(value) if _by_value(value) else value, "pending", what)
+        self.add(holder, key, _copy(value) if _by_value(value) else value, "pending", what, path)
 
     def settle(self) -> None:
         """Fix the expected value of every watched slot: its value now, after tracing. A slot
@@ -222,6 +229,70 @@ class GuardSet:
         exec(compile(source, f"<thunderfn guards {next(_generated)}>", "exec"), ns)
         return ns["guards_hold"]
 
+    # -- in another process: a warm start (disk_cache.py) --------------------------------------------------
+    def portable(self) -> list:
+        """These guards as JSON records, [path, key, how, expected, what] each, for another process to look
+        each slot up again by its path: a value compared by its exact JSON form (core/portable.py), an object
+        compared by identity by its type (and a function by its name and where its code is), since identity
+        itself does not cross processes. NotPortable where a guard cannot be so: its holder was reached only
+        as an argument at trace time, its value has no exact form, or a hook is registered."""
+        records = []
+        for slot, (holder, key, expected, how, what) in self.records.items():
+            path = self.paths.get(slot)
+            if path is None:
+                raise NotPortable(f"{what} is held by an object the trace reached only as an argument")
+            if how == "value":
+                expected = portable.encode(expected)
+            elif how == "id":
+                expected = _identity(expected)
+            elif how == "keys":
+                if expected:
+                    raise NotPortable(f"{what} holds hooks (functions of this process)")
+                expected = []
+            elif how != "absent":
+                raise NotPortable(f"{what} is guarded as {how!r}")
+            records.append([[list(step) for step in path], portable.encode(key), how, expected, what])
+        return records
+
+    @classmethod
+    def restored(cls, records: list, fn) -> "GuardSet":
+        """The guards `portable()` wrote, on this process's objects (fn: the jitted function, the root of the
+        paths): each identity guard re-established on the object now at its path where that object is of the
+        recorded type (a function: the same name and code location). NotPortable where a path leads nowhere
+        or to another kind of object; whether the values hold is the caller's question (`failure`)."""
+        guards, found = cls(), {}
+        for path, key, how, expected, what in records:
+            path = tuple(tuple(step) for step in path)
+            holder = follow(path, fn, found)
+            if holder is _MISSING:
+                raise NotPortable(f"{what}: nothing at {path}")
+            key = portable.decode(key)
+            if how == "value":
+                expected = portable.decode(expected)
+            elif how == "id":
+                value = read_slot(holder, key)
+                if value is _MISSING or _identity(value, strict=False) != expected:
+                    raise NotPortable(f"{what} is another kind of object here")
+                expected = value
+            elif how == "keys":
+                expected = ()
+            guards.add(holder, key, expected, how, what, path)
+        return guards
+
+
+def _identity(obj, strict: bool = True) -> list | None:
+    """What stands for an object compared by identity in another process: its type's location, and for a
+    function its qualified name and its code's file and first line. None (or, strict, NotPortable) where
+    its type is not found by name."""
+    if isinstance(obj, types.FunctionType):
+        return ["function", obj.__qualname__, obj.__code__.co_filename, obj.__code__.co_firstlineno]
+    kind = portable.where(type(obj))
+    if kind is None:
+        if strict:
+            raise NotPortable(f"a {type(obj).__name__} (a type defined where it cannot be found again)")
+        return None
+    return list(kind)
+
 
 def current_recorder() -> GuardRecorder | None:
     """The innermost GuardRecorder recording in this thread, or None."""
@@ -263,7 +334,10 @@ class GuardRecorder:
         self._seen: set = set()  # (code, id(argument)) pairs already recorded
         self._module_names: dict = {}  # id(submodule) -> "GPT.transformer.h.0", for readable reasons
         self._examined: dict = {}  # id -> (module, its attributes when first seen): checked for stored proxies
-        self._index_functions(fn, depth=3)
+        # id -> (object, its Path from the jitted function) for the objects reached along a known way: the holders
+        # of guarded slots are located by these in another process (a warm start, disk_cache.py)
+        self._paths: dict = {}
+        self._index_functions(fn, depth=3, path=(("fn",),))
         self._previous = None
 
     def __enter__(self):
@@ -308,18 +382,21 @@ class GuardRecorder:
         return previous(frame, event, arg) if previous is not None else None
 
     # -- what can be reached -----------------------------------------------------------------
-    def _index_functions(self, fn, depth: int, visited=None) -> None:
+    def _index_functions(self, fn, depth: int, visited=None, path: tuple | None = None) -> None:
         """Map the code of fn, and of functions its closure and globals hold, to the function,
         so a frame of that code can have its closure cells guarded. thunderfn's own wrappers
-        (tf.grad's, jit's) are walked through without counting as a level."""
+        (tf.grad's, jit's) are walked through without counting as a level. path: fn's (see `Path`)."""
         visited = set() if visited is None else visited
+        if path is not None and hasattr(fn, "__func__"):
+            path = path + (("attr", "__func__"),)
         fn = getattr(fn, "__func__", fn)
         if id(fn) in visited or depth < 0:
             return
         visited.add(id(fn))
+        self._locate(fn, path)
         wrapped = getattr(fn, "__wrapped__", None)
         if wrapped is not None:
-            self._index_functions(wrapped, depth, visited)
+            self._index_functions(wrapped, depth, visited, _step(path, ("attr", "__wrapped__")))
         if isinstance(fn, torch.nn.Module):
             self._name_modules(fn)
         if not isinstance(fn, types.FunctionType):
@@ -328,17 +405,29 @@ class GuardRecorder:
         if not ours:
             self._closures[fn.__code__] = fn
         below = depth if ours else depth - 1
-        for cell in fn.__closure__ or ():
-            self._index_functions(_cell_contents(cell), below, visited)
+        for i, cell in enumerate(fn.__closure__ or ()):
+            self._index_functions(_cell_contents(cell), below, visited, _step(path, ("closure", i), ("contents",)))
         if not ours:
             for name in fn.__code__.co_names:
                 value = fn.__globals__.get(name)
                 if isinstance(value, (types.FunctionType, types.MethodType, torch.nn.Module)):
-                    self._index_functions(value, below, visited)
+                    self._index_functions(value, below, visited, _step(_globals_path(fn.__globals__), ("item", name)))
 
     def _name_modules(self, root: torch.nn.Module) -> None:
+        root_path = self._paths.get(id(root), (None, None))[1]
         for name, module in root.named_modules():
             self._module_names.setdefault(id(module), ".".join(filter(None, (type(root).__name__, name))))
+            if name:
+                self._locate(module, _step(root_path, ("submodule", name)))
+
+    def _locate(self, obj, path: tuple | None) -> None:
+        """Remember where obj is found (the first way it was reached), where that is known."""
+        if path is not None and id(obj) not in self._paths:
+            self._paths[id(obj)] = (obj, path)
+
+    def path_of(self, obj) -> tuple | None:
+        """Where obj was found from the jitted function (a Path), if it was reached along a known way."""
+        return self._paths.get(id(obj), (None, None))[1]
 
     # -- recording ---------------------------------------------------------------------------
     def _record_frame(self, frame) -> None:
@@ -352,14 +441,17 @@ class GuardRecorder:
         where = code.co_qualname if hasattr(code, "co_qualname") else code.co_name
         if (code, None) not in self._seen:
             self._seen.add((code, None))
+            self.guards.files.add(_source_file(code, frame))
             f_globals = frame.f_globals
             for name in _global_names(code):
                 if name in f_globals:
-                    self._guard(f_globals, name, f"global '{name}' (read by {where})", names, depth=1)
+                    self._guard(f_globals, name, f"global '{name}' (read by {where})", names, depth=1,
+                                holder_path=_globals_path(f_globals))
             fn = self._closures.get(code)
             if fn is not None and fn.__closure__:
-                for name, cell in zip(code.co_freevars, fn.__closure__):
-                    self._guard(cell, None, f"closed-over variable '{name}' of {where}", names, depth=1)
+                for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__)):
+                    self._guard(cell, None, f"closed-over variable '{name}' of {where}", names, depth=1,
+                                holder_path=_step(self.path_of(fn), ("closure", i)))
         n_args = code.co_argcount + code.co_kwonlyargcount
         f_locals = frame.f_locals
         for name in code.co_varnames[:n_args]:
@@ -371,45 +463,125 @@ class GuardRecorder:
 
     def _guard_attributes(self, obj, names, what: str, depth: int) -> None:
         """Guard the attributes of obj that the code names (the names it may read)."""
+        path = self.path_of(obj)
         if isinstance(obj, torch.nn.Module) and id(obj) not in self._examined:
             self._examined[id(obj)] = (obj, dict(obj.__dict__))
         if isinstance(obj, torch.nn.Module):
             what = self._module_names.get(id(obj), what)
-            self._guard_module(obj, what)
-            tables = (obj.__dict__, obj._parameters, obj._buffers, obj._modules)
+            self._guard_module(obj, what, path)
+            tables = ("__dict__", "_parameters", "_buffers", "_modules")
         else:
-            tables = (obj.__dict__,)
+            tables = ("__dict__",)
         for name in names:
             for table in tables:
-                if name in table:
-                    self._guard(table, name, f"attribute '{what}.{name}'", names, depth - 1)
+                holder = getattr(obj, table)
+                if name in holder:
+                    self._guard(holder, name, f"attribute '{what}.{name}'", names, depth - 1,
+                                holder_path=_step(path, ("attr", table)))
                     break
 
-    def _guard_module(self, module: torch.nn.Module, what: str) -> None:
+    def _guard_module(self, module: torch.nn.Module, what: str, path: tuple | None) -> None:
         owner = f"{type(module).__name__} '{what}'" if what == "self" else f"'{what}'"
-        self.guards.watch(module.__dict__, "training", f"{owner}.training")
+        self.guards.watch(module.__dict__, "training", f"{owner}.training", _step(path, ("attr", "__dict__")))
         for table in MODULE_HOOK_TABLES:
             hooks = module.__dict__.get(table)
             if hooks is not None:
                 self.guards.add(hooks, "", None, "pending keys",
-                                f"the {table.lstrip('_').replace('_', ' ')} of {owner}")
+                                f"the {table.lstrip('_').replace('_', ' ')} of {owner}", _step(path, ("attr", table)))
         globals_ = sys.modules["torch.nn.modules.module"].__dict__
         for table in GLOBAL_HOOK_TABLES:
             hooks = globals_.get(table)
             if hooks is not None:
-                self.guards.add(hooks, "", None, "pending keys", f"torch's {table.lstrip('_').replace('_', ' ')}")
+                self.guards.add(hooks, "", None, "pending keys", f"torch's {table.lstrip('_').replace('_', ' ')}",
+                                (("globals", "torch.nn.modules.module"), ("item", table)))
 
-    def _guard(self, holder, key, what: str, names, depth: int) -> None:
+    def _guard(self, holder, key, what: str, names, depth: int, holder_path: tuple | None = None) -> None:
         value = read_slot(holder, key)
         if value is _MISSING or isinstance(value, TensorProxy) or _is_stable(value):
             return
         if isinstance(value, torch.Tensor):
             if context.stand_in(value) is None:  # a tensor some proxy stands in for is an input
-                self.guards.watch(holder, key, what)
+                self.guards.watch(holder, key, what, holder_path)
             return
-        self.guards.watch(holder, key, what)
+        self.guards.watch(holder, key, what, holder_path)
+        self._locate(value, _step(holder_path, ("contents",) if key is None else ("item", key)))
+        if isinstance(value, types.FunctionType):
+            self.guards.files.add(value.__code__.co_filename)
         if depth > 0 and _has_attributes(value):
             self._guard_attributes(value, names, what.split("'")[1] if "'" in what else what, depth)
+
+
+# -- paths: where a guarded slot's holder is found, in this process or in another -----------------------------
+# A Path is a tuple of steps from a root: ("fn",), the jitted function (a jitted module's forward, whose closure
+# holds the module), or ("globals", module name), that module's namespace; then ("attr", name) reads an attribute,
+# ("item", key) a dict entry, ("submodule", name) nn.Module.get_submodule, ("closure", i) a function's i-th
+# closure cell and ("contents",) a cell's contents.
+def _step(path: tuple | None, *steps) -> tuple | None:
+    return None if path is None else path + steps
+
+
+def _globals_path(namespace: dict) -> tuple | None:
+    """The path of a module's namespace (a frame's globals), where it is an imported module's."""
+    name = namespace.get("__name__")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    return (("globals", name),) if module is not None and getattr(module, "__dict__", None) is namespace else None
+
+
+def _source_file(code, frame) -> str:
+    """The file whose source made code: its own, or for a dataclass's generated method (code compiled from a
+    string) the file of its instance's class, which that method is made from."""
+    if code.co_filename == "<string>" and code.co_qualname.startswith("__create_fn__."):
+        instance = frame.f_locals.get("self")
+        module = sys.modules.get(type(instance).__module__) if instance is not None else None
+        if getattr(module, "__file__", None):
+            return module.__file__
+    return code.co_filename
+
+
+def follow(path: tuple, fn, found: dict | None = None):
+    """The object at path, with fn the jitted function; _MISSING where a step finds nothing. `found`, where
+    given, remembers each path followed (paths share their beginnings: a model's every layer's)."""
+    if found is None:
+        return _follow(path, fn)
+    obj = found.get(path)
+    if obj is None:
+        start = follow(path[:-1], fn, found) if len(path) > 1 else None
+        obj = found[path] = (_follow(path, fn) if start is None else
+                             _MISSING if start is _MISSING else _follow(((".",),) + path[-1:], start))
+    return obj
+
+
+def _follow(path: tuple, fn):
+    root, *steps = path
+    if root[0] == ".":  # (from fn itself)
+        obj = fn
+    elif root[0] == "fn":
+        obj = fn
+    elif root[0] == "globals":
+        module = sys.modules.get(root[1])
+        if module is None:
+            return _MISSING
+        obj = module.__dict__
+    else:
+        return _MISSING
+    try:
+        for step in steps:
+            kind = step[0]
+            if kind == "attr":
+                obj = getattr(obj, step[1])
+            elif kind == "item":
+                obj = obj[step[1]]
+            elif kind == "submodule":
+                obj = obj.get_submodule(step[1])
+            elif kind == "closure":
+                obj = obj.__closure__[step[1]]
+            elif kind == "contents":
+                obj = obj.cell_contents
+            else:
+                return _MISSING
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        return _MISSING
+    return obj
 
 
 def _holds_proxy(value) -> bool:

@@ -447,12 +447,19 @@ def format_trace(trc) -> str:
 def compile_trace(trc):
     source, ns = render(trc)
     # a file of its own where a cache directory is configured (core/artifacts.py), else a name for linecache
-    filename = artifacts.write_source(trc.def_name, source) or f"<thunderfn generated {next(_generated)}>"
+    fn = compile_source(source, trc.def_name, ns, artifacts.write_source(trc.def_name, source))
+    fn.__thunderfn_namespace__ = ns  # what its globals are (a compiled entry written to disk says: disk_cache.py)
+    return fn
+
+
+def compile_source(source: str, def_name: str, ns: dict, filename: str | None = None):
+    """The function `def_name` that source (generated code) defines, run with the globals in ns."""
+    filename = filename or f"<thunderfn generated {next(_generated)}>"
     # Registering the source lets tracebacks and debuggers show generated lines.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     globals_ = {"__builtins__": builtins, "__name__": "thunderfn_generated", **ns}
     exec(compile(source, filename, "exec"), globals_)
-    fn = globals_[trc.def_name]
+    fn = globals_[def_name]
     fn.__thunderfn_source__ = source
     weakref.finalize(fn, linecache.cache.pop, filename, None)  # a dropped cache entry takes its source along
     return fn

@@ -120,13 +120,29 @@ def aten_call(op) -> Callable:
     """A plain function that calls the aten operator op (an OpOverload), named aten_<op>
     (aten_convolution_backward): the torch executor names an operator after its callable, and an
     OpOverload's own name (convolution_backward.default) is no identifier, so two of them in one
-    execution trace would both print as torch_op and clash."""
+    execution trace would both print as torch_op and clash. One per operator; generated code written
+    to disk finds it again by the operator's name (`aten_call_named`, disk_cache.py)."""
+    run = _aten_calls.get(op)
+    if run is not None:
+        return run
+
     def run(*args, **kwargs):
         return op(*args, **kwargs)
 
     run.__name__ = run.__qualname__ = "aten_" + op.__name__.split(".")[0].lstrip("_")
     run.__doc__ = f"torch.ops.aten.{op.__name__}"
+    run.__thunderfn_found_by__ = ("aten_call", op.__name__)
+    _aten_calls[op] = run
     return run
+
+
+_aten_calls: dict = {}
+
+
+def aten_call_named(name: str) -> Callable:
+    """aten_call of the aten operator called name ("native_layer_norm.default")."""
+    packet, _, overload = name.partition(".")
+    return aten_call(getattr(getattr(torch.ops.aten, packet), overload or "default"))
 
 
 def aten_kernel(op) -> Symbol:

@@ -468,6 +468,11 @@ def _read_as_saved(bsym) -> list:
 class CompiledSplit:
     """A split, compiled: call it with the input tensors to get the user's output structure."""
 
+    # what it knows of its split besides the compiled halves and the output structure, all of it plain values: what
+    # a compiled entry written to disk keeps (disk_cache.py), and `restored` is made from
+    PLAN = ("fn_name", "differentiable", "leaf_plan", "n_numbers", "size_plan", "new_residuals", "saved_inputs",
+            "saved_from")
+
     def __init__(self, split: Split, forward, backward, backward_without=None, first_run=None):
         self.forward, self.backward = forward, backward
         # what reports the first backward's run, the rest of the compile (core/progress.py's `later`), until it runs
@@ -504,6 +509,19 @@ class CompiledSplit:
         self.saved_from = [i if kind == "input" else n_in + i if kind == "output" else at_new[k]
                            for k, (kind, i) in enumerate(residual_plan)]
 
+    @classmethod
+    def restored(cls, plan: dict, out_spec, forward, backward, backward_by_absent: dict) -> "CompiledSplit":
+        """A split compiled in another process, from its PLAN's values (one that captures no tensors and writes
+        into no saved input), with the backwards for outputs without gradients that process made: for other
+        outputs without gradients, the full backward gets zeros for them."""
+        compiled = cls.__new__(cls)
+        compiled.forward, compiled.backward, compiled.out_spec = forward, backward, out_spec
+        compiled.first_run, compiled.backward_without, compiled.backward_by_absent = None, None, backward_by_absent
+        compiled.captured, compiled.constants, compiled.modified_residuals = (), (), []
+        for name in cls.PLAN:
+            setattr(compiled, name, plan[name])
+        return compiled
+
     def first_run_of(self, cotangents):
         """A context reporting this backward's run as a compile (core/progress.py) where it is a first: the first
         backward of all (the compile's continuation), or one for outputs without gradients that backward_for makes
@@ -524,10 +542,10 @@ class CompiledSplit:
         made (those cotangents unread), else the full one with zeros there."""
         absent = frozenset(i for i, c in enumerate(cotangents) if c is None)
         backward = self.backward
-        if absent and self.backward_without is not None:
-            if absent not in self.backward_by_absent:
+        if absent:
+            if absent not in self.backward_by_absent and self.backward_without is not None:
                 self.backward_by_absent[absent] = self.backward_without(absent)
-            backward = self.backward_by_absent[absent] or self.backward
+            backward = self.backward_by_absent.get(absent) or self.backward
         if backward is self.backward:
             cotangents = [c if c is not None else torch.zeros(shape, dtype=dtype, device=device)
                           for c, (shape, dtype, device) in zip(cotangents, metas)]
