@@ -49,6 +49,7 @@ from torch.utils import _pytree as torch_pytree
 from thunderfn import executors as _executors
 from thunderfn.cache_entry import CacheEntry
 from thunderfn.cache_key import CacheKey, TensorPart
+from thunderfn.compile_stages import cyclic_gc_paused
 from thunderfn.core import artifacts, portable, pytree
 from thunderfn.core.call_time import Guarded
 from thunderfn.core.guards import GuardSet
@@ -165,20 +166,32 @@ class _Writing:
 
 def _function_form(f, writing: _Writing) -> dict:
     if isinstance(f, UnlessFunctorch):
-        plain = f.plain if f.plain is not None else f.make_plain()
-        return {"unless_functorch": [_function_form(f.rewritten, writing), _function_form(plain, writing)]}
+        if f.plain is None:
+            f.plain = f.make_plain()
+        return {"unless_functorch": [_function_form(f.rewritten, writing), _function_form(f.plain, writing)]}
     if getattr(f, "__thunderfn_no_grad__", None) is not None:
         return {"no_grad": _function_form(f.__thunderfn_no_grad__, writing)}
     source = getattr(f, "__thunderfn_source__", None)
     if source is None:
         raise NotPortable(f"it runs a {type(f).__name__}, not generated code")
+    known = getattr(f, "__thunderfn_form__", None)  # (an entry written again: its functions' forms are the same)
+    if known is not None:
+        form, bodies, files = known
+        writing.bodies.update(bodies)
+        writing.files |= files
+        return form
+    inner = _Writing()
     namespace = f.__thunderfn_namespace__
     refs = {}
     for name, value in f.__globals__.items():
         if name in ("__builtins__", "__name__") or value is f:
             continue
-        refs[name] = _reference(name, value, namespace, writing)
-    return {"source": source, "name": f.__name__, "globals": refs}
+        refs[name] = _reference(name, value, namespace, inner)
+    form = {"source": source, "name": f.__name__, "globals": refs}
+    f.__thunderfn_form__ = (form, inner.bodies, inner.files)
+    writing.bodies.update(inner.bodies)
+    writing.files |= inner.files
+    return form
 
 
 def _reference(name: str, value, namespace, writing: _Writing) -> list:
@@ -245,14 +258,33 @@ class _LoadedBody:
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def _loaded_function(form: dict, bodies: dict, path: str):
+class _OnFirstCall:
+    """A loaded function compiled when first called: one a warm start may never run (the full backward, where
+    the first process ran the backward for outputs without gradients; the variant for torch.func's transforms)."""
+
+    def __init__(self, load):
+        self.load, self.fn = load, None
+
+    def __call__(self, *args):
+        if self.fn is None:
+            self.fn = self.load()
+        return self.fn(*args)
+
+
+def _loaded_function(form: dict, bodies: dict, path: str, lazily: bool = False):
+    if lazily:
+        return _OnFirstCall(lambda: _loaded_function(form, bodies, path))
     if "unless_functorch" in form:
-        rewritten, plain = (_loaded_function(f, bodies, path) for f in form["unless_functorch"])
-        return UnlessFunctorch(rewritten, lambda: plain)
+        rewritten_form, plain_form = form["unless_functorch"]
+        return UnlessFunctorch(_loaded_function(rewritten_form, bodies, path),
+                               lambda: _loaded_function(plain_form, bodies, path))
     if "no_grad" in form:
         return torch.no_grad()(_loaded_function(form["no_grad"], bodies, path))
     namespace = {name: _resolved(ref, bodies) for name, ref in form["globals"].items()}
-    return compile_source(form["source"], form["name"], namespace, f"<thunderfn {form['name']} from {path}>")
+    # compiled without its comment lines (each statement's decomposition: most of the text, and of the time
+    # compiling it takes); tf.last_traces prints it whole (LoadedTrace)
+    code = "\n".join(line for line in form["source"].splitlines() if not line.lstrip().startswith("#")) + "\n"
+    return compile_source(code, form["name"], namespace, f"<thunderfn {form['name']} from {path}>")
 
 
 def _resolved(ref: list, bodies: dict):
@@ -363,7 +395,7 @@ def _loaded_runner(form: dict, bodies: dict, path: str):
         plan = {name: portable.decode(value) for name, value in form["split"].items()}
         without = {frozenset(absent): _loaded_function(f, bodies, path) for absent, f in form["without"]}
         fn = CompiledSplit.restored(plan, _spec(form["out_spec"]), _loaded_function(form["forward"], bodies, path),
-                                    _loaded_function(form["backward"], bodies, path), without)
+                                    _loaded_function(form["backward"], bodies, path, lazily=bool(without)), without)
     else:
         fn = _loaded_function(form["plain"], bodies, path)
     guards = []
@@ -460,7 +492,7 @@ def _writing_again(split: CompiledSplit, make, entry: CacheEntry, folder_name: s
         backward = make(absent)
         split.backward_by_absent[absent] = backward
         if backward is not None:
-            with artifacts.writing_to(root):
+            with artifacts.writing_to(root), cyclic_gc_paused():
                 try:
                     rewritten = _write(folder_name, _entry_text(entry, folder_name))
                 except Exception:  # noqa: BLE001 (the first file stays: the full backward then runs with zeros)

@@ -308,7 +308,8 @@ class JitState:
                 self.evict_oldest()
             self.stats[1] += 1
             if not open_dims and not numbers:  # a compile with this call's sizes: one written to disk may serve it
-                entry, self.disk = disk_cache.load(self, key, leaves)
+                with compile_stages.cyclic_gc_paused():  # (reading one builds many objects: as a compile does)
+                    entry, self.disk = disk_cache.load(self, key, leaves)
                 if entry is not None:
                     self.disk = "loaded from cache_dir"
                     self.keep(entry)
@@ -317,7 +318,8 @@ class JitState:
                 entry = self.compile_serving(args, kwargs, leaves, key, open_dims, hints, numbers)
             except StepChangesOptimizerState:  # an optimizer's first step creates its state: run it as eager does
                 return None
-            self.disk = disk_cache.save(self, entry) or self.disk
+            with compile_stages.cyclic_gc_paused():
+                self.disk = disk_cache.save(self, entry) or self.disk
             if entry.sizes is not None and reason is not None:
                 values = entry.sizes.inputs.number_names
                 sizes = ", ".join(f"{name} = {where}" for name, where in entry.sizes.described.items()

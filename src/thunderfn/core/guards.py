@@ -209,8 +209,13 @@ class GuardSet:
         if not self.records:
             return None
         ns = {"MISSING": _MISSING, "same": _same, "cell_contents": _cell_contents}
-        terms = []
+        # the hook tables that must stay empty (most of a deep model's guards: seven a module): one term for all
+        empty = tuple(holder for holder, _, expected, how, _ in self.records.values() if how == "keys" and not expected)
+        terms = ["not any(empty_tables)"] if empty else []
+        ns["empty_tables"] = empty
         for i, (holder, key, expected, how, _) in enumerate(self.records.values()):
+            if how == "keys" and not expected:
+                continue
             ns[f"h{i}"], ns[f"k{i}"], ns[f"v{i}"] = holder, key, expected
             read = f"cell_contents(h{i})" if key is None else f"h{i}.get(k{i}, MISSING)"
             if how == "id":
@@ -218,7 +223,7 @@ class GuardSet:
             elif how == "absent":
                 terms.append(f"k{i} not in h{i}")
             elif how == "keys":
-                terms.append(f"not h{i}" if not expected else f"tuple(h{i}) == v{i}")
+                terms.append(f"tuple(h{i}) == v{i}")
             elif type(expected) in (bool, type(None)) or isinstance(expected, enum.Enum):
                 terms.append(f"{read} is v{i}")
             elif type(expected) in (int, str) or type(expected) is float and expected == expected:
