@@ -439,7 +439,9 @@ class GuardRecorder:
         code = frame.f_code
         watched = self._watched.get(code)
         if watched is None:
-            watched = self._watched[code] = is_watched(code.co_filename)
+            # (a dataclass's generated __init__ is its class's code: thunderfn's own, a BoundSymbol made per
+            # statement traced, is not watched)
+            watched = self._watched[code] = is_watched(_source_file(code, frame))
         if not watched:
             return
         names = code.co_names
