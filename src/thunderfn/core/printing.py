@@ -46,6 +46,9 @@ class Namespace(dict):
         self.bound: set[str] = set()
         self.checked: set = set()
         self.bodies_printed: set[str] = set()  # a body shared by many calls (a repeated layer) prints once
+        # whether each statement's decomposition and the bodies it calls follow it as comments: in what prints,
+        # not in the source compiled (most of its text: rendering them was a sixth of a long program's compile)
+        self.decompositions = True
 
     def bind_object(self, obj, prefix: str = "_obj") -> str:
         for name, value in self.items():
@@ -185,6 +188,8 @@ def format_bsym(bsym, indent: int = 0, ns: Namespace | None = None, comment: boo
     if note:
         line = f"{line}  # {note}"
     lines = [f"{pad}# {line}" if comment else f"{pad}{line}"]
+    if not ns.decompositions:
+        return lines if comment else lines + _bind_data_dependent_sizes(bsym.output, ns, pad)
     bodies = [] if bodies_shown else _bodies(bsym)
     for body in bodies:  # a control-flow primitive's bodies (core/bodies.py), shown as a decomposition is
         if body.__name__ in ns.bodies_printed:
@@ -365,15 +370,18 @@ def format_body(bsyms: list, ns: Namespace, indent: int = 1) -> list[str]:
     return _format_block(_nest_restores(bsyms), ns, indent, entry)[0]
 
 
-def render(trc) -> tuple[str, Namespace]:
+def render(trc, decompositions: bool = True) -> tuple[str, Namespace]:
+    """(trc's Python source, the namespace it runs in); `decompositions`: whether each statement's decomposition
+    follows it as comments (Namespace.decompositions)."""
     ns = Namespace()
+    ns.decompositions = decompositions
     ns.bound = _held(trc)
     body = [f"  # {a.name}: {a.type_string()}" for a in trc.args]
     body += format_body(trc.bound_symbols, ns)
     body.append(f"  return {format_output(trc.output, ns)}")
     clash = _local_names(trc) & ns.keys()
     if clash:  # a parameter named `_out_spec0` or like an executor operator would shadow that global
-        return render(_renamed(trc, clash))
+        return render(_renamed(trc, clash), decompositions)
     # one comment line whatever a pass (or an executor's name in it) says: the source is compiled
     header = [f"# {' '.join(trc.provenance.splitlines())}"] if trc.provenance else []
     header += [line for name, line in _MODULE_IMPORTS.items() if _uses(body, name)]
@@ -445,7 +453,7 @@ def format_trace(trc) -> str:
 
 
 def compile_trace(trc):
-    source, ns = render(trc)
+    source, ns = render(trc, decompositions=False)
     # a file of its own where a cache directory is configured (core/artifacts.py), else a name for linecache
     fn = compile_source(source, trc.def_name, ns, artifacts.write_source(trc.def_name, source))
     fn.__thunderfn_namespace__ = ns  # what its globals are (a compiled entry written to disk says: disk_cache.py)
