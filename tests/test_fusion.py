@@ -319,6 +319,20 @@ def test_inductor_fuses_an_elementwise_chain_into_one_region_matching_eager(fuse
 
 
 @needs_inductor
+def test_a_region_compiled_again_is_served_by_inductors_cache_of_compiled_graphs(fused_gelu_chain, monkeypatch):
+    # what a new process does for a region an earlier one compiled (a fused warm start): Inductor's FX graph
+    # cache serves only compiles in a tracing context whose fake mode has a ShapeEnv, which it once bypassed
+    from torch._dynamo.utils import counters
+    jf, args, _ = fused_gelu_chain
+    monkeypatch.setattr(inductor, "_compiled", CompiledCache())  # this process's compiled regions forgotten
+    hits, bypasses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_bypass"]
+    again = tf.jit(gelu_chain, fusion=True)
+    torch.testing.assert_close(again(*args), gelu_chain(*args))
+    assert counters["inductor"]["fxgraph_cache_bypass"] == bypasses
+    assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1
+
+
+@needs_inductor
 def test_a_training_step_of_a_jitted_module_on_inductor_matches_eager_gradients():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))

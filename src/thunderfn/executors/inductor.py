@@ -91,10 +91,22 @@ _choices: dict = {}  # the process-wide cache's key -> RegionChoice
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list):
-    """Inductor's compiled function for gm (called with tensors like example_inputs)."""
+    """Inductor's compiled function for gm (called with tensors like example_inputs: real ones, or fake ones of a
+    ShapeEnv of the region's own, symbolic_examples). Compiled in a tracing context whose fake mode has a ShapeEnv,
+    as under torch.compile: Inductor's on-disk cache of compiled graphs (its FX graph cache) serves only such
+    compiles, and without it a new process generated every region's code again (a fused warm start paid all of
+    Inductor's code generation; only the C++ compile was cached). Real examples are made fake with their static
+    sizes and strides, so the code is what it was: specialized to them."""
     # torch._inductor is heavy (seconds to import) and only this executor needs it: imported on first compile
     from torch._inductor.compile_fx import compile_fx
-    return compile_fx(gm, example_inputs)
+    fake_tensor = importlib.import_module("torch._subclasses.fake_tensor")
+    mode = next((x.fake_mode for x in example_inputs if isinstance(x, fake_tensor.FakeTensor)), None)
+    if mode is None:
+        mode = fake_tensor.FakeTensorMode(shape_env=_symbolic_shapes().ShapeEnv())
+        example_inputs = [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
+                          for x in example_inputs]
+    with torch._guards.tracing(torch._guards.TracingContext(mode)):
+        return compile_fx(gm, example_inputs)
 
 
 class InductorExecutor(FusionExecutor):
