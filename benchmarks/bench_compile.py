@@ -14,9 +14,9 @@ Sections:
   process of its own after the imports, and the steady step of tf.jit against eager's in that process (median of
   `--rounds` interleaved steps after the first). "warm" is `tf.jit(model)` in a second process with the same
   `THUNDERFN_CACHE_DIR` as a first one, which wrote its compiled entry there (docs/jit.md, "Warm starts").
-  `--fusion` adds `tf.jit(model, fusion=True)` (with and without reuse, and warm: Inductor's and Triton's caches
-  in that folder too), `--torch-compile` adds `torch.compile(model)` with Inductor's on-disk cache off (a cold
-  compile) and warm (its caches filled by a first process).
+  `--fusion` adds `tf.jit(model, fusion=True)` (with and without reuse, cold: Inductor's on-disk caches off; and
+  warm: Inductor's and Triton's caches in that folder too), `--torch-compile` adds `torch.compile(model)` cold
+  (its on-disk caches off) and warm (its caches filled by a first process).
 - per-op: straight-line programs of N = 100, 1,000 and 10,000 operations (`--ops`): a Python loop of
   `x = torch.tanh(x @ w) + x` (three ops a pass: a matmul and two elementwise) on 4 x 4 tensors, summed. The first
   call of `tf.jit(f)` and of `tf.jit(tf.grad(f))` in a fresh process, in ms per operation, and the ratio of the
@@ -122,7 +122,8 @@ def section_gpt2(args) -> None:
         cells = [str(layers), _cell(in_fresh_process(__file__, "gpt2", "eager", layers, args.rounds,
                                                      timeout=args.timeout))]
         for v in variants:
-            env = cold if v == "torch.compile" else None
+            # (a cold compile with Inductor: none of its caches, which earlier runs of these graphs filled)
+            env = cold if v in ("torch.compile", "fusion", "fusion-no-reuse") else None
             if v in WARM:  # thunderfn's entries (cache_dir), Inductor's and Triton's caches: written, then read
                 caches = tempfile.mkdtemp(prefix="bench-warm-")
                 env = {"THUNDERFN_CACHE_DIR": caches, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),

@@ -22,6 +22,11 @@ def scaled_tanh(x, w):
     return torch.tanh(x @ w) * SCALE
 
 
+@tf.jit
+def decorated(x):
+    return torch.cos(x) * SCALE
+
+
 def _inputs():
     torch.manual_seed(0)
     return torch.randn(3, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
@@ -63,6 +68,17 @@ def test_an_entry_whose_guarded_global_changed_is_compiled_again(tmp_path, monke
     third = tf.jit(scaled_tanh, cache_dir=tmp_path)
     torch.testing.assert_close(third(x, w), scaled_tanh(x, w))
     assert tf.cache_info(third)["disk"] == "loaded from cache_dir"
+
+
+def test_a_function_jitted_where_it_is_defined_is_written_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("THUNDERFN_CACHE_DIR", str(tmp_path))
+    x = torch.randn(3)
+    fresh = tf.jit(decorated._thunderfn_state.fn)  # what the name holds in a new process: compiled anew
+    torch.testing.assert_close(fresh(x), torch.cos(x) * SCALE)
+    assert tf.cache_info(fresh)["disk"] is None and (tmp_path / "entries").exists()
+    again = tf.jit(decorated._thunderfn_state.fn)
+    torch.testing.assert_close(again(x), torch.cos(x) * SCALE)
+    assert tf.cache_info(again)["disk"] == "loaded from cache_dir"
 
 
 def test_another_signature_is_another_entry(tmp_path):

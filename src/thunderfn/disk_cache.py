@@ -114,6 +114,11 @@ def _program(fn) -> list:
             raise NotPortable(f"the module's class {type(module).__qualname__} is not found by name")
         return ["module", *found]
     found = portable.where(fn)
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if found is None and isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname:
+        named = portable.locate(module, qualname)  # a function jitted where it is defined (@tf.jit): the name holds
+        if getattr(getattr(named, "_thunderfn_state", None), "fn", None) is fn:  # its jitted form
+            found = (module, qualname)
     if found is None:
         raise NotPortable(f"'{getattr(fn, '__qualname__', fn)}' is not found by its name (a lambda or a function "
                           f"defined inside another)")
