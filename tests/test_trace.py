@@ -89,6 +89,18 @@ def test_bound_symbol_args_are_the_proxies_the_function_passed(x, y):
     assert trc.bound_symbols[1].args[0] is matmul.output
 
 
+def test_a_bound_symbols_tensor_lists_follow_its_fields_when_they_are_assigned_anew(x, y):
+    # (each statement keeps the lists it was asked for: a pass that rewrites a field in place must see new ones)
+    trc = tf.trace(lambda a, b: torch.sin(a) * b, x, y)
+    mul = trc.bound_symbols[1]
+    sin_out, b = mul.proxy_args()
+    assert mul.proxy_args() == [sin_out, b] and mul.proxy_args() is not mul.proxy_args()  # (a copy each time)
+    mul.args = (b, sin_out)
+    assert mul.proxy_args() == [b, sin_out]
+    mul.output = sin_out
+    assert mul.proxy_outs() == [sin_out]
+
+
 def test_nested_composites_nest_their_subsymbols():
     # softmax decomposes through other torch-language or clang-level calls into prims
     trc = tf.trace(lambda a: torch.softmax(a, -1), torch.randn(3, 4))
