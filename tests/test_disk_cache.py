@@ -159,7 +159,8 @@ _TRAINING = textwrap.dedent("""
 
 
 def test_a_new_process_trains_a_gpt2_from_the_entry_an_earlier_one_wrote_as_eager(tmp_path):
-    pytest.importorskip("transformers", reason="the Hugging Face GPT-2 is what real programs warm-start")
+    pytest.importorskip("transformers", reason="needs transformers (pip install -e '.[test]' installs it): "
+                                              "this test trains a Hugging Face GPT-2 across two processes")
     runs = []
     for _ in range(2):
         done = subprocess.run([sys.executable, "-c", _TRAINING, str(tmp_path)], capture_output=True, text=True,

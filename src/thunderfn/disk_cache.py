@@ -419,8 +419,7 @@ def _loaded_runner(form: dict, bodies: dict, path: str):
 class LoadedTrace:
     """A trace of an entry loaded from disk: only its generated source is here."""
 
-    layout_reads: dict = {}
-    grad_reads: dict = {}
+    layout_reads: dict = {}  # (CacheEntry reads its first trace's: an entry written relies on none)
 
     def __init__(self, name: str, source: str):
         self.fn_name, self.source = name, source

@@ -268,7 +268,7 @@ class GuardSet:
         guards, found = cls(), {}
         for path, key, how, expected, what in records:
             path = tuple(tuple(step) for step in path)
-            holder = follow(path, fn, found)
+            holder = _follow(path, fn, found)
             if holder is _MISSING:
                 raise NotPortable(f"{what}: nothing at {path}")
             key = portable.decode(key)
@@ -335,7 +335,7 @@ class GuardRecorder:
     def __init__(self, fn):
         self.guards = GuardSet()
         self._closures: dict = {}  # code object -> function, for reading closure cells again
-        self._watched: dict = {}  # code object -> bool
+        self._watched: dict = {}  # code object -> its source file where watched, else ""
         self._seen: set = set()  # (code, id(argument)) pairs already recorded
         self._module_names: dict = {}  # id(submodule) -> "GPT.transformer.h.0", for readable reasons
         self._examined: dict = {}  # id -> (module, its attributes when first seen): checked for stored proxies
@@ -437,18 +437,19 @@ class GuardRecorder:
     # -- recording ---------------------------------------------------------------------------
     def _record_frame(self, frame) -> None:
         code = frame.f_code
-        watched = self._watched.get(code)
-        if watched is None:
-            # (a dataclass's generated __init__ is its class's code: thunderfn's own, a BoundSymbol made per
-            # statement traced, is not watched)
-            watched = self._watched[code] = is_watched(_source_file(code, frame))
-        if not watched:
+        source = self._watched.get(code)
+        if source is None:
+            # its source file, or "" where it is not watched (a dataclass's generated __init__ is its class's
+            # code: thunderfn's own, a BoundSymbol made per statement traced, is not watched)
+            source = _source_file(code, frame)
+            source = self._watched[code] = source if is_watched(source) else ""
+        if not source:
             return
         names = code.co_names
         where = code.co_qualname if hasattr(code, "co_qualname") else code.co_name
         if (code, None) not in self._seen:
             self._seen.add((code, None))
-            self.guards.files.add(_source_file(code, frame))
+            self.guards.files.add(source)
             f_globals = frame.f_globals
             for name in _global_names(code):
                 if name in f_globals:
@@ -545,50 +546,36 @@ def _source_file(code, frame) -> str:
     return code.co_filename
 
 
-def follow(path: tuple, fn, found: dict | None = None):
-    """The object at path, with fn the jitted function; _MISSING where a step finds nothing. `found`, where
-    given, remembers each path followed (paths share their beginnings: a model's every layer's)."""
-    if found is None:
-        return _follow(path, fn)
-    obj = found.get(path)
-    if obj is None:
-        start = follow(path[:-1], fn, found) if len(path) > 1 else None
-        obj = found[path] = (_follow(path, fn) if start is None else
-                             _MISSING if start is _MISSING else _follow(((".",),) + path[-1:], start))
+def _follow(path: tuple, fn, found: dict):
+    """The object at path, with fn the jitted function; _MISSING where a step finds nothing. `found` remembers
+    each path followed, its beginnings included (paths share them: a model's every layer's)."""
+    obj = found.get(path, found)
+    if obj is found:
+        if len(path) == 1:
+            obj = fn if path[0][0] == "fn" else _module_namespace(path[0][1])
+        else:
+            start = _follow(path[:-1], fn, found)
+            obj = _MISSING if start is _MISSING else _stepped(start, path[-1])
+        found[path] = obj
     return obj
 
 
-def _follow(path: tuple, fn):
-    root, *steps = path
-    if root[0] == ".":  # (from fn itself)
-        obj = fn
-    elif root[0] == "fn":
-        obj = fn
-    elif root[0] == "globals":
-        module = sys.modules.get(root[1])
-        if module is None:
-            return _MISSING
-        obj = module.__dict__
-    else:
-        return _MISSING
+def _module_namespace(name: str):
+    module = sys.modules.get(name)
+    return _MISSING if module is None else module.__dict__
+
+
+_STEPS = {"attr": getattr, "item": lambda obj, key: obj[key],
+          "submodule": lambda obj, name: obj.get_submodule(name),
+          "closure": lambda fn, i: fn.__closure__[i], "contents": _cell_contents}
+
+
+def _stepped(obj, step: tuple):
+    """What one step of a path finds from obj; _MISSING where it finds nothing."""
     try:
-        for step in steps:
-            kind = step[0]
-            if kind == "attr":
-                obj = getattr(obj, step[1])
-            elif kind == "item":
-                obj = obj[step[1]]
-            elif kind == "submodule":
-                obj = obj.get_submodule(step[1])
-            elif kind == "closure":
-                obj = obj.__closure__[step[1]]
-            elif kind == "contents":
-                obj = obj.cell_contents
-            else:
-                return _MISSING
+        return _STEPS[step[0]](obj, *step[1:])
     except (AttributeError, KeyError, IndexError, TypeError, ValueError):
         return _MISSING
-    return obj
 
 
 def _holds_proxy(value) -> bool:
