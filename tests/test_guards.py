@@ -362,3 +362,45 @@ def test_custom_vjp_made_in_a_loop_does_not_keep_its_tensors_alive():
         del captured
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+def test_a_guard_set_checked_in_bulk_fails_on_any_one_slot_changed():
+    """GuardSet.compile checks the common kinds of guard in bulk (core/guards.py): each kind, each slot, must
+    still fail alone, and a value of another type (True for 1, a tensor for 3) fails rather than compares equal
+    or raises."""
+    from thunderfn.core.guards import GuardSet
+
+    def cell_of(value):
+        return (lambda: value).__closure__[0]
+
+    marker, table, hooks = object(), {}, {1: "hook"}
+    state = {"obj": marker, "flag": True, "none": None, "dtype": torch.float32, "n": 1, "name": "gelu",
+             "scale": 0.5, "nan": float("nan"), "shape": (4, 4)}
+    cell = cell_of(3)
+    guards = GuardSet()
+    for key, value in state.items():
+        guards.add(state, key, value, "id" if key == "obj" else "value", key)
+    guards.add(state, "absent", None, "absent", "absent")
+    guards.add(cell, None, 3, "value", "cell")
+    guards.add(table, "", (), "keys", "empty table")
+    guards.add(hooks, "", (1,), "keys", "hooks")
+    holds = guards.compile()
+    assert holds() and guards.failure() is None
+
+    changes = {"obj": object(), "flag": 1, "none": 0, "dtype": torch.float64, "n": True, "name": "relu",
+               "scale": 0.25, "nan": 1.0, "shape": (4, 5)}
+    for key, changed in [*changes.items(), ("n", torch.tensor(1)), ("n", 1.0)]:
+        before = state[key]
+        state[key] = changed
+        assert not holds(), key
+        assert key in guards.failure()
+        state[key] = before
+        assert holds()
+    for undo, change in [(lambda: state.pop("absent"), lambda: state.update(absent=0)),
+                         (lambda: table.clear(), lambda: table.update(x=1)),
+                         (lambda: hooks.pop(2), lambda: hooks.update({2: "hook"})),
+                         (lambda: state.update(n=1), lambda: state.pop("n"))]:
+        change()
+        assert not holds() and guards.failure() is not None
+        undo()
+        assert holds()

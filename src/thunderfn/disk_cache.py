@@ -59,7 +59,7 @@ from thunderfn.executors.torch_rewrites import UnlessFunctorch
 from thunderfn.torch.opaque import aten_call_named
 from thunderfn.transforms.autograd_split import CompiledSplit
 
-FORMAT = 1
+FORMAT = 2
 # how objects that generated code calls and that are made at run time (one per operator) are found again: their
 # `__thunderfn_found_by__` is (a key here, its arguments)
 FINDERS = {"aten_call": aten_call_named}

@@ -22,8 +22,9 @@ they hold. Code of torch (except the layers in torch.nn.modules), of thunderfn a
 Python's standard library is not watched: its state is either keyed (grad mode,
 default dtype) or deliberately not guarded (see docs/sharp_bits.md).
 
-A `GuardSet` compiles to one generated function of straight-line comparisons (most
-are one dict lookup and an `is` or `==`), called on every call of the entry it guards.
+A `GuardSet` compiles to one function called on every call of the entry it guards: the
+common kinds of guard (empty hook tables, a dict slot holding the same object, an int or
+str) checked in bulk, each one C loop over its slots, the rest as generated comparisons.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import dis
 import enum
 import functools
 import itertools
+import operator
 import os
 import sys
 import sysconfig
@@ -204,43 +206,64 @@ class GuardSet:
         return None
 
     def compile(self):
-        """A function of no arguments that says whether every guard holds, or None when there
-        are none. Straight-line generated code: this runs before every call of the entry."""
+        """A function of no arguments that says whether every guard holds, or None when there are none. It runs
+        before every call of the entry, and a deep model has thousands of guards (seven hook tables, the flags and
+        sizes of every module), so the common kinds are checked in bulk, each one loop in C over all its slots:
+
+        - the hook tables that must stay empty: `not any(tables)`;
+        - dict slots expected to hold the very object (an `id` guard, or a value that is a bool, None or an
+          enum member): every `holder.get(key, MISSING) is expected`;
+        - dict slots expected to hold an int, str or float (not NaN): first their types, then `==`;
+
+        and the rest (cells, absent keys, other values) as generated straight-line terms."""
         if not self.records:
             return None
-        ns = {"MISSING": _MISSING, "same": _same, "cell_contents": _cell_contents}
-        # the hook tables that must stay empty (most of a deep model's guards: seven a module): one term for all
-        empty = tuple(holder for holder, _, expected, how, _ in self.records.values() if how == "keys" and not expected)
-        terms = ["not any(empty_tables)"] if empty else []
-        ns["empty_tables"] = empty
-        for i, (holder, key, expected, how, _) in enumerate(self.records.values()):
+        empty, same_object, equal, rest = [], [], [], []
+        for record in self.records.values():
+            holder, key, expected, how, _ = record
             if how == "keys" and not expected:
-                continue
-            ns[f"h{i}"], ns[f"k{i}"], ns[f"v{i}"] = holder, key, expected
-            read = f"cell_contents(h{i})" if key is None else f"h{i}.get(k{i}, MISSING)"
-            if how == "id":
-                terms.append(f"{read} is v{i}")
-            elif how == "absent":
-                terms.append(f"k{i} not in h{i}")
-            elif how == "keys":
-                terms.append(f"tuple(h{i}) == v{i}")
-            elif type(expected) in (bool, type(None)) or isinstance(expected, enum.Enum):
-                terms.append(f"{read} is v{i}")
+                empty.append(holder)
+            elif key is None or type(holder) is not dict or how not in ("id", "value"):
+                rest.append(record)
+            elif how == "id" or type(expected) in (bool, type(None)) or isinstance(expected, enum.Enum):
+                same_object.append(record)
             elif type(expected) in (int, str) or type(expected) is float and expected == expected:
-                terms.append(f"type(x{i} := {read}) is {type(expected).__name__} and x{i} == v{i}")
+                equal.append(record)
             else:
-                terms.append(f"same({read}, v{i})")
-        source = "def guards_hold():\n    return (" + "\n            and ".join(terms) + ")\n"
-        exec(compile(source, f"<thunderfn guards {next(_generated)}>", "exec"), ns)
-        return ns["guards_hold"]
+                rest.append(record)
+        checks = []
+        if empty:
+            checks.append(functools.partial(_all_empty, tuple(empty)))
+        if same_object:
+            checks.append(functools.partial(_all_same_objects, *_columns(same_object)))
+        if equal:
+            holders, keys, expected = _columns(equal)
+            checks.append(functools.partial(_all_equal, holders, keys, expected, [type(v) for v in expected]))
+        if rest:
+            checks.append(_generated_check(rest))
+        if len(checks) == 1:
+            return checks[0]
+        return functools.partial(_all_hold, tuple(checks))
 
     # -- in another process: a warm start (disk_cache.py) --------------------------------------------------
-    def portable(self) -> list:
-        """These guards as JSON records, [path, key, how, expected, what] each, for another process to look
-        each slot up again by its path: a value compared by its exact JSON form (core/portable.py), an object
-        compared by identity by its type (and a function by its name and where its code is), since identity
-        itself does not cross processes. NotPortable where a guard cannot be so: its holder was reached only
-        as an argument at trace time, its value has no exact form, or a hook is registered."""
+    def portable(self) -> dict:
+        """These guards as JSON, for another process to look each slot up again by its path: {"paths": the
+        distinct paths and their beginnings, each [index of the path it extends (-1: a root), its last step],
+        "guards": [path index, key, how, expected, what] each}. A deep model's guards share most of their
+        paths' beginnings (every layer's begins at the model), so each is stored, and followed, once. A value is
+        compared by its exact JSON form (core/portable.py), an object by identity by its type (and a function by
+        its name and where its code is), since identity itself does not cross processes. NotPortable where a
+        guard cannot be so: its holder was reached only as an argument at trace time, its value has no exact
+        form, or a hook is registered."""
+        paths, index = [], {}
+
+        def numbered(path: tuple) -> int:
+            if path not in index:
+                parent = numbered(path[:-1]) if len(path) > 1 else -1
+                index[path] = len(paths)
+                paths.append([parent, list(path[-1])])
+            return index[path]
+
         records = []
         for slot, (holder, key, expected, how, what) in self.records.items():
             path = self.paths.get(slot)
@@ -256,21 +279,32 @@ class GuardSet:
                 expected = []
             elif how != "absent":
                 raise NotPortable(f"{what} is guarded as {how!r}")
-            records.append([[list(step) for step in path], portable.encode(key), how, expected, what])
-        return records
+            records.append([numbered(path), portable.encode(key), how, expected, what])
+        return {"paths": paths, "guards": records}
 
     @classmethod
-    def restored(cls, records: list, fn) -> "GuardSet":
+    def restored(cls, form: dict, fn) -> "GuardSet":
         """The guards `portable()` wrote, on this process's objects (fn: the jitted function, the root of the
         paths): each identity guard re-established on the object now at its path where that object is of the
         recorded type (a function: the same name and code location). NotPortable where a path leads nowhere
         or to another kind of object; whether the values hold is the caller's question (`failure`)."""
-        guards, found = cls(), {}
-        for path, key, how, expected, what in records:
-            path = tuple(tuple(step) for step in path)
-            holder = _follow(path, fn, found)
+        objects, paths = [], []
+        for parent, step in form["paths"]:
+            step = tuple(step)
+            if parent < 0:
+                obj = fn if step[0] == "fn" else _module_namespace(step[1])
+                path = (step,)
+            else:
+                obj = objects[parent]
+                obj = _MISSING if obj is _MISSING else _stepped(obj, step)
+                path = paths[parent] + (step,)
+            objects.append(obj)
+            paths.append(path)
+        guards = cls()
+        for at, key, how, expected, what in form["guards"]:
+            holder = objects[at]
             if holder is _MISSING:
-                raise NotPortable(f"{what}: nothing at {path}")
+                raise NotPortable(f"{what}: nothing at {paths[at]}")
             key = portable.decode(key)
             if how == "value":
                 expected = portable.decode(expected)
@@ -281,7 +315,7 @@ class GuardSet:
                 expected = value
             elif how == "keys":
                 expected = ()
-            guards.add(holder, key, expected, how, what, path)
+            guards.add(holder, key, expected, how, what, paths[at])
         return guards
 
 
@@ -297,6 +331,56 @@ def _identity(obj, strict: bool = True) -> list | None:
             raise NotPortable(f"a {type(obj).__name__} (a type defined where it cannot be found again)")
         return None
     return list(kind)
+
+
+def _columns(records: list) -> tuple:
+    """(holders, keys, expected values) of guard records on dict slots, as the lists bulk checks loop over."""
+    return [r[0] for r in records], [r[1] for r in records], [r[2] for r in records]
+
+
+def _all_empty(tables: tuple) -> bool:
+    return not any(tables)
+
+
+def _all_same_objects(holders: list, keys: list, expected: list) -> bool:
+    return all(map(operator.is_, map(dict.get, holders, keys, itertools.repeat(_MISSING)), expected))
+
+
+def _all_equal(holders: list, keys: list, expected: list, types_expected: list) -> bool:
+    current = list(map(dict.get, holders, keys, itertools.repeat(_MISSING)))
+    # the types first: == between an int and another type's value (a tensor) could raise, or be true
+    return list(map(type, current)) == types_expected and current == expected
+
+
+def _all_hold(checks: tuple) -> bool:
+    for check in checks:
+        if not check():
+            return False
+    return True
+
+
+def _generated_check(records: list):
+    """One generated function of straight-line terms for the guard records the bulk checks do not take."""
+    ns = {"MISSING": _MISSING, "same": _same, "cell_contents": _cell_contents}
+    terms = []
+    for i, (holder, key, expected, how, _) in enumerate(records):
+        ns[f"h{i}"], ns[f"k{i}"], ns[f"v{i}"] = holder, key, expected
+        read = f"cell_contents(h{i})" if key is None else f"h{i}.get(k{i}, MISSING)"
+        if how == "id":
+            terms.append(f"{read} is v{i}")
+        elif how == "absent":
+            terms.append(f"k{i} not in h{i}")
+        elif how == "keys":
+            terms.append(f"tuple(h{i}) == v{i}")
+        elif type(expected) in (bool, type(None)) or isinstance(expected, enum.Enum):
+            terms.append(f"{read} is v{i}")
+        elif type(expected) in (int, str) or type(expected) is float and expected == expected:
+            terms.append(f"type(x{i} := {read}) is {type(expected).__name__} and x{i} == v{i}")
+        else:
+            terms.append(f"same({read}, v{i})")
+    source = "def guards_hold():\n    return (" + "\n            and ".join(terms) + ")\n"
+    exec(compile(source, f"<thunderfn guards {next(_generated)}>", "exec"), ns)
+    return ns["guards_hold"]
 
 
 def current_recorder() -> GuardRecorder | None:
@@ -544,20 +628,6 @@ def _source_file(code, frame) -> str:
         if getattr(module, "__file__", None):
             return module.__file__
     return code.co_filename
-
-
-def _follow(path: tuple, fn, found: dict):
-    """The object at path, with fn the jitted function; _MISSING where a step finds nothing. `found` remembers
-    each path followed, its beginnings included (paths share them: a model's every layer's)."""
-    obj = found.get(path, found)
-    if obj is found:
-        if len(path) == 1:
-            obj = fn if path[0][0] == "fn" else _module_namespace(path[0][1])
-        else:
-            start = _follow(path[:-1], fn, found)
-            obj = _MISSING if start is _MISSING else _stepped(start, path[-1])
-        found[path] = obj
-    return obj
 
 
 def _module_namespace(name: str):
