@@ -13,7 +13,10 @@ Sections:
   repeated layers compiled once (the default) and with `reuse_blocks=False` (every layer traced), each in a
   process of its own after the imports, and the steady step of tf.jit against eager's in that process (median of
   `--rounds` interleaved steps after the first). "warm" is `tf.jit(model)` in a second process with the same
-  `THUNDERFN_CACHE_DIR` as a first one, which wrote its compiled entry there (docs/jit.md, "Warm starts").
+  `THUNDERFN_CACHE_DIR` as a first one, which wrote its compiled entry there (docs/jit.md, "Warm starts"), and
+  "/ cold first" its first step over the cold one's (in parentheses: the same for the processes' CPU time, which
+  other work on a shared machine disturbs less). Each first step is the median of `--repeats` fresh processes
+  (3; one for the minutes-long fusion and torch.compile variants): a shared machine's speed drifts.
   `--fusion` adds `tf.jit(model, fusion=True)` (with and without reuse, cold: Inductor's on-disk caches off; and
   warm: Inductor's and Triton's caches in that folder too), `--torch-compile` adds `torch.compile(model)` cold
   (its on-disk caches off) and warm (its caches filled by a first process).
@@ -93,19 +96,28 @@ def _gpt2_child(variant: str, layers: int, rounds: int) -> dict:
     else:
         fn = torch.compile(model)
     step = _training_step(model, fn, ids)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     loss = step()
-    first = time.perf_counter() - start
+    first, first_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     if variant == "eager":
-        return {"first": first}
+        return {"first": first, "first_cpu": first_cpu}
     eager_step = _training_step(model, model, ids)
     error = (loss - eager_step()).abs().item()
     medians = interleaved({"eager": eager_step, variant: step}, rounds, 1)
-    return {"first": first, "step_ms": medians[variant], "eager_ms": medians["eager"], "loss_error": error}
+    return {"first": first, "first_cpu": first_cpu, "step_ms": medians[variant], "eager_ms": medians["eager"],
+            "loss_error": error}
 
 
 def _cell(out) -> str:
     return "timeout" if out is None else f"{out['first']:.3f}"
+
+
+def _median_run(runs: int, *child, timeout: int, env=None) -> dict | None:
+    """The child's result in the fresh process whose first step was the median of `runs` (None: one timed out)."""
+    outs = [in_fresh_process(__file__, *child, timeout=timeout, env=env) for _ in range(runs)]
+    if None in outs:
+        return None
+    return sorted(outs, key=lambda out: out["first"])[len(outs) // 2]
 
 
 def section_gpt2(args) -> None:
@@ -116,11 +128,14 @@ def section_gpt2(args) -> None:
     header = ["layers", "eager first"]
     for v in variants:
         header += [f"{GPT2_VARIANTS[v]} first", f"{GPT2_VARIANTS[v]} steady x eager"]
+        if v in WARM:
+            header.append(f"{GPT2_VARIANTS[v]} / cold first (CPU time)")
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     cold = {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
     for layers in args.layers:
-        cells = [str(layers), _cell(in_fresh_process(__file__, "gpt2", "eager", layers, args.rounds,
-                                                     timeout=args.timeout))]
+        cells = [str(layers), _cell(_median_run(args.repeats, "gpt2", "eager", layers, args.rounds,
+                                                timeout=args.timeout))]
+        firsts = {}
         for v in variants:
             # (a cold compile with Inductor: none of its caches, which earlier runs of these graphs filled)
             env = cold if v in ("torch.compile", "fusion", "fusion-no-reuse") else None
@@ -129,11 +144,18 @@ def section_gpt2(args) -> None:
                 env = {"THUNDERFN_CACHE_DIR": caches, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
                        "TRITON_CACHE_DIR": os.path.join(caches, "triton")}
                 in_fresh_process(__file__, "gpt2", v, layers, 1, timeout=args.timeout, env=env)
-            out = in_fresh_process(__file__, "gpt2", v, layers, args.rounds, timeout=args.timeout, env=env)
+            # (minutes each with fusion or torch.compile: those once)
+            runs = 1 if v.startswith(("fusion", "torch.compile")) else args.repeats
+            out = _median_run(runs, "gpt2", v, layers, args.rounds, timeout=args.timeout, env=env)
             if out is not None and out["loss_error"] > 1e-4:
                 raise RuntimeError(f"{v} at {layers} layers: loss differs from eager's by {out['loss_error']:.2e}")
             steady = "timeout" if out is None else f"{out['step_ms'] / out['eager_ms']:.2f} ({out['step_ms']:.1f} ms)"
             cells += [_cell(out), steady]
+            firsts[v] = out
+            if v in WARM:
+                cold = firsts.get(WARM[v])
+                cells.append("" if None in (cold, out) else
+                             f"{out['first'] / cold['first']:.2f} ({out['first_cpu'] / cold['first_cpu']:.2f})")
         print("| " + " | ".join(cells) + " |", flush=True)
 
 
@@ -240,6 +262,9 @@ def main() -> None:
     parser.add_argument("--layers", nargs="+", type=int, default=[2, 8, 32, 64])
     parser.add_argument("--ops", nargs="+", type=int, default=[100, 1_000, 10_000])
     parser.add_argument("--rounds", type=int, default=5, help="timed steady steps per variant (after two warm-ups)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="gpt2: fresh processes per variant, the median first step shown (fusion and "
+                             "torch.compile: one)")
     parser.add_argument("--fusion", action="store_true", help="also tf.jit(model, fusion=True) (minutes)")
     parser.add_argument("--torch-compile", action="store_true", help="also torch.compile(model), cold (minutes)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per fresh process")

@@ -44,10 +44,13 @@ def _state_slots(module: torch.nn.Module, named) -> list:
     """(table, key) for each of the module's parameters or buffers, in named order, so a
     call reads the current tensors with one dict lookup each (a Parameter replaced by
     assignment is seen; adding parameters or submodules after jit needs a new jit)."""
+    # each name's owner from one walk of the modules (get_submodule would walk every name again, and a deep
+    # model's names are long); named() names tensors by these same owners
+    owners = dict(module.named_modules())
     slots = []
     for name, _ in named():
         owner_name, _, attr = name.rpartition(".")
-        owner = module.get_submodule(owner_name) if owner_name else module
+        owner = owners[owner_name]
         slots.append((owner._parameters if attr in owner._parameters else owner._buffers, attr))
     return slots
 

@@ -492,7 +492,10 @@ def _bound_positionally(cls, args, kwargs):
     return tuple(bound.args[len(ctx):]), dict(bound.kwargs)
 
 
-_installed = torch.autograd.Function.__dict__["apply"].__func__
+# torch's Function.apply: a Python classmethod up to torch 2.13, a C one (a classmethod_descriptor, called with
+# the class first) from 2.14
+_installed = torch.autograd.Function.__dict__["apply"]
+_installed = _installed.__func__ if isinstance(_installed, classmethod) else _installed
 _original_apply = getattr(_installed, "__thunderfn_original__", _installed)  # torch's, even if this module reloads
 _CheckpointFunction = torch.utils.checkpoint.CheckpointFunction
 _watchers = threading.local()  # tf.examine's: called with each Function class applied outside tracing
