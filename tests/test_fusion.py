@@ -586,3 +586,29 @@ def test_a_region_faster_compiled_keeps_its_compiled_code(monkeypatch):
     (row,) = [r for r in profile.rows if r.choices]
     assert row.choices[0].fused and row.choices[0].fused_ms < row.choices[0].unfused_ms
     assert "1 run compiled, 0 unfused" in str(profile)
+
+
+@needs_inductor
+@pytest.mark.parametrize("slow", [True, False], ids=["slower-compiled", "faster-compiled"])
+def test_a_later_process_takes_a_regions_choice_from_cache_dir_instead_of_timing_or_compiling_again(
+        monkeypatch, tmp_path, slow):
+    monkeypatch.setenv("THUNDERFN_CACHE_DIR", str(tmp_path))
+    first = _choices_after_a_call(monkeypatch, slow=slow)
+    (row,) = [r for r in first.rows if r.choices]
+    assert row.choices[0].fused is not slow and not row.choices[0].remembered
+
+    # a new process: nothing compiled or timed in it yet, and a compiler that counts its compiles
+    compiles, timings = [], []
+    monkeypatch.setattr(inductor, "_compiled", CompiledCache())
+    monkeypatch.setattr(inductor, "_choices", {})
+    monkeypatch.setattr(inductor, "compile_graph", lambda gm, examples: compiles.append(gm) or gm)
+    monkeypatch.setattr(inductor.CompiledRegion, "faster", lambda *a: timings.append(a))
+    jitted = tf.jit(_region_program, executors=["inductor"])
+    x = torch.randn(64)
+    torch.testing.assert_close(jitted(x), _region_program(x))
+    later = tf.profile(jitted, x, calls=1)
+    (row,) = [r for r in later.rows if r.choices]
+    assert row.choices[0].remembered and row.choices[0].fused is not slow
+    assert timings == [] and len(compiles) == (0 if slow else 1)  # an unfused choice is not compiled again
+    if slow:
+        assert "as timed by an earlier process, from cache_dir" in str(later)

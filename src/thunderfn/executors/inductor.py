@@ -36,6 +36,9 @@ they take under FASTER_BY of the compiled time (Inductor's CPU convolutions, a r
 small to gain). The choice is the layout's, shared by every region with the same ops (the
 process-wide cache), and tf.profile lists the regions that run unfused and their two times
 (`region_choices()`). `InductorExecutor(time_regions=False)` keeps every compiled region.
+With a cache_dir (docs/jit.md, "Warm starts") each choice is written there, keyed by the
+region's ops by name, the layout, torch's version, the machine and its thread count: a later
+process takes it instead of timing again, and does not compile a region that ran unfused.
 
 Not a default executor: a first call pays seconds of compilation per region (see
 docs/executors.md). Ask for it with `tf.jit(fn, executors=["inductor"])`.
@@ -44,13 +47,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import importlib
 import importlib.util
+import json
 import operator
 import os
+import platform
 import queue
 import re
 import shutil
+import sys
 import threading
 import time
 import warnings
@@ -58,7 +65,7 @@ import warnings
 import torch
 import torch.fx
 
-from thunderfn.core import artifacts, progress, symbolic
+from thunderfn.core import artifacts, portable, progress, symbolic
 from thunderfn.core.proxies import TensorProxy
 from thunderfn.core.pytree import tree_map
 from thunderfn.executors.fusion import CompiledCache, FusionExecutor, Region, positional_signature
@@ -81,10 +88,12 @@ class RegionChoice:
     fused: bool
     fused_ms: float
     unfused_ms: float
+    remembered: bool = False  # timed by an earlier process and read from cache_dir
 
     def __str__(self) -> str:
         kept = "compiled" if self.fused else "unfused (its compiled code was slower)"
-        return f"{kept}: compiled {self.fused_ms:.3f} ms, unfused {self.unfused_ms:.3f} ms"
+        told = " (as timed by an earlier process, from cache_dir)" if self.remembered else ""
+        return f"{kept}: compiled {self.fused_ms:.3f} ms, unfused {self.unfused_ms:.3f} ms{told}"
 
 
 _choices: dict = {}  # the process-wide cache's key -> RegionChoice
@@ -190,6 +199,12 @@ class CompiledRegion:
         one where Inductor fails; with `run`, its result on example_inputs, whose failure falls back
         too, else None). Called holding _compile_lock."""
         fn, result = _compiled.get(key), None
+        remembered = _remembered_choice(self.region, key[1]) if fn is None and run and self.timed else None
+        if remembered is not None and not remembered.fused:  # slower compiled: not compiled again
+            _choices[key] = remembered
+            fn = self.region.unfused
+            _compiled.keep(key, fn)
+            return fn, fn(*example_inputs)
         if fn is None:
             # a stage of the compile running on this thread, or (a call with a new layout) a compile of its own;
             # the background thread's compile blocks no call and says nothing
@@ -207,7 +222,9 @@ class CompiledRegion:
                     fn = self.fall_back(e)
                     result = fn(*example_inputs) if run else None
                 else:
-                    if run and self.timed:
+                    if remembered is not None:
+                        _choices[key] = remembered
+                    elif run and self.timed:
                         fn = self.faster(key, fn, example_inputs)
             _compiled.keep(key, fn)
         return fn, result
@@ -228,6 +245,7 @@ class CompiledRegion:
         runs = [(seconds(compiled), seconds(unfused)) for _ in range(TIMED_RUNS)]
         fused_ms, unfused_ms = (min(r[i] for r in runs) * 1e3 for i in (0, 1))
         choice = _choices[key] = RegionChoice(unfused_ms >= fused_ms * FASTER_BY, fused_ms, unfused_ms)
+        _remember_choice(self.region, key[1], choice)
         return compiled if choice.fused else unfused
 
     def region_choices(self) -> list:
@@ -485,6 +503,60 @@ def size_function(names: list[str], source: str):
     fn.__name__ = fn.__qualname__ = "size"
     fn.__module__ = __name__  # (FX names a node's function by its module)
     return fn
+
+
+# -- region choices remembered in cache_dir -------------------------------------------------------------------
+_CHOICE_FILE = "choice.json"
+
+
+def _choice_folder(region: Region, layout) -> str | None:
+    """The cache_dir folder (artifacts.write_entry's lookup) of a region's choice for one layout: named by a hash
+    of its ops by name (not by object identity, as region_signature is), the layout, torch's version, the machine
+    and its threads, and how choices are made; None where an op or argument is not named the same in another
+    process."""
+    try:
+        ops = positional_signature(region, region.bsyms, _portable_name)
+    except portable.NotPortable:
+        return None
+    if " at 0x" in ops:  # an argument printed by its address
+        return None
+    key = json.dumps([ops, repr(layout), torch.__version__, platform.machine(), platform.processor(),
+                      os.cpu_count(), torch.get_num_threads(), FASTER_BY, TIMED_RUNS])
+    return "region-choice-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _portable_name(bsym) -> str:
+    """The op's callable by a name another process finds it by: an aten call by its operator, a function by
+    module and qualified name, a builtin (torch.sin) or method (torch.Tensor.add) by its owner and name."""
+    fn = bsym.sym.eager
+    found = getattr(fn, "__thunderfn_found_by__", None) or portable.where(fn)
+    if found is None:
+        module, name = getattr(fn, "__module__", None), getattr(fn, "__name__", None)
+        owner = sys.modules.get(module) if isinstance(module, str) else getattr(fn, "__objclass__", None)
+        owner_name = module if isinstance(module, str) else portable.where(owner)
+        if owner_name is None or not isinstance(name, str) or getattr(owner, name, None) is not fn:
+            raise portable.NotPortable(f"{fn!r} is not found by name")
+        found = (owner_name, name)
+    return repr(tuple(found))
+
+
+def _remembered_choice(region: Region, layout) -> RegionChoice | None:
+    """The choice an earlier process wrote to cache_dir for this region and layout, if any."""
+    folder = _choice_folder(region, layout) if artifacts.directory() is not None else None
+    for _, text in artifacts.read_entries(folder) if folder is not None else ():
+        try:
+            form = json.loads(text)
+            return RegionChoice(form["fused"] is True, float(form["fused_ms"]), float(form["unfused_ms"]), True)
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _remember_choice(region: Region, layout, choice: RegionChoice) -> None:
+    folder = _choice_folder(region, layout) if artifacts.directory() is not None else None
+    if folder is not None:
+        text = json.dumps({"fused": choice.fused, "fused_ms": choice.fused_ms, "unfused_ms": choice.unfused_ms})
+        artifacts.write_entry(folder, _CHOICE_FILE, text)
 
 
 def region_signature(region: Region) -> str:
