@@ -153,9 +153,9 @@ def section_gpt2(args) -> None:
             cells += [_cell(out), steady]
             firsts[v] = out
             if v in WARM:
-                cold = firsts.get(WARM[v])
-                cells.append("" if None in (cold, out) else
-                             f"{out['first'] / cold['first']:.2f} ({out['first_cpu'] / cold['first_cpu']:.2f})")
+                cold_out = firsts.get(WARM[v])
+                cells.append("" if None in (cold_out, out) else f"{out['first'] / cold_out['first']:.2f} "
+                                                                 f"({out['first_cpu'] / cold_out['first_cpu']:.2f})")
         print("| " + " | ".join(cells) + " |", flush=True)
 
 
