@@ -180,7 +180,7 @@ class ThunderModule(torch.nn.Module):
         # eager does; the wrapper runs only hooks registered on the wrapper itself.
         if self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks:
             return self._call_impl(*args, **kwargs)
-        return self.forward(*args, **kwargs)
+        return self._jitted_forward(*args, **kwargs)
 
     def lower(self, /, *args, **kwargs):
         """tf.jit(model).lower(*args, **kwargs): forward's program for this signature, compiled and not run
@@ -190,7 +190,7 @@ class ThunderModule(torch.nn.Module):
                      prefix=lambda: [table[key] for table, key in self._thunderfn_slots])
 
     @opaque_to_dynamo  # torch.compile(tf.jit(model)) runs the compiled forward as one call
-    def forward(self, /, *args, **kwargs):
+    def _jitted_forward(self, /, *args, **kwargs):
         jitted = self._current()
         if jitted is None:
             if _has_uninitialized_parameters(self.module):
@@ -225,6 +225,23 @@ class ThunderModule(torch.nn.Module):
     def load_state_dict(self, *args, **kwargs):
         return self.module.load_state_dict(*args, **kwargs)
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # A module holding this one as a submodule (a LightningModule's `self.net = tf.jit(net)`) loads its state
+        # dict through each submodule's _load_from_state_dict and then its `_modules`, which here are empty (the
+        # original is held outside them): the original's subtree is loaded here, as nn.Module.load_state_dict
+        # walks a subtree, reporting to the outer load under this module's prefix.
+        assign = {"assign_to_params_buffers": local_metadata.get("assign_to_params_buffers", False)}
+
+        def load(module, prefix):
+            module._load_from_state_dict(state_dict, prefix, {**local_metadata, **assign} if module is self.module
+                                         else assign, True, missing_keys, unexpected_keys, error_msgs)
+            for name, child in module._modules.items():
+                if child is not None:
+                    load(child, f"{prefix}{name}.")
+
+        load(self.module, prefix)
+
     def train(self, mode: bool = True):
         self.module.train(mode)
         return super().train(mode)
@@ -245,6 +262,10 @@ class ThunderModule(torch.nn.Module):
     def __setstate__(self, state):
         self.__dict__.update(state)
 
+    def __reduce_ex__(self, protocol):
+        # its class (presenting(...)'s, made at run time) is not found by name: made again from the module's class
+        return _unpickled, (type(self.module),), self.__getstate__()
+
     def __repr__(self):
         return f"ThunderModule({self.module!r})"
 
@@ -256,6 +277,78 @@ class ThunderModule(torch.nn.Module):
             if name == "generate" and inspect.ismethod(value) and value.__self__ is self._thunderfn_module:
                 return functools.wraps(value)(functools.partial(_generate, self, value))
             return value
+
+
+class _PresentedForward:
+    """`forward` of a ThunderModule: the jitted forward, presented as the module's own (its signature, name and
+    docstring), which libraries read. The Hugging Face Trainer keeps only the dataset columns that
+    `inspect.signature(model.forward)` names, and finds a model's label arguments, and whether it returns a loss,
+    from its class's `forward`: so an instance's forward presents its module's, and the class's (each module class
+    gets a ThunderModule subclass of its own, `presenting`) the module class's.
+
+    A descriptor making a callable per access, not an attribute set on each instance: a jitted module then holds
+    no reference to itself (a cycle would leave a dropped model's memory to the cyclic collector). Neither has a
+    `__wrapped__`: code that unwraps chains of wrappers (accelerate's) would reach the eager forward and run it."""
+
+    def __init__(self, module_class: type | None = None):
+        self.plain = ThunderModule._jitted_forward
+        if module_class is not None:
+            def forward(self, /, *args, **kwargs):
+                return self._jitted_forward(*args, **kwargs)
+            with contextlib.suppress(TypeError, ValueError):
+                forward.__signature__ = inspect.signature(module_class.forward)
+            forward.__doc__ = getattr(module_class.forward, "__doc__", None)
+            forward.__qualname__ = getattr(module_class.forward, "__qualname__", "forward")
+            self.plain = forward
+
+    def __get__(self, owner, owner_type=None):
+        return self.plain if owner is None else _BoundForward(owner)
+
+
+class _BoundForward:
+    __slots__ = ("__self__",)
+
+    def __init__(self, owner: ThunderModule):
+        self.__self__ = owner
+
+    def __call__(self, /, *args, **kwargs):
+        return self.__self__._jitted_forward(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(self.__self__.module.forward)
+
+    @property
+    def __name__(self) -> str:
+        return getattr(self.__self__.module.forward, "__name__", "forward")
+
+    @property
+    def __doc__(self) -> str | None:
+        return getattr(self.__self__.module.forward, "__doc__", None)
+
+    def __repr__(self) -> str:
+        return f"<jitted forward of {type(self.__self__.module).__name__}>"
+
+
+ThunderModule.forward = _PresentedForward()  # (a module class's subclass presents its forward: `presenting`)
+_presenting: dict = {}  # module class -> the ThunderModule subclass presenting it
+
+
+def presenting(module_class: type) -> type:
+    """The ThunderModule subclass for modules of module_class: its `forward` presents module_class.forward (see
+    _PresentedForward), and its name says what it wraps (`ThunderModule[GPT2LMHeadModel]`)."""
+    found = _presenting.get(module_class)
+    if found is None:
+        name = f"ThunderModule[{module_class.__name__}]"
+        found = _presenting[module_class] = type(ThunderModule)(name, (ThunderModule,), {
+            "__module__": __name__, "__qualname__": name, "forward": _PresentedForward(module_class)})
+    return found
+
+
+def _unpickled(module_class: type) -> ThunderModule:
+    """An empty jitted module of module_class's ThunderModule class, for pickle to give its state."""
+    cls = presenting(module_class)
+    return cls.__new__(cls)
 
 
 # -- arguments that hold state: key/value caches --------------------------------------------------
@@ -437,7 +530,7 @@ def jit_module(module: torch.nn.Module, jit, options: JitOptions | None = None) 
             f"update of a list of tensors)")
     # checked now, against forward's own signature (bound: its indices start after self)
     static = resolve_static(module.forward, options.static_argnums, options.static_argnames, name=_forward_name(module))
-    return ThunderModule(module, jit, options, static)
+    return presenting(type(module))(module, jit, options, static)
 
 
 def _forward_name(module: torch.nn.Module) -> str:

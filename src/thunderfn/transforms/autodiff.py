@@ -30,7 +30,7 @@ import torch
 
 import thunderfn.torch as ltorch
 from thunderfn.core import context, dtypes, symbolic
-from thunderfn.core.decorators import with_options_form
+from thunderfn.core.decorators import takes_arguments_of, with_options_form
 from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy, is_real_tensor
 from thunderfn.core.pytree import of_positions, tree_flatten, tree_leaves, tree_map, tree_unflatten
@@ -570,7 +570,7 @@ def value_and_grad(fn: Callable, argnums=0, has_aux: bool = False):
         return ((value, aux) if has_aux else value), g
 
     transformed.__name__ = f"value_and_grad_{getattr(fn, '__name__', 'fn')}"
-    return _compiled(transformed, prepare=lambda args: _floats_as_tensors(args, nums))
+    return _compiled(takes_arguments_of(transformed, fn), prepare=lambda args: _floats_as_tensors(args, nums))
 
 
 @with_options_form
@@ -600,7 +600,7 @@ def grad(fn: Callable, argnums=0, has_aux: bool = False):
 
     transformed.__name__ = f"grad_{getattr(fn, '__name__', 'fn')}"
     nums = argnums_as_tuple(argnums)
-    return _compiled(transformed, prepare=lambda args: _floats_as_tensors(args, nums))
+    return _compiled(takes_arguments_of(transformed, fn), prepare=lambda args: _floats_as_tensors(args, nums))
 
 
 def vjp(fn: Callable, *primals, has_aux: bool = False):

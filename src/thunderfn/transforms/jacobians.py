@@ -21,7 +21,7 @@ import optree
 import torch
 
 from thunderfn.core import symbolic
-from thunderfn.core.decorators import with_options_form
+from thunderfn.core.decorators import takes_arguments_of, with_options_form
 from thunderfn.core.pytree import NAMESPACE, of_positions, tree_flatten, tree_leaves, tree_unflatten
 from thunderfn.errors import ArgumentValueError, OutputError, TransformArgumentError, TransformInputError
 from thunderfn.transforms.argnums import argnums_as_tuple, positional_argnums
@@ -146,7 +146,8 @@ def jacrev(fn: Callable, argnums=0, has_aux: bool = False, *, chunk_size: int | 
         return (jac, result[2]) if has_aux else jac
 
     jacobian.__name__ = f"jacrev_{getattr(fn, '__name__', 'fn')}"
-    return _compiled(jacobian)  # called with tensors: traced once per signature and cached, as grad is
+    # called with tensors: traced once per signature and cached, as grad is
+    return _compiled(takes_arguments_of(jacobian, fn))
 
 
 @with_options_form
@@ -198,7 +199,7 @@ def jacfwd(fn: Callable, argnums=0, has_aux: bool = False, *, randomness: str = 
         return (jac, aux) if has_aux else jac
 
     jacobian.__name__ = f"jacfwd_{getattr(fn, '__name__', 'fn')}"
-    return _compiled(jacobian)
+    return _compiled(takes_arguments_of(jacobian, fn))
 
 
 @with_options_form

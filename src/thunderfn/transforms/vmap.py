@@ -27,7 +27,7 @@ import torch
 
 from thunderfn import clang, prims
 from thunderfn.core import context
-from thunderfn.core.decorators import with_options_form
+from thunderfn.core.decorators import takes_arguments_of, with_options_form
 from thunderfn.core.interception import tensors_by_position
 from thunderfn.core.proxies import TensorProxy, entry_by_name, is_real_tensor
 from thunderfn.core.pytree import (
@@ -714,7 +714,7 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, randomness: str = "error", *, chun
         return optree.tree_unflatten(spec, joined)
 
     transformed.__name__ = f"vmap_{name}"
-    return _compiled(transformed)
+    return _compiled(takes_arguments_of(transformed, fn))
 
 
 class _Leaf:
