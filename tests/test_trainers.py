@@ -170,6 +170,14 @@ def test_the_hugging_face_trainer_trains_a_jitted_model_with_tied_weights_as_eag
     _assert_same_run(_trainer_run(transformers, tf.jit, tmp_path / "run", save_strategy="no"), eager)
 
 
+def test_the_hugging_face_trainers_mixed_precision_wraps_the_jitted_forward_as_the_eager_one(tmp_path):
+    """bf16=True: accelerate sets an autocast wrapper of `model.forward` as the model's forward, which the
+    jitted module's call must run (autocast on, traced as such), not bypass."""
+    transformers = _hf()
+    eager = _trainer_run(transformers, lambda model: model, tmp_path / "eager", save_strategy="no", bf16=True)
+    _assert_same_run(_trainer_run(transformers, tf.jit, tmp_path / "run", save_strategy="no", bf16=True), eager)
+
+
 def test_the_hugging_face_trainer_with_torch_compile_and_the_thunderfn_backend(tmp_path):
     """torch.compile's wrapper presents forward as (*args, **kwargs), for any backend: the Trainer then keeps no
     dataset column and finds no labels unless told (docs/integrations.md)."""

@@ -180,7 +180,8 @@ class ThunderModule(torch.nn.Module):
         # eager does; the wrapper runs only hooks registered on the wrapper itself.
         if self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks:
             return self._call_impl(*args, **kwargs)
-        return self._jitted_forward(*args, **kwargs)
+        # a forward set on the instance wraps ours (accelerate's autocast wrapper for mixed precision)
+        return self.__dict__.get("forward", self._jitted_forward)(*args, **kwargs)
 
     def lower(self, /, *args, **kwargs):
         """tf.jit(model).lower(*args, **kwargs): forward's program for this signature, compiled and not run
@@ -340,8 +341,9 @@ def presenting(module_class: type) -> type:
     found = _presenting.get(module_class)
     if found is None:
         name = f"ThunderModule[{module_class.__name__}]"
-        found = _presenting[module_class] = type(ThunderModule)(name, (ThunderModule,), {
-            "__module__": __name__, "__qualname__": name, "forward": _PresentedForward(module_class)})
+        made = type(ThunderModule)(name, (ThunderModule,), {"__module__": __name__, "__qualname__": name,
+                                                            "forward": _PresentedForward(module_class)})
+        found = _presenting.setdefault(module_class, made)  # (two threads making one keep the first)
     return found
 
 
