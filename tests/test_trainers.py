@@ -146,8 +146,8 @@ def _compiled_in_place(model):
     return model
 
 
-@pytest.mark.parametrize("wrap, tied", [(tf.jit, False), (_compiled_in_place, True)],
-                         ids=["tf.jit(model)", "model.compile(backend='thunderfn')"])
+@pytest.mark.parametrize("wrap, tied", [(tf.jit, True), (tf.jit, False), (_compiled_in_place, True)],
+                         ids=["tf.jit(model)", "tf.jit(model)-untied", "model.compile(backend='thunderfn')"])
 def test_the_hugging_face_trainer_trains_evaluates_saves_and_resumes_as_on_the_eager_model(tmp_path, wrap, tied):
     transformers = _hf()
     eager = _trainer_run(transformers, lambda model: model, tmp_path / "eager", tied=tied)
@@ -160,14 +160,20 @@ def test_the_hugging_face_trainer_trains_evaluates_saves_and_resumes_as_on_the_e
     torch.testing.assert_close(parameters, eager[2], rtol=1e-5, atol=1e-6)
 
 
-def test_the_hugging_face_trainer_trains_a_jitted_model_with_tied_weights_as_eager_until_it_saves(tmp_path):
-    """GPT-2 ties its output layer to its embedding. The Trainer saves a model it cannot unwrap to a
-    PreTrainedModel (tf.jit's, or any) as its bare state dict, which safetensors refuses for tied tensors:
-    docs/integrations.md says to use model.compile(backend="thunderfn") there. Training without checkpoints
-    is exact."""
+def test_a_jitted_hugging_face_model_is_an_instance_of_its_class_and_saves_as_one(tmp_path):
+    """The Trainer saves a model it takes for a PreTrainedModel with save_pretrained (tied weights written once);
+    any other as a bare state dict, which safetensors refuses with tied weights: so a jitted Hugging Face model
+    is an instance of its class, while its type stays a ThunderModule."""
     transformers = _hf()
-    eager = _trainer_run(transformers, lambda model: model, tmp_path / "eager", save_strategy="no")
-    _assert_same_run(_trainer_run(transformers, tf.jit, tmp_path / "run", save_strategy="no"), eager)
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    jitted = tf.jit(model)
+    assert isinstance(jitted, transformers.PreTrainedModel) and isinstance(jitted, ThunderModule)
+    assert jitted.__class__ is transformers.GPT2LMHeadModel and type(jitted) is not transformers.GPT2LMHeadModel
+    jitted.save_pretrained(tmp_path)
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, 32, (2, 8))
+    torch.testing.assert_close(jitted(ids).logits, loaded(ids).logits)
 
 
 def test_the_hugging_face_trainers_mixed_precision_wraps_the_jitted_forward_as_the_eager_one(tmp_path):

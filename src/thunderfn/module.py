@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import sys
 import threading
 import warnings
 
@@ -335,14 +336,41 @@ ThunderModule.forward = _PresentedForward()  # (a module class's subclass presen
 _presenting: dict = {}  # module class -> the ThunderModule subclass presenting it
 
 
+class _PresentedClass:
+    """`__class__` of a jitted Hugging Face model: the model's class, so that `isinstance(jitted, PreTrainedModel)`
+    holds (`type(jitted)` stays the ThunderModule subclass). The Trainer, accelerate and PEFT dispatch on it: the
+    Trainer saves a model it takes for a PreTrainedModel with `save_pretrained`, which writes tied weights once,
+    and any other as its bare state dict with safetensors, which refuses a tensor under two names (every
+    Hugging Face language model ties its output layer to its embedding), at the end of training by default.
+    Assigning `__class__` still sets the instance's real class."""
+
+    def __init__(self, module_class: type):
+        self.module_class = module_class
+
+    def __get__(self, owner, owner_type=None):
+        return self.module_class if owner is not None else owner_type
+
+    def __set__(self, owner, value):
+        object.__dict__["__class__"].__set__(owner, value)
+
+
+def _is_hugging_face_model(module_class: type) -> bool:
+    transformers = sys.modules.get("transformers")  # (a model of its classes means it is imported)
+    base = getattr(transformers, "PreTrainedModel", None) if transformers is not None else None
+    return isinstance(base, type) and issubclass(module_class, base)
+
+
 def presenting(module_class: type) -> type:
     """The ThunderModule subclass for modules of module_class: its `forward` presents module_class.forward (see
-    _PresentedForward), and its name says what it wraps (`ThunderModule[GPT2LMHeadModel]`)."""
+    _PresentedForward), its name says what it wraps (`ThunderModule[GPT2LMHeadModel]`), and for a Hugging Face
+    model its instances' `__class__` is the model's (_PresentedClass)."""
     found = _presenting.get(module_class)
     if found is None:
         name = f"ThunderModule[{module_class.__name__}]"
-        made = type(ThunderModule)(name, (ThunderModule,), {"__module__": __name__, "__qualname__": name,
-                                                            "forward": _PresentedForward(module_class)})
+        namespace = {"__module__": __name__, "__qualname__": name, "forward": _PresentedForward(module_class)}
+        if _is_hugging_face_model(module_class):
+            namespace["__class__"] = _PresentedClass(module_class)
+        made = type(ThunderModule)(name, (ThunderModule,), namespace)
         found = _presenting.setdefault(module_class, made)  # (two threads making one keep the first)
     return found
 
