@@ -95,8 +95,10 @@ def test_a_module_holding_a_jitted_module_saves_and_loads_its_state_dict_as_eage
 
 # -- the Hugging Face Trainer --------------------------------------------------------------------------------
 def _hf():
-    transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e '.[test]')")
-    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (pip install -e '.[test]')")
+    transformers = pytest.importorskip("transformers", reason="the Trainer tests need Hugging Face transformers "
+                                       "(pip install -e '.[test]' installs it)")
+    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate "
+                                  "(pip install -e '.[test]' installs it)")
     transformers.logging.set_verbosity_error()
     return transformers
 
@@ -196,7 +198,8 @@ def test_the_hugging_face_trainer_with_torch_compile_and_the_thunderfn_backend(t
 
 # -- Lightning -----------------------------------------------------------------------------------------------
 def _lightning():
-    return pytest.importorskip("lightning", reason="needs lightning (pip install -e '.[test]')")
+    return pytest.importorskip("lightning", reason="the Lightning tests need lightning "
+                                             "(pip install -e '.[test]' installs it)")
 
 
 def _net():

@@ -32,6 +32,7 @@ import torch
 from thunderfn.blocks import reusing_blocks
 from thunderfn.core import context, pytree
 from thunderfn.core.context import to_identifier
+from thunderfn.core.decorators import takes_arguments_of
 from thunderfn.core.dynamo_opaque import opaque_to_dynamo
 from thunderfn.errors import ArgumentRuntimeError, ArgumentValueError, UnsupportedOpError
 from thunderfn.jit_options import JitOptions
@@ -297,11 +298,8 @@ class _PresentedForward:
         if module_class is not None:
             def forward(self, /, *args, **kwargs):
                 return self._jitted_forward(*args, **kwargs)
-            with contextlib.suppress(TypeError, ValueError):
-                forward.__signature__ = inspect.signature(module_class.forward)
-            forward.__doc__ = getattr(module_class.forward, "__doc__", None)
             forward.__qualname__ = getattr(module_class.forward, "__qualname__", "forward")
-            self.plain = forward
+            self.plain = takes_arguments_of(forward, module_class.forward)
 
     def __get__(self, owner, owner_type=None):
         return self.plain if owner is None else _BoundForward(owner)
